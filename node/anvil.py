@@ -17,7 +17,8 @@ from node.errors import ConfigError
 ANVIL_VERSION = "1.7.1"
 
 HOW_TO_GET_ANVIL = (
-    f"install it with `npm install -g @foundry-rs/anvil@{ANVIL_VERSION}` (Node.js 20; or Foundry's `foundryup`) so "
+    f"install it with `npm install -g @foundry-rs/anvil@{ANVIL_VERSION}` (Node.js 20; or "
+    "Foundry's `foundryup`) so "
     "that `anvil` is on PATH, or set DLX_ANVIL=/path/to/anvil; in a clone of the repository, "
     "`npm ci --prefix contracts` installs it"
 )

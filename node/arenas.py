@@ -5,18 +5,18 @@ freed block goes back to its own arena, never to another thread's: a node's many
 host, the round lane, spot checks, fetches) spread their short-lived buffers over arenas that each keep
 their high-water mark. On three loopback nodes that was most of the growth of a node's RSS after warm-up
 (446 -> 467 MiB; with ``MALLOC_ARENA_MAX=2``, 444 -> 451 MiB; docs/P2P.md, "What the soak found", where
-the 60-minute soak with the bound shows it is not the whole of it under churn). So ``dlx-node start`` and ``join`` set
-``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C library
-is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins (glibc
-read it at start).
+the 60-minute soak with the bound shows it is not the whole of it under churn). So ``dlx-node start`` and
+``join`` set ``M_ARENA_MAX`` to 2 with ``mallopt`` as the process starts, before its threads do. Where the C
+library is not glibc (musl, macOS) nothing is done; ``MALLOC_ARENA_MAX`` in the environment, when set, wins
+(glibc read it at start).
 
 The interpreter keeps one more table that grows in steps: CPython's dict of interned strings. Python 3.11's
-pathlib interns every part of every path it builds, so a node interns and frees a few dozen path names a second
-(a blob's hash, ``round-00000071``); a freed string's entry stays spent until the table runs out of entries and
-is rebuilt at three times its live count. A node holds about 130,000 live interned strings, so its first
-rebuild doubles the table from 2^18 to 2^19 slots (3.7 to 7.3 MiB), half an hour to hours into a run; after
-that it is rebuilt at the same size. :func:`settle_interned_strings` makes that first rebuild happen as the
-node takes its seat (issue 45: a step of +3.6 MiB in every node's RSS, at a moment set by its file churn).
+pathlib interns every part of every path it builds, so a node interns and frees a few dozen path names a
+second (a blob's hash, ``round-00000071``); a freed string's entry stays spent until the table runs out of
+entries and is rebuilt at three times its live count. A node holds about 130,000 live interned strings, so its
+first rebuild doubles the table from 2^18 to 2^19 slots (3.7 to 7.3 MiB), half an hour to hours into a run;
+after that it is rebuilt at the same size. :func:`settle_interned_strings` makes that first rebuild happen as
+the node takes its seat (issue 45: a step of +3.6 MiB in every node's RSS, at a moment set by its file churn).
 
 What the two arenas free stays resident until glibc trims it, and glibc trims only the top of a heap, past
 ``M_TRIM_THRESHOLD``: a page freed inside a heap is kept. So once a round's old state is dropped the finisher
@@ -96,9 +96,9 @@ SETTLE_STRINGS = 180_000
 
 def settle_interned_strings(count: int = SETTLE_STRINGS) -> bool:
     """Intern and free ``count`` fresh strings, so that CPython's table of interned strings is rebuilt now, at
-    three times the strings live after the node's imports: the size later rebuilds keep, rather than a doubling
-    hours into a run (above). About 35 ms. Whether it ran: only on CPython 3.11, where it was measured (3.12
-    made interned strings immortal, PEP 683, so there the strings would be kept)."""
+    three times the strings live after the node's imports: the size later rebuilds keep, rather than a
+    doubling hours into a run (above). About 35 ms. Whether it ran: only on CPython 3.11, where it was
+    measured (3.12 made interned strings immortal, PEP 683, so there the strings would be kept)."""
     if sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
         return False
     intern = sys.intern

@@ -107,7 +107,8 @@ def configure_logging(level: str = "info", json_logs: bool = False, log_file: st
     if json_logs:
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                                               "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -151,7 +152,8 @@ _STREAM_ON_CLOSED = ("Failed to open stream to peer", "established=False")
 #: handles it (the blob client tries the other providers, gossip re-syncs, the DHT its next peer). Over
 #: 20-200 ms links with restarts and relayed connections replaced by direct ones, about 450 such lines an
 #: hour (issue 45's soak, docs/P2P.md); debug level only.
-_NEGOTIATION_BROKEN = ("fail to read from multiselect communicator", "fail to write to multiselect communicator")
+_NEGOTIATION_BROKEN = ("fail to read from multiselect communicator",
+                       "fail to write to multiselect communicator")
 _MULTISELECT_CLIENT = "libp2p.protocol_muxer.multiselect_client"
 
 
@@ -172,7 +174,8 @@ def _quiet_libp2p(record: logging.LogRecord) -> bool:
         return not any(text in record.getMessage() for text in _NEGOTIATION_BROKEN)
     if record.name == "libp2p.host.basic_host" and str(record.msg).startswith(_STREAM_ON_CLOSED[0]):
         message = record.getMessage()
-        return _STREAM_ON_CLOSED[1] not in message and not any(text in message for text in _NEGOTIATION_BROKEN)
+        return _STREAM_ON_CLOSED[1] not in message \
+            and not any(text in message for text in _NEGOTIATION_BROKEN)
     return True
 
 
@@ -225,7 +228,8 @@ def _add_init_and_start(sub) -> None:
                       help="use well-known local dev key N (local chains only)")
     acct.add_argument("--password-file", default=None,
                       help="create an encrypted keystore protected by the password in this file")
-    p.add_argument("--force", action="store_true", help="overwrite an existing node.toml (keys are never overwritten)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite an existing node.toml (keys are never overwritten)")
 
     p = sub.add_parser("start", help="run a node: train, exchange, commit, checkpoint")
     _add_config_args(p)
@@ -252,7 +256,8 @@ def _add_join(sub) -> None:
     p.add_argument("--keystore", default="", help="an existing encrypted keystore (with --password-file)")
     p.add_argument("--data", default="", metavar="PATH",
                    help="the run's training text or prepared dataset directory, when it is not the generated "
-                        "corpus (checked against the run document: sha256, or the manifest root and every shard)")
+                        "corpus (checked against the run document: sha256, or the manifest "
+                        "root and every shard)")
     p.add_argument("--tokenizer", default="", metavar="FILE",
                    help="the run's tokenizer.json when it is not byte-level (checked by sha256; default: the "
                         "dataset's, else fetched from the run's peers)")
@@ -263,15 +268,18 @@ def _add_join(sub) -> None:
     p.add_argument("--yes", "-y", action="store_true",
                    help="agree beforehand to registering and staking (else asked on the terminal)")
     p.add_argument("--force", action="store_true", help="rewrite an existing node.toml of another run")
-    p.add_argument("--no-start", action="store_true", help="stop after writing node.toml and joining on chain")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line once started (logs only)")
+    p.add_argument("--no-start", action="store_true",
+                   help="stop after writing node.toml and joining on chain")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no live progress line once started (logs only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one node setting in the node.toml written, e.g. --set round_timeout=60")
 
 
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="local multi-node training run on a managed local chain")
-    p.add_argument("--data", default="", help="text file or prepared dataset directory ('dlx-node data prepare') "
+    p.add_argument("--data", default="",
+                   help="text file or prepared dataset directory ('dlx-node data prepare') "
                                                "to train on (default: a corpus the project generates)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--stages", type=int, default=2)
@@ -285,9 +293,9 @@ def _add_demo(sub) -> None:
     p.add_argument("--inner-steps", type=int, default=20,
                    help="H: the inner steps of a round (with --round-budget, the most a round may train)")
     p.add_argument("--round-budget", type=float, default=0.0, metavar="S",
-                   help="bound each round by S seconds (a replica's inner steps and its own work around them, not its "
-                        "waits for peers): every replica trains what fits and declares it (diloco.round_budget_s; "
-                        "default 0: fixed H)")
+                   help="bound each round by S seconds (a replica's inner steps and its own work around "
+                        "them, not its waits for peers): every replica trains what fits and declares it "
+                        "(diloco.round_budget_s; default 0: fixed H)")
     p.add_argument("--min-inner-steps", type=int, default=None, metavar="N",
                    help="with --round-budget: the fewest inner steps of a round (default: one more than the "
                         "exchange overlaps)")
@@ -295,10 +303,11 @@ def _add_demo(sub) -> None:
                    help="limit the last replica's node processes to CPUS CPUs (a cgroup v1 cpu quota: a slow "
                         "contributor; needs root)")
     p.add_argument("--spot-checks", type=float, default=None, metavar="X",
-                   help="expected re-executions of each contribution by other members (the nodes' spot_checks; "
-                        "default the node's, 0.06)")
+                   help="expected re-executions of each contribution by other members (the nodes' "
+                        "spot_checks; default the node's, 0.06)")
     p.add_argument("--preset", default="mini",
-                   choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-124m", "llama-350m", "llama-1b"])
+                   choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-124m",
+                            "llama-350m", "llama-1b"])
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
@@ -315,14 +324,15 @@ def _add_audit_and_pull(sub) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("link", nargs="?", default="",
-                       help="run link dlx://<chain_id>/<ledger>/<run_id>?rpc=...&peer=... (as for join); or give "
-                            "--rpc, --run and --deployment (or --registry and --ledger)")
+                       help="run link dlx://<chain_id>/<ledger>/<run_id>?rpc=...&peer=... (as for join); or "
+                            "give --rpc, --run and --deployment (or --registry and --ledger)")
         p.add_argument("--rpc", default="", help="JSON-RPC URL of the chain, e.g. http://127.0.0.1:8545")
         p.add_argument("--run", type=int, default=None, help="run id")
         p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
         p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
         p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo'")
-        p.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to fetch from (repeatable)")
+        p.add_argument("--bootstrap", action="append", default=[],
+                       help="peer multiaddr to fetch from (repeatable)")
         if name == "audit":
             p.add_argument("--archive", action="append", default=[],
                            help="local archive directory (a node's data dir) to read contributions from")
@@ -330,17 +340,17 @@ def _add_audit_and_pull(sub) -> None:
             p.add_argument("--html", dest="html_out", default="", help="write an HTML report here")
             p.add_argument("--no-replay", action="store_true", help="skip the bit-exact weights replay")
             p.add_argument("--reexecute", default="0", metavar="N",
-                           help="rerun N sampled contributions (or 'all') and every ejection's evidence from the "
-                                "archives' start states (docs/PROTOCOL.md, 'Spot checks')")
+                           help="rerun N sampled contributions (or 'all') and every ejection's evidence from "
+                                "the archives' start states (docs/PROTOCOL.md, 'Spot checks')")
             p.add_argument("--data", default="", metavar="FILE|DIR",
-                           help="the run's training text or prepared dataset directory (the run document names "
-                                "its sha256 or manifest root): screened rounds and reruns read their batches from "
-                                "it as nodes do; without it they are unverifiable")
+                           help="the run's training text or prepared dataset directory (the run document "
+                                "names its sha256 or manifest root): screened rounds and reruns read their "
+                                "batches from it as nodes do; without it they are unverifiable")
         else:
             p.add_argument("--round", type=int, default=-1, help="checkpoint round (default: latest final)")
             p.add_argument("--pending", action="store_true",
-                           help="also take a round still inside its dispute window (not final: a member may still "
-                                "dispute it); by default only final rounds are installed")
+                           help="also take a round still inside its dispute window (not final: a member may "
+                                "still dispute it); by default only final rounds are installed")
             p.add_argument("--archive", action="append", default=[],
                            help="local directory holding checkpoint files to read instead of peers")
             p.add_argument("out_dir", help="output directory for the transformers model")
@@ -379,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DLX_DEBUG"):
             raise
         if is_disk_full(exc):  # every write is atomic: what is on disk loads on the next start
-            print(f"dlx-node {args.command}: error: {disk_full_message(exc, 'stopped; free space and start again')}",
+            print(f"dlx-node {args.command}: error: "
+                  f"{disk_full_message(exc, 'stopped; free space and start again')}",
                   file=sys.stderr)
             return 1
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)

@@ -25,8 +25,8 @@ def client_host(
     peers: tuple[str, ...], workdir: Path, *, prefix: str, max_blob_bytes: int | None = None,
     unreachable: Callable[[str], NodeError] = NodeError,
 ) -> Iterator[tuple[Any, list[Any], Path]]:
-    """(host, the peers it reached, its staging directory): a client-only host with a throwaway identity, its blob store in a
-    staging directory under ``workdir`` that is removed with the host.
+    """(host, the peers it reached, its staging directory): a client-only host with a throwaway identity, its
+    blob store in a staging directory under ``workdir`` that is removed with the host.
 
     Raises ``unreachable(<each peer and why>)`` when no peer answers.
     """

@@ -139,11 +139,13 @@ def _download(url: str, pinned: PinnedFile, part: Path) -> None:
         response = _opener().open(request, timeout=READ_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         if exc.code in (301, 302, 303, 307, 308):
-            raise DataFetchError(f"{url}: too many redirects (a loop?), followed at most {MAX_REDIRECTS}") from None
+            raise DataFetchError(
+                f"{url}: too many redirects (a loop?), followed at most {MAX_REDIRECTS}") from None
         if exc.code == 416 and have:
             part.unlink()  # our partial file does not fit the server's: start over next time
-            raise DataFetchError(f"{url}: the server refused to resume at byte {have:,} (HTTP 416); the partial "
-                                 "file was removed, run again") from None
+            raise DataFetchError(
+                f"{url}: the server refused to resume at byte {have:,} (HTTP 416); the partial "
+                "file was removed, run again") from None
         raise DataFetchError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise DataFetchError(f"{url}: cannot connect: {exc.reason}") from None
@@ -155,7 +157,8 @@ def _download(url: str, pinned: PinnedFile, part: Path) -> None:
         if have and status == 206:
             content_range = response.headers.get("Content-Range", "")
             if not content_range.startswith(f"bytes {have}-"):
-                raise DataFetchError(f"{url}: asked to resume at byte {have:,}, the server sent {content_range!r}")
+                raise DataFetchError(
+                    f"{url}: asked to resume at byte {have:,}, the server sent {content_range!r}")
         elif status == 200:
             mode, have = "wb", 0  # the server ignored the Range: take the whole body
         else:
@@ -182,8 +185,9 @@ def _download(url: str, pinned: PinnedFile, part: Path) -> None:
                                          f"{pinned.name}: refused (wrong file or mirror)")
                 out.write(chunk)
     if written < pinned.size:
-        raise DataFetchError(f"{url}: truncated: got {written:,} of {pinned.size:,} bytes of {pinned.name}; run "
-                             "again to resume")
+        raise DataFetchError(
+            f"{url}: truncated: got {written:,} of {pinned.size:,} bytes of {pinned.name}; run "
+            "again to resume")
 
 
 def _accept(part: Path, pinned: PinnedFile, dest: Path, source: str) -> None:

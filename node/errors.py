@@ -19,7 +19,8 @@ class NodeError(Exception):
 
 
 class ConfigError(NodeError, ValueError):
-    """A node configuration value (node.toml, run document, command line) is missing, malformed or out of range."""
+    """A node configuration value (node.toml, run document, command line) is missing, malformed or out of
+    range."""
 
 
 class StateError(NodeError):
@@ -30,7 +31,8 @@ class StateError(NodeError):
 DLX_ERRORS: tuple[type[Exception], ...] = (NodeError, TrainingError, P2PError, LedgerError)
 
 #: A setting of any package is wrong: the user must fix a configuration.
-CONFIG_ERRORS: tuple[type[Exception], ...] = (ConfigError, TrainingConfigError, P2PConfigError, LedgerConfigError)
+CONFIG_ERRORS: tuple[type[Exception], ...] = (ConfigError, TrainingConfigError, P2PConfigError,
+                                              LedgerConfigError)
 
 
 class NotRegistered(NodeError):
@@ -102,13 +104,15 @@ class RunDocumentMissing(PullRefused):
 
 
 class CheckpointInconsistent(PullRefused):
-    """The file has the content hash the record names, but its metadata or weights root contradict the record."""
+    """The file has the content hash the record names, but its metadata or weights root contradict the
+    record."""
 
     check = "consistent with its commit"
 
 
 class DataFetchError(NodeError):
-    """A public dataset could not be fetched: unknown name, HTTP error, redirect loop, truncated or oversized body."""
+    """A public dataset could not be fetched: unknown name, HTTP error, redirect loop, truncated or oversized
+    body."""
 
 
 class DataMismatch(DataFetchError):

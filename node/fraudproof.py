@@ -18,7 +18,8 @@ import torch
 from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof, first_difference, tree_root
 from ledger.errors import LedgerInputError
 from ledger.normproof import SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof
-from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, tensor_leaves
+from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, \
+    tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.robust import ContributionReport
@@ -26,24 +27,29 @@ from training.schedule import outer_lr, outer_momentum
 
 
 def parse_stage_leaf(data: bytes, stage: int) -> StageLeaf:
-    """The stage leaf ``data`` (an attestation's or a checkpoint's) of stage ``stage``, or LedgerInputError."""
+    """The stage leaf ``data`` (an attestation's or a checkpoint's) of stage ``stage``, or
+    LedgerInputError."""
     try:
         leaf = StageLeaf.decode(bytes(data))
     except Exception as exc:  # eth_abi's decoding errors share no base class with ours
         raise LedgerInputError(f"stage leaf of stage {stage} does not decode: {type(exc).__name__}") from None
     if leaf.stage != stage or leaf.encode() != bytes(data):
-        raise LedgerInputError(f"stage leaf names stage {leaf.stage} (or is not canonical), not stage {stage}")
+        raise LedgerInputError(
+            f"stage leaf names stage {leaf.stage} (or is not canonical), not stage {stage}")
     return leaf
 
 
 def round_factors_bits(diloco_cfg: DilocoConfig, outer_round: int) -> tuple[int, int]:
     """``(lr, mu)`` of ``outer_round`` as the float32 bit patterns the outer step multiplies by."""
-    return float32_bits(outer_lr(diloco_cfg, outer_round)), float32_bits(outer_momentum(diloco_cfg, outer_round))
+    return float32_bits(outer_lr(diloco_cfg, outer_round)), \
+        float32_bits(outer_momentum(diloco_cfg, outer_round))
 
 
-def initial_state(stage: int, weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> StageState:
+def initial_state(stage: int, weights: Mapping[str, torch.Tensor],
+                  momentum: Mapping[str, torch.Tensor]) -> StageState:
     """The state of a stage before any round: its weights and momentum, no factors."""
-    return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum), Factors(0, 0, False, (), (), ()), [])
+    return StageState(stage, tensor_leaves(weights), tensor_leaves(momentum),
+                      Factors(0, 0, False, (), (), ()), [])
 
 
 def stage_state_of(
@@ -69,14 +75,16 @@ def stage_state_of(
     scheme (``CommitmentScheme.stage_state_of``, ``node.commitments.stage_state``).
     """
     shapes = {name: tuple(value.shape) for name, value in new_global.items()}
-    envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest() for c in contributions]
+    envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest()
+                                                               for c in contributions]
     accepted = [report for report in reports if report.accepted]
     pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
-    committed_norms, trees = norms([contributions[r.index] for r in accepted], shapes, diloco_cfg, decode_args)
+    committed_norms, trees = norms([contributions[r.index] for r in accepted], shapes, diloco_cfg,
+                                   decode_args)
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
-                      tuple(tree_root(leaves) for leaves in pieces), tuple(float64_bits(r.scale) for r in accepted),
-                      committed_norms)
+                      tuple(tree_root(leaves) for leaves in pieces),
+                      tuple(float64_bits(r.scale) for r in accepted), committed_norms)
     return StageState(stage, tensor_leaves(new_global), tensor_leaves(new_momentum), factors, pieces, trees)
 
 
@@ -87,21 +95,22 @@ def chunk_square_sums(tensors: Mapping[str, torch.Tensor]) -> list[int]:
     step per element. LedgerInputError for a non-finite value."""
     shapes = {name: tuple(value.shape) for name, value in tensors.items()}
     sums: list[int] = []
-    for name in dict.fromkeys(place.name for place in stage_layout(shapes)):  # a tensor's chunks are consecutive
+    # a tensor's chunks are consecutive
+    for name in dict.fromkeys(place.name for place in stage_layout(shapes)):
         flat = tensors[name].detach().to(torch.float32).reshape(-1).contiguous().numpy()
         sums += _tensor_square_sums(flat)
     return sums
 
 
-#: Base-256 digits of one chunk's sum: a square is m**2 2**(2e - 2) units (m < 2**24, 1 <= e <= 254), so a chunk of
-#: CHUNK_ELEMENTS (64) squares sums below 2**(506 + 48 + 6) < 256**71.
+#: Base-256 digits of one chunk's sum: a square is m**2 2**(2e - 2) units (m < 2**24, 1 <= e <= 254), so a
+#: chunk of CHUNK_ELEMENTS (64) squares sums below 2**(506 + 48 + 6) < 256**71.
 _DIGITS = 72
 
 
 def _tensor_square_sums(values: np.ndarray) -> list[int]:
     """Each CHUNK_ELEMENTS-long chunk's exact sum of squares of the float32 ``values`` (the last chunk may be
-    short). Each square is ``m**2 2**(2e - 2)``: split as ``(m**2 << (2e - 2) % 8) << 8 q`` (q = (2e - 2) // 8),
-    the first factor below 2**55. Per chunk and q, those are added in two 28-bit halves by ``np.bincount``
+    short). Each square is ``m**2 2**(2e - 2)``: split as ``(m**2 << (2e - 2) % 8) << 8 q`` (q = (2e - 2) //
+    8), the first factor below 2**55. Per chunk and q, those are added in two 28-bit halves by ``np.bincount``
     (float64, exact: at most 64 terms below 2**28 each), then each chunk's digits (one per q) are carried in
     base 256 and read as one integer."""
     bits = values.astype("<f4", copy=False).view(np.uint32).astype(np.int64)
@@ -139,8 +148,8 @@ def stage_norms(accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]]
     return norms, trees
 
 
-def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState, mine: StageState,
-                        committed: StageState):
+def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState,
+                        mine: StageState, committed: StageState):
     """``(proof, why)``: the proof of the first chunk where the committed state of a stage differs from this
     node's own (``mine``, derived from the same inputs), or None with the reason no proof applies.
 
@@ -151,11 +160,13 @@ def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev
     if mine.leaf() == committed.leaf():
         return None, "the committed stage is this node's own"
     if mine.factors != committed.factors:
-        return None, "the committed factors differ from this node's (a clip scale or the set left out): not provable"
+        return None, \
+            "the committed factors differ from this node's (a clip scale or the set left out): not provable"
     chunk = first_difference(mine, committed)
     if chunk is None:
         return None, "the committed leaves equal this node's"
-    return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), f"chunk {chunk}"
+    return build_proof(prev_record, record, prev_stages, committed_stages, prev, committed, chunk), \
+        f"chunk {chunk}"
 
 
 def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, committed: Factors,
@@ -163,16 +174,16 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
     """``(proof, why)``: the norm proof (ledger/normproof.py) of a version-3 round whose committed factors
     (``committed``, with its sum ``trees``, as the committers published them; None: not had) differ from this
     node's (``own``),
-    or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's committed
-    weight leaves (a sum proof places its chunk by one), or None if they are not had.
+    or None with the reason no norm proof applies. ``committed_weights``: a callable giving the round's
+    committed weight leaves (a sum proof places its chunk by one), or None if they are not had.
 
-    First the factors' version: version-2 factors (no norm commitment) in a version-3 run are wrong on their face
-    (the ledger holds the run's version, ``RunParams.commitments``), and any norm proof over them proves it; then
-    the scales against the rule of the committed sums; then the first committed contribution whose pieces are this
-    node's own (the same envelope and payload root) and whose committed sum tree or total is not this node's
-    (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose root is this node's is
-    this node's own; any other is not had here (the live prover then walks it through availability challenges:
-    node.live.fraud.prover.SumWalk).
+    First the factors' version: version-2 factors (no norm commitment) in a version-3 run are wrong on their
+    face (the ledger holds the run's version, ``RunParams.commitments``), and any norm proof over them proves
+    it; then the scales against the rule of the committed sums; then the first committed contribution whose
+    pieces are this node's own (the same envelope and payload root) and whose committed sum tree or total is
+    not this node's (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose
+    root is this node's is this node's own; any other is not had here (the live prover then walks it through
+    availability challenges: node.live.fraud.prover.SumWalk).
     """
     norms = committed.norms
     if norms is None:
@@ -185,11 +196,13 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
                 f"clip scale {index} is not the norm rule of the committed sums")
     found = wrong_sum_contribution(committed, own)
     if found is None:
-        return None, ("the committed factors differ elsewhere (the set left out, or a contribution's pieces): "
-                      "not provable")
+        return None, \
+            ("the committed factors differ elsewhere (the set left out, or a contribution's pieces): "
+             "not provable")
     j, i = found
     # A committed tree whose root is this node's is this node's tree (only the committed total can differ).
-    tree = trees[j] if trees is not None else own.sum_trees[i] if own.sum_trees[i].root == norms.roots[j] else None
+    tree = trees[j] if trees is not None else own.sum_trees[i] if own.sum_trees[i].root == norms.roots[j] \
+        else None
     if tree is None:
         return None, "the scales follow from the committed sums, and the committed sum trees are not had"
     chunk = first_wrong_sum(own.sum_trees[i].sums, tree)
@@ -202,9 +215,9 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
 
 
 def wrong_sum_contribution(committed: Factors, own: StageState) -> tuple[int, int] | None:
-    """``(j, i)``: the first contribution ``j`` of the ``committed`` version-3 factors whose pieces are this node's
-    own (its contribution ``i``: the same envelope and payload root) and whose committed sum tree root or total is
-    not this node's, or None if there is none (then no sum proof applies)."""
+    """``(j, i)``: the first contribution ``j`` of the ``committed`` version-3 factors whose pieces are this
+    node's own (its contribution ``i``: the same envelope and payload root) and whose committed sum tree root
+    or total is not this node's, or None if there is none (then no sum proof applies)."""
     norms = committed.norms
     if norms is None or own.factors.norms is None or not own.sum_trees:
         return None

@@ -76,7 +76,8 @@ def atomic_write_bytes(path: str | Path, data: bytes, mode: int = 0o644, durable
 
 
 def _naming(exc: OSError, path: Path) -> OSError:
-    """``exc`` with the file the caller meant (a failed ``write`` names no file; the temporary name means nothing)."""
+    """``exc`` with the file the caller meant (a failed ``write`` names no file; the temporary name means
+    nothing)."""
     return OSError(exc.errno, exc.strerror, str(path))
 
 
@@ -140,7 +141,8 @@ _REPORTS = _Reports()
 
 def disk_full_message(exc: OSError, deferred: str) -> str:
     """One line: which file's disk is full, how much is free, and what waits for space."""
-    return f"disk of {exc.filename or '(unnamed file)'} is full ({exc.strerror}, {_free_bytes(exc.filename)}): {deferred}"
+    return (f"disk of {exc.filename or '(unnamed file)'} is full ({exc.strerror}, "
+            f"{_free_bytes(exc.filename)}): {deferred}")
 
 
 def report_disk_full(exc: OSError, deferred: str, kind: str | None = None) -> None:
@@ -169,7 +171,8 @@ def retry_on_full_disk(action: Callable[[], T], *, what: str, stop: threading.Ev
             if not is_disk_full(exc):
                 raise
             failed = exc
-            report_disk_full(exc, f"{what} paused; tried again every {max_s:.0f}s at most until space is freed",
+            report_disk_full(exc,
+                             f"{what} paused; tried again every {max_s:.0f}s at most until space is freed",
                              kind=kind or what)
             if stop.wait(delay):
                 raise DiskFull(disk_full_message(exc, f"{what} not done before the node stopped; free space "
@@ -192,7 +195,8 @@ def serve_when_space(host: Any, data: bytes, *, what: str, stop: threading.Event
                               stop=stop)
 
 
-#: What writes deferred by a full disk may hold in memory together; past it the oldest are dropped (each said).
+#: What writes deferred by a full disk may hold in memory
+#: together; past it the oldest are dropped (each said).
 DEFERRED_MAX_BYTES = 256 << 20
 
 

@@ -19,7 +19,8 @@ from p2p.errors import RelayAddressError
 from p2p.wire import container_bound
 
 HELLO = "hello"
-CONTRIBUTION = "contribution"  # a blob, not gossip: payload = ContributionBody (start state, data, applied, codec blob)
+# a blob, not gossip: payload = ContributionBody (start state, data, applied, codec blob)
+CONTRIBUTION = "contribution"
 ANNOUNCE = "announce"
 CLOSE = "close"
 ATTESTATION = "attestation"
@@ -28,10 +29,12 @@ EVIDENCE = "evidence"  # a blob, not gossip: a verifier's signed proof that a co
 ACCUSATION = "accusation"  # 'this member's contribution failed my spot check; the evidence is this blob'
 VERDICT = "verdict"  # a member's EIP-712 signature over the verdict on an accusation
 # The sliced exchange (docs/PROTOCOL.md, "Sliced exchange"; diloco.exchange = "sliced"):
-PARTIAL = "partial"  # a blob, not gossip: aggregator j's signed partial (training.slicemessages.partial_payload)
+# a blob, not gossip: aggregator j's signed partial (training.slicemessages.partial_payload)
+PARTIAL = "partial"
 PARTIAL_ANNOUNCE = "partial_announce"  # 'my partial of slice j of (round, stage) is the blob with this hash'
-# Taking over a close (docs/PROTOCOL.md, "Closing a round"): a lower-ranked coordinator whose turn came asks the
-# coordinators ranked above it; each answers with its close or a yield ('I will not close this (round, stage)').
+# Taking over a close (docs/PROTOCOL.md, "Closing a round"): a lower-ranked coordinator whose turn came asks
+# the coordinators ranked above it; each answers with its
+# close or a yield ('I will not close this (round, stage)').
 TAKEOVER = "takeover"
 YIELD = "yield"
 KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE,
@@ -86,19 +89,22 @@ class Close:
 
     contributions: list[list[Any]]  # [[replica, peer_id, envelope_hash(bytes32), size], ...] canonical order
     # A time-bounded run's (diloco.round_budget_s, issue 44): per entry, the inner steps its envelope declares
-    # inside the run's range, 0 for none (the aggregation excludes it: bad_steps); the record's tokens are their
-    # sum over the last stage. Empty, and absent from the wire, in a fixed-H run (its closes' bytes unchanged).
+    # inside the run's range, 0 for none (the aggregation excludes it: bad_steps); the record's tokens are
+    # their sum over the last stage. Empty, and absent from
+    # the wire, in a fixed-H run (its closes' bytes unchanged).
     steps: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Takeover:
-    """'My turn to close (round, stage) came and I could close it: coordinators ranked above me, close or yield.'"""
+    """'My turn to close (round, stage) came and I could close it: coordinators ranked above me, close or
+    yield.'"""
 
 
 @dataclass(frozen=True)
 class Yield:
-    """'I will not close (round, stage)': the signer's closes of it no longer count (a later one is refused)."""
+    """'I will not close (round, stage)': the signer's closes of it no longer count (a later one is
+    refused)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,8 @@ class RecordSignature:
 
 @dataclass(frozen=True)
 class Accusation:
-    """'The contribution of (``outer_round``, ``replica``) did not re-execute; my evidence is blob ``evidence_hash``.'
+    """'The contribution of (``outer_round``, ``replica``) did not re-execute; my evidence is blob
+    ``evidence_hash``.'
 
     The evidence blob is an :data:`EVIDENCE` envelope signed by the accuser
     (:class:`Evidence`); ``evidence_hash`` (its sha256) is what the accusation on chain names.
@@ -187,8 +194,8 @@ class VerdictSignature:
 class ContributionBody:
     """The payload of a contribution envelope: what re-executes it, then the encoded pseudo-gradient.
 
-    Layout: ``b"dlx-contribution/3" || state_hash (32) || data_commitment (32) || applied_hash (32) || codec blob``.
-    ``state_hash`` is the stage's start state of the round (docs/DILOCOX.md section 11),
+    Layout: ``b"dlx-contribution/3" || state_hash (32) || data_commitment (32) || applied_hash (32) || codec
+    blob``. ``state_hash`` is the stage's start state of the round (docs/DILOCOX.md section 11),
     ``data_commitment`` the sha256 of the round's token ids, ``applied_hash`` the stage's global
     weights hash of round t-1 that round t's training applied before its encode (the overlap,
     lookahead, eager: :func:`training.schedule.applies_before_encode`), else :data:`NO_APPLY`
@@ -218,14 +225,15 @@ def decode_contribution_body(payload: bytes) -> ContributionBody:
     head = len(CONTRIBUTION_MAGIC)
     if (not isinstance(payload, bytes) or len(payload) < head + 96 + 1
             or not payload.startswith(CONTRIBUTION_MAGIC)):
-        raise ProtocolError("contribution payload does not start with dlx-contribution/3, three hashes and a blob")
+        raise ProtocolError(
+            "contribution payload does not start with dlx-contribution/3, three hashes and a blob")
     return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[head + 96:],
                             payload[head + 64:head + 96])
 
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,
-          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence, PARTIAL_ANNOUNCE: PartialAnnounce,
-          TAKEOVER: Takeover, YIELD: Yield}
+          ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence,
+          PARTIAL_ANNOUNCE: PartialAnnounce, TAKEOVER: Takeover, YIELD: Yield}
 
 
 #: Fields a payload may leave out (then their default): each absent from the wire when empty.
@@ -275,7 +283,8 @@ def decode_payload(kind: str, data: bytes) -> Any:
     if len(data) > limit:
         raise ProtocolError(f"{kind} payload of {len(data)} bytes exceeds {limit}")
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=limit, **_container_bound(cls))
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=limit,
+                              **_container_bound(cls))
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"{kind} payload is not msgpack: {exc}") from None
     names = [f.name for f in fields(cls)]
@@ -312,7 +321,8 @@ def _validate(message: Any) -> None:
             raise ProtocolError("announce.envelope_hash must be 32 bytes and size >= 1")
     elif isinstance(message, PartialAnnounce):
         if len(message.envelope_hash) != 32 or message.size < 1 or not 0 <= message.slice_index < 1 << 16:
-            raise ProtocolError("partial_announce.envelope_hash must be 32 bytes, size >= 1, slice_index < 2^16")
+            raise ProtocolError(
+                "partial_announce.envelope_hash must be 32 bytes, size >= 1, slice_index < 2^16")
     elif isinstance(message, Close):
         for item in message.contributions:
             # type() is int: a bool is not an int (true is not replica 1), as everywhere on the wire.
@@ -337,7 +347,8 @@ def _validate(message: Any) -> None:
     elif isinstance(message, Accusation):
         if len(message.accused) != 20 or len(message.evidence_hash) != 32:
             raise ProtocolError("accusation.accused must be 20 bytes and evidence_hash 32 bytes")
-        if message.replica < 0 or message.outer_round < 0 or not 0 < message.evidence_size <= MAX_EVIDENCE_PAYLOAD + 4096:
+        if message.replica < 0 or message.outer_round < 0 \
+                or not 0 < message.evidence_size <= MAX_EVIDENCE_PAYLOAD + 4096:
             raise ProtocolError("accusation.replica must be >= 0 and evidence_size in (0, limit]")
     elif isinstance(message, VerdictSignature):
         if len(message.accused) != 20 or len(message.evidence_hash) != 32 or len(message.account) != 20:

@@ -1,4 +1,5 @@
-"""``dlx-node data prepare``: tokenizer training, sharding and the manifest (training/prepare.py) with a progress bar.
+"""``dlx-node data prepare``: tokenizer training, sharding and the manifest (training/prepare.py) with a
+progress bar.
 
 On a terminal a ``rich`` progress bar shows bytes read, rate and time left; elsewhere (logs, pipes) the
 command prints only its summary. The summary ends with the ``node.toml`` lines that train on the dataset.
@@ -71,7 +72,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     try:
         manifest = prepare_dataset(
             args.inputs, out, tokenizer, eval_inputs=args.eval_input, eval_fraction=args.eval_fraction,
-            text_field=args.text_field, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, progress=progress,
+            text_field=args.text_field, shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+            progress=progress,
         )
     finally:
         progress.close()
@@ -117,17 +119,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """``dlx-node data prepare|fetch ...`` (registered by node.cli)."""
     from node.datafetch import DATASETS
 
-    data = sub.add_parser("data", help="fetch a public dataset; prepare a dataset: tokenizer, shards, manifest")
+    data = sub.add_parser("data",
+                          help="fetch a public dataset; prepare a dataset: tokenizer, shards, manifest")
     actions = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    f = actions.add_parser("fetch", help="download a public dataset into the cache, checked against its pinned "
+    f = actions.add_parser("fetch",
+                           help="download a public dataset into the cache, checked against its pinned "
                                          "sha256; prints the paths of its files")
     f.add_argument("name", choices=sorted(DATASETS), help="the dataset")
-    f.add_argument("--dir", default="", help="cache directory (default $DLX_DATA_DIR, else ~/.cache/dlx-node/data)")
-    f.add_argument("--url", default="", help="download from this mirror instead (the file's URL; for a dataset of "
+    f.add_argument("--dir", default="",
+                   help="cache directory (default $DLX_DATA_DIR, else ~/.cache/dlx-node/data)")
+    f.add_argument("--url", default="",
+                   help="download from this mirror instead (the file's URL; for a dataset of "
                                              "several files, the base URL their names are appended to)")
     f.add_argument("--from", dest="from_path", default="", metavar="FILE|DIR",
                    help="copy from a local file or directory instead of downloading (checked the same way)")
-    p = actions.add_parser("prepare", help="tokenize text / JSON lines / Parquet files into shards and a manifest")
+    p = actions.add_parser("prepare",
+                           help="tokenize text / JSON lines / Parquet files into shards and a manifest")
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="text files (one document each), .jsonl files (a field per line), .parquet files "
                         "(a column; needs pyarrow)")
@@ -137,7 +144,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-tokenizer", action="store_true",
                    help="train a byte-level BPE on the inputs first (with --vocab-size)")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary of the trained tokenizer, e.g. 8192")
-    p.add_argument("--text-field", default="text", help="field of a JSON line / Parquet column holding the text")
+    p.add_argument("--text-field", default="text",
+                   help="field of a JSON line / Parquet column holding the text")
     p.add_argument("--eval-input", action="append", default=[], metavar="FILE",
                    help="hold out this file's documents (repeatable); default: the tail of the inputs")
     p.add_argument("--eval-fraction", type=float, default=0.1,

@@ -21,8 +21,8 @@ BENCHMARK_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "
 
 
 def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
-    """Held-out loss of data-parallel training (the run's inner optimizer) on the same tokens, schedule and eval
-    batches as the run.
+    """Held-out loss of data-parallel training (the run's inner optimizer) on the same tokens, schedule and
+    eval batches as the run.
 
     :func:`training.simulate.centralized_reference` (the benchmark's DDP mode) on the
     run's own settings: what the demo's DiLoCoX loss should be read against.
@@ -66,7 +66,8 @@ def benchmark_figure(path: Path) -> dict:
                   "optimizer": str(settings.get("optimizer", LEGACY_OPTIMIZER))}
     except FileNotFoundError:
         return {"path": str(path), "missing": "not found (run bench/bench_diloco.py from a clone)"}
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # not a bench_diloco.py result with DDP and DiLoCoX
+    # not a bench_diloco.py result with DDP and DiLoCoX
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         return {"path": str(path), "missing": f"unreadable ({type(exc).__name__}: {exc})"}
     return figure
 
@@ -110,12 +111,14 @@ def summarize(run: LocalRun) -> dict:
             if p.exists():
                 ckpt_path = str(p)
                 break
-    # Re-execution spot checks of other replicas' rounds, per node (node/live/checks/verifier.py; status.json).
+    # Re-execution spot checks of other replicas' rounds,
+    # per node (node/live/checks/verifier.py; status.json).
     spot_checks = {}
     for slot in run.nodes:
         status = slot.status()
         spot_checks[slot.name] = {key: status.get(key, 0) for key in (
-            "spot_checks", "spot_check_mismatches", "spot_checks_not_done", "spot_check_seconds", "chain_checks")}
+            "spot_checks", "spot_check_mismatches", "spot_checks_not_done", "spot_check_seconds",
+            "chain_checks")}
     return {
         "spot_checks": spot_checks, "accusations": len(history.accusations),
         "run_id": run.run_id, "attest_quorum": history.run.quorum, "stake_wei": history.run.min_stake,
@@ -127,49 +130,54 @@ def summarize(run: LocalRun) -> dict:
         "round_budget_s": cfg.diloco.round_budget_s, "optimizer": cfg.training.optimizer,
         "tokens_per_step": cfg.training.batch_size * cfg.model.block_size,
         "data": "a generated corpus" if not cfg.training.data_path else Path(cfg.training.data_path).name,
-        "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints, "latest_checkpoint_file": ckpt_path,
-        "disputes": len(history.disputes), "workdir": str(run.workdir),
+        "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints,
+        "latest_checkpoint_file": ckpt_path, "disputes": len(history.disputes), "workdir": str(run.workdir),
         "node_dirs": [str(slot.data_dir) for slot in run.nodes],
     }
 
 
 def _benchmark_lines(s: dict) -> list[str]:
     """What the demo's gap means: a few short rounds, beside the benchmark's figure at a real budget."""
-    demo = (f"  this demo is {len(s['rounds'])} short rounds of H={s['inner_steps']} ({s.get('tokens', 0):,} tokens) "
-            f"on {s.get('data', 'its data')}: a check that the system works, not a measure of the method;")
+    demo = (f"  this demo is {len(s['rounds'])} short rounds of H={s['inner_steps']} ({s.get('tokens', 0):,} "
+            f"tokens) on {s.get('data', 'its data')}: a check that the system works, not a "
+            "measure of the method;")
     bench = s.get("benchmark")
     if not bench:
         return [demo]
     if "missing" in bench:
         return [demo, f"  the training benchmark's result {bench['path']}: {bench['missing']}"]
-    measured = (f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
-                f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
-                f"{OPTIMIZER_NAMES.get(bench.get('optimizer'), bench.get('optimizer'))} "
-                f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
+    measured = (
+        f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
+        f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
+        f"{OPTIMIZER_NAMES.get(bench.get('optimizer'), bench.get('optimizer'))} "
+        f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
     return [demo, measured]
 
 
 def format_summary(s: dict) -> str:
-    lines = ["", (f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} parameters), "
-                  f"each signed by at least {s['attest_quorum']} of the run's {s['members']} staked members "
-                  f"({s['stake_wei'] / 1e18:g} ETH each, unbonding {s['unbonding_blocks']} blocks)"),
+    lines = ["", (f"run {s['run_id']}: {len(s['rounds'])} rounds committed on chain ({s['model_params']:,} "
+                  f"parameters), each signed by at least {s['attest_quorum']} of the run's {s['members']} "
+                  f"staked members ({s['stake_wei'] / 1e18:g} ETH each, unbonding "
+                  f"{s['unbonding_blocks']} blocks)"),
              "  round  held-out  train   contributors  attesters  inner steps  weights root"]
     for r in s["rounds"]:
         steps = r.get("tokens", 0) // max(1, s.get("tokens_per_step", 1))  # of every contributor together
-        lines.append(f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
-                     f"{len(r['attesters']):>9}  {steps:>11}  {r['weights_root'][:16]}")
+        lines.append(
+            f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
+            f"{len(r['attesters']):>9}  {steps:>11}  {r['weights_root'][:16]}")
     allreduce = s["allreduce_bytes_equivalent"]
     exchange = s["pseudo_gradient_bytes"]
     reference = s.get("centralized_reference_eval_loss")
     if reference is not None and s["rounds"]:
         final = s["rounds"][-1]["eval_loss"]
         optimizer = OPTIMIZER_NAMES.get(s.get("optimizer"), s.get("optimizer"))
-        lines.append(f"held-out loss {final:.4f}; centralized data-parallel {optimizer} on the same tokens: {reference:.4f} "
-                     f"({100 * (final / reference - 1):+.1f}%)")
+        lines.append(f"held-out loss {final:.4f}; centralized data-parallel {optimizer} on the same tokens: "
+                     f"{reference:.4f} ({100 * (final / reference - 1):+.1f}%)")
         lines.extend(_benchmark_lines(s))
-    lines.append(f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
-                 f"every step would have sent {allreduce / 1e6:.2f} MB "
-                 f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")
+    lines.append(
+        f"pseudo-gradients exchanged: {exchange / 1e6:.2f} MB; data-parallel AllReduce of fp32 gradients "
+        f"every step would have sent {allreduce / 1e6:.2f} MB "
+        f"({allreduce / exchange if exchange else float('nan'):.0f}x more, H={s['inner_steps']})")
     lines.append(f"all traffic of all nodes (gossip, contributions, checkpoint shards and copies): "
                  f"{s['bytes_sent_all_nodes'] / 1e6:.2f} MB")
     lines.append(f"checkpoints on chain: {len(s['checkpoints'])}; latest: "

@@ -8,7 +8,8 @@ endpoints the page polls:
 * ``/api/run`` -- the run's parameters, members with their stakes and status (``run-info``'s summary);
 * ``/api/rounds?from=R&limit=N`` -- committed rounds: record fields, losses, attesters, commit transaction,
   checkpoint, disputes and equivocations, and whether the round's hash-chain link and attesters verify;
-* ``/api/accusations`` -- every accusation (open, guilty, cleared, expired), disputes, equivocations, slashings;
+* ``/api/accusations`` -- every accusation (open, guilty, cleared, expired), disputes, equivocations,
+  slashings;
 * ``/api/checks`` -- the audit's chain checks (:func:`ledger.checks.check_chain_record`) item by item.
 
 It sends no transaction and holds no key. The chain is read at most once per ``refresh`` seconds, however
@@ -102,7 +103,8 @@ def check_rows(checks) -> dict:
 
 
 def read_snapshot(client, run_id: int) -> dict:
-    """Everything the page shows, read from the chain now: one history read, the audit's chain checks on it."""
+    """Everything the page shows, read from the chain now: one history read, the audit's chain checks on
+    it."""
     from ledger.checks import check_chain_record
     from node.commands.member import run_info_summary
 
@@ -202,7 +204,8 @@ def api_routes(cache: SnapshotCache) -> dict[str, Callable[[dict], Any]]:
     def accusations(query):
         data = cache.get()
         return {"accusations": data["accusations"], "disputes": data["run"]["disputes"],
-                "equivocations": [{"round": r["round"], **e} for r in data["rounds"] for e in r["equivocations"]],
+                "equivocations": [{"round": r["round"], **e} for r in data["rounds"]
+                                  for e in r["equivocations"]],
                 "slashings": data["slashings"]}
 
     def checks(query):
@@ -230,8 +233,8 @@ def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandl
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
             self.send_header("Content-Security-Policy",
-                             "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; "
-                             "connect-src 'self'; img-src 'self' data:")
+                             "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src "
+                             "'unsafe-inline'; connect-src 'self'; img-src 'self' data:")
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
@@ -321,7 +324,8 @@ def run_explorer(args: argparse.Namespace) -> int:
     except LedgerError as exc:
         raise ConfigError(f"run {args.run}: {exc}") from None
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("explorer: listening on %s, reachable from other machines (it is read-only)", args.host)
+        logger.warning("explorer: listening on %s, reachable from other machines (it is read-only)",
+                       args.host)
     explorer = explorer_for_client(client, args.run, args.host, args.port, args.refresh)
     print(f"explorer of run {args.run} at {explorer.url} (read-only; Ctrl-C stops it)", flush=True)
     try:
@@ -332,7 +336,8 @@ def run_explorer(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("explorer", help="a read-only web page showing a run live: rounds, members, accusations, "
+    p = sub.add_parser("explorer",
+                       help="a read-only web page showing a run live: rounds, members, accusations, "
                                         "disputes and the chain checks")
     p.add_argument("link", nargs="?", default="", help="run link (or give --rpc, --run and --deployment)")
     p.add_argument("--rpc", default="", help="JSON-RPC URL of the chain, e.g. http://127.0.0.1:8545")
@@ -341,6 +346,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
     p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
     p.add_argument("--bootstrap", action="append", default=[], help=argparse.SUPPRESS)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8547, help="port to listen on (default 8547; 0: any free port)")
-    p.add_argument("--refresh", type=float, default=2.0, help="read the chain at most every this many seconds")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8547,
+                   help="port to listen on (default 8547; 0: any free port)")
+    p.add_argument("--refresh", type=float, default=2.0,
+                   help="read the chain at most every this many seconds")

@@ -52,7 +52,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- start
 def cmd_start(args: argparse.Namespace, kinds=None) -> int:
-    """``dlx-node start``; ``kinds``: the node's part classes (node.live.assembly.Kinds; tests inject faults)."""
+    """``dlx-node start``; ``kinds``: the node's part classes (node.live.assembly.Kinds; tests inject
+    faults)."""
     from node.commands.start import start
 
     return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds)
@@ -64,7 +65,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         status = json.loads(path.read_text())
     except FileNotFoundError:
-        raise NodeError(f"no node status at {path}: is a node running with data_dir={args.data_dir}?") from None
+        raise NodeError(
+            f"no node status at {path}: is a node running with data_dir={args.data_dir}?") from None
     except ValueError as exc:
         raise NodeError(f"status file {path} is unreadable: {exc}") from None
     alive = _pid_alive(status.get("pid", -1))
@@ -73,8 +75,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0 if alive else 1
     age = time.time() - status.get("updated_at", 0)
     placement = status.get("placement") or {}
-    print(f"node     {status.get('peer_id')}  ({'running' if alive else 'not running'}, pid {status.get('pid')}, "
-          f"updated {age:.0f}s ago)")
+    print(f"node     {status.get('peer_id')}  ({'running' if alive else 'not running'}, pid "
+          f"{status.get('pid')}, updated {age:.0f}s ago)")
     print(f"run      {status.get('run_id')}  state {status.get('state')}  cluster {placement.get('cluster')} "
           f"replica {placement.get('replica')} stages {placement.get('stages')}")
     def index(key: str) -> str:  # -1 while joining: nothing yet
@@ -90,8 +92,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     timing = status.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("utilization"), (int, float)):
         # From the node's own per-round clock (timing.jsonl): time in inner steps / wall time.
-        print(f"compute  utilization {100 * timing['utilization']:.1f}% over {timing.get('periods')} period(s) "
-              f"({timing.get('inner_s')} s in inner steps of {timing.get('wall_s')} s)")
+        print(
+            f"compute  utilization {100 * timing['utilization']:.1f}% over {timing.get('periods')} period(s) "
+            f"({timing.get('inner_s')} s in inner steps of {timing.get('wall_s')} s)")
     return 0 if alive else 1
 
 

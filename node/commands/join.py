@@ -49,7 +49,8 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
     if args.link:
         link = parse_run_link(args.link)
     else:
-        missing = [flag for flag, value in (("--rpc", args.rpc), ("--ledger", args.ledger), ("--run", args.run))
+        missing = [flag for flag, value in (("--rpc", args.rpc), ("--ledger", args.ledger),
+                                            ("--run", args.run))
                    if value in ("", None)]
         if missing:
             raise ConfigError(f"give a run link (dlx://...) or all of --rpc, --ledger, --run: missing "
@@ -70,7 +71,8 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
 # ---------------------------------------------------------------------- the run document
 def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: int, what: str,
                timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over ``/dlx/blob/1.0.0``.
+    """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over
+    ``/dlx/blob/1.0.0``.
 
     A short-lived, client-only host with a throwaway identity (the node's own starts later, with its
     own connections): it listens nowhere, so the peers learn no address of it to dial once it is
@@ -89,16 +91,19 @@ def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: 
         try:
             path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
         except P2PError as exc:
-            raise NodeError(f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
+            raise NodeError(
+                f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
         data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != hash_hex:  # the blob protocol checked it; a second look costs nothing
+    # the blob protocol checked it; a second look costs nothing
+    if hashlib.sha256(data).hexdigest() != hash_hex:
         raise NodeError(f"the {what} fetched does not hash to {hash_hex[:16]}")
     return data
 
 
 def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
                        timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The run document whose sha256 is ``config_hash`` (the chain's), from ``peers``: every node serves it."""
+    """The run document whose sha256 is ``config_hash`` (the chain's), from ``peers``: every node serves
+    it."""
     return fetch_blob(peers, config_hash.hex(), workdir, MAX_RUN_DOCUMENT_BYTES,
                       "the run document (the run's configHash)", timeout)
 
@@ -109,10 +114,12 @@ def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
 
     ``training.data_sha256`` of the document: "generated" (no file), a text file's sha256 (``data`` must
     hash to it), or ``manifest:<root>`` (``data``, a prepared dataset with that root, or the peers: shards
-    missing locally are fetched from ``peers`` by hash, each checked; :func:`node.shardfetch.dataset_for_join`).
+    missing locally are fetched from ``peers`` by hash, each checked;
+    :func:`node.shardfetch.dataset_for_join`).
     ``model.tokenizer``: "bytes", or ``sha256:<hex>``, whose file is taken from ``tokenizer``, else the
-    dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer as a blob), refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``.
-    Returns (data path or "", tokenizer: "bytes" or the kept file's path).
+    dataset's ``tokenizer.json``, else fetched from ``peers`` (a node that serves its tokenizer as a blob),
+    refused unless it hashes to ``<hex>``, and kept as ``<data_dir>/tokenizers/<hex>.json``. Returns (data
+    path or "", tokenizer: "bytes" or the kept file's path).
     """
     from node.runconfig import file_sha256
     from training.errors import TokenizerError
@@ -208,9 +215,11 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
     if not w3.eth.get_code(w3.to_checksum_address(link.ledger)):
         raise ConfigError(f"no contract at ledger {link.ledger} on chain {chain_id}")
     abi = contracts.artifact("TrainingLedger")["abi"]
-    registry = w3.eth.contract(address=w3.to_checksum_address(link.ledger), abi=abi).functions.registry().call()
+    registry = w3.eth.contract(address=w3.to_checksum_address(link.ledger),
+                               abi=abi).functions.registry().call()
     ledger_cfg = {"backend": "rpc", "rpc_url": link.rpc_url, "registry_address": registry,
-                  "ledger_address": w3.to_checksum_address(link.ledger), "run_id": link.run_id, "chain_id": chain_id}
+                  "ledger_address": w3.to_checksum_address(link.ledger), "run_id": link.run_id,
+                  "chain_id": chain_id}
     if args.dev_account is not None:
         ledger_cfg["dev_account"] = args.dev_account
     else:
@@ -240,15 +249,17 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     """The training data's path, the tokenizer's (:func:`run_inputs`) and the node.toml fields besides the
     run document's: this machine's (data directory, cluster, listen address, peers, account) and the run's
     node settings."""
-    data_path, tokenizer = run_inputs(document, args.data, getattr(args, "tokenizer", ""), data_dir, link.peers)
+    data_path, tokenizer = run_inputs(document, args.data, getattr(args, "tokenizer", ""), data_dir,
+                                      link.peers)
     checkpoint_every = link.settings.get("checkpoint_every")
     if checkpoint_every is None:
         history = chain.client.history(link.run_id, with_registrations=False)
         checkpoint_every = infer_checkpoint_every([c.round for c in history.checkpoints])
     if checkpoint_every is None and not any(o.startswith("checkpoint_every=") for o in args.overrides):
-        raise ConfigError("the run has no checkpoint on chain yet, so its checkpoint_every is unknown: use the "
-                          "run link the run's operator printed (it carries checkpoint_every) or pass "
-                          "--set checkpoint_every=N")
+        raise ConfigError(
+            "the run has no checkpoint on chain yet, so its checkpoint_every is unknown: use the "
+            "run link the run's operator printed (it carries checkpoint_every) or pass "
+            "--set checkpoint_every=N")
     loopback = all(p.startswith(("/ip4/127.", "/dns4/localhost")) for p in link.peers)
     listen_host = args.listen_host or ("127.0.0.1" if loopback else "0.0.0.0")
     cluster = args.cluster or f"join-{identity.peer_id[-8:]}"
@@ -327,7 +338,8 @@ def run_join(args: argparse.Namespace) -> int:
     print(f"run document {info.config_hash.hex()[:16]} fetched from the run's peers and checked against the "
           f"chain: model {document['model'].get('n_layer')} layers x {document['model'].get('n_embd')}, "
           f"{document['diloco'].get('num_replicas')} replicas")
-    data_path, tokenizer, settings = _node_settings(link, chain, document, data_dir, identity, args, ledger_cfg)
+    data_path, tokenizer, settings = _node_settings(link, chain, document, data_dir, identity, args,
+                                                    ledger_cfg)
     table = node_config_from_run(document, **settings).to_dict()
     table["training"]["data_path"] = data_path
     table["model"]["tokenizer"] = tokenizer  # a local file hashes to the document's sha256:<hex>
@@ -339,7 +351,8 @@ def run_join(args: argparse.Namespace) -> int:
     text = "# written by 'dlx-node join'\n# " + str(link) + "\n" + dump_toml(cfg.to_dict())
     if config_path.exists() and config_path.read_text() != text and not args.force:
         existing = load_config(config_path)
-        if (existing.ledger.ledger_address.lower(), existing.ledger.run_id) != (link.ledger.lower(), link.run_id):
+        if (existing.ledger.ledger_address.lower(), existing.ledger.run_id) != (link.ledger.lower(),
+                                                                                link.run_id):
             raise ConfigError(f"{config_path} belongs to another run: pick a new --data-dir, or pass --force")
         print(f"keeping {config_path} (written before; --force rewrites it)")
     else:

@@ -136,8 +136,8 @@ class LocalRun:
     dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
     unbonding_blocks: int | None = None
     inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS  # unattested rounds before a member may be ejected
-    # Replica -> the CPUs its node processes may use together (a cgroup v1 cpu quota, node/commands/throttle.py):
-    # a slow contributor on this machine (issue 44). Needs root; empty: no limit.
+    # Replica -> the CPUs its node processes may use together (a cgroup v1 cpu quota,
+    # node/commands/throttle.py): a slow contributor on this machine (issue 44). Needs root; empty: no limit.
     cpu_limits: dict[int, float] = field(default_factory=dict)
     anvil: AnvilProcess | None = None
     url: str = ""
@@ -153,7 +153,8 @@ class LocalRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         per_replica = self.stages if self.split else 1
         if self.replicas * per_replica > MAX_NODES:
-            raise NodeError(f"{self.replicas * per_replica} nodes requested; a local run supports {MAX_NODES}")
+            raise NodeError(
+                f"{self.replicas * per_replica} nodes requested; a local run supports {MAX_NODES}")
         self.anvil = AnvilProcess(state_file=self.workdir / "chain-state.json")
         self.url = self.anvil.start()
         w3 = connect_rpc(self.url, wait=10)
@@ -223,8 +224,8 @@ class LocalRun:
     def link(self, peers: int = 1) -> str:
         """The run link ``dlx-node join`` takes (chain, ledger, run, RPC, the first ``peers`` nodes)."""
         checkpoint_every = load_config(None, self._base_settings()).checkpoint_every
-        return run_link(self.chain_id, self.ledger, self.run_id, self.url, [s.multiaddr for s in self.nodes[:peers]],
-                        checkpoint_every=checkpoint_every)
+        return run_link(self.chain_id, self.ledger, self.run_id, self.url,
+                        [s.multiaddr for s in self.nodes[:peers]], checkpoint_every=checkpoint_every)
 
     def _base_settings(self) -> list[str]:
         # Several nodes share this machine's cores: one intra-op thread each avoids oversubscription.
@@ -241,15 +242,16 @@ class LocalRun:
         # terminal's Ctrl-C reaches the launcher, which stops the nodes before the chain.
         with open(slot.log_path, "ab") as log:
             slot.process = subprocess.Popen(
-                [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path), "start",
-                 "--no-progress", "--config", str(slot.config_path)],
+                [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path),
+                 "start", "--no-progress", "--config", str(slot.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                 preexec_fn=terminate_with_parent(),  # a launcher killed outright takes its nodes with it
             )
         if slot.replica in self.cpu_limits:
             if slot.replica not in self.cpu_groups:
-                self.cpu_groups[slot.replica] = CpuGroup(f"dlx-{os.getpid()}-run{self.run_id}-r{slot.replica}",
-                                                         self.cpu_limits[slot.replica])
+                self.cpu_groups[slot.replica] = CpuGroup(
+                    f"dlx-{os.getpid()}-run{self.run_id}-r{slot.replica}",
+                    self.cpu_limits[slot.replica])
             self.cpu_groups[slot.replica].add(slot.process.pid)
 
     def start(self) -> None:
@@ -272,8 +274,8 @@ class LocalRun:
 
         Nodes started together would race for their seats, and a cluster's replica index is the seat index of
         its first-seated member, which seeds its data shard: seated in a fixed order, two runs of one
-        configuration place their replicas alike and train alike. A node started alone later (:meth:`start_node`: a late
-        joiner, a restart) seats itself, or finds its seat.
+        configuration place their replicas alike and train alike. A node started alone later
+        (:meth:`start_node`: a late joiner, a restart) seats itself, or finds its seat.
         """
         for slot in slots:
             cfg = load_config(slot.config_path)

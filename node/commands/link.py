@@ -52,7 +52,8 @@ def parse_run_link(text: str) -> RunLink:
     if parts.scheme != LINK_SCHEME:
         raise ConfigError(f"run link {text!r}: must start with {LINK_SCHEME}://, e.g. {example}")
     if not parts.netloc.isdigit():
-        raise ConfigError(f"run link {text!r}: {parts.netloc!r} is not a chain id (an integer), e.g. {example}")
+        raise ConfigError(
+            f"run link {text!r}: {parts.netloc!r} is not a chain id (an integer), e.g. {example}")
     path = parts.path.strip("/").split("/")
     if len(path) != 2:
         raise ConfigError(f"run link {text!r}: expected dlx://<chain_id>/<ledger address>/<run id>?..., "
@@ -105,8 +106,10 @@ def check_multiaddr(addr: str) -> None:
         try:
             parse_relayed_addr(addr)
         except RelayAddressError as exc:
-            raise ConfigError(f"peer {exc}; a relayed peer looks like "
-                              "/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW<relay>/p2p-circuit/p2p/12D3KooW<peer>") from None
+            raise ConfigError(
+                f"peer {exc}; a relayed peer looks like "
+                "/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW<relay>/p2p-circuit/p2p/12D3KooW<peer>"
+            ) from None
 
 
 def relays_of(peers: tuple[str, ...] | list[str]) -> list[str]:

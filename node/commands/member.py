@@ -19,15 +19,19 @@ from node.errors import ConfigError, StateError
 
 
 def add_parsers(sub) -> None:
-    for name, helptext in (("leave", "leave the run of a node directory: stop signing, start unbonding the stake"),
-                           ("withdraw", "take the stake back once the unbonding period is over")):
+    for name, helptext in (
+        ("leave", "leave the run of a node directory: stop signing, start unbonding the stake"),
+        ("withdraw", "take the stake back once the unbonding period is over")):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--config", "-c", default="node.toml",
-                       help="the member's node.toml (its account, chain and run), written by join or create-run")
+                       help="the member's node.toml (its account, chain and run), written "
+                            "by join or create-run")
         add_fee_args(p)
         if name == "withdraw":
-            p.add_argument("--wait", action="store_true", help="wait for the unbonding period to end, then withdraw")
-    p = sub.add_parser("run-info", help="a run's members, stakes, rounds, last record, accusations and disputes "
+            p.add_argument("--wait", action="store_true",
+                           help="wait for the unbonding period to end, then withdraw")
+    p = sub.add_parser("run-info",
+                       help="a run's members, stakes, rounds, last record, accusations and disputes "
                                         "(read-only)")
     p.add_argument("link", help="the run link (dlx://<chain_id>/<ledger>/<run_id>?rpc=...)")
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (overrides the link's)")
@@ -39,7 +43,8 @@ def _member(args: argparse.Namespace):
     from node.config import load_config
     from node.live.chain.onchain import NodeChain
 
-    overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}", f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
+    overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}",
+                 f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
     if args.confirmations is not None:  # else the node's own setting
         overrides.append(f"ledger.confirmations={args.confirmations}")
     cfg = load_config(args.config, overrides)
@@ -62,8 +67,9 @@ def run_leave(args: argparse.Namespace) -> int:
                               f"({'no seat' if seat is None else seat.status}): nothing to leave")
         info = client.run_info(run_id)
         gas, fees = client.estimate("ledger", "leaveRun", (run_id,))
-        plan = [Spend(f"leave run {run_id} (stake {seat.stake / 1e18:g} ETH unbonds for {info.unbonding_blocks} "
-                      "blocks)", gas, fees["maxFeePerGas"])]
+        plan = [Spend(
+            f"leave run {run_id} (stake {seat.stake / 1e18:g} ETH unbonds for {info.unbonding_blocks} "
+            "blocks)", gas, fees["maxFeePerGas"])]
         check_funds(client.balance(), client.address, plan)
         agree(plan, args.yes, "leaving")
         client.leave_run(run_id)
@@ -87,7 +93,8 @@ def run_withdraw(args: argparse.Namespace) -> int:
         if seat is None or seat.status != "unbonding":
             state = "no seat (withdrawn already, or never joined)" if seat is None else seat.status
             hint = ": leave first (dlx-node leave)" if seat is not None and seat.status == "active" else ""
-            raise ConfigError(f"account {client.address} has nothing to withdraw from run {run_id}: {state}{hint}")
+            raise ConfigError(
+                f"account {client.address} has nothing to withdraw from run {run_id}: {state}{hint}")
         _await_unbonding(client, seat, args.wait)
         gas, fees = client.estimate("ledger", "withdrawStake", (run_id,))
         plan = [Spend(f"withdraw the stake of {seat.stake / 1e18:g} ETH from run {run_id}", gas,
@@ -122,7 +129,8 @@ def _await_unbonding(client, seat, wait: bool) -> None:
 
 # ---------------------------------------------------------------------- run-info
 def reader_for_link(link, rpc: str = ""):
-    """A read-only LedgerClient of the run link's deployment (registry read from the ledger), chain id checked."""
+    """A read-only LedgerClient of the run link's deployment (registry read from the ledger), chain id
+    checked."""
     import contracts
     from ledger.client import LedgerClient
     from node.commands.chainops import connect_checked
@@ -170,17 +178,20 @@ def run_info_summary(client, run_id: int, history=None) -> dict:
             "checkpoint": last.commit.checkpoint_hash.hex() if last.commit.has_checkpoint else None},
         "open_accusations": [{"accused": a.accused, "accuser": a.accuser, "evidence": a.evidence_hash.hex(),
                               "deadline": a.deadline} for a in history.accusations if a.open],
-        "disputes": [{"round": d.round, "disputer": d.disputer, "block": d.block_number} for d in history.disputes],
+        "disputes": [{"round": d.round, "disputer": d.disputer, "block": d.block_number}
+                     for d in history.disputes],
     }
 
 
 def format_run_info(s: dict) -> str:
-    rounds = f"{s['rounds_committed']} of {s['max_rounds']}" if s["max_rounds"] else f"{s['rounds_committed']}"
+    rounds = f"{s['rounds_committed']} of {s['max_rounds']}" if s["max_rounds"] \
+        else f"{s['rounds_committed']}"
     lines = [f"run {s['run_id']} on chain {s['chain_id']}: ledger {s['ledger']}, registry {s['registry']}",
-             (f"  created by {s['creator']} in block {s['created_block']}; configHash {s['config_hash'][:16]}; "
-              f"{s['stages']} stage(s), H={s['inner_steps']}; commitments version {s['commitments']} "
+             (f"  created by {s['creator']} in block {s['created_block']}; configHash {s['config_hash'][:16]}"
+              f"; {s['stages']} stage(s), H={s['inner_steps']}; commitments version {s['commitments']} "
               f"({version_name(s['commitments'])})"),
-             f"  quorum k={s['quorum']}" + (f" (and {s['quorum_bps'] / 100:g}% of members)" if s["quorum_bps"] else "")
+             f"  quorum k={s['quorum']}" + (f" (and {s['quorum_bps'] / 100:g}% of members)" if s["quorum_bps"]
+                                            else "")
              + f"; stake {s['stake_wei'] / 1e18:g} ETH; unbonding {s['unbonding_blocks']} blocks",
              f"  rounds committed: {rounds}; chain head block {s['head_block']}",
              f"members ({sum(m['status'] == 'active' for m in s['members'])} active):"]
@@ -222,7 +233,8 @@ def apply_link(args: argparse.Namespace) -> None:
 
     if not args.link:
         if not args.rpc or args.run is None:
-            raise ConfigError("pass the run link, or --rpc and --run (with --deployment or --registry/--ledger)")
+            raise ConfigError(
+                "pass the run link, or --rpc and --run (with --deployment or --registry/--ledger)")
         return
     link = parse_run_link(args.link)
     if args.run is not None and args.run != link.run_id:

@@ -1,10 +1,10 @@
 """A light libp2p host that serves a finished run's archives, so ``pull`` and ``audit`` work from a run link.
 
-After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder serves,
-by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its sha256
-is the on-chain ``configHash``), every checkpoint file and every archived contribution envelope. It trains
-nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client against the
-chain, so serving a wrong file would only make it refuse the download.
+After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder
+serves, by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its
+sha256 is the on-chain ``configHash``), every checkpoint file and every archived contribution envelope. It
+trains nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client
+against the chain, so serving a wrong file would only make it refuse the download.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class ArchiveSeeder:
 
         served = archived_files(node_dirs, run_id)
         workdir = Path(tempfile.mkdtemp(prefix="dlx-seeder-"))
-        host = P2PHost.start(P2PConfig(listen_host=listen_host, listen_port=listen_port, gossip_resync_interval=0),
+        host = P2PHost.start(P2PConfig(listen_host=listen_host, listen_port=listen_port,
+                                       gossip_resync_interval=0),
                              Identity.generate(), data_dir=workdir)
         try:
             for sha256_hex, path in served.items():

@@ -46,8 +46,10 @@ def progress_line(p) -> str:
     def index(n: int) -> str:  # -1 while joining: nothing yet
         return str(n) if n >= 0 else "-"
 
-    return (f"[{p.state:9s}] round {index(p.round)} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
-            f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed {index(p.last_commit)}")
+    return (
+        f"[{p.state:9s}] round {index(p.round)} step {p.step}/{p.inner_steps} loss {loss} held-out {held} "
+        f"sent {mb(p.bytes_sent)} recv {mb(p.bytes_received)} peers {p.peers} committed "
+        f"{index(p.last_commit)}")
 
 
 class _StoppedLoading(BaseException):
@@ -56,7 +58,8 @@ class _StoppedLoading(BaseException):
 
 
 def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool = True, kinds=None) -> int:
-    """Run a node from the TOML file ``config`` (with ``KEY=VALUE`` ``overrides``) until its run ends or a signal.
+    """Run a node from the TOML file ``config`` (with ``KEY=VALUE`` ``overrides``) until its run ends or a
+    signal.
 
     ``show_progress``: a progress line on stderr when it is a terminal. ``kinds``: the node's part
     classes (node.live.assembly.Kinds; tests inject faults). A node whose weights left the run's
@@ -130,8 +133,9 @@ def _reenter(outer_round: int) -> None:
     A fresh life enters after the chain's latest checkpoint, as any restart does; doing it
     by ``exec`` leaves nothing of the diverged life behind (threads, the trio loop, torch state).
     """
-    logger.warning("round %d's committed record differs from this node's: starting again from the chain's latest "
-                   "checkpoint", outer_round)
+    logger.warning(
+        "round %d's committed record differs from this node's: starting again from the chain's latest "
+        "checkpoint", outer_round)
     logging.shutdown()  # flush the log file: exec runs no exit handlers
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
@@ -154,7 +158,8 @@ def start_metrics(port: int):
         for name, value in (("round", p.round), ("inner_step", p.step), ("loss", p.loss),
                             ("eval_loss", p.eval_loss), ("peers", p.peers), ("bytes_sent", p.bytes_sent),
                             ("bytes_received", p.bytes_received), ("last_commit", p.last_commit),
-                            ("spot_checks", p.spot_checks), ("spot_check_mismatches", p.spot_check_mismatches),
+                            ("spot_checks", p.spot_checks),
+                            ("spot_check_mismatches", p.spot_check_mismatches),
                             ("chain_checks", p.chain_checks)):
             gauges[name].set(value)
 

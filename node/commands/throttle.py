@@ -1,9 +1,10 @@
-"""Slow a process down with the cgroup v1 cpu controller: heterogeneous contributors on one machine (issue 44).
+"""Slow a process down with the cgroup v1 cpu controller: heterogeneous contributors on one machine (issue
+44).
 
-A :class:`CpuGroup` is a cgroup v1 cpu group (``/sys/fs/cgroup/cpu/<name>``) whose ``cpu.cfs_quota_us`` lets its
-processes use ``cpus`` CPUs at most (``cpus`` x ``cpu.cfs_period_us`` of every 100 ms period), whatever they
-ask for: a node in a group of 0.25 CPU trains like one on a machine a fraction as fast (its inner steps, and
-everything else it does, run at that rate). ``dlx-node demo --throttle``, the tests' throttled replica
+A :class:`CpuGroup` is a cgroup v1 cpu group (``/sys/fs/cgroup/cpu/<name>``) whose ``cpu.cfs_quota_us`` lets
+its processes use ``cpus`` CPUs at most (``cpus`` x ``cpu.cfs_period_us`` of every 100 ms period), whatever
+they ask for: a node in a group of 0.25 CPU trains like one on a machine a fraction as fast (its inner steps,
+and everything else it does, run at that rate). ``dlx-node demo --throttle``, the tests' throttled replica
 (tests/test_heterogeneous_e2e.py) and bench/bench_heterogeneous.py use it. Needs root and the cgroup v1 cpu
 controller (:func:`unavailable` says why not); a machine with only cgroup v2 has ``cpu.max`` instead, not
 written here.
@@ -33,7 +34,8 @@ def unavailable() -> str | None:
 
 
 class CpuGroup:
-    """A cgroup v1 cpu group limited to ``cpus`` CPUs; :meth:`add` moves processes in, :meth:`remove` ends it."""
+    """A cgroup v1 cpu group limited to ``cpus`` CPUs; :meth:`add` moves processes in, :meth:`remove` ends
+    it."""
 
     def __init__(self, name: str, cpus: float) -> None:
         reason = unavailable()
@@ -61,7 +63,8 @@ class CpuGroup:
         (CGROUP_CPU / "tasks").write_text(str(tid))
 
     def remove(self) -> None:
-        """Move what is left back to the root group and delete the group (retried while the kernel lets go)."""
+        """Move what is left back to the root group and delete the group (retried while the kernel lets
+        go)."""
         for _ in range(50):
             try:
                 for pid in (self.path / "cgroup.procs").read_text().split():

@@ -118,7 +118,8 @@ class NodeParts:
     """
 
     def __init__(self, cfg: NodeConfig, *, stop: threading.Event, kinds: Kinds = HONEST,
-                 on_progress: Callable[[Progress], None] | None = None, startup: StartupClock | None = None) -> None:
+                 on_progress: Callable[[Progress], None] | None = None,
+                 startup: StartupClock | None = None) -> None:
         self.cfg = cfg
         self.startup = startup or StartupClock()  # where this process's start-up time goes (its log)
         self.kinds = kinds
@@ -126,7 +127,8 @@ class NodeParts:
         self.data_dir = Path(cfg.data_dir).expanduser()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.progress = Progress(inner_steps=cfg.diloco.inner_steps)
-        self.clock = RoundClock(self.data_dir / "timing.jsonl")  # utilization per round (docs/DILOCOX.md section 4)
+        # utilization per round (docs/DILOCOX.md section 4)
+        self.clock = RoundClock(self.data_dir / "timing.jsonl")
         self.book = RoundBook()
         self.run_id = cfg.ledger.run_id
         self.document = run_document(cfg)
@@ -152,15 +154,16 @@ class NodeParts:
         # Per-round work off the training thread (node/live/state/lane.py): compressing and publishing a
         # contribution, serialising and serving a start state, the held-out eval on a copy.
         self.lane = RoundLane()
-        self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress, peer_id=self.peer_id,
-                                 run_id=self.run_id, station=self.station, on_progress=on_progress)
+        self.reporter = Reporter(path=self.data_dir / "status.json", progress=self.progress,
+                                 peer_id=self.peer_id, run_id=self.run_id, station=self.station,
+                                 on_progress=on_progress)
         self.base = NodeBase(
             cfg=cfg, stop=stop, run_id=self.run_id, identity=self.identity, peer_id=self.peer_id,
             document=self.document, config_hash=self.config_hash, layout=self.layout, data_dir=self.data_dir,
-            checkpoint_dir=self.checkpoint_dir, incoming_dir=self.incoming_dir, evidence_dir=self.evidence_dir,
-            archive=self.archive, state=self.state, progress=self.progress, clock=self.clock, book=self.book,
-            station=self.station, rounds=self.rounds, lane=self.lane, reporter=self.reporter,
-            validator=self.validator, said=self.said)
+            checkpoint_dir=self.checkpoint_dir, incoming_dir=self.incoming_dir,
+            evidence_dir=self.evidence_dir, archive=self.archive, state=self.state, progress=self.progress,
+            clock=self.clock, book=self.book, station=self.station, rounds=self.rounds, lane=self.lane,
+            reporter=self.reporter, validator=self.validator, said=self.said)
         self._threads: list[threading.Thread] = []
         # Step 1
         self.chain: NodeChain | None = None
@@ -188,7 +191,8 @@ class NodeParts:
         self.entry: RunEntry | None = None
 
     def assemble(self) -> None:
-        """The three steps (see module docstring); the trainer's imports warm up meanwhile (warm_up_imports)."""
+        """The three steps (see module docstring); the trainer's imports warm up meanwhile
+        (warm_up_imports)."""
         warm_up = threading.Thread(target=warm_up_imports, name="warm-up-imports", daemon=True)
         warm_up.start()
         own_seat = self.connect()
@@ -215,8 +219,9 @@ class NodeParts:
         self.validator.advance(checkpoint.round + 1 if checkpoint is not None else 0)
         own_seat = chain.seat(self.run_id, chain.account_bytes, self.identity.public_key_bytes)
         if own_seat is None:
-            raise NotRegistered(f"account {chain.client.address} joined run {self.run_id} but its seat is not "
-                                "bound to this node's key (registered with another key?)")
+            raise NotRegistered(
+                f"account {chain.client.address} joined run {self.run_id} but its seat is not "
+                "bound to this node's key (registered with another key?)")
         self.startup.mark("chain checked")
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
         self.startup.mark("host started")
@@ -249,16 +254,17 @@ class NodeParts:
         self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,
                                          lifecycle=lifecycle, membership=membership)
         fraud = self._open_fraud_prover()
-        self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host, coordinator=coordinator,
-                                         membership=membership, messenger=messenger, spot_checks=spot_checks,
-                                         forks=forks, fraud=fraud)
-        self.rooms = Rooms(chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,
-                           coordinator=coordinator, lifecycle=lifecycle, spot_checks=spot_checks, forks=forks,
-                           committer=self.committer, chunked=self.chunked)
+        self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host,
+                                         coordinator=coordinator, membership=membership, messenger=messenger,
+                                         spot_checks=spot_checks, forks=forks, fraud=fraud)
+        self.rooms = Rooms(chain=chain, host=host, messenger=messenger, membership=membership,
+                           exchange=exchange, coordinator=coordinator, lifecycle=lifecycle,
+                           spot_checks=spot_checks, forks=forks, committer=self.committer,
+                           chunked=self.chunked)
         self.inbox = inbox = build_inbox(base, chain=chain, membership=membership, exchange=exchange,
                                          spot_checks=spot_checks)
-        self.heartbeat = build_heartbeat(base, kind=kinds.heartbeat, chain=chain, host=host, messenger=messenger,
-                                         membership=membership, spot_checks=spot_checks)
+        self.heartbeat = build_heartbeat(base, kind=kinds.heartbeat, chain=chain, host=host,
+                                         messenger=messenger, membership=membership, spot_checks=spot_checks)
         queue = host.subscribe(run_topic(self.run_id), validator=inbox.relay_ok,
                                keep_for_sync=functools.partial(inbox.keep_for_sync, own_peer_id=host.peer_id))
         self._spawn(functools.partial(inbox.run, queue, self.stop), "gossip")
@@ -277,8 +283,8 @@ class NodeParts:
                                      spill_dir=self.data_dir / CHUNK_STATES_DIR) \
             if cfg.commitment_scheme.chunked else None
         fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
-                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages, stop=self.stop,
-                            proofs_dir=self.data_dir / PROOFS_DIR) \
+                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages,
+                            stop=self.stop, proofs_dir=self.data_dir / PROOFS_DIR) \
             if self.chunked is not None else None
         return fraud
 
@@ -354,13 +360,15 @@ class NodeParts:
             except PipelineError as exc:
                 if self.stop.is_set():
                     raise RoundStopped("stopped while waiting for the cluster's pipeline to form") from None
-                logger.warning("cluster %r: pipeline not formed yet (attempt %d: %s); waiting for the partner",
-                               cfg.cluster, attempts, exc)
+                logger.warning(
+                    "cluster %r: pipeline not formed yet (attempt %d: %s); waiting for the partner",
+                    cfg.cluster, attempts, exc)
                 self.reporter.set_state("waiting for partner")
                 self.stop.wait(1.0)
 
     def build_round_machinery(self, worker: ReplicaWorker) -> None:
-        """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes outside)."""
+        """Recovery, contributor, finisher and entry for ``worker`` (a unit test calls this with fakes
+        outside)."""
         base, rooms, kinds = self.base, self.rooms, self.kinds
         self.recovery = recovery = RestartRecovery(base, rooms, worker)
         self.contributor = contributor = kinds.contributor(base, rooms, worker=worker)

@@ -54,7 +54,8 @@ class GossipInbox:
     def __init__(self, run_id: int, validator: EnvelopeValidator, book: RoundBook, membership: Membership,
                  contributions: ContributionPool, held_stages: Callable[[], tuple[int, ...]],
                  record_signer: Callable[[RoundRecord, bytes, bytes], str] | None = None,
-                 spot_checks=None, handlers: dict[str, Callable[[Envelope, object, bytes], None]] | None = None) -> None:
+                 spot_checks=None, handlers: dict[str, Callable[[Envelope, object, bytes], None]]
+                 | None = None) -> None:
         self.run_id = run_id
         self.validator = validator
         self.book = book
@@ -62,11 +63,13 @@ class GossipInbox:
         self.contributions = contributions
         self.held_stages = held_stages
         self.record_signer = record_signer
-        self._hello_kept: dict[bytes, float] = {}  # sender key -> when one of its hellos was last kept for sync
+        # sender key -> when one of its hellos was last kept for sync
+        self._hello_kept: dict[bytes, float] = {}
         self._handlers: dict[str, Callable[[Envelope, object, bytes], None]] = {
             msg.ANNOUNCE: self._on_announce,
             msg.CLOSE: self._on_close,
-            msg.TAKEOVER: lambda env, _m, _d: self.book.add_takeover(env.round, env.stage, env.sender_peer_id),
+            msg.TAKEOVER: lambda env, _m, _d: self.book.add_takeover(env.round, env.stage,
+                                                                     env.sender_peer_id),
             msg.YIELD: lambda env, _m, _d: self.book.add_yield(env.round, env.stage, env.sender_peer_id),
             msg.ATTESTATION: self._on_attestation,
             msg.RECORD: self._on_record,
@@ -182,7 +185,8 @@ class GossipInbox:
                 # Not placed yet (its hello or its seat is still on the way): try again later,
                 # before the validator files it as seen.
                 self._defer(env.sender_peer_id, data)
-                raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]}, not placed yet: deferred")
+                raise msg.ProtocolError(
+                    f"{env.kind} from {env.sender_peer_id[-8:]}, not placed yet: deferred")
             self.membership.check_sender(env)
         try:
             env = self.validator.check(data)
@@ -204,10 +208,12 @@ class GossipInbox:
         env = decode_envelope(data, self.validator.max_size)
         if env.kind == msg.RECORD:
             self._on_record(env, msg.decode_payload(msg.RECORD, env.payload), data)  # files it as evidence
-        if env.kind == msg.ANNOUNCE:  # a close of the sliced exchange may name either (RoundCoordinator.judge)
+        # a close of the sliced exchange may name either (RoundCoordinator.judge)
+        if env.kind == msg.ANNOUNCE:
             announce = msg.decode_payload(msg.ANNOUNCE, env.payload)
             self.book.add_announce(env.round, env.stage, Announced(env.sender_peer_id, env.replica,
-                                                                   announce.envelope_hash, announce.size), first=False)
+                                                                   announce.envelope_hash, announce.size),
+                                   first=False)
         if env.kind == msg.CLOSE:
             logger.warning("round %d stage %d: %s signed two different closes; both are ignored", env.round,
                            env.stage, env.sender_peer_id[-8:])
@@ -215,7 +221,8 @@ class GossipInbox:
 
     def _on_announce(self, env: Envelope, announce: msg.Announce, _data: bytes) -> None:
         self.book.add_announce(env.round, env.stage,
-                               Announced(env.sender_peer_id, env.replica, announce.envelope_hash, announce.size))
+                               Announced(env.sender_peer_id, env.replica, announce.envelope_hash,
+                                         announce.size))
         if env.stage in self.held_stages():
             self.contributions.prefetch(env.round, env.stage)
 
@@ -223,7 +230,8 @@ class GossipInbox:
         self.book.add_close(env.round, env.stage, env.sender_peer_id, close, data)
 
     def _on_record(self, env: Envelope, signed: msg.RecordSignature, _data: bytes) -> None:
-        """A member's signature over the round's record: verified, then filed (never trusted on the sender's word)."""
+        """A member's signature over the round's record: verified, then filed (never trusted on the sender's
+        word)."""
         if self.record_signer is None:
             return
         try:

@@ -104,8 +104,9 @@ class Node:
             aside = self.parts.archive.set_aside_from(self.reenter_after)
             logger.warning("rounds %s of the archive set aside (sealed off the record); re-entering", aside)
         if self.ejected:
-            raise NotRegistered(f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "
-                                "stake was slashed and its seat removed (evidence under evidence/ of its peers)")
+            raise NotRegistered(
+                f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "
+                "stake was slashed and its seat removed (evidence under evidence/ of its peers)")
         return self.progress
 
     def stop(self) -> None:
@@ -198,7 +199,8 @@ class Node:
         end = self.cfg.rounds if self.cfg.rounds > 0 else None
         while not self.stop_event.is_set() and (end is None or outer_round < end):
             try:
-                for action in round_actions(diloco, outer_round, last=end is not None and outer_round == end - 1):
+                for action in round_actions(diloco, outer_round, last=end is not None
+                                            and outer_round == end - 1):
                     self._act(action, unfinished)
             except (RoundAbandoned, RoundStopped):
                 logger.info("round %d abandoned on request", outer_round)

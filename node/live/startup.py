@@ -44,8 +44,8 @@ class StartupClock:
         self.marks: dict[str, float] = {}
 
     def mark(self, phase: str, at: float | None = None) -> float:
-        """Log that ``phase`` ended now, or at wall-clock time ``at`` (only the first time); return the seconds
-        since the process started."""
+        """Log that ``phase`` ended now, or at wall-clock time ``at`` (only the first time); return the
+        seconds since the process started."""
         elapsed = round((time.time() if at is None else at) - self.started, 2)
         if phase not in self.marks:
             self.marks[phase] = elapsed

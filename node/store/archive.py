@@ -102,14 +102,17 @@ class Archive:
                 continue
             try:
                 stage, replica, peer_id = json.loads(marker.read_text())
-                out.append(ArchivedContribution(int(stage), int(replica), str(peer_id), bytes.fromhex(marker.stem)))
+                out.append(ArchivedContribution(int(stage), int(replica), str(peer_id),
+                                                bytes.fromhex(marker.stem)))
             except (ValueError, TypeError, OverflowError, RecursionError):
-                logger.warning("round %d: unreadable own-contribution marker %s ignored", round_index, marker.name)
+                logger.warning("round %d: unreadable own-contribution marker %s ignored", round_index,
+                               marker.name)
         return out
 
     def put_blob(self, round_index: int, data: bytes, suffix: str) -> bytes:
         """Store a round's blob that is not a contribution envelope, as ``<sha256>.<suffix>`` (idempotent;
-        the sliced exchange's ``slice`` blobs and ``partial`` envelopes, docs/PROTOCOL.md). Sealing keeps them."""
+        the sliced exchange's ``slice`` blobs and ``partial`` envelopes, docs/PROTOCOL.md). Sealing keeps
+        them."""
         digest = hashlib.sha256(data).digest()
         path = self._round_dir(round_index) / f"{digest.hex()}.{suffix}"
         if not path.exists():
@@ -129,7 +132,8 @@ class Archive:
         try:
             return path.read_bytes()
         except FileNotFoundError:
-            raise StateError(f"archive has no envelope {envelope_hash.hex()} for round {round_index}") from None
+            raise StateError(
+                f"archive has no envelope {envelope_hash.hex()} for round {round_index}") from None
 
     def find(self, envelope_hash: bytes) -> Path | None:
         """Locate an envelope by hash in any round (used to serve it to peers)."""
@@ -159,7 +163,8 @@ class Archive:
                 "round": round_index,
                 "contributions": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in ordered],
                 "excluded": list(excluded or []),
-                "left_out_own": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()] for c in left_out_own],
+                "left_out_own": [[c.stage, c.replica, c.peer_id, c.envelope_hash.hex()]
+                                 for c in left_out_own],
             },
         )
         for c in left_out_own:
@@ -182,11 +187,12 @@ class Archive:
                     doc["contributions"]]
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             # OverflowError: int() of an infinite JSON number; RecursionError: deeply nested JSON.
-            raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
+            raise StateError(
+                f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def left_out_own(self, round_index: int) -> list[ArchivedContribution]:
-        """This node's own contributions of a sealed round that its close left out (kept, see :meth:`seal_round`);
-        [] for a round not sealed here or sealed before the archive kept them."""
+        """This node's own contributions of a sealed round that its close left out (kept, see
+        :meth:`seal_round`); [] for a round not sealed here or sealed before the archive kept them."""
         path = self.sealed_path(round_index)
         try:
             doc = json.loads(path.read_text())
@@ -195,12 +201,14 @@ class Archive:
         except FileNotFoundError:
             return []
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
-            raise StateError(f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
+            raise StateError(
+                f"archive manifest {path} is corrupt: {type(exc).__name__}: {exc}"[:300]) from None
 
     def record_round(self, round_index: int, contributions: list[ArchivedContribution],
                      stage_hashes: list[bytes]) -> None:
         """Keep the contributions of every stage of a sealed round and its stage weights hashes, as the
-        chain's record binds them (node.live.checks.spotinputs checks both against the record's roots first)."""
+        chain's record binds them (node.live.checks.spotinputs checks both against the record's roots
+        first)."""
         if not self.sealed_path(round_index).exists():
             raise StateError(f"round {round_index} is not sealed here: its record is not kept")
         atomic_write_json(self._round_dir(round_index) / RECORDED_FILE, {

@@ -89,11 +89,13 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + header_len])
-        meta = json.loads((header.get("__metadata__") or {}).get("dlx", "{}"))  # safetensors allows a null map
+        # safetensors allows a null map
+        meta = json.loads((header.get("__metadata__") or {}).get("dlx", "{}"))
         if not isinstance(meta, dict):
             raise ValueError("metadata is not an object")
     except (SafetensorError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
-        raise StateError(f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
+        raise StateError(
+            f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint format {meta.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
     try:
@@ -143,8 +145,10 @@ class RunLayout:
     config_hash: bytes
     model_config: dict[str, Any]
     stage_shapes: tuple[dict[str, tuple[int, ...]], ...]  # per stage: parameter name -> shape
-    chunked: bool = False  # the run's scheme commits stage leaves (node.commitments: CommitmentScheme.chunked)
-    outer_moments: int = 1  # outer state tensors per weight: 2 with outer Adam (diloco.outer_optimizer), stacked
+    # the run's scheme commits stage leaves (node.commitments: CommitmentScheme.chunked)
+    chunked: bool = False
+    # outer state tensors per weight: 2 with outer Adam (diloco.outer_optimizer), stacked
+    outer_moments: int = 1
 
     @classmethod
     def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
@@ -194,16 +198,19 @@ def stage_problems(layout: RunLayout, stage: int, weights: dict[str, torch.Tenso
         if missing:
             problems.append(f"stage {stage} {what} lack {len(missing)} parameter(s), e.g. {missing[0]!r}")
         if extra:
-            problems.append(f"stage {stage} {what} hold {len(extra)} tensor(s) the run has not, e.g. {extra[0][:80]!r}")
+            problems.append(
+                f"stage {stage} {what} hold {len(extra)} tensor(s) the run has not, e.g. {extra[0][:80]!r}")
         for name in sorted(set(shapes) & set(tensors)):
             tensor = tensors[name]
             if tensor.dtype != torch.float32 or tuple(tensor.shape) != tuple(shapes[name]):
-                problems.append(f"stage {stage} {what} {name!r} is {tensor.dtype} {tuple(tensor.shape)}, the run's "
-                                f"is float32 {tuple(shapes[name])}")
+                problems.append(
+                    f"stage {stage} {what} {name!r} is {tensor.dtype} {tuple(tensor.shape)}, the run's "
+                    f"is float32 {tuple(shapes[name])}")
                 break
     if not problems and weights_hash is not None and stage_weights_hash(weights) != weights_hash:
-        problems.append(f"stage {stage} weights hash to {stage_weights_hash(weights).hex()[:16]}, not the round's "
-                        f"agreed {weights_hash.hex()[:16]}")
+        problems.append(
+            f"stage {stage} weights hash to {stage_weights_hash(weights).hex()[:16]}, not the round's "
+            f"agreed {weights_hash.hex()[:16]}")
     return problems
 
 
@@ -247,8 +254,8 @@ def checkpoint_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int,
         if layout.chunked:
             problems += chunked_problems(ckpt, layout, weights_root)
         elif weights_root is not None and root_of(hashes) != weights_root:
-            problems.append(f"its tensors' weights root {root_of(hashes).hex()[:16]} is not the attested record's weightsRoot "
-                            f"{weights_root.hex()[:16]}")
+            problems.append(f"its tensors' weights root {root_of(hashes).hex()[:16]} is not the attested "
+                            f"record's weightsRoot {weights_root.hex()[:16]}")
     return problems
 
 
@@ -262,8 +269,9 @@ def chunked_problems(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes | 
     from training.chunks import tensor_leaves
 
     if sorted(ckpt.stage_leaves) != list(range(layout.num_stages)):
-        return [f"its metadata holds stage leaves of stages {sorted(ckpt.stage_leaves)[:8]}, not of each of the "
-                f"run's {layout.num_stages} (a chunked run's)"]
+        return [
+            f"its metadata holds stage leaves of stages {sorted(ckpt.stage_leaves)[:8]}, not of each of the "
+            f"run's {layout.num_stages} (a chunked run's)"]
     problems, leaves = [], []
     for stage in range(layout.num_stages):
         try:
@@ -276,11 +284,13 @@ def chunked_problems(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes | 
         momentum = tensor_leaves({n: ckpt.momentum[n] for n in names})
         if (len(weights), tree_root(weights), tree_root(momentum)) != (leaf.num_chunks, leaf.weights_root,
                                                                         leaf.momentum_root):
-            problems.append(f"its stage {stage} weights or momentum are not the chunks its stage leaf commits")
+            problems.append(
+                f"its stage {stage} weights or momentum are not the chunks its stage leaf commits")
     root = chunked_weights_root(leaves)
     if not problems and weights_root is not None and root != weights_root:
-        problems.append(f"its stage leaves' weights root {root.hex()[:16]} is not the attested record's weightsRoot "
-                        f"{weights_root.hex()[:16]}")
+        problems.append(
+            f"its stage leaves' weights root {root.hex()[:16]} is not the attested record's weightsRoot "
+            f"{weights_root.hex()[:16]}")
     return problems
 
 

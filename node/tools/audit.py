@@ -89,7 +89,8 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, str], None]
 
-#: The per-round item that replaced "committer registered": quorum distinct members in force signed the record.
+#: The per-round item that replaced "committer registered":
+#: quorum distinct members in force signed the record.
 ATTESTED = "attested by k members in force"
 WITHIN_MAX_ROUNDS = "within maxRounds"
 
@@ -127,11 +128,13 @@ def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bo
                 Check(
                     WITHIN_MAX_ROUNDS,
                     FAIL,
-                    f"round {verdict.round} is past the run's last round {max_rounds - 1} (maxRounds {max_rounds})",
+                    f"round {verdict.round} is past the run's last round {max_rounds - 1} "
+                    f"(maxRounds {max_rounds})",
                 )
             )
         else:
-            verdict.checks.append(Check(WITHIN_MAX_ROUNDS, OK, f"of {max_rounds}" if max_rounds else "open-ended"))
+            verdict.checks.append(Check(WITHIN_MAX_ROUNDS, OK, f"of {max_rounds}" if max_rounds
+                                        else "open-ended"))
     report.general.append(_report_item(chain.hash_chain.head))
     return chain
 
@@ -145,7 +148,8 @@ def _findings(history: Any, chain: Any, report: AuditReport) -> None:
             causes[equivocation.tx_hash] = f"equivocation on round {round_index}"
             verdict = by_round.get(round_index)
             if verdict is not None:
-                role = "an attester of this round" if equivocation.account in verdict.attesters else "a member"
+                role = "an attester of this round" if equivocation.account in verdict.attesters \
+                    else "a member"
                 verdict.notes.append(
                     f"{role}, {equivocation.account}, signed two records of this round (reported by "
                     f"{equivocation.reporter} at block {equivocation.block_number}; slashed)"
@@ -174,7 +178,8 @@ def _judge_disputes(verdict: RoundVerdict, disputes: list, commit: Any, replayed
     ok (or unverifiable) with a note naming the dispute.
     """
     committed = (
-        "unverified" if replayed is None else ("replays" if replayed == commit.weights_root else "does NOT replay")
+        "unverified" if replayed is None else ("replays" if replayed == commit.weights_root
+                                               else "does NOT replay")
     )
     for dispute in disputes:
         record = dispute.record
@@ -193,8 +198,8 @@ def _judge_disputes(verdict: RoundVerdict, disputes: list, commit: Any, replayed
         )
         differs = [
             name
-            for name in ("weights_root", "contributions_root", "train_loss_micro", "eval_loss_micro", "tokens",
-                         "num_contributors", "checkpoint_hash", "prev_head")
+            for name in ("weights_root", "contributions_root", "train_loss_micro", "eval_loss_micro",
+                         "tokens", "num_contributors", "checkpoint_hash", "prev_head")
             if getattr(record, name) != getattr(commit, name)
         ]
         other_list = (
@@ -344,13 +349,13 @@ def _check_rounds(
             elif commit.round != previous_round + 1:
                 replayer.drop()  # a round that was never committed: the state after it is unknown
                 verdict.notes.append(f"rounds {previous_round + 1}..{commit.round - 1} were never committed")
-        payloads = check_contributions(verdict, record, sources, run.num_stages, chain.valid, previous_block, run,
-                                       document)
+        payloads = check_contributions(verdict, record, sources, run.num_stages, chain.valid, previous_block,
+                                       run, document)
         replayed = check_replay(verdict, commit, replayer, payloads, replay)
         if replayed is not None and replayed != commit.weights_root and replayer.scheme.chunked \
                 and client is not None:
-            check_fraud_proof(verdict, record, commits.get(commit.round - 1), replayer, sources, client, history,
-                              layout)
+            check_fraud_proof(verdict, record, commits.get(commit.round - 1), replayer, sources, client,
+                              history, layout)
         if commit.round in chain.disputes:
             _judge_disputes(verdict, chain.disputes[commit.round], commit, replayed)
         if commit.round in checkpoints:

@@ -1,7 +1,8 @@
 """The node data directories an audit reads (``--archive``): sealed rounds, envelopes, blobs and evidence.
 
-Everything read here is checked against its content hash before use; a file named for a hash whose bytes do not
-hash to it is never read (:meth:`AuditArchives.refused` lists them). Split from :mod:`node.tools.audit_reexec`.
+Everything read here is checked against its content hash before use; a file named for a hash whose bytes do
+not hash to it is never read (:meth:`AuditArchives.refused` lists them). Split from
+:mod:`node.tools.audit_reexec`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class AuditArchives:
             for path in sorted((d / "archive" / f"run-{self.run_id}").glob("round-*/round.json")):
                 try:
                     doc = json.loads(path.read_text())
-                    entries = {(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]}
+                    entries = {(int(s), int(r), str(p), str(h).lower())
+                                   for s, r, p, h in doc["contributions"]}
                     out.setdefault(int(doc["round"]), set()).update(entries)
                 except (ValueError, KeyError, TypeError, OSError):
                     continue
@@ -58,11 +60,12 @@ class AuditArchives:
 
     def left_out_own(self, round_index: int) -> list[list]:
         """The round's contributions their signers kept though its close left them out, merged: [[stage,
-        replica, peer id, hash hex], ...]: ``left_out_own`` of each archive that sealed it, and the own-contribution
-        markers (``<hash>.own``, node/store/archive.py) of each archive that holds the round, sealed or not (a node
-        killed after it sent the round's contributions and before it sealed the round, which the others committed
-        while it was down: the 60-minute soak's round 26). The caller takes an entry only for a stage no close
-        named, and only if its envelope is the replica's own signed contribution of that round and stage."""
+        replica, peer id, hash hex], ...]: ``left_out_own`` of each archive that sealed it, and the
+        own-contribution markers (``<hash>.own``, node/store/archive.py) of each archive that holds the round,
+        sealed or not (a node killed after it sent the round's contributions and before it sealed the round,
+        which the others committed while it was down: the 60-minute soak's round 26). The caller takes an
+        entry only for a stage no close named, and only if its envelope is the replica's own signed
+        contribution of that round and stage."""
         merged: list[list] = []
 
         def add(stage, replica, peer, hash_hex) -> None:
@@ -97,7 +100,8 @@ class AuditArchives:
 
     def round_blobs(self, round_index: int, suffix: str) -> list[bytes]:
         """Every archive's ``*.<suffix>`` blobs of a round (the sliced exchange's partials), unchecked."""
-        return [path.read_bytes() for d in self._round_dirs(round_index) for path in sorted(d.glob(f"*.{suffix}"))
+        return [path.read_bytes() for d in self._round_dirs(round_index)
+                for path in sorted(d.glob(f"*.{suffix}"))
                 if path.is_file()]
 
     def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:

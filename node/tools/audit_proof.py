@@ -29,7 +29,8 @@ from node.tools.report import OK, UNVERIFIABLE, Check
 
 def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any, sources: list, client: Any,
                       history: Any, layout: Any) -> None:
-    """Add the round's "fraud proof" item to ``verdict`` (a chunked round whose replay differs from its commit)."""
+    """Add the round's "fraud proof" item to ``verdict`` (a chunked round whose replay differs from its
+    commit)."""
     from ledger.errors import LedgerError
     from ledger.normproof import SCALES
 
@@ -49,7 +50,8 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
         why_not.append(str(exc))
     candidates += [("kept by a node's prover", proof) for proof in _kept_proofs(sources, commit)]
     for origin, proof in candidates:
-        norm = getattr(proof, "contribution", None) is not None  # a norm proof (docs/FRAUD_PROOF.md, "The clip scales")
+        # a norm proof (docs/FRAUD_PROOF.md, "The clip scales")
+        norm = getattr(proof, "contribution", None) is not None
         try:
             holds = (client.norm_proof_holds if norm else client.proof_holds)(proof, record.attesters)
         except (*DLX_ERRORS, LedgerError) as exc:
@@ -60,10 +62,13 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
             why_not.append(f"a proof {origin} does not hold on chain ({view} is false)")
             continue
         what = (("the clip scales" if proof.contribution == SCALES else
-                 f"contribution {proof.contribution}'s sum at chunk {proof.chunk}") if norm else f"chunk {proof.chunk}")
-        verdict.checks.append(Check("fraud proof", OK, f"stage {proof.stage} {what}, {origin}, holds on chain "
+                 f"contribution {proof.contribution}'s sum at chunk {proof.chunk}") if norm
+                else f"chunk {proof.chunk}")
+        verdict.checks.append(Check("fraud proof", OK,
+                                    f"stage {proof.stage} {what}, {origin}, holds on chain "
                                                        f"({view}); {status}"))
-        verdict.notes.append(f"fraud proof ({function}'s argument): " + json.dumps(proof.to_json(), sort_keys=True))
+        verdict.notes.append(f"fraud proof ({function}'s argument): " + json.dumps(proof.to_json(),
+                                                                                   sort_keys=True))
         return
     verdict.checks.append(Check("fraud proof", UNVERIFIABLE, f"no proof built here ({status}): "
                                 + "; ".join(why_not or ["no committed state of the round was found"])))
@@ -85,10 +90,12 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
         raise _NoProof("the replay does not hold this round's and the round before's states")
     prev_leaves = [state.leaf() for state in replayer.prev_states]
     if chunked_weights_root(prev_leaves) != prev_commit.weights_root:
-        raise _NoProof(f"the replayed round {commit.round - 1} is not the committed one (an earlier round differs)")
+        raise _NoProof(
+            f"the replayed round {commit.round - 1} is not the committed one (an earlier round differs)")
     if not commit.has_checkpoint:
-        raise _NoProof("the round published no checkpoint: its committed state is had only from its attesters "
-                       "(a node's prover fetches it; see the proofs a node kept)")
+        raise _NoProof(
+            "the round published no checkpoint: its committed state is had only from its attesters "
+            "(a node's prover fetches it; see the proofs a node kept)")
     expected = commit.checkpoint_hash.hex()
     copy = first_good_copy(sources, lambda src: src.checkpoint(commit.round, expected), expected)
     if copy.data is None:
@@ -97,7 +104,8 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
         ckpt = parse_checkpoint(copy.data, commit.checkpoint_hash)
     except StateError as exc:
         raise _NoProof(f"the round's checkpoint does not parse: {exc}") from None
-    problems = chunked_problems(ckpt, layout, commit.weights_root) if len(ckpt.weights) else ["it holds no tensors"]
+    problems = chunked_problems(ckpt, layout, commit.weights_root) if len(ckpt.weights) \
+        else ["it holds no tensors"]
     if problems:
         raise _NoProof("the round's checkpoint is not the committed state: " + "; ".join(problems)[:300])
     stages = [parse_stage_leaf(ckpt.stage_leaves[s], s) for s in range(layout.num_stages)]
@@ -106,9 +114,10 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
             continue
         names = layout.stage_names(stage)
         committed = StageState(stage, tensor_leaves({n: ckpt.weights[n] for n in names}),
-                               tensor_leaves({n: ckpt.momentum[n] for n in names}), mine.factors, mine.payload_leaves)
-        proof, why = proof_of_difference(prev_commit, commit, prev_leaves, stages, replayer.prev_states[stage], mine,
-                                         committed)
+                               tensor_leaves({n: ckpt.momentum[n] for n in names}), mine.factors,
+                               mine.payload_leaves)
+        proof, why = proof_of_difference(prev_commit, commit, prev_leaves, stages,
+                                         replayer.prev_states[stage], mine, committed)
         if proof is None:
             raise _NoProof(f"stage {stage}: {why}")
         return proof
@@ -116,7 +125,8 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
 
 
 def _kept_proofs(sources: list, commit: Any) -> list:
-    """The proofs (a chunk's, or a norm proof) nodes kept for this round in the sources (their ``proofs/``)."""
+    """The proofs (a chunk's, or a norm proof) nodes kept for this round in the sources (their
+    ``proofs/``)."""
     from ledger.chunkproof import AggregationProof
     from ledger.normproof import NormProof
 
@@ -125,7 +135,8 @@ def _kept_proofs(sources: list, commit: Any) -> list:
         for data in getattr(source, "proofs", lambda _r: [])(commit.round):
             try:
                 document = json.loads(data)["proof"]
-                kind = NormProof if isinstance(document, dict) and document.get("kind") == "norm" else AggregationProof
+                kind = NormProof if isinstance(document, dict) and document.get("kind") == "norm" \
+                    else AggregationProof
                 proof = kind.from_json(document)
             except (*DLX_ERRORS, ValueError, KeyError, TypeError):
                 continue  # a file that is no proof: nothing to check

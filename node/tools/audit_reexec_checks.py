@@ -16,38 +16,44 @@ from p2p.errors import EnvelopeRejected
 
 def built_elsewhere_check(name: str, auditor: ReexecAuditor, round_index: int, replica: int,
                           stages: tuple[int, ...], reason: str) -> Check:
-    """The item of a rerun that found ``stages`` of ``(round, replica)`` built on another result of round t-1 than
-    the record's (a forked member's round, bound by its ``applied_hash``): fine if the holders left those stages'
-    contributions out of the round (the archives say so), else a finding.
+    """The item of a rerun that found ``stages`` of ``(round, replica)`` built on another result of round t-1
+    than the record's (a forked member's round, bound by its ``applied_hash``): fine if the holders left those
+    stages' contributions out of the round (the archives say so), else a finding.
 
-    A split replica forks stage by stage (each stage's member applies its own close and is re-based by its own fork
-    repair), so only the forked stages' contributions are left out; a partner stage that followed the record was
-    aggregated as any. The rerun stops at the fork and does not judge that stage, so the item is then unverifiable,
-    never ok (before, the whole replica had to be left out: the soak's round 13, docs/P2P.md, failed the audit)."""
+    A split replica forks stage by stage (each stage's member applies its own close and is re-based by its own
+    fork repair), so only the forked stages' contributions are left out; a partner stage that followed the
+    record was aggregated as any. The rerun stops at the fork and does not judge that stage, so the item is
+    then unverifiable, never ok (before, the whole replica had to be left out: the soak's round 13,
+    docs/P2P.md, failed the audit)."""
     left_out = {(int(stage), str(hash_hex)) for stage, _replica, _peer, hash_hex, why, _detail
                 in auditor.archives.excluded(round_index) if why == "other_result"}
     mine = {(int(e[0]), str(e[3])) for e in auditor.sealed.get(round_index, []) if int(e[1]) == replica}
     forked = {entry for entry in mine if entry[0] in stages}
     if not forked or not forked <= left_out:
-        return Check(name, FAIL, f"{reason}, and the archives do not show it left out of the round's aggregate",
+        return Check(name, FAIL,
+                     f"{reason}, and the archives do not show it left out of the round's aggregate",
                      round_index)
     aggregated = sorted(stage for stage, _hash in mine - left_out)
     if aggregated:
-        return Check(name, UNVERIFIABLE, f"not a rerun of the record: {reason}; every holder left it out of the "
-                     f"round, and stage(s) {aggregated} of the replica, aggregated, are not judged by a rerun that "
+        return Check(name, UNVERIFIABLE,
+                     f"not a rerun of the record: {reason}; every holder left it out of the "
+                     f"round, and stage(s) {aggregated} of the replica, aggregated, are not "
+                     "judged by a rerun that "
                      "stops at the fork", round_index)
     return Check(name, OK, f"not a rerun of the record: {reason}; every holder left it out of the round",
                  round_index)
 
 
 def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[int, int]], list[int]]:
-    """The (round, replica) pairs of ``sealed`` whose round the chain committed, and the sealed rounds it did not.
+    """The (round, replica) pairs of ``sealed`` whose round the chain committed, and the sealed rounds it did
+    not.
 
-    The audit judges the history the chain records. A round the archives sealed but the chain never committed (the
-    nodes stopped before its commit: the end of every run that is stopped rather than run to its last round) binds
-    nothing, and its nodes may have sealed different closes of it: the archives' union of such a round is no one's
-    close, so a rerun of the next round against it would find an honest contribution "built on another result"
-    (the 25-minute soak of 2026-11-26 FAILED so, on rounds 26 and 27 of a chain that held 0-24)."""
+    The audit judges the history the chain records. A round the archives sealed but the chain never committed
+    (the nodes stopped before its commit: the end of every run that is stopped rather than run to its last
+    round) binds nothing, and its nodes may have sealed different closes of it: the archives' union of such a
+    round is no one's close, so a rerun of the next round against it would find an honest contribution "built
+    on another result" (the 25-minute soak of 2026-11-26 FAILED so, on rounds 26 and 27 of a chain that held
+    0-24)."""
     committed = {c.commit.round for c in history.commits}
     pairs = sorted({(r, int(e[1])) for r, entries in sealed.items() if r in committed for e in entries})
     return pairs, sorted(r for r in sealed if r not in committed)
@@ -64,9 +70,10 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
     account_of = _peer_accounts(history)
     pairs, unrecorded = recorded_pairs(auditor.sealed, history)
     if unrecorded:
-        report.notes.append(f"re-execution: round(s) {', '.join(map(str, unrecorded))} sealed in the archives but not "
-                            "committed on chain (the run stopped before their commit, or the chain never took them) "
-                            "are not judged: no record binds their contributions")
+        report.notes.append(
+            f"re-execution: round(s) {', '.join(map(str, unrecorded))} sealed in the archives but not "
+            "committed on chain (the run stopped before their commit, or the chain never took them) "
+            "are not judged: no record binds their contributions")
     for round_index, replica in sample_contributions(pairs, history.head_hash, count):
         name = f"re-execution of round {round_index} replica {replica}"
         try:
@@ -106,7 +113,8 @@ def ejection_check(accusation, auditor: ReexecAuditor, proofs: SlicedProofAudito
     if data is None:
         refused = auditor.archives.refused(accusation.evidence_hash.hex())
         return Check(name, UNVERIFIABLE, "the evidence is not in the archives" + (
-            f" (refused: {', '.join(refused)} does not hash to the chain's evidence hash)" if refused else ""))
+            f" (refused: {', '.join(refused)} does not hash to the chain's evidence hash)" if refused
+            else ""))
     try:
         env = decode_envelope(data, MAX_BLOB)
         evidence = msg.decode_payload(msg.EVIDENCE, env.payload)
@@ -127,7 +135,8 @@ def ejection_check(accusation, auditor: ReexecAuditor, proofs: SlicedProofAudito
         elif result is not None and not result.honest and not _blames(envs, result.failed_stages,
                                                                       accusation.accused, account_of):
             # The replica's rerun fails in a stage the accused did not sign: its own stages reproduce.
-            result = replace(result, verdict="exact", reason=f"the accused's stages reproduce; {result.reason}")
+            result = replace(result, verdict="exact",
+                             reason=f"the accused's stages reproduce; {result.reason}")
     except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
         return Check(name, FAIL, f"evidence does not hold: {exc}")
     if result is None or result.undecided or (next_envs and result.honest and broken is None):

@@ -58,7 +58,8 @@ def _committed_entries(verdict: RoundVerdict, commit: Any, sources: list, num_st
     """The listed contributions whose Merkle root is the commit's (a check appended either way), or None."""
     candidates, unlisted = _candidate_sets(sources, commit.round, num_stages)
     if unlisted:
-        what = "this round's contributions" if len(unlisted) == num_stages else f"stage(s) {unlisted} of this round"
+        what = "this round's contributions" if len(unlisted) == num_stages \
+            else f"stage(s) {unlisted} of this round"
         verdict.checks.append(Check("contributions root", UNVERIFIABLE, f"no archive or peer lists {what}"))
         return None
     entries = next((c for c in candidates if _contribution_root(c) == commit.contributions_root), None)
@@ -66,7 +67,8 @@ def _committed_entries(verdict: RoundVerdict, commit: Any, sources: list, num_st
         got = _contribution_root(candidates[0]).hex()
         verdict.checks.append(Check(
             "contributions root", FAIL,
-            f"Merkle root of the archived contributions is {got}, chain says {commit.contributions_root.hex()}"))
+            f"Merkle root of the archived contributions is {got}, chain says "
+            f"{commit.contributions_root.hex()}"))
         return None
     verdict.checks.append(Check("contributions root", OK))
     return entries
@@ -87,7 +89,8 @@ def _shape_problems(entries: list, commit: Any, num_stages: int, document: dict 
     if document is not None and not _steps_range(document):  # a time-bounded run's: _token_check
         last_replicas = {r for s, r, _p, _h in entries if s == num_stages - 1}
         per_replica = (
-            document["diloco"]["inner_steps"] * document["training"]["batch_size"] * document["model"]["block_size"]
+            document["diloco"]["inner_steps"] * document["training"]["batch_size"]
+            * document["model"]["block_size"]
         )
         if commit.tokens != per_replica * len(last_replicas):
             problems.append(f"tokens {commit.tokens} != {per_replica} x {len(last_replicas)} replicas")
@@ -99,7 +102,8 @@ def _verified_payload(
 ) -> tuple[bytes | None, str, bool]:
     """``(blob, "", _)`` for a committed envelope that verifies (its signer's account set on ``contributor``),
     else ``(None, reason, absent_ok)``; ``absent_ok``: in the sliced exchange the envelope is an absent input
-    rather than a failure (a holder does not fetch the closed envelopes: node.live.exchange.sliced.usable_reference)."""
+    rather than a failure (a holder does not fetch the closed envelopes:
+    node.live.exchange.sliced.usable_reference)."""
     from ledger.checks import bound_account
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
@@ -145,7 +149,8 @@ def check_contributions(
         return None
     verdict.contributors = [Contributor(s, r, p, h) for s, r, p, h in entries]
     problems = _shape_problems(entries, commit, num_stages, document)
-    verdict.checks.append(Check("round shape", FAIL, "; ".join(problems)) if problems else Check("round shape", OK))
+    verdict.checks.append(Check("round shape", FAIL, "; ".join(problems)) if problems
+                          else Check("round shape", OK))
 
     payloads: list[list[bytes]] = [[] for _ in range(num_stages)]
     missing = 0
@@ -159,13 +164,16 @@ def check_contributions(
         if copy.data is None:
             if copy.bad:
                 verdict.checks.append(
-                    Check(label, FAIL, "archived bytes are not the committed envelope: " + "; ".join(copy.bad)))
+                    Check(label, FAIL,
+                          "archived bytes are not the committed envelope: " + "; ".join(copy.bad)))
             else:
-                verdict.checks.append(Check(label, UNVERIFIABLE, "envelope bytes not held by any archive or peer"))
+                verdict.checks.append(Check(label, UNVERIFIABLE,
+                                            "envelope bytes not held by any archive or peer"))
                 missing += 1
             continue
         verdict.notes += [f"{label}: corrupt copy ignored ({b})" for b in copy.bad]
-        blob, reason, absent_ok = _verified_payload(copy.data, contributor, record, run, valid, previous_block)
+        blob, reason, absent_ok = _verified_payload(copy.data, contributor, record, run, valid,
+                                                    previous_block)
         if blob is not None:
             verdict.checks.append(Check(label, OK))
             payloads[contributor.stage].append(blob)
@@ -191,14 +199,17 @@ def _steps_range(document: dict | None) -> tuple[int, int] | None:
     return diloco.get("min_inner_steps") or 1, diloco["inner_steps"]
 
 
-def _token_check(commit: Any, last_payloads: list[bytes], steps_range: tuple[int, int], document: dict) -> Check:
+def _token_check(commit: Any, last_payloads: list[bytes], steps_range: tuple[int, int],
+                 document: dict) -> Check:
     """A time-bounded run's record counts the inner steps its last stage's contributions declared (in range;
-    an absent input or a bad count 0: node.live.state.closesteps), in tokens: recomputed from the envelopes."""
+    an absent input or a bad count 0: node.live.state.closesteps), in tokens: recomputed from the
+    envelopes."""
     from training.slicebundle import counted_steps
 
     steps = [counted_steps(blob, steps_range) for blob in last_payloads]
     expected = sum(steps) * document["training"]["batch_size"] * document["model"]["block_size"]
     if commit.tokens != expected:
-        return Check("tokens", FAIL, f"the record says {commit.tokens} tokens, the last stage's contributions "
+        return Check("tokens", FAIL,
+                     f"the record says {commit.tokens} tokens, the last stage's contributions "
                                      f"declare {expected} ({sum(steps)} inner steps: {steps})")
     return Check("tokens", OK, f"{sum(steps)} declared inner steps ({steps})")

@@ -1,4 +1,5 @@
-"""The evidence layer of ``dlx-node audit`` and ``dlx-node pull``: content-addressed bytes from untrusted places.
+"""The evidence layer of ``dlx-node audit`` and ``dlx-node pull``: content-addressed bytes from untrusted
+places.
 
 Both commands trust no node and no directory. They ask for an item by the hash the chain records and take
 the first copy that hashes to it (:func:`first_good_copy`), noting the sources that offered other bytes.
@@ -203,7 +204,8 @@ class ArchiveSource:
         return [(self.run_dir / "run.json").read_bytes()]
 
     def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
-        """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer, hex))."""
+        """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer,
+        hex))."""
         if self.run_dir is None:
             return []
         path = self.run_dir / f"round-{round_index:08d}" / "round.json"
@@ -244,7 +246,8 @@ class ArchiveSource:
         return out
 
     def round_blob(self, round_index: int, hash_hex: str, suffix: str) -> bytes | None:
-        """The archived ``<hash_hex>.<suffix>`` of a round (a sliced contribution's ``slice`` blob), if any."""
+        """The archived ``<hash_hex>.<suffix>`` of a round (a sliced contribution's ``slice`` blob), if
+        any."""
         if self.run_dir is None:
             return None
         try:
@@ -253,7 +256,8 @@ class ArchiveSource:
             return None
 
     def proofs(self, round_index: int) -> list[bytes]:
-        """The fraud proofs of ``round_index`` a node's prover kept (``proofs/`` of its data dir), unchecked."""
+        """The fraud proofs of ``round_index`` a node's prover kept (``proofs/`` of its data dir),
+        unchecked."""
         found = []
         for path in sorted((self.root / "proofs").glob(f"round-{round_index:08d}-stage*.json")):
             try:

@@ -1,4 +1,5 @@
-"""The transformers directory ``dlx-node pull`` writes: the model by family, the run's tokenizer, the model card.
+"""The transformers directory ``dlx-node pull`` writes: the model by family, the run's tokenizer, the model
+card.
 
 :func:`find_tokenizer` gets the tokenizer a checkpoint's model config names: the byte tokenizer, or the
 file of ``sha256:<hex>`` from a local directory (``--archive``: ``<dir>/tokenizers/<hex>.json``,
@@ -53,8 +54,9 @@ def find_tokenizer(reference: str, archives: Iterable[str | Path] = (), fetcher:
         try:
             return load_tokenizer(reference)
         except TokenizerError as exc:
-            raise NodeError(f"the checkpoint names its tokenizer by a path on the training machine, not by its "
-                            f"hash ({exc}): put the run's tokenizer.json at that path") from None
+            raise NodeError(
+                f"the checkpoint names its tokenizer by a path on the training machine, not by its "
+                f"hash ({exc}): put the run's tokenizer.json at that path") from None
     for directory in archives:
         for path in _local_candidates(Path(directory).expanduser(), digest):
             data = path.read_bytes()
@@ -86,7 +88,8 @@ def model_summary(model_cfg: Any, tokenizer: Any) -> dict[str, Any]:
     if model_cfg.family == "llama":
         summary["n_kv_head"] = model_cfg.n_kv_head
     if tokenizer.sha256 != "bytes":
-        summary["tokenizer"] = f"byte-level BPE of {tokenizer.vocab_size:,} tokens (sha256 {tokenizer.sha256[:16]}...)"
+        summary["tokenizer"] = (f"byte-level BPE of {tokenizer.vocab_size:,} tokens (sha256 "
+                                f"{tokenizer.sha256[:16]}...)")
     return summary
 
 

@@ -8,10 +8,10 @@ and the commands that audit the run and pull the same checkpoint again.
 ``generation_config.json`` pins the special token ids (the tokenizer's end of text; byte 0 for the byte
 tokenizer) and ``max_length`` to the model's context (``n_positions``): GPT-2 has one learned position
 embedding per position, and a sequence longer than the context indexes past that table (``IndexError``
-in ``wpe``); Llama's rotary positions have no table, but it never trained beyond its context. With this file ``generate()`` called
-without a length stops at the context. An explicit ``max_new_tokens`` still takes precedence in
-transformers (``GenerationMixin._prepare_generated_length``), so the card says to keep prompt + new
-tokens within the context, and ``custom_generate/generate.py`` (loaded only with
+in ``wpe``); Llama's rotary positions have no table, but it never trained beyond its context. With this file
+``generate()`` called without a length stops at the context. An explicit ``max_new_tokens`` still takes
+precedence in transformers (``GenerationMixin._prepare_generated_length``), so the card says to keep prompt +
+new tokens within the context, and ``custom_generate/generate.py`` (loaded only with
 ``trust_remote_code=True``) offers nanoGPT's sliding window for longer generations.
 """
 
@@ -77,18 +77,21 @@ _FAMILY_NAMES = {"gpt2": "GPT-2-shaped", "llama": "Llama-architecture (RMSNorm, 
 
 def _context_note(family: str, block: int) -> str:
     if family == "gpt2":
-        limit = (f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
-                 f"tokens longer than {block} does not fit.")
+        limit = (
+            f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
+            f"tokens longer than {block} does not fit.")
     else:
         limit = (f"The model was trained on windows of {block} tokens; its rotary positions go further, but "
                  "what it writes beyond them is untrained.")
-    return (f"{limit} `generation_config.json` makes `generate()` without a length stop at {block} tokens; an "
-            "explicit `max_new_tokens` takes precedence in transformers. For longer text, load with "
-            "`trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, nanoGPT's sliding "
-            f"window) then feeds the model only the last {block} tokens at every step.")
+    return (
+        f"{limit} `generation_config.json` makes `generate()` without a length stop at {block} tokens; an "
+        "explicit `max_new_tokens` takes precedence in transformers. For longer text, load with "
+        "`trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, nanoGPT's sliding "
+        f"window) then feeds the model only the last {block} tokens at every step.")
 
 
-def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "", peers: list[str] = ()) -> str:
+def model_card(provenance: dict[str, Any], model: dict[str, Any], rpc_url: str = "",
+               peers: list[str] = ()) -> str:
     """The README.md of a pulled model directory (Hugging Face model card: YAML front matter + Markdown)."""
     return "\n".join(_front_matter(provenance, model) + [""] + _card_body(provenance, model, rpc_url, peers))
 
@@ -127,15 +130,17 @@ def _front_matter(p: dict[str, Any], model: dict[str, Any]) -> list[str]:
 def _card_body(p: dict[str, Any], model: dict[str, Any], rpc_url: str, peers: list[str]) -> list[str]:
     """The card's Markdown: what the model is, its provenance table, how to re-check it and use it."""
     rpc = rpc_url or "<chain RPC URL>"
-    peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) or "--bootstrap <multiaddr of a node of the run>"
+    peer_args = " ".join(f"--bootstrap {peer}" for peer in peers) \
+        or "--bootstrap <multiaddr of a node of the run>"
     attesters = p.get("attesters") or []
     block = model["block_size"]
     family = model.get("family", "gpt2")
     table = [
         ("chain id", p["chain_id"]), ("TrainingLedger", p["ledger"]), ("NodeRegistry", p["registry"]),
-        ("run", p["run_id"]), ("round", p["round"]), ("weights root (record's weightsRoot)", p["weights_root"]),
-        ("checkpoint content hash (sha256 of the checkpoint file, record's checkpointHash)", p["content_hash"]),
-        ("run document hash (configHash)", p["config_hash"]),
+        ("run", p["run_id"]), ("round", p["round"]),
+        ("weights root (record's weightsRoot)", p["weights_root"]),
+        ("checkpoint content hash (sha256 of the checkpoint file, record's checkpointHash)",
+         p["content_hash"]), ("run document hash (configHash)", p["config_hash"]),
         ("members whose signatures committed the round", ", ".join(attesters) or "-"),
         ("commit transaction", p.get("commit_tx") or "-"),
     ]
@@ -149,7 +154,8 @@ def _card_body(p: dict[str, Any], model: dict[str, Any], rpc_url: str, peers: li
         "members of a dlx-node run. `dlx-node pull` "
         "downloaded the checkpoint that the round's on-chain record publishes, and wrote this directory only "
         "after checking that the file hashes to the record's checkpoint hash and its weights to the record's "
-        "weights root, and that the record was signed by the run's quorum of staked members and not disputed.",
+        "weights root, and that the record was signed by the run's quorum of staked "
+        "members and not disputed.",
         "",
         "## Provenance",
         "",

@@ -1,7 +1,8 @@
 """``dlx-node pull``: fetch a published checkpoint, verify it against the chain, write a transformers dir.
 
 A checkpoint is published only inside an attested round record (its ``checkpointHash``, the sha256 of the
-file). ``pull`` first judges the round on the chain alone (:func:`node.tools.standing.round_standing`, re-exported
+file). ``pull`` first judges the round on the chain alone (:func:`node.tools.standing.round_standing`,
+re-exported
 here): its commit links into the
 run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
 within the run's ``maxRounds``, and no member disputed it or any round before it (a checkpoint descends from
@@ -17,9 +18,10 @@ agree with the run document, fetched by the chain's ``configHash`` from the arch
 metadata field, the model config included, and the tensors are exactly the run's stages), and their weights
 hash to the record's ``weightsRoot`` (:class:`node.errors.CheckpointInconsistent` otherwise; by default the
 next older trusted checkpoint is then tried). Without the run document nothing is installed
-(:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's. Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message
-names the check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a
-Hugging Face directory of the model's family with the run's tokenizer (:mod:`node.tools.hf_export`).
+(:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's.
+Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message names the
+check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a Hugging Face
+directory of the model's family with the run's tokenizer (:mod:`node.tools.hf_export`).
 
 The bytes come through the evidence layer shared with ``dlx-node audit`` (:mod:`node.tools.evidence`).
 """
@@ -112,7 +114,8 @@ def _candidates(
             skipped.append(f"round {record.commit.round}: {problem.check}: {problem}")
     if not trusted:
         latest = standing[published[-1].commit.round]
-        raise type(latest)(f"no published checkpoint of run {run_id} is on a trusted round: {'; '.join(skipped)}")
+        raise type(latest)(
+            f"no published checkpoint of run {run_id} is on a trusted round: {'; '.join(skipped)}")
     return trusted, skipped
 
 
@@ -184,7 +187,8 @@ def run_layout(history: Any, archives: Iterable[str | Path], fetcher: PeerFetche
         return layout
     raise RunDocumentMissing(
         f"the run document {expected.hex()[:16]} (the run's configHash) is not available"
-        f"{': ' + '; '.join(problems) if problems else ''}: without it a checkpoint's config and tensors cannot "
+        f"{': ' + '; '.join(problems) if problems else ''}: without it a checkpoint's "
+        "config and tensors cannot "
         "be checked; pass --archive with a node's data directory or --bootstrap with a node's multiaddr"
     )
 
@@ -210,8 +214,9 @@ def cleared_disputes(client: Any, history: Any, archives: Iterable[str | Path]) 
     cleared = {}
     for verdict in report.rounds:
         if verdict.round in disputed and verdict.status == OK and checkpoint_ok.get(verdict.round, True):
-            cleared[verdict.round] = (f"replayed from the archives: the committed record of round {verdict.round} "
-                                      "reproduces, the dispute does not")
+            cleared[verdict.round] = (
+                f"replayed from the archives: the committed record of round {verdict.round} "
+                "reproduces, the dispute does not")
     return cleared
 
 
@@ -231,7 +236,8 @@ def _fetch_verified(
     refusals: list[PullRefused] = []
     for path in find_checkpoint_files(archives, commit.round, expected):
         try:
-            return (*_verified_checkpoint(path.read_bytes(), layout, commit, str(path)), str(path), path.stat().st_size)
+            return (*_verified_checkpoint(path.read_bytes(), layout, commit, str(path)), str(path),
+                    path.stat().st_size)
         except PullRefused as exc:
             logger.warning("%s", exc)
             refusals.append(exc)
@@ -240,13 +246,15 @@ def _fetch_verified(
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.download-", dir=out.parent))
         try:
-            with host_progress(fetcher.host, f"checkpoint of round {commit.round}"):  # size and rate on a terminal
+            # size and rate on a terminal
+            with host_progress(fetcher.host, f"checkpoint of round {commit.round}"):
                 dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
             data = dest.read_bytes()
             return (*_verified_checkpoint(data, layout, commit, "peers"), "peers", len(data))
         except BlobHashMismatch as exc:
             refusals.append(
-                PullRefused(f"checkpoint of round {commit.round} downloaded from peers refused and deleted: {exc}")
+                PullRefused(
+                    f"checkpoint of round {commit.round} downloaded from peers refused and deleted: {exc}")
             )
         except PullRefused as exc:
             refusals.append(type(exc)(f"{exc} (download deleted)"))
@@ -276,7 +284,8 @@ def pull_checkpoint(
     peers: Iterable[str] = (),
     final_only: bool = True,
 ) -> PullResult:
-    """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest trusted one) of ``run_id``.
+    """Fetch, verify and export the checkpoint of ``round_index`` (None: the latest trusted one) of
+    ``run_id``.
 
     The directory also gets a model card (``README.md``, with the provenance and the commands that audit the
     run and pull it again from ``rpc_url`` and ``peers``) and a generation config
@@ -327,8 +336,8 @@ def pull_checkpoint(
 
     tokenizer = find_tokenizer(model_cfg.tokenizer, archives, fetcher)  # the run's, checked by its hash
     _write_model_dir(ckpt.weights, model_cfg, out, provenance, rpc_url, list(peers), tokenizer)
-    logger.info("checkpoint of round %d (%s, %d bytes, from %s) exported to %s", commit.round, expected[:16], size,
-                source, out)
+    logger.info("checkpoint of round %d (%s, %d bytes, from %s) exported to %s", commit.round, expected[:16],
+                size, source, out)
     return PullResult(
         out, run_id, commit.round, expected, source, size, model_cfg.block_size,
         attesters=tuple(record.attesters), submitter=record.submitter, skipped=skipped,
@@ -366,7 +375,8 @@ def _members_since(history: Any, record: Any) -> dict[str, int]:
 
 def _write_model_dir(weights: Any, model_cfg: Any, out: Path, provenance: dict, rpc_url: str,
                      peers: list[str], tokenizer: Any = None) -> None:
-    from node.tools.hf_export import write_model_dir  # the export, tokenizer and card (node/tools/hf_export.py)
+    # the export, tokenizer and card (node/tools/hf_export.py)
+    from node.tools.hf_export import write_model_dir
 
     write_model_dir(weights, model_cfg, out, provenance, rpc_url, peers, tokenizer)
 

@@ -39,7 +39,8 @@ def run_pull(args: Any) -> int:
     if result.final:
         print(f"round {result.round} is final (its dispute window closed at block {result.final_from})")
     else:
-        print(f"round {result.round} is NOT final (--pending): it can be disputed until block {result.final_from}")
+        print(f"round {result.round} is NOT final (--pending): it can be disputed until "
+              f"block {result.final_from}")
     print(f"round {result.round} (block {result.commit_block}) attested by {len(result.attesters)}:")
     for attester in result.attesters:
         joined = result.members_since.get(attester, -1)
@@ -47,8 +48,8 @@ def run_pull(args: Any) -> int:
                   if joined >= 0 else "membership not found")
         print(f"  {attester} ({tenure})")
     print(
-        f'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = AutoTokenizer.from_pretrained("{out}"); '
-        f'model = AutoModelForCausalLM.from_pretrained("{out}")'
+        'from transformers import AutoModelForCausalLM, AutoTokenizer; tok = '
+        f'AutoTokenizer.from_pretrained("{out}"); model = AutoModelForCausalLM.from_pretrained("{out}")'
     )
     print(f"model card with the provenance and the audit command: {out}/README.md")
     new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context

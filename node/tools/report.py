@@ -155,7 +155,8 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """PASSED (every item ok), INCOMPLETE (some unverifiable, none failed) or FAILED (some item failed)."""
+        """PASSED (every item ok), INCOMPLETE (some unverifiable, none failed) or FAILED (some item
+        failed)."""
         return _VERDICT_OF[worst(c.status for c in self.all_checks())]
 
     @property

@@ -39,7 +39,8 @@ def loss_curve_svg(
     pad_left, pad_right, pad_top, pad_bottom = 48, 12, 12, 28
     values = [v for vs in series.values() for v in vs if math.isfinite(v) and v > 0]
     if not rounds or not values:
-        return f'<svg class="loss-curve" width="{width}" height="{height}"><text x="10" y="20">no losses recorded</text></svg>'
+        return (f'<svg class="loss-curve" width="{width}" height="{height}"><text x="10" y="20">no losses '
+                'recorded</text></svg>')
     lo, hi = min(values), max(values)
     if hi - lo < 1e-9:
         lo, hi = lo - 0.5, hi + 0.5
@@ -108,7 +109,8 @@ def _status_markers(rounds: list[int], values: list[float], statuses: list[str],
         else:
             parts.append(
                 f'<circle class="unverified" data-round="{r}" cx="{px:.1f}" cy="{py:.1f}" r="4" fill="#fff" '
-                f'stroke="{_COLORS[UNVERIFIABLE]}" stroke-width="2"><title>round {r}: unverifiable</title></circle>'
+                f'stroke="{_COLORS[UNVERIFIABLE]}" stroke-width="2"><title>round {r}: '
+                'unverifiable</title></circle>'
             )
     return parts
 
@@ -136,7 +138,8 @@ def _dispute_cell(r: Any) -> str:
     rows = []
     for d in r.disputes:
         rows.append(
-            f'<div class="dispute" data-replays="{esc(d.replays)}">by {_short(d.disputer)} (block {d.block}): '
+            f'<div class="dispute" data-replays="{esc(d.replays)}">by {_short(d.disputer)}'
+            f' (block {d.block}): '
             f"weights {_short(d.weights_root)}, contributions {_short(d.contributions_root)}, "
             f"eval loss {d.eval_loss:.4f}; replays: {esc(d.replays)}</div>"
         )

@@ -21,7 +21,8 @@ _HOW = {"overturned": "overturned by a verdict of the round's members",
         "proven wrong": "proven wrong on chain by a fraud proof (AggregationProver)"}
 
 def round_standing(history: Any, chain_id: int, ledger_address: str,
-                   cleared: dict[int, str] | None = None, final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
+                   cleared: dict[int, str] | None = None,
+                   final_only: bool = False) -> dict[int, RoundNotTrusted | None]:
     """For every committed round of ``history``: None if the chain gives no reason to distrust it, else the
     error (not raised) of the first check it fails, in this order: within ``maxRounds``, hash chain link,
     attested by the quorum of counted members, not overturned (nor after an overturned round), neither it nor
@@ -32,7 +33,8 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
     deadline, ``accusation_blocks`` after the first dispute, passed without a verdict), or when a replay from
     archives cleared it (``cleared``: round -> how).
 
-    Pure: it judges a :class:`ledger.eventrecords.RunHistory` (as :mod:`ledger.checks` does) and reads nothing.
+    Pure: it judges a :class:`ledger.eventrecords.RunHistory` (as :mod:`ledger.checks` does) and reads
+    nothing.
     """
     cleared = dict(cleared or {})
     from ledger.checks import check_attesters, check_hash_chain
@@ -71,13 +73,15 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
             )
         elif overturned is not None and round_index >= overturned:
             problem = RoundDisputed(
-                f"{where} is invalid: round {overturned} was {_HOW[outcomes[overturned]]} and the run halted; "
+                f"{where} is invalid: round {overturned} was {_HOW[outcomes[overturned]]} "
+                "and the run halted; "
                 "pull an earlier round"
             )
         elif round_index in disputes and round_index not in cleared:
             who = ", ".join(f"{d.disputer} (block {d.block_number})" for d in disputes[round_index])
             problem = RoundDisputed(
-                f"{where} is disputed: {who} put a differing signed record on chain and no verdict settled it "
+                f"{where} is disputed: {who} put a differing signed record on chain and "
+                "no verdict settled it "
                 "yet; run 'dlx-node audit' to see which record replays, or pull with --archive to replay it"
             )
         elif any(d < round_index and d not in cleared for d in disputes):
@@ -88,7 +92,8 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
             )
         elif final_only and now < window_end:
             problem = RoundPending(
-                f"{where} is not final: it can be disputed until block {window_end} (now {now}); pull --pending "
+                f"{where} is not final: it can be disputed until block {window_end} (now "
+                f"{now}); pull --pending "
                 "takes it anyway"
             )
         standing[round_index] = problem

@@ -85,6 +85,7 @@ class ChainDisputes:
             return self.client.accusation(run_id, accused, evidence_hash)
 
     def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
-        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their outcome."""
+        """The run's accusations opened from ``from_block`` on (AccusationOpened events), with their
+        outcome."""
         with self._lock:
             return self.client.accusations(run_id, from_block)

@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 class NodeChain(ChainSeats, ChainDisputes):
-    def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None, *, confirmations: int = 0) -> None:
+    def __init__(self, client: LedgerClient, anvil: AnvilProcess | None = None, *,
+                 confirmations: int = 0) -> None:
         self.client = client
         self._anvil = anvil
         #: Blocks (its own included) before a commit counts as final (ledger.confirmations; 0/1: once mined).
@@ -80,8 +81,9 @@ class NodeChain(ChainSeats, ChainDisputes):
             try:
                 client.check_deployment()
             except DeploymentMismatch as exc:
-                raise ConfigError(f"{exc}; set ledger.registry_address and ledger.ledger_address to the run's "
-                                  f"deployment on chain {chain_id} (deployment.json, or the run link)") from None
+                raise ConfigError(
+                    f"{exc}; set ledger.registry_address and ledger.ledger_address to the run's "
+                    f"deployment on chain {chain_id} (deployment.json, or the run link)") from None
         except BaseException:
             if anvil is not None:
                 anvil.stop()
@@ -108,7 +110,8 @@ class NodeChain(ChainSeats, ChainDisputes):
         with self._lock:
             return self.client.quorum_of(run_id)
 
-    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None, *, commitments: str) -> None:
+    def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None, *,
+                  commitments: str) -> None:
         """Refuse settings that would train differently from the run's other members.
 
         ``rounds`` must be the run's ``maxRounds``: the inner learning rate follows a schedule over
@@ -124,7 +127,8 @@ class NodeChain(ChainSeats, ChainDisputes):
             raise ConfigError(
                 f"run {run_id} was created on chain with commitments version {info.commitments} "
                 f"({version_name(info.commitments)}), but its document says diloco.commitments = "
-                f"{commitments!r} (version {version}): the prover would prove every round of this node wrong; "
+                f"{commitments!r} (version {version}): the prover would prove every round "
+                "of this node wrong; "
                 "the run's creator must create it again with its document's version"
             )
         if rounds is not None and rounds != info.max_rounds:
@@ -135,8 +139,9 @@ class NodeChain(ChainSeats, ChainDisputes):
             )
         if info.config_hash != config_hash:
             raise ConfigError(
-                f"run {run_id} on chain has configHash {info.config_hash.hex()}, but this node's settings hash "
-                f"to {config_hash.hex()}: use exactly the run's [model], [training], [diloco], [compression] "
+                f"run {run_id} on chain has configHash {info.config_hash.hex()}, but this node's settings "
+                f"hash to {config_hash.hex()}: use exactly the run's [model], [training], "
+                "[diloco], [compression] "
                 "and pipeline.num_stages settings and the same training text"
             )
 
@@ -153,8 +158,9 @@ class NodeChain(ChainSeats, ChainDisputes):
             try:
                 self.client.register(identity.public_key_bytes, identity.sign(message))
             except LedgerError as exc:
-                raise NotRegistered(f"account {self.client.address} is not registered and registering failed: "
-                                    f"{exc}") from exc
+                raise NotRegistered(
+                    f"account {self.client.address} is not registered and registering failed: "
+                    f"{exc}") from exc
         logger.info("registered account %s with peer id %s", self.client.address, identity.peer_id)
 
     def ensure_member(self, run_id: int, platform: bytes, also: tuple[bytes, ...] = ()) -> None:
@@ -179,27 +185,31 @@ class NodeChain(ChainSeats, ChainDisputes):
                 declared = periods[-1].platform if periods else None
                 if declared is not None and declared != platform and declared not in also:
                     raise NotRegistered(
-                        f"account {self.client.address} declared platform {declared.hex()[:16]} when it joined run "
-                        f"{run_id}, but this node trains on platform {platform.hex()[:16]} (another CPU, "
-                        "ATEN_CPU_CAPABILITY, device, precision or torch): run it where it joined, or leave the "
-                        "run, withdraw after unbonding and join again")
+                        f"account {self.client.address} declared platform {declared.hex()[:16]} when it "
+                        f"joined run {run_id}, but this node trains on platform "
+                        f"{platform.hex()[:16]} (another CPU, "
+                        "ATEN_CPU_CAPABILITY, device, precision or torch): run it where it joined, or leave "
+                        "the run, withdraw after unbonding and join again")
                 return
             if info.unbonding_blocks < max(info.min_unbonding_blocks, 2 * MIN_WINDOW_BLOCKS):
                 raise NotRegistered(
-                    f"run {run_id} unbonds stakes in {info.unbonding_blocks} blocks, less than its accusation "
-                    f"deadline plus dispute window ({info.min_unbonding_blocks} blocks, at least "
+                    f"run {run_id} unbonds stakes in {info.unbonding_blocks} blocks, less than its "
+                    f"accusation deadline plus dispute window ({info.min_unbonding_blocks} blocks, at least "
                     f"{2 * MIN_WINDOW_BLOCKS}): a member could withdraw before a report or verdict lands; "
                     "not joining it")
             if seat is not None:
-                raise NotRegistered(f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
-                                    "a member that left must withdraw its stake after unbonding before joining "
-                                    "again, and a slashed member cannot rejoin")
+                raise NotRegistered(
+                    f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "
+                    "a member that left must withdraw its stake after unbonding before joining "
+                    "again, and a slashed member cannot rejoin")
             try:
                 self.client.join_run(run_id, stake, platform)
             except LedgerError as exc:
-                raise NotRegistered(f"account {self.client.address} could not join run {run_id} with a stake of "
-                                    f"{stake} wei: {exc}") from exc
-        logger.info("joined run %d with a stake of %d wei, declaring platform %s", run_id, stake, platform.hex()[:16])
+                raise NotRegistered(
+                    f"account {self.client.address} could not join run {run_id} with a stake of "
+                    f"{stake} wei: {exc}") from exc
+        logger.info("joined run %d with a stake of %d wei, declaring platform %s", run_id, stake,
+                    platform.hex()[:16])
 
     def signer_of(self, record: RoundRecord, signature: bytes) -> str:
         """The account whose EIP-712 signature over ``record`` this is (raises LedgerError if malformed)."""
@@ -228,7 +238,8 @@ class NodeChain(ChainSeats, ChainDisputes):
         return None if committed is None else committed.attesters
 
     def attest(self, record: RoundRecord, signature: bytes) -> str:
-        """Put this member's own signature over committed ``record`` on chain (it was left out of the commit)."""
+        """Put this member's own signature over committed ``record`` on chain (it was left out of the
+        commit)."""
         with self._lock:
             return self.client.attest(record, signature)
 

@@ -2,8 +2,8 @@
 
 After a round is committed (node/live/record/committer.py, step 6) every node reads it back once it is final:
 in a chunked run a wrong weights root is proven on chain by this node itself (node/live/fraud/prover.py); a
-record whose roots differ from this node's is a fork (node/live/record/forkrepair.py: dispute if our own result
-stood, re-base on the record); a commit that left out this node's signature over the very record is
+record whose roots differ from this node's is a fork (node/live/record/forkrepair.py: dispute if our own
+result stood, re-base on the record); a commit that left out this node's signature over the very record is
 attested; a committed checkpoint that is not the run's is disputed. Members seen signing two different
 records of one round are reported (``reportEquivocation``). :class:`RecordSigners` checks gossiped record
 signatures (the inbox's).
@@ -24,24 +24,29 @@ logger = logging.getLogger(__name__)
 
 
 class RecordSigners:
-    """Who signed a gossiped record signature: a member of the run, by its EIP-712 signature (the inbox's check)."""
+    """Who signed a gossiped record signature: a member of the run, by its EIP-712 signature (the inbox's
+    check)."""
 
     def __init__(self, *, chain: NodeChain, run_id: int) -> None:
         self.chain = chain
         self.run_id = run_id
 
     def signer(self, record: RoundRecord, account: bytes, signature: bytes) -> tuple[str, bytes]:
-        """(signer, EIP-712 digest) of a gossiped record signature by a member of the run, else ProtocolError."""
+        """(signer, EIP-712 digest) of a gossiped record signature by a member of the run, else
+        ProtocolError."""
         try:
             signer = self.chain.signer_of(record, signature)
         except LedgerError as exc:
-            raise msg.ProtocolError(f"record signature of round {record.round} does not verify: {exc}") from None
+            raise msg.ProtocolError(
+                f"record signature of round {record.round} does not verify: {exc}") from None
         if signer.lower() != "0x" + account.hex():
-            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not by the account "
-                                    f"0x{account.hex()} it names")
+            raise msg.ProtocolError(
+                f"record of round {record.round} is signed by {signer}, not by the account "
+                f"0x{account.hex()} it names")
         if not self.chain.is_member(self.run_id, signer):
-            raise msg.ProtocolError(f"record of round {record.round} is signed by {signer}, not a member of run "
-                                    f"{self.run_id}")
+            raise msg.ProtocolError(
+                f"record of round {record.round} is signed by {signer}, not a member of run "
+                f"{self.run_id}")
         return signer, self.chain.client.record_digest(record)
 
 
@@ -49,7 +54,8 @@ class ReadBack:
     """Reads a committed round back and acts on it (module docstring)."""
 
     def __init__(self, node, checkpoints, wait: Callable) -> None:
-        self.node = node  # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
+        # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
+        self.node = node
         self.checkpoints = checkpoints  # node.live.record.checkpointbuild.CheckpointBuilder
         self.wait = wait  # wait(predicate, timeout) -> bool, until the node stops
 
@@ -58,14 +64,16 @@ class ReadBack:
         # Final only ledger.confirmations blocks deep: a commit a reorg drops is never confirmed here.
         if not self.wait(lambda: node.chain.final_commit_of(node.run_id, outer_round) is not None,
                           node.cfg.round_timeout):
-            logger.warning("round %d: no final commit on chain after %.0fs", outer_round, node.cfg.round_timeout)
+            logger.warning("round %d: no final commit on chain after %.0fs", outer_round,
+                           node.cfg.round_timeout)
             return
         onchain = node.chain.final_commit_of(node.run_id, outer_round)
         node.on_confirmed(outer_round)
         if node.fraud is not None:  # a chunked run: a wrong committed root is proven on chain by anyone
             node.fraud.check(outer_round, onchain, mine)
         if (onchain.weights_root, onchain.contributions_root) != (mine.weights_root, mine.contributions_root):
-            # A fork: node/live/record/forkrepair.py disputes if our own result stood, and re-bases on the record.
+            # A fork: node/live/record/forkrepair.py disputes if
+            # our own result stood, and re-bases on the record.
             node.forks.diverged(outer_round, onchain, mine, signature)
             return
         node.forks.agreed(outer_round)
@@ -73,14 +81,17 @@ class ReadBack:
         wrong_checkpoint = self._wrong_checkpoint(outer_round, onchain, mine)
         if wrong_checkpoint:
             if signature is None:
-                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round, wrong_checkpoint)
+                logger.error("round %d: %s; no signed record of ours to dispute with", outer_round,
+                             wrong_checkpoint)
             else:
                 logger.error("round %d: %s; filing a dispute", outer_round, wrong_checkpoint)
                 node.chain.dispute(mine, signature)
 
-    def _credit_self(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord, signature: bytes | None) -> None:
+    def _credit_self(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord,
+                     signature: bytes | None) -> None:
         """If the commit left out this node's signature over the very record committed, put it on chain itself
-        (``attest``): a submitter cannot make an active member look silent and ejectable (docs/TRUST.md, G2)."""
+        (``attest``): a submitter cannot make an active member look silent and ejectable (docs/TRUST.md,
+        G2)."""
         node = self.node
         if signature is None or onchain != mine:
             return
@@ -90,7 +101,8 @@ class ReadBack:
             return
         try:
             node.chain.attest(mine, signature)
-            logger.info("round %d: the commit left out this node's signature; attested it on chain", outer_round)
+            logger.info("round %d: the commit left out this node's signature; attested it on chain",
+                        outer_round)
         except DLX_ERRORS as exc:
             logger.warning("round %d: could not attest our signature on chain: %s", outer_round, exc)
 
@@ -106,9 +118,11 @@ class ReadBack:
         if mine.has_checkpoint:
             return (f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} is not the one this node "
                     f"built from the agreed state ({mine.checkpoint_hash.hex()[:12]})")
-        problems = self.checkpoints.committed_problems(outer_round, onchain.checkpoint_hash, onchain.weights_root)
+        problems = self.checkpoints.committed_problems(outer_round, onchain.checkpoint_hash,
+                                                       onchain.weights_root)
         if problems:
-            return f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} does not verify: " + "; ".join(problems)
+            return f"the committed checkpoint {onchain.checkpoint_hash.hex()[:12]} does not verify: " \
+                + "; ".join(problems)
         return None
 
 
@@ -129,12 +143,13 @@ class EquivocationReports:
         pending, self._unreported = self._unreported, []
         for item in pending:
             outer_round, signer, (record_a, sig_a), (record_b, sig_b) = item
-            logger.error("round %d: member %s signed two different records; reporting it on chain", outer_round,
-                         signer)
+            logger.error("round %d: member %s signed two different records; reporting it on chain",
+                         outer_round, signer)
             try:
                 node.chain.report_equivocation(record_a, sig_a, record_b, sig_b)
             except (ChainUnavailable, TransactionTimeout) as exc:
                 logger.warning("round %d: equivocation report for %s deferred: %s", outer_round, signer, exc)
                 self._unreported.append(item)
             except DLX_ERRORS as exc:
-                logger.warning("round %d: equivocation report for %s not accepted: %s", outer_round, signer, exc)
+                logger.warning("round %d: equivocation report for %s not accepted: %s", outer_round, signer,
+                               exc)

@@ -54,11 +54,11 @@ class ChainSeats:
 
     def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         """peer id -> the platform its seat declared when it joined (the latest period of the account its key
-        is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's membership
-        events, waiting for the connection (not from the gossip thread): a peer not in the cache, or ``fresh``
-        (before a claim is refused: its member may have left, withdrawn and joined again from other hardware),
-        makes it re-read them. Raises LedgerError if they cannot be read, so that no caller acts on a partial
-        view.
+        is bound to), for each of ``peer_ids`` that has held a seat of the run. Read from the chain's
+        membership events, waiting for the connection (not from the gossip thread): a peer not in the cache,
+        or ``fresh`` (before a claim is refused: its member may have left, withdrawn and joined again from
+        other hardware), makes it re-read them. Raises LedgerError if they cannot be read, so that no caller
+        acts on a partial view.
         """
         keys = {}
         for peer in peer_ids:
@@ -86,7 +86,8 @@ class ChainSeats:
         return self._placed.get(address.lower()) is not None
 
     def is_member(self, run_id: int, address: str) -> bool:
-        """Whether ``address`` holds a signing seat of the run (membership events; cached like :meth:`seat`)."""
+        """Whether ``address`` holds a signing seat of the run (membership events; cached like
+        :meth:`seat`)."""
         if self._lookup(address) is None and self._may_refresh(address):
             self._refresh_seats(run_id)
         return self._lookup(address) is not None
@@ -126,7 +127,8 @@ class ChainSeats:
         finally:
             self._lock.release()
         self._seats = {m.account.lower(): m for m in periods if m.ended is None}
-        self._placed = {m.account.lower(): m for m in periods}  # events in chain order: the latest period wins
+        # events in chain order: the latest period wins
+        self._placed = {m.account.lower(): m for m in periods}
         self._joins = sorted(m.joined for m in periods)
         self._seats_read = time.monotonic()
 

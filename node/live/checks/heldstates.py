@@ -29,7 +29,8 @@ STATE_FETCH_TIMEOUT_S = 60.0
 class HeldStates:
     """The start states of one node's spot checks (module docstring)."""
 
-    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int, stop: threading.Event) -> None:
+    def __init__(self, host, work_dir: Path, evidence_dir: Path, num_stages: int,
+                 stop: threading.Event) -> None:
         self.host = host  # P2PHost
         self.stop = stop  # the node's: a serve paused by a full disk gives up when it is set
         self.evidence_dir = evidence_dir
@@ -38,11 +39,13 @@ class HeldStates:
         self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
 
     def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
-        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds).
+        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
+        binds).
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
-            digest = serve_when_space(self.host, data, what=f"round {outer_round}'s start state of stage {stage}",
+            digest = serve_when_space(self.host, data,
+                                      what=f"round {outer_round}'s start state of stage {stage}",
                                       stop=self.stop)
             self._served.setdefault(outer_round, []).append(digest)
             hashes[stage] = bytes.fromhex(digest)
@@ -59,14 +62,16 @@ class HeldStates:
         parts = []
         for env, state_hash in zip(envs, state_hashes):
             dest = job_dir / f"fetch-{env.stage}.part"
-            self.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id], timeout=STATE_FETCH_TIMEOUT_S)
+            self.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
+                                 timeout=STATE_FETCH_TIMEOUT_S)
             parts.append(dest.read_bytes())
         return parts
 
     def drop_fetched(self, hashes: list[bytes]) -> None:
         """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
         1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
-        own = {digest for digests in list(self._served.values()) for digest in list(digests)}  # training thread adds
+        # training thread adds
+        own = {digest for digests in list(self._served.values()) for digest in list(digests)}
         for state_hash in hashes:
             if state_hash.hex() not in own:
                 try:
@@ -99,8 +104,8 @@ class HeldStates:
             try:
                 parts.append(self._linkable_path(outer_round, replica, stage).read_bytes())
             except OSError:
-                logger.warning("start state of replica %d round %d was not held: the evidence lacks it", replica,
-                               outer_round)
+                logger.warning("start state of replica %d round %d was not held: the evidence lacks it",
+                               replica, outer_round)
                 return []
         return parts
 

@@ -67,7 +67,8 @@ class JobQueue:
         return self._running
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until nothing is queued or in flight (True), ``timeout`` passed or ``stop`` was set (False)."""
+        """Wait until nothing is queued or in flight (True), ``timeout`` passed or ``stop`` was set
+        (False)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while sum(self._pending.values()) or self._running is not None:

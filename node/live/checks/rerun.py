@@ -29,7 +29,8 @@ class ContributionRerun:
 
     # -- one check ----------------------------------------------------------------------
     def _check(self, outer_round: int, replica: int) -> SpotCheckResult | None:
-        """Rerun (outer_round, replica) once; None if it could not be checked (inputs missing, rerun failed)."""
+        """Rerun (outer_round, replica) once; None if it could not be checked (inputs missing, rerun
+        failed)."""
         key = (outer_round, replica)
         with self._lock:
             if key in self._results:
@@ -61,7 +62,8 @@ class ContributionRerun:
         return result
 
     def _envelopes_of(self, outer_round: int, replica: int) -> list[Envelope]:
-        """The replica's envelopes of every stage as recorded (fetched from their holders if not held here)."""
+        """The replica's envelopes of every stage as recorded (fetched from their holders if not held
+        here)."""
         return self.inputs.envelopes(outer_round, replica)
 
     def _committed(self, rounds) -> dict[int, dict[int, bytes]]:
@@ -89,7 +91,8 @@ class ContributionRerun:
             try:
                 undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))
                 if undeclared is not None:  # refused only on the chain's declarations as they are now
-                    undeclared = undeclared_claim(claimed, self._declared((e.sender_peer_id for e in envs), True))
+                    undeclared = undeclared_claim(claimed,
+                                                  self._declared((e.sender_peer_id for e in envs), True))
             except LedgerError as exc:
                 raise NodeError(f"the signers' declared platforms are not readable: {exc}") from exc
             if undeclared is not None:  # refused whatever a rerun would give: the evidence is the state
@@ -100,16 +103,19 @@ class ContributionRerun:
             else:
                 previous, previous_excluded, partials = {}, {}, sliced.previous(outer_round - 1)
             committed = self._committed(range(outer_round - 3, outer_round))
-            held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or []) if c.replica == replica}
+            held = {c.stage for c in (self.inputs.contributions(outer_round - 1) or [])
+                        if c.replica == replica}
             dropped = [s for s in range(cfg.pipeline.num_stages) if s not in held] if outer_round > 0 else []
             claims = [(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
                       for e, b, p in zip(envs, bodies, payloads)]
-            job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous, previous_excluded,
-                               committed, previous_dropped=dropped, previous_partials=partials)
+            job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous,
+                               previous_excluded, committed, previous_dropped=dropped,
+                               previous_partials=partials)
             job.write(job_dir)
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest and not result.undecided:
-                self.states.keep_evidence(parts)  # the start state the failed rerun used is part of the evidence
+                # the start state the failed rerun used is part of the evidence
+                self.states.keep_evidence(parts)
             elif result.next_state_hashes is not None:
                 self.states.hold_linkable(outer_round, replica, parts)
             return result
@@ -123,7 +129,8 @@ class ContributionRerun:
             return {}, {}
         sealed = self.inputs.contributions(outer_round)
         if sealed is None:
-            raise NodeError(f"round {outer_round} is not sealed here; its contributions are needed for the rerun")
+            raise NodeError(
+                f"round {outer_round} is not sealed here; its contributions are needed for the rerun")
         previous: dict[int, list[bytes]] = {}
         index: dict[bytes, tuple[int, int]] = {}
         for c in sealed:  # every stage's (a split node fetches those of the stages it does not hold)
@@ -133,7 +140,8 @@ class ContributionRerun:
             stage_list.append(msg.decode_contribution_body(payload).blob)
         excluded: dict[int, dict[int, str]] = {}
         for stage, _replica, _peer, digest_hex, reason, detail in self.ctx.archive.excluded(outer_round):
-            if reason in CALLER_REASONS and bytes.fromhex(digest_hex) in index:  # what the engine cannot re-derive
+            # what the engine cannot re-derive
+            if reason in CALLER_REASONS and bytes.fromhex(digest_hex) in index:
                 s, i = index[bytes.fromhex(digest_hex)]
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded

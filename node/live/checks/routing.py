@@ -1,4 +1,5 @@
-"""Which recorded contributions this node re-executes: the sampled draw, routed by declared platform (issue 42).
+"""Which recorded contributions this node re-executes: the sampled draw, routed by declared platform (issue
+42).
 
 A pure function of chain-bound data, so every node derives every other node's checks alike and no
 clock or arrival order moves them: round ``t``'s attested weights root, the replicas and signers its
@@ -52,7 +53,8 @@ def routed_verifiers(replica: int, signers: dict[int, set[str]], declared: dict[
 
 def draw_checks(record_hash: bytes, verifier: str, outer_round: int, signers: dict[int, set[str]],
                 declared: dict[str, bytes], spot_checks: float, own_replica: int | None) -> list[DrawnCheck]:
-    """The replicas ``verifier`` (a peer id) re-executes in ``outer_round`` (module docstring), in replica order.
+    """The replicas ``verifier`` (a peer id) re-executes in ``outer_round`` (module docstring), in replica
+    order.
 
     ``signers``: replica -> the peer ids that signed its contributions of the round (the sealed record);
     ``declared``: peer id -> its declared platform (absent or :data:`NO_PLATFORM`: declared none).

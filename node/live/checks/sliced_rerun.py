@@ -48,7 +48,8 @@ class SlicedRerunInputs:
         self.exchange = exchange
 
     def claims(self, outer_round: int, envs: list[Envelope]) -> list[bytes]:
-        """Per envelope (stage order), the packed slice blobs its reference binds; raises InputsUnavailable."""
+        """Per envelope (stage order), the packed slice blobs its reference binds; raises
+        InputsUnavailable."""
         return [self._claimed_slices(outer_round, env) for env in envs]
 
     def _claimed_slices(self, outer_round: int, env: Envelope) -> bytes:
@@ -66,7 +67,8 @@ class SlicedRerunInputs:
             reference = parse_slice_reference(msg.decode_contribution_body(env.payload).blob, plan.num_slices,
                                               exchange.max_blob_bytes)
         except SliceError as exc:  # above this node's blob limit: it cannot fetch it
-            raise InputsUnavailable(f"round {outer_round} stage {env.stage}: bundle not fetched: {exc}") from None
+            raise InputsUnavailable(
+                f"round {outer_round} stage {env.stage}: bundle not fetched: {exc}") from None
         digest = reference.bundle_digest.hex()
         held = exchange.host.has_blob(digest)
         bundle = exchange.fetch_first(reference.bundle_digest,
@@ -79,7 +81,8 @@ class SlicedRerunInputs:
             if fault is None:
                 return rerun_claim(bundle, reference)
         except (SliceError, ValueError) as exc:  # (the fetch checked the sha256: not reached)
-            raise InputsUnavailable(f"round {outer_round} stage {env.stage}: bundle {digest[:12]}: {exc}") from None
+            raise InputsUnavailable(
+                f"round {outer_round} stage {env.stage}: bundle {digest[:12]}: {exc}") from None
         finally:
             if not held:  # another replica's bundle: not kept in the blob store once read
                 self._forget(digest)
@@ -119,7 +122,8 @@ class SlicedRerunInputs:
         for stage, plan in exchange.worker().plans.items():
             slices = found.get(stage, {})
             if sorted(slices) != list(range(plan.num_slices)):
-                raise InputsUnavailable(f"round {outer_round} stage {stage}: {len(slices)} of {plan.num_slices} "
-                                        "applied partials archived here")
+                raise InputsUnavailable(
+                    f"round {outer_round} stage {stage}: {len(slices)} of {plan.num_slices} "
+                    "applied partials archived here")
             previous[stage] = [slices[j] for j in range(plan.num_slices)]
         return previous

@@ -64,10 +64,13 @@ class InputRefused(InputsUnavailable):
 class HeardRound:
     """What this node heard of a round's closes and attestations when the round was recorded on chain."""
 
-    closes: dict[int, list[tuple[tuple, ...]]]  # stage -> distinct closes, each a tuple of (replica, peer, hash)
+    # stage -> distinct closes, each a tuple of (replica, peer, hash)
+    closes: dict[int, list[tuple[tuple, ...]]]
     attested: dict[int, list[bytes]]  # stage -> distinct weights hashes attested (this node's first)
-    scheme: CommitmentScheme  # the run's commitments (node/commitments/): how the record's weights root is built
-    # A chunked run's: stage -> weights hash -> the stage leaf first attested with it (node/live/fraud/chunkstate.py).
+    # the run's commitments (node/commitments/): how the record's weights root is built
+    scheme: CommitmentScheme
+    # A chunked run's: stage -> weights hash -> the stage leaf
+    # first attested with it (node/live/fraud/chunkstate.py).
     leaves: dict[int, dict[bytes, bytes]] = field(default_factory=dict)
 
 
@@ -125,24 +128,27 @@ def bind_to_record(heard: HeardRound, num_stages: int, contributions_root: bytes
 
 
 def _root_of(heard: HeardRound, hashes: list[bytes]) -> bytes | None:
-    """The record's weights root of these stage hashes in the run's scheme (a chunked one's over the stage leaves
-    attested with them: None where one is missing)."""
+    """The record's weights root of these stage hashes in the run's scheme (a chunked one's over the stage
+    leaves attested with them: None where one is missing)."""
     try:
-        return heard.scheme.weights_root(hashes, [heard.leaves.get(s, {}).get(h, b"") for s, h in enumerate(hashes)])
+        return heard.scheme.weights_root(hashes,
+                                         [heard.leaves.get(s, {}).get(h, b"") for s, h in enumerate(hashes)])
     except LedgerInputError:
         return None
 
 
 def parse_fetched_contribution(data: bytes, entry: ArchivedContribution, outer_round: int, run_id: int,
                                max_bytes: int) -> Envelope:
-    """A fetched envelope, if it is the contribution the record binds at ``entry``; else :class:`InputRefused`."""
+    """A fetched envelope, if it is the contribution the record binds at ``entry``; else
+    :class:`InputRefused`."""
     if hashlib.sha256(data).digest() != entry.envelope_hash:
         raise InputRefused(f"served bytes do not hash to envelope {entry.envelope_hash.hex()[:16]}")
     try:
         env = decode_envelope(data, max_bytes)
         msg.decode_contribution_body(env.payload)
     except (EnvelopeRejected, msg.ProtocolError) as exc:
-        raise InputRefused(f"envelope {entry.envelope_hash.hex()[:16]} is not a contribution: {exc}") from None
+        raise InputRefused(
+            f"envelope {entry.envelope_hash.hex()[:16]} is not a contribution: {exc}") from None
     found = (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id)
     wanted = (msg.CONTRIBUTION, run_id, outer_round, entry.stage, entry.replica, entry.peer_id)
     if found != wanted:
@@ -152,7 +158,8 @@ def parse_fetched_contribution(data: bytes, entry: ArchivedContribution, outer_r
 
 
 class ReplicaInputs:
-    """A replica's envelopes of every stage and the record's stage hashes, from the archive or the stage holders."""
+    """A replica's envelopes of every stage and the record's stage hashes, from the archive or the stage
+    holders."""
 
     def __init__(self, *, archive, host, membership, run_id: int, peer_id: str, num_stages: int,
                  max_blob_bytes: int, work_dir: Path) -> None:
@@ -166,7 +173,8 @@ class ReplicaInputs:
         self.work_dir = work_dir
         self.fetched = 0  # envelopes fetched from other stages' holders (status, logs)
 
-    def record(self, outer_round: int, heard: HeardRound, contributions_root: bytes, weights_root: bytes) -> None:
+    def record(self, outer_round: int, heard: HeardRound, contributions_root: bytes,
+               weights_root: bytes) -> None:
         """Bind the round heard to its record and keep it with the sealed round (module docstring)."""
         entries, hashes = bind_to_record(heard, self.num_stages, contributions_root, weights_root)
         try:
@@ -175,7 +183,8 @@ class ReplicaInputs:
             raise InputsUnavailable(f"round {outer_round}'s record not kept: {exc}") from None
 
     def contributions(self, outer_round: int) -> list[ArchivedContribution] | None:
-        """The round's contributions of every stage: as recorded, else as sealed here (a whole replica's node)."""
+        """The round's contributions of every stage: as recorded, else as sealed here (a whole replica's
+        node)."""
         recorded = self.archive.recorded(outer_round)
         return recorded[0] if recorded is not None else self.archive.sealed(outer_round)
 
@@ -190,12 +199,14 @@ class ReplicaInputs:
         entries = sorted((c for c in self.contributions(outer_round) or [] if c.replica == replica),
                          key=lambda c: c.stage)
         if [c.stage for c in entries] != list(range(self.num_stages)):
-            raise InputsUnavailable(f"round {outer_round}: replica {replica}'s contributions of every stage are not "
-                                    "in the round as recorded here")
+            raise InputsUnavailable(
+                f"round {outer_round}: replica {replica}'s contributions of every stage are not "
+                "in the round as recorded here")
         return [self.envelope(outer_round, entry) for entry in entries]
 
     def envelope(self, outer_round: int, entry: ArchivedContribution) -> Envelope:
-        """One recorded contribution envelope: from the archive, else fetched from its holders and archived."""
+        """One recorded contribution envelope: from the archive, else fetched from its holders and
+        archived."""
         try:
             data = self.archive.get(outer_round, entry.envelope_hash)
             return decode_envelope(data, self.max_blob_bytes)
@@ -222,9 +233,11 @@ class ReplicaInputs:
         except InputRefused:
             self._forget(entry)
             raise
-        # The archive's copy is for the audit; a full disk must not fail the check that has the bytes in memory.
+        # The archive's copy is for the audit; a full disk
+        # must not fail the check that has the bytes in memory.
         write_when_space(lambda: self.archive.put(outer_round, data), size=len(data), kind="archive",
-                         what=f"round {outer_round}'s fetched contribution {entry.envelope_hash.hex()[:16]} (archive)")
+                         what=f"round {outer_round}'s fetched contribution "
+                              f"{entry.envelope_hash.hex()[:16]} (archive)")
         self.fetched += 1
         return env
 

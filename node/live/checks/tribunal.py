@@ -2,14 +2,14 @@
 accusation by rerunning the contribution it names, judging accusations seen only on chain, signing verdicts
 and resolving them at quorum (docs/PROTOCOL.md, "Spot checks").
 
-:class:`Tribunal` is the half of :class:`node.live.checks.verifier.SpotChecker` that judges members; the other half
-samples and reruns contributions. Its work runs on a thread of its own, the *court*
-(a :class:`node.live.checks.jobqueue.JobQueue`), never behind a rerun: a charge against a member already found wrong
-is opened while the spot checker reruns someone else. The one part that needs a rerun, confirming another
-member's accusation, hands the rerun and the verdict after it to the spot checker's rerun thread, ahead of its
-sampled checks (``_rerun_then_judge``, :meth:`Tribunal._judge_by_rerun`). It uses the spot checker's state
-(``ctx``, the lock, the two queues, the accusation and verdict books) and its reruns (``_check``,
-``_envelopes_of``, ``_chain_holds``).
+:class:`Tribunal` is the half of :class:`node.live.checks.verifier.SpotChecker` that judges members; the other
+half samples and reruns contributions. Its work runs on a thread of its own, the *court*
+(a :class:`node.live.checks.jobqueue.JobQueue`), never behind a rerun: a charge against a member already found
+wrong is opened while the spot checker reruns someone else. The one part that needs a rerun, confirming
+another member's accusation, hands the rerun and the verdict after it to the spot checker's rerun thread,
+ahead of its sampled checks (``_rerun_then_judge``, :meth:`Tribunal._judge_by_rerun`). It uses the spot
+checker's state (``ctx``, the lock, the two queues, the accusation and verdict books) and its reruns
+(``_check``, ``_envelopes_of``, ``_chain_holds``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ COURT = 0
 
 
 class Tribunal:
-    """Accusing, confirming, judging and resolving (a part of :class:`node.live.checks.verifier.SpotChecker`)."""
+    """Accusing, confirming, judging and resolving (a part of
+    :class:`node.live.checks.verifier.SpotChecker`)."""
 
     # -- accusing -----------------------------------------------------------------------
     def _accuse(self, outer_round: int, replica: int, result: SpotCheckResult,
@@ -53,8 +54,9 @@ class Tribunal:
         envs = self._envelopes_of(outer_round, replica)
         blamed = list(next_envs) or envs
         if len({e.sender_peer_id for e in blamed}) > 1 and not result.failed_stages:
-            logger.warning("round %d: replica %d failed its spot check (%s) in no single stage's claim: on a split "
-                           "cluster that names no member, nobody is accused", outer_round, replica, result.reason)
+            logger.warning(
+                "round %d: replica %d failed its spot check (%s) in no single stage's claim: on a split "
+                "cluster that names no member, nobody is accused", outer_round, replica, result.reason)
             return
         stages = result.failed_stages or range(len(blamed))
         for accused_peer in sorted({blamed[stage].sender_peer_id for stage in stages}):
@@ -73,12 +75,14 @@ class Tribunal:
         self._open_accusation(outer_round, account, accused_peer, replica, evidence,
                               f"spotcheck-round-{outer_round:08d}-replica{replica}")
 
-    def charge(self, outer_round: int, accused_peer: str, replica: int, build: Callable[[bytes], msg.Evidence]) -> None:
-        """Accuse on chain with evidence built elsewhere (``ctx.charges``): sign it, keep and serve it, ``accuse``,
-        gossip the accusation, sign our guilty verdict."""
+    def charge(self, outer_round: int, accused_peer: str, replica: int,
+               build: Callable[[bytes], msg.Evidence]) -> None:
+        """Accuse on chain with evidence built elsewhere (``ctx.charges``): sign it, keep and serve it,
+        ``accuse``, gossip the accusation, sign our guilty verdict."""
         account = self._account_of(accused_peer)
         if account is None:
-            logger.warning("round %d: %s not accused: its account is unknown here", outer_round, accused_peer[-8:])
+            logger.warning("round %d: %s not accused: its account is unknown here", outer_round,
+                           accused_peer[-8:])
             return
         evidence = build(account)
         self._open_accusation(outer_round, account, accused_peer, replica, evidence,
@@ -95,10 +99,11 @@ class Tribunal:
         try:
             self.ctx.chain.accuse(self.ctx.run_id, "0x" + account.hex(), evidence_hash)
         except LedgerError as exc:  # e.g. already slashed, or this node is no longer a member
-            logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round, accused_peer[-8:], exc)
+            logger.warning("round %d: accusation of %s not opened on chain: %s", outer_round,
+                           accused_peer[-8:], exc)
             return
-        logger.warning("round %d: accused replica %d (%s, 0x%s) on chain: %s; evidence %s", outer_round, replica,
-                       accused_peer[-8:], account.hex(), evidence.reason, evidence_hash.hex()[:16])
+        logger.warning("round %d: accused replica %d (%s, 0x%s) on chain: %s; evidence %s", outer_round,
+                       replica, accused_peer[-8:], account.hex(), evidence.reason, evidence_hash.hex()[:16])
         accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
         with self._lock:
             self._accusations[evidence_hash] = (outer_round, accusation)
@@ -111,7 +116,8 @@ class Tribunal:
 
     # -- hearing accusations and verdicts (from the inbox thread) ------------------------
     def on_accusation(self, env: Envelope, accusation: msg.Accusation) -> None:
-        """Another member accused someone: check the evidence and the contribution ourselves (on our thread)."""
+        """Another member accused someone: check the evidence and the contribution ourselves (on our
+        thread)."""
         with self._lock:
             if accusation.evidence_hash in self._accusations or accusation.accused_peer == self.ctx.peer_id:
                 if accusation.accused_peer == self.ctx.peer_id:
@@ -123,19 +129,21 @@ class Tribunal:
         self._court.put(COURT, "confirm", accusation.outer_round, env.sender_peer_id, accusation)
 
     def _fetch_evidence(self, evidence_hash: bytes, providers: list[str] | None) -> bytes:
-        """An accusation's evidence blob by its hash (hash-checked by the blob protocol; nothing kept on disk);
-        raises P2PError or OSError if it is not served in time."""
+        """An accusation's evidence blob by its hash (hash-checked by the blob protocol; nothing kept on
+        disk); raises P2PError or OSError if it is not served in time."""
         dest = self.ctx.work_dir / f"evidence-{evidence_hash.hex()}.part"
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.ctx.host.fetch_blob(evidence_hash.hex(), dest, providers=providers, timeout=EVIDENCE_FETCH_TIMEOUT_S)
+            self.ctx.host.fetch_blob(evidence_hash.hex(), dest, providers=providers,
+                                     timeout=EVIDENCE_FETCH_TIMEOUT_S)
             return dest.read_bytes()
         finally:
             dest.unlink(missing_ok=True)
 
     def _confirm(self, outer_round: int, accuser: str, accusation: msg.Accusation) -> None:
-        """Fetch the evidence, check that it names a sealed contribution of the accused, then queue its rerun (the
-        verdict follows the rerun: :meth:`_judge_by_rerun`); self-contained evidence is judged here at once.
+        """Fetch the evidence, check that it names a sealed contribution of the accused, then queue its rerun
+        (the verdict follows the rerun: :meth:`_judge_by_rerun`); self-contained evidence is judged here at
+        once.
 
         Evidence not served in time, or malformed (not the accuser's evidence envelope of the round naming the
         accused), gets a not-guilty verdict: the accuser must show its case. Evidence this node cannot check
@@ -168,7 +176,8 @@ class Tribunal:
             guilty, why = judge(evidence, who)
             logger.warning("round %d: %s's accusation of %s: %s", outer_round, accuser[-8:], who[-8:], why)
             if guilty is not None:
-                serve_when_space(self.ctx.host, data, what=f"round {outer_round}'s evidence", stop=self.ctx.stop)
+                serve_when_space(self.ctx.host, data, what=f"round {outer_round}'s evidence",
+                                 stop=self.ctx.stop)
                 self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
             return
         try:
@@ -177,7 +186,8 @@ class Tribunal:
             next_envs = (self._envelopes_of(outer_round + 1, accusation.replica)
                          if len(evidence.contributions) > len(ours) else [])
         except NodeError as exc:
-            logger.warning("round %d: %s's accusation cannot be checked here: %s", outer_round, accuser[-8:], exc)
+            logger.warning("round %d: %s's accusation cannot be checked here: %s", outer_round, accuser[-8:],
+                           exc)
             return
         if evidence.contributions != ours + [e.to_bytes() for e in next_envs]:
             logger.warning("round %d: %s's evidence does not name the sealed contributions of replica %d",
@@ -202,22 +212,25 @@ class Tribunal:
         if next_envs and result.honest:
             if result.next_state_hashes is None:
                 return  # not a bit-exact rerun here: the chain cannot be judged, sign nothing
-            holds, _reason, _parts, broken = self._chain_holds(outer_round, accusation.replica, result, next_envs)
+            holds, _reason, _parts, broken = self._chain_holds(outer_round, accusation.replica, result,
+                                                               next_envs)
             if holds is None:
                 return
             guilty = False if holds else self._blames(next_envs, broken, accusation.accused)
         if guilty is None:
-            return  # the failure names no single stage's signer here, or the chain did not answer: sign nothing
+            # the failure names no single stage's signer here, or the chain did not answer: sign nothing
+            return
         self._sign_verdict(outer_round, accusation.accused, accusation.evidence_hash, guilty, who)
 
     def _blames(self, envs: list[Envelope], failed_stages: tuple[int, ...], account: bytes) -> bool | None:
-        """Whether ``account`` signed one of the failing stages' envelopes (its seat binds the envelope's key);
-        None if that cannot be told (a split replica's failure in no single stage, or the chain unread).
+        """Whether ``account`` signed one of the failing stages' envelopes (its seat binds the envelope's
+        key); None if that cannot be told (a split replica's failure in no single stage, or the chain unread).
         An accusation names one member: a failure in a partner's stage is not this member's."""
         if len({e.sender_peer_id for e in envs}) > 1 and not failed_stages:
             return None
         try:
-            return any(self.ctx.chain.seat(self.ctx.run_id, account, envs[stage].sender, current=False) is not None
+            return any(self.ctx.chain.seat(self.ctx.run_id, account, envs[stage].sender, current=False)
+                       is not None
                        for stage in failed_stages or range(len(envs)))
         except LedgerError as exc:
             logger.warning("seat of 0x%s not read from the chain: %s", account.hex(), exc)
@@ -253,15 +266,16 @@ class Tribunal:
         self._watched_block = min(waiting) if waiting else newest
 
     def _judge_chain_accusation(self, record: AccusationRecord) -> None:
-        """An accusation known only from the chain: fetch its evidence by hash (from the accuser's node if known,
-        else any provider); not served in time or malformed: not guilty; else confirm it like a gossiped one."""
+        """An accusation known only from the chain: fetch its evidence by hash (from the accuser's node if
+        known, else any provider); not served in time or malformed: not guilty; else confirm it like a
+        gossiped one."""
         accused = bytes.fromhex(record.accused[2:])
         accuser_peer = self._peer_of(bytes.fromhex(record.accuser[2:]))
         try:
             data = self._fetch_evidence(record.evidence_hash, [accuser_peer] if accuser_peer else None)
         except (P2PError, OSError) as exc:
-            logger.warning("accusation of %s by %s on chain: evidence %s not served: %s; not guilty", record.accused,
-                           record.accuser, record.evidence_hash.hex()[:16], exc)
+            logger.warning("accusation of %s by %s on chain: evidence %s not served: %s; not guilty",
+                           record.accused, record.accuser, record.evidence_hash.hex()[:16], exc)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
             return
         try:
@@ -275,13 +289,15 @@ class Tribunal:
                 envs = [decode_envelope(c, self.ctx.cfg.p2p.max_blob_bytes) for c in evidence.contributions]
             accused_peer = self._signer_among(envs, accused)
         except (EnvelopeRejected, msg.ProtocolError, IndexError) as exc:
-            logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused, exc)
+            logger.warning("accusation of %s on chain: malformed evidence: %s; not guilty", record.accused,
+                           exc)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
             return
         if env.kind != msg.EVIDENCE or evidence.accused != accused or (
                 accuser_peer is not None and env.sender_peer_id != accuser_peer):
-            logger.warning("accusation of %s on chain: its evidence is not the accuser's evidence against it; "
-                           "not guilty", record.accused)
+            logger.warning(
+                "accusation of %s on chain: its evidence is not the accuser's evidence against it; "
+                "not guilty", record.accused)
             self._sign_verdict(None, accused, record.evidence_hash, False, record.accused)
             return
         accusation = msg.Accusation(env.round, accused, accused_peer, evidence.replica, record.evidence_hash,
@@ -292,7 +308,8 @@ class Tribunal:
 
     def _signer_among(self, envs: list[Envelope], account: bytes) -> str:
         """The peer id of the envelope signer whose seat is ``account``'s (a split replica's envelopes have
-        several signers); the first envelope's signer if none is known to be (or the chain does not answer)."""
+        several signers); the first envelope's signer if none is known to be (or the chain does not
+        answer)."""
         for env in envs:
             try:
                 if self.ctx.chain.seat(self.ctx.run_id, account, env.sender, current=False) is not None:
@@ -328,7 +345,8 @@ class Tribunal:
         except LedgerError as exc:
             raise msg.ProtocolError(f"verdict signature does not verify: {exc}") from None
         if signer.lower() != "0x" + signed.account.hex() or signer.lower() == verdict.accused.lower():
-            raise msg.ProtocolError(f"verdict signed by {signer}, not by the account it names or by the accused")
+            raise msg.ProtocolError(
+                f"verdict signed by {signer}, not by the account it names or by the accused")
         # A member that left since the accusation opened may still decide it (the contract checks who was
         # in force then): any seat of the run, current or ended, is heard.
         if not self.ctx.chain.held_seat(self.ctx.run_id, signer):
@@ -369,8 +387,9 @@ class Tribunal:
         if status == "open":
             try:
                 chain.resolve_accusation(verdict, list(signatures.values()))
-                logger.warning("accusation %s against %s resolved on chain: %s", verdict.evidence_hash.hex()[:16],
-                               verdict.accused, "guilty" if verdict.guilty else "not guilty")
+                logger.warning("accusation %s against %s resolved on chain: %s",
+                               verdict.evidence_hash.hex()[:16], verdict.accused, "guilty" if verdict.guilty
+                               else "not guilty")
             except LedgerError as exc:  # another member was first, or a signer left meanwhile
                 logger.info("resolveAccusation not sent: %s", exc)
             status = chain.accusation_status(self.ctx.run_id, verdict.accused, verdict.evidence_hash)

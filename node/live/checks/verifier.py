@@ -7,8 +7,8 @@ chain, each node draws, from the round's attested weights root, its own peer id
 and the platforms the round's signers declared on chain when they joined, which
 other replicas it re-executes (:func:`node.live.checks.routing.draw_checks`: ``spot_checks``
 expected checks per contribution from everyone, and ``spot_checks`` expected ones by
-verifiers of the claimant's declared platform where the run has any), fetches their start states and reruns them
-in a child process (:mod:`node.live.checks.spotcheck`). A start state that claims
+verifiers of the claimant's declared platform where the run has any), fetches their start states and reruns
+them in a child process (:mod:`node.live.checks.spotcheck`). A start state that claims
 another platform than its signer declared is refused without a rerun (a mismatch:
 :func:`node.platforms.undeclared_claim`).
 
@@ -89,13 +89,15 @@ class VerifierContext:
     sign_envelope: Callable[[int, str, bytes], bytes]  # (round, kind, payload) -> signed envelope bytes
     stage_hashes: Callable[[int], dict[int, bytes]]  # round -> stage -> weights hash this node computed
     own_replica: Callable[[], int]
-    current_round: Callable[[], int]  # accusations and verdicts travel in envelopes of the sender's current round
+    # accusations and verdicts travel in envelopes of the sender's current round
+    current_round: Callable[[], int]
     work_dir: Path
     evidence_dir: Path
     stop: threading.Event
     on_ejected: Callable[[str, bytes], None]  # (peer id, account) of a member found guilty
     # The round book's snapshot_closes / snapshot_attestations: a split node binds every stage's contributions
-    # of a recorded round to the record from them (node.live.checks.spotinputs). None: only sealed rounds are checked.
+    # of a recorded round to the record from them
+    # (node.live.checks.spotinputs). None: only sealed rounds are checked.
     closes: Callable | None = None
     attestations: Callable | None = None
     # Evidence another module builds and judges whole (the sliced exchange's wrong partial,
@@ -103,8 +105,9 @@ class VerifierContext:
     # and the queue of its charges: (round, accused peer, replica, build(account) -> Evidence).
     evidence_judges: dict[str, Callable] = field(default_factory=dict)
     charges: queue.Queue | None = None
-    # The exchange's own rerun inputs (node.live.exchange.protocol.Exchange.rerun_inputs: the sliced exchange's claims
-    # are the slices its references bind, its round t-1 the partials applied); None: the full exchange's.
+    # The exchange's own rerun inputs (node.live.exchange.protocol.Exchange.rerun_inputs: the sliced
+    # exchange's claims are the slices its references bind, its
+    # round t-1 the partials applied); None: the full exchange's.
     rerun_inputs: object | None = None
     # Peer ids -> the platform each declared on chain when it joined (NodeChain.declared_platforms; raises
     # LedgerError if unreadable). None: no declarations (no routing, no declared-platform check).
@@ -112,15 +115,18 @@ class VerifierContext:
 
 
 class SpotChecker(ContributionRerun, Tribunal):
-    """Serves start states; checks sampled contributions; accuses, confirms and resolves (module docstring)."""
+    """Serves start states; checks sampled contributions; accuses, confirms and resolves (module
+    docstring)."""
 
     def __init__(self, ctx: VerifierContext) -> None:
         self.ctx = ctx
-        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages, ctx.stop)
+        self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages,
+                                 ctx.stop)
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
-        self._accusations: dict[bytes, tuple[int, msg.Accusation]] = {}  # evidence hash -> (round, accusation)
+        # evidence hash -> (round, accusation)
+        self._accusations: dict[bytes, tuple[int, msg.Accusation]] = {}
         self._verdicts: dict[tuple[bytes, bool], dict[str, bytes]] = {}  # (evidence, guilty) -> signer -> sig
         self._resolved: set[bytes] = set()
         self._verdict_quorums: dict[bytes, int] = {}  # evidence hash -> the accusation's quorum on chain
@@ -128,21 +134,25 @@ class SpotChecker(ContributionRerun, Tribunal):
         self._watched_block: int | None = None  # the chain watch reads accusations from this block on
         self._watched_at = time.monotonic()
         self._lock = threading.Lock()
-        self.inputs = ReplicaInputs(archive=ctx.archive, host=ctx.host, membership=ctx.membership, run_id=ctx.run_id,
-                                    peer_id=ctx.peer_id, num_stages=ctx.cfg.pipeline.num_stages,
-                                    max_blob_bytes=ctx.cfg.p2p.max_blob_bytes, work_dir=ctx.work_dir / "fetch")
+        self.inputs = ReplicaInputs(archive=ctx.archive, host=ctx.host, membership=ctx.membership,
+                                    run_id=ctx.run_id, peer_id=ctx.peer_id,
+                                    num_stages=ctx.cfg.pipeline.num_stages,
+                                    max_blob_bytes=ctx.cfg.p2p.max_blob_bytes,
+                                    work_dir=ctx.work_dir / "fetch")
         self.checks_run = 0
         self.check_seconds = 0.0  # wall time of the checks done (fetching the inputs and the rerun)
         self.not_done = 0  # sampled checks whose inputs could not be had: nobody is accused for those
-        self.chain_checks = 0  # round t -> t+1 start-state links checked (node.live.checks.verifier._chain_holds)
+        # round t -> t+1 start-state links checked (node.live.checks.verifier._chain_holds)
+        self.chain_checks = 0
         self.routed = 0  # checks only the same-platform draw picked (node.live.checks.routing)
         self.mismatches = 0
         self.skipped = 0
         self.abandoned = 0  # checks cut short because the node stopped
         # Two threads: the reruns, one at a time in one child process (they take no more of the machine than
-        # one rerun does), and the tribunal's work, which never waits behind a rerun (node/live/checks/jobqueue.py).
-        self._reruns = JobQueue("spotcheck", {"draw": self._draw, "check": self._check_sampled, "link": self._link,
-                                              "verdict": self._judge_by_rerun}, ctx.stop)
+        # one rerun does), and the tribunal's work, which never
+        # waits behind a rerun (node/live/checks/jobqueue.py).
+        self._reruns = JobQueue("spotcheck", {"draw": self._draw, "check": self._check_sampled,
+                                              "link": self._link, "verdict": self._judge_by_rerun}, ctx.stop)
         self._court = JobQueue("tribunal", {"watch": self._watch_chain, "charge": self.charge,
                                             "accuse": self._accuse, "confirm": self._confirm,
                                             "chain": self._judge_chain_accusation, "resolve": self._resolve},
@@ -152,7 +162,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         self._court.start()
 
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
-        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope binds)."""
+        """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
+        binds)."""
         return self.states.serve(outer_round, parts, self.ctx.cfg.storage.keep_rounds)
 
     # -- sampling -----------------------------------------------------------------------
@@ -196,8 +207,9 @@ class SpotChecker(ContributionRerun, Tribunal):
         try:
             declared = self._declared({peer for peers in signers.values() for peer in peers})
         except LedgerError as exc:  # no draw on a partial view: every node must derive the same checks
-            logger.warning("round %d: no spot checks drawn, the members' declared platforms are not readable: %s",
-                           outer_round, exc)
+            logger.warning(
+                "round %d: no spot checks drawn, the members' declared platforms are not readable: %s",
+                outer_round, exc)
             return
         drawn = draw_checks(weights_root, self.ctx.peer_id, outer_round, signers, declared,
                             self.ctx.cfg.spot_checks, self.ctx.own_replica())
@@ -208,15 +220,18 @@ class SpotChecker(ContributionRerun, Tribunal):
         elsewhere = self._left_out_elsewhere(outer_round)
         for replica in chosen:
             if replica in elsewhere:
-                logger.info("spot check of replica %d round %d not run: left out of the round as built on another "
-                            "result of round %d", replica, outer_round, outer_round - 1)
+                logger.info(
+                    "spot check of replica %d round %d not run: left out of the round as built on another "
+                    "result of round %d", replica, outer_round, outer_round - 1)
                 continue
             self._reruns.put(CHECK, "check", outer_round, replica, signers[replica])
         self._reruns.put(CHECK, "link", outer_round, signers)
 
     def _declared(self, peers, fresh: bool = False) -> dict[str, bytes]:
-        """peer id -> the platform it declared when it joined (node.live.checks.routing; {} if none are known here)."""
-        return {} if self.ctx.declared_platforms is None else self.ctx.declared_platforms(sorted(peers), fresh)
+        """peer id -> the platform it declared when it joined (node.live.checks.routing; {} if none are known
+        here)."""
+        return {} if self.ctx.declared_platforms is None else self.ctx.declared_platforms(sorted(peers),
+                                                                                          fresh)
 
     def _ejected(self, signers: set[str]) -> bool:
         return any(self.ctx.membership.ejected(peer) for peer in signers)
@@ -245,10 +260,10 @@ class SpotChecker(ContributionRerun, Tribunal):
         ended (or from the record, after a restart).
 
         Done however far behind the chain this node is (no :meth:`_lagging` skip): the rerun of round t-1, the
-        costly half, is done already, and a link whose hashes chain costs one comparison. Skipping it on the lag,
-        as before, skipped every link on a loaded machine (each link's turn came after its round's checks had
-        put the node behind), so a member forging its start state between rounds went uncaught for as long as
-        the load lasted (tests/test_reexec_e2e.py's forge-state, caught at round 94 of 100 at load 30)."""
+        costly half, is done already, and a link whose hashes chain costs one comparison. Skipping it on the
+        lag, as before, skipped every link on a loaded machine (each link's turn came after its round's checks
+        had put the node behind), so a member forging its start state between rounds went uncaught for as long
+        as the load lasted (tests/test_reexec_e2e.py's forge-state, caught at round 94 of 100 at load 30)."""
         with self._lock:
             linked = [(replica, result) for (r, replica), result in self._results.items()
                       if r == outer_round - 1 and result is not None and result.next_state_hashes is not None]
@@ -267,10 +282,11 @@ class SpotChecker(ContributionRerun, Tribunal):
                 # that shows where it should have led (an auditor reruns round t from it; the accused
                 # stops serving its own copy after STATE_ROUNDS_KEPT rounds, or at will).
                 self.states.keep_evidence(self.states.linkable(outer_round - 1, replica) + parts)
-                logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1, outer_round,
-                               reason)
+                logger.warning("chain check of replica %d rounds %d-%d: %s", replica, outer_round - 1,
+                               outer_round, reason)
                 self._court.put(COURT, "accuse", outer_round - 1, replica,
-                                SpotCheckResult("state_mismatch", reason, {}, 0.0, failed_stages=broken), next_envs)
+                                SpotCheckResult("state_mismatch", reason, {}, 0.0, failed_stages=broken),
+                                next_envs)
         self.states.forget_linkable(before=outer_round)
 
     def _left_out_elsewhere(self, outer_round: int) -> set[int]:
@@ -324,7 +340,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         self._reruns.put(RERUN_FOR_VERDICT, "verdict", *args)
 
     def _court_tick(self) -> None:
-        """Between the tribunal's jobs: the chain's accusations every ACCUSATION_POLL_S, the exchange's charges."""
+        """Between the tribunal's jobs: the chain's accusations every ACCUSATION_POLL_S, the exchange's
+        charges."""
         if time.monotonic() - self._watched_at >= ACCUSATION_POLL_S:
             self._watched_at = time.monotonic()
             self._court.put(COURT, "watch")
@@ -361,7 +378,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         return self.pending_checks + self.abandoned
 
     def close(self) -> None:
-        """Stop both threads (``ctx.stop`` is set by the owner) and the rerun child; log what is left undone."""
+        """Stop both threads (``ctx.stop`` is set by the owner) and the rerun child; log what is left
+        undone."""
         self._court.join(timeout=5)
         self._reruns.join(timeout=5)
         self._worker.close()

@@ -46,12 +46,14 @@ class CloseJudging:
         if reason is not None:
             with self._lock:
                 self._invalid[key] = reason
-            logger.warning("round %d stage %d: close of %s ignored: %s", outer_round, stage, coordinator[-8:], reason)
+            logger.warning("round %d stage %d: close of %s ignored: %s", outer_round, stage, coordinator[-8:],
+                           reason)
         return reason
 
-    def close_standing(self, outer_round: int, stage: int, signer: str, close: msg.Close) -> tuple[bool | None, str]:
-        """Whether ``close``, signed by ``signer``, is a close the aggregators of (round, stage) went by: what a
-        wrong-partial proof is judged against (node.slicedproof.judge_wrong_partial; any member could sign a
+    def close_standing(self, outer_round: int, stage: int, signer: str,
+                       close: msg.Close) -> tuple[bool | None, str]:
+        """Whether ``close``, signed by ``signer``, is a close the aggregators of (round, stage) went by: what
+        a wrong-partial proof is judged against (node.slicedproof.judge_wrong_partial; any member could sign a
         made-up close that misnames an input and frame an honest aggregator). True when it names the set
         this node aggregated, or, where this node took no close of the round, when its signer may close
         the stage (a holder: :meth:`rotation`) and it is valid by :meth:`judge`'s entry rules (every entry
@@ -67,14 +69,16 @@ class CloseJudging:
         refused = self.invalid_closes(outer_round, stage).get(signer)
         if refused is not None:
             return False, f"its close was refused here: {refused}"
-        reason, _here = self._problem(outer_round, stage, close, signer) if self.contributions.lazy else (PENDING, 0)
+        reason, _here = self._problem(outer_round, stage, close, signer) if self.contributions.lazy \
+            else (PENDING, 0)
         if reason is None:
             return True, "a holder's close whose every entry was announced as named"
         if reason == PENDING:
             return None, "its entries are not all placed and announced here as it names them"
         return False, f"it is no valid close: {reason}"
 
-    def _problem(self, outer_round: int, stage: int, close: msg.Close, coordinator: str) -> tuple[str | None, int]:
+    def _problem(self, outer_round: int, stage: int, close: msg.Close, coordinator: str) -> tuple[str | None,
+                                                                                                  int]:
         """(None, n) if valid, (PENDING, entries placed and here) while waiting, else (reason, 0)."""
         entries = [tuple(e) for e in close.contributions]
         replicas = {e[0] for e in entries}
@@ -82,7 +86,8 @@ class CloseJudging:
             return f"{len(replicas)} replica(s), fewer than the quorum of {max(1, self.quorum)}", 0
         if entries != sorted(entries, key=lambda e: (e[0], e[1], e[2])):
             return "entries not in canonical (replica, peer, hash) order", 0
-        if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries}) == len(entries)):
+        if not (len(replicas) == len({e[1] for e in entries}) == len({e[2] for e in entries})
+                == len(entries)):
             return "duplicate replica, peer or contribution", 0
         # What this node holds of the named envelopes checks the named step counts; a lazy pool (the sliced
         # exchange) holds only some, so there only the form is judged: a refusal on what some holders fetched
@@ -96,7 +101,8 @@ class CloseJudging:
         rejected = self.contributions.rejected(outer_round, stage)
         for _replica, peer_id, digest, _size in entries:
             if digest in rejected:
-                return f"names contribution {digest.hex()[:12]} of {peer_id[-8:]}, rejected: {rejected[digest][1]}", 0
+                return (f"names contribution {digest.hex()[:12]} of {peer_id[-8:]}, rejected: "
+                        f"{rejected[digest][1]}"), 0
         here = 0
         for replica, peer_id, digest, size in entries:
             placed = self.membership.placements.get(peer_id)

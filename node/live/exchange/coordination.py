@@ -105,7 +105,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
         self.steps_range = steps_range
         self._clock = clock  # judge's stall clock (a test drives it)
         self._accepted: dict[tuple[int, int], msg.Close] = {}
-        #: Peers named in a close this node took in this life: members it has seen contribute (:meth:`expects`).
+        #: Peers named in a close this node took in this life:
+        #: members it has seen contribute (:meth:`expects`).
         self._seen_in_closes: set[str] = set()
         self._invalid: dict[tuple[int, int, str], str] = {}  # (round, stage, coordinator) -> reason
         # (round, stage, coordinator) -> (entries here, when that count was first reached)
@@ -138,7 +139,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
 
     # -- what was decided ---------------------------------------------------------------
     def adopt(self, outer_round: int, stage: int, close: msg.Close) -> None:
-        """Take ``close`` as the decision of (round, stage) without waiting (a round sealed in an earlier life).
+        """Take ``close`` as the decision of (round, stage) without waiting (a round sealed in an earlier
+        life).
 
         The set is published again as this node's close: after a whole-run restart nobody holds
         the original close any more, and a peer that had not sealed the round would otherwise
@@ -167,10 +169,12 @@ class RoundCoordinator(CloseJudging, TakingOver):
 
     def withdraw(self, outer_round: int, stage: int, close: msg.Close, reason: str) -> list[str]:
         """Refuse every close of (round, stage) in the book that names ``close``'s set, whose apply found
-        inputs that never came (:class:`node.live.exchange.protocol.InputsWithheld`), and forget it as this node's
+        inputs that never came (:class:`node.live.exchange.protocol.InputsWithheld`), and forget it as this
+        node's
         decision: the next coordinator's close counts (docs/PROTOCOL.md, "Sliced exchange", withholding).
         Returns the coordinators refused."""
-        signers = [coordinator for coordinator, (other, _data) in self.book.snapshot_closes(outer_round, stage).items()
+        signers = [coordinator for coordinator, (other, _data) in self.book.snapshot_closes(outer_round,
+                                                                                            stage).items()
                    if other.contributions == close.contributions]
         with self._lock:
             self._accepted.pop((outer_round, stage), None)
@@ -234,8 +238,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
             # A coordinator that signed it will not close (a yield) is skipped, and a close of it not used.
             refused = {c for c, verdict in verdicts.items() if verdict not in (None, PENDING)} | \
                 self.book.yielded(outer_round, stage)
-            # Coordinators that are gone (Membership.present), closed invalidly or yielded are skipped at once.
-            # Not the ejected ones: when a node learns of an ejection is its own timing, and the
+            # Coordinators that are gone (Membership.present), closed invalidly or yielded are skipped at
+            # once. Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
             ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
             for rank, coordinator in enumerate(order):
@@ -263,7 +267,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
 
         last_resync = last_warning = started
         while True:
-            if self.contributions.lazy and self._may_close(outer_round, stage, order, present, current_deadline()):
+            if self.contributions.lazy and self._may_close(outer_round, stage, order, present,
+                                                           current_deadline()):
                 self.contributions.want(outer_round, stage)
             self.contributions.prefetch(outer_round, stage)
             alive, present = self.membership.alive(), self.membership.present()
@@ -325,9 +330,9 @@ class RoundCoordinator(CloseJudging, TakingOver):
         at least ``first_round``: its restore and catch-up are done) or announced a contribution
         to the round; while undecided, only in round 0 or the round this node entered at. So a
         joiner that still restores a checkpoint or catches up costs the others nothing, and once
-        in a close it is a member like any other. Which set a round aggregates is still the coordinator's close, judged
-        alike by every node. A member is waited for in a round before its first one only where it
-        announced a contribution to it (a restarted node's re-announced contribution).
+        in a close it is a member like any other. Which set a round aggregates is still the coordinator's
+        close, judged alike by every node. A member is waited for in a round before its first one only where
+        it announced a contribution to it (a restarted node's re-announced contribution).
         """
         info = self.book.live_peers(math.inf).get(peer)
         if info is None:

@@ -61,17 +61,20 @@ class FullExchange(Exchange):
         worker = self.station.worker()
         screened = inputs.screened
         if inputs.prepared is not None and not worker.prepared_valid(stage, inputs.prepared, outer_round):
-            # A re-base of round t-1 (node/live/record/forkrepair.py) since the prefetch: its global state moved.
+            # A re-base of round t-1 (node/live/record/forkrepair.py)
+            # since the prefetch: its global state moved.
             logger.warning("round %d stage %d: prefetched aggregation is stale; aggregating again",
                            outer_round, stage)
             screened, _reports = worker.screen(outer_round, inputs.payloads)
         # Against round t-1 as it is here now (after any re-base): the record's at every honest holder.
         screened = {i: why for i, why in screened.items() if not isinstance(why, tuple)}
         screened.update(self._other_results(outer_round, stage, inputs.envelopes))
-        result = worker.apply(stage, outer_round, inputs.payloads, excluded=screened, prepared=inputs.prepared)
+        result = worker.apply(stage, outer_round, inputs.payloads, excluded=screened,
+                              prepared=inputs.prepared)
         return result, inputs.envelopes
 
-    def _other_results(self, outer_round: int, stage: int, envelopes: list[bytes]) -> dict[int, tuple[str, str]]:
+    def _other_results(self, outer_round: int, stage: int, envelopes: list[bytes]) -> dict[int,
+                                                                                           tuple[str, str]]:
         """The closed contributions built on another result of round t-1 than this holder's (left out)."""
         worker = self.station.worker()
         applied = [msg.decode_contribution_body(decode_envelope(e, self.max_blob_bytes).payload).applied_hash

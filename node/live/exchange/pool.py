@@ -81,7 +81,8 @@ class ContributionPool:
         self._announcer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="announce")
         self._announcing = 0
         self._announced: dict[int, list[str]] = {}  # round -> own contributions announced on the DHT
-        self._forgotten_before = 0  # rounds before this are forgotten: their contributions no longer announced
+        # rounds before this are forgotten: their contributions no longer announced
+        self._forgotten_before = 0
         #: Peers a fetch falls back to once the sender and the coordinator failed (the live peers).
         self.fallback_providers: Callable[[], list[str]] = fallback_providers or list
         #: Whether a coordinator holds what a contribution here needs besides its envelope (round, stage,
@@ -147,9 +148,11 @@ class ContributionPool:
             return self._arrived.get(digest)
 
     def holds(self, outer_round: int, stage: int, replica: int, peer_id: str, digest: bytes) -> bool:
-        """Whether the checked envelope ``digest`` of (round, stage) is here and was signed by that replica's peer."""
+        """Whether the checked envelope ``digest`` of (round, stage) is here and was signed by that replica's
+        peer."""
         with self._lock:
-            return digest in self._have.get((outer_round, stage), {}) and self._senders.get(digest) == (replica, peer_id)
+            return digest in self._have.get((outer_round, stage), {}) \
+                and self._senders.get(digest) == (replica, peer_id)
 
     def in_flight(self, digest: bytes) -> bool:
         """Whether a fetch of the envelope ``digest`` is under way."""
@@ -180,7 +183,8 @@ class ContributionPool:
         logger.warning("round %d stage %d: contribution %s of %s rejected: %s", outer_round, stage,
                        a.envelope_hash.hex()[:12], a.peer_id[-8:], reason)
         if self.evidence_dir is not None:
-            keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-{a.envelope_hash.hex()}.envelope",
+            keep_evidence(self.evidence_dir
+                          / f"round-{outer_round:08d}-stage{stage}-{a.envelope_hash.hex()}.envelope",
                           data)  # the signed envelope is the proof
 
     def want(self, outer_round: int, stage: int) -> None:
@@ -207,7 +211,8 @@ class ContributionPool:
         ``also_from``: another peer that should hold it (the coordinator of a close naming it).
         """
         with self._lock:
-            if (a.envelope_hash in self._have.get((outer_round, stage), {}) or a.envelope_hash in self._in_flight
+            if (a.envelope_hash in self._have.get((outer_round, stage), {})
+                or a.envelope_hash in self._in_flight
                     or a.envelope_hash in self._rejected.get((outer_round, stage), {})):
                 return
             self._in_flight.add(a.envelope_hash)
@@ -222,7 +227,8 @@ class ContributionPool:
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
                                      timeout=self.transfer_timeout)
             except P2PError:  # the sender may be gone: a few live peers that fetched it, else the DHT
-                others = [p for p in self.fallback_providers() if p not in providers and p != self.host.peer_id]
+                others = [p for p in self.fallback_providers() if p not in providers
+                          and p != self.host.peer_id]
                 others = random.sample(others, min(FALLBACK_PROVIDERS, len(others)))
                 self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=others or None,
                                      timeout=self.transfer_timeout)
@@ -239,7 +245,8 @@ class ContributionPool:
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return
             self.add(outer_round, stage, a.envelope_hash, data)
-            # Served onward (not announced: module docstring); the fetch stored it already, so this writes nothing.
+            # Served onward (not announced: module docstring);
+            # the fetch stored it already, so this writes nothing.
             serve_when_space(self.host, data, what=f"round {outer_round}'s contribution of {a.peer_id[-8:]}",
                              stop=self.stop)
             self._fetch_inputs(outer_round, stage, a.envelope_hash, data)
@@ -284,7 +291,8 @@ class ContributionPool:
         ever they grew the DHT's provider store by every round's (issue 45's soak)."""
         with self._lock:
             self._forgotten_before = max(self._forgotten_before, outer_round)
-            retired = [d for r in [r for r in self._announced if r < outer_round] for d in self._announced.pop(r)]
+            retired = [d for r in [r for r in self._announced if r < outer_round]
+                       for d in self._announced.pop(r)]
             self._wanted = {key for key in self._wanted if key[0] >= outer_round}
             for book in (self._have, self._rejected):
                 for key in [k for k in book if k[0] < outer_round]:

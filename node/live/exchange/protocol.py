@@ -97,7 +97,8 @@ class Exchange:
                                      p2p.blob_concurrency, check_payload=self.check_payload,
                                      evidence_dir=evidence_dir, lazy=self.lazy_pool,
                                      fallback_providers=membership.live_providers,
-                                     inputs_held=self.close_inputs_held if self.holds_inputs_to_close else None,
+                                     inputs_held=self.close_inputs_held if self.holds_inputs_to_close
+                                     else None,
                                      stop=stop)
 
     def check_payload(self, stage: int, outer_round: int, payload: bytes) -> None:
@@ -119,7 +120,8 @@ class Exchange:
 
     def gather(self, outer_round: int, stage: int, close: msg.Close, waited: dict[str, float],
                prepare: bool) -> StageInputs:
-        """What the apply of the close needs, fetched (and with ``prepare``, aggregated) now; adds to ``waited``."""
+        """What the apply of the close needs, fetched (and with ``prepare``, aggregated) now; adds to
+        ``waited``."""
         raise NotImplementedError
 
     def apply(self, outer_round: int, stage: int, inputs: StageInputs):
@@ -130,15 +132,17 @@ class Exchange:
         raise NotImplementedError
 
     def evidence_judges(self, close_standing: Callable) -> dict[str, Callable]:
-        """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused peer)
-        -> (guilty, or None where it cannot judge; why). ``close_standing``: the round coordinator's rule
-        whether a close stands (:meth:`node.live.exchange.coordination.RoundCoordinator.close_standing`)."""
+        """Evidence kinds (``Evidence.verdict``) this exchange judges: verdict -> judge(evidence, accused
+        peer) -> (guilty, or None where it cannot judge; why). ``close_standing``: the round coordinator's
+        rule whether a close stands
+        (:meth:`node.live.exchange.coordination.RoundCoordinator.close_standing`)."""
         return {}
 
     def rerun_inputs(self):
-        """What a re-execution spot check reads besides the full exchange's (:class:`node.live.checks.verifier.SpotChecker`):
-        an object with ``claims(round, envelopes)`` and ``previous(round)``; None: the contributions' own payloads
-        and round t-1's closed contributions (the full exchange)."""
+        """What a re-execution spot check reads besides the full exchange's
+        (:class:`node.live.checks.verifier.SpotChecker`): an object with ``claims(round, envelopes)`` and
+        ``previous(round)``; None: the contributions' own payloads and round t-1's closed contributions (the
+        full exchange)."""
         return None
 
     def close_inputs_held(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> bool:

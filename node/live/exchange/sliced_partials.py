@@ -66,8 +66,9 @@ class SlicedPartials:
                 raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for partials")
             turn = int((time.monotonic() - started) // self.turn_timeout)
             if turn >= turns + 1:
-                raise InputsWithheld(f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
-                                     f" after every candidate's turn ({turns + 1} x {self.turn_timeout:.0f}s)")
+                raise InputsWithheld(
+                    f"no valid partial for slices {sorted(set(range(plan.num_slices)) - set(used))}"
+                    f" after every candidate's turn ({turns + 1} x {self.turn_timeout:.0f}s)")
             for j in range(plan.num_slices):
                 if j in used:
                     continue
@@ -81,7 +82,8 @@ class SlicedPartials:
                 # holder that saw that partial refuses it alike, so nobody needs to wait it out.
                 opened = max(turn, 1 + max(refused.get(j, {-1})))
                 for m in range(min(opened, turns - 1) + 1):
-                    replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+                    replica, peer_id, _digest, \
+                        _size = close.contributions[candidate(j, outer_round, members, m)]
                     if peer_id == self.peer_id:
                         # Tried again on every pass until every input is here (a fetch that failed
                         # under load must not cost a whole turn); fetched inputs are kept meanwhile.
@@ -104,7 +106,8 @@ class SlicedPartials:
         for partial in used.values():  # the auditor's evidence of what this node applied; served on too
             retry_on_full_disk(lambda: (self.archive.put_blob(outer_round, partial.envelope, "partial"),
                                         self.host.provide_blob(partial.envelope, announce=False)),
-                               what=f"round {outer_round}'s partials of stage {stage}", kind="archive", stop=self.stop)
+                               what=f"round {outer_round}'s partials of stage {stage}", kind="archive",
+                               stop=self.stop)
         return [used[j] for j in range(plan.num_slices)]
 
     def _archived_partials(self, outer_round: int, stage: int, close: msg.Close, root: bytes,
@@ -115,17 +118,21 @@ class SlicedPartials:
         for data in self.archive.blobs(outer_round, "partial"):
             for j in range(plan.num_slices):
                 for m in range(members):
-                    replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
+                    replica, peer_id, _digest, \
+                        _size = close.contributions[candidate(j, outer_round, members, m)]
                     try:
-                        blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members, root, plan)
+                        blob = self._check_partial(data, outer_round, stage, j, peer_id, replica, members,
+                                                   root, plan)
                     except (EnvelopeRejected, SliceError, ContributionDecodeError, ValueError):
                         continue
                     found.setdefault(j, UsedPartial(j, m, data, blob))
         if found:
-            logger.info("round %d stage %d: %d partial(s) of an earlier life reused", outer_round, stage, len(found))
+            logger.info("round %d stage %d: %d partial(s) of an earlier life reused", outer_round, stage,
+                        len(found))
         return found
 
-    def _replayed(self, outer_round, stage, j, close, references, root, fetched, signers) -> UsedPartial | None:
+    def _replayed(self, outer_round, stage, j, close, references, root, fetched,
+                  signers) -> UsedPartial | None:
         """Slice j aggregated here by a holder that is no candidate (signed for the archive, not published);
         None while an input is missing."""
         inputs = self._slice_inputs(outer_round, stage, j, close, references, -1, fetched, signers)
@@ -157,15 +164,15 @@ class SlicedPartials:
             replica, peer_id, _digest, _size = close.contributions[candidate(j, outer_round, members, m)]
             if peer_id == self.peer_id:
                 continue
-            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan, tried,
-                                         wait=self.turn_timeout)
+            other = self._from_candidate(outer_round, stage, j, m, peer_id, replica, members, root, plan,
+                                         tried, wait=self.turn_timeout)
             if isinstance(other, UsedPartial):
                 rivals.append(other)
         if len({rival.blob for rival in rivals}) == 1:
             return got
         references, fetched, signers = reading
-        logger.warning("round %d stage %d slice %d: %d bound partials differ: replaying the slice", outer_round,
-                       stage, j, len({rival.blob for rival in rivals}))
+        logger.warning("round %d stage %d slice %d: %d bound partials differ: replaying the slice",
+                       outer_round, stage, j, len({rival.blob for rival in rivals}))
         waited = time.monotonic() + 2 * self.turn_timeout
         inputs = None
         while inputs is None and time.monotonic() < waited and not self.stop.is_set():
@@ -180,8 +187,9 @@ class SlicedPartials:
         for rival in rivals:
             if rival.blob != replayed:
                 sender = decode_envelope(rival.envelope, self.max_blob_bytes).sender_peer_id
-                logger.warning("round %d stage %d slice %d: the partial of %s (turn %d) differs from the replay "
-                               "of its inputs: a wrong partial", outer_round, stage, j, sender[-8:], rival.turn)
+                logger.warning(
+                    "round %d stage %d slice %d: the partial of %s (turn %d) differs from the replay "
+                    "of its inputs: a wrong partial", outer_round, stage, j, sender[-8:], rival.turn)
                 self.keep_wrong_partial(outer_round, stage, j, rival.envelope)
                 self.charge(outer_round, stage, close, rival.envelope,
                             f"slice {j}: its partial differs from the replay of the inputs it binds")
@@ -223,7 +231,8 @@ class SlicedPartials:
         return True if refused else None
 
     def _check_partial(self, data, outer_round, stage, j, peer_id, replica, members, root, plan) -> bytes:
-        """The partial's blob if the envelope is candidate ``peer_id``'s valid partial of slice j; raises otherwise."""
+        """The partial's blob if the envelope is candidate ``peer_id``'s valid partial of slice j; raises
+        otherwise."""
         env = decode_envelope(data, self.max_blob_bytes)
         if (env.kind, env.run_id, env.round, env.stage, env.sender_peer_id, env.replica) != (
                 msg.PARTIAL, self.run_id, outer_round, stage, peer_id, replica):
@@ -235,8 +244,8 @@ class SlicedPartials:
         if partial.inputs_root != root:
             raise SliceError("partial's inputs root differs from the close's contributions root")
         if partial.blob:
-            decode_contribution(partial.blob, plan.slice_shapes(j), stage_index=stage, outer_round=outer_round,
-                                refuse_raw=self.worker().cfg.compression.enabled)
+            decode_contribution(partial.blob, plan.slice_shapes(j), stage_index=stage,
+                                outer_round=outer_round, refuse_raw=self.worker().cfg.compression.enabled)
         return partial.blob
 
     def _refuse(self, outer_round, stage, j, sender, envelope_hash, reason, data) -> None:
@@ -283,7 +292,8 @@ class SlicedPartials:
         return True, reference
 
     def _aggregate(self, outer_round, stage, j, close, references: dict[bytes, SliceReference | None], root,
-                   members, turn, fetched: dict[tuple[bytes, int], bytes], signers: list[str]) -> UsedPartial | None:
+                   members, turn, fetched: dict[tuple[bytes, int], bytes],
+                   signers: list[str]) -> UsedPartial | None:
         """Fetch slice j of every closed contribution, aggregate, sign, serve and announce the partial.
 
         Publishes only with every input here: a partial over fewer inputs would
@@ -297,8 +307,9 @@ class SlicedPartials:
         plan = self.worker().plans[stage]
         data = self.publish_partial(outer_round, stage, self.make_payload(j, plan.num_slices, root, members,
                                                                           result.partial))
-        logger.info("round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
-                    outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
+        logger.info(
+            "round %d stage %d: partial of slice %d published (turn %d, %d of %d inputs accepted, %d bytes)",
+            outer_round, stage, j, turn, len(result.accepted), members, len(result.partial))
         return UsedPartial(j, turn, data, result.partial)
 
     def _slice_inputs(self, outer_round, stage, j, close, references, turn, fetched,
@@ -322,7 +333,8 @@ class SlicedPartials:
                 return None
             if blob == b"":  # a bundle proven bad: an absent input, and its signer is accused
                 self.charge_bad_bundle(outer_round, self.pool.have(outer_round, stage).get(entry[2], b""),
-                                       self._fetch(reference.bundle_digest, entry[1]), f"slice {j} of its bundle")
+                                       self._fetch(reference.bundle_digest, entry[1]),
+                                       f"slice {j} of its bundle")
             fetched[(reference.bundle_digest, j)] = blob or None  # b"": a bundle proven bad, an absent input
         return [None if references[entry[2]] is None else fetched[(references[entry[2]].bundle_digest, j)]
                 for entry in close.contributions]

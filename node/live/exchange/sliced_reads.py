@@ -1,7 +1,7 @@
 """How a holder of the sliced exchange reads what others serve: partial envelopes, and a slice of a bundle.
 
-A mixin of :class:`node.live.exchange.sliced.SlicedExchange` (docs/PROTOCOL.md, "Sliced exchange"): it uses the
-exchange's host, timeouts and evidence directory, and its read-failure book (``_read_failed``, a
+A mixin of :class:`node.live.exchange.sliced.SlicedExchange` (docs/PROTOCOL.md, "Sliced exchange"): it uses
+the exchange's host, timeouts and evidence directory, and its read-failure book (``_read_failed``, a
 :class:`p2p.backoff.RetryBook`: a provider whose read failed is not asked again for ``BUNDLE_RETRY_S``;
 ``_missing_said``: a missing input is logged once per turn).
 """
@@ -16,11 +16,13 @@ from node.fsutil import keep_evidence
 from node.live.exchange.pool import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
 from training.butterfly import SliceError
-from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range, slice_declares
+from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range, \
+    slice_declares
 
 logger = logging.getLogger("node.live.exchange.sliced")  # one logger for the exchange's lines
 
-#: A coordinator asks again for a bundle it could not fetch, and an aggregator for a slice, after this many seconds.
+#: A coordinator asks again for a bundle it could not fetch,
+#: and an aggregator for a slice, after this many seconds.
 BUNDLE_RETRY_S = 2.0
 
 
@@ -57,8 +59,8 @@ class SliceReads:
         key = (outer_round, stage, j, member, turn, what)
         if key not in self._missing_said:  # once per turn, not on every pass
             self._missing_said.add(key)
-            logger.warning("round %d stage %d slice %d: %s of %s missing; trying again (turn %d)", outer_round,
-                           stage, j, what, member[-8:], turn)
+            logger.warning("round %d stage %d slice %d: %s of %s missing; trying again (turn %d)",
+                           outer_round, stage, j, what, member[-8:], turn)
 
     def _read_slice(self, reference: SliceReference, j: int, provider: str) -> bytes | None:
         """Slice j of a contribution's bundle: its record and its bytes read by range and checked against the
@@ -99,7 +101,9 @@ class SliceReads:
             logger.warning("bundle %s of %s: %s", bundle[:12], provider[-8:], exc)
             return None
         if blob is None:
-            logger.warning("slice %d of bundle %s of %s is bad: that input is absent", j, bundle[:12], provider[-8:])
-            keep_evidence(self.evidence_dir / f"bundle-{bundle}.slices", data)  # bound by the signed reference
+            logger.warning("slice %d of bundle %s of %s is bad: that input is absent", j, bundle[:12],
+                           provider[-8:])
+            # bound by the signed reference
+            keep_evidence(self.evidence_dir / f"bundle-{bundle}.slices", data)
             return b""
         return blob

@@ -36,8 +36,9 @@ class TakingOver:
 
     def _yield(self, outer_round: int, stage: int) -> None:
         """Sign that this node will not close (round, stage); from then on it only takes another's close."""
-        logger.info("round %d stage %d: no close here at the deadline; yielding to the coordinator that asked",
-                    outer_round, stage)
+        logger.info(
+            "round %d stage %d: no close here at the deadline; yielding to the coordinator that asked",
+            outer_round, stage)
         self.gossip(outer_round, msg.YIELD, msg.Yield(), stage)
         self.book.add_yield(outer_round, stage, self.peer_id)
 
@@ -55,13 +56,14 @@ class TakingOver:
         asked = self._asked.get((outer_round, stage))
         if asked is None:
             self._asked[(outer_round, stage)] = asked = now
-            logger.info("round %d stage %d: asking %s to close or yield before taking over", outer_round, stage,
-                        ", ".join(c[-8:] for c in above))
+            logger.info("round %d stage %d: asking %s to close or yield before taking over", outer_round,
+                        stage, ", ".join(c[-8:] for c in above))
             self.gossip(outer_round, msg.TAKEOVER, msg.Takeover(), stage)
             self.book.add_takeover(outer_round, stage, self.peer_id)
             return None
         if now - asked < self.answer_limit():
             return None
-        logger.warning("round %d stage %d: %s neither closed nor yielded within %.0fs of the takeover: closing "
-                       "without them", outer_round, stage, ", ".join(c[-8:] for c in above), now - asked)
+        logger.warning(
+            "round %d stage %d: %s neither closed nor yielded within %.0fs of the takeover: closing "
+            "without them", outer_round, stage, ", ".join(c[-8:] for c in above), now - asked)
         return self.try_close(outer_round, stage, final=True, alive=alive)

@@ -1,1 +1,2 @@
-"""The fraud proof in a running node: a chunked run's stage states, proving a wrong round on chain, answering availability challenges."""
+"""The fraud proof in a running node: a chunked run's stage states, proving a wrong round on chain, answering
+availability challenges."""

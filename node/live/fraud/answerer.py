@@ -1,13 +1,15 @@
 """Answering the availability challenges of a chunked run's rounds (issue 43; docs/FRAUD_PROOF.md).
 
-Anyone may challenge the committers of a round to publish one committed leaf on chain (``challengeAvailability``:
-a chunk of a stage's new weights or momentum, of an accepted contribution's payload, or a stage leaf itself);
-left unanswered past the run's ``accusationBlocks``, the round is overturned and its attesters slashed. So a
-right round must never go unanswered: every node of a chunked run watches the run's challenges and answers each
-one it can from what it holds (``answerChallenge``, at the cost of one transaction; the challenger's bond is
-forfeited): a stage leaf from the committed stage leaves its prover found (node/live/fraud/prover.py), any other leaf
-from its own state of the stage, when that state is the committed one (node/live/fraud/chunkstate.py). A challenge
-of a round this node's state is not the committed one of (a wrong round) it leaves to the committers.
+Anyone may challenge the committers of a round to publish one committed leaf on chain
+(``challengeAvailability``: a chunk of a stage's new weights or momentum, of an accepted contribution's
+payload, or a stage leaf itself); left unanswered past the run's ``accusationBlocks``, the round is overturned
+and its attesters slashed. So a right round must never go unanswered: every node of a chunked run watches the
+run's challenges and answers each one it can from what it holds (``answerChallenge``, at the cost of one
+transaction; the challenger's bond is
+forfeited): a stage leaf from the committed stage leaves its prover found (node/live/fraud/prover.py), any
+other leaf from its own state of the stage, when that state is the committed one
+(node/live/fraud/chunkstate.py). A challenge of a round this node's state is not the committed one of (a wrong
+round) it leaves to the committers.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class ChallengeAnswerer:
                 self.answered[challenge_id] = self._answer(challenge_id, challenge)
             except (*DLX_ERRORS, LedgerError, IndexError) as exc:  # IndexError: a leaf this state has not
                 self.answered[challenge_id] = f"not answered: {type(exc).__name__}: {exc}"[:300]
-            logger.warning("round %d stage %d: availability challenge %s: %s", challenge["round"], challenge["stage"],
-                           challenge_id.hex()[:12], self.answered[challenge_id])
+            logger.warning("round %d stage %d: availability challenge %s: %s", challenge["round"],
+                           challenge["stage"], challenge_id.hex()[:12], self.answered[challenge_id])
 
     def _answer(self, challenge_id: bytes, challenge: dict) -> str:
         outer_round, stage, which, chunk = (challenge["round"], challenge["stage"], challenge["which"],

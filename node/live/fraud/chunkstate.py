@@ -16,9 +16,10 @@ stage to :meth:`ChunkedStates.record`, which
   committers' wrong weights) the committers publish. The payload pieces are not published: every holder
   derives them from the contributions it aggregated, and the committed factors name their roots.
 - publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run
-  (node/commitments/normed.py) the factors and each accepted contribution's per-chunk sums of squares under ``norms_key(stage leaf)``:
-  a prover whose own factors differ from the committed ones opens them (:meth:`ChunkedStates.committed_norms`)
-  to prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference).
+  (node/commitments/normed.py) the factors and each accepted contribution's per-chunk sums of squares under
+  ``norms_key(stage leaf)``: a prover whose own factors differ from the committed ones opens them
+  (:meth:`ChunkedStates.committed_norms`) to prove a wrong clip scale or sum
+  (node.fraudproof.norm_proof_of_difference).
 
 Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
 an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
@@ -56,7 +57,8 @@ logger = logging.getLogger(__name__)
 #: Rounds of published state kept behind the oldest round the committer has not handled yet, at least; a round
 #: whose availability can still be challenged on chain is kept beyond (:class:`DisputeWindow`).
 PUBLISHED_ROUNDS = 4
-#: The directory under the node's data directory where states older than PUBLISHED_ROUNDS wait for their window.
+#: The directory under the node's data directory where
+#: states older than PUBLISHED_ROUNDS wait for their window.
 CHUNK_STATES_DIR = "chunk-states"
 #: A committed state fetched from an attester is refused above this many bytes (the stage's float32 weights
 #: and momentum, with the safetensors header: generously).
@@ -69,10 +71,11 @@ def state_key(stage_leaf: bytes) -> str:
 
 
 class DisputeWindow:
-    """Whether a round of the run can still be challenged on chain (``challengeAvailability`` is open until the
-    round's dispute window closes: ``disputeBlocks`` after its commit). Until then a node keeps its state of the
-    round, or a late challenge of a right round would go unanswered and overturn it, slashing honest attesters
-    (docs/FRAUD_PROOF.md, "The node"). A round not committed yet, or one the chain could not be asked about, is
+    """Whether a round of the run can still be challenged on chain (``challengeAvailability`` is open until
+    the round's dispute window closes: ``disputeBlocks`` after its commit). Until then a node keeps its state
+    of the round, or a late challenge of a right round would go unanswered and overturn it, slashing honest
+    attesters (docs/FRAUD_PROOF.md, "The node"). A round not committed yet, or one the chain could not be
+    asked about, is
     open: keeping a state longer costs memory, dropping it early can cost a right round."""
 
     def __init__(self, chain, run_id: int) -> None:
@@ -99,7 +102,8 @@ class DisputeWindow:
 
 
 class ChunkedStates:
-    """This node's stage states of recent rounds in a chunked run, and their publication (module docstring)."""
+    """This node's stage states of recent rounds in a chunked run, and their publication (module
+    docstring)."""
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
                  window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
@@ -120,14 +124,16 @@ class ChunkedStates:
                 leftover.unlink(missing_ok=True)
 
     def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
-               reports: Sequence[ContributionReport], payloads: Sequence[bytes], envelopes: Sequence[bytes]) -> bytes:
-        """Derive, keep and publish this node's state of ``stage`` after ``outer_round``; its stage leaf (bytes).
+               reports: Sequence[ContributionReport], payloads: Sequence[bytes],
+               envelopes: Sequence[bytes]) -> bytes:
+        """Derive, keep and publish this node's state of ``stage`` after ``outer_round``; its stage leaf
+        (bytes).
 
         ``payloads``: the closed contributions' codec blobs, ``envelopes``: their envelope digests (the
         contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each.
         """
-        state = self.scheme.stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco, outer_round,
-                                           envelopes=envelopes,
+        state = self.scheme.stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco,
+                                           outer_round, envelopes=envelopes,
                                            decode_args={"stage_index": stage, "outer_round": outer_round,
                                                         "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()
@@ -152,8 +158,8 @@ class ChunkedStates:
 
     def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
         """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
-        shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash, {},
-                           weights, momentum)
+        shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
+                           {}, weights, momentum)
         try:
             digest = self.host.provide_blob(shard.to_bytes(), announce=False)
             self.host.provide_alias(state_key(leaf), digest)
@@ -177,7 +183,8 @@ class ChunkedStates:
         except FileNotFoundError:  # dropped meanwhile: its window closed
             return None
         except (OSError, SpilledStateError) as exc:  # the state is lost: answer as for a state not held
-            logger.warning("spilled state of round %d stage %d unreadable (%s): not served", outer_round, stage, exc)
+            logger.warning("spilled state of round %d stage %d unreadable (%s): not served", outer_round,
+                           stage, exc)
             return None
 
     def in_memory(self) -> list[int]:
@@ -213,8 +220,8 @@ class ChunkedStates:
                     self._states.pop(outer_round, None)
 
     def forget_before(self, outer_round: int) -> None:
-        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose dispute
-        window has closed (:class:`DisputeWindow`)."""
+        """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose
+        dispute window has closed (:class:`DisputeWindow`)."""
         with self._lock:
             candidates = sorted({*self._states, *self._spilled, *self._served})
         old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]
@@ -234,10 +241,12 @@ class ChunkedStates:
                 self._spill([r for r in old if r not in done])
             except OSError as exc:  # a full disk: the states stay in memory, as without a spill directory
                 if is_disk_full(exc):
-                    report_disk_full(exc, "chunked states kept in memory, not spilled (tried again next round)",
+                    report_disk_full(exc,
+                                     "chunked states kept in memory, not spilled (tried again next round)",
                                      kind="chunk spill")
                 else:
-                    logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir, exc)
+                    logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir,
+                                   exc)
         for digest in blobs:
             try:
                 self.host.remove_blob(digest)
@@ -266,23 +275,24 @@ class ChunkedStates:
                 continue
             problems = stage_problems(self.layout, stage, shard.weights, shard.momentum, None)
             if problems:
-                logger.warning("round %d stage %d: the state %s served is not the stage's: %s", outer_round, stage,
-                               peer[-8:], "; ".join(problems))
+                logger.warning("round %d stage %d: the state %s served is not the stage's: %s", outer_round,
+                               stage, peer[-8:], "; ".join(problems))
                 continue
             weights, momentum = tensor_leaves(shard.weights), tensor_leaves(shard.momentum)
             if (len(weights), tree_root(weights), tree_root(momentum)) != (leaf.num_chunks, leaf.weights_root,
                                                                             leaf.momentum_root):
-                logger.warning("round %d stage %d: the state %s served is not the committed leaf's", outer_round,
-                               stage, peer[-8:])
+                logger.warning("round %d stage %d: the state %s served is not the committed leaf's",
+                               outer_round, stage, peer[-8:])
                 continue
             return weights, momentum
         return None
 
 
     def committed_norms(self, outer_round: int, stage: int, leaf: StageLeaf, providers: Sequence[str]):
-        """``(factors, sum trees)`` served under ``leaf`` by one of ``providers`` (its attesters), checked against
-        the leaf (ledger.normproof.parse_norm_state); None if none served it."""
-        limit = (self.cfg.diloco.num_replicas + 1) * (4 + SUM_BYTES * leaf.num_chunks + 200) + STATE_SLACK_BYTES
+        """``(factors, sum trees)`` served under ``leaf`` by one of ``providers`` (its attesters), checked
+        against the leaf (ledger.normproof.parse_norm_state); None if none served it."""
+        limit = (self.cfg.diloco.num_replicas + 1) * (4 + SUM_BYTES * leaf.num_chunks + 200) \
+            + STATE_SLACK_BYTES
         for peer in providers:
             try:
                 data = self.host.fetch_alias(norms_key(leaf.encode()), peer, limit,
@@ -301,7 +311,8 @@ _TAG_BYTES = 32
 
 
 class SpilledStateError(ValueError):
-    """A spilled state file that this process did not write as it is (changed, truncated, an earlier life's)."""
+    """A spilled state file that this process did not write as it is (changed, truncated, an earlier
+    life's)."""
 
 
 def _encode_state(state: StageState) -> bytes:
@@ -313,10 +324,13 @@ def _encode_state(state: StageState) -> bytes:
 
 
 def _decode_state(data: bytes) -> StageState:
-    """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything else."""
+    """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything
+    else."""
     tag, body = data[:_TAG_BYTES], data[_TAG_BYTES:]
-    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, hmac.new(_SPILL_KEY, body, hashlib.sha256).digest()):
-        raise SpilledStateError("spilled state was not written by this process as it is (changed or truncated)")
+    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag,
+                                                         hmac.new(_SPILL_KEY, body, hashlib.sha256).digest()):
+        raise SpilledStateError(
+            "spilled state was not written by this process as it is (changed or truncated)")
     return pickle.loads(body)
 
 

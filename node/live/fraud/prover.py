@@ -8,16 +8,17 @@ committed leaf differs from its own, the node
 1. takes the committed stage leaves from the attestations it heard (the combination whose root is the
    record's), and round t - 1's the same way (it must hold its own state of t - 1 equal to the committed
    one: a proof recomputes chunk i of round t from round t - 1's committed chunk);
-2. fetches the committed state from an attester of the committed leaf (node/live/fraud/chunkstate.py: the state
-   served under the leaf, checked against the leaf's roots), finds the first chunk that differs from its
+2. fetches the committed state from an attester of the committed leaf (node/live/fraud/chunkstate.py: the
+   state served under the leaf, checked against the leaf's roots), finds the first chunk that differs from its
    own and sends ``proveWrongAggregation`` (node.fraudproof.proof_of_difference): any account may, no stake
    needed. The chain then invalidates the round and every later one, slashes every attester and pays
    this node half of the slash;
 3. if no attester serves the committed state (withheld), challenges the committers on chain to publish its
-   first chunk of the tree that differs (``challengeAvailability``, the run's bond) and, once the answer window
-   has passed unanswered, settles the challenge (``expireChallenge``): the round is then invalidated the same
-   way. If they answer, the answer's leaf and path (read from its transaction) say which subtree of the
-   committed tree differs from this node's: it challenges the first leaf of that subtree next (a bisection,
+   first chunk of the tree that differs (``challengeAvailability``, the run's bond) and, once the answer
+   window has passed unanswered, settles the challenge (``expireChallenge``): the round is then invalidated
+   the same way. If they answer, the answer's leaf and path (read from its transaction) say which subtree of
+   the committed tree differs from this node's: it challenges the first leaf of that subtree next (a
+   bisection,
    :class:`Walk`), until a published leaf differs, then opens that chunk's other tree where its root differs
    too, and proves the chunk from the published leaves as in 2. If no
    attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
@@ -35,12 +36,12 @@ siblings' hashes and sums) says which subtree holds a lied sum, or its total alr
 committed one; the lied leaf, once opened, with the round's committed weights leaf of that chunk (this node's
 own where the weights root is, else fetched or challenged too), is a sum proof.
 
-What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round whose
-contributions root differs (another set of contributions), committed factors other than its own in a version-2
-run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run when the
-scales follow from right sums and only the set left out differs, round 0 (no committed round before it), a
-round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or
-missing input costs only the proof.
+What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round
+whose contributions root differs (another set of contributions), committed factors other than its own in a
+version-2 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run
+when the scales follow from right sums and only the set left out differs, round 0 (no committed round before
+it), a round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad
+or missing input costs only the proof.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof,
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
-from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, wrong_sum_contribution
+from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, \
+    wrong_sum_contribution
 from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
 from node.live.state.roundbook import RoundBook
@@ -90,11 +92,12 @@ class ProverLog:
 
 @dataclass
 class Walk:
-    """A withheld committed state opened one leaf at a time through availability challenges (docs/FRAUD_PROOF.md,
-    "The data-availability challenge"): each answer's path says which subtree of the committed tree differs
-    from this node's (:func:`ledger.availability.differing_subtree`), so a differing chunk is found in at most
-    ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened too (or is this node's, where
-    that tree's committed root is), and the proof is built from the opened leaves."""
+    """A withheld committed state opened one leaf at a time through availability challenges
+    (docs/FRAUD_PROOF.md, "The data-availability challenge"): each answer's path says which subtree of the
+    committed tree differs from this node's (:func:`ledger.availability.differing_subtree`), so a differing
+    chunk is found in at most ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened
+    too (or is this node's, where that tree's committed root is), and the proof is built from the opened
+    leaves."""
 
     outer_round: int
     stage: int
@@ -106,18 +109,20 @@ class Walk:
     own: StageState
     which: int = WEIGHTS  # the open challenge's tree and chunk
     chunk: int = 0
-    opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)  # which -> (chunk, leaf, path)
+    # which -> (chunk, leaf, path)
+    opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)
 
 
 @dataclass
 class SumWalk:
     """A withheld sum tree of a version-3 round opened one leaf at a time through availability challenges
-    (``which = 2 + M + j``): contribution ``contribution`` of the committed ``factors`` (this node's ``mine``),
-    whose committed tree or total is not this node's. Each answer's path carries its siblings' sums, so it shows
-    the committed tree's total (a total other than the factors' is proven at any chunk) and which subtree holds a
-    leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied leaf is found in at most
-    ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of that chunk is not had (this node's own
-    where the weights root is, or the state an attester serves), it is challenged too (``WEIGHTS``)."""
+    (``which = 2 + M + j``): contribution ``contribution`` of the committed ``factors`` (this node's
+    ``mine``), whose committed tree or total is not this node's. Each answer's path carries its siblings'
+    sums, so it shows the committed tree's total (a total other than the factors' is proven at any chunk) and
+    which subtree holds a leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied
+    leaf is found in at most ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of
+    that chunk is not had (this node's own where the weights root is, or the state an attester serves), it is
+    challenged too (``WEIGHTS``)."""
 
     outer_round: int
     stage: int
@@ -154,7 +159,8 @@ class FraudProver:
         self._committed: dict[int, list[bytes]] = {}  # round -> committed stage leaves
         self._pending: dict[bytes, int] = {}  # challenge id -> round
         self._walks: dict[bytes, Walk | SumWalk] = {}  # challenge id -> the walk it opens a leaf of
-        # challenge id of a stage's factors -> (stage, record, committed stage leaves, its leaf, this node's state)
+        # challenge id of a stage's factors -> (stage, record,
+        # committed stage leaves, its leaf, this node's state)
         self._factor_opens: dict[bytes, tuple] = {}
         self._lock = threading.Lock()
         # One settlement at a time (the expirer's thread, check() and a caller): a call returns after every
@@ -164,7 +170,8 @@ class FraudProver:
 
     # -- the committed leaves --------------------------------------------------------------
     def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
-        """The stage leaves whose root is ``record``'s weights root, among those attested here (None: none)."""
+        """The stage leaves whose root is ``record``'s weights root, among those attested here (None:
+        none)."""
         if outer_round in self._committed:
             return self._committed[outer_round]
         options = []
@@ -188,7 +195,8 @@ class FraudProver:
 
     # -- one committed round ------------------------------------------------------------------
     def check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
-        """Check committed round ``outer_round`` against this node's record ``mine``; prove it wrong if it is."""
+        """Check committed round ``outer_round`` against this node's record ``mine``; prove it wrong if it
+        is."""
         try:
             self._check(outer_round, onchain, mine)
         except DLX_ERRORS as exc:
@@ -203,13 +211,16 @@ class FraudProver:
             self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated "
                                           "(a dispute's matter, not a chunk's)")
             return
-        if committed is None:  # a back door, or leaves nobody attested to this node: make them show the leaves
-            self._unprovable(outer_round, "no attested stage leaves heard here give the committed weights root")
+        # a back door, or leaves nobody attested to this node: make them show the leaves
+        if committed is None:
+            self._unprovable(outer_round,
+                             "no attested stage leaves heard here give the committed weights root")
             self._challenge_stage_leaf(outer_round, onchain)
             return
         invalid = self.chain.invalid_from(self.run_id)
         if invalid is not None and invalid <= outer_round:
-            self._unprovable(outer_round, f"already invalid on chain: round {invalid} and every later one were "
+            self._unprovable(outer_round,
+                             f"already invalid on chain: round {invalid} and every later one were "
                                           "overturned")
             return
         if outer_round == 0:
@@ -218,7 +229,8 @@ class FraudProver:
         prev_record = self.chain.commit_of(self.run_id, outer_round - 1)
         prev_leaves = self.committed_leaves(outer_round - 1, prev_record) if prev_record is not None else None
         if prev_leaves is None:
-            self._unprovable(outer_round, f"round {outer_round - 1}'s committed stage leaves are not known here")
+            self._unprovable(outer_round,
+                             f"round {outer_round - 1}'s committed stage leaves are not known here")
             return
         for stage in self.stages():
             own = self.states.state(outer_round, stage)
@@ -226,19 +238,22 @@ class FraudProver:
                 continue
             prev = self.states.state(outer_round - 1, stage)
             if prev is None or prev.leaf().encode() != prev_leaves[stage]:
-                self._unprovable(outer_round, f"stage {stage}: this node does not hold round {outer_round - 1}'s "
+                self._unprovable(outer_round,
+                                 f"stage {stage}: this node does not hold round {outer_round - 1}'s "
                                               "committed state")
                 continue
             if self._prove_stage(outer_round, stage, onchain, prev_record, prev_leaves, committed, prev, own):
                 return  # one proof invalidates the round (and every later one)
 
     def _prove_stage(self, outer_round: int, stage: int, record: RoundRecord, prev_record: RoundRecord,
-                     prev_leaves: list[bytes], leaves: list[bytes], prev: StageState, own: StageState) -> bool:
+                     prev_leaves: list[bytes], leaves: list[bytes], prev: StageState,
+                     own: StageState) -> bool:
         leaf = parse_stage_leaf(leaves[stage], stage)
         if leaf.factors_hash != own.factors.digest():
             if self.scheme.proves_factors:  # a version-3 run: the clip scales can be proven
                 return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
-            self._unprovable(outer_round, f"stage {stage}: the committed factors are not this node's (a clip scale "
+            self._unprovable(outer_round,
+                             f"stage {stage}: the committed factors are not this node's (a clip scale "
                                           "or the set left out): not provable by a chunk")
             return False
         prev_stages = [parse_stage_leaf(v, s) for s, v in enumerate(prev_leaves)]
@@ -249,8 +264,9 @@ class FraudProver:
             own_leaf = own.leaf()
             which = WEIGHTS if leaf.weights_root != own_leaf.weights_root else MOMENTUM
             walk = Walk(outer_round, stage, record, prev_record, prev_stages, stages, prev, own, which, 0)
-            logger.error("round %d stage %d: the committed state is withheld by its attesters; challenging its "
-                         "availability on chain", outer_round, stage)
+            logger.error(
+                "round %d stage %d: the committed state is withheld by its attesters; challenging its "
+                "availability on chain", outer_round, stage)
             self._challenge(walk)
             return True
         committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
@@ -261,17 +277,20 @@ class FraudProver:
         self._send(outer_round, stage, proof, why)
         return True
 
-    def _prove_norms(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes], leaf: StageLeaf,
-                     own: StageState) -> bool:
-        """A version-3 round whose factors differ from this node's: open the committed factors and sum trees from
-        an attester of the leaf and prove a wrong clip scale or sum (node.fraudproof.norm_proof_of_difference)."""
+    def _prove_norms(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                     leaf: StageLeaf, own: StageState) -> bool:
+        """A version-3 round whose factors differ from this node's: open the committed factors and sum trees
+        from an attester of the leaf and prove a wrong clip scale or sum
+        (node.fraudproof.norm_proof_of_difference)."""
         providers = self._attesters_of(outer_round, stage, leaves[stage])
         opened = self.states.committed_norms(outer_round, stage, leaf, providers)
-        if opened is None:  # nobody serves them: the committers must publish the factors on chain, or lose the round
-            logger.error("round %d stage %d: the committed factors are not this node's and no attester serves them; "
-                         "challenging their availability on chain", outer_round, stage)
-            target = availability_target(record, [parse_stage_leaf(v, s) for s, v in enumerate(leaves)], own.factors,
-                                         stage, FACTORS, 0)
+        # nobody serves them: the committers must publish the factors on chain, or lose the round
+        if opened is None:
+            logger.error(
+                "round %d stage %d: the committed factors are not this node's and no attester serves them; "
+                "challenging their availability on chain", outer_round, stage)
+            target = availability_target(record, [parse_stage_leaf(v, s) for s, v in enumerate(leaves)],
+                                         own.factors, stage, FACTORS, 0)
             challenge_id = self.chain.challenge_availability(target)
             with self._lock:
                 self._factor_opens[challenge_id] = (stage, record, leaves, leaf, own)
@@ -282,11 +301,13 @@ class FraudProver:
 
     def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
                           leaf: StageLeaf, own: StageState, factors, trees) -> bool:
-        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode) and
-        sum ``trees`` (None: not had)."""
+        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode)
+        and sum ``trees`` (None: not had)."""
         providers = self._attesters_of(outer_round, stage, leaves[stage])
-        if isinstance(factors, bytes):  # not canonical factors: a version-3 run's proof of the scales holds on them
-            proof, why = scale_proof(record, leaves, stage, factors), "factors are not canonical version-3 factors"
+        # not canonical factors: a version-3 run's proof of the scales holds on them
+        if isinstance(factors, bytes):
+            proof, why = scale_proof(record, leaves, stage, factors), \
+                "factors are not canonical version-3 factors"
             return self._send_norm(outer_round, stage, proof, why)
 
         def committed_weights():
@@ -296,8 +317,10 @@ class FraudProver:
         proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
         if proof is None and trees is None and (found := wrong_sum_contribution(factors, own)) is not None:
             walk = SumWalk(outer_round, stage, record, list(leaves), factors, own, *found)
-            logger.error("round %d stage %d: contribution %d's committed sum tree is not this node's and nobody serves "
-                         "it; opening it leaf by leaf through availability challenges", outer_round, stage, found[0])
+            logger.error("round %d stage %d: contribution %d's committed sum tree is not this "
+                         "node's and nobody serves "
+                         "it; opening it leaf by leaf through availability challenges", outer_round, stage,
+                         found[0])
             self._challenge_sums(walk)
             return True
         if proof is None:
@@ -306,7 +329,8 @@ class FraudProver:
         return self._send_norm(outer_round, stage, proof, why)
 
     def _challenge_sums(self, walk: SumWalk) -> None:
-        """Challenge the committers to publish leaf ``walk.chunk`` of ``walk.which`` (the sum tree, or the weights)."""
+        """Challenge the committers to publish leaf ``walk.chunk`` of ``walk.which`` (the sum tree, or the
+        weights)."""
         stages = [parse_stage_leaf(v, s) for s, v in enumerate(walk.leaves)]
         target = availability_target(walk.record, stages, walk.factors, walk.stage, walk.which, walk.chunk)
         challenge_id = self.chain.challenge_availability(target)
@@ -315,13 +339,15 @@ class FraudProver:
         self._open(walk.outer_round, challenge_id)
 
     def _advance_sums(self, walk: SumWalk, leaf: bytes, path: list[bytes]) -> None:
-        """Go on with a sum tree's walk from a published leaf (or, once the lied leaf is found, the weights')."""
+        """Go on with a sum tree's walk from a published leaf (or, once the lied leaf is found, the
+        weights')."""
         if walk.opened is not None:  # the committed weights leaf of the lied chunk: the proof is complete
             self._send_sum(walk, (leaf, path))
             return
         own_tree = walk.own.sum_trees[walk.mine]
         if len(leaf) != SUM_BYTES:  # the contract checked the width: a misread answer
-            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published sum leaf is not {SUM_BYTES} bytes")
+            self._unprovable(walk.outer_round,
+                             f"stage {walk.stage}: the published sum leaf is not {SUM_BYTES} bytes")
             return
         wrong_total = path_total(leaf, path) != walk.factors.norms.sums[walk.contribution]
         if wrong_total or int.from_bytes(leaf, "big") != own_tree.sums[walk.chunk]:
@@ -336,8 +362,8 @@ class FraudProver:
                       self._challenge_sums)
 
     def _committed_weight_leaf(self, walk: SumWalk) -> tuple[bytes, list[bytes]] | None:
-        """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the committed
-        weights root is its own, else from the state an attester serves; None if neither."""
+        """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the
+        committed weights root is its own, else from the state an attester serves; None if neither."""
         leaf = parse_stage_leaf(walk.leaves[walk.stage], walk.stage)
         own = walk.own
         if (leaf.weights_root, leaf.num_chunks) == (own.leaf().weights_root, len(own.weight_leaves)):
@@ -352,10 +378,13 @@ class FraudProver:
 
     def _send_sum(self, walk: SumWalk, weights: tuple[bytes, list[bytes]]) -> None:
         pieces = walk.own.payload_leaves[walk.mine]
-        proof = opened_sum_proof(walk.record, walk.leaves, walk.stage, walk.factors.encode(), walk.contribution,
-                                 walk.chunk, weights, (pieces[walk.chunk], tree_path(pieces, walk.chunk)), walk.opened)
-        self._send_norm(walk.outer_round, walk.stage, proof, f"contribution {walk.contribution}'s sum of squares at "
-                                                             f"chunk {walk.chunk} (opened by availability challenges)")
+        proof = opened_sum_proof(walk.record, walk.leaves, walk.stage, walk.factors.encode(),
+                                 walk.contribution, walk.chunk, weights,
+                                 (pieces[walk.chunk], tree_path(pieces, walk.chunk)), walk.opened)
+        self._send_norm(walk.outer_round, walk.stage, proof,
+                        f"contribution {walk.contribution}'s sum of squares at "
+                                                             f"chunk {walk.chunk} (opened by "
+                                                             "availability challenges)")
 
     def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
@@ -363,9 +392,10 @@ class FraudProver:
         self._keep(outer_round, stage, proof, attesters)
         receipt = self.chain.prove_wrong_norm(proof, attesters)
         self.log.proofs[outer_round] = str(_tx_of(receipt))
-        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
-                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
-                     len(attesters or ()))
+        logger.error(
+            "round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+            "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+            len(attesters or ()))
         return True
 
     def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
@@ -375,9 +405,10 @@ class FraudProver:
         self._keep(outer_round, stage, proof, attesters)
         receipt = self.chain.prove_wrong_aggregation(proof, attesters)
         self.log.proofs[outer_round] = str(_tx_of(receipt))
-        logger.error("round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
-                     "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
-                     len(attesters or ()))
+        logger.error(
+            "round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
+            "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
+            len(attesters or ()))
 
     def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
         """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
@@ -391,8 +422,10 @@ class FraudProver:
             logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
 
     def _challenge(self, walk: Walk) -> None:
-        """Challenge the committers to publish leaf ``walk.chunk`` of tree ``walk.which`` of the withheld state."""
-        target = availability_target(walk.record, walk.stages, walk.own.factors, walk.stage, walk.which, walk.chunk)
+        """Challenge the committers to publish leaf ``walk.chunk`` of tree ``walk.which`` of the withheld
+        state."""
+        target = availability_target(walk.record, walk.stages, walk.own.factors, walk.stage, walk.which,
+                                     walk.chunk)
         challenge_id = self.chain.challenge_availability(target)
         with self._lock:
             self._walks[challenge_id] = walk
@@ -408,21 +441,24 @@ class FraudProver:
             self._factors_published(challenge_id, outer_round, *factors_open)
             return
         if walk is None:  # a stage leaf's challenge: the committers showed the leaf
-            logger.warning("round %d: the availability challenge was answered; the published stage leaf is not "
-                           "followed further here", outer_round)
+            logger.warning(
+                "round %d: the availability challenge was answered; the published stage leaf is not "
+                "followed further here", outer_round)
             return
         answer = self.chain.availability_answer(challenge_id)
         if answer is None:
-            self._unprovable(outer_round, "the availability challenge was settled without an answer (another party "
+            self._unprovable(outer_round,
+                             "the availability challenge was settled without an answer (another party "
                                           "expired it)")
             return
         leaf, path = answer
         if path is None:
-            self._unprovable(outer_round, "the availability challenge was answered through a contract: its path "
+            self._unprovable(outer_round,
+                             "the availability challenge was answered through a contract: its path "
                                           "is not in the transaction's calldata")
             return
-        logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round, walk.stage,
-                       walk.chunk, walk.which)
+        logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round,
+                       walk.stage, walk.chunk, walk.which)
         if isinstance(walk, SumWalk):
             self._advance_sums(walk, leaf, path)
             return
@@ -435,16 +471,18 @@ class FraudProver:
             self._unprovable(outer_round, "the factors' availability challenge was settled without an answer")
             return
         published = bytes(answer[0])
-        if hashlib.sha256(published).digest() != leaf.factors_hash:  # the contract checked it: a misread event
-            self._unprovable(outer_round, f"stage {stage}: the published factors are not the committed stage leaf's")
+        # the contract checked it: a misread event
+        if hashlib.sha256(published).digest() != leaf.factors_hash:
+            self._unprovable(outer_round,
+                             f"stage {stage}: the published factors are not the committed stage leaf's")
             return
         logger.warning("round %d stage %d: the committers published their factors", outer_round, stage)
         try:
             factors = Factors.decode(published)
         except LedgerError:
             factors = published
-        # Their sum trees are not had here (nobody served them): the factors' version or the scales are proven from
-        # the factors alone, a sum by walking the committed tree (SumWalk).
+        # Their sum trees are not had here (nobody served them): the factors' version or the scales are proven
+        # from the factors alone, a sum by walking the committed tree (SumWalk).
         self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, None)
 
     def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
@@ -456,7 +494,8 @@ class FraudProver:
                 or leaf != own_leaves[walk.chunk]):
             walk.opened[walk.which] = (walk.chunk, leaf, path)
             if not completing:
-                own_root = (walk.own.leaf().momentum_root if other == MOMENTUM else walk.own.leaf().weights_root)
+                own_root = (walk.own.leaf().momentum_root if other == MOMENTUM
+                            else walk.own.leaf().weights_root)
                 committed_root = (walk.stages[walk.stage].momentum_root if other == MOMENTUM
                                   else walk.stages[walk.stage].weights_root)
                 if committed_root != own_root:  # that tree differs too: open its leaf of this chunk
@@ -465,9 +504,10 @@ class FraudProver:
                     return
                 mine = walk.own.momentum_leaves if other == MOMENTUM else walk.own.weight_leaves
                 walk.opened[other] = (walk.chunk, mine[walk.chunk], tree_path(mine, walk.chunk))
-            proof = opened_proof(walk.prev_record, walk.record, walk.prev_stages, walk.stages, walk.prev, walk.own,
-                                 walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
-            self._send(walk.outer_round, walk.stage, proof, f"chunk {walk.chunk} (opened by availability challenges)")
+            proof = opened_proof(walk.prev_record, walk.record, walk.prev_stages, walk.stages, walk.prev,
+                                 walk.own, walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
+            self._send(walk.outer_round, walk.stage, proof,
+                       f"chunk {walk.chunk} (opened by availability challenges)")
             return
         self._descend(walk, differing_subtree(own_leaves, walk.chunk, path), "leaf", "tree", self._challenge)
 
@@ -475,18 +515,20 @@ class FraudProver:
         """One bisection step of a walk: challenge the next leaf where this node's tree and the published path
         differ, or log the round unprovable where they agree."""
         if following is None:
-            self._unprovable(walk.outer_round, f"stage {walk.stage}: the published {leaf} {walk.chunk} and its path "
+            self._unprovable(walk.outer_round,
+                             f"stage {walk.stage}: the published {leaf} {walk.chunk} and its path "
                                                f"agree with this node's {tree}")
             return
         walk.chunk = following
         challenge(walk)
 
     def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
-        """Challenge the committers to publish the leaf of the first stage this node holds under the record's root:
-        a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
+        """Challenge the committers to publish the leaf of the first stage this node holds under the record's
+        root: a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
         stage = min(self.stages(), default=0)
-        logger.error("round %d: no attested stage leaves give the committed weights root; challenging the committers "
-                     "to publish stage %d's leaf on chain", outer_round, stage)
+        logger.error(
+            "round %d: no attested stage leaves give the committed weights root; challenging the committers "
+            "to publish stage %d's leaf on chain", outer_round, stage)
         self._open(outer_round, self.chain.challenge_availability(stage_leaf_target(record, stage)))
 
     def _open(self, outer_round: int, challenge_id: bytes) -> None:
@@ -504,8 +546,8 @@ class FraudProver:
                 return
 
     def settle_challenges(self) -> bool:
-        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired (also
-        done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending.
+        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired
+        (also done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending.
 
         Settlements do not overlap: a call made while another thread follows an answered challenge (builds and
         sends its proof) returns after that one, so what it reads of ``log`` afterwards includes it.
@@ -538,8 +580,9 @@ class FraudProver:
                 logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)
                 continue
             self.log.expired[outer_round] = challenge_id
-            logger.error("round %d: the availability challenge went unanswered; the round is invalidated on chain "
-                         "and its attesters slashed", outer_round)
+            logger.error(
+                "round %d: the availability challenge went unanswered; the round is invalidated on chain "
+                "and its attesters slashed", outer_round)
             self._drop(challenge_id)
         with self._lock:
             return bool(self._pending)
@@ -553,13 +596,15 @@ class FraudProver:
         try:
             self._answered(challenge_id, outer_round)
         except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
-            self._unprovable(outer_round, f"the proof from the answered challenge failed: {type(exc).__name__}: "
+            self._unprovable(outer_round,
+                             f"the proof from the answered challenge failed: {type(exc).__name__}: "
                                           f"{exc}"[:300])
 
     def _unprovable(self, outer_round: int, why: str) -> None:
         if self.log.unprovable.get(outer_round) != why:
-            logger.warning("round %d: the committed weights root differs from this node's; no fraud proof: %s",
-                           outer_round, why)
+            logger.warning(
+                "round %d: the committed weights root differs from this node's; no fraud proof: %s",
+                outer_round, why)
         self.log.unprovable[outer_round] = why
 
 

@@ -42,8 +42,8 @@ class Heartbeat:
     """Runs on its own thread until ``stop`` (see module docstring)."""
 
     def __init__(self, *, cfg: NodeConfig, account: bytes, host: P2PHost, messenger: Messenger,
-                 membership: Membership, station: Station, progress: Progress, spot_checks, reporter: Reporter,
-                 stop: threading.Event) -> None:
+                 membership: Membership, station: Station, progress: Progress, spot_checks,
+                 reporter: Reporter, stop: threading.Event) -> None:
         self.cfg = cfg
         self.account = account
         self.host = host

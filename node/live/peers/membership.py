@@ -98,7 +98,8 @@ class Membership:
         placements = self.refresh()
         with self._lock:
             seats = dict(self._seats)
-        return sorted((p for p, pl in placements.items() if stage in pl.stages), key=lambda p: (seats[p].index, p))
+        return sorted((p for p, pl in placements.items() if stage in pl.stages),
+                      key=lambda p: (seats[p].index, p))
 
     def placed_peers(self) -> list[str]:
         with self._lock:
@@ -124,7 +125,8 @@ class Membership:
         # aggregates (docs/PROTOCOL.md, "Closing a round"); so do its attestations of rounds it took
         # part in (loss reports: every member must derive the same record either way).
         if env.sender_peer_id in self._ejected and env.kind == msg.ANNOUNCE:
-            raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]}, a member ejected from the run")
+            raise msg.ProtocolError(
+                f"{env.kind} from {env.sender_peer_id[-8:]}, a member ejected from the run")
         def fits(placed: Placement | None) -> bool:
             return placed is not None and env.stage in placed.stages and (
                 env.kind != msg.ANNOUNCE or env.replica == placed.replica)
@@ -132,8 +134,9 @@ class Membership:
         if fits(self.placements.get(env.sender_peer_id)):
             return
         if not fits(self.refresh().get(env.sender_peer_id)):
-            raise msg.ProtocolError(f"{env.kind} from {env.sender_peer_id[-8:]} for stage {env.stage} replica "
-                                    f"{env.replica} does not match its placement")
+            raise msg.ProtocolError(
+                f"{env.kind} from {env.sender_peer_id[-8:]} for stage {env.stage} replica "
+                f"{env.replica} does not match its placement")
 
     # -- liveness ---------------------------------------------------------------------
     def set_connected(self, peer_ids: list[str]) -> None:

@@ -49,8 +49,9 @@ class Messenger:
         payload = msg.encode_payload(message)
         if self.said.conflicts(outer_round, kind, stage, payload):
             earlier = self.said.earlier(outer_round, kind, stage)
-            logger.warning("round %d: this node signed another %s of stage %d in an earlier life; it does not sign "
-                           "a second one", outer_round, kind, stage)
+            logger.warning(
+                "round %d: this node signed another %s of stage %d in an earlier life; it does not sign "
+                "a second one", outer_round, kind, stage)
             if earlier is not None:
                 return earlier
             return self.sign(outer_round, kind, payload, stage)  # kept here only, never published
@@ -59,7 +60,8 @@ class Messenger:
         data = envelope.to_bytes()
         # Kept before it is published, or never published: a message waits for a full disk to have space again
         # (a later life must know what this one said; DiskFull, a NodeError, if the node stops meanwhile).
-        retry_on_full_disk(lambda: self.said.write(envelope, data), what=f"round {outer_round}'s {kind} message "
+        retry_on_full_disk(lambda: self.said.write(envelope, data),
+                           what=f"round {outer_round}'s {kind} message "
                            "(kept before it is sent)", kind="signed messages", stop=self.stop)
         try:
             self.host.publish(run_topic(self.run_id), data)

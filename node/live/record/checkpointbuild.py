@@ -27,7 +27,8 @@ class CheckpointBuilder:
     """Builds, serves and checks a round's full checkpoint for one node's committer (module docstring)."""
 
     def __init__(self, node) -> None:
-        self.node = node  # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
+        # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
+        self.node = node
 
     def assemble(self, outer_round: int, atts, stage_hashes: list[bytes],
                  stage_leaves: list[bytes] = ()) -> bytes | None:
@@ -51,8 +52,9 @@ class CheckpointBuilder:
                 shard = parse_checkpoint(local.read_bytes())
                 problems = stage_problems(layout, stage, shard.weights, shard.momentum, stage_hashes[stage])
                 if problems:  # our own state is not the agreed one: the record will say so, not a checkpoint
-                    logger.warning("round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
-                                   outer_round, stage, "; ".join(problems))
+                    logger.warning(
+                        "round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
+                        outer_round, stage, "; ".join(problems))
                     return None
                 states[stage] = (shard.weights, shard.momentum)
                 continue
@@ -61,11 +63,13 @@ class CheckpointBuilder:
                 return None
             states[stage] = state
         full = build_checkpoint(layout, outer_round, states, dict(enumerate(stage_leaves)))
-        if layout.chunked:  # a chunked run's stage leaves commit the momentum too: a shard's must be the agreed one
+        # a chunked run's stage leaves commit the momentum too: a shard's must be the agreed one
+        if layout.chunked:
             problems = chunked_problems(full, layout, None)
             if problems:
-                logger.warning("round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
-                               outer_round, "; ".join(problems))
+                logger.warning(
+                    "round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
+                    outer_round, "; ".join(problems))
                 return None
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
@@ -82,7 +86,8 @@ class CheckpointBuilder:
         # sign different records (one built a checkpoint, another saw two momenta), so the wait lasts
         # up to the round deadline, not a fixed moment that a slow link outlasts (docs/P2P.md).
         expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
-        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage)) or None,
+        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage))
+                           or None,
                            timeout=self.holders_wait(outer_round, stage), stop=node.stop_event)
         heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
         offered: dict[bytes, list[str]] = {}

@@ -9,9 +9,9 @@ round t every node:
    chunked run, over the attested stage leaves (version 2: docs/FRAUD_PROOF.md),
    ``contributions_root`` (Merkle root of every aggregated envelope hash in
    canonical order), mean losses, tokens, number of contributors;
-3. on checkpoint rounds assembles the full checkpoint from the stage shards (node/live/record/checkpointbuild.py)
-   (every node builds the same bytes, so every node can serve it) and puts its
-   content hash in the record;
+3. on checkpoint rounds assembles the full checkpoint from the stage shards
+   (node/live/record/checkpointbuild.py) (every node builds the same bytes, so every node can serve it) and
+   puts its content hash in the record;
 4. once round t-1 is on chain, completes the record with the chain head
    (``prev_head``), signs it with its Ethereum key (EIP-712, docs/LEDGER.md),
    at most one record per round in any life, and gossips the signature;
@@ -102,7 +102,8 @@ class CommitterContext:
     progress: Progress
     spot_checks: SpotChecker
     forks: ForkRepair  # a committed record that differs from this node's: dispute, re-base
-    fraud: FraudProver | None = None  # a chunked run's: proves a committed round wrong on chain (node/live/fraud/prover.py)
+    # a chunked run's: proves a committed round wrong on chain (node/live/fraud/prover.py)
+    fraud: FraudProver | None = None
 
     def on_recorded(self, outer_round: int, weights_root: bytes, committed_by_me: bool) -> None:
         self.progress.weights_root = weights_root.hex()
@@ -199,26 +200,29 @@ class Committer(QuorumCommit):
             try:
                 committed = node.chain.commit_of(node.run_id, outer_round) is not None
             except DLX_ERRORS as exc:
-                logger.debug("round %d: chain read failed (%s); still waiting for attestations", outer_round, exc)
+                logger.debug("round %d: chain read failed (%s); still waiting for attestations", outer_round,
+                             exc)
                 committed = False
             if committed:
-                logger.warning("round %d: committed on chain while attestations of stage(s) %s never reached this "
-                               "node; it takes the chain's record", outer_round, missing)
+                logger.warning(
+                    "round %d: committed on chain while attestations of stage(s) %s never reached this "
+                    "node; it takes the chain's record", outer_round, missing)
                 return ON_CHAIN
             if missing and not node.stop_event.is_set() and time.monotonic() - last_report >= WAIT_REPORT_S:
                 last_report = time.monotonic()
-                logger.warning("round %d: waiting for attestations of stage(s) %s (%.0fs so far)", outer_round,
-                               missing, time.monotonic() - started)
+                logger.warning("round %d: waiting for attestations of stage(s) %s (%.0fs so far)",
+                               outer_round, missing, time.monotonic() - started)
         return None
 
     def record(self, outer_round: int):
-        """(record, attestations, agreed stage hashes, agreed stage leaves) of the round as this node derives it
-        (``prev_head`` still zero; the leaves are a chunked run's, else empty); the record is None if attestations
-        are missing."""
+        """(record, attestations, agreed stage hashes, agreed stage leaves) of the round as this node derives
+        it (``prev_head`` still zero; the leaves are a chunked run's, else empty); the record is None if
+        attestations are missing."""
         node = self.node
         atts = self._attestations(outer_round)
         if atts is None:
-            logger.info("round %d: stopped before every stage was attested; this node will not commit it", outer_round)
+            logger.info("round %d: stopped before every stage was attested; this node will not commit it",
+                        outer_round)
             return None, None, [], []
         if atts is ON_CHAIN:
             return None, ON_CHAIN, [], []
@@ -226,8 +230,9 @@ class Committer(QuorumCommit):
         stage_hashes, stage_roots, stage_leaves = [], [], []
         for stage in range(node.cfg.pipeline.num_stages):
             mine = atts[stage].get(node.peer_id)
-            # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its factors:
-            # node/live/fraud/chunkstate.py); an attestation without a leaf that parses counts for nothing there.
+            # A chunked run's result is also the stage leaf (its weights and momentum chunk roots, its
+            # factors: node/live/fraud/chunkstate.py); an attestation
+            # without a leaf that parses counts for nothing there.
             results = {p: (a.weights_hash, a.contributions_root, scheme.attested_leaf(a, stage))
                        for p, a in atts[stage].items()}
             results = {p: r for p, r in results.items() if r[2] is not None}
@@ -241,7 +246,8 @@ class Committer(QuorumCommit):
             if mine is not None and node.peer_id in results:
                 chosen = results[node.peer_id]
                 if set(results.values()) - {chosen}:
-                    logger.warning("round %d stage %d: peers attested a different result than ours", outer_round, stage)
+                    logger.warning("round %d stage %d: peers attested a different result than ours",
+                                   outer_round, stage)
             stage_hashes.append(chosen[0])
             stage_roots.append(chosen[1])
             stage_leaves.append(chosen[2])
@@ -261,7 +267,8 @@ class Committer(QuorumCommit):
         train = [a.train_loss for _peer, a in reporters if not math.isnan(a.train_loss)]
         evals = [a.eval_loss for _peer, a in reporters if not math.isnan(a.eval_loss)]
         tokens = record_tokens(dict(closes)[last], node.cfg.diloco.inner_steps,
-                               node.cfg.training.batch_size * node.cfg.model.block_size, node.cfg.diloco.budgeted)
+                               node.cfg.training.batch_size * node.cfg.model.block_size,
+                               node.cfg.diloco.budgeted)
         commit = RoundRecord(
             run_id=node.run_id,
             round=outer_round,
@@ -293,10 +300,12 @@ class Committer(QuorumCommit):
             heard = {placements[p].replica for p in atts if p in placements}
             if complete and not replicas <= heard:
                 return None
-            return [(p, a) for p, a in sorted(atts.items()) if p in placements and placements[p].replica in replicas
+            return [(p, a) for p, a in sorted(atts.items()) if p in placements
+                    and placements[p].replica in replicas
                     and a.weights_hash == weights_hash and not math.isnan(a.eval_loss)]
 
-        found = node.book.wait_for(lambda: agreeing(True), timeout=node.cfg.round_timeout, stop=node.stop_event)
+        found = node.book.wait_for(lambda: agreeing(True), timeout=node.cfg.round_timeout,
+                                   stop=node.stop_event)
         return found if found is not None else agreeing(False)
 
     def _close_matching(self, outer_round: int, stage: int, root: bytes):
@@ -333,7 +342,8 @@ class Committer(QuorumCommit):
                 return
             except (ChainUnavailable, TransactionTimeout) as exc:
                 # ledger.chain logs the outage itself, at a bounded rate; the round stays queued.
-                logger.debug("round %d: chain unreachable (%s); trying again in %.0fs", outer_round, exc, delay)
+                logger.debug("round %d: chain unreachable (%s); trying again in %.0fs", outer_round, exc,
+                             delay)
                 node.stop_event.wait(delay)
                 delay = min(2 * delay, CHAIN_RETRY_MAX_S)
 

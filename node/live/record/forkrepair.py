@@ -149,8 +149,10 @@ class ForkRepair(RoundStanding):
             self._settled.add(outer_round)
             self._cond.notify_all()
 
-    def diverged(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord, signature: bytes | None) -> None:
-        """The committed roots of ``outer_round`` differ from this node's: judge, dispute if ours stood, re-base."""
+    def diverged(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord,
+                 signature: bytes | None) -> None:
+        """The committed roots of ``outer_round`` differ from this node's: judge, dispute if ours stood,
+        re-base."""
         try:
             rebase, own_right = self._plan(outer_round, onchain)
         except (ForkError, *DLX_ERRORS) as exc:
@@ -159,29 +161,34 @@ class ForkRepair(RoundStanding):
         if own_right and self.left_record_before(outer_round):
             # Its round was computed on weights the record never had: whether its own aggregate "stands"
             # says nothing about the record (the earlier fork is the difference), so no dispute.
-            logger.warning("round %d: committed roots differ from ours, but our round %d had already left the "
-                           "committed record; no dispute (this difference follows from that one)", outer_round,
-                           outer_round - 1)
+            logger.warning(
+                "round %d: committed roots differ from ours, but our round %d had already left the "
+                "committed record; no dispute (this difference follows from that one)", outer_round,
+                outer_round - 1)
         elif own_right and signature is not None:
-            logger.error("round %d: committed roots differ from ours, and our own aggregate of our close stands; "
-                         "filing a dispute", outer_round)
+            logger.error(
+                "round %d: committed roots differ from ours, and our own aggregate of our close stands; "
+                "filing a dispute", outer_round)
             try:
                 self.chain.dispute(mine, signature)
             except DLX_ERRORS as exc:
                 logger.error("round %d: dispute not filed: %s", outer_round, exc)
         elif own_right:
-            logger.error("round %d: committed roots differ from ours; no signed record of ours to dispute with",
-                         outer_round)
+            logger.error(
+                "round %d: committed roots differ from ours; no signed record of ours to dispute with",
+                outer_round)
         else:
-            logger.warning("round %d: our own aggregate of round %d was not what our close gives (a local fault); "
-                           "no dispute", outer_round, outer_round)
+            logger.warning(
+                "round %d: our own aggregate of round %d was not what our close gives (a local fault); "
+                "no dispute", outer_round, outer_round)
         with self._cond:
             if rebase is not None:
                 self._pending[outer_round] = rebase
                 self.rounds.rebasing.add(outer_round)  # rounds begun from now on hold the forked result
                 for begun in self.rounds.withhold_on(outer_round, self.cfg.diloco):
-                    logger.warning("round %d: trained on our result of round %d, which leaves for the record's; our "
-                                   "contribution of it is not announced", begun, outer_round)
+                    logger.warning(
+                        "round %d: trained on our result of round %d, which leaves for the record's; our "
+                        "contribution of it is not announced", begun, outer_round)
             self._settled.add(outer_round)
             self._forked.add(outer_round)
             self._cond.notify_all()
@@ -189,8 +196,8 @@ class ForkRepair(RoundStanding):
             self.lifecycle.diverged(outer_round)
 
     def left_record_before(self, outer_round: int) -> bool:
-        """Whether this node's weights root of the round before ``outer_round`` differs from the chain's record
-        of it (it was not re-based on it: the fork of that round carried over)."""
+        """Whether this node's weights root of the round before ``outer_round`` differs from the chain's
+        record of it (it was not re-based on it: the fork of that round carried over)."""
         own = self.state.get("weights_roots", {}).get(str(outer_round - 1))
         if own is None:
             return False
@@ -216,14 +223,16 @@ class ForkRepair(RoundStanding):
             with self._cond:
                 base = self._bases.get((outer_round, stage))
             if base is None:
-                raise ForkError(f"the global state before round {outer_round} stage {stage} is no longer held")
+                raise ForkError(
+                    f"the global state before round {outer_round} stage {stage} is no longer held")
             envelopes = self.exchange.pool.collect(outer_round, stage, close)
             base_hash = stage_weights_hash(base[0])
             derived = worker.derive(stage, outer_round, base, self._payloads(envelopes),
                                     self._others(outer_round, envelopes, base_hash))
             if derived.weights_hash != weights_hash:
-                raise ForkError(f"stage {stage}: the committed close gives weights {derived.weights_hash.hex()[:12]}, "
-                                f"not the record's {weights_hash.hex()[:12]}")
+                raise ForkError(
+                    f"stage {stage}: the committed close gives weights {derived.weights_hash.hex()[:12]}, "
+                    f"not the record's {weights_hash.hex()[:12]}")
             own_close = self.coordinator.accepted(outer_round, stage)
             if own_close is not None and own_hash is not None and \
                     self._root(own_close) != self._root(close):
@@ -233,8 +242,8 @@ class ForkRepair(RoundStanding):
             excluded = [[stage, close.contributions[r.index][0], close.contributions[r.index][1],
                          close.contributions[r.index][2].hex(), r.reason, r.detail]
                         for r in derived.contributions if not r.accepted]
-            rebase.stages.append(StageRebase(stage, derived.new_global, derived.new_momentum, weights_hash, close,
-                                             envelopes, excluded))
+            rebase.stages.append(StageRebase(stage, derived.new_global, derived.new_momentum, weights_hash,
+                                             close, envelopes, excluded))
         return (rebase if rebase.stages else None), own_right
 
     def _committed_stages(self, outer_round: int, onchain: RoundRecord) -> dict[int, tuple[bytes, msg.Close]]:
@@ -253,7 +262,8 @@ class ForkRepair(RoundStanding):
             options.append([(h, closes[root], leaf) for h, root, leaf in results if root in closes])
         for combination in itertools.islice(itertools.product(*options), MAX_COMBINATIONS):
             try:
-                root = scheme.weights_root([h for h, _c, _l in combination], [leaf for _h, _c, leaf in combination])
+                root = scheme.weights_root([h for h, _c, _l in combination],
+                                           [leaf for _h, _c, leaf in combination])
             except LedgerInputError:
                 continue  # a stage leaf missing from an attestation of a chunked run
             if root != onchain.weights_root:
@@ -267,10 +277,13 @@ class ForkRepair(RoundStanding):
         max_bytes = self.cfg.p2p.max_blob_bytes
         return [msg.decode_contribution_body(decode_envelope(e, max_bytes).payload).blob for e in envelopes]
 
-    def _others(self, outer_round: int, envelopes: list[bytes], base_hash: bytes) -> dict[int, tuple[str, str]]:
-        """The envelopes built on another result of the round before than ``base_hash`` (left out, as at the apply)."""
+    def _others(self, outer_round: int, envelopes: list[bytes], base_hash: bytes) -> dict[int,
+                                                                                          tuple[str, str]]:
+        """The envelopes built on another result of the round before than ``base_hash`` (left out, as at the
+        apply)."""
         max_bytes = self.cfg.p2p.max_blob_bytes
-        applied = [msg.decode_contribution_body(decode_envelope(e, max_bytes).payload).applied_hash for e in envelopes]
+        applied = [msg.decode_contribution_body(decode_envelope(e, max_bytes).payload).applied_hash
+                   for e in envelopes]
         return other_result_exclusions(self.cfg.diloco, outer_round, applied, base_hash)
 
     @staticmethod
@@ -313,11 +326,12 @@ class ForkRepair(RoundStanding):
             self.state.record_round(outer_round, rebase.weights_root, False)
             self.state.update(rebased=rebased)
 
-        retry_on_full_disk(persist, what=f"round {outer_round}'s re-base (archive, state.json)", kind="re-base",
-                           stop=self.stop)
+        retry_on_full_disk(persist, what=f"round {outer_round}'s re-base (archive, state.json)",
+                           kind="re-base", stop=self.stop)
         self.progress.weights_root = rebase.weights_root.hex()
-        logger.warning("round %d: re-based stage(s) %s on the committed record (weights root %s); training goes "
-                       "on from it", outer_round, [s.stage for s in rebase.stages], rebase.weights_root.hex()[:12])
+        logger.warning(
+            "round %d: re-based stage(s) %s on the committed record (weights root %s); training goes "
+            "on from it", outer_round, [s.stage for s in rebase.stages], rebase.weights_root.hex()[:12])
         return True
 
     def _reseal(self, rebase: Rebase) -> None:
@@ -330,4 +344,5 @@ class ForkRepair(RoundStanding):
             kept += [ArchivedContribution(stage.stage, replica, peer_id, digest)
                      for replica, peer_id, digest, _size in stage.close.contributions]
             excluded += stage.excluded
-        self.archive.seal_round(outer_round, kept, excluded=excluded, all_held=self.exchange.holds_all_envelopes)
+        self.archive.seal_round(outer_round, kept, excluded=excluded,
+                                all_held=self.exchange.holds_all_envelopes)

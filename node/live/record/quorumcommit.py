@@ -62,7 +62,8 @@ class QuorumCommit:
             record, signatures = signed[digest]
             # Only current members count: a signer slashed since it signed (a spot check found it
             # cheating) would make the chain refuse the whole commit.
-            current = {signer: sig for signer, sig in signatures.items() if node.chain.is_member(node.run_id, signer)}
+            current = {signer: sig for signer, sig in signatures.items()
+                           if node.chain.is_member(node.run_id, signer)}
             # Every member's signature is submitted (each is credited), but only counted members make the
             # quorum: a joiner within its tenure signs without counting (docs/TRUST.md).
             counted = sum(1 for signer in current if node.chain.is_counted(node.run_id, signer))
@@ -90,7 +91,8 @@ class QuorumCommit:
             return found is not None or node.chain.commit_of(node.run_id, outer_round) is not None
 
         while True:
-            if not self._wait_reporting(quorum_or_committed, f"round {outer_round}: waiting for {quorum} member "
+            if not self._wait_reporting(quorum_or_committed,
+                                        f"round {outer_round}: waiting for {quorum} member "
                                         "signatures over one record"):
                 return False
             if found is None:
@@ -107,17 +109,20 @@ class QuorumCommit:
                 quorum = node.chain.quorum_of(node.run_id)
 
     def _submit(self, outer_round: int, mine: RoundRecord, found, quorum: int) -> bool:
-        """Submit a quorum-signed record when this node's turn comes; False if someone else committed first."""
+        """Submit a quorum-signed record when this node's turn comes; False if someone else committed
+        first."""
         node = self.node
         record, signatures = found
         if record != mine:
-            logger.warning("round %d: the quorum signed a record other than ours (losses or checkpoint differ)",
-                           outer_round)
+            logger.warning(
+                "round %d: the quorum signed a record other than ours (losses or checkpoint differ)",
+                outer_round)
         live = node.membership.alive()
         order = [p for p in committer_order(outer_round, node.membership.placed_peers())
                  if p == node.peer_id or p in live]
         rank = order.index(node.peer_id) if node.peer_id in order else len(order)
-        if self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None, rank * COMMIT_FALLBACK_S):
+        if self._wait(lambda: node.chain.commit_of(node.run_id, outer_round) is not None,
+                      rank * COMMIT_FALLBACK_S):
             return False
         if node.stop_event.is_set():
             return False

@@ -27,7 +27,8 @@ CONFIRMED, CONTESTED, PENDING = "confirmed", "contested", "pending"
 #: How a round stands (ForkRepair.standing): the chain's verdict, else the attestations, else nothing of ours.
 AGREED, FORKED, NOT_OURS = "agreed", "forked", "not ours"
 
-def attested_standing(own: tuple[bytes, bytes], votes: Mapping[tuple[bytes, bytes], int], threshold: int) -> str:
+def attested_standing(own: tuple[bytes, bytes], votes: Mapping[tuple[bytes, bytes], int],
+                      threshold: int) -> str:
     """How the attestations heard of one stage of a round stand with this node's result ``own``.
 
     ``votes``: (weights hash, contributions root) -> how many members attested it (this node
@@ -64,14 +65,15 @@ class RoundStanding:
             return True
         logger.warning("round %d: begun on our result of round %d, which %s; our contribution of it is not "
                        "announced", outer_round, base, "left the committed record" if outcome == FORKED else
-                       f"neither the chain nor a quorum of attestations settled within {self.cfg.round_timeout:.0f}s")
+                       "neither the chain nor a quorum of attestations settled within "
+                       f"{self.cfg.round_timeout:.0f}s")
         return False
 
     def standing(self, outer_round: int, before: str) -> str:
-        """How ``outer_round`` stands: :data:`AGREED` / :data:`FORKED` (the chain's verdict), :data:`CONFIRMED`
-        (attestations), :data:`NOT_OURS` (no held stage of it computed here), else the attestations' standing
-        once a round timeout passed (or the node stops). Waits for one of the first four; ``before`` names what
-        waits, for the log."""
+        """How ``outer_round`` stands: :data:`AGREED` / :data:`FORKED` (the chain's verdict),
+        :data:`CONFIRMED` (attestations), :data:`NOT_OURS` (no held stage of it computed here), else the
+        attestations' standing once a round timeout passed (or the node stops). Waits for one of the first
+        four; ``before`` names what waits, for the log."""
         started = time.monotonic()
         deadline, said = started + self.cfg.round_timeout, None
         while True:
@@ -126,8 +128,9 @@ class RoundStanding:
         return max(1, min(self._chain_quorum(len(expected)), len(expected)))
 
     def _chain_quorum(self, fallback: int) -> int:
-        """The chain's quorum as last read (``fallback`` if never: the RPC was down since the start). Read on the
-        committer thread only (:meth:`_read_quorum`): the training thread never waits on the chain's RPC."""
+        """The chain's quorum as last read (``fallback`` if never: the RPC was down since the start). Read on
+        the committer thread only (:meth:`_read_quorum`): the training thread never waits on the chain's
+        RPC."""
         with self._cond:
             quorum = self._quorum
         return quorum[0] if quorum is not None else fallback

@@ -1,1 +1,2 @@
-"""The round machinery: when a round closes, who it waits for, how it is finished, entered, resumed and paced, and what the node keeps per round."""
+"""The round machinery: when a round closes, who it waits for, how it is finished, entered, resumed and paced,
+and what the node keeps per round."""

@@ -79,8 +79,9 @@ class RunEnd:
                 return self._ended(f"round {last} cannot be committed: {live} live member(s) for a quorum of "
                                    f"{quorum} record signatures (last committed round {committed})")
             if now - moved >= STALL_ROUNDS * self.cfg.round_timeout:
-                return self._ended(f"round {last} cannot be committed: the chain's last round ({committed}) has "
-                                   f"not moved for {now - moved:.0f}s with {live} live member(s)")
+                return self._ended(
+                    f"round {last} cannot be committed: the chain's last round ({committed}) has "
+                    f"not moved for {now - moved:.0f}s with {live} live member(s)")
             if now - reported >= REPORT_EVERY_S:
                 reported = now
                 logger.info("the run ends at round %d: waiting for it on chain (last committed %d, %d live "

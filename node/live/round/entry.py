@@ -150,15 +150,18 @@ class RunEntry:
         for outer_round in range(max(floor, last_committed + 1), proposal):
             if self._round_closed(outer_round) or any(first <= outer_round <= now for first, now in claims):
                 continue
-            if any(self.book.snapshot_announces(outer_round, stage) for stage in range(self.cfg.pipeline.num_stages)):
+            if any(self.book.snapshot_announces(outer_round, stage)
+                   for stage in range(self.cfg.pipeline.num_stages)):
                 continue
-            logger.info("round %d: no replica trains or contributed to it and it is not closed; entering there "
-                        "rather than at round %d", outer_round, proposal)
+            logger.info(
+                "round %d: no replica trains or contributed to it and it is not closed; entering there "
+                "rather than at round %d", outer_round, proposal)
             return outer_round
         return proposal
 
     def round_window(self) -> int:
-        """How many rounds past the last committed one a peer can honestly be (delay, commit lag, catch-up)."""
+        """How many rounds past the last committed one a peer can honestly be (delay, commit lag,
+        catch-up)."""
         return 8 + 2 * self.cfg.checkpoint_every
 
     def _round_closed(self, outer_round: int) -> bool:
@@ -211,12 +214,14 @@ class RunEntry:
                 problems = [str(exc)]
             if problems:
                 refused.append(f"round {candidate.round}: {'; '.join(problems)}")
-                logger.error("the checkpoint of round %d does not verify against the run (%s); trying an older one",
-                             candidate.round, "; ".join(problems))
+                logger.error(
+                    "the checkpoint of round %d does not verify against the run (%s); trying an older one",
+                    candidate.round, "; ".join(problems))
                 continue
             if candidate in downstream:
-                logger.warning("entering from the checkpoint of round %d, at or after disputed round(s) %s: no "
-                               "checkpoint before them verified", candidate.round, sorted(disputed))
+                logger.warning(
+                    "entering from the checkpoint of round %d, at or after disputed round(s) %s: no "
+                    "checkpoint before them verified", candidate.round, sorted(disputed))
             return ckpt
         raise StateError("no published checkpoint verifies against the run: " + " | ".join(refused)[:2000])
 
@@ -229,7 +234,8 @@ class RunEntry:
         # Every node assembles and serves the checkpoint: ask the live peers first (parallel
         # ranges from all of them), the DHT only if none of them has it.
         providers = self.membership.live_providers()
-        with host_progress(self.host, f"checkpoint of round {round_index}"):  # a line on a terminal, 2 in logs
+        # a line on a terminal, 2 in logs
+        with host_progress(self.host, f"checkpoint of round {round_index}"):
             try:
                 self.host.fetch_blob(content_hash.hex(), staged, providers=providers or None,
                                      timeout=self.cfg.p2p.transfer_timeout)
@@ -293,8 +299,9 @@ class RunEntry:
             except RoundStopped:
                 return None
             self.station.contribute_from(start_round)
-            logger.info("pipeline of cluster %r re-formed; entering at round %d (applying %s at the schedule's "
-                        "point)", self.cfg.cluster, start_round, catch_up or "nothing")
+            logger.info(
+                "pipeline of cluster %r re-formed; entering at round %d (applying %s at the schedule's "
+                "point)", self.cfg.cluster, start_round, catch_up or "nothing")
             return start_round, catch_up
         return None
 
@@ -320,8 +327,8 @@ class RunEntry:
             return None
 
     def reenter(self, next_round: int, start_round: int, held: dict[int, dict]) -> list[int]:
-        """Put this node's stages where ``start_round`` starts, as its restarted partner's: the rounds still to
-        apply before it (at the schedule's point) returned.
+        """Put this node's stages where ``start_round`` starts, as its restarted partner's: the rounds still
+        to apply before it (at the schedule's point) returned.
 
         Round t trains from the global weights of round ``base = t - 1 - pending``. Rounds up to
         ``base`` not finished here yet are caught up now; then every held stage restarts from the
@@ -336,8 +343,10 @@ class RunEntry:
         no_orphan_round) it keeps its weights and enters as before.
         """
         base = start_round - 1 - pending_after_round(self.cfg.diloco)
-        if next_round - 1 not in held:  # nothing applied in this life yet: the engines hold that round's state
-            held = {**held, next_round - 1: {stage: self.worker.global_state(stage) for stage in self.worker.stages}}
+        # nothing applied in this life yet: the engines hold that round's state
+        if next_round - 1 not in held:
+            held = {**held, next_round - 1: {stage: self.worker.global_state(stage)
+                                                 for stage in self.worker.stages}}
         for outer_round in range(next_round, base + 1):
             if self.stop.is_set():
                 raise RoundStopped("stopped while catching up to re-enter")
@@ -348,8 +357,9 @@ class RunEntry:
         finished = max(next_round - 1, self.progress.last_finished)
         replayed = range(base + 1, min(finished + 1, start_round))
         if base < 0 or any(r not in held for r in (base, *replayed)):
-            logger.warning("round %d: no global state of round %d held here; re-entering with the weights held "
-                           "(rounds from %d applied)", start_round, base, next_round - 1)
+            logger.warning(
+                "round %d: no global state of round %d held here; re-entering with the weights held "
+                "(rounds from %d applied)", start_round, base, next_round - 1)
             return list(range(max(next_round, base + 1), start_round))
         self.contributor.join_engine_work()  # nothing on the lane reads the engines while they restart
         for stage in self.worker.stages:

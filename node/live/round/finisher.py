@@ -57,10 +57,10 @@ class StageApplied:
     weights_hash: bytes
     sealed: list[ArchivedContribution]
     excluded: list[list]  # [stage, replica, peer id, envelope hash, reason, detail]
-    # A chunked run's (node/live/fraud/chunkstate.py): derives, keeps and publishes the stage's chunk state, and
-    # returns its stage leaf (of the record's root) for the attestation. Called in the round's tail (on the
-    # round lane with overlap_tail): it costs several times the outer step (bench/bench_chunk_state.py) and
-    # nothing the next round's inner steps read depends on it.
+    # A chunked run's (node/live/fraud/chunkstate.py): derives, keeps and publishes the stage's chunk state,
+    # and returns its stage leaf (of the record's root) for the attestation. Called in the round's tail (on
+    # the round lane with overlap_tail): it costs several times the outer step (bench/bench_chunk_state.py)
+    # and nothing the next round's inner steps read depends on it.
     record_state: Callable[[], bytes] | None = None
     _leaf: bytes | None = None
 
@@ -106,12 +106,14 @@ class RoundFinisher(ApplyPrefetch):
         # apply is recorded as the previous round's: a re-base of that round is in it).
         self._held: dict[int, dict[int, tuple[dict, dict]]] = {}
         self._replays: dict[int, dict[int, tuple[dict, dict]]] = {}  # finished rounds to absorb again
-        self.lane = base.lane  # the round lane (node/live/state/lane.py): a round's seal and attestation with overlap_tail
+        # the round lane (node/live/state/lane.py): a round's seal and attestation with overlap_tail
+        self.lane = base.lane
         self._tail: Future | None = None  # the last such round's, until settle()
 
     # -- a survivor's re-entry (node/live/round/entry.py, RunEntry.await_partner) ------------------
     def held_states(self) -> dict[int, dict[int, tuple[dict, dict]]]:
-        """Round -> stage -> the global (weights, momentum) after that round, for the last rounds applied here."""
+        """Round -> stage -> the global (weights, momentum) after that round, for the last rounds applied
+        here."""
         stages = set(self.worker.stages)
         return {r: dict(states) for r, states in self._held.items() if set(states) == stages}
 
@@ -134,7 +136,8 @@ class RoundFinisher(ApplyPrefetch):
         for stage in self.worker.stages:
             self.worker.absorb_held(stage, outer_round, *states[stage])
             self._hold(outer_round, stage)
-        logger.info("round %d: applied again from the result this node finished it with (re-entry)", outer_round)
+        logger.info("round %d: applied again from the result this node finished it with (re-entry)",
+                    outer_round)
 
     # -- one round ------------------------------------------------------------------------
     def finish(self, outer_round: int, overlap_tail: bool = False) -> None:
@@ -177,8 +180,9 @@ class RoundFinisher(ApplyPrefetch):
             tail_s = time.monotonic() - tail_started
             if not overlap_tail:
                 self.clock.add("finish_other", tail_s)
-            self.clock.finished(outer_round, gathered.last_arrival, total=time.monotonic() - started, **waited,
-                                **overlapped, tail=tail_s, tail_overlapped=tail_s if overlap_tail else 0.0)
+            self.clock.finished(outer_round, gathered.last_arrival, total=time.monotonic() - started,
+                                **waited, **overlapped, tail=tail_s, tail_overlapped=tail_s if overlap_tail
+                                else 0.0)
             self.progress.timing = self.clock.summary()
             self.reporter.report()
 
@@ -204,7 +208,8 @@ class RoundFinisher(ApplyPrefetch):
                                 excluded=[e for a in applied for e in a.excluded],
                                 all_held=self.exchange.holds_all_envelopes)
         # Retention (node/store/retention.py): never a round or the checkpoint a restart or a peer needs.
-        prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit, self.host.remove_blob)
+        prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit,
+                      self.host.remove_blob)
         prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
                           self.host.remove_blob)
         self._attest(outer_round, {a.stage: (a.weights_hash, a.stage_leaf()) for a in applied}, contributed,
@@ -215,8 +220,8 @@ class RoundFinisher(ApplyPrefetch):
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
-        (node/live/record/forkrepair.py; waits until the round before stands: the chain's verdict, or a quorum of
-        attestations confirming this node's result, at most ``round_timeout``)."""
+        (node/live/record/forkrepair.py; waits until the round before stands: the chain's verdict, or a quorum
+        of attestations confirming this node's result, at most ``round_timeout``)."""
         rebases = self.forks.due(outer_round)
         if rebases:
             self.contributor.join_start_state()  # the start state read the engines as they were
@@ -232,7 +237,8 @@ class RoundFinisher(ApplyPrefetch):
         (docs/PROTOCOL.md, "When a node's weights leave the record")."""
         for outer_round in self.rounds.withhold_on(rebased, self.cfg.diloco):
             logger.warning("round %d: trained on our result of round %d before the re-base; our contribution "
-                           "of it is not announced (we contribute again from the next round)", outer_round, rebased)
+                           "of it is not announced (we contribute again from the next round)", outer_round,
+                           rebased)
 
     def _apply_stage(self, outer_round: int, stage: int, gathered: Gathered, waited: dict[str, float],
                      contributed: bool) -> StageApplied:
@@ -264,7 +270,8 @@ class RoundFinisher(ApplyPrefetch):
                                report.detail)
                 excluded.append([stage, replica, peer_id, digest.hex(), report.reason, report.detail])
         if contributed and not any(entry[1] == self.peer_id for entry in close.contributions):
-            self.contributor.join_engine_work()  # the residual it goes back into: after the encode on the lane
+            # the residual it goes back into: after the encode on the lane
+            self.contributor.join_engine_work()
             self.worker.contribution_dropped(stage, outer_round)  # a straggler's update is sent again later
         sealed = []
         for (replica, peer_id, digest, _size), envelope in zip(close.contributions, envelopes):
@@ -278,8 +285,9 @@ class RoundFinisher(ApplyPrefetch):
             # The engine replaces its global dicts at each outer step (never writes them in place), so these
             # are the round's state whenever the tail records them.
             weights, momentum = self.worker.global_state(stage)
-            record_state = partial(self.chunked.record, outer_round, stage, weights, momentum, result.contributions,
-                                   inputs.payloads, [entry[2] for entry in close.contributions])
+            record_state = partial(self.chunked.record, outer_round, stage, weights, momentum,
+                                   result.contributions, inputs.payloads,
+                                   [entry[2] for entry in close.contributions])
         return StageApplied(stage, result.weights_hash, sealed, excluded, record_state)
 
     def _apply_or_reclose(self, outer_round: int, stage: int, inputs: StageInputs, waited: dict[str, float]):

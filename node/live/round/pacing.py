@@ -2,8 +2,8 @@
 
 A round's record goes on chain only once a quorum of members signed it, and the chain
 takes round t only after round t-1; the committer waits for both on its own thread
-(node/live/record/committer.py), not on the training one. Without a bound a replica trained round 38 while round 25 was
-the last committed: everything it did past that is at risk if a record goes another
+(node/live/record/committer.py), not on the training one. Without a bound a replica trained round 38 while
+round 25 was the last committed: everything it did past that is at risk if a record goes another
 way, and peers judge a member's round claims only within
 ``8 + 2 * checkpoint_every`` rounds of the last commit (RunEntry.round_window). So a node
 does not begin training round t while ``t - last_committed > max_rounds_ahead``
@@ -39,7 +39,8 @@ WAITING = "waiting for commits"
 
 
 def may_begin(outer_round: int, last_committed: int, max_rounds_ahead: int) -> bool:
-    """Whether training of ``outer_round`` may begin with ``last_committed`` the last round on chain (-1: none)."""
+    """Whether training of ``outer_round`` may begin with ``last_committed`` the last round on chain (-1:
+    none)."""
     return outer_round - last_committed <= max_rounds_ahead
 
 
@@ -92,5 +93,5 @@ class CommitPace:
                                 outer_round, last, reported - started)
         waited = time.monotonic() - started
         self.waited_s += waited
-        logger.info("round %d: commits caught up (last committed %d) after %.1fs; training goes on", outer_round,
-                    last, waited)
+        logger.info("round %d: commits caught up (last committed %d) after %.1fs; training goes on",
+                    outer_round, last, waited)

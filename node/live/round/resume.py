@@ -82,7 +82,8 @@ class RestartRecovery:
                 if hashlib.sha256(envelope).digest() in left_out:
                     continue
                 env = decode_envelope(envelope, self.max_bytes)
-                if (env.kind, env.sender_peer_id, env.replica) != (msg.CONTRIBUTION, self.peer_id, self.replica):
+                if (env.kind, env.sender_peer_id, env.replica) != (msg.CONTRIBUTION, self.peer_id,
+                                                                   self.replica):
                     continue
                 if env.stage not in self.stages:
                     continue
@@ -97,7 +98,8 @@ class RestartRecovery:
         return done
 
     def sealed_closes(self, outer_round: int) -> dict[int, msg.Close] | None:
-        """The closes of a round sealed before the restart, rebuilt from the archive; None if not sealed here."""
+        """The closes of a round sealed before the restart, rebuilt from the archive; None if not sealed
+        here."""
         if outer_round > self.previous_life_finished:
             return None
         sealed = self.archive.sealed(outer_round)
@@ -117,11 +119,14 @@ class RestartRecovery:
                 closes[item.stage].append([item.replica, item.peer_id, item.envelope_hash, len(envelope)])
                 held[item.envelope_hash] = envelope
         except StateError as exc:
-            logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round, exc)
+            logger.warning("round %d: archive incomplete (%s); waiting for the peers' close", outer_round,
+                           exc)
             return None
         if not all(closes.values()):
             return None
-        logger.info("round %d: re-applying the contributions sealed in the archive before the restart", outer_round)
-        ordered = {stage: sorted(entries, key=lambda e: (e[0], e[1], e[2])) for stage, entries in closes.items()}
+        logger.info("round %d: re-applying the contributions sealed in the archive before the restart",
+                    outer_round)
+        ordered = {stage: sorted(entries, key=lambda e: (e[0], e[1], e[2]))
+                       for stage, entries in closes.items()}
         return {stage: msg.Close(entries, close_steps(entries, held, self.steps_range))
                 for stage, entries in ordered.items()}

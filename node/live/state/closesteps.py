@@ -27,20 +27,23 @@ def envelope_steps(envelope: bytes, steps_range: tuple[int, int]) -> int:
     return counted_steps(blob, steps_range)
 
 
-def close_steps(entries: list[list], held: dict[bytes, bytes], steps_range: tuple[int, int] | None) -> list[int]:
+def close_steps(entries: list[list], held: dict[bytes, bytes],
+                steps_range: tuple[int, int] | None) -> list[int]:
     """The ``steps`` of a close of ``entries`` (the coordinator holds every envelope); [] in a fixed-H run."""
     if steps_range is None:
         return []
     return [envelope_steps(held[entry[2]], steps_range) for entry in entries]
 
 
-def steps_problem(close: msg.Close, held: dict[bytes, bytes], steps_range: tuple[int, int] | None) -> str | None:
+def steps_problem(close: msg.Close, held: dict[bytes, bytes], steps_range: tuple[int, int] | None) -> str \
+        | None:
     """Why ``close``'s declared steps are wrong, None if nothing here shows it: a fixed-H run's close names
     none; a time-bounded run's names one per entry, each the count of the envelope where it is ``held``."""
     if steps_range is None:
         return "it names declared steps in a fixed-H run" if close.steps else None
     if len(close.steps) != len(close.contributions):
-        return f"it names {len(close.steps)} declared step counts for {len(close.contributions)} contributions"
+        return (f"it names {len(close.steps)} declared step counts for "
+                f"{len(close.contributions)} contributions")
     for entry, steps in zip(close.contributions, close.steps):
         envelope = held.get(entry[2])
         if envelope is not None and envelope_steps(envelope, steps_range) != steps:
@@ -50,8 +53,8 @@ def steps_problem(close: msg.Close, held: dict[bytes, bytes], steps_range: tuple
 
 
 def record_tokens(last_close: msg.Close, inner_steps: int, tokens_per_step: int, budgeted: bool) -> int:
-    """The record's ``tokens``: the inner steps the last stage's closed contributions trained, in tokens (H per
-    contribution with fixed H; in a time-bounded run the counts its close names, what they declared)."""
+    """The record's ``tokens``: the inner steps the last stage's closed contributions trained, in tokens (H
+    per contribution with fixed H; in a time-bounded run the counts its close names, what they declared)."""
     if budgeted:
         return sum(last_close.steps) * tokens_per_step
     return inner_steps * len({entry[0] for entry in last_close.contributions}) * tokens_per_step

@@ -56,7 +56,8 @@ class RoundBook:
         # announce included (which one a node saw first is timing): what a sliced close may name.
         self.announced: dict[tuple[int, int], set[tuple[str, bytes]]] = defaultdict(set)
         self.closes: dict[tuple[int, int], dict[str, tuple[Close, bytes]]] = defaultdict(dict)
-        self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)  # first arrival, monotonic
+        # first arrival, monotonic
+        self.close_times: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
         self.equivocators: dict[tuple[int, int], set[str]] = defaultdict(set)  # signed two different closes
         # A lower-ranked coordinator's request to take over the close (first arrival, monotonic), and the
         # coordinators that signed they will not close (docs/PROTOCOL.md, "Closing a round").
@@ -106,7 +107,8 @@ class RoundBook:
         with self._cond:
             return (peer_id, envelope_hash) in self.announced.get((round_index, stage), ())
 
-    def add_close(self, round_index: int, stage: int, coordinator: str, close: Close, envelope: bytes) -> None:
+    def add_close(self, round_index: int, stage: int, coordinator: str, close: Close,
+                  envelope: bytes) -> None:
         with self._cond:
             self.closes[(round_index, stage)].setdefault(coordinator, (close, envelope))
             self.close_times[(round_index, stage)].setdefault(coordinator, time.monotonic())

@@ -45,8 +45,10 @@ from node.fsutil import append_line, is_disk_full, report_disk_full
 logger = logging.getLogger(__name__)
 
 #: Phases of a period besides the inner steps, in the order they are reported.
-#: ``commit_wait``: held before a round's training until the chain's commits catch up (node/live/round/pacing.py).
-PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other", "commit_wait")
+#: ``commit_wait``: held before a round's training until
+#: the chain's commits catch up (node/live/round/pacing.py).
+PHASES = ("start_state", "eval", "encode", "close_wait", "fetch_wait", "aggregate", "finish_other",
+          "commit_wait")
 #: Work on the node's background lane (node/live/state/lane.py), overlapping the inner steps: reported as
 #: ``lane_<name>_s`` per period, not part of the period's phases (it is not on the training thread).
 #: ``finish``: a round's seal and attestation after its outer step (RoundFinisher.finish, overlap_tail).
@@ -93,7 +95,8 @@ class RoundClock:
 
     @contextmanager
     def lane(self, name: str) -> Iterator[None]:
-        """Add the time spent in the block (on the background lane) to ``lane_<name>_s`` of the current period."""
+        """Add the time spent in the block (on the background lane) to ``lane_<name>_s`` of the current
+        period."""
         if name not in self._lane:
             raise ValueError(f"unknown lane work {name!r}: one of {', '.join(LANE_WORK)}")
         started = self.clock()

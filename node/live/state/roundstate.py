@@ -38,7 +38,8 @@ class StageInputs:
     envelopes: list[bytes] | None = None  # the closed envelopes, in the close's order
     payloads: list[bytes] | None = None  # their decoded contribution blobs
     screened: dict[int, str] = field(default_factory=dict)  # excluded index -> reason
-    prepared: object = None  # the pure part of the outer step, computed ahead (StageEngine.prepare_aggregation)
+    # the pure part of the outer step, computed ahead (StageEngine.prepare_aggregation)
+    prepared: object = None
 
 
 @dataclass
@@ -71,14 +72,17 @@ class RoundState:
         self.reannounced: set[int] = set()  # rounds whose archived contribution this life announced again
         self.start_states: dict[int, dict[int, bytes]] = {}  # round -> stage -> start-state hash served
         self.evals: dict[int, Future] = {}  # round -> future of its held-out loss
-        # With the delay, round t-1's close, fetch and aggregation while round t trains (RoundFinisher.prefetch).
+        # With the delay, round t-1's close, fetch and aggregation
+        # while round t trains (RoundFinisher.prefetch).
         self.prefetched: dict[int, Future] = {}
         self.apply_reached: dict[int, float] = {}  # round -> when the training thread reached its apply
-        self.stage_hashes: dict[int, dict[int, bytes]] = {}  # round -> stage -> weights hash after its outer step
+        # round -> stage -> weights hash after its outer step
+        self.stage_hashes: dict[int, dict[int, bytes]] = {}
         # Rounds trained (in part) on a global state this node re-based away from: never announced
         # (docs/PROTOCOL.md, "When a node's weights leave the record"): withhold_on, starting.
         self.withheld: set[int] = set()
-        self.rebasing: set[int] = set()  # rounds whose re-base on the record is queued, not taken yet (ForkRepair)
+        # rounds whose re-base on the record is queued, not taken yet (ForkRepair)
+        self.rebasing: set[int] = set()
 
     def contributed(self, outer_round: int) -> bool:
         """Whether this node trained and encoded ``outer_round`` (in this life, or announced it again)."""
@@ -90,21 +94,25 @@ class RoundState:
 
     def withhold_on(self, rebased: int, diloco_cfg) -> list[int]:
         """Rounds begun (start state taken) and not announced whose start state holds this node's result of
-        ``rebased``, which leaves for the record's: withheld from now on. Returns the rounds newly withheld."""
+        ``rebased``, which leaves for the record's: withheld from now on. Returns the rounds newly
+        withheld."""
         begun = set(self.start_states) | set(self.parts)  # copies in one C call: the lane adds start states
-        marked = sorted(r for r in begun if start_global_round(diloco_cfg, r) >= rebased and r not in self.withheld)
+        marked = sorted(r for r in begun if start_global_round(diloco_cfg, r) >= rebased
+                        and r not in self.withheld)
         self.withheld.update(marked)
         return marked
 
     def starting(self, outer_round: int, diloco_cfg) -> bool:
-        """``outer_round``'s start state is being taken: withhold the round if it holds a result whose re-base is
-        queued (it came before the round began, and is taken only at the next apply). Whether it is withheld."""
+        """``outer_round``'s start state is being taken: withhold the round if it holds a result whose re-base
+        is queued (it came before the round began, and is taken only at the next apply). Whether it is
+        withheld."""
         if any(start_global_round(diloco_cfg, outer_round) >= r for r in set(self.rebasing)):
             self.withheld.add(outer_round)
         return outer_round in self.withheld
 
     def stage_hashes_of(self, outer_round: int) -> dict[int, bytes]:
-        """Stage -> weights hash of ``outer_round`` as this node computed it (round -1: the initial weights)."""
+        """Stage -> weights hash of ``outer_round`` as this node computed it (round -1: the initial
+        weights)."""
         if outer_round < 0:
             return self.station.worker().initial_hashes()
         return dict(self.stage_hashes.get(outer_round, {}))

@@ -1,4 +1,5 @@
-"""Where this node works in the run: its placement, the worker that trains there, the first round it contributes to.
+"""Where this node works in the run: its placement, the worker that trains there, the first round it
+contributes to.
 
 A node is placed only after its peers' hellos arrived, and its worker is built
 only once it is placed; the rooms that run from the start (the gossip inbox,

@@ -40,7 +40,8 @@ class Progress:
     gossip_messages_sent: int = 0  # run-topic messages this node published
     gossip_messages_received: int = 0  # distinct run-topic messages delivered to it
     traffic: dict = field(default_factory=dict)  # per protocol: P2PHost.transfer_stats()
-    paths: dict = field(default_factory=dict)  # per connected peer: "direct" or "relayed" (P2PHost.connection_paths)
+    # per connected peer: "direct" or "relayed" (P2PHost.connection_paths)
+    paths: dict = field(default_factory=dict)
     last_commit: int = -1
     last_finished: int = -1
     weights_root: str = ""
@@ -93,7 +94,8 @@ class StateFile:
             self._state.update(values)
             self._save()
 
-    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool, keep: int = 1024) -> None:
+    def record_round(self, outer_round: int, weights_root: bytes, committed_by_me: bool,
+                     keep: int = 1024) -> None:
         """Remember the weights root this node computed for a round (for operators and tests).
 
         Only the last ``keep`` rounds are kept: the file is rewritten several times a round, and a
@@ -127,13 +129,15 @@ class StateFile:
             self._save()
 
     def attested(self, outer_round: int) -> tuple[float, float, int] | None:
-        """(train loss, held-out loss, tokens) this node attested for a round it contributed to, in any life."""
+        """(train loss, held-out loss, tokens) this node attested for a round it contributed to, in any
+        life."""
         with self._lock:
             entry = self._state.get("attested", {}).get(str(outer_round))
         if entry is None:
             return None
         train, held_out, tokens = entry
-        return (math.nan if train is None else float(train), math.nan if held_out is None else float(held_out),
+        return (math.nan if train is None else float(train), math.nan if held_out is None
+                else float(held_out),
                 int(tokens))
 
     def remember_attested(self, outer_round: int, train_loss: float, eval_loss: float, tokens: int,
@@ -184,7 +188,8 @@ def _state_problem(state: dict) -> str:
     attested = state.get("attested", {})
     number = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
     if not isinstance(attested, dict) or not all(
-            rounds_key(k) and isinstance(v, list) and len(v) == 3 and number(v[0]) and number(v[1]) and _is_int(v[2])
+            rounds_key(k) and isinstance(v, list) and len(v) == 3 and number(v[0]) and number(v[1])
+            and _is_int(v[2])
             for k, v in attested.items()):
         return "attested is not a map of round -> [train loss, held-out loss, tokens]"
     reentered = state.get("reentered_for", [])
@@ -196,8 +201,8 @@ def _state_problem(state: dict) -> str:
     return ""
 
 
-def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement, listen_addrs: list[str],
-                 writer: "StatusWriter | None" = None) -> None:
+def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, placement,
+                 listen_addrs: list[str], writer: "StatusWriter | None" = None) -> None:
     """Write status.json (best effort: a full disk must not stop training).
 
     With a ``writer``, the document is taken now and written on the writer's thread (the
@@ -309,7 +314,8 @@ class StatusWriter:
                 atomic_write_bytes(*item, durable=False)  # read while the node runs: no fsync
             except OSError as exc:
                 if is_disk_full(exc):
-                    report_disk_full(exc, "status.json not updated (the next report writes it)", kind="status.json")
+                    report_disk_full(exc, "status.json not updated (the next report writes it)",
+                                     kind="status.json")
                 else:
                     logger.debug("status not written: %s", exc)
 

@@ -41,11 +41,12 @@ class StageAggregation:
         engine = self.engines[0]
         decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round,
                                refuse_raw=self.cfg.compression.enabled) for blob in contributions]
-        x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round, self.cfg.diloco.screen_batch_size,
-                               self.cfg.model.block_size)
+        x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round,
+                               self.cfg.diloco.screen_batch_size, self.cfg.model.block_size)
         base = engine.global_weights if global_weights is None else global_weights
         reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
-                                       self.cfg.diloco, screening_steps(self.cfg.diloco, [[b] for b in contributions]))
+                                       self.cfg.diloco,
+                                       screening_steps(self.cfg.diloco, [[b] for b in contributions]))
         return screening_exclusions(reports), reports
 
     def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
@@ -67,7 +68,8 @@ class StageAggregation:
         it did not encode (it joined late or sat the round out) is absorbed, local
         progress kept (:meth:`training.stage_engine.StageEngine.finish_round`).
         """
-        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded, prepared=prepared)
+        return self.engines[stage].finish_round(outer_round, contributions, excluded=excluded,
+                                                prepared=prepared)
 
     # -- a re-base on the run's record (node/live/record/forkrepair.py) ---------------------------
     def derive(self, stage: int, outer_round: int, base: tuple[dict, dict], contributions: list[bytes],
@@ -82,8 +84,10 @@ class StageAggregation:
                                      outer_round=outer_round, compression_cfg=self.cfg.compression,
                                      excluded=excluded)
 
-    def move_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor]) -> None:
-        """Take another global state of the last applied round, local progress kept (StageEngine.move_global)."""
+    def move_global(self, stage: int, weights: dict[str, torch.Tensor],
+                    momentum: dict[str, torch.Tensor]) -> None:
+        """Take another global state of the last applied round, local progress kept
+        (StageEngine.move_global)."""
         self.engines[stage].move_global(weights, momentum)
 
     # -- the sliced exchange (docs/PROTOCOL.md, "Sliced exchange") ------------------------
@@ -95,15 +99,17 @@ class StageAggregation:
                         blobs: list[bytes | None]) -> SliceAggregate:
         """Aggregator's work on one slice: :func:`training.butterfly.aggregate_slice` (pure, replayable)."""
         return aggregate_slice(blobs, self.plans[stage], slice_index, self.cfg.compression,
-                               self.engines[stage].compressor.bandwidth_budget, norm_clip=self.cfg.diloco.norm_clip,
-                               stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
+                               self.engines[stage].compressor.bandwidth_budget,
+                               norm_clip=self.cfg.diloco.norm_clip, stage_index=stage,
+                               outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
 
     def apply_partials(self, stage: int, outer_round: int, partials: list[bytes]) -> RoundResult:
         """The outer step of ``outer_round`` on the average assembled from the A partial blobs."""
         engine = self.engines[stage]
         average = average_of_partials(partials, self.plans[stage], stage_index=stage, outer_round=outer_round,
                                       refuse_raw=self.cfg.compression.enabled)
-        aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco, outer_round)
+        aggregation = step_with_average(engine.global_weights, engine.momentum, average, self.cfg.diloco,
+                                        outer_round)
         return engine.finish_round(outer_round, [], aggregation=aggregation)
 
     def contribution_dropped(self, stage: int, outer_round: int) -> None:

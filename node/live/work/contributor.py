@@ -68,7 +68,8 @@ class Contributor:
         self.stop = base.stop
         self._capture_done: Future | None = None  # the last start-state capture queued on the lane
         self._publish_done: Future | None = None  # the last contribution encoded and published on the lane
-        self._applied: dict[int, dict[int, bytes]] = {}  # round -> stage -> applied_hash its contributions bind
+        # round -> stage -> applied_hash its contributions bind
+        self._applied: dict[int, dict[int, bytes]] = {}
 
     # -- training ---------------------------------------------------------------------
     def train(self, outer_round: int, first_step: int, end_step: int) -> None:
@@ -104,14 +105,16 @@ class Contributor:
         mean_loss = sum(p.mean_loss * p.tokens for p in parts) / tokens
         with self.clock.phase("eval"):
             self.rounds.evals[outer_round] = self._start_eval(outer_round)
-        self.rounds.trained[outer_round] = TrainFigures(mean_loss, math.nan, tokens)  # held-out loss: eval_of()
+        # held-out loss: eval_of()
+        self.rounds.trained[outer_round] = TrainFigures(mean_loss, math.nan, tokens)
         steps = tokens // (self.cfg.training.batch_size * self.cfg.model.block_size)
         period = self.clock.trained(outer_round, sum(p.seconds for p in parts), steps,
                                     sum(p.cpu_seconds for p in parts))
         self.progress.timing = self.clock.summary()
-        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round, steps, period["inner_s"],
-                    "first period" if period["wall_s"] is None else
-                    f"{period['wall_s']:.1f}s since the last round's, utilization {period['utilization']:.1%}",
+        logger.info("round %d: %d inner steps in %.1fs (%s), loss %.4f", outer_round, steps,
+                    period["inner_s"], "first period" if period["wall_s"] is None else
+                    f"{period['wall_s']:.1f}s since the last round's, utilization "
+                    f"{period['utilization']:.1%}",
                     mean_loss)
 
     def _capture_start_state(self, outer_round: int) -> None:
@@ -122,12 +125,14 @@ class Contributor:
 
         def serve() -> None:
             with self.clock.lane("start_state"):
-                self.rounds.start_states[outer_round] = self.spot_checks.serve_start_states(outer_round, serialise())
+                self.rounds.start_states[outer_round] = self.spot_checks.serve_start_states(outer_round,
+                                                                                            serialise())
 
         self._capture_done = self.lane.submit(serve)
 
     def abandon(self, outer_round: int) -> None:
-        """The round being trained is abandoned (its split cluster's pipeline broke): nothing of it is sent."""
+        """The round being trained is abandoned (its split cluster's pipeline broke): nothing of it is
+        sent."""
         self.rounds.parts.pop(outer_round, None)
         self.clock.interrupted()  # the wait for the partner is nobody's round (nor its budget)
         self.lane.join()  # the abandoned round's start state may still be on its way
@@ -169,9 +174,11 @@ class Contributor:
 
     # -- the contribution ----------------------------------------------------------------
     def encode(self, outer_round: int) -> None:
-        """Encode and publish ``outer_round``: the part reading the live weights here, the rest on the lane."""
+        """Encode and publish ``outer_round``: the part reading the live weights here, the rest on the
+        lane."""
         if outer_round <= self.state.get("last_contributed", -1):
-            raise StateError(f"round {outer_round} was already contributed before a restart; refusing to re-sign")
+            raise StateError(
+                f"round {outer_round} was already contributed before a restart; refusing to re-sign")
         # The engines' last reader and writer on the lane (this round's start state, the previous
         # encode) are done; not the eval just queued, which reads its own copy.
         self.join_engine_work()
@@ -202,19 +209,23 @@ class Contributor:
             self.lane.join(self._capture_done)
 
     def publish(self, outer_round: int) -> None:
-        """Sign, archive, serve and announce this node's contribution of every held stage of ``outer_round``."""
+        """Sign, archive, serve and announce this node's contribution of every held stage of
+        ``outer_round``."""
         if outer_round <= self.state.get("last_contributed", -1):
-            raise StateError(f"round {outer_round} was already contributed before a restart; refusing to re-sign")
+            raise StateError(
+                f"round {outer_round} was already contributed before a restart; refusing to re-sign")
         # A round begun on a result of ours that left (or may have left) the record is never announced,
         # whenever the chain's verdict comes (docs/PROTOCOL.md, "The rounds a fork touched").
         if outer_round not in self.rounds.withheld and not self.forks.announceable(outer_round):
             self.rounds.withheld.add(outer_round)
         states = self.rounds.start_states.pop(outer_round, None)
         if states is None:
-            raise StateError(f"round {outer_round}: no start state was captured; refusing to contribute unbound")
+            raise StateError(
+                f"round {outer_round}: no start state was captured; refusing to contribute unbound")
         applied = self._applied.pop(outer_round, None)
         if applied is None:
-            raise StateError(f"round {outer_round}: what its training applied was not read; refusing to contribute")
+            raise StateError(
+                f"round {outer_round}: what its training applied was not read; refusing to contribute")
         if outer_round in self.rounds.withheld:
             for stage in self.worker.stages:  # encoded as always (the engines transmit it), never announced
                 self.encode_stage(stage, outer_round)
@@ -229,11 +240,13 @@ class Contributor:
             body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob,
                                                                      applied[stage]))
             envelope = self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
-            # Kept even if the close leaves it out: the audit's rerun of this replica needs it (node/store/archive.py).
-            # A full disk pauses the contribution until space is freed (it must be archived before it is sent).
+            # Kept even if the close leaves it out: the audit's rerun of this replica needs it
+            # (node/store/archive.py). A full disk pauses the contribution
+            # until space is freed (it must be archived before it is sent).
             digest = retry_on_full_disk(
                 lambda: self.archive.put_own(outer_round, envelope, stage, self.worker.replica, self.peer_id),
-                what=f"round {outer_round}'s contribution of stage {stage}", kind="contribution", stop=self.stop)
+                what=f"round {outer_round}'s contribution of stage {stage}", kind="contribution",
+                stop=self.stop)
             self.pool.serve_own(outer_round, envelope)  # a full disk pauses it too (serve_when_space)
             self.pool.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
