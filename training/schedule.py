@@ -56,6 +56,7 @@ import math
 from dataclasses import dataclass
 
 from training.config import AUTO, DilocoConfig, TrainingConfig
+from training.delay_correction import delay_correction_for
 
 TRAIN = "train"
 ENCODE = "encode"
@@ -101,7 +102,7 @@ def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = Fa
         # `overlap` inner steps of round t only, then it is applied and round t goes on.
         return [RoundAction(TRAIN, outer_round, 0, overlap), *previous,
                 RoundAction(TRAIN, outer_round, overlap, steps), encode, *flush]
-    if diloco_cfg.delay_correction in ("lookahead", "eager"):
+    if delay_correction_for(diloco_cfg).jumps_ahead:
         return [train, *previous, encode, *flush]
     return [train, encode, *previous, *flush]
 

@@ -69,13 +69,12 @@ from training.diloco import (
     Weights,
     aggregate_unchecked,
     aggregate_with_report,
-    float32_scalar,
-    host_float32,
     host_float32_copy,
     outer_state_shape,
     outer_step,
     zero_outer_state,
 )
+from training.delay_correction import delay_correction_for
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
 from training.robust import ContributionReport
@@ -161,6 +160,7 @@ class StageEngine:
         self.last_encoded = -1
         self.last_applied = -1
         self._prepared: tuple[int, Weights] | None = None  # (round, pseudo-gradient) of prepare_encode()
+        self.correction = delay_correction_for(diloco_cfg)  # how the local weights follow an applied round
 
     @property
     def delayed(self) -> bool:
@@ -169,22 +169,13 @@ class StageEngine:
     @property
     def lookahead(self) -> bool:
         """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager")."""
-        return self.delayed and self.diloco_cfg.delay_correction in ("lookahead", "eager")
-
-    def _estimate_input(self) -> Weights:
-        """The pseudo-gradient the lookahead step uses: own, or eager's own + others' previous round, / M."""
-        own = self.compressor.last_decoded
-        if self.diloco_cfg.delay_correction != "eager" or self._others_previous is None:
-            return own
-        others, count = self._others_previous
-        divisor = float32_scalar(float(count))
-        return {name: torch.div(torch.add(own[name], others[name]), divisor) for name in own}
+        return self.correction.jumps_ahead
 
     def _check_encode_order(self, outer_round: int) -> None:
         if outer_round != self.last_encoded + 1:
             raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
-        if pending > (1 if self.delayed and not self.lookahead else 0):
+        if pending > self.correction.pending_encodes:
             raise RoundOrderError(
                 f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
                 f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
@@ -273,8 +264,8 @@ class StageEngine:
         if self.lookahead:
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.
-            estimate, _ = outer_step(self.global_weights, self.momentum, self._estimate_input(), self.diloco_cfg,
-                                     outer_round)
+            step_input = self.correction.estimate_input(self.compressor.last_decoded, self._others_previous)
+            estimate, _ = outer_step(self.global_weights, self.momentum, step_input, self.diloco_cfg, outer_round)
             self._own_decoded[outer_round] = self.compressor.last_decoded
             with torch.no_grad():
                 for name, param in self.params.items():
@@ -348,13 +339,7 @@ class StageEngine:
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
                 f"(last encoded {self.last_encoded})"
             )
-        if self.delayed and self.diloco_cfg.delay_correction == "reset" and self.last_encoded == outer_round:
-            # Resetting now would throw away the progress of round t+1 before it is encoded.
-            if any(not torch.equal(host_float32(p), self._round_end[outer_round][n]) for n, p in self.params.items()):
-                raise RoundOrderError(
-                    f"stage {self.stage_index}: delay_correction='reset' needs round {outer_round + 1} "
-                    f"encoded before round {outer_round} is applied"
-                )
+        self.correction.check_apply(self.stage_index, outer_round, self.last_encoded, self.params, self._round_end)
         started = time.perf_counter()
         # This replica's own contribution, if among them, is not decoded again: the encoder
         # returned exactly the decoder's output for those bytes (compression.encode_tensor).
@@ -365,29 +350,11 @@ class StageEngine:
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
         own = self._own_decoded.pop(outer_round, None)
-        if self.diloco_cfg.delay_correction == "eager" and own is not None:
-            count = len(result.accepted)
-            total = float32_scalar(float(count))
-            # (With its own contribution left out, "others" is approximate; the next estimate only.)
-            self._others_previous = None if average is None else (
-                {n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count
-            )
+        self._others_previous = self.correction.others_after_apply(average, own, len(result.accepted),
+                                                                   self._others_previous)
         with torch.no_grad():
-            if not self.delayed or self.diloco_cfg.delay_correction == "reset":
-                # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
-                for name, param in self.params.items():
-                    param.copy_(new_global[name])
-                self._round_start = host_float32_copy(new_global)
-            else:
-                for name, param in self.params.items():
-                    progress = torch.sub(host_float32(param), round_end[name])
-                    param.copy_(torch.add(new_global[name], progress))
-
-                def rebase(snapshot: Weights) -> Weights:
-                    return {n: torch.add(new_global[n], torch.sub(snapshot[n], round_end[n])) for n in snapshot}
-
-                self._round_start = rebase(self._round_start)
-                self._round_end = {r: rebase(snapshot) for r, snapshot in self._round_end.items()}
+            self._round_start, self._round_end = self.correction.follow(
+                self.params, new_global, round_end, self._round_start, self._round_end)
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
         self._forget_sent_before(outer_round)
