@@ -127,13 +127,6 @@ def adamw(params: list[torch.Tensor], training_cfg: TrainingConfig) -> torch.opt
     return torch.optim.AdamW(groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2))
 
 
-def make_optimizer(module: nn.Module, training_cfg: TrainingConfig):
-    """The inner optimizer ``training.optimizer`` names for one stage's ``module``."""
-    if training_cfg.optimizer == "muon":
-        return MuonAdamW(module, training_cfg)
-    return adamw(list(module.parameters()), training_cfg)
-
-
 def state_kind(optimizer, param: torch.Tensor) -> tuple[str, tuple[str, ...]]:
     """``(group prefix, fields)`` of ``param``'s state in the replica's start state: ``("muon",
     MUON_FIELDS)`` for a Muon-stepped matrix, else ``("adam", ADAM_FIELDS)``."""

@@ -53,7 +53,7 @@ from training.compiled import compile_modules
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
 from training.model import init_state_dict, lm_loss, token_ids_to
-from training.muon import make_optimizer
+from training.inner_optimizers import make_optimizer
 from training.pipeline_group import close_pipeline_group, init_pipeline_group
 from training.platform import Platform, prepare_platform
 from training.stages import StageModule, StageSpec, merge_state_dicts, split_stages, split_state_dict

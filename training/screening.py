@@ -62,7 +62,6 @@ import math
 import statistics
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -73,7 +72,9 @@ from training.config import DilocoConfig, ModelConfig
 from training.data import Corpus, check_corpus
 from training.errors import ContributionDecodeError, DataError
 from training.model import GPT, lm_loss
-from training.robust import lower_median
+from training.screen_rules import (  # re-exported: training.screening is their address too
+    CURVATURE_FACTOR, MIN_SCREENED, SLOPE_ERRORS, SLOPE_SHARE, ScreeningReport, screen_rule_for,
+)
 
 SCREENING_BATCH_DOMAIN = b"dlx-node/screening-batch/v1"
 _U64_MAX = 2**64 - 1
@@ -83,17 +84,6 @@ LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 
 #: Threads for the screening losses (fixed: the decision must be the same bits everywhere).
 SCREENING_THREADS = 1
-#: Contributions a round needs before screening excludes any (a majority to measure against).
-MIN_SCREENED = 3
-#: Version 2 (``screen_rule = "two_sided"``): a contribution must descend by at least this share of the median
-#: slope (or by the tolerance, whichever is less) ...
-SLOPE_SHARE = 4
-#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
-#: the square of an update's length, so this is an update twice the median's.
-CURVATURE_FACTOR = 4
-#: Version 3 (``"paired"``): a slope may fall short of the least one by this many standard errors of its
-#: measurement (at most by the tolerance): the two-sided 95% band of a normal estimate.
-SLOPE_ERRORS = 2
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
     """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
@@ -173,28 +163,6 @@ def _f32(value: float) -> float:
     return rounded if math.isfinite(rounded) else math.inf
 
 
-@dataclass(frozen=True)
-class ScreeningReport:
-    """The screening verdict on one contribution (canonical ``index``).
-
-    ``loss_after`` is None for a contribution that was not screened (it did not
-    decode; aggregation excludes it anyway).
-    """
-
-    index: int
-    loss_before: float
-    loss_after: float | None
-    excluded: bool
-    detail: str
-    #: Versions 2 and 3: the loss of the contribution applied against itself (``theta + outer_lr * d``).
-    loss_against: float | None = None
-    #: Version 3 only: the standard error of its slope over the screening batch's windows (:func:`slope_error`).
-    slope_error: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def decode_full(
     contribution_by_stage: Sequence[bytes],
     shapes_by_stage: Sequence[Mapping[str, tuple[int, ...]]],
@@ -256,8 +224,9 @@ def screen_contributions(
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
-    windows = getattr(loss_fn, "windows", None) if paired(diloco_cfg) else None
-    if paired(diloco_cfg) and windows is None:
+    rule = screen_rule_for(diloco_cfg)
+    windows = getattr(loss_fn, "windows", None) if rule.per_window else None
+    if rule.per_window and windows is None:
         raise ValueError("version-3 screening judges per-window losses: pass a ModelLoss (model_loss_fn)")
     threads = torch.get_num_threads()
     torch.set_num_threads(SCREENING_THREADS)
@@ -272,7 +241,7 @@ def screen_contributions(
             stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
             opposed = {name: torch.add(value, torch.mul(contribution[name], factor))
-                       for name, value in global_weights.items()} if two_sided(diloco_cfg) else None
+                       for name, value in global_weights.items()} if rule.against else None
             if windows:  # version 3: the same losses, per window, and the slope's standard error over them
                 alone, opposite = windows(stepped), windows(opposed)
                 after[index], against[index] = window_mean(alone), window_mean(opposite)
@@ -283,111 +252,21 @@ def screen_contributions(
                 against[index] = _f32(loss_fn(opposed))
     finally:
         torch.set_num_threads(threads)
-    return judge(loss_before, after, len(contributions), diloco_cfg, against if two_sided(diloco_cfg) else None,
+    return judge(loss_before, after, len(contributions), diloco_cfg, against if rule.against else None,
                  errors if windows else None)
-
-
-def two_sided(diloco_cfg: DilocoConfig) -> bool:
-    """Whether the run screens by version 2 or 3 (a time-bounded run made since it, with the option; module
-    docstring): each contribution applied against itself too."""
-    return diloco_cfg.budgeted and diloco_cfg.screen_rule in ("two_sided", "paired")
-
-
-def paired(diloco_cfg: DilocoConfig) -> bool:
-    """Whether the run screens by version 3 (slopes judged per window: module docstring)."""
-    return diloco_cfg.budgeted and diloco_cfg.screen_rule == "paired"
 
 
 def judge(
     loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig,
     loss_against: Mapping[int, float] | None = None, slope_errors: Mapping[int, float] | None = None,
 ) -> list[ScreeningReport]:
-    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record).
+    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record): the
+    run's :class:`~training.screen_rules.ScreenRule`.
 
     ``loss_against``: the losses of each contribution applied against itself (the same keys as ``loss_after``),
     which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard errors of the slopes
     (:func:`slope_error`, the same keys)."""
-    if two_sided(diloco_cfg):
-        if loss_against is None or set(loss_against) != set(loss_after):
-            raise ValueError("version-2 screening judges each contribution's loss applied against itself too")
-        if paired(diloco_cfg) and (slope_errors is None or set(slope_errors) != set(loss_after)):
-            raise ValueError("version-3 screening judges each slope with its standard error")
-        return _judge_two_sided(loss_before, loss_after, loss_against, count, diloco_cfg,
-                                slope_errors if paired(diloco_cfg) else None)
-    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    median = lower_median(list(loss_after.values())) if loss_after else math.inf
-    # Against the median contribution, not min(L_b, median): with the one-step delay every honest
-    # contribution, applied alone to weights that already moved, can do worse than L_b late in a
-    # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
-    threshold = median + tolerance
-    if diloco_cfg.budgeted:
-        # Replicas of a time-bounded run train different counts: an honest slow replica's shorter update,
-        # applied alone, lands above the faster ones' median, yet below L_b. Scaling it up to the mean count
-        # does not help: fewer steps buy less than their share of loss, and late in a run the scaled update
-        # overshoots (bench/bench_heterogeneous.py screened the honest 4x replica out of 4 of 7 rounds that
-        # way). Only a contribution worse than both leaving the weights alone and the median is left out.
-        threshold = max(loss_before, median) + tolerance
-    # With fewer than three screened contributions there is no majority to measure against: the
-    # lower median of two is the better one, and the other, honest or not, would fall above it
-    # (a 2-replica benchmark run lost an honest contribution that way). Nothing is excluded then;
-    # the norm rule still bounds every contribution.
-    if len(loss_after) < MIN_SCREENED:
-        threshold = math.inf
-    reports = []
-    for index in range(count):
-        if index not in loss_after:
-            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
-            continue
-        value = loss_after[index]
-        excluded = not value <= threshold
-        detail = (
-            f"loss {loss_before:.6g} -> {value:.6g} alone, above the median {median:.6g} + {tolerance:.3g}"
-            if excluded else ""
-        )
-        reports.append(ScreeningReport(index, loss_before, value, excluded, detail))
-    return reports
-
-
-def _difference(a: float, b: float) -> float:
-    """``a - b`` in float64, -inf where that is NaN (both infinite)."""
-    value = a - b
-    return -math.inf if math.isnan(value) else value
-
-
-def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
-                     diloco_cfg: DilocoConfig, errors: Mapping[int, float] | None = None) -> list[ScreeningReport]:
-    """Versions 2 and 3 (``errors``: each slope's standard error; module docstring; docs/DILOCOX.md section 13,
-    "Screening of a time-bounded run")."""
-    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at most by
-    # the tolerance); version 2: by nothing.
-    margin = {i: min(SLOPE_ERRORS * errors[i], tolerance) if errors is not None else 0.0 for i in after}
-    # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
-    # enters a median's sort.
-    slope = {i: _difference(against[i], after[i]) for i in after}
-    curvature = {i: (against[i] + after[i]) / 2 - loss_before for i in after}  # +inf if either side is
-    screens = len(after) >= MIN_SCREENED  # else no majority to measure against (judge): nothing is excluded
-    least_slope = min(tolerance, lower_median(list(slope.values())) / SLOPE_SHARE) if screens else -math.inf
-    most_curvature = (CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance if screens
-                      else math.inf)
-    reports = []
-    for index in range(count):
-        if index not in after:
-            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
-            continue
-        descends = not screens or slope[index] + margin[index] > least_slope
-        near = not screens or curvature[index] <= most_curvature
-        detail = ""
-        if not descends:
-            within = f" + {margin[index]:.3g}" if errors is not None else ""
-            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
-                      f"slope {slope[index]:.3g}{within} not above {least_slope:.3g}")
-        elif not near:
-            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
-                      f"curvature {curvature[index]:.3g} above {most_curvature:.3g}")
-        reports.append(ScreeningReport(index, loss_before, after[index], not (descends and near), detail,
-                                       against[index], None if errors is None else errors[index]))
-    return reports
+    return screen_rule_for(diloco_cfg).judge(loss_before, loss_after, count, diloco_cfg, loss_against, slope_errors)
 
 
 def screening_exclusions(reports: Sequence[ScreeningReport]) -> dict[int, str]:
