@@ -55,6 +55,9 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from rulebook.norm_clip import (  # lower_median and clip_scale re-exported: training.robust is their address too
+    clip_bound, clip_scale, lower_median, per_step,
+)
 from training.codec_wire import decode_declared, header_steps
 from training.errors import (
     ContributionCodecRefused,
@@ -251,18 +254,6 @@ def _levels_norm(arrays: Sequence[np.ndarray], count: int) -> float:
     return math.sqrt(float(total))
 
 
-def lower_median(values: Sequence[float]) -> float:
-    """``sorted(values)[(len - 1) // 2]``: a value that occurs, and the smaller middle one for an even count."""
-    if not values:
-        raise ValueError("lower_median of no values")
-    return sorted(values)[(len(values) - 1) // 2]
-
-
-def clip_scale(norm: float, bound: float) -> float:
-    """1.0 if ``norm <= bound``, else ``bound / norm`` (float64, one division)."""
-    return 1.0 if norm <= bound else bound / norm
-
-
 def scaled(decoded: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """``float32(float64(x) * scale)`` per tensor: one correctly rounded product, one rounding."""
     return {
@@ -335,9 +326,9 @@ def robust_contributions(
             reports[index] = ContributionReport(index, False, reason, str(detail), norm, 0.0)
             continue
         decoded[index], norms[index] = tensors, norm
-        clip_norms[index] = norm / steps[index] if steps_range is not None else norm
+        clip_norms[index] = per_step(norm, steps[index]) if steps_range is not None else norm
     median = lower_median(list(clip_norms.values())) if clip_norms else 0.0
-    bound = norm_clip * median if norm_clip else math.inf
+    bound = clip_bound(median, norm_clip)
     per = " per step" if steps_range is not None else ""
     accepted = []
     for index, tensors in decoded.items():
