@@ -5,6 +5,27 @@ One :class:`DelayCorrection` per kind, a registry keyed by the config's spelling
 one-step delay its kind (:class:`NoDelay`). The rules and their arithmetic are written out in
 :mod:`training.stage_engine`'s module docstring; :class:`~training.stage_engine.StageEngine` keeps the
 snapshots, the kind says what to do with them.
+
+Variants (``diloco.delay_correction``; the default is the rule above):
+
+* ``"lookahead"``: right after encoding round t (which then requires round
+  t-1 to be applied already), the replica moves its local weights to its own
+  estimate of the next global weights, ``S^{t+1} = OuterSGDNesterov(theta^{t-1},
+  m^{t-1}, decode(own contribution))``, trains round t+1 from there, and
+  ``apply_round(t)`` re-bases with ``theta_i <- theta^t + (L - S^{t+1})``. The
+  pseudo-gradient of round t+1 is ``S^{t+1} - E^{t+1}``, again exactly the
+  round's local progress, taken relative to ``theta^t`` after the re-basing;
+  the start is only off by ``lr (1 + mu) (own - average)`` instead of the whole
+  outer step (with momentum the outer step extrapolates far from ``E_t``).
+  With one replica and lossless coding this is synchronous DiLoCo.
+* ``"eager"`` (Kale, Douillard, Donchev 2025, arXiv 2502.12996, "eager updates"):
+  as ``"lookahead"``, but the estimate of round t's average uses the others'
+  contributions of round t-1 as a proxy for their round t ones,
+  ``S^{t+1} = OuterSGDNesterov(theta^{t-1}, m^{t-1}, (own_t + sum_{j != i} c_j^{t-1}) / M)``
+  (round t-1 was applied just before; in round 0, ``own_0`` alone). The start
+  is then off only by how much the others' progress changed in one round.
+* ``"reset"``: ``theta_i <- theta^t``: the progress of round t+1 is kept only
+  through its pseudo-gradient, applied one round later (delayed-gradient SGD).
 """
 
 from __future__ import annotations

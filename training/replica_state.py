@@ -73,7 +73,8 @@ from training.fingerprint import PlatformFingerprint, parse_fingerprint
 from training.hashing import tensor_le_array
 from training.muon import optimizer_prefixes, state_kind
 from training.pipeline import LocalReplicaTrainer
-from training.stage_engine import ENGINE_STATE_VERSION, StageEngine
+from training.stage_engine import StageEngine
+from training.stage_engine_state import ENGINE_STATE_VERSION
 from training.stages import merge_state_dicts, split_stages, stage_param_shapes
 
 logger = logging.getLogger(__name__)

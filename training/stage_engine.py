@@ -29,26 +29,12 @@ step: that one-round staleness is the price of the overlap. Without the delay,
 ``apply_round(t)`` runs before round t+1 trains, ``L = E_t`` and the rule
 reduces to DiLoCo's ``theta_i <- theta^t`` (done as a plain copy).
 
-Variants (``diloco.delay_correction``; the default is the rule above):
+The variants (``diloco.delay_correction``: ``"rebase"``, the rule above, ``"lookahead"``, ``"eager"``,
+``"reset"``) are :mod:`training.delay_correction`'s kinds, whose docstring writes each out.
 
-* ``"lookahead"``: right after encoding round t (which then requires round
-  t-1 to be applied already), the replica moves its local weights to its own
-  estimate of the next global weights, ``S^{t+1} = OuterSGDNesterov(theta^{t-1},
-  m^{t-1}, decode(own contribution))``, trains round t+1 from there, and
-  ``apply_round(t)`` re-bases with ``theta_i <- theta^t + (L - S^{t+1})``. The
-  pseudo-gradient of round t+1 is ``S^{t+1} - E^{t+1}``, again exactly the
-  round's local progress, taken relative to ``theta^t`` after the re-basing;
-  the start is only off by ``lr (1 + mu) (own - average)`` instead of the whole
-  outer step (with momentum the outer step extrapolates far from ``E_t``).
-  With one replica and lossless coding this is synchronous DiLoCo.
-* ``"eager"`` (Kale, Douillard, Donchev 2025, arXiv 2502.12996, "eager updates"):
-  as ``"lookahead"``, but the estimate of round t's average uses the others'
-  contributions of round t-1 as a proxy for their round t ones,
-  ``S^{t+1} = OuterSGDNesterov(theta^{t-1}, m^{t-1}, (own_t + sum_{j != i} c_j^{t-1}) / M)``
-  (round t-1 was applied just before; in round 0, ``own_0`` alone). The start
-  is then off only by how much the others' progress changed in one round.
-* ``"reset"``: ``theta_i <- theta^t``: the progress of round t+1 is kept only
-  through its pseudo-gradient, applied one round later (delayed-gradient SGD).
+The engine's other concerns live beside it: joining and catching up (:mod:`training.stage_engine_joining`),
+its checkpoint state (:mod:`training.stage_engine_state`) and what a round returns
+(:mod:`training.stage_results`).
 """
 
 from __future__ import annotations
@@ -57,61 +43,33 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
+from training.delay_correction import delay_correction_for
 from training.diloco import (
     Aggregation,
     Weights,
     aggregate_unchecked,
     aggregate_with_report,
     host_float32_copy,
-    outer_state_shape,
     outer_step,
     zero_outer_state,
 )
-from training.delay_correction import delay_correction_for
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
-from training.robust import ContributionReport
+from training.stage_engine_joining import EngineJoining
+from training.stage_engine_state import EngineState
+from training.stage_results import PreparedAggregation, RoundResult
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATE_VERSION = 1
 
 
-@dataclass
-class PreparedAggregation:
-    """:meth:`StageEngine.prepare_aggregation`'s result: valid while the engine's global state is ``base``."""
-
-    outer_round: int
-    base: tuple[Weights, Weights]  # the global weights and momentum it was computed from (the objects)
-    aggregation: Aggregation
-    seconds: float
-
-
-@dataclass
-class RoundResult:
-    """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
-
-    outer_round: int
-    weights_hash: bytes
-    num_contributions: int  # given, accepted or not
-    aggregate_seconds: float  # decode + average + outer step + hash
-    correction_seconds: float  # re-basing the local weights
-    stats: dict = field(default_factory=dict)
-    contributions: list[ContributionReport] = field(default_factory=list)  # canonical order
-
-    @property
-    def num_accepted(self) -> int:
-        return sum(report.accepted for report in self.contributions)
-
-
-class StageEngine:
+class StageEngine(EngineJoining, EngineState):
     """DiLoCoX state of one stage on one replica; no networking.
 
     ``params`` are the live parameters of the stage module (updated in place by
@@ -396,189 +354,3 @@ class StageEngine:
     def _forget_sent_before(self, outer_round: int) -> None:
         for old in [r for r in list(self._sent) if r < outer_round]:  # list(): another thread may add one
             del self._sent[old]
-
-    # ------------------------------------------------------------------ joining, catching up
-
-    def can_apply(self, outer_round: int) -> bool:
-        """True if ``apply_round(outer_round)`` is the next step (this replica encoded that round)."""
-        return self.last_encoded >= outer_round and self.last_applied == outer_round - 1
-
-    def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
-               last_round: int) -> None:
-        """Enter after ``last_round`` from global state (e.g. a checkpoint): local = global, nothing pending.
-
-        The live params are overwritten with ``global_weights``; the error-feedback
-        residual is kept (it is this replica's own). Round ``last_round + 1`` is
-        the next to encode.
-        """
-        weights = self._checked("global_weights", global_weights)
-        momentum = self._checked("momentum", momentum)
-        self.global_weights, self.momentum = weights, momentum
-        self._round_start = host_float32_copy(weights)
-        self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
-        self._own_blob = {}
-        self.compressor.encoder_memo = None  # a restart's state carries none (training.reexec.restart_state_reason)
-        self.last_encoded = self.last_applied = last_round
-        self._prepared = None
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.copy_(weights[name])
-
-    def move_global(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> None:
-        """Replace the global state of the last applied round with another one of the same round (a re-base).
-
-        A replica whose outer step left the run's record (it aggregated another set than the
-        quorum did) takes the record's state instead: the global weights and momentum become
-        the given ones, and the live params and every stored snapshot move by the same delta
-        (as :meth:`absorb_round` does), so local progress since the round start stays this
-        replica's own. The round counters do not change.
-        """
-        weights = self._checked("global_weights", global_weights)
-        momentum = self._checked("momentum", momentum)
-        delta = {n: torch.sub(weights[n], self.global_weights[n]) for n in weights}
-
-        def shift(snapshot: Weights) -> Weights:
-            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
-
-        self._round_start = shift(self._round_start)
-        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
-        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
-        self.global_weights, self.momentum = weights, momentum
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.add_(delta[name])
-
-    def skip_to(self, next_round: int) -> None:
-        """Make ``next_round`` the next round to encode, keeping every weight (a replica that sat rounds out).
-
-        Rounds before ``next_round`` that this replica did not encode are
-        treated as encoded and applied without it (their snapshots are dropped);
-        the local progress since the round start stays in the next pseudo-gradient.
-        """
-        if self.last_encoded >= next_round - 1:
-            return
-        self._round_end, self._own_decoded, self._sent, self._own_blob = {}, {}, {}, {}
-        self.compressor.encoder_memo = None  # encoders "v3", "v4" select afresh after rounds sat out
-        self.last_encoded = next_round - 1
-        self.last_applied = max(self.last_applied, next_round - 1)
-
-    def absorb_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
-    ) -> RoundResult:
-        """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
-
-        The global state advances with the same pure :func:`aggregate`, and the
-        live params and every stored snapshot move by the same global delta
-        ``theta^t - theta^{t-1}`` (so the next pseudo-gradient is still this
-        replica's own progress).
-        """
-        started = time.perf_counter()
-        old = self.global_weights
-        result = self._aggregation(outer_round, contributions, excluded, prepared, aggregation)
-        new_global, new_momentum = result.new_global, result.new_momentum
-        aggregated = time.perf_counter()
-        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
-
-        def shift(snapshot: Weights) -> Weights:
-            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
-
-        self._round_start = shift(self._round_start)
-        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
-        self.global_weights, self.momentum = new_global, new_momentum
-        self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
-        self._forget_sent_before(min(outer_round, self.last_applied))
-        self._own_decoded.pop(outer_round, None)
-        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.add_(delta[name].to(param.device))
-        return RoundResult(
-            outer_round=outer_round,
-            weights_hash=result.weights_hash,
-            num_contributions=len(contributions),
-            aggregate_seconds=aggregated - started,
-            correction_seconds=time.perf_counter() - aggregated,
-            contributions=result.contributions,
-        )
-
-    def finish_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
-    ) -> RoundResult:
-        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
-        if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions, excluded=excluded, prepared=prepared,
-                                    aggregation=aggregation)
-        return self.absorb_round(outer_round, contributions, excluded=excluded, prepared=prepared,
-                                 aggregation=aggregation)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self, *, copy: bool = True) -> dict:
-        """Global weights, momentum, error feedback, local snapshots and round counters (cloned).
-
-        ``copy=False``: the engine's own host tensors, not copies, for a caller that is done with them
-        before the engine changes next (serialising a start state on the spot: a copy of gigabytes saved).
-        """
-        snap = host_float32_copy if copy else dict
-        return {
-            "version": ENGINE_STATE_VERSION,
-            "stage_index": self.stage_index,
-            "one_step_delay": self.delayed,
-            "last_encoded": self.last_encoded,
-            "last_applied": self.last_applied,
-            "global_weights": snap(self.global_weights),
-            "momentum": snap(self.momentum),
-            "error_feedback": self.compressor.state_dict(copy=copy),
-            "round_start": snap(self._round_start),
-            "round_end": {int(r): snap(weights) for r, weights in self._round_end.items()},
-            "own_decoded": {int(r): snap(weights) for r, weights in self._own_decoded.items()},
-            "others_previous": None if self._others_previous is None else (
-                snap(self._others_previous[0]), self._others_previous[1]
-            ),
-            "sent": {int(r): snap(weights) for r, weights in self._sent.items()},
-            # Encoders "v3", "v4" only (None otherwise): last round's codings (v3: and bases).
-            "encoder_memo": self.compressor.encoder_state(),
-        }
-
-    def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`; the live params are the trainer's to restore."""
-        try:
-            if state["version"] != ENGINE_STATE_VERSION:
-                raise EngineStateError(f"engine state version {state['version']}, expected {ENGINE_STATE_VERSION}")
-            if state["stage_index"] != self.stage_index:
-                raise EngineStateError(f"engine state is for stage {state['stage_index']}, not {self.stage_index}")
-            if bool(state["one_step_delay"]) != self.delayed:
-                raise EngineStateError("engine state was saved with a different diloco.one_step_delay")
-            last_encoded, last_applied = int(state["last_encoded"]), int(state["last_applied"])
-            round_end = {int(r): self._checked(f"round_end[{r}]", s) for r, s in state["round_end"].items()}
-            if sorted(round_end) != list(range(last_applied + 1, last_encoded + 1)):
-                raise EngineStateError("engine state: pending round snapshots do not match the round counters")
-            global_weights = self._checked("global_weights", state["global_weights"])
-            momentum = self._checked("momentum", state["momentum"])
-            round_start = self._checked("round_start", state["round_start"])
-            # "eager" state (absent in states saved before it existed: lookahead for one round).
-            own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
-            others = state.get("others_previous")
-            others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
-            sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
-            self.compressor.load_state_dict(state["error_feedback"])
-            self.compressor.load_encoder_state(state.get("encoder_memo"))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
-        self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
-        self._round_end = round_end
-        self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
-        self.last_encoded, self.last_applied = last_encoded, last_applied
-        self._own_blob = {}
-
-    def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
-        if set(weights) != set(self.shapes):
-            raise EngineStateError(f"engine state {what}: tensor names differ from stage {self.stage_index}'s")
-        for name, value in weights.items():
-            # The outer state of outer Adam holds two moments per weight (training.diloco.outer_state_shape).
-            shape = outer_state_shape(self.diloco_cfg, self.shapes[name]) if what == "momentum" else self.shapes[name]
-            if tuple(value.shape) != shape:
-                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}")
-        return host_float32_copy(weights)

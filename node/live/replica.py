@@ -42,7 +42,8 @@ from training.pipeline import (
     init_pipeline_group,
 )
 from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
-from training.stage_engine import RoundResult, StageEngine
+from training.stage_engine import StageEngine
+from training.stage_results import RoundResult
 from training.stages import split_stages, stage_param_names
 
 logger = logging.getLogger(__name__)
