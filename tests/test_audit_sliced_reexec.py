@@ -32,7 +32,7 @@ from training.slicebundle import bundle_slices, parse_slice_reference, slice_bun
 from training.slicemessages import partial_payload
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
-from training.replica_state import initial_replica_state
+from training.replica_capture import initial_replica_state
 
 RUN_ID = 1
 

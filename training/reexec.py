@@ -6,7 +6,7 @@ commitment to the round's data (:func:`data_commitment`). A verifier that
 samples it (:func:`sample_replicas`) fetches the start state, checks both
 bindings, and reruns the round exactly as the node runs it::
 
-    restore trainer + engines from the start state        # training.replica_state.restore_replica
+    restore trainer + engines from the start state        # training.replica_restore.restore_replica
     for action in round_actions(diloco, t):               # training.schedule, as node/live/node.py
         train:  H inner AdamW steps on round_batches(seed, i, t, k), lr = inner_lr(t*H + k)
         apply:  finish_round(t-1, the public contributions of round t-1)
@@ -72,12 +72,9 @@ from training.reexec_rules import (
     RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, data_commitment, restart_state_reason,
     claimed_steps, round_meta, sample_replicas, sample_score, start_global_round, steps_in_range,
 )
-from training.replica_state import (
-    ReplicaStartState,
-    capture_replica_state,
-    parse_stage_state,
-    restore_replica,
-)
+from training.replica_state import ReplicaStartState, parse_stage_state
+from training.replica_restore import restore_replica
+from training.replica_capture import capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, inner_lr, round_actions, set_lr
 from training.stages import split_stages, stage_param_shapes
 

@@ -3,7 +3,7 @@
 The loop is :func:`training.simulate.simulate`'s (the actions of
 :func:`training.schedule.round_actions` in order, as the node runs them), with
 one addition: before the first inner step of every round each replica
-captures its start state (:func:`training.replica_state.capture_replica_state`)
+captures its start state (:func:`training.replica_capture.capture_replica_state`)
 and, when it encodes, states what its envelopes would bind
 (:class:`training.reexec.ContributionClaim`).
 
@@ -34,7 +34,8 @@ from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
 from training.reexec import NO_APPLY, ContributionClaim, data_commitment, round_meta
-from training.replica_state import ReplicaStartState, capture_replica_state
+from training.replica_state import ReplicaStartState
+from training.replica_capture import capture_replica_state
 from training.schedule import APPLY, ENCODE, TRAIN, applies_before_encode, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
 

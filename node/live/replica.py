@@ -34,7 +34,7 @@ from training.screening import (
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_state import capture_trainer_part, start_state_bytes
+from training.replica_capture import capture_trainer_part, start_state_bytes
 from training.pipeline import (
     LocalReplicaTrainer,
     PipelineStageTrainer,
