@@ -9,16 +9,9 @@ import torch
 
 from p2p.identity import Identity, verify_signature
 from training.butterfly import (
-    SlicedErrorFeedbackCompressor,
-    SliceError,
-    aggregate_slice,
-    aggregator_of,
-    assemble_partials,
-    assemble_slices,
-    plan_slices,
-    replay_partial,
-    split_slices,
+    SlicedErrorFeedbackCompressor, aggregate_slice, assemble_partials, replay_partial,
 )
+from training.slice_plan import SliceError, aggregator_of, assemble_slices, plan_slices, split_slices
 from training.slicemessages import (
     check_partial,
     inputs_root,

@@ -240,7 +240,7 @@ class DilocoConfig:
     # else "full"; the run document names what it resolved to, never "auto".
     exchange: str = "full"
     # The sliced exchange's smallest slice, in elements: a stage is cut into
-    # A = min(num_replicas, elements // min_slice_numel) slices (training.butterfly.live_plan). A
+    # A = min(num_replicas, elements // min_slice_numel) slices (training.slice_plan.live_plan). A
     # run setting (every node and the auditor derive the same plan), in the run document only
     # when "sliced". Small slices code worse (docs/DILOCOX.md section 12, "Minimum slice"); a
     # larger minimum also caps A, so only A of the R holders aggregate a slice each round.

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import msgpack
 import torch
 
-from training.butterfly import assemble_slices, live_plan
+from training.slice_plan import assemble_slices, live_plan
 from training.codec_wire import decode_contribution
 from training.config import DilocoConfig
 from training.errors import ContributionDecodeError

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.butterfly import MAX_SLICES, SliceError
+from training.slice_plan import MAX_SLICES, SliceError
 from training.codec_wire import MAX_DECLARED_STEPS, header_steps
 
 _EMPTY = bytes(32)

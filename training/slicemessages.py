@@ -27,7 +27,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.butterfly import MAX_SLICES, SliceError, SlicePlan, replay_partial
+from training.butterfly import replay_partial
+from training.slice_plan import MAX_SLICES, SliceError, SlicePlan
 from training.config_compression import CompressionConfig
 
 SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"

@@ -20,7 +20,8 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.butterfly import SliceAggregate, SlicePlan, aggregate_slice, average_of_partials, slice_stage
+from training.butterfly import SliceAggregate, aggregate_slice, average_of_partials, slice_stage
+from training.slice_plan import SlicePlan
 from training.diloco import Aggregation, aggregate_with_report, step_with_average
 from training.errors import PipelineError
 from training.screening import (

@@ -38,7 +38,7 @@ from node.slicedproof import usable_reference
 from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, candidate
+from training.slice_plan import SliceError, candidate
 from training.codec_wire import decode_contribution, header_steps
 from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
