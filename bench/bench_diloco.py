@@ -50,7 +50,7 @@ from training.config import (  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import corpus_from_config, load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
-from training.shards import is_dataset  # noqa: E402
+from training.sharded_corpus import is_dataset  # noqa: E402
 from training.simulate import MODES, set_clock, simulate  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 

@@ -55,7 +55,8 @@ import torch
 
 from training.config import ModelConfig, TrainingConfig
 from training.errors import DataError
-from training.shards import MANIFEST_NAME, ShardedCorpus, is_dataset, open_dataset
+from training.shards import MANIFEST_NAME
+from training.sharded_corpus import ShardedCorpus, is_dataset, open_dataset
 from training.tokenizer import Tokenizer, check_vocab, encode_bytes, load_tokenizer, tokenizer_reference
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ _U64_MAX = 2**64 - 1
 class Corpus:
     """A corpus in memory split into a training part and a held-out tail.
 
-    Every corpus kind (this one, :class:`training.shards.ShardedCorpus`) answers
+    Every corpus kind (this one, :class:`training.sharded_corpus.ShardedCorpus`) answers
     ``split_tokens(name)`` and ``windows(name, starts, block_size)`` for the
     splits "train" and "eval", and has ``source`` and ``sha256``; the batch
     functions below use nothing else.
