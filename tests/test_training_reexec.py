@@ -309,7 +309,8 @@ PIPELINE_STAGE = textwrap.dedent(
     from test_training_reexec import _pipeline_cfgs
     from training.data import round_batches
     from training.stage_engine import StageEngine
-    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_stage import PipelineStageTrainer
     from training.reexec import round_meta
     from training.replica_capture import capture_stage_state
     from training.schedule import inner_lr, set_lr

@@ -1,6 +1,6 @@
 """The process group of one replica's pipeline: the rendezvous of its stage processes over TCP, one
 formation at a time (a restarted stage re-forms it), and the backend (training/pipeline.py's
-:class:`~training.pipeline.PipelineStageTrainer` runs on it)."""
+:class:`~training.pipeline_stage.PipelineStageTrainer` runs on it)."""
 
 from __future__ import annotations
 

@@ -36,12 +36,9 @@ from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
 from training.replica_capture import capture_trainer_part, start_state_bytes
-from training.pipeline import (
-    LocalReplicaTrainer,
-    PipelineStageTrainer,
-    close_pipeline_group,
-    init_pipeline_group,
-)
+from training.pipeline import LocalReplicaTrainer
+from training.pipeline_group import close_pipeline_group, init_pipeline_group
+from training.pipeline_stage import PipelineStageTrainer
 from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
