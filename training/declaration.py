@@ -6,7 +6,7 @@ A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
   cheater cannot claim, in the round it cheats, a platform its verifiers lack;
 * it tells routing (``node.live.routing``) which verifiers can judge the member's claims bit-exactly: on the
   same platform, or on the same CPU model and torch build under the claimant's instruction set by emulation
-  (:func:`training.fingerprint.capability_to_emulate`). The chain holds 32 bytes, not the fingerprint, so that
+  (:func:`training.claimant_kernels.capability_to_emulate`). The chain holds 32 bytes, not the fingerprint, so that
   second job needs a structure the bytes keep (:func:`can_judge`).
 
 **Version 2** (:func:`platform_declaration`, what a node declares since routing by emulation)::
@@ -46,7 +46,7 @@ _V1_DOMAIN = b"dlx-platform/v1\x00"
 _V2_DOMAIN = b"dlx-platform/v2\x00"
 
 #: Version-2 codes of the ATen x86 CPU capabilities, in the order a CPU that has one runs every lower one
-#: (training.fingerprint.CPU_CAPABILITY_LEVELS plus one).
+#: (training.claimant_kernels.CPU_CAPABILITY_LEVELS plus one).
 CAPABILITY_CODES = {"DEFAULT": 1, "AVX2": 2, "AVX512": 3}
 #: The code of a platform only an equal declaration judges exactly (a GPU, another CPU capability).
 EXACT_ONLY = 0xF
@@ -84,7 +84,7 @@ def platform_declaration(platform: PlatformFingerprint, native: str | None = Non
     """The version-2 declaration of a member that trains on ``platform`` (module docstring).
 
     ``native``: the highest ATen capability of the member's CPU
-    (``training.fingerprint.native_cpu_capability``); None or a level below ``platform``'s: ``platform``'s
+    (``training.claimant_kernels.native_cpu_capability``); None or a level below ``platform``'s: ``platform``'s
     own. Ignored for a platform that is not emulatable.
     """
     family = family_hash(platform)
@@ -144,7 +144,7 @@ def can_judge(verifier: bytes, claimant: bytes) -> bool:
     """Whether a verifier that declared ``verifier`` reruns, bit-exactly, the claims of a member that declared
     ``claimant``: the same declaration (any version), or two version-2 declarations of one family where the
     claimant's instruction set is one the verifier's CPU has (it reruns under the claimant's kernels:
-    ``training.fingerprint.capability_to_emulate``). A member that declared none is judged by nobody this
+    ``training.claimant_kernels.capability_to_emulate``). A member that declared none is judged by nobody this
     way."""
     if claimant == NO_PLATFORM or len(claimant) != 32:
         return False
