@@ -46,7 +46,6 @@ def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFin
     """The ``ATEN_CPU_CAPABILITY`` under which a rerun on this machine uses the claimant's own CPU kernels, or
     None when there is none to choose (issue 42).
 
-
     The inner steps are bit-exact only under the claimant's kernels (torch's vectorised GELU, softmax,
     LayerNorm and AdamW round differently per instruction set; docs/DILOCOX.md section 11). A float32 or
     bfloat16 CPU claim made on this CPU model with this torch build, under a capability other than this
@@ -71,7 +70,6 @@ def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFinger
                        native: str | None = None) -> dict[str, str | None] | None:
     """The environment a child of this process needs to rerun a CPU claim under the claimant's own kernels,
     or None where this process's own are the claimant's or none can be chosen here.
-
 
     Two things choose them besides the CPU model and the torch build (which must be equal): ATen's
     instruction set (:func:`capability_to_emulate`) and the math libraries' code path (the fingerprint's

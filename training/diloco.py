@@ -42,7 +42,7 @@ local snapshots they need) is :class:`training.stage_engine.StageEngine`.
 Bit-exact aggregation: :func:`aggregate` is a pure function of the previous
 global weights, the momentum, the contribution bytes in canonical order and the
 config; the decoder computes its integer matrix product exactly
-(:func:`training.codec_wire.reconstruct_lowrank`) and the outer step only elementwise IEEE float32
+(:func:`training.codec_exact.reconstruct_lowrank`) and the outer step only elementwise IEEE float32
 operations, so another process (the auditor) gets the same
 :func:`~training.hashing.stage_weights_hash`.
 

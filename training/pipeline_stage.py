@@ -23,13 +23,11 @@ logger = logging.getLogger(__name__)
 class PipelineStageTrainer:
     """One stage of a replica's pipeline, run in this process (rank == stage index).
 
-
     Every rank calls :meth:`train_step` / :meth:`eval_loss` with the same
     batches (the data is deterministic, see :mod:`training.data`); the first
     stage uses ``x``, the last ``y``, the others only their shapes. Every rank
     gets the loss back (broadcast from the last stage).
     """
-
 
     def __init__(
         self,
@@ -75,13 +73,11 @@ class PipelineStageTrainer:
         self._schedule_shape: tuple[int, ...] | None = None
         self._closed = False
 
-
     def _schedule_for(self, shape: tuple[int, ...]):
         # PipelineStage infers the activation shapes from the first micro-batch and
         # keeps them, so a new batch shape needs a new stage and schedule.
         if self._schedule is None or self._schedule_shape != shape:
             from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
 
             stage = PipelineStage(
                 self.module, self.spec.index, self.spec.num_stages, self.device, group=self.group
@@ -89,7 +85,6 @@ class PipelineStageTrainer:
             self._schedule = ScheduleGPipe(stage, n_microbatches=self.micro_batches, loss_fn=lm_loss)
             self._schedule_shape = shape
         return self._schedule
-
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One pipelined inner step on ``(x, y)``; every rank returns the batch loss."""
@@ -101,7 +96,6 @@ class PipelineStageTrainer:
         schedule = self._schedule_for(tuple(x.shape))
         x = token_ids_to(x, self.device, self.cfg) if self.spec.is_first else x.to(self.device)
         y = y.to(self.device)
-
 
         def backward() -> float:
             # ScheduleGPipe back-propagates each micro-batch and divides the gradients by their count.
@@ -123,10 +117,8 @@ class PipelineStageTrainer:
             dist.broadcast(loss, group_src=self.world_size - 1, group=self.group)
             return float(loss)
 
-
         def reduce_sq_norm(total: torch.Tensor) -> None:
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
-
 
         try:
             return inner_step([self.module], [self.optimizer], self.training_cfg.grad_clip, backward,
@@ -135,7 +127,6 @@ class PipelineStageTrainer:
             raise
         except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline step failed: {exc}") from exc
-
 
     def follow_first_stage(self, decision: bool) -> bool:
         """The first stage's ``decision`` on every rank (a broadcast from rank 0): in a time-bounded run the
@@ -148,7 +139,6 @@ class PipelineStageTrainer:
         except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}") from exc
         return bool(flag.item())
-
 
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -177,20 +167,16 @@ class PipelineStageTrainer:
             self.module.train()
         return float(total) / len(batches)
 
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's weights under their full-model names, on the CPU."""
         return {name: tensor.cpu() for name, tensor in self.module.state_dict().items()}
-
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace this stage's weights (optimizer state is kept)."""
         self.module.load_state_dict(state_dict)
 
-
     def leave_group(self) -> None:
         """Drop a broken pipeline (a stage's process died): destroy the process group, keep the weights.
-
 
         The module, its optimizer state and the caller's references to the parameters
         stay as they are; :meth:`join_group` re-forms the pipeline with the same ranks
@@ -208,10 +194,8 @@ class PipelineStageTrainer:
             logger.warning("stage %d: the broken process group did not shut down cleanly: %s", self.spec.index, exc)
         gc.collect()
 
-
     def join_group(self, master_addr: str, master_port: int, timeout_s: float) -> None:
         """Re-form the pipeline after :meth:`leave_group` (rendezvous as :func:`init_pipeline_group`).
-
 
         Raises PipelineError if the other stages do not come within ``timeout_s``; the
         caller may simply try again.
@@ -220,11 +204,9 @@ class PipelineStageTrainer:
         init_pipeline_group(self.rank, self.world_size, master_addr, master_port, timeout_s=timeout_s)
         self.group = dist.group.WORLD
 
-
     def _check_open(self) -> None:
         if self._closed:
             raise PipelineError(f"stage {self.spec.index}: trainer is closed")
-
 
     def close(self) -> None:
         """Destroy the process group; the trainer cannot be used afterwards. Idempotent."""

@@ -24,7 +24,6 @@ def capture_stage_state(
 ) -> StageStartState:
     """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner step).
 
-
     ``module`` and ``optimizer``: the stage's module and inner AdamW (a
     :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
     ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
@@ -35,7 +34,6 @@ def capture_stage_state(
 
 def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """The part of :func:`capture_stage_state` the inner steps change (weights, AdamW state), copied.
-
 
     Take it before the round's first inner step; :func:`capture_engine_part` may follow later
     (on another thread), as long as the engine has not changed in between.
@@ -107,7 +105,6 @@ def initial_replica_state(
     compression_cfg: CompressionConfig,
 ) -> ReplicaStartState:
     """The start state of round 0, a pure function of the run's configuration (the anchor of the chain).
-
 
     Weights ``init_state_dict(model, training.seed)``, no AdamW state, zero
     residual, engines at round -1. A replica whose round-0 state hash differs

@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 class ShardedTokens:
     """The concatenated id stream of a dataset's shards, read by memory map."""
 
-
     def __init__(self, directory: Path, manifest: Manifest, release_pages: bool = True) -> None:
         self.directory = directory
         self.manifest = manifest
@@ -38,10 +37,8 @@ class ShardedTokens:
         self._dtype = np.dtype(manifest.dtype).newbyteorder("<")
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
 
-
     def __len__(self) -> int:
         return int(self._bounds[-1])
-
 
     def _shard(self, index: int) -> np.ndarray:
         if index not in self._maps:
@@ -52,7 +49,6 @@ class ShardedTokens:
                                 offset=SHARD_HEADER.size)
             self._maps[index] = (mapped, ids)
         return self._maps[index][1]
-
 
     def gather(self, starts: np.ndarray, length: int) -> np.ndarray:
         """``out[i] = ids[starts[i] : starts[i] + length]`` as int64 (windows may cross shard boundaries)."""
@@ -74,7 +70,6 @@ class ShardedTokens:
                 out[row] = self._read_across(int(starts[row]), length)
         return out
 
-
     def _read_across(self, start: int, length: int) -> np.ndarray:
         pieces, position = [], start
         while position < start + length:
@@ -87,14 +82,12 @@ class ShardedTokens:
             position += take
         return np.concatenate(pieces)
 
-
     def _release(self, index: int) -> None:
         # The windows are copied out: drop the shard's mapped pages from this process (they stay in the
         # page cache). A fault can map a whole large folio (up to 2 MiB), so pages are released shard
         # by shard: resident memory holds at most one shard's worth, whatever the dataset's size.
         if self.release_pages and hasattr(mmap, "MADV_DONTNEED"):
             self._maps[index][0].madvise(mmap.MADV_DONTNEED)
-
 
     def close(self) -> None:
         self._maps.clear()  # the arrays hold the maps; both go with the last reference
@@ -104,15 +97,12 @@ class ShardedTokens:
 class TokenSpan:
     """Ids ``[start, end)`` of a :class:`ShardedTokens` stream: one split of a dataset."""
 
-
     tokens: ShardedTokens
     start: int
     end: int
 
-
     def numel(self) -> int:
         return self.end - self.start
-
 
     def windows(self, starts: torch.Tensor, length: int) -> torch.Tensor:
         """LongTensor of shape ``starts.shape + (length,)`` with the ids at split offsets ``starts``."""
@@ -126,10 +116,8 @@ class TokenSpan:
 class ShardedCorpus:
     """A prepared dataset as the training code sees a corpus: a training split and a held-out split.
 
-
     ``sha256`` is the manifest's root (what the run document commits to after ``manifest:``).
     """
-
 
     train: TokenSpan
     eval: TokenSpan
@@ -137,19 +125,15 @@ class ShardedCorpus:
     sha256: str
     manifest: Manifest
 
-
     @property
     def num_tokens(self) -> int:
         return self.manifest.num_tokens
 
-
     def split(self, name: str) -> TokenSpan:
         return {"train": self.train, "eval": self.eval}[name]
 
-
     def split_tokens(self, name: str) -> int:
         return self.split(name).numel()
-
 
     def windows(self, name: str, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets of the windows of split ``name`` starting at ``starts``."""
@@ -177,9 +161,7 @@ def open_dataset(
 ) -> ShardedCorpus:
     """Open a prepared dataset; with ``verify`` every shard is checked (once per process) first.
 
-
     ``release_pages=False`` keeps the pages reads map resident (only to measure what releasing saves).
-
 
     Raises:
         ShardError: The manifest is malformed or not ``expected_root``, or a shard is missing,
@@ -221,7 +203,6 @@ def open_run_dataset(path: str | os.PathLike, reference: str, tokenizer: str, vo
     """The prepared dataset a run document names: ``reference`` is its ``training.data_sha256``
     (``manifest:<root>``), ``tokenizer`` its ``model.tokenizer`` ("bytes" or "sha256:<hex>"), ``vocab_size``
     the model's. Every shard is checked (once per process), as a node does before it trains.
-
 
     Raises:
         ShardError: ``path`` is not a prepared dataset, or another one (its root, its tokenizer or its

@@ -38,7 +38,6 @@ class SliceError(TrainingError, ValueError):
 class SlicePiece:
     """Lines ``start:end`` of tensor ``name``'s matrix view: rows (``axis`` 0) or columns (``axis`` 1)."""
 
-
     name: str
     axis: int
     start: int
@@ -50,24 +49,19 @@ class SlicePiece:
 class SlicePlan:
     """How a stage is cut into slices: ``slices[j]`` lists slice j's pieces, names ascending."""
 
-
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     slices: tuple[tuple[SlicePiece, ...], ...]
-
 
     @property
     def num_slices(self) -> int:
         return len(self.slices)
 
-
     def slice_shapes(self, index: int) -> dict[str, tuple[int, ...]]:
         """``{name: sub-tensor shape}`` of slice ``index``: what its blobs must decode to."""
         return {piece.name: piece.shape for piece in self.slices[index]}
 
-
     def slice_numel(self, index: int) -> int:
         return sum(math.prod(piece.shape) for piece in self.slices[index])
-
 
     @property
     def numel(self) -> int:
@@ -76,7 +70,6 @@ class SlicePlan:
 
 def cut_axis(shape: tuple[int, ...]) -> int:
     """0 (rows) or 1 (columns): the matrix view is cut across its longer side.
-
 
     A block of a cut matrix repeats what the codec stores per line of the side
     that is not cut: the per-column scales of ``quant`` (cutting columns repeats
@@ -91,7 +84,6 @@ def plan_slices(
     shapes: Mapping[str, tuple[int, ...]], num_slices: int, *, min_slice_numel: int = DEFAULT_MIN_SLICE_NUMEL
 ) -> SlicePlan:
     """Cut a stage into at most ``num_slices`` slices of whole lines, balanced by element count.
-
 
     The tensors (names ascending) are laid end to end as one sequence of lines
     of their matrix views (``matrix_view_shape``): rows, or columns for a matrix
@@ -197,7 +189,6 @@ def assemble_slices(parts: Sequence[Mapping[str, torch.Tensor]], plan: SlicePlan
 
 def aggregator_of(slice_index: int, outer_round: int, num_members: int) -> int:
     """Canonical index of the member that aggregates ``slice_index`` in ``outer_round`` (a rotation).
-
 
     With ``A <= R`` slices the A aggregators of a round are distinct, and the
     role moves by one member per round so no member aggregates the same slice

@@ -24,7 +24,7 @@ from training.codec.coding import (
     quant_coded,
 )
 from training.codec.factorize import Factorization, factorize_gram
-from training.codec_wire import qmax
+from training.codec_exact import qmax
 from training.config import EncoderVersion
 
 QUANT_SAMPLE = 16384  # values per bit width the quant(b) estimates look at (whole rows)
