@@ -43,7 +43,8 @@ from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingC
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
-from training.simulate import MODES, set_clock, simulate  # noqa: E402
+from training.simulate import MODES, simulate  # noqa: E402
+from training.simulate_records import set_clock
 from results_convergence import svg  # noqa: E402
 
 ROUNDS, INNER_STEPS, REPLICAS, STAGES = 30, 50, 2, 2
