@@ -82,11 +82,11 @@ def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str,
     return order
 
 
-# The leaves are built a tensor at a time, not a chunk at a time (issue 43: a chunk at a time, a stage of `mini`
-# took longer than its aggregation): every chunk's bytes are a fixed-width row of one numpy array (the chunks of
-# a tensor are all CHUNK_ELEMENTS long but its last), or a slice of a few contiguous buffers (a low-rank piece,
-# whose rows of P vary), cut out of one bytes object. The bytes are the layout of the module docstring, pinned
-# by tests/test_chunk_commitments.py.
+# The leaves are built a tensor at a time, not a chunk at a time (issue 43: a chunk at a time, a stage of
+# `mini` took longer than its aggregation): every chunk's bytes are a fixed-width row of one numpy array (the
+# chunks of a tensor are all CHUNK_ELEMENTS long but its last), or a slice of a few contiguous buffers (a
+# low-rank piece, whose rows of P vary), cut out of one bytes object. The bytes are the layout of the module
+# docstring, pinned by tests/test_chunk_commitments.py.
 
 
 def _rows(table: np.ndarray) -> list[bytes]:
@@ -205,8 +205,10 @@ def _pieces(fields: dict, numel: int, n: int) -> list[bytes]:
 def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int) -> list[bytes]:
     rank = fields["p"].shape[1]
     stride = 2 * rank
-    p_rows = memoryview(np.ascontiguousarray(fields["p"]).view(np.uint8)).cast("B")  # row i: [stride i, stride (i+1))
-    if n >= CHUNK_ELEMENTS:  # a chunk spans at most two rows: its elements' rows of Q are one or two runs of Q
+    # row i: [stride i, stride (i+1))
+    p_rows = memoryview(np.ascontiguousarray(fields["p"]).view(np.uint8)).cast("B")
+    # a chunk spans at most two rows: its elements' rows of Q are one or two runs of Q
+    if n >= CHUNK_ELEMENTS:
         q_rows = memoryview(np.ascontiguousarray(fields["q"]).view(np.uint8)).cast("B")
 
         def q_part(start: int, stop: int) -> list:

@@ -79,7 +79,8 @@ def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFinger
     if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
         return None
     if claimed.compiled or claimed.device_name != here.device_name or claimed.torch != here.torch:
-        return None  # a compiled claim: inductor's own kernels, not shown to follow these settings bit for bit
+        # a compiled claim: inductor's own kernels, not shown to follow these settings bit for bit
+        return None
     if claimed.capability == here.capability and claimed.blas == here.blas:
         return None
     settings: dict[str, str | None] = {}

@@ -1,5 +1,6 @@
 """The codec's numbers: bit-packed integers, float32 fields and the exact reconstruction (the decoder's
-arithmetic, bit-exact on every IEEE-754 platform; the formulas and the wire format: :mod:`training.codec_wire`)."""
+arithmetic, bit-exact on every IEEE-754 platform; the formulas and the wire format:
+:mod:`training.codec_wire`)."""
 
 from __future__ import annotations
 

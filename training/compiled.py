@@ -1,7 +1,7 @@
 """Compiled inner steps (``training.compile``, issue 42): torch.compile's inductor on the trainer's stage modules.
 
-A compiled replica's arithmetic is not eager's bit for bit (inductor fuses operations and reorders reductions),
-so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
+A compiled replica's arithmetic is not eager's bit for bit (inductor fuses operations and reorders
+reductions), so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
 (:func:`compiler_identity`), a compiled member declares another platform than an eager one, and a rerun of its
 inner steps is bit-exact only when it runs compiled too, with the same compiler (docs/DILOCOX.md section 11,
 "Compiled inner steps"). This module only says whether and how this machine compiles; training.fingerprint
@@ -89,9 +89,9 @@ def set_compile_deterministic() -> None:
 
 def forget_compiled() -> None:
     """Drop every graph this process compiled (``torch._dynamo.reset``). Inductor bakes the intra-op thread count
-    into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count must not
-    reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's on-disk
-    cache keys on the thread count, so compiling again is mostly a cache read."""
+    into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count must
+    not reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's
+    on-disk cache keys on the thread count, so compiling again is mostly a cache read."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -100,7 +100,8 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
-        # Under a byte budget, what the encoder carries between rounds ("v3", "v4": training.codec.memo.EncoderMemo).
+        # Under a byte budget, what the encoder carries between rounds ("v3", "v4":
+        # training.codec.memo.EncoderMemo).
         self.encoder_memo: EncoderMemo | None = None
 
     def declare(self, blob: bytes, steps: int) -> bytes:

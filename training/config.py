@@ -55,9 +55,10 @@ __all__ = [
 ]
 
 DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
-#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov", SGD with
-#: (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's elementwise Adam without
-#: bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two moments per weight.
+#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov",
+#: SGD with (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's
+#: elementwise Adam without bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two
+#: moments per weight.
 OUTER_OPTIMIZERS = ("nesterov", "adam")
 #: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
 OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
@@ -66,18 +67,18 @@ OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_ada
 OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
 OUTER_DECAYS = ("constant", "linear", "cosine")
 EXCHANGES = ("full", "sliced")
-#: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each stage's
-#: weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle root of
-#: every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk), "normed",
-#: version 3 (version 2 whose factors also commit each contribution's sum of squares and its sum tree,
-#: ledger.normproof: a fraud proof opens a clip scale).
+#: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each
+#: stage's weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle
+#: root of every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk),
+#: "normed", version 3 (version 2 whose factors also commit each contribution's sum of squares and its sum
+#: tree, ledger.normproof: a fraud proof opens a clip scale).
 COMMITMENTS = ("hashed", "chunked", "normed")
-#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
-#: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
-#: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
-#: (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope judged per window of the
-#: screening batch: a contribution's slope may fall short of the least slope by two standard errors of its
-#: measurement (docs/DILOCOX.md section 13, "Version 3").
+#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of
+#: each contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also
+#: applied against itself: a contribution must descend (its slope), and its length cost no more than four
+#: times the median one's (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope
+#: judged per window of the screening batch: a contribution's slope may fall short of the least slope by two
+#: standard errors of its measurement (docs/DILOCOX.md section 13, "Version 3").
 SCREEN_RULES = ("one_sided", "two_sided", "paired")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
@@ -96,15 +97,16 @@ class DilocoConfig:
     outer_momentum: float = 0.5  # DiLoCo used 0.9, too slow for tens of rounds
     nesterov: bool = True
     # The outer lr of every tensor that is not a hidden weight matrix (embeddings, head, norms, biases) is
-    # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step, docs/DILOCOX.md
-    # section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes unchanged).
+    # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step,
+    # docs/DILOCOX.md section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes
+    # unchanged).
     outer_lr_other_scale: float = 1.0
     # The outer optimizer (OUTER_OPTIMIZERS; training/diloco.py outer_step). "adam": per element
     # m = b1*m + (1-b1)*Delta, v = b2*v + (1-b2)*Delta^2, theta -= lr * m / (sqrt(v) + eps) (FedAdam, no bias
     # correction), its lr outer_lr (and the schedule's); its state, both moments, is the run's outer momentum
     # tensor stacked on a leading axis of 2. Not fraud-provable on chain (the contract recomputes Nesterov):
-    # an outer-Adam run commits "hashed". "nesterov" and the outer_adam_* settings are in the run document only
-    # when the optimizer is "adam" (every older hash unchanged).
+    # an outer-Adam run commits "hashed". "nesterov" and the outer_adam_* settings are in the run document
+    # only when the optimizer is "adam" (every older hash unchanged).
     outer_optimizer: str = "nesterov"
     outer_adam_beta1: float = 0.9
     outer_adam_beta2: float = 0.99
@@ -169,16 +171,17 @@ class DilocoConfig:
     min_slice_numel: int = 1024
     # Rounds bounded by time as well as steps (issue 44, docs/DILOCOX.md section 13): with
     # round_budget_s > 0 each replica trains as many inner steps of a round as fit in that many
-    # seconds of wall time (the node's: less its waits for peers, node/live/roundclock.py), at least min_inner_steps and at most inner_steps (H, then the maximum
-    # and the slot width of the lr schedule), and its contribution declares the count; the
-    # aggregation weights every inner step equally. 0 (the default) = fixed H: both settings are
-    # then absent from the run document, whose hash stays what it was.
+    # seconds of wall time (the node's: less its waits for peers, node/live/roundclock.py), at least
+    # min_inner_steps and at most inner_steps (H, then the maximum and the slot width of the lr schedule), and
+    # its contribution declares the count; the aggregation weights every inner step equally. 0 (the default) =
+    # fixed H: both settings are then absent from the run document, whose hash stays what it was.
     round_budget_s: float = 0.0
     min_inner_steps: int = 0  # with a budget: 0 means 1
     # How the run's records commit the stages' states (COMMITMENTS; docs/FRAUD_PROOF.md, "The node"). "auto"
-    # resolves to "normed" (version 3: a wrong aggregation or clip scale is provable on chain; norm_clip = 0 too)
-    # wherever the contract's outer step is this run's (full exchange, one outer lr, Nesterov), else "hashed".
-    # The document names what "auto" gave: a "chunked" run stays chunked, a document without it stays hashed.
+    # resolves to "normed" (version 3: a wrong aggregation or clip scale is provable on chain; norm_clip = 0
+    # too) wherever the contract's outer step is this run's (full exchange, one outer lr, Nesterov), else
+    # "hashed". The document names what "auto" gave: a "chunked" run stays chunked, a document without it
+    # stays hashed.
     commitments: str = AUTO
 
     def __post_init__(self) -> None:

@@ -49,8 +49,8 @@ class RandomSource(StrEnum):
     PHILOX = "philox"
 
 
-#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node init``, ``demo``,
-#: ``create-run``, the launcher, the benches, every ModelConfig built in code).
+#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node
+#: init``, ``demo``, ``create-run``, the launcher, the benches, every ModelConfig built in code).
 DEFAULT_RANDOM = RandomSource.PHILOX
 #: The source of a run document that names none: runs made before ``model.init`` and ``compression.sketch``
 #: existed.

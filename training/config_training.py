@@ -9,8 +9,8 @@ from training.config_base import _require, check_device_spec, check_precision
 
 #: training.optimizer's values (training/muon.py).
 INNER_OPTIMIZERS = ("adamw", "muon")
-#: The inner optimizer of a configuration that names none, and of a run document that names none (made before the
-#: setting, or an AdamW run). AdamW: Muon won at llama-xs and llama-s but lost at the demo's GPT-2 `mini`
+#: The inner optimizer of a configuration that names none, and of a run document that names none (made before
+#: the setting, or an AdamW run). AdamW: Muon won at llama-xs and llama-s but lost at the demo's GPT-2 `mini`
 #: (docs/DILOCOX.md section 14), so it does not win at every size measured, the condition for a new default.
 DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
 
@@ -48,11 +48,12 @@ class TrainingConfig:
     # section 11, "Compiled inner steps").
     compile: bool = False
     # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
-    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings,
-    # head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
-    # Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). A configuration that names none
-    # gets DEFAULT_OPTIMIZER; a run document that names none, LEGACY_OPTIMIZER (node.runconfig.node_config_from_run):
-    # with "adamw" none of them is in the run document, which is then what it was before the setting existed.
+    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for
+    # embeddings, head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the
+    # inner lr for the Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). A
+    # configuration that names none gets DEFAULT_OPTIMIZER; a run document that names none, LEGACY_OPTIMIZER
+    # (node.runconfig.node_config_from_run): with "adamw" none of them is in the run document, which is then
+    # what it was before the setting existed.
     optimizer: str = DEFAULT_OPTIMIZER
     muon_momentum: float = 0.95
     muon_lr_scale: float = 1.0
@@ -90,8 +91,8 @@ class TrainingConfig:
 
     def document(self) -> dict:
         """The settings every replica of a run shares (the run document's [training] table): all but
-        :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is what it
-        was before ``training.optimizer`` existed, so its hash is unchanged)."""
+        :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is
+        what it was before ``training.optimizer`` existed, so its hash is unchanged)."""
         out = dataclasses.asdict(self)
         for name in NODE_ONLY_TRAINING:
             del out[name]

@@ -256,7 +256,8 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     # mean round, tau = K / M steps (FedNova's normalised averaging, arXiv 2007.07481), is
     #     Delta = tau * sum_j (k_j / K) (c_j / k_j) = (1/M) sum_j c_j,
     # the plain mean: the same function, the same bits, whatever the counts. The counts enter through
-    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an outlier.
+    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an
+    # outlier.
     average = average_contributions(accepted) if accepted else None
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
 

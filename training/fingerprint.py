@@ -131,12 +131,14 @@ OPTIONAL_FIELDS = ("blas", "compiled")
 def cpu_model_name(cpuinfo: str) -> str:
     """The CPU model a Linux ``/proc/cpuinfo`` names, or "" where it names none.
 
-    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU implementer``
-    and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse N1): the name is
-    ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without it every ARM CPU
-    had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same ATen capability had
-    equal fingerprints and a rerun between them was held to bit-exactness, though their math libraries may pick
-    other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under emulation")."""
+    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU
+    implementer`` and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse
+    N1): the name is ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without
+    it every ARM CPU had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same
+    ATen capability had equal fingerprints and a rerun between them was held to bit-exactness, though their
+    math libraries may pick other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under
+    emulation").
+    """
     cores, implementer = set(), None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -214,7 +216,8 @@ def blas_environment(blas: str) -> dict[str, str | None]:
 
 def fingerprint(device: torch.device, precision: str, compiled: bool = False) -> PlatformFingerprint:
     """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now;
-    ``compiled``: through torch.compile (its ``compiled`` field names the compiler, :func:`compiler_identity`)."""
+    ``compiled``: through torch.compile (its ``compiled`` field names the compiler,
+    :func:`compiler_identity`)."""
     check_precision(precision)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)

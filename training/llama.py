@@ -9,7 +9,8 @@ copy (:mod:`training.export`):
 * ``n_layer`` pre-norm blocks ``model.layers.{i}``::
 
       x = x + o_proj(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))   n = input_layernorm(x)
-      x = x + down_proj(silu(gate_proj(n)) * up_proj(n))                        n = post_attention_layernorm(x)
+      x = x + down_proj(silu(gate_proj(n)) * up_proj(n))                        n =
+      post_attention_layernorm(x)
 
   with RMSNorm (Zhang & Sennrich 2019; weight only, eps 1e-5), the SwiGLU MLP
   (Shazeer 2020, arXiv 2002.05202) of width ``intermediate_size``, and

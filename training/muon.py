@@ -39,7 +39,8 @@ from training.config import TrainingConfig
 ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
 MUON_FIELDS = ("momentum_buffer",)
 #: Parameter-name components of the matrices Muon leaves to AdamW: token and position embeddings and the head
-#: (GPT-2's ``transformer.wte``, ``transformer.wpe``, ``lm_head``; Llama's ``model.embed_tokens``, ``lm_head``).
+#: (GPT-2's ``transformer.wte``, ``transformer.wpe``, ``lm_head``; Llama's ``model.embed_tokens``,
+#: ``lm_head``).
 EMBEDDING_NAMES = frozenset({"wte", "wpe", "embed_tokens", "lm_head"})
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5

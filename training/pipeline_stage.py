@@ -1,5 +1,6 @@
 """One pipeline stage per process: :class:`PipelineStageTrainer`, a real ``torch.distributed.pipelining``
-pipeline running the inner step of :mod:`training.pipeline` (whose module docstring describes both runners)."""
+pipeline running the inner step of :mod:`training.pipeline` (whose module docstring describes both runners).
+"""
 
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ def contribution_distance(
 ) -> float:
     """0.0 for identical payload bytes, else the relative L2 distance of the decoded pseudo-gradients.
 
-    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of the stage (float64 sums). A claimed
-    payload that does not decode for this stage and round is infinitely far.
+    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of
+    the stage (float64 sums). A claimed payload that does not decode for this stage and round is infinitely
+    far.
     """
     if claimed == recomputed:
         return 0.0

@@ -216,7 +216,8 @@ class SimRound:
     contributions: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> payloads in replica order
     train_seconds: float = 0.0  # all replicas' inner steps
     encode_seconds: float = 0.0  # all replicas' encodes (and apply of the previous round)
-    capture_seconds: float = 0.0  # all replicas' start-state captures, serialisation, hashes, data commitments
+    # all replicas' start-state captures, serialisation, hashes, data commitments
+    capture_seconds: float = 0.0
 
 
 def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound]:
@@ -243,8 +244,9 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     state = record.states[member.replica]
                     data = data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, member.replica,
                                            outer_round, member.declared_steps(outer_round))
-                    # A schedule that applies round t-1 before the encode (the overlap, "lookahead", "eager") binds
-                    # that result (the global weights, which the encode does not move), as the node's envelope does.
+                    # A schedule that applies round t-1 before the encode (the overlap, "lookahead", "eager")
+                    # binds that result (the global weights, which the encode does not move), as the node's
+                    # envelope does.
                     before = applies_before_encode(sim.diloco, outer_round)
                     record.claims[member.replica] = [
                         ContributionClaim(stage, part.state_hash(), data, payloads[stage],

@@ -37,7 +37,8 @@ def restore_replica(
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
         _restore_optimizer(part, module, optimizer)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
-        if diloco_cfg.exchange == "sliced":  # as the node's engines encode (node.live.replica), before the load
+        # as the node's engines encode (node.live.replica), before the load
+        if diloco_cfg.exchange == "sliced":
             slice_stage(engine, diloco_cfg.num_replicas, diloco_cfg.min_slice_numel)
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
@@ -47,7 +48,8 @@ def restore_replica(
 
 def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> None:
     """Put the captured inner-optimizer state of every parameter back (the run's optimizer decides which
-    fields each holds, :func:`training.muon.state_kind`); any other optimizer tensor in the state is refused."""
+    fields each holds, :func:`training.muon.state_kind`); any other optimizer tensor in the state is refused.
+    """
     used = set()
     for name, param in module.named_parameters():
         prefix, names = state_kind(optimizer, param)
@@ -109,7 +111,8 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]], o
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")
         if group.startswith("encoder.") and tensor_name in shapes:
-            # Encoder "v3"'s / "v4"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
+            # Encoder "v3"'s / "v4"'s memo: its own shapes, checked when the engine loads it
+            # (EncoderMemo.from_tensors).
             if group not in ("encoder.choice", "encoder.basis", "encoder.estimate"):
                 raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r}")
             groups.setdefault(group, set()).add(tensor_name)

@@ -74,7 +74,8 @@ SCREENED = "screened"
 #: A time-bounded run's contribution that declares no inner steps, or a count outside the run's range.
 BAD_STEPS = "bad_steps"
 #: Built on another result of the round before than the holder's (a forked member's round; the caller
-#: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the record").
+#: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the
+#: record").
 OTHER_RESULT = "other_result"
 EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT, BAD_STEPS)
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.

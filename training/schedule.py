@@ -11,7 +11,8 @@ Sec. 3)::
 
     step s = outer_round * H + k            (k: inner step within the round)
     lr(s)  = inner_lr * (s + 1) / warmup                       s < warmup
-           = min + (inner_lr - min) * (1 + cos(pi * p)) / 2     p = (s - warmup) / (T - warmup), clamped to [0, 1]
+           = min + (inner_lr - min) * (1 + cos(pi * p)) / 2     p = (s - warmup) / (T - warmup), clamped to
+           [0, 1]
     min    = inner_lr * min_lr_ratio,  T = total inner steps of the run
 
 With ``lr_schedule = "constant"`` (or no known ``T``) the rate is ``inner_lr``
@@ -24,8 +25,8 @@ per outer round ``t`` (the round whose average the outer step applies; W =
 
     lr_t = outer_lr * (t + 1) / W                                 t < W
          = outer_lr * (r + (1 - r) * f(p))                         p = (t - W) / (D - W), clamped to [0, 1]
-    mu_t = mu_end + (outer_momentum - mu_end) * f(p)               (mu_end = outer_final_momentum; "auto": mu_t = outer_momentum)
-    f(p) = 1 (constant) | 1 - p (linear) | (1 + cos(pi * p)) / 2 (cosine)
+    mu_t = mu_end + (outer_momentum - mu_end) * f(p)               (mu_end = outer_final_momentum; "auto":
+    mu_t = outer_momentum) f(p) = 1 (constant) | 1 - p (linear) | (1 + cos(pi * p)) / 2 (cosine)
 
 Both are computed in float64 from the configuration and the round index only,
 then rounded to float32 by the outer step (training/diloco.py), so every

@@ -20,8 +20,8 @@ MIN_SCREENED = 3
 #: Version 2 (``screen_rule = "two_sided"``): a contribution must descend by at least this share of the median
 #: slope (or by the tolerance, whichever is less) ...
 SLOPE_SHARE = 4
-#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
-#: the square of an update's length, so this is an update twice the median's.
+#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows
+#: as the square of an update's length, so this is an update twice the median's.
 CURVATURE_FACTOR = 4
 #: Version 3 (``"paired"``): a slope may fall short of the least one by this many standard errors of its
 #: measurement (at most by the tolerance): the two-sided 95% band of a normal estimate.
@@ -43,7 +43,8 @@ class ScreeningReport:
     detail: str
     #: Versions 2 and 3: the loss of the contribution applied against itself (``theta + outer_lr * d``).
     loss_against: float | None = None
-    #: Version 3 only: the standard error of its slope over the screening batch's windows (:func:`slope_error`).
+    #: Version 3 only: the standard error of its slope over the screening batch's windows
+    #: (:func:`slope_error`).
     slope_error: float | None = None
 
     def to_dict(self) -> dict:
@@ -87,10 +88,11 @@ class OneSided(ScreenRule):
         threshold = median + tolerance
         if diloco_cfg.budgeted:
             # Replicas of a time-bounded run train different counts: an honest slow replica's shorter update,
-            # applied alone, lands above the faster ones' median, yet below L_b. Scaling it up to the mean count
-            # does not help: fewer steps buy less than their share of loss, and late in a run the scaled update
-            # overshoots (bench/bench_heterogeneous.py screened the honest 4x replica out of 4 of 7 rounds that
-            # way). Only a contribution worse than both leaving the weights alone and the median is left out.
+            # applied alone, lands above the faster ones' median, yet below L_b. Scaling it up to the mean
+            # count does not help: fewer steps buy less than their share of loss, and late in a run the scaled
+            # update overshoots (bench/bench_heterogeneous.py screened the honest 4x replica out of 4 of 7
+            # rounds that way). Only a contribution worse than both leaving the weights alone and the median
+            # is left out.
             threshold = max(loss_before, median) + tolerance
         # With fewer than three screened contributions there is no majority to measure against: the
         # lower median of two is the better one, and the other, honest or not, would fall above it
@@ -145,8 +147,8 @@ def judge_two_sided(loss_before: float, after: Mapping[int, float], against: Map
     """Versions 2 and 3 (``errors``: each slope's standard error; :mod:`training.screening`; docs/DILOCOX.md section 13,
     "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at most by
-    # the tolerance); version 2: by nothing.
+    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at
+    # most by the tolerance); version 2: by nothing.
     margin = {i: min(SLOPE_ERRORS * errors[i], tolerance) if errors is not None else 0.0 for i in after}
     # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
     # enters a median's sort.

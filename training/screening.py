@@ -33,15 +33,16 @@ applied against itself, and what is judged is its slope and its curvature, not i
 ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
 
 Version 3 (``"paired"``) is version 2 with the slope judged against its own measurement error: the losses are
-taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of each,
-and the slope's standard error over the batch's ``B`` windows::
+taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of
+each, and the slope's standard error over the batch's ``B`` windows::
 
-    E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every value finite)
-    excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
+    E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every
+    value finite) excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
                  or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
 
-(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were the
-16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round too).
+(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were
+the 16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round
+too).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
@@ -263,9 +264,9 @@ def judge(
     """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record): the
     run's :class:`~training.screen_rules.ScreenRule`.
 
-    ``loss_against``: the losses of each contribution applied against itself (the same keys as ``loss_after``),
-    which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard errors of the slopes
-    (:func:`slope_error`, the same keys)."""
+    ``loss_against``: the losses of each contribution applied against itself (the same keys as
+    ``loss_after``), which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard
+    errors of the slopes (:func:`slope_error`, the same keys)."""
     return screen_rule_for(diloco_cfg).judge(loss_before, loss_after, count, diloco_cfg, loss_against, slope_errors)
 
 

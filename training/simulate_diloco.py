@@ -74,7 +74,8 @@ class RoundTally:
     raw: list[int] = field(default_factory=list)
     tensor_stats: list[dict] = field(default_factory=list)
     applied: list[dict] = field(default_factory=list)
-    elapsed: list[float] = field(default_factory=list)  # wall seconds of this round's inner steps (the budget's clock)
+    # wall seconds of this round's inner steps (the budget's clock)
+    elapsed: list[float] = field(default_factory=list)
     trained: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -112,7 +113,8 @@ class DilocoSimulation:
             for trainer in self.trainers
         ]
         self.evaluator = LocalReplicaTrainer(model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial)
-        self.exchanged: dict[int, list[list[bytes]]] = {}  # round -> per stage, the contributions not applied yet
+        # round -> per stage, the contributions not applied yet
+        self.exchanged: dict[int, list[list[bytes]]] = {}
         self.records: list[RoundRecord] = []
 
     def run(self) -> tuple[list[RoundRecord], str, float | None]:

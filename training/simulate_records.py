@@ -45,7 +45,8 @@ class RoundRecord:
     weights_root: str = ""  # hex root of the global weights after the last applied round
     tensors: list[dict] = field(default_factory=list)  # codec choices of replica 0 (diloco_x)
     # The rounds applied during this one (they lag by one with the delay), each
-    # {"outer_round", "screening": [ScreeningReport], "aggregation": [per stage [ContributionReport]]} as dicts.
+    # {"outer_round", "screening": [ScreeningReport], "aggregation": [per stage [ContributionReport]]} as
+    # dicts.
     applied: list[dict] = field(default_factory=list)
     # A time-bounded run's (diloco.round_budget_s): the inner steps each replica trained and declared.
     declared_steps: list[int] = field(default_factory=list)

@@ -183,7 +183,8 @@ def assemble_slices(parts: Sequence[Mapping[str, torch.Tensor]], plan: SlicePlan
             if target.dim() == 0:
                 target.copy_(value)
             else:
-                _piece_of(target, piece).copy_(value)  # a view into ``target`` (contiguous, so reshape is a view)
+                # a view into ``target`` (contiguous, so reshape is a view)
+                _piece_of(target, piece).copy_(value)
     return out
 
 

@@ -211,9 +211,10 @@ def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None
 
 def rerun_claim(bundle: bytes, reference: SliceReference) -> bytes:
     """What a rerun compares a sliced contribution with: the msgpack array of the slice blobs its bundle
-    proves, which is what the sliced encoder returns (:class:`training.butterfly.SlicedErrorFeedbackCompressor`), so a
-    bit-exact rerun gives the same bytes. SliceError if it is not the referenced bundle or a slice does
-    not check (the node's spot checker and the audit's ``--reexecute`` both read claims so)."""
+    proves, which is what the sliced encoder returns
+    (:class:`training.butterfly.SlicedErrorFeedbackCompressor`), so a bit-exact rerun gives the same bytes.
+    SliceError if it is not the referenced bundle or a slice does not check (the node's spot checker and the
+    audit's ``--reexecute`` both read claims so)."""
     import msgpack
 
     slices = bundle_slices(bundle, reference)

@@ -67,10 +67,12 @@ class SpotCheck:
 
     outer_round: int
     replica: int
-    verdict: str  # EXACT | WITHIN_TOLERANCE | UNDECIDED | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
+    # EXACT | WITHIN_TOLERANCE | UNDECIDED | MISMATCH | STATE_MISMATCH | DATA_MISMATCH | OTHER_RESULT
+    verdict: str
     reason: str
     distances: dict[int, float] = field(default_factory=dict)  # stage -> contribution_distance
-    next_state_hashes: list[bytes] | None = None  # per stage: what round t+1's envelopes must bind (EXACT only)
+    # per stage: what round t+1's envelopes must bind (EXACT only)
+    next_state_hashes: list[bytes] | None = None
     reexec_seconds: float = 0.0
     # The stages whose own claim fails (a split replica's stages have different signers; empty: honest,
     # or a failure no single stage's claim shows, e.g. states of different rounds).

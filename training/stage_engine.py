@@ -75,9 +75,9 @@ class StageEngine(EngineJoining, EngineState):
     ``params`` are the live parameters of the stage module (updated in place by
     the inner optimizer); the engine reads them to form pseudo-gradients and
     writes them when a round is applied. They may live on a GPU; everything the
-    engine keeps and computes is float32 on the CPU (:func:`training.diloco.host_float32`, docs/GPU.md). It keeps the global weights, the outer
-    momentum, the error-feedback residuals and the local snapshots the delay
-    correction needs. Call order per round t (module docstring)::
+    engine keeps and computes is float32 on the CPU (:func:`training.diloco.host_float32`, docs/GPU.md). It
+    keeps the global weights, the outer momentum, the error-feedback residuals and the local snapshots the
+    delay correction needs. Call order per round t (module docstring)::
 
         no delay:  train(t); encode_contribution(t); apply_round(t, ...)
         delay:     train(t); encode_contribution(t); apply_round(t-1, ...); train(t+1) ...
@@ -101,10 +101,12 @@ class StageEngine(EngineJoining, EngineState):
         self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
         self.global_weights: Weights = host_float32_copy(self.params)
         self.momentum: Weights = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
-        numel = sum(math.prod(shape) for shape in self.shapes.values())  # "auto" budgets follow the stage's size
+        # "auto" budgets follow the stage's size
+        numel = sum(math.prod(shape) for shape in self.shapes.values())
         budget = compression_cfg.stage_bandwidth_budget(numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas)
         self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
-        self._round_start: Weights = host_float32_copy(self.params)  # local weights when the current round began
+        # local weights when the current round began
+        self._round_start: Weights = host_float32_copy(self.params)
         self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet
         # "eager": own decoded contributions of unapplied rounds, and (sum of the others'
         # decoded contributions, M) of the last applied round.

@@ -34,7 +34,8 @@ class EngineJoining:
         self._round_start = host_float32_copy(weights)
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
         self._own_blob = {}
-        self.compressor.encoder_memo = None  # a restart's state carries none (training.reexec.restart_state_reason)
+        # a restart's state carries none (training.reexec.restart_state_reason)
+        self.compressor.encoder_memo = None
         self.last_encoded = self.last_applied = last_round
         self._prepared = None
         with torch.no_grad():

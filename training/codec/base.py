@@ -85,7 +85,8 @@ class Encoder(ABC):
     version: ClassVar[EncoderVersion]
     #: Whether :meth:`encode_round` carries a memo from round to round (then it is replica state).
     keeps_memo: ClassVar[bool] = False
-    #: What a memo of this kind holds besides each tensor's coding (:class:`~training.codec.memo.EncoderMemo`).
+    #: What a memo of this kind holds besides each tensor's coding
+    #: (:class:`~training.codec.memo.EncoderMemo`).
     memo_bases: ClassVar[bool] = False
     memo_estimates: ClassVar[bool] = False
 

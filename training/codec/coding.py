@@ -130,7 +130,8 @@ class Coded:
     """A quantized candidate: the integers and scales that would go on the wire."""
 
     candidate: Candidate
-    ints: tuple[torch.Tensor, ...]  # quant: (Xq,); lowrank: (P_int, Q_int, w); int64, or integer-valued float32
+    # quant: (Xq,); lowrank: (P_int, Q_int, w); int64, or integer-valued float32
+    ints: tuple[torch.Tensor, ...]
     scale: torch.Tensor  # quant: per-column scales; lowrank: S (0-d)
     estimate: float  # relative error from float32 algebra (selection only)
 

@@ -21,7 +21,8 @@ POWER_ITERATIONS = 2
 
 Factorization = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, sigma, V)
 
-_SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}  # the fixed sketches, drawn once per shape
+# the fixed sketches, drawn once per shape
+_SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}
 
 
 def sketch(n: int, columns: int, dtype: torch.dtype, source: str = DEFAULT_RANDOM) -> torch.Tensor:
@@ -68,9 +69,9 @@ def factorize_range(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAUL
 def stable_eigh(symmetric: torch.Tensor, eigh=torch.linalg.eigh) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
     (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
-    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
-    then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
-    so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
+    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in
+    float64, then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one
+    platform, so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
 
     ``eigh``: the solver (``torch.linalg.eigh``); a test passes one that fails the way LAPACK did, since
     whether a given float32 matrix makes a given LAPACK build fail depends on the CPU.

@@ -43,7 +43,8 @@ def rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_list
     safe = column_max.clamp_min(torch.finfo(torch.float32).tiny)
     scaled = (values / safe).unsqueeze(0) * limits  # v / s, in [-qmax, qmax]
     residual = scaled.sub_(torch.round(scaled))
-    per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)  # (bits, columns), in units of s^2
+    # (bits, columns), in units of s^2
+    per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)
     steps = column_max.to(torch.float64).reshape(1, -1) / limits64
     return per_column * steps * steps
 
