@@ -144,7 +144,9 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
     packed as one msgpack array, with :attr:`last_slices` holding the list.
     """
 
-    def __init__(self, shapes, cfg: CompressionConfig, plan: SlicePlan, *, bandwidth_budget: int | None = None):
+    def __init__(
+        self, shapes, cfg: CompressionConfig, plan: SlicePlan, *, bandwidth_budget: int | None = None
+    ):
         super().__init__(shapes, cfg, bandwidth_budget=bandwidth_budget)
         if {name for name, _ in plan.shapes} != set(self.shapes):
             raise ContributionEncodeError("slice plan names differ from the stage's tensors")
@@ -159,16 +161,25 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
         use_feedback = self.cfg.enabled and self.cfg.error_feedback
         carry = use_feedback or self._carry
         target = {
-            name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value.to(torch.float32)
+            name: torch.add(value.to(torch.float32), self.residual[name])
+            if carry
+            else value.to(torch.float32)
             for name, value in pseudo_gradient.items()
         }
         blobs, decoded, stats = encode_slices(
-            target, self.plan, self.cfg, self.bandwidth_budget, stage_index=stage_index, outer_round=outer_round
+            target,
+            self.plan,
+            self.cfg,
+            self.bandwidth_budget,
+            stage_index=stage_index,
+            outer_round=outer_round,
         )
         if use_feedback:
             self.residual = {name: torch.sub(target[name], decoded[name]) for name in self.residual}
         elif self._carry:
-            self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+            self.residual = {
+                name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()
+            }
         self._carry = False
         self.last_decoded = decoded
         self.last_slices = blobs
@@ -182,7 +193,9 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
         self.last_slices = [declare_steps(part, steps) for part in self.last_slices]
         return msgpack.packb(self.last_slices, use_bin_type=True)
 
-    def compress(self, pseudo_gradient, *, stage_index: int, outer_round: int) -> tuple[bytes, CompressionStats]:
+    def compress(
+        self, pseudo_gradient, *, stage_index: int, outer_round: int
+    ) -> tuple[bytes, CompressionStats]:
         import msgpack
 
         blobs, stats = self.compress_slices(pseudo_gradient, stage_index=stage_index, outer_round=outer_round)
@@ -264,7 +277,9 @@ def single_thread():
         torch.set_num_threads(before)
 
 
-def partial_budget(slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int) -> int:
+def partial_budget(
+    slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int
+) -> int:
     """The partial's byte budget: the lower median of the accepted inputs' sizes (0: code to the error budget).
 
     A public function of the inputs (replayable), and it follows the replicas'
@@ -289,7 +304,12 @@ def replay_partial(
 
 
 def assemble_partials(
-    partials: Sequence[bytes], plan: SlicePlan, *, stage_index: int, outer_round: int, refuse_raw: bool = True,
+    partials: Sequence[bytes],
+    plan: SlicePlan,
+    *,
+    stage_index: int,
+    outer_round: int,
+    refuse_raw: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Decode the A partials strictly and assemble the stage's averaged pseudo-gradient Delta.
 
@@ -334,10 +354,17 @@ def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE
 
 
 def average_of_partials(
-    partials: Sequence[bytes], plan: SlicePlan, *, stage_index: int, outer_round: int, refuse_raw: bool = True,
+    partials: Sequence[bytes],
+    plan: SlicePlan,
+    *,
+    stage_index: int,
+    outer_round: int,
+    refuse_raw: bool = True,
 ) -> dict[str, torch.Tensor] | None:
     """The stage's averaged pseudo-gradient from the A partial blobs; None when every partial is empty
     (nothing was accepted anywhere: the round is a no-op, as in the full exchange)."""
     if all(partial == b"" for partial in partials):
         return None
-    return assemble_partials(partials, plan, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw)
+    return assemble_partials(
+        partials, plan, stage_index=stage_index, outer_round=outer_round, refuse_raw=refuse_raw
+    )

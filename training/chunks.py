@@ -69,7 +69,9 @@ def stage_layout(shapes: Mapping[str, tuple[int, ...]]) -> list[ChunkPlace]:
     places = []
     for tensor, name, numel, cols in _tensor_order(shapes):
         for offset in range(0, numel, CHUNK_ELEMENTS):
-            places.append(ChunkPlace(len(places), tensor, name, offset, cols, min(CHUNK_ELEMENTS, numel - offset)))
+            places.append(
+                ChunkPlace(len(places), tensor, name, offset, cols, min(CHUNK_ELEMENTS, numel - offset))
+            )
     return places
 
 
@@ -121,7 +123,9 @@ _HEADER_DTYPE = np.dtype([("tensor", ">u4"), ("offset", ">u8"), ("cols", ">u8"),
 def tensor_leaves(tensors: Mapping[str, torch.Tensor]) -> list[bytes]:
     """The tensor leaves (module docstring) of a stage's weights or momentum, in chunk order."""
     leaves: list[bytes] = []
-    for tensor, name, numel, cols in _tensor_order({name: tuple(value.shape) for name, value in tensors.items()}):
+    for tensor, name, numel, cols in _tensor_order(
+        {name: tuple(value.shape) for name, value in tensors.items()}
+    ):
         bits = _bits_be(tensors[name])
         full, rest = _chunk_counts(numel)
         if full:
@@ -174,8 +178,12 @@ def _fields(entry: dict, shape: tuple[int, ...], name: str) -> dict:
         rank = entry["r"]
         fields["head"] = (struct.pack(">B", rank) + _f32_bits(entry["x"]).tobytes()
                           + np.frombuffer(entry["w"], dtype="<u2").astype(">u2").tobytes())
-        fields["p"] = unpack_ints(entry["p"], entry["b"], m * rank, name).numpy().reshape(m, rank).astype(">i2")
-        fields["q"] = unpack_ints(entry["q"], entry["b"], n * rank, name).numpy().reshape(n, rank).astype(">i2")
+        fields["p"] = (
+            unpack_ints(entry["p"], entry["b"], m * rank, name).numpy().reshape(m, rank).astype(">i2")
+        )
+        fields["q"] = (
+            unpack_ints(entry["q"], entry["b"], n * rank, name).numpy().reshape(n, rank).astype(">i2")
+        )
     return fields
 
 

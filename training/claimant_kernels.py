@@ -56,7 +56,11 @@ def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFin
     """
     if claimed is None or claimed.compiled or claimed.device_type != "cpu" or here.device_type != "cpu":
         return None
-    if claimed.capability == here.capability or claimed.device_name != here.device_name or claimed.torch != here.torch:
+    if (
+        claimed.capability == here.capability
+        or claimed.device_name != here.device_name
+        or claimed.torch != here.torch
+    ):
         return None
     top = native if native is not None and CPU_CAPABILITY_LEVELS.get(native, -1) >= CPU_CAPABILITY_LEVELS.get(
         here.capability, -1) else here.capability

@@ -130,7 +130,12 @@ def product_bound(p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tenso
 
 
 def reconstruct_lowrank(
-    p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor, *, bound: int | None = None
+    p_int: torch.Tensor,
+    q_int: torch.Tensor,
+    weights: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    bound: int | None = None,
 ) -> torch.Tensor:
     """``float32(float64((P * w) @ Q^T) * float64(S))``: the integer product, computed exactly.
 

@@ -93,7 +93,9 @@ def _field(entry: dict, key: str, kind: type, where: str):
     value = entry[key]
     # bool is an int subclass; a bool where an int belongs is malformed input.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ContributionDecodeError(f"{where}: field {key!r} is {type(value).__name__}, not {kind.__name__}")
+        raise ContributionDecodeError(
+            f"{where}: field {key!r} is {type(value).__name__}, not {kind.__name__}"
+        )
     return value
 
 
@@ -134,7 +136,9 @@ def _decode_entry(
         raise ContributionDecodeError(f"{where}: unsupported bit width {bits}")
     if codec == "quant":
         _check_keys(entry, {"n", "s", "c", "b", "q", "x"}, where)
-        q_int = torch.from_numpy(unpack_array(_field(entry, "q", bytes, where), bits, m * n, where, np.float32)).reshape(m, n)
+        q_int = torch.from_numpy(
+            unpack_array(_field(entry, "q", bytes, where), bits, m * n, where, np.float32)
+        ).reshape(m, n)
         scales = f32_tensor(_field(entry, "x", bytes, where), n, where, nonnegative=True)
         # |float32(q) * s| <= qmax * max(s), rounded: finite if that is below 2**127.
         bound = qmax(bits) * float(scales.max()) if scales.numel() else 0.0
@@ -146,8 +150,12 @@ def _decode_entry(
         rank = _field(entry, "r", int, where)
         if not 1 <= rank <= min(m, n, MAX_RANK):
             raise ContributionDecodeError(f"{where}: rank {rank} outside [1, {min(m, n, MAX_RANK)}]")
-        p_int = torch.from_numpy(unpack_array(_field(entry, "p", bytes, where), bits, m * rank, where, np.float64))
-        q_int = torch.from_numpy(unpack_array(_field(entry, "q", bytes, where), bits, n * rank, where, np.float64))
+        p_int = torch.from_numpy(
+            unpack_array(_field(entry, "p", bytes, where), bits, m * rank, where, np.float64)
+        )
+        q_int = torch.from_numpy(
+            unpack_array(_field(entry, "q", bytes, where), bits, n * rank, where, np.float64)
+        )
         p_int, q_int = p_int.reshape(m, rank), q_int.reshape(n, rank)
         weight_bytes = _field(entry, "w", bytes, where)
         if len(weight_bytes) != 2 * rank:
@@ -163,7 +171,9 @@ def _decode_entry(
 
 def pack_contribution(stage_index: int, outer_round: int, entries: list[dict]) -> bytes:
     """The wire bytes of a contribution: its header and the encoded tensors, in the given (name) order."""
-    return msgpack.packb({"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True)
+    return msgpack.packb(
+        {"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True
+    )
 
 
 def check_declared_steps(steps: object) -> int:
@@ -193,7 +203,11 @@ def header_steps(data: bytes) -> int | None:
     well-formed declaration (never raises: the strict check is :func:`decode_declared`'s)."""
     try:
         message = msgpack.unpackb(bytes(data), raw=False, max_bin_len=len(data), max_map_len=16)
-        steps = message.get("ns") if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION else None
+        steps = (
+            message.get("ns")
+            if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION
+            else None
+        )
         return check_declared_steps(steps) if steps is not None else None
     except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
         return None
@@ -262,7 +276,9 @@ def decode_declared(
             max_map_len=16, max_ext_len=0, object_hook=bounded, list_hook=bounded,
         )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ContributionDecodeError(f"contribution is not valid msgpack: {type(exc).__name__}: {exc}") from None
+        raise ContributionDecodeError(
+            f"contribution is not valid msgpack: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(message, dict):
         raise ContributionDecodeError("contribution is not a msgpack map")
     version = _field(message, "v", int, "contribution")

@@ -46,8 +46,10 @@ def compile_problem(device_type: str) -> str | None:
     """Why torch.compile cannot compile the inner steps on a ``device_type`` ("cpu", "cuda") device here, or None."""
     if device_type == "cpu":
         if not _cpp_compiler():
-            return ("training.compile = true: inductor found no working C++ compiler for CPU kernels; install "
-                    "g++ (or set CXX) or set training.compile = false")
+            return (
+                "training.compile = true: inductor found no working C++ compiler for CPU kernels; install "
+                "g++ (or set CXX) or set training.compile = false"
+            )
         return None
     if not _triton():
         return ("training.compile = true: inductor needs Triton for CUDA kernels; install it or set "

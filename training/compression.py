@@ -52,7 +52,12 @@ def encode_contribution(
 
 
 def encode_within_bandwidth(
-    tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, *, stage_index: int, outer_round: int
+    tensors: Mapping[str, torch.Tensor],
+    cfg: CompressionConfig,
+    budget: int,
+    *,
+    stage_index: int,
+    outer_round: int,
 ) -> Encoded:
     """Encode a stage's pseudo-gradient in at most ``budget`` bytes where possible: ``(bytes, decoded, stats)``.
 
@@ -87,7 +92,11 @@ class ErrorFeedbackCompressor:
     """
 
     def __init__(
-        self, shapes: Mapping[str, tuple[int, ...]], cfg: CompressionConfig, *, bandwidth_budget: int | None = None
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        cfg: CompressionConfig,
+        *,
+        bandwidth_budget: int | None = None,
     ) -> None:
         self.cfg = cfg
         # Bytes per contribution (0: code to cfg.error_budget). The stage engine resolves
@@ -122,7 +131,11 @@ class ErrorFeedbackCompressor:
         encoder = encoder_for(self.cfg)
         if self.cfg.enabled and self.bandwidth_budget > 0:
             blob, decoded, stats, self.encoder_memo = encoder.encode_round(
-                target, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index, outer_round=outer_round,
+                target,
+                self.bandwidth_budget,
+                self.encoder_memo,
+                stage_index=stage_index,
+                outer_round=outer_round,
             )
         else:
             blob, decoded, stats = encoder.encode_to_error_budget(
@@ -132,7 +145,9 @@ class ErrorFeedbackCompressor:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
         elif self._carry:
-            self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+            self.residual = {
+                name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()
+            }
         self._carry = False
         self.last_decoded = decoded  # what every receiver will decode from ``blob``
         return blob, stats
@@ -150,7 +165,9 @@ class ErrorFeedbackCompressor:
             raise ContributionEncodeError("undelivered update names differ from the stage's tensors")
         for name, value in sent.items():
             if tuple(value.shape) != self.shapes[name]:
-                raise ContributionEncodeError(f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
+                raise ContributionEncodeError(
+                    f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
+                )
             self.residual[name] = torch.add(self.residual[name], value.to(torch.float32))
         self._carry = True
 
@@ -182,6 +199,8 @@ class ErrorFeedbackCompressor:
             raise EngineStateError("error-feedback state names differ from the stage's tensors")
         for name, value in state.items():
             if tuple(value.shape) != self.shapes[name]:
-                raise EngineStateError(f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
+                raise EngineStateError(
+                    f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
+                )
         self.residual = {name: value.detach().to(torch.float32).clone() for name, value in state.items()}
         self._carry = any(bool(torch.any(value)) for value in self.residual.values())

@@ -13,11 +13,22 @@ from dataclasses import dataclass
 
 from training.config_base import (  # re-exported: training.config is these settings' address
     AUTO,
+    COMMITMENTS,
     DEFAULT_ENCODER,
+    DEFAULT_MIN_SLICE_NUMEL,
     DEFAULT_RANDOM,
+    DELAY_CORRECTIONS,
+    EXCHANGES,
     LEGACY_ENCODER,
     LEGACY_RANDOM,
+    MAX_MIN_SLICE_NUMEL,
+    OUTER_ADAM_ONLY,
+    OUTER_DECAYS,
+    OUTER_NESTEROV_ONLY,
+    OUTER_OPTIMIZERS,
     PRECISIONS,
+    SCREEN_RULES,
+    SLICED_FROM_REPLICAS,
     EncoderVersion,
     RandomSource,
     _float_or_auto,
@@ -46,46 +57,14 @@ from training.model_config import (
 )
 
 __all__ = [
-    "AUTO", "DEFAULT_ENCODER", "DEFAULT_RANDOM", "LEGACY_ENCODER", "LEGACY_RANDOM", "PRECISIONS", "EncoderVersion",
-    "RandomSource", "check_device_spec", "check_precision", "BYTES_TOKENIZER", "DEFAULT_ROPE_THETA", "FAMILIES",
-    "LLAMA_ONLY", "MODEL_PRESETS", "ModelConfig", "preset_family", "INNER_OPTIMIZERS", "DEFAULT_OPTIMIZER",
-    "LEGACY_OPTIMIZER", "TrainingConfig", "MUON_ONLY", "NODE_ONLY_TRAINING", "DELAY_CORRECTIONS", "OUTER_DECAYS",
-    "EXCHANGES", "COMMITMENTS", "SLICED_FROM_REPLICAS", "DEFAULT_MIN_SLICE_NUMEL", "MAX_MIN_SLICE_NUMEL",
-    "DilocoConfig", "PipelineConfig",
+    "AUTO", "DEFAULT_ENCODER", "DEFAULT_RANDOM", "LEGACY_ENCODER", "LEGACY_RANDOM", "PRECISIONS",
+    "EncoderVersion", "RandomSource", "check_device_spec", "check_precision", "BYTES_TOKENIZER",
+    "DEFAULT_ROPE_THETA", "FAMILIES", "LLAMA_ONLY", "MODEL_PRESETS", "ModelConfig", "preset_family",
+    "INNER_OPTIMIZERS", "DEFAULT_OPTIMIZER", "LEGACY_OPTIMIZER", "TrainingConfig", "MUON_ONLY",
+    "NODE_ONLY_TRAINING", "DELAY_CORRECTIONS", "OUTER_DECAYS", "EXCHANGES", "COMMITMENTS",
+    "SLICED_FROM_REPLICAS", "DEFAULT_MIN_SLICE_NUMEL", "MAX_MIN_SLICE_NUMEL", "DilocoConfig",
+    "PipelineConfig", "OUTER_OPTIMIZERS", "OUTER_ADAM_ONLY", "OUTER_NESTEROV_ONLY", "SCREEN_RULES",
 ]
-
-DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
-#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov",
-#: SGD with (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's
-#: elementwise Adam without bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two
-#: moments per weight.
-OUTER_OPTIMIZERS = ("nesterov", "adam")
-#: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
-OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
-#: Settings only the Nesterov step reads, at their defaults: an outer-Adam run must leave them there (it would
-#: otherwise look tuned by a setting it ignores).
-OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
-OUTER_DECAYS = ("constant", "linear", "cosine")
-EXCHANGES = ("full", "sliced")
-#: How a record commits each stage's state (docs/FRAUD_PROOF.md): "hashed", version 1 (one hash of each
-#: stage's weights, training.hashing.weights_root: no fraud proof opens it), "chunked", version 2 (the Merkle
-#: root of every stage's chunk roots and per-round factors, ledger.chunkproof: a fraud proof opens one chunk),
-#: "normed", version 3 (version 2 whose factors also commit each contribution's sum of squares and its sum
-#: tree, ledger.normproof: a fraud proof opens a clip scale).
-COMMITMENTS = ("hashed", "chunked", "normed")
-#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of
-#: each contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also
-#: applied against itself: a contribution must descend (its slope), and its length cost no more than four
-#: times the median one's (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope
-#: judged per window of the screening batch: a contribution's slope may fall short of the least slope by two
-#: standard errors of its measurement (docs/DILOCOX.md section 13, "Version 3").
-SCREEN_RULES = ("one_sided", "two_sided", "paired")
-#: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
-#: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
-SLICED_FROM_REPLICAS = 8
-#: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
-DEFAULT_MIN_SLICE_NUMEL = 1024
-MAX_MIN_SLICE_NUMEL = 1 << 30
 
 
 @dataclass
@@ -193,16 +172,20 @@ class DilocoConfig:
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
         )
         _require(
-            isinstance(self.outer_lr_other_scale, (int, float)) and not isinstance(self.outer_lr_other_scale, bool)
+            isinstance(self.outer_lr_other_scale, (int, float))
+            and not isinstance(self.outer_lr_other_scale, bool)
             and 0 < self.outer_lr_other_scale < float("inf"),
-            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 (1.0: one outer lr)",
+            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 (1.0: "
+            "one outer lr)",
         )
-        _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
+        _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: "
+                                                "must be >= 0")
         _require(
             self.outer_decay in OUTER_DECAYS,
             f"diloco.outer_decay={self.outer_decay!r}: must be one of {', '.join(OUTER_DECAYS)}",
         )
-        _require(self.outer_decay_rounds >= 0, f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must be >= 0")
+        _require(self.outer_decay_rounds >= 0, f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must "
+                                               "be >= 0")
         _require(
             self.outer_decay == "constant" or self.outer_decay_rounds > self.outer_warmup_rounds,
             f"diloco.outer_decay={self.outer_decay!r} needs diloco.outer_decay_rounds (the run's rounds, "
@@ -215,13 +198,15 @@ class DilocoConfig:
         self.outer_final_momentum = _float_or_auto(self.outer_final_momentum, "diloco.outer_final_momentum")
         _require(
             self.outer_final_momentum == AUTO or 0 <= self.outer_final_momentum < 1,
-            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" (no decay)",
+            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" (no "
+            "decay)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         if self.overlap_steps != AUTO:
             _require(
                 0 <= self.overlap_steps < self.inner_steps,
-                f"diloco.overlap_steps={self.overlap_steps}: must be in [0, diloco.inner_steps={self.inner_steps}) "
+                f"diloco.overlap_steps={self.overlap_steps}: must be in [0, "
+                f"diloco.inner_steps={self.inner_steps}) "
                 "(0 = the whole round) or \"auto\"",
             )
             _require(
@@ -230,7 +215,8 @@ class DilocoConfig:
             )
         _require(
             self.delay_correction in DELAY_CORRECTIONS,
-            f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
+            f"diloco.delay_correction={self.delay_correction!r}: must be one of "
+            f"{', '.join(DELAY_CORRECTIONS)}",
         )
         _require(
             self.norm_clip == 0 or 1 <= self.norm_clip < float("inf"),
@@ -240,12 +226,14 @@ class DilocoConfig:
         for name in ("screen_rel_tol", "screen_abs_tol"):
             value = getattr(self, name)
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
-        _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be "
+                                              ">= 1")
         if self.exchange == AUTO:
             self.exchange = "sliced" if self.num_replicas >= SLICED_FROM_REPLICAS else "full"
         _require(
             self.exchange in EXCHANGES,
-            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" (sliced from "
+            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" (sliced "
+            "from "
             f"{SLICED_FROM_REPLICAS} replicas)",
         )
         _require(
@@ -267,23 +255,28 @@ class DilocoConfig:
         if self.screen_rule == AUTO:
             self.screen_rule = "one_sided"
         _require(self.screen_rule in SCREEN_RULES,
-                 f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or \"auto\"")
+                 f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or "
+                 "\"auto\"")
         _require(self.budgeted or self.screen_rule == "one_sided",
                  f"diloco.screen_rule=\"{self.screen_rule}\" needs diloco.round_budget_s > 0 (a fixed-H run "
                  "screens by version 1, its run documents unchanged)")
 
     def _check_outer_optimizer(self) -> None:
         _require(self.outer_optimizer in OUTER_OPTIMIZERS,
-                 f"diloco.outer_optimizer={self.outer_optimizer!r}: must be one of {', '.join(OUTER_OPTIMIZERS)}")
+                 f"diloco.outer_optimizer={self.outer_optimizer!r}: must be one of "
+                 f"{', '.join(OUTER_OPTIMIZERS)}")
         if self.outer_optimizer != "adam":
             for name, neutral in OUTER_ADAM_ONLY.items():
-                _require(getattr(self, name) == neutral, f"diloco.{name}={getattr(self, name)!r} is a setting of "
-                                                          "diloco.outer_optimizer = \"adam\": remove it or set the optimizer")
+                _require(getattr(self, name) == neutral, f"diloco.{name}={getattr(self, name)!r} is a "
+                                                         "setting of "
+                                                          "diloco.outer_optimizer = \"adam\": remove it or "
+                                                          "set the optimizer")
             return
         for name, neutral in OUTER_NESTEROV_ONLY.items():
             _require(getattr(self, name) == neutral,
                      f"diloco.{name}={getattr(self, name)!r} is a setting of the Nesterov outer step, which "
-                     f"diloco.outer_optimizer = \"adam\" does not take (its first moment decays by diloco.outer_adam_beta1): "
+                     "diloco.outer_optimizer = \"adam\" does not take (its first moment decays by "
+                     "diloco.outer_adam_beta1): "
                      f"remove it")
         for name in ("outer_adam_beta1", "outer_adam_beta2"):
             value = getattr(self, name)
@@ -291,12 +284,14 @@ class DilocoConfig:
                      f"diloco.{name}={value!r}: must be in [0, 1)")
         eps = self.outer_adam_eps
         _require(isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf"),
-                 f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a weight "
+                 f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a "
+                 "weight "
                  "never moved)")
 
     @property
     def outer_moments(self) -> int:
-        """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments, stacked)."""
+        """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments,
+        stacked)."""
         return 2 if self.outer_optimizer == "adam" else 1
 
     def _check_commitments(self) -> None:
@@ -305,12 +300,16 @@ class DilocoConfig:
         if self.commitments == AUTO:
             self.commitments = "normed" if provable else "hashed"
         _require(self.commitments in COMMITMENTS,
-                 f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or \"auto\"")
+                 f"diloco.commitments={self.commitments!r}: must be one of {', '.join(COMMITMENTS)} or "
+                 "\"auto\"")
         _require(provable or self.commitments == "hashed",
-                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now {self.exchange!r}), "
-                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}) and diloco.outer_optimizer = "
+                 f"diloco.commitments={self.commitments!r} needs diloco.exchange = \"full\" (now "
+                 f"{self.exchange!r}), "
+                 f"diloco.outer_lr_other_scale = 1 (now {self.outer_lr_other_scale}) and "
+                 "diloco.outer_optimizer = "
                  f"\"nesterov\" (now {self.outer_optimizer!r}): the fraud proof's outer step averages whole "
-                 "contributions and takes a Nesterov step with one outer lr; set diloco.commitments = \"hashed\"")
+                 "contributions and takes a Nesterov step with one outer lr; set diloco.commitments = "
+                 "\"hashed\"")
 
     @property
     def chunked(self) -> bool:
@@ -337,24 +336,27 @@ class DilocoConfig:
         _require(least <= self.inner_steps, f"diloco.min_inner_steps={least}: must be <= diloco.inner_steps="
                                             f"{self.inner_steps} (the most steps a round may train)")
         _require(least > self.overlap, f"diloco.min_inner_steps={least}: must be > the steps the exchange "
-                                       f"overlaps ({self.overlap}, diloco.overlap_steps), so that every round "
+                                       f"overlaps ({self.overlap}, diloco.overlap_steps), so that every "
+                                       "round "
                                        "trains at least one step after applying the previous one")
 
     @property
     def budgeted(self) -> bool:
-        """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their steps."""
+        """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their
+        steps."""
         return self.round_budget_s > 0
 
     @property
     def steps_range(self) -> tuple[int, int] | None:
-        """``(min_inner_steps, inner_steps)``, the declared counts a time-bounded run accepts; None with fixed H."""
+        """``(min_inner_steps, inner_steps)``, the declared counts a time-bounded run accepts; None with fixed
+        H."""
         return (self.min_inner_steps, self.inner_steps) if self.budgeted else None
 
     def check_declared_steps(self, steps: object) -> int:
         """A contribution's declared inner steps, checked against the run's range, or TrainingConfigError."""
         if type(steps) is not int:
             raise TrainingConfigError(f"declared inner steps {steps!r}: not a whole number")
-        low, high = (self.min_inner_steps, self.inner_steps) if self.budgeted else (self.inner_steps, self.inner_steps)
+        low, high = self.steps_range or (self.inner_steps, self.inner_steps)
         if not low <= steps <= high:
             raise TrainingConfigError(f"declared inner steps {steps}: outside the run's [{low}, {high}]")
         return steps

@@ -70,7 +70,10 @@ class TrainingConfig:
         )
         _require(self.warmup_steps >= 0, f"training.warmup_steps={self.warmup_steps}: must be >= 0")
         _require(0 <= self.min_lr_ratio <= 1, f"training.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
-        _require(self.lr_decay_steps >= 0, f"training.lr_decay_steps={self.lr_decay_steps}: must be >= 0 (0 = run length)")
+        _require(
+            self.lr_decay_steps >= 0,
+            f"training.lr_decay_steps={self.lr_decay_steps}: must be >= 0 (0 = run length)",
+        )
         _require(
             0.0 < self.eval_fraction < 0.5,
             f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
@@ -81,13 +84,18 @@ class TrainingConfig:
         _require(isinstance(self.compile, bool), f"training.compile={self.compile!r}: must be true or false")
         _require(self.optimizer in INNER_OPTIMIZERS,
                  f"training.optimizer={self.optimizer!r}: must be one of {list(INNER_OPTIMIZERS)}")
-        _require(0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)")
+        _require(
+            0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)"
+        )
         _require(0 < self.muon_lr_scale < float("inf"),
                  f"training.muon_lr_scale={self.muon_lr_scale}: must be a finite factor > 0")
         if self.optimizer != "muon":
             for name, neutral in MUON_ONLY.items():
-                _require(getattr(self, name) == neutral, f"training.{name}={getattr(self, name)} is a setting of "
-                                                          "training.optimizer = \"muon\": remove it or set the optimizer")
+                _require(
+                    getattr(self, name) == neutral,
+                    f"training.{name}={getattr(self, name)} is a setting of "
+                    'training.optimizer = "muon": remove it or set the optimizer',
+                )
 
     def document(self) -> dict:
         """The settings every replica of a run shares (the run document's [training] table): all but

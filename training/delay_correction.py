@@ -157,7 +157,9 @@ class Eager(Lookahead):
 DELAY_CORRECTION_KINDS: dict[str, DelayCorrection] = {
     kind.name: kind for kind in (Rebase(), Lookahead(), Eager(), Reset())
 }
-assert tuple(DELAY_CORRECTION_KINDS) == DELAY_CORRECTIONS, "training.config.DELAY_CORRECTIONS names every kind"
+assert tuple(DELAY_CORRECTION_KINDS) == DELAY_CORRECTIONS, (
+    "training.config.DELAY_CORRECTIONS names every kind"
+)
 NO_DELAY = NoDelay()
 
 

@@ -132,10 +132,15 @@ def outer_step(
     """
     if outer_round is None:
         if not outer_schedule_is_constant(diloco_cfg):
-            raise AggregationError("the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round")
+            raise AggregationError(
+                "the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round"
+            )
         mu, lr64 = float32_scalar(diloco_cfg.outer_momentum), diloco_cfg.outer_lr
     else:
-        mu, lr64 = float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)), scheduled_outer_lr(diloco_cfg, outer_round)
+        mu, lr64 = (
+            float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)),
+            scheduled_outer_lr(diloco_cfg, outer_round),
+        )
     # Per-group outer lr (diloco.outer_lr_other_scale): the hidden matrices step with lr, every other tensor
     # (embeddings, head, norms, biases) with lr * scale, the product taken in float64 and rounded once.
     lr, lr_other = float32_scalar(lr64), float32_scalar(lr64 * diloco_cfg.outer_lr_other_scale)
@@ -240,15 +245,25 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
                compression_cfg=None, excluded=None, known=()) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
     accepted, reports = robust_contributions(
-        contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
-        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
+        contributions,
+        shapes,
+        norm_clip=diloco_cfg.norm_clip,
+        stage_index=stage_index,
+        outer_round=outer_round,
+        refuse_raw=compression_cfg is not None and compression_cfg.enabled,
+        excluded=excluded,
+        known=known,
         steps_range=diloco_cfg.steps_range,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
             logger.warning(
-                "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
-                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
+                "stage %s round %s: contribution %d %s: %s",
+                stage_index,
+                outer_round,
+                report.index,
+                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})",
+                report.detail,
             )
     # A time-bounded run weights every inner step the same (docs/DILOCOX.md section 13): with c_j the
     # sum of the k_j steps replica j declared, K = sum k_j over the M accepted ones, the per-step

@@ -118,7 +118,9 @@ class PlatformFingerprint:
         return document
 
     def describe(self) -> str:
-        libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
+        libs = f"torch {self.torch}" + (
+            f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else ""
+        )
         blas = f", {self.blas}" if self.blas else ""
         compiled = f", compiled ({self.compiled})" if self.compiled else ""
         return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}{compiled}, {libs}"
@@ -170,8 +172,13 @@ def _cpu_name() -> str:
 #: and its implicit down-conversion of float32 math. Two processes of one CPU model and torch build that
 #: differ in them compute other bits, so they are part of the platform.
 BLAS_DISPATCH_ENV = (
-    "DNNL_DEFAULT_FPMATH_MODE", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS",
-    "ONEDNN_DEFAULT_FPMATH_MODE", "ONEDNN_MAX_CPU_ISA",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "MKL_DEBUG_CPU_TYPE",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "ONEDNN_MAX_CPU_ISA",
 )
 
 
@@ -190,7 +197,9 @@ def blas_dispatch(environ=None) -> str:
         if not value:
             continue
         if not _blas_value_ok(value):
-            raise PlatformError(f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only")
+            raise PlatformError(
+                f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only"
+            )
         found.append(f"{name}={value}")
     blas = ";".join(found)
     if len(blas) > _MAX_FIELD:
@@ -254,19 +263,28 @@ def parse_fingerprint(document) -> PlatformFingerprint:
             if not isinstance(value, bool):
                 raise PlatformError(f"platform fingerprint {name}={value!r}: must be true or false")
         elif not isinstance(value, str) or len(value) > _MAX_FIELD:
-            raise PlatformError(f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters")
+            raise PlatformError(
+                f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters"
+            )
     if document["device_type"] not in ("cpu", "cuda"):
-        raise PlatformError(f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda")
+        raise PlatformError(
+            f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda"
+        )
     if document["precision"] not in PRECISIONS:
-        raise PlatformError(f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}")
+        raise PlatformError(
+            f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}"
+        )
     if "blas" in document:
         if not document["blas"]:
-            raise PlatformError("platform fingerprint blas='': the libraries' own dispatch is written by leaving "
-                                "blas out")
+            raise PlatformError(
+                "platform fingerprint blas='': the libraries' own dispatch is written by leaving blas out"
+            )
         blas_environment(document["blas"])
     if "compiled" in document and not compiler_ok(document["compiled"]):
-        raise PlatformError(f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
-                            "in printable ASCII (eager is written by leaving compiled out)")
+        raise PlatformError(
+            f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
+            "in printable ASCII (eager is written by leaving compiled out)"
+        )
     return PlatformFingerprint(**document)
 
 

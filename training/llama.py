@@ -64,7 +64,9 @@ def rope_cos_sin(
     head_dim: int, theta: float, seq_len: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
     positions = torch.arange(seq_len, device=device).float()
     freqs = positions[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
@@ -109,7 +111,9 @@ class Attention(nn.Module):
             # query head h reads key/value head h // groups (HF's repeat_kv)
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.o_proj(y.transpose(1, 2).reshape(batch, time, self.n_head * self.head_dim))
 
 

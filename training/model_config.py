@@ -114,7 +114,7 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: must be in [0, 1)")
         _require(
             isinstance(self.tokenizer, str) and self.tokenizer.strip() != "",
-            f"model.tokenizer={self.tokenizer!r}: must be \"bytes\", a tokenizer.json path or \"sha256:<hex>\"",
+            f'model.tokenizer={self.tokenizer!r}: must be "bytes", a tokenizer.json path or "sha256:<hex>"',
         )
         if self.tokenizer.startswith("sha256:"):
             digest = self.tokenizer[len("sha256:"):]
@@ -151,7 +151,9 @@ class ModelConfig:
             f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for rotary "
             "position embeddings",
         )
-        _require(self.intermediate_size >= 1, f"model.intermediate_size={self.intermediate_size}: must be >= 1")
+        _require(
+            self.intermediate_size >= 1, f"model.intermediate_size={self.intermediate_size}: must be >= 1"
+        )
         _require(
             math.isfinite(self.rope_theta) and self.rope_theta > 1,
             f"model.rope_theta={self.rope_theta}: must be a finite base > 1 (10000 is Llama 2's)",

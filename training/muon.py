@@ -81,7 +81,9 @@ class MuonAdamW:
         named = list(module.named_parameters())
         hidden = [param for name, param in named if is_hidden_matrix(name, param)]
         self._hidden = {id(param) for param in hidden}
-        self.adamw = adamw([param for param in module.parameters() if id(param) not in self._hidden], training_cfg)
+        self.adamw = adamw(
+            [param for param in module.parameters() if id(param) not in self._hidden], training_cfg
+        )
         self.state = self.adamw.state
         self.muon_group = {
             "params": hidden, "lr": training_cfg.inner_lr, "momentum": training_cfg.muon_momentum,

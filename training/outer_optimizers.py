@@ -71,7 +71,10 @@ class AdamOuter(OuterOptimizer):
     moments = 2
 
     def step(self, global_weights, state, pseudo_gradient, diloco_cfg, momentum, lr, lr_other):
-        beta1, beta2 = float32_scalar(diloco_cfg.outer_adam_beta1), float32_scalar(diloco_cfg.outer_adam_beta2)
+        beta1, beta2 = (
+            float32_scalar(diloco_cfg.outer_adam_beta1),
+            float32_scalar(diloco_cfg.outer_adam_beta2),
+        )
         one_minus_beta1 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta1)
         one_minus_beta2 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta2)
         eps = float32_scalar(diloco_cfg.outer_adam_eps)
@@ -99,7 +102,9 @@ class AdamOuter(OuterOptimizer):
 
 #: Every outer optimizer a run can name, by ``diloco.outer_optimizer`` (the config checks the name against
 #: :data:`training.config.OUTER_OPTIMIZERS`, the same names, at load).
-OUTER_OPTIMIZER_KINDS: dict[str, OuterOptimizer] = {kind.name: kind for kind in (NesterovOuter(), AdamOuter())}
+OUTER_OPTIMIZER_KINDS: dict[str, OuterOptimizer] = {
+    kind.name: kind for kind in (NesterovOuter(), AdamOuter())
+}
 assert tuple(OUTER_OPTIMIZER_KINDS) == OUTER_OPTIMIZERS, "training.config.OUTER_OPTIMIZERS names every kind"
 
 

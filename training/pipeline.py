@@ -144,7 +144,9 @@ class LocalReplicaTrainer:
     ) -> None:
         self.model_cfg = model_cfg
         self.training_cfg = training_cfg
-        self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile)
+        self.platform: Platform = prepare_platform(
+            training_cfg.device, training_cfg.precision, training_cfg.compile
+        )
         self.device = self.platform.device
         self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)
         full = state_dict if state_dict is not None else init_state_dict(model_cfg, training_cfg.seed)
@@ -217,7 +219,9 @@ class LocalReplicaTrainer:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full model's weights (merged stage state dicts, canonical order), on the CPU."""
-        return merge_state_dicts([{n: t.cpu() for n, t in m.state_dict().items()} for m in self.stage_modules])
+        return merge_state_dicts(
+            [{n: t.cpu() for n, t in m.state_dict().items()} for m in self.stage_modules]
+        )
 
     def load_state_dict(self, full_state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the weights of every stage (optimizer state is kept)."""

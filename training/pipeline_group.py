@@ -64,7 +64,9 @@ def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: 
     key = (host, port)
     server = _SERVERS.get(key)
     if server is None:
-        server = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        server = dist.TCPStore(
+            host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
         _SERVERS[key], _ANSWERED[key] = server, 0
     server.set_timeout(timeout)
     deadline = time.monotonic() + timeout.total_seconds()

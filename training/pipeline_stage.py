@@ -58,9 +58,11 @@ class PipelineStageTrainer:
         self.training_cfg = training_cfg
         self.group = group if group is not None else dist.group.WORLD
         if training_cfg.compile:
-            raise PipelineError("training.compile = true with the replica split over processes: not supported "
-                                "(a rerun chains the stages in one process, not shown bit-exact compiled); "
-                                "set training.compile = false")
+            raise PipelineError(
+                "training.compile = true with the replica split over processes: not supported "
+                "(a rerun chains the stages in one process, not shown bit-exact compiled); "
+                "set training.compile = false"
+            )
         self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
         self.device = self.platform.device
         self.module = StageModule(cfg, spec, seed=None)
@@ -138,7 +140,9 @@ class PipelineStageTrainer:
         try:
             dist.broadcast(flag, group_src=0, group=self.group)
         except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
-            raise PipelineError(f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}") from exc
+            raise PipelineError(
+                f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}"
+            ) from exc
         return bool(flag.item())
 
     @torch.no_grad()
@@ -192,7 +196,9 @@ class PipelineStageTrainer:
         try:
             close_pipeline_group()
         except Exception as exc:  # noqa: BLE001 - a group whose peer died may fail to shut down cleanly
-            logger.warning("stage %d: the broken process group did not shut down cleanly: %s", self.spec.index, exc)
+            logger.warning(
+                "stage %d: the broken process group did not shut down cleanly: %s", self.spec.index, exc
+            )
         gc.collect()
 
     def join_group(self, master_addr: str, master_port: int, timeout_s: float) -> None:

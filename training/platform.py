@@ -64,7 +64,9 @@ def resolve_device(spec: str) -> torch.device:
     index = 0 if spec == "cuda" else int(spec.split(":")[1])
     count = torch.cuda.device_count()
     if index >= count:
-        raise PlatformError(f"training.device={spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        raise PlatformError(
+            f"training.device={spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+        )
     return torch.device("cuda", index)
 
 

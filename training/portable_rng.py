@@ -63,7 +63,9 @@ def stream_key(stream: bytes) -> tuple[int, int]:
 
 def philox4x32(counters: np.ndarray, key: tuple[int, int], rounds: int = PHILOX_ROUNDS) -> np.ndarray:
     """Philox4x32-``rounds`` of ``counters`` (shape (n, 4), values < 2^32) under ``key``: (n, 4) uint64 words."""
-    words = _philox_words(*(np.ascontiguousarray(counters[:, i], dtype=np.uint64) for i in range(4)), key, rounds)
+    words = _philox_words(
+        *(np.ascontiguousarray(counters[:, i], dtype=np.uint64) for i in range(4)), key, rounds
+    )
     return np.stack(words, axis=1)
 
 

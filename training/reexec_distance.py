@@ -29,7 +29,12 @@ def relative_l2(theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Ten
 
 
 def contribution_distance(
-    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], *, stage_index: int, outer_round: int
+    claimed: bytes,
+    recomputed: bytes,
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    stage_index: int,
+    outer_round: int,
 ) -> float:
     """0.0 for identical payload bytes, else the relative L2 distance of the decoded pseudo-gradients.
 
@@ -61,10 +66,21 @@ def sliced_contribution_distance(
 
     def whole(packed: bytes) -> dict[str, torch.Tensor]:
         blobs = msgpack.unpackb(packed, raw=False)
-        if not isinstance(blobs, list) or len(blobs) != plan.num_slices or not all(isinstance(b, bytes) for b in blobs):
+        if (
+            not isinstance(blobs, list)
+            or len(blobs) != plan.num_slices
+            or not all(isinstance(b, bytes) for b in blobs)
+        ):
             raise ContributionDecodeError(f"not {plan.num_slices} slice blobs")
-        return assemble_slices([decode_contribution(blob, plan.slice_shapes(j), stage_index=stage_index,
-                                                    outer_round=outer_round) for j, blob in enumerate(blobs)], plan)
+        return assemble_slices(
+            [
+                decode_contribution(
+                    blob, plan.slice_shapes(j), stage_index=stage_index, outer_round=outer_round
+                )
+                for j, blob in enumerate(blobs)
+            ],
+            plan,
+        )
 
     try:
         theirs = whole(claimed)

@@ -102,14 +102,27 @@ def reexecute(
                                            diloco_cfg, compression_cfg)
         batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
                                 training_cfg.batch_size, model_cfg.block_size)
-        previous = PreviousRound(previous_contributions, previous_excluded, previous_dropped, previous_partials)
-        rerun = RoundRerun(meta, trainer, engines, batches, training_cfg, diloco_cfg, compression_cfg, previous,
-                           declared_steps)
+        previous = PreviousRound(
+            previous_contributions, previous_excluded, previous_dropped, previous_partials
+        )
+        rerun = RoundRerun(
+            meta,
+            trainer,
+            engines,
+            batches,
+            training_cfg,
+            diloco_cfg,
+            compression_cfg,
+            previous,
+            declared_steps,
+        )
         for action in round_actions(diloco_cfg, meta.outer_round, steps=trained):
             rerun.run(action)
         next_state = None
         if rerun.applied_previous:
-            next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer, engines)
+            next_state = capture_replica_state(
+                replace(meta, outer_round=meta.outer_round + 1), trainer, engines
+            )
         return Reexecution(meta.outer_round, meta.replica, rerun.payloads, next_state, rerun.train_seconds,
                            rerun.encode_seconds, torch.get_num_threads(), trainer.platform.fingerprint(),
                            rerun.applied_hashes)
@@ -128,7 +141,9 @@ def _trained_steps(meta, diloco_cfg: DilocoConfig, declared_steps: int | None) -
     outer_round, steps = meta.outer_round, meta.inner_steps
     if diloco_cfg.budgeted:
         if declared_steps is None:
-            raise ReexecError(f"round {outer_round}: a time-bounded run's rerun needs the declared inner steps")
+            raise ReexecError(
+                f"round {outer_round}: a time-bounded run's rerun needs the declared inner steps"
+            )
         try:
             diloco_cfg.check_declared_steps(declared_steps)
         except ValueError as exc:
@@ -151,8 +166,18 @@ class PreviousRound:
 class RoundRerun:
     """The actions of one rerun round, run as the node runs them (module docstring of :mod:`training.reexec`)."""
 
-    def __init__(self, meta, trainer, engines, batches, training_cfg: TrainingConfig, diloco_cfg: DilocoConfig,
-                 compression_cfg: CompressionConfig, previous: PreviousRound, declared_steps: int | None) -> None:
+    def __init__(
+        self,
+        meta,
+        trainer,
+        engines,
+        batches,
+        training_cfg: TrainingConfig,
+        diloco_cfg: DilocoConfig,
+        compression_cfg: CompressionConfig,
+        previous: PreviousRound,
+        declared_steps: int | None,
+    ) -> None:
         self.meta, self.trainer, self.engines, self.batches = meta, trainer, engines, batches
         self.training_cfg, self.diloco_cfg, self.compression_cfg = training_cfg, diloco_cfg, compression_cfg
         self.previous, self.declared_steps = previous, declared_steps
@@ -180,7 +205,9 @@ class RoundRerun:
     def train(self, action) -> None:
         outer_round, steps = self.meta.outer_round, self.meta.inner_steps
         for step in range(action.first_step, action.end_step):
-            set_lr(self.trainer.optimizers, inner_lr(self.training_cfg, outer_round * steps + step, self.horizon))
+            set_lr(
+                self.trainer.optimizers, inner_lr(self.training_cfg, outer_round * steps + step, self.horizon)
+            )
             x, y = self.batches[step]
             self.trainer.train_step(x, y, self.meta.micro_batches or 1)
 

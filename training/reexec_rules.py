@@ -156,9 +156,12 @@ def restart_state_reason(
         if part.state_hash() != claimed:
             return f"stage {stage}: served state is not the committed one"
         groups = {name.split("/", 1)[0] for name in part.tensors}
-        carried = sorted(g for g in groups if g.startswith((*optimizer_prefixes(), "round_end.", "own_decoded.", "sent.",
-                                                             "encoder."))
-                         or g == "others_previous")
+        carried = sorted(
+            g
+            for g in groups
+            if g.startswith((*optimizer_prefixes(), "round_end.", "own_decoded.", "sent.", "encoder."))
+            or g == "others_previous"
+        )
         if carried:
             return f"stage {stage}: carries state a restart does not have ({', '.join(carried[:4])})"
         residual = part.group("residual")
@@ -209,6 +212,8 @@ def sample_replicas(
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"reexec sampling rate={rate}: must be in [0, 1]")
     return [
-        replica for replica in sorted(replicas)
-        if replica != own_replica and sample_score(previous_record_hash, verifier, outer_round, replica) < rate
+        replica
+        for replica in sorted(replicas)
+        if replica != own_replica
+        and sample_score(previous_record_hash, verifier, outer_round, replica) < rate
     ]

@@ -113,7 +113,10 @@ class SimReplica:
         for step in range(first_step, min(end_step, self.trained_steps(outer_round))):
             if not self.trains_step(outer_round, step):
                 continue
-            set_lr(self.trainer.optimizers, inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps))
+            set_lr(
+                self.trainer.optimizers,
+                inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps),
+            )
             x, y = batches[step]
             self.trainer.train_step(x, y, sim.micro_batches or 1)
 
@@ -122,7 +125,9 @@ class SimReplica:
         payloads = {}
         for engine in self.engines:
             engine.skip_to(outer_round)
-            payloads[engine.stage_index], _ = engine.encode_contribution(outer_round, self.declared_steps(outer_round))
+            payloads[engine.stage_index], _ = engine.encode_contribution(
+                outer_round, self.declared_steps(outer_round)
+            )
         return payloads
 
     def finish(self, outer_round: int, contributions: dict[int, list[bytes]]) -> None:
@@ -199,7 +204,9 @@ class ForgedStateReplica(SimReplica):
     def before_capture(self, outer_round):
         if outer_round >= 1:
             for engine in self.engines:
-                engine.compressor.residual = {n: torch.zeros_like(r) for n, r in engine.compressor.residual.items()}
+                engine.compressor.residual = {
+                    n: torch.zeros_like(r) for n, r in engine.compressor.residual.items()
+                }
 
 
 def _norm(tensors: dict[str, torch.Tensor]) -> float:
@@ -259,8 +266,11 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     record.capture_seconds += time.perf_counter() - started
                     started = time.perf_counter()
             elif action.kind == APPLY:
-                contributions = records[action.outer_round].contributions if action.outer_round < outer_round \
+                contributions = (
+                    records[action.outer_round].contributions
+                    if action.outer_round < outer_round
                     else record.contributions
+                )
                 for member in replicas:
                     member.finish(action.outer_round, contributions)
                 record.encode_seconds += time.perf_counter() - started

@@ -52,7 +52,9 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
     return host_float32_copy(live)
 
 
-def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> StageStartState:
+def capture_engine_part(
+    meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]
+) -> StageStartState:
     """:func:`capture_stage_state` from its trainer part and the engine's current state (copied)."""
     return _engine_part(meta, engine, trainer_part, copy=True)
 

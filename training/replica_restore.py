@@ -61,11 +61,15 @@ def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> N
                                       for f, value in fields.items()}
             used.update(f"{prefix}.{f}/{name}" for f in names)
         elif any(value is not None for value in fields.values()):
-            raise ReplicaStateError(f"stage {part.stage_index} {name!r}: inner optimizer state ({prefix}) is incomplete")
+            raise ReplicaStateError(
+                f"stage {part.stage_index} {name!r}: inner optimizer state ({prefix}) is incomplete"
+            )
     stray = sorted(n for n in part.tensors if n.startswith(optimizer_prefixes()) and n not in used)
     if stray:
-        raise ReplicaStateError(f"stage {part.stage_index} state: {stray[0]!r} is not state of the run's inner "
-                                "optimizer (training.optimizer)")
+        raise ReplicaStateError(
+            f"stage {part.stage_index} state: {stray[0]!r} is not state of the run's inner "
+            "optimizer (training.optimizer)"
+        )
 
 
 def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoConfig, last_encoded: int,
@@ -104,7 +108,9 @@ def _encoder_memo(part: StageStartState) -> dict | None:
     return groups
 
 
-def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]], outer_moments: int = 1) -> None:
+def _check_stage(
+    part: StageStartState, shapes: Mapping[str, tuple[int, ...]], outer_moments: int = 1
+) -> None:
     """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes (the ``momentum``
     group of an outer-Adam run: both moments stacked, ``(outer_moments, *shape)``)."""
     groups: dict[str, set[str]] = {}
@@ -127,4 +133,6 @@ def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]], o
         groups.setdefault(group, set()).add(tensor_name)
     for group in ("param", "global", "momentum", "residual", "round_start"):
         if groups.get(group) != set(shapes):
-            raise ReplicaStateError(f"stage {part.stage_index} state: group {group!r} does not hold every parameter")
+            raise ReplicaStateError(
+                f"stage {part.stage_index} state: group {group!r} does not hold every parameter"
+            )

@@ -100,7 +100,9 @@ class RoundMeta:
 
     def __post_init__(self) -> None:
         if self.platform is not None and not isinstance(self.platform, PlatformFingerprint):
-            raise ReplicaStateError(f"round meta platform={self.platform!r}: must be a PlatformFingerprint or None")
+            raise ReplicaStateError(
+                f"round meta platform={self.platform!r}: must be a PlatformFingerprint or None"
+            )
         for name, value in self.counters().items():
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
                 raise ReplicaStateError(f"round meta {name}={value!r}: must be an integer in [0, 2**63)")
@@ -164,7 +166,9 @@ class StageStartState:
     def rounds_of(self, kind: str) -> list[int]:
         """The rounds ``r`` of the ``<kind>.<r>/`` groups (``round_end``, ``own_decoded``, ``sent``)."""
         head = kind + "."
-        return sorted({int(name[len(head):].split("/", 1)[0]) for name in self.tensors if name.startswith(head)})
+        return sorted(
+            {int(name[len(head) :].split("/", 1)[0]) for name in self.tensors if name.startswith(head)}
+        )
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,9 @@ class ReplicaStartState:
                 f"0..{meta.num_stages - 1} in order"
             )
         if any(s.meta != meta for s in self.stages):
-            raise ReplicaStateError("the stages' round metadata disagree (round, replica, H, threads, micro-batches)")
+            raise ReplicaStateError(
+                "the stages' round metadata disagree (round, replica, H, threads, micro-batches)"
+            )
 
     @property
     def meta(self) -> RoundMeta:
@@ -252,13 +258,17 @@ def parse_stage_state(data: bytes) -> StageStartState:
         counters = tuple(header["engine"])
         if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
                 or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
-            raise ReplicaStateError(f"replica state: bad stage {stage_index!r} or engine counters {counters!r}")
+            raise ReplicaStateError(
+                f"replica state: bad stage {stage_index!r} or engine counters {counters!r}"
+            )
     except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
         if isinstance(exc, ReplicaStateError):
             raise
         if isinstance(exc, PlatformError):
             raise ReplicaStateError(f"replica state {exc}"[:300]) from None
-        raise ReplicaStateError(f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]) from None
+        raise ReplicaStateError(
+            f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]
+        ) from None
     count = u32("tensor count")
     if count > _MAX_TENSORS:
         raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")

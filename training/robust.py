@@ -56,7 +56,10 @@ import numpy as np
 import torch
 
 from rulebook.norm_clip import (  # lower_median and clip_scale re-exported: training.robust is their address too
-    clip_bound, clip_scale, lower_median, per_step,
+    clip_bound,
+    clip_scale,
+    lower_median,
+    per_step,
 )
 from training.codec_wire import decode_declared, header_steps
 from training.errors import (
@@ -77,7 +80,15 @@ BAD_STEPS = "bad_steps"
 #: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the
 #: record").
 OTHER_RESULT = "other_result"
-EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT, BAD_STEPS)
+EXCLUSION_REASONS = (
+    UNDECODABLE,
+    WRONG_SHAPE,
+    NON_FINITE,
+    RAW_IN_COMPRESSED,
+    SCREENED,
+    OTHER_RESULT,
+    BAD_STEPS,
+)
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
 CALLER_REASONS = (SCREENED, OTHER_RESULT)
 
@@ -335,7 +346,9 @@ def robust_contributions(
     for index, tensors in decoded.items():
         scale = clip_scale(clip_norms[index], bound)
         accepted.append(tensors if scale == 1.0 else scaled(tensors, scale))
-        detail = "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        detail = (
+            "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        )
         reports[index] = ContributionReport(index, True, "", detail, norms[index], scale)
     return accepted, [report for report in reports if report is not None]
 

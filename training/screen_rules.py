@@ -67,8 +67,15 @@ class ScreenRule:
     #: Whether the losses are measured per window of the screening batch (version 3: each slope's error).
     per_window = False
 
-    def judge(self, loss_before: float, after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig,
-              against: Mapping[int, float] | None, errors: Mapping[int, float] | None) -> list[ScreeningReport]:
+    def judge(
+        self,
+        loss_before: float,
+        after: Mapping[int, float],
+        count: int,
+        diloco_cfg: DilocoConfig,
+        against: Mapping[int, float] | None,
+        errors: Mapping[int, float] | None,
+    ) -> list[ScreeningReport]:
         """The verdict on each of ``count`` contributions (:func:`training.screening.judge`)."""
         raise NotImplementedError
 
@@ -103,13 +110,16 @@ class OneSided(ScreenRule):
         reports = []
         for index in range(count):
             if index not in loss_after:
-                reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
+                reports.append(
+                    ScreeningReport(index, loss_before, None, False, "not screened (does not decode)")
+                )
                 continue
             value = loss_after[index]
             excluded = not value <= threshold
             detail = (
                 f"loss {loss_before:.6g} -> {value:.6g} alone, above the median {median:.6g} + {tolerance:.3g}"
-                if excluded else ""
+                if excluded
+                else ""
             )
             reports.append(ScreeningReport(index, loss_before, value, excluded, detail))
         return reports
@@ -142,8 +152,14 @@ class Paired(TwoSided):
         return judge_two_sided(loss_before, after, against, count, diloco_cfg, errors)
 
 
-def judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
-                     diloco_cfg: DilocoConfig, errors: Mapping[int, float] | None = None) -> list[ScreeningReport]:
+def judge_two_sided(
+    loss_before: float,
+    after: Mapping[int, float],
+    against: Mapping[int, float],
+    count: int,
+    diloco_cfg: DilocoConfig,
+    errors: Mapping[int, float] | None = None,
+) -> list[ScreeningReport]:
     """Versions 2 and 3 (``errors``: each slope's standard error; :mod:`training.screening`; docs/DILOCOX.md section 13,
     "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
@@ -156,8 +172,11 @@ def judge_two_sided(loss_before: float, after: Mapping[int, float], against: Map
     curvature = {i: (against[i] + after[i]) / 2 - loss_before for i in after}  # +inf if either side is
     screens = len(after) >= MIN_SCREENED  # else no majority to measure against (judge): nothing is excluded
     least_slope = min(tolerance, lower_median(list(slope.values())) / SLOPE_SHARE) if screens else -math.inf
-    most_curvature = (CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance if screens
-                      else math.inf)
+    most_curvature = (
+        CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance
+        if screens
+        else math.inf
+    )
     reports = []
     for index in range(count):
         if index not in after:
@@ -186,4 +205,6 @@ assert tuple(SCREEN_RULE_KINDS) == SCREEN_RULES, "training.config.SCREEN_RULES n
 
 def screen_rule_for(diloco_cfg: DilocoConfig) -> ScreenRule:
     """The rule ``diloco_cfg.screen_rule`` names; a fixed-H run screens by version 1."""
-    return SCREEN_RULE_KINDS[diloco_cfg.screen_rule] if diloco_cfg.budgeted else SCREEN_RULE_KINDS["one_sided"]
+    return (
+        SCREEN_RULE_KINDS[diloco_cfg.screen_rule] if diloco_cfg.budgeted else SCREEN_RULE_KINDS["one_sided"]
+    )

@@ -176,7 +176,9 @@ def decode_full(
     for stage, (blob, shapes) in enumerate(zip(contribution_by_stage, shapes_by_stage, strict=True)):
         try:
             merged.update(
-                decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round, refuse_raw=refuse_raw)
+                decode_contribution(
+                    blob, shapes, stage_index=stage, outer_round=outer_round, refuse_raw=refuse_raw
+                )
             )
         except ContributionDecodeError:
             return None
@@ -190,7 +192,9 @@ def declared_steps_full(contribution_by_stage: Sequence[bytes]) -> int | None:
     return steps.pop() if len(steps) == 1 else None
 
 
-def screening_steps(diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]) -> list | None:
+def screening_steps(
+    diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]
+) -> list | None:
     """The ``declared_steps`` argument of :func:`screen_contributions`: each replica's declared count in a
     time-bounded run (``contributions_by_replica[i]``: replica i's contribution to every stage), None with
     fixed H (nothing to read)."""
@@ -220,8 +224,10 @@ def screen_contributions(
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
     factors = [lr] * len(contributions)
     if diloco_cfg.budgeted:
-        factors = [lr if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
-                   for k in declared_steps]
+        factors = [
+            lr if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
+            for k in declared_steps
+        ]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
@@ -267,7 +273,9 @@ def judge(
     ``loss_against``: the losses of each contribution applied against itself (the same keys as
     ``loss_after``), which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard
     errors of the slopes (:func:`slope_error`, the same keys)."""
-    return screen_rule_for(diloco_cfg).judge(loss_before, loss_after, count, diloco_cfg, loss_against, slope_errors)
+    return screen_rule_for(diloco_cfg).judge(
+        loss_before, loss_after, count, diloco_cfg, loss_against, slope_errors
+    )
 
 
 def screening_exclusions(reports: Sequence[ScreeningReport]) -> dict[int, str]:

@@ -169,7 +169,9 @@ def open_dataset(
     """
     directory, manifest = read_manifest(path)
     if expected_root is not None and manifest.root != expected_root:
-        raise ShardError(f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {expected_root}")
+        raise ShardError(
+            f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {expected_root}"
+        )
     if verify:
         for entry in manifest.shards:
             shard_path = directory / entry.file
@@ -199,7 +201,9 @@ def is_dataset(path: str | os.PathLike) -> bool:
     return (path / MANIFEST_NAME).is_file() if path.is_dir() else path.name == MANIFEST_NAME
 
 
-def open_run_dataset(path: str | os.PathLike, reference: str, tokenizer: str, vocab_size: int) -> ShardedCorpus:
+def open_run_dataset(
+    path: str | os.PathLike, reference: str, tokenizer: str, vocab_size: int
+) -> ShardedCorpus:
     """The prepared dataset a run document names: ``reference`` is its ``training.data_sha256``
     (``manifest:<root>``), ``tokenizer`` its ``model.tokenizer`` ("bytes" or "sha256:<hex>"), ``vocab_size``
     the model's. Every shard is checked (once per process), as a node does before it trains.
@@ -209,14 +213,20 @@ def open_run_dataset(path: str | os.PathLike, reference: str, tokenizer: str, vo
             vocabulary differ from the run's: the message names which), or a shard fails its check.
     """
     if not reference.startswith(ROOT_PREFIX):
-        raise ShardError(f"the run did not train on a prepared dataset (training.data_sha256={reference[:80]!r})")
+        raise ShardError(
+            f"the run did not train on a prepared dataset (training.data_sha256={reference[:80]!r})"
+        )
     if not is_dataset(path):
-        raise ShardError(f"{path}: not a prepared dataset (no {MANIFEST_NAME}); the run trained on {reference}")
+        raise ShardError(
+            f"{path}: not a prepared dataset (no {MANIFEST_NAME}); the run trained on {reference}"
+        )
     corpus = open_dataset(path, expected_root=reference[len(ROOT_PREFIX):])
     if corpus.manifest.tokenizer != tokenizer:
         raise ShardError(f"{corpus.source}: prepared with tokenizer {corpus.manifest.tokenizer}, the run's "
                          f"model.tokenizer is {tokenizer}")
     if corpus.manifest.vocab_size > vocab_size:
-        raise ShardError(f"{corpus.source}: ids up to {corpus.manifest.vocab_size - 1}, the run's model.vocab_size "
-                         f"is {vocab_size}")
+        raise ShardError(
+            f"{corpus.source}: ids up to {corpus.manifest.vocab_size - 1}, the run's model.vocab_size "
+            f"is {vocab_size}"
+        )
     return corpus

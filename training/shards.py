@@ -162,7 +162,9 @@ def parse_manifest(data: bytes, source: str = MANIFEST_NAME) -> Manifest:
     vocab = field("vocab_size", int, lambda v: 1 <= v < 1 << 32)
     dtype = field("dtype", str, lambda v: v in ID_BYTES)
     if dtype != token_dtype(vocab):
-        raise ShardError(f"{source}: dtype {dtype} does not fit vocab_size {vocab} (expected {token_dtype(vocab)})")
+        raise ShardError(
+            f"{source}: dtype {dtype} does not fit vocab_size {vocab} (expected {token_dtype(vocab)})"
+        )
     shard_tokens = field("shard_tokens", int, lambda v: v >= 1)
     tokenizer = field("tokenizer", str, lambda v: v == "bytes" or v.startswith("sha256:"))
     shards_raw = field("shards", list, lambda v: len(v) >= 1)
@@ -172,18 +174,30 @@ def parse_manifest(data: bytes, source: str = MANIFEST_NAME) -> Manifest:
             raise ShardError(f"{source}: shard {index} is not an object")
         name, digest, tokens = raw.get("file"), raw.get("sha256"), raw.get("tokens")
         if name != shard_name(index):
-            raise ShardError(f"{source}: shard {index} is named {str(name)[:40]!r}, expected {shard_name(index)!r}")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ShardError(
+                f"{source}: shard {index} is named {str(name)[:40]!r}, expected {shard_name(index)!r}"
+            )
+        if not (
+            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        ):
             raise ShardError(f"{source}: shard {name} has no valid sha256")
         last = index == len(shards_raw) - 1
-        if type(tokens) is not int or not (1 <= tokens <= shard_tokens) or (not last and tokens != shard_tokens):
-            raise ShardError(f"{source}: shard {name} holds {tokens!r} tokens; every shard but the last holds "
-                             f"shard_tokens={shard_tokens}")
+        if (
+            type(tokens) is not int
+            or not (1 <= tokens <= shard_tokens)
+            or (not last and tokens != shard_tokens)
+        ):
+            raise ShardError(
+                f"{source}: shard {name} holds {tokens!r} tokens; every shard but the last holds "
+                f"shard_tokens={shard_tokens}"
+            )
         shards.append(ShardEntry(name, digest, tokens))
     manifest = Manifest(tokenizer, vocab, dtype, shard_tokens, 0, tuple(shards))
     eval_start = field("eval_start", int, lambda v: 1 <= v < manifest.num_tokens)
     if field("num_tokens", int) != manifest.num_tokens:
-        raise ShardError(f"{source}: num_tokens {document['num_tokens']} is not the shards' sum {manifest.num_tokens}")
+        raise ShardError(
+            f"{source}: num_tokens {document['num_tokens']} is not the shards' sum {manifest.num_tokens}"
+        )
     manifest = Manifest(tokenizer, vocab, dtype, shard_tokens, eval_start, tuple(shards))
     if document.get("root") != manifest.root:
         raise ShardError(f"{source}: root {str(document.get('root'))[:64]} is not the root of its contents "
@@ -248,8 +262,10 @@ class ShardWriter:
         self._flush()
         total = sum(shard.tokens for shard in self.shards)
         if not 1 <= eval_start < total:
-            raise ShardError(f"{self.out_dir}: {total} tokens cannot hold a training split and a held-out split "
-                             f"starting at {eval_start}; give more text")
+            raise ShardError(
+                f"{self.out_dir}: {total} tokens cannot hold a training split and a held-out split "
+                f"starting at {eval_start}; give more text"
+            )
         manifest = Manifest(tokenizer, self.vocab_size, self.dtype, self.shard_tokens, eval_start,
                             tuple(self.shards))
         tmp = self.out_dir / (MANIFEST_NAME + ".tmp")
@@ -283,14 +299,18 @@ def verify_shard(path: Path, entry: ShardEntry, manifest: Manifest) -> None:
             raise ShardError(f"{path}: truncated: {size} bytes, the manifest's {entry.tokens} tokens need "
                              f"{expected_size}")
         if size > expected_size:
-            raise ShardError(f"{path}: {size} bytes, more than the manifest's {entry.tokens} tokens ({expected_size})")
+            raise ShardError(
+                f"{path}: {size} bytes, more than the manifest's {entry.tokens} tokens ({expected_size})"
+            )
         header = handle.read(SHARD_HEADER.size)
         magic, version, width, vocab, tokens = SHARD_HEADER.unpack(header)
         if magic != SHARD_MAGIC or version != SHARD_VERSION:
             raise ShardError(f"{path}: wrong header: not a version-{SHARD_VERSION} dlx token shard")
         if (width, vocab, tokens) != (itemsize, manifest.vocab_size, entry.tokens):
-            raise ShardError(f"{path}: wrong header: {width}-byte ids, vocab {vocab}, {tokens} tokens; the manifest "
-                             f"says {itemsize}-byte ids, vocab {manifest.vocab_size}, {entry.tokens} tokens")
+            raise ShardError(
+                f"{path}: wrong header: {width}-byte ids, vocab {vocab}, {tokens} tokens; the manifest "
+                f"says {itemsize}-byte ids, vocab {manifest.vocab_size}, {entry.tokens} tokens"
+            )
         digest = hashlib.sha256(header)
         dtype = np.dtype(manifest.dtype).newbyteorder("<")
         largest = 0

@@ -113,12 +113,26 @@ def simulate(
 
     def batches(replica: int, outer_round: int):
         return round_batches(
-            corpus, training_cfg.seed, replica, outer_round, steps, training_cfg.batch_size, model_cfg.block_size
+            corpus,
+            training_cfg.seed,
+            replica,
+            outer_round,
+            steps,
+            training_cfg.batch_size,
+            model_cfg.block_size,
         )
 
     if mode == "ddp":
         rounds, trainer_root, final_loss = _simulate_ddp(
-            initial, batches, held_out, model_cfg, training_cfg, pipeline_cfg, replicas, outer_rounds, eval_every
+            initial,
+            batches,
+            held_out,
+            model_cfg,
+            training_cfg,
+            pipeline_cfg,
+            replicas,
+            outer_rounds,
+            eval_every,
         )
     else:
         rounds, trainer_root, final_loss = DilocoSimulation(
@@ -139,7 +153,9 @@ def simulate(
     )
 
 
-def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_cfg, replicas, outer_rounds, eval_every):
+def _simulate_ddp(
+    initial, batches, held_out, model_cfg, training_cfg, pipeline_cfg, replicas, outer_rounds, eval_every
+):
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial)
     num_params = count_params(model_cfg)
     allreduce_bytes = 2 * (replicas - 1) / replicas * 4 * num_params
@@ -150,7 +166,9 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
         losses = []
         steps = len(per_replica[0])
         for step in range(steps):
-            set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps))
+            set_lr(
+                trainer.optimizers, inner_lr(training_cfg, outer_round * steps + step, outer_rounds * steps)
+            )
             x = torch.cat([per_replica[r][step][0] for r in range(replicas)])
             y = torch.cat([per_replica[r][step][1] for r in range(replicas)])
             losses.append(trainer.train_step(x, y))
@@ -170,7 +188,9 @@ def _simulate_ddp(initial, batches, held_out, model_cfg, training_cfg, pipeline_
                 outer_seconds=0.0,
             )
         )
-        logger.info("ddp round %d: train %.4f eval %s", outer_round, records[-1].train_loss, records[-1].eval_loss)
+        logger.info(
+            "ddp round %d: train %.4f eval %s", outer_round, records[-1].train_loss, records[-1].eval_loss
+        )
     root = weights_root([stage_weights_hash(m.state_dict()) for m in trainer.stage_modules]).hex()
     return records, root, records[-1].eval_loss
 

@@ -112,7 +112,9 @@ class DilocoSimulation:
             ]
             for trainer in self.trainers
         ]
-        self.evaluator = LocalReplicaTrainer(model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial)
+        self.evaluator = LocalReplicaTrainer(
+            model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial
+        )
         # round -> per stage, the contributions not applied yet
         self.exchanged: dict[int, list[list[bytes]]] = {}
         self.records: list[RoundRecord] = []
@@ -138,8 +140,9 @@ class DilocoSimulation:
             elif action.kind == ENCODE:
                 self.encode_all(outer_round, tally)
             elif action.kind == APPLY:
-                screening, aggregation = self.apply(action.outer_round, self.exchanged.pop(action.outer_round),
-                                                    tally.outer_seconds)
+                screening, aggregation = self.apply(
+                    action.outer_round, self.exchanged.pop(action.outer_round), tally.outer_seconds
+                )
                 tally.applied.append({"outer_round": action.outer_round, "screening": screening,
                                       "aggregation": aggregation})
         return self.record(outer_round, tally)
@@ -161,11 +164,15 @@ class DilocoSimulation:
         trainer = self.trainers[replica]
         optimizers = trainer_optimizers(trainer)
         losses = []
-        for step, (x, y) in enumerate(self.batches(replica, outer_round)[first_step:end_step], start=first_step):
+        for step, (x, y) in enumerate(
+            self.batches(replica, outer_round)[first_step:end_step], start=first_step
+        ):
             if not takes_another_step(self.diloco_cfg, step, elapsed[replica]):
                 break
             started = time.perf_counter()
-            set_lr(optimizers, inner_lr(self.training_cfg, outer_round * steps + step, self.outer_rounds * steps))
+            set_lr(
+                optimizers, inner_lr(self.training_cfg, outer_round * steps + step, self.outer_rounds * steps)
+            )
             losses.append(trainer.train_step(x, y))
             elapsed[replica] += time.perf_counter() - started
         return losses
@@ -201,10 +208,16 @@ class DilocoSimulation:
         ]
         x, y = screening_batch(self.corpus, self.training_cfg.seed, outer_round, diloco_cfg.screen_batch_size,
                                self.model_cfg.block_size)
-        declared = screening_steps(diloco_cfg, [[contributions[stage][replica] for stage in range(len(contributions))]
-                                                for replica in range(len(contributions[0]))])
-        reports = screen_contributions(model_loss_fn(self.model_cfg, x, y), global_state(self.engines[0]), decoded,
-                                       diloco_cfg, declared)
+        declared = screening_steps(
+            diloco_cfg,
+            [
+                [contributions[stage][replica] for stage in range(len(contributions))]
+                for replica in range(len(contributions[0]))
+            ],
+        )
+        reports = screen_contributions(
+            model_loss_fn(self.model_cfg, x, y), global_state(self.engines[0]), decoded, diloco_cfg, declared
+        )
         return screening_exclusions(reports), [r.to_dict() for r in reports]
 
     def apply(self, outer_round: int, contributions: list[list[bytes]],

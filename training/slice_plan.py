@@ -165,7 +165,8 @@ def split_slices(tensors: Mapping[str, torch.Tensor], plan: SlicePlan) -> list[d
     if set(tensors) != {name for name, _ in plan.shapes}:
         raise SliceError("tensor names differ from the slice plan's")
     return [
-        {piece.name: _piece_of(tensors[piece.name], piece).contiguous() for piece in pieces} for pieces in plan.slices
+        {piece.name: _piece_of(tensors[piece.name], piece).contiguous() for piece in pieces}
+        for pieces in plan.slices
     ]
 
 

@@ -116,7 +116,9 @@ def slice_bundle(blobs: Sequence[bytes], steps: int | None = None) -> tuple[byte
     if steps is None:
         return bundle, REFERENCE_PREFIX + fields
     if type(steps) is not int or not 1 <= steps <= MAX_DECLARED_STEPS:
-        raise SliceError(f"declared inner steps {steps!r}: must be a whole number in [1, {MAX_DECLARED_STEPS}]")
+        raise SliceError(
+            f"declared inner steps {steps!r}: must be a whole number in [1, {MAX_DECLARED_STEPS}]"
+        )
     return bundle, DECLARED_REFERENCE_PREFIX + fields + _STEPS.pack(steps)
 
 
@@ -180,8 +182,13 @@ def parse_slice_record(record: bytes, reference: SliceReference, slice_index: in
     digest, offset, size = _RECORD_HEAD.unpack_from(record)
     head = _RECORD_HEAD.size
     siblings = [record[head + 32 * k:head + 32 * (k + 1)] for k in range(tree_depth(count))]
-    if _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings) != reference.slices_root:
-        raise SliceError(f"slice record {slice_index}: its Merkle path does not lead to the signed slices root")
+    if (
+        _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings)
+        != reference.slices_root
+    ):
+        raise SliceError(
+            f"slice record {slice_index}: its Merkle path does not lead to the signed slices root"
+        )
     first = len(BUNDLE_PREFIX) + 4 + count * record_size(count)
     if size < 1 or offset < first or offset + size > reference.bundle_size:
         raise SliceError(f"slice record {slice_index}: bytes {offset}+{size} outside the bundle's slices")

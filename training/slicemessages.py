@@ -42,7 +42,13 @@ def _sha(data: bytes) -> bytes:
 
 
 def slice_signing_bytes(
-    run_id: int, outer_round: int, stage_index: int, replica: int, slice_index: int, num_slices: int, blob: bytes
+    run_id: int,
+    outer_round: int,
+    stage_index: int,
+    replica: int,
+    slice_index: int,
+    num_slices: int,
+    blob: bytes,
 ) -> bytes:
     """What replica i signs for its slice j: domain, run, round, stage, replica, j, A, sha256(blob).
 
@@ -72,7 +78,9 @@ def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tu
         raise SliceError("slice message: too short or wrong prefix")
     index, count = struct.unpack_from(">II", message, len(SLICE_PREFIX))
     if index != slice_index or count != num_slices:
-        raise SliceError(f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}")
+        raise SliceError(
+            f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}"
+        )
     return message[head:head + 64], message[head + 64:]
 
 
@@ -87,7 +95,9 @@ def merkle_root(leaves: Sequence[bytes]) -> bytes:
     if not level:
         return _EMPTY
     while len(level) > 1:
-        level = [_sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
+        level = [
+            _sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)
+        ]
     return level[0]
 
 

@@ -13,7 +13,13 @@ from training.config_compression import CompressionConfig
 from training.data import Corpus
 from training.errors import ReexecError, ReplicaStateError
 from training.fingerprint import (
-    CROSS_PLATFORM_TOLERANCE, EXACT, MISMATCH, RULE_CROSS_PLATFORM, UNDECIDED, WITHIN_TOLERANCE, compare_rerun,
+    CROSS_PLATFORM_TOLERANCE,
+    EXACT,
+    MISMATCH,
+    RULE_CROSS_PLATFORM,
+    UNDECIDED,
+    WITHIN_TOLERANCE,
+    compare_rerun,
 )
 from training.hashing import stage_weights_hash
 from training.reexec_distance import contribution_distance, sliced_contribution_distance
@@ -131,25 +137,41 @@ def verify_contribution(
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     """
     claims = _one_claim_per_stage(state_parts, claims)
-    state = _served_state(state_parts, claims, diloco_cfg, outer_round, replica, run_rounds, committed_weights)
+    state = _served_state(
+        state_parts, claims, diloco_cfg, outer_round, replica, run_rounds, committed_weights
+    )
     if isinstance(state, SpotCheck):
         return state
     declared = _declared_steps(claims, diloco_cfg, outer_round, replica)
     if isinstance(declared, SpotCheck):
         return declared
-    expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round, declared)
+    expected_data = data_commitment(
+        corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round, declared
+    )
     wrong_data = [claim.stage_index for claim in claims if claim.data_commitment != expected_data]
     if wrong_data:
         return _failed(outer_round, replica, DATA_MISMATCH, "the data commitment is not this round's batches",
                        wrong_data)
     try:
-        rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
-                          previous_contributions=previous_contributions, previous_excluded=previous_excluded,
-                          previous_dropped=previous_dropped, threads=threads, previous_partials=previous_partials,
-                          declared_steps=declared)
+        rerun = reexecute(
+            state,
+            corpus,
+            model_cfg,
+            training_cfg,
+            diloco_cfg,
+            compression_cfg,
+            previous_contributions=previous_contributions,
+            previous_excluded=previous_excluded,
+            previous_dropped=previous_dropped,
+            threads=threads,
+            previous_partials=previous_partials,
+            declared_steps=declared,
+        )
     except ReplicaStateError as exc:
         return _failed(outer_round, replica, STATE_MISMATCH, f"state does not fit the run's model: {exc}")
-    elsewhere = [c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)]
+    elsewhere = [
+        c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)
+    ]
     if elsewhere:
         # Not a cheat: the round was trained on another result of round t-1 (the claimant's fork),
         # which the holders leave out of the aggregate (node.binding.other_result_exclusions).
@@ -176,9 +198,15 @@ def _one_claim_per_stage(state_parts: Sequence[bytes],
     return sorted(claims, key=lambda c: c.stage_index)
 
 
-def _served_state(state_parts: Sequence[bytes], claims: Sequence[ContributionClaim], diloco_cfg: DilocoConfig,
-                  outer_round: int, replica: int, run_rounds: int,
-                  committed_weights: Mapping[int, Mapping[int, bytes]] | None) -> ReplicaStartState | SpotCheck:
+def _served_state(
+    state_parts: Sequence[bytes],
+    claims: Sequence[ContributionClaim],
+    diloco_cfg: DilocoConfig,
+    outer_round: int,
+    replica: int,
+    run_rounds: int,
+    committed_weights: Mapping[int, Mapping[int, bytes]] | None,
+) -> ReplicaStartState | SpotCheck:
     """The served start state, checked against the commitments (hash, metadata, global weights on record),
     or the failed :class:`SpotCheck`."""
     parts = []
@@ -186,18 +214,36 @@ def _served_state(state_parts: Sequence[bytes], claims: Sequence[ContributionCla
         try:
             parts.append(parse_stage_state(data))
         except ReplicaStateError as exc:
-            return _failed(outer_round, replica, STATE_MISMATCH,
-                           f"stage {claim.stage_index}: served state is malformed: {exc}", [claim.stage_index])
+            return _failed(
+                outer_round,
+                replica,
+                STATE_MISMATCH,
+                f"stage {claim.stage_index}: served state is malformed: {exc}",
+                [claim.stage_index],
+            )
         if parts[-1].stage_index != claim.stage_index or parts[-1].state_hash() != claim.state_hash:
-            return _failed(outer_round, replica, STATE_MISMATCH,
-                           f"stage {claim.stage_index}: served state is not the committed one", [claim.stage_index])
+            return _failed(
+                outer_round,
+                replica,
+                STATE_MISMATCH,
+                f"stage {claim.stage_index}: served state is not the committed one",
+                [claim.stage_index],
+            )
     expected_horizon = run_rounds * diloco_cfg.inner_steps if run_rounds > 0 else 0
-    wrong_meta = [claim.stage_index for part, claim in zip(parts, claims)
-                  if (part.meta.outer_round, part.meta.replica, part.meta.inner_steps, part.meta.lr_total_steps)
-                  != (outer_round, replica, diloco_cfg.inner_steps, expected_horizon)]
+    wrong_meta = [
+        claim.stage_index
+        for part, claim in zip(parts, claims)
+        if (part.meta.outer_round, part.meta.replica, part.meta.inner_steps, part.meta.lr_total_steps)
+        != (outer_round, replica, diloco_cfg.inner_steps, expected_horizon)
+    ]
     if wrong_meta:
-        return _failed(outer_round, replica, STATE_MISMATCH, f"stage(s) {wrong_meta}: state metadata is not round "
-                       f"{outer_round} of replica {replica}", wrong_meta)
+        return _failed(
+            outer_round,
+            replica,
+            STATE_MISMATCH,
+            f"stage(s) {wrong_meta}: state metadata is not round {outer_round} of replica {replica}",
+            wrong_meta,
+        )
     try:
         state = ReplicaStartState(tuple(parts))
     except ReplicaStateError as exc:

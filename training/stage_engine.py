@@ -103,7 +103,9 @@ class StageEngine(EngineJoining, EngineState):
         self.momentum: Weights = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
         # "auto" budgets follow the stage's size
         numel = sum(math.prod(shape) for shape in self.shapes.values())
-        budget = compression_cfg.stage_bandwidth_budget(numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas)
+        budget = compression_cfg.stage_bandwidth_budget(
+            numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas
+        )
         self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
         # local weights when the current round began
         self._round_start: Weights = host_float32_copy(self.params)
@@ -133,7 +135,9 @@ class StageEngine(EngineJoining, EngineState):
 
     def _check_encode_order(self, outer_round: int) -> None:
         if outer_round != self.last_encoded + 1:
-            raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
+            raise RoundOrderError(
+                f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}"
+            )
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
         if pending > self.correction.pending_encodes:
             raise RoundOrderError(
@@ -164,7 +168,9 @@ class StageEngine(EngineJoining, EngineState):
                                   f"{self.diloco_cfg.delay_correction!r} cannot split its encode")
         self._check_encode_order(outer_round)
         if self._prepared is not None:
-            raise RoundOrderError(f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded")
+            raise RoundOrderError(
+                f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded"
+            )
         local = host_float32_copy(self.params)
         pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
         self._round_end[outer_round] = local
@@ -180,7 +186,9 @@ class StageEngine(EngineJoining, EngineState):
                                        f"{self.diloco_cfg.inner_steps} steps, not {declared_steps}")
             return
         if declared_steps is None:
-            raise EngineStateError(f"stage {self.stage_index}: a time-bounded run's contribution declares its steps")
+            raise EngineStateError(
+                f"stage {self.stage_index}: a time-bounded run's contribution declares its steps"
+            )
         self.diloco_cfg.check_declared_steps(declared_steps)
 
     def _declared(self, blob: bytes, declared_steps: int | None) -> bytes:
@@ -190,7 +198,9 @@ class StageEngine(EngineJoining, EngineState):
             return blob
         return self.compressor.declare(blob, declared_steps)  # the sliced encoder: in every slice blob
 
-    def encode_contribution(self, outer_round: int, declared_steps: int | None = None) -> tuple[bytes, CompressionStats]:
+    def encode_contribution(
+        self, outer_round: int, declared_steps: int | None = None
+    ) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.
 
         After :meth:`prepare_encode` of the same round, only the compression is left to do.
@@ -225,7 +235,9 @@ class StageEngine(EngineJoining, EngineState):
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.
             step_input = self.correction.estimate_input(self.compressor.last_decoded, self._others_previous)
-            estimate, _ = outer_step(self.global_weights, self.momentum, step_input, self.diloco_cfg, outer_round)
+            estimate, _ = outer_step(
+                self.global_weights, self.momentum, step_input, self.diloco_cfg, outer_round
+            )
             self._own_decoded[outer_round] = self.compressor.last_decoded
             with torch.no_grad():
                 for name, param in self.params.items():
@@ -299,7 +311,9 @@ class StageEngine(EngineJoining, EngineState):
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
                 f"(last encoded {self.last_encoded})"
             )
-        self.correction.check_apply(self.stage_index, outer_round, self.last_encoded, self.params, self._round_end)
+        self.correction.check_apply(
+            self.stage_index, outer_round, self.last_encoded, self.params, self._round_end
+        )
         started = time.perf_counter()
         # This replica's own contribution, if among them, is not decoded again: the encoder
         # returned exactly the decoder's output for those bytes (compression.encode_tensor).
@@ -344,7 +358,9 @@ class StageEngine(EngineJoining, EngineState):
         """
         sent = self._sent.pop(outer_round, None)
         if sent is None:
-            logger.warning("stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round)
+            logger.warning(
+                "stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round
+            )
             return False
         self.compressor.restore_undelivered(sent)
         return True

@@ -42,7 +42,9 @@ class EngineJoining:
             for name, param in self.params.items():
                 param.copy_(weights[name])
 
-    def move_global(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> None:
+    def move_global(
+        self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]
+    ) -> None:
         """Replace the global state of the last applied round with another one of the same round (a re-base).
 
         A replica whose outer step left the run's record (it aggregated another set than the

@@ -47,22 +47,32 @@ class EngineState:
         """Restore :meth:`state_dict`; the live params are the trainer's to restore."""
         try:
             if state["version"] != ENGINE_STATE_VERSION:
-                raise EngineStateError(f"engine state version {state['version']}, expected {ENGINE_STATE_VERSION}")
+                raise EngineStateError(
+                    f"engine state version {state['version']}, expected {ENGINE_STATE_VERSION}"
+                )
             if state["stage_index"] != self.stage_index:
-                raise EngineStateError(f"engine state is for stage {state['stage_index']}, not {self.stage_index}")
+                raise EngineStateError(
+                    f"engine state is for stage {state['stage_index']}, not {self.stage_index}"
+                )
             if bool(state["one_step_delay"]) != self.delayed:
                 raise EngineStateError("engine state was saved with a different diloco.one_step_delay")
             last_encoded, last_applied = int(state["last_encoded"]), int(state["last_applied"])
             round_end = {int(r): self._checked(f"round_end[{r}]", s) for r, s in state["round_end"].items()}
             if sorted(round_end) != list(range(last_applied + 1, last_encoded + 1)):
-                raise EngineStateError("engine state: pending round snapshots do not match the round counters")
+                raise EngineStateError(
+                    "engine state: pending round snapshots do not match the round counters"
+                )
             global_weights = self._checked("global_weights", state["global_weights"])
             momentum = self._checked("momentum", state["momentum"])
             round_start = self._checked("round_start", state["round_start"])
             # "eager" state (absent in states saved before it existed: lookahead for one round).
-            own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
+            own_decoded = {
+                int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()
+            }
             others = state.get("others_previous")
-            others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
+            others_previous = (
+                None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
+            )
             sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
             self.compressor.load_state_dict(state["error_feedback"])
             self.compressor.load_encoder_state(state.get("encoder_memo"))
@@ -76,10 +86,18 @@ class EngineState:
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
         if set(weights) != set(self.shapes):
-            raise EngineStateError(f"engine state {what}: tensor names differ from stage {self.stage_index}'s")
+            raise EngineStateError(
+                f"engine state {what}: tensor names differ from stage {self.stage_index}'s"
+            )
         for name, value in weights.items():
             # The outer state of outer Adam holds two moments per weight (training.diloco.outer_state_shape).
-            shape = outer_state_shape(self.diloco_cfg, self.shapes[name]) if what == "momentum" else self.shapes[name]
+            shape = (
+                outer_state_shape(self.diloco_cfg, self.shapes[name])
+                if what == "momentum"
+                else self.shapes[name]
+            )
             if tuple(value.shape) != shape:
-                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}")
+                raise EngineStateError(
+                    f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}"
+                )
         return host_float32_copy(weights)

@@ -132,7 +132,12 @@ class ByteTokenizer:
         """A byte-level BPE with no merges over GPT-2's alphabet: id = raw byte value, no special tokens
         (any text, including the character that stands for byte 0, round-trips)."""
         mapping = bytes_to_unicode()
-        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+        byte_level = {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": False,
+        }
         tokenizer = {
             "version": "1.0",
             "truncation": None,
@@ -225,7 +230,9 @@ def parse_reference(spec: str) -> str | None:
     return digest
 
 
-def tokenizer_from_bytes(data: bytes, expected_sha256: str | None = None, source: str = "<bytes>") -> HFTokenizer:
+def tokenizer_from_bytes(
+    data: bytes, expected_sha256: str | None = None, source: str = "<bytes>"
+) -> HFTokenizer:
     """Parse a tokenizer file's bytes; with ``expected_sha256``, refuse any other content."""
     if expected_sha256 is not None:
         got = hashlib.sha256(data).hexdigest()
@@ -291,8 +298,10 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int = 2) -> 
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 1:
-        raise TokenizerError(f"--vocab-size {vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1} "
-                             "(256 bytes and <|endoftext|>)")
+        raise TokenizerError(
+            f"--vocab-size {vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1} "
+            "(256 bytes and <|endoftext|>)"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

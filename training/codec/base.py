@@ -189,7 +189,15 @@ class Encoder(ABC):
         candidate = chosen.candidate
         entry = {**header, "c": candidate.codec, **fields}
         stats = TensorCodecStats(
-            name, shape, candidate.codec, candidate.rank, candidate.bits, raw_bytes, payload, error, error <= budget
+            name,
+            shape,
+            candidate.codec,
+            candidate.rank,
+            candidate.bits,
+            raw_bytes,
+            payload,
+            error,
+            error <= budget,
         )
         return entry, decoded.reshape(shape), stats
 
@@ -221,10 +229,15 @@ class Encoder(ABC):
         """
         matrices, norms = tensor_matrices(tensors)
         chosen, _ = self.select(tensors, matrices, norms, budget)
-        return self.finish(tensors, matrices, norms, chosen, stage_index=stage_index, outer_round=outer_round)[:3]
+        return self.finish(
+            tensors, matrices, norms, chosen, stage_index=stage_index, outer_round=outer_round
+        )[:3]
 
     def select(
-        self, tensors: Mapping[str, torch.Tensor], matrices: Mapping[str, torch.Tensor], norms: Mapping[str, float],
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        matrices: Mapping[str, torch.Tensor],
+        norms: Mapping[str, float],
         budget: int,
     ) -> tuple[dict[str, Option], dict[str, TensorOptions]]:
         """``({name: chosen option}, {name: every option})`` under ``budget`` (:func:`allocate` on the estimates)."""
@@ -239,8 +252,14 @@ class Encoder(ABC):
         return {name: found[name].options[choice[name]] for name in found}, found
 
     def finish(
-        self, tensors: Mapping[str, torch.Tensor], matrices: Mapping[str, torch.Tensor], norms: Mapping[str, float],
-        chosen: Mapping[str, Option], *, stage_index: int, outer_round: int,
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        matrices: Mapping[str, torch.Tensor],
+        norms: Mapping[str, float],
+        chosen: Mapping[str, Option],
+        *,
+        stage_index: int,
+        outer_round: int,
     ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, dict[str, Coded]]:
         """Code the chosen options: ``(bytes, decoded, stats, {name: coded})`` (the winners' exact decode)."""
         stats = CompressionStats(outer_round=outer_round, stage_index=stage_index)
@@ -258,7 +277,14 @@ class Encoder(ABC):
                 entry = {"n": name, "s": list(shape), "c": candidate.codec, **fields}
                 value = value.reshape(shape)
                 tensor_stats = TensorCodecStats(
-                    name, shape, candidate.codec, candidate.rank, candidate.bits, 4 * value.numel(), payload, error,
+                    name,
+                    shape,
+                    candidate.codec,
+                    candidate.rank,
+                    candidate.bits,
+                    4 * value.numel(),
+                    payload,
+                    error,
                     True,
                 )
             entries.append(entry)

@@ -170,7 +170,11 @@ def rel_error(matrix: torch.Tensor, decoded: torch.Tensor, norm: float) -> float
 
 
 def code_quant(
-    matrix: torch.Tensor, bits: int, candidate: Candidate, norm: float, quantizer: ColumnQuantizer | None = None
+    matrix: torch.Tensor,
+    bits: int,
+    candidate: Candidate,
+    norm: float,
+    quantizer: ColumnQuantizer | None = None,
 ) -> Coded:
     """``quant(bits)`` of ``matrix``, its estimate the relative error of its exact decode."""
     q_float, scales = (quantizer or ColumnQuantizer(matrix)).quantize(bits)
@@ -201,7 +205,9 @@ def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candid
     a = p_int.to(torch.float32) * (weights.to(torch.float32) * scale)
     b = q_int.to(torch.float32)
     if norm == 0.0:
-        estimate = 0.0 if not torch.any(weights) or not torch.any(p_int) or not torch.any(q_int) else float("inf")
+        estimate = (
+            0.0 if not torch.any(weights) or not torch.any(p_int) or not torch.any(q_int) else float("inf")
+        )
     else:
         cross = float(torch.sum((matrix @ b).to(torch.float64) * a.to(torch.float64)))
         gram = float(torch.sum((a.t() @ a).to(torch.float64) * (b.t() @ b).to(torch.float64)))

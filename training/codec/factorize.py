@@ -139,7 +139,9 @@ def factorize_gram(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAULT
     return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
-def factorize_warm(matrix: torch.Tensor, rank: int, basis: torch.Tensor) -> tuple[Factorization, torch.Tensor]:
+def factorize_warm(
+    matrix: torch.Tensor, rank: int, basis: torch.Tensor
+) -> tuple[Factorization, torch.Tensor]:
     """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm power iteration.
 
     PowerSGD's step (Vogels et al. 2019): last round's factor seeds this

@@ -30,7 +30,9 @@ from training.config import EncoderVersion
 QUANT_SAMPLE = 16384  # values per bit width the quant(b) estimates look at (whole rows)
 
 
-def rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]) -> torch.Tensor:
+def rounding_residuals(
+    values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]
+) -> torch.Tensor:
     """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit widths, columns).
 
     The squared error of :class:`~training.codec.coding.ColumnQuantizer` at each
@@ -93,7 +95,9 @@ class V2Encoder(Encoder):
         # Every ``stride``-th row: at most ~QUANT_SAMPLE values per bit width estimate the rest (scaled up).
         stride = max(1, matrix.numel() // QUANT_SAMPLE)
         sample = matrix[::stride]
-        residuals = rounding_residuals(sample, quantizer.column_max, quant_bits) * (matrix.shape[0] / sample.shape[0])
+        residuals = rounding_residuals(sample, quantizer.column_max, quant_bits) * (
+            matrix.shape[0] / sample.shape[0]
+        )
         quant_squares = torch.sum(residuals, dim=1).tolist()
         estimates = {("quant", 0, bits): relative(square) for bits, square in zip(quant_bits, quant_squares)}
         lowrank = [c for c in tensor_candidates if c.codec == "lowrank"]
@@ -109,11 +113,15 @@ class V2Encoder(Encoder):
             right_error = rounding_residuals(right, factors.right.column_max, bits_list)
             left_norm = torch.sum(left * left, dim=0).to(torch.float64)
             right_norm = torch.sum(right * right, dim=0).to(torch.float64)
-            quantization = torch.cumsum(left_error * right_norm + left_norm * right_error + left_error * right_error, 1)
+            quantization = torch.cumsum(
+                left_error * right_norm + left_norm * right_error + left_error * right_error, 1
+            )
             truncation = (norm * norm - torch.cumsum(sigma.to(torch.float64) ** 2, 0)).clamp_min(0.0)
             squares = (truncation + quantization).tolist()  # [bit index][rank - 1]
             for candidate in lowrank:
-                estimates[candidate.key] = relative(squares[bits_list.index(candidate.bits)][candidate.rank - 1])
+                estimates[candidate.key] = relative(
+                    squares[bits_list.index(candidate.bits)][candidate.rank - 1]
+                )
         options = []
         for candidate in tensor_candidates:
             estimate = estimates[candidate.key]
