@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 
 def lower_median(values: Sequence[float]) -> float:
-    """``sorted(values)[(len - 1) // 2]``: a value that occurs, and the smaller middle one for an even count."""
+    """``sorted(values)[(len - 1) // 2]``: a value that occurs, and the smaller middle one for an even count.
+    """
     if not values:
         raise ValueError("lower_median of no values")
     return sorted(values)[(len(values) - 1) // 2]
@@ -38,7 +39,9 @@ def per_step(norm: float, steps: int) -> float:
 def clip_scales(norms: Sequence[float], norm_clip: float, steps: Sequence[int] = ()) -> list[float]:
     """The scale of each accepted contribution, from its norm (and, in a time-bounded run, its declared
     inner steps: the rule then runs on the per-step norms)."""
-    compared = [per_step(norm, step) for norm, step in zip(norms, steps, strict=True)] if steps else list(norms)
+    compared = list(norms)
+    if steps:
+        compared = [per_step(norm, step) for norm, step in zip(norms, steps, strict=True)]
     if not compared:
         return []
     bound = clip_bound(lower_median(compared), norm_clip)

@@ -280,7 +280,8 @@ def single_thread():
 def partial_budget(
     slice_blobs: Sequence[bytes], reports: Sequence[ContributionReport], stage_budget: int
 ) -> int:
-    """The partial's byte budget: the lower median of the accepted inputs' sizes (0: code to the error budget).
+    """The partial's byte budget: the lower median of the accepted inputs' sizes (0: code to the error
+    budget).
 
     A public function of the inputs (replayable), and it follows the replicas'
     own allocation of bytes between slices, so the partials of a round sum to

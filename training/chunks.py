@@ -54,7 +54,8 @@ _HEADER = struct.Struct(">IQQI")
 
 @dataclass(frozen=True)
 class ChunkPlace:
-    """Where chunk ``index`` lies: ``count`` elements from ``offset`` of tensor ``tensor`` (``cols`` columns)."""
+    """Where chunk ``index`` lies: ``count`` elements from ``offset`` of tensor ``tensor`` (``cols`` columns).
+    """
 
     index: int
     tensor: int
@@ -76,7 +77,8 @@ def stage_layout(shapes: Mapping[str, tuple[int, ...]]) -> list[ChunkPlace]:
 
 
 def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str, int, int]]:
-    """``(tensor index, name, elements, columns)`` of each tensor, in chunk order (names' UTF-8 bytes ascending)."""
+    """``(tensor index, name, elements, columns)`` of each tensor, in chunk order (names' UTF-8 bytes
+    ascending)."""
     order = []
     for tensor, name in enumerate(sorted(shapes, key=lambda n: n.encode("utf-8"))):
         m, n = matrix_view_shape(tuple(shapes[name]))
@@ -92,8 +94,8 @@ def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str,
 
 
 def _rows(table: np.ndarray) -> list[bytes]:
-    """One bytes per row of ``table`` (``(chunks, width)`` uint8): the leaves of a tensor's full chunks (a last
-    chunk shorter than CHUNK_ELEMENTS is made by the caller)."""
+    """One bytes per row of ``table`` (``(chunks, width)`` uint8): the leaves of a tensor's full chunks (a
+    last chunk shorter than CHUNK_ELEMENTS is made by the caller)."""
     width = table.shape[1]
     data = np.ascontiguousarray(table).tobytes()
     return [data[i:i + width] for i in range(0, len(data), width)]

@@ -102,7 +102,8 @@ def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFinger
 
 
 def emulated_environment(settings: dict[str, str | None], environ=None) -> dict[str, str]:
-    """A copy of ``environ`` (default: this process's) with ``settings`` (:func:`kernels_to_emulate`) applied."""
+    """A copy of ``environ`` (default: this process's) with ``settings`` (:func:`kernels_to_emulate`) applied.
+    """
     env = dict(os.environ if environ is None else environ)
     for name, value in settings.items():
         if value is None:
@@ -113,7 +114,7 @@ def emulated_environment(settings: dict[str, str | None], environ=None) -> dict[
 
 
 def describe_kernels(settings: dict[str, str | None]) -> str:
-    """``ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE``: the variables ``settings`` sets (unset ones left out),
-    or "this process's kernels" where it sets none."""
+    """``ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE``: the variables ``settings`` sets (unset ones left
+    out), or "this process's kernels" where it sets none."""
     shown = [f"{name}={value}" for name, value in sorted(settings.items()) if value is not None]
     return ", ".join(shown) or "the libraries' own dispatch"

@@ -1,4 +1,5 @@
-"""Compiled inner steps (``training.compile``, issue 42): torch.compile's inductor on the trainer's stage modules.
+"""Compiled inner steps (``training.compile``, issue 42): torch.compile's inductor on the trainer's stage
+modules.
 
 A compiled replica's arithmetic is not eager's bit for bit (inductor fuses operations and reorders
 reductions), so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
@@ -43,7 +44,8 @@ def _triton() -> str:
 
 
 def compile_problem(device_type: str) -> str | None:
-    """Why torch.compile cannot compile the inner steps on a ``device_type`` ("cpu", "cuda") device here, or None."""
+    """Why torch.compile cannot compile the inner steps on a ``device_type`` ("cpu", "cuda") device here, or
+    None."""
     if device_type == "cpu":
         if not _cpp_compiler():
             return (
@@ -58,10 +60,10 @@ def compile_problem(device_type: str) -> str | None:
 
 
 def compiler_identity(device_type: str) -> str:
-    """What decides a compiled replica's kernels besides the rest of its fingerprint: ``inductor;cc=g++-12.2.0`` on
-    a CPU (inductor writes C++ that this compiler builds: another version may vectorise otherwise), and
-    ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Raises TrainingConfigError where
-    this machine cannot compile (:func:`compile_problem`)."""
+    """What decides a compiled replica's kernels besides the rest of its fingerprint:
+    ``inductor;cc=g++-12.2.0`` on a CPU (inductor writes C++ that this compiler builds: another version may
+    vectorise otherwise), and ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Raises
+    TrainingConfigError where this machine cannot compile (:func:`compile_problem`)."""
     problem = compile_problem(device_type)
     if problem is not None:
         raise TrainingConfigError(problem)
@@ -70,7 +72,8 @@ def compiler_identity(device_type: str) -> str:
 
 
 def compiler_ok(value) -> bool:
-    """Whether ``value`` is a fingerprint's ``compiled`` field :func:`compiler_identity` could have written."""
+    """Whether ``value`` is a fingerprint's ``compiled`` field :func:`compiler_identity` could have written.
+    """
     return isinstance(value, str) and value.startswith(f"{INDUCTOR};") and len(value) <= 200 and \
         all("!" <= c <= "~" for c in value)
 
@@ -90,9 +93,9 @@ def set_compile_deterministic() -> None:
 
 
 def forget_compiled() -> None:
-    """Drop every graph this process compiled (``torch._dynamo.reset``). Inductor bakes the intra-op thread count
-    into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count must
-    not reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's
+    """Drop every graph this process compiled (``torch._dynamo.reset``). Inductor bakes the intra-op thread
+    count into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count
+    must not reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's
     on-disk cache keys on the thread count, so compiling again is mostly a cache read."""
     import torch._dynamo
 

@@ -47,7 +47,8 @@ __all__ = [
 def encode_contribution(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, *, stage_index: int, outer_round: int
 ) -> Encoded:
-    """Encode a stage's pseudo-gradient to ``cfg.error_budget``: ``(bytes, decoded tensors, stats)`` (no error feedback)."""
+    """Encode a stage's pseudo-gradient to ``cfg.error_budget``: ``(bytes, decoded tensors, stats)`` (no error
+    feedback)."""
     return encoder_for(cfg).encode_to_error_budget(tensors, stage_index=stage_index, outer_round=outer_round)
 
 
@@ -59,7 +60,8 @@ def encode_within_bandwidth(
     stage_index: int,
     outer_round: int,
 ) -> Encoded:
-    """Encode a stage's pseudo-gradient in at most ``budget`` bytes where possible: ``(bytes, decoded, stats)``.
+    """Encode a stage's pseudo-gradient in at most ``budget`` bytes where possible: ``(bytes, decoded,
+    stats)``.
 
     Same wire format and exact decode as :func:`encode_contribution`; only the
     choice of coding per tensor differs (:mod:`training.codec.allocation`).
@@ -73,7 +75,8 @@ def encode_with_memo(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, memo: EncoderMemo | None, *,
     stage_index: int, outer_round: int,
 ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, EncoderMemo]:
-    """A round of an encoder with a memo ("v3", "v4") under a byte budget: ``(bytes, decoded, stats, next memo)``.
+    """A round of an encoder with a memo ("v3", "v4") under a byte budget: ``(bytes, decoded, stats, next
+    memo)``.
 
     :mod:`training.codec.reselect`; an encoder that keeps no memo is refused.
     """
@@ -114,7 +117,8 @@ class ErrorFeedbackCompressor:
         self.encoder_memo: EncoderMemo | None = None
 
     def declare(self, blob: bytes, steps: int) -> bytes:
-        """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded run)."""
+        """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded
+        run)."""
         return declare_steps(blob, steps)
 
     def compress(
@@ -181,7 +185,8 @@ class ErrorFeedbackCompressor:
         return {name: value.clone() if copy else value for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """The encoder's memo as tensors (:meth:`~training.codec.memo.EncoderMemo.to_tensors`), None without one."""
+        """The encoder's memo as tensors (:meth:`~training.codec.memo.EncoderMemo.to_tensors`), None without
+        one."""
         return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
 
     def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:

@@ -1,4 +1,5 @@
-"""A member's platform declaration: the 32 bytes ``joinRun(runId, platform)`` puts in ``MemberJoined`` (issue 42).
+"""A member's platform declaration: the 32 bytes ``joinRun(runId, platform)`` puts in ``MemberJoined`` (issue
+42).
 
 A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
 
@@ -158,7 +159,8 @@ def can_judge(verifier: bytes, claimant: bytes) -> bool:
 
 
 def declared_platform_problem(claimed: PlatformFingerprint | None, declared: bytes | None) -> str | None:
-    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it is.
+    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it
+    is.
 
     ``declared`` is the member's ``joinRun`` declaration (:func:`platform_declaration` of the fingerprint it
     trains on, or a version-1 :func:`platform_hash`; :data:`NO_PLATFORM` if it declared none), read from the

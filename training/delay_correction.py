@@ -63,7 +63,8 @@ class DelayCorrection:
 
     def others_after_apply(self, average: Weights | None, own: Weights | None, accepted: int,
                            previous: OthersPrevious | None) -> OthersPrevious | None:
-        """What the next estimate knows of the others once a round is applied (nothing but "eager" keeps it)."""
+        """What the next estimate knows of the others once a round is applied (nothing but "eager" keeps it).
+        """
         return previous
 
     def follow(self, params: Mapping[str, torch.Tensor], new_global: Weights, round_end: Weights,
@@ -164,5 +165,6 @@ NO_DELAY = NoDelay()
 
 
 def delay_correction_for(diloco_cfg: DilocoConfig) -> DelayCorrection:
-    """The correction ``diloco_cfg`` runs: the one it names under the one-step delay, else :data:`NO_DELAY`."""
+    """The correction ``diloco_cfg`` runs: the one it names under the one-step delay, else :data:`NO_DELAY`.
+    """
     return DELAY_CORRECTION_KINDS[diloco_cfg.delay_correction] if diloco_cfg.one_step_delay else NO_DELAY

@@ -100,8 +100,8 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
 
 
 def outer_state_shape(diloco_cfg: DilocoConfig, shape: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the outer state ("momentum") of a weight of ``shape``: the same (Nesterov), or ``(2, *shape)``
-    (outer Adam's first and second moments, stacked)."""
+    """The shape of the outer state ("momentum") of a weight of ``shape``: the same (Nesterov), or ``(2,
+    *shape)`` (outer Adam's first and second moments, stacked)."""
     return outer_optimizer_for(diloco_cfg).state_shape(shape)
 
 

@@ -123,7 +123,8 @@ class PlatformFingerprint:
         )
         blas = f", {self.blas}" if self.blas else ""
         compiled = f", compiled ({self.compiled})" if self.compiled else ""
-        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}{compiled}, {libs}"
+        where = f"{self.device_type} {self.device_name} ({self.capability}{blas})"
+        return f"{where} {self.precision}{compiled}, {libs}"
 
 
 #: Fingerprint fields a document leaves out at their default "" (added after the first fingerprints).

@@ -63,7 +63,8 @@ class RMSNorm(nn.Module):
 def rope_cos_sin(
     head_dim: int, theta: float, seq_len: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated."""
+    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated.
+    """
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
     )

@@ -98,7 +98,8 @@ class ModelConfig:
         _require(self.family in FAMILIES, f"model.family={self.family!r}: must be one of {list(FAMILIES)}")
         _require(
             self.family == preset_fam,
-            f"model.preset={self.preset!r} is a {preset_fam} preset but model.family={self.family!r}: use one of "
+            f"model.preset={self.preset!r} is a {preset_fam} preset but model.family={self.family!r}: use "
+            "one of "
             f"{[name for name in MODEL_PRESETS if preset_family(name) == self.family]}",
         )
         for name, value in MODEL_PRESETS[self.preset].items():
@@ -143,12 +144,14 @@ class ModelConfig:
             self.rope_theta = DEFAULT_ROPE_THETA
         _require(
             1 <= self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0,
-            f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head} (grouped-query attention "
+            f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head} (grouped-query "
+            "attention "
             "shares each key/value head among n_head / n_kv_head query heads)",
         )
         _require(
             (self.n_embd // self.n_head) % 2 == 0,
-            f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for rotary "
+            f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for "
+            "rotary "
             "position embeddings",
         )
         _require(

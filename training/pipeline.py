@@ -58,8 +58,9 @@ _CLIP_EPS = 1e-6
 
 
 def make_inner_optimizer(module: nn.Module, training_cfg: TrainingConfig):
-    """The inner optimizer of one stage (``training.optimizer``, :mod:`training.muon`): AdamW with weight decay on
-    matrices only (not biases, LayerNorms), or Muon for the hidden matrices and that AdamW for the rest."""
+    """The inner optimizer of one stage (``training.optimizer``, :mod:`training.muon`): AdamW with weight
+    decay on matrices only (not biases, LayerNorms), or Muon for the hidden matrices and that AdamW for the
+    rest."""
     return make_optimizer(module, training_cfg)
 
 

@@ -94,7 +94,8 @@ def init_pipeline_group(
     rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0,
     backend: str | None = None,
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host) the process group of one replica's pipeline (``backend``: :func:`pipeline_backend`).
+    """Join (rank 0: host) the process group of one replica's pipeline (``backend``:
+    :func:`pipeline_backend`).
 
     Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
     later collective or point-to-point operation fail after ``timeout_s``.

@@ -48,7 +48,8 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def resolve_device(spec: str) -> torch.device:
-    """The torch device ``spec`` names on this machine: ``"auto"`` is the first GPU if CUDA works, else the CPU.
+    """The torch device ``spec`` names on this machine: ``"auto"`` is the first GPU if CUDA works, else the
+    CPU.
 
     A CUDA device this machine does not have is a :class:`PlatformError` that says what it has.
     """

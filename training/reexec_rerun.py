@@ -62,7 +62,8 @@ def reexecute(
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
     declared_steps: int | None = None,
 ) -> Reexecution:
-    """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state`` (:mod:`training.reexec`'s module docstring).
+    """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state``
+    (:mod:`training.reexec`'s module docstring).
 
     ``declared_steps``: in a run whose rounds are bounded by time (``diloco.round_budget_s``), the
     inner steps the contribution declares (required there): the rerun trains exactly that many and
@@ -133,7 +134,8 @@ def reexecute(
 
 
 def _trained_steps(meta, diloco_cfg: DilocoConfig, declared_steps: int | None) -> int:
-    """The inner steps the rerun trains: H, or the count a time-bounded run's contribution declares (checked)."""
+    """The inner steps the rerun trains: H, or the count a time-bounded run's contribution declares (checked).
+    """
     if meta.inner_steps != diloco_cfg.inner_steps:
         raise ReexecError(
             f"start state has H={meta.inner_steps}, the run's diloco.inner_steps={diloco_cfg.inner_steps}"
@@ -164,7 +166,8 @@ class PreviousRound:
 
 
 class RoundRerun:
-    """The actions of one rerun round, run as the node runs them (module docstring of :mod:`training.reexec`)."""
+    """The actions of one rerun round, run as the node runs them (module docstring of :mod:`training.reexec`).
+    """
 
     def __init__(
         self,
@@ -257,7 +260,8 @@ def rerun_compiled(claimed: PlatformFingerprint | None, device: str) -> bool:
 
 def _apply_partials(engine, outer_round: int, partials: Sequence[bytes], diloco_cfg: DilocoConfig,
                     compression_cfg: CompressionConfig) -> None:
-    """The sliced exchange's apply of ``outer_round``: the average assembled from its partials, the outer step."""
+    """The sliced exchange's apply of ``outer_round``: the average assembled from its partials, the outer
+    step."""
     average = average_of_partials(list(partials), engine.compressor.plan, stage_index=engine.stage_index,
                                   outer_round=outer_round, refuse_raw=compression_cfg.enabled)
     aggregation = step_with_average(engine.global_weights, engine.momentum, average, diloco_cfg, outer_round)

@@ -102,7 +102,8 @@ def steps_in_range(diloco_cfg: DilocoConfig, steps: int | None) -> bool:
 
 
 def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:
-    """The round whose global weights every replica holds when round ``outer_round`` starts (-1: the initial ones).
+    """The round whose global weights every replica holds when round ``outer_round`` starts (-1: the initial
+    ones).
 
     Rounds are applied in order, and when a round's actions are done all but
     :func:`~training.schedule.pending_after_round` of them are: ``t - 2`` with the
@@ -115,7 +116,8 @@ def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:
 
 
 def check_state_chain(expected_stage_hashes: Sequence[bytes], claimed_stage_hashes: Sequence[bytes]) -> str:
-    """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else :data:`STATE_MISMATCH`."""
+    """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else
+    :data:`STATE_MISMATCH`."""
     return EXACT if list(expected_stage_hashes) == list(claimed_stage_hashes) else STATE_MISMATCH
 
 
@@ -185,7 +187,8 @@ def restart_state_reason(
 
 
 def sample_score(previous_record_hash: bytes, verifier: bytes, outer_round: int, replica: int) -> float:
-    """The uniform number in [0, 1) that decides whether ``verifier`` re-executes ``replica`` in ``outer_round``.
+    """The uniform number in [0, 1) that decides whether ``verifier`` re-executes ``replica`` in
+    ``outer_round``.
 
     ``int(sha256(b"dlx-reexec-sample-v1" || u32 len(record) || record || u32 len(verifier)
     || verifier || u64 round || u64 replica)[:8], big-endian) / 2**64``. The record hash is

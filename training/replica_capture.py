@@ -22,7 +22,8 @@ from training.stage_engine import StageEngine
 def capture_stage_state(
     meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
 ) -> StageStartState:
-    """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner step).
+    """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner
+    step).
 
     ``module`` and ``optimizer``: the stage's module and inner AdamW (a
     :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and

@@ -111,8 +111,8 @@ def _encoder_memo(part: StageStartState) -> dict | None:
 def _check_stage(
     part: StageStartState, shapes: Mapping[str, tuple[int, ...]], outer_moments: int = 1
 ) -> None:
-    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes (the ``momentum``
-    group of an outer-Adam run: both moments stacked, ``(outer_moments, *shape)``)."""
+    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes (the
+    ``momentum`` group of an outer-Adam run: both moments stacked, ``(outer_moments, *shape)``)."""
     groups: dict[str, set[str]] = {}
     for name, value in part.tensors.items():
         group, _, tensor_name = name.partition("/")

@@ -148,7 +148,8 @@ class StageStartState:
             yield from _tensor_record(name, self.tensors[name])
 
     def state_hash(self) -> bytes:
-        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them."""
+        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them.
+        """
         digest = hashlib.sha256()
         for piece in self._pieces():
             digest.update(piece)

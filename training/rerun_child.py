@@ -33,8 +33,8 @@ CHILD_TIMEOUT_S = 900.0
 
 
 def child_env(settings: dict[str, str | None]) -> dict[str, str]:
-    """This process's environment with ``settings`` applied (:func:`training.claimant_kernels.kernels_to_emulate`)
-    and this checkout on the path."""
+    """This process's environment with ``settings`` applied
+    (:func:`training.claimant_kernels.kernels_to_emulate`) and this checkout on the path."""
     env = emulated_environment(settings)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)

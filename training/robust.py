@@ -55,7 +55,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from rulebook.norm_clip import (  # lower_median and clip_scale re-exported: training.robust is their address too
+# lower_median and clip_scale re-exported: training.robust is their address too
+from rulebook.norm_clip import (
     clip_bound,
     clip_scale,
     lower_median,

@@ -1,4 +1,5 @@
-"""The schedules of a DiLoCoX run: the inner learning rate per step, and the order of train / encode / apply per round.
+"""The schedules of a DiLoCoX run: the inner learning rate per step, and the order of train / encode / apply
+per round.
 
 Both are pure functions of the configuration, shared by the simulation
 (:mod:`training.simulate`) and the node, so the node runs exactly what the
@@ -125,7 +126,8 @@ def applies_before_encode(diloco_cfg: DilocoConfig, outer_round: int) -> bool:
 
 
 def takes_another_step(diloco_cfg: DilocoConfig, step: int, elapsed_s: float) -> bool:
-    """Whether a replica trains inner step ``step`` (0-based) of a round that used ``elapsed_s`` of its budget.
+    """Whether a replica trains inner step ``step`` (0-based) of a round that used ``elapsed_s`` of its
+    budget.
 
     Fixed H: ``step < H``. Time-bounded (``diloco.round_budget_s`` = B): every step below
     ``min_inner_steps``, none from ``inner_steps`` (H) on, and in between while ``elapsed_s < B`` (the
@@ -178,7 +180,8 @@ def _outer_decay_factor(diloco_cfg: DilocoConfig, outer_round: int) -> float:
 
 
 def outer_lr(diloco_cfg: DilocoConfig, outer_round: int) -> float:
-    """Outer learning rate of ``outer_round`` (module docstring): warmup, then the decay, else ``diloco.outer_lr``."""
+    """Outer learning rate of ``outer_round`` (module docstring): warmup, then the decay, else
+    ``diloco.outer_lr``."""
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
     peak = diloco_cfg.outer_lr
@@ -189,7 +192,8 @@ def outer_lr(diloco_cfg: DilocoConfig, outer_round: int) -> float:
 
 
 def outer_momentum(diloco_cfg: DilocoConfig, outer_round: int) -> float:
-    """Outer (Nesterov) momentum of ``outer_round``: ``outer_momentum`` decayed towards ``outer_final_momentum``."""
+    """Outer (Nesterov) momentum of ``outer_round``: ``outer_momentum`` decayed towards
+    ``outer_final_momentum``."""
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
     start, end = diloco_cfg.outer_momentum, diloco_cfg.outer_final_momentum
@@ -216,6 +220,7 @@ def set_lr(optimizers, lr: float) -> None:
 
 
 def trainer_optimizers(trainer) -> list:
-    """The inner optimizers of a :class:`~training.pipeline.LocalReplicaTrainer` or ``PipelineStageTrainer``."""
+    """The inner optimizers of a :class:`~training.pipeline.LocalReplicaTrainer` or ``PipelineStageTrainer``.
+    """
     optimizers = getattr(trainer, "optimizers", None)
     return list(optimizers) if optimizers is not None else [trainer.optimizer]

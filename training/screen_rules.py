@@ -117,7 +117,8 @@ class OneSided(ScreenRule):
             value = loss_after[index]
             excluded = not value <= threshold
             detail = (
-                f"loss {loss_before:.6g} -> {value:.6g} alone, above the median {median:.6g} + {tolerance:.3g}"
+                f"loss {loss_before:.6g} -> {value:.6g} alone, above the median {median:.6g} + "
+                f"{tolerance:.3g}"
                 if excluded
                 else ""
             )
@@ -160,8 +161,8 @@ def judge_two_sided(
     diloco_cfg: DilocoConfig,
     errors: Mapping[int, float] | None = None,
 ) -> list[ScreeningReport]:
-    """Versions 2 and 3 (``errors``: each slope's standard error; :mod:`training.screening`; docs/DILOCOX.md section 13,
-    "Screening of a time-bounded run")."""
+    """Versions 2 and 3 (``errors``: each slope's standard error; :mod:`training.screening`; docs/DILOCOX.md
+    section 13, "Screening of a time-bounded run")."""
     tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
     # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at
     # most by the tolerance); version 2: by nothing.

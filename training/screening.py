@@ -87,7 +87,8 @@ LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 SCREENING_THREADS = 1
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
-    """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
+    """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) %
+    n_start``."""
     for name, value in (("run_seed", run_seed), ("outer_round", outer_round)):
         if not 0 <= value <= _U64_MAX:
             raise DataError(f"{name}={value}: must be in [0, 2**64)")
@@ -116,8 +117,8 @@ def screening_batch(
 
 
 class ModelLoss:
-    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval mode);
-    :meth:`windows` gives the mean of each window (row of ``x``) instead, which version 3 judges."""
+    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval
+    mode); :meth:`windows` gives the mean of each window (row of ``x``) instead, which version 3 judges."""
 
     def __init__(self, model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model = GPT(model_cfg, seed=None).to(torch.float64).eval()
@@ -149,8 +150,9 @@ def window_mean(values: Sequence[float]) -> float:
 
 
 def slope_error(after: Sequence[float], against: Sequence[float]) -> float:
-    """Version 3's ``E``: ``f32`` of the standard error of the per-window slopes ``against - after`` (0 when there are
-    fewer than two windows or a value is not finite: the slope is then judged as version 2 judges it)."""
+    """Version 3's ``E``: ``f32`` of the standard error of the per-window slopes ``against - after`` (0 when
+    there are fewer than two windows or a value is not finite: the slope is then judged as version 2 judges
+    it)."""
     slopes = [b - a for a, b in zip(after, against, strict=True)]
     if len(slopes) < 2 or not all(math.isfinite(v) for v in slopes):
         return 0.0
@@ -171,7 +173,8 @@ def decode_full(
     outer_round: int,
     refuse_raw: bool = False,
 ) -> dict[str, torch.Tensor] | None:
-    """One replica's contributions to every stage, decoded and merged into full-model tensors (None if any fails)."""
+    """One replica's contributions to every stage, decoded and merged into full-model tensors (None if any
+    fails)."""
     merged: dict[str, torch.Tensor] = {}
     for stage, (blob, shapes) in enumerate(zip(contribution_by_stage, shapes_by_stage, strict=True)):
         try:

@@ -275,7 +275,8 @@ class ShardWriter:
 
 
 def tail_eval_start(num_tokens: int, eval_fraction: float) -> int:
-    """Where the held-out tail of ``ceil(num_tokens * eval_fraction)`` ids starts (as training.data splits a text)."""
+    """Where the held-out tail of ``ceil(num_tokens * eval_fraction)`` ids starts (as training.data splits a
+    text)."""
     return num_tokens - math.ceil(num_tokens * eval_fraction)
 
 

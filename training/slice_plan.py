@@ -161,7 +161,8 @@ def _piece_of(value: torch.Tensor, piece: SlicePiece) -> torch.Tensor:
 
 
 def split_slices(tensors: Mapping[str, torch.Tensor], plan: SlicePlan) -> list[dict[str, torch.Tensor]]:
-    """``[{name: piece of tensor} for each slice]`` (contiguous copies of column pieces, views of row pieces)."""
+    """``[{name: piece of tensor} for each slice]`` (contiguous copies of column pieces, views of row pieces).
+    """
     if set(tensors) != {name for name, _ in plan.shapes}:
         raise SliceError("tensor names differ from the slice plan's")
     return [

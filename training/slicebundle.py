@@ -60,13 +60,15 @@ def record_size(num_slices: int) -> int:
 
 
 def record_range(num_slices: int, slice_index: int) -> tuple[int, int]:
-    """``(offset, length)`` of record ``slice_index`` in a bundle of ``num_slices`` slices (fixed positions)."""
+    """``(offset, length)`` of record ``slice_index`` in a bundle of ``num_slices`` slices (fixed positions).
+    """
     size = record_size(num_slices)
     return len(BUNDLE_PREFIX) + 4 + slice_index * size, size
 
 
 def slice_leaf(slice_index: int, digest: bytes, offset: int, size: int) -> bytes:
-    """Leaf ``j`` of a bundle's slice tree: ``sha256(b"slice" || u32 j || sha256(blob) || u64 offset || u64 size)``."""
+    """Leaf ``j`` of a bundle's slice tree: ``sha256(b"slice" || u32 j || sha256(blob) || u64 offset || u64
+    size)``."""
     return _sha(b"slice" + struct.pack(">I", slice_index) + digest + struct.pack(">QQ", offset, size))
 
 
@@ -159,8 +161,8 @@ def reference_steps(blob: bytes) -> int | None:
 
 
 def counted_steps(blob: bytes, steps_range: tuple[int, int]) -> int:
-    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's ``steps``):
-    the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
+    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's
+    ``steps``): the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
     ``(min_inner_steps, inner_steps)``, else 0 (the aggregation excludes it: ``bad_steps``)."""
     steps = reference_steps(blob)
     return steps if steps is not None and steps_range[0] <= steps <= steps_range[1] else 0

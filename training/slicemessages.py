@@ -61,14 +61,16 @@ def slice_signing_bytes(
 
 
 def slice_message(slice_index: int, num_slices: int, signature: bytes, blob: bytes) -> bytes:
-    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``."""
+    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice
+    blob``."""
     if len(signature) != 64:
         raise SliceError("slice signature must be 64 bytes")
     return SLICE_PREFIX + struct.pack(">II", slice_index, num_slices) + signature + blob
 
 
 def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tuple[bytes, bytes]:
-    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError otherwise.
+    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError
+    otherwise.
 
     The caller checks the signature over :func:`slice_signing_bytes` with the
     sender's key (``p2p.identity.verify_signature``), then decodes the blob.
@@ -85,7 +87,8 @@ def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tu
 
 
 def input_leaf(replica: int, blob: bytes | None) -> bytes:
-    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a missing one."""
+    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a
+    missing one."""
     return _sha(b"input" + struct.pack(">I", replica) + (_EMPTY if blob is None else _sha(blob)))
 
 
@@ -157,5 +160,6 @@ def check_partial(
         stage_index=stage_index, outer_round=outer_round, steps_range=steps_range,
     )
     if expected != partial.blob:
-        return f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != {_sha(expected).hex()[:16]})"
+        return (f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != "
+                f"{_sha(expected).hex()[:16]})")
     return ""

@@ -118,7 +118,8 @@ def verify_contribution(
     threads: int | None = None,
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
 ) -> SpotCheck:
-    """Check the contributions of ``(replica, outer_round)`` against a rerun (:mod:`training.reexec`'s module docstring).
+    """Check the contributions of ``(replica, outer_round)`` against a rerun (:mod:`training.reexec`'s module
+    docstring).
 
     ``state_parts``: the served start-state bytes of every stage (stage order);
     ``claims``: one per stage, from the signed envelopes. Order of the checks:

@@ -130,7 +130,8 @@ class StageEngine(EngineJoining, EngineState):
 
     @property
     def lookahead(self) -> bool:
-        """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager")."""
+        """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager").
+        """
         return self.correction.jumps_ahead
 
     def _check_encode_order(self, outer_round: int) -> None:

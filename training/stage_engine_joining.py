@@ -126,7 +126,8 @@ class EngineJoining:
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
         prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
     ) -> RoundResult:
-        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
+        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else
+        :meth:`absorb_round`."""
         if self.can_apply(outer_round):
             return self.apply_round(outer_round, contributions, excluded=excluded, prepared=prepared,
                                     aggregation=aggregation)

@@ -205,7 +205,8 @@ class HFTokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def hf_files(self, model_max_length: int) -> dict[str, dict[str, Any] | bytes]:
-        """The file itself (its exact bytes, so it still hashes to ``sha256``), and a config for ``PreTrainedTokenizerFast`` with its end-of-text token."""
+        """The file itself (its exact bytes, so it still hashes to ``sha256``), and a config for
+        ``PreTrainedTokenizerFast`` with its end-of-text token."""
         config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "model_max_length": model_max_length,
@@ -268,7 +269,8 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
     """The model's vocabulary must hold every id the tokenizer emits."""
     if tokenizer.vocab_size > vocab_size:
         raise TokenizerError(
-            f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size} "
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size} "
             f"tokens): set model.vocab_size = {tokenizer.vocab_size}"
         )
 

@@ -240,7 +240,8 @@ class Encoder(ABC):
         norms: Mapping[str, float],
         budget: int,
     ) -> tuple[dict[str, Option], dict[str, TensorOptions]]:
-        """``({name: chosen option}, {name: every option})`` under ``budget`` (:func:`allocate` on the estimates)."""
+        """``({name: chosen option}, {name: every option})`` under ``budget`` (:func:`allocate` on the
+        estimates)."""
         overhead = contribution_overhead(tensors)
         found = {name: self.tensor_options(matrix, tuple(tensors[name].shape), norms[name])
                  for name, matrix in matrices.items()}

@@ -96,7 +96,8 @@ _CANDIDATES: dict[tuple, tuple[Candidate, ...]] = {}
 
 
 def candidates(shape: tuple[int, ...], cfg: CompressionConfig) -> list[Candidate]:
-    """Every coding of a tensor of ``shape`` under ``cfg``, cheapest first (a fresh list; the entries are shared)."""
+    """Every coding of a tensor of ``shape`` under ``cfg``, cheapest first (a fresh list; the entries are
+    shared)."""
     key = (tuple(shape), tuple(cfg.bit_choices), cfg.max_rank, cfg.min_compress_numel)
     if key not in _CANDIDATES:
         if len(_CANDIDATES) >= 256:
@@ -216,7 +217,8 @@ def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candid
 
 
 class BalancedFactors:
-    """The balanced factors ``P = U sqrt(sigma)``, ``Q = V sqrt(sigma)`` of the top rank, quantized per bit width.
+    """The balanced factors ``P = U sqrt(sigma)``, ``Q = V sqrt(sigma)`` of the top rank, quantized per bit
+    width.
 
     Quantization is per column, so the rank-r integers and scales are the first
     r columns of the top rank's: what :func:`code_lowrank` computes for rank r,
@@ -250,7 +252,8 @@ class BalancedFactors:
 
 
 class Option:
-    """A candidate coding with its estimated relative error; ``coded()`` quantizes it (only the winner's is needed)."""
+    """A candidate coding with its estimated relative error; ``coded()`` quantizes it (only the winner's is
+    needed)."""
 
     def __init__(self, candidate: Candidate, estimate: float, make: Callable[[], Coded]) -> None:
         self.candidate, self.estimate, self._make, self._coded = candidate, estimate, make, None
@@ -263,7 +266,8 @@ class Option:
 
 @dataclass
 class TensorOptions:
-    """Every candidate of one tensor with its estimate (candidate order), and the factorization they came from."""
+    """Every candidate of one tensor with its estimate (candidate order), and the factorization they came
+    from."""
 
     options: list[Option]
     factors: Factorization | None  # the top rank's (U, sigma, V); None without a low-rank candidate

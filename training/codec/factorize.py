@@ -26,7 +26,8 @@ _SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}
 
 
 def sketch(n: int, columns: int, dtype: torch.dtype, source: str = DEFAULT_RANDOM) -> torch.Tensor:
-    """The fixed ``n x columns`` standard normal sketch of the run's ``compression.sketch`` (cached; never modified).
+    """The fixed ``n x columns`` standard normal sketch of the run's ``compression.sketch`` (cached; never
+    modified).
 
     ``"philox"``: the stream ``dlx-sketch/<FACTOR_SEED>/<n>x<columns>`` of :mod:`training.portable_rng`, the
     same bits on every machine (float64 values, rounded once to ``dtype``). ``"torch"`` (runs made before
@@ -170,7 +171,8 @@ def factorize_warm(
 
 
 def warm_basis(factors: Factorization, shape: tuple[int, int], rank: int) -> torch.Tensor:
-    """The basis a selection round leaves for :func:`factorize_warm`: ``S^T U_r = V_r diag(sigma_r)`` (``N x rank``).
+    """The basis a selection round leaves for :func:`factorize_warm`: ``S^T U_r = V_r diag(sigma_r)`` (``N x
+    rank``).
 
     ``S`` is the ``k x N`` side of the matrix, ``U_r`` its top ``rank`` left
     singular vectors as the selection computed them.

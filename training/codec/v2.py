@@ -33,7 +33,8 @@ QUANT_SAMPLE = 16384  # values per bit width the quant(b) estimates look at (who
 def rounding_residuals(
     values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]
 ) -> torch.Tensor:
-    """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit widths, columns).
+    """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit
+    widths, columns).
 
     The squared error of :class:`~training.codec.coding.ColumnQuantizer` at each
     bit width, from one pass over ``values`` for all of them (``|v / s| <= qmax``,
@@ -55,7 +56,8 @@ _LIMITS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _limits(bits_list: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never modified)."""
+    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never
+    modified)."""
     if bits_list not in _LIMITS:
         values = [float(qmax(bits)) for bits in bits_list]
         _LIMITS[bits_list] = (torch.tensor(values, dtype=torch.float32).reshape(-1, 1, 1),
