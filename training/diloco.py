@@ -68,9 +68,7 @@ from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
 from training.errors import AggregationError
 from training.hashing import stage_weights_hash
-from training.host_tensors import (  # re-exported: callers import them from here
-    Weights, float32_scalar, host_float32, host_float32_copy,
-)
+from training.host_tensors import Weights, float32_scalar, host_float32_copy
 from training.outer_optimizers import outer_optimizer_for
 from training.robust import ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr

@@ -17,30 +17,31 @@ BYTES_TOKENIZER = "bytes"
 
 MODEL_PRESETS: dict[str, dict[str, int | str]] = {
     # GPT-2 (training/gpt2.py). ~43k parameters: unit and integration tests.
-    "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
     # ~0.87M parameters: demo runs on 2 CPU cores.
-    "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "mini": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64},
     # ~2.8M parameters: benchmarks.
-    "small": dict(n_layer=6, n_head=6, n_embd=192, block_size=128),
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 192, "block_size": 128},
     # Llama (training/llama.py). Parameter counts (README "Llama family") depend on the
     # vocabulary, which is the tokenizer's: the names give the size at the vocabulary each is
     # meant for (llama-20m at an 8192-token BPE, the larger ones at 32000). Without
     # intermediate_size, the SwiGLU width follows Llama's rule (ModelConfig._resolve_llama).
-    "llama-tiny": dict(family="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-                       block_size=32),
+    "llama-tiny": {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32,
+                   "intermediate_size": 64, "block_size": 32},
     # mini's blocks in Llama's form: the convergence benchmark on 2 CPU cores (~2.6M parameters at
     # an 8192-token BPE, most of them in the untied embedding and head).
-    "llama-mini": dict(family="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, block_size=128),
-    "llama-20m": dict(family="llama", n_layer=8, n_head=6, n_kv_head=2, n_embd=384,
-                      block_size=256),
+    "llama-mini": {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 128,
+                   "block_size": 128},
+    "llama-20m": {"family": "llama", "n_layer": 8, "n_head": 6, "n_kv_head": 2, "n_embd": 384,
+                  "block_size": 256},
     # GPT-2 small's width and depth, Llama's blocks.
-    "llama-124m": dict(family="llama", n_layer=12, n_head=12, n_kv_head=4, n_embd=768,
-                       block_size=1024),
-    "llama-350m": dict(family="llama", n_layer=24, n_head=16, n_kv_head=8, n_embd=1024,
-                       block_size=1024),
+    "llama-124m": {"family": "llama", "n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": 768,
+                   "block_size": 1024},
+    "llama-350m": {"family": "llama", "n_layer": 24, "n_head": 16, "n_kv_head": 8, "n_embd": 1024,
+                   "block_size": 1024},
     # TinyLlama 1.1B's shape (arXiv 2401.02385).
-    "llama-1b": dict(family="llama", n_layer=22, n_head=32, n_kv_head=4, n_embd=2048,
-                     block_size=2048),
+    "llama-1b": {"family": "llama", "n_layer": 22, "n_head": 32, "n_kv_head": 4, "n_embd": 2048,
+                 "block_size": 2048},
 }
 DEFAULT_ROPE_THETA = 10000.0
 # Settings only the Llama family has; a GPT-2 configuration leaves them at these values, and its

@@ -212,7 +212,7 @@ class LocalReplicaTrainer:
             module.train()
         return total / len(batches)
 
-    def eval_snapshot(self) -> "EvalSnapshot":
+    def eval_snapshot(self) -> EvalSnapshot:
         """A frozen copy of the current weights whose :meth:`EvalSnapshot.eval_loss` equals
         :meth:`eval_loss` now, bit for bit, whatever training does meanwhile (it may run on
         another thread; the copy is its own)."""

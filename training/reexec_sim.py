@@ -29,7 +29,7 @@ from training.config import DilocoConfig, ModelConfig, TrainingConfig
 
 from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
-from training.diloco import host_float32
+from training.host_tensors import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor

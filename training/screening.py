@@ -73,9 +73,7 @@ from training.config import DilocoConfig, ModelConfig
 from training.data import Corpus, check_corpus
 from training.errors import ContributionDecodeError, DataError
 from training.model import GPT, lm_loss
-from training.screen_rules import (  # re-exported: training.screening is their address too
-    CURVATURE_FACTOR, MIN_SCREENED, SLOPE_ERRORS, SLOPE_SHARE, ScreeningReport, screen_rule_for,
-)
+from training.screen_rules import ScreeningReport, screen_rule_for
 
 SCREENING_BATCH_DOMAIN = b"dlx-node/screening-batch/v1"
 _U64_MAX = 2**64 - 1

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.diloco import Aggregation, Weights, host_float32_copy
+from training.diloco import Aggregation
+from training.host_tensors import Weights, host_float32_copy
 from training.stage_results import PreparedAggregation, RoundResult
 
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
-from training.diloco import Weights, host_float32_copy, outer_state_shape
+from training.diloco import outer_state_shape
+from training.host_tensors import Weights, host_float32_copy
 from training.errors import EngineStateError
 
 ENGINE_STATE_VERSION = 1

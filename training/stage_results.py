@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from training.diloco import Aggregation, Weights
+from training.diloco import Aggregation
+from training.host_tensors import Weights
 from training.robust import ContributionReport
 
 
