@@ -43,8 +43,8 @@ import msgpack
 import numpy as np
 import torch
 
-from training.codec_wire import decode_declared, matrix_view_shape
 from training.codec_exact import unpack_ints
+from training.codec_wire import decode_declared, matrix_view_shape
 from training.errors import ContributionDecodeError
 
 CHUNK_ELEMENTS = 64

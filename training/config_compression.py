@@ -10,10 +10,15 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from training.config_base import (
-    AUTO, DEFAULT_ENCODER, DEFAULT_RANDOM, LEGACY_RANDOM, EncoderVersion, RandomSource, _int_or_auto,
+    AUTO,
+    DEFAULT_ENCODER,
+    DEFAULT_RANDOM,
+    LEGACY_RANDOM,
+    EncoderVersion,
+    RandomSource,
+    _int_or_auto,
     _require,
 )
-
 
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.

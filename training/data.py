@@ -55,8 +55,8 @@ import torch
 
 from training.config import ModelConfig, TrainingConfig
 from training.errors import DataError
-from training.shards import MANIFEST_NAME
 from training.sharded_corpus import ShardedCorpus, is_dataset, open_dataset
+from training.shards import MANIFEST_NAME
 from training.tokenizer import Tokenizer, check_vocab, encode_bytes, load_tokenizer, tokenizer_reference
 
 logger = logging.getLogger(__name__)

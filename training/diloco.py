@@ -64,7 +64,6 @@ from dataclasses import dataclass
 import torch
 
 from training.config import DilocoConfig
-
 from training.config_compression import CompressionConfig
 from training.errors import AggregationError
 from training.hashing import stage_weights_hash

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from training.config_base import DEFAULT_RANDOM, LEGACY_RANDOM, RandomSource, _require
 
-
 FAMILIES = ("gpt2", "llama")
 BYTES_TOKENIZER = "bytes"
 

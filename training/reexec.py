@@ -48,11 +48,27 @@ from training.fingerprint import EXACT, MISMATCH, UNDECIDED, WITHIN_TOLERANCE
 from training.reexec_distance import contribution_distance, sliced_contribution_distance
 from training.reexec_rerun import Reexecution, reexecute, rerun_compiled
 from training.reexec_rules import (
-    RESTART_ATOL, RESTART_RTOL, STATE_MISMATCH, check_state_chain, claimed_steps, data_commitment,
-    restart_state_reason, round_meta, sample_replicas, sample_score, start_global_round, steps_in_range,
+    RESTART_ATOL,
+    RESTART_RTOL,
+    STATE_MISMATCH,
+    check_state_chain,
+    claimed_steps,
+    data_commitment,
+    restart_state_reason,
+    round_meta,
+    sample_replicas,
+    sample_score,
+    start_global_round,
+    steps_in_range,
 )
 from training.spot_check import (
-    DATA_MISMATCH, DEFAULT_TOLERANCE, NO_APPLY, OTHER_RESULT, ContributionClaim, SpotCheck, verdict,
+    DATA_MISMATCH,
+    DEFAULT_TOLERANCE,
+    NO_APPLY,
+    OTHER_RESULT,
+    ContributionClaim,
+    SpotCheck,
+    verdict,
     verify_contribution,
 )
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 import msgpack
 import torch
 
-from training.slice_plan import assemble_slices, live_plan
 from training.codec_wire import decode_contribution
 from training.config import DilocoConfig
 from training.errors import ContributionDecodeError
+from training.slice_plan import assemble_slices, live_plan
 
 
 def relative_l2(theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Tensor]) -> float:

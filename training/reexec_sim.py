@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
 from training.host_tensors import host_float32
@@ -34,8 +33,8 @@ from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
 from training.reexec import NO_APPLY, ContributionClaim, data_commitment, round_meta
-from training.replica_state import ReplicaStartState
 from training.replica_capture import capture_replica_state
+from training.replica_state import ReplicaStartState
 from training.schedule import APPLY, ENCODE, TRAIN, applies_before_encode, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
 

@@ -11,8 +11,8 @@ from torch import nn
 from training.butterfly import slice_stage
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
-from training.host_tensors import host_float32_copy
 from training.errors import ReplicaStateError
+from training.host_tensors import host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState

@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.errors import ReexecError
 from training.claimant_kernels import describe_kernels, emulated_environment
+from training.errors import ReexecError
 
 #: How long one emulated rerun may take before the parent gives it up.
 CHILD_TIMEOUT_S = 900.0

@@ -13,8 +13,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.slice_plan import MAX_SLICES, SliceError
 from training.codec_wire import MAX_DECLARED_STEPS, header_steps
+from training.slice_plan import MAX_SLICES, SliceError
 
 _EMPTY = bytes(32)
 

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from training.butterfly import replay_partial
-from training.slice_plan import MAX_SLICES, SliceError, SlicePlan
 from training.config_compression import CompressionConfig
+from training.slice_plan import MAX_SLICES, SliceError, SlicePlan
 
 SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
 SLICE_PREFIX = b"dlx-slice/1"

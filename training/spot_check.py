@@ -25,7 +25,11 @@ from training.hashing import stage_weights_hash
 from training.reexec_distance import contribution_distance, sliced_contribution_distance
 from training.reexec_rerun import Reexecution, reexecute
 from training.reexec_rules import (
-    STATE_MISMATCH, claimed_steps, data_commitment, start_global_round, steps_in_range,
+    STATE_MISMATCH,
+    claimed_steps,
+    data_commitment,
+    start_global_round,
+    steps_in_range,
 )
 from training.replica_state import ReplicaStartState, parse_stage_state
 from training.stages import split_stages, stage_param_shapes

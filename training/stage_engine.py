@@ -51,11 +51,15 @@ from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
 from training.delay_correction import delay_correction_for
 from training.diloco import (
-    Aggregation, aggregate_unchecked, aggregate_with_report, outer_step, zero_outer_state,
+    Aggregation,
+    aggregate_unchecked,
+    aggregate_with_report,
+    outer_step,
+    zero_outer_state,
 )
-from training.host_tensors import Weights, host_float32_copy
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
+from training.host_tensors import Weights, host_float32_copy
 from training.stage_engine_joining import EngineJoining
 from training.stage_engine_state import EngineState
 from training.stage_results import PreparedAggregation, RoundResult

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import torch
 
 from training.diloco import outer_state_shape
-from training.host_tensors import Weights, host_float32_copy
 from training.errors import EngineStateError
+from training.host_tensors import Weights, host_float32_copy
 
 ENGINE_STATE_VERSION = 1
 

@@ -50,8 +50,8 @@ from training.codec.coding import (
 from training.codec.factorize import Factorization
 from training.codec.memo import EncoderMemo
 from training.codec.stats import CompressionStats, TensorCodecStats
-from training.codec_wire import matrix_view_shape, pack_contribution
 from training.codec_exact import f32_bytes
+from training.codec_wire import matrix_view_shape, pack_contribution
 from training.config import EncoderVersion
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError

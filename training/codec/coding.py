@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from training.codec.factorize import Factorization
-from training.codec_wire import MAX_RANK, MAX_WEIGHT, matrix_view_shape
 from training.codec_exact import f32_bytes, pack_ints, qmax, reconstruct_lowrank, reconstruct_quant
+from training.codec_wire import MAX_RANK, MAX_WEIGHT, matrix_view_shape
 from training.config_compression import CompressionConfig
 
 # ----------------------------------------------------------------------------- quantization
