@@ -63,6 +63,9 @@ from training.errors import (
 )
 
 CODEC_VERSION = 1
+#: What ``msgpack.unpackb`` raises on bytes that are no valid message: its own errors, ValueError for a limit
+#: or a hook's refusal (ContributionDecodeError is one), TypeError for an unhashable map key.
+MSGPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError)
 #: The version whose header declares the inner steps trained (``"ns"``).
 DECLARED_STEPS_VERSION = 2
 #: The most inner steps a contribution may declare (far above any H; a bound for the decoder).
@@ -209,7 +212,7 @@ def header_steps(data: bytes) -> int | None:
             else None
         )
         return check_declared_steps(steps) if steps is not None else None
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+    except MSGPACK_ERRORS:
         return None
 
 
@@ -275,7 +278,7 @@ def decode_declared(
             max_bin_len=limit, max_str_len=4096, max_array_len=max(len(expected_shapes), 64) + 8,
             max_map_len=16, max_ext_len=0, object_hook=bounded, list_hook=bounded,
         )
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
+    except MSGPACK_ERRORS as exc:
         raise ContributionDecodeError(
             f"contribution is not valid msgpack: {type(exc).__name__}: {exc}"
         ) from None

@@ -118,7 +118,7 @@ def init_pipeline_group(
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
         ) from exc
-    except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
+    except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError, DistNetworkError: RuntimeError
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
         ) from exc

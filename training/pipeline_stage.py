@@ -128,7 +128,7 @@ class PipelineStageTrainer:
                               reduce_sq_norm)
         except PipelineError:
             raise
-        except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
+        except (RuntimeError, OSError) as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline step failed: {exc}") from exc
 
     def follow_first_stage(self, decision: bool) -> bool:
@@ -139,7 +139,7 @@ class PipelineStageTrainer:
         flag = torch.tensor([1 if decision else 0], dtype=torch.int64)
         try:
             dist.broadcast(flag, group_src=0, group=self.group)
-        except Exception as exc:  # gloo timeouts and peer failures surface as RuntimeError
+        except (RuntimeError, OSError) as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(
                 f"stage {self.spec.index}: agreeing on the next inner step failed: {exc}"
             ) from exc
@@ -166,7 +166,7 @@ class PipelineStageTrainer:
                 if not self.spec.is_last:
                     dist.send(hidden.contiguous(), group_dst=self.rank + 1, group=self.group)
             dist.broadcast(total, group_src=self.world_size - 1, group=self.group)
-        except Exception as exc:
+        except (RuntimeError, OSError) as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline eval failed: {exc}") from exc
         finally:
             self.module.train()
@@ -195,7 +195,9 @@ class PipelineStageTrainer:
         self.group = None
         try:
             close_pipeline_group()
-        except Exception as exc:  # noqa: BLE001 - a group whose peer died may fail to shut down cleanly
+        # Process boundary, must not die: a group whose peer process died may fail to shut down in any
+        # way, and leaving the broken pipeline (to re-form it) goes on whatever it raised.
+        except Exception as exc:  # noqa: BLE001
             logger.warning(
                 "stage %d: the broken process group did not shut down cleanly: %s", self.spec.index, exc
             )

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import torch
 
-from training.codec_wire import header_steps
+from training.codec_wire import MSGPACK_ERRORS, header_steps
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.errors import ReplicaStateError
@@ -88,7 +88,7 @@ def claimed_steps(payload: bytes) -> int | None:
         return steps
     try:
         blobs = msgpack.unpackb(bytes(payload), raw=False, max_bin_len=len(payload), max_array_len=1 << 16)
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+    except MSGPACK_ERRORS:
         return None
     if not isinstance(blobs, list) or not blobs or not all(isinstance(blob, bytes) for blob in blobs):
         return None

@@ -179,7 +179,9 @@ class HFTokenizer:
             raise TokenizerError("model.tokenizer is a file: install the 'tokenizers' package") from None
         try:
             self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any parse error
+        # Not a broad catch: tokenizers (Rust, via PyO3) raises Exception itself for any parse error, its only
+        # error type; UnicodeDecodeError is one too.
+        except Exception as exc:  # noqa: BLE001
             raise TokenizerError(f"{source}: not a tokenizers JSON file ({type(exc).__name__}: "
                                  f"{str(exc)[:200]})") from None
         self.data = data
