@@ -2,11 +2,11 @@
 
 One :class:`DelayCorrection` per kind, a registry keyed by the config's spelling
 (:data:`DELAY_CORRECTION_KINDS`) and :func:`delay_correction_for`, which also gives the run without the
-one-step delay its kind (:class:`NoDelay`). The rules and their arithmetic are written out in
-:mod:`training.stage_engine`'s module docstring; :class:`~training.stage_engine.StageEngine` keeps the
+one-step delay its kind (:class:`NoDelay`). :class:`~training.stage_engine.StageEngine` keeps the
 snapshots, the kind says what to do with them.
 
-Variants (``diloco.delay_correction``; the default is the rule above):
+``"rebase"`` (the default, :class:`Rebase`) is the rule :mod:`training.stage_engine`'s module docstring
+derives, ``theta_i <- theta^t + (L - E_t)``. The others:
 
 * ``"lookahead"``: right after encoding round t (which then requires round
   t-1 to be applied already), the replica moves its local weights to its own

@@ -1,4 +1,5 @@
-"""Prepared datasets: fixed-size shards of token ids, a manifest that names them, and a memory-mapped reader.
+"""Prepared datasets: fixed-size shards of token ids and a manifest that names them (the memory-mapped reader:
+:mod:`training.sharded_corpus`).
 
 A dataset directory (``dlx-node data prepare``, :mod:`training.prepare`) holds
 
