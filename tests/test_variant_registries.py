@@ -3,7 +3,12 @@
 import pytest
 
 from training.config import (
-    DELAY_CORRECTIONS, INNER_OPTIMIZERS, OUTER_OPTIMIZERS, SCREEN_RULES, DilocoConfig, TrainingConfig,
+    DELAY_CORRECTIONS,
+    INNER_OPTIMIZERS,
+    OUTER_OPTIMIZERS,
+    SCREEN_RULES,
+    DilocoConfig,
+    TrainingConfig,
 )
 from training.delay_correction import DELAY_CORRECTION_KINDS, NO_DELAY, delay_correction_for
 from training.errors import TrainingConfigError

@@ -26,6 +26,7 @@ from training.config_base import (  # re-exported: training.config is these sett
     OUTER_DECAYS,
     OUTER_NESTEROV_ONLY,
     OUTER_OPTIMIZERS,
+    OUTER_STATE_TENSORS,
     PRECISIONS,
     SCREEN_RULES,
     SLICED_FROM_REPLICAS,
@@ -61,9 +62,9 @@ __all__ = [
     "DEFAULT_OPTIMIZER", "DEFAULT_RANDOM", "DEFAULT_ROPE_THETA", "DELAY_CORRECTIONS", "EXCHANGES", "FAMILIES",
     "INNER_OPTIMIZERS", "LEGACY_ENCODER", "LEGACY_OPTIMIZER", "LEGACY_RANDOM", "LLAMA_ONLY",
     "MAX_MIN_SLICE_NUMEL", "MODEL_PRESETS", "MUON_ONLY", "NODE_ONLY_TRAINING", "OUTER_ADAM_ONLY",
-    "OUTER_DECAYS", "OUTER_NESTEROV_ONLY", "OUTER_OPTIMIZERS", "PRECISIONS", "SCREEN_RULES",
-    "SLICED_FROM_REPLICAS", "DilocoConfig", "EncoderVersion", "ModelConfig", "PipelineConfig", "RandomSource",
-    "TrainingConfig", "check_device_spec", "check_precision", "preset_family",
+    "OUTER_DECAYS", "OUTER_NESTEROV_ONLY", "OUTER_OPTIMIZERS", "OUTER_STATE_TENSORS", "PRECISIONS",
+    "SCREEN_RULES", "SLICED_FROM_REPLICAS", "DilocoConfig", "EncoderVersion", "ModelConfig", "PipelineConfig",
+    "RandomSource", "TrainingConfig", "check_device_spec", "check_precision", "preset_family",
 ]
 
 
@@ -292,7 +293,7 @@ class DilocoConfig:
     def outer_moments(self) -> int:
         """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments,
         stacked)."""
-        return 2 if self.outer_optimizer == "adam" else 1
+        return OUTER_STATE_TENSORS[self.outer_optimizer]
 
     def _check_commitments(self) -> None:
         provable = (self.exchange == "full" and self.outer_lr_other_scale == 1.0

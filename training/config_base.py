@@ -128,6 +128,9 @@ DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
 #: elementwise Adam without bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two
 #: moments per weight.
 OUTER_OPTIMIZERS = ("nesterov", "adam")
+#: Tensors of outer state per weight, by outer optimizer: the Nesterov momentum, or outer Adam's two moments
+#: (stacked on a leading axis).
+OUTER_STATE_TENSORS = {"nesterov": 1, "adam": 2}
 #: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
 OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
 #: Settings only the Nesterov step reads, at their defaults: an outer-Adam run must leave them there (it would

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.config import OUTER_OPTIMIZERS, DilocoConfig
+from training.config import OUTER_OPTIMIZERS, OUTER_STATE_TENSORS, DilocoConfig
 from training.host_tensors import Weights, float32_scalar
 from training.muon import is_hidden_matrix
 
@@ -23,8 +23,12 @@ class OuterOptimizer:
 
     #: The name ``diloco.outer_optimizer`` gives it.
     name = ""
-    #: Tensors of outer state per weight, stacked on a leading axis when more than one.
-    moments = 1
+
+    @property
+    def moments(self) -> int:
+        """Tensors of outer state per weight, stacked on a leading axis when more than one
+        (:data:`training.config.OUTER_STATE_TENSORS`, which the config's checks read too)."""
+        return OUTER_STATE_TENSORS[self.name]
 
     def state_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of the outer state ("momentum") of a weight of ``shape``."""
@@ -68,7 +72,6 @@ class AdamOuter(OuterOptimizer):
     stacked on a leading axis; the round's momentum is not used (the first moment decays by beta1)."""
 
     name = "adam"
-    moments = 2
 
     def step(self, global_weights, state, pseudo_gradient, diloco_cfg, momentum, lr, lr_other):
         beta1, beta2 = (
