@@ -199,16 +199,15 @@ class DilocoConfig:
         self.outer_final_momentum = _float_or_auto(self.outer_final_momentum, "diloco.outer_final_momentum")
         _require(
             self.outer_final_momentum == AUTO or 0 <= self.outer_final_momentum < 1,
-            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" (no "
-            "decay)",
+            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" "
+            "(no decay)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         if self.overlap_steps != AUTO:
             _require(
                 0 <= self.overlap_steps < self.inner_steps,
-                f"diloco.overlap_steps={self.overlap_steps}: must be in [0, "
-                f"diloco.inner_steps={self.inner_steps}) "
-                "(0 = the whole round) or \"auto\"",
+                f"diloco.overlap_steps={self.overlap_steps}: must be in "
+                f"[0, diloco.inner_steps={self.inner_steps}) (0 = the whole round) or \"auto\"",
             )
             _require(
                 not (self.overlap_steps and self.delay_correction == "reset"),
@@ -227,15 +226,21 @@ class DilocoConfig:
         for name in ("screen_rel_tol", "screen_abs_tol"):
             value = getattr(self, name)
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
-        _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be "
-                                              ">= 1")
+        _require(self.screen_batch_size >= 1,
+                 f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        self._check_exchange()
+        self._check_outer_optimizer()
+        self._check_round_budget()
+        self._check_commitments()
+        self._check_screen_rule()
+
+    def _check_exchange(self) -> None:
         if self.exchange == AUTO:
             self.exchange = "sliced" if self.num_replicas >= SLICED_FROM_REPLICAS else "full"
         _require(
             self.exchange in EXCHANGES,
-            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" (sliced "
-            "from "
-            f"{SLICED_FROM_REPLICAS} replicas)",
+            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" "
+            f"(sliced from {SLICED_FROM_REPLICAS} replicas)",
         )
         _require(
             type(self.min_slice_numel) is int and 1 <= self.min_slice_numel <= MAX_MIN_SLICE_NUMEL,
@@ -247,10 +252,6 @@ class DilocoConfig:
             f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
-        self._check_outer_optimizer()
-        self._check_round_budget()
-        self._check_commitments()
-        self._check_screen_rule()
 
     def _check_screen_rule(self) -> None:
         if self.screen_rule == AUTO:
@@ -268,17 +269,15 @@ class DilocoConfig:
                  f"{', '.join(OUTER_OPTIMIZERS)}")
         if self.outer_optimizer != "adam":
             for name, neutral in OUTER_ADAM_ONLY.items():
-                _require(getattr(self, name) == neutral, f"diloco.{name}={getattr(self, name)!r} is a "
-                                                         "setting of "
-                                                          "diloco.outer_optimizer = \"adam\": remove it or "
-                                                          "set the optimizer")
+                _require(getattr(self, name) == neutral,
+                         f"diloco.{name}={getattr(self, name)!r} is a setting of "
+                         "diloco.outer_optimizer = \"adam\": remove it or set the optimizer")
             return
         for name, neutral in OUTER_NESTEROV_ONLY.items():
             _require(getattr(self, name) == neutral,
                      f"diloco.{name}={getattr(self, name)!r} is a setting of the Nesterov outer step, which "
                      "diloco.outer_optimizer = \"adam\" does not take (its first moment decays by "
-                     "diloco.outer_adam_beta1): "
-                     f"remove it")
+                     "diloco.outer_adam_beta1): remove it")
         for name in ("outer_adam_beta1", "outer_adam_beta2"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,

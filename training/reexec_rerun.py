@@ -98,39 +98,35 @@ def reexecute(
     if compiled:
         forget_compiled()  # graphs compiled under another thread count (training/compiled.py)
     try:
-        trainer, engines = restore_replica(state, model_cfg, replace(training_cfg, precision=precision,
-                                                                     compile=compiled),
-                                           diloco_cfg, compression_cfg)
-        batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
-                                training_cfg.batch_size, model_cfg.block_size)
-        previous = PreviousRound(
-            previous_contributions, previous_excluded, previous_dropped, previous_partials
-        )
-        rerun = RoundRerun(
-            meta,
-            trainer,
-            engines,
-            batches,
-            training_cfg,
-            diloco_cfg,
-            compression_cfg,
-            previous,
-            declared_steps,
-        )
-        for action in round_actions(diloco_cfg, meta.outer_round, steps=trained):
-            rerun.run(action)
-        next_state = None
-        if rerun.applied_previous:
-            next_state = capture_replica_state(
-                replace(meta, outer_round=meta.outer_round + 1), trainer, engines
-            )
-        return Reexecution(meta.outer_round, meta.replica, rerun.payloads, next_state, rerun.train_seconds,
-                           rerun.encode_seconds, torch.get_num_threads(), trainer.platform.fingerprint(),
-                           rerun.applied_hashes)
+        previous = PreviousRound(previous_contributions, previous_excluded, previous_dropped,
+                                 previous_partials)
+        return _rerun(state, corpus, model_cfg, replace(training_cfg, precision=precision, compile=compiled),
+                      diloco_cfg, compression_cfg, previous, trained, declared_steps)
     finally:
         torch.set_num_threads(previous_threads)
         if compiled:
             forget_compiled()
+
+
+def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, training_cfg: TrainingConfig,
+           diloco_cfg: DilocoConfig, compression_cfg: CompressionConfig, previous: PreviousRound,
+           trained: int, declared_steps: int | None) -> Reexecution:
+    """:func:`reexecute`'s round, its threads and compiler already set (``training_cfg``: with the
+    claimant's precision)."""
+    meta = state.meta
+    trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
+    batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
+                            training_cfg.batch_size, model_cfg.block_size)
+    rerun = RoundRerun(meta, trainer, engines, batches, training_cfg, diloco_cfg, compression_cfg, previous,
+                       declared_steps)
+    for action in round_actions(diloco_cfg, meta.outer_round, steps=trained):
+        rerun.run(action)
+    next_state = None
+    if rerun.applied_previous:
+        next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer, engines)
+    return Reexecution(meta.outer_round, meta.replica, rerun.payloads, next_state, rerun.train_seconds,
+                       rerun.encode_seconds, torch.get_num_threads(), trainer.platform.fingerprint(),
+                       rerun.applied_hashes)
 
 
 def _trained_steps(meta, diloco_cfg: DilocoConfig, declared_steps: int | None) -> int:

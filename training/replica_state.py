@@ -243,33 +243,7 @@ def parse_stage_state(data: bytes) -> StageStartState:
     if meta_len > _MAX_META_BYTES:
         raise ReplicaStateError(f"replica state meta of {meta_len} bytes is too large")
     raw_meta = take(meta_len, "meta")
-    try:
-        header = json.loads(raw_meta.decode("ascii"))
-        if _canonical_json(header) != raw_meta:
-            raise ReplicaStateError("replica state meta is not canonical JSON")
-        keys = {"v", "stage", "meta", "engine"}
-        if not ((set(header) == keys and header["v"] == STATE_VERSION)
-                or (set(header) == keys | {"platform"} and header["v"] == STATE_VERSION_PLATFORM)):
-            raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
-        if not isinstance(header["meta"], dict) or "platform" in header["meta"]:
-            raise ReplicaStateError("replica state meta is not an object of counters")
-        platform = parse_fingerprint(header["platform"]) if "platform" in header else None
-        meta = RoundMeta(**header["meta"], platform=platform)
-        stage_index = header["stage"]
-        counters = tuple(header["engine"])
-        if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
-                or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
-            raise ReplicaStateError(
-                f"replica state: bad stage {stage_index!r} or engine counters {counters!r}"
-            )
-    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
-        if isinstance(exc, ReplicaStateError):
-            raise
-        if isinstance(exc, PlatformError):
-            raise ReplicaStateError(f"replica state {exc}"[:300]) from None
-        raise ReplicaStateError(
-            f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]
-        ) from None
+    meta, stage_index, counters = _parse_header(raw_meta)
     count = u32("tensor count")
     if count > _MAX_TENSORS:
         raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
@@ -304,6 +278,38 @@ def parse_stage_state(data: bytes) -> StageStartState:
     if position != len(view):
         raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
     return StageStartState(meta, stage_index, counters, tensors)
+
+
+def _parse_header(raw_meta: bytes) -> tuple[RoundMeta, int, tuple[int, ...]]:
+    """The canonical JSON header of a stage's state: ``(meta, stage index, engine counters)``."""
+    try:
+        header = json.loads(raw_meta.decode("ascii"))
+        if _canonical_json(header) != raw_meta:
+            raise ReplicaStateError("replica state meta is not canonical JSON")
+        keys = {"v", "stage", "meta", "engine"}
+        if not ((set(header) == keys and header["v"] == STATE_VERSION)
+                or (set(header) == keys | {"platform"} and header["v"] == STATE_VERSION_PLATFORM)):
+            raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
+        if not isinstance(header["meta"], dict) or "platform" in header["meta"]:
+            raise ReplicaStateError("replica state meta is not an object of counters")
+        platform = parse_fingerprint(header["platform"]) if "platform" in header else None
+        meta = RoundMeta(**header["meta"], platform=platform)
+        stage_index = header["stage"]
+        counters = tuple(header["engine"])
+        if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
+                or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
+            raise ReplicaStateError(
+                f"replica state: bad stage {stage_index!r} or engine counters {counters!r}"
+            )
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
+        if isinstance(exc, ReplicaStateError):
+            raise
+        if isinstance(exc, PlatformError):
+            raise ReplicaStateError(f"replica state {exc}"[:300]) from None
+        raise ReplicaStateError(
+            f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]
+        ) from None
+    return meta, stage_index, counters
 
 
 def _canonical_json(value) -> bytes:

@@ -142,41 +142,28 @@ def verify_contribution(
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     """
     claims = _one_claim_per_stage(state_parts, claims)
-    state = _served_state(
-        state_parts, claims, diloco_cfg, outer_round, replica, run_rounds, committed_weights
-    )
+    state = _served_state(state_parts, claims, diloco_cfg, outer_round, replica, run_rounds,
+                          committed_weights)
     if isinstance(state, SpotCheck):
         return state
     declared = _declared_steps(claims, diloco_cfg, outer_round, replica)
     if isinstance(declared, SpotCheck):
         return declared
-    expected_data = data_commitment(
-        corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round, declared
-    )
+    expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round,
+                                    declared)
     wrong_data = [claim.stage_index for claim in claims if claim.data_commitment != expected_data]
     if wrong_data:
         return _failed(outer_round, replica, DATA_MISMATCH, "the data commitment is not this round's batches",
                        wrong_data)
     try:
-        rerun = reexecute(
-            state,
-            corpus,
-            model_cfg,
-            training_cfg,
-            diloco_cfg,
-            compression_cfg,
-            previous_contributions=previous_contributions,
-            previous_excluded=previous_excluded,
-            previous_dropped=previous_dropped,
-            threads=threads,
-            previous_partials=previous_partials,
-            declared_steps=declared,
-        )
+        rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
+                          previous_contributions=previous_contributions, previous_excluded=previous_excluded,
+                          previous_dropped=previous_dropped, threads=threads,
+                          previous_partials=previous_partials, declared_steps=declared)
     except ReplicaStateError as exc:
         return _failed(outer_round, replica, STATE_MISMATCH, f"state does not fit the run's model: {exc}")
-    elsewhere = [
-        c.stage_index for c in claims if c.applied_hash != rerun.applied_hashes.get(c.stage_index, NO_APPLY)
-    ]
+    bound = rerun.applied_hashes
+    elsewhere = [c.stage_index for c in claims if c.applied_hash != bound.get(c.stage_index, NO_APPLY)]
     if elsewhere:
         # Not a cheat: the round was trained on another result of round t-1 (the claimant's fork),
         # which the holders leave out of the aggregate (node.binding.other_result_exclusions).
