@@ -176,17 +176,17 @@ class DilocoConfig:
             isinstance(self.outer_lr_other_scale, (int, float))
             and not isinstance(self.outer_lr_other_scale, bool)
             and 0 < self.outer_lr_other_scale < float("inf"),
-            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 (1.0: "
-            "one outer lr)",
+            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 "
+            "(1.0: one outer lr)",
         )
-        _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: "
-                                                "must be >= 0")
+        _require(self.outer_warmup_rounds >= 0,
+                 f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
         _require(
             self.outer_decay in OUTER_DECAYS,
             f"diloco.outer_decay={self.outer_decay!r}: must be one of {', '.join(OUTER_DECAYS)}",
         )
-        _require(self.outer_decay_rounds >= 0, f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must "
-                                               "be >= 0")
+        _require(self.outer_decay_rounds >= 0,
+                 f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must be >= 0")
         _require(
             self.outer_decay == "constant" or self.outer_decay_rounds > self.outer_warmup_rounds,
             f"diloco.outer_decay={self.outer_decay!r} needs diloco.outer_decay_rounds (the run's rounds, "
@@ -285,8 +285,7 @@ class DilocoConfig:
         eps = self.outer_adam_eps
         _require(isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf"),
                  f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a "
-                 "weight "
-                 "never moved)")
+                 "weight never moved)")
 
     @property
     def outer_moments(self) -> int:
@@ -337,8 +336,7 @@ class DilocoConfig:
                                             f"{self.inner_steps} (the most steps a round may train)")
         _require(least > self.overlap, f"diloco.min_inner_steps={least}: must be > the steps the exchange "
                                        f"overlaps ({self.overlap}, diloco.overlap_steps), so that every "
-                                       "round "
-                                       "trains at least one step after applying the previous one")
+                                       "round trains at least one step after applying the previous one")
 
     @property
     def budgeted(self) -> bool:

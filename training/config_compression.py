@@ -73,8 +73,7 @@ class CompressionConfig:
         _require(
             self.bandwidth_budget == AUTO or self.bandwidth_budget >= 0,
             f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use "
-            "error_budget) "
-            'or "auto"',
+            'error_budget) or "auto"',
         )
         _require(
             1 <= self.target_reduction < float("inf"),

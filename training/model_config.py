@@ -99,8 +99,7 @@ class ModelConfig:
         _require(
             self.family == preset_fam,
             f"model.preset={self.preset!r} is a {preset_fam} preset but model.family={self.family!r}: use "
-            "one of "
-            f"{[name for name in MODEL_PRESETS if preset_family(name) == self.family]}",
+            f"one of {[name for name in MODEL_PRESETS if preset_family(name) == self.family]}",
         )
         for name, value in MODEL_PRESETS[self.preset].items():
             if name != "family" and getattr(self, name) == 0:
@@ -145,14 +144,12 @@ class ModelConfig:
         _require(
             1 <= self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0,
             f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head} (grouped-query "
-            "attention "
-            "shares each key/value head among n_head / n_kv_head query heads)",
+            "attention shares each key/value head among n_head / n_kv_head query heads)",
         )
         _require(
             (self.n_embd // self.n_head) % 2 == 0,
             f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for "
-            "rotary "
-            "position embeddings",
+            "rotary position embeddings",
         )
         _require(
             self.intermediate_size >= 1, f"model.intermediate_size={self.intermediate_size}: must be >= 1"
