@@ -58,17 +58,10 @@ from node.protocol import NO_APPLY, ContributionBody, encode_contribution_body  
 from p2p.envelope import Envelope  # noqa: E402
 from p2p.identity import Identity, verify_signature  # noqa: E402
 from training.butterfly import (  # noqa: E402
-    DEFAULT_MIN_SLICE_NUMEL,
-    SlicedErrorFeedbackCompressor,
-    _encode,
-    aggregate_slice,
-    aggregator_of,
-    assemble_partials,
-    encode_slices,
+    SlicedErrorFeedbackCompressor, _encode, aggregate_slice, assemble_partials, encode_slices,
     guided_slice_budgets,
-    plan_slices,
-    split_slices,
 )
+from training.slice_plan import DEFAULT_MIN_SLICE_NUMEL, aggregator_of, plan_slices, split_slices  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402

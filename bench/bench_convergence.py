@@ -45,7 +45,8 @@ from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingC
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
-from training.simulate import MODES, set_clock, simulate  # noqa: E402
+from training.simulate import MODES, simulate  # noqa: E402
+from training.simulate_records import set_clock  # noqa: E402
 
 ROUNDS, INNER_STEPS, REPLICAS, STAGES = 30, 50, 2, 2
 _LLAMA = dict(preset="llama-mini", n_layer=4, n_head=4, n_kv_head=2, block_size=64)

@@ -90,7 +90,7 @@ def measure(directory: str, rounds: int, train_steps: int, release: bool) -> dic
     from training.config import ModelConfig, TrainingConfig
     from training.data import round_batches
     from training.pipeline import LocalReplicaTrainer
-    from training.shards import open_dataset
+    from training.sharded_corpus import open_dataset
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     result = {"start": memory()}

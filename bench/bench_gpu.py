@@ -60,7 +60,7 @@ from training.model import count_params  # noqa: E402
 from training.pipeline import LocalReplicaTrainer  # noqa: E402
 from training.platform import resolve_device  # noqa: E402
 from training.reexec import data_commitment, round_meta  # noqa: E402
-from training.replica_state import capture_trainer_part, start_state_bytes  # noqa: E402
+from training.replica_capture import capture_trainer_part, start_state_bytes  # noqa: E402
 from training.stage_engine import StageEngine  # noqa: E402
 
 #: Dense bf16 peak (TFLOP/s, no sparsity) by a substring of

@@ -252,7 +252,7 @@ def summarize(rows: list[dict], old_tolerance: float = 1e-2) -> dict:
 
 def capabilities() -> list[str]:
     """The ATen capabilities this CPU has, lowest first."""
-    from training.fingerprint import CPU_CAPABILITY_LEVELS, native_cpu_capability
+    from training.claimant_kernels import CPU_CAPABILITY_LEVELS, native_cpu_capability
 
     top = CPU_CAPABILITY_LEVELS[native_cpu_capability()]
     return [name for name in CAPABILITY_NAMES if CPU_CAPABILITY_LEVELS[name.upper()] <= top]

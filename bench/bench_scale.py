@@ -301,7 +301,7 @@ def sliced_model(replicas: int, stage_shapes: list[dict], envelope_bytes: float,
     from p2p.config import P2PConfig
 
     transfer_timeout = P2PConfig().transfer_timeout if transfer_timeout is None else transfer_timeout
-    from training.butterfly import live_plan
+    from training.slice_plan import live_plan
     from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.slicemessages import PARTIAL_PREFIX
 
@@ -364,7 +364,7 @@ def curve(full_path: str, sliced_paths: list[str], sizes: list[int], min_slices:
     """Measured points of both exchanges side by side, and both models to ``sizes`` (module docstring);
     the sliced model for each minimum slice in ``min_slices`` (``sliced_models``) and for the one the
     largest measured sliced point ran with (``sliced_model``)."""
-    from training.butterfly import live_plan
+    from training.slice_plan import live_plan
     from training.config import ModelConfig
     from training.slicebundle import BUNDLE_PREFIX, record_size
     from training.stages import split_stages, stage_param_shapes

@@ -49,6 +49,7 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
     import torch
 
     import training.simulate as sim
+    import training.simulate_diloco as loop  # the DiLoCo loop, whose names the probe replaces
     from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig
     from training.config_compression import CompressionConfig
     from training.data import load_corpus
@@ -116,9 +117,9 @@ def run(counts: list[int], rounds: int, data: str, windows: int) -> list[dict]:
               flush=True)
         return []
 
-    sim.takes_another_step = takes
-    sim.screen_contributions = screen
-    sim.screening_exclusions = lambda reports: {}
+    loop.takes_another_step = takes
+    loop.screen_contributions = screen
+    loop.screening_exclusions = lambda reports: {}
     torch.set_num_threads(1)
     sim.simulate("diloco_x", corpus, model, training, diloco, CompressionConfig(), PipelineConfig(), rounds)
     return rows

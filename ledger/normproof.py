@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ledger.chunkproof import hexed, unhexed
 from ledger.errors import LedgerInputError
+from rulebook.norm_clip import clip_scales as norm_rule_scales
 
 #: log2 of the unit of a sum of squares.
 UNIT_LOG2 = 298
@@ -186,15 +187,9 @@ def norm_of(total: int) -> float:
 
 def clip_scales(totals: Sequence[int], norm_clip: float, steps: Sequence[int] = ()) -> list[float]:
     """The norm rule's scale of each accepted contribution (docs/DILOCOX.md section 10), from the exact sums of
-    squares: what training/robust.py computes and the contract recomputes."""
-    norms = [norm_of(total) for total in totals]
-    if steps:
-        norms = [norm / step for norm, step in zip(norms, steps, strict=True)]
-    if not norms:
-        return []
-    median = sorted(norms)[(len(norms) - 1) // 2]
-    bound = norm_clip * median if norm_clip else math.inf
-    return [1.0 if norm <= bound else bound / norm for norm in norms]
+    squares: :func:`rulebook.norm_clip.clip_scales` (the rule training/robust.py applies) on their norms, what the
+    contract recomputes."""
+    return norm_rule_scales([norm_of(total) for total in totals], norm_clip, steps)
 
 
 @dataclass(frozen=True)

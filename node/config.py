@@ -122,7 +122,7 @@ class NodeConfig:
             )
         if self.cluster_size > 1 and self.training.compile:
             raise ConfigError(f"training.compile = true with cluster_size={self.cluster_size}: a replica split over "
-                              "nodes trains eagerly (training.pipeline.PipelineStageTrainer); set training.compile "
+                              "nodes trains eagerly (training.pipeline_stage.PipelineStageTrainer); set training.compile "
                               "= false or cluster_size = 1")
         host, _, port = self.cluster_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from training.declaration import declared_platform_problem, platform_declaration, platform_hash
 from training.errors import TrainingError
-from training.fingerprint import native_cpu_capability
+from training.claimant_kernels import native_cpu_capability
 from training.platform import prepare_platform
 from training.replica_state import parse_stage_state
 
@@ -21,7 +21,7 @@ def own_platforms(training_cfg) -> tuple[bytes, bytes]:
     ``training.device`` in ``training.precision`` (compiled if ``training.compile``) in this process
     (resolved as the trainer resolves them:
     :func:`training.platform.prepare_platform`), with this CPU's highest ATen capability
-    (:func:`training.fingerprint.native_cpu_capability`: the kernels it can rerun a claim under). The second
+    (:func:`training.claimant_kernels.native_cpu_capability`: the kernels it can rerun a claim under). The second
     is :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform declared
     before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
     """

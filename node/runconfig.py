@@ -58,7 +58,8 @@ def data_reference(cfg: NodeConfig, data_path: str) -> str:
     if not data_path:
         return "generated"
     from training.errors import ShardError
-    from training.shards import ROOT_PREFIX, is_dataset, read_manifest
+    from training.shards import ROOT_PREFIX
+    from training.sharded_corpus import is_dataset, read_manifest
 
     path = cfg.path(data_path)
     if is_dataset(path):

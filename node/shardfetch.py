@@ -61,7 +61,8 @@ class DatasetFill:
 
 def serve_dataset(host: Any, directory: str | os.PathLike) -> str:
     """Serve a verified dataset's shards by sha256 and its manifest by sha256 and by root; return the root."""
-    from training.shards import MANIFEST_NAME, open_dataset
+    from training.shards import MANIFEST_NAME
+    from training.sharded_corpus import open_dataset
 
     corpus = open_dataset(directory)  # checks every shard (once per process) before any is served
     root = Path(corpus.source)
@@ -76,7 +77,8 @@ def serve_dataset(host: Any, directory: str | os.PathLike) -> str:
 def _local_manifest(directory: Path, root: str):
     """The manifest in ``directory`` if it is the dataset ``root``'s; None if there is none; refused if another."""
     from training.errors import ShardError
-    from training.shards import MANIFEST_NAME, read_manifest
+    from training.shards import MANIFEST_NAME
+    from training.sharded_corpus import read_manifest
 
     if not (directory / MANIFEST_NAME).is_file():
         return None
@@ -114,7 +116,8 @@ def _manifest_for(root: str, directory: Path, host: Any, peers: list[str], sourc
     """The manifest of dataset ``root``: ``directory``'s (refused if another dataset's), else a local source's
     or a peer's, written into ``directory``."""
     from training.errors import ShardError
-    from training.shards import MANIFEST_NAME, read_manifest
+    from training.shards import MANIFEST_NAME
+    from training.sharded_corpus import read_manifest
 
     if (directory / MANIFEST_NAME).is_file():
         manifest = read_manifest(directory)[1]  # a broken manifest there raises ShardError, naming the file
@@ -269,7 +272,7 @@ def dataset_for_join(root: str, data: str, data_dir: Path, peers: tuple[str, ...
     """
     from node.errors import ConfigError
     from training.errors import ShardError
-    from training.shards import open_dataset, read_manifest
+    from training.sharded_corpus import open_dataset, read_manifest
 
     if data:
         directory = Path(data).expanduser()

@@ -53,7 +53,8 @@ from ledger.merkle import merkle_root
 from node import protocol as msg
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, SlicePlan, live_plan, replay_partial
+from training.butterfly import replay_partial
+from training.slice_plan import SliceError, SlicePlan, live_plan
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference, bundle_slices, parse_slice_reference
@@ -289,7 +290,7 @@ class RunSliceRules:
     """A sliced run's plans, its aggregators' replay and its strict decode, derived from the run's settings
     alone (``cfg``: a node config of the run document: model, pipeline, diloco, compression): the judges'
     callables for whoever holds no worker, an auditor. Each equals the live node's: a stage's plan is
-    :func:`training.butterfly.live_plan` of its shapes and the aggregators' byte budget is the stage
+    :func:`training.slice_plan.live_plan` of its shapes and the aggregators' byte budget is the stage
     engine's (``stage_bandwidth_budget`` of the stage's size)."""
 
     def __init__(self, cfg) -> None:

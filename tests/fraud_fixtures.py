@@ -14,7 +14,8 @@ from ledger.normproof import SumTree, scale_proof, sum_proof
 from node.commitments import scheme_named, stage_state
 from node.fraudproof import initial_state
 from training.chunks import float64_bits
-from training.codec_wire import CODEC_VERSION, f32_bytes, matrix_view_shape, pack_ints, qmax
+from training.codec_wire import CODEC_VERSION, matrix_view_shape
+from training.codec_exact import f32_bytes, pack_ints, qmax
 from training.config import DilocoConfig
 from training.diloco import aggregate_with_report
 

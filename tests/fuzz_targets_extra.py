@@ -240,8 +240,7 @@ def structured_closed_envelope(rng: random.Random) -> bytes:
 
 def sliced_targets() -> list:
     from fuzz_targets import GOSSIP_LIMIT, Target
-
-    from training.butterfly import SliceError
+    from training.slice_plan import SliceError
     from training.slicebundle import parse_slice_reference
     from training.slicemessages import parse_partial, partial_payload
 

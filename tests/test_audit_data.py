@@ -12,7 +12,7 @@ from node.tools.audit_replay import Replayer
 from training.data import corpus_from_config, generated_text, round_batches
 from training.prepare import prepare_dataset, train_tokenizer
 from training.screening import screening_batch
-from training.shards import read_manifest
+from training.sharded_corpus import read_manifest
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from p2p.identity import Identity
 from training import slicebundle
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
-from training.replica_state import initial_replica_state
+from training.replica_capture import initial_replica_state
 from training.slicebundle import bundle_slices, parse_slice_reference, slice_bundle
 from training.slicemessages import partial_payload
 

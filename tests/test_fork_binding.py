@@ -32,7 +32,7 @@ from training.reexec import (
     round_meta,
     verify_contribution,
 )
-from training.replica_state import initial_replica_state
+from training.replica_capture import initial_replica_state
 from training.robust import SCREENED
 from training.schedule import applies_before_encode
 

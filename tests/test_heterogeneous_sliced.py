@@ -19,8 +19,9 @@ import pytest
 import torch
 from test_sliced_reexec import SlicedReplica
 
-from training.butterfly import SliceError, aggregate_slice, plan_slices, replay_partial, slice_stage
-from training.codec_wire import declare_steps, decode_declared, header_steps
+from training.butterfly import aggregate_slice, replay_partial, slice_stage
+from training.slice_plan import SliceError, plan_slices
+from training.codec_wire import decode_declared, declare_steps, header_steps
 from training.compression import encode_contribution
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
@@ -253,7 +254,7 @@ def test_a_sliced_claim_whose_slices_disagree_is_a_mismatch(run):
 
 
 def _slice0_shapes(sim):
-    from training.butterfly import live_plan
+    from training.slice_plan import live_plan
     from training.stages import split_stages, stage_param_shapes
 
     shapes = stage_param_shapes(sim.model, split_stages(sim.model.n_layer, sim.num_stages)[0])

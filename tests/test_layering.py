@@ -1,4 +1,5 @@
-"""The package layering: training/, p2p/ and ledger/ import neither node/ nor each other."""
+"""The package layering: training/, p2p/ and ledger/ import neither node/ nor each other; all of them may import
+rulebook/, the pure rules several packages compute to the same bits, which imports no other project package."""
 
 import ast
 from pathlib import Path
@@ -6,8 +7,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Pure rules (plain Python, no torch) that every package may import; they import no other project package.
+SHARED = ("rulebook",)
 LOWER = ("training", "p2p", "ledger")
-PROJECT = (*LOWER, "node")
+PROJECT = (*SHARED, *LOWER, "node")
 
 
 def parse(source: str, path: Path) -> ast.Module:
@@ -37,14 +40,25 @@ def imported_packages(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("package", LOWER)
+@pytest.mark.parametrize("package", LOWER + SHARED)
 def test_lower_packages_import_only_themselves(package):
+    allowed = {package} if package in SHARED else {package, *SHARED}
     offenders = {
-        str(path.relative_to(ROOT)): sorted(imported_packages(path) - {package})
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) - allowed)
         for path in sorted((ROOT / package).rglob("*.py"))
     }
     offenders = {name: packages for name, packages in offenders.items() if packages}
     assert not offenders, f"{package}/ must import no other project package: {offenders}"
+
+
+def test_the_shared_rules_need_neither_torch_nor_numpy():
+    """rulebook/ is what ledger/ (no torch) and training/ both compute: plain Python only."""
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / "rulebook").rglob("*.py"))
+                 for node in ast.walk(parse(path.read_text(), path))
+                 for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                              else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                 if name.split(".")[0] in ("torch", "numpy")]
+    assert not offenders
 
 
 def test_the_checker_sees_imports(tmp_path):

@@ -24,7 +24,7 @@ from training.config import ModelConfig
 from training.data import generated_text
 from training.model import GPT
 from training.prepare import prepare_dataset, train_tokenizer
-from training.shards import read_manifest
+from training.sharded_corpus import read_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a run of real nodes on a loaded machine
 ROUNDS = 2

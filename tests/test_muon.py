@@ -34,7 +34,8 @@ from training.muon import MuonAdamW, is_hidden_matrix, orthogonalize
 from training.pipeline import LocalReplicaTrainer
 from training.reexec import check_state_chain, restart_state_reason, verify_contribution
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica, run_with_states
-from training.replica_state import restore_replica
+from training.replica_restore import restore_replica
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ROUNDS = 3
 HONEST, PERTURBED = 0, 1

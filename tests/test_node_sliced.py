@@ -21,15 +21,8 @@ from node.live.exchange.closejudge import PENDING
 from node.live.state.roundbook import Announced
 from node.runconfig import run_document
 from p2p.identity import Identity
-from training.butterfly import (
-    SliceError,
-    aggregate_slice,
-    average_of_partials,
-    candidate,
-    encode_slices,
-    live_plan,
-    plan_slices,
-)
+from training.butterfly import aggregate_slice, average_of_partials, encode_slices
+from training.slice_plan import SliceError, candidate, live_plan, plan_slices
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
 from training.diloco import aggregate_with_report, average_contributions, step_with_average

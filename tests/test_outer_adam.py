@@ -34,7 +34,8 @@ from training.diloco import aggregate, outer_state_shape, outer_step, zero_outer
 from training.errors import ReplicaStateError, TrainingConfigError
 from training.hashing import stage_weights_hash, weights_root
 from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
-from training.replica_state import restore_replica
+from training.replica_restore import restore_replica
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 
 ADAM = dict(outer_optimizer="adam", outer_lr=0.01)
 

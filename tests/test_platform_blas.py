@@ -25,15 +25,10 @@ import torch
 from training.declaration import platform_declaration, platform_hash
 from training.errors import PlatformError
 from training.fingerprint import (
-    BLAS_DISPATCH_ENV,
-    EXACT,
-    RULE_CROSS_PLATFORM,
-    blas_dispatch,
-    emulated_environment,
-    fingerprint,
-    kernels_to_emulate,
+    BLAS_DISPATCH_ENV, EXACT, RULE_CROSS_PLATFORM, blas_dispatch, fingerprint,
     parse_fingerprint,
 )
+from training.claimant_kernels import emulated_environment, kernels_to_emulate
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMANT = ROOT / "tests" / "blas_claimant.py"

@@ -17,15 +17,9 @@ from training.config import TrainingConfig
 from training.declaration import EXACT_ONLY, can_judge, declares, platform_declaration, platform_hash
 from training.errors import PlatformError, TrainingConfigError
 from training.fingerprint import (
-    MISMATCH,
-    RULE_CROSS_PLATFORM,
-    RULE_SAME_PLATFORM,
-    PlatformFingerprint,
-    capability_to_emulate,
-    compare_rerun,
-    kernels_to_emulate,
-    parse_fingerprint,
+    RULE_CROSS_PLATFORM, RULE_SAME_PLATFORM, MISMATCH, PlatformFingerprint, compare_rerun, parse_fingerprint,
 )
+from training.claimant_kernels import capability_to_emulate, kernels_to_emulate
 from training.reexec import rerun_compiled
 
 CPU = PlatformFingerprint(device_type="cpu", device_name="Some CPU Model @ 2.00GHz", capability="AVX2",

@@ -27,9 +27,10 @@ from node.platforms import own_platform, own_platforms, undeclared_claim
 from node.tools.audit_reexec import ReexecAuditor
 from p2p.identity import peer_id_from_public_key
 from training.declaration import NO_PLATFORM, platform_declaration, platform_hash
-from training.fingerprint import fingerprint, native_cpu_capability
+from training.fingerprint import fingerprint
+from training.claimant_kernels import native_cpu_capability
 from training.reexec import round_meta, sample_replicas
-from training.replica_state import initial_replica_state
+from training.replica_capture import initial_replica_state
 
 OTHER_CPU = "Some Other CPU @ 9.99GHz"
 

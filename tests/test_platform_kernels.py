@@ -6,14 +6,8 @@ import dataclasses
 
 import torch
 
-from training.fingerprint import (
-    EXACT,
-    MISMATCH,
-    RULE_SAME_PLATFORM,
-    capability_to_emulate,
-    compare_rerun,
-    fingerprint,
-)
+from training.fingerprint import EXACT, MISMATCH, RULE_SAME_PLATFORM, compare_rerun, fingerprint
+from training.claimant_kernels import capability_to_emulate
 
 
 def cpu(capability: str, **changes):

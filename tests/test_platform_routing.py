@@ -31,7 +31,8 @@ from training.declaration import (
     platform_hash,
     read_declaration,
 )
-from training.fingerprint import PlatformFingerprint, capability_to_emulate
+from training.fingerprint import PlatformFingerprint
+from training.claimant_kernels import capability_to_emulate
 from training.reexec import sample_replicas
 
 MODEL, OTHER = "Some CPU Model @ 2.00GHz", "Another CPU Model @ 3.00GHz"
@@ -205,7 +206,8 @@ def test_a_node_under_a_lower_instruction_set_declares_it_and_its_cpu_s_own():
 
     from node.config import load_config
     from node.platforms import own_platforms
-    from training.fingerprint import fingerprint, native_cpu_capability
+    from training.fingerprint import fingerprint
+    from training.claimant_kernels import native_cpu_capability
 
     native = native_cpu_capability()
     if native == "DEFAULT":

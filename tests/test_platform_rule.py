@@ -25,15 +25,9 @@ from node.live.checks.spotcheck import parse_result
 from node.tools.audit_reexec import how_judged, rerun_by_rule
 from training.declaration import NO_PLATFORM, declared_platform_problem, platform_hash
 from training.fingerprint import (
-    EXACT,
-    MISMATCH,
-    RULE_CROSS_PLATFORM,
-    RULE_SAME_PLATFORM,
-    UNDECIDED,
-    WITHIN_TOLERANCE,
-    fingerprint,
-    native_cpu_capability,
+    EXACT, MISMATCH, RULE_CROSS_PLATFORM, RULE_SAME_PLATFORM, UNDECIDED, WITHIN_TOLERANCE, fingerprint,
 )
+from training.claimant_kernels import native_cpu_capability
 from training.reexec import ContributionClaim
 from training.replica_state import ReplicaStartState, parse_stage_state
 
@@ -165,7 +159,7 @@ def test_a_claimed_platform_must_be_the_declared_one(default_run):
 
 
 def test_the_native_capability_is_at_least_this_processs():
-    from training.fingerprint import CPU_CAPABILITY_LEVELS, capability_to_emulate
+    from training.claimant_kernels import CPU_CAPABILITY_LEVELS, capability_to_emulate
 
     native, ours = native_cpu_capability(), str(torch.backends.cpu.get_cpu_capability())
     if ours in CPU_CAPABILITY_LEVELS:

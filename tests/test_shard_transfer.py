@@ -26,15 +26,8 @@ from p2p.host import P2PHost
 from p2p.identity import Identity
 from training.data import generated_text
 from training.prepare import prepare_dataset
-from training.shards import (
-    MANIFEST_NAME,
-    SHARD_HEADER,
-    Manifest,
-    ShardEntry,
-    open_dataset,
-    read_manifest,
-    write_shard,
-)
+from training.shards import MANIFEST_NAME, SHARD_HEADER, Manifest, ShardEntry, write_shard
+from training.sharded_corpus import open_dataset, read_manifest
 from training.tokenizer import ByteTokenizer
 
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from node.live.checks.spotcheck import JOB_FILE, SpotCheckJob
-from training.butterfly import aggregate_slice, average_of_partials, encode_slices, live_plan, slice_stage
+from training.butterfly import aggregate_slice, average_of_partials, encode_slices, slice_stage
+from training.slice_plan import live_plan
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.data import generated_corpus

@@ -14,7 +14,7 @@ from node.live.state.topology import Seat
 from node.tools.audit_reexec import sample_contributions
 from training.data import corpus_from_config
 from training.reexec import data_commitment, reexecute, round_meta
-from training.replica_state import initial_replica_state
+from training.replica_capture import initial_replica_state
 
 
 def test_contribution_body_round_trips_and_refuses_what_is_not_one():

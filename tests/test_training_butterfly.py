@@ -10,21 +10,14 @@ import torch
 
 from p2p.identity import Identity, verify_signature
 from training.butterfly import (
-    SlicedErrorFeedbackCompressor,
-    SliceError,
-    aggregate_slice,
-    aggregator_of,
-    assemble_partials,
-    assemble_slices,
-    plan_slices,
-    replay_partial,
-    split_slices,
+    SlicedErrorFeedbackCompressor, aggregate_slice, assemble_partials, replay_partial,
 )
 from training.codec_wire import decode_contribution
 from training.compression import encode_contribution, encode_within_bandwidth
 from training.config_compression import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError
+from training.slice_plan import SliceError, aggregator_of, assemble_slices, plan_slices, split_slices
 from training.slicemessages import (
     check_partial,
     inputs_root,

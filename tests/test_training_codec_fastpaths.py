@@ -14,20 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from training import codec_wire
+from training import codec_exact, codec_wire
 from training.codec import base
 from training.codec.coding import Coded, Option, TensorOptions, candidates, rel_error
 from training.codec.factorize import factorize_range
 from training.codec.v1 import V1Encoder
-from training.codec_wire import (
-    MAX_WEIGHT,
-    decode_contribution,
-    pack_contribution,
-    pack_ints,
-    qmax,
-    reconstruct_lowrank,
-    unpack_ints,
-)
+from training.codec_wire import MAX_WEIGHT, decode_contribution, pack_contribution
+from training.codec_exact import pack_ints, qmax, reconstruct_lowrank, unpack_ints
 from training.compression import encode_contribution, encode_within_bandwidth
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
@@ -295,7 +288,7 @@ def test_table_unpacking_matches_the_shift_and_mask_reference_on_any_bytes():
                     got = unpack_ints(data, bits, count, where)
                     assert got.dtype == torch.int64 and torch.equal(got, expected)
                     for dtype, torch_dtype in ((np.float32, torch.float32), (np.float64, torch.float64)):
-                        as_float = torch.from_numpy(codec_wire._unpack(data, bits, count, where, dtype))
+                        as_float = torch.from_numpy(codec_exact.unpack_array(data, bits, count, where, dtype))
                         assert _bits_equal(as_float, expected.to(torch_dtype))
         with pytest.raises(ContributionDecodeError, match="payload bytes"):
             unpack_ints(b"\x00" * 3, bits, 100, "t")

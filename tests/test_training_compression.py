@@ -8,7 +8,8 @@ import msgpack
 import pytest
 import torch
 
-from training.codec_wire import decode_contribution, pack_ints, qmax, unpack_ints
+from training.codec_wire import decode_contribution
+from training.codec_exact import pack_ints, qmax, unpack_ints
 from training.compression import ErrorFeedbackCompressor, encode_contribution
 from training.config_compression import CompressionConfig
 from training.errors import ContributionDecodeError, ContributionEncodeError

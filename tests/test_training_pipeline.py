@@ -24,7 +24,8 @@ import torch
 from training.config import ModelConfig, TrainingConfig
 from training.data import eval_batches, generated_corpus, round_batches
 from training.errors import PipelineError
-from training.pipeline import LocalReplicaTrainer, init_pipeline_group
+from training.pipeline import LocalReplicaTrainer
+from training.pipeline_group import init_pipeline_group
 from training.stages import split_stages
 
 STEPS = 3
@@ -36,7 +37,8 @@ WORKER = textwrap.dedent(
     torch.set_num_threads(1)
     from training.config import ModelConfig, TrainingConfig
     from training.data import eval_batches, generated_corpus, round_batches
-    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_stage import PipelineStageTrainer
     from training.stages import split_stages
 
     rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -139,7 +141,8 @@ FAULT_WORKER = textwrap.dedent(
     from training.config import ModelConfig, TrainingConfig
     from training.data import generated_corpus, round_batches
     from training.errors import PipelineError
-    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_stage import PipelineStageTrainer
     from training.stages import split_stages
 
     rank, port = int(sys.argv[1]), int(sys.argv[2])
@@ -190,7 +193,8 @@ REFORM_WORKER = textwrap.dedent(
     from training.config import ModelConfig, TrainingConfig
     from training.data import generated_corpus, round_batches
     from training.errors import PipelineError
-    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_stage import PipelineStageTrainer
     from training.stages import split_stages
 
     rank, port, role = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -271,7 +275,7 @@ ENTRY_WORKER = textwrap.dedent(
     """
     import os, sys, time, types
     from training.errors import PipelineError
-    from training.pipeline import init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
     from node.live.work.replica import ReplicaWorker
 
     rank, port = int(sys.argv[1]), int(sys.argv[2])

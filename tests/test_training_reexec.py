@@ -49,7 +49,9 @@ from training.reexec_sim import (
     StragglerReplica,
     run_with_states,
 )
-from training.replica_state import ReplicaStartState, initial_replica_state, parse_stage_state
+from training.hashing import stage_weights_hash
+from training.replica_state import ReplicaStartState, parse_stage_state
+from training.replica_capture import initial_replica_state
 
 ROUNDS = 3
 HONEST, OTHER_DATA, HALF_STEPS, PERTURBED, FORGED_STATE, STRAGGLER = range(6)
@@ -118,7 +120,7 @@ def test_start_state_bytes_serialise_the_engine_in_place_and_captures_are_copies
     llama-124m): the same bytes as a capture; a capture kept for later stays what it was."""
     from training.pipeline import LocalReplicaTrainer
     from training.reexec import round_meta
-    from training.replica_state import capture_engine_part, capture_trainer_part, start_state_bytes
+    from training.replica_capture import capture_engine_part, capture_trainer_part, start_state_bytes
     from training.stage_engine import StageEngine
 
     model, training = ModelConfig(preset="tiny"), TrainingConfig(seed=3, batch_size=2, warmup_steps=0)
@@ -311,9 +313,10 @@ PIPELINE_STAGE = textwrap.dedent(
     from test_training_reexec import _pipeline_cfgs
     from training.data import round_batches
     from training.stage_engine import StageEngine
-    from training.pipeline import PipelineStageTrainer, init_pipeline_group
+    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_stage import PipelineStageTrainer
     from training.reexec import round_meta
-    from training.replica_state import capture_stage_state
+    from training.replica_capture import capture_stage_state
     from training.schedule import inner_lr, set_lr
     from training.stages import split_stages
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.codec_wire import pack_contribution, pack_ints
+from training.codec_wire import pack_contribution
+from training.codec_exact import pack_ints
 from training.compression import ErrorFeedbackCompressor, encode_contribution
 from training.config import DilocoConfig, ModelConfig
 from training.config_compression import CompressionConfig

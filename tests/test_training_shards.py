@@ -15,17 +15,8 @@ from training.data import corpus_from_config, eval_batches, generated_text, load
 from training.errors import DataError, ShardError
 from training.prepare import prepare_dataset, train_tokenizer
 from training.screening import screening_batch
-from training.shards import (
-    SHARD_HEADER,
-    ShardEntry,
-    ShardWriter,
-    is_dataset,
-    merkle_root,
-    open_dataset,
-    parse_manifest,
-    read_manifest,
-    write_shard,
-)
+from training.shards import SHARD_HEADER, ShardEntry, ShardWriter, merkle_root, parse_manifest, write_shard
+from training.sharded_corpus import is_dataset, open_dataset, read_manifest
 from training.tokenizer import ByteTokenizer, encode_bytes, safe_chunks
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("node", "p2p", "ledger", "contracts", "training")
+PACKAGES = ("node", "p2p", "ledger", "contracts", "training", "rulebook")
 #: Files the code reads at run time through the package (importlib.resources or __file__).
 DATA_FILES = ("contracts/artifacts/NodeRegistry.json", "contracts/artifacts/TrainingLedger.json",
               "contracts/build/input.json", "contracts/src/TrainingLedger.sol", "node/templates/node.toml",

@@ -1,1 +1,2 @@
-"""The training side of dlx-node: model, data, pipeline stages, the DiLoCoX engine and codec (no libp2p, no chain)."""
+"""The training side of dlx-node: model, data, pipeline stages, the DiLoCoX engine and codec (no libp2p, no
+chain)."""

@@ -43,7 +43,8 @@ import msgpack
 import numpy as np
 import torch
 
-from training.codec_wire import decode_declared, matrix_view_shape, unpack_ints
+from training.codec_exact import unpack_ints
+from training.codec_wire import decode_declared, matrix_view_shape
 from training.errors import ContributionDecodeError
 
 CHUNK_ELEMENTS = 64
@@ -53,7 +54,8 @@ _HEADER = struct.Struct(">IQQI")
 
 @dataclass(frozen=True)
 class ChunkPlace:
-    """Where chunk ``index`` lies: ``count`` elements from ``offset`` of tensor ``tensor`` (``cols`` columns)."""
+    """Where chunk ``index`` lies: ``count`` elements from ``offset`` of tensor ``tensor`` (``cols`` columns).
+    """
 
     index: int
     tensor: int
@@ -68,12 +70,15 @@ def stage_layout(shapes: Mapping[str, tuple[int, ...]]) -> list[ChunkPlace]:
     places = []
     for tensor, name, numel, cols in _tensor_order(shapes):
         for offset in range(0, numel, CHUNK_ELEMENTS):
-            places.append(ChunkPlace(len(places), tensor, name, offset, cols, min(CHUNK_ELEMENTS, numel - offset)))
+            places.append(
+                ChunkPlace(len(places), tensor, name, offset, cols, min(CHUNK_ELEMENTS, numel - offset))
+            )
     return places
 
 
 def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str, int, int]]:
-    """``(tensor index, name, elements, columns)`` of each tensor, in chunk order (names' UTF-8 bytes ascending)."""
+    """``(tensor index, name, elements, columns)`` of each tensor, in chunk order (names' UTF-8 bytes
+    ascending)."""
     order = []
     for tensor, name in enumerate(sorted(shapes, key=lambda n: n.encode("utf-8"))):
         m, n = matrix_view_shape(tuple(shapes[name]))
@@ -81,16 +86,16 @@ def _tensor_order(shapes: Mapping[str, tuple[int, ...]]) -> list[tuple[int, str,
     return order
 
 
-# The leaves are built a tensor at a time, not a chunk at a time (issue 43: a chunk at a time, a stage of `mini`
-# took longer than its aggregation): every chunk's bytes are a fixed-width row of one numpy array (the chunks of
-# a tensor are all CHUNK_ELEMENTS long but its last), or a slice of a few contiguous buffers (a low-rank piece,
-# whose rows of P vary), cut out of one bytes object. The bytes are the layout of the module docstring, pinned
-# by tests/test_chunk_commitments.py.
+# The leaves are built a tensor at a time, not a chunk at a time (issue 43: a chunk at a time, a stage of
+# `mini` took longer than its aggregation): every chunk's bytes are a fixed-width row of one numpy array (the
+# chunks of a tensor are all CHUNK_ELEMENTS long but its last), or a slice of a few contiguous buffers (a
+# low-rank piece, whose rows of P vary), cut out of one bytes object. The bytes are the layout of the module
+# docstring, pinned by tests/test_chunk_commitments.py.
 
 
 def _rows(table: np.ndarray) -> list[bytes]:
-    """One bytes per row of ``table`` (``(chunks, width)`` uint8): the leaves of a tensor's full chunks (a last
-    chunk shorter than CHUNK_ELEMENTS is made by the caller)."""
+    """One bytes per row of ``table`` (``(chunks, width)`` uint8): the leaves of a tensor's full chunks (a
+    last chunk shorter than CHUNK_ELEMENTS is made by the caller)."""
     width = table.shape[1]
     data = np.ascontiguousarray(table).tobytes()
     return [data[i:i + width] for i in range(0, len(data), width)]
@@ -120,7 +125,9 @@ _HEADER_DTYPE = np.dtype([("tensor", ">u4"), ("offset", ">u8"), ("cols", ">u8"),
 def tensor_leaves(tensors: Mapping[str, torch.Tensor]) -> list[bytes]:
     """The tensor leaves (module docstring) of a stage's weights or momentum, in chunk order."""
     leaves: list[bytes] = []
-    for tensor, name, numel, cols in _tensor_order({name: tuple(value.shape) for name, value in tensors.items()}):
+    for tensor, name, numel, cols in _tensor_order(
+        {name: tuple(value.shape) for name, value in tensors.items()}
+    ):
         bits = _bits_be(tensors[name])
         full, rest = _chunk_counts(numel)
         if full:
@@ -173,8 +180,12 @@ def _fields(entry: dict, shape: tuple[int, ...], name: str) -> dict:
         rank = entry["r"]
         fields["head"] = (struct.pack(">B", rank) + _f32_bits(entry["x"]).tobytes()
                           + np.frombuffer(entry["w"], dtype="<u2").astype(">u2").tobytes())
-        fields["p"] = unpack_ints(entry["p"], entry["b"], m * rank, name).numpy().reshape(m, rank).astype(">i2")
-        fields["q"] = unpack_ints(entry["q"], entry["b"], n * rank, name).numpy().reshape(n, rank).astype(">i2")
+        fields["p"] = (
+            unpack_ints(entry["p"], entry["b"], m * rank, name).numpy().reshape(m, rank).astype(">i2")
+        )
+        fields["q"] = (
+            unpack_ints(entry["q"], entry["b"], n * rank, name).numpy().reshape(n, rank).astype(">i2")
+        )
     return fields
 
 
@@ -204,8 +215,10 @@ def _pieces(fields: dict, numel: int, n: int) -> list[bytes]:
 def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int) -> list[bytes]:
     rank = fields["p"].shape[1]
     stride = 2 * rank
-    p_rows = memoryview(np.ascontiguousarray(fields["p"]).view(np.uint8)).cast("B")  # row i: [stride i, stride (i+1))
-    if n >= CHUNK_ELEMENTS:  # a chunk spans at most two rows: its elements' rows of Q are one or two runs of Q
+    # row i: [stride i, stride (i+1))
+    p_rows = memoryview(np.ascontiguousarray(fields["p"]).view(np.uint8)).cast("B")
+    # a chunk spans at most two rows: its elements' rows of Q are one or two runs of Q
+    if n >= CHUNK_ELEMENTS:
         q_rows = memoryview(np.ascontiguousarray(fields["q"]).view(np.uint8)).cast("B")
 
         def q_part(start: int, stop: int) -> list:

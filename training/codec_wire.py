@@ -1,4 +1,5 @@
-"""The wire format of a compressed pseudo-gradient: bit packing, the exact decoder and strict parsing.
+"""The wire format of a compressed pseudo-gradient and its strict parsing (the bit packing and the exact
+reconstruction are :mod:`training.codec_exact`).
 
 Decode (bit-exact on every IEEE-754 platform: no rounded float reduction, a
 fixed order of elementwise ops):
@@ -7,7 +8,7 @@ fixed order of elementwise ops):
   ``|Xq| <= 32767`` converts exactly).
 * ``lowrank``: ``M = (P_int * w[None, :]) @ Q_int^T``, an integer matrix (the
   decoder bounds ``r * qmax_b**2 * 65535 < 2**53``, so a float64 matrix product
-  computes it exactly in any summation order: :func:`reconstruct_lowrank`),
+  computes it exactly in any summation order: :func:`training.codec_exact.reconstruct_lowrank`),
   then ``out = float32(float64(M) * float64(S))``: the float64 product and the
   float32 rounding are each correctly rounded.
 * ``raw``: the float32 values.
@@ -45,6 +46,14 @@ import msgpack
 import numpy as np
 import torch
 
+from training.codec_exact import (  # qmax, f32_bytes, pack_ints, unpack_ints: importers take them from there
+    f32_tensor,
+    product_bound,
+    qmax,
+    reconstruct_lowrank,
+    reconstruct_quant,
+    unpack_array,
+)
 from training.errors import (
     ContributionCodecRefused,
     ContributionDecodeError,
@@ -54,6 +63,9 @@ from training.errors import (
 )
 
 CODEC_VERSION = 1
+#: What ``msgpack.unpackb`` raises on bytes that are no valid message: its own errors, ValueError for a limit
+#: or a hook's refusal (ContributionDecodeError is one), TypeError for an unhashable map key.
+MSGPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError)
 #: The version whose header declares the inner steps trained (``"ns"``).
 DECLARED_STEPS_VERSION = 2
 #: The most inner steps a contribution may declare (far above any H; a bound for the decoder).
@@ -62,14 +74,8 @@ WEIGHT_BITS = 16  # integer weights of the low-rank columns
 MAX_WEIGHT = (1 << WEIGHT_BITS) - 1
 MAX_RANK = 64  # keeps the int64 decode product below 2**53 for every bit width
 SUPPORTED_BITS = (2, 4, 8, 16)
-_EXACT_FLOAT64_INTEGER = 1 << 53  # every integer of at most this magnitude is a float64
 # A float32 product (or float64 -> float32 rounding) of magnitude below this cannot round to inf.
 _FINITE_BOUND = 2.0**127
-
-
-def qmax(bits: int) -> int:
-    """Largest magnitude of a symmetric ``bits``-bit quantized value."""
-    return (1 << (bits - 1)) - 1
 
 
 def matrix_view_shape(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -81,151 +87,6 @@ def matrix_view_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     return shape[0], math.prod(shape[1:])
 
 
-# ----------------------------------------------------------------------------- bit packing
-
-
-def pack_ints(values: torch.Tensor, bits: int) -> bytes:
-    """Pack signed ints in ``[-qmax, qmax]`` as ``bits``-bit offsets, little-endian.
-
-    ``values`` are int64 or integer-valued floats. Below 16 bits the offsets
-    ``u = q + qmax`` (< 256) are formed in the input dtype (exact for these
-    integers) and converted once to bytes; sub-byte fields are then combined
-    ``per_byte`` at a time on uint8 columns (field j shifted by ``bits * j``):
-    the same bytes as one shift and OR per field on int64 (tests keep that
-    reference).
-    """
-    flat = values.reshape(-1)
-    if bits == 16:
-        return (flat.to(torch.int64) + qmax(bits)).numpy().astype("<u2").tobytes()
-    offset = torch.add(flat, qmax(bits)).to(torch.uint8).numpy()
-    if bits == 8:
-        return offset.tobytes()
-    per_byte = 8 // bits
-    pad = (-offset.size) % per_byte
-    if pad:
-        offset = np.concatenate([offset, np.zeros(pad, dtype=np.uint8)])
-    fields = offset.reshape(-1, per_byte)
-    packed = fields[:, 0].copy()
-    for j in range(1, per_byte):
-        packed |= fields[:, j] << np.uint8(bits * j)
-    return packed.tobytes()
-
-
-def unpack_ints(data: bytes, bits: int, count: int, where: str) -> torch.Tensor:
-    """Inverse of :func:`pack_ints`; strict about length, padding and range."""
-    return torch.from_numpy(_unpack(data, bits, count, where, np.int64))
-
-
-def _signed_tables(bits: int) -> dict:
-    """Byte -> its ``8 // bits`` signed values (``u - qmax``), per dtype; built once per bit width."""
-    per_byte = 8 // bits
-    fields = (np.arange(256)[:, None] >> (bits * np.arange(per_byte))[None, :]) & ((1 << bits) - 1)
-    signed = fields - qmax(bits)  # integer arithmetic, then exact conversion (no -0.0)
-    return {dtype: signed.astype(dtype) for dtype in (np.int64, np.float32, np.float64)}
-
-
-_TABLES = {bits: _signed_tables(bits) for bits in (2, 4, 8)}
-
-
-def _unpack(data: bytes, bits: int, count: int, where: str, dtype) -> np.ndarray:
-    """:func:`unpack_ints` as a numpy array of ``dtype`` (int64, or the exact float32 / float64 values).
-
-    Sub-word widths go through a byte -> values table (one gather instead of a
-    shift and a mask per field). The checks and their order are unchanged:
-    length, then padding bits, then the range (``u = 2**bits - 1`` is the one
-    unsigned value outside the symmetric range).
-    """
-    expected = (count * bits + 7) // 8
-    if len(data) != expected:
-        raise ContributionDecodeError(f"{where}: {len(data)} payload bytes, expected {expected}")
-    limit = qmax(bits)
-    if bits == 16:
-        unsigned = np.frombuffer(data, dtype="<u2")
-        if unsigned.size and int(unsigned.max()) > 2 * limit:
-            raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
-        array = unsigned.astype(dtype)
-        array -= limit
-        return array
-    raw = np.frombuffer(data, dtype=np.uint8)
-    per_byte = 8 // bits
-    used = count % per_byte  # fields of the last byte that hold values; the rest is padding
-    if used and raw[-1] >> (bits * used):
-        raise ContributionDecodeError(f"{where}: non-zero padding bits")
-    array = _TABLES[bits][dtype][raw].reshape(-1)[:count]
-    if array.size and array.max() > limit:
-        raise ContributionDecodeError(f"{where}: value out of the {bits}-bit symmetric range")
-    return array
-
-
-def f32_bytes(values: torch.Tensor) -> bytes:
-    """``values`` as little-endian float32 bytes (row-major)."""
-    array = values.detach().to(torch.float32).reshape(-1).contiguous().numpy()
-    return array.astype("<f4").tobytes()
-
-
-def _f32_tensor(data: bytes, count: int, where: str, *, nonnegative: bool = False) -> torch.Tensor:
-    if len(data) != 4 * count:
-        raise ContributionDecodeError(f"{where}: {len(data)} bytes of float32, expected {4 * count}")
-    array = np.frombuffer(data, dtype="<f4").astype(np.float32)  # a writable copy
-    if not np.all(np.isfinite(array)):
-        raise ContributionNonFiniteError(f"{where}: non-finite float32 value")
-    if nonnegative and np.any(array < 0):
-        raise ContributionDecodeError(f"{where}: negative scale")
-    return torch.from_numpy(array)
-
-
-# ----------------------------------------------------------------------------- reconstruction
-# These three functions ARE the decoder: the encoder measures its error with
-# them and error feedback subtracts their output, so every party computes the
-# same float32 bits from the same integers.
-
-
-def reconstruct_quant(q_int: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``float32(q_int) * scales[None, :]``; q_int is ``m x n`` int64, scales ``n`` float32."""
-    return torch.mul(q_int.to(torch.float32), scales.reshape(1, -1))
-
-
-def _product_bound(p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor) -> int:
-    """``max|P| * max|w| * max|Q| * rank``: bounds every partial sum of ``(P * w) @ Q^T``."""
-    rank = int(weights.numel())
-    if not (rank and p_int.numel() and q_int.numel()):
-        return 0
-    return int(p_int.abs().max()) * int(weights.abs().max()) * int(q_int.abs().max()) * rank
-
-
-def reconstruct_lowrank(
-    p_int: torch.Tensor, q_int: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor, *, bound: int | None = None
-) -> torch.Tensor:
-    """``float32(float64((P * w) @ Q^T) * float64(S))``: the integer product, computed exactly.
-
-    The product is an integer matrix. It is computed by a float64 matrix
-    product (BLAS, ~10x faster than torch's int64 matmul), which is exact here
-    whatever the summation order, blocking, thread count or use of fused
-    multiply-add: every operand is an integer, and with
-    ``bound = max|P| * max|w| * max|Q| * rank`` every product ``P_ik w_k Q_jk``,
-    every partial sum of them (in any order and grouping) and the result are
-    integers of magnitude at most ``bound``. When ``bound <= 2**53`` each of
-    them is a representable double, so no operation ever rounds and the result
-    is the int64 product converted to float64, bit for bit (after ``+ 0.0``
-    turns a ``-0.0`` into the integer 0's ``+0.0``). The wire decoder
-    guarantees ``bound <= 64 * 32767 * 65535 * 32767 < 2**52`` (rank <= 64,
-    bits <= 16, u16 weights); other inputs take the int64 path. ``bound`` may
-    be passed when the caller computed it. The integers may be given as int64
-    or as integer-valued floats.
-    """
-    if bound is None:
-        bound = _product_bound(p_int, q_int, weights)
-    if bound <= _EXACT_FLOAT64_INTEGER:
-        left = torch.mul(p_int.to(torch.float64), weights.to(torch.float64).reshape(1, -1))  # < 2**31: exact
-        # + 0.0: an all-zero sum of products with a negative factor is -0.0 in float64 but 0 in int64.
-        product = torch.mm(left, q_int.to(torch.float64).t()).add_(0.0)
-    else:
-        p_int, q_int, weights = p_int.to(torch.int64), q_int.to(torch.int64), weights.to(torch.int64)
-        product = torch.matmul(torch.mul(p_int, weights.reshape(1, -1)), q_int.t()).to(torch.float64)
-    return torch.mul(product, scale.to(torch.float64)).to(torch.float32)
-
-
-
 # ----------------------------------------------------------------------------- decoding
 
 
@@ -235,7 +96,9 @@ def _field(entry: dict, key: str, kind: type, where: str):
     value = entry[key]
     # bool is an int subclass; a bool where an int belongs is malformed input.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ContributionDecodeError(f"{where}: field {key!r} is {type(value).__name__}, not {kind.__name__}")
+        raise ContributionDecodeError(
+            f"{where}: field {key!r} is {type(value).__name__}, not {kind.__name__}"
+        )
     return value
 
 
@@ -270,14 +133,16 @@ def _decode_entry(
             # A compressed run's encoder only sends raw for empty tensors (compression.encode_tensor).
             raise ContributionCodecRefused(f"{where}: raw codec in a compressed run")
         _check_keys(entry, {"n", "s", "c", "d"}, where)
-        return _f32_tensor(_field(entry, "d", bytes, where), m * n, where).reshape(shape), False
+        return f32_tensor(_field(entry, "d", bytes, where), m * n, where).reshape(shape), False
     bits = _field(entry, "b", int, where)
     if bits not in SUPPORTED_BITS:
         raise ContributionDecodeError(f"{where}: unsupported bit width {bits}")
     if codec == "quant":
         _check_keys(entry, {"n", "s", "c", "b", "q", "x"}, where)
-        q_int = torch.from_numpy(_unpack(_field(entry, "q", bytes, where), bits, m * n, where, np.float32)).reshape(m, n)
-        scales = _f32_tensor(_field(entry, "x", bytes, where), n, where, nonnegative=True)
+        q_int = torch.from_numpy(
+            unpack_array(_field(entry, "q", bytes, where), bits, m * n, where, np.float32)
+        ).reshape(m, n)
+        scales = f32_tensor(_field(entry, "x", bytes, where), n, where, nonnegative=True)
         # |float32(q) * s| <= qmax * max(s), rounded: finite if that is below 2**127.
         bound = qmax(bits) * float(scales.max()) if scales.numel() else 0.0
         return reconstruct_quant(q_int, scales).reshape(shape), not bound < _FINITE_BOUND
@@ -288,16 +153,20 @@ def _decode_entry(
         rank = _field(entry, "r", int, where)
         if not 1 <= rank <= min(m, n, MAX_RANK):
             raise ContributionDecodeError(f"{where}: rank {rank} outside [1, {min(m, n, MAX_RANK)}]")
-        p_int = torch.from_numpy(_unpack(_field(entry, "p", bytes, where), bits, m * rank, where, np.float64))
-        q_int = torch.from_numpy(_unpack(_field(entry, "q", bytes, where), bits, n * rank, where, np.float64))
+        p_int = torch.from_numpy(
+            unpack_array(_field(entry, "p", bytes, where), bits, m * rank, where, np.float64)
+        )
+        q_int = torch.from_numpy(
+            unpack_array(_field(entry, "q", bytes, where), bits, n * rank, where, np.float64)
+        )
         p_int, q_int = p_int.reshape(m, rank), q_int.reshape(n, rank)
         weight_bytes = _field(entry, "w", bytes, where)
         if len(weight_bytes) != 2 * rank:
             raise ContributionDecodeError(f"{where}: {len(weight_bytes)} weight bytes, expected {2 * rank}")
         weights = torch.from_numpy(np.frombuffer(weight_bytes, dtype="<u2").astype(np.int64))
-        scale = _f32_tensor(_field(entry, "x", bytes, where), 1, where, nonnegative=True).reshape(())
+        scale = f32_tensor(_field(entry, "x", bytes, where), 1, where, nonnegative=True).reshape(())
         # |float64(M) * S| <= max|P| * max|w| * max|Q| * rank * S, rounded twice: finite below 2**127.
-        bound = _product_bound(p_int, q_int, weights)
+        bound = product_bound(p_int, q_int, weights)
         value = reconstruct_lowrank(p_int, q_int, weights, scale, bound=bound).reshape(shape)
         return value, not bound * float(scale) < _FINITE_BOUND
     raise ContributionDecodeError(f"{where}: unknown codec {codec!r}")
@@ -305,7 +174,9 @@ def _decode_entry(
 
 def pack_contribution(stage_index: int, outer_round: int, entries: list[dict]) -> bytes:
     """The wire bytes of a contribution: its header and the encoded tensors, in the given (name) order."""
-    return msgpack.packb({"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True)
+    return msgpack.packb(
+        {"v": CODEC_VERSION, "st": stage_index, "rd": outer_round, "t": entries}, use_bin_type=True
+    )
 
 
 def check_declared_steps(steps: object) -> int:
@@ -335,9 +206,13 @@ def header_steps(data: bytes) -> int | None:
     well-formed declaration (never raises: the strict check is :func:`decode_declared`'s)."""
     try:
         message = msgpack.unpackb(bytes(data), raw=False, max_bin_len=len(data), max_map_len=16)
-        steps = message.get("ns") if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION else None
+        steps = (
+            message.get("ns")
+            if isinstance(message, dict) and message.get("v") == DECLARED_STEPS_VERSION
+            else None
+        )
         return check_declared_steps(steps) if steps is not None else None
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+    except MSGPACK_ERRORS:
         return None
 
 
@@ -403,8 +278,10 @@ def decode_declared(
             max_bin_len=limit, max_str_len=4096, max_array_len=max(len(expected_shapes), 64) + 8,
             max_map_len=16, max_ext_len=0, object_hook=bounded, list_hook=bounded,
         )
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ContributionDecodeError(f"contribution is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    except MSGPACK_ERRORS as exc:
+        raise ContributionDecodeError(
+            f"contribution is not valid msgpack: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(message, dict):
         raise ContributionDecodeError("contribution is not a msgpack map")
     version = _field(message, "v", int, "contribution")

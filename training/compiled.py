@@ -1,7 +1,8 @@
-"""Compiled inner steps (``training.compile``, issue 42): torch.compile's inductor on the trainer's stage modules.
+"""Compiled inner steps (``training.compile``, issue 42): torch.compile's inductor on the trainer's stage
+modules.
 
-A compiled replica's arithmetic is not eager's bit for bit (inductor fuses operations and reorders reductions),
-so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
+A compiled replica's arithmetic is not eager's bit for bit (inductor fuses operations and reorders
+reductions), so compiling is part of the platform: the fingerprint's ``compiled`` field names the compiler
 (:func:`compiler_identity`), a compiled member declares another platform than an eager one, and a rerun of its
 inner steps is bit-exact only when it runs compiled too, with the same compiler (docs/DILOCOX.md section 11,
 "Compiled inner steps"). This module only says whether and how this machine compiles; training.fingerprint
@@ -43,11 +44,14 @@ def _triton() -> str:
 
 
 def compile_problem(device_type: str) -> str | None:
-    """Why torch.compile cannot compile the inner steps on a ``device_type`` ("cpu", "cuda") device here, or None."""
+    """Why torch.compile cannot compile the inner steps on a ``device_type`` ("cpu", "cuda") device here, or
+    None."""
     if device_type == "cpu":
         if not _cpp_compiler():
-            return ("training.compile = true: inductor found no working C++ compiler for CPU kernels; install "
-                    "g++ (or set CXX) or set training.compile = false")
+            return (
+                "training.compile = true: inductor found no working C++ compiler for CPU kernels; install "
+                "g++ (or set CXX) or set training.compile = false"
+            )
         return None
     if not _triton():
         return ("training.compile = true: inductor needs Triton for CUDA kernels; install it or set "
@@ -56,10 +60,10 @@ def compile_problem(device_type: str) -> str | None:
 
 
 def compiler_identity(device_type: str) -> str:
-    """What decides a compiled replica's kernels besides the rest of its fingerprint: ``inductor;cc=g++-12.2.0`` on
-    a CPU (inductor writes C++ that this compiler builds: another version may vectorise otherwise), and
-    ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Raises TrainingConfigError where
-    this machine cannot compile (:func:`compile_problem`)."""
+    """What decides a compiled replica's kernels besides the rest of its fingerprint:
+    ``inductor;cc=g++-12.2.0`` on a CPU (inductor writes C++ that this compiler builds: another version may
+    vectorise otherwise), and ``inductor;triton=triton-3.5.0`` on a GPU (Triton generates the kernels). Raises
+    TrainingConfigError where this machine cannot compile (:func:`compile_problem`)."""
     problem = compile_problem(device_type)
     if problem is not None:
         raise TrainingConfigError(problem)
@@ -68,7 +72,8 @@ def compiler_identity(device_type: str) -> str:
 
 
 def compiler_ok(value) -> bool:
-    """Whether ``value`` is a fingerprint's ``compiled`` field :func:`compiler_identity` could have written."""
+    """Whether ``value`` is a fingerprint's ``compiled`` field :func:`compiler_identity` could have written.
+    """
     return isinstance(value, str) and value.startswith(f"{INDUCTOR};") and len(value) <= 200 and \
         all("!" <= c <= "~" for c in value)
 
@@ -88,10 +93,10 @@ def set_compile_deterministic() -> None:
 
 
 def forget_compiled() -> None:
-    """Drop every graph this process compiled (``torch._dynamo.reset``). Inductor bakes the intra-op thread count
-    into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count must not
-    reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's on-disk
-    cache keys on the thread count, so compiling again is mostly a cache read."""
+    """Drop every graph this process compiled (``torch._dynamo.reset``). Inductor bakes the intra-op thread
+    count into its CPU kernels and dynamo does not guard on it, so a rerun under the claimant's thread count
+    must not reuse a graph compiled under another (nor may training reuse the rerun's afterwards); inductor's
+    on-disk cache keys on the thread count, so compiling again is mostly a cache read."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -47,14 +47,21 @@ __all__ = [
 def encode_contribution(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, *, stage_index: int, outer_round: int
 ) -> Encoded:
-    """Encode a stage's pseudo-gradient to ``cfg.error_budget``: ``(bytes, decoded tensors, stats)`` (no error feedback)."""
+    """Encode a stage's pseudo-gradient to ``cfg.error_budget``: ``(bytes, decoded tensors, stats)`` (no error
+    feedback)."""
     return encoder_for(cfg).encode_to_error_budget(tensors, stage_index=stage_index, outer_round=outer_round)
 
 
 def encode_within_bandwidth(
-    tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, *, stage_index: int, outer_round: int
+    tensors: Mapping[str, torch.Tensor],
+    cfg: CompressionConfig,
+    budget: int,
+    *,
+    stage_index: int,
+    outer_round: int,
 ) -> Encoded:
-    """Encode a stage's pseudo-gradient in at most ``budget`` bytes where possible: ``(bytes, decoded, stats)``.
+    """Encode a stage's pseudo-gradient in at most ``budget`` bytes where possible: ``(bytes, decoded,
+    stats)``.
 
     Same wire format and exact decode as :func:`encode_contribution`; only the
     choice of coding per tensor differs (:mod:`training.codec.allocation`).
@@ -68,7 +75,8 @@ def encode_with_memo(
     tensors: Mapping[str, torch.Tensor], cfg: CompressionConfig, budget: int, memo: EncoderMemo | None, *,
     stage_index: int, outer_round: int,
 ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, EncoderMemo]:
-    """A round of an encoder with a memo ("v3", "v4") under a byte budget: ``(bytes, decoded, stats, next memo)``.
+    """A round of an encoder with a memo ("v3", "v4") under a byte budget: ``(bytes, decoded, stats, next
+    memo)``.
 
     :mod:`training.codec.reselect`; an encoder that keeps no memo is refused.
     """
@@ -87,7 +95,11 @@ class ErrorFeedbackCompressor:
     """
 
     def __init__(
-        self, shapes: Mapping[str, tuple[int, ...]], cfg: CompressionConfig, *, bandwidth_budget: int | None = None
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        cfg: CompressionConfig,
+        *,
+        bandwidth_budget: int | None = None,
     ) -> None:
         self.cfg = cfg
         # Bytes per contribution (0: code to cfg.error_budget). The stage engine resolves
@@ -100,11 +112,13 @@ class ErrorFeedbackCompressor:
         self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
         self.last_decoded: dict[str, torch.Tensor] = {}
         self._carry = False  # the residual holds an undelivered update (matters when feedback is off)
-        # Under a byte budget, what the encoder carries between rounds ("v3", "v4": training.codec.memo.EncoderMemo).
+        # Under a byte budget, what the encoder carries between rounds ("v3", "v4":
+        # training.codec.memo.EncoderMemo).
         self.encoder_memo: EncoderMemo | None = None
 
     def declare(self, blob: bytes, steps: int) -> bytes:
-        """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded run)."""
+        """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded
+        run)."""
         return declare_steps(blob, steps)
 
     def compress(
@@ -121,7 +135,11 @@ class ErrorFeedbackCompressor:
         encoder = encoder_for(self.cfg)
         if self.cfg.enabled and self.bandwidth_budget > 0:
             blob, decoded, stats, self.encoder_memo = encoder.encode_round(
-                target, self.bandwidth_budget, self.encoder_memo, stage_index=stage_index, outer_round=outer_round,
+                target,
+                self.bandwidth_budget,
+                self.encoder_memo,
+                stage_index=stage_index,
+                outer_round=outer_round,
             )
         else:
             blob, decoded, stats = encoder.encode_to_error_budget(
@@ -131,7 +149,9 @@ class ErrorFeedbackCompressor:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
         elif self._carry:
-            self.residual = {name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()}
+            self.residual = {
+                name: torch.zeros(shape, dtype=torch.float32) for name, shape in self.shapes.items()
+            }
         self._carry = False
         self.last_decoded = decoded  # what every receiver will decode from ``blob``
         return blob, stats
@@ -149,7 +169,9 @@ class ErrorFeedbackCompressor:
             raise ContributionEncodeError("undelivered update names differ from the stage's tensors")
         for name, value in sent.items():
             if tuple(value.shape) != self.shapes[name]:
-                raise ContributionEncodeError(f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
+                raise ContributionEncodeError(
+                    f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
+                )
             self.residual[name] = torch.add(self.residual[name], value.to(torch.float32))
         self._carry = True
 
@@ -163,7 +185,8 @@ class ErrorFeedbackCompressor:
         return {name: value.clone() if copy else value for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:
-        """The encoder's memo as tensors (:meth:`~training.codec.memo.EncoderMemo.to_tensors`), None without one."""
+        """The encoder's memo as tensors (:meth:`~training.codec.memo.EncoderMemo.to_tensors`), None without
+        one."""
         return None if self.encoder_memo is None else self.encoder_memo.to_tensors()
 
     def load_encoder_state(self, state: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
@@ -181,6 +204,8 @@ class ErrorFeedbackCompressor:
             raise EngineStateError("error-feedback state names differ from the stage's tensors")
         for name, value in state.items():
             if tuple(value.shape) != self.shapes[name]:
-                raise EngineStateError(f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}")
+                raise EngineStateError(
+                    f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
+                )
         self.residual = {name: value.detach().to(torch.float32).clone() for name, value in state.items()}
         self._carry = any(bool(torch.any(value)) for value in self.residual.values())

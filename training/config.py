@@ -2,161 +2,69 @@
 
 Plain dataclasses with no torch import, validated in ``__post_init__`` with
 messages that name the TOML field and say how to fix it. The shared checks and enums are in
-training/config_base.py and the model's section in training/model_config.py; both are re-exported here.
+training/config_base.py, the model's section in training/model_config.py and the [training] section in
+training/config_training.py; all are re-exported here.
 The codec's section is in training/config_compression.py (not re-exported: import it from there).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from training.config_base import (  # re-exported: training.config is these settings' address
-    AUTO, DEFAULT_ENCODER, DEFAULT_RANDOM, LEGACY_ENCODER, LEGACY_RANDOM, PRECISIONS, EncoderVersion, RandomSource,
-    _float_or_auto, _int_or_auto, _require, check_device_spec, check_precision,
+    AUTO,
+    DEFAULT_ENCODER,
+    DEFAULT_MIN_SLICE_NUMEL,
+    DEFAULT_RANDOM,
+    DELAY_CORRECTIONS,
+    EXCHANGES,
+    LEGACY_ENCODER,
+    LEGACY_RANDOM,
+    MAX_MIN_SLICE_NUMEL,
+    OUTER_ADAM_ONLY,
+    OUTER_DECAYS,
+    OUTER_NESTEROV_ONLY,
+    OUTER_OPTIMIZERS,
+    OUTER_STATE_TENSORS,
+    PRECISIONS,
+    SCREEN_RULES,
+    SLICED_FROM_REPLICAS,
+    EncoderVersion,
+    RandomSource,
+    _float_or_auto,
+    _int_or_auto,
+    _require,
+    check_device_spec,
+    check_precision,
+)
+from training.config_training import (
+    DEFAULT_OPTIMIZER,
+    INNER_OPTIMIZERS,
+    LEGACY_OPTIMIZER,
+    MUON_ONLY,
+    NODE_ONLY_TRAINING,
+    TrainingConfig,
 )
 from training.errors import TrainingConfigError
 from training.model_config import (
-    BYTES_TOKENIZER, DEFAULT_ROPE_THETA, FAMILIES, LLAMA_ONLY, MODEL_PRESETS, ModelConfig, preset_family,
+    BYTES_TOKENIZER,
+    DEFAULT_ROPE_THETA,
+    FAMILIES,
+    LLAMA_ONLY,
+    MODEL_PRESETS,
+    ModelConfig,
+    preset_family,
 )
 
-
 __all__ = [
-    "AUTO", "DEFAULT_ENCODER", "DEFAULT_RANDOM", "LEGACY_ENCODER", "LEGACY_RANDOM", "PRECISIONS", "EncoderVersion",
-    "RandomSource", "check_device_spec", "check_precision", "BYTES_TOKENIZER", "DEFAULT_ROPE_THETA", "FAMILIES",
-    "LLAMA_ONLY", "MODEL_PRESETS", "ModelConfig", "preset_family", "INNER_OPTIMIZERS", "DEFAULT_OPTIMIZER",
-    "LEGACY_OPTIMIZER", "TrainingConfig", "MUON_ONLY", "NODE_ONLY_TRAINING", "DELAY_CORRECTIONS", "OUTER_DECAYS",
-    "EXCHANGES", "SLICED_FROM_REPLICAS", "DEFAULT_MIN_SLICE_NUMEL", "MAX_MIN_SLICE_NUMEL",
-    "DilocoConfig", "PipelineConfig",
+    "AUTO", "BYTES_TOKENIZER", "DEFAULT_ENCODER", "DEFAULT_MIN_SLICE_NUMEL",
+    "DEFAULT_OPTIMIZER", "DEFAULT_RANDOM", "DEFAULT_ROPE_THETA", "DELAY_CORRECTIONS", "EXCHANGES", "FAMILIES",
+    "INNER_OPTIMIZERS", "LEGACY_ENCODER", "LEGACY_OPTIMIZER", "LEGACY_RANDOM", "LLAMA_ONLY",
+    "MAX_MIN_SLICE_NUMEL", "MODEL_PRESETS", "MUON_ONLY", "NODE_ONLY_TRAINING", "OUTER_ADAM_ONLY",
+    "OUTER_DECAYS", "OUTER_NESTEROV_ONLY", "OUTER_OPTIMIZERS", "OUTER_STATE_TENSORS", "PRECISIONS",
+    "SCREEN_RULES", "SLICED_FROM_REPLICAS", "DilocoConfig", "EncoderVersion", "ModelConfig", "PipelineConfig",
+    "RandomSource", "TrainingConfig", "check_device_spec", "check_precision", "preset_family",
 ]
-
-#: training.optimizer's values (training/muon.py).
-INNER_OPTIMIZERS = ("adamw", "muon")
-#: The inner optimizer of a configuration that names none, and of a run document that names none (made before the
-#: setting, or an AdamW run). AdamW: Muon won at llama-xs and llama-s but lost at the demo's GPT-2 `mini`
-#: (docs/DILOCOX.md section 14), so it does not win at every size measured, the condition for a new default.
-DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
-
-
-@dataclass
-class TrainingConfig:
-    """Local (inner) training of one replica."""
-
-    data_path: str = ""  # empty: a small corpus the project generates itself
-    seed: int = 0
-    batch_size: int = 8
-    inner_lr: float = 3e-3
-    weight_decay: float = 0.1  # on matrices only (nanoGPT; bench/results/diloco_ablations.json)
-    beta1: float = 0.9
-    beta2: float = 0.99  # 0.95 -> 0.99: held-out 2.023 -> 1.767 at 1.536 M tokens (docs/DILOCOX.md section 9)
-    grad_clip: float = 1.0
-    # Inner learning-rate schedule across the whole run (training/schedule.py): linear warmup,
-    # then cosine decay to inner_lr * min_lr_ratio over lr_decay_steps inner steps (0: the
-    # run's total, rounds * H, when the caller knows it). "constant" keeps inner_lr.
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    lr_decay_steps: int = 0
-    eval_fraction: float = 0.1  # tail of the corpus held out for evaluation
-    eval_batches: int = 4
-    # Where and in which precision this node's inner steps run (training/platform.py, docs/GPU.md):
-    # node settings, not run settings (NODE_ONLY_TRAINING: not in the run document, so members of
-    # one run may train on different hardware). "auto": the first CUDA GPU if there is one, else
-    # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
-    device: str = "auto"
-    precision: str = "fp32"
-    # Run the inner steps through torch.compile (training/compiled.py; a node setting too). Off by default: a
-    # compiled replica is another platform (its bits are not eager's), judged bit-exactly only by verifiers
-    # that compile with the same compiler, and the first step waits for the compilation (docs/DILOCOX.md
-    # section 11, "Compiled inner steps").
-    compile: bool = False
-    # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
-    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for embeddings,
-    # head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the inner lr for the
-    # Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). A configuration that names none
-    # gets DEFAULT_OPTIMIZER; a run document that names none, LEGACY_OPTIMIZER (node.runconfig.node_config_from_run):
-    # with "adamw" none of them is in the run document, which is then what it was before the setting existed.
-    optimizer: str = DEFAULT_OPTIMIZER
-    muon_momentum: float = 0.95
-    muon_lr_scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
-        _require(self.inner_lr > 0, f"training.inner_lr={self.inner_lr}: must be > 0")
-        _require(self.weight_decay >= 0, f"training.weight_decay={self.weight_decay}: must be >= 0")
-        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "training.beta1/beta2: must be in [0, 1)")
-        _require(self.grad_clip >= 0, f"training.grad_clip={self.grad_clip}: must be >= 0 (0 = off)")
-        _require(
-            self.lr_schedule in ("cosine", "constant"),
-            f"training.lr_schedule={self.lr_schedule!r}: must be 'cosine' or 'constant'",
-        )
-        _require(self.warmup_steps >= 0, f"training.warmup_steps={self.warmup_steps}: must be >= 0")
-        _require(0 <= self.min_lr_ratio <= 1, f"training.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
-        _require(self.lr_decay_steps >= 0, f"training.lr_decay_steps={self.lr_decay_steps}: must be >= 0 (0 = run length)")
-        _require(
-            0.0 < self.eval_fraction < 0.5,
-            f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
-        )
-        _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
-        self.device = check_device_spec(self.device)
-        check_precision(self.precision)
-        _require(isinstance(self.compile, bool), f"training.compile={self.compile!r}: must be true or false")
-        _require(self.optimizer in INNER_OPTIMIZERS,
-                 f"training.optimizer={self.optimizer!r}: must be one of {list(INNER_OPTIMIZERS)}")
-        _require(0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)")
-        _require(0 < self.muon_lr_scale < float("inf"),
-                 f"training.muon_lr_scale={self.muon_lr_scale}: must be a finite factor > 0")
-        if self.optimizer != "muon":
-            for name, neutral in MUON_ONLY.items():
-                _require(getattr(self, name) == neutral, f"training.{name}={getattr(self, name)} is a setting of "
-                                                          "training.optimizer = \"muon\": remove it or set the optimizer")
-
-    def document(self) -> dict:
-        """The settings every replica of a run shares (the run document's [training] table): all but
-        :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is what it
-        was before ``training.optimizer`` existed, so its hash is unchanged)."""
-        out = dataclasses.asdict(self)
-        for name in NODE_ONLY_TRAINING:
-            del out[name]
-        if self.optimizer == "adamw":
-            for name in ("optimizer", *MUON_ONLY):
-                del out[name]
-        return out
-
-
-#: Settings only Muon has, at the values an AdamW run holds (and its run document omits).
-MUON_ONLY = {"muon_momentum": 0.95, "muon_lr_scale": 1.0}
-
-
-#: [training] settings each node chooses for itself; the run document (and its hash) leaves them out.
-NODE_ONLY_TRAINING = ("device", "precision", "compile")
-
-
-DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
-#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov", SGD with
-#: (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's elementwise Adam without
-#: bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two moments per weight.
-OUTER_OPTIMIZERS = ("nesterov", "adam")
-#: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
-OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
-#: Settings only the Nesterov step reads, at their defaults: an outer-Adam run must leave them there (it would
-#: otherwise look tuned by a setting it ignores).
-OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
-OUTER_DECAYS = ("constant", "linear", "cosine")
-EXCHANGES = ("full", "sliced")
-#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of each
-#: contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also applied against
-#: itself: a contribution must descend (its slope), and its length cost no more than four times the median one's
-#: (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope judged per window of the
-#: screening batch: a contribution's slope may fall short of the least slope by two standard errors of its
-#: measurement (docs/DILOCOX.md section 13, "Version 3").
-SCREEN_RULES = ("one_sided", "two_sided", "paired")
-#: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
-#: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
-SLICED_FROM_REPLICAS = 8
-#: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
-DEFAULT_MIN_SLICE_NUMEL = 1024
-MAX_MIN_SLICE_NUMEL = 1 << 30
 
 
 @dataclass
@@ -168,15 +76,16 @@ class DilocoConfig:
     outer_momentum: float = 0.5  # DiLoCo used 0.9, too slow for tens of rounds
     nesterov: bool = True
     # The outer lr of every tensor that is not a hidden weight matrix (embeddings, head, norms, biases) is
-    # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step, docs/DILOCOX.md
-    # section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes unchanged).
+    # outer_lr times this (a decoupled outer lr per parameter group; training/diloco.py outer_step,
+    # docs/DILOCOX.md section 14). 1.0: one outer lr, and the setting is not in the run document (older hashes
+    # unchanged).
     outer_lr_other_scale: float = 1.0
     # The outer optimizer (OUTER_OPTIMIZERS; training/diloco.py outer_step). "adam": per element
     # m = b1*m + (1-b1)*Delta, v = b2*v + (1-b2)*Delta^2, theta -= lr * m / (sqrt(v) + eps) (FedAdam, no bias
     # correction), its lr outer_lr (and the schedule's); its state, both moments, is the run's outer momentum
     # tensor stacked on a leading axis of 2. Not fraud-provable on chain (the contract recomputes Nesterov):
-    # an outer-Adam run commits "hashed". "nesterov" and the outer_adam_* settings are in the run document only
-    # when the optimizer is "adam" (every older hash unchanged).
+    # an outer-Adam run commits "hashed". "nesterov" and the outer_adam_* settings are in the run document
+    # only when the optimizer is "adam" (every older hash unchanged).
     outer_optimizer: str = "nesterov"
     outer_adam_beta1: float = 0.9
     outer_adam_beta2: float = 0.99
@@ -234,24 +143,24 @@ class DilocoConfig:
     # else "full"; the run document names what it resolved to, never "auto".
     exchange: str = "full"
     # The sliced exchange's smallest slice, in elements: a stage is cut into
-    # A = min(num_replicas, elements // min_slice_numel) slices (training.butterfly.live_plan). A
+    # A = min(num_replicas, elements // min_slice_numel) slices (training.slice_plan.live_plan). A
     # run setting (every node and the auditor derive the same plan), in the run document only
     # when "sliced". Small slices code worse (docs/DILOCOX.md section 12, "Minimum slice"); a
     # larger minimum also caps A, so only A of the R holders aggregate a slice each round.
     min_slice_numel: int = 1024
     # Rounds bounded by time as well as steps (issue 44, docs/DILOCOX.md section 13): with
     # round_budget_s > 0 each replica trains as many inner steps of a round as fit in that many
-    # seconds of wall time (the node's: less its waits for peers, node/live/state/roundclock.py), at least min_inner_steps and at most inner_steps (H, then the maximum
-    # and the slot width of the lr schedule), and its contribution declares the count; the
-    # aggregation weights every inner step equally. 0 (the default) = fixed H: both settings are
-    # then absent from the run document, whose hash stays what it was.
+    # seconds of wall time (the node's: less its waits for peers, node/live/state/roundclock.py), at least
+    # min_inner_steps and at most inner_steps (H, then the maximum and the slot width of the lr schedule), and
+    # its contribution declares the count; the aggregation weights every inner step equally. 0 (the default) =
+    # fixed H: both settings are then absent from the run document, whose hash stays what it was.
     round_budget_s: float = 0.0
     min_inner_steps: int = 0  # with a budget: 0 means 1
-    # How the run's records commit the stages' states: the name of a commitment scheme (node/commitments/, which
-    # validates it; docs/FRAUD_PROOF.md, "Where the scheme lives"). "auto" resolves to "normed" (version 3: a
-    # wrong aggregation or clip scale is provable on chain; norm_clip = 0 too) wherever the contract's outer step
-    # is this run's (contract_outer_step), else "hashed". The document names what "auto" gave: a "chunked" run
-    # stays chunked, a document without it stays hashed.
+    # How the run's records commit the stages' states: the name of a commitment scheme (node/commitments/,
+    # which validates it; docs/FRAUD_PROOF.md, "Where the scheme lives"). "auto" resolves to "normed" (version
+    # 3: a wrong aggregation or clip scale is provable on chain; norm_clip = 0 too) wherever the contract's
+    # outer step is this run's (contract_outer_step), else "hashed". The document names what "auto" gave: a
+    # "chunked" run stays chunked, a document without it stays hashed.
     commitments: str = AUTO
 
     def __post_init__(self) -> None:
@@ -263,16 +172,20 @@ class DilocoConfig:
             f"diloco.outer_momentum={self.outer_momentum}: must be in [0, 1)",
         )
         _require(
-            isinstance(self.outer_lr_other_scale, (int, float)) and not isinstance(self.outer_lr_other_scale, bool)
+            isinstance(self.outer_lr_other_scale, (int, float))
+            and not isinstance(self.outer_lr_other_scale, bool)
             and 0 < self.outer_lr_other_scale < float("inf"),
-            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 (1.0: one outer lr)",
+            f"diloco.outer_lr_other_scale={self.outer_lr_other_scale!r}: must be a finite factor > 0 "
+            "(1.0: one outer lr)",
         )
-        _require(self.outer_warmup_rounds >= 0, f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
+        _require(self.outer_warmup_rounds >= 0,
+                 f"diloco.outer_warmup_rounds={self.outer_warmup_rounds}: must be >= 0")
         _require(
             self.outer_decay in OUTER_DECAYS,
             f"diloco.outer_decay={self.outer_decay!r}: must be one of {', '.join(OUTER_DECAYS)}",
         )
-        _require(self.outer_decay_rounds >= 0, f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must be >= 0")
+        _require(self.outer_decay_rounds >= 0,
+                 f"diloco.outer_decay_rounds={self.outer_decay_rounds}: must be >= 0")
         _require(
             self.outer_decay == "constant" or self.outer_decay_rounds > self.outer_warmup_rounds,
             f"diloco.outer_decay={self.outer_decay!r} needs diloco.outer_decay_rounds (the run's rounds, "
@@ -285,14 +198,15 @@ class DilocoConfig:
         self.outer_final_momentum = _float_or_auto(self.outer_final_momentum, "diloco.outer_final_momentum")
         _require(
             self.outer_final_momentum == AUTO or 0 <= self.outer_final_momentum < 1,
-            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" (no decay)",
+            f"diloco.outer_final_momentum={self.outer_final_momentum}: must be in [0, 1) or \"auto\" "
+            "(no decay)",
         )
         _require(self.num_replicas >= 1, f"diloco.num_replicas={self.num_replicas}: must be >= 1")
         if self.overlap_steps != AUTO:
             _require(
                 0 <= self.overlap_steps < self.inner_steps,
-                f"diloco.overlap_steps={self.overlap_steps}: must be in [0, diloco.inner_steps={self.inner_steps}) "
-                "(0 = the whole round) or \"auto\"",
+                f"diloco.overlap_steps={self.overlap_steps}: must be in "
+                f"[0, diloco.inner_steps={self.inner_steps}) (0 = the whole round) or \"auto\"",
             )
             _require(
                 not (self.overlap_steps and self.delay_correction == "reset"),
@@ -300,7 +214,8 @@ class DilocoConfig:
             )
         _require(
             self.delay_correction in DELAY_CORRECTIONS,
-            f"diloco.delay_correction={self.delay_correction!r}: must be one of {', '.join(DELAY_CORRECTIONS)}",
+            f"diloco.delay_correction={self.delay_correction!r}: must be one of "
+            f"{', '.join(DELAY_CORRECTIONS)}",
         )
         _require(
             self.norm_clip == 0 or 1 <= self.norm_clip < float("inf"),
@@ -310,13 +225,21 @@ class DilocoConfig:
         for name in ("screen_rel_tol", "screen_abs_tol"):
             value = getattr(self, name)
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
-        _require(self.screen_batch_size >= 1, f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        _require(self.screen_batch_size >= 1,
+                 f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        self._check_exchange()
+        self._check_outer_optimizer()
+        self._check_round_budget()
+        self._check_commitments()
+        self._check_screen_rule()
+
+    def _check_exchange(self) -> None:
         if self.exchange == AUTO:
             self.exchange = "sliced" if self.num_replicas >= SLICED_FROM_REPLICAS else "full"
         _require(
             self.exchange in EXCHANGES,
-            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" (sliced from "
-            f"{SLICED_FROM_REPLICAS} replicas)",
+            f"diloco.exchange={self.exchange!r}: must be one of {', '.join(EXCHANGES)} or \"auto\" "
+            f"(sliced from {SLICED_FROM_REPLICAS} replicas)",
         )
         _require(
             type(self.min_slice_numel) is int and 1 <= self.min_slice_numel <= MAX_MIN_SLICE_NUMEL,
@@ -328,46 +251,46 @@ class DilocoConfig:
             f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
         )
-        self._check_outer_optimizer()
-        self._check_round_budget()
-        self._check_commitments()
-        self._check_screen_rule()
 
     def _check_screen_rule(self) -> None:
         if self.screen_rule == AUTO:
             self.screen_rule = "one_sided"
         _require(self.screen_rule in SCREEN_RULES,
-                 f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or \"auto\"")
+                 f"diloco.screen_rule={self.screen_rule!r}: must be one of {', '.join(SCREEN_RULES)} or "
+                 "\"auto\"")
         _require(self.budgeted or self.screen_rule == "one_sided",
                  f"diloco.screen_rule=\"{self.screen_rule}\" needs diloco.round_budget_s > 0 (a fixed-H run "
                  "screens by version 1, its run documents unchanged)")
 
     def _check_outer_optimizer(self) -> None:
         _require(self.outer_optimizer in OUTER_OPTIMIZERS,
-                 f"diloco.outer_optimizer={self.outer_optimizer!r}: must be one of {', '.join(OUTER_OPTIMIZERS)}")
+                 f"diloco.outer_optimizer={self.outer_optimizer!r}: must be one of "
+                 f"{', '.join(OUTER_OPTIMIZERS)}")
         if self.outer_optimizer != "adam":
             for name, neutral in OUTER_ADAM_ONLY.items():
-                _require(getattr(self, name) == neutral, f"diloco.{name}={getattr(self, name)!r} is a setting of "
-                                                          "diloco.outer_optimizer = \"adam\": remove it or set the optimizer")
+                _require(getattr(self, name) == neutral,
+                         f"diloco.{name}={getattr(self, name)!r} is a setting of "
+                         "diloco.outer_optimizer = \"adam\": remove it or set the optimizer")
             return
         for name, neutral in OUTER_NESTEROV_ONLY.items():
             _require(getattr(self, name) == neutral,
                      f"diloco.{name}={getattr(self, name)!r} is a setting of the Nesterov outer step, which "
-                     f"diloco.outer_optimizer = \"adam\" does not take (its first moment decays by diloco.outer_adam_beta1): "
-                     f"remove it")
+                     "diloco.outer_optimizer = \"adam\" does not take (its first moment decays by "
+                     "diloco.outer_adam_beta1): remove it")
         for name in ("outer_adam_beta1", "outer_adam_beta2"):
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1,
                      f"diloco.{name}={value!r}: must be in [0, 1)")
         eps = self.outer_adam_eps
         _require(isinstance(eps, (int, float)) and not isinstance(eps, bool) and 0 < eps < float("inf"),
-                 f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a weight "
-                 "never moved)")
+                 f"diloco.outer_adam_eps={eps!r}: must be a finite number > 0 (0 divides 0 by 0 where a "
+                 "weight never moved)")
 
     @property
     def outer_moments(self) -> int:
-        """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments, stacked)."""
-        return 2 if self.outer_optimizer == "adam" else 1
+        """Tensors of outer state per weight: 1 (the Nesterov momentum) or 2 (outer Adam's two moments,
+        stacked)."""
+        return OUTER_STATE_TENSORS[self.outer_optimizer]
 
     def _check_commitments(self) -> None:
         # Only "auto" is resolved here: which names exist, and what each needs of the outer loop, is the
@@ -402,30 +325,33 @@ class DilocoConfig:
         _require(least <= self.inner_steps, f"diloco.min_inner_steps={least}: must be <= diloco.inner_steps="
                                             f"{self.inner_steps} (the most steps a round may train)")
         _require(least > self.overlap, f"diloco.min_inner_steps={least}: must be > the steps the exchange "
-                                       f"overlaps ({self.overlap}, diloco.overlap_steps), so that every round "
-                                       "trains at least one step after applying the previous one")
+                                       f"overlaps ({self.overlap}, diloco.overlap_steps), so that every "
+                                       "round trains at least one step after applying the previous one")
 
     @property
     def sliced(self) -> bool:
         """Whether the exchange cuts each stage into slices (docs/PROTOCOL.md, "Sliced exchange"): the one
-        place training/ reads the exchange's kind (the node's registry of kinds: node/live/exchange/registry.py)."""
+        place training/ reads the exchange's kind (the node's registry of kinds:
+        node/live/exchange/registry.py)."""
         return self.exchange == "sliced"
 
     @property
     def budgeted(self) -> bool:
-        """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their steps."""
+        """Whether rounds are bounded by time (``round_budget_s > 0``): contributions then declare their
+        steps."""
         return self.round_budget_s > 0
 
     @property
     def steps_range(self) -> tuple[int, int] | None:
-        """``(min_inner_steps, inner_steps)``, the declared counts a time-bounded run accepts; None with fixed H."""
+        """``(min_inner_steps, inner_steps)``, the declared counts a time-bounded run accepts; None with fixed
+        H."""
         return (self.min_inner_steps, self.inner_steps) if self.budgeted else None
 
     def check_declared_steps(self, steps: object) -> int:
         """A contribution's declared inner steps, checked against the run's range, or TrainingConfigError."""
         if type(steps) is not int:
             raise TrainingConfigError(f"declared inner steps {steps!r}: not a whole number")
-        low, high = (self.min_inner_steps, self.inner_steps) if self.budgeted else (self.inner_steps, self.inner_steps)
+        low, high = self.steps_range or (self.inner_steps, self.inner_steps)
         if not low <= steps <= high:
             raise TrainingConfigError(f"declared inner steps {steps}: outside the run's [{low}, {high}]")
         return steps

@@ -19,7 +19,8 @@ AUTO = "auto"
 
 
 class EncoderVersion(StrEnum):
-    """``compression.encoder``: which encoder picks a contribution's bytes (``training/codec/``, one module each).
+    """``compression.encoder``: which encoder picks a contribution's bytes (``training/codec/``, one module
+    each).
 
     Every version writes the same wire format and every decoder reads them all;
     the version is part of the run configuration so that a re-executing
@@ -49,8 +50,8 @@ class RandomSource(StrEnum):
     PHILOX = "philox"
 
 
-#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node init``, ``demo``,
-#: ``create-run``, the launcher, the benches, every ModelConfig built in code).
+#: The random source (model.init, compression.sketch) of a run a configuration names none for (``dlx-node
+#: init``, ``demo``, ``create-run``, the launcher, the benches, every ModelConfig built in code).
 DEFAULT_RANDOM = RandomSource.PHILOX
 #: The source of a run document that names none: runs made before ``model.init`` and ``compression.sketch``
 #: existed.
@@ -110,7 +111,7 @@ def check_device_spec(spec: str, where: str = "training.device") -> str:
     kind, _, index = text.partition(":")
     if kind == "cuda" and index.isdigit() and len(index) <= 3:
         return f"cuda:{int(index)}"
-    raise TrainingConfigError(f"{where}={spec!r}: must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU index)")
+    raise TrainingConfigError(f'{where}={spec!r}: must be "auto", "cpu", "cuda" or "cuda:N" (N a GPU index)')
 
 
 def check_precision(precision: str, where: str = "training.precision") -> str:
@@ -118,3 +119,35 @@ def check_precision(precision: str, where: str = "training.precision") -> str:
     _require(precision in PRECISIONS, f"{where}={precision!r}: must be one of {list(PRECISIONS)} "
                                       "(bf16: bfloat16 autocast, float32 master weights and optimizer state)")
     return precision
+
+
+#: diloco.delay_correction's values (training/delay_correction.py).
+DELAY_CORRECTIONS = ("rebase", "lookahead", "eager", "reset")
+#: The outer optimizer (training/diloco.py outer_step; docs/DILOCOX.md section 14, "Outer Adam"): "nesterov",
+#: SGD with (Nesterov) momentum (DiLoCo's; the contract's fraud proof recomputes it), "adam", FedAdam's
+#: elementwise Adam without bias correction (Reddi et al., arXiv 2003.00295, Algorithm 2), whose state is two
+#: moments per weight.
+OUTER_OPTIMIZERS = ("nesterov", "adam")
+#: Tensors of outer state per weight, by outer optimizer: the Nesterov momentum, or outer Adam's two moments
+#: (stacked on a leading axis).
+OUTER_STATE_TENSORS = {"nesterov": 1, "adam": 2}
+#: Settings only outer Adam has, at the values a Nesterov run holds (and its run document omits).
+OUTER_ADAM_ONLY = {"outer_adam_beta1": 0.9, "outer_adam_beta2": 0.99, "outer_adam_eps": 1e-8}
+#: Settings only the Nesterov step reads, at their defaults: an outer-Adam run must leave them there (it would
+#: otherwise look tuned by a setting it ignores).
+OUTER_NESTEROV_ONLY = {"outer_momentum": 0.5, "nesterov": True, "outer_final_momentum": "auto"}
+OUTER_DECAYS = ("constant", "linear", "cosine")
+EXCHANGES = ("full", "sliced")
+#: Screening's rule (docs/DILOCOX.md sections 10 and 13, "Screening"): "one_sided", version 1, the loss of
+#: each contribution applied alone against the median's; "two_sided", version 2 (time-bounded runs), also
+#: applied against itself: a contribution must descend (its slope), and its length cost no more than four
+#: times the median one's (its curvature); "paired", version 3 (time-bounded runs), version 2 with the slope
+#: judged per window of the screening batch: a contribution's slope may fall short of the least slope by two
+#: standard errors of its measurement (docs/DILOCOX.md section 13, "Version 3").
+SCREEN_RULES = ("one_sided", "two_sided", "paired")
+#: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
+#: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
+SLICED_FROM_REPLICAS = 8
+#: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
+DEFAULT_MIN_SLICE_NUMEL = 1024
+MAX_MIN_SLICE_NUMEL = 1 << 30

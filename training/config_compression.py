@@ -10,10 +10,15 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from training.config_base import (
-    AUTO, DEFAULT_ENCODER, DEFAULT_RANDOM, LEGACY_RANDOM, EncoderVersion, RandomSource, _int_or_auto,
+    AUTO,
+    DEFAULT_ENCODER,
+    DEFAULT_RANDOM,
+    LEGACY_RANDOM,
+    EncoderVersion,
+    RandomSource,
+    _int_or_auto,
     _require,
 )
-
 
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
@@ -67,8 +72,8 @@ class CompressionConfig:
         self.bandwidth_budget = _int_or_auto(self.bandwidth_budget, "compression.bandwidth_budget")
         _require(
             self.bandwidth_budget == AUTO or self.bandwidth_budget >= 0,
-            f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use error_budget) "
-            "or \"auto\"",
+            f"compression.bandwidth_budget={self.bandwidth_budget}: must be >= 0 bytes (0 = use "
+            'error_budget) or "auto"',
         )
         _require(
             1 <= self.target_reduction < float("inf"),
@@ -91,7 +96,8 @@ class CompressionConfig:
         return out
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:
-        """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to error_budget).
+        """Bytes per contribution of a stage of ``stage_numel`` parameters per round (0: code to
+        error_budget).
 
         A number is returned as configured. "auto" sends ``target_reduction``
         times fewer bytes than data-parallel training would for the same H inner

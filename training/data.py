@@ -55,7 +55,8 @@ import torch
 
 from training.config import ModelConfig, TrainingConfig
 from training.errors import DataError
-from training.shards import MANIFEST_NAME, ShardedCorpus, is_dataset, open_dataset
+from training.sharded_corpus import ShardedCorpus, is_dataset, open_dataset
+from training.shards import MANIFEST_NAME
 from training.tokenizer import Tokenizer, check_vocab, encode_bytes, load_tokenizer, tokenizer_reference
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ _U64_MAX = 2**64 - 1
 class Corpus:
     """A corpus in memory split into a training part and a held-out tail.
 
-    Every corpus kind (this one, :class:`training.shards.ShardedCorpus`) answers
+    Every corpus kind (this one, :class:`training.sharded_corpus.ShardedCorpus`) answers
     ``split_tokens(name)`` and ``windows(name, starts, block_size)`` for the
     splits "train" and "eval", and has ``source`` and ``sha256``; the batch
     functions below use nothing else.
@@ -138,7 +139,9 @@ def _read_file(path: str | os.PathLike) -> bytes:
     if not os.path.exists(path):
         raise DataError(f"data file not found: {path}")
     if os.path.isdir(path):
-        raise DataError(f"data path is a directory without a {MANIFEST_NAME} (not a prepared dataset): {path}")
+        raise DataError(
+            f"data path is a directory without a {MANIFEST_NAME} (not a prepared dataset): {path}"
+        )
     try:
         with open(path, "rb") as handle:
             return handle.read()
@@ -257,12 +260,20 @@ def _check_dataset_fits(corpus: ShardedCorpus, tokenizer: Tokenizer, model_cfg: 
             f"{tokenizer_reference(tokenizer)}: set model.tokenizer to the dataset's tokenizer.json"
         )
     if manifest.vocab_size > model_cfg.vocab_size:
-        raise DataError(f"{corpus.source}: ids up to {manifest.vocab_size - 1}, model.vocab_size={model_cfg.vocab_size}:"
-                        f" set model.vocab_size = {manifest.vocab_size}")
+        raise DataError(
+            f"{corpus.source}: ids up to {manifest.vocab_size - 1}, model.vocab_size={model_cfg.vocab_size}:"
+            f" set model.vocab_size = {manifest.vocab_size}"
+        )
 
 
 def window_offsets(
-    run_seed: int, replica: int, round: int, inner_steps: int, batch_size: int, n_start: int, first_step: int = 0
+    run_seed: int,
+    replica: int,
+    round: int,
+    inner_steps: int,
+    batch_size: int,
+    n_start: int,
+    first_step: int = 0,
 ) -> list[list[int]]:
     """Start offsets ``[step][row]`` of the windows of steps ``first_step <= step < inner_steps``, as derived
     in the module docstring (each step's alone: a pure function of the run seed, replica, round and step)."""
@@ -306,7 +317,9 @@ def round_batches(
     ``first_step <= step < inner_steps`` (the same batch of a step whatever the others asked for)."""
     check_corpus(corpus, block_size)
     n_start = corpus.split_tokens("train") - block_size
-    offsets = torch.tensor(window_offsets(run_seed, replica, round, inner_steps, batch_size, n_start, first_step))
+    offsets = torch.tensor(
+        window_offsets(run_seed, replica, round, inner_steps, batch_size, n_start, first_step)
+    )
     xs, ys = corpus.windows("train", offsets, block_size)
     return [(xs[step], ys[step]) for step in range(inner_steps - first_step)]
 

@@ -1,4 +1,5 @@
-"""A member's platform declaration: the 32 bytes ``joinRun(runId, platform)`` puts in ``MemberJoined`` (issue 42).
+"""A member's platform declaration: the 32 bytes ``joinRun(runId, platform)`` puts in ``MemberJoined`` (issue
+42).
 
 A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
 
@@ -6,8 +7,8 @@ A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
   cheater cannot claim, in the round it cheats, a platform its verifiers lack;
 * it tells routing (``node.live.checks.routing``) which verifiers can judge the member's claims bit-exactly: on the
   same platform, or on the same CPU model and torch build under the claimant's instruction set by emulation
-  (:func:`training.fingerprint.capability_to_emulate`). The chain holds 32 bytes, not the fingerprint, so that
-  second job needs a structure the bytes keep (:func:`can_judge`).
+  (:func:`training.claimant_kernels.capability_to_emulate`). The chain holds 32 bytes, not the fingerprint, so
+  that second job needs a structure the bytes keep (:func:`can_judge`).
 
 **Version 2** (:func:`platform_declaration`, what a node declares since routing by emulation)::
 
@@ -15,17 +16,17 @@ A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
     byte  31      (native << 4) | trained
 
 The family is the fingerprint without its ``capability`` where that is an ATen x86 level a CPU of the same
-model can emulate (``DEFAULT``, ``AVX2``, ``AVX512``: codes 1, 2, 3); ``trained`` is the level the member trains
-under (and its contributions claim), ``native`` the highest its CPU has (``native_cpu_capability``: what it can
-rerun a claim under). Any other platform (a GPU, a CPU capability outside the levels) keeps its capability in the
-family and has both codes :data:`EXACT_ONLY` (15): only an equal declaration judges it exactly. Canonical JSON:
-sorted keys, no spaces, ASCII, as version 1.
+model can emulate (``DEFAULT``, ``AVX2``, ``AVX512``: codes 1, 2, 3); ``trained`` is the level the member
+trains under (and its contributions claim), ``native`` the highest its CPU has (``native_cpu_capability``:
+what it can rerun a claim under). Any other platform (a GPU, a CPU capability outside the levels) keeps its
+capability in the family and has both codes :data:`EXACT_ONLY` (15): only an equal declaration judges it
+exactly. Canonical JSON: sorted keys, no spaces, ASCII, as version 1.
 
-**Version 1** (:func:`platform_hash`, declared by nodes before version 2): sha256 of b"dlx-platform/v1\\x00" and
-the whole fingerprint's canonical JSON. Still read: a claim is the declared one if the declaration is either
-form of its fingerprint, and routing treats a version-1 declaration as matching only an equal one (its last
-byte may parse as codes, but its other 31 bytes are then no family any version-2 declaration has). The zero
-hash (:data:`NO_PLATFORM`) declares none.
+**Version 1** (:func:`platform_hash`, declared by nodes before version 2): sha256 of b"dlx-platform/v1\\x00"
+and the whole fingerprint's canonical JSON. Still read: a claim is the declared one if the declaration is
+either form of its fingerprint, and routing treats a version-1 declaration as matching only an equal one (its
+last byte may parse as codes, but its other 31 bytes are then no family any version-2 declaration has). The
+zero hash (:data:`NO_PLATFORM`) declares none.
 
 This module takes a fingerprint as an argument and imports nothing of torch.
 """
@@ -46,7 +47,7 @@ _V1_DOMAIN = b"dlx-platform/v1\x00"
 _V2_DOMAIN = b"dlx-platform/v2\x00"
 
 #: Version-2 codes of the ATen x86 CPU capabilities, in the order a CPU that has one runs every lower one
-#: (training.fingerprint.CPU_CAPABILITY_LEVELS plus one).
+#: (training.claimant_kernels.CPU_CAPABILITY_LEVELS plus one).
 CAPABILITY_CODES = {"DEFAULT": 1, "AVX2": 2, "AVX512": 3}
 #: The code of a platform only an equal declaration judges exactly (a GPU, another CPU capability).
 EXACT_ONLY = 0xF
@@ -73,7 +74,8 @@ def _emulatable(platform: PlatformFingerprint) -> bool:
 
 def family_hash(platform: PlatformFingerprint) -> bytes:
     """The 31 bytes of a version-2 declaration that name what must be equal for a bit-exact rerun besides the
-    instruction set: the fingerprint without ``capability`` where that is an emulatable level, else all of it."""
+    instruction set: the fingerprint without ``capability`` where that is an emulatable level, else all of it.
+    """
     document = platform.document()
     if _emulatable(platform):
         del document["capability"]
@@ -84,8 +86,8 @@ def platform_declaration(platform: PlatformFingerprint, native: str | None = Non
     """The version-2 declaration of a member that trains on ``platform`` (module docstring).
 
     ``native``: the highest ATen capability of the member's CPU
-    (``training.fingerprint.native_cpu_capability``); None or a level below ``platform``'s: ``platform``'s
-    own. Ignored for a platform that is not emulatable.
+    (``training.claimant_kernels.native_cpu_capability``); None or a level below ``platform``'s:
+    ``platform``'s own. Ignored for a platform that is not emulatable.
     """
     family = family_hash(platform)
     if not _emulatable(platform):
@@ -144,7 +146,7 @@ def can_judge(verifier: bytes, claimant: bytes) -> bool:
     """Whether a verifier that declared ``verifier`` reruns, bit-exactly, the claims of a member that declared
     ``claimant``: the same declaration (any version), or two version-2 declarations of one family where the
     claimant's instruction set is one the verifier's CPU has (it reruns under the claimant's kernels:
-    ``training.fingerprint.capability_to_emulate``). A member that declared none is judged by nobody this
+    ``training.claimant_kernels.capability_to_emulate``). A member that declared none is judged by nobody this
     way."""
     if claimant == NO_PLATFORM or len(claimant) != 32:
         return False
@@ -157,14 +159,16 @@ def can_judge(verifier: bytes, claimant: bytes) -> bool:
 
 
 def declared_platform_problem(claimed: PlatformFingerprint | None, declared: bytes | None) -> str | None:
-    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it is.
+    """Why a contribution's claimed platform is not the one its member declared when it joined, or None if it
+    is.
 
     ``declared`` is the member's ``joinRun`` declaration (:func:`platform_declaration` of the fingerprint it
     trains on, or a version-1 :func:`platform_hash`; :data:`NO_PLATFORM` if it declared none), read from the
-    chain's ``MemberJoined`` event of the seat in force; None: no declaration could be read (nothing to hold the
-    claim to). A member that declared none holds no platform any claim could match: a claimant cannot pick, in
-    the round it cheats, a platform its verifiers lack (docs/DILOCOX.md section 11); a member that moves to other
-    hardware leaves and joins again. The native capability a declaration states is no part of the claim.
+    chain's ``MemberJoined`` event of the seat in force; None: no declaration could be read (nothing to hold
+    the claim to). A member that declared none holds no platform any claim could match: a claimant cannot
+    pick, in the round it cheats, a platform its verifiers lack (docs/DILOCOX.md section 11); a member that
+    moves to other hardware leaves and joins again. The native capability a declaration states is no part of
+    the claim.
     """
     if declared is None:
         return None

@@ -42,7 +42,7 @@ local snapshots they need) is :class:`training.stage_engine.StageEngine`.
 Bit-exact aggregation: :func:`aggregate` is a pure function of the previous
 global weights, the momentum, the contribution bytes in canonical order and the
 config; the decoder computes its integer matrix product exactly
-(:func:`training.codec_wire.reconstruct_lowrank`) and the outer step only elementwise IEEE float32
+(:func:`training.codec_exact.reconstruct_lowrank`) and the outer step only elementwise IEEE float32
 operations, so another process (the auditor) gets the same
 :func:`~training.hashing.stage_weights_hash`.
 
@@ -64,25 +64,17 @@ from dataclasses import dataclass
 import torch
 
 from training.config import DilocoConfig
-
 from training.config_compression import CompressionConfig
 from training.errors import AggregationError
 from training.hashing import stage_weights_hash
-from training.muon import is_hidden_matrix
+from training.host_tensors import Weights, float32_scalar, host_float32_copy
+from training.outer_optimizers import outer_optimizer_for
 from training.robust import ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr
 from training.schedule import outer_momentum as scheduled_outer_momentum
 from training.schedule import outer_schedule_is_constant
 
 logger = logging.getLogger(__name__)
-
-Weights = dict[str, torch.Tensor]
-
-
-def float32_scalar(value: float) -> torch.Tensor:
-    """A float32 0-d tensor: makes the precision of every scalar in the outer step explicit."""
-    return torch.tensor(value, dtype=torch.float32)
-
 
 def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weights:
     """``(((c_0 + c_1) + ...) + c_{M-1}) / M`` per tensor, float32, in the given order."""
@@ -105,9 +97,9 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
 
 
 def outer_state_shape(diloco_cfg: DilocoConfig, shape: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the outer state ("momentum") of a weight of ``shape``: the same (Nesterov), or ``(2, *shape)``
-    (outer Adam's first and second moments, stacked)."""
-    return (2, *shape) if diloco_cfg.outer_moments == 2 else tuple(shape)
+    """The shape of the outer state ("momentum") of a weight of ``shape``: the same (Nesterov), or ``(2,
+    *shape)`` (outer Adam's first and second moments, stacked)."""
+    return outer_optimizer_for(diloco_cfg).state_shape(shape)
 
 
 def zero_outer_state(diloco_cfg: DilocoConfig, weights: Mapping[str, torch.Tensor]) -> Weights:
@@ -125,8 +117,9 @@ def outer_step(
 ) -> tuple[Weights, Weights]:
     """The outer step (``diloco.outer_optimizer``): ``(new_weights, new_momentum)``.
 
-    "nesterov" (the default), SGD with (Nesterov) momentum, below; "adam", :func:`outer_adam_step`, whose
-    "momentum" holds both moments stacked (:func:`outer_state_shape`).
+    "nesterov" (the default), SGD with (Nesterov) momentum, below; "adam", outer Adam, whose "momentum"
+    holds both moments stacked (:func:`outer_state_shape`); each kind is a
+    :class:`training.outer_optimizers.OuterOptimizer`.
 
     ``m_t = mu*m + Delta``; ``u = Delta + mu*m_t`` (Nesterov) or ``m_t``;
     ``theta_t = theta - lr*u``; each an unfused float32 elementwise op. ``lr``
@@ -136,62 +129,20 @@ def outer_step(
     """
     if outer_round is None:
         if not outer_schedule_is_constant(diloco_cfg):
-            raise AggregationError("the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round")
+            raise AggregationError(
+                "the outer schedule (diloco.outer_warmup_rounds / outer_decay) needs the outer round"
+            )
         mu, lr64 = float32_scalar(diloco_cfg.outer_momentum), diloco_cfg.outer_lr
     else:
-        mu, lr64 = float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)), scheduled_outer_lr(diloco_cfg, outer_round)
+        mu, lr64 = (
+            float32_scalar(scheduled_outer_momentum(diloco_cfg, outer_round)),
+            scheduled_outer_lr(diloco_cfg, outer_round),
+        )
     # Per-group outer lr (diloco.outer_lr_other_scale): the hidden matrices step with lr, every other tensor
     # (embeddings, head, norms, biases) with lr * scale, the product taken in float64 and rounded once.
     lr, lr_other = float32_scalar(lr64), float32_scalar(lr64 * diloco_cfg.outer_lr_other_scale)
-    if diloco_cfg.outer_optimizer == "adam":
-        return outer_adam_step(global_weights, momentum, pseudo_gradient, diloco_cfg, lr, lr_other)
-    new_weights, new_momentum = {}, {}
-    for name in sorted(global_weights):
-        delta = pseudo_gradient[name]
-        lr_name = lr if is_hidden_matrix(name, delta) else lr_other
-        # The same unfused ops with the same operands in the same order; each result is written
-        # over a temporary this function just made (out=), which saves allocations, not roundings.
-        buffer = torch.mul(momentum[name], mu)
-        torch.add(buffer, delta, out=buffer)
-        if diloco_cfg.nesterov:
-            step = torch.mul(buffer, mu)
-            torch.add(delta, step, out=step)
-            torch.mul(step, lr_name, out=step)
-        else:
-            step = torch.mul(buffer, lr_name)
-        new_weights[name] = torch.sub(global_weights[name], step, out=step)
-        new_momentum[name] = buffer
-    return new_weights, new_momentum
-
-
-def outer_adam_step(global_weights, moments, pseudo_gradient, diloco_cfg: DilocoConfig, lr: torch.Tensor,
-                    lr_other: torch.Tensor) -> tuple[Weights, Weights]:
-    """Outer Adam (module docstring; FedAdam, arXiv 2003.00295): ``(new_weights, new_moments)``, each moment
-    tensor ``[m, v]`` stacked on a leading axis; the lr of each tensor's group already resolved by :func:`outer_step`."""
-    beta1, beta2 = float32_scalar(diloco_cfg.outer_adam_beta1), float32_scalar(diloco_cfg.outer_adam_beta2)
-    one_minus_beta1 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta1)
-    one_minus_beta2 = float32_scalar(1.0 - diloco_cfg.outer_adam_beta2)
-    eps = float32_scalar(diloco_cfg.outer_adam_eps)
-    new_weights, new_moments = {}, {}
-    for name in sorted(global_weights):
-        delta = pseudo_gradient[name]
-        lr_name = lr if is_hidden_matrix(name, delta) else lr_other
-        first, second = moments[name][0], moments[name][1]
-        # Unfused float32 ops only (mul, add, sqrt, div are correctly rounded in IEEE 754 on every platform);
-        # never addcmul / addcdiv, whose kernels may fuse a multiply-add.
-        first_new = torch.mul(first, beta1)
-        torch.add(first_new, torch.mul(delta, one_minus_beta1), out=first_new)
-        second_new = torch.mul(second, beta2)
-        square = torch.mul(delta, delta)
-        torch.mul(square, one_minus_beta2, out=square)
-        torch.add(second_new, square, out=second_new)
-        step = torch.sqrt(second_new)
-        torch.add(step, eps, out=step)
-        torch.div(first_new, step, out=step)
-        torch.mul(step, lr_name, out=step)
-        new_weights[name] = torch.sub(global_weights[name], step, out=step)
-        new_moments[name] = torch.stack((first_new, second_new))
-    return new_weights, new_moments
+    return outer_optimizer_for(diloco_cfg).step(global_weights, momentum, pseudo_gradient, diloco_cfg, mu, lr,
+                                                 lr_other)
 
 
 @dataclass
@@ -291,15 +242,25 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
                compression_cfg=None, excluded=None, known=()) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
     accepted, reports = robust_contributions(
-        contributions, shapes, norm_clip=diloco_cfg.norm_clip, stage_index=stage_index, outer_round=outer_round,
-        refuse_raw=compression_cfg is not None and compression_cfg.enabled, excluded=excluded, known=known,
+        contributions,
+        shapes,
+        norm_clip=diloco_cfg.norm_clip,
+        stage_index=stage_index,
+        outer_round=outer_round,
+        refuse_raw=compression_cfg is not None and compression_cfg.enabled,
+        excluded=excluded,
+        known=known,
         steps_range=diloco_cfg.steps_range,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
             logger.warning(
-                "stage %s round %s: contribution %d %s: %s", stage_index, outer_round, report.index,
-                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})", report.detail,
+                "stage %s round %s: contribution %d %s: %s",
+                stage_index,
+                outer_round,
+                report.index,
+                f"scaled by {report.scale:.3g}" if report.accepted else f"excluded ({report.reason})",
+                report.detail,
             )
     # A time-bounded run weights every inner step the same (docs/DILOCOX.md section 13): with c_j the
     # sum of the k_j steps replica j declared, K = sum k_j over the M accepted ones, the per-step
@@ -307,7 +268,8 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     # mean round, tau = K / M steps (FedNova's normalised averaging, arXiv 2007.07481), is
     #     Delta = tau * sum_j (k_j / K) (c_j / k_j) = (1/M) sum_j c_j,
     # the plain mean: the same function, the same bits, whatever the counts. The counts enter through
-    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an outlier.
+    # the per-step norm rule and screening, which must not take a slow replica's shorter update for an
+    # outlier.
     average = average_contributions(accepted) if accepted else None
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
 
@@ -320,34 +282,3 @@ def step_with_average(global_weights, momentum, average, diloco_cfg, outer_round
     else:
         new_global, new_momentum = outer_step(global_weights, momentum, average, diloco_cfg, outer_round)
     return Aggregation(new_global, new_momentum, stage_weights_hash(new_global), average, list(reports))
-
-
-def host_float32(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as float32 on the CPU (itself if it already is; a copy from a GPU).
-
-    The device boundary of issue 32 (docs/GPU.md): live weights may sit on a GPU, but
-    every pseudo-gradient, snapshot and outer step of the engine is float32 CPU arithmetic.
-    """
-    return tensor.detach().to(device="cpu", dtype=torch.float32)
-
-
-def host_float32_copy(weights: Mapping[str, torch.Tensor]) -> Weights:
-    """float32 CPU copies of ``weights`` (the live params may be on a GPU; see :func:`host_float32`).
-
-    From a CUDA device the copies go into pinned memory asynchronously, then one synchronization: the
-    transfer runs at the link's speed instead of one blocking pageable copy per tensor (what the training
-    thread waits for each round, docs/GPU.md). The values are the same bits either way.
-    """
-    copies: Weights = {}
-    devices: set[torch.device] = set()
-    for name, value in weights.items():
-        source = value.detach()
-        if source.device.type == "cuda":
-            devices.add(source.device)
-            copies[name] = torch.empty(source.shape, dtype=torch.float32, pin_memory=True)
-            copies[name].copy_(source, non_blocking=True)
-        else:
-            copies[name] = source.to(device="cpu", dtype=torch.float32, copy=True)
-    for device in devices:
-        torch.cuda.synchronize(device)
-    return copies

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import RandomSource, ModelConfig
+from training.config import ModelConfig, RandomSource
 from training.portable_rng import normal_tensor
 
 INIT_STD = 0.02

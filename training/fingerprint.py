@@ -118,10 +118,13 @@ class PlatformFingerprint:
         return document
 
     def describe(self) -> str:
-        libs = f"torch {self.torch}" + (f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else "")
+        libs = f"torch {self.torch}" + (
+            f", CUDA {self.cuda}, cuDNN {self.cudnn}" if self.device_type == "cuda" else ""
+        )
         blas = f", {self.blas}" if self.blas else ""
         compiled = f", compiled ({self.compiled})" if self.compiled else ""
-        return f"{self.device_type} {self.device_name} ({self.capability}{blas}) {self.precision}{compiled}, {libs}"
+        where = f"{self.device_type} {self.device_name} ({self.capability}{blas})"
+        return f"{where} {self.precision}{compiled}, {libs}"
 
 
 #: Fingerprint fields a document leaves out at their default "" (added after the first fingerprints).
@@ -131,12 +134,14 @@ OPTIONAL_FIELDS = ("blas", "compiled")
 def cpu_model_name(cpuinfo: str) -> str:
     """The CPU model a Linux ``/proc/cpuinfo`` names, or "" where it names none.
 
-    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU implementer``
-    and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse N1): the name is
-    ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without it every ARM CPU
-    had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same ATen capability had
-    equal fingerprints and a rerun between them was held to bit-exactness, though their math libraries may pick
-    other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under emulation")."""
+    x86: its first ``model name``. An aarch64 kernel writes no model name, only each core's ``CPU
+    implementer`` and ``CPU part`` (MIDR_EL1's fields: 0x41 0xd40 is an Arm Neoverse V1, 0x41 0xd0c a Neoverse
+    N1): the name is ``arm64`` and every distinct implementer:part, sorted (a big.LITTLE CPU has two). Without
+    it every ARM CPU had the model ``aarch64`` (``platform.machine()``), so two ARM core types with the same
+    ATen capability had equal fingerprints and a rerun between them was held to bit-exactness, though their
+    math libraries may pick other kernels per core (issue 42; docs/DILOCOX.md section 11, "ARM, under
+    emulation").
+    """
     cores, implementer = set(), None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -168,8 +173,13 @@ def _cpu_name() -> str:
 #: and its implicit down-conversion of float32 math. Two processes of one CPU model and torch build that
 #: differ in them compute other bits, so they are part of the platform.
 BLAS_DISPATCH_ENV = (
-    "DNNL_DEFAULT_FPMATH_MODE", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS",
-    "ONEDNN_DEFAULT_FPMATH_MODE", "ONEDNN_MAX_CPU_ISA",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "MKL_DEBUG_CPU_TYPE",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "ONEDNN_MAX_CPU_ISA",
 )
 
 
@@ -188,7 +198,9 @@ def blas_dispatch(environ=None) -> str:
         if not value:
             continue
         if not _blas_value_ok(value):
-            raise PlatformError(f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only")
+            raise PlatformError(
+                f"{name}={value!r}: the value may hold printable ASCII without spaces or ';' only"
+            )
         found.append(f"{name}={value}")
     blas = ";".join(found)
     if len(blas) > _MAX_FIELD:
@@ -214,7 +226,8 @@ def blas_environment(blas: str) -> dict[str, str | None]:
 
 def fingerprint(device: torch.device, precision: str, compiled: bool = False) -> PlatformFingerprint:
     """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now;
-    ``compiled``: through torch.compile (its ``compiled`` field names the compiler, :func:`compiler_identity`)."""
+    ``compiled``: through torch.compile (its ``compiled`` field names the compiler,
+    :func:`compiler_identity`)."""
     check_precision(precision)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -251,123 +264,29 @@ def parse_fingerprint(document) -> PlatformFingerprint:
             if not isinstance(value, bool):
                 raise PlatformError(f"platform fingerprint {name}={value!r}: must be true or false")
         elif not isinstance(value, str) or len(value) > _MAX_FIELD:
-            raise PlatformError(f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters")
+            raise PlatformError(
+                f"platform fingerprint {name}: must be a string of at most {_MAX_FIELD} characters"
+            )
     if document["device_type"] not in ("cpu", "cuda"):
-        raise PlatformError(f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda")
+        raise PlatformError(
+            f"platform fingerprint device_type={document['device_type']!r}: must be cpu or cuda"
+        )
     if document["precision"] not in PRECISIONS:
-        raise PlatformError(f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}")
+        raise PlatformError(
+            f"platform fingerprint precision={document['precision']!r}: must be one of {list(PRECISIONS)}"
+        )
     if "blas" in document:
         if not document["blas"]:
-            raise PlatformError("platform fingerprint blas='': the libraries' own dispatch is written by leaving "
-                                "blas out")
+            raise PlatformError(
+                "platform fingerprint blas='': the libraries' own dispatch is written by leaving blas out"
+            )
         blas_environment(document["blas"])
     if "compiled" in document and not compiler_ok(document["compiled"]):
-        raise PlatformError(f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
-                            "in printable ASCII (eager is written by leaving compiled out)")
+        raise PlatformError(
+            f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
+            "in printable ASCII (eager is written by leaving compiled out)"
+        )
     return PlatformFingerprint(**document)
-
-
-# ----------------------------------------------------------------------------- the claimant's kernels here
-
-#: ATen's x86 CPU capabilities (``torch.backends.cpu.get_cpu_capability()``) by level: a CPU that has one
-#: runs every lower one, chosen at process start by ``ATEN_CPU_CAPABILITY=<name in lower case>``.
-CPU_CAPABILITY_LEVELS = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
-CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
-
-
-def native_cpu_capability() -> str:
-    """The highest ATen CPU capability this CPU has (what torch picks without ``ATEN_CPU_CAPABILITY``), from
-    the CPU's flags (x86 Linux: ``/proc/cpuinfo``; ATen's AVX512 needs avx512f, bw, vl and dq), and never
-    below this process's own. Elsewhere (ARM, no /proc) this process's capability."""
-    ours = str(torch.backends.cpu.get_cpu_capability())
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        return ours
-    native = "AVX512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else \
-        "AVX2" if {"avx2", "fma"} <= flags else "DEFAULT" if flags else ours
-    levels = CPU_CAPABILITY_LEVELS
-    if ours not in levels or levels[ours] > levels[native]:
-        return ours
-    return native
-
-
-def capability_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint,
-                          native: str | None = None) -> str | None:
-    """The ``ATEN_CPU_CAPABILITY`` under which a rerun on this machine uses the claimant's own CPU kernels, or
-    None when there is none to choose (issue 42).
-
-    The inner steps are bit-exact only under the claimant's kernels (torch's vectorised GELU, softmax,
-    LayerNorm and AdamW round differently per instruction set; docs/DILOCOX.md section 11). A float32 or
-    bfloat16 CPU claim made on this CPU model with this torch build, under a capability other than this
-    process's but one this CPU has (``native``: the CPU's highest, default ``here``'s capability; an auditor
-    started under ``ATEN_CPU_CAPABILITY=default`` passes :func:`native_cpu_capability` and so reruns an AVX2
-    claim under AVX2), can be rerun under that capability: its fingerprint is then the claimant's, and
-    :func:`compare_rerun` demands the bit-exact rerun instead of a tolerance (bench/results/reexec_isa.json).
-    """
-    if claimed is None or claimed.compiled or claimed.device_type != "cpu" or here.device_type != "cpu":
-        return None
-    if claimed.capability == here.capability or claimed.device_name != here.device_name or claimed.torch != here.torch:
-        return None
-    top = native if native is not None and CPU_CAPABILITY_LEVELS.get(native, -1) >= CPU_CAPABILITY_LEVELS.get(
-        here.capability, -1) else here.capability
-    level, ours = CPU_CAPABILITY_LEVELS.get(claimed.capability), CPU_CAPABILITY_LEVELS.get(top)
-    if level is None or ours is None or level > ours:
-        return None
-    return claimed.capability.lower()
-
-
-def kernels_to_emulate(claimed: PlatformFingerprint | None, here: PlatformFingerprint,
-                       native: str | None = None) -> dict[str, str | None] | None:
-    """The environment a child of this process needs to rerun a CPU claim under the claimant's own kernels,
-    or None where this process's own are the claimant's or none can be chosen here.
-
-    Two things choose them besides the CPU model and the torch build (which must be equal): ATen's
-    instruction set (:func:`capability_to_emulate`) and the math libraries' code path (the fingerprint's
-    ``blas``, :data:`BLAS_DISPATCH_ENV`). The result maps variable names to the value the child must see,
-    or to None for a variable it must not have; apply it with :func:`emulated_environment`.
-    """
-    if claimed is None or claimed.device_type != "cpu" or here.device_type != "cpu":
-        return None
-    if claimed.compiled or claimed.device_name != here.device_name or claimed.torch != here.torch:
-        return None  # a compiled claim: inductor's own kernels, not shown to follow these settings bit for bit
-    if claimed.capability == here.capability and claimed.blas == here.blas:
-        return None
-    settings: dict[str, str | None] = {}
-    if claimed.capability != here.capability:
-        capability = capability_to_emulate(claimed, here, native)
-        if capability is None:
-            return None
-        settings[CAPABILITY_ENV] = capability
-    if claimed.blas != here.blas:
-        try:
-            settings.update(blas_environment(claimed.blas))
-        except PlatformError:
-            return None
-    return settings
-
-
-def emulated_environment(settings: dict[str, str | None], environ=None) -> dict[str, str]:
-    """A copy of ``environ`` (default: this process's) with ``settings`` (:func:`kernels_to_emulate`) applied."""
-    env = dict(os.environ if environ is None else environ)
-    for name, value in settings.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
-
-
-def describe_kernels(settings: dict[str, str | None]) -> str:
-    """``ATEN_CPU_CAPABILITY=avx2, MKL_CBWR=COMPATIBLE``: the variables ``settings`` sets (unset ones left out),
-    or "this process's kernels" where it sets none."""
-    shown = [f"{name}={value}" for name, value in sorted(settings.items()) if value is not None]
-    return ", ".join(shown) or "the libraries' own dispatch"
 
 
 # ----------------------------------------------------------------------------- judging a rerun

@@ -67,7 +67,8 @@ def tensor_le_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def tensor_le_array(tensor: torch.Tensor) -> np.ndarray:
-    """:func:`tensor_le_bytes` as a C-contiguous array (hashed or joined through the buffer protocol, without a copy)."""
+    """:func:`tensor_le_bytes` as a C-contiguous array (hashed or joined through the buffer protocol, without
+    a copy)."""
     if tensor.dtype not in _DTYPE_TAGS:
         raise WeightsHashError(f"dtype {tensor.dtype} has no canonical hash layout")
     _, int_dtype = _DTYPE_TAGS[tensor.dtype]

@@ -9,7 +9,8 @@ copy (:mod:`training.export`):
 * ``n_layer`` pre-norm blocks ``model.layers.{i}``::
 
       x = x + o_proj(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))   n = input_layernorm(x)
-      x = x + down_proj(silu(gate_proj(n)) * up_proj(n))                        n = post_attention_layernorm(x)
+      x = x + down_proj(silu(gate_proj(n)) * up_proj(n))                        n =
+      post_attention_layernorm(x)
 
   with RMSNorm (Zhang & Sennrich 2019; weight only, eps 1e-5), the SwiGLU MLP
   (Shazeer 2020, arXiv 2002.05202) of width ``intermediate_size``, and
@@ -62,8 +63,11 @@ class RMSNorm(nn.Module):
 def rope_cos_sin(
     head_dim: int, theta: float, seq_len: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated.
+    """
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    )
     positions = torch.arange(seq_len, device=device).float()
     freqs = positions[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
@@ -108,7 +112,9 @@ class Attention(nn.Module):
             # query head h reads key/value head h // groups (HF's repeat_kv)
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.o_proj(y.transpose(1, 2).reshape(batch, time, self.n_head * self.head_dim))
 
 

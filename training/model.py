@@ -189,10 +189,10 @@ def check_token_ids(idx: torch.Tensor, cfg: ModelConfig) -> None:
 
 
 def token_ids_to(idx: torch.Tensor, device: torch.device, cfg: ModelConfig) -> torch.Tensor:
-    """``idx`` on ``device``, checked on the host first (:func:`check_token_ids`): where the forward pass's own
-    check is queued on the device, and where the forward pass is compiled (its check is then a queued assert
-    too, on the CPU as well), a bad id is still a ``ModelInputError`` (on an eager CPU forward this checks
-    twice: one read of a batch's ids)."""
+    """``idx`` on ``device``, checked on the host first (:func:`check_token_ids`): where the forward pass's
+    own check is queued on the device, and where the forward pass is compiled (its check is then a queued
+    assert too, on the CPU as well), a bad id is still a ``ModelInputError`` (on an eager CPU forward this
+    checks twice: one read of a batch's ids)."""
     if idx.device.type == "cpu":
         check_token_ids(idx, cfg)
     return idx.to(device)

@@ -11,36 +11,36 @@ from dataclasses import dataclass
 
 from training.config_base import DEFAULT_RANDOM, LEGACY_RANDOM, RandomSource, _require
 
-
 FAMILIES = ("gpt2", "llama")
 BYTES_TOKENIZER = "bytes"
 
 MODEL_PRESETS: dict[str, dict[str, int | str]] = {
     # GPT-2 (training/gpt2.py). ~43k parameters: unit and integration tests.
-    "tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=32),
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32},
     # ~0.87M parameters: demo runs on 2 CPU cores.
-    "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "mini": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64},
     # ~2.8M parameters: benchmarks.
-    "small": dict(n_layer=6, n_head=6, n_embd=192, block_size=128),
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 192, "block_size": 128},
     # Llama (training/llama.py). Parameter counts (README "Llama family") depend on the
     # vocabulary, which is the tokenizer's: the names give the size at the vocabulary each is
     # meant for (llama-20m at an 8192-token BPE, the larger ones at 32000). Without
     # intermediate_size, the SwiGLU width follows Llama's rule (ModelConfig._resolve_llama).
-    "llama-tiny": dict(family="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, intermediate_size=64,
-                       block_size=32),
+    "llama-tiny": {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32,
+                   "intermediate_size": 64, "block_size": 32},
     # mini's blocks in Llama's form: the convergence benchmark on 2 CPU cores (~2.6M parameters at
     # an 8192-token BPE, most of them in the untied embedding and head).
-    "llama-mini": dict(family="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128, block_size=128),
-    "llama-20m": dict(family="llama", n_layer=8, n_head=6, n_kv_head=2, n_embd=384,
-                      block_size=256),
+    "llama-mini": {"family": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 128,
+                   "block_size": 128},
+    "llama-20m": {"family": "llama", "n_layer": 8, "n_head": 6, "n_kv_head": 2, "n_embd": 384,
+                  "block_size": 256},
     # GPT-2 small's width and depth, Llama's blocks.
-    "llama-124m": dict(family="llama", n_layer=12, n_head=12, n_kv_head=4, n_embd=768,
-                       block_size=1024),
-    "llama-350m": dict(family="llama", n_layer=24, n_head=16, n_kv_head=8, n_embd=1024,
-                       block_size=1024),
+    "llama-124m": {"family": "llama", "n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": 768,
+                   "block_size": 1024},
+    "llama-350m": {"family": "llama", "n_layer": 24, "n_head": 16, "n_kv_head": 8, "n_embd": 1024,
+                   "block_size": 1024},
     # TinyLlama 1.1B's shape (arXiv 2401.02385).
-    "llama-1b": dict(family="llama", n_layer=22, n_head=32, n_kv_head=4, n_embd=2048,
-                     block_size=2048),
+    "llama-1b": {"family": "llama", "n_layer": 22, "n_head": 32, "n_kv_head": 4, "n_embd": 2048,
+                 "block_size": 2048},
 }
 DEFAULT_ROPE_THETA = 10000.0
 # Settings only the Llama family has; a GPT-2 configuration leaves them at these values, and its
@@ -98,8 +98,8 @@ class ModelConfig:
         _require(self.family in FAMILIES, f"model.family={self.family!r}: must be one of {list(FAMILIES)}")
         _require(
             self.family == preset_fam,
-            f"model.preset={self.preset!r} is a {preset_fam} preset but model.family={self.family!r}: use one of "
-            f"{[name for name in MODEL_PRESETS if preset_family(name) == self.family]}",
+            f"model.preset={self.preset!r} is a {preset_fam} preset but model.family={self.family!r}: use "
+            f"one of {[name for name in MODEL_PRESETS if preset_family(name) == self.family]}",
         )
         for name, value in MODEL_PRESETS[self.preset].items():
             if name != "family" and getattr(self, name) == 0:
@@ -114,7 +114,7 @@ class ModelConfig:
         _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: must be in [0, 1)")
         _require(
             isinstance(self.tokenizer, str) and self.tokenizer.strip() != "",
-            f"model.tokenizer={self.tokenizer!r}: must be \"bytes\", a tokenizer.json path or \"sha256:<hex>\"",
+            f'model.tokenizer={self.tokenizer!r}: must be "bytes", a tokenizer.json path or "sha256:<hex>"',
         )
         if self.tokenizer.startswith("sha256:"):
             digest = self.tokenizer[len("sha256:"):]
@@ -143,15 +143,17 @@ class ModelConfig:
             self.rope_theta = DEFAULT_ROPE_THETA
         _require(
             1 <= self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0,
-            f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head} (grouped-query attention "
-            "shares each key/value head among n_head / n_kv_head query heads)",
+            f"model.n_kv_head={self.n_kv_head}: must divide model.n_head={self.n_head} (grouped-query "
+            "attention shares each key/value head among n_head / n_kv_head query heads)",
         )
         _require(
             (self.n_embd // self.n_head) % 2 == 0,
-            f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for rotary "
-            "position embeddings",
+            f"model.n_embd / model.n_head = {self.n_embd // self.n_head}: the head size must be even for "
+            "rotary position embeddings",
         )
-        _require(self.intermediate_size >= 1, f"model.intermediate_size={self.intermediate_size}: must be >= 1")
+        _require(
+            self.intermediate_size >= 1, f"model.intermediate_size={self.intermediate_size}: must be >= 1"
+        )
         _require(
             math.isfinite(self.rope_theta) and self.rope_theta > 1,
             f"model.rope_theta={self.rope_theta}: must be a finite base > 1 (10000 is Llama 2's)",

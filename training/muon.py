@@ -39,7 +39,8 @@ from training.config import TrainingConfig
 ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
 MUON_FIELDS = ("momentum_buffer",)
 #: Parameter-name components of the matrices Muon leaves to AdamW: token and position embeddings and the head
-#: (GPT-2's ``transformer.wte``, ``transformer.wpe``, ``lm_head``; Llama's ``model.embed_tokens``, ``lm_head``).
+#: (GPT-2's ``transformer.wte``, ``transformer.wpe``, ``lm_head``; Llama's ``model.embed_tokens``,
+#: ``lm_head``).
 EMBEDDING_NAMES = frozenset({"wte", "wpe", "embed_tokens", "lm_head"})
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -80,7 +81,9 @@ class MuonAdamW:
         named = list(module.named_parameters())
         hidden = [param for name, param in named if is_hidden_matrix(name, param)]
         self._hidden = {id(param) for param in hidden}
-        self.adamw = adamw([param for param in module.parameters() if id(param) not in self._hidden], training_cfg)
+        self.adamw = adamw(
+            [param for param in module.parameters() if id(param) not in self._hidden], training_cfg
+        )
         self.state = self.adamw.state
         self.muon_group = {
             "params": hidden, "lr": training_cfg.inner_lr, "momentum": training_cfg.muon_momentum,
@@ -125,13 +128,6 @@ def adamw(params: list[torch.Tensor], training_cfg: TrainingConfig) -> torch.opt
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ) if group["params"]] or [{"params": [], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2))
-
-
-def make_optimizer(module: nn.Module, training_cfg: TrainingConfig):
-    """The inner optimizer ``training.optimizer`` names for one stage's ``module``."""
-    if training_cfg.optimizer == "muon":
-        return MuonAdamW(module, training_cfg)
-    return adamw(list(module.parameters()), training_cfg)
 
 
 def state_kind(optimizer, param: torch.Tensor) -> tuple[str, tuple[str, ...]]:

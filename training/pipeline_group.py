@@ -1,6 +1,6 @@
 """The process group of one replica's pipeline: the rendezvous of its stage processes over TCP, one
 formation at a time (a restarted stage re-forms it), and the backend (training/pipeline.py's
-:class:`~training.pipeline.PipelineStageTrainer` runs on it)."""
+:class:`~training.pipeline_stage.PipelineStageTrainer` runs on it)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: 
     key = (host, port)
     server = _SERVERS.get(key)
     if server is None:
-        server = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        server = dist.TCPStore(
+            host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
         _SERVERS[key], _ANSWERED[key] = server, 0
     server.set_timeout(timeout)
     deadline = time.monotonic() + timeout.total_seconds()
@@ -92,7 +94,8 @@ def init_pipeline_group(
     rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0,
     backend: str | None = None,
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host) the process group of one replica's pipeline (``backend``: :func:`pipeline_backend`).
+    """Join (rank 0: host) the process group of one replica's pipeline (``backend``:
+    :func:`pipeline_backend`).
 
     Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
     later collective or point-to-point operation fail after ``timeout_s``.
@@ -115,7 +118,7 @@ def init_pipeline_group(
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
         ) from exc
-    except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
+    except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError, DistNetworkError: RuntimeError
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
         ) from exc

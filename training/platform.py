@@ -48,7 +48,8 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 
 def resolve_device(spec: str) -> torch.device:
-    """The torch device ``spec`` names on this machine: ``"auto"`` is the first GPU if CUDA works, else the CPU.
+    """The torch device ``spec`` names on this machine: ``"auto"`` is the first GPU if CUDA works, else the
+    CPU.
 
     A CUDA device this machine does not have is a :class:`PlatformError` that says what it has.
     """
@@ -64,7 +65,9 @@ def resolve_device(spec: str) -> torch.device:
     index = 0 if spec == "cuda" else int(spec.split(":")[1])
     count = torch.cuda.device_count()
     if index >= count:
-        raise PlatformError(f"training.device={spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        raise PlatformError(
+            f"training.device={spec!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+        )
     return torch.device("cuda", index)
 
 

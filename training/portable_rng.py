@@ -62,8 +62,11 @@ def stream_key(stream: bytes) -> tuple[int, int]:
 
 
 def philox4x32(counters: np.ndarray, key: tuple[int, int], rounds: int = PHILOX_ROUNDS) -> np.ndarray:
-    """Philox4x32-``rounds`` of ``counters`` (shape (n, 4), values < 2^32) under ``key``: (n, 4) uint64 words."""
-    words = _philox_words(*(np.ascontiguousarray(counters[:, i], dtype=np.uint64) for i in range(4)), key, rounds)
+    """Philox4x32-``rounds`` of ``counters`` (shape (n, 4), values < 2^32) under ``key``: (n, 4) uint64 words.
+    """
+    words = _philox_words(
+        *(np.ascontiguousarray(counters[:, i], dtype=np.uint64) for i in range(4)), key, rounds
+    )
     return np.stack(words, axis=1)
 
 
@@ -106,7 +109,8 @@ def _log(u: np.ndarray) -> np.ndarray:
 
 
 def _cos_sin(angle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of ``2 pi angle / 2^32`` for 32-bit ``angle`` (uint64 array), reduced to [0, pi/4] exactly."""
+    """cos and sin of ``2 pi angle / 2^32`` for 32-bit ``angle`` (uint64 array), reduced to [0, pi/4] exactly.
+    """
     octant = (angle >> np.uint64(29)).astype(np.int64)
     units = (angle & np.uint64(_OCTANT_UNITS - 1)).astype(np.int64)
     odd = (octant & 1) == 1
@@ -148,8 +152,8 @@ def standard_normal(stream: bytes, count: int) -> np.ndarray:
 
 
 def normal_tensor(stream: bytes, shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
-    """A float32 tensor of ``shape`` filled with ``mean + std * N(0, 1)`` of the named stream (computed in float64,
-    one rounding to float32 at the end)."""
+    """A float32 tensor of ``shape`` filled with ``mean + std * N(0, 1)`` of the named stream (computed in
+    float64, one rounding to float32 at the end)."""
     count = 1
     for size in shape:
         count *= int(size)

@@ -109,7 +109,9 @@ def _parquet_pieces(path: Path, text_field: str) -> Iterator[Piece]:
         raise DataError(f"{path}: reading Parquet needs pyarrow: pip install pyarrow") from None
     parquet = pq.ParquetFile(path)
     if text_field not in parquet.schema_arrow.names:
-        raise DataError(f"{path}: no column {text_field!r} (columns: {parquet.schema_arrow.names}); use --text-field")
+        raise DataError(
+            f"{path}: no column {text_field!r} (columns: {parquet.schema_arrow.names}); use --text-field"
+        )
     total_rows = max(1, parquet.metadata.num_rows)
     size = path.stat().st_size
     for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
@@ -172,7 +174,9 @@ def _write_inputs(
                 progress(done[0], total)
 
 
-def train_tokenizer(inputs: Iterable[str | os.PathLike], vocab_size: int, text_field: str = "text") -> HFTokenizer:
+def train_tokenizer(
+    inputs: Iterable[str | os.PathLike], vocab_size: int, text_field: str = "text"
+) -> HFTokenizer:
     """A byte-level BPE of ``vocab_size`` tokens trained on the documents of ``inputs``."""
 
     def texts() -> Iterator[str]:

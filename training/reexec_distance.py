@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import msgpack
 import torch
 
-from training.butterfly import assemble_slices, live_plan
 from training.codec_wire import decode_contribution
 from training.config import DilocoConfig
 from training.errors import ContributionDecodeError
+from training.slice_plan import assemble_slices, live_plan
 
 
 def relative_l2(theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Tensor]) -> float:
@@ -30,12 +30,18 @@ def relative_l2(theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Ten
 
 
 def contribution_distance(
-    claimed: bytes, recomputed: bytes, shapes: Mapping[str, tuple[int, ...]], *, stage_index: int, outer_round: int
+    claimed: bytes,
+    recomputed: bytes,
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    stage_index: int,
+    outer_round: int,
 ) -> float:
     """0.0 for identical payload bytes, else the relative L2 distance of the decoded pseudo-gradients.
 
-    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of the stage (float64 sums). A claimed
-    payload that does not decode for this stage and round is infinitely far.
+    ``||decode(claimed) - decode(recomputed)|| / ||decode(recomputed)||``; the norm runs over every tensor of
+    the stage (float64 sums). A claimed payload that does not decode for this stage and round is infinitely
+    far.
     """
     if claimed == recomputed:
         return 0.0
@@ -69,10 +75,21 @@ def sliced_contribution_distance(
 
     def whole(packed: bytes) -> dict[str, torch.Tensor]:
         blobs = msgpack.unpackb(packed, raw=False)
-        if not isinstance(blobs, list) or len(blobs) != plan.num_slices or not all(isinstance(b, bytes) for b in blobs):
+        if (
+            not isinstance(blobs, list)
+            or len(blobs) != plan.num_slices
+            or not all(isinstance(b, bytes) for b in blobs)
+        ):
             raise ContributionDecodeError(f"not {plan.num_slices} slice blobs")
-        return assemble_slices([decode_contribution(blob, plan.slice_shapes(j), stage_index=stage_index,
-                                                    outer_round=outer_round) for j, blob in enumerate(blobs)], plan)
+        return assemble_slices(
+            [
+                decode_contribution(
+                    blob, plan.slice_shapes(j), stage_index=stage_index, outer_round=outer_round
+                )
+                for j, blob in enumerate(blobs)
+            ],
+            plan,
+        )
 
     try:
         theirs = whole(claimed)

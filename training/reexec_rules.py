@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import torch
 
-from training.codec_wire import header_steps
+from training.codec_wire import MSGPACK_ERRORS, header_steps
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.data import Corpus, round_batches
 from training.errors import ReplicaStateError
@@ -88,7 +88,7 @@ def claimed_steps(payload: bytes) -> int | None:
         return steps
     try:
         blobs = msgpack.unpackb(bytes(payload), raw=False, max_bin_len=len(payload), max_array_len=1 << 16)
-    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+    except MSGPACK_ERRORS:
         return None
     if not isinstance(blobs, list) or not blobs or not all(isinstance(blob, bytes) for blob in blobs):
         return None
@@ -102,7 +102,8 @@ def steps_in_range(diloco_cfg: DilocoConfig, steps: int | None) -> bool:
 
 
 def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:
-    """The round whose global weights every replica holds when round ``outer_round`` starts (-1: the initial ones).
+    """The round whose global weights every replica holds when round ``outer_round`` starts (-1: the initial
+    ones).
 
     Rounds are applied in order, and when a round's actions are done all but
     :func:`~training.schedule.pending_after_round` of them are: ``t - 2`` with the
@@ -115,7 +116,8 @@ def start_global_round(diloco_cfg: DilocoConfig, outer_round: int) -> int:
 
 
 def check_state_chain(expected_stage_hashes: Sequence[bytes], claimed_stage_hashes: Sequence[bytes]) -> str:
-    """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else :data:`STATE_MISMATCH`."""
+    """:data:`EXACT` if round t+1's envelopes bind the start state round t's rerun produced, else
+    :data:`STATE_MISMATCH`."""
     return EXACT if list(expected_stage_hashes) == list(claimed_stage_hashes) else STATE_MISMATCH
 
 
@@ -156,9 +158,12 @@ def restart_state_reason(
         if part.state_hash() != claimed:
             return f"stage {stage}: served state is not the committed one"
         groups = {name.split("/", 1)[0] for name in part.tensors}
-        carried = sorted(g for g in groups if g.startswith((*optimizer_prefixes(), "round_end.", "own_decoded.", "sent.",
-                                                             "encoder."))
-                         or g == "others_previous")
+        carried = sorted(
+            g
+            for g in groups
+            if g.startswith((*optimizer_prefixes(), "round_end.", "own_decoded.", "sent.", "encoder."))
+            or g == "others_previous"
+        )
         if carried:
             return f"stage {stage}: carries state a restart does not have ({', '.join(carried[:4])})"
         residual = part.group("residual")
@@ -182,7 +187,8 @@ def restart_state_reason(
 
 
 def sample_score(previous_record_hash: bytes, verifier: bytes, outer_round: int, replica: int) -> float:
-    """The uniform number in [0, 1) that decides whether ``verifier`` re-executes ``replica`` in ``outer_round``.
+    """The uniform number in [0, 1) that decides whether ``verifier`` re-executes ``replica`` in
+    ``outer_round``.
 
     ``int(sha256(b"dlx-reexec-sample-v1" || u32 len(record) || record || u32 len(verifier)
     || verifier || u64 round || u64 replica)[:8], big-endian) / 2**64``. The record hash is
@@ -209,6 +215,8 @@ def sample_replicas(
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"reexec sampling rate={rate}: must be in [0, 1]")
     return [
-        replica for replica in sorted(replicas)
-        if replica != own_replica and sample_score(previous_record_hash, verifier, outer_round, replica) < rate
+        replica
+        for replica in sorted(replicas)
+        if replica != own_replica
+        and sample_score(previous_record_hash, verifier, outer_round, replica) < rate
     ]

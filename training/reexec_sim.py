@@ -3,7 +3,7 @@
 The loop is :func:`training.simulate.simulate`'s (the actions of
 :func:`training.schedule.round_actions` in order, as the node runs them), with
 one addition: before the first inner step of every round each replica
-captures its start state (:func:`training.replica_state.capture_replica_state`)
+captures its start state (:func:`training.replica_capture.capture_replica_state`)
 and, when it encodes, states what its envelopes would bind
 (:class:`training.reexec.ContributionClaim`).
 
@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 import torch
 
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-
 from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
-from training.diloco import host_float32
+from training.host_tensors import host_float32
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
 from training.reexec import NO_APPLY, ContributionClaim, data_commitment, round_meta
-from training.replica_state import ReplicaStartState, capture_replica_state
+from training.replica_capture import capture_replica_state
+from training.replica_state import ReplicaStartState
 from training.schedule import APPLY, ENCODE, TRAIN, applies_before_encode, inner_lr, round_actions, set_lr
 from training.stage_engine import StageEngine
 
@@ -112,7 +112,10 @@ class SimReplica:
         for step in range(first_step, min(end_step, self.trained_steps(outer_round))):
             if not self.trains_step(outer_round, step):
                 continue
-            set_lr(self.trainer.optimizers, inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps))
+            set_lr(
+                self.trainer.optimizers,
+                inner_lr(sim.training, outer_round * steps + step, sim.rounds * steps),
+            )
             x, y = batches[step]
             self.trainer.train_step(x, y, sim.micro_batches or 1)
 
@@ -121,7 +124,9 @@ class SimReplica:
         payloads = {}
         for engine in self.engines:
             engine.skip_to(outer_round)
-            payloads[engine.stage_index], _ = engine.encode_contribution(outer_round, self.declared_steps(outer_round))
+            payloads[engine.stage_index], _ = engine.encode_contribution(
+                outer_round, self.declared_steps(outer_round)
+            )
         return payloads
 
     def finish(self, outer_round: int, contributions: dict[int, list[bytes]]) -> None:
@@ -198,7 +203,9 @@ class ForgedStateReplica(SimReplica):
     def before_capture(self, outer_round):
         if outer_round >= 1:
             for engine in self.engines:
-                engine.compressor.residual = {n: torch.zeros_like(r) for n, r in engine.compressor.residual.items()}
+                engine.compressor.residual = {
+                    n: torch.zeros_like(r) for n, r in engine.compressor.residual.items()
+                }
 
 
 def _norm(tensors: dict[str, torch.Tensor]) -> float:
@@ -215,7 +222,8 @@ class SimRound:
     contributions: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> payloads in replica order
     train_seconds: float = 0.0  # all replicas' inner steps
     encode_seconds: float = 0.0  # all replicas' encodes (and apply of the previous round)
-    capture_seconds: float = 0.0  # all replicas' start-state captures, serialisation, hashes, data commitments
+    # all replicas' start-state captures, serialisation, hashes, data commitments
+    capture_seconds: float = 0.0
 
 
 def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound]:
@@ -242,8 +250,9 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     state = record.states[member.replica]
                     data = data_commitment(sim.corpus, sim.training, sim.model, sim.diloco, member.replica,
                                            outer_round, member.declared_steps(outer_round))
-                    # A schedule that applies round t-1 before the encode (the overlap, "lookahead", "eager") binds
-                    # that result (the global weights, which the encode does not move), as the node's envelope does.
+                    # A schedule that applies round t-1 before the encode (the overlap, "lookahead", "eager")
+                    # binds that result (the global weights, which the encode does not move), as the node's
+                    # envelope does.
                     before = applies_before_encode(sim.diloco, outer_round)
                     record.claims[member.replica] = [
                         ContributionClaim(stage, part.state_hash(), data, payloads[stage],
@@ -256,8 +265,11 @@ def run_with_states(replicas: list[SimReplica], sim: SimConfig) -> list[SimRound
                     record.capture_seconds += time.perf_counter() - started
                     started = time.perf_counter()
             elif action.kind == APPLY:
-                contributions = records[action.outer_round].contributions if action.outer_round < outer_round \
+                contributions = (
+                    records[action.outer_round].contributions
+                    if action.outer_round < outer_round
                     else record.contributions
+                )
                 for member in replicas:
                     member.finish(action.outer_round, contributions)
                 record.encode_seconds += time.perf_counter() - started

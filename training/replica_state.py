@@ -62,19 +62,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
-from training.butterfly import slice_for_exchange
-from training.config import DilocoConfig, ModelConfig, TrainingConfig
-from training.config_compression import CompressionConfig
-from training.diloco import host_float32_copy
-from training.errors import EngineStateError, PlatformError, ReplicaStateError
+from training.errors import PlatformError, ReplicaStateError
 from training.fingerprint import PlatformFingerprint, parse_fingerprint
 from training.hashing import tensor_le_array
-from training.muon import optimizer_prefixes, state_kind
-from training.pipeline import LocalReplicaTrainer
-from training.stage_engine import ENGINE_STATE_VERSION, StageEngine
-from training.stages import merge_state_dicts, split_stages, stage_param_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +100,9 @@ class RoundMeta:
 
     def __post_init__(self) -> None:
         if self.platform is not None and not isinstance(self.platform, PlatformFingerprint):
-            raise ReplicaStateError(f"round meta platform={self.platform!r}: must be a PlatformFingerprint or None")
+            raise ReplicaStateError(
+                f"round meta platform={self.platform!r}: must be a PlatformFingerprint or None"
+            )
         for name, value in self.counters().items():
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
                 raise ReplicaStateError(f"round meta {name}={value!r}: must be an integer in [0, 2**63)")
@@ -155,7 +148,8 @@ class StageStartState:
             yield from _tensor_record(name, self.tensors[name])
 
     def state_hash(self) -> bytes:
-        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them."""
+        """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them.
+        """
         digest = hashlib.sha256()
         for piece in self._pieces():
             digest.update(piece)
@@ -173,7 +167,9 @@ class StageStartState:
     def rounds_of(self, kind: str) -> list[int]:
         """The rounds ``r`` of the ``<kind>.<r>/`` groups (``round_end``, ``own_decoded``, ``sent``)."""
         head = kind + "."
-        return sorted({int(name[len(head):].split("/", 1)[0]) for name in self.tensors if name.startswith(head)})
+        return sorted(
+            {int(name[len(head) :].split("/", 1)[0]) for name in self.tensors if name.startswith(head)}
+        )
 
 
 @dataclass(frozen=True)
@@ -192,7 +188,9 @@ class ReplicaStartState:
                 f"0..{meta.num_stages - 1} in order"
             )
         if any(s.meta != meta for s in self.stages):
-            raise ReplicaStateError("the stages' round metadata disagree (round, replica, H, threads, micro-batches)")
+            raise ReplicaStateError(
+                "the stages' round metadata disagree (round, replica, H, threads, micro-batches)"
+            )
 
     @property
     def meta(self) -> RoundMeta:
@@ -220,220 +218,6 @@ def replica_state_root(stage_hashes: Sequence[bytes]) -> bytes:
     return digest.digest()
 
 
-# ----------------------------------------------------------------------------- capture
-
-
-def capture_stage_state(
-    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
-) -> StageStartState:
-    """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner step).
-
-    ``module`` and ``optimizer``: the stage's module and inner AdamW (a
-    :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
-    ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
-    Everything is copied: training on afterwards does not change the capture.
-    """
-    return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
-
-
-def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """The part of :func:`capture_stage_state` the inner steps change (weights, AdamW state), copied.
-
-    Take it before the round's first inner step; :func:`capture_engine_part` may follow later
-    (on another thread), as long as the engine has not changed in between.
-    """
-    live: dict[str, torch.Tensor] = {}
-    for name, param in module.named_parameters():
-        live[f"param/{name}"] = param
-        state = optimizer.state.get(param, {})
-        prefix, fields = state_kind(optimizer, param)
-        if state and set(state) != set(fields):
-            raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected "
-                                    f"{sorted(fields)} ({prefix})")
-        for field_name, value in state.items():
-            live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
-    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
-    return host_float32_copy(live)
-
-
-def capture_engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> StageStartState:
-    """:func:`capture_stage_state` from its trainer part and the engine's current state (copied)."""
-    return _engine_part(meta, engine, trainer_part, copy=True)
-
-
-def start_state_bytes(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> bytes:
-    """``capture_engine_part(...).to_bytes()`` without copying the engine's tensors first: the engine must
-    not change until this returns (the node serialises a start state before the next encode or apply)."""
-    return _engine_part(meta, engine, trainer_part, copy=False).to_bytes()
-
-
-def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor], *,
-                 copy: bool) -> StageStartState:
-    tensors = dict(trainer_part)
-    engine_state = engine.state_dict(copy=copy)
-    for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
-                       ("round_start", "round_start")):
-        tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
-    for kind in ("round_end", "own_decoded", "sent"):
-        for outer_round, snapshot in engine_state[kind].items():
-            tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
-    others = engine_state["others_previous"]
-    if others is not None:
-        tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
-    memo = engine_state.get("encoder_memo")
-    if memo is not None:  # encoders "v3", "v4": each tensor's coding (v3: and the low-rank ones' bases)
-        for kind in ("choice", "basis", "estimate"):
-            tensors.update({f"encoder.{kind}/{n}": t for n, t in memo.get(kind, {}).items()})
-    counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
-                -1 if others is None else int(others[1]))
-    # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
-    return StageStartState(meta, engine.stage_index, counters,
-                           {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()})
-
-
-def capture_replica_state(
-    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine]
-) -> ReplicaStartState:
-    """:func:`capture_stage_state` of every stage of a replica chained in one process."""
-    return ReplicaStartState(tuple(
-        capture_stage_state(meta, engine, module, optimizer)
-        for engine, module, optimizer in zip(engines, trainer.stage_modules, trainer.optimizers)
-    ))
-
-
-def initial_replica_state(
-    meta: RoundMeta,
-    model_cfg: ModelConfig,
-    training_cfg: TrainingConfig,
-    diloco_cfg: DilocoConfig,
-    compression_cfg: CompressionConfig,
-) -> ReplicaStartState:
-    """The start state of round 0, a pure function of the run's configuration (the anchor of the chain).
-
-    Weights ``init_state_dict(model, training.seed)``, no AdamW state, zero
-    residual, engines at round -1. A replica whose round-0 state hash differs
-    did not start from the run's weights.
-    """
-    if meta.outer_round != 0:
-        raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
-    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
-    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
-               for spec, module in zip(trainer.specs, trainer.stage_modules)]
-    for engine in engines:
-        slice_for_exchange(engine, diloco_cfg)
-    return capture_replica_state(meta, trainer, engines)
-
-
-# ----------------------------------------------------------------------------- restore
-
-
-def restore_replica(
-    state: ReplicaStartState,
-    model_cfg: ModelConfig,
-    training_cfg: TrainingConfig,
-    diloco_cfg: DilocoConfig,
-    compression_cfg: CompressionConfig,
-) -> tuple[LocalReplicaTrainer, list[StageEngine]]:
-    """A chained trainer and one engine per stage, in exactly the captured state."""
-    meta = state.meta
-    specs = split_stages(model_cfg.n_layer, meta.num_stages)
-    for part, spec in zip(state.stages, specs):
-        _check_stage(part, stage_param_shapes(model_cfg, spec), diloco_cfg.outer_moments)
-    weights = merge_state_dicts([part.group("param") for part in state.stages])
-    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages, state_dict=weights)
-    engines = []
-    for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
-        _restore_optimizer(part, module, optimizer)
-        engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
-        slice_for_exchange(engine, diloco_cfg)  # as the node's engines encode (node.live.work.replica), before the load
-        last_encoded, last_applied, others_count = part.engine_counters
-        _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
-        engines.append(engine)
-    return trainer, engines
-
-
-def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> None:
-    """Put the captured inner-optimizer state of every parameter back (the run's optimizer decides which
-    fields each holds, :func:`training.muon.state_kind`); any other optimizer tensor in the state is refused."""
-    used = set()
-    for name, param in module.named_parameters():
-        prefix, names = state_kind(optimizer, param)
-        fields = {f: part.tensors.get(f"{prefix}.{f}/{name}") for f in names}
-        if all(value is not None for value in fields.values()):
-            # The moments live with the parameter; the step count stays a CPU scalar (AdamW's own
-            # choice unless capturable or fused).
-            optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device, copy=True)
-                                      for f, value in fields.items()}
-            used.update(f"{prefix}.{f}/{name}" for f in names)
-        elif any(value is not None for value in fields.values()):
-            raise ReplicaStateError(f"stage {part.stage_index} {name!r}: inner optimizer state ({prefix}) is incomplete")
-    stray = sorted(n for n in part.tensors if n.startswith(optimizer_prefixes()) and n not in used)
-    if stray:
-        raise ReplicaStateError(f"stage {part.stage_index} state: {stray[0]!r} is not state of the run's inner "
-                                "optimizer (training.optimizer)")
-
-
-def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoConfig, last_encoded: int,
-                 last_applied: int, others_count: int) -> None:
-    """``engine.load_state_dict`` of ``part``; a state the engine refuses (e.g. a bad encoder memo) is a
-    :class:`ReplicaStateError` like any other malformed state."""
-    try:
-        engine.load_state_dict({
-            "version": ENGINE_STATE_VERSION,
-            "stage_index": part.stage_index,
-            "one_step_delay": diloco_cfg.one_step_delay,
-            "last_encoded": last_encoded - 1,
-            "last_applied": last_applied - 1,
-            "global_weights": part.group("global"),
-            "momentum": part.group("momentum"),
-            "error_feedback": part.group("residual"),
-            "round_start": part.group("round_start"),
-            "round_end": {r: part.group(f"round_end.{r}") for r in part.rounds_of("round_end")},
-            "own_decoded": {r: part.group(f"own_decoded.{r}") for r in part.rounds_of("own_decoded")},
-            "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
-            "sent": {r: part.group(f"sent.{r}") for r in part.rounds_of("sent")},
-            "encoder_memo": _encoder_memo(part),
-        })
-    except EngineStateError as exc:
-        raise ReplicaStateError(f"stage {part.stage_index} state: {exc}") from None
-
-
-def _encoder_memo(part: StageStartState) -> dict | None:
-    """The engine's ``encoder_memo`` from the ``encoder.*`` groups (None without any): "choice" and "basis"
-    always (v3's bases may be none), "estimate" when the state has it (v4)."""
-    groups = {kind: part.group(f"encoder.{kind}") for kind in ("choice", "basis", "estimate")}
-    if not any(groups.values()):
-        return None
-    if not groups["estimate"]:
-        del groups["estimate"]
-    return groups
-
-
-def _check_stage(part: StageStartState, shapes: Mapping[str, tuple[int, ...]], outer_moments: int = 1) -> None:
-    """Every tensor group of ``part`` names exactly the stage's parameters, with their shapes (the ``momentum``
-    group of an outer-Adam run: both moments stacked, ``(outer_moments, *shape)``)."""
-    groups: dict[str, set[str]] = {}
-    for name, value in part.tensors.items():
-        group, _, tensor_name = name.partition("/")
-        if group.startswith("encoder.") and tensor_name in shapes:
-            # Encoder "v3"'s / "v4"'s memo: its own shapes, checked when the engine loads it (EncoderMemo.from_tensors).
-            if group not in ("encoder.choice", "encoder.basis", "encoder.estimate"):
-                raise ReplicaStateError(f"stage {part.stage_index} state: unexpected tensor {name!r}")
-            groups.setdefault(group, set()).add(tensor_name)
-            continue
-        expected = () if group == "adam.step" else shapes.get(tensor_name)
-        if group == "momentum" and expected is not None and outer_moments != 1:
-            expected = (outer_moments, *expected)
-        if expected is None or tuple(value.shape) != tuple(expected):
-            raise ReplicaStateError(
-                f"stage {part.stage_index} state: unexpected tensor {name!r} {tuple(value.shape)}"
-            )
-        groups.setdefault(group, set()).add(tensor_name)
-    for group in ("param", "global", "momentum", "residual", "round_start"):
-        if groups.get(group) != set(shapes):
-            raise ReplicaStateError(f"stage {part.stage_index} state: group {group!r} does not hold every parameter")
-
-
 # ----------------------------------------------------------------------------- bytes
 
 
@@ -459,29 +243,7 @@ def parse_stage_state(data: bytes) -> StageStartState:
     if meta_len > _MAX_META_BYTES:
         raise ReplicaStateError(f"replica state meta of {meta_len} bytes is too large")
     raw_meta = take(meta_len, "meta")
-    try:
-        header = json.loads(raw_meta.decode("ascii"))
-        if _canonical_json(header) != raw_meta:
-            raise ReplicaStateError("replica state meta is not canonical JSON")
-        keys = {"v", "stage", "meta", "engine"}
-        if not ((set(header) == keys and header["v"] == STATE_VERSION)
-                or (set(header) == keys | {"platform"} and header["v"] == STATE_VERSION_PLATFORM)):
-            raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
-        if not isinstance(header["meta"], dict) or "platform" in header["meta"]:
-            raise ReplicaStateError("replica state meta is not an object of counters")
-        platform = parse_fingerprint(header["platform"]) if "platform" in header else None
-        meta = RoundMeta(**header["meta"], platform=platform)
-        stage_index = header["stage"]
-        counters = tuple(header["engine"])
-        if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
-                or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
-            raise ReplicaStateError(f"replica state: bad stage {stage_index!r} or engine counters {counters!r}")
-    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
-        if isinstance(exc, ReplicaStateError):
-            raise
-        if isinstance(exc, PlatformError):
-            raise ReplicaStateError(f"replica state {exc}"[:300]) from None
-        raise ReplicaStateError(f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]) from None
+    meta, stage_index, counters = _parse_header(raw_meta)
     count = u32("tensor count")
     if count > _MAX_TENSORS:
         raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
@@ -516,6 +278,38 @@ def parse_stage_state(data: bytes) -> StageStartState:
     if position != len(view):
         raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
     return StageStartState(meta, stage_index, counters, tensors)
+
+
+def _parse_header(raw_meta: bytes) -> tuple[RoundMeta, int, tuple[int, ...]]:
+    """The canonical JSON header of a stage's state: ``(meta, stage index, engine counters)``."""
+    try:
+        header = json.loads(raw_meta.decode("ascii"))
+        if _canonical_json(header) != raw_meta:
+            raise ReplicaStateError("replica state meta is not canonical JSON")
+        keys = {"v", "stage", "meta", "engine"}
+        if not ((set(header) == keys and header["v"] == STATE_VERSION)
+                or (set(header) == keys | {"platform"} and header["v"] == STATE_VERSION_PLATFORM)):
+            raise ReplicaStateError(f"replica state meta keys {sorted(header)} or version unsupported")
+        if not isinstance(header["meta"], dict) or "platform" in header["meta"]:
+            raise ReplicaStateError("replica state meta is not an object of counters")
+        platform = parse_fingerprint(header["platform"]) if "platform" in header else None
+        meta = RoundMeta(**header["meta"], platform=platform)
+        stage_index = header["stage"]
+        counters = tuple(header["engine"])
+        if (not isinstance(stage_index, int) or not 0 <= stage_index < meta.num_stages or len(counters) != 3
+                or not all(isinstance(c, int) and -1 <= c < 2**63 for c in counters)):
+            raise ReplicaStateError(
+                f"replica state: bad stage {stage_index!r} or engine counters {counters!r}"
+            )
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as exc:  # RecursionError: deep JSON
+        if isinstance(exc, ReplicaStateError):
+            raise
+        if isinstance(exc, PlatformError):
+            raise ReplicaStateError(f"replica state {exc}"[:300]) from None
+        raise ReplicaStateError(
+            f"replica state meta is malformed: {type(exc).__name__}: {exc}"[:300]
+        ) from None
+    return meta, stage_index, counters
 
 
 def _canonical_json(value) -> bytes:

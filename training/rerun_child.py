@@ -4,7 +4,7 @@ ATen picks its CPU kernels (DEFAULT, AVX2, AVX512) once per process, from the CP
 ``ATEN_CPU_CAPABILITY``, and MKL/oneDNN pick their code path once, from the CPU or from the variables
 of :data:`training.fingerprint.BLAS_DISPATCH_ENV` (``MKL_CBWR``, ...); a contribution trained under another
 choice on this CPU model is reproduced bit for bit only under that one
-(:func:`training.fingerprint.kernels_to_emulate`). :func:`verify_under_kernels` runs
+(:func:`training.claimant_kernels.kernels_to_emulate`). :func:`verify_under_kernels` runs
 :func:`training.reexec.verify_contribution` in a child started with the claimant's settings and returns
 its :class:`~training.reexec.SpotCheck`; the rule it was judged by comes from the child's own
 fingerprint, so a child that did not get the settings is judged as another platform, never passed as
@@ -25,16 +25,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.claimant_kernels import describe_kernels, emulated_environment
 from training.errors import ReexecError
-from training.fingerprint import describe_kernels, emulated_environment
 
 #: How long one emulated rerun may take before the parent gives it up.
 CHILD_TIMEOUT_S = 900.0
 
 
 def child_env(settings: dict[str, str | None]) -> dict[str, str]:
-    """This process's environment with ``settings`` applied (:func:`training.fingerprint.kernels_to_emulate`)
-    and this checkout on the path."""
+    """This process's environment with ``settings`` applied
+    (:func:`training.claimant_kernels.kernels_to_emulate`) and this checkout on the path."""
     env = emulated_environment(settings)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -43,7 +43,7 @@ def child_env(settings: dict[str, str | None]) -> dict[str, str]:
 
 def verify_under_kernels(settings: dict[str, str | None], *, timeout: float = CHILD_TIMEOUT_S, **kwargs):
     """:func:`training.reexec.verify_contribution` (``**kwargs``: its arguments, by name) in a child under
-    ``settings`` (:func:`training.fingerprint.kernels_to_emulate`). Raises :class:`ReexecError` if the
+    ``settings`` (:func:`training.claimant_kernels.kernels_to_emulate`). Raises :class:`ReexecError` if the
     child fails or overruns."""
     under = describe_kernels(settings)
     try:

@@ -55,6 +55,13 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+# lower_median and clip_scale re-exported: training.robust is their address too
+from rulebook.norm_clip import (
+    clip_bound,
+    clip_scale,
+    lower_median,
+    per_step,
+)
 from training.codec_wire import decode_declared, header_steps
 from training.errors import (
     ContributionCodecRefused,
@@ -71,9 +78,18 @@ SCREENED = "screened"
 #: A time-bounded run's contribution that declares no inner steps, or a count outside the run's range.
 BAD_STEPS = "bad_steps"
 #: Built on another result of the round before than the holder's (a forked member's round; the caller
-#: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the record").
+#: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the
+#: record").
 OTHER_RESULT = "other_result"
-EXCLUSION_REASONS = (UNDECODABLE, WRONG_SHAPE, NON_FINITE, RAW_IN_COMPRESSED, SCREENED, OTHER_RESULT, BAD_STEPS)
+EXCLUSION_REASONS = (
+    UNDECODABLE,
+    WRONG_SHAPE,
+    NON_FINITE,
+    RAW_IN_COMPRESSED,
+    SCREENED,
+    OTHER_RESULT,
+    BAD_STEPS,
+)
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
 CALLER_REASONS = (SCREENED, OTHER_RESULT)
 
@@ -251,18 +267,6 @@ def _levels_norm(arrays: Sequence[np.ndarray], count: int) -> float:
     return math.sqrt(float(total))
 
 
-def lower_median(values: Sequence[float]) -> float:
-    """``sorted(values)[(len - 1) // 2]``: a value that occurs, and the smaller middle one for an even count."""
-    if not values:
-        raise ValueError("lower_median of no values")
-    return sorted(values)[(len(values) - 1) // 2]
-
-
-def clip_scale(norm: float, bound: float) -> float:
-    """1.0 if ``norm <= bound``, else ``bound / norm`` (float64, one division)."""
-    return 1.0 if norm <= bound else bound / norm
-
-
 def scaled(decoded: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """``float32(float64(x) * scale)`` per tensor: one correctly rounded product, one rounding."""
     return {
@@ -335,15 +339,17 @@ def robust_contributions(
             reports[index] = ContributionReport(index, False, reason, str(detail), norm, 0.0)
             continue
         decoded[index], norms[index] = tensors, norm
-        clip_norms[index] = norm / steps[index] if steps_range is not None else norm
+        clip_norms[index] = per_step(norm, steps[index]) if steps_range is not None else norm
     median = lower_median(list(clip_norms.values())) if clip_norms else 0.0
-    bound = norm_clip * median if norm_clip else math.inf
+    bound = clip_bound(median, norm_clip)
     per = " per step" if steps_range is not None else ""
     accepted = []
     for index, tensors in decoded.items():
         scale = clip_scale(clip_norms[index], bound)
         accepted.append(tensors if scale == 1.0 else scaled(tensors, scale))
-        detail = "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        detail = (
+            "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        )
         reports[index] = ContributionReport(index, True, "", detail, norms[index], scale)
     return accepted, [report for report in reports if report is not None]
 

@@ -1,4 +1,5 @@
-"""The schedules of a DiLoCoX run: the inner learning rate per step, and the order of train / encode / apply per round.
+"""The schedules of a DiLoCoX run: the inner learning rate per step, and the order of train / encode / apply
+per round.
 
 Both are pure functions of the configuration, shared by the simulation
 (:mod:`training.simulate`) and the node, so the node runs exactly what the
@@ -11,7 +12,8 @@ Sec. 3)::
 
     step s = outer_round * H + k            (k: inner step within the round)
     lr(s)  = inner_lr * (s + 1) / warmup                       s < warmup
-           = min + (inner_lr - min) * (1 + cos(pi * p)) / 2     p = (s - warmup) / (T - warmup), clamped to [0, 1]
+           = min + (inner_lr - min) * (1 + cos(pi * p)) / 2     p = (s - warmup) / (T - warmup), clamped to
+           [0, 1]
     min    = inner_lr * min_lr_ratio,  T = total inner steps of the run
 
 With ``lr_schedule = "constant"`` (or no known ``T``) the rate is ``inner_lr``
@@ -24,8 +26,8 @@ per outer round ``t`` (the round whose average the outer step applies; W =
 
     lr_t = outer_lr * (t + 1) / W                                 t < W
          = outer_lr * (r + (1 - r) * f(p))                         p = (t - W) / (D - W), clamped to [0, 1]
-    mu_t = mu_end + (outer_momentum - mu_end) * f(p)               (mu_end = outer_final_momentum; "auto": mu_t = outer_momentum)
-    f(p) = 1 (constant) | 1 - p (linear) | (1 + cos(pi * p)) / 2 (cosine)
+    mu_t = mu_end + (outer_momentum - mu_end) * f(p)               (mu_end = outer_final_momentum; "auto":
+    mu_t = outer_momentum) f(p) = 1 (constant) | 1 - p (linear) | (1 + cos(pi * p)) / 2 (cosine)
 
 Both are computed in float64 from the configuration and the round index only,
 then rounded to float32 by the outer step (training/diloco.py), so every
@@ -56,6 +58,7 @@ import math
 from dataclasses import dataclass
 
 from training.config import AUTO, DilocoConfig, TrainingConfig
+from training.delay_correction import delay_correction_for
 
 TRAIN = "train"
 ENCODE = "encode"
@@ -101,7 +104,7 @@ def round_actions(diloco_cfg: DilocoConfig, outer_round: int, *, last: bool = Fa
         # `overlap` inner steps of round t only, then it is applied and round t goes on.
         return [RoundAction(TRAIN, outer_round, 0, overlap), *previous,
                 RoundAction(TRAIN, outer_round, overlap, steps), encode, *flush]
-    if diloco_cfg.delay_correction in ("lookahead", "eager"):
+    if delay_correction_for(diloco_cfg).jumps_ahead:
         return [train, *previous, encode, *flush]
     return [train, encode, *previous, *flush]
 
@@ -123,7 +126,8 @@ def applies_before_encode(diloco_cfg: DilocoConfig, outer_round: int) -> bool:
 
 
 def takes_another_step(diloco_cfg: DilocoConfig, step: int, elapsed_s: float) -> bool:
-    """Whether a replica trains inner step ``step`` (0-based) of a round that used ``elapsed_s`` of its budget.
+    """Whether a replica trains inner step ``step`` (0-based) of a round that used ``elapsed_s`` of its
+    budget.
 
     Fixed H: ``step < H``. Time-bounded (``diloco.round_budget_s`` = B): every step below
     ``min_inner_steps``, none from ``inner_steps`` (H) on, and in between while ``elapsed_s < B`` (the
@@ -176,7 +180,8 @@ def _outer_decay_factor(diloco_cfg: DilocoConfig, outer_round: int) -> float:
 
 
 def outer_lr(diloco_cfg: DilocoConfig, outer_round: int) -> float:
-    """Outer learning rate of ``outer_round`` (module docstring): warmup, then the decay, else ``diloco.outer_lr``."""
+    """Outer learning rate of ``outer_round`` (module docstring): warmup, then the decay, else
+    ``diloco.outer_lr``."""
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
     peak = diloco_cfg.outer_lr
@@ -187,7 +192,8 @@ def outer_lr(diloco_cfg: DilocoConfig, outer_round: int) -> float:
 
 
 def outer_momentum(diloco_cfg: DilocoConfig, outer_round: int) -> float:
-    """Outer (Nesterov) momentum of ``outer_round``: ``outer_momentum`` decayed towards ``outer_final_momentum``."""
+    """Outer (Nesterov) momentum of ``outer_round``: ``outer_momentum`` decayed towards
+    ``outer_final_momentum``."""
     if outer_round < 0:
         raise ValueError(f"outer_round={outer_round}: must be >= 0")
     start, end = diloco_cfg.outer_momentum, diloco_cfg.outer_final_momentum
@@ -214,6 +220,7 @@ def set_lr(optimizers, lr: float) -> None:
 
 
 def trainer_optimizers(trainer) -> list:
-    """The inner optimizers of a :class:`~training.pipeline.LocalReplicaTrainer` or ``PipelineStageTrainer``."""
+    """The inner optimizers of a :class:`~training.pipeline.LocalReplicaTrainer` or ``PipelineStageTrainer``.
+    """
     optimizers = getattr(trainer, "optimizers", None)
     return list(optimizers) if optimizers is not None else [trainer.optimizer]

@@ -33,15 +33,16 @@ applied against itself, and what is judged is its slope and its curvature, not i
 ``excluded_i <=> not (L_i <= max(L_b, med) + tol)``).
 
 Version 3 (``"paired"``) is version 2 with the slope judged against its own measurement error: the losses are
-taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of each,
-and the slope's standard error over the batch's ``B`` windows::
+taken per window ``w`` of the screening batch (:class:`ModelLoss`, ``windows``), ``L = f32(fsum_w / B)`` of
+each, and the slope's standard error over the batch's ``B`` windows::
 
-    E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every value finite)
-    excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
+    E_i   = f32(stdev_w(L+_{i,w} - L-_{i,w}) / sqrt(B))      (float64, exact sums; 0 unless B >= 2, every
+    value finite) excluded_i  <=>  not ( D_i + min(SLOPE_ERRORS * E_i, tol) > min(tol, D_med / SLOPE_SHARE) )
                  or  not ( C_i <= CURVATURE_FACTOR * max(C_med, 0) + tol )
 
-(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were the
-16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round too).
+(docs/DILOCOX.md section 13, "Version 3": in the simulation the honest slopes version 2 found too small were
+the 16-window batch's noise, and on the node one exclusion at that margin cost the replica its next round
+too).
 
 ``f32`` rounds the float64 loss to the nearest float32: the loss is computed in
 float64 (:func:`model_loss_fn`), whose order-dependent last bits (thread count,
@@ -62,7 +63,6 @@ import math
 import statistics
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ from training.config import DilocoConfig, ModelConfig
 from training.data import Corpus, check_corpus
 from training.errors import ContributionDecodeError, DataError
 from training.model import GPT, lm_loss
-from training.robust import lower_median
+from training.screen_rules import ScreeningReport, screen_rule_for
 
 SCREENING_BATCH_DOMAIN = b"dlx-node/screening-batch/v1"
 _U64_MAX = 2**64 - 1
@@ -83,20 +83,10 @@ LossFn = Callable[[Mapping[str, torch.Tensor]], float]
 
 #: Threads for the screening losses (fixed: the decision must be the same bits everywhere).
 SCREENING_THREADS = 1
-#: Contributions a round needs before screening excludes any (a majority to measure against).
-MIN_SCREENED = 3
-#: Version 2 (``screen_rule = "two_sided"``): a contribution must descend by at least this share of the median
-#: slope (or by the tolerance, whichever is less) ...
-SLOPE_SHARE = 4
-#: ... and cost no more than this many times the median's curvature (plus the tolerance): the curvature grows as
-#: the square of an update's length, so this is an update twice the median's.
-CURVATURE_FACTOR = 4
-#: Version 3 (``"paired"``): a slope may fall short of the least one by this many standard errors of its
-#: measurement (at most by the tolerance): the two-sided 95% band of a normal estimate.
-SLOPE_ERRORS = 2
 
 def screening_offsets(run_seed: int, outer_round: int, batch_size: int, n_start: int) -> list[int]:
-    """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) % n_start``."""
+    """``offset_b = u64be(sha256(DOMAIN || u64be(run_seed) || u64be(outer_round) || u64be(b))[:8]) %
+    n_start``."""
     for name, value in (("run_seed", run_seed), ("outer_round", outer_round)):
         if not 0 <= value <= _U64_MAX:
             raise DataError(f"{name}={value}: must be in [0, 2**64)")
@@ -125,8 +115,8 @@ def screening_batch(
 
 
 class ModelLoss:
-    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval mode);
-    :meth:`windows` gives the mean of each window (row of ``x``) instead, which version 3 judges."""
+    """``weights -> mean cross-entropy of the full model on (x, y)``, evaluated in float64 (no grad, eval
+    mode); :meth:`windows` gives the mean of each window (row of ``x``) instead, which version 3 judges."""
 
     def __init__(self, model_cfg: ModelConfig, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model = GPT(model_cfg, seed=None).to(torch.float64).eval()
@@ -158,8 +148,9 @@ def window_mean(values: Sequence[float]) -> float:
 
 
 def slope_error(after: Sequence[float], against: Sequence[float]) -> float:
-    """Version 3's ``E``: ``f32`` of the standard error of the per-window slopes ``against - after`` (0 when there are
-    fewer than two windows or a value is not finite: the slope is then judged as version 2 judges it)."""
+    """Version 3's ``E``: ``f32`` of the standard error of the per-window slopes ``against - after`` (0 when
+    there are fewer than two windows or a value is not finite: the slope is then judged as version 2 judges
+    it)."""
     slopes = [b - a for a, b in zip(after, against, strict=True)]
     if len(slopes) < 2 or not all(math.isfinite(v) for v in slopes):
         return 0.0
@@ -173,28 +164,6 @@ def _f32(value: float) -> float:
     return rounded if math.isfinite(rounded) else math.inf
 
 
-@dataclass(frozen=True)
-class ScreeningReport:
-    """The screening verdict on one contribution (canonical ``index``).
-
-    ``loss_after`` is None for a contribution that was not screened (it did not
-    decode; aggregation excludes it anyway).
-    """
-
-    index: int
-    loss_before: float
-    loss_after: float | None
-    excluded: bool
-    detail: str
-    #: Versions 2 and 3: the loss of the contribution applied against itself (``theta + outer_lr * d``).
-    loss_against: float | None = None
-    #: Version 3 only: the standard error of its slope over the screening batch's windows (:func:`slope_error`).
-    slope_error: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def decode_full(
     contribution_by_stage: Sequence[bytes],
     shapes_by_stage: Sequence[Mapping[str, tuple[int, ...]]],
@@ -202,12 +171,15 @@ def decode_full(
     outer_round: int,
     refuse_raw: bool = False,
 ) -> dict[str, torch.Tensor] | None:
-    """One replica's contributions to every stage, decoded and merged into full-model tensors (None if any fails)."""
+    """One replica's contributions to every stage, decoded and merged into full-model tensors (None if any
+    fails)."""
     merged: dict[str, torch.Tensor] = {}
     for stage, (blob, shapes) in enumerate(zip(contribution_by_stage, shapes_by_stage, strict=True)):
         try:
             merged.update(
-                decode_contribution(blob, shapes, stage_index=stage, outer_round=outer_round, refuse_raw=refuse_raw)
+                decode_contribution(
+                    blob, shapes, stage_index=stage, outer_round=outer_round, refuse_raw=refuse_raw
+                )
             )
         except ContributionDecodeError:
             return None
@@ -221,7 +193,9 @@ def declared_steps_full(contribution_by_stage: Sequence[bytes]) -> int | None:
     return steps.pop() if len(steps) == 1 else None
 
 
-def screening_steps(diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]) -> list | None:
+def screening_steps(
+    diloco_cfg: DilocoConfig, contributions_by_replica: Sequence[Sequence[bytes]]
+) -> list | None:
     """The ``declared_steps`` argument of :func:`screen_contributions`: each replica's declared count in a
     time-bounded run (``contributions_by_replica[i]``: replica i's contribution to every stage), None with
     fixed H (nothing to read)."""
@@ -251,13 +225,16 @@ def screen_contributions(
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
     factors = [lr] * len(contributions)
     if diloco_cfg.budgeted:
-        factors = [lr if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
-                   for k in declared_steps]
+        factors = [
+            lr if isinstance(k, int) and diloco_cfg.min_inner_steps <= k <= diloco_cfg.inner_steps else None
+            for k in declared_steps
+        ]
     # Every member and the audit must reach the same decision bit for bit, whatever thread count
     # they train with: torch splits float reductions (matmuls) by thread count, so the losses are
     # computed on SCREENING_THREADS threads. (Two members on 1 and 2 threads disputed a round.)
-    windows = getattr(loss_fn, "windows", None) if paired(diloco_cfg) else None
-    if paired(diloco_cfg) and windows is None:
+    rule = screen_rule_for(diloco_cfg)
+    windows = getattr(loss_fn, "windows", None) if rule.per_window else None
+    if rule.per_window and windows is None:
         raise ValueError("version-3 screening judges per-window losses: pass a ModelLoss (model_loss_fn)")
     threads = torch.get_num_threads()
     torch.set_num_threads(SCREENING_THREADS)
@@ -272,7 +249,7 @@ def screen_contributions(
             stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
                        for name, value in global_weights.items()}
             opposed = {name: torch.add(value, torch.mul(contribution[name], factor))
-                       for name, value in global_weights.items()} if two_sided(diloco_cfg) else None
+                       for name, value in global_weights.items()} if rule.against else None
             if windows:  # version 3: the same losses, per window, and the slope's standard error over them
                 alone, opposite = windows(stepped), windows(opposed)
                 after[index], against[index] = window_mean(alone), window_mean(opposite)
@@ -283,111 +260,23 @@ def screen_contributions(
                 against[index] = _f32(loss_fn(opposed))
     finally:
         torch.set_num_threads(threads)
-    return judge(loss_before, after, len(contributions), diloco_cfg, against if two_sided(diloco_cfg) else None,
+    return judge(loss_before, after, len(contributions), diloco_cfg, against if rule.against else None,
                  errors if windows else None)
-
-
-def two_sided(diloco_cfg: DilocoConfig) -> bool:
-    """Whether the run screens by version 2 or 3 (a time-bounded run made since it, with the option; module
-    docstring): each contribution applied against itself too."""
-    return diloco_cfg.budgeted and diloco_cfg.screen_rule in ("two_sided", "paired")
-
-
-def paired(diloco_cfg: DilocoConfig) -> bool:
-    """Whether the run screens by version 3 (slopes judged per window: module docstring)."""
-    return diloco_cfg.budgeted and diloco_cfg.screen_rule == "paired"
 
 
 def judge(
     loss_before: float, loss_after: Mapping[int, float], count: int, diloco_cfg: DilocoConfig,
     loss_against: Mapping[int, float] | None = None, slope_errors: Mapping[int, float] | None = None,
 ) -> list[ScreeningReport]:
-    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record).
+    """The exclusion rule on recorded losses (pure; what an auditor re-derives from a round's record): the
+    run's :class:`~training.screen_rules.ScreenRule`.
 
-    ``loss_against``: the losses of each contribution applied against itself (the same keys as ``loss_after``),
-    which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard errors of the slopes
-    (:func:`slope_error`, the same keys)."""
-    if two_sided(diloco_cfg):
-        if loss_against is None or set(loss_against) != set(loss_after):
-            raise ValueError("version-2 screening judges each contribution's loss applied against itself too")
-        if paired(diloco_cfg) and (slope_errors is None or set(slope_errors) != set(loss_after)):
-            raise ValueError("version-3 screening judges each slope with its standard error")
-        return _judge_two_sided(loss_before, loss_after, loss_against, count, diloco_cfg,
-                                slope_errors if paired(diloco_cfg) else None)
-    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    median = lower_median(list(loss_after.values())) if loss_after else math.inf
-    # Against the median contribution, not min(L_b, median): with the one-step delay every honest
-    # contribution, applied alone to weights that already moved, can do worse than L_b late in a
-    # run; measuring against L_b then left honest ones out (a bench run lost 1 of 4 in a round).
-    threshold = median + tolerance
-    if diloco_cfg.budgeted:
-        # Replicas of a time-bounded run train different counts: an honest slow replica's shorter update,
-        # applied alone, lands above the faster ones' median, yet below L_b. Scaling it up to the mean count
-        # does not help: fewer steps buy less than their share of loss, and late in a run the scaled update
-        # overshoots (bench/bench_heterogeneous.py screened the honest 4x replica out of 4 of 7 rounds that
-        # way). Only a contribution worse than both leaving the weights alone and the median is left out.
-        threshold = max(loss_before, median) + tolerance
-    # With fewer than three screened contributions there is no majority to measure against: the
-    # lower median of two is the better one, and the other, honest or not, would fall above it
-    # (a 2-replica benchmark run lost an honest contribution that way). Nothing is excluded then;
-    # the norm rule still bounds every contribution.
-    if len(loss_after) < MIN_SCREENED:
-        threshold = math.inf
-    reports = []
-    for index in range(count):
-        if index not in loss_after:
-            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
-            continue
-        value = loss_after[index]
-        excluded = not value <= threshold
-        detail = (
-            f"loss {loss_before:.6g} -> {value:.6g} alone, above the median {median:.6g} + {tolerance:.3g}"
-            if excluded else ""
-        )
-        reports.append(ScreeningReport(index, loss_before, value, excluded, detail))
-    return reports
-
-
-def _difference(a: float, b: float) -> float:
-    """``a - b`` in float64, -inf where that is NaN (both infinite)."""
-    value = a - b
-    return -math.inf if math.isnan(value) else value
-
-
-def _judge_two_sided(loss_before: float, after: Mapping[int, float], against: Mapping[int, float], count: int,
-                     diloco_cfg: DilocoConfig, errors: Mapping[int, float] | None = None) -> list[ScreeningReport]:
-    """Versions 2 and 3 (``errors``: each slope's standard error; module docstring; docs/DILOCOX.md section 13,
-    "Screening of a time-bounded run")."""
-    tolerance = max(diloco_cfg.screen_abs_tol, diloco_cfg.screen_rel_tol * loss_before)
-    # Version 3: a slope may fall short of the least one by SLOPE_ERRORS standard errors over the batch (at most by
-    # the tolerance); version 2: by nothing.
-    margin = {i: min(SLOPE_ERRORS * errors[i], tolerance) if errors is not None else 0.0 for i in after}
-    # inf - inf (both sides non-finite) is NaN: such a contribution descends nowhere (-inf), and NaN never
-    # enters a median's sort.
-    slope = {i: _difference(against[i], after[i]) for i in after}
-    curvature = {i: (against[i] + after[i]) / 2 - loss_before for i in after}  # +inf if either side is
-    screens = len(after) >= MIN_SCREENED  # else no majority to measure against (judge): nothing is excluded
-    least_slope = min(tolerance, lower_median(list(slope.values())) / SLOPE_SHARE) if screens else -math.inf
-    most_curvature = (CURVATURE_FACTOR * max(lower_median(list(curvature.values())), 0.0) + tolerance if screens
-                      else math.inf)
-    reports = []
-    for index in range(count):
-        if index not in after:
-            reports.append(ScreeningReport(index, loss_before, None, False, "not screened (does not decode)"))
-            continue
-        descends = not screens or slope[index] + margin[index] > least_slope
-        near = not screens or curvature[index] <= most_curvature
-        detail = ""
-        if not descends:
-            within = f" + {margin[index]:.3g}" if errors is not None else ""
-            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
-                      f"slope {slope[index]:.3g}{within} not above {least_slope:.3g}")
-        elif not near:
-            detail = (f"loss {loss_before:.6g} -> {after[index]:.6g} alone, {against[index]:.6g} against it: "
-                      f"curvature {curvature[index]:.3g} above {most_curvature:.3g}")
-        reports.append(ScreeningReport(index, loss_before, after[index], not (descends and near), detail,
-                                       against[index], None if errors is None else errors[index]))
-    return reports
+    ``loss_against``: the losses of each contribution applied against itself (the same keys as
+    ``loss_after``), which a run screened by version 2 or 3 needs; ``slope_errors``: version 3's standard
+    errors of the slopes (:func:`slope_error`, the same keys)."""
+    return screen_rule_for(diloco_cfg).judge(
+        loss_before, loss_after, count, diloco_cfg, loss_against, slope_errors
+    )
 
 
 def screening_exclusions(reports: Sequence[ScreeningReport]) -> dict[int, str]:

@@ -13,8 +13,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.butterfly import MAX_SLICES, SliceError
 from training.codec_wire import MAX_DECLARED_STEPS, header_steps
+from training.slice_plan import MAX_SLICES, SliceError
 
 _EMPTY = bytes(32)
 
@@ -60,13 +60,15 @@ def record_size(num_slices: int) -> int:
 
 
 def record_range(num_slices: int, slice_index: int) -> tuple[int, int]:
-    """``(offset, length)`` of record ``slice_index`` in a bundle of ``num_slices`` slices (fixed positions)."""
+    """``(offset, length)`` of record ``slice_index`` in a bundle of ``num_slices`` slices (fixed positions).
+    """
     size = record_size(num_slices)
     return len(BUNDLE_PREFIX) + 4 + slice_index * size, size
 
 
 def slice_leaf(slice_index: int, digest: bytes, offset: int, size: int) -> bytes:
-    """Leaf ``j`` of a bundle's slice tree: ``sha256(b"slice" || u32 j || sha256(blob) || u64 offset || u64 size)``."""
+    """Leaf ``j`` of a bundle's slice tree: ``sha256(b"slice" || u32 j || sha256(blob) || u64 offset || u64
+    size)``."""
     return _sha(b"slice" + struct.pack(">I", slice_index) + digest + struct.pack(">QQ", offset, size))
 
 
@@ -116,7 +118,9 @@ def slice_bundle(blobs: Sequence[bytes], steps: int | None = None) -> tuple[byte
     if steps is None:
         return bundle, REFERENCE_PREFIX + fields
     if type(steps) is not int or not 1 <= steps <= MAX_DECLARED_STEPS:
-        raise SliceError(f"declared inner steps {steps!r}: must be a whole number in [1, {MAX_DECLARED_STEPS}]")
+        raise SliceError(
+            f"declared inner steps {steps!r}: must be a whole number in [1, {MAX_DECLARED_STEPS}]"
+        )
     return bundle, DECLARED_REFERENCE_PREFIX + fields + _STEPS.pack(steps)
 
 
@@ -157,8 +161,8 @@ def reference_steps(blob: bytes) -> int | None:
 
 
 def counted_steps(blob: bytes, steps_range: tuple[int, int]) -> int:
-    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's ``steps``):
-    the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
+    """What a closed contribution counts in a time-bounded run's record (its ``tokens``, the close's
+    ``steps``): the inner steps its envelope's ``blob`` declares (:func:`reference_steps`) inside the run's
     ``(min_inner_steps, inner_steps)``, else 0 (the aggregation excludes it: ``bad_steps``)."""
     steps = reference_steps(blob)
     return steps if steps is not None and steps_range[0] <= steps <= steps_range[1] else 0
@@ -180,8 +184,13 @@ def parse_slice_record(record: bytes, reference: SliceReference, slice_index: in
     digest, offset, size = _RECORD_HEAD.unpack_from(record)
     head = _RECORD_HEAD.size
     siblings = [record[head + 32 * k:head + 32 * (k + 1)] for k in range(tree_depth(count))]
-    if _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings) != reference.slices_root:
-        raise SliceError(f"slice record {slice_index}: its Merkle path does not lead to the signed slices root")
+    if (
+        _fold_path(slice_leaf(slice_index, digest, offset, size), slice_index, siblings)
+        != reference.slices_root
+    ):
+        raise SliceError(
+            f"slice record {slice_index}: its Merkle path does not lead to the signed slices root"
+        )
     first = len(BUNDLE_PREFIX) + 4 + count * record_size(count)
     if size < 1 or offset < first or offset + size > reference.bundle_size:
         raise SliceError(f"slice record {slice_index}: bytes {offset}+{size} outside the bundle's slices")
@@ -211,9 +220,10 @@ def bundle_slices(bundle: bytes, reference: SliceReference) -> list[bytes | None
 
 def rerun_claim(bundle: bytes, reference: SliceReference) -> bytes:
     """What a rerun compares a sliced contribution with: the msgpack array of the slice blobs its bundle
-    proves, which is what the sliced encoder returns (:class:`training.butterfly.SlicedErrorFeedbackCompressor`), so a
-    bit-exact rerun gives the same bytes. SliceError if it is not the referenced bundle or a slice does
-    not check (the node's spot checker and the audit's ``--reexecute`` both read claims so)."""
+    proves, which is what the sliced encoder returns
+    (:class:`training.butterfly.SlicedErrorFeedbackCompressor`), so a bit-exact rerun gives the same bytes.
+    SliceError if it is not the referenced bundle or a slice does not check (the node's spot checker and the
+    audit's ``--reexecute`` both read claims so)."""
     import msgpack
 
     slices = bundle_slices(bundle, reference)

@@ -27,8 +27,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from training.butterfly import MAX_SLICES, SliceError, SlicePlan, replay_partial
+from training.butterfly import replay_partial
 from training.config_compression import CompressionConfig
+from training.slice_plan import MAX_SLICES, SliceError, SlicePlan
 
 SLICE_SIGNATURE_DOMAIN = b"dlx-slice-sig/1"
 SLICE_PREFIX = b"dlx-slice/1"
@@ -41,7 +42,13 @@ def _sha(data: bytes) -> bytes:
 
 
 def slice_signing_bytes(
-    run_id: int, outer_round: int, stage_index: int, replica: int, slice_index: int, num_slices: int, blob: bytes
+    run_id: int,
+    outer_round: int,
+    stage_index: int,
+    replica: int,
+    slice_index: int,
+    num_slices: int,
+    blob: bytes,
 ) -> bytes:
     """What replica i signs for its slice j: domain, run, round, stage, replica, j, A, sha256(blob).
 
@@ -54,14 +61,16 @@ def slice_signing_bytes(
 
 
 def slice_message(slice_index: int, num_slices: int, signature: bytes, blob: bytes) -> bytes:
-    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice blob``."""
+    """What a replica sends aggregator j: ``b"dlx-slice/1" || u32 j || u32 A || signature (64) || slice
+    blob``."""
     if len(signature) != 64:
         raise SliceError("slice signature must be 64 bytes")
     return SLICE_PREFIX + struct.pack(">II", slice_index, num_slices) + signature + blob
 
 
 def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tuple[bytes, bytes]:
-    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError otherwise.
+    """``(signature, blob)`` of a slice message for slice ``slice_index`` of ``num_slices``; SliceError
+    otherwise.
 
     The caller checks the signature over :func:`slice_signing_bytes` with the
     sender's key (``p2p.identity.verify_signature``), then decodes the blob.
@@ -71,12 +80,15 @@ def parse_slice_message(message: bytes, slice_index: int, num_slices: int) -> tu
         raise SliceError("slice message: too short or wrong prefix")
     index, count = struct.unpack_from(">II", message, len(SLICE_PREFIX))
     if index != slice_index or count != num_slices:
-        raise SliceError(f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}")
+        raise SliceError(
+            f"slice message for slice {index} of {count}, expected {slice_index} of {num_slices}"
+        )
     return message[head:head + 64], message[head + 64:]
 
 
 def input_leaf(replica: int, blob: bytes | None) -> bytes:
-    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a missing one."""
+    """Leaf of a partial's inputs root: ``sha256(b"input" || u32 i || sha256(blob))``, 32 zero bytes for a
+    missing one."""
     return _sha(b"input" + struct.pack(">I", replica) + (_EMPTY if blob is None else _sha(blob)))
 
 
@@ -86,7 +98,9 @@ def merkle_root(leaves: Sequence[bytes]) -> bytes:
     if not level:
         return _EMPTY
     while len(level) > 1:
-        level = [_sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)]
+        level = [
+            _sha(level[k] + level[k + 1]) if k + 1 < len(level) else level[k] for k in range(0, len(level), 2)
+        ]
     return level[0]
 
 
@@ -146,5 +160,6 @@ def check_partial(
         stage_index=stage_index, outer_round=outer_round, steps_range=steps_range,
     )
     if expected != partial.blob:
-        return f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != {_sha(expected).hex()[:16]})"
+        return (f"partial bytes differ from the replay (sha256 {_sha(partial.blob).hex()[:16]} != "
+                f"{_sha(expected).hex()[:16]})")
     return ""

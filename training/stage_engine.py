@@ -29,26 +29,12 @@ step: that one-round staleness is the price of the overlap. Without the delay,
 ``apply_round(t)`` runs before round t+1 trains, ``L = E_t`` and the rule
 reduces to DiLoCo's ``theta_i <- theta^t`` (done as a plain copy).
 
-Variants (``diloco.delay_correction``; the default is the rule above):
+The variants (``diloco.delay_correction``: ``"rebase"``, the rule above, ``"lookahead"``, ``"eager"``,
+``"reset"``) are :mod:`training.delay_correction`'s kinds, whose docstring writes each out.
 
-* ``"lookahead"``: right after encoding round t (which then requires round
-  t-1 to be applied already), the replica moves its local weights to its own
-  estimate of the next global weights, ``S^{t+1} = OuterSGDNesterov(theta^{t-1},
-  m^{t-1}, decode(own contribution))``, trains round t+1 from there, and
-  ``apply_round(t)`` re-bases with ``theta_i <- theta^t + (L - S^{t+1})``. The
-  pseudo-gradient of round t+1 is ``S^{t+1} - E^{t+1}``, again exactly the
-  round's local progress, taken relative to ``theta^t`` after the re-basing;
-  the start is only off by ``lr (1 + mu) (own - average)`` instead of the whole
-  outer step (with momentum the outer step extrapolates far from ``E_t``).
-  With one replica and lossless coding this is synchronous DiLoCo.
-* ``"eager"`` (Kale, Douillard, Donchev 2025, arXiv 2502.12996, "eager updates"):
-  as ``"lookahead"``, but the estimate of round t's average uses the others'
-  contributions of round t-1 as a proxy for their round t ones,
-  ``S^{t+1} = OuterSGDNesterov(theta^{t-1}, m^{t-1}, (own_t + sum_{j != i} c_j^{t-1}) / M)``
-  (round t-1 was applied just before; in round 0, ``own_0`` alone). The start
-  is then off only by how much the others' progress changed in one round.
-* ``"reset"``: ``theta_i <- theta^t``: the progress of round t+1 is kept only
-  through its pseudo-gradient, applied one round later (delayed-gradient SGD).
+The engine's other concerns live beside it: joining and catching up (:mod:`training.stage_engine_joining`),
+its checkpoint state (:mod:`training.stage_engine_state`) and what a round returns
+(:mod:`training.stage_results`).
 """
 
 from __future__ import annotations
@@ -57,70 +43,40 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from training.compression import CompressionStats, ErrorFeedbackCompressor
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
+from training.delay_correction import delay_correction_for
 from training.diloco import (
     Aggregation,
-    Weights,
     aggregate_unchecked,
     aggregate_with_report,
-    float32_scalar,
-    host_float32,
-    host_float32_copy,
-    outer_state_shape,
     outer_step,
     zero_outer_state,
 )
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
-from training.robust import ContributionReport
+from training.host_tensors import Weights, host_float32_copy
+from training.stage_engine_joining import EngineJoining
+from training.stage_engine_state import EngineState
+from training.stage_results import PreparedAggregation, RoundResult
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATE_VERSION = 1
 
 
-@dataclass
-class PreparedAggregation:
-    """:meth:`StageEngine.prepare_aggregation`'s result: valid while the engine's global state is ``base``."""
-
-    outer_round: int
-    base: tuple[Weights, Weights]  # the global weights and momentum it was computed from (the objects)
-    aggregation: Aggregation
-    seconds: float
-
-
-@dataclass
-class RoundResult:
-    """What ``apply_round`` did: the new global weights' hash, each contribution's fate, timings."""
-
-    outer_round: int
-    weights_hash: bytes
-    num_contributions: int  # given, accepted or not
-    aggregate_seconds: float  # decode + average + outer step + hash
-    correction_seconds: float  # re-basing the local weights
-    stats: dict = field(default_factory=dict)
-    contributions: list[ContributionReport] = field(default_factory=list)  # canonical order
-
-    @property
-    def num_accepted(self) -> int:
-        return sum(report.accepted for report in self.contributions)
-
-
-class StageEngine:
+class StageEngine(EngineJoining, EngineState):
     """DiLoCoX state of one stage on one replica; no networking.
 
     ``params`` are the live parameters of the stage module (updated in place by
     the inner optimizer); the engine reads them to form pseudo-gradients and
     writes them when a round is applied. They may live on a GPU; everything the
-    engine keeps and computes is float32 on the CPU (:func:`training.diloco.host_float32`, docs/GPU.md). It keeps the global weights, the outer
-    momentum, the error-feedback residuals and the local snapshots the delay
-    correction needs. Call order per round t (module docstring)::
+    engine keeps and computes is float32 on the CPU (:func:`training.diloco.host_float32`, docs/GPU.md). It
+    keeps the global weights, the outer momentum, the error-feedback residuals and the local snapshots the
+    delay correction needs. Call order per round t (module docstring)::
 
         no delay:  train(t); encode_contribution(t); apply_round(t, ...)
         delay:     train(t); encode_contribution(t); apply_round(t-1, ...); train(t+1) ...
@@ -144,10 +100,14 @@ class StageEngine:
         self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
         self.global_weights: Weights = host_float32_copy(self.params)
         self.momentum: Weights = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
-        numel = sum(math.prod(shape) for shape in self.shapes.values())  # "auto" budgets follow the stage's size
-        budget = compression_cfg.stage_bandwidth_budget(numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas)
+        # "auto" budgets follow the stage's size
+        numel = sum(math.prod(shape) for shape in self.shapes.values())
+        budget = compression_cfg.stage_bandwidth_budget(
+            numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas
+        )
         self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
-        self._round_start: Weights = host_float32_copy(self.params)  # local weights when the current round began
+        # local weights when the current round began
+        self._round_start: Weights = host_float32_copy(self.params)
         self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet
         # "eager": own decoded contributions of unapplied rounds, and (sum of the others'
         # decoded contributions, M) of the last applied round.
@@ -161,6 +121,7 @@ class StageEngine:
         self.last_encoded = -1
         self.last_applied = -1
         self._prepared: tuple[int, Weights] | None = None  # (round, pseudo-gradient) of prepare_encode()
+        self.correction = delay_correction_for(diloco_cfg)  # how the local weights follow an applied round
 
     @property
     def delayed(self) -> bool:
@@ -168,23 +129,17 @@ class StageEngine:
 
     @property
     def lookahead(self) -> bool:
-        """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager")."""
-        return self.delayed and self.diloco_cfg.delay_correction in ("lookahead", "eager")
-
-    def _estimate_input(self) -> Weights:
-        """The pseudo-gradient the lookahead step uses: own, or eager's own + others' previous round, / M."""
-        own = self.compressor.last_decoded
-        if self.diloco_cfg.delay_correction != "eager" or self._others_previous is None:
-            return own
-        others, count = self._others_previous
-        divisor = float32_scalar(float(count))
-        return {name: torch.div(torch.add(own[name], others[name]), divisor) for name in own}
+        """True for the corrections that jump to an estimate of theta^t after encoding ("lookahead", "eager").
+        """
+        return self.correction.jumps_ahead
 
     def _check_encode_order(self, outer_round: int) -> None:
         if outer_round != self.last_encoded + 1:
-            raise RoundOrderError(f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}")
+            raise RoundOrderError(
+                f"stage {self.stage_index}: encode round {outer_round}, expected {self.last_encoded + 1}"
+            )
         pending = outer_round - 1 - self.last_applied  # rounds encoded but not applied
-        if pending > (1 if self.delayed and not self.lookahead else 0):
+        if pending > self.correction.pending_encodes:
             raise RoundOrderError(
                 f"stage {self.stage_index}: round {self.last_applied + 1} must be applied before encoding "
                 f"round {outer_round} ({'one-step delay' if self.delayed else 'no delay'})"
@@ -213,7 +168,9 @@ class StageEngine:
                                   f"{self.diloco_cfg.delay_correction!r} cannot split its encode")
         self._check_encode_order(outer_round)
         if self._prepared is not None:
-            raise RoundOrderError(f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded")
+            raise RoundOrderError(
+                f"stage {self.stage_index}: round {self._prepared[0]} was prepared and not encoded"
+            )
         local = host_float32_copy(self.params)
         pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
         self._round_end[outer_round] = local
@@ -229,7 +186,9 @@ class StageEngine:
                                        f"{self.diloco_cfg.inner_steps} steps, not {declared_steps}")
             return
         if declared_steps is None:
-            raise EngineStateError(f"stage {self.stage_index}: a time-bounded run's contribution declares its steps")
+            raise EngineStateError(
+                f"stage {self.stage_index}: a time-bounded run's contribution declares its steps"
+            )
         self.diloco_cfg.check_declared_steps(declared_steps)
 
     def _declared(self, blob: bytes, declared_steps: int | None) -> bytes:
@@ -239,7 +198,9 @@ class StageEngine:
             return blob
         return self.compressor.declare(blob, declared_steps)  # the sliced encoder: in every slice blob
 
-    def encode_contribution(self, outer_round: int, declared_steps: int | None = None) -> tuple[bytes, CompressionStats]:
+    def encode_contribution(
+        self, outer_round: int, declared_steps: int | None = None
+    ) -> tuple[bytes, CompressionStats]:
         """Pseudo-gradient of ``outer_round`` (start-of-round minus current local weights), compressed.
 
         After :meth:`prepare_encode` of the same round, only the compression is left to do.
@@ -273,8 +234,10 @@ class StageEngine:
         if self.lookahead:
             # Start the next round from this replica's own estimate of theta^t: the outer
             # step applied to its own (decoded) contribution instead of the average.
-            estimate, _ = outer_step(self.global_weights, self.momentum, self._estimate_input(), self.diloco_cfg,
-                                     outer_round)
+            step_input = self.correction.estimate_input(self.compressor.last_decoded, self._others_previous)
+            estimate, _ = outer_step(
+                self.global_weights, self.momentum, step_input, self.diloco_cfg, outer_round
+            )
             self._own_decoded[outer_round] = self.compressor.last_decoded
             with torch.no_grad():
                 for name, param in self.params.items():
@@ -348,13 +311,9 @@ class StageEngine:
                 f"stage {self.stage_index}: apply round {outer_round}, expected {self.last_applied + 1} "
                 f"(last encoded {self.last_encoded})"
             )
-        if self.delayed and self.diloco_cfg.delay_correction == "reset" and self.last_encoded == outer_round:
-            # Resetting now would throw away the progress of round t+1 before it is encoded.
-            if any(not torch.equal(host_float32(p), self._round_end[outer_round][n]) for n, p in self.params.items()):
-                raise RoundOrderError(
-                    f"stage {self.stage_index}: delay_correction='reset' needs round {outer_round + 1} "
-                    f"encoded before round {outer_round} is applied"
-                )
+        self.correction.check_apply(
+            self.stage_index, outer_round, self.last_encoded, self.params, self._round_end
+        )
         started = time.perf_counter()
         # This replica's own contribution, if among them, is not decoded again: the encoder
         # returned exactly the decoder's output for those bytes (compression.encode_tensor).
@@ -365,29 +324,11 @@ class StageEngine:
         aggregated = time.perf_counter()
         round_end = self._round_end.pop(outer_round)
         own = self._own_decoded.pop(outer_round, None)
-        if self.diloco_cfg.delay_correction == "eager" and own is not None:
-            count = len(result.accepted)
-            total = float32_scalar(float(count))
-            # (With its own contribution left out, "others" is approximate; the next estimate only.)
-            self._others_previous = None if average is None else (
-                {n: torch.sub(torch.mul(average[n], total), own[n]) for n in own}, count
-            )
+        self._others_previous = self.correction.others_after_apply(average, own, len(result.accepted),
+                                                                   self._others_previous)
         with torch.no_grad():
-            if not self.delayed or self.diloco_cfg.delay_correction == "reset":
-                # No delay: L = E_t, DiLoCo's theta_i <- theta^t. "reset": the same by choice.
-                for name, param in self.params.items():
-                    param.copy_(new_global[name])
-                self._round_start = host_float32_copy(new_global)
-            else:
-                for name, param in self.params.items():
-                    progress = torch.sub(host_float32(param), round_end[name])
-                    param.copy_(torch.add(new_global[name], progress))
-
-                def rebase(snapshot: Weights) -> Weights:
-                    return {n: torch.add(new_global[n], torch.sub(snapshot[n], round_end[n])) for n in snapshot}
-
-                self._round_start = rebase(self._round_start)
-                self._round_end = {r: rebase(snapshot) for r, snapshot in self._round_end.items()}
+            self._round_start, self._round_end = self.correction.follow(
+                self.params, new_global, round_end, self._round_start, self._round_end)
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
         self._forget_sent_before(outer_round)
@@ -417,7 +358,9 @@ class StageEngine:
         """
         sent = self._sent.pop(outer_round, None)
         if sent is None:
-            logger.warning("stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round)
+            logger.warning(
+                "stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round
+            )
             return False
         self.compressor.restore_undelivered(sent)
         return True
@@ -429,189 +372,3 @@ class StageEngine:
     def _forget_sent_before(self, outer_round: int) -> None:
         for old in [r for r in list(self._sent) if r < outer_round]:  # list(): another thread may add one
             del self._sent[old]
-
-    # ------------------------------------------------------------------ joining, catching up
-
-    def can_apply(self, outer_round: int) -> bool:
-        """True if ``apply_round(outer_round)`` is the next step (this replica encoded that round)."""
-        return self.last_encoded >= outer_round and self.last_applied == outer_round - 1
-
-    def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
-               last_round: int) -> None:
-        """Enter after ``last_round`` from global state (e.g. a checkpoint): local = global, nothing pending.
-
-        The live params are overwritten with ``global_weights``; the error-feedback
-        residual is kept (it is this replica's own). Round ``last_round + 1`` is
-        the next to encode.
-        """
-        weights = self._checked("global_weights", global_weights)
-        momentum = self._checked("momentum", momentum)
-        self.global_weights, self.momentum = weights, momentum
-        self._round_start = host_float32_copy(weights)
-        self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
-        self._own_blob = {}
-        self.compressor.encoder_memo = None  # a restart's state carries none (training.reexec.restart_state_reason)
-        self.last_encoded = self.last_applied = last_round
-        self._prepared = None
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.copy_(weights[name])
-
-    def move_global(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]) -> None:
-        """Replace the global state of the last applied round with another one of the same round (a re-base).
-
-        A replica whose outer step left the run's record (it aggregated another set than the
-        quorum did) takes the record's state instead: the global weights and momentum become
-        the given ones, and the live params and every stored snapshot move by the same delta
-        (as :meth:`absorb_round` does), so local progress since the round start stays this
-        replica's own. The round counters do not change.
-        """
-        weights = self._checked("global_weights", global_weights)
-        momentum = self._checked("momentum", momentum)
-        delta = {n: torch.sub(weights[n], self.global_weights[n]) for n in weights}
-
-        def shift(snapshot: Weights) -> Weights:
-            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
-
-        self._round_start = shift(self._round_start)
-        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
-        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
-        self.global_weights, self.momentum = weights, momentum
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.add_(delta[name])
-
-    def skip_to(self, next_round: int) -> None:
-        """Make ``next_round`` the next round to encode, keeping every weight (a replica that sat rounds out).
-
-        Rounds before ``next_round`` that this replica did not encode are
-        treated as encoded and applied without it (their snapshots are dropped);
-        the local progress since the round start stays in the next pseudo-gradient.
-        """
-        if self.last_encoded >= next_round - 1:
-            return
-        self._round_end, self._own_decoded, self._sent, self._own_blob = {}, {}, {}, {}
-        self.compressor.encoder_memo = None  # encoders "v3", "v4" select afresh after rounds sat out
-        self.last_encoded = next_round - 1
-        self.last_applied = max(self.last_applied, next_round - 1)
-
-    def absorb_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
-    ) -> RoundResult:
-        """Apply a round this replica did not contribute to: the others' outer step, local progress kept.
-
-        The global state advances with the same pure :func:`aggregate`, and the
-        live params and every stored snapshot move by the same global delta
-        ``theta^t - theta^{t-1}`` (so the next pseudo-gradient is still this
-        replica's own progress).
-        """
-        started = time.perf_counter()
-        old = self.global_weights
-        result = self._aggregation(outer_round, contributions, excluded, prepared, aggregation)
-        new_global, new_momentum = result.new_global, result.new_momentum
-        aggregated = time.perf_counter()
-        delta = {n: torch.sub(new_global[n], old[n]) for n in old}
-
-        def shift(snapshot: Weights) -> Weights:
-            return {n: torch.add(t, delta[n]) for n, t in snapshot.items()}
-
-        self._round_start = shift(self._round_start)
-        self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
-        self.global_weights, self.momentum = new_global, new_momentum
-        self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
-        self._forget_sent_before(min(outer_round, self.last_applied))
-        self._own_decoded.pop(outer_round, None)
-        self._others_previous = None  # "eager" falls back to "lookahead" for the next round
-        with torch.no_grad():
-            for name, param in self.params.items():
-                param.add_(delta[name].to(param.device))
-        return RoundResult(
-            outer_round=outer_round,
-            weights_hash=result.weights_hash,
-            num_contributions=len(contributions),
-            aggregate_seconds=aggregated - started,
-            correction_seconds=time.perf_counter() - aggregated,
-            contributions=result.contributions,
-        )
-
-    def finish_round(
-        self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,
-        prepared: PreparedAggregation | None = None, aggregation: Aggregation | None = None,
-    ) -> RoundResult:
-        """:meth:`apply_round` if this replica encoded ``outer_round`` and it is next, else :meth:`absorb_round`."""
-        if self.can_apply(outer_round):
-            return self.apply_round(outer_round, contributions, excluded=excluded, prepared=prepared,
-                                    aggregation=aggregation)
-        return self.absorb_round(outer_round, contributions, excluded=excluded, prepared=prepared,
-                                 aggregation=aggregation)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self, *, copy: bool = True) -> dict:
-        """Global weights, momentum, error feedback, local snapshots and round counters (cloned).
-
-        ``copy=False``: the engine's own host tensors, not copies, for a caller that is done with them
-        before the engine changes next (serialising a start state on the spot: a copy of gigabytes saved).
-        """
-        snap = host_float32_copy if copy else dict
-        return {
-            "version": ENGINE_STATE_VERSION,
-            "stage_index": self.stage_index,
-            "one_step_delay": self.delayed,
-            "last_encoded": self.last_encoded,
-            "last_applied": self.last_applied,
-            "global_weights": snap(self.global_weights),
-            "momentum": snap(self.momentum),
-            "error_feedback": self.compressor.state_dict(copy=copy),
-            "round_start": snap(self._round_start),
-            "round_end": {int(r): snap(weights) for r, weights in self._round_end.items()},
-            "own_decoded": {int(r): snap(weights) for r, weights in self._own_decoded.items()},
-            "others_previous": None if self._others_previous is None else (
-                snap(self._others_previous[0]), self._others_previous[1]
-            ),
-            "sent": {int(r): snap(weights) for r, weights in self._sent.items()},
-            # Encoders "v3", "v4" only (None otherwise): last round's codings (v3: and bases).
-            "encoder_memo": self.compressor.encoder_state(),
-        }
-
-    def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`; the live params are the trainer's to restore."""
-        try:
-            if state["version"] != ENGINE_STATE_VERSION:
-                raise EngineStateError(f"engine state version {state['version']}, expected {ENGINE_STATE_VERSION}")
-            if state["stage_index"] != self.stage_index:
-                raise EngineStateError(f"engine state is for stage {state['stage_index']}, not {self.stage_index}")
-            if bool(state["one_step_delay"]) != self.delayed:
-                raise EngineStateError("engine state was saved with a different diloco.one_step_delay")
-            last_encoded, last_applied = int(state["last_encoded"]), int(state["last_applied"])
-            round_end = {int(r): self._checked(f"round_end[{r}]", s) for r, s in state["round_end"].items()}
-            if sorted(round_end) != list(range(last_applied + 1, last_encoded + 1)):
-                raise EngineStateError("engine state: pending round snapshots do not match the round counters")
-            global_weights = self._checked("global_weights", state["global_weights"])
-            momentum = self._checked("momentum", state["momentum"])
-            round_start = self._checked("round_start", state["round_start"])
-            # "eager" state (absent in states saved before it existed: lookahead for one round).
-            own_decoded = {int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()}
-            others = state.get("others_previous")
-            others_previous = None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
-            sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
-            self.compressor.load_state_dict(state["error_feedback"])
-            self.compressor.load_encoder_state(state.get("encoder_memo"))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
-        self.global_weights, self.momentum, self._round_start = global_weights, momentum, round_start
-        self._round_end = round_end
-        self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
-        self.last_encoded, self.last_applied = last_encoded, last_applied
-        self._own_blob = {}
-
-    def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
-        if set(weights) != set(self.shapes):
-            raise EngineStateError(f"engine state {what}: tensor names differ from stage {self.stage_index}'s")
-        for name, value in weights.items():
-            # The outer state of outer Adam holds two moments per weight (training.diloco.outer_state_shape).
-            shape = outer_state_shape(self.diloco_cfg, self.shapes[name]) if what == "momentum" else self.shapes[name]
-            if tuple(value.shape) != shape:
-                raise EngineStateError(f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}")
-        return host_float32_copy(weights)

@@ -132,7 +132,12 @@ class ByteTokenizer:
         """A byte-level BPE with no merges over GPT-2's alphabet: id = raw byte value, no special tokens
         (any text, including the character that stands for byte 0, round-trips)."""
         mapping = bytes_to_unicode()
-        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+        byte_level = {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": False,
+        }
         tokenizer = {
             "version": "1.0",
             "truncation": None,
@@ -174,7 +179,9 @@ class HFTokenizer:
             raise TokenizerError("model.tokenizer is a file: install the 'tokenizers' package") from None
         try:
             self._tokenizer = Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any parse error
+        # Not a broad catch: tokenizers (Rust, via PyO3) raises Exception itself for any parse error, its only
+        # error type; UnicodeDecodeError is one too.
+        except Exception as exc:  # noqa: BLE001
             raise TokenizerError(f"{source}: not a tokenizers JSON file ({type(exc).__name__}: "
                                  f"{str(exc)[:200]})") from None
         self.data = data
@@ -200,7 +207,8 @@ class HFTokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def hf_files(self, model_max_length: int) -> dict[str, dict[str, Any] | bytes]:
-        """The file itself (its exact bytes, so it still hashes to ``sha256``), and a config for ``PreTrainedTokenizerFast`` with its end-of-text token."""
+        """The file itself (its exact bytes, so it still hashes to ``sha256``), and a config for
+        ``PreTrainedTokenizerFast`` with its end-of-text token."""
         config: dict[str, Any] = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "model_max_length": model_max_length,
@@ -225,7 +233,9 @@ def parse_reference(spec: str) -> str | None:
     return digest
 
 
-def tokenizer_from_bytes(data: bytes, expected_sha256: str | None = None, source: str = "<bytes>") -> HFTokenizer:
+def tokenizer_from_bytes(
+    data: bytes, expected_sha256: str | None = None, source: str = "<bytes>"
+) -> HFTokenizer:
     """Parse a tokenizer file's bytes; with ``expected_sha256``, refuse any other content."""
     if expected_sha256 is not None:
         got = hashlib.sha256(data).hexdigest()
@@ -261,7 +271,8 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
     """The model's vocabulary must hold every id the tokenizer emits."""
     if tokenizer.vocab_size > vocab_size:
         raise TokenizerError(
-            f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size} "
+            f"model.vocab_size={vocab_size} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer.vocab_size} "
             f"tokens): set model.vocab_size = {tokenizer.vocab_size}"
         )
 
@@ -291,8 +302,10 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int = 2) -> 
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 1:
-        raise TokenizerError(f"--vocab-size {vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1} "
-                             "(256 bytes and <|endoftext|>)")
+        raise TokenizerError(
+            f"--vocab-size {vocab_size}: a byte-level BPE needs at least {len(alphabet) + 1} "
+            "(256 bytes and <|endoftext|>)"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -82,7 +82,8 @@ DEMO_QUORUM_BPS = 5000
 def _dataset_model_settings(directory: Path) -> list[str]:
     """The model settings a prepared dataset (``dlx-node data prepare``) needs: its vocabulary and tokenizer."""
     from training.errors import ShardError
-    from training.shards import TOKENIZER_NAME, read_manifest
+    from training.shards import TOKENIZER_NAME
+    from training.sharded_corpus import read_manifest
 
     try:
         _, manifest = read_manifest(directory)

@@ -211,12 +211,9 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     import torch
 
     from training.errors import TrainingError
-    from training.fingerprint import (
-        RULE_SAME_PLATFORM,
-        fingerprint,
-        kernels_to_emulate,
-        native_cpu_capability,
-    )
+    from training.fingerprint import RULE_SAME_PLATFORM, fingerprint
+    from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
+    from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
     from training.replica_state import parse_stage_state
     from training.rerun_child import verify_under_kernels

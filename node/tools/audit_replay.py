@@ -162,7 +162,8 @@ class Replayer:
 
             from node.runconfig import file_sha256
             from training.data import check_corpus, corpus_from_config
-            from training.shards import ROOT_PREFIX, open_run_dataset
+            from training.shards import ROOT_PREFIX
+            from training.sharded_corpus import open_run_dataset
 
             try:
                 if self.data_sha256.startswith(ROOT_PREFIX):

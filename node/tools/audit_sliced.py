@@ -55,7 +55,8 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
                    hashes: list[bytes]) -> dict | None:
     """The average the holders of ``stage`` had to apply in ``round_index``, re-derived (module docstring):
     :func:`average_of_partials` of :func:`applied_partials` (same arguments)."""
-    from training.butterfly import average_of_partials, live_plan
+    from training.butterfly import average_of_partials
+    from training.slice_plan import live_plan
 
     plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
     blobs = applied_partials(cfg, run_id, round_index, stage, shapes, references, peers, sources, notes, checks,
@@ -76,7 +77,7 @@ def applied_partials(cfg: Any, run_id: int, round_index: int, stage: int, shapes
     partial nor its inputs.
     """
     from ledger.merkle import merkle_root
-    from training.butterfly import live_plan
+    from training.slice_plan import live_plan
 
     plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
     bundles = _contributor_bundles(cfg, plan, references, peers, sources, round_index, stage, notes)
@@ -93,7 +94,7 @@ def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: li
                          round_index: int, stage: int, notes: list[str]) -> list:
     """Each contributor's slice blobs in canonical order: a list per contributor, a list of Nones for an
     absent input, None when no archive holds a bundle that checks."""
-    from training.butterfly import SliceError
+    from training.slice_plan import SliceError
     from training.slicebundle import bundle_slices, parse_slice_reference
 
     absent = [None] * plan.num_slices
@@ -121,7 +122,7 @@ def _bound_partials(cfg: Any, run_id: int, round_index: int, stage: int, plan: A
     close's inputs and comes from one of the slice's candidate aggregators."""
     from p2p.envelope import decode_envelope
     from p2p.errors import EnvelopeRejected
-    from training.butterfly import SliceError, candidate
+    from training.slice_plan import SliceError, candidate
     from training.slicemessages import parse_partial
 
     members = len(peers)
@@ -217,7 +218,7 @@ class SlicedRerunArchive:
     def claims(self, round_index: int, envs: list) -> list[bytes]:
         """Per envelope (stage order), the packed slice blobs its reference binds; raises SlicedInputsMissing."""
         from node import protocol as msg
-        from training.butterfly import SliceError, live_plan
+        from training.slice_plan import SliceError, live_plan
         from training.slicebundle import parse_slice_reference, rerun_claim
 
         out = []

@@ -41,7 +41,7 @@ from node.slicedproof import (
 from node.tools.report import FAIL, OK, UNVERIFIABLE, Check
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError
+from training.slice_plan import SliceError
 from training.errors import TrainingError
 from training.slicebundle import parse_slice_reference
 

@@ -220,7 +220,8 @@ def codec_blob() -> bytes:
     import numpy as np
     import torch
 
-    from training.codec_wire import pack_contribution, pack_ints
+    from training.codec_wire import pack_contribution
+    from training.codec_exact import pack_ints
 
     def f32(values: list[float]) -> bytes:
         return np.asarray(values, dtype="<f4").tobytes()

@@ -40,7 +40,8 @@ def framing_bytes(name: str, shape: Sequence[int]) -> int:
 
 
 def contribution_overhead(tensors: Mapping[str, torch.Tensor]) -> int:
-    """Upper estimate of a contribution's msgpack bytes besides its payloads: the header and every entry's framing."""
+    """Upper estimate of a contribution's msgpack bytes besides its payloads: the header and every entry's
+    framing."""
     return 32 + sum(framing_bytes(name, tuple(tensors[name].shape)) for name in sorted(tensors))
 
 
@@ -68,7 +69,8 @@ def lower_hull(points: Sequence[tuple[int, float]]) -> list[int]:
 
 
 def allocate(options: Mapping[str, Sequence[tuple[int, float]]], budget: int) -> dict[str, int]:
-    """Pick one option index per tensor minimising total error with total cost <= ``budget`` (greedy on hulls).
+    """Pick one option index per tensor minimising total error with total cost <= ``budget`` (greedy on
+    hulls).
 
     ``options[name]`` lists ``(cost_bytes, squared_error)``. Returns
     ``{name: option index}``; every tensor gets at least its cheapest option.

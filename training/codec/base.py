@@ -50,7 +50,8 @@ from training.codec.coding import (
 from training.codec.factorize import Factorization
 from training.codec.memo import EncoderMemo
 from training.codec.stats import CompressionStats, TensorCodecStats
-from training.codec_wire import f32_bytes, matrix_view_shape, pack_contribution
+from training.codec_exact import f32_bytes
+from training.codec_wire import matrix_view_shape, pack_contribution
 from training.config import EncoderVersion
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError
@@ -84,7 +85,8 @@ class Encoder(ABC):
     version: ClassVar[EncoderVersion]
     #: Whether :meth:`encode_round` carries a memo from round to round (then it is replica state).
     keeps_memo: ClassVar[bool] = False
-    #: What a memo of this kind holds besides each tensor's coding (:class:`~training.codec.memo.EncoderMemo`).
+    #: What a memo of this kind holds besides each tensor's coding
+    #: (:class:`~training.codec.memo.EncoderMemo`).
     memo_bases: ClassVar[bool] = False
     memo_estimates: ClassVar[bool] = False
 
@@ -187,7 +189,15 @@ class Encoder(ABC):
         candidate = chosen.candidate
         entry = {**header, "c": candidate.codec, **fields}
         stats = TensorCodecStats(
-            name, shape, candidate.codec, candidate.rank, candidate.bits, raw_bytes, payload, error, error <= budget
+            name,
+            shape,
+            candidate.codec,
+            candidate.rank,
+            candidate.bits,
+            raw_bytes,
+            payload,
+            error,
+            error <= budget,
         )
         return entry, decoded.reshape(shape), stats
 
@@ -219,13 +229,19 @@ class Encoder(ABC):
         """
         matrices, norms = tensor_matrices(tensors)
         chosen, _ = self.select(tensors, matrices, norms, budget)
-        return self.finish(tensors, matrices, norms, chosen, stage_index=stage_index, outer_round=outer_round)[:3]
+        return self.finish(
+            tensors, matrices, norms, chosen, stage_index=stage_index, outer_round=outer_round
+        )[:3]
 
     def select(
-        self, tensors: Mapping[str, torch.Tensor], matrices: Mapping[str, torch.Tensor], norms: Mapping[str, float],
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        matrices: Mapping[str, torch.Tensor],
+        norms: Mapping[str, float],
         budget: int,
     ) -> tuple[dict[str, Option], dict[str, TensorOptions]]:
-        """``({name: chosen option}, {name: every option})`` under ``budget`` (:func:`allocate` on the estimates)."""
+        """``({name: chosen option}, {name: every option})`` under ``budget`` (:func:`allocate` on the
+        estimates)."""
         overhead = contribution_overhead(tensors)
         found = {name: self.tensor_options(matrix, tuple(tensors[name].shape), norms[name])
                  for name, matrix in matrices.items()}
@@ -237,8 +253,14 @@ class Encoder(ABC):
         return {name: found[name].options[choice[name]] for name in found}, found
 
     def finish(
-        self, tensors: Mapping[str, torch.Tensor], matrices: Mapping[str, torch.Tensor], norms: Mapping[str, float],
-        chosen: Mapping[str, Option], *, stage_index: int, outer_round: int,
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        matrices: Mapping[str, torch.Tensor],
+        norms: Mapping[str, float],
+        chosen: Mapping[str, Option],
+        *,
+        stage_index: int,
+        outer_round: int,
     ) -> tuple[bytes, dict[str, torch.Tensor], CompressionStats, dict[str, Coded]]:
         """Code the chosen options: ``(bytes, decoded, stats, {name: coded})`` (the winners' exact decode)."""
         stats = CompressionStats(outer_round=outer_round, stage_index=stage_index)
@@ -256,7 +278,14 @@ class Encoder(ABC):
                 entry = {"n": name, "s": list(shape), "c": candidate.codec, **fields}
                 value = value.reshape(shape)
                 tensor_stats = TensorCodecStats(
-                    name, shape, candidate.codec, candidate.rank, candidate.bits, 4 * value.numel(), payload, error,
+                    name,
+                    shape,
+                    candidate.codec,
+                    candidate.rank,
+                    candidate.bits,
+                    4 * value.numel(),
+                    payload,
+                    error,
                     True,
                 )
             entries.append(entry)

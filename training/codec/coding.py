@@ -32,16 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from training.codec.factorize import Factorization
-from training.codec_wire import (
-    MAX_RANK,
-    MAX_WEIGHT,
-    f32_bytes,
-    matrix_view_shape,
-    pack_ints,
-    qmax,
-    reconstruct_lowrank,
-    reconstruct_quant,
-)
+from training.codec_exact import f32_bytes, pack_ints, qmax, reconstruct_lowrank, reconstruct_quant
+from training.codec_wire import MAX_RANK, MAX_WEIGHT, matrix_view_shape
 from training.config_compression import CompressionConfig
 
 # ----------------------------------------------------------------------------- quantization
@@ -104,7 +96,8 @@ _CANDIDATES: dict[tuple, tuple[Candidate, ...]] = {}
 
 
 def candidates(shape: tuple[int, ...], cfg: CompressionConfig) -> list[Candidate]:
-    """Every coding of a tensor of ``shape`` under ``cfg``, cheapest first (a fresh list; the entries are shared)."""
+    """Every coding of a tensor of ``shape`` under ``cfg``, cheapest first (a fresh list; the entries are
+    shared)."""
     key = (tuple(shape), tuple(cfg.bit_choices), cfg.max_rank, cfg.min_compress_numel)
     if key not in _CANDIDATES:
         if len(_CANDIDATES) >= 256:
@@ -138,7 +131,8 @@ class Coded:
     """A quantized candidate: the integers and scales that would go on the wire."""
 
     candidate: Candidate
-    ints: tuple[torch.Tensor, ...]  # quant: (Xq,); lowrank: (P_int, Q_int, w); int64, or integer-valued float32
+    # quant: (Xq,); lowrank: (P_int, Q_int, w); int64, or integer-valued float32
+    ints: tuple[torch.Tensor, ...]
     scale: torch.Tensor  # quant: per-column scales; lowrank: S (0-d)
     estimate: float  # relative error from float32 algebra (selection only)
 
@@ -177,7 +171,11 @@ def rel_error(matrix: torch.Tensor, decoded: torch.Tensor, norm: float) -> float
 
 
 def code_quant(
-    matrix: torch.Tensor, bits: int, candidate: Candidate, norm: float, quantizer: ColumnQuantizer | None = None
+    matrix: torch.Tensor,
+    bits: int,
+    candidate: Candidate,
+    norm: float,
+    quantizer: ColumnQuantizer | None = None,
 ) -> Coded:
     """``quant(bits)`` of ``matrix``, its estimate the relative error of its exact decode."""
     q_float, scales = (quantizer or ColumnQuantizer(matrix)).quantize(bits)
@@ -208,7 +206,9 @@ def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candid
     a = p_int.to(torch.float32) * (weights.to(torch.float32) * scale)
     b = q_int.to(torch.float32)
     if norm == 0.0:
-        estimate = 0.0 if not torch.any(weights) or not torch.any(p_int) or not torch.any(q_int) else float("inf")
+        estimate = (
+            0.0 if not torch.any(weights) or not torch.any(p_int) or not torch.any(q_int) else float("inf")
+        )
     else:
         cross = float(torch.sum((matrix @ b).to(torch.float64) * a.to(torch.float64)))
         gram = float(torch.sum((a.t() @ a).to(torch.float64) * (b.t() @ b).to(torch.float64)))
@@ -217,7 +217,8 @@ def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candid
 
 
 class BalancedFactors:
-    """The balanced factors ``P = U sqrt(sigma)``, ``Q = V sqrt(sigma)`` of the top rank, quantized per bit width.
+    """The balanced factors ``P = U sqrt(sigma)``, ``Q = V sqrt(sigma)`` of the top rank, quantized per bit
+    width.
 
     Quantization is per column, so the rank-r integers and scales are the first
     r columns of the top rank's: what :func:`code_lowrank` computes for rank r,
@@ -251,7 +252,8 @@ class BalancedFactors:
 
 
 class Option:
-    """A candidate coding with its estimated relative error; ``coded()`` quantizes it (only the winner's is needed)."""
+    """A candidate coding with its estimated relative error; ``coded()`` quantizes it (only the winner's is
+    needed)."""
 
     def __init__(self, candidate: Candidate, estimate: float, make: Callable[[], Coded]) -> None:
         self.candidate, self.estimate, self._make, self._coded = candidate, estimate, make, None
@@ -264,7 +266,8 @@ class Option:
 
 @dataclass
 class TensorOptions:
-    """Every candidate of one tensor with its estimate (candidate order), and the factorization they came from."""
+    """Every candidate of one tensor with its estimate (candidate order), and the factorization they came
+    from."""
 
     options: list[Option]
     factors: Factorization | None  # the top rank's (U, sigma, V); None without a low-rank candidate

@@ -21,11 +21,13 @@ POWER_ITERATIONS = 2
 
 Factorization = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (U, sigma, V)
 
-_SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}  # the fixed sketches, drawn once per shape
+# the fixed sketches, drawn once per shape
+_SKETCHES: dict[tuple[int, int, torch.dtype, str], torch.Tensor] = {}
 
 
 def sketch(n: int, columns: int, dtype: torch.dtype, source: str = DEFAULT_RANDOM) -> torch.Tensor:
-    """The fixed ``n x columns`` standard normal sketch of the run's ``compression.sketch`` (cached; never modified).
+    """The fixed ``n x columns`` standard normal sketch of the run's ``compression.sketch`` (cached; never
+    modified).
 
     ``"philox"``: the stream ``dlx-sketch/<FACTOR_SEED>/<n>x<columns>`` of :mod:`training.portable_rng`, the
     same bits on every machine (float64 values, rounded once to ``dtype``). ``"torch"`` (runs made before
@@ -68,9 +70,9 @@ def factorize_range(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAUL
 def stable_eigh(symmetric: torch.Tensor, eigh=torch.linalg.eigh) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.linalg.eigh``; where LAPACK's float32 solver does not converge or returns NaN without saying so
     (both seen on the Gram matrix of a sliced exchange's average of a few decoded low-rank slices, whose
-    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in float64,
-    then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one platform,
-    so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
+    eigenvalues repeat at zero: one live aggregator died of it, another coded a NaN scale), the same in
+    float64, then with a diagonal shift of 1e-7 of the trace's mean. A pure function of the input on one
+    platform, so a partial coded through it still replays bit for bit; inputs that converged are unchanged.
 
     ``eigh``: the solver (``torch.linalg.eigh``); a test passes one that fails the way LAPACK did, since
     whether a given float32 matrix makes a given LAPACK build fail depends on the CPU.
@@ -138,7 +140,9 @@ def factorize_gram(matrix: torch.Tensor, rank: int, sketch_source: str = DEFAULT
     return (vectors, sigma, other) if wide else (other, sigma, vectors)
 
 
-def factorize_warm(matrix: torch.Tensor, rank: int, basis: torch.Tensor) -> tuple[Factorization, torch.Tensor]:
+def factorize_warm(
+    matrix: torch.Tensor, rank: int, basis: torch.Tensor
+) -> tuple[Factorization, torch.Tensor]:
     """Encoder "v3" between selections: ``((U, sigma, V), next basis)`` from one warm power iteration.
 
     PowerSGD's step (Vogels et al. 2019): last round's factor seeds this
@@ -167,7 +171,8 @@ def factorize_warm(matrix: torch.Tensor, rank: int, basis: torch.Tensor) -> tupl
 
 
 def warm_basis(factors: Factorization, shape: tuple[int, int], rank: int) -> torch.Tensor:
-    """The basis a selection round leaves for :func:`factorize_warm`: ``S^T U_r = V_r diag(sigma_r)`` (``N x rank``).
+    """The basis a selection round leaves for :func:`factorize_warm`: ``S^T U_r = V_r diag(sigma_r)`` (``N x
+    rank``).
 
     ``S`` is the ``k x N`` side of the matrix, ``U_r`` its top ``rank`` left
     singular vectors as the selection computed them.

@@ -50,12 +50,21 @@ class EncoderMemo:
             "basis": {name: basis.detach().to(torch.float32).clone() for name, basis in self.bases.items()},
         }
         if self.estimates is not None:
-            out["estimate"] = {name: value.detach().to(torch.float32).clone() for name, value in self.estimates.items()}
+            out["estimate"] = {
+                name: value.detach().to(torch.float32).clone() for name, value in self.estimates.items()
+            }
         return out
 
     @classmethod
-    def from_tensors(cls, state: Mapping[str, Mapping[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]],
-                     cfg: CompressionConfig, *, bases: bool, estimates: bool) -> EncoderMemo:
+    def from_tensors(
+        cls,
+        state: Mapping[str, Mapping[str, torch.Tensor]],
+        shapes: Mapping[str, tuple[int, ...]],
+        cfg: CompressionConfig,
+        *,
+        bases: bool,
+        estimates: bool,
+    ) -> EncoderMemo:
         """Inverse of :meth:`to_tensors`, checked against the stage's shapes and candidates (ValueError).
 
         ``bases``: the memo keeps a basis per low-rank tensor ("v3"), else none;
@@ -68,7 +77,9 @@ class EncoderMemo:
         choices, found_bases = {}, {}
         for name, value in state["choice"].items():
             if name not in shapes or tuple(value.shape) != (3,):
-                raise ValueError(f"encoder memo choice {name!r}: unknown tensor or shape {tuple(value.shape)}")
+                raise ValueError(
+                    f"encoder memo choice {name!r}: unknown tensor or shape {tuple(value.shape)}"
+                )
             numbers = [float(x) for x in value.tolist()]
             if not all(math.isfinite(x) and x == int(x) for x in numbers) or int(numbers[0]) not in codecs:
                 raise ValueError(f"encoder memo choice {name!r}: {numbers} is not a coding")
@@ -83,7 +94,9 @@ class EncoderMemo:
             size = max(matrix_view_shape(tuple(shapes[name])))
             if (tuple(basis.shape) != (size, choices[name][1]) or basis.dtype != torch.float32
                     or not bool(torch.isfinite(basis).all())):
-                raise ValueError(f"encoder memo basis {name!r}: shape {tuple(basis.shape)} or values unusable")
+                raise ValueError(
+                    f"encoder memo basis {name!r}: shape {tuple(basis.shape)} or values unusable"
+                )
             found_bases[name] = basis.detach().clone()
         if not estimates:
             return cls(choices, found_bases)
@@ -92,8 +105,14 @@ class EncoderMemo:
         found_estimates = {}
         for name, value in state["estimate"].items():
             count = len(candidates(tuple(shapes[name]), cfg))
-            if (tuple(value.shape) != (count,) or value.dtype != torch.float32 or not bool(torch.isfinite(value).all())
-                    or bool(torch.any(value < 0))):
-                raise ValueError(f"encoder memo estimate {name!r}: shape {tuple(value.shape)} or values unusable")
+            if (
+                tuple(value.shape) != (count,)
+                or value.dtype != torch.float32
+                or not bool(torch.isfinite(value).all())
+                or bool(torch.any(value < 0))
+            ):
+                raise ValueError(
+                    f"encoder memo estimate {name!r}: shape {tuple(value.shape)} or values unusable"
+                )
             found_estimates[name] = value.detach().clone()
         return cls(choices, found_bases, found_estimates)

@@ -79,8 +79,9 @@ class ReselectingEncoder(V2Encoder):
                 and self.memo_usable(memo))
         if not warm:
             chosen, found = self.select(tensors, matrices, norms, budget)
-            blob, decoded, stats, coded = self.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
-                                                      outer_round=outer_round)
+            blob, decoded, stats, coded = self.finish(
+                tensors, matrices, norms, chosen, stage_index=stage_index, outer_round=outer_round
+            )
             return blob, decoded, stats, self.selection_memo(matrices, coded, found)
         keep = self.warm_choices(tensors, norms, budget, memo)
         chosen, next_bases = {}, {}
@@ -88,7 +89,9 @@ class ReselectingEncoder(V2Encoder):
             codec, rank, bits = keep[name]
             candidate = lookup(tuple(tensors[name].shape), self.cfg, (codec, rank, bits))
             if candidate is None:
-                raise ContributionEncodeError(f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate")
+                raise ContributionEncodeError(
+                    f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate"
+                )
             if codec == "quant":
                 quantizer = ColumnQuantizer(matrix)
                 chosen[name] = Option(candidate, math.nan,

@@ -29,7 +29,11 @@ from training.config import EncoderVersion
 
 
 def lowrank_estimates(
-    matrix: torch.Tensor, factors: Factorization | BalancedFactors, ranks: Sequence[int], bits: int, norm: float,
+    matrix: torch.Tensor,
+    factors: Factorization | BalancedFactors,
+    ranks: Sequence[int],
+    bits: int,
+    norm: float,
 ) -> dict[int, float]:
     """Relative error estimates of ``lowrank(r, bits)`` for every r in ``ranks``, from one quantization.
 
@@ -56,8 +60,11 @@ def lowrank_estimates(
     prefix_max = torch.cummax(products, dim=0).values[torch.tensor(ranks) - 1]
     scales = (prefix_max / MAX_WEIGHT).to(torch.float32)
     positive = scales > 0
-    weights = torch.clamp(torch.round(products.reshape(1, -1) / torch.where(positive, scales, 1.0).reshape(-1, 1)),
-                          0, MAX_WEIGHT)
+    weights = torch.clamp(
+        torch.round(products.reshape(1, -1) / torch.where(positive, scales, 1.0).reshape(-1, 1)),
+        0,
+        MAX_WEIGHT,
+    )
     weights = torch.where(positive.reshape(-1, 1), weights, 0.0)
     columns = (weights * scales.reshape(-1, 1)).to(torch.float64)  # row i: d of ranks[i], beyond it unused
     estimates = {}

@@ -24,14 +24,17 @@ from training.codec.coding import (
     quant_coded,
 )
 from training.codec.factorize import Factorization, factorize_gram
-from training.codec_wire import qmax
+from training.codec_exact import qmax
 from training.config import EncoderVersion
 
 QUANT_SAMPLE = 16384  # values per bit width the quant(b) estimates look at (whole rows)
 
 
-def rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]) -> torch.Tensor:
-    """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit widths, columns).
+def rounding_residuals(
+    values: torch.Tensor, column_max: torch.Tensor, bits_list: Sequence[int]
+) -> torch.Tensor:
+    """``sum_i (v_ij - s_j round(v_ij / s_j))^2`` per column j, for ``s_j = column_max_j / qmax(b)``: (bit
+    widths, columns).
 
     The squared error of :class:`~training.codec.coding.ColumnQuantizer` at each
     bit width, from one pass over ``values`` for all of them (``|v / s| <= qmax``,
@@ -43,7 +46,8 @@ def rounding_residuals(values: torch.Tensor, column_max: torch.Tensor, bits_list
     safe = column_max.clamp_min(torch.finfo(torch.float32).tiny)
     scaled = (values / safe).unsqueeze(0) * limits  # v / s, in [-qmax, qmax]
     residual = scaled.sub_(torch.round(scaled))
-    per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)  # (bits, columns), in units of s^2
+    # (bits, columns), in units of s^2
+    per_column = torch.sum(residual.mul_(residual), dim=1).to(torch.float64)
     steps = column_max.to(torch.float64).reshape(1, -1) / limits64
     return per_column * steps * steps
 
@@ -52,7 +56,8 @@ _LIMITS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _limits(bits_list: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never modified)."""
+    """``qmax(b)`` per bit width, shaped (bits, 1, 1) in float32 and (bits, 1) in float64 (cached; never
+    modified)."""
     if bits_list not in _LIMITS:
         values = [float(qmax(bits)) for bits in bits_list]
         _LIMITS[bits_list] = (torch.tensor(values, dtype=torch.float32).reshape(-1, 1, 1),
@@ -92,7 +97,9 @@ class V2Encoder(Encoder):
         # Every ``stride``-th row: at most ~QUANT_SAMPLE values per bit width estimate the rest (scaled up).
         stride = max(1, matrix.numel() // QUANT_SAMPLE)
         sample = matrix[::stride]
-        residuals = rounding_residuals(sample, quantizer.column_max, quant_bits) * (matrix.shape[0] / sample.shape[0])
+        residuals = rounding_residuals(sample, quantizer.column_max, quant_bits) * (
+            matrix.shape[0] / sample.shape[0]
+        )
         quant_squares = torch.sum(residuals, dim=1).tolist()
         estimates = {("quant", 0, bits): relative(square) for bits, square in zip(quant_bits, quant_squares)}
         lowrank = [c for c in tensor_candidates if c.codec == "lowrank"]
@@ -108,11 +115,15 @@ class V2Encoder(Encoder):
             right_error = rounding_residuals(right, factors.right.column_max, bits_list)
             left_norm = torch.sum(left * left, dim=0).to(torch.float64)
             right_norm = torch.sum(right * right, dim=0).to(torch.float64)
-            quantization = torch.cumsum(left_error * right_norm + left_norm * right_error + left_error * right_error, 1)
+            quantization = torch.cumsum(
+                left_error * right_norm + left_norm * right_error + left_error * right_error, 1
+            )
             truncation = (norm * norm - torch.cumsum(sigma.to(torch.float64) ** 2, 0)).clamp_min(0.0)
             squares = (truncation + quantization).tolist()  # [bit index][rank - 1]
             for candidate in lowrank:
-                estimates[candidate.key] = relative(squares[bits_list.index(candidate.bits)][candidate.rank - 1])
+                estimates[candidate.key] = relative(
+                    squares[bits_list.index(candidate.bits)][candidate.rank - 1]
+                )
         options = []
         for candidate in tensor_candidates:
             estimate = estimates[candidate.key]

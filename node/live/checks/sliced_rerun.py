@@ -30,7 +30,7 @@ from node.live.checks.spotinputs import InputsUnavailable
 from node.slicedproof import bundle_fault
 from p2p.envelope import Envelope, decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError
-from training.butterfly import SliceError
+from training.slice_plan import SliceError
 from training.slicebundle import parse_slice_reference, rerun_claim
 from training.slicemessages import parse_partial
 

@@ -183,7 +183,7 @@ class RerunWorker:
     One child per CPU kernel set: a job whose claimant trained on this CPU model under another ATen
     capability this CPU has (lower, or higher than this process's where the CPU has it), or under another
     math-library code path (``MKL_CBWR``, ...), runs in a child started with the claimant's settings
-    (:func:`training.fingerprint.kernels_to_emulate`), so its rerun uses the claimant's kernels and must be
+    (:func:`training.claimant_kernels.kernels_to_emulate`), so its rerun uses the claimant's kernels and must be
     bit-exact; every other job runs in the child of this process's own kernels.
     """
 
@@ -193,7 +193,7 @@ class RerunWorker:
         self._lock = threading.Lock()
 
     def _start(self, kernels: tuple | None) -> subprocess.Popen:
-        from training.fingerprint import emulated_environment
+        from training.claimant_kernels import emulated_environment
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = _child_env()
@@ -206,12 +206,13 @@ class RerunWorker:
 
     @staticmethod
     def kernels_for(directory: Path) -> tuple | None:
-        """The settings (:func:`training.fingerprint.kernels_to_emulate`, as sorted items) of the kernels the
+        """The settings (:func:`training.claimant_kernels.kernels_to_emulate`, as sorted items) of the kernels the
         job's claimant trained under, where this machine should rerun under them."""
         import torch
 
         from training.errors import TrainingError
-        from training.fingerprint import fingerprint, kernels_to_emulate, native_cpu_capability
+        from training.fingerprint import fingerprint
+        from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
         from training.replica_state import parse_stage_state
 
         try:

@@ -38,7 +38,7 @@ from node.live.state.roundstate import StageInputs
 from node.slicedproof import usable_reference
 from p2p.backoff import RetryBook
 from p2p.envelope import Envelope, decode_envelope
-from training.butterfly import candidate
+from training.slice_plan import candidate
 from training.codec_wire import header_steps
 from training.slicebundle import SliceReference, parse_slice_reference, slice_bundle
 from training.slicemessages import parse_partial, partial_payload

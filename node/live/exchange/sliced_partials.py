@@ -15,7 +15,7 @@ from node.live.exchange.coordination import RoundStopped
 from node.live.state.roundbook import Announced
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
-from training.butterfly import SliceError, candidate
+from training.slice_plan import SliceError, candidate
 from training.codec_wire import decode_contribution
 from training.errors import ContributionDecodeError
 from training.slicebundle import SliceReference

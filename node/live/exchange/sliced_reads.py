@@ -15,7 +15,7 @@ import random
 from node.fsutil import keep_evidence
 from node.live.exchange.pool import FALLBACK_PROVIDERS
 from p2p.errors import P2PError
-from training.butterfly import SliceError
+from training.slice_plan import SliceError
 from training.slicebundle import SliceReference, bundle_slices, parse_slice_record, record_range, \
     slice_declares
 

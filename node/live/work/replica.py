@@ -20,19 +20,17 @@ import torch
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
-from training.butterfly import SlicePlan, slice_for_exchange
+from training.butterfly import slice_for_exchange
+from training.slice_plan import SlicePlan
 from training.diloco import Aggregation
 from training.errors import PipelineError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_state import capture_trainer_part, start_state_bytes
-from training.pipeline import (
-    LocalReplicaTrainer,
-    PipelineStageTrainer,
-    close_pipeline_group,
-    init_pipeline_group,
-)
+from training.replica_capture import capture_trainer_part, start_state_bytes
+from training.pipeline import LocalReplicaTrainer
+from training.pipeline_group import close_pipeline_group, init_pipeline_group
+from training.pipeline_stage import PipelineStageTrainer
 from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
 from training.stage_engine import StageEngine
 from training.stages import split_stages, stage_param_names

@@ -1,0 +1,118 @@
+"""The [training] section: local (inner) training of one replica (re-exported by :mod:`training.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from training.config_base import _require, check_device_spec, check_precision
+
+#: training.optimizer's values (training/muon.py).
+INNER_OPTIMIZERS = ("adamw", "muon")
+#: The inner optimizer of a configuration that names none, and of a run document that names none (made before
+#: the setting, or an AdamW run). AdamW: Muon won at llama-xs and llama-s but lost at the demo's GPT-2 `mini`
+#: (docs/DILOCOX.md section 14), so it does not win at every size measured, the condition for a new default.
+DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
+
+
+@dataclass
+class TrainingConfig:
+    """Local (inner) training of one replica."""
+
+    data_path: str = ""  # empty: a small corpus the project generates itself
+    seed: int = 0
+    batch_size: int = 8
+    inner_lr: float = 3e-3
+    weight_decay: float = 0.1  # on matrices only (nanoGPT; bench/results/diloco_ablations.json)
+    beta1: float = 0.9
+    beta2: float = 0.99  # 0.95 -> 0.99: held-out 2.023 -> 1.767 at 1.536 M tokens (docs/DILOCOX.md section 9)
+    grad_clip: float = 1.0
+    # Inner learning-rate schedule across the whole run (training/schedule.py): linear warmup,
+    # then cosine decay to inner_lr * min_lr_ratio over lr_decay_steps inner steps (0: the
+    # run's total, rounds * H, when the caller knows it). "constant" keeps inner_lr.
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    lr_decay_steps: int = 0
+    eval_fraction: float = 0.1  # tail of the corpus held out for evaluation
+    eval_batches: int = 4
+    # Where and in which precision this node's inner steps run (training/platform.py, docs/GPU.md):
+    # node settings, not run settings (NODE_ONLY_TRAINING: not in the run document, so members of
+    # one run may train on different hardware). "auto": the first CUDA GPU if there is one, else
+    # the CPU. "bf16": bfloat16 autocast, float32 master weights and AdamW state.
+    device: str = "auto"
+    precision: str = "fp32"
+    # Run the inner steps through torch.compile (training/compiled.py; a node setting too). Off by default: a
+    # compiled replica is another platform (its bits are not eager's), judged bit-exactly only by verifiers
+    # that compile with the same compiler, and the first step waits for the compilation (docs/DILOCOX.md
+    # section 11, "Compiled inner steps").
+    compile: bool = False
+    # The inner optimizer (training/muon.py, docs/DILOCOX.md section 14): "adamw", or "muon" (MuLoCo, arXiv
+    # 2505.23725: Muon's orthogonalized Nesterov momentum for the hidden weight matrices, AdamW for
+    # embeddings, head, norms and biases). The muon_* settings are Muon's: its momentum and a factor on the
+    # inner lr for the Muon part (whose update is scaled to AdamW's RMS, so 1.0 uses the same lr). A
+    # configuration that names none gets DEFAULT_OPTIMIZER; a run document that names none, LEGACY_OPTIMIZER
+    # (node.runconfig.node_config_from_run): with "adamw" none of them is in the run document, which is then
+    # what it was before the setting existed.
+    optimizer: str = DEFAULT_OPTIMIZER
+    muon_momentum: float = 0.95
+    muon_lr_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
+        _require(self.inner_lr > 0, f"training.inner_lr={self.inner_lr}: must be > 0")
+        _require(self.weight_decay >= 0, f"training.weight_decay={self.weight_decay}: must be >= 0")
+        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "training.beta1/beta2: must be in [0, 1)")
+        _require(self.grad_clip >= 0, f"training.grad_clip={self.grad_clip}: must be >= 0 (0 = off)")
+        _require(
+            self.lr_schedule in ("cosine", "constant"),
+            f"training.lr_schedule={self.lr_schedule!r}: must be 'cosine' or 'constant'",
+        )
+        _require(self.warmup_steps >= 0, f"training.warmup_steps={self.warmup_steps}: must be >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, f"training.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+        _require(
+            self.lr_decay_steps >= 0,
+            f"training.lr_decay_steps={self.lr_decay_steps}: must be >= 0 (0 = run length)",
+        )
+        _require(
+            0.0 < self.eval_fraction < 0.5,
+            f"training.eval_fraction={self.eval_fraction}: must be in (0, 0.5)",
+        )
+        _require(self.eval_batches >= 1, f"training.eval_batches={self.eval_batches}: must be >= 1")
+        self.device = check_device_spec(self.device)
+        check_precision(self.precision)
+        _require(isinstance(self.compile, bool), f"training.compile={self.compile!r}: must be true or false")
+        _require(self.optimizer in INNER_OPTIMIZERS,
+                 f"training.optimizer={self.optimizer!r}: must be one of {list(INNER_OPTIMIZERS)}")
+        _require(
+            0 <= self.muon_momentum < 1, f"training.muon_momentum={self.muon_momentum}: must be in [0, 1)"
+        )
+        _require(0 < self.muon_lr_scale < float("inf"),
+                 f"training.muon_lr_scale={self.muon_lr_scale}: must be a finite factor > 0")
+        if self.optimizer != "muon":
+            for name, neutral in MUON_ONLY.items():
+                _require(
+                    getattr(self, name) == neutral,
+                    f"training.{name}={getattr(self, name)} is a setting of "
+                    'training.optimizer = "muon": remove it or set the optimizer',
+                )
+
+    def document(self) -> dict:
+        """The settings every replica of a run shares (the run document's [training] table): all but
+        :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is
+        what it was before ``training.optimizer`` existed, so its hash is unchanged)."""
+        out = dataclasses.asdict(self)
+        for name in NODE_ONLY_TRAINING:
+            del out[name]
+        if self.optimizer == "adamw":
+            for name in ("optimizer", *MUON_ONLY):
+                del out[name]
+        return out
+
+
+#: Settings only Muon has, at the values an AdamW run holds (and its run document omits).
+MUON_ONLY = {"muon_momentum": 0.95, "muon_lr_scale": 1.0}
+
+
+#: [training] settings each node chooses for itself; the run document (and its hash) leaves them out.
+NODE_ONLY_TRAINING = ("device", "precision", "compile")

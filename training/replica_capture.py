@@ -1,0 +1,123 @@
+"""Capturing a replica's start state from the live objects, and round 0's from the configuration alone
+(the format and its hash: :mod:`training.replica_state`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from training.butterfly import slice_for_exchange
+from training.config import DilocoConfig, ModelConfig, TrainingConfig
+from training.config_compression import CompressionConfig
+from training.errors import ReplicaStateError
+from training.host_tensors import host_float32_copy
+from training.muon import state_kind
+from training.pipeline import LocalReplicaTrainer
+from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
+from training.stage_engine import StageEngine
+
+
+def capture_stage_state(
+    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
+) -> StageStartState:
+    """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner
+    step).
+
+    ``module`` and ``optimizer``: the stage's module and inner AdamW (a
+    :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
+    ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
+    Everything is copied: training on afterwards does not change the capture.
+    """
+    return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
+
+
+def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The part of :func:`capture_stage_state` the inner steps change (weights, AdamW state), copied.
+
+    Take it before the round's first inner step; :func:`capture_engine_part` may follow later
+    (on another thread), as long as the engine has not changed in between.
+    """
+    live: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        live[f"param/{name}"] = param
+        state = optimizer.state.get(param, {})
+        prefix, fields = state_kind(optimizer, param)
+        if state and set(state) != set(fields):
+            raise ReplicaStateError(f"{name!r}: inner optimizer state has fields {sorted(state)}, expected "
+                                    f"{sorted(fields)} ({prefix})")
+        for field_name, value in state.items():
+            live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
+    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+    return host_float32_copy(live)
+
+
+def capture_engine_part(
+    meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]
+) -> StageStartState:
+    """:func:`capture_stage_state` from its trainer part and the engine's current state (copied)."""
+    return _engine_part(meta, engine, trainer_part, copy=True)
+
+
+def start_state_bytes(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> bytes:
+    """``capture_engine_part(...).to_bytes()`` without copying the engine's tensors first: the engine must
+    not change until this returns (the node serialises a start state before the next encode or apply)."""
+    return _engine_part(meta, engine, trainer_part, copy=False).to_bytes()
+
+
+def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor], *,
+                 copy: bool) -> StageStartState:
+    tensors = dict(trainer_part)
+    engine_state = engine.state_dict(copy=copy)
+    for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
+                       ("round_start", "round_start")):
+        tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
+    for kind in ("round_end", "own_decoded", "sent"):
+        for outer_round, snapshot in engine_state[kind].items():
+            tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
+    others = engine_state["others_previous"]
+    if others is not None:
+        tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})
+    memo = engine_state.get("encoder_memo")
+    if memo is not None:  # encoders "v3", "v4": each tensor's coding (v3: and the low-rank ones' bases)
+        for kind in ("choice", "basis", "estimate"):
+            tensors.update({f"encoder.{kind}/{n}": t for n, t in memo.get(kind, {}).items()})
+    counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
+                -1 if others is None else int(others[1]))
+    # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
+    return StageStartState(meta, engine.stage_index, counters,
+                           {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()})
+
+
+def capture_replica_state(
+    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine]
+) -> ReplicaStartState:
+    """:func:`capture_stage_state` of every stage of a replica chained in one process."""
+    return ReplicaStartState(tuple(
+        capture_stage_state(meta, engine, module, optimizer)
+        for engine, module, optimizer in zip(engines, trainer.stage_modules, trainer.optimizers)
+    ))
+
+
+def initial_replica_state(
+    meta: RoundMeta,
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    diloco_cfg: DilocoConfig,
+    compression_cfg: CompressionConfig,
+) -> ReplicaStartState:
+    """The start state of round 0, a pure function of the run's configuration (the anchor of the chain).
+
+    Weights ``init_state_dict(model, training.seed)``, no AdamW state, zero
+    residual, engines at round -1. A replica whose round-0 state hash differs
+    did not start from the run's weights.
+    """
+    if meta.outer_round != 0:
+        raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
+    trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
+    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+               for spec, module in zip(trainer.specs, trainer.stage_modules)]
+    for engine in engines:
+        slice_for_exchange(engine, diloco_cfg)
+    return capture_replica_state(meta, trainer, engines)
