@@ -110,7 +110,8 @@ def measure_gas(w3) -> dict:
     ]
     clients = {i: LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(17)}
     fund_accounts(w3, deployer, [clients[i].address for i in range(10, 17)], 10 * STAKE + 10**20)
-    # One block each: the libraries (contracts.LIBRARIES, in order), the registry, the ledger (and its prover).
+    # One block each: the libraries (contracts.LIBRARIES, in order), the registry, the ledger (and its
+    # prover).
     names = [*contracts.LIBRARIES, "NodeRegistry", "TrainingLedger"]
     gas = {f"deploy_{name}": used for name, used in zip(names, deploy_gas, strict=True)}
     gas["deploy_total"] = sum(deploy_gas)

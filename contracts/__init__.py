@@ -27,7 +27,8 @@ NAMES = (
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
 #: constructor creates the prover, so the ledger's creation code links both sets). None links another.
 LIBRARIES = (
-    "LedgerMembership", "LedgerDisputes", "LedgerAccusations", "ProverChunks", "ProverNorms", "ProverAvailability",
+    "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
+    "ProverChunks", "ProverNorms", "ProverAvailability",
 )
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576
@@ -53,7 +54,8 @@ def artifact(name: str) -> dict:
 
 
 def linked_libraries(artifact: dict, deployed: bool = False) -> dict[str, list[dict]]:
-    """The libraries ``artifact``'s creation code (``deployed``: its deployed code) links: name -> byte ranges."""
+    """The libraries ``artifact``'s creation code (``deployed``: its deployed code) links: name -> byte
+    ranges."""
     references = artifact.get("deployedLinkReferences" if deployed else "linkReferences", {})
     return {name: ranges for libraries in references.values() for name, ranges in libraries.items()}
 

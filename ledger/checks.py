@@ -108,12 +108,14 @@ def bytecode_problem(deployed: bytes, artifact: dict, address: str) -> str | Non
 
 def linked_addresses(deployed: bytes, artifact: dict) -> dict[str, str]:
     """The address of each library ``artifact``'s deployed code links, read from ``deployed`` (its code on
-    chain, checked by :func:`bytecode_problem`); AuditError if one library's places hold different addresses."""
+    chain, checked by :func:`bytecode_problem`); AuditError if one library's places hold different
+    addresses."""
     addresses = {}
     for name, references in contracts.linked_libraries(artifact, deployed=True).items():
         found = {deployed[r["start"] : r["start"] + r["length"]] for r in references}
         if len(found) != 1:
-            raise AuditError(f"{artifact['contractName']}'s code links {len(found)} different {name} libraries")
+            raise AuditError(f"{artifact['contractName']}'s code links {len(found)} different {name} "
+                             "libraries")
         addresses[name] = Web3.to_checksum_address(found.pop())
     return addresses
 

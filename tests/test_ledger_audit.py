@@ -24,7 +24,8 @@ def test_audit_of_an_honest_run_is_clean(deployment):
     checks = check_chain_record(client, client.history(run.run_id))
     assert checks.ok, checks.problems
     assert len(checks.hash_chain.links) == len(checks.attesters) == 3
-    assert [item.name.split()[0] for item in checks.contracts] == ["bytecode", "bytecode", "bytecode", "ledger"]
+    names = [item.name.split()[0] for item in checks.contracts]
+    assert names == ["bytecode", "bytecode", "bytecode", "ledger"]  # registry, ledger, prover
     assert len(checks.registrations) == 3 and all(item.ok for item in checks.registrations)
     assert len(checks.members) == 3 and all(item.ok for item in checks.members)
     assert checks.disputed_rounds == [1]

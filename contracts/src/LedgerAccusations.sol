@@ -79,9 +79,12 @@ library LedgerAccusations {
     }
 
     /// @notice TrainingLedger.expireAccusation.
-    function expireAccusation(TrainingLedger.LedgerState storage s, uint256 runId, address accused, bytes32 evidenceHash)
-        external
-    {
+    function expireAccusation(
+        TrainingLedger.LedgerState storage s,
+        uint256 runId,
+        address accused,
+        bytes32 evidenceHash
+    ) external {
         LedgerCore.existingRun(s, runId);
         TrainingLedger.Accusation storage accusation = _openAccusation(s, runId, accused, evidenceHash);
         if (block.number < accusation.deadline) {

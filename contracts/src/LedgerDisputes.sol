@@ -150,7 +150,9 @@ library LedgerDisputes {
         bytes32 recordHash = LedgerCore.committedHash(s, committed);
         return LedgerCore.typedDigest(
             separator,
-            keccak256(abi.encode(LedgerCore.ROUND_VERDICT_TYPEHASH, committed.runId, committed.round, recordHash, upheld))
+            keccak256(
+                abi.encode(LedgerCore.ROUND_VERDICT_TYPEHASH, committed.runId, committed.round, recordHash, upheld)
+            )
         );
     }
 

@@ -73,7 +73,9 @@ library LedgerMembership {
     function leaveRun(TrainingLedger.LedgerState storage s, uint256 runId) external {
         TrainingLedger.Run storage run = LedgerCore.existingRun(s, runId);
         TrainingLedger.Member storage member = s.members[runId][msg.sender];
-        if (member.status != TrainingLedger.MemberStatus.Active) revert TrainingLedger.LedgerNotMember(runId, msg.sender);
+        if (member.status != TrainingLedger.MemberStatus.Active) {
+            revert TrainingLedger.LedgerNotMember(runId, msg.sender);
+        }
         LedgerCore.leaveRun(runId, run, member, msg.sender);
     }
 
@@ -138,7 +140,9 @@ library LedgerMembership {
         ) revert TrainingLedger.LedgerBadWindow(accusationBlocks, disputeBlocks, minimum, maximum);
         // Both windows are at most 2^32: the sum cannot overflow.
         uint64 floor = accusationBlocks + disputeBlocks;
-        if (params.unbondingBlocks < floor) revert TrainingLedger.LedgerUnbondingTooShort(params.unbondingBlocks, floor);
+        if (params.unbondingBlocks < floor) {
+            revert TrainingLedger.LedgerUnbondingTooShort(params.unbondingBlocks, floor);
+        }
         if (params.unbondingBlocks > maximum) {
             revert TrainingLedger.LedgerUnbondingTooLong(params.unbondingBlocks, maximum);
         }

@@ -15,8 +15,9 @@ library ProverAvailability {
     uint256 private constant _FACTORS = type(uint256).max - 1;
 
     /// @notice Challenge the committers of a round to publish one committed leaf (a chunk of the new weights or
-    /// momentum, or of an accepted contribution's payload, or a stage leaf itself: `ProverCommon.STAGE_LEAF`) on chain within the run's `accusationBlocks`,
-    /// depositing the run's bond; only within the round's dispute window (`disputeBlocks` after its commit). Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
+    /// momentum, or of an accepted contribution's payload, or a stage leaf itself: `STAGE_LEAF`) on chain within
+    /// the run's `accusationBlocks`, depositing the run's bond; only within the round's dispute window
+    /// (`disputeBlocks` after its commit). Answered (answerChallenge, by anyone): the bond is forfeited. Unanswered by
     /// the deadline (expireChallenge): the round and every later one are invalid, its attesters slashed, the
     /// challenger paid half of the slash and its bond returned.
     /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
@@ -33,7 +34,9 @@ library ProverAvailability {
         // Only while the round can be disputed: members need not keep a round's leaves available for ever, and
         // an old right round must not fall to a challenge nobody is left to answer.
         uint256 closedAt = ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks;
-        if (block.number >= closedAt) revert AggregationProver.ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
+        if (block.number >= closedAt) {
+            revert AggregationProver.ProverChallengeTooLate(record.runId, record.round, uint64(closedAt));
+        }
         (bytes32 root, uint32 numChunks, bool sums) = _targetTree(target, run.numStages);
         id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
         AggregationProver.Challenge storage challenge = challenges[id];
@@ -106,12 +109,17 @@ library ProverAvailability {
     }
 
     /// @dev The tree a challenge's leaf must be opened in, its leaf count, and whether it is a sum tree.
-    function _targetTree(AggregationProver.Target calldata target, uint32 numStages) private pure returns (bytes32, uint32, bool) {
+    function _targetTree(AggregationProver.Target calldata target, uint32 numStages)
+        private
+        pure
+        returns (bytes32, uint32, bool)
+    {
         if (target.which == ProverCommon.STAGE_LEAF) {
             if (target.chunk != target.stage) revert AggregationProver.ProverBadChunk(target.chunk, numStages);
             return (target.record.weightsRoot, numStages, false);
         }
-        AggregationProver.StageLeaf memory leaf = ProverCommon.openStageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
+        AggregationProver.StageLeaf memory leaf =
+            ProverCommon.openStageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
         bool factors = target.which == _FACTORS;
         uint32 count = factors ? 1 : leaf.numChunks; // the factors are one "leaf", chunk 0
         if (target.chunk >= count) revert AggregationProver.ProverBadChunk(target.chunk, count);
@@ -120,18 +128,26 @@ library ProverAvailability {
         return (root, leaf.numChunks, sums);
     }
 
-    function _targetRoot(AggregationProver.Target calldata target, AggregationProver.StageLeaf memory leaf) private pure returns (bytes32, bool) {
+    function _targetRoot(AggregationProver.Target calldata target, AggregationProver.StageLeaf memory leaf)
+        private
+        pure
+        returns (bytes32, bool)
+    {
         uint256 which = target.which;
         if (which == 0) return (leaf.weightsRoot, false);
         if (which == 1) return (leaf.momentumRoot, false);
         bytes calldata factors = target.factors;
-        if (sha256(factors) != leaf.factorsHash) revert AggregationProver.ProverBadFactors(target.record.round, target.stage);
+        if (sha256(factors) != leaf.factorsHash) {
+            revert AggregationProver.ProverBadFactors(target.record.round, target.stage);
+        }
         (,,,, bytes32[] memory roots,) = abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
         uint256 j = which - 2;
         if (j < roots.length) return (roots[j], false);
         // 2 + M + j: contribution j's sum tree, in well-formed version-3 factors (others are proven, not opened).
         j -= roots.length;
-        if (j >= roots.length || factors.length < 352 || ProverCommon.word(factors, 96) != 320) revert AggregationProver.ProverBadTarget(which);
+        if (j >= roots.length || factors.length < 352 || ProverCommon.word(factors, 96) != 320) {
+            revert AggregationProver.ProverBadTarget(which);
+        }
         (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);
         if (!ok) revert AggregationProver.ProverBadTarget(which);
         return (bytes32(ProverCommon.word(factors, norms.rootsAt + 32 * j)), true);

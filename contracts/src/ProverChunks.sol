@@ -18,12 +18,17 @@ library ProverChunks {
     /// @notice Whether AggregationProver.proveWrongAggregation(proof) would succeed against `ledger`'s records
     /// (the chunk differs); reverts with the prover's errors on a malformed proof.
     function differs(TrainingLedger ledger, AggregationProver.Proof calldata proof) external view returns (bool) {
-        (AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next) = _stageLeaves(ledger, proof);
+        (AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next) =
+            _stageLeaves(ledger, proof);
         return _differs(proof, prev, next);
     }
 
     /// @dev Both records committed and consecutive; both stage leaves under their records' weights roots.
-    function _stageLeaves(TrainingLedger ledger, AggregationProver.Proof calldata proof) private view returns (AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next) {
+    function _stageLeaves(TrainingLedger ledger, AggregationProver.Proof calldata proof)
+        private
+        view
+        returns (AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next)
+    {
         TrainingLedger.Record calldata record = proof.record;
         uint256 runId = record.runId;
         if (proof.prevRecord.runId != runId || uint256(proof.prevRecord.round) + 1 != record.round) {
@@ -33,12 +38,18 @@ library ProverChunks {
         ProverCommon.requireCommitted(ledger, record);
         uint32 numStages = ledger.runOf(runId).numStages;
         if (proof.stage >= numStages) revert AggregationProver.ProverBadStage(proof.stage, numStages);
-        prev = ProverCommon.openStageLeaf(proof.prevStageLeaf, proof.prevStagePath, proof.prevRecord, proof.stage, numStages);
+        prev = ProverCommon.openStageLeaf(
+            proof.prevStageLeaf, proof.prevStagePath, proof.prevRecord, proof.stage, numStages
+        );
         next = ProverCommon.openStageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, numStages);
     }
 
     /// @dev Whether the committed chunk of round t differs from the outer step of its committed inputs.
-    function _differs(AggregationProver.Proof calldata proof, AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next)
+    function _differs(
+        AggregationProver.Proof calldata proof,
+        AggregationProver.StageLeaf memory prev,
+        AggregationProver.StageLeaf memory next
+    )
         private
         pure
         returns (bool)
@@ -49,10 +60,12 @@ library ProverChunks {
         (AggregationProver.Factors memory factors, bool wellFormed) = _factors(proof, next.factorsHash);
         if (!wellFormed) return true; // committed factors an honest round never has
         _openChunk(proof, prev, next);
-        AggregationProver.Layout memory place = ProverCommon.chunkLayout(proof.prevWeights.leaf, proof.prevMomentum.leaf);
+        AggregationProver.Layout memory place =
+            ProverCommon.chunkLayout(proof.prevWeights.leaf, proof.prevMomentum.leaf);
         for (uint256 j = 0; j < proof.pieces.length; ++j) {
-            if (!ProverCommon.verifyLeaf(proof.pieces[j].leaf, proof.chunk, prev.numChunks, proof.pieces[j].path, factors.payloadRoots[j]))
-            {
+            AggregationProver.Opening calldata piece = proof.pieces[j];
+            bytes32 root = factors.payloadRoots[j];
+            if (!ProverCommon.verifyLeaf(piece.leaf, proof.chunk, prev.numChunks, piece.path, root)) {
                 revert AggregationProver.ProverBadPath(4 + j);
             }
             // A committed piece that does not decode: the round aggregated something no contribution holds.
@@ -62,13 +75,18 @@ library ProverChunks {
     }
 
     /// @dev The four tensor leaves of the chunk are under their roots.
-    function _openChunk(AggregationProver.Proof calldata proof, AggregationProver.StageLeaf memory prev, AggregationProver.StageLeaf memory next) private pure {
+    function _openChunk(
+        AggregationProver.Proof calldata proof,
+        AggregationProver.StageLeaf memory prev,
+        AggregationProver.StageLeaf memory next
+    ) private pure {
         uint256 chunk = proof.chunk;
         uint256 count = prev.numChunks;
         if (!ProverCommon.verifyLeaf(proof.prevWeights.leaf, chunk, count, proof.prevWeights.path, prev.weightsRoot)) {
             revert AggregationProver.ProverBadPath(0);
         }
-        if (!ProverCommon.verifyLeaf(proof.prevMomentum.leaf, chunk, count, proof.prevMomentum.path, prev.momentumRoot)) {
+        AggregationProver.Opening calldata prevMomentum = proof.prevMomentum;
+        if (!ProverCommon.verifyLeaf(prevMomentum.leaf, chunk, count, prevMomentum.path, prev.momentumRoot)) {
             revert AggregationProver.ProverBadPath(1);
         }
         if (!ProverCommon.verifyLeaf(proof.newWeights.leaf, chunk, count, proof.newWeights.path, next.weightsRoot)) {
@@ -80,13 +98,20 @@ library ProverChunks {
     }
 
     /// @dev Whether a committed new leaf differs from the recomputation (its header must be the previous one).
-    function _compare(AggregationProver.Proof calldata proof, AggregationProver.Factors memory factors, AggregationProver.Layout memory place) private pure returns (bool) {
+    function _compare(
+        AggregationProver.Proof calldata proof,
+        AggregationProver.Factors memory factors,
+        AggregationProver.Layout memory place
+    ) private pure returns (bool) {
         bytes calldata newWeights = proof.newWeights.leaf;
         bytes calldata newMomentum = proof.newMomentum.leaf;
         uint256 size = ProverCommon.LEAF_HEADER + 4 * place.count;
         if (newWeights.length != size || newMomentum.length != size) return true;
         bytes32 header = keccak256(proof.prevWeights.leaf[:ProverCommon.LEAF_HEADER]);
-        if (keccak256(newWeights[:ProverCommon.LEAF_HEADER]) != header || keccak256(newMomentum[:ProverCommon.LEAF_HEADER]) != header) {
+        if (
+            keccak256(newWeights[:ProverCommon.LEAF_HEADER]) != header
+                || keccak256(newMomentum[:ProverCommon.LEAF_HEADER]) != header
+        ) {
             return true;
         }
         for (uint256 k = 0; k < place.count; ++k) {
@@ -103,7 +128,9 @@ library ProverChunks {
         pure
         returns (AggregationProver.Factors memory factors, bool wellFormed)
     {
-        if (sha256(proof.factors) != factorsHash) revert AggregationProver.ProverBadFactors(proof.record.round, proof.stage);
+        if (sha256(proof.factors) != factorsHash) {
+            revert AggregationProver.ProverBadFactors(proof.record.round, proof.stage);
+        }
         (factors.lr, factors.mu, factors.nesterov, factors.envelopes, factors.payloadRoots, factors.scales) =
             abi.decode(proof.factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
         uint256 accepted = factors.payloadRoots.length;
@@ -112,7 +139,12 @@ library ProverChunks {
     }
 
     /// @dev One element's new weight and momentum: decode, clip, the in-order sum, / M, the (Nesterov) step.
-    function _element(AggregationProver.Proof calldata proof, AggregationProver.Factors memory factors, AggregationProver.Layout memory place, uint256 k)
+    function _element(
+        AggregationProver.Proof calldata proof,
+        AggregationProver.Factors memory factors,
+        AggregationProver.Layout memory place,
+        uint256 k
+    )
         private
         pure
         returns (uint32 weight, uint32 momentum)

@@ -40,7 +40,9 @@ library ProverCommon {
         uint32 stage,
         uint32 numStages
     ) internal pure returns (AggregationProver.StageLeaf memory decoded) {
-        if (!verifyLeaf(leaf, stage, numStages, path, record.weightsRoot)) revert AggregationProver.ProverBadStagePath(record.round, stage);
+        if (!verifyLeaf(leaf, stage, numStages, path, record.weightsRoot)) {
+            revert AggregationProver.ProverBadStagePath(record.round, stage);
+        }
         if (leaf.length != 160) revert AggregationProver.ProverBadStageLeaf(record.round, stage);
         decoded = abi.decode(leaf, (AggregationProver.StageLeaf));
         if (decoded.stage != stage) revert AggregationProver.ProverBadStageLeaf(record.round, stage);
@@ -70,7 +72,11 @@ library ProverCommon {
     }
 
     /// @dev The chunk's place, from round t - 1's weights leaf; its momentum leaf must have the same header.
-    function chunkLayout(bytes calldata weights, bytes calldata momentum) internal pure returns (AggregationProver.Layout memory place) {
+    function chunkLayout(bytes calldata weights, bytes calldata momentum)
+        internal
+        pure
+        returns (AggregationProver.Layout memory place)
+    {
         if (weights.length < LEAF_HEADER) revert AggregationProver.ProverBadLeaf(0);
         place.count = u32(weights, 20);
         place.offset = uint64(bytes8(weights[4:12]));
@@ -121,7 +127,11 @@ library ProverCommon {
     /// of the accepted count (steps: that count, or none), sums three words each, every value in its type's range,
     /// normClip 0 or in [1, inf) and every step at least 1. The caller checked that it is version 3 (at least 352
     /// bytes, its first list at byte 320).
-    function normCommitment(bytes calldata factors) internal pure returns (AggregationProver.Norms memory norms, bool ok) {
+    function normCommitment(bytes calldata factors)
+        internal
+        pure
+        returns (AggregationProver.Norms memory norms, bool ok)
+    {
         uint256 count = word(factors, 320);
         if (count > type(uint32).max) return (norms, false);
         uint256 list = 32 * (1 + count);
@@ -147,7 +157,11 @@ library ProverCommon {
     }
 
     /// @dev Every value of the factors in its type's range (what abi.decode would revert on), every step >= 1.
-    function _normValuesOk(bytes calldata factors, AggregationProver.Norms memory norms, uint256 scalesAt) private pure returns (bool) {
+    function _normValuesOk(bytes calldata factors, AggregationProver.Norms memory norms, uint256 scalesAt)
+        private
+        pure
+        returns (bool)
+    {
         if (word(factors, 0) > type(uint32).max || word(factors, 32) > type(uint32).max) return false;
         if (word(factors, 64) > 1) return false;
         for (uint256 j = 0; j < norms.count; ++j) {
@@ -183,7 +197,11 @@ library ProverCommon {
     }
 
     /// @dev Element `k` of a checked piece, decoded exactly as training/codec_wire.py.
-    function decodeElement(bytes calldata piece, AggregationProver.Layout memory place, uint256 k) internal pure returns (uint32) {
+    function decodeElement(bytes calldata piece, AggregationProver.Layout memory place, uint256 k)
+        internal
+        pure
+        returns (uint32)
+    {
         uint8 codec = uint8(piece[0]);
         if (codec == 0) return u32(piece, PIECE_HEADER + 4 * k);
         if (codec == 1) {
@@ -195,7 +213,11 @@ library ProverCommon {
     }
 
     /// @dev ``float32(float64(sum_r P[i,r] w[r] Q[j,r]) * float64(S))``: the integer sum is exact (< 2^53).
-    function _lowrank(bytes calldata piece, AggregationProver.Layout memory place, uint256 k) private pure returns (uint32) {
+    function _lowrank(bytes calldata piece, AggregationProver.Layout memory place, uint256 k)
+        private
+        pure
+        returns (uint32)
+    {
         uint256 rank = uint8(piece[PIECE_HEADER]);
         uint256 rowsAt = WEIGHTS_AT + 2 * rank + 4;
         uint256 pAt = rowsAt + 2 * rank * ((uint256(place.offset) + k) / place.cols - place.offset / place.cols);
@@ -206,7 +228,11 @@ library ProverCommon {
 
     /// @dev ``sum_r P[i,r] w[r] Q[j,r]`` over a checked piece: |P|, |Q| <= 2^15, w < 2^16 and r <= 64 bound every
     /// partial sum by 2^52, so the int256 arithmetic never wraps.
-    function _lowrankSum(bytes calldata piece, uint256 rank, uint256 pAt, uint256 qAt) private pure returns (int256 sum) {
+    function _lowrankSum(bytes calldata piece, uint256 rank, uint256 pAt, uint256 qAt)
+        private
+        pure
+        returns (int256 sum)
+    {
         assembly ("memory-safe") {
             let base := piece.offset
             for { let r := 0 } lt(r, rank) { r := add(r, 1) } {

@@ -25,7 +25,8 @@ library ProverNorms {
         ProverCommon.requireCommitted(ledger, record);
         TrainingLedger.Run memory run = ledger.runOf(record.runId);
         if (proof.stage >= run.numStages) revert AggregationProver.ProverBadStage(proof.stage, run.numStages);
-        AggregationProver.StageLeaf memory leaf = ProverCommon.openStageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, run.numStages);
+        AggregationProver.StageLeaf memory leaf =
+            ProverCommon.openStageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, run.numStages);
         bytes calldata factors = proof.factors;
         if (sha256(factors) != leaf.factorsHash) revert AggregationProver.ProverBadFactors(record.round, proof.stage);
         // The factors' version (3: ten fields, the first list at byte 320) must be the run's (RunParams.commitments):
@@ -63,7 +64,11 @@ library ProverNorms {
 
     /// @dev Contribution j's sum tree at the chunk: its leaf against the piece's squares, its total against the
     /// committed one.
-    function _sumDiffers(AggregationProver.NormProof calldata proof, AggregationProver.StageLeaf memory leaf, AggregationProver.Norms memory norms)
+    function _sumDiffers(
+        AggregationProver.NormProof calldata proof,
+        AggregationProver.StageLeaf memory leaf,
+        AggregationProver.Norms memory norms
+    )
         private
         pure
         returns (bool)
@@ -80,12 +85,15 @@ library ProverNorms {
             revert AggregationProver.ProverBadPath(4 + j);
         }
         // The committed leaf and the total its path gives, under the committed root.
-        (bytes32 root, uint256[3] memory total, bool overflow) = ProverCommon.openSum(proof.sumLeaf, chunk, leaf.numChunks,
-            proof.sumPath, j);
-        if (root != bytes32(ProverCommon.word(proof.factors, norms.rootsAt + 32 * j))) revert AggregationProver.ProverBadSumPath(j);
+        (bytes32 root, uint256[3] memory total, bool overflow) =
+            ProverCommon.openSum(proof.sumLeaf, chunk, leaf.numChunks, proof.sumPath, j);
+        if (root != bytes32(ProverCommon.word(proof.factors, norms.rootsAt + 32 * j))) {
+            revert AggregationProver.ProverBadSumPath(j);
+        }
         if (overflow) return true; // an honest tree's sums are far below 2^768
         uint256 sumAt = norms.sumsAt + 96 * j;
-        if (total[0] != ProverCommon.word(proof.factors, sumAt) || total[1] != ProverCommon.word(proof.factors, sumAt + 32)) return true;
+        if (total[0] != ProverCommon.word(proof.factors, sumAt)) return true;
+        if (total[1] != ProverCommon.word(proof.factors, sumAt + 32)) return true;
         if (total[2] != ProverCommon.word(proof.factors, sumAt + 64)) return true;
         if (!ProverCommon.wellFormedPiece(proof.piece.leaf, place)) return true;
         uint256[3] memory squares;
@@ -95,6 +103,7 @@ library ProverNorms {
             (squares[0], squares[1], squares[2],) = NormRule.addSquare(squares[0], squares[1], squares[2], value);
         }
         bytes calldata sum = proof.sumLeaf; // 96 bytes: checked by _openSum
-        return squares[0] != ProverCommon.word(sum, 0) || squares[1] != ProverCommon.word(sum, 32) || squares[2] != ProverCommon.word(sum, 64);
+        return squares[0] != ProverCommon.word(sum, 0) || squares[1] != ProverCommon.word(sum, 32)
+            || squares[2] != ProverCommon.word(sum, 64);
     }
 }

@@ -84,7 +84,8 @@ def connect_checked(rpc_url: str, chain_id: int = 0):
 
 def verify_deployment(w3, registry: str, ledger: str) -> None:
     """Both addresses and the ledger's prover hold the committed build of the contracts (immutables masked),
-    with their linked libraries', the ledger bound to the registry; ConfigError with what is wrong otherwise."""
+    with their linked libraries', the ledger bound to the registry; ConfigError with what is wrong
+    otherwise."""
     import contracts
     from ledger.checks import verify_bytecode
     from ledger.errors import AuditError

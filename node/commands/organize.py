@@ -131,8 +131,8 @@ def run_deploy(args: argparse.Namespace) -> int:
 
     atomic_write_bytes(out, (json.dumps(deployment, indent=1) + "\n").encode())
     print(f"deployed NodeRegistry {registry} and TrainingLedger {ledger} on chain {chain_id} "
-          f"({max(1, args.confirmations)} confirmation(s)), with {len(libraries)} linked libraries; their code "
-          "matches the committed artifacts")
+          f"({max(1, args.confirmations)} confirmation(s)), with {len(libraries)} linked libraries; their "
+          "code matches the committed artifacts")
     print(f"wrote {out}; next: dlx-node create-run RUN.toml --deployment {out}")
     return 0
 
