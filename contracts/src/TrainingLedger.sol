@@ -19,6 +19,10 @@ import {NodeRegistry} from "./NodeRegistry.sol";
 /// and have a deadline; stakes unbond for at least the accusation deadline plus the dispute window.
 /// @dev Trust model, typed data and hash chain: docs/LEDGER.md. Per-round contributor data lives off-chain
 /// behind `contributionsRoot`, so a commit's gas depends only on the number of signatures.
+/// The hot path (commitRound, attest) and the views are here; the other calls run in linked libraries on this
+/// contract's storage (DELEGATECALL): LedgerMembership (runs and seats), LedgerDisputes (disputes, the fraud
+/// proof's overturn, equivocation) and LedgerAccusations. Their events and errors are declared here, so this
+/// contract's ABI has them all (docs/LEDGER.md, "Where the code lives").
 ///
 /// EIP-712 domain: {name: "dlx-node TrainingLedger", version: "1", chainId, verifyingContract: this}.
 /// Hash chain: head_0 = keccak256(abi.encode(chainid, ledger, runId, configHash)) and
@@ -179,6 +183,7 @@ contract TrainingLedger {
         mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
             accusations;
     }
+
     NodeRegistry private immutable _registry;
     AggregationProver private immutable _prover;
     bytes32 private immutable _cachedDomainSeparator;
@@ -186,7 +191,6 @@ contract TrainingLedger {
     address private immutable _cachedThis;
 
     LedgerState private _s;
-
 
     /// @notice Run `runId` was created by `creator` with `params`; `genesisHead` starts its hash chain.
     event RunCreated(
