@@ -5,9 +5,10 @@ Runs against a real anvil started from contracts/node_modules (``npm ci --prefix
     /work/venv/bin/python bench/bench_ledger.py [--rounds 1000] [--out bench/results/ledger.json]
 
 Measures:
-* gas used by each call (deployments, register with and without stake, createRun, joinRun, leaveRun,
-  ejectInactive, withdrawStake, commitRound, dispute, attest, resolveDispute (upheld), reportEquivocation,
-  accuse, resolveAccusation (not guilty, guilty), expireAccusation, unregister);
+* gas used by each call (deployments: each linked library, the registry, the ledger; register with and
+  without stake, createRun, joinRun, leaveRun, ejectInactive, withdrawStake, commitRound, dispute, attest,
+  resolveDispute (upheld), reportEquivocation, accuse, resolveAccusation (not guilty, guilty),
+  expireAccusation, unregister);
 * round-commit gas by quorum k = 1, 3, 5, 8 signatures of 8 members (target <= 150k at k = 3), first commit of
   a run and a later one, with and without a checkpoint;
 * round-commit gas at 3 of 4 and 10 of 16 members (the quorum from the fraction: k = 2 and quorumBps 7500 /
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+import contracts
 from ledger.account import dev_account, fund_accounts
 from ledger.chain import connect_rpc
 from ledger.anvil import AnvilProcess
@@ -110,7 +112,11 @@ def measure_gas(w3) -> dict:
     ]
     clients = {i: LedgerClient(w3, dev_account(i, chain_id), registry, ledger) for i in range(17)}
     fund_accounts(w3, deployer, [clients[i].address for i in range(10, 17)], 10 * STAKE + 10**20)
-    gas = {"deploy_NodeRegistry": deploy_gas[0], "deploy_TrainingLedger": deploy_gas[1]}
+    # One block each: the libraries (contracts.LIBRARIES, in order), the registry, the ledger (and its
+    # prover).
+    names = [*contracts.LIBRARIES, "NodeRegistry", "TrainingLedger"]
+    gas = {f"deploy_{name}": used for name, used in zip(names, deploy_gas, strict=True)}
+    gas["deploy_total"] = sum(deploy_gas)
     gas["register"] = gas_of(clients[1], register(clients[1], 1))
     for i in range(2, 17):
         register(clients[i], i)

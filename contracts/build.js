@@ -4,6 +4,9 @@
 //
 //   node contracts/build.js          write contracts/build/input.json and contracts/artifacts/<Name>.json
 //   node contracts/build.js --check  rebuild in memory; exit 1 if any committed file differs
+//   node contracts/build.js --sizes  rebuild in memory; print each artifact's deployed size (EIP-170 share)
+//
+// Either way the build fails (exit 1) if any deployed contract or library passes 90% of EIP-170's 24,576 bytes.
 //
 // The Python client loads only the committed artifacts, so running a node needs no Node.js.
 "use strict";
@@ -14,18 +17,33 @@ const solc = require("solc");
 
 const ROOT = __dirname;
 const SOURCES = [
-  "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/AggregationProver.sol", "src/Float32.sol",
+  "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/LedgerCore.sol", "src/LedgerMembership.sol",
+  "src/LedgerDisputes.sol", "src/LedgerAccusations.sol", "src/AggregationProver.sol", "src/ProverCommon.sol",
+  "src/ProverChunks.sol", "src/ProverNorms.sol", "src/ProverAvailability.sol", "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol",
 ];
+// Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
 const CONTRACTS = {
   "src/NodeRegistry.sol": "NodeRegistry",
   "src/TrainingLedger.sol": "TrainingLedger",
+  "src/LedgerMembership.sol": "LedgerMembership",
+  "src/LedgerDisputes.sol": "LedgerDisputes",
+  "src/LedgerAccusations.sol": "LedgerAccusations",
   "src/AggregationProver.sol": "AggregationProver",
+  "src/ProverChunks.sol": "ProverChunks",
+  "src/ProverNorms.sol": "ProverNorms",
+  "src/ProverAvailability.sol": "ProverAvailability",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
 };
 const EXPECTED_COMPILER = "0.8.37";
+// EIP-170: the most bytes of code a contract may deploy. The build fails past SIZE_GATE of it (room for the next
+// change to notice before the chain refuses the deployment); tests/test_contracts_build.py holds the committed
+// artifacts to SIZE_TARGET (75%).
+const CODE_SIZE_LIMIT = 24576;
+const SIZE_GATE = Math.floor(CODE_SIZE_LIMIT * 0.9); // 22,118 bytes
+
 
 function standardInput() {
   const sources = {};
@@ -46,8 +64,10 @@ function standardInput() {
             "abi",
             "metadata",
             "evm.bytecode.object",
+            "evm.bytecode.linkReferences",
             "evm.deployedBytecode.object",
             "evm.deployedBytecode.immutableReferences",
+            "evm.deployedBytecode.linkReferences",
             "evm.methodIdentifiers",
           ],
         },
@@ -74,8 +94,11 @@ function build() {
     throw new Error("compilation failed:\n" + problems.map((e) => e.formattedMessage).join("\n"));
   }
   const files = { "build/input.json": render(input) };
+  const oversized = [];
   for (const [source, name] of Object.entries(CONTRACTS)) {
     const contract = output.contracts[source][name];
+    const size = contract.evm.deployedBytecode.object.length / 2;
+    if (size > SIZE_GATE) oversized.push(`${name} (${source}): ${size} bytes deployed`);
     files[`artifacts/${name}.json`] = render({
       contractName: name,
       sourceName: source,
@@ -85,16 +108,50 @@ function build() {
       bytecode: "0x" + contract.evm.bytecode.object,
       deployedBytecode: "0x" + contract.evm.deployedBytecode.object,
       immutableReferences: contract.evm.deployedBytecode.immutableReferences || {},
+      // Libraries to link (source -> name -> byte ranges holding its address): contracts/__init__.py link().
+      linkReferences: contract.evm.bytecode.linkReferences || {},
+      deployedLinkReferences: contract.evm.deployedBytecode.linkReferences || {},
       methodIdentifiers: contract.evm.methodIdentifiers,
       metadata: contract.metadata,
     });
   }
+  if (oversized.length > 0) {
+    throw new Error(
+      `deployed code past 90% of the EIP-170 limit (${SIZE_GATE} of ${CODE_SIZE_LIMIT} bytes): ` +
+        oversized.join("; ") + ". Split the contract (move a concern into a linked library: docs/LEDGER.md)"
+    );
+  }
   return files;
+}
+
+/// Deployed bytes of every artifact, and their share of the EIP-170 limit (node contracts/build.js --sizes).
+function sizes(files) {
+  const lines = [];
+  for (const [relative, content] of Object.entries(files)) {
+    if (!relative.startsWith("artifacts/")) continue;
+    const artifact = JSON.parse(content);
+    const deployed = (artifact.deployedBytecode.length - 2) / 2;
+    const initcode = (artifact.bytecode.length - 2) / 2;
+    const share = ((100 * deployed) / CODE_SIZE_LIMIT).toFixed(1);
+    lines.push(`${artifact.contractName.padEnd(20)} ${String(deployed).padStart(6)} bytes deployed ` +
+      `(${share.padStart(4)}% of ${CODE_SIZE_LIMIT}), initcode ${initcode}`);
+  }
+  return lines.join("\n") + "\n";
 }
 
 function main() {
   const check = process.argv.includes("--check");
-  const files = build();
+  let files;
+  try {
+    files = build();
+  } catch (error) {
+    process.stderr.write(`build.js: ${error.message}\n`);
+    process.exit(1);
+  }
+  if (process.argv.includes("--sizes")) {
+    process.stdout.write(sizes(files));
+    return;
+  }
   let stale = [];
   for (const [relative, content] of Object.entries(files)) {
     const target = path.join(ROOT, relative);

@@ -13,8 +13,9 @@ caller's: :mod:`node.tools.audit` composes them with the evidence and replay che
   membership events alone (:meth:`ledger.records.Membership.in_force`).
 * :func:`check_members` / :func:`bound_account` -- a member's node key, or a contribution's signing key, was
   bound by a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
-* :func:`check_contracts` -- the code deployed at both addresses is the committed build artifact,
-  immutables masked (:func:`bytecode_problem`), and the ledger trusts the registry.
+* :func:`check_contracts` -- the code deployed at both addresses and at the ledger's prover is the committed
+  build artifact, immutables masked (:func:`bytecode_problem`), and so is every library they link; and the
+  ledger trusts the registry.
 * :func:`check_chain_record` runs them all on one run. Only the registrations the run uses (those in force
   when one of its members joined, whose key the seat copied) are items; a bogus registration of anyone else
   on the shared registry is a note, never a failure of this run.
@@ -60,49 +61,102 @@ class ItemResult:
 
 
 # ---------------------------------------------------------------------- contracts
+def _expected_code(artifact: dict) -> bytes:
+    """``artifact``'s deployed bytecode, each linked library's placeholder as zero bytes."""
+    zeros = {name: "0x" + "00" * 20 for name in contracts.linked_libraries(artifact, deployed=True)}
+    return bytes.fromhex(contracts.link(artifact, zeros, deployed=True).removeprefix("0x"))
+
+
+def _is_library(code: bytes) -> bool:
+    """Whether ``code`` (an artifact's) is a library's: PUSH20 <its own address, zero in the artifact>,
+    ADDRESS, EQ, as solc starts every library with (a call other than a DELEGATECALL to a mutating function
+    reverts)."""
+    return code[:21] == b"\x73" + bytes(20) and code[21:23] == b"\x30\x14"
+
+
 def bytecode_problem(deployed: bytes, artifact: dict, address: str) -> str | None:
     """Why ``deployed`` (the code at ``address``) is not ``artifact``'s deployed bytecode, or None.
 
-    The immutables (values written into the code at deployment, e.g. the ledger's registry address) are
-    masked: their bytes are taken from the artifact before comparing.
+    The immutables (values written into the code at deployment, e.g. the ledger's registry address), the
+    linked libraries' addresses and a library's own address are masked: their bytes are taken from the
+    artifact before comparing (:func:`linked_addresses` reads the libraries', :func:`verify_bytecode` checks
+    their code). A library must hold its own address.
     """
-    expected = bytes.fromhex(artifact["deployedBytecode"].removeprefix("0x"))
+    expected = _expected_code(artifact)
     name = artifact.get("contractName", "contract")
     if not deployed:
         return f"no code at {address}: {name} is not deployed there"
     if len(deployed) != len(expected):
         return f"code at {address} is {len(deployed)} bytes, {name}'s artifact {len(expected)} bytes"
     masked = bytearray(deployed)
-    for references in artifact.get("immutableReferences", {}).values():
-        for reference in references:
-            start, length = reference["start"], reference["length"]
-            masked[start : start + length] = expected[start : start + length]
+    ranges = [reference for references in artifact.get("immutableReferences", {}).values()
+              for reference in references]
+    ranges += [reference for references in contracts.linked_libraries(artifact, deployed=True).values()
+               for reference in references]
+    if _is_library(expected):
+        if deployed[1:21].hex() != address.lower().removeprefix("0x"):
+            return f"code at {address} is {name}'s as deployed at 0x{deployed[1:21].hex()}, not there"
+        ranges.append({"start": 1, "length": 20})
+    for reference in ranges:
+        start, length = reference["start"], reference["length"]
+        masked[start : start + length] = expected[start : start + length]
     if bytes(masked) != expected:
         first = next(i for i, (a, b) in enumerate(zip(masked, expected)) if a != b)
         return f"code at {address} differs from {name}'s committed artifact (first at byte {first})"
     return None
 
 
+def linked_addresses(deployed: bytes, artifact: dict) -> dict[str, str]:
+    """The address of each library ``artifact``'s deployed code links, read from ``deployed`` (its code on
+    chain, checked by :func:`bytecode_problem`); AuditError if one library's places hold different
+    addresses."""
+    addresses = {}
+    for name, references in contracts.linked_libraries(artifact, deployed=True).items():
+        found = {deployed[r["start"] : r["start"] + r["length"]] for r in references}
+        if len(found) != 1:
+            raise AuditError(f"{artifact['contractName']}'s code links {len(found)} different {name} "
+                             "libraries")
+        addresses[name] = Web3.to_checksum_address(found.pop())
+    return addresses
+
+
 def verify_bytecode(w3: Web3, address: str, artifact: dict) -> None:
-    """Check that the code at ``address`` is ``artifact``'s deployed bytecode, immutables masked.
+    """Check that the code at ``address`` is ``artifact``'s deployed bytecode, immutables masked, and that
+    every library it links holds its committed code (each checked the same way).
 
     Raises:
-        AuditError: No code at the address, a different length, or differing bytes outside the immutables.
+        AuditError: No code at the address, a different length, or differing bytes outside the immutables and
+            library addresses, here or in a linked library.
     """
-    problem = bytecode_problem(bytes(w3.eth.get_code(Web3.to_checksum_address(address))), artifact, address)
+    deployed = bytes(w3.eth.get_code(Web3.to_checksum_address(address)))
+    problem = bytecode_problem(deployed, artifact, address)
     if problem is not None:
         raise AuditError(problem)
+    for name, library in linked_addresses(deployed, artifact).items():
+        try:
+            verify_bytecode(w3, library, contracts.artifact(name))
+        except AuditError as exc:
+            raise AuditError(f"{artifact['contractName']} at {address} links library {name}: {exc}") from None
 
 
 def check_contracts(client: Any) -> list[ItemResult]:
-    """Both contracts' bytecode against the committed artifacts, and that the ledger trusts the registry."""
+    """The contracts' bytecode against the committed artifacts (the registry, the ledger and the prover it
+    created, with their linked libraries), and that the ledger trusts the registry."""
     results = []
-    for name, address in (("NodeRegistry", client.registry_address), ("TrainingLedger", client.ledger_address)):
+    deployed = [("NodeRegistry", client.registry_address), ("TrainingLedger", client.ledger_address)]
+    for name, address in deployed:
         try:
             verify_bytecode(client.w3, address, contracts.artifact(name))
             results.append(ItemResult(f"bytecode {name} {address}", True))
         except LedgerError as exc:
             results.append(ItemResult(f"bytecode {name} {address}", False, str(exc)))
+    if all(item.ok for item in results):
+        try:
+            address = client.prover_address
+            verify_bytecode(client.w3, address, contracts.artifact("AggregationProver"))
+            results.append(ItemResult(f"bytecode AggregationProver {address}", True))
+        except LedgerError as exc:
+            results.append(ItemResult("bytecode AggregationProver", False, str(exc)))
     try:
         client.check_deployment()
         results.append(ItemResult("ledger trusts registry", True))

@@ -148,17 +148,26 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         retry: RetryPolicy = DEFAULT_RETRY,
         fees: FeePolicy = DEFAULT_FEES,
         receipt_timeout: float = 60.0,
+        libraries: dict | None = None,
     ) -> tuple[str, str]:
-        """Deploy a NodeRegistry (with ``min_stake`` wei) and a TrainingLedger bound to it.
+        """Deploy the libraries (``contracts.LIBRARIES``), a NodeRegistry (with ``min_stake`` wei) and a
+        TrainingLedger bound to it, linked to the libraries (its constructor creates the AggregationProver).
+
+        Args:
+            libraries: If given, filled with each library's name -> address.
 
         Returns:
             (registry_address, ledger_address), checksummed.
         """
         check_uint("min_stake", min_stake, 2**256 - 1)
         sender = TransactionSender(w3, account, retry=retry, fees=fees, receipt_timeout=receipt_timeout)
+        linked = {name: sender.deploy(contracts.artifact(name)) for name in contracts.LIBRARIES}
         registry = sender.deploy(contracts.artifact("NodeRegistry"), (min_stake,))
-        ledger = sender.deploy(contracts.artifact("TrainingLedger"), (registry,))
-        logger.info("deployed NodeRegistry at %s and TrainingLedger at %s", registry, ledger)
+        ledger = sender.deploy(contracts.artifact("TrainingLedger"), (registry,), libraries=linked)
+        logger.info("deployed NodeRegistry at %s and TrainingLedger at %s (libraries: %s)", registry, ledger,
+                    ", ".join(f"{name} {address}" for name, address in linked.items()))
+        if libraries is not None:
+            libraries.update(linked)
         return registry, ledger
 
     # Identity ------------------------------------------------------------------------------------------

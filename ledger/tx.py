@@ -25,6 +25,7 @@ from eth_utils.exceptions import ValidationError as EthValidationError
 from web3 import Web3
 from web3.exceptions import TransactionNotFound, Web3RPCError
 
+import contracts
 from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
 from ledger.reverts import _ledger_error, decode_revert
 from ledger.errors import (
@@ -174,11 +175,12 @@ class TransactionSender:
         data = contract.encode_abi(name, args=list(args))
         return self.send({"to": contract.address, "value": value, "data": data}, what or name)
 
-    def deploy(self, artifact: dict, args: tuple = (), what: str = "") -> str:
-        """Deploy the contract of a build ``artifact`` with constructor ``args``; return its address."""
+    def deploy(self, artifact: dict, args: tuple = (), what: str = "", libraries: dict | None = None) -> str:
+        """Deploy the contract of a build ``artifact`` with constructor ``args``, linked to ``libraries``
+        (name -> address of each library its code calls, ``contracts.link``); return its address."""
         constructor = next((item for item in artifact["abi"] if item["type"] == "constructor"), None)
         types = [item["type"] for item in constructor["inputs"]] if constructor else []
-        data = artifact["bytecode"] + encode(types, list(args)).hex()
+        data = contracts.link(artifact, libraries or {}) + encode(types, list(args)).hex()
         receipt = self.send({"value": 0, "data": data}, what or f"deploy {artifact['contractName']}")
         return receipt["contractAddress"]
 

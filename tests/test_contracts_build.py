@@ -84,11 +84,15 @@ def test_contract_conventions():
         functions = [entry for entry in artifact["abi"] if entry["type"] == "function"]
         for function in functions:
             signature = f"{function['name']}({','.join(canonical_type(item) for item in function['inputs'])})"
+            if name in contracts.LIBRARIES:  # a library's NatSpec keys name its types (Contract.Struct)
+                keyed = [key for key in notices if key.startswith(function["name"] + "(")]
+                assert any("notice" in notices[key] for key in keyed), f"{name}.{signature} lacks a @notice"
+                continue
             assert "notice" in notices.get(signature, {}), f"{name}.{signature} lacks a NatSpec @notice"
         for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
             assert event["name"].endswith(("ed", *IRREGULAR_PAST)), \
                 f"{name} event {event['name']} is not past tense"
-        prefix = {"NodeRegistry": "Registry", "AggregationProver": "Prover"}.get(name, "Ledger")
+        prefix = {"NodeRegistry": "Registry"}.get(name, "Prover" if "Prover" in name else "Ledger")
         for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
             assert error["name"].startswith(prefix)
     # Public state would show up as getters named like the private variables.
@@ -99,3 +103,50 @@ def test_contract_conventions():
 def test_contracts_package_imports_without_web3():
     code = "import sys, contracts; contracts.artifact('NodeRegistry'); assert 'web3' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=contracts.CONTRACTS_DIR.parent, timeout=60)
+
+
+#: Every deployed contract and library stays at most 75% of EIP-170's limit: room for the next change.
+SIZE_TARGET = contracts.CODE_SIZE_LIMIT * 3 // 4  # 18,432 bytes
+
+
+def test_every_deployed_contract_and_library_keeps_a_quarter_of_eip_170_free():
+    deployed = ("NodeRegistry", "TrainingLedger", "AggregationProver", *contracts.LIBRARIES)
+    for name in deployed:
+        size = (len(contracts.artifact(name)["deployedBytecode"]) - 2) // 2
+        assert size <= SIZE_TARGET, f"{name}: {size} bytes deployed, over 75% of {contracts.CODE_SIZE_LIMIT}"
+    # The ledger's creation code holds the prover's (its constructor creates it): EIP-3860 allows 49,152.
+    assert (len(contracts.artifact("TrainingLedger")["bytecode"]) - 2) // 2 <= 2 * contracts.CODE_SIZE_LIMIT
+    # Each library the two link has an artifact, and only those (contracts.LIBRARIES, deployed before them).
+    linked = {name for contract in ("TrainingLedger", "AggregationProver")
+              for name in contracts.linked_libraries(contracts.artifact(contract))}
+    assert linked == set(contracts.LIBRARIES)
+    for name in contracts.LIBRARIES:
+        assert not contracts.linked_libraries(contracts.artifact(name)), f"{name} links another library"
+
+
+def test_the_build_fails_past_90_percent_of_eip_170():
+    source = BUILD.read_text()
+    assert "const CODE_SIZE_LIMIT = 24576;" in source and "Math.floor(CODE_SIZE_LIMIT * 0.9)" in source
+    assert "if (size > SIZE_GATE) oversized.push(" in source and "process.exit(1)" in source
+
+
+@pytest.mark.slow  # a second full compile
+def test_the_build_names_a_contract_past_the_gate(tmp_path):
+    copy = tmp_path / "contracts"
+    copy.mkdir()
+    for name in ("build.js", "package.json"):
+        shutil.copy(contracts.CONTRACTS_DIR / name, copy / name)
+    for name in ("src", "artifacts", "build"):
+        shutil.copytree(contracts.CONTRACTS_DIR / name, copy / name)
+    os.symlink(contracts.CONTRACTS_DIR / "node_modules", copy / "node_modules")
+    # 700 functions returning a 30-byte constant each: the registry grows past 22,118 bytes.
+    registry = copy / "src" / "NodeRegistry.sol"
+    bloat = "".join(f"    function bloat{i}() external pure returns (uint256) {{ return {10**70 + i}; }}\n"
+                    for i in range(700))
+    text = registry.read_text()
+    registry.write_text(text[: text.rindex("}")] + bloat + "}\n")
+    result = subprocess.run(["node", str(copy / "build.js"), "--check"], capture_output=True, text=True,
+                            check=False, timeout=300)
+    assert result.returncode == 1, result.stdout
+    assert "NodeRegistry (src/NodeRegistry.sol):" in result.stderr
+    assert "90% of the EIP-170 limit" in result.stderr

@@ -9,7 +9,8 @@ from ledger_fixtures import deploy, digest, mine, node_key, raw_public_key
 
 import contracts
 from ledger.account import dev_account
-from ledger.checks import check_chain_record, verify_bytecode
+from ledger.chain import connect_pyevm
+from ledger.checks import bytecode_problem, check_chain_record, linked_addresses, verify_bytecode
 from ledger.errors import AuditError
 
 
@@ -24,7 +25,8 @@ def test_audit_of_an_honest_run_is_clean(deployment):
     checks = check_chain_record(client, client.history(run.run_id))
     assert checks.ok, checks.problems
     assert len(checks.hash_chain.links) == len(checks.attesters) == 3
-    assert [item.name.split()[0] for item in checks.contracts] == ["bytecode", "bytecode", "ledger"]
+    names = [item.name.split()[0] for item in checks.contracts]
+    assert names == ["bytecode", "bytecode", "bytecode", "ledger"]  # registry, ledger, prover
     assert len(checks.registrations) == 3 and all(item.ok for item in checks.registrations)
     assert len(checks.members) == 3 and all(item.ok for item in checks.members)
     assert checks.disputed_rounds == [1]
@@ -78,6 +80,38 @@ def test_verify_bytecode_masks_immutables(chain_w3):
     tampered["deployedBytecode"] = "0x" + code.hex()
     with pytest.raises(AuditError, match="differs"):
         verify_bytecode(chain_w3, first.registry, tampered)
+
+
+def test_verify_bytecode_checks_the_linked_libraries(monkeypatch):
+    from ledger.client import LedgerClient
+
+    w3 = connect_pyevm()
+    libraries = {}
+    registry, ledger = LedgerClient.deploy(w3, dev_account(0, w3.eth.chain_id), libraries=libraries)
+    assert list(libraries) == list(contracts.LIBRARIES)
+    ledger_artifact = contracts.artifact("TrainingLedger")
+    linked = linked_addresses(bytes(w3.eth.get_code(ledger)), ledger_artifact)
+    own = ("LedgerMembership", "LedgerDisputes", "LedgerAccusations")  # the prover's are in the prover's code
+    assert linked == {name: libraries[name] for name in own}
+    # A library holds its own address: its code is not that library anywhere else.
+    disputes = bytes(w3.eth.get_code(libraries["LedgerDisputes"]))
+    disputes_artifact = contracts.artifact("LedgerDisputes")
+    assert bytecode_problem(disputes, disputes_artifact, libraries["LedgerDisputes"]) is None
+    assert "not there" in bytecode_problem(disputes, disputes_artifact, registry)
+    # A linked library whose code is not the committed one fails the ledger's check, named.
+    committed = contracts.artifact
+
+    def tampered(name: str) -> dict:
+        artifact = committed(name)
+        if name == "LedgerDisputes":
+            code = bytearray.fromhex(artifact["deployedBytecode"][2:])
+            code[40] ^= 0xFF
+            artifact["deployedBytecode"] = "0x" + code.hex()
+        return artifact
+
+    monkeypatch.setattr(contracts, "artifact", tampered)
+    with pytest.raises(AuditError, match="links library LedgerDisputes: code at .* differs"):
+        verify_bytecode(w3, ledger, ledger_artifact)
 
 
 def test_a_read_only_client_audits_but_cannot_send(deployment):

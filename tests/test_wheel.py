@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("node", "p2p", "ledger", "contracts", "training", "rulebook")
 #: Files the code reads at run time through the package (importlib.resources or __file__).
 DATA_FILES = ("contracts/artifacts/NodeRegistry.json", "contracts/artifacts/TrainingLedger.json",
+              "contracts/artifacts/LedgerDisputes.json", "contracts/artifacts/ProverNorms.json",
               "contracts/build/input.json", "contracts/src/TrainingLedger.sol", "node/templates/node.toml",
               "node/tools/explorer_page/index.html")
 

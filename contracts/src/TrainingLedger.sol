@@ -2,6 +2,10 @@
 pragma solidity 0.8.37;
 
 import {AggregationProver} from "./AggregationProver.sol";
+import {LedgerAccusations} from "./LedgerAccusations.sol";
+import {LedgerCore} from "./LedgerCore.sol";
+import {LedgerDisputes} from "./LedgerDisputes.sol";
+import {LedgerMembership} from "./LedgerMembership.sol";
 import {NodeRegistry} from "./NodeRegistry.sol";
 
 /// @title TrainingLedger
@@ -15,6 +19,10 @@ import {NodeRegistry} from "./NodeRegistry.sol";
 /// and have a deadline; stakes unbond for at least the accusation deadline plus the dispute window.
 /// @dev Trust model, typed data and hash chain: docs/LEDGER.md. Per-round contributor data lives off-chain
 /// behind `contributionsRoot`, so a commit's gas depends only on the number of signatures.
+/// The hot path (commitRound, attest) and the views are here; the other calls run in linked libraries on this
+/// contract's storage (DELEGATECALL): LedgerMembership (runs and seats), LedgerDisputes (disputes, the fraud
+/// proof's overturn, equivocation) and LedgerAccusations. Their events and errors are declared here, so this
+/// contract's ABI has them all (docs/LEDGER.md, "Where the code lives").
 ///
 /// EIP-712 domain: {name: "dlx-node TrainingLedger", version: "1", chainId, verifyingContract: this}.
 /// Hash chain: head_0 = keccak256(abi.encode(chainid, ledger, runId, configHash)) and
@@ -155,29 +163,26 @@ contract TrainingLedger {
         uint128 bond; // wei the accuser deposited: returned if guilty, forfeited otherwise
     }
 
-    bytes32 private constant _DOMAIN_TYPEHASH =
-        keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
-    bytes32 private constant _RECORD_TYPEHASH = keccak256(
-        "Record(uint256 runId,uint64 round,bytes32 prevHead,bytes32 weightsRoot,bytes32 contributionsRoot,"
-        "uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)"
-    );
-    bytes32 private constant _VERDICT_TYPEHASH =
-        keccak256("Verdict(uint256 runId,address accused,bytes32 evidenceHash,bool guilty)");
-    bytes32 private constant _ROUND_VERDICT_TYPEHASH =
-        keccak256("RoundVerdict(uint256 runId,uint64 round,bytes32 recordHash,bool upheld)");
-    bytes32 private constant _HASHED_NAME = keccak256("dlx-node TrainingLedger");
-    bytes32 private constant _HASHED_VERSION = keccak256("1");
-    /// @dev secp256k1n / 2: a larger `s` is the malleable twin of a valid signature (as OpenZeppelin ECDSA).
-    uint256 private constant _MAX_S = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
-    uint256 private constant _SIGNATURE_LENGTH = 65;
-    uint256 private constant _BPS = 10_000;
-    /// @dev The shortest accusation deadline and dispute window a run may have.
-    uint64 private constant _MIN_WINDOW_BLOCKS = 8;
-    /// @dev The longest unbonding (and so window) a run may have: 2^32 blocks (1,600 years at 12 s), which
-    /// keeps every block number plus a period far below 2^64.
-    uint64 private constant _MAX_UNBONDING_BLOCKS = 2 ** 32;
-    /// @dev Gas forwarded when returning a guilty accusation's bond (an account that refuses it forfeits it).
-    uint256 private constant _BOND_RETURN_GAS = 30_000;
+    /// @notice The ledger's storage, one struct so that its libraries (LedgerMembership, LedgerDisputes,
+    /// LedgerAccusations) take it by reference; the slots are those of the state variables it replaced.
+    struct LedgerState {
+        uint256 runCount;
+        uint256 slashedTotal;
+        uint256 forfeitedTotal;
+        mapping(uint256 runId => Run) runs;
+        mapping(uint256 runId => mapping(uint64 round => bytes32 structHash)) recordHashes;
+        // The commit's block number in the low 64 bits, the quorum it needed above them.
+        mapping(uint256 runId => mapping(uint64 round => uint256 blockAndQuorum)) commitBlocks;
+        mapping(uint256 runId => mapping(uint64 round => bytes32 contentHash)) checkpoints;
+        mapping(uint256 runId => mapping(address account => Member)) members;
+        mapping(uint256 runId => mapping(uint64 round => address[])) disputers;
+        // keccak256(abi.encode(attesters)) of each commit: who a verdict that overturns it slashes.
+        mapping(uint256 runId => mapping(uint64 round => bytes32)) attestations;
+        mapping(uint256 runId => mapping(uint64 round => DisputeCase)) disputeCases;
+        mapping(uint256 runId => mapping(uint64 round => mapping(address account => bool))) disputed;
+        mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
+            accusations;
+    }
 
     NodeRegistry private immutable _registry;
     AggregationProver private immutable _prover;
@@ -185,22 +190,7 @@ contract TrainingLedger {
     uint256 private immutable _cachedChainId;
     address private immutable _cachedThis;
 
-    uint256 private _runCount;
-    uint256 private _slashedTotal;
-    uint256 private _forfeitedTotal;
-    mapping(uint256 runId => Run) private _runs;
-    mapping(uint256 runId => mapping(uint64 round => bytes32 structHash)) private _recordHashes;
-    /// @dev The commit's block number in the low 64 bits, the quorum it needed above them.
-    mapping(uint256 runId => mapping(uint64 round => uint256 blockAndQuorum)) private _commitBlocks;
-    mapping(uint256 runId => mapping(uint64 round => bytes32 contentHash)) private _checkpoints;
-    mapping(uint256 runId => mapping(address account => Member)) private _members;
-    mapping(uint256 runId => mapping(uint64 round => address[])) private _disputers;
-    /// @dev keccak256(abi.encode(attesters)) of each commit: who a verdict that overturns it slashes.
-    mapping(uint256 runId => mapping(uint64 round => bytes32)) private _attestations;
-    mapping(uint256 runId => mapping(uint64 round => DisputeCase)) private _disputeCases;
-    mapping(uint256 runId => mapping(uint64 round => mapping(address account => bool))) private _disputed;
-    mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
-        private _accusations;
+    LedgerState private _s;
 
     /// @notice Run `runId` was created by `creator` with `params`; `genesisHead` starts its hash chain.
     event RunCreated(
@@ -338,13 +328,12 @@ contract TrainingLedger {
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
     error LedgerNotProver(address caller);
     error LedgerBadCommitments(uint8 commitments);
-
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
         _registry = registry_;
         _cachedChainId = block.chainid;
         _cachedThis = address(this);
-        _cachedDomainSeparator = _buildDomainSeparator();
+        _cachedDomainSeparator = LedgerCore.domainSeparator(address(this));
         _prover = new AggregationProver(this);
     }
 
@@ -358,27 +347,7 @@ contract TrainingLedger {
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).
     /// @return runId The new run's id (ids start at 1).
     function createRun(RunParams calldata params, string calldata configUri) external returns (uint256 runId) {
-        _checkParams(params);
-        runId = ++_runCount;
-        bytes32 genesis = keccak256(abi.encode(block.chainid, address(this), runId, params.configHash));
-        Run storage run = _runs[runId];
-        run.maxRounds = params.maxRounds;
-        run.quorum = params.quorum;
-        run.quorumBps = params.quorumBps;
-        run.headHash = genesis;
-        run.creator = msg.sender;
-        run.numStages = params.numStages;
-        run.innerSteps = params.innerSteps;
-        run.inactivityRounds = params.inactivityRounds;
-        run.tenureRounds = params.tenureRounds;
-        run.unbondingBlocks = params.unbondingBlocks;
-        run.accusationBlocks = params.accusationBlocks;
-        run.disputeBlocks = params.disputeBlocks;
-        run.commitments = params.commitments;
-        run.minStake = params.minStake;
-        run.bond = params.bond;
-        run.configHash = params.configHash;
-        emit RunCreated(runId, msg.sender, params, genesis, configUri);
+        runId = LedgerMembership.createRun(_s, params, configUri);
     }
 
     // ------------------------------------------------------------------------------------------- membership
@@ -390,35 +359,13 @@ contract TrainingLedger {
     /// @dev The caller must be registered in the NodeRegistry; its node key is copied into the seat, so the
     /// membership does not depend on later registry changes. A slashed account can never join again.
     function joinRun(uint256 runId, bytes32 platform) external payable {
-        Run storage run = _existingRun(runId);
-        bytes32 nodeKey = _registry.keyOf(msg.sender);
-        if (nodeKey == bytes32(0)) revert LedgerNotRegistered(msg.sender);
-        if (msg.value < run.minStake) revert LedgerStakeTooLow(run.minStake, msg.value);
-        Member storage member = _members[runId][msg.sender];
-        if (member.status == MemberStatus.Slashed) revert LedgerMemberSlashed(runId, msg.sender);
-        if (member.status != MemberStatus.None) revert LedgerAlreadyMember(runId, msg.sender);
-
-        uint64 round = run.commitCount;
-        member.nodeKey = nodeKey;
-        member.stake = uint128(msg.value);
-        member.activeRound = round;
-        member.status = MemberStatus.Active;
-        member.joinRound = round;
-        member.joinBlock = uint64(block.number);
-        run.memberCount += 1;
-        emit MemberJoined(runId, msg.sender, nodeKey, msg.value, platform);
-        // Founders (joined before the first commit) count at once; a later joiner once a commit or its own
-        // attest credits it with a round at least tenureRounds after it joined (see _credit).
-        if (round == 0) _count(runId, run, member, msg.sender);
+        LedgerMembership.joinRun(_s, _registry, runId, platform);
     }
 
     /// @notice Leave run `runId`: the caller stops counting as a signer now and its stake unbonds.
     /// @param runId The run.
     function leaveRun(uint256 runId) external {
-        Run storage run = _existingRun(runId);
-        Member storage member = _members[runId][msg.sender];
-        if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
-        _leave(runId, run, member, msg.sender);
+        LedgerMembership.leaveRun(_s, runId);
     }
 
     /// @notice Eject an active member of run `runId` that attested none of the last `inactivityRounds`
@@ -427,37 +374,13 @@ contract TrainingLedger {
     /// @param runId The run.
     /// @param account The silent member.
     function ejectInactive(uint256 runId, address account) external {
-        Run storage run = _existingRun(runId);
-        Member storage member = _members[runId][account];
-        if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, account);
-        uint64 missed = run.commitCount - member.activeRound;
-        if (missed < run.inactivityRounds) {
-            revert LedgerMemberNotInactive(runId, account, missed, run.inactivityRounds);
-        }
-        emit MemberEjected(runId, account, msg.sender, missed);
-        _leave(runId, run, member, account);
+        LedgerMembership.ejectInactive(_s, runId, account);
     }
 
     /// @notice Take back the caller's stake in run `runId` once unbonding is over and no accusation is open.
     /// @param runId The run.
     function withdrawStake(uint256 runId) external {
-        _existingRun(runId);
-        Member storage member = _members[runId][msg.sender];
-        if (member.status != MemberStatus.Unbonding) revert LedgerNotUnbonding(runId, msg.sender);
-        if (block.number < member.unbondingEnd) {
-            revert LedgerStillUnbonding(runId, msg.sender, member.unbondingEnd);
-        }
-        if (member.openAccusations > 0) revert LedgerAccusationPending(runId, msg.sender, member.openAccusations);
-        uint256 stake = member.stake;
-
-        // Effects before the refund call, so a re-entrant call finds the seat already gone.
-        delete _members[runId][msg.sender];
-        emit StakeWithdrawn(runId, msg.sender, stake);
-
-        if (stake > 0) {
-            (bool ok,) = payable(msg.sender).call{value: stake}("");
-            if (!ok) revert LedgerRefundFailed(msg.sender, stake);
-        }
+        LedgerMembership.withdrawStake(_s, runId);
     }
 
     // ------------------------------------------------------------------------------------------- rounds
@@ -472,8 +395,8 @@ contract TrainingLedger {
     /// the round (fetchable as dlx://blob/<hash>).
     function commitRound(Record calldata record, bytes calldata signatures) external {
         uint256 runId = record.runId;
-        Run storage run = _existingRun(runId);
-        if (_members[runId][msg.sender].status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
+        Run storage run = LedgerCore.existingRun(_s, runId);
+        if (_s.members[runId][msg.sender].status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
         uint64 round = record.round;
         if (round != run.commitCount) revert LedgerRoundNotNext(run.commitCount, round);
         if (run.maxRounds != 0 && round >= run.maxRounds) revert LedgerRoundBeyondMax(run.maxRounds, round);
@@ -482,17 +405,17 @@ contract TrainingLedger {
         if (record.weightsRoot == bytes32(0) || record.contributionsRoot == bytes32(0)) revert LedgerZeroHash();
         if (run.invalidFrom != 0) revert LedgerRunHalted(runId, run.invalidFrom - 1);
 
-        bytes32 structHash = _hashRecord(record);
+        bytes32 structHash = LedgerCore.hashRecord(record);
         (address[] memory attesters, uint32 quorum) =
             _commitSigners(runId, run, round, _hashTypedData(structHash), signatures);
         head = keccak256(abi.encode(head, structHash));
-        _recordHashes[runId][round] = structHash;
-        _commitBlocks[runId][round] = block.number | (uint256(quorum) << 64);
-        _attestations[runId][round] = keccak256(abi.encode(attesters));
+        _s.recordHashes[runId][round] = structHash;
+        _s.commitBlocks[runId][round] = block.number | (uint256(quorum) << 64);
+        _s.attestations[runId][round] = keccak256(abi.encode(attesters));
         run.headHash = head;
         run.commitCount = round + 1;
         if (record.checkpointHash != bytes32(0)) {
-            _checkpoints[runId][round] = record.checkpointHash;
+            _s.checkpoints[runId][round] = record.checkpointHash;
             run.checkpointEnd = round + 1;
         }
         emit RoundCommitted(runId, round, msg.sender, record, attesters, head);
@@ -508,13 +431,13 @@ contract TrainingLedger {
     function attest(Record calldata committed, bytes calldata signature) external {
         uint256 runId = committed.runId;
         uint64 round = committed.round;
-        Run storage run = _existingRun(runId);
-        bytes32 structHash = _committedHash(committed);
-        address signer = _recover(_hashTypedData(structHash), signature, 0);
-        Member storage member = _members[runId][signer];
+        Run storage run = LedgerCore.existingRun(_s, runId);
+        bytes32 structHash = LedgerCore.committedHash(_s, committed);
+        address signer = LedgerCore.recover(_hashTypedData(structHash), signature, 0);
+        Member storage member = _s.members[runId][signer];
         if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, signer);
         if (member.joinRound > round) revert LedgerAttestBeforeJoin(runId, round, signer);
-        _credit(runId, run, member, signer, round);
+        LedgerCore.credit(runId, run, member, signer, round);
         emit RoundAttested(runId, round, signer);
     }
 
@@ -534,33 +457,7 @@ contract TrainingLedger {
         external
         payable
     {
-        uint256 runId = disputed.runId;
-        uint64 round = disputed.round;
-        Run storage run = _existingRun(runId);
-        bytes32 structHash = _checkDisputedRecord(committed, disputed);
-        uint64 closedAt = uint64(_commitBlocks[runId][round]) + run.disputeBlocks;
-        if (block.number >= closedAt) revert LedgerDisputeWindowClosed(runId, round, closedAt);
-        if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
-        address disputer = _recover(_hashTypedData(structHash), signature, 0);
-        if (disputer != msg.sender) revert LedgerDisputerNotSender(disputer, msg.sender);
-        _requireBonded(runId, disputer);
-        Member storage member = _members[runId][disputer];
-        if (member.joinRound > round || (member.status != MemberStatus.Active && member.leftRound <= round)) {
-            revert LedgerNotInForce(runId, round, disputer);
-        }
-        if (_disputed[runId][round][disputer]) revert LedgerAlreadyDisputed(runId, round, disputer);
-
-        DisputeCase storage case_ = _disputeCases[runId][round];
-        if (case_.status == DisputeStatus.None) {
-            case_.status = DisputeStatus.Open;
-            case_.deadline = uint64(block.number) + run.accusationBlocks;
-        } else if (case_.status != DisputeStatus.Open) {
-            revert LedgerDisputeNotOpen(runId, round);
-        }
-        case_.disputers += 1;
-        _disputed[runId][round][disputer] = true;
-        _disputers[runId][round].push(disputer);
-        emit RoundDisputed(runId, round, disputer, disputed, signature);
+        LedgerDisputes.dispute(_s, _domainSeparator(), committed, disputed, signature);
     }
 
     /// @notice Settle the disputes of a committed round with the signatures of the round's quorum over a
@@ -580,58 +477,10 @@ contract TrainingLedger {
         bytes calldata signatures,
         address[] calldata attesters
     ) external {
-        uint256 runId = committed.runId;
-        uint64 round = committed.round;
-        _existingRun(runId);
-        bytes32 digest = _hashTypedData(
-            keccak256(abi.encode(_ROUND_VERDICT_TYPEHASH, runId, round, _committedHash(committed), upheld))
-        );
-        DisputeCase storage case_ = _disputeCases[runId][round];
-        if (case_.status != DisputeStatus.Open) revert LedgerDisputeNotOpen(runId, round);
-        if (block.number >= case_.deadline) revert LedgerDisputeExpired(runId, round, case_.deadline);
-        if (keccak256(abi.encode(attesters)) != _attestations[runId][round]) revert LedgerNotAttesters(runId, round);
-        uint256 committedAt = _commitBlocks[runId][round];
-        // Counted at or before the commit's block, as its quorum was counted; at least as many as it needed.
-        address[] memory signers =
-            _roundVerdictSigners(runId, uint64(committedAt) + 1, digest, signatures, uint32(committedAt >> 64));
-        emit DisputeResolved(runId, round, upheld, signers);
-        _settleDispute(runId, round, upheld, attesters);
+        LedgerDisputes.resolveDispute(_s, _domainSeparator(), committed, upheld, signatures, attesters);
     }
 
-    function _settleDispute(uint256 runId, uint64 round, bool upheld, address[] calldata attesters) private {
-        DisputeCase storage case_ = _disputeCases[runId][round];
-        if (upheld) {
-            case_.status = DisputeStatus.Upheld;
-            address[] storage disputers = _disputers[runId][round];
-            uint256 bond = _runs[runId].bond;
-            for (uint256 i = 0; i < disputers.length; ++i) {
-                _forfeitBond(runId, disputers[i], bond);
-            }
-            return;
-        }
-        _overturn(runId, round, attesters);
-    }
 
-    /// @dev Round `round` is wrong: it and every later round are invalid (the run halts), every attester still
-    /// holding a stake is slashed and, if its disputes are open, the disputers' bonds are returned.
-    function _overturn(uint256 runId, uint64 round, address[] calldata attesters) private {
-        Run storage run = _runs[runId];
-        DisputeCase storage case_ = _disputeCases[runId][round];
-        bool open = case_.status == DisputeStatus.Open;
-        case_.status = DisputeStatus.Overturned;
-        if (run.invalidFrom == 0 || round < run.invalidFrom - 1) run.invalidFrom = round + 1;
-        emit RunHalted(runId, round);
-        for (uint256 i = 0; i < attesters.length; ++i) {
-            MemberStatus status = _members[runId][attesters[i]].status;
-            if (status == MemberStatus.Active || status == MemberStatus.Unbonding) _slash(runId, attesters[i]);
-        }
-        if (!open) return;
-        address[] storage disputers = _disputers[runId][round];
-        uint256 bond = run.bond;
-        for (uint256 i = 0; i < disputers.length; ++i) {
-            _returnBond(runId, disputers[i], bond);
-        }
-    }
 
     /// @notice Overturn round `round` of run `runId` on a fraud proof: only this ledger's AggregationProver
     /// calls it, once it has recomputed a chunk of the round and found it differs. The round and every later
@@ -645,17 +494,7 @@ contract TrainingLedger {
         returns (uint256 reward)
     {
         if (msg.sender != address(_prover)) revert LedgerNotProver(msg.sender);
-        Run storage run = _existingRun(runId);
-        if (run.invalidFrom != 0 && run.invalidFrom <= round + 1) revert LedgerRunHalted(runId, run.invalidFrom - 1);
-        if (keccak256(abi.encode(attesters)) != _attestations[runId][round]) revert LedgerNotAttesters(runId, round);
-        uint256 before = _slashedTotal;
-        _overturn(runId, round, attesters);
-        reward = (_slashedTotal - before) / 2;
-        _slashedTotal -= reward;
-        emit ProverRewarded(runId, round, recipient, reward);
-        // Last: every effect is done. A prover that refuses the payment leaves it burned.
-        (bool ok,) = payable(recipient).call{value: reward}("");
-        if (!ok) _slashedTotal += reward;
+        reward = LedgerDisputes.invalidateByProof(_s, runId, round, attesters, recipient);
     }
 
     /// @notice Close the disputes of a round whose case deadline passed without a verdict: they lapse, the
@@ -663,17 +502,7 @@ contract TrainingLedger {
     /// @param runId The run.
     /// @param round The disputed round.
     function expireDispute(uint256 runId, uint64 round) external {
-        Run storage run = _existingRun(runId);
-        DisputeCase storage case_ = _disputeCases[runId][round];
-        if (case_.status != DisputeStatus.Open) revert LedgerDisputeNotOpen(runId, round);
-        if (block.number < case_.deadline) revert LedgerDisputeNotExpired(runId, round, case_.deadline);
-        case_.status = DisputeStatus.Lapsed;
-        emit DisputeLapsed(runId, round);
-        address[] storage disputers = _disputers[runId][round];
-        uint256 bond = run.bond;
-        for (uint256 i = 0; i < disputers.length; ++i) {
-            _forfeitBond(runId, disputers[i], bond);
-        }
+        LedgerDisputes.expireDispute(_s, runId, round);
     }
 
     /// @notice Slash a member that signed two different records for the same round of a run.
@@ -689,20 +518,7 @@ contract TrainingLedger {
         Record calldata recordB,
         bytes calldata signatureB
     ) external {
-        bytes32 hashA = _hashRecord(recordA);
-        bytes32 hashB = _hashRecord(recordB);
-        if (recordA.runId != recordB.runId || recordA.round != recordB.round || hashA == hashB) {
-            revert LedgerNotEquivocation(hashA, hashB);
-        }
-        uint256 runId = recordA.runId;
-        _existingRun(runId);
-        address signerA = _recover(_hashTypedData(hashA), signatureA, 0);
-        address signerB = _recover(_hashTypedData(hashB), signatureB, 1);
-        if (signerA != signerB) revert LedgerDifferentSigners(signerA, signerB);
-        _requireBonded(runId, signerA);
-
-        emit EquivocationReported(runId, signerA, recordA.round, hashA, hashB, msg.sender);
-        _slash(runId, signerA);
+        LedgerDisputes.reportEquivocation(_s, _domainSeparator(), recordA, signatureA, recordB, signatureB);
     }
 
     // ------------------------------------------------------------------------------------------- accusations
@@ -717,32 +533,7 @@ contract TrainingLedger {
     /// verdict's quorum is fixed now: max(k, ceil(quorumBps x counted members, the accused included)). An
     /// unbonding member can be accused only before its unbonding ends.
     function accuse(uint256 runId, address accused, bytes32 evidenceHash) external payable {
-        Run storage run = _existingRun(runId);
-        if (_members[runId][msg.sender].status != MemberStatus.Active) revert LedgerNotMember(runId, msg.sender);
-        if (evidenceHash == bytes32(0)) revert LedgerZeroHash();
-        if (msg.value != run.bond) revert LedgerBondMismatch(run.bond, msg.value);
-        _requireBonded(runId, accused);
-        Member storage member = _members[runId][accused];
-        // An unbonding member can be accused only until its unbonding ends: its stake is locked at most one
-        // accusation deadline past that, whatever an accuser pays in bonds.
-        if (member.status == MemberStatus.Unbonding && block.number >= member.unbondingEnd) {
-            revert LedgerAccusationTooLate(runId, accused, member.unbondingEnd);
-        }
-        Accusation storage accusation = _accusations[runId][accused][evidenceHash];
-        if (accusation.status != AccusationStatus.None) revert LedgerAccusationExists(runId, accused, evidenceHash);
-
-        // Over every counted member, the accused included (its own signature never counts): with the accused
-        // left out of the count, a coalition just below the fraction (2 of 5 at one half) would be a quorum.
-        uint32 quorum = _quorum(run.quorum, run.quorumBps, run.countedCount);
-        uint64 deadline = uint64(block.number) + run.accusationBlocks;
-        accusation.status = AccusationStatus.Open;
-        accusation.accuser = msg.sender;
-        accusation.openedBlock = uint64(block.number);
-        accusation.deadline = deadline;
-        accusation.quorum = quorum;
-        accusation.bond = uint128(msg.value);
-        member.openAccusations += 1;
-        emit AccusationOpened(runId, accused, msg.sender, evidenceHash, msg.value, deadline, quorum);
+        LedgerAccusations.accuse(_s, runId, accused, evidenceHash);
     }
 
     /// @notice Decide an open accusation, before its deadline, with the signatures over `verdict` of its
@@ -754,29 +545,7 @@ contract TrainingLedger {
     /// ones included); the accused's own signature is not counted.
     /// @dev Anyone may submit.
     function resolveAccusation(Verdict calldata verdict, bytes calldata signatures) external {
-        uint256 runId = verdict.runId;
-        _existingRun(runId);
-        address accused = verdict.accused;
-        Accusation storage accusation = _openAccusation(runId, accused, verdict.evidenceHash);
-        if (block.number >= accusation.deadline) {
-            revert LedgerAccusationExpired(runId, accused, verdict.evidenceHash, accusation.deadline);
-        }
-        bytes32 structHash = keccak256(
-            abi.encode(_VERDICT_TYPEHASH, runId, accused, verdict.evidenceHash, verdict.guilty)
-        );
-        address[] memory signers =
-            _verdictSigners(runId, accusation, accused, _hashTypedData(structHash), signatures);
-
-        accusation.status = verdict.guilty ? AccusationStatus.Guilty : AccusationStatus.Cleared;
-        Member storage member = _members[runId][accused];
-        member.openAccusations -= 1;
-        emit AccusationResolved(runId, accused, verdict.evidenceHash, verdict.guilty, signers);
-        if (verdict.guilty && member.status != MemberStatus.Slashed) _slash(runId, accused);
-        if (verdict.guilty) {
-            _returnBond(runId, accusation.accuser, accusation.bond);
-        } else {
-            _forfeitBond(runId, accusation.accuser, accusation.bond);
-        }
+        LedgerAccusations.resolveAccusation(_s, _domainSeparator(), verdict, signatures);
     }
 
     /// @notice Close an accusation whose deadline passed without a verdict: it lapses, the accused's stake is
@@ -785,15 +554,7 @@ contract TrainingLedger {
     /// @param accused The accused account.
     /// @param evidenceHash The accusation's evidence hash.
     function expireAccusation(uint256 runId, address accused, bytes32 evidenceHash) external {
-        _existingRun(runId);
-        Accusation storage accusation = _openAccusation(runId, accused, evidenceHash);
-        if (block.number < accusation.deadline) {
-            revert LedgerAccusationNotExpired(runId, accused, evidenceHash, accusation.deadline);
-        }
-        accusation.status = AccusationStatus.Expired;
-        _members[runId][accused].openAccusations -= 1;
-        emit AccusationExpired(runId, accused, evidenceHash);
-        _forfeitBond(runId, accusation.accuser, accusation.bond);
+        LedgerAccusations.expireAccusation(_s, runId, accused, evidenceHash);
     }
 
     // ------------------------------------------------------------------------------------------- views
@@ -837,32 +598,32 @@ contract TrainingLedger {
     /// @param record The record.
     /// @return The digest keccak256("\x19\x01" || domainSeparator || hashStruct(record)).
     function recordDigest(Record calldata record) external view returns (bytes32) {
-        return _hashTypedData(_hashRecord(record));
+        return _hashTypedData(LedgerCore.hashRecord(record));
     }
 
     /// @notice The shortest accusation deadline and dispute window a run may have, in blocks.
     /// @return The minimum.
     function minWindowBlocks() external pure returns (uint64) {
-        return _MIN_WINDOW_BLOCKS;
+        return LedgerCore.MIN_WINDOW_BLOCKS;
     }
 
     /// @notice The longest unbonding period (and window) a run may have, in blocks.
     /// @return The maximum.
     function maxUnbondingBlocks() external pure returns (uint64) {
-        return _MAX_UNBONDING_BLOCKS;
+        return LedgerCore.MAX_UNBONDING_BLOCKS;
     }
 
     /// @notice The number of runs created so far (the latest run id).
     /// @return The count.
     function runCount() external view returns (uint256) {
-        return _runCount;
+        return _s.runCount;
     }
 
     /// @notice Run `runId`'s parameters and progress.
     /// @param runId The run.
     /// @return The run (all zero for an unknown run).
     function runOf(uint256 runId) external view returns (Run memory) {
-        return _runs[runId];
+        return _s.runs[runId];
     }
 
     /// @notice The number of counted member signatures the next commit of run `runId` needs:
@@ -871,15 +632,15 @@ contract TrainingLedger {
     /// @param runId The run.
     /// @return The quorum (0 for an unknown run).
     function quorumOf(uint256 runId) external view returns (uint32) {
-        Run storage run = _runs[runId];
-        return _quorum(run.quorum, run.quorumBps, run.countedCount);
+        Run storage run = _s.runs[runId];
+        return LedgerCore.quorum(run.quorum, run.quorumBps, run.countedCount);
     }
 
     /// @notice The last committed round of run `runId`.
     /// @param runId The run.
     /// @return The round; 0 also when nothing is committed yet (see `commitCount`).
     function lastRound(uint256 runId) external view returns (uint64) {
-        uint64 count = _runs[runId].commitCount;
+        uint64 count = _s.runs[runId].commitCount;
         return count > 0 ? count - 1 : 0;
     }
 
@@ -887,14 +648,14 @@ contract TrainingLedger {
     /// @param runId The run.
     /// @return The count.
     function commitCount(uint256 runId) external view returns (uint64) {
-        return _runs[runId].commitCount;
+        return _s.runs[runId].commitCount;
     }
 
     /// @notice The head of run `runId`'s hash chain.
     /// @param runId The run.
     /// @return The head (the genesis head before the first commit; zero for an unknown run).
     function headOf(uint256 runId) external view returns (bytes32) {
-        return _runs[runId].headHash;
+        return _s.runs[runId].headHash;
     }
 
     /// @notice The EIP-712 struct hash of the record committed for round `round` of run `runId`.
@@ -902,7 +663,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The struct hash, or zero if the round is not committed (the record is in RoundCommitted).
     function recordHashOf(uint256 runId, uint64 round) external view returns (bytes32) {
-        return _recordHashes[runId][round];
+        return _s.recordHashes[runId][round];
     }
 
     /// @notice The block in which round `round` of run `runId` was committed (its dispute window starts there).
@@ -910,7 +671,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The block number, or zero if the round is not committed.
     function commitBlockOf(uint256 runId, uint64 round) external view returns (uint256) {
-        return uint64(_commitBlocks[runId][round]);
+        return uint64(_s.commitBlocks[runId][round]);
     }
 
     /// @notice The counted signatures the commit of round `round` of run `runId` needed (a verdict on its
@@ -919,7 +680,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The quorum, or zero if the round is not committed.
     function commitQuorumOf(uint256 runId, uint64 round) external view returns (uint32) {
-        return uint32(_commitBlocks[runId][round] >> 64);
+        return uint32(_s.commitBlocks[runId][round] >> 64);
     }
 
     /// @notice The state of the disputes of round `round` of run `runId`.
@@ -927,7 +688,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The case (status None and zeros if never disputed).
     function disputeCaseOf(uint256 runId, uint64 round) external view returns (DisputeCase memory) {
-        return _disputeCases[runId][round];
+        return _s.disputeCases[runId][round];
     }
 
     /// @notice Whether round `round` of run `runId` is final: committed, its dispute window closed, its
@@ -937,12 +698,12 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return Whether it is final now.
     function isFinal(uint256 runId, uint64 round) external view returns (bool) {
-        Run storage run = _runs[runId];
-        uint64 commitBlock = uint64(_commitBlocks[runId][round]);
+        Run storage run = _s.runs[runId];
+        uint64 commitBlock = uint64(_s.commitBlocks[runId][round]);
         if (commitBlock == 0) return false;
         if (run.invalidFrom != 0 && round + 1 >= run.invalidFrom) return false;
         if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;
-        DisputeCase storage case_ = _disputeCases[runId][round];
+        DisputeCase storage case_ = _s.disputeCases[runId][round];
         if (case_.status == DisputeStatus.Open) return block.number >= case_.deadline;
         return case_.status != DisputeStatus.Overturned;
     }
@@ -952,7 +713,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The content hash, or zero if the round has none.
     function checkpointOf(uint256 runId, uint64 round) external view returns (bytes32) {
-        return _checkpoints[runId][round];
+        return _s.checkpoints[runId][round];
     }
 
     /// @notice The seat of `account` in run `runId`.
@@ -960,7 +721,7 @@ contract TrainingLedger {
     /// @param account The account.
     /// @return The seat (status None and zeros if it never joined or withdrew).
     function memberOf(uint256 runId, address account) external view returns (Member memory) {
-        return _members[runId][account];
+        return _s.members[runId][account];
     }
 
     /// @notice The accusation (`runId`, `accused`, `evidenceHash`).
@@ -973,7 +734,7 @@ contract TrainingLedger {
         view
         returns (Accusation memory)
     {
-        return _accusations[runId][accused][evidenceHash];
+        return _s.accusations[runId][accused][evidenceHash];
     }
 
     /// @notice The number of disputes raised against round `round` of run `runId`.
@@ -981,7 +742,7 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The count.
     function disputeCount(uint256 runId, uint64 round) external view returns (uint256) {
-        return _disputers[runId][round].length;
+        return _s.disputers[runId][round].length;
     }
 
     /// @notice The members that disputed round `round` of run `runId`, in the order they did (their records
@@ -990,136 +751,21 @@ contract TrainingLedger {
     /// @param round The outer round.
     /// @return The disputers.
     function disputersOf(uint256 runId, uint64 round) external view returns (address[] memory) {
-        return _disputers[runId][round];
+        return _s.disputers[runId][round];
     }
 
     /// @notice Wei slashed so far over all runs (held by this contract for good).
     /// @return The total.
     function slashedTotal() external view returns (uint256) {
-        return _slashedTotal;
+        return _s.slashedTotal;
     }
 
     /// @notice Wei of accusation bonds forfeited so far over all runs (held by this contract for good).
     /// @return The total.
     function forfeitedTotal() external view returns (uint256) {
-        return _forfeitedTotal;
+        return _s.forfeitedTotal;
     }
-
     // ------------------------------------------------------------------------------------------- internals
-
-    function _checkParams(RunParams calldata params) private pure {
-        if (params.configHash == bytes32(0)) revert LedgerZeroHash();
-        if (params.numStages == 0 || params.innerSteps == 0) {
-            revert LedgerBadRunShape(params.numStages, params.innerSteps);
-        }
-        if (params.quorum == 0 || params.quorumBps > _BPS) revert LedgerBadQuorum(params.quorum, params.quorumBps);
-        if (params.inactivityRounds == 0) revert LedgerBadInactivityRounds(params.inactivityRounds);
-        if (params.tenureRounds == 0) revert LedgerBadTenure(params.tenureRounds);
-        if (params.commitments == 0 || params.commitments > 3) revert LedgerBadCommitments(params.commitments);
-        uint64 accusationBlocks = params.accusationBlocks;
-        uint64 disputeBlocks = params.disputeBlocks;
-        if (
-            accusationBlocks < _MIN_WINDOW_BLOCKS || disputeBlocks < _MIN_WINDOW_BLOCKS
-                || accusationBlocks > _MAX_UNBONDING_BLOCKS || disputeBlocks > _MAX_UNBONDING_BLOCKS
-        ) revert LedgerBadWindow(accusationBlocks, disputeBlocks, _MIN_WINDOW_BLOCKS, _MAX_UNBONDING_BLOCKS);
-        // Both windows are at most 2^32: the sum cannot overflow.
-        uint64 floor = accusationBlocks + disputeBlocks;
-        if (params.unbondingBlocks < floor) revert LedgerUnbondingTooShort(params.unbondingBlocks, floor);
-        if (params.unbondingBlocks > _MAX_UNBONDING_BLOCKS) {
-            revert LedgerUnbondingTooLong(params.unbondingBlocks, _MAX_UNBONDING_BLOCKS);
-        }
-    }
-
-    function _existingRun(uint256 runId) private view returns (Run storage run) {
-        run = _runs[runId];
-        if (run.headHash == bytes32(0)) revert LedgerUnknownRun(runId);
-    }
-
-    function _requireBonded(uint256 runId, address account) private view {
-        MemberStatus status = _members[runId][account].status;
-        if (status != MemberStatus.Active && status != MemberStatus.Unbonding) revert LedgerNotBonded(runId, account);
-    }
-
-    function _openAccusation(uint256 runId, address accused, bytes32 evidenceHash)
-        private
-        view
-        returns (Accusation storage accusation)
-    {
-        accusation = _accusations[runId][accused][evidenceHash];
-        if (accusation.status != AccusationStatus.Open) revert LedgerAccusationNotOpen(runId, accused, evidenceHash);
-    }
-
-    /// @dev max(k, ceil(bps x counted / 10000)); counted < 2^32 and bps <= 10^4, so nothing overflows.
-    function _quorum(uint16 k, uint16 bps, uint32 counted) private pure returns (uint32) {
-        uint256 fraction = (uint256(bps) * counted + _BPS - 1) / _BPS;
-        return fraction > k ? uint32(fraction) : k;
-    }
-
-    /// @dev The active member stops signing now; its stake unbonds for the run's unbondingBlocks (at most 2^32,
-    /// so the end block cannot overflow).
-    function _leave(uint256 runId, Run storage run, Member storage member, address account) private {
-        uint64 unbondingEnd = uint64(block.number) + run.unbondingBlocks;
-        member.status = MemberStatus.Unbonding;
-        member.unbondingEnd = unbondingEnd;
-        member.leftRound = run.commitCount;
-        run.memberCount -= 1;
-        if (member.countedBlock != 0) run.countedCount -= 1;
-        emit MemberLeft(runId, account, unbondingEnd);
-    }
-
-    function _slash(uint256 runId, address account) private {
-        Member storage member = _members[runId][account];
-        if (member.status == MemberStatus.Active) {
-            Run storage run = _runs[runId];
-            run.memberCount -= 1;
-            if (member.countedBlock != 0) run.countedCount -= 1;
-            member.leftRound = run.commitCount;
-        }
-        uint256 stake = member.stake;
-        member.status = MemberStatus.Slashed;
-        member.stake = 0;
-        _slashedTotal += stake;
-        emit MemberSlashed(runId, account, stake);
-    }
-
-    function _forfeitBond(uint256 runId, address account, uint256 bond) private {
-        if (bond == 0) return;
-        _forfeitedTotal += bond;
-        emit BondForfeited(runId, account, bond);
-    }
-
-    /// @dev Last in its transaction (every effect is done); an account that refuses the bond forfeits it.
-    function _returnBond(uint256 runId, address account, uint256 bond) private {
-        if (bond == 0) return;
-        (bool ok,) = payable(account).call{value: bond, gas: _BOND_RETURN_GAS}("");
-        if (ok) {
-            emit BondReturned(runId, account, bond);
-        } else {
-            _forfeitBond(runId, account, bond);
-        }
-    }
-
-    /// @dev The struct hash of `disputed` once it is shown to differ from the committed record of its round
-    /// in a field the replay decides.
-    function _checkDisputedRecord(Record calldata committed, Record calldata disputed)
-        private
-        view
-        returns (bytes32 structHash)
-    {
-        uint256 runId = disputed.runId;
-        uint64 round = disputed.round;
-        bytes32 stored = _recordHashes[runId][round];
-        if (stored == bytes32(0)) revert LedgerRoundNotCommitted(runId, round);
-        if (committed.runId != runId || committed.round != round || _hashRecord(committed) != stored) {
-            revert LedgerNotCommittedRecord(runId, round);
-        }
-        structHash = _hashRecord(disputed);
-        if (structHash == stored) revert LedgerDisputeMatchesCommit(runId, round);
-        if (
-            disputed.weightsRoot == committed.weightsRoot && disputed.contributionsRoot == committed.contributionsRoot
-                && disputed.checkpointHash == committed.checkpointHash
-        ) revert LedgerDisputeOnlyMetrics(runId, round);
-    }
 
     /// @dev The signers of `signatures` over `digest`, strictly ascending, each a current member of `runId`;
     /// each is credited with `round`. At least the quorum of them must be counted members, the quorum being
@@ -1129,165 +775,25 @@ contract TrainingLedger {
         private
         returns (address[] memory signers, uint32 quorum)
     {
-        signers = _recoverAscending(digest, signatures);
+        signers = LedgerCore.recoverAscending(digest, signatures);
         uint256 counted = 0;
         for (uint256 i = 0; i < signers.length; ++i) {
-            Member storage member = _members[runId][signers[i]];
+            Member storage member = _s.members[runId][signers[i]];
             if (member.status != MemberStatus.Active) revert LedgerSignerNotMember(runId, signers[i]);
-            if (_credit(runId, run, member, signers[i], round)) ++counted;
+            if (LedgerCore.credit(runId, run, member, signers[i], round)) ++counted;
         }
-        quorum = _quorum(run.quorum, run.quorumBps, run.countedCount);
+        quorum = LedgerCore.quorum(run.quorum, run.quorumBps, run.countedCount);
         if (counted < quorum) revert LedgerQuorumNotMet(quorum, counted);
     }
 
-    /// @dev The signers of the concatenated 65-byte `signatures` over `digest`, which must be strictly
-    /// ascending (so distinct).
-    function _recoverAscending(bytes32 digest, bytes calldata signatures) private pure returns (address[] memory) {
-        uint256 count = _signatureCount(signatures);
-        address[] memory signers = new address[](count);
-        address previous = address(0);
-        for (uint256 i = 0; i < count; ++i) {
-            address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
-            if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
-            previous = signer;
-            signers[i] = signer;
-        }
-        return signers;
-    }
-
-    /// @dev Credit the active `member` with `round`: it is not silent up to it (ejectInactive), and a joiner
-    /// whose tenure is over starts to count. Returns whether it counts now.
-    function _credit(uint256 runId, Run storage run, Member storage member, address account, uint64 round)
-        private
-        returns (bool)
-    {
-        if (member.activeRound <= round) member.activeRound = round + 1;
-        if (member.countedBlock != 0) return true;
-        // joinRound + tenureRounds < 2^64 + 2^32: no overflow in uint256.
-        if (uint256(round) >= uint256(member.joinRound) + run.tenureRounds) {
-            _count(runId, run, member, account);
-            return true;
-        }
-        return false;
-    }
-
-    function _count(uint256 runId, Run storage run, Member storage member, address account) private {
-        member.countedBlock = uint64(block.number);
-        run.countedCount += 1;
-        emit MemberCounted(runId, account);
-    }
-
-    /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member counted
-    /// before the accusation's block and, if it left since, left at or after that block (slashed and withdrawn
-    /// accounts are not members); at least the accusation's quorum of them. Returns the counted signers
-    /// (`accused` left out).
-    function _verdictSigners(
-        uint256 runId,
-        Accusation storage accusation,
-        address accused,
-        bytes32 digest,
-        bytes calldata signatures
-    ) private view returns (address[] memory signers) {
-        uint256 count = _signatureCount(signatures);
-        signers = new address[](count);
-        uint256 counted = 0;
-        address previous = address(0);
-        for (uint256 i = 0; i < count; ++i) {
-            address signer = _recover(digest, signatures[i * _SIGNATURE_LENGTH:(i + 1) * _SIGNATURE_LENGTH], i);
-            if (signer <= previous) revert LedgerSignersNotAscending(previous, signer);
-            previous = signer;
-            if (signer == accused) continue; // present but not counted, whatever its seat
-            _requireCountedAt(runId, signer, accusation.openedBlock);
-            signers[counted++] = signer;
-        }
-        if (counted < accusation.quorum) revert LedgerQuorumNotMet(accusation.quorum, counted);
-        assembly ("memory-safe") {
-            mstore(signers, counted)
-        }
-    }
-
-    /// @dev The struct hash of `committed`, which must be the record committed for its round.
-    function _committedHash(Record calldata committed) private view returns (bytes32 structHash) {
-        bytes32 stored = _recordHashes[committed.runId][committed.round];
-        if (stored == bytes32(0)) revert LedgerRoundNotCommitted(committed.runId, committed.round);
-        structHash = _hashRecord(committed);
-        if (structHash != stored) revert LedgerNotCommittedRecord(committed.runId, committed.round);
-    }
-
-    /// @dev The signers of `signatures` over `digest`, strictly ascending, each counted before `beforeBlock`
-    /// and not left before it; at least `quorum` of them.
-    function _roundVerdictSigners(
-        uint256 runId,
-        uint64 beforeBlock,
-        bytes32 digest,
-        bytes calldata signatures,
-        uint32 quorum
-    ) private view returns (address[] memory signers) {
-        signers = _recoverAscending(digest, signatures);
-        for (uint256 i = 0; i < signers.length; ++i) {
-            _requireCountedAt(runId, signers[i], beforeBlock);
-        }
-        if (signers.length < quorum) revert LedgerQuorumNotMet(quorum, signers.length);
-    }
-
-    /// @dev `signer` holds a stake in `runId` (active or unbonding), counted toward quorums before `blockNumber`
-    /// and, if it left, left at or after it (it left at unbondingEnd - unbondingBlocks).
-    function _requireCountedAt(uint256 runId, address signer, uint64 blockNumber) private view {
-        Member storage member = _members[runId][signer];
-        MemberStatus status = member.status;
-        if (status != MemberStatus.Active && status != MemberStatus.Unbonding) {
-            revert LedgerSignerNotMember(runId, signer);
-        }
-        uint64 counted = member.countedBlock;
-        if (
-            counted == 0 || counted >= blockNumber
-                || (
-                    status == MemberStatus.Unbonding
-                        && member.unbondingEnd - _runs[runId].unbondingBlocks < blockNumber
-                )
-        ) revert LedgerSignerNotInForce(runId, signer, blockNumber);
-    }
-
-    function _signatureCount(bytes calldata signatures) private pure returns (uint256) {
-        if (signatures.length % _SIGNATURE_LENGTH != 0) revert LedgerBadSignaturesLength(signatures.length);
-        return signatures.length / _SIGNATURE_LENGTH;
-    }
-
-    /// @dev The signer of the 65-byte (r, s, v) `signature` over `digest`; rejects a wrong length, a high `s`
-    /// (malleable), a `v` other than 27/28 and an unrecoverable signature with LedgerInvalidSignature(index).
-    function _recover(bytes32 digest, bytes calldata signature, uint256 index) private pure returns (address signer) {
-        if (signature.length != _SIGNATURE_LENGTH) revert LedgerInvalidSignature(index);
-        bytes32 r;
-        bytes32 s;
-        uint8 v;
-        assembly ("memory-safe") {
-            r := calldataload(signature.offset)
-            s := calldataload(add(signature.offset, 32))
-            v := byte(0, calldataload(add(signature.offset, 64)))
-        }
-        if (uint256(s) > _MAX_S || (v != 27 && v != 28)) revert LedgerInvalidSignature(index);
-        signer = ecrecover(digest, v, r, s);
-        if (signer == address(0)) revert LedgerInvalidSignature(index);
-    }
-
-    function _hashRecord(Record calldata record) private pure returns (bytes32) {
-        return keccak256(abi.encode(_RECORD_TYPEHASH, record));
-    }
-
-    function _hashTypedData(bytes32 structHash) private view returns (bytes32 digest) {
-        bytes32 separator = (block.chainid == _cachedChainId && address(this) == _cachedThis)
+    /// @dev This ledger's EIP-712 domain separator (cached; rebuilt on another chain, e.g. after a fork).
+    function _domainSeparator() private view returns (bytes32) {
+        return (block.chainid == _cachedChainId && address(this) == _cachedThis)
             ? _cachedDomainSeparator
-            : _buildDomainSeparator();
-        assembly ("memory-safe") {
-            let ptr := mload(0x40)
-            mstore(ptr, hex"1901")
-            mstore(add(ptr, 0x02), separator)
-            mstore(add(ptr, 0x22), structHash)
-            digest := keccak256(ptr, 0x42)
-        }
+            : LedgerCore.domainSeparator(address(this));
     }
 
-    function _buildDomainSeparator() private view returns (bytes32) {
-        return keccak256(abi.encode(_DOMAIN_TYPEHASH, _HASHED_NAME, _HASHED_VERSION, block.chainid, address(this)));
+    function _hashTypedData(bytes32 structHash) private view returns (bytes32) {
+        return LedgerCore.typedDigest(_domainSeparator(), structHash);
     }
 }

@@ -83,8 +83,9 @@ def connect_checked(rpc_url: str, chain_id: int = 0):
 
 
 def verify_deployment(w3, registry: str, ledger: str) -> None:
-    """Both addresses hold the committed build of the contracts (immutables masked), the ledger bound to the
-    registry; ConfigError with what is wrong otherwise."""
+    """Both addresses and the ledger's prover hold the committed build of the contracts (immutables masked),
+    with their linked libraries', the ledger bound to the registry; ConfigError with what is wrong
+    otherwise."""
     import contracts
     from ledger.checks import verify_bytecode
     from ledger.errors import AuditError
@@ -95,9 +96,15 @@ def verify_deployment(w3, registry: str, ledger: str) -> None:
         except AuditError as exc:
             raise ConfigError(f"{name} at {address} on chain {w3.eth.chain_id}: {exc}") from None
     abi = contracts.artifact("TrainingLedger")["abi"]
-    trusted = w3.eth.contract(address=w3.to_checksum_address(ledger), abi=abi).functions.registry().call()
+    bound = w3.eth.contract(address=w3.to_checksum_address(ledger), abi=abi)
+    trusted = bound.functions.registry().call()
     if trusted.lower() != registry.lower():
         raise ConfigError(f"TrainingLedger {ledger} is bound to registry {trusted}, not {registry}")
+    prover = bound.functions.prover().call()
+    try:
+        verify_bytecode(w3, prover, contracts.artifact("AggregationProver"))
+    except AuditError as exc:
+        raise ConfigError(f"the AggregationProver {prover} of TrainingLedger {ledger}: {exc}") from None
 
 
 def read_deployment(path: str) -> dict:

@@ -106,10 +106,13 @@ def run_deploy(args: argparse.Namespace) -> int:
     fees = fee_policy(ledger_cfg)
     min_stake = int(args.min_stake_eth * 10**18)
     plan = []
-    for name, ctor_args in (("NodeRegistry", ["uint256"]), ("TrainingLedger", ["address"])):
-        artifact = contracts.artifact(name)
-        value = [min_stake] if name == "NodeRegistry" else [account.address]  # a stand-in for the estimate
-        data = artifact["bytecode"] + encode(ctor_args, value).hex()
+    # The libraries first (the ledger's code is linked to their addresses: the account's stands in for the
+    # estimate), then the registry and the ledger, whose constructor creates the prover.
+    stand_ins = {name: account.address for name in contracts.LIBRARIES}
+    steps = [(name, [], []) for name in contracts.LIBRARIES]
+    steps += [("NodeRegistry", ["uint256"], [min_stake]), ("TrainingLedger", ["address"], [account.address])]
+    for name, ctor_args, value in steps:
+        data = contracts.link(contracts.artifact(name), stand_ins) + encode(ctor_args, value).hex()
         gas = w3.eth.estimate_gas({"from": account.address, "data": data})
         plan.append((name, gas))
     fee = _max_fee(w3, fees)
@@ -117,17 +120,19 @@ def run_deploy(args: argparse.Namespace) -> int:
     check_funds(w3.eth.get_balance(account.address), account.address, spends)
     agree(spends, args.yes, "deploying")
     from_block = w3.eth.block_number
+    libraries: dict[str, str] = {}
     registry, ledger = LedgerClient.deploy(w3, account, min_stake, fees=fees,
-                                           receipt_timeout=ledger_cfg.receipt_timeout)
+                                           receipt_timeout=ledger_cfg.receipt_timeout, libraries=libraries)
     verify_deployment(w3, registry, ledger)
     deployment = {"chain_id": chain_id, "rpc_url": args.rpc, "registry": registry, "ledger": ledger,
                   "from_block": from_block, "deployer": account.address,
-                  "confirmations": max(1, args.confirmations)}
+                  "confirmations": max(1, args.confirmations), "libraries": libraries}
     from node.fsutil import atomic_write_bytes
 
     atomic_write_bytes(out, (json.dumps(deployment, indent=1) + "\n").encode())
     print(f"deployed NodeRegistry {registry} and TrainingLedger {ledger} on chain {chain_id} "
-          f"({max(1, args.confirmations)} confirmation(s)); their code matches the committed artifacts")
+          f"({max(1, args.confirmations)} confirmation(s)), with {len(libraries)} linked libraries; their "
+          "code matches the committed artifacts")
     print(f"wrote {out}; next: dlx-node create-run RUN.toml --deployment {out}")
     return 0
 

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {LedgerCore} from "./LedgerCore.sol";
+import {NodeRegistry} from "./NodeRegistry.sol";
+import {TrainingLedger} from "./TrainingLedger.sol";
+
+/// @title LedgerMembership
+/// @notice TrainingLedger's runs and seats: creating a run, joining, leaving, ejecting a silent member and
+/// withdrawing a stake. Linked into TrainingLedger and run in its context (DELEGATECALL) on its state; the
+/// ledger's functions of the same names (documented there) are its only callers.
+library LedgerMembership {
+    /// @notice TrainingLedger.createRun.
+    function createRun(
+        TrainingLedger.LedgerState storage s,
+        TrainingLedger.RunParams calldata params,
+        string calldata configUri
+    ) external returns (uint256 runId) {
+        _checkParams(params);
+        runId = ++s.runCount;
+        bytes32 genesis = keccak256(abi.encode(block.chainid, address(this), runId, params.configHash));
+        TrainingLedger.Run storage run = s.runs[runId];
+        run.maxRounds = params.maxRounds;
+        run.quorum = params.quorum;
+        run.quorumBps = params.quorumBps;
+        run.headHash = genesis;
+        run.creator = msg.sender;
+        run.numStages = params.numStages;
+        run.innerSteps = params.innerSteps;
+        run.inactivityRounds = params.inactivityRounds;
+        run.tenureRounds = params.tenureRounds;
+        run.unbondingBlocks = params.unbondingBlocks;
+        run.accusationBlocks = params.accusationBlocks;
+        run.disputeBlocks = params.disputeBlocks;
+        run.commitments = params.commitments;
+        run.minStake = params.minStake;
+        run.bond = params.bond;
+        run.configHash = params.configHash;
+        emit TrainingLedger.RunCreated(runId, msg.sender, params, genesis, configUri);
+    }
+
+    /// @notice TrainingLedger.joinRun, with the ledger's registry.
+    function joinRun(TrainingLedger.LedgerState storage s, NodeRegistry registry, uint256 runId, bytes32 platform)
+        external
+    {
+        TrainingLedger.Run storage run = LedgerCore.existingRun(s, runId);
+        bytes32 nodeKey = registry.keyOf(msg.sender);
+        if (nodeKey == bytes32(0)) revert TrainingLedger.LedgerNotRegistered(msg.sender);
+        if (msg.value < run.minStake) revert TrainingLedger.LedgerStakeTooLow(run.minStake, msg.value);
+        TrainingLedger.Member storage member = s.members[runId][msg.sender];
+        if (member.status == TrainingLedger.MemberStatus.Slashed) {
+            revert TrainingLedger.LedgerMemberSlashed(runId, msg.sender);
+        }
+        if (member.status != TrainingLedger.MemberStatus.None) {
+            revert TrainingLedger.LedgerAlreadyMember(runId, msg.sender);
+        }
+
+        uint64 round = run.commitCount;
+        member.nodeKey = nodeKey;
+        member.stake = uint128(msg.value);
+        member.activeRound = round;
+        member.status = TrainingLedger.MemberStatus.Active;
+        member.joinRound = round;
+        member.joinBlock = uint64(block.number);
+        run.memberCount += 1;
+        emit TrainingLedger.MemberJoined(runId, msg.sender, nodeKey, msg.value, platform);
+        // Founders (joined before the first commit) count at once; a later joiner once a commit or its own
+        // attest credits it with a round at least tenureRounds after it joined (see LedgerCore.credit).
+        if (round == 0) LedgerCore.count(runId, run, member, msg.sender);
+    }
+
+    /// @notice TrainingLedger.leaveRun.
+    function leaveRun(TrainingLedger.LedgerState storage s, uint256 runId) external {
+        TrainingLedger.Run storage run = LedgerCore.existingRun(s, runId);
+        TrainingLedger.Member storage member = s.members[runId][msg.sender];
+        if (member.status != TrainingLedger.MemberStatus.Active) {
+            revert TrainingLedger.LedgerNotMember(runId, msg.sender);
+        }
+        LedgerCore.leaveRun(runId, run, member, msg.sender);
+    }
+
+    /// @notice TrainingLedger.ejectInactive.
+    function ejectInactive(TrainingLedger.LedgerState storage s, uint256 runId, address account) external {
+        TrainingLedger.Run storage run = LedgerCore.existingRun(s, runId);
+        TrainingLedger.Member storage member = s.members[runId][account];
+        if (member.status != TrainingLedger.MemberStatus.Active) revert TrainingLedger.LedgerNotMember(runId, account);
+        uint64 missed = run.commitCount - member.activeRound;
+        if (missed < run.inactivityRounds) {
+            revert TrainingLedger.LedgerMemberNotInactive(runId, account, missed, run.inactivityRounds);
+        }
+        emit TrainingLedger.MemberEjected(runId, account, msg.sender, missed);
+        LedgerCore.leaveRun(runId, run, member, account);
+    }
+
+    /// @notice TrainingLedger.withdrawStake.
+    function withdrawStake(TrainingLedger.LedgerState storage s, uint256 runId) external {
+        LedgerCore.existingRun(s, runId);
+        TrainingLedger.Member storage member = s.members[runId][msg.sender];
+        if (member.status != TrainingLedger.MemberStatus.Unbonding) {
+            revert TrainingLedger.LedgerNotUnbonding(runId, msg.sender);
+        }
+        if (block.number < member.unbondingEnd) {
+            revert TrainingLedger.LedgerStillUnbonding(runId, msg.sender, member.unbondingEnd);
+        }
+        if (member.openAccusations > 0) {
+            revert TrainingLedger.LedgerAccusationPending(runId, msg.sender, member.openAccusations);
+        }
+        uint256 stake = member.stake;
+
+        // Effects before the refund call, so a re-entrant call finds the seat already gone.
+        delete s.members[runId][msg.sender];
+        emit TrainingLedger.StakeWithdrawn(runId, msg.sender, stake);
+
+        if (stake > 0) {
+            (bool ok,) = payable(msg.sender).call{value: stake}("");
+            if (!ok) revert TrainingLedger.LedgerRefundFailed(msg.sender, stake);
+        }
+    }
+
+    function _checkParams(TrainingLedger.RunParams calldata params) private pure {
+        if (params.configHash == bytes32(0)) revert TrainingLedger.LedgerZeroHash();
+        if (params.numStages == 0 || params.innerSteps == 0) {
+            revert TrainingLedger.LedgerBadRunShape(params.numStages, params.innerSteps);
+        }
+        if (params.quorum == 0 || params.quorumBps > LedgerCore.BPS) {
+            revert TrainingLedger.LedgerBadQuorum(params.quorum, params.quorumBps);
+        }
+        if (params.inactivityRounds == 0) revert TrainingLedger.LedgerBadInactivityRounds(params.inactivityRounds);
+        if (params.tenureRounds == 0) revert TrainingLedger.LedgerBadTenure(params.tenureRounds);
+        if (params.commitments == 0 || params.commitments > 3) {
+            revert TrainingLedger.LedgerBadCommitments(params.commitments);
+        }
+        uint64 accusationBlocks = params.accusationBlocks;
+        uint64 disputeBlocks = params.disputeBlocks;
+        uint64 minimum = LedgerCore.MIN_WINDOW_BLOCKS;
+        uint64 maximum = LedgerCore.MAX_UNBONDING_BLOCKS;
+        if (
+            accusationBlocks < minimum || disputeBlocks < minimum || accusationBlocks > maximum
+                || disputeBlocks > maximum
+        ) revert TrainingLedger.LedgerBadWindow(accusationBlocks, disputeBlocks, minimum, maximum);
+        // Both windows are at most 2^32: the sum cannot overflow.
+        uint64 floor = accusationBlocks + disputeBlocks;
+        if (params.unbondingBlocks < floor) {
+            revert TrainingLedger.LedgerUnbondingTooShort(params.unbondingBlocks, floor);
+        }
+        if (params.unbondingBlocks > maximum) {
+            revert TrainingLedger.LedgerUnbondingTooLong(params.unbondingBlocks, maximum);
+        }
+    }
+}
