@@ -1,12 +1,12 @@
 """Time to build a stage's chunk state vs. the aggregation itself, at `mini` stage sizes (issue 43 item 1).
 
 In a chunked run (docs/FRAUD_PROOF.md) every node, after a stage's outer step, derives the stage's chunk state
-(the run's commitment scheme's stage_state_of, node/commitments/: the weights' and momentum's chunk leaves, each
-accepted contribution's payload pieces, their Merkle roots, the stage leaf) and serializes the stage's state to publish it
-(node/live/fraud/chunkstate.py); a prover that fetched a committed state checks its chunk roots. This bench times
-each of those beside the aggregation (training/diloco.py ``aggregate_with_report``) of the same contributions,
-for both stages of `mini` (2 stages) and 2, 4 and 8 contributions coded by the run's default encoder at the
-"auto" byte budget (H = 50, M = 2: what a demo sends).
+(the run's commitment scheme's stage_state_of, node/commitments/: the weights' and momentum's chunk leaves,
+each accepted contribution's payload pieces, their Merkle roots, the stage leaf) and serializes the stage's
+state to publish it (node/live/fraud/chunkstate.py); a prover that fetched a committed state checks its chunk
+roots. This bench times each of those beside the aggregation (training/diloco.py ``aggregate_with_report``) of
+the same contributions, for both stages of `mini` (2 stages) and 2, 4 and 8 contributions coded by the run's
+default encoder at the "auto" byte budget (H = 50, M = 2: what a demo sends).
 
 Each row is measured for both fraud-provable versions: version 2 (``diloco.commitments = "chunked"``: the
 row's plain keys, whose stage leaf is comparable with older results) and version 3 (``"normed"``, the default
@@ -46,7 +46,6 @@ from ledger.chunkproof import tree_root  # noqa: E402
 from ledger.normproof import SumTree, encode_norm_state  # noqa: E402
 from node.commitments import stage_state  # noqa: E402
 from node.fraudproof import chunk_square_sums, stage_norms  # noqa: E402
-from training.codec_wire import decode_declared  # noqa: E402
 from node.store.checkpoint import Checkpoint  # noqa: E402
 from training.chunks import tensor_leaves  # noqa: E402
 from training.codec_wire import decode_declared  # noqa: E402

@@ -52,7 +52,7 @@ from training.data import corpus_from_config, load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.sharded_corpus import is_dataset  # noqa: E402
 from training.simulate import MODES, simulate  # noqa: E402
-from training.simulate_records import set_clock
+from training.simulate_records import set_clock  # noqa: E402
 from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 # nanoGPT's CPU "baby" configuration on tinyshakespeare (same model shape as `mini`, same

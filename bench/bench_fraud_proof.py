@@ -92,8 +92,8 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
     version_two = dataclasses.replace(round_.honest, factors=dataclasses.replace(round_.honest.factors,
                                                                                  norms=None),
                                       sum_trees=[])
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two, stake=STAKE,
-                       commitments=scheme_named("normed").version)
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two,
+                       stake=STAKE, commitments=scheme_named("normed").version)
     try:
         row["version_gas"] = committed.prover().prove_wrong_norm(committed.scale_proof())["gasUsed"]
     except Exception as exc:  # noqa: BLE001 - recorded, not hidden

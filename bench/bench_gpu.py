@@ -192,7 +192,6 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     batches = round_batches(corpus, training.seed, 0, 0, args.inner_steps, args.batch, model.block_size)
     trainer.train_step(*batches[0])  # warm the kernels; the round below starts from here
     _sync(trainer.device)
-    parts = {}
 
     # What the live node does each round (node/live/work/contributor.py), timed part by part. On the training
     # thread (blocking): the copies of the start state's weights and optimizer state, the data commitment, and

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import trio
+import trio  # noqa: E402
 
 from bench.p2p_gossip import bench_gossip  # noqa: E402
 from bench.p2p_probes import (  # noqa: E402
@@ -55,10 +55,10 @@ from bench.p2p_probes import (  # noqa: E402
     thread_cpu_seconds,
     timeline_breakdown,
 )
-from p2p.config import P2PConfig
-from p2p.host import P2PHost
-from p2p.identity import Identity
-from p2p.ratelimit import MIN_BURST_BYTES
+from p2p.config import P2PConfig  # noqa: E402
+from p2p.host import P2PHost  # noqa: E402
+from p2p.identity import Identity  # noqa: E402
+from p2p.ratelimit import MIN_BURST_BYTES  # noqa: E402
 
 #: Seconds between connecting and the timed transfer: the connection's own start-up traffic
 #: (identify, the DHT's routing-table queries, pubsub hellos) is done by then (measured: the

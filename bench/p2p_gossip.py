@@ -111,7 +111,8 @@ def gossip_run(messages: int, rate_per_s: float, hosts: int = 5) -> dict:
             child.wait(timeout=30)
     latencies.sort()
     expected = messages * (hosts - 1)
-    quantile = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+    def quantile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
     result = {
         "load_1min_at_start": load,
         "hosts": hosts,

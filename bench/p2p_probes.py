@@ -124,8 +124,11 @@ def perf_record(pid: int, name: str) -> subprocess.Popen:
 def timeline_breakdown(timeline: list[tuple[float, str]], start: float, end: float) -> dict:
     """Seconds from the fetch_blob call to each download event, and the phases between them."""
     at = [(round(t - start, 4), event) for t, event in timeline]  # (seconds from the call, event)
-    first = lambda prefix: next((t for t, e in at if e.startswith(prefix)), None)
-    last = lambda prefix: next((t for t, e in reversed(at) if e.startswith(prefix)), None)
+    def first(prefix):
+        return next((t for t, e in at if e.startswith(prefix)), None)
+
+    def last(prefix):
+        return next((t for t, e in reversed(at) if e.startswith(prefix)), None)
     points = {
         "download": first("download"),
         "size_known": first("size known"),

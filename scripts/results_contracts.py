@@ -46,13 +46,16 @@ def chunk_state(r: dict) -> list[str]:
                      f"{row['state_over_aggregate']:g}", f"{row['check_fetched_s']:.3f}",
                      {True: "yes", False: "**no**"}.get(row.get("same_stage_leaf_as_before"), "-"),
                      *([f"{row['normed_state_and_leaf_s']:.3f}", f"{row['normed_over_chunked']:g}",
-                        f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row else ["-"] * 3)])
-    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the auto byte "
-              f"budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the repeats: the aggregation "
-              "(training/diloco.py), the stage's chunk state and its stage leaf (node.commitments.stage_state: chunk "
-              "leaves, payload pieces, Merkle roots), and a prover's check of a fetched state against a leaf's roots; "
-              "the state is version 2's (diloco.commitments = \"chunked\"), and version 3's (\"normed\", the default: "
-              "also each contribution's exact sums of squares and sum tree) beside it, with the norm blob it serves."),
+                        f"{row['normed_served_bytes']:,}"] if "normed_state_and_leaf_s" in row
+                       else ["-"] * 3)])
+    lines = [(f"`{r['preset']}` in {r['stages']} stages, contributions coded by the default encoder at the "
+              f"auto byte budget (H = {r['inner_steps']}); CPU seconds of one thread, the least of the "
+              "repeats: the aggregation "
+              "(training/diloco.py), the stage's chunk state and its stage leaf "
+              "(node.commitments.stage_state: chunk leaves, payload pieces, Merkle roots), and a prover's "
+              "check of a fetched state against a leaf's roots; the state is version 2's (diloco.commitments "
+              "= \"chunked\"), and version 3's (\"normed\", the default: also each contribution's exact sums "
+              "of squares and sum tree) beside it, with the norm blob it serves."),
              ""]
     lines += table(["stage", "elements", "contributions", "aggregate s", "state + leaf s (before)",
                     "state + leaf s", "state / aggregate", "check fetched s", "same stage leaf as before",

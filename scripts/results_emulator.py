@@ -174,12 +174,13 @@ def churn_memory(r: dict) -> list[str]:
     conns = r.get("inbound_connections") or []
     if conns:
         rows = [[c["inbound_handler"], c["connections"], c["limiter_slots_held"], c["open_connections"],
-                 f"{c['receive_buffer_bytes_alive'] / 2**20:.1f} MiB", f"{c['rss_mib'][0]} -> {c['rss_mib'][-1]} MiB",
-                 f"{c['rss_mib_per_connection']:+.2f} MiB"] for c in conns]
-        out += ["A host, and peers (each its own process, no listener) that connect to it one after the other, serve it "
-                "a 4 MiB blob and exit; what the host holds after the last one is gone, with py-libp2p's inbound handler "
-                "(stock) and with p2p/inbound.py's (patched); both release a TCP stream's receive buffer when it "
-                "closes (p2p/fastpath_tcp.py):", ""]
+                 f"{c['receive_buffer_bytes_alive'] / 2**20:.1f} MiB",
+                 f"{c['rss_mib'][0]} -> {c['rss_mib'][-1]} MiB", f"{c['rss_mib_per_connection']:+.2f} MiB"]
+                for c in conns]
+        out += ["A host, and peers (each its own process, no listener) that connect to it one after the "
+                "other, serve it a 4 MiB blob and exit; what the host holds after the last one is gone, with "
+                "py-libp2p's inbound handler (stock) and with p2p/inbound.py's (patched); both release a TCP "
+                "stream's receive buffer when it closes (p2p/fastpath_tcp.py):", ""]
         out += table(["inbound handler", "connections", "limiter slots held", "connections open",
                       "TCP receive buffers alive", "RSS after each", "RSS fitted per connection"], rows)
     run = r.get("restart_cycles")

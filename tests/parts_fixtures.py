@@ -1,4 +1,5 @@
-"""A node's base and rooms for a unit test of one part: only the fakes the test gives, every other field None."""
+"""A node's base and rooms for a unit test of one part: only the fakes the test gives, every other field
+None."""
 
 from __future__ import annotations
 

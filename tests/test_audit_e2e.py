@@ -31,8 +31,8 @@ from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
 from node.cli import exit_code_for
-from node.tools.audit import (ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, AuditFailed, AuditIncomplete,
-                              audit_run)
+from node.tools.audit import (ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, AuditFailed,
+                              AuditIncomplete, audit_run)
 from node.tools.audit_cli import run_audit
 from node.tools.audit_replay import Replayer
 from node.tools.evidence import PeerFetcher

@@ -113,7 +113,8 @@ def test_the_joiner_keeps_its_left_out_stage_and_the_audit_reruns_the_replica_fr
 
 
 def test_a_second_seal_of_the_round_keeps_it(tmp_path):
-    """A fork repair re-seals a round with the record's set (node/live/record/forkrepair.py): the kept envelope stays."""
+    """A fork repair re-seals a round with the record's set (node/live/record/forkrepair.py): the kept
+    envelope stays."""
     _solo, joiner, late = _run(tmp_path)
     joiner.seal_round(ROUND, joiner.sealed(ROUND), joiner.excluded(ROUND))
     assert [c.envelope_hash for c in joiner.left_out_own(ROUND)] == [hashlib.sha256(late).digest()]

@@ -34,9 +34,9 @@ def test_start_with_bad_value_is_a_config_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- errors against a real chain
-import socket
+import socket  # noqa: E402
 
-import pytest
+import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_built_in_schemes_and_their_ledger_numbers():
-    assert {name: scheme.version for name, scheme in SCHEMES.items()} == {"hashed": 1, "chunked": 2, "normed": 3}
+    assert {name: scheme.version for name, scheme in SCHEMES.items()} == {"hashed": 1, "chunked": 2,
+                                                                          "normed": 3}
     for name, scheme in SCHEMES.items():
         assert scheme.name == name and scheme_named(name) is scheme
         assert scheme_of_version(scheme.version) is scheme and version_name(scheme.version) == name
@@ -45,7 +46,8 @@ def test_an_unknown_name_or_number_is_refused_naming_the_known_ones():
     for bad in ("merkle", "auto", "", None, 3):
         with pytest.raises(ConfigError, match=r"diloco.commitments=.*must be one of hashed, chunked, normed"):
             scheme_named(bad)
-    with pytest.raises(ConfigError, match=r"commitments version 9 .*1 \(hashed\), 2 \(chunked\), 3 \(normed\)"):
+    with pytest.raises(ConfigError,
+                       match=r"commitments version 9 .*1 \(hashed\), 2 \(chunked\), 3 \(normed\)"):
         scheme_of_version(9)
     assert version_name(9) == "unknown"
     with pytest.raises(ConfigError, match="must be one of hashed, chunked, normed"):
@@ -66,13 +68,16 @@ def test_a_name_or_number_taken_is_refused():
 
 
 def test_what_auto_gives_is_the_ledgers_default_number():
-    """A run created naming no version (the ledger's default) is what a new fraud-provable run's "auto" gives."""
-    assert scheme_of(DilocoConfig()).version == DEFAULT_COMMITMENTS == RunParams(b"\x01" * 32, 1, 1).commitments
+    """A run created naming no version (the ledger's default) is what a new fraud-provable run's "auto"
+    gives."""
+    assert scheme_of(DilocoConfig()).version == DEFAULT_COMMITMENTS == RunParams(b"\x01" * 32, 1,
+                                                                                 1).commitments
     assert scheme_of(DilocoConfig(exchange="sliced")).name == UNNAMED
 
 
 class WideScheme(NormedScheme):
-    """A version 4 as its module would write it: here, version 3 that also publishes a note beside each state."""
+    """A version 4 as its module would write it: here, version 3 that also publishes a note beside each
+    state."""
 
     name = "wide"
     version = 4
@@ -109,7 +114,8 @@ def test_a_version_four_is_one_subclass_and_one_registration(wide):
     assert commitments_check(document, 3).status == FAIL
     # What differs from version 3 (here, a part published beside the state) is the subclass's alone.
     assert wide.chunked and wide.proves_factors
-    assert [alias for alias, _blob in wide.published_parts(b"\x00" * 160, _NormlessState())][-1] == "wide-00000000"
+    assert [alias for alias, _blob in wide.published_parts(b"\x00" * 160, _NormlessState())][-1] \
+        == "wide-00000000"
     # Unknown names still say which are known, the new one among them.
     with pytest.raises(ConfigError, match="hashed, chunked, normed, wide"):
         scheme_named("wider")
@@ -133,7 +139,8 @@ def test_the_setting_is_tested_nowhere_but_in_the_schemes():
     """No module outside node/commitments/ compares the setting with a version's name or number; the config's
     "auto" resolution (training/config.py) and the unnamed scheme of old run documents are the exceptions."""
     name = r"\"(hashed|chunked|normed)\""
-    pattern = re.compile(rf"(==|!=)\s*{name}|commitments\s*(==|!=)\s*\d|in \(\s*{name}|\[\s*{name}\s*\]|{name}:\s*\d")
+    pattern = re.compile(
+        rf"(==|!=)\s*{name}|commitments\s*(==|!=)\s*\d|in \(\s*{name}|\[\s*{name}\s*\]|{name}:\s*\d")
     offenders = []
     for package in ("node", "ledger", "training", "p2p"):
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -56,8 +56,8 @@ def repair(tmp_path, own_round_2_root: bytes) -> tuple[ForkRepair, Chain, Lifecy
     state = StateFile(tmp_path / "state.json", cfg.ledger.run_id)
     state.record_round(2, own_round_2_root, False)
     chain, lifecycle = Chain(), Lifecycle()
-    forks = ForkRepair(loose_base(cfg=cfg, state=state, stop=threading.Event()), chain=chain, coordinator=None,
-                       exchange=SlicedExchange(), lifecycle=lifecycle, membership=None)
+    forks = ForkRepair(loose_base(cfg=cfg, state=state, stop=threading.Event()), chain=chain,
+                       coordinator=None, exchange=SlicedExchange(), lifecycle=lifecycle, membership=None)
     return forks, chain, lifecycle
 
 

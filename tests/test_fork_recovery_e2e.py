@@ -92,8 +92,8 @@ def _left_out(slot, run_id: int, outer_round: int) -> list[list]:
 @pytest.mark.timeout(1500)
 def test_a_forked_members_rounds_rerun_or_are_left_out_and_the_audit_with_every_rerun_passes(make_run):
     """It heals in place whenever the peers' attestations and the chain's record come: it applies round 3 only
-    once round 2 stands (node/live/record/forkrepair.py ``ForkRepair.due``), and its round 2 is never confirmed by a
-    quorum of attestations."""
+    once round 2 stands (node/live/record/forkrepair.py ``ForkRepair.due``), and its round 2 is never
+    confirmed by a quorum of attestations."""
     rounds = 7
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,
                    settings=[*TINY, "join_timeout=60", f"rounds={rounds}", "diloco.inner_steps=40",

@@ -119,8 +119,8 @@ def forks_at(tmp_path, *, attested: dict[str, str], alive=(PEER_A, PEER_B), quor
         book.add_attestation(2, 0, peer, attestation(results[result]))
     base = loose_base(cfg=cfg, station=Station(), book=book, rounds=rounds, stop=threading.Event(),
                       state=StateFile(tmp_path / "state.json", cfg.ledger.run_id))
-    forks = ForkRepair(base, chain=Chain(quorum), coordinator=Coordinator({2: close}), exchange=SlicedExchange(),
-                       lifecycle=Lifecycle(), membership=Membership(set(alive)))
+    forks = ForkRepair(base, chain=Chain(quorum), coordinator=Coordinator({2: close}),
+                       exchange=SlicedExchange(), lifecycle=Lifecycle(), membership=Membership(set(alive)))
     forks.agreed(0)  # the committer's verdict of an earlier round: it reads the chain's quorum then
     return forks, book
 

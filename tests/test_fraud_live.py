@@ -1,6 +1,7 @@
-"""A node proves a wrong aggregation on chain by itself (issue 43; docs/FRAUD_PROOF.md), in process: real libp2p
-hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM (py-evm), the
-node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py, node/live/chain/onchain.py, node/live/state/roundbook.py).
+"""A node proves a wrong aggregation on chain by itself (issue 43; docs/FRAUD_PROOF.md), in process: real
+libp2p hosts (the committers publish their stage state under its leaf, the prover fetches it), a real EVM
+(py-evm), the node's own parts (node/live/fraud/chunkstate.py, node/live/fraud/prover.py,
+node/live/chain/onchain.py, node/live/state/roundbook.py).
 
 Members 1 and 2 (the quorum) collude: they commit round 1 with one element of stage 0 changed. Member 3,
 honest and outside the quorum, alone gets the round invalidated, the attesters slashed and itself paid; or,
@@ -73,7 +74,8 @@ def world(tmp_path, request):
     version = getattr(request, "param", "chunked")
     cfg = load_config(None, ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_stages=2",
                              f"diloco.commitments={version}"])
-    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) and cfg.commitment_scheme.chunked
+    assert cfg.diloco.commitments == {"auto": "normed"}.get(version, version) \
+        and cfg.commitment_scheme.chunked
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
     blobs = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31)]
@@ -327,8 +329,8 @@ def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(
 
 
 def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_path):
-    """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest node
-    answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
+    """A griefer challenges a right round (a weights chunk, a payload piece, the stage leaf): every honest
+    node answers from what it holds, the griefer's bonds are forfeited and the round is never invalidated."""
     from ledger.availability import PAYLOAD, STAGE_LEAF, WEIGHTS, availability_target, stage_leaf_target
     from ledger.errors import ProverChallengeSettled
     from node.live.fraud.answerer import ChallengeAnswerer
@@ -362,9 +364,9 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
 
 def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path):
     """A late challenge of a right round, many rounds after it, is still answered: a node keeps its state of a
-    round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not a fixed
-    number of rounds, or a griefer's late challenge would overturn a right round and slash its honest attesters.
-    Once the window has closed the state is dropped (and no challenge can be opened any more)."""
+    round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not
+    a fixed number of rounds, or a griefer's late challenge would overturn a right round and slash its honest
+    attesters. Once the window has closed the state is dropped (and no challenge can be opened any more)."""
     from ledger.availability import WEIGHTS, availability_target
     from ledger.errors import ProverChallengeTooLate
     from node.live.fraud.answerer import ChallengeAnswerer
@@ -554,8 +556,8 @@ def test_a_node_refuses_a_run_created_with_another_commitments_version():
 
 
 def test_a_right_normed_rounds_sum_tree_challenge_is_answered(tmp_path):
-    """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it from
-    its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
+    """In a version-3 run a griefer challenges a sum-tree leaf of a right round: the honest node answers it
+    from its own state (the chunk's sum and its sum path), the bond is forfeited and the round stands."""
     from ledger.availability import availability_target, sums_which
     from node.live.fraud.answerer import ChallengeAnswerer
 
@@ -609,7 +611,8 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         assert client.invalid_from(run.run_id) is None
         # The colluders answer: the bytes whose sha256 is their stage leaf's factorsHash.
         from ledger.availability import FACTORS, availability_answer
-        deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS, 0))
+        deployment.client(1).answer_challenge(challenge, *availability_answer(colluders.state(1, 0), FACTORS,
+                                                                              0))
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
             prover.settle_challenges()
         assert set(prover.log.proofs) == {1}, prover.log.unprovable

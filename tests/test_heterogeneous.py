@@ -414,10 +414,10 @@ def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_e
 
 
 def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_the_slots():
-    """ReplicaWorker.train_round with the node's round clock (``budget_elapsed``, node/live/state/roundclock.py):
-    the steps stop at the first decision past the minimum that finds the budget used, whatever the inner
-    steps themselves took, and the batches, built BATCH_CHUNK steps at a time, are the slot's, across the
-    chunks' edges."""
+    """ReplicaWorker.train_round with the node's round clock (``budget_elapsed``,
+    node/live/state/roundclock.py): the steps stop at the first decision past the minimum that finds the
+    budget used, whatever the inner steps themselves took, and the batches, built BATCH_CHUNK steps at a time,
+    are the slot's, across the chunks' edges."""
     from node.config import load_config
     from node.live.work.replica import BATCH_CHUNK, ReplicaWorker
 

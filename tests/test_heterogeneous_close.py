@@ -1,5 +1,5 @@
-"""A time-bounded run's close names each contribution's declared steps, and the record's ``tokens`` is their sum
-(issue 44, node/live/state/closesteps.py): exact, where a fixed-H record counts H per contribution.
+"""A time-bounded run's close names each contribution's declared steps, and the record's ``tokens`` is their
+sum (issue 44, node/live/state/closesteps.py): exact, where a fixed-H record counts H per contribution.
 
 Real signed envelopes (p2p.envelope), real codec blobs and slice references; the coordinator's rooms are
 tests/test_node_rooms.py's (a stand-in pool that holds the envelopes it is given). Last, the demo's flags for

@@ -1,5 +1,6 @@
-"""The package layering: training/, p2p/ and ledger/ import neither node/ nor each other; all of them may import
-rulebook/, the pure rules several packages compute to the same bits, which imports no other project package."""
+"""The package layering: training/, p2p/ and ledger/ import neither node/ nor each other; all of them may
+import rulebook/, the pure rules several packages compute to the same bits, which imports no other project
+package."""
 
 import ast
 from pathlib import Path

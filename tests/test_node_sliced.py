@@ -148,7 +148,7 @@ def _contribution(identity, reference: bytes, *, run_id=7, outer_round=3, stage=
     return Envelope.create(identity, run_id, outer_round, kind, body, stage=stage, replica=replica).to_bytes()
 
 
-def test_a_closed_envelope_is_an_input_only_if_it_is_the_named_signers_contribution_with_a_fitting_reference():  # noqa: E501
+def test_a_closed_envelope_is_an_input_only_if_it_is_the_signers_contribution_with_a_fitting_reference():
     """The aggregators' and the auditor's rule: a pure function of the bytes the close fixes by hash."""
     from node.live.exchange.sliced import usable_reference
     from p2p.identity import Identity

@@ -23,7 +23,14 @@ from eth_abi import encode
 import contracts
 from ledger import errors
 from ledger.chain import connect_pyevm
-from ledger.availability import FACTORS, PAYLOAD, availability_answer, availability_target, sums_which
+# re-exported: tests/test_norm_proof_availability.py imports these from here
+from ledger.availability import (  # noqa: F401
+    FACTORS,
+    PAYLOAD,
+    availability_answer,
+    availability_target,
+    sums_which,
+)
 from ledger.chunkproof import NORMED_FACTORS_TYPES, Factors, StageLeaf, chunked_weights_root
 from ledger.normproof import (SCALES, SumTree, clip_scales, first_wrong_sum, norm_of, scale_proof, square_sum,
                               sum_bytes, sum_proof, sum_to_double, sum_words)

@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 from test_norm_proof import (  # noqa: F401 (honest, right: its module fixtures)
     DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round, assert_overturned,
-    availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors, honest, lied_sum, mine,
-    on_chain, right, scale_proof, scheme_named, stage_leaves, sum_bytes, sum_proof, sums_which,
+    availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors, honest, lied_sum,
+    mine, on_chain, right, scale_proof, scheme_named, stage_leaves, sum_bytes, sum_proof, sums_which,
 )
 
 

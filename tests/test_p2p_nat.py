@@ -239,7 +239,9 @@ def test_relay_caps_reservations_per_ip_and_refuses_reserving_for_another_peer(t
         for index in range(3):
             config = P2PConfig(relay_use=[relay_addr], hole_punch=False, autonat=False)
             hosts.append(P2PHost.start(config, Identity.generate(), data_dir=tmp_path / f"h{index}"))
-        reserved = lambda: [any("/p2p-circuit" in a for a in h.listen_addrs) for h in hosts]
+        def reserved():
+            return [any("/p2p-circuit" in a for a in h.listen_addrs) for h in hosts]
+
         wait_until(lambda: sum(reserved()) == 2, 60, "two reservations")
         time.sleep(1)
         assert sorted(reserved()) == [False, True, True]  # which two: whoever the relay answered first

@@ -24,7 +24,8 @@ def test_blob_stats_keep_the_peers_updated_last():
     snapshot = stats.peers_snapshot()
     assert len(snapshot) == transfer_stats.MAX_PEER_STATS
     assert snapshot["member"]["received"] == 1 + len(range(0, 3 * transfer_stats.MAX_PEER_STATS, 100))
-    assert "fetch-host-0" not in snapshot and f"fetch-host-{3 * transfer_stats.MAX_PEER_STATS - 1}" in snapshot
+    assert "fetch-host-0" not in snapshot and f"fetch-host-{3 * transfer_stats.MAX_PEER_STATS - 1}" \
+        in snapshot
 
 
 def test_rate_limit_buckets_stay_bounded():

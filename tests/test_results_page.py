@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import results_page
+import results_page  # noqa: E402
 
 
 def test_the_committed_page_is_up_to_date():

@@ -40,7 +40,8 @@ def test_gpt2_run_hashes_are_unchanged(overrides, expected):
     assert config_hash(document).hex() == expected
     # the same document read back (as a joiner or an auditor does) keeps torch's generator, and its hash
     again = node_config_from_run(document)
-    assert again.model.init == "torch" and again.compression.sketch == "torch" and again.training.optimizer == "adamw"
+    assert again.model.init == "torch" and again.compression.sketch == "torch" \
+        and again.training.optimizer == "adamw"
     assert again.diloco.commitments == "hashed" and not again.commitment_scheme.chunked
     assert config_hash(run_document(again)).hex() == expected
 
@@ -66,7 +67,8 @@ def test_a_new_run_commits_normed_roots_where_a_proof_can_open_them():
     # With the norm rule off too: version 2 would leave every clip scale free, version 3 holds each to 1.0.
     assert load_config(None, ["diloco.norm_clip=0"]).diloco.commitments == "normed"
     sliced = run_document(load_config(None, ["diloco.exchange=sliced"]))
-    assert "commitments" not in sliced["diloco"] and not node_config_from_run(sliced).commitment_scheme.chunked
+    assert "commitments" not in sliced["diloco"] \
+        and not node_config_from_run(sliced).commitment_scheme.chunked
     scaled = load_config(None, ["diloco.outer_lr_other_scale=0.5"])
     assert scaled.diloco.commitments == "hashed"
     for overrides in (["diloco.exchange=sliced"], ["diloco.outer_lr_other_scale=0.5"]):

@@ -70,8 +70,8 @@ def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard(
     entries, hashes = bind_to_record(heard, 2, split.root, weights_root(split.hashes))
     assert entries == split.entries and hashes == split.hashes
     with pytest.raises(InputsUnavailable, match="contributions root"):
-        bind_to_record(HeardRound({0: split.closes[0], 1: [forged_close]}, heard.attested, HASHED), 2, split.root,
-                       weights_root(split.hashes))
+        bind_to_record(HeardRound({0: split.closes[0], 1: [forged_close]}, heard.attested, HASHED), 2,
+                       split.root, weights_root(split.hashes))
     with pytest.raises(InputsUnavailable, match="contributions root"):
         bind_to_record(HeardRound({0: split.closes[0]}, heard.attested, HASHED), 2, split.root,
                        weights_root(split.hashes))
@@ -83,7 +83,8 @@ def test_a_recorded_round_is_bound_to_the_records_roots_whatever_else_was_heard(
     att = SimpleNamespace(weights_hash=split.hashes[1], stage_leaf=b"")  # a hashed run's
     snap = heard_round(3, 2, lambda _t, s: {"a": (close, b""), "b": (close, b"")} if s == 0 else {},
                        lambda _t, s: {"x": att, "y": att} if s == 1 else {}, {0: split.hashes[0]}, HASHED)
-    assert snap.closes == {0: split.closes[0], 1: []} and snap.attested == {0: [split.hashes[0]], 1: [split.hashes[1]]}
+    assert snap.closes == {0: split.closes[0], 1: []} and snap.attested == {0: [split.hashes[0]],
+                                                                            1: [split.hashes[1]]}
 
 
 def test_the_archive_keeps_a_sealed_rounds_record_and_refuses_a_corrupt_one(tmp_path):

@@ -181,7 +181,7 @@ def test_a_dead_stage_gives_a_bounded_pipeline_error(tmp_path):
             if p.poll() is None:
                 p.kill()
     assert procs[0].returncode == 0, outputs[0][-3000:]
-    line = [l for l in outputs[0].splitlines() if l.startswith(("PIPELINE_ERROR", "NO ERROR"))][0]
+    line = [row for row in outputs[0].splitlines() if row.startswith(("PIPELINE_ERROR", "NO ERROR"))][0]
     # within the 5 s timeout (+ slack)
     assert line.startswith("PIPELINE_ERROR") and float(line.split()[1]) < 10
 
@@ -265,7 +265,7 @@ def test_a_survivor_reforms_the_pipeline_with_a_restarted_partner(tmp_path, surv
     assert procs[0].returncode == 0, outputs[0][-3000:]
     lines = outputs[0].splitlines()
     assert "BROKEN" in lines, outputs[0][-3000:]
-    reformed = [l for l in lines if l.startswith("REFORMED")]
+    reformed = [row for row in lines if row.startswith("REFORMED")]
     assert reformed and reformed[0].endswith("KEPT"), outputs[0][-3000:]
     assert float(reformed[0].split()[1]) > 0
     assert procs[2].returncode == 0 and "STEP" in outputs[1], outputs[1][-3000:]
@@ -311,5 +311,5 @@ def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_pat
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    lines = [l for l in outputs[0].splitlines() if l.startswith(("AGREED", "PIPELINE_ERROR", "OTHER"))]
+    lines = [row for row in outputs[0].splitlines() if row.startswith(("AGREED", "PIPELINE_ERROR", "OTHER"))]
     assert lines and lines[0].startswith("PIPELINE_ERROR"), outputs[0][-3000:]

@@ -32,7 +32,8 @@ def six_member_run(deployment, **params):
 
 
 def attest_left_out(run, record, attesters):
-    """What an honest node does after a commit that left its signature out (node/live/record/committer._credit_self)."""
+    """What an honest node does after a commit that left its signature out
+    (node/live/record/committer._credit_self)."""
     for index in HONEST:
         client = run.client(index)
         if client.address not in attesters:

@@ -88,7 +88,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             client.register(raw_public_key(key), key.sign(client.my_binding_message()))
         self.run_id = self.client(HONEST[0]).create_run(
             digest("trust"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2, quorum_bps=5000,
-            accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY, tenure_rounds=TENURE,
+            accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY,
+            tenure_rounds=TENURE,
             commitments=scheme_named("normed").version,  # its honest records carry version-3 factors
         )
         for index in (*HONEST, *COALITION):
@@ -141,7 +142,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
                    and reader.member(self.run_id, self.client(i).address).counted)
 
     def attest_left_out(self, record: RoundRecord, attesters) -> None:
-        """Live honest members put their own signature on chain when a commit left it out (node/live/record/committer)."""
+        """Live honest members put their own signature on chain when a commit left it out
+        (node/live/record/committer)."""
         named = {a.lower() for a in attesters}
         for index in self.active(self.honest_group()):
             client = self.client(index)

@@ -294,7 +294,8 @@ class DilocoConfig:
 
     def _check_commitments(self) -> None:
         # Only "auto" is resolved here: which names exist, and what each needs of the outer loop, is the
-        # registry's of commitment schemes (node/commitments/), checked when the node's configuration is built.
+        # registry's of commitment schemes (node/commitments/),
+        # checked when the node's configuration is built.
         if self.commitments == AUTO:
             self.commitments = "normed" if self.contract_outer_step else "hashed"
         _require(isinstance(self.commitments, str) and self.commitments != "",
@@ -302,9 +303,10 @@ class DilocoConfig:
 
     @property
     def contract_outer_step(self) -> bool:
-        """Whether the contract's outer step (a fraud proof recomputes it) is this run's: the full exchange, one
-        outer lr, Nesterov. Only such a run's records can commit chunks (docs/FRAUD_PROOF.md)."""
-        return self.exchange == "full" and self.outer_lr_other_scale == 1.0 and self.outer_optimizer == "nesterov"
+        """Whether the contract's outer step (a fraud proof recomputes it) is this run's: the full exchange,
+        one outer lr, Nesterov. Only such a run's records can commit chunks (docs/FRAUD_PROOF.md)."""
+        return self.exchange == "full" and self.outer_lr_other_scale == 1.0 \
+            and self.outer_optimizer == "nesterov"
 
     def _check_round_budget(self) -> None:
         budget, least = self.round_budget_s, self.min_inner_steps

@@ -5,10 +5,10 @@ A declaration does two jobs (docs/DILOCOX.md section 11, "The platform rule"):
 
 * it fixes the platform every contribution of the member must claim (:func:`declared_platform_problem`), so a
   cheater cannot claim, in the round it cheats, a platform its verifiers lack;
-* it tells routing (``node.live.checks.routing``) which verifiers can judge the member's claims bit-exactly: on the
-  same platform, or on the same CPU model and torch build under the claimant's instruction set by emulation
-  (:func:`training.claimant_kernels.capability_to_emulate`). The chain holds 32 bytes, not the fingerprint, so
-  that second job needs a structure the bytes keep (:func:`can_judge`).
+* it tells routing (``node.live.checks.routing``) which verifiers can judge the member's claims bit-exactly:
+  on the same platform, or on the same CPU model and torch build under the claimant's instruction set by
+  emulation (:func:`training.claimant_kernels.capability_to_emulate`). The chain holds 32 bytes, not the
+  fingerprint, so that second job needs a structure the bytes keep (:func:`can_judge`).
 
 **Version 2** (:func:`platform_declaration`, what a node declares since routing by emulation)::
 

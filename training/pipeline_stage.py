@@ -116,7 +116,7 @@ class PipelineStageTrainer:
             if self.spec.is_last:
                 # Equal-size micro-batches: the mean of their means is the batch mean. On the
                 # host: scalars travel over gloo whatever the device.
-                loss = torch.stack([l.detach().double() for l in losses]).mean().cpu()
+                loss = torch.stack([each.detach().double() for each in losses]).mean().cpu()
             dist.broadcast(loss, group_src=self.world_size - 1, group=self.group)
             return float(loss)
 

@@ -9,6 +9,8 @@ bytes and loss (docs/DILOCOX.md section 9).
 
 from __future__ import annotations
 
+import functools
+
 import math
 from collections.abc import Sequence
 
@@ -128,10 +130,8 @@ class V2Encoder(Encoder):
         for candidate in tensor_candidates:
             estimate = estimates[candidate.key]
             if candidate.codec == "quant":
-                make = lambda candidate=candidate, estimate=estimate: quant_coded(
-                    quantizer, candidate, estimate
-                )
+                make = functools.partial(quant_coded, quantizer, candidate, estimate)
             else:
-                make = lambda candidate=candidate, estimate=estimate: factors.coded(candidate, estimate)
+                make = functools.partial(factors.coded, candidate, estimate)
             options.append(Option(candidate, estimate, make))
         return TensorOptions(options, raw_factors)
