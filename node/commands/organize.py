@@ -58,16 +58,19 @@ JOIN_GAS = 300_000
 
 # ---------------------------------------------------------------------- parsers
 def add_parsers(sub) -> None:
-    p = sub.add_parser("deploy", help="deploy the registry and ledger contracts to a chain; write deployment.json")
+    p = sub.add_parser("deploy",
+                       help="deploy the registry and ledger contracts to a chain; write deployment.json")
     p.add_argument("--rpc", required=True, help="chain JSON-RPC URL (any provider)")
     p.add_argument("--chain-id", type=int, default=0, help="refuse an RPC that serves another chain")
     p.add_argument("--min-stake-eth", type=float, default=0.0,
                    help="the registry's stake per registered node (default 0: runs set their own)")
-    p.add_argument("--out", default="deployment.json", help="where to write the deployment (refused if it exists)")
+    p.add_argument("--out", default="deployment.json",
+                   help="where to write the deployment (refused if it exists)")
     add_account_args(p)
     add_fee_args(p)
 
-    p = sub.add_parser("create-run", help="create a run from a run file; write the organizer's node directory; "
+    p = sub.add_parser("create-run",
+                       help="create a run from a run file; write the organizer's node directory; "
                                           "print the run link")
     p.add_argument("run_file", help="TOML: the run's settings (as in node.toml) and a [run] table of stake, "
                                     "quorum, unbonding (docs/DEPLOY.md)")
@@ -75,11 +78,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (default: the deployment's)")
     p.add_argument("--data-dir", default="dlx-organizer", help="the organizer's node directory (created)")
     p.add_argument("--announce", default="127.0.0.1",
-                   help="public IP address or DNS name joiners reach the organizer's node at (in the run link)")
+                   help="public IP address or DNS name joiners reach the organizer's node "
+                        "at (in the run link)")
     p.add_argument("--listen-port", type=int, default=4001, help="the organizer's node's p2p port")
     p.add_argument("--weak-run", action="store_true",
-                   help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or a "
-                        "stake of 0): one member or a minority then commits and slashes alone (docs/TRUST.md)")
+                   help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or "
+                        "a stake of 0): one member or a minority then commits and slashes "
+                        "alone (docs/TRUST.md)")
     add_account_args(p, keystore_default="")
     add_fee_args(p)
 
@@ -116,7 +121,8 @@ def run_deploy(args: argparse.Namespace) -> int:
         gas = w3.eth.estimate_gas({"from": account.address, "data": data})
         plan.append((name, gas))
     fee = _max_fee(w3, fees)
-    spends = [Spend(f"deploy {name} on chain {chain_id}", int(gas * 1.25) + 10_000, fee) for name, gas in plan]
+    spends = [Spend(f"deploy {name} on chain {chain_id}", int(gas * 1.25) + 10_000, fee)
+              for name, gas in plan]
     check_funds(w3.eth.get_balance(account.address), account.address, spends)
     agree(spends, args.yes, "deploying")
     from_block = w3.eth.block_number
@@ -193,12 +199,14 @@ def read_run_file(path: str) -> RunFile:
         raise ConfigError(f"run file {path}: rounds={cfg.rounds}: a created run needs rounds >= 1")
     most = cfg.diloco.num_replicas * cfg.pipeline.num_stages
     if chain["quorum"] > most:
-        raise ConfigError(f"run file {path}: [run] quorum={chain['quorum']} can never be met: the run places at "
-                          f"most {most} nodes ({cfg.diloco.num_replicas} replicas x {cfg.pipeline.num_stages} stages)")
+        raise ConfigError(
+            f"run file {path}: [run] quorum={chain['quorum']} can never be met: the run places at "
+            f"most {most} nodes ({cfg.diloco.num_replicas} replicas x {cfg.pipeline.num_stages} stages)")
     floor = chain["accusation_blocks"] + chain["dispute_blocks"]
     if chain["unbonding_blocks"] and chain["unbonding_blocks"] < floor:
-        raise ConfigError(f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least "
-                          f"accusation_blocks + dispute_blocks = {floor} (or 0 for exactly that)")
+        raise ConfigError(
+            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least "
+            f"accusation_blocks + dispute_blocks = {floor} (or 0 for exactly that)")
     return RunFile(table, chain, cfg)
 
 
@@ -223,8 +231,8 @@ def _check_run_table(chain: dict, path: str) -> dict:
         kind, minimum, what = RUN_KEYS[key]
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
         if isinstance(value, bool) or not good or value < minimum:
-            raise ConfigError(f"run file {path}: [run] {key}={value!r}: must be {'a number' if kind is float else 'an integer'} "
-                              f">= {minimum:g} ({what})")
+            raise ConfigError(f"run file {path}: [run] {key}={value!r}: must be "
+                              f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
         out[key] = value
     if out["quorum_bps"] > 10_000:
         raise ConfigError(f"run file {path}: [run] quorum_bps={out['quorum_bps']}: must be <= 10000")
@@ -238,9 +246,10 @@ def run_params(run: RunFile):
 
     chain = run.chain
     stake = round(chain["stake_eth"] * 10**18)
-    return RunParams(config_hash(run_document(run.cfg)), run.cfg.pipeline.num_stages, run.cfg.diloco.inner_steps,
-                     min_stake=stake, quorum=chain["quorum"], quorum_bps=chain["quorum_bps"],
-                     bond=None if chain["bond_eth"] is None else round(chain["bond_eth"] * 10**18),
+    return RunParams(config_hash(run_document(run.cfg)), run.cfg.pipeline.num_stages,
+                     run.cfg.diloco.inner_steps, min_stake=stake, quorum=chain["quorum"],
+                     quorum_bps=chain["quorum_bps"], bond=None if chain["bond_eth"] is None
+                     else round(chain["bond_eth"] * 10**18),
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
@@ -274,7 +283,8 @@ def run_create_run(args: argparse.Namespace) -> int:
     params = run_params(run)
     weak = params.weaknesses()
     if weak and not getattr(args, "weak_run", False):
-        raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: " + "; ".join(weak)
+        raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: "
+                          + "; ".join(weak)
                           + ". Raise it, or pass --weak-run to accept what this gives up (docs/TRUST.md)")
     for what in weak:
         print(f"warning: weak run (--weak-run): {what}")
@@ -293,7 +303,8 @@ def run_create_run(args: argparse.Namespace) -> int:
     client = LedgerClient.from_config(w3, load_account(ledger_cfg, chain_id), ledger_cfg)
     data_dir.mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(data_dir / "identity.key")
-    existing = [r for r in client.find_runs(params.config_hash) if r.creator.lower() == client.address.lower()]
+    existing = [r for r in client.find_runs(params.config_hash)
+                if r.creator.lower() == client.address.lower()]
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
     check_funds(client.balance(), client.address, spends)
@@ -304,7 +315,8 @@ def run_create_run(args: argparse.Namespace) -> int:
         run_id = existing[-1].run_id
         print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
     else:
-        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}", allow_weak_quorum=bool(weak))
+        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
+                                        allow_weak_quorum=bool(weak))
         print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
@@ -313,11 +325,13 @@ def run_create_run(args: argparse.Namespace) -> int:
         "ledger": {**ledger_table, "run_id": run_id}})
     try:
         cfg = config_from_dict(table)
-        atomic_write_bytes(config_path, ("# written by 'dlx-node create-run'\n" + dump_toml(cfg.to_dict())).encode())
+        atomic_write_bytes(config_path,
+                           ("# written by 'dlx-node create-run'\n" + dump_toml(cfg.to_dict())).encode())
         _take_seat(config_path, identity, run_id)
     except (*DLX_ERRORS, OSError) as exc:
-        raise NodeError(f"run {run_id} is on chain but its organizer's node is not ready ({exc}): run the same "
-                        "command again to finish (it finds the run and creates no second one)") from exc
+        raise NodeError(
+            f"run {run_id} is on chain but its organizer's node is not ready ({exc}): run the same "
+            "command again to finish (it finds the run and creates no second one)") from exc
     link = run_link(chain_id, deployment["ledger"], run_id, rpc,
                     [peer_multiaddr(args.announce, args.listen_port, identity.peer_id)],
                     checkpoint_every=cfg.checkpoint_every)
@@ -338,19 +352,23 @@ def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list)
     finishing = existing and cfg.ledger.ledger_address.lower() == ledger.lower() \
         and cfg.ledger.run_id == existing[-1].run_id
     if not finishing:
-        raise ConfigError(f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
+        raise ConfigError(
+            f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
 
 
 def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
-    """The transactions create-run still needs, estimated (a bad parameter is refused by the contract here)."""
+    """The transactions create-run still needs, estimated (a bad parameter is refused by the contract
+    here)."""
     from ledger.client import binding_message
 
     spends = []
     if not existing:
-        gas, fees = client.estimate("ledger", "createRun", (params.fields(), "dlx://blob/" + params.config_hash.hex()))
-        spends.append(Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
-                            f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
-                            f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
+        gas, fees = client.estimate("ledger", "createRun",
+                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()))
+        spends.append(
+            Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
+                  f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
+                  f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
         raise ConfigError(f"account {client.address} is registered with another node key: use that node's "
@@ -358,10 +376,10 @@ def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
     if key is None:
         stake = client.min_stake()
         message = binding_message(client.chain_id, client.registry_address, client.address)
-        gas, fees = client.estimate("registry", "register", (identity.public_key_bytes, identity.sign(message)),
-                                    stake)
-        spends.append(Spend(f"register node key {identity.peer_id} to {client.address}", gas, fees["maxFeePerGas"],
-                            stake))
+        gas, fees = client.estimate("registry", "register",
+                                    (identity.public_key_bytes, identity.sign(message)), stake)
+        spends.append(Spend(f"register node key {identity.peer_id} to {client.address}", gas,
+                            fees["maxFeePerGas"], stake))
     spends.append(Spend(f"join the run as its first member (stake {params.min_stake / 1e18:g} ETH, returned "
                         f"{params.unbonding_blocks} blocks after leaving unless slashed)", JOIN_GAS, fee,
                         params.min_stake))
@@ -378,7 +396,8 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     cfg = load_config(config_path)
     chain = NodeChain.connect(cfg)
     try:
-        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds, commitments=cfg.diloco.commitments)
+        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds,
+                        commitments=cfg.diloco.commitments)
         chain.ensure_registered(identity)
         platform, legacy = own_platforms(cfg.training)
         chain.ensure_member(run_id, platform, also=(legacy,))

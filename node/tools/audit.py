@@ -231,7 +231,8 @@ def audit_run(
     Args:
         client: A :class:`ledger.client.LedgerClient` of the deployment (its account is only a reader).
         archives: Local directories with archived contributions, run documents and checkpoints.
-        fetcher: A connected :class:`node.tools.evidence.PeerFetcher` to fetch missing evidence from peers, or None.
+        fetcher: A connected :class:`node.tools.evidence.PeerFetcher` to fetch missing evidence from peers,
+            or None.
         replay: Re-run the aggregation and outer step of every round (False: chain and archives only).
         progress: Called as ``progress(done, total, what)`` while rounds are checked.
         data_path: The run's training text, for re-deriving contribution screening (None: only runs on the

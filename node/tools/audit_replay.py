@@ -70,9 +70,10 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
 
 
 def commitments_check(document: dict, on_chain: int) -> Check:
-    """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its document
-    names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every round's factors
-    to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum escape it."""
+    """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its
+    document names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every
+    round's factors to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum
+    escape it."""
     from node.commitments import SCHEMES, UNNAMED, version_name
 
     diloco = document.get("diloco")
@@ -80,8 +81,9 @@ def commitments_check(document: dict, on_chain: int) -> Check:
     scheme = SCHEMES.get(setting) if isinstance(setting, str) else None
     if scheme is None or scheme.version != on_chain:
         return Check("commitments version", FAIL,
-                     f"the document says diloco.commitments = {setting!r}, the run was created on chain with version "
-                     f"{on_chain} ({version_name(on_chain)}): the fraud proofs hold its rounds to the chain's")
+                     f"the document says diloco.commitments = {setting!r}, the run was created on chain with "
+                     f"version {on_chain} ({version_name(on_chain)}): the fraud proofs hold its "
+                     "rounds to the chain's")
     return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: "
                                             f"{scheme.audit_note}")
 
@@ -122,7 +124,8 @@ class Replayer:
 
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         self.weights = [{n: full[n] for n in names} for names in self.names]
-        self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names}) for names in self.names]
+        self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names})
+                         for names in self.names]
         self.base = "initial weights"
         self._states_from_weights()
 
@@ -143,7 +146,8 @@ class Replayer:
         if self.scheme.chunked:
             from node.fraudproof import initial_state
 
-            self.states = [initial_state(stage, w, m) for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
+            self.states = [initial_state(stage, w, m)
+                           for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
 
     def drop(self) -> None:
         self.weights = self.momentum = None
@@ -168,8 +172,9 @@ class Replayer:
             try:
                 if self.data_sha256.startswith(ROOT_PREFIX):
                     if not self.data_path:
-                        raise FileNotFoundError(f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "
-                                                "pass its directory with --data DIR")
+                        raise FileNotFoundError(
+                            f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "
+                            "pass its directory with --data DIR")
                     corpus = open_run_dataset(self.data_path, self.data_sha256, self.cfg.model.tokenizer,
                                               self.cfg.model.vocab_size)
                     check_corpus(corpus, self.cfg.model.block_size)
@@ -178,8 +183,9 @@ class Replayer:
                 if self.data_sha256 == "generated":
                     training = replace(self.cfg.training, data_path="")
                 elif not self.data_path:
-                    raise FileNotFoundError(f"the run trained on a text of sha256 {self.data_sha256[:16]}...; "
-                                            "pass it with --data FILE")
+                    raise FileNotFoundError(
+                        f"the run trained on a text of sha256 {self.data_sha256[:16]}...; "
+                        "pass it with --data FILE")
                 elif file_sha256(self.data_path) != self.data_sha256:
                     raise ValueError(f"{self.data_path} does not hash to the run's training text "
                                      f"{self.data_sha256[:16]}...")
@@ -196,8 +202,9 @@ class Replayer:
         return str(self._corpus_cache) if isinstance(self._corpus_cache, Exception) else ""
 
     def screened(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> dict[int, str]:
-        """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does not
-        screen. Raises ScreeningUnavailable without the training text (the held-out batch comes from it)."""
+        """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does
+        not screen. Raises ScreeningUnavailable without the training text (the held-out batch comes from
+        it)."""
         if not (self.cfg.diloco.screening and self.num_stages == 1):
             return {}
         from training.screening import (
@@ -224,8 +231,9 @@ class Replayer:
                                                                         [[b] for b in payloads_by_stage[0]]))
         return screening_exclusions(reports)
 
-    def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]], peers_by_stage: list[list[str]],
-                     notes: list[str], checks: list, hashes_by_stage: list[list[bytes]]) -> bytes:
+    def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]],
+                     peers_by_stage: list[list[str]], notes: list[str], checks: list,
+                     hashes_by_stage: list[list[bytes]]) -> bytes:
         """:meth:`apply` of a sliced round: the average of each stage re-derived from its partials
         (node/tools/audit_sliced.py); raises ScreeningUnavailable when the archives lack them."""
         from node.tools.audit_sliced import SlicedEvidenceMissing, sliced_average
@@ -286,10 +294,12 @@ class Replayer:
             new_weights.append(result.new_global)
             new_momentum.append(result.new_momentum)
             hashes.append(result.weights_hash)
-            self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions if not r.accepted]
+            self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions
+                                   if not r.accepted]
             if self.scheme.chunked:
                 states.append(stage_state(stage, result, payloads, self.cfg.diloco, round_index,
-                                          envelopes=None if envelopes_by_stage is None else envelopes_by_stage[stage],
+                                          envelopes=None if envelopes_by_stage is None
+                                          else envelopes_by_stage[stage],
                                           decode_args={"stage_index": stage, "outer_round": round_index,
                                                        "refuse_raw": self.cfg.compression.enabled}))
         self.weights, self.momentum = new_weights, new_momentum
@@ -307,7 +317,8 @@ def check_replay(
 ) -> bytes | None:
     """The replayed weights root of one round against the commit (one item in ``verdict``).
 
-    Returns the replayed root (to judge a disputer's record against it), or None if the round was not replayed.
+    Returns the replayed root (to judge a disputer's record against it), or None if the round was not
+    replayed.
     """
     from training.errors import TrainingError
 
@@ -334,7 +345,8 @@ def check_replay(
     started = time.perf_counter()
     try:
         if replayer.cfg.diloco.exchange == "sliced":
-            peers = [[c.peer_id for c in verdict.contributors if c.stage == stage] for stage in range(len(payloads))]
+            peers = [[c.peer_id for c in verdict.contributors if c.stage == stage]
+                     for stage in range(len(payloads))]
             hashes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
                       for stage in range(len(payloads))]
             root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks, hashes)
@@ -413,9 +425,11 @@ def check_checkpoint(
         if problems:
             add(FAIL, "; ".join(problems))
         else:
-            add(UNVERIFIABLE, "content hash right; no verified run document to check its config and tensors against")
+            add(UNVERIFIABLE,
+                "content hash right; no verified run document to check its config and tensors against")
         return None
-    problems += checkpoint_problems(ckpt, layout, record.round, commit.weights_root if commit is not None else None)
+    problems += checkpoint_problems(ckpt, layout, record.round, commit.weights_root if commit is not None
+                                    else None)
     if replayer is not None and replayer.weights is not None and not problems:
         for stage, names in enumerate(replayer.names):
             for n in names:
