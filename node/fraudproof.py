@@ -184,7 +184,7 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
     pieces are this node's own (the same envelope and payload root) and whose committed sum tree or total is
     not this node's (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose
     root is this node's is this node's own; any other is not had here (the live prover then walks it through
-    availability challenges: node.live.fraud.prover.SumWalk).
+    availability challenges: node.live.fraud.walks.SumWalk).
     """
     norms = committed.norms
     if norms is None:
