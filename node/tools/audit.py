@@ -39,7 +39,8 @@ docs/AUDIT.md.
 
 This module composes the checks and is the command's face: the chain items
 are :mod:`ledger.checks`'s, a round's contributions :mod:`node.tools.audit_rounds`'s,
-the run document, replay and checkpoints :mod:`node.tools.audit_replay`'s, and
+the run document :mod:`node.tools.audit_rundoc`'s, the replay and checkpoints
+:mod:`node.tools.audit_replay`'s, and
 the bytes come through :mod:`node.tools.evidence`.
 """
 
@@ -51,8 +52,9 @@ from typing import Any
 
 from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete
 from node.tools.audit_proof import check_fraud_proof
-from node.tools.audit_replay import Replayer, check_checkpoint, check_replay, check_run_document
+from node.tools.audit_replay import Replayer, check_checkpoint, check_replay
 from node.tools.audit_rounds import check_contributions
+from node.tools.audit_rundoc import check_run_document
 from node.tools.evidence import ArchiveSource, PeerSource
 from node.tools.report import (
     FAIL,
