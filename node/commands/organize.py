@@ -4,14 +4,14 @@
 waits for its confirmations, checks the code now at both addresses against the committed artifacts
 (immutables masked) and writes ``deployment.json``.
 
-``create-run`` reads a run file (a node.toml's run settings plus a ``[run]`` table of the on-chain
-parameters: node/commands/runfile.py), checks every value, and makes the organizer's node directory (``--data-dir``): its
-``node.toml``, ``run.json`` and account. The organizer's node is the run's first member and serves
-the run document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir>/node.toml``),
-as every node does; the run link printed names it as the peer to fetch from. The order makes a failure
-harmless: everything is checked and written before the ``createRun`` transaction; after it only
-registering and joining remain, and running the same command again finds the run it created (by
-creator and configHash) instead of creating a second one.
+``create-run`` reads a run file (a node.toml's run settings plus a ``[run]`` table of the on-chain parameters:
+node/commands/runfile.py), checks every value, and makes the organizer's node directory (``--data-dir``): its
+``node.toml``, ``run.json`` and account. The organizer's node is the run's first member and serves the run
+document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir>/node.toml``), as every node
+does; the run link printed names it as the peer to fetch from. The order makes a failure harmless: everything
+is checked and written before the ``createRun`` transaction; after it only registering and joining remain, and
+running the same command again finds the run it created (by creator and configHash) instead of creating a
+second one.
 """
 
 from __future__ import annotations
