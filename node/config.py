@@ -29,13 +29,14 @@ from training.config import (
 )
 from training.config_compression import CompressionConfig
 
-#: The least ``max_rounds_ahead``: with the one-step delay a node begins round t having finished only round t-2.
+#: The least ``max_rounds_ahead``: with the one-step delay
+#: a node begins round t having finished only round t-2.
 MIN_ROUNDS_AHEAD = 2
 
 
 def claim_window(checkpoint_every: int) -> int:
-    """Rounds past the last committed one in which a peer's round claim is believed: the delay, the commit lag,
-    a catch-up (the same as :meth:`node.live.round.entry.RunEntry.round_window`)."""
+    """Rounds past the last committed one in which a peer's round claim is believed: the delay, the commit
+    lag, a catch-up (the same as :meth:`node.live.round.entry.RunEntry.round_window`)."""
     return 8 + 2 * checkpoint_every
 
 
@@ -57,7 +58,8 @@ class StorageConfig:
         if self.keep_rounds < 0:
             raise ConfigError(f"storage.keep_rounds={self.keep_rounds}: must be >= 0 (0 = keep all)")
         if self.keep_checkpoints < 0:
-            raise ConfigError(f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = keep all)")
+            raise ConfigError(
+                f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = keep all)")
 
 
 _SECTIONS: dict[str, type] = {
@@ -98,10 +100,11 @@ class NodeConfig:
     # What is left undone is logged and shown in status.json (spot_checks_left_undone).
     spot_check_drain_s: float = 60.0
     # A node does not begin training round t while t - (the last committed round) > max_rounds_ahead: it waits
-    # ("waiting for commits" in status.json) until the chain catches up. Peers hear a member's round claims only
-    # within 8 + 2 * checkpoint_every rounds of the last commit (node.live.round.entry.RunEntry.round_window), so the
-    # bound stays below that window; it is at least 2, because with the one-step delay a node starts round t
-    # having finished round t-2 only (the commits it waits for never need its own later rounds).
+    # ("waiting for commits" in status.json) until the chain catches up. Peers hear a member's round claims
+    # only within 8 + 2 * checkpoint_every rounds of the last commit
+    # (node.live.round.entry.RunEntry.round_window), so the bound stays below that window; it is at least 2,
+    # because with the one-step delay a node starts round t having finished round t-2 only (the commits it
+    # waits for never need its own later rounds).
     max_rounds_ahead: int = 8
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -121,12 +124,14 @@ class NodeConfig:
                 f"pipeline.num_stages={self.pipeline.num_stages} (one node per stage)"
             )
         if self.cluster_size > 1 and self.training.compile:
-            raise ConfigError(f"training.compile = true with cluster_size={self.cluster_size}: a replica split over "
-                              "nodes trains eagerly (training.pipeline_stage.PipelineStageTrainer); set training.compile "
-                              "= false or cluster_size = 1")
+            raise ConfigError(
+                f"training.compile = true with cluster_size={self.cluster_size}: a replica split over "
+                "nodes trains eagerly (training.pipeline_stage.PipelineStageTrainer); set training.compile "
+                "= false or cluster_size = 1")
         host, _, port = self.cluster_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"cluster_master={self.cluster_master!r}: must be HOST:PORT, e.g. 127.0.0.1:29500")
+            raise ConfigError(
+                f"cluster_master={self.cluster_master!r}: must be HOST:PORT, e.g. 127.0.0.1:29500")
         if self.pipeline.num_stages > self.model.n_layer + 0:
             raise ConfigError(
                 f"pipeline.num_stages={self.pipeline.num_stages} exceeds model.n_layer="
@@ -144,7 +149,8 @@ class NodeConfig:
             raise ConfigError(
                 f"quorum={self.quorum}: must be in [1, diloco.num_replicas={self.diloco.num_replicas}]"
             )
-        self.commitment_scheme.check_config(self.diloco)  # a name the registry knows, on an outer loop it can commit
+        # a name the registry knows, on an outer loop it can commit
+        self.commitment_scheme.check_config(self.diloco)
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
         if self.retention_rounds and not self.storage.keep_rounds:
@@ -157,16 +163,18 @@ class NodeConfig:
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0.0 <= self.spot_checks <= 1024.0:
-            raise ConfigError(f"spot_checks={self.spot_checks}: must be in [0, 1024] (expected checks per contribution)")
+            raise ConfigError(
+                f"spot_checks={self.spot_checks}: must be in [0, 1024] (expected checks per contribution)")
         if not 0.0 <= self.spot_check_drain_s <= 86400.0:
             raise ConfigError(f"spot_check_drain_s={self.spot_check_drain_s}: must be in [0, 86400] seconds "
                               "(0 = stop at the end of the run without finishing queued spot checks)")
         window = claim_window(self.checkpoint_every)
         if not MIN_ROUNDS_AHEAD <= self.max_rounds_ahead < window:
-            raise ConfigError(f"max_rounds_ahead={self.max_rounds_ahead}: must be in [{MIN_ROUNDS_AHEAD}, {window - 1}]"
-                              f" (below 8 + 2 * checkpoint_every = {window}, the rounds past the last commit in "
-                              f"which peers hear a member's round; at least {MIN_ROUNDS_AHEAD}, which the "
-                              "one-step delay needs to commit)")
+            raise ConfigError(
+                f"max_rounds_ahead={self.max_rounds_ahead}: must be in [{MIN_ROUNDS_AHEAD}, {window - 1}]"
+                f" (below 8 + 2 * checkpoint_every = {window}, the rounds past the last commit in "
+                f"which peers hear a member's round; at least {MIN_ROUNDS_AHEAD}, which the "
+                "one-step delay needs to commit)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from eth_abi.exceptions import DecodingError
 
 from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof, first_difference, tree_root
 from ledger.errors import LedgerInputError
@@ -31,7 +32,7 @@ def parse_stage_leaf(data: bytes, stage: int) -> StageLeaf:
     LedgerInputError."""
     try:
         leaf = StageLeaf.decode(bytes(data))
-    except Exception as exc:  # eth_abi's decoding errors share no base class with ours
+    except (DecodingError, TypeError, ValueError) as exc:  # eth_abi's errors: no base class shared with ours
         raise LedgerInputError(f"stage leaf of stage {stage} does not decode: {type(exc).__name__}") from None
     if leaf.stage != stage or leaf.encode() != bytes(data):
         raise LedgerInputError(
@@ -183,7 +184,7 @@ def norm_proof_of_difference(record, stage_leaves: Sequence[bytes], stage: int, 
     pieces are this node's own (the same envelope and payload root) and whose committed sum tree or total is
     not this node's (:func:`wrong_sum_contribution`). Without the committed ``trees``, a committed tree whose
     root is this node's is this node's own; any other is not had here (the live prover then walks it through
-    availability challenges: node.live.fraud.prover.SumWalk).
+    availability challenges: node.live.fraud.walks.SumWalk).
     """
     norms = committed.norms
     if norms is None:

@@ -1,5 +1,5 @@
-"""A member's declared platform (issue 42, docs/DILOCOX.md section 11): what a node declares when it joins a run,
-and the check that holds a contribution's claimed platform to its signer's declaration.
+"""A member's declared platform (issue 42, docs/DILOCOX.md section 11): what a node declares when it joins a
+run, and the check that holds a contribution's claimed platform to its signer's declaration.
 
 Shared by the live spot checks (:mod:`node.live.checks.verifier`), the commands that join a run and the audit
 (:mod:`node.tools.audit_reexec`), which imports neither the live node nor the commands.
@@ -21,11 +21,12 @@ def own_platforms(training_cfg) -> tuple[bytes, bytes]:
     ``training.device`` in ``training.precision`` (compiled if ``training.compile``) in this process
     (resolved as the trainer resolves them:
     :func:`training.platform.prepare_platform`), with this CPU's highest ATen capability
-    (:func:`training.claimant_kernels.native_cpu_capability`: the kernels it can rerun a claim under). The second
-    is :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform declared
-    before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
+    (:func:`training.claimant_kernels.native_cpu_capability`: the kernels it can rerun a claim under). The
+    second is :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform
+    declared before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
     """
-    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile).fingerprint()
+    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision,
+                                   training_cfg.compile).fingerprint()
     native = native_cpu_capability() if fingerprint.device_type == "cpu" else None
     return platform_declaration(fingerprint, native), platform_hash(fingerprint)
 
@@ -35,13 +36,16 @@ def own_platform(training_cfg) -> bytes:
     return own_platforms(training_cfg)[0]
 
 
-def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, bytes]) -> tuple[int, str] | None:
-    """(stage, why) of the first claim whose platform is not the one its signer declared when it joined, or None.
+def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, bytes]) -> tuple[int,
+                                                                                                str] | None:
+    """(stage, why) of the first claim whose platform is not the one its signer declared when it joined, or
+    None.
 
     ``claims``: (stage, signer peer id, the start-state part its envelope binds), stage order; ``declared``:
     peer id -> declared platform (a signer absent from it has no declaration to be held to). The claimed
-    platform is the fingerprint the start state records (:func:`training.declaration.declared_platform_problem`).
-    A part that does not parse is left to the rerun, which judges it (a state mismatch).
+    platform is the fingerprint the start state records
+    (:func:`training.declaration.declared_platform_problem`). A part that does not parse is left to the rerun,
+    which judges it (a state mismatch).
     """
     for stage, peer, part in claims:
         try:

@@ -3,9 +3,9 @@
 The run document is canonical JSON (sorted keys, no whitespace, UTF-8) of every
 setting that changes the training math: model, training, DiLoCoX, compression,
 pipeline stage count, and the sha256 of the training text (or the root of a prepared
-dataset's manifest) and of the tokenizer (not their paths, which differ between machines). A byte-level GPT-2 run's document
-has no family or tokenizer fields (:meth:`training.config.ModelConfig.document`). ``config_hash = sha256(document)``. The initial
-weights follow from ``model`` and ``training.seed`` (``training.model.
+dataset's manifest) and of the tokenizer (not their paths, which differ between machines). A byte-level GPT-2
+run's document has no family or tokenizer fields (:meth:`training.config.ModelConfig.document`). ``config_hash
+= sha256(document)``. The initial weights follow from ``model`` and ``training.seed`` (``training.model.
 init_state_dict``), so the hash pins them too. Node-local settings (ports,
 keys, timeouts, data_dir) are not part of it.
 """
@@ -103,8 +103,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
     is not 1, ``commitments`` only when not the unnamed scheme's ("hashed": node.commitments.UNNAMED),
-    ``screen_rule`` only when not "one_sided", ``outer_optimizer`` and its ``outer_adam_*`` settings only when it is "adam" (the hash of every "full", fixed-H, one-outer-lr,
-    Nesterov run stays what it was)."""
+    ``screen_rule`` only when not "one_sided", ``outer_optimizer`` and its ``outer_adam_*`` settings only when
+    it is "adam" (the hash of every "full", fixed-H, one-outer-lr, Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     for key in EXCHANGE_TRAITS[cfg.diloco.exchange].omitted_from_document:
         del diloco[key]
@@ -119,7 +119,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
         for name in ("outer_optimizer", *OUTER_ADAM_ONLY):
             del diloco[name]  # every run made before outer Adam existed (its hash unchanged)
     if cfg.diloco.screen_rule == "one_sided":
-        del diloco["screen_rule"]  # version 1: every fixed-H run, and every time-bounded run made before version 2
+        # version 1: every fixed-H run, and every time-bounded run made before version 2
+        del diloco["screen_rule"]
     return diloco
 
 
@@ -154,8 +155,8 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
     from node.config import config_from_dict
 
     try:
-        # A run document that names no inner optimizer is an AdamW run's (made before training.optimizer existed,
-        # or since: an AdamW run's table leaves it out, so its hash is what it was).
+        # A run document that names no inner optimizer is an AdamW run's (made before training.optimizer
+        # existed, or since: an AdamW run's table leaves it out, so its hash is what it was).
         training = {"optimizer": LEGACY_OPTIMIZER, **document["training"]}
         training.pop("data_sha256", None)
         table = {
@@ -168,10 +169,12 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             "diloco": {"commitments": UNNAMED, "screen_rule": "one_sided", **document["diloco"]},
             # A run made before compression.encoder existed names none: it was coded by v1; before
             # compression.sketch, with torch's sketch.
-            "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value, **document["compression"]},
+            "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value,
+                            **document["compression"]},
             "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
             **node_fields,
         }
     except (KeyError, TypeError, ValueError) as exc:  # a section missing or not a table
-        raise ConfigError(f"run document lacks a setting or a section is not a table: {exc!r}"[:300]) from None
+        raise ConfigError(
+            f"run document lacks a setting or a section is not a table: {exc!r}"[:300]) from None
     return config_from_dict(table)

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # ~100k shards; a peer offering more is not offering a manifest
 DATASETS_DIR = "datasets"  # <data_dir>/datasets/<root>/: where a joiner keeps a dataset it fetched
 SHARD_FETCH_TIMEOUT_S = 600.0
-START_ATTEMPTS, START_RETRY_S = 6, 10.0  # a starting node asks its peers for missing shards for about a minute
+# a starting node asks its peers for missing shards for about a minute
+START_ATTEMPTS, START_RETRY_S = 6, 10.0
 
 
 class DatasetUnavailable(NodeError):
@@ -75,7 +76,8 @@ def serve_dataset(host: Any, directory: str | os.PathLike) -> str:
 
 
 def _local_manifest(directory: Path, root: str):
-    """The manifest in ``directory`` if it is the dataset ``root``'s; None if there is none; refused if another."""
+    """The manifest in ``directory`` if it is the dataset ``root``'s; None if there is none; refused if
+    another."""
     from training.errors import ShardError
     from training.shards import MANIFEST_NAME
     from training.sharded_corpus import read_manifest
@@ -109,7 +111,8 @@ def _manifest_from_peers(host: Any, peers: list[str], root: str, fill: DatasetFi
             logger.warning("refused %s", fill.refusals[-1])
             continue
         return manifest, data
-    raise DatasetUnavailable(f"dataset {root}: no peer served its manifest ({'; '.join(fill.refusals) or 'no peer'})")
+    raise DatasetUnavailable(
+        f"dataset {root}: no peer served its manifest ({'; '.join(fill.refusals) or 'no peer'})")
 
 
 def _manifest_for(root: str, directory: Path, host: Any, peers: list[str], sources: list, fill: DatasetFill):
@@ -122,7 +125,8 @@ def _manifest_for(root: str, directory: Path, host: Any, peers: list[str], sourc
     if (directory / MANIFEST_NAME).is_file():
         manifest = read_manifest(directory)[1]  # a broken manifest there raises ShardError, naming the file
         if manifest.root != root:
-            raise ShardError(f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {root}")
+            raise ShardError(
+                f"{directory / MANIFEST_NAME}: dataset root {manifest.root}, the run's is {root}")
         return manifest
     for source in map(Path, sources):
         manifest = _local_manifest(source, root)
@@ -153,7 +157,8 @@ def _made_us_wait(exc: Exception) -> bool:
     stall): the peer then cost time, so it is asked last for the remaining shards."""
     from p2p.errors import P2PTimeout
 
-    return isinstance(exc, P2PTimeout) or any(word in str(exc) for word in ("ProviderTooSlow", "TooSlowError"))
+    return isinstance(exc, P2PTimeout) \
+        or any(word in str(exc) for word in ("ProviderTooSlow", "TooSlowError"))
 
 
 def _fetch_shard(host: Any, peers: list[str], start: int, entry: Any, manifest: Any, target: Path,
@@ -186,7 +191,8 @@ def _fetch_shard(host: Any, peers: list[str], start: int, entry: Any, manifest: 
         refusal = f"{entry.file} from peer {peer}: {reason}"
         fill.refusals.append(refusal)
         reasons.append(refusal)
-        logger.warning("refused %s; %s", refusal, "trying another peer" if turn + 1 < len(peers) else "no peer left")
+        logger.warning("refused %s; %s", refusal, "trying another peer" if turn + 1 < len(peers)
+                       else "no peer left")
     raise DatasetUnavailable(f"{target}: no peer served a good copy ({'; '.join(reasons) or 'no peer'})")
 
 
@@ -216,8 +222,9 @@ def complete_dataset(root: str, directory: str | os.PathLike, host: Any = None, 
         local = next((Path(s) / entry.file for s in sources
                       if _checked(Path(s) / entry.file, entry, manifest) is None), None)
         if local is None and (host is None or not peers):
-            raise DatasetUnavailable(f"{directory / entry.file}: {reason}; no local copy passes its check and no "
-                                     "peer to fetch it from: pass --data DIR with the dataset, or a peer")
+            raise DatasetUnavailable(
+                f"{directory / entry.file}: {reason}; no local copy passes its check and no "
+                "peer to fetch it from: pass --data DIR with the dataset, or a peer")
         missing.append((index, entry, local))
     if not missing:
         return fill
@@ -258,7 +265,8 @@ def fetch_dataset(peers: tuple[str, ...], root: str, directory: Path, workdir: P
     def unreachable(failures: str) -> DatasetUnavailable:
         return DatasetUnavailable(f"dataset {root[:16]}: no peer of the run is reachable ({failures})")
 
-    with client_host(peers, workdir, prefix=".join-dataset-", unreachable=unreachable) as (host, reached, _staging):
+    with client_host(peers, workdir, prefix=".join-dataset-", unreachable=unreachable) as (host, reached,
+                                                                                           _staging):
         return complete_dataset(root, directory, host, reached, sources, tty=tty)
 
 
@@ -277,8 +285,9 @@ def dataset_for_join(root: str, data: str, data_dir: Path, peers: tuple[str, ...
     if data:
         directory = Path(data).expanduser()
         if not (directory.is_dir() and (directory / "manifest.json").is_file()):
-            raise ConfigError(f"--data {data}: the run trains on a prepared dataset (manifest:{root}); this is "
-                              "not one (a directory with a manifest.json)")
+            raise ConfigError(
+                f"--data {data}: the run trains on a prepared dataset (manifest:{root}); this is "
+                "not one (a directory with a manifest.json)")
         try:
             found = read_manifest(directory)[1].root
         except ShardError as exc:

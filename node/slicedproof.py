@@ -1,4 +1,5 @@
-"""The evidence of a wrong partial in the sliced exchange, and its judgement (docs/PROTOCOL.md, "Sliced exchange").
+"""The evidence of a wrong partial in the sliced exchange, and its judgement (docs/PROTOCOL.md, "Sliced
+exchange").
 
 A partial is a pure function of the inputs its signed ``inputs_root`` binds, so a
 holder that replays a slice and finds a candidate's signed partial different
@@ -86,7 +87,8 @@ def usable_reference(envelope: bytes, entry, run_id: int, outer_round: int, stag
         if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
                 msg.CONTRIBUTION, run_id, outer_round, stage, replica, peer_id):
             return None
-        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices, max_blob_bytes)
+        return parse_slice_reference(msg.decode_contribution_body(env.payload).blob, num_slices,
+                                     max_blob_bytes)
     except (EnvelopeRejected, msg.ProtocolError, SliceError, ValueError):
         return None
 
@@ -177,7 +179,8 @@ def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: in
     hashes = [hashlib.sha256(e).digest() for e in envelopes]
     if merkle_root(hashes) != partial.inputs_root:
         return False, "the envelopes do not bind the partial's inputs root"
-    if (closing.kind, closing.run_id, closing.round, closing.stage) != (msg.CLOSE, run_id, env.round, env.stage) \
+    if (closing.kind, closing.run_id, closing.round, closing.stage) != (msg.CLOSE, run_id, env.round,
+                                                                        env.stage) \
             or [entry[2] for entry in close.contributions] != hashes:
         return False, "the close is not a close of the partial's round and stage naming its inputs"
     stands, why = close_standing(env.round, env.stage, closing.sender_peer_id, close)
@@ -185,15 +188,16 @@ def judge_wrong_partial(evidence: msg.Evidence, accused_peer: str, *, run_id: in
         return stands, f"the close of {closing.sender_peer_id[-8:]} is not known to stand: {why}"
     inputs = []
     for entry, envelope, bundle in zip(close.contributions, envelopes, bundles):
-        blob, why = _input_of(entry, envelope, bundle, run_id, env.round, env.stage, partial.slice_index, slices,
-                              max_blob_bytes)
+        blob, why = _input_of(entry, envelope, bundle, run_id, env.round, env.stage, partial.slice_index,
+                              slices, max_blob_bytes)
         if why is not None:
             return False, why
         inputs.append(blob)
     if replay(env.stage, env.round, partial.slice_index, inputs) == partial.blob:
         return False, f"the partial of slice {partial.slice_index} equals its replay"
-    return True, (f"round {env.round} stage {env.stage}: the partial of slice {partial.slice_index} differs from "
-                  f"its replay from the {len(inputs)} inputs it binds")
+    return True, \
+        (f"round {env.round} stage {env.stage}: the partial of slice {partial.slice_index} differs from "
+         f"its replay from the {len(inputs)} inputs it binds")
 
 
 def _input_of(entry, envelope: bytes, bundle: bytes, run_id: int, outer_round: int, stage: int, j: int,
@@ -240,8 +244,10 @@ def bundle_fault(envelope_header, body_payload: bytes, bundle: bytes | None, num
         raise ValueError(str(exc)) from None
     for j, blob in enumerate(slices):
         if blob is None:
-            return f"slice {j} of its bundle is not the one its signed record proves (or declares other inner " \
-                   "steps than its reference)"
+            return (
+                f"slice {j} of its bundle is not the one its signed record proves (or declares other inner "
+                "steps than its reference)"
+            )
         if not decodes(envelope_header.stage, envelope_header.round, j, blob):
             return f"slice {j} of its bundle does not decode for the slice's shapes"
     return None
@@ -250,8 +256,8 @@ def bundle_fault(envelope_header, body_payload: bytes, bundle: bytes | None, num
 def judge_bad_bundle(evidence: msg.Evidence, accused_peer: str, *, run_id: int, max_blob_bytes: int,
                      num_slices: Callable[[int], int | None],
                      decodes: Callable[[int, int, int, bytes], bool]) -> tuple[bool | None, str]:
-    """``(guilty, why)`` for bad-bundle evidence against ``accused_peer``; ``(None, why)`` when this node holds
-    no plan of the envelope's stage. Pure given the callables; never raises on hostile bytes."""
+    """``(guilty, why)`` for bad-bundle evidence against ``accused_peer``; ``(None, why)`` when this node
+    holds no plan of the envelope's stage. Pure given the callables; never raises on hostile bytes."""
     if len(evidence.contributions) not in (1, 2):
         return False, "bad-bundle evidence holds an envelope and at most its bundle"
     try:
@@ -308,7 +314,8 @@ class RunSliceRules:
             shapes = stage_param_shapes(self.cfg.model, specs[stage])
             diloco = self.cfg.diloco
             numel = sum(math.prod(shape) for shape in shapes.values())
-            budget = self.cfg.compression.stage_bandwidth_budget(numel, diloco.inner_steps, diloco.num_replicas)
+            budget = self.cfg.compression.stage_bandwidth_budget(numel, diloco.inner_steps,
+                                                                 diloco.num_replicas)
             self._plans[stage] = live_plan(shapes, diloco.num_replicas, diloco.min_slice_numel), budget
         return self._plans[stage]
 
@@ -319,8 +326,9 @@ class RunSliceRules:
     def replay(self, stage: int, outer_round: int, j: int, inputs: list[bytes | None]) -> bytes:
         """The partial an honest aggregator of slice ``j`` publishes for ``inputs`` (``replay_partial``)."""
         plan, budget = self.plan(stage)
-        return replay_partial(inputs, plan, j, self.cfg.compression, budget, norm_clip=self.cfg.diloco.norm_clip,
-                              stage_index=stage, outer_round=outer_round, steps_range=self.cfg.diloco.steps_range)
+        return replay_partial(inputs, plan, j, self.cfg.compression, budget,
+                              norm_clip=self.cfg.diloco.norm_clip, stage_index=stage, outer_round=outer_round,
+                              steps_range=self.cfg.diloco.steps_range)
 
     def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
         plan, _budget = self.plan(stage)

@@ -15,7 +15,7 @@ from ledger.account import create_keystore, dev_account
 from ledger.chain import connect_rpc
 from ledger.client import LedgerClient
 from node.cli import main
-from node.commands.organize import read_run_file
+from node.commands.runfile import read_run_file
 from node.commitments import UNNAMED, scheme_named
 from node.errors import ConfigError
 

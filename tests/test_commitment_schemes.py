@@ -24,7 +24,7 @@ from node.commitments.normed import NormedScheme
 from node.config import load_config
 from node.errors import ConfigError
 from node.runconfig import node_config_from_run, run_document
-from node.tools.audit_replay import commitments_check
+from node.tools.audit_rundoc import commitments_check
 from node.tools.report import FAIL, OK
 from training.config import DilocoConfig
 

@@ -130,7 +130,7 @@ def test_sum_tree_challenges_name_only_trees_the_round_has(right, honest):
 
 @pytest.mark.parametrize("chunks", [1, 2, 7, 22, 33])
 def test_a_walk_over_answered_sum_leaves_finds_every_lied_leaf_by_bisection(chunks):
-    """What the live prover reads of each answer (node.live.fraud.prover.SumWalk): the path's total is the
+    """What the live prover reads of each answer (node.live.fraud.walks.SumWalk): the path's total is the
     committed tree's, and the lowest differing sibling leads to the lied leaf in at most ceil(log2(chunks)) +
     1 openings, wherever it is."""
     from ledger.normproof import SumTree, differing_sum_subtree, path_sums, path_total

@@ -12,11 +12,11 @@ lies, withholding its state, factors and sum trees (nobody serves them):
   lower sums (every leaf a lie, the weights other than the honest ones).
 
 The walker (the deployer's account: a member of no run) is the live node's own prover
-(node/live/fraud/prover.py, ``FraudProver`` and its ``SumWalk``) without libp2p: its own states, the
-attestations it heard, and nothing served to it, so it challenges the factors, then the lied contribution's
-sum tree leaf by leaf (``2 + M + j``), then, where the weights differ, the lied chunk's weights leaf, and
-proves the lie. At each level the coalition answers with the truthful leaves of its lied tree, with junk
-(another leaf, the honest state's, a cut path: the contract must refuse it) or not at all (then, past the
+(node/live/fraud/prover.py, ``FraudProver`` and its ``SumWalk``, node/live/fraud/walks.py) without libp2p: its
+own states, the attestations it heard, and nothing served to it, so it challenges the factors, then the lied
+contribution's sum tree leaf by leaf (``2 + M + j``), then, where the weights differ, the lied chunk's weights
+leaf, and proves the lie. At each level the coalition answers with the truthful leaves of its lied tree, with
+junk (another leaf, the honest state's, a cut path: the contract must refuse it) or not at all (then, past the
 answer window, the walker expires the challenge: the round falls). The walker also walks a right round of the
 machine's run mistakenly (its own sums off), answered at once by the honest members
 (node/live/fraud/answerer.py answers from its state the same way): the proof it ends in is refused and nobody

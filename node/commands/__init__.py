@@ -1,1 +1,2 @@
-"""The command faces of dlx-node: what each subcommand does (parsing and exit codes live in node.cli)."""
+"""The command faces of dlx-node: what each subcommand does (the argument parsers are node.commands.parsers';
+exit codes live in node.cli)."""

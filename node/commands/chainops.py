@@ -33,12 +33,15 @@ def add_account_args(p: argparse.ArgumentParser, *, keystore_default: str = "") 
 def add_fee_args(p: argparse.ArgumentParser) -> None:
     """Fee cap, tip, confirmations and --yes."""
     p.add_argument("--max-fee-gwei", type=float, default=0.0,
-                   help="cap on maxFeePerGas in gwei (default: no cap; the fee offered is 2 x base fee + tip)")
+                   help="cap on maxFeePerGas in gwei (default: no cap; the fee offered "
+                        "is 2 x base fee + tip)")
     p.add_argument("--priority-fee-gwei", type=float, default=-1.0,
                    help="tip in gwei (default: what the RPC node suggests)")
     p.add_argument("--confirmations", type=int, default=None,
-                   help="blocks, its own included, before a transaction counts as final (default: the node.toml's "
-                        f"for leave/withdraw, else {DEFAULT_CONFIRMATIONS}; a reorg before that makes it be sent again)")
+                   help="blocks, its own included, before a transaction counts as final "
+                        "(default: the node.toml's "
+                        f"for leave/withdraw, else {DEFAULT_CONFIRMATIONS}; a reorg before that "
+                        "makes it be sent again)")
     p.add_argument("--yes", "-y", action="store_true",
                    help="agree beforehand to the transactions listed (else asked on the terminal)")
 
@@ -63,8 +66,9 @@ def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int) -> di
         table["keystore"] = str(keystore.resolve())
         table["password_file"] = str(Path(args.password_file).expanduser().resolve())
     else:
-        raise ConfigError("no account: pass --keystore FILE --password-file FILE (an encrypted keystore), or on a "
-                          "local dev chain --dev-account N")
+        raise ConfigError(
+            "no account: pass --keystore FILE --password-file FILE (an encrypted keystore), or on a "
+            "local dev chain --dev-account N")
     if args.confirmations < 0:
         raise ConfigError(f"--confirmations={args.confirmations}: must be >= 0")
     LedgerConfig(**table)  # the fee settings' own checks, as a one-line error
@@ -78,7 +82,8 @@ def connect_checked(rpc_url: str, chain_id: int = 0):
     w3 = connect_rpc(rpc_url, wait=10)
     actual = w3.eth.chain_id
     if chain_id and actual != chain_id:
-        raise ConfigError(f"{rpc_url} serves chain id {actual}, not {chain_id}: point --rpc at the right chain")
+        raise ConfigError(
+            f"{rpc_url} serves chain id {actual}, not {chain_id}: point --rpc at the right chain")
     return w3
 
 
@@ -153,12 +158,14 @@ def check_funds(balance: int, address: str, plan: list[Spend]) -> None:
     need = sum(step.most for step in plan)
     if balance < need:
         raise ConfigError(f"account {address} holds {balance / 1e18:.6f} ETH; the transactions need up to "
-                          f"{need / 1e18:.6f} ETH (stake plus gas at the fee offered): fund it first (nothing "
+                          f"{need / 1e18:.6f} ETH (stake plus gas at the fee offered): "
+                          "fund it first (nothing "
                           "was sent)")
 
 
 def agree(plan: list[Spend], yes: bool, verb: str) -> None:
-    """List ``plan`` and ask; ConfigError (nothing sent) when declined or when there is no terminal to ask on."""
+    """List ``plan`` and ask; ConfigError (nothing sent) when declined or when there is no terminal to ask
+    on."""
     if not plan:
         return
     listing = "\n".join(f"  - {step.line()}" for step in plan)
@@ -167,8 +174,9 @@ def agree(plan: list[Spend], yes: bool, verb: str) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise ConfigError(f"{verb} needs the transactions listed above and there is no terminal to ask on: pass "
-                          "--yes to agree to them (nothing was sent)")
+        raise ConfigError(
+            f"{verb} needs the transactions listed above and there is no terminal to ask on: pass "
+            "--yes to agree to them (nothing was sent)")
     answer = input("send them? [y/N] ").strip().lower()
     if answer not in ("y", "yes"):
         raise ConfigError(f"{verb}: the transactions were declined (nothing was sent)")

@@ -80,7 +80,8 @@ DEMO_QUORUM_BPS = 5000
 
 
 def _dataset_model_settings(directory: Path) -> list[str]:
-    """The model settings a prepared dataset (``dlx-node data prepare``) needs: its vocabulary and tokenizer."""
+    """The model settings a prepared dataset (``dlx-node data prepare``) needs: its vocabulary and
+    tokenizer."""
     from training.errors import ShardError
     from training.shards import TOKENIZER_NAME
     from training.sharded_corpus import read_manifest
@@ -106,9 +107,9 @@ def run_demo(args: argparse.Namespace) -> int:
         elif not path.is_file():
             raise ConfigError(f"--data {args.data}: no such file or prepared dataset directory")
         data = str(path)
-    settings = [f"model.preset={args.preset}", f"rounds={args.rounds}", f"diloco.inner_steps={args.inner_steps}",
-                f"checkpoint_every={args.checkpoint_every}", f"training.data_path={data}", "round_timeout=120",
-                *model_settings]
+    settings = [f"model.preset={args.preset}", f"rounds={args.rounds}",
+                f"diloco.inner_steps={args.inner_steps}", f"checkpoint_every={args.checkpoint_every}",
+                f"training.data_path={data}", "round_timeout=120", *model_settings]
     if getattr(args, "spot_checks", None) is not None:
         settings.append(f"spot_checks={args.spot_checks}")
     shape = [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"]
@@ -120,12 +121,13 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")
     nodes = args.replicas * args.stages
     if not 1 <= args.attest_quorum <= nodes:
-        raise ConfigError(f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
+        raise ConfigError(
+            f"--attest-quorum={args.attest_quorum}: must be in [1, {nodes}] (the number of nodes)")
     weak = args.attest_quorum < 2 or args.stake == 0
     if weak and not args.weak_run:
         raise ConfigError(f"--attest-quorum={args.attest_quorum} --stake={args.stake:g}: below the security "
-                          "model's floor (k >= 2 counted signatures, a nonzero stake); pass --weak-run to accept "
-                          "that one member commits and slashes alone (docs/TRUST.md)")
+                          "model's floor (k >= 2 counted signatures, a nonzero stake); pass --weak-run to "
+                          "accept that one member commits and slashes alone (docs/TRUST.md)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
     from node.anvil import locate_anvil
@@ -166,7 +168,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 seeder.close()
             run.stop()
     if stopped_by is not None and not keeping:
-        print(f"dlx-node demo: stopped; node data, logs and chain-state.json in {out}", file=sys.stderr, flush=True)
+        print(f"dlx-node demo: stopped; node data, logs and chain-state.json in {out}", file=sys.stderr,
+              flush=True)
         return 128 + stopped_by
     if not ok:
         logs = ", ".join(str(s.log_path) for s in run.nodes)
@@ -180,7 +183,8 @@ def _headline(args: argparse.Namespace, data: str, cpu_limits: dict[int, float])
     slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
               if cpu_limits else "")
     return (f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
-            f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: {data or 'generated corpus'}{slowed}")
+            f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: "
+            f"{data or 'generated corpus'}{slowed}")
 
 
 def _budget_settings(args: argparse.Namespace, settings: list[str]) -> list[str]:
@@ -216,8 +220,8 @@ def _throttled(args: argparse.Namespace) -> dict[int, float]:
 
 
 def _keep_serving(run: LocalRun, out: Path):
-    """``--keep``: the nodes have ended; a seeder serves their archives over libp2p (node/commands/seeder.py), and
-    the commands that pull a checkpoint through it and watch the run are printed."""
+    """``--keep``: the nodes have ended; a seeder serves their archives over libp2p (node/commands/seeder.py),
+    and the commands that pull a checkpoint through it and watch the run are printed."""
     from node.commands.link import run_link
     from node.commands.seeder import ArchiveSeeder
     from node.errors import DLX_ERRORS
@@ -226,19 +230,19 @@ def _keep_serving(run: LocalRun, out: Path):
         seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id)
     except DLX_ERRORS as exc:  # the run is done and on chain: say how to pull without peers, go on
         archives = " ".join(f"--archive {slot.data_dir}" for slot in run.nodes)
-        print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives with\n"
-              f"  dlx-node pull --rpc {run.url} --run {run.run_id} --deployment {out / 'deployment.json'} "
-              f"{archives} {out / 'model'} --pending", flush=True)
+        print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives "
+              f"with\n  dlx-node pull --rpc {run.url} --run {run.run_id} --deployment "
+              f"{out / 'deployment.json'} {archives} {out / 'model'} --pending", flush=True)
         return None
     checkpoint_every = load_config(run.nodes[0].config_path).checkpoint_every
     link = run_link(run.chain_id, run.ledger, run.run_id, run.url, [seeder.multiaddr],
                     checkpoint_every=checkpoint_every)
     print(f"\nthe chain stays up at {run.url}, and a seeder serves the nodes' checkpoints and archives at "
           f"{seeder.multiaddr}; Ctrl-C (or SIGTERM) stops both", flush=True)
-    # The demo's chain mines a block per transaction only, so its last rounds stay inside their dispute window:
-    # pull takes only final rounds unless --pending says it may take one that can still be disputed.
-    print(f"pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still inside "
-          f"their dispute window, which a public chain closes as blocks pass):\n"
+    # The demo's chain mines a block per transaction only, so its last rounds stay inside their dispute
+    # window: pull takes only final rounds unless --pending says it may take one that can still be disputed.
+    print("pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still "
+          f"inside their dispute window, which a public chain closes as blocks pass):\n"
           f"  dlx-node pull '{link}' {out / 'model'} --pending", flush=True)
     print(f"watch the run in a browser:\n  dlx-node explorer --rpc {run.url} --run {run.run_id} --deployment "
           f"{out / 'deployment.json'}", flush=True)
@@ -257,10 +261,12 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
     view.close()
     summary = summarize(run)
     if getattr(args, "round_budget", 0) and getattr(args, "reference", True):
-        print("no centralized reference: it trains H steps a round, not the tokens a time-bounded run declared",
-              flush=True)
+        print(
+            "no centralized reference: it trains H steps a round, not the tokens a time-bounded run declared",
+            flush=True)
     elif getattr(args, "reference", True) and summary["rounds"]:
-        print("training the centralized reference on the same tokens (skip with --no-reference) ...", flush=True)
+        print("training the centralized reference on the same tokens (skip with --no-reference) ...",
+              flush=True)
         summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
         summary["benchmark"] = benchmark_figure(BENCHMARK_RESULT)
     print(format_summary(summary), flush=True)

@@ -4,14 +4,14 @@
 waits for its confirmations, checks the code now at both addresses against the committed artifacts
 (immutables masked) and writes ``deployment.json``.
 
-``create-run`` reads a run file (a node.toml's run settings plus a ``[run]`` table of the on-chain
-parameters), checks every value, and makes the organizer's node directory (``--data-dir``): its
-``node.toml``, ``run.json`` and account. The organizer's node is the run's first member and serves
-the run document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir>/node.toml``),
-as every node does; the run link printed names it as the peer to fetch from. The order makes a failure
-harmless: everything is checked and written before the ``createRun`` transaction; after it only
-registering and joining remain, and running the same command again finds the run it created (by
-creator and configHash) instead of creating a second one.
+``create-run`` reads a run file (a node.toml's run settings plus a ``[run]`` table of the on-chain parameters:
+node/commands/runfile.py), checks every value, and makes the organizer's node directory (``--data-dir``): its
+``node.toml``, ``run.json`` and account. The organizer's node is the run's first member and serves the run
+document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir>/node.toml``), as every node
+does; the run link printed names it as the peer to fetch from. The order makes a failure harmless: everything
+is checked and written before the ``createRun`` transaction; after it only registering and joining remain, and
+running the same command again finds the run it created (by creator and configHash) instead of creating a
+second one.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from node.commands.chainops import (
     Spend,
@@ -35,39 +32,30 @@ from node.commands.chainops import (
     read_deployment,
     verify_deployment,
 )
+from node.commands.runfile import read_run_file, run_params
 from node.errors import DLX_ERRORS, ConfigError, NodeError
 
 logger = logging.getLogger(__name__)
 
-#: The ``[run]`` table of a run file: key -> (type, minimum, what it is).
-RUN_KEYS: dict[str, tuple[type, float, str]] = {
-    "stake_eth": (float, 0, "ETH each member stakes to join"),
-    "bond_eth": (float, 0, "ETH an accuser or disputer deposits (default: a tenth of the stake)"),
-    "quorum": (int, 1, "k: the fewest counted member signatures a round's record needs (safe: >= 2)"),
-    "quorum_bps": (int, 0, "the quorum is also at least this fraction (basis points) of the counted members "
-                           "(safe: >= 5000)"),
-    "tenure_rounds": (int, 1, "rounds a member that joined after the first commit waits before it counts"),
-    "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: accusation + dispute blocks)"),
-    "accusation_blocks": (int, 8, "blocks an accusation stays open"),
-    "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed"),
-    "inactivity_rounds": (int, 1, "committed rounds a member may leave unsigned before it can be ejected"),
-}
 #: Gas reserved for joinRun in the spend plan: it cannot be estimated before the run exists.
 JOIN_GAS = 300_000
 
 
 # ---------------------------------------------------------------------- parsers
 def add_parsers(sub) -> None:
-    p = sub.add_parser("deploy", help="deploy the registry and ledger contracts to a chain; write deployment.json")
+    p = sub.add_parser("deploy",
+                       help="deploy the registry and ledger contracts to a chain; write deployment.json")
     p.add_argument("--rpc", required=True, help="chain JSON-RPC URL (any provider)")
     p.add_argument("--chain-id", type=int, default=0, help="refuse an RPC that serves another chain")
     p.add_argument("--min-stake-eth", type=float, default=0.0,
                    help="the registry's stake per registered node (default 0: runs set their own)")
-    p.add_argument("--out", default="deployment.json", help="where to write the deployment (refused if it exists)")
+    p.add_argument("--out", default="deployment.json",
+                   help="where to write the deployment (refused if it exists)")
     add_account_args(p)
     add_fee_args(p)
 
-    p = sub.add_parser("create-run", help="create a run from a run file; write the organizer's node directory; "
+    p = sub.add_parser("create-run",
+                       help="create a run from a run file; write the organizer's node directory; "
                                           "print the run link")
     p.add_argument("run_file", help="TOML: the run's settings (as in node.toml) and a [run] table of stake, "
                                     "quorum, unbonding (docs/DEPLOY.md)")
@@ -75,11 +63,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (default: the deployment's)")
     p.add_argument("--data-dir", default="dlx-organizer", help="the organizer's node directory (created)")
     p.add_argument("--announce", default="127.0.0.1",
-                   help="public IP address or DNS name joiners reach the organizer's node at (in the run link)")
+                   help="public IP address or DNS name joiners reach the organizer's node "
+                        "at (in the run link)")
     p.add_argument("--listen-port", type=int, default=4001, help="the organizer's node's p2p port")
     p.add_argument("--weak-run", action="store_true",
-                   help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or a "
-                        "stake of 0): one member or a minority then commits and slashes alone (docs/TRUST.md)")
+                   help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or "
+                        "a stake of 0): one member or a minority then commits and slashes "
+                        "alone (docs/TRUST.md)")
     add_account_args(p, keystore_default="")
     add_fee_args(p)
 
@@ -116,7 +106,8 @@ def run_deploy(args: argparse.Namespace) -> int:
         gas = w3.eth.estimate_gas({"from": account.address, "data": data})
         plan.append((name, gas))
     fee = _max_fee(w3, fees)
-    spends = [Spend(f"deploy {name} on chain {chain_id}", int(gas * 1.25) + 10_000, fee) for name, gas in plan]
+    spends = [Spend(f"deploy {name} on chain {chain_id}", int(gas * 1.25) + 10_000, fee)
+              for name, gas in plan]
     check_funds(w3.eth.get_balance(account.address), account.address, spends)
     agree(spends, args.yes, "deploying")
     from_block = w3.eth.block_number
@@ -150,103 +141,6 @@ def _max_fee(w3, fees) -> int:
     return fee
 
 
-# ---------------------------------------------------------------------- the run file
-@dataclass
-class RunFile:
-    """A run file, checked: the node settings (a node.toml table) and the createRun parameters."""
-
-    table: dict[str, Any]  # node settings; paths made absolute
-    chain: dict[str, Any]  # the [run] table with defaults filled in
-    cfg: Any  # NodeConfig of ``table``
-
-
-def read_run_file(path: str) -> RunFile:
-    """Parse and check a run file; ConfigError naming the first bad value."""
-    from node.config import config_from_dict
-
-    file = Path(path).expanduser()
-    try:
-        table = tomllib.loads(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"run file {path}: cannot read it ({exc.strerror})") from None
-    except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise ConfigError(f"run file {path}: not valid TOML ({exc})") from None
-    chain = table.pop("run", None)
-    if not isinstance(chain, dict):
-        raise ConfigError(f"run file {path}: needs a [run] table ({', '.join(RUN_KEYS)})")
-    for section in ("ledger", "p2p"):
-        if section in table:
-            raise ConfigError(f"run file {path}: [{section}] is the organizer's machine's, not the run's: "
-                              "drop it (create-run writes it from the deployment and its options)")
-    chain = _check_run_table(chain, path)
-    base = file.resolve().parent
-    training, model = table.get("training", {}), table.get("model", {})
-    if isinstance(training, dict) and training.get("data_path"):
-        training["data_path"] = str((base / Path(training["data_path"]).expanduser()).resolve())
-    if isinstance(model, dict) and model.get("tokenizer") not in (None, "bytes"):
-        model["tokenizer"] = str((base / Path(model["tokenizer"]).expanduser()).resolve())
-    try:
-        cfg = config_from_dict(table)
-    except ConfigError as exc:
-        raise ConfigError(f"run file {path}: {exc}") from None
-    if cfg.rounds < 1:
-        raise ConfigError(f"run file {path}: rounds={cfg.rounds}: a created run needs rounds >= 1")
-    most = cfg.diloco.num_replicas * cfg.pipeline.num_stages
-    if chain["quorum"] > most:
-        raise ConfigError(f"run file {path}: [run] quorum={chain['quorum']} can never be met: the run places at "
-                          f"most {most} nodes ({cfg.diloco.num_replicas} replicas x {cfg.pipeline.num_stages} stages)")
-    floor = chain["accusation_blocks"] + chain["dispute_blocks"]
-    if chain["unbonding_blocks"] and chain["unbonding_blocks"] < floor:
-        raise ConfigError(f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least "
-                          f"accusation_blocks + dispute_blocks = {floor} (or 0 for exactly that)")
-    return RunFile(table, chain, cfg)
-
-
-def _check_run_table(chain: dict, path: str) -> dict:
-    from ledger.runparams import (
-        DEFAULT_ACCUSATION_BLOCKS,
-        DEFAULT_DISPUTE_BLOCKS,
-        DEFAULT_INACTIVITY_ROUNDS,
-        DEFAULT_TENURE_ROUNDS,
-        SAFE_MIN_QUORUM,
-        SAFE_MIN_QUORUM_BPS,
-    )
-
-    unknown = sorted(set(chain) - set(RUN_KEYS))
-    if unknown:
-        raise ConfigError(f"run file {path}: unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
-    out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
-           "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
-           "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
-           "tenure_rounds": DEFAULT_TENURE_ROUNDS}
-    for key, value in chain.items():
-        kind, minimum, what = RUN_KEYS[key]
-        good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
-        if isinstance(value, bool) or not good or value < minimum:
-            raise ConfigError(f"run file {path}: [run] {key}={value!r}: must be {'a number' if kind is float else 'an integer'} "
-                              f">= {minimum:g} ({what})")
-        out[key] = value
-    if out["quorum_bps"] > 10_000:
-        raise ConfigError(f"run file {path}: [run] quorum_bps={out['quorum_bps']}: must be <= 10000")
-    return out
-
-
-def run_params(run: RunFile):
-    """The RunParams of a checked run file."""
-    from ledger.runparams import RunParams
-    from node.runconfig import config_hash, run_document
-
-    chain = run.chain
-    stake = round(chain["stake_eth"] * 10**18)
-    return RunParams(config_hash(run_document(run.cfg)), run.cfg.pipeline.num_stages, run.cfg.diloco.inner_steps,
-                     min_stake=stake, quorum=chain["quorum"], quorum_bps=chain["quorum_bps"],
-                     bond=None if chain["bond_eth"] is None else round(chain["bond_eth"] * 10**18),
-                     unbonding_blocks=chain["unbonding_blocks"] or None,
-                     accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
-                     inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
-                     tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version)
-
-
 # ---------------------------------------------------------------------- create-run
 def peer_multiaddr(announce: str, port: int, peer_id: str) -> str:
     """The organizer node's address in the run link: /ip4/ for an IPv4 address, else /dns4/."""
@@ -274,7 +168,8 @@ def run_create_run(args: argparse.Namespace) -> int:
     params = run_params(run)
     weak = params.weaknesses()
     if weak and not getattr(args, "weak_run", False):
-        raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: " + "; ".join(weak)
+        raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: "
+                          + "; ".join(weak)
                           + ". Raise it, or pass --weak-run to accept what this gives up (docs/TRUST.md)")
     for what in weak:
         print(f"warning: weak run (--weak-run): {what}")
@@ -293,7 +188,8 @@ def run_create_run(args: argparse.Namespace) -> int:
     client = LedgerClient.from_config(w3, load_account(ledger_cfg, chain_id), ledger_cfg)
     data_dir.mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(data_dir / "identity.key")
-    existing = [r for r in client.find_runs(params.config_hash) if r.creator.lower() == client.address.lower()]
+    existing = [r for r in client.find_runs(params.config_hash)
+                if r.creator.lower() == client.address.lower()]
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
     check_funds(client.balance(), client.address, spends)
@@ -304,7 +200,8 @@ def run_create_run(args: argparse.Namespace) -> int:
         run_id = existing[-1].run_id
         print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
     else:
-        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}", allow_weak_quorum=bool(weak))
+        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
+                                        allow_weak_quorum=bool(weak))
         print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
@@ -313,11 +210,13 @@ def run_create_run(args: argparse.Namespace) -> int:
         "ledger": {**ledger_table, "run_id": run_id}})
     try:
         cfg = config_from_dict(table)
-        atomic_write_bytes(config_path, ("# written by 'dlx-node create-run'\n" + dump_toml(cfg.to_dict())).encode())
+        atomic_write_bytes(config_path,
+                           ("# written by 'dlx-node create-run'\n" + dump_toml(cfg.to_dict())).encode())
         _take_seat(config_path, identity, run_id)
     except (*DLX_ERRORS, OSError) as exc:
-        raise NodeError(f"run {run_id} is on chain but its organizer's node is not ready ({exc}): run the same "
-                        "command again to finish (it finds the run and creates no second one)") from exc
+        raise NodeError(
+            f"run {run_id} is on chain but its organizer's node is not ready ({exc}): run the same "
+            "command again to finish (it finds the run and creates no second one)") from exc
     link = run_link(chain_id, deployment["ledger"], run_id, rpc,
                     [peer_multiaddr(args.announce, args.listen_port, identity.peer_id)],
                     checkpoint_every=cfg.checkpoint_every)
@@ -338,19 +237,23 @@ def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list)
     finishing = existing and cfg.ledger.ledger_address.lower() == ledger.lower() \
         and cfg.ledger.run_id == existing[-1].run_id
     if not finishing:
-        raise ConfigError(f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
+        raise ConfigError(
+            f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
 
 
 def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
-    """The transactions create-run still needs, estimated (a bad parameter is refused by the contract here)."""
+    """The transactions create-run still needs, estimated (a bad parameter is refused by the contract
+    here)."""
     from ledger.client import binding_message
 
     spends = []
     if not existing:
-        gas, fees = client.estimate("ledger", "createRun", (params.fields(), "dlx://blob/" + params.config_hash.hex()))
-        spends.append(Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
-                            f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
-                            f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
+        gas, fees = client.estimate("ledger", "createRun",
+                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()))
+        spends.append(
+            Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
+                  f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
+                  f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
         raise ConfigError(f"account {client.address} is registered with another node key: use that node's "
@@ -358,10 +261,10 @@ def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
     if key is None:
         stake = client.min_stake()
         message = binding_message(client.chain_id, client.registry_address, client.address)
-        gas, fees = client.estimate("registry", "register", (identity.public_key_bytes, identity.sign(message)),
-                                    stake)
-        spends.append(Spend(f"register node key {identity.peer_id} to {client.address}", gas, fees["maxFeePerGas"],
-                            stake))
+        gas, fees = client.estimate("registry", "register",
+                                    (identity.public_key_bytes, identity.sign(message)), stake)
+        spends.append(Spend(f"register node key {identity.peer_id} to {client.address}", gas,
+                            fees["maxFeePerGas"], stake))
     spends.append(Spend(f"join the run as its first member (stake {params.min_stake / 1e18:g} ETH, returned "
                         f"{params.unbonding_blocks} blocks after leaving unless slashed)", JOIN_GAS, fee,
                         params.min_stake))
@@ -378,7 +281,8 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     cfg = load_config(config_path)
     chain = NodeChain.connect(cfg)
     try:
-        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds, commitments=cfg.diloco.commitments)
+        chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds,
+                        commitments=cfg.diloco.commitments)
         chain.ensure_registered(identity)
         platform, legacy = own_platforms(cfg.training)
         chain.ensure_member(run_id, platform, also=(legacy,))

@@ -37,12 +37,13 @@ from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.fraud.answerer import ChallengeAnswerer
-from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
+from node.live.fraud.chunkstate import ChunkedStates
 from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node.live.parts.record import build_committer
 from node.live.record.committer import Committer
 from node.live.parts.checks import build_spot_checks
+from node.live.parts.fraud import build_chunked_states, build_fraud_prover
 from node.live.work.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
@@ -62,7 +63,6 @@ from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
 from node.live.chain.onchain import NodeChain
 from node.live.round.pacing import CommitPace
-from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.work.replica import ReplicaWorker, warm_up_imports
 from node.live.round.resume import RestartRecovery
 from node.live.state.roundbook import RoundBook
@@ -253,7 +253,8 @@ class NodeParts:
         self.pace = build_pace(base, chain=chain)
         self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,
                                          lifecycle=lifecycle, membership=membership)
-        fraud = self._open_fraud_prover()
+        self.chunked = build_chunked_states(base, chain=chain, host=host)
+        fraud = build_fraud_prover(base, chain=chain, states=self.chunked)
         self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host,
                                          coordinator=coordinator, membership=membership, messenger=messenger,
                                          spot_checks=spot_checks, forks=forks, fraud=fraud)
@@ -274,19 +275,6 @@ class NodeParts:
                                           stop=self.stop).run, "challenges")
         self._meet_peers()
         self.startup.mark("peers met")
-
-    def _open_fraud_prover(self) -> FraudProver | None:
-        """A chunked run's stage states (published to provers) and its prover (docs/FRAUD_PROOF.md)."""
-        cfg, chain, host = self.cfg, self.chain, self.host
-        self.chunked = ChunkedStates(cfg=cfg, host=host, layout=self.layout, config_hash=self.config_hash,
-                                     window=DisputeWindow(chain, self.run_id),
-                                     spill_dir=self.data_dir / CHUNK_STATES_DIR) \
-            if cfg.commitment_scheme.chunked else None
-        fraud = FraudProver(run_id=self.run_id, chain=chain, book=self.book, states=self.chunked,
-                            stages=self.station.held_stages, num_stages=cfg.pipeline.num_stages,
-                            stop=self.stop, proofs_dir=self.data_dir / PROOFS_DIR) \
-            if self.chunked is not None else None
-        return fraud
 
     def _meet_peers(self) -> None:
         """Serve the run document, dial the bootstrap peers, pull what they said recently."""

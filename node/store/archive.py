@@ -6,8 +6,10 @@ Layout under ``<data_dir>/archive/run-<run_id>/``::
     round-00000003/
         <envelope sha256 hex>.env   one signed contribution envelope, byte for byte
         <envelope sha256 hex>.own   [stage, replica, peer_id]: the envelope is this node's own contribution
-        round.json                  {"round": 3, "contributions": [[stage, replica, peer_id, hash], ...],
-                                     "excluded": [...], "left_out_own": [[stage, replica, peer_id, hash], ...]}
+        round.json                  {"round": 3,
+                                     "contributions": [[stage, replica, peer_id, hash], ...],
+                                     "excluded": [...],
+                                     "left_out_own": [[stage, replica, peer_id, hash], ...]}
                                     in canonical aggregation order (stage, replica, peer id, hash)
         recorded.json               the round's contributions of every stage and its stage weights hashes,
                                     as the chain's record binds them (spot checks; a split node seals only

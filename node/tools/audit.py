@@ -39,7 +39,8 @@ docs/AUDIT.md.
 
 This module composes the checks and is the command's face: the chain items
 are :mod:`ledger.checks`'s, a round's contributions :mod:`node.tools.audit_rounds`'s,
-the run document, replay and checkpoints :mod:`node.tools.audit_replay`'s, and
+the run document :mod:`node.tools.audit_rundoc`'s, the replay and checkpoints
+:mod:`node.tools.audit_replay`'s, and
 the bytes come through :mod:`node.tools.evidence`.
 """
 
@@ -51,8 +52,9 @@ from typing import Any
 
 from node.errors import DLX_ERRORS, AuditFailed, AuditIncomplete
 from node.tools.audit_proof import check_fraud_proof
-from node.tools.audit_replay import Replayer, check_checkpoint, check_replay, check_run_document
+from node.tools.audit_replay import Replayer, check_checkpoint, check_replay
 from node.tools.audit_rounds import check_contributions
+from node.tools.audit_rundoc import check_run_document
 from node.tools.evidence import ArchiveSource, PeerSource
 from node.tools.report import (
     FAIL,
@@ -231,7 +233,8 @@ def audit_run(
     Args:
         client: A :class:`ledger.client.LedgerClient` of the deployment (its account is only a reader).
         archives: Local directories with archived contributions, run documents and checkpoints.
-        fetcher: A connected :class:`node.tools.evidence.PeerFetcher` to fetch missing evidence from peers, or None.
+        fetcher: A connected :class:`node.tools.evidence.PeerFetcher` to fetch missing evidence from peers,
+            or None.
         replay: Re-run the aggregation and outer step of every round (False: chain and archives only).
         progress: Called as ``progress(done, total, what)`` while rounds are checked.
         data_path: The run's training text, for re-deriving contribution screening (None: only runs on the

@@ -47,7 +47,8 @@ MAX_BLOB = 1 << 32  # the largest envelope the audit decodes
 
 def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) -> list[tuple[int, int]]:
     """``count`` (round, replica) pairs ordered by sha256(head || round || replica); all if count < 0."""
-    ranked = sorted(pairs, key=lambda p: hashlib.sha256(head + p[0].to_bytes(8, "big") + p[1].to_bytes(8, "big"))
+    ranked = sorted(pairs,
+                    key=lambda p: hashlib.sha256(head + p[0].to_bytes(8, "big") + p[1].to_bytes(8, "big"))
                     .digest())
     return sorted(ranked if count < 0 else ranked[:count])
 
@@ -82,7 +83,8 @@ class ReexecAuditor:
             if data is None:
                 return None
             env = decode_envelope(data, MAX_BLOB)
-            # A left-out entry is bound by no root on chain: it must be the replica's signed contribution itself.
+            # A left-out entry is bound by no root on chain: it
+            # must be the replica's signed contribution itself.
             if not bound and (env.kind, env.round, env.stage, env.replica, env.sender_peer_id) != \
                     (msg.CONTRIBUTION, round_index, int(stage), replica, peer):
                 return None
@@ -106,14 +108,15 @@ class ReexecAuditor:
             payloads.append(msg.decode_contribution_body(decode_envelope(data, MAX_BLOB).payload).blob)
         excluded: dict[int, dict[int, str]] = {}
         for stage, _replica, _peer, hash_hex, reason, detail in self.archives.excluded(round_index):
-            if reason in ("screened", "other_result") and hash_hex in where:  # what the engine cannot re-derive
+            # what the engine cannot re-derive
+            if reason in ("screened", "other_result") and hash_hex in where:
                 s, i = where[hash_hex]
                 excluded.setdefault(s, {})[i] = str(detail)
         return previous, excluded
 
     def declared_platform(self, peer_id: str, round_index: int) -> bytes | None:
-        """The platform ``peer_id`` declared on chain when it joined (``MemberJoined``), in the seat in force when
-        round ``round_index`` was committed (None: no chain history here, or no such seat)."""
+        """The platform ``peer_id`` declared on chain when it joined (``MemberJoined``), in the seat in force
+        when round ``round_index`` was committed (None: no chain history here, or no such seat)."""
         if self.history is None:
             return None
         commits = [c for c in self.history.commits if c.commit.round == round_index]
@@ -140,7 +143,8 @@ class ReexecAuditor:
             try:
                 payloads = self.sliced.claims(round_index, envs)
             except SlicedBundleFails as exc:  # its own signed record disproves it: a failing rerun
-                return SpotCheck(round_index, replica, MISMATCH, str(exc), failed_stages=(exc.stage,)), str(exc), None
+                return SpotCheck(round_index, replica, MISMATCH, str(exc), failed_stages=(exc.stage,)), \
+                    str(exc), None
             except SlicedInputsMissing as exc:
                 return None, f"sliced contribution: {exc}", None
             try:
@@ -156,7 +160,8 @@ class ReexecAuditor:
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()
         if corpus is None:
-            return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", None
+            return None, f"the run's training data is not available here ({self.replayer.corpus_problem})", \
+                None
         claims = [ContributionClaim(e.stage, b.state_hash, b.data_commitment, p, b.applied_hash)
                   for e, b, p in zip(envs, bodies, payloads)]
         undeclared = self._undeclared(round_index, envs, parts)
@@ -177,7 +182,8 @@ class ReexecAuditor:
 
         declared = {e.sender_peer_id: self.declared_platform(e.sender_peer_id, round_index) for e in envs}
         return undeclared_claim([(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)],
-                                {peer: platform for peer, platform in declared.items() if platform is not None})
+                                {peer: platform for peer, platform in declared.items()
+                                     if platform is not None})
 
     def chain_broken(self, round_index: int, result, next_envs) -> tuple[bool | None, str, tuple[int, ...]]:
         """Whether round t+1's envelopes bind a start state that follows neither from the exact rerun
@@ -187,7 +193,8 @@ class ReexecAuditor:
         from training.reexec import EXACT, check_state_chain, restart_state_reason
 
         if result.next_state_hashes is None:
-            return None, f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged", ()
+            return None, \
+                f"the rerun of round {round_index} is not bit-exact here, so the chain cannot be judged", ()
         claimed = [msg.decode_contribution_body(e.payload).state_hash for e in next_envs]
         if check_state_chain(result.next_state_hashes, claimed) == EXACT:
             return False, f"round {round_index + 1} starts where the rerun of round {round_index} ends", ()
@@ -215,7 +222,6 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
-    from training.replica_state import parse_stage_state
     from training.rerun_child import verify_under_kernels
 
     try:

@@ -1,89 +1,20 @@
-"""The replay side of an audit: the run document, the bit-exact replay of every round, the checkpoints.
+"""The replay side of an audit: the bit-exact replay of every round, the checkpoints.
 
 The run document (sha256 = the chain's ``configHash``) pins the model, the seed and so the initial
 weights, and the DiLoCoX outer-step settings. :class:`Replayer` advances every stage's global state round
 by round with :func:`training.diloco.aggregate` (DiLoCo Algorithm 1's outer step, arXiv 2311.08105) and
 compares the weights root with the commit's; a published checkpoint is checked against the chain and,
 when the replay reached its round, against the replayed state, and restarts the replay after a gap.
-See docs/AUDIT.md.
+The run document they start from is checked by node/tools/audit_rundoc.py. See docs/AUDIT.md.
 """
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS, StateError
-from node.tools.evidence import PeerSource, first_good_copy
+from node.tools.evidence import first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, RoundVerdict
-
-
-def check_run_document(report: AuditReport, history: Any, sources: list) -> dict | None:
-    """The run document whose sha256 is the chain's ``configHash``, checked against the run's shape; None
-    (and a FAIL or unverifiable item in the report) if no source has a usable copy."""
-    from node.runconfig import parse_run_document
-
-    expected = history.run.config_hash.hex()
-
-    def getter(source: Any) -> bytes | None:
-        if isinstance(source, PeerSource):
-            return source.blob(expected)
-        docs = source.run_documents()
-        good = [d for d in docs if hashlib.sha256(d).hexdigest() == expected]
-        return (good or docs or [None])[0]
-
-    copy = first_good_copy(sources, getter, expected)
-    if copy.data is None:
-        if copy.bad:
-            report.general.append(
-                Check("run document", FAIL, "no copy hashes to the configHash: " + "; ".join(copy.bad))
-            )
-        else:
-            report.general.append(
-                Check(
-                    "run document", UNVERIFIABLE, f"no archive or peer holds the run document {expected[:16]}"
-                )
-            )
-        return None
-    try:
-        document = parse_run_document(copy.data, history.run.config_hash)
-        stages, inner = document["pipeline"]["num_stages"], document["diloco"]["inner_steps"]
-    except (*DLX_ERRORS, KeyError, TypeError) as exc:
-        report.general.append(
-            Check("run document", FAIL, f"hashes to the configHash but is not a valid run document: {exc}")
-        )
-        return None
-    if (stages, inner) != (history.run.num_stages, history.run.inner_steps):
-        report.general.append(
-            Check(
-                "run document",
-                FAIL,
-                f"says {stages} stages x H={inner}, the run was created "
-                f"with {history.run.num_stages} x {history.run.inner_steps}",
-            )
-        )
-        return None
-    note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
-    report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
-    report.general.append(commitments_check(document, history.run.commitments))
-    return document
-
-
-def commitments_check(document: dict, on_chain: int) -> Check:
-    """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its document
-    names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every round's factors
-    to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum escape it."""
-    from node.commitments import SCHEMES, UNNAMED, version_name
-
-    diloco = document.get("diloco")
-    setting = diloco.get("commitments", UNNAMED) if isinstance(diloco, dict) else None
-    scheme = SCHEMES.get(setting) if isinstance(setting, str) else None
-    if scheme is None or scheme.version != on_chain:
-        return Check("commitments version", FAIL,
-                     f"the document says diloco.commitments = {setting!r}, the run was created on chain with version "
-                     f"{on_chain} ({version_name(on_chain)}): the fraud proofs hold its rounds to the chain's")
-    return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: "
-                                            f"{scheme.audit_note}")
 
 
 class ScreeningUnavailable(Exception):
@@ -122,7 +53,8 @@ class Replayer:
 
         full = init_state_dict(self.cfg.model, self.cfg.training.seed)
         self.weights = [{n: full[n] for n in names} for names in self.names]
-        self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names}) for names in self.names]
+        self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names})
+                         for names in self.names]
         self.base = "initial weights"
         self._states_from_weights()
 
@@ -143,7 +75,8 @@ class Replayer:
         if self.scheme.chunked:
             from node.fraudproof import initial_state
 
-            self.states = [initial_state(stage, w, m) for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
+            self.states = [initial_state(stage, w, m)
+                           for stage, (w, m) in enumerate(zip(self.weights, self.momentum))]
 
     def drop(self) -> None:
         self.weights = self.momentum = None
@@ -168,8 +101,9 @@ class Replayer:
             try:
                 if self.data_sha256.startswith(ROOT_PREFIX):
                     if not self.data_path:
-                        raise FileNotFoundError(f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "
-                                                "pass its directory with --data DIR")
+                        raise FileNotFoundError(
+                            f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "
+                            "pass its directory with --data DIR")
                     corpus = open_run_dataset(self.data_path, self.data_sha256, self.cfg.model.tokenizer,
                                               self.cfg.model.vocab_size)
                     check_corpus(corpus, self.cfg.model.block_size)
@@ -178,8 +112,9 @@ class Replayer:
                 if self.data_sha256 == "generated":
                     training = replace(self.cfg.training, data_path="")
                 elif not self.data_path:
-                    raise FileNotFoundError(f"the run trained on a text of sha256 {self.data_sha256[:16]}...; "
-                                            "pass it with --data FILE")
+                    raise FileNotFoundError(
+                        f"the run trained on a text of sha256 {self.data_sha256[:16]}...; "
+                        "pass it with --data FILE")
                 elif file_sha256(self.data_path) != self.data_sha256:
                     raise ValueError(f"{self.data_path} does not hash to the run's training text "
                                      f"{self.data_sha256[:16]}...")
@@ -196,8 +131,9 @@ class Replayer:
         return str(self._corpus_cache) if isinstance(self._corpus_cache, Exception) else ""
 
     def screened(self, round_index: int, payloads_by_stage: list[list[bytes]]) -> dict[int, str]:
-        """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does not
-        screen. Raises ScreeningUnavailable without the training text (the held-out batch comes from it)."""
+        """The screening exclusions of a round, re-derived (docs/DILOCOX.md section 10); {} if the run does
+        not screen. Raises ScreeningUnavailable without the training text (the held-out batch comes from
+        it)."""
         if not (self.cfg.diloco.screening and self.num_stages == 1):
             return {}
         from training.screening import (
@@ -224,8 +160,9 @@ class Replayer:
                                                                         [[b] for b in payloads_by_stage[0]]))
         return screening_exclusions(reports)
 
-    def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]], peers_by_stage: list[list[str]],
-                     notes: list[str], checks: list, hashes_by_stage: list[list[bytes]]) -> bytes:
+    def apply_sliced(self, round_index: int, payloads_by_stage: list[list[bytes]],
+                     peers_by_stage: list[list[str]], notes: list[str], checks: list,
+                     hashes_by_stage: list[list[bytes]]) -> bytes:
         """:meth:`apply` of a sliced round: the average of each stage re-derived from its partials
         (node/tools/audit_sliced.py); raises ScreeningUnavailable when the archives lack them."""
         from node.tools.audit_sliced import SlicedEvidenceMissing, sliced_average
@@ -286,10 +223,12 @@ class Replayer:
             new_weights.append(result.new_global)
             new_momentum.append(result.new_momentum)
             hashes.append(result.weights_hash)
-            self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions if not r.accepted]
+            self.last_excluded += [(stage, r.index, r.reason, r.detail) for r in result.contributions
+                                   if not r.accepted]
             if self.scheme.chunked:
                 states.append(stage_state(stage, result, payloads, self.cfg.diloco, round_index,
-                                          envelopes=None if envelopes_by_stage is None else envelopes_by_stage[stage],
+                                          envelopes=None if envelopes_by_stage is None
+                                          else envelopes_by_stage[stage],
                                           decode_args={"stage_index": stage, "outer_round": round_index,
                                                        "refuse_raw": self.cfg.compression.enabled}))
         self.weights, self.momentum = new_weights, new_momentum
@@ -307,7 +246,8 @@ def check_replay(
 ) -> bytes | None:
     """The replayed weights root of one round against the commit (one item in ``verdict``).
 
-    Returns the replayed root (to judge a disputer's record against it), or None if the round was not replayed.
+    Returns the replayed root (to judge a disputer's record against it), or None if the round was not
+    replayed.
     """
     from training.errors import TrainingError
 
@@ -334,7 +274,8 @@ def check_replay(
     started = time.perf_counter()
     try:
         if replayer.cfg.diloco.exchange == "sliced":
-            peers = [[c.peer_id for c in verdict.contributors if c.stage == stage] for stage in range(len(payloads))]
+            peers = [[c.peer_id for c in verdict.contributors if c.stage == stage]
+                     for stage in range(len(payloads))]
             hashes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
                       for stage in range(len(payloads))]
             root = replayer.apply_sliced(commit.round, payloads, peers, verdict.notes, verdict.checks, hashes)
@@ -413,9 +354,11 @@ def check_checkpoint(
         if problems:
             add(FAIL, "; ".join(problems))
         else:
-            add(UNVERIFIABLE, "content hash right; no verified run document to check its config and tensors against")
+            add(UNVERIFIABLE,
+                "content hash right; no verified run document to check its config and tensors against")
         return None
-    problems += checkpoint_problems(ckpt, layout, record.round, commit.weights_root if commit is not None else None)
+    problems += checkpoint_problems(ckpt, layout, record.round, commit.weights_root if commit is not None
+                                    else None)
     if replayer is not None and replayer.weights is not None and not problems:
         for stage, names in enumerate(replayer.names):
             for n in names:

@@ -59,14 +59,14 @@ def sliced_average(cfg: Any, run_id: int, round_index: int, stage: int, shapes: 
     from training.slice_plan import live_plan
 
     plan = live_plan(shapes, cfg.diloco.num_replicas, cfg.diloco.min_slice_numel)
-    blobs = applied_partials(cfg, run_id, round_index, stage, shapes, references, peers, sources, notes, checks,
-                             hashes)
+    blobs = applied_partials(cfg, run_id, round_index, stage, shapes, references, peers, sources, notes,
+                             checks, hashes)
     return average_of_partials(blobs, plan, stage_index=stage, outer_round=round_index,
                                refuse_raw=cfg.compression.enabled)
 
 
-def applied_partials(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict, references: list[bytes],
-                     peers: list[str], sources: list, notes: list[str], checks: list,
+def applied_partials(cfg: Any, run_id: int, round_index: int, stage: int, shapes: dict,
+                     references: list[bytes], peers: list[str], sources: list, notes: list[str], checks: list,
                      hashes: list[bytes]) -> list[bytes]:
     """The partial blob (slice order) every holder of ``stage`` had to apply in ``round_index``.
 
@@ -102,7 +102,8 @@ def _contributor_bundles(cfg: Any, plan: Any, references: list[bytes], peers: li
     for index, data in enumerate(references):
         try:
             reference = parse_slice_reference(data, plan.num_slices, cfg.p2p.max_blob_bytes)
-        except SliceError as exc:  # the aggregators' rule (node.live.exchange.sliced.usable_reference): absent
+        # the aggregators' rule (node.live.exchange.sliced.usable_reference): absent
+        except SliceError as exc:
             notes.append(f"stage {stage}: contribution {index} of {peers[index][-8:]} is no usable slice "
                          f"reference ({exc}): an absent input")
             bundles.append(absent)
@@ -148,7 +149,8 @@ def _bound_partials(cfg: Any, run_id: int, round_index: int, stage: int, plan: A
 
 def _applied_partial(cfg: Any, plan: Any, j: int, offers: dict[bytes, str], bundles: list, budget: int,
                      where: tuple[int, int], checks: list, notes: list[str]) -> bytes:
-    """The partial every holder had to apply for slice ``j``; each bound partial checked against its replay."""
+    """The partial every holder had to apply for slice ``j``; each bound partial checked against its
+    replay."""
     from training.butterfly import replay_partial
 
     stage, round_index = where
@@ -157,7 +159,8 @@ def _applied_partial(cfg: Any, plan: Any, j: int, offers: dict[bytes, str], bund
     if all(bundle is not None for bundle in bundles):  # a bad slice of an archived bundle: absent
         inputs = [bundle[j] for bundle in bundles]
         expected = replay_partial(inputs, plan, j, cfg.compression, budget, norm_clip=cfg.diloco.norm_clip,
-                                  stage_index=stage, outer_round=round_index, steps_range=cfg.diloco.steps_range)
+                                  stage_index=stage, outer_round=round_index,
+                                  steps_range=cfg.diloco.steps_range)
         for blob, signer in offers.items():
             label = f"partial s{stage} j{j} by {signer[-8:]} (replay)"
             checks.append(Check(label, OK, f"bit for bit from {members} slice blobs") if blob == expected else
@@ -181,8 +184,8 @@ class SlicedInputsMissing(Exception):
 
 
 class SlicedBundleFails(Exception):
-    """A contribution whose archived bundle is the one its signed reference names (sha256 checked) and does not
-    prove that reference's record: nothing honest can be rerun from it, so it counts as a failing rerun of
+    """A contribution whose archived bundle is the one its signed reference names (sha256 checked) and does
+    not prove that reference's record: nothing honest can be rerun from it, so it counts as a failing rerun of
     ``stage`` (its signer's fault alone, as for the aggregators and the bad-bundle judge)."""
 
     def __init__(self, stage: int, reason: str) -> None:
@@ -192,9 +195,9 @@ class SlicedBundleFails(Exception):
 
 class SlicedRerunArchive:
     """What ``dlx-node audit --reexecute`` reruns a sliced contribution with, read from the archives, as the
-    node's spot checker reads it from its peers (node/live/checks/sliced_rerun.py): the claims are the slices each
-    envelope's reference binds, packed (:func:`training.butterfly.rerun_claim`), from the member's archived
-    bundle (``<sha256>.slice``); round t-1's apply is the partial every holder had to apply per slice
+    node's spot checker reads it from its peers (node/live/checks/sliced_rerun.py): the claims are the slices
+    each envelope's reference binds, packed (:func:`training.butterfly.rerun_claim`), from the member's
+    archived bundle (``<sha256>.slice``); round t-1's apply is the partial every holder had to apply per slice
     (:func:`applied_partials`, the replay's own choice). A reference that does not parse, or a bundle not
     archived, makes the contribution unverifiable here; the referenced bundle failing its own record is a
     failing rerun (:class:`SlicedBundleFails`).
@@ -216,28 +219,35 @@ class SlicedRerunArchive:
         return stage_param_shapes(self.cfg.model, specs[stage])
 
     def claims(self, round_index: int, envs: list) -> list[bytes]:
-        """Per envelope (stage order), the packed slice blobs its reference binds; raises SlicedInputsMissing."""
+        """Per envelope (stage order), the packed slice blobs its reference binds; raises
+        SlicedInputsMissing."""
         from node import protocol as msg
         from training.slice_plan import SliceError, live_plan
         from training.slicebundle import parse_slice_reference, rerun_claim
 
         out = []
         for env in envs:
-            plan = live_plan(self.shapes(env.stage), self.cfg.diloco.num_replicas, self.cfg.diloco.min_slice_numel)
+            plan = live_plan(self.shapes(env.stage), self.cfg.diloco.num_replicas,
+                             self.cfg.diloco.min_slice_numel)
             try:
-                reference = parse_slice_reference(msg.decode_contribution_body(env.payload).blob, plan.num_slices,
-                                                  self.cfg.p2p.max_blob_bytes)
+                reference = parse_slice_reference(msg.decode_contribution_body(env.payload).blob,
+                                                  plan.num_slices, self.cfg.p2p.max_blob_bytes)
             except (SliceError, ValueError) as exc:
                 raise SlicedInputsMissing(f"stage {env.stage}: no usable slice reference ({exc})") from None
             digest = reference.bundle_digest.hex()
             bundle = self.archives.round_blob(round_index, digest, "slice")
             if bundle is None:
-                raise SlicedInputsMissing(f"stage {env.stage}: its slice bundle {digest[:12]} is not in the archives")
+                raise SlicedInputsMissing(
+                    f"stage {env.stage}: its slice bundle {digest[:12]} is not in the archives")
             try:
                 out.append(rerun_claim(bundle, reference))
-            except SliceError as exc:  # the referenced bytes (sha256 checked) fail the member's own signed record
-                raise SlicedBundleFails(env.stage, f"stage {env.stage}: its bundle {digest[:12]} (the one its "
-                                        f"signed reference names) does not prove its own record: {exc}") from None
+            # the referenced bytes (sha256 checked) fail the member's own signed record
+            except SliceError as exc:
+                raise SlicedBundleFails(
+                    env.stage,
+                    f"stage {env.stage}: its bundle {digest[:12]} (the one its "
+                    f"signed reference names) does not prove its own record: {exc}",
+                ) from None
         return out
 
     def previous(self, round_index: int) -> dict[int, list[bytes]]:
@@ -262,7 +272,8 @@ class SlicedRerunArchive:
         for _stage, _replica, peer, hash_hex in entries:
             data = self.archives.envelope(round_index, hash_hex)
             if data is None:
-                raise SlicedInputsMissing(f"round {round_index}: envelope {hash_hex[:12]} is not in the archives")
+                raise SlicedInputsMissing(
+                    f"round {round_index}: envelope {hash_hex[:12]} is not in the archives")
             try:
                 references.append(msg.decode_contribution_body(
                     decode_envelope(data, self.cfg.p2p.max_blob_bytes).payload).blob)

@@ -51,7 +51,8 @@ _MAX_BLOB = 1 << 32
 
 
 class ProofRefused(Exception):
-    """The proof does not hold, for a reason found before the judge (the judge's own reasons come back as is)."""
+    """The proof does not hold, for a reason found before the judge (the judge's own reasons come back as
+    is)."""
 
 
 class InputsMissing(Exception):
@@ -67,7 +68,8 @@ class SlicedProofAuditor:
 
     def __init__(self, cfg: Any, run_id: int, archives: Any, sealed: dict[int, list[list]],
                  account_of: dict[str, str]) -> None:
-        self.cfg, self.run_id, self.archives, self.sealed, self.account_of = cfg, run_id, archives, sealed, account_of
+        self.cfg, self.run_id, self.archives, self.sealed, self.account_of = cfg, run_id, archives, sealed, \
+            account_of
         self.rules = RunSliceRules(cfg)
 
     def check(self, name: str, accusation: Any, env: Envelope, evidence: msg.Evidence) -> Check:
@@ -99,7 +101,8 @@ class SlicedProofAuditor:
             return Check(name, OK, f"{evidence.verdict} proof holds: {why}{note}", env.round)
         if guilty is None:
             why = f"{why}: not a stage of the run"
-        return Check(name, FAIL, f"{evidence.verdict} proof does not hold ({why}){note}: {accused} was ejected "
+        return Check(name, FAIL,
+                     f"{evidence.verdict} proof does not hold ({why}){note}: {accused} was ejected "
                      f"on it (accused by {accuser})", env.round)
 
     def _accused_signer(self, accused: str, env: Envelope, evidence: msg.Evidence) -> str:
@@ -113,7 +116,8 @@ class SlicedProofAuditor:
         except (EnvelopeRejected, ValueError) as exc:
             raise ProofRefused(f"the proof's first item is no signed envelope: {exc}") from None
         if self.account_of.get(signer, "").lower() != accused:
-            raise ProofRefused(f"the proof's envelope is signed by {signer}, not by the ejected member's node key")
+            raise ProofRefused(
+                f"the proof's envelope is signed by {signer}, not by the ejected member's node key")
         return signer
 
     # -- a wrong partial ------------------------------------------------------------------------------
@@ -153,8 +157,8 @@ class SlicedProofAuditor:
         if filled == bundles:
             return evidence
         partial_env, close_env = evidence.contributions[0], evidence.contributions[3]
-        return wrong_partial_evidence(evidence.accused, evidence.replica, partial_env, envelopes, filled, close_env,
-                                      evidence.reason)
+        return wrong_partial_evidence(evidence.accused, evidence.replica, partial_env, envelopes, filled,
+                                      close_env, evidence.reason)
 
     def close_standing(self, outer_round: int, stage: int, signer: str, close: msg.Close) -> tuple[bool, str]:
         """The judge takes each input's entry from the proof's close: it must be a member's, and name each
@@ -187,7 +191,8 @@ class SlicedProofAuditor:
             if header.kind != msg.CONTRIBUTION or slices is None or \
                     bundle_fault(header, header.payload, None, slices, self.rules.decodes):
                 return evidence
-            reference = parse_slice_reference(msg.decode_contribution_body(header.payload).blob, slices, _MAX_BLOB)
+            reference = parse_slice_reference(msg.decode_contribution_body(header.payload).blob, slices,
+                                              _MAX_BLOB)
         except (EnvelopeRejected, ValueError, msg.ProtocolError):
             return evidence
         bundle = evidence.contributions[1] if len(evidence.contributions) == 2 else None
@@ -197,8 +202,9 @@ class SlicedProofAuditor:
         refused = "lacks" if bundle is None else "holds other bytes than"
         archived = self.archives.round_blob(header.round, digest, "slice")
         if archived is None:
-            raise InputsMissing(f"the proof {refused} the bundle {digest[:12]} its envelope's sound reference "
-                                "names and no archive holds it")
+            raise InputsMissing(
+                f"the proof {refused} the bundle {digest[:12]} its envelope's sound reference "
+                "names and no archive holds it")
         notes.append(f"the proof {refused} the bundle {digest[:12]}: the archived one is judged")
         return bad_bundle_evidence(evidence.accused, evidence.replica, evidence.contributions[0], archived,
                                    evidence.reason)

@@ -57,7 +57,7 @@ def generate(model, input_ids=None, max_new_tokens=20, do_sample=False, temperat
                 token = logits.argmax(dim=-1, keepdim=True)
             ids = torch.cat([ids, token], dim=1)
     return ids
-'''
+'''  # noqa: E501 - written byte for byte into the pulled model's directory
 
 
 def generation_config(block_size: int, special_token_id: int = END_OF_TEXT_ID) -> dict[str, Any]:

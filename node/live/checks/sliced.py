@@ -1,4 +1,5 @@
-"""What a holder of a sliced run checks and accuses besides the exchange itself (docs/PROTOCOL.md, "Sliced exchange").
+"""What a holder of a sliced run checks and accuses besides the exchange itself (docs/PROTOCOL.md, "Sliced
+exchange").
 
 A mixin of :class:`node.live.exchange.sliced.SlicedExchange`: spot checks of the partials a holder
 applies, the judges of the sliced evidence kinds (a wrong partial, a bad bundle:
@@ -39,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class UsedPartial:
-    """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its bytes."""
+    """The partial a holder used for one slice: who signed it (its turn in the fallback order) and its
+    bytes."""
 
     slice_index: int
     turn: int
@@ -57,7 +59,8 @@ def close_signers(book, outer_round: int, stage: int, close: msg.Close) -> list[
 class SlicedChecks:
     """Checks and accusations of a sliced exchange (module docstring)."""
 
-    def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close, used: list[UsedPartial]) -> None:
+    def spot_check_partials(self, outer_round: int, stage: int, close: msg.Close,
+                            used: list[UsedPartial]) -> None:
         """Replay some of the partials this holder takes, each with probability ``spot_checks / (n - 1)``
         (drawn from this node's own randomness: an aggregator cannot know who checks it); one that differs
         from its replay is kept and accused (:meth:`charge`). It does not change what is applied (every
@@ -74,21 +77,24 @@ class SlicedChecks:
             signers = close_signers(self.pool.book, outer_round, stage, close)
             waited = time.monotonic() + self.turn_timeout
             while inputs is None and time.monotonic() < waited and not self.stop.is_set():
-                inputs = self._slice_inputs(outer_round, stage, partial.slice_index, close, references, partial.turn,
-                                            fetched, signers)
+                inputs = self._slice_inputs(outer_round, stage, partial.slice_index, close, references,
+                                            partial.turn, fetched, signers)
             if inputs is None:
-                logger.info("round %d stage %d slice %d: spot check skipped: inputs not read", outer_round, stage,
-                            partial.slice_index)
+                logger.info("round %d stage %d slice %d: spot check skipped: inputs not read", outer_round,
+                            stage, partial.slice_index)
                 continue
-            if self.worker().aggregate_slice(stage, outer_round, partial.slice_index, inputs).partial == partial.blob:
+            if self.worker().aggregate_slice(stage, outer_round, partial.slice_index, inputs).partial \
+                    == partial.blob:
                 logger.info("round %d stage %d slice %d: spot check of %s's partial: it equals its replay",
                             outer_round, stage, partial.slice_index, sender[-8:])
                 continue
-            logger.warning("round %d stage %d slice %d: spot check: the partial of %s differs from the replay of "
-                           "its inputs: a wrong partial", outer_round, stage, partial.slice_index, sender[-8:])
+            logger.warning(
+                "round %d stage %d slice %d: spot check: the partial of %s differs from the replay of "
+                "its inputs: a wrong partial", outer_round, stage, partial.slice_index, sender[-8:])
             self.keep_wrong_partial(outer_round, stage, partial.slice_index, partial.envelope)
             self.charge(outer_round, stage, close, partial.envelope,
-                        f"slice {partial.slice_index}: its partial differs from the replay of the inputs it binds")
+                        f"slice {partial.slice_index}: its partial differs from the replay "
+                        "of the inputs it binds")
 
     # -- accusing a wrong partial (node.slicedproof) --------------------------------------
     def evidence_judges(self, close_standing: CloseStanding) -> dict:
@@ -101,7 +107,8 @@ class SlicedChecks:
         return SlicedRerunInputs(self)
 
     def decodes(self, stage: int, outer_round: int, j: int, blob: bytes) -> bool:
-        """Whether slice blob ``j`` of (stage, round) decodes strictly for its shapes (an aggregator's first test)."""
+        """Whether slice blob ``j`` of (stage, round) decodes strictly for its shapes (an aggregator's first
+        test)."""
         worker = self.worker()
         return decodes_strictly(blob, worker.plans[stage], j, stage_index=stage, outer_round=outer_round,
                                 refuse_raw=worker.cfg.compression.enabled)
@@ -131,13 +138,13 @@ class SlicedChecks:
             self._charged.add(digest)
         guilty, why = self.judge_bad_bundle(evidence, header.sender_peer_id)
         if not guilty:
-            logger.info("round %d: bad contribution of %s not accused: %s", outer_round, header.sender_peer_id[-8:],
-                        why)
+            logger.info("round %d: bad contribution of %s not accused: %s", outer_round,
+                        header.sender_peer_id[-8:], why)
             return
         logger.warning("round %d: the contribution of %s is bad (%s): accusing it", outer_round,
                        header.sender_peer_id[-8:], why)
-        build = functools.partial(bad_bundle_evidence, replica=header.replica, envelope=envelope, bundle=bundle,
-                                  reason=why)
+        build = functools.partial(bad_bundle_evidence, replica=header.replica, envelope=envelope,
+                                  bundle=bundle, reason=why)
         self.charges.put((outer_round, header.sender_peer_id, header.replica, build))
 
     def judge_evidence(self, evidence: msg.Evidence, accused_peer: str, *,
@@ -149,14 +156,15 @@ class SlicedChecks:
         return judge_wrong_partial(
             evidence, accused_peer, run_id=self.run_id, max_blob_bytes=self.max_blob_bytes,
             num_slices=lambda stage: worker.plans[stage].num_slices if stage in worker.plans else None,
-            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j, inputs).partial,
+            replay=lambda stage, outer_round, j, inputs: worker.aggregate_slice(stage, outer_round, j,
+                                                                                inputs).partial,
             close_standing=functools.partial(self.proof_close_standing, close_standing))
 
     def proof_close_standing(self, close_standing: CloseStanding, outer_round: int, stage: int, signer: str,
                              close: msg.Close) -> tuple[bool | None, str]:
-        """Whether a wrong-partial proof's close stands (``close_standing`` of the judge): the coordinator's rule
-        (a holder's close naming the set this node aggregated, or valid by its entry rules); where that cannot
-        be told (the round left the round book), the set this node sealed of that round and stage."""
+        """Whether a wrong-partial proof's close stands (``close_standing`` of the judge): the coordinator's
+        rule (a holder's close naming the set this node aggregated, or valid by its entry rules); where that
+        cannot be told (the round left the round book), the set this node sealed of that round and stage."""
         stands, why = close_standing(outer_round, stage, signer, close)
         if stands is not None:
             return stands, why
@@ -188,10 +196,12 @@ class SlicedChecks:
         except RuntimeError:  # closed: the node is stopping
             pass
 
-    def _gather_charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes, reason: str) -> None:
+    def _gather_charge(self, outer_round: int, stage: int, close: msg.Close, partial: bytes,
+                       reason: str) -> None:
         signers = close_signers(self.pool.book, outer_round, stage, close)
         if not signers:
-            logger.warning("round %d stage %d: wrong partial not accused: its close is gone", outer_round, stage)
+            logger.warning("round %d stage %d: wrong partial not accused: its close is gone", outer_round,
+                           stage)
             return
         close_envelope = self.pool.book.snapshot_closes(outer_round, stage)[signers[0]][1]
         have = self.pool.have(outer_round, stage)
@@ -225,5 +235,6 @@ class SlicedChecks:
     def keep_wrong_partial(self, outer_round: int, stage: int, j: int, envelope: bytes) -> None:
         """Keep a bound partial that differs from its replay: the signed evidence of a wrong partial."""
         digest = hashlib.sha256(envelope).hexdigest()
-        keep_evidence(self.evidence_dir / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}.wrong.partial",
+        keep_evidence(self.evidence_dir
+                      / f"round-{outer_round:08d}-stage{stage}-slice{j}-{digest}.wrong.partial",
                       envelope)

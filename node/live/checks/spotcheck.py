@@ -13,8 +13,8 @@ library) must cost only itself, never the node's own training. The child
 stays up between checks (:class:`RerunWorker`: importing torch costs more
 than a small model's rerun) and is replaced if it dies or overruns.
 
-    python -m node.live.checks.spotcheck JOB_DIR       # one job
-    python -m node.live.checks.spotcheck --serve       # job directories on stdin, one "ok"/"error ..." line each
+    python -m node.live.checks.spotcheck JOB_DIR    # one job
+    python -m node.live.checks.spotcheck --serve    # job dirs on stdin, one "ok"/"error ..." line each
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ class SpotCheckJob:
     # (stage, state_hash, data_commitment, codec payload, applied_hash)
     claims: list[tuple[int, bytes, bytes, bytes, bytes]]
     state_parts: list[bytes]  # per stage, stage order
-    previous: dict[int, list[bytes]] = field(default_factory=dict)  # stage -> round t-1 payloads, canonical order
+    # stage -> round t-1 payloads, canonical order
+    previous: dict[int, list[bytes]] = field(default_factory=dict)
     previous_excluded: dict[int, dict[int, str]] = field(default_factory=dict)  # stage -> screened indices
     committed_weights: dict[int, dict[int, bytes]] = field(default_factory=dict)  # round -> stage -> hash
-    previous_dropped: list[int] = field(default_factory=list)  # stages whose round t-1 close left this replica out
+    # stages whose round t-1 close left this replica out
+    previous_dropped: list[int] = field(default_factory=list)
     # A sliced run's round t-1: stage -> the A partial blobs every holder applied, slice order (``previous``
     # stays empty; the claims' payloads are the claimant's slice blobs, packed: training.reexec).
     previous_partials: dict[int, list[bytes]] = field(default_factory=dict)
@@ -84,7 +86,8 @@ class SpotCheckJob:
             "committed": {str(r): {str(s): h.hex() for s, h in stages.items()}
                           for r, stages in self.committed_weights.items()},
             "previous_dropped": sorted(self.previous_dropped),
-            "previous_partials": {str(stage): [put(f"partial-{stage}-{j}.bin", p) for j, p in enumerate(partials)]
+            "previous_partials": {str(stage): [put(f"partial-{stage}-{j}.bin", p)
+                                               for j, p in enumerate(partials)]
                                   for stage, partials in self.previous_partials.items()},
         }
         atomic_write_bytes(directory / JOB_FILE, json.dumps(doc).encode())
@@ -96,7 +99,8 @@ class SpotCheckResult:
     reason: str
     distances: dict[int, float]
     seconds: float
-    next_state_hashes: list[bytes] | None = None  # per stage: the start state round t+1 must bind (exact reruns)
+    # per stage: the start state round t+1 must bind (exact reruns)
+    next_state_hashes: list[bytes] | None = None
     failed_stages: tuple[int, ...] = ()  # the stages whose own claim fails (whose signers a mismatch accuses)
 
     @property
@@ -136,8 +140,10 @@ def run_job(directory: Path) -> dict:
     check = verify_contribution(
         [read(name) for name in doc["states"]], claims, corpus, cfg.model, cfg.training, cfg.diloco,
         cfg.compression, outer_round=int(doc["round"]), replica=int(doc["replica"]), run_rounds=cfg.rounds,
-        previous_contributions={int(s): [read(n) for n in names] for s, names in doc["previous"].items()} or None,
-        previous_excluded={int(s): {int(i): r for i, r in ex.items()} for s, ex in doc["previous_excluded"].items()},
+        previous_contributions={int(s): [read(n) for n in names] for s, names in doc["previous"].items()}
+        or None,
+        previous_excluded={int(s): {int(i): r for i, r in ex.items()}
+                               for s, ex in doc["previous_excluded"].items()},
         committed_weights={int(r): {int(s): bytes.fromhex(h) for s, h in st.items()}
                            for r, st in doc["committed"].items()},
         previous_dropped=[int(s) for s in doc.get("previous_dropped", [])],
@@ -146,7 +152,8 @@ def run_job(directory: Path) -> dict:
     )
     return {"verdict": check.verdict, "reason": check.reason,
             "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
-            "next_state_hashes": None if check.next_state_hashes is None else [h.hex() for h in check.next_state_hashes],
+            "next_state_hashes": None if check.next_state_hashes is None
+                else [h.hex() for h in check.next_state_hashes],
             "failed_stages": list(check.failed_stages)}
 
 
@@ -183,8 +190,8 @@ class RerunWorker:
     One child per CPU kernel set: a job whose claimant trained on this CPU model under another ATen
     capability this CPU has (lower, or higher than this process's where the CPU has it), or under another
     math-library code path (``MKL_CBWR``, ...), runs in a child started with the claimant's settings
-    (:func:`training.claimant_kernels.kernels_to_emulate`), so its rerun uses the claimant's kernels and must be
-    bit-exact; every other job runs in the child of this process's own kernels.
+    (:func:`training.claimant_kernels.kernels_to_emulate`), so its rerun uses the claimant's kernels and must
+    be bit-exact; every other job runs in the child of this process's own kernels.
     """
 
     def __init__(self, log_path: Path) -> None:
@@ -206,8 +213,8 @@ class RerunWorker:
 
     @staticmethod
     def kernels_for(directory: Path) -> tuple | None:
-        """The settings (:func:`training.claimant_kernels.kernels_to_emulate`, as sorted items) of the kernels the
-        job's claimant trained under, where this machine should rerun under them."""
+        """The settings (:func:`training.claimant_kernels.kernels_to_emulate`, as sorted items) of the kernels
+        the job's claimant trained under, where this machine should rerun under them."""
         import torch
 
         from training.errors import TrainingError
@@ -279,7 +286,8 @@ def _serve() -> int:
             result = run_job(directory)
             atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
             print("ok", flush=True)
-        except Exception as exc:  # process boundary: one bad job costs only itself; the parent logs the line
+        # the child's boundary: one bad job costs only itself; the parent logs the line
+        except Exception as exc:  # noqa: BLE001
             print(f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500], flush=True)
     return 0
 

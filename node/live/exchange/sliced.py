@@ -77,7 +77,8 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
         # (bundle digest, provider) -> when a read of it last failed: not asked again for BUNDLE_RETRY_S (each
         # pass of the wait asked a withholder again, ~10 requests a second per slice, for every turn)
         self._read_failed = RetryBook(BUNDLE_RETRY_S)
-        self._missing_said: set[tuple] = set()  # (round, stage, slice, member, turn) whose missing input was logged
+        # (round, stage, slice, member, turn) whose missing input was logged
+        self._missing_said: set[tuple] = set()
         self._charged: set[bytes] = set()  # wrong partials (envelope hashes) this node accused
         self._bundles = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
         # Announced partials come in the background: a provider that does not answer holds up no slice.
@@ -99,7 +100,8 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
 
     def gather(self, outer_round: int, stage: int, close: msg.Close, waited: dict[str, float],
                prepare: bool) -> StageInputs:
-        # The partials are fetched and applied at the apply (no screening); an aggregator's envelopes, meanwhile.
+        # The partials are fetched and applied at the apply
+        # (no screening); an aggregator's envelopes, meanwhile.
         self.prefetch_inputs(outer_round, stage, close)
         return StageInputs(close)
 
@@ -112,7 +114,8 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
 
     # -- what a replica sends ----------------------------------------------------------
     def publish(self, outer_round: int, stage: int, blobs: list[bytes]) -> bytes:
-        """Serve this replica's slice blobs as one bundle; return the reference its contribution envelope carries.
+        """Serve this replica's slice blobs as one bundle; return the reference its contribution envelope
+        carries.
 
         Served without a DHT announcement: an aggregator knows the provider (the
         close names the contribution's sender) and reads only its record and its
@@ -157,22 +160,26 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
             with self._cond:
                 first = bundle not in self._bundle_missed
                 self._bundle_missed.add(bundle)
-            logger.log(logging.WARNING if first else logging.DEBUG, "round %d: bundle %s of %s not fetched: not "
+            logger.log(logging.WARNING if first else logging.DEBUG,
+                       "round %d: bundle %s of %s not fetched: not "
                        "closed with its contribution (yet)", outer_round, bundle.hex()[:12], sender[-8:])
         else:
-            retry_on_full_disk(lambda: self.archive.put_blob(outer_round, data, "slice"),  # the audit reads it
-                               what=f"round {outer_round}'s fetched bundle {bundle.hex()[:12]}", kind="archive",
-                               stop=self.stop)
+            # the audit reads it
+            retry_on_full_disk(lambda: self.archive.put_blob(outer_round, data, "slice"),
+                               what=f"round {outer_round}'s fetched bundle {bundle.hex()[:12]}",
+                               kind="archive", stop=self.stop)
         with self._cond:
             self._bundle_tried[bundle] = time.monotonic()
         self.pool.book.notify()  # the coordinator's wait looks again
 
     def check_manifest(self, stage: int, outer_round: int, blob: bytes) -> None:
-        """Raise SliceError unless ``blob`` is a slice reference for this stage's plan (the contribution check)."""
+        """Raise SliceError unless ``blob`` is a slice reference for this stage's plan (the contribution
+        check)."""
         parse_slice_reference(blob, self.worker().plans[stage].num_slices, self.max_blob_bytes)
 
     def input_reference(self, outer_round: int, stage: int, entry, envelope: bytes) -> SliceReference | None:
-        """The reference of a closed entry's envelope, or None if it is no usable contribution (an absent input).
+        """The reference of a closed entry's envelope, or None if it is no usable contribution (an absent
+        input).
 
         A pure function of the bytes (which the close fixes by their sha256) and the entry, so
         every aggregator and the auditor (node/tools/audit_sliced.py) decide alike.
@@ -227,14 +234,19 @@ class SlicedExchange(SlicedPartials, SliceReads, SlicedChecks, Exchange):
         super().close()
 
     def publish_partial(self, outer_round: int, stage: int, payload: bytes) -> bytes:
-        """Sign, serve and announce a partial envelope; its bytes (a seam a fault-injection test overrides)."""
+        """Sign, serve and announce a partial envelope; its bytes (a seam a fault-injection test
+        overrides)."""
         data = self.messenger.sign(outer_round, msg.PARTIAL, payload, stage)
-        serve_when_space(self.host, data, what=f"round {outer_round}'s partial of stage {stage}", stop=self.stop)
+        serve_when_space(self.host, data, what=f"round {outer_round}'s partial of stage {stage}",
+                         stop=self.stop)
         digest = hashlib.sha256(data).digest()
         j = parse_partial(payload).slice_index
-        self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)), stage)
+        self.messenger.gossip(outer_round, msg.PARTIAL_ANNOUNCE, msg.PartialAnnounce(j, digest, len(data)),
+                              stage)
         return data
 
-    def make_payload(self, slice_index: int, num_slices: int, root: bytes, members: int, blob: bytes) -> bytes:
-        """The partial envelope's payload (a seam a fault-injection test overrides to publish a bad partial)."""
+    def make_payload(self, slice_index: int, num_slices: int, root: bytes, members: int,
+                     blob: bytes) -> bytes:
+        """The partial envelope's payload (a seam a fault-injection test overrides to publish a bad
+        partial)."""
         return partial_payload(slice_index, num_slices, root, members, blob)

@@ -23,7 +23,8 @@ committed leaf differs from its own, the node
    too, and proves the chunk from the published leaves as in 2. If no
    attested stage leaves give the committed root at all (a back door: a root with nothing behind it), it
    challenges them to publish a stage leaf itself (``STAGE_LEAF``), which nobody can answer for a back door.
-   Right rounds' challenges are answered by every node (node/live/fraud/answerer.py).
+   Right rounds' challenges are answered by every node (node/live/fraud/answerer.py). The challenges and
+   their walks are node/live/fraud/challenges.py's and node/live/fraud/walks.py's.
 
 In a run whose scheme proves its factors (version 3, ``"normed"``: node/commitments/normed.py) committed
 factors other than its own are opened from an attester of the leaf (the factors and sum trees it serves), or,
@@ -46,7 +47,6 @@ or missing input costs only the proof.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -54,18 +54,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.availability import (FACTORS, MOMENTUM, WEIGHTS, availability_target, differing_subtree,
-                                 opened_proof, stage_leaf_target, sums_which)
-from ledger.chunkproof import Factors, StageLeaf, StageState, tree_path
-from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
-from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total, scale_proof
+from ledger.availability import FACTORS, MOMENTUM, WEIGHTS, availability_target
+from ledger.chunkproof import StageLeaf, StageState
+from ledger.normproof import scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
 from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, \
     wrong_sum_contribution
-from node.live.fraud.chunkstate import ChunkedStates
 from node.live.chain.onchain import NodeChain
+from node.live.fraud.challenges import AvailabilityChallenges
+from node.live.fraud.chunkstate import ChunkedStates
+from node.live.fraud.walks import SumWalk, Walk
 from node.live.state.roundbook import RoundBook
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,6 @@ MAX_COMBINATIONS = 256
 ROUNDS_REMEMBERED = 8
 #: Where a node keeps the proofs it sent, under its data dir (``audit --archive`` reads them).
 PROOFS_DIR = "proofs"
-#: How often a pending availability challenge is tried for settlement.
-EXPIRE_EVERY_S = 5.0
 
 
 @dataclass
@@ -90,58 +88,9 @@ class ProverLog:
     unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
 
 
-@dataclass
-class Walk:
-    """A withheld committed state opened one leaf at a time through availability challenges
-    (docs/FRAUD_PROOF.md, "The data-availability challenge"): each answer's path says which subtree of the
-    committed tree differs from this node's (:func:`ledger.availability.differing_subtree`), so a differing
-    chunk is found in at most ``log2(chunks)`` challenges; then the chunk's leaf of the other tree is opened
-    too (or is this node's, where that tree's committed root is), and the proof is built from the opened
-    leaves."""
-
-    outer_round: int
-    stage: int
-    record: RoundRecord
-    prev_record: RoundRecord
-    prev_stages: list[StageLeaf]
-    stages: list[StageLeaf]
-    prev: StageState  # this node's state of round t - 1 (the committed one), held here for the proof
-    own: StageState
-    which: int = WEIGHTS  # the open challenge's tree and chunk
-    chunk: int = 0
-    # which -> (chunk, leaf, path)
-    opened: dict[int, tuple[int, bytes, list[bytes]]] = field(default_factory=dict)
 
 
-@dataclass
-class SumWalk:
-    """A withheld sum tree of a version-3 round opened one leaf at a time through availability challenges
-    (``which = 2 + M + j``): contribution ``contribution`` of the committed ``factors`` (this node's
-    ``mine``), whose committed tree or total is not this node's. Each answer's path carries its siblings'
-    sums, so it shows the committed tree's total (a total other than the factors' is proven at any chunk) and
-    which subtree holds a leaf other than this node's (:func:`ledger.normproof.differing_sum_subtree`): a lied
-    leaf is found in at most ``ceil(log2(chunks)) + 1`` challenges. Then, where the committed weights leaf of
-    that chunk is not had (this node's own where the weights root is, or the state an attester serves), it is
-    challenged too (``WEIGHTS``)."""
-
-    outer_round: int
-    stage: int
-    record: RoundRecord
-    leaves: list[bytes]  # the round's committed stage leaves, encoded
-    factors: Factors  # the committed factors (published through a FACTORS challenge, or served)
-    own: StageState
-    contribution: int
-    mine: int
-    chunk: int = 0
-    opened: tuple[bytes, list[bytes]] | None = None  # the lied sum leaf found, with its sum path
-
-    @property
-    def which(self) -> int:
-        """The tree the next challenge names: the contribution's sum tree, then the weights."""
-        return sums_which(len(self.factors.envelopes), self.contribution) if self.opened is None else WEIGHTS
-
-
-class FraudProver:
+class FraudProver(AvailabilityChallenges):
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
     def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
@@ -328,64 +277,6 @@ class FraudProver:
             return False
         return self._send_norm(outer_round, stage, proof, why)
 
-    def _challenge_sums(self, walk: SumWalk) -> None:
-        """Challenge the committers to publish leaf ``walk.chunk`` of ``walk.which`` (the sum tree, or the
-        weights)."""
-        stages = [parse_stage_leaf(v, s) for s, v in enumerate(walk.leaves)]
-        target = availability_target(walk.record, stages, walk.factors, walk.stage, walk.which, walk.chunk)
-        challenge_id = self.chain.challenge_availability(target)
-        with self._lock:
-            self._walks[challenge_id] = walk
-        self._open(walk.outer_round, challenge_id)
-
-    def _advance_sums(self, walk: SumWalk, leaf: bytes, path: list[bytes]) -> None:
-        """Go on with a sum tree's walk from a published leaf (or, once the lied leaf is found, the
-        weights')."""
-        if walk.opened is not None:  # the committed weights leaf of the lied chunk: the proof is complete
-            self._send_sum(walk, (leaf, path))
-            return
-        own_tree = walk.own.sum_trees[walk.mine]
-        if len(leaf) != SUM_BYTES:  # the contract checked the width: a misread answer
-            self._unprovable(walk.outer_round,
-                             f"stage {walk.stage}: the published sum leaf is not {SUM_BYTES} bytes")
-            return
-        wrong_total = path_total(leaf, path) != walk.factors.norms.sums[walk.contribution]
-        if wrong_total or int.from_bytes(leaf, "big") != own_tree.sums[walk.chunk]:
-            walk.opened = (leaf, path)  # a lied leaf, or a tree whose total is not the committed one
-            weights = self._committed_weight_leaf(walk)
-            if weights is None:  # the weights are withheld too: open that chunk's leaf of them
-                self._challenge_sums(walk)
-                return
-            self._send_sum(walk, weights)
-            return
-        self._descend(walk, differing_sum_subtree(own_tree, walk.chunk, path), "sum leaf", "sum tree",
-                      self._challenge_sums)
-
-    def _committed_weight_leaf(self, walk: SumWalk) -> tuple[bytes, list[bytes]] | None:
-        """The round's committed weights leaf of ``walk.chunk`` with its path: this node's own where the
-        committed weights root is its own, else from the state an attester serves; None if neither."""
-        leaf = parse_stage_leaf(walk.leaves[walk.stage], walk.stage)
-        own = walk.own
-        if (leaf.weights_root, leaf.num_chunks) == (own.leaf().weights_root, len(own.weight_leaves)):
-            weights = own.weight_leaves
-        else:
-            fetched = self.states.committed_state(walk.outer_round, walk.stage, leaf, self._attesters_of(
-                walk.outer_round, walk.stage, walk.leaves[walk.stage]))
-            if fetched is None:
-                return None
-            weights = fetched[0]
-        return weights[walk.chunk], tree_path(weights, walk.chunk)
-
-    def _send_sum(self, walk: SumWalk, weights: tuple[bytes, list[bytes]]) -> None:
-        pieces = walk.own.payload_leaves[walk.mine]
-        proof = opened_sum_proof(walk.record, walk.leaves, walk.stage, walk.factors.encode(),
-                                 walk.contribution, walk.chunk, weights,
-                                 (pieces[walk.chunk], tree_path(pieces, walk.chunk)), walk.opened)
-        self._send_norm(walk.outer_round, walk.stage, proof,
-                        f"contribution {walk.contribution}'s sum of squares at "
-                                                             f"chunk {walk.chunk} (opened by "
-                                                             "availability challenges)")
-
     def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
@@ -421,184 +312,6 @@ class FraudProver:
         except OSError as exc:
             logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
 
-    def _challenge(self, walk: Walk) -> None:
-        """Challenge the committers to publish leaf ``walk.chunk`` of tree ``walk.which`` of the withheld
-        state."""
-        target = availability_target(walk.record, walk.stages, walk.own.factors, walk.stage, walk.which,
-                                     walk.chunk)
-        challenge_id = self.chain.challenge_availability(target)
-        with self._lock:
-            self._walks[challenge_id] = walk
-        self._open(walk.outer_round, challenge_id)
-
-    def _answered(self, challenge_id: bytes, outer_round: int) -> None:
-        """A challenge of this node's was answered: go on with its walk from the published leaf and path, or
-        prove from the published factors."""
-        with self._lock:
-            walk = self._walks.pop(challenge_id, None)
-            factors_open = self._factor_opens.pop(challenge_id, None)
-        if factors_open is not None:
-            self._factors_published(challenge_id, outer_round, *factors_open)
-            return
-        if walk is None:  # a stage leaf's challenge: the committers showed the leaf
-            logger.warning(
-                "round %d: the availability challenge was answered; the published stage leaf is not "
-                "followed further here", outer_round)
-            return
-        answer = self.chain.availability_answer(challenge_id)
-        if answer is None:
-            self._unprovable(outer_round,
-                             "the availability challenge was settled without an answer (another party "
-                                          "expired it)")
-            return
-        leaf, path = answer
-        if path is None:
-            self._unprovable(outer_round,
-                             "the availability challenge was answered through a contract: its path "
-                                          "is not in the transaction's calldata")
-            return
-        logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round,
-                       walk.stage, walk.chunk, walk.which)
-        if isinstance(walk, SumWalk):
-            self._advance_sums(walk, leaf, path)
-            return
-        self._advance(walk, leaf, path)
-
-    def _factors_published(self, challenge_id: bytes, outer_round: int, stage: int, record: RoundRecord,
-                           leaves: list[bytes], leaf: StageLeaf, own: StageState) -> None:
-        answer = self.chain.availability_answer(challenge_id)
-        if answer is None:
-            self._unprovable(outer_round, "the factors' availability challenge was settled without an answer")
-            return
-        published = bytes(answer[0])
-        # the contract checked it: a misread event
-        if hashlib.sha256(published).digest() != leaf.factors_hash:
-            self._unprovable(outer_round,
-                             f"stage {stage}: the published factors are not the committed stage leaf's")
-            return
-        logger.warning("round %d stage %d: the committers published their factors", outer_round, stage)
-        try:
-            factors = Factors.decode(published)
-        except LedgerError:
-            factors = published
-        # Their sum trees are not had here (nobody served them): the factors' version or the scales are proven
-        # from the factors alone, a sum by walking the committed tree (SumWalk).
-        self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, None)
-
-    def _advance(self, walk: Walk, leaf: bytes, path: list[bytes]) -> None:
-        own_leaves = walk.own.weight_leaves if walk.which == WEIGHTS else walk.own.momentum_leaves
-        other = MOMENTUM if walk.which == WEIGHTS else WEIGHTS
-        completing = other in walk.opened  # the differing chunk is known: this was its other tree's leaf
-        committed_chunks = walk.stages[walk.stage].num_chunks
-        if (completing or committed_chunks != len(own_leaves) or walk.chunk >= len(own_leaves)
-                or leaf != own_leaves[walk.chunk]):
-            walk.opened[walk.which] = (walk.chunk, leaf, path)
-            if not completing:
-                own_root = (walk.own.leaf().momentum_root if other == MOMENTUM
-                            else walk.own.leaf().weights_root)
-                committed_root = (walk.stages[walk.stage].momentum_root if other == MOMENTUM
-                                  else walk.stages[walk.stage].weights_root)
-                if committed_root != own_root:  # that tree differs too: open its leaf of this chunk
-                    walk.which = other
-                    self._challenge(walk)
-                    return
-                mine = walk.own.momentum_leaves if other == MOMENTUM else walk.own.weight_leaves
-                walk.opened[other] = (walk.chunk, mine[walk.chunk], tree_path(mine, walk.chunk))
-            proof = opened_proof(walk.prev_record, walk.record, walk.prev_stages, walk.stages, walk.prev,
-                                 walk.own, walk.chunk, walk.opened[WEIGHTS][1:], walk.opened[MOMENTUM][1:])
-            self._send(walk.outer_round, walk.stage, proof,
-                       f"chunk {walk.chunk} (opened by availability challenges)")
-            return
-        self._descend(walk, differing_subtree(own_leaves, walk.chunk, path), "leaf", "tree", self._challenge)
-
-    def _descend(self, walk: Walk | SumWalk, following: int | None, leaf: str, tree: str, challenge) -> None:
-        """One bisection step of a walk: challenge the next leaf where this node's tree and the published path
-        differ, or log the round unprovable where they agree."""
-        if following is None:
-            self._unprovable(walk.outer_round,
-                             f"stage {walk.stage}: the published {leaf} {walk.chunk} and its path "
-                                               f"agree with this node's {tree}")
-            return
-        walk.chunk = following
-        challenge(walk)
-
-    def _challenge_stage_leaf(self, outer_round: int, record: RoundRecord) -> None:
-        """Challenge the committers to publish the leaf of the first stage this node holds under the record's
-        root: a root with no stage leaves behind it (a back door) cannot be answered, and the round falls."""
-        stage = min(self.stages(), default=0)
-        logger.error(
-            "round %d: no attested stage leaves give the committed weights root; challenging the committers "
-            "to publish stage %d's leaf on chain", outer_round, stage)
-        self._open(outer_round, self.chain.challenge_availability(stage_leaf_target(record, stage)))
-
-    def _open(self, outer_round: int, challenge_id: bytes) -> None:
-        self.log.challenges[outer_round] = challenge_id
-        with self._lock:
-            self._pending[challenge_id] = outer_round
-            if self._expirer is None or not self._expirer.is_alive():
-                self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
-                self._expirer.start()
-
-    # -- availability challenges ---------------------------------------------------------------
-    def _expire_loop(self) -> None:
-        while not self.stop.wait(EXPIRE_EVERY_S):
-            if not self.settle_challenges():
-                return
-
-    def settle_challenges(self) -> bool:
-        """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired
-        (also done every EXPIRE_EVERY_S on a thread while any is pending). Whether some are still pending.
-
-        Settlements do not overlap: a call made while another thread follows an answered challenge (builds and
-        sends its proof) returns after that one, so what it reads of ``log`` afterwards includes it.
-        """
-        with self._settling:
-            return self._settle_due()
-
-    def _settle_due(self) -> bool:
-        with self._lock:
-            pending = dict(self._pending)
-        for challenge_id, outer_round in pending.items():
-            try:
-                state = self.chain.challenge_of(challenge_id)
-                if state["settled"]:
-                    if self._drop(challenge_id):  # this thread took it (the expirer's and check()'s may race)
-                        self._follow(challenge_id, outer_round)
-                    continue
-                self.chain.expire_challenge(challenge_id)
-            except ProverChallengeNotDue:
-                continue
-            except ProverChallengeSettled:  # answered since it was read (or expired by another party)
-                if self._drop(challenge_id):
-                    self._follow(challenge_id, outer_round)
-                continue
-            except LedgerError as exc:
-                logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
-                self._drop(challenge_id)
-                continue
-            except DLX_ERRORS as exc:
-                logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)
-                continue
-            self.log.expired[outer_round] = challenge_id
-            logger.error(
-                "round %d: the availability challenge went unanswered; the round is invalidated on chain "
-                "and its attesters slashed", outer_round)
-            self._drop(challenge_id)
-        with self._lock:
-            return bool(self._pending)
-
-    def _drop(self, challenge_id: bytes) -> bool:
-        """Forget a pending challenge; whether it was pending."""
-        with self._lock:
-            return self._pending.pop(challenge_id, None) is not None
-
-    def _follow(self, challenge_id: bytes, outer_round: int) -> None:
-        try:
-            self._answered(challenge_id, outer_round)
-        except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
-            self._unprovable(outer_round,
-                             f"the proof from the answered challenge failed: {type(exc).__name__}: "
-                                          f"{exc}"[:300])
 
     def _unprovable(self, outer_round: int, why: str) -> None:
         if self.log.unprovable.get(outer_round) != why:

@@ -77,7 +77,8 @@ class ReplicaWorker(StageAggregation):
         self._trained: dict[int, tuple[int, float]] = {}
 
     # -- set-up ---------------------------------------------------------------------
-    def start(self, rendezvous_timeout: float, op_timeout: float, mark: Callable[[str], object] | None = None) -> None:
+    def start(self, rendezvous_timeout: float, op_timeout: float,
+              mark: Callable[[str], object] | None = None) -> None:
         """Build the trainer (joining the cluster's pipeline group if the replica is split); ``mark(phase)``
         is told when the model is initialised and the group joined (node/live/startup.py)."""
         mark = mark or (lambda _phase: None)
@@ -92,18 +93,20 @@ class ReplicaWorker(StageAggregation):
             mark("pipeline group joined")
             spec = self.specs[self.stages[0]]
             self.trainer = PipelineStageTrainer(
-                self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages, self.cfg.pipeline.micro_batches,
-                self.cfg.training, state_dict={n: full[n] for n in stage_param_names(self.cfg.model, spec)},
+                self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages,
+                self.cfg.pipeline.micro_batches, self.cfg.training,
+                state_dict={n: full[n] for n in stage_param_names(self.cfg.model, spec)},
             )
             modules = {spec.index: self.trainer.module}
         else:
-            self.trainer = LocalReplicaTrainer(self.cfg.model, self.cfg.training, self.cfg.pipeline.num_stages,
-                                               state_dict=full)
+            self.trainer = LocalReplicaTrainer(self.cfg.model, self.cfg.training,
+                                               self.cfg.pipeline.num_stages, state_dict=full)
             modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
-            plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)  # docs/PROTOCOL.md, "Sliced exchange"
+            # docs/PROTOCOL.md, "Sliced exchange"
+            plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)
             if plan is not None:
                 self.plans[stage] = plan
 
@@ -157,10 +160,10 @@ class ReplicaWorker(StageAggregation):
     def restart_from(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
                      last_round: int) -> None:
         """Hold exactly the state a process restarted from a checkpoint of ``last_round`` holds for ``stage``:
-        local = global = ``weights``, ``momentum``, nothing pending, a zero error-feedback residual and a fresh
-        inner optimizer (training.reexec.restart_state_reason). A survivor that sat rounds out re-enters so
-        (node/live/round/entry.py, RunEntry.await_partner): its start state then follows from the record alone,
-        like its restarted partner's."""
+        local = global = ``weights``, ``momentum``, nothing pending, a zero error-feedback residual and a
+        fresh inner optimizer (training.reexec.restart_state_reason). A survivor that sat rounds out re-enters
+        so (node/live/round/entry.py, RunEntry.await_partner): its start state then follows from the record
+        alone, like its restarted partner's."""
         self.load_global(stage, weights, momentum, last_round)
         self.engines[stage].compressor.reset_feedback()
         if isinstance(self.trainer, PipelineStageTrainer):
@@ -171,7 +174,8 @@ class ReplicaWorker(StageAggregation):
 
     def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
                     momentum: dict[str, torch.Tensor]) -> None:
-        """Absorb ``outer_round`` again from the global state this node already computed after it (``weights``,
+        """Absorb ``outer_round`` again from the global state this node already computed after it
+        (``weights``,
         ``momentum``): the same outer step :meth:`apply` takes for a round it did not encode, without
         fetching or aggregating that round a second time (a survivor's re-entry, RunEntry.await_partner)."""
         aggregation = Aggregation(weights, momentum, stage_weights_hash(weights), None, [])
@@ -185,7 +189,8 @@ class ReplicaWorker(StageAggregation):
     def train_round(self, outer_round: int, on_step: Callable[[int, float], None] | None = None,
                     first_step: int = 0, end_step: int | None = None,
                     budget_elapsed: Callable[[], float] | None = None) -> TrainStats:
-        """Inner steps ``first_step <= k < end_step`` (default: all H) on this replica's batches of ``outer_round``.
+        """Inner steps ``first_step <= k < end_step`` (default: all H) on this replica's batches of
+        ``outer_round``.
 
         A round may be trained in two parts (the schedule's partial overlap applies the
         previous round between them); the batches are the same deterministic ones either way.
@@ -211,8 +216,10 @@ class ReplicaWorker(StageAggregation):
         # simulation does (training.schedule.inner_lr; open-ended runs have no decay horizon).
         total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
         optimizers = trainer_optimizers(self.trainer)
-        for step, (x, y) in zip(range(first_step, end_step), self._batches(outer_round, first_step, end_step)):
-            if budgeted and not self._another_step(step, elapsed if budget_elapsed is None else budget_elapsed()):
+        for step, (x, y) in zip(range(first_step, end_step),
+                                self._batches(outer_round, first_step, end_step)):
+            if budgeted and not self._another_step(step, elapsed if budget_elapsed is None
+                                                   else budget_elapsed()):
                 break
             step_started = time.perf_counter()
             set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
@@ -234,7 +241,8 @@ class ReplicaWorker(StageAggregation):
         for start in range(first_step, end_step, chunk):
             stop = min(end_step, start + chunk)
             yield from round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, stop,
-                                     self.cfg.training.batch_size, self.cfg.model.block_size, first_step=start)
+                                     self.cfg.training.batch_size, self.cfg.model.block_size,
+                                     first_step=start)
 
     def _another_step(self, step: int, elapsed: float) -> bool:
         """:func:`takes_another_step`, decided by the replica's first stage and followed by the others."""
@@ -254,15 +262,16 @@ class ReplicaWorker(StageAggregation):
 
     # -- what a contribution binds (re-execution spot checks, docs/DILOCOX.md section 11) ------
     def capture_start_states(self, outer_round: int) -> dict[int, bytes]:
-        """Stage -> canonical bytes of the start state of ``outer_round`` (call before its first inner step)."""
+        """Stage -> canonical bytes of the start state of ``outer_round`` (call before its first inner
+        step)."""
         return self.start_state_capture(outer_round)()
 
     def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
         """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
         a function that adds the engines' state and serialises, to call (on any thread) before the
         engines change (the next encode or apply) and after the previous encode finished."""
-        meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco, run_rounds=self.cfg.rounds,
-                          num_stages=self.cfg.pipeline.num_stages,
+        meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco,
+                          run_rounds=self.cfg.rounds, num_stages=self.cfg.pipeline.num_stages,
                           micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0)
         if self.pipelined:
             held = {self.stages[0]: (self.trainer.module, self.trainer.optimizer)}
@@ -270,7 +279,8 @@ class ReplicaWorker(StageAggregation):
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
         parts = {stage: capture_trainer_part(*held[stage]) for stage in self.stages}
-        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage]) for stage in self.stages}
+        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage])
+                            for stage in self.stages}
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""

@@ -1,0 +1,125 @@
+"""The run file ``dlx-node create-run`` reads (docs/DEPLOY.md): a node.toml's run settings plus a ``[run]``
+table of the on-chain parameters, every value checked, and the RunParams it creates the run with.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node.errors import ConfigError
+
+#: The ``[run]`` table of a run file: key -> (type, minimum, what it is).
+RUN_KEYS: dict[str, tuple[type, float, str]] = {
+    "stake_eth": (float, 0, "ETH each member stakes to join"),
+    "bond_eth": (float, 0, "ETH an accuser or disputer deposits (default: a tenth of the stake)"),
+    "quorum": (int, 1, "k: the fewest counted member signatures a round's record needs (safe: >= 2)"),
+    "quorum_bps": (int, 0, "the quorum is also at least this fraction (basis points) of the counted members "
+                           "(safe: >= 5000)"),
+    "tenure_rounds": (int, 1, "rounds a member that joined after the first commit waits before it counts"),
+    "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: accusation + dispute blocks)"),
+    "accusation_blocks": (int, 8, "blocks an accusation stays open"),
+    "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed"),
+    "inactivity_rounds": (int, 1, "committed rounds a member may leave unsigned before it can be ejected"),
+}
+
+
+@dataclass
+class RunFile:
+    """A run file, checked: the node settings (a node.toml table) and the createRun parameters."""
+
+    table: dict[str, Any]  # node settings; paths made absolute
+    chain: dict[str, Any]  # the [run] table with defaults filled in
+    cfg: Any  # NodeConfig of ``table``
+
+
+def read_run_file(path: str) -> RunFile:
+    """Parse and check a run file; ConfigError naming the first bad value."""
+    from node.config import config_from_dict
+
+    file = Path(path).expanduser()
+    try:
+        table = tomllib.loads(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"run file {path}: cannot read it ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ConfigError(f"run file {path}: not valid TOML ({exc})") from None
+    chain = table.pop("run", None)
+    if not isinstance(chain, dict):
+        raise ConfigError(f"run file {path}: needs a [run] table ({', '.join(RUN_KEYS)})")
+    for section in ("ledger", "p2p"):
+        if section in table:
+            raise ConfigError(f"run file {path}: [{section}] is the organizer's machine's, not the run's: "
+                              "drop it (create-run writes it from the deployment and its options)")
+    chain = _check_run_table(chain, path)
+    base = file.resolve().parent
+    training, model = table.get("training", {}), table.get("model", {})
+    if isinstance(training, dict) and training.get("data_path"):
+        training["data_path"] = str((base / Path(training["data_path"]).expanduser()).resolve())
+    if isinstance(model, dict) and model.get("tokenizer") not in (None, "bytes"):
+        model["tokenizer"] = str((base / Path(model["tokenizer"]).expanduser()).resolve())
+    try:
+        cfg = config_from_dict(table)
+    except ConfigError as exc:
+        raise ConfigError(f"run file {path}: {exc}") from None
+    if cfg.rounds < 1:
+        raise ConfigError(f"run file {path}: rounds={cfg.rounds}: a created run needs rounds >= 1")
+    most = cfg.diloco.num_replicas * cfg.pipeline.num_stages
+    if chain["quorum"] > most:
+        raise ConfigError(
+            f"run file {path}: [run] quorum={chain['quorum']} can never be met: the run places at "
+            f"most {most} nodes ({cfg.diloco.num_replicas} replicas x {cfg.pipeline.num_stages} stages)")
+    floor = chain["accusation_blocks"] + chain["dispute_blocks"]
+    if chain["unbonding_blocks"] and chain["unbonding_blocks"] < floor:
+        raise ConfigError(
+            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least "
+            f"accusation_blocks + dispute_blocks = {floor} (or 0 for exactly that)")
+    return RunFile(table, chain, cfg)
+
+
+def _check_run_table(chain: dict, path: str) -> dict:
+    from ledger.runparams import (
+        DEFAULT_ACCUSATION_BLOCKS,
+        DEFAULT_DISPUTE_BLOCKS,
+        DEFAULT_INACTIVITY_ROUNDS,
+        DEFAULT_TENURE_ROUNDS,
+        SAFE_MIN_QUORUM,
+        SAFE_MIN_QUORUM_BPS,
+    )
+
+    unknown = sorted(set(chain) - set(RUN_KEYS))
+    if unknown:
+        raise ConfigError(f"run file {path}: unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
+    out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
+           "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
+           "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
+           "tenure_rounds": DEFAULT_TENURE_ROUNDS}
+    for key, value in chain.items():
+        kind, minimum, what = RUN_KEYS[key]
+        good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+        if isinstance(value, bool) or not good or value < minimum:
+            raise ConfigError(f"run file {path}: [run] {key}={value!r}: must be "
+                              f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
+        out[key] = value
+    if out["quorum_bps"] > 10_000:
+        raise ConfigError(f"run file {path}: [run] quorum_bps={out['quorum_bps']}: must be <= 10000")
+    return out
+
+
+def run_params(run: RunFile):
+    """The RunParams of a checked run file."""
+    from ledger.runparams import RunParams
+    from node.runconfig import config_hash, run_document
+
+    chain = run.chain
+    stake = round(chain["stake_eth"] * 10**18)
+    return RunParams(config_hash(run_document(run.cfg)), run.cfg.pipeline.num_stages,
+                     run.cfg.diloco.inner_steps, min_stake=stake, quorum=chain["quorum"],
+                     quorum_bps=chain["quorum_bps"], bond=None if chain["bond_eth"] is None
+                     else round(chain["bond_eth"] * 10**18),
+                     unbonding_blocks=chain["unbonding_blocks"] or None,
+                     accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
+                     inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
+                     tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version)

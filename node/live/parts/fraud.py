@@ -1,0 +1,28 @@
+"""A chunked run's fraud-proof parts, built from the node's base and their collaborators
+(node/live/assembly.py calls these; docs/FRAUD_PROOF.md)."""
+
+from __future__ import annotations
+
+from node.live.chain.onchain import NodeChain
+from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
+from node.live.fraud.prover import PROOFS_DIR, FraudProver
+from node.live.state.base import NodeBase
+from p2p.host import P2PHost
+
+
+def build_chunked_states(base: NodeBase, *, chain: NodeChain, host: P2PHost) -> ChunkedStates | None:
+    """A chunked run's stage states (published to provers); None in a run that is not chunked."""
+    if not base.cfg.commitment_scheme.chunked:
+        return None
+    return ChunkedStates(cfg=base.cfg, host=host, layout=base.layout, config_hash=base.config_hash,
+                         window=DisputeWindow(chain, base.run_id), spill_dir=base.data_dir / CHUNK_STATES_DIR)
+
+
+def build_fraud_prover(base: NodeBase, *, chain: NodeChain,
+                       states: ChunkedStates | None) -> FraudProver | None:
+    """The prover of a chunked run's wrong rounds (None without ``states``: a run that is not chunked)."""
+    if states is None:
+        return None
+    return FraudProver(run_id=base.run_id, chain=chain, book=base.book, states=states,
+                       stages=base.station.held_stages, num_stages=base.cfg.pipeline.num_stages,
+                       stop=base.stop, proofs_dir=base.data_dir / PROOFS_DIR)

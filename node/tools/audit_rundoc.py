@@ -1,0 +1,80 @@
+"""The run document of an audit: the copy whose sha256 is the chain's ``configHash``, checked against the
+run's shape and its commitments version (``RunParams.commitments``). See docs/AUDIT.md.
+"""
+
+import hashlib
+from typing import Any
+
+from node.errors import DLX_ERRORS
+from node.tools.evidence import PeerSource, first_good_copy
+from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check
+
+
+def check_run_document(report: AuditReport, history: Any, sources: list) -> dict | None:
+    """The run document whose sha256 is the chain's ``configHash``, checked against the run's shape; None
+    (and a FAIL or unverifiable item in the report) if no source has a usable copy."""
+    from node.runconfig import parse_run_document
+
+    expected = history.run.config_hash.hex()
+
+    def getter(source: Any) -> bytes | None:
+        if isinstance(source, PeerSource):
+            return source.blob(expected)
+        docs = source.run_documents()
+        good = [d for d in docs if hashlib.sha256(d).hexdigest() == expected]
+        return (good or docs or [None])[0]
+
+    copy = first_good_copy(sources, getter, expected)
+    if copy.data is None:
+        if copy.bad:
+            report.general.append(
+                Check("run document", FAIL, "no copy hashes to the configHash: " + "; ".join(copy.bad))
+            )
+        else:
+            report.general.append(
+                Check(
+                    "run document", UNVERIFIABLE, f"no archive or peer holds the run document {expected[:16]}"
+                )
+            )
+        return None
+    try:
+        document = parse_run_document(copy.data, history.run.config_hash)
+        stages, inner = document["pipeline"]["num_stages"], document["diloco"]["inner_steps"]
+    except (*DLX_ERRORS, KeyError, TypeError) as exc:
+        report.general.append(
+            Check("run document", FAIL, f"hashes to the configHash but is not a valid run document: {exc}")
+        )
+        return None
+    if (stages, inner) != (history.run.num_stages, history.run.inner_steps):
+        report.general.append(
+            Check(
+                "run document",
+                FAIL,
+                f"says {stages} stages x H={inner}, the run was created "
+                f"with {history.run.num_stages} x {history.run.inner_steps}",
+            )
+        )
+        return None
+    note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
+    report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
+    report.general.append(commitments_check(document, history.run.commitments))
+    return document
+
+
+def commitments_check(document: dict, on_chain: int) -> Check:
+    """Whether the run was created on chain (``RunParams.commitments``) with the commitments version its
+    document names (``diloco.commitments``; a document without it is a hashed run's): the prover holds every
+    round's factors to the chain's, so a mismatch lets the norm proof overturn honest rounds, or a quorum
+    escape it."""
+    from node.commitments import SCHEMES, UNNAMED, version_name
+
+    diloco = document.get("diloco")
+    setting = diloco.get("commitments", UNNAMED) if isinstance(diloco, dict) else None
+    scheme = SCHEMES.get(setting) if isinstance(setting, str) else None
+    if scheme is None or scheme.version != on_chain:
+        return Check("commitments version", FAIL,
+                     f"the document says diloco.commitments = {setting!r}, the run was created on chain with "
+                     f"version {on_chain} ({version_name(on_chain)}): the fraud proofs hold its "
+                     "rounds to the chain's")
+    return Check("commitments version", OK, f"{on_chain} ({setting}) on chain, as the document says: "
+                                            f"{scheme.audit_note}")
