@@ -78,7 +78,8 @@ def _run(tmp_path):
 class _NoCorpus:
     """The replayer's face the rerun reads before it trains; no corpus, so it stops right after its inputs."""
 
-    cfg = SimpleNamespace(pipeline=SimpleNamespace(num_stages=2), diloco=SimpleNamespace(exchange="full"))
+    cfg = SimpleNamespace(pipeline=SimpleNamespace(num_stages=2),
+                          diloco=SimpleNamespace(exchange="full", sliced=False))
     corpus_problem = "none in this test"
 
     def _corpus(self):
