@@ -76,8 +76,8 @@ class LedgerConfig:
 
 
 def fee_policy(config: LedgerConfig):
-    """The :class:`ledger.tx.FeePolicy` of a configuration (web3 is imported only here)."""
-    from ledger.tx import FeePolicy
+    """The :class:`ledger.fees.FeePolicy` of a configuration (web3 is imported only here)."""
+    from ledger.fees import FeePolicy
 
     return FeePolicy(
         max_fee_cap=int(config.max_fee_gwei * 10**9),

@@ -24,7 +24,7 @@ class ProofCalls:
     @cached_property
     def prover_address(self) -> str:
         """The AggregationProver the ledger deployed and takes fraud proofs from."""
-        return to_checksum_address(self._sender.call(self._ledger, "prover"))
+        return to_checksum_address(self.sender.call(self.ledger_contract, "prover"))
 
     @cached_property
     def _prover(self):
@@ -45,7 +45,7 @@ class ProofCalls:
     def proof_holds(self, proof: AggregationProof, attesters=None) -> bool:
         """Whether the proof would succeed now (the chunk differs); raises the contract's error if malformed
         (ProverBadPath, ProverBadFactors, ...)."""
-        return self._sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
+        return self.sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
 
     def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None) -> dict:
         """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
@@ -58,7 +58,7 @@ class ProofCalls:
         """
         what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
                f"chunk {proof.chunk})"
-        return self._sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
 
     def _norm_args(self, proof: NormProof, attesters) -> tuple:
         if not isinstance(proof, NormProof):
@@ -71,7 +71,7 @@ class ProofCalls:
     def norm_proof_holds(self, proof: NormProof, attesters=None) -> bool:
         """Whether the norm proof would succeed now; raises the contract's error if malformed (ProverNotNormed,
         ProverBadSumPath, ProverBadPath, ...)."""
-        return self._sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
+        return self.sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
 
     def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
         """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
@@ -84,7 +84,7 @@ class ProofCalls:
         """
         which = "scales" if proof.contribution == SCALES else f"contribution {proof.contribution} chunk {proof.chunk}"
         what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
-        return self._sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
+        return self.sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
         """Challenge the committers to publish one committed leaf (``ledger.availability.availability_target``),
@@ -97,8 +97,8 @@ class ProofCalls:
         """
         record, stage, _leaf, _path, _factors, which, chunk = target
         if bond is None:
-            bond = self._run_struct(record[0])["bond"]
-        self._sender.transact(self._prover, "challengeAvailability", (target,),
+            bond = self.run_struct(record[0])["bond"]
+        self.sender.transact(self._prover, "challengeAvailability", (target,),
                               f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})", bond)
         return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
                              [record[0], record[1], stage, which, chunk]))
@@ -110,7 +110,7 @@ class ProofCalls:
         Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath (a
         sum tree's leaf of another width or a path of another length).
         """
-        return self._sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
+        return self.sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
 
     def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
         """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the round's,
@@ -122,7 +122,7 @@ class ProofCalls:
             state = self.challenge_of(challenge_id)
             commit = self.commit_record(state["runId"], state["round"])
             attesters = commit.attesters if commit is not None else ()
-        return self._sender.transact(self._prover, "expireChallenge",
+        return self.sender.transact(self._prover, "expireChallenge",
                                      (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
 
     def availability_challenges(self, run_id: int, from_block: int | None = None) -> list[dict]:
@@ -133,8 +133,8 @@ class ProofCalls:
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
         logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityChallenged"), None,
                                                         topic_uint(run_id)],
-                         self.from_block if from_block is None else from_block, self._block_number(),
-                         self.log_page_blocks, self._sender.rpc)
+                         self.from_block if from_block is None else from_block, self.head_block(),
+                         self.log_page_blocks, self.sender.rpc)
         found = []
         for log in logs:
             event = decoder.decode(log)
@@ -153,8 +153,8 @@ class ProofCalls:
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
         logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityAnswered"),
                                                         "0x" + bytes(challenge_id).hex()],
-                         self.from_block if from_block is None else from_block, self._block_number(),
-                         self.log_page_blocks, self._sender.rpc)
+                         self.from_block if from_block is None else from_block, self.head_block(),
+                         self.log_page_blocks, self.sender.rpc)
         for log in logs:
             event = decoder.decode(log)
             if event is None:
@@ -174,9 +174,9 @@ class ProofCalls:
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
         names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId", "bond")
-        return dict(zip(names, self._sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
+        return dict(zip(names, self.sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:
         """The first invalid round of ``run_id`` (overturned by a verdict or a fraud proof), or None."""
-        value = self._run_struct(run_id)["invalidFrom"]
+        value = self.run_struct(run_id)["invalidFrom"]
         return value - 1 if value else None

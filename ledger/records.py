@@ -304,7 +304,7 @@ class Registration:
 
     account: str
     pubkey: bytes  # raw 32-byte ed25519 public key
-    signature: bytes  # 64-byte ed25519 signature over ledger.client.binding_message(...)
+    signature: bytes  # 64-byte ed25519 signature over ledger.binding.binding_message(...)
     stake: int
     block_number: int
     tx_hash: str
