@@ -145,10 +145,10 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
 
 # ---------------------------------------------------------------------- members and attesters
 def check_attesters(history: RunHistory) -> list[ItemResult]:
-    """One result per commit: distinct attesters, ascending, each a member in force at the commit, at least the
-    run's quorum of them counted. The quorum at a commit is ``max(k, ceil(quorum_bps x counted members))``, as the
-    contract computed it from its count of counted members (founders, and joiners credited past their tenure:
-    MemberCounted events, which a commit's own credits emit before its RoundCommitted).
+    """One result per commit: distinct attesters, ascending, each a member in force at the commit, at least
+    the run's quorum of them counted. The quorum at a commit is ``max(k, ceil(quorum_bps x counted
+    members))``, as the contract computed it from its count of counted members (founders, and joiners credited
+    past their tenure: MemberCounted events, which a commit's own credits emit before its RoundCommitted).
 
     The chain verified the signatures; this re-checks, from the membership events alone, that the signers it
     accepted were members when the commit was mined (and that the submitter was one).
@@ -164,7 +164,8 @@ def check_attesters(history: RunHistory) -> list[ItemResult]:
         if counted_attesters < quorum:
             problems.append(
                 f"{counted_attesters} counted attesters, the run's quorum is {quorum}"
-                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of {len(counted)} counted members)"
+                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of "
+                   f"{len(counted)} counted members)"
                    if quorum != history.run.quorum else "")
             )
         if [int(a, 16) for a in attesters] != sorted({int(a, 16) for a in attesters}):

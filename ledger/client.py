@@ -90,7 +90,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         self.sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout, fees=fees)
         registry_abi = contracts.artifact("NodeRegistry")["abi"]
         ledger_abi = contracts.artifact("TrainingLedger")["abi"]
-        self.registry_contract = w3.eth.contract(address=to_checksum_address(registry_address), abi=registry_abi)
+        self.registry_contract = w3.eth.contract(address=to_checksum_address(registry_address),
+                                                 abi=registry_abi)
         self.ledger_contract = w3.eth.contract(address=to_checksum_address(ledger_address), abi=ledger_abi)
         self.registry_events = EventDecoder(registry_abi)
         self.ledger_events = EventDecoder(ledger_abi)
@@ -281,7 +282,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
 
     # Rounds --------------------------------------------------------------------------------------------
     def commit_round(self, record: RoundRecord, signatures: Iterable[bytes], attempts: int = 3) -> str:
-        """Commit one outer round with members' signatures; return the hash of the transaction that committed it.
+        """Commit one outer round with members' signatures; return the hash of the transaction that committed
+        it.
 
         The signatures (65 bytes each, any order) are sorted by signer address as the contract requires; the
         contract checks that at least ``quorum`` distinct current members signed. The caller must itself be a
@@ -308,7 +310,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
             if already is not None:
                 return already
             try:
-                receipt = self.sender.transact(self.ledger_contract, "commitRound", (record.fields(), packed), what)
+                receipt = self.sender.transact(self.ledger_contract, "commitRound", (record.fields(), packed),
+                                               what)
             except (LedgerRoundNotNext, LedgerStaleHead):
                 # Another member's commit of this very round may have been mined between our check and ours.
                 if self.record_hash_of(record.run_id, record.round) is not None and attempt < attempts:
@@ -325,7 +328,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         raise AssertionError("unreachable")
 
     def _committed_tx(self, record: RoundRecord, what: str) -> str | None:
-        """The tx that committed ``record``'s round if it holds ``record``; CommitConflict if another record."""
+        """The tx that committed ``record``'s round if it holds ``record``; CommitConflict if another
+        record."""
         on_chain = self.record_hash_of(record.run_id, record.round)
         if on_chain is None:
             return None
@@ -363,7 +367,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         return self.run_struct(run_id)["commitCount"]
 
     def head_of(self, run_id: int) -> bytes:
-        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`): the next ``prev_head``."""
+        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`): the next
+        ``prev_head``."""
         return bytes(self.sender.call(self.ledger_contract, "headOf", (run_id,)))
 
     def checkpoint_of(self, run_id: int, round: int) -> bytes | None:

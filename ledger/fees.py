@@ -41,7 +41,8 @@ class FeePolicy:
 DEFAULT_FEES = FeePolicy()
 
 
-def market_fees(policy: FeePolicy, base_fee: int, priority: int, what: str, floor: dict | None = None) -> dict:
+def market_fees(policy: FeePolicy, base_fee: int, priority: int, what: str,
+                floor: dict | None = None) -> dict:
     """Fees for a transaction sent now at ``base_fee`` with tip ``priority`` (wei per gas): tip + twice the
     base fee (room for six full blocks' rise), at least ``policy.bump`` x ``floor`` (a replacement's), at most
     the cap. FeeCapTooLow if the cap is below the base fee: nothing offered under it could be mined."""
@@ -52,8 +53,9 @@ def market_fees(policy: FeePolicy, base_fee: int, priority: int, what: str, floo
     cap = policy.max_fee_cap
     if cap:
         if base_fee >= cap:
-            raise FeeCapTooLow(f"{what}: the chain's base fee is {base_fee / 1e9:g} gwei, at or above the fee "
-                               f"cap of {cap / 1e9:g} gwei (ledger.max_fee_gwei): raise the cap or wait")
+            raise FeeCapTooLow(
+                f"{what}: the chain's base fee is {base_fee / 1e9:g} gwei, at or above the fee "
+                f"cap of {cap / 1e9:g} gwei (ledger.max_fee_gwei): raise the cap or wait")
         max_fee = min(max_fee, cap)
         priority = min(priority, max_fee - base_fee)
     return {"maxPriorityFeePerGas": priority, "maxFeePerGas": max_fee, "type": 2}

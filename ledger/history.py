@@ -71,7 +71,8 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
     """The membership periods told by a run's decoded events in chain order (other events are skipped).
 
     MemberJoined opens a period; MemberLeft and MemberSlashed end it as a signer (MemberEjected, which a
-    MemberLeft follows, marks it ejected); StakeWithdrawn closes it (the account may join again: a new period).
+    MemberLeft follows, marks it ejected); StakeWithdrawn closes it (the account may join again: a new
+    period).
     """
     periods: list[Membership] = []
     current: dict[str, int] = {}  # account -> index of its period still holding a stake
@@ -114,7 +115,8 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
 def accusations_from(
     events: list[DecodedEvent], into: dict[tuple[str, bytes], AccusationRecord] | None = None
 ) -> dict[tuple[str, bytes], AccusationRecord]:
-    """The accusations told by decoded events in chain order, by (accused, evidence hash); other events skipped.
+    """The accusations told by decoded events in chain order, by (accused, evidence hash); other events
+    skipped.
 
     AccusationOpened opens one; AccusationResolved or AccusationExpired ends it.
     """
@@ -144,8 +146,8 @@ class EventReads:
     """Mixin of :class:`ledger.client.LedgerClient`: everything read from event logs.
 
     Expects of the client: ``w3``, ``from_block``, ``log_page_blocks``, ``ledger_address``, ``head_of``,
-    ``record_hash_of``, ``run_struct``, ``sender`` (:class:`ledger.tx.TransactionSender`), ``registry_contract``,
-    ``ledger_contract`` and
+    ``record_hash_of``, ``run_struct``, ``sender`` (:class:`ledger.tx.TransactionSender`),
+    ``registry_contract``, ``ledger_contract`` and
     their :class:`ledger.events.EventDecoder` ``registry_events``, ``ledger_events``.
     """
 
@@ -213,7 +215,8 @@ class EventReads:
         if self.record_hash_of(run_id, round) is None:
             return None
         logs = self._scan(
-            self.ledger_contract, [self.ledger_events.topic("RoundCommitted"), topic_uint(run_id), topic_uint(round)]
+            self.ledger_contract, [self.ledger_events.topic("RoundCommitted"), topic_uint(run_id),
+                                   topic_uint(round)]
         )
         return commit_record_from(self.ledger_events.decode(logs[0])) if logs else None
 
@@ -221,12 +224,14 @@ class EventReads:
         """Every membership period of ``run_id`` up to ``to_block`` (default: latest), in join order."""
         names = ("MemberJoined", "MemberLeft", "MemberEjected", "StakeWithdrawn", "MemberSlashed")
         logs = self._scan(
-            self.ledger_contract, [[self.ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
+            self.ledger_contract, [[self.ledger_events.topic(name) for name in names], topic_uint(run_id)],
+            to_block
         )
         return memberships_from([self.ledger_events.decode(log) for log in logs])
 
     def members_at(self, run_id: int, block: int | None = None) -> list[Membership]:
-        """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events alone."""
+        """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events
+        alone."""
         block = self.head_block() if block is None else block
         return [m for m in self.memberships(run_id, block) if m.in_force(end_of_block(block))]
 
@@ -246,12 +251,14 @@ class EventReads:
         return list(accusations_from(events).values())
 
     def disputes(self, run_id: int, round: int | None = None) -> list[DisputeRecord]:
-        """The RoundDisputed events of ``run_id`` (of ``round`` only if given), in chain order: each disputer's
-        signed record. ``disputers_of`` is the same list of disputers read from the contract's state."""
+        """The RoundDisputed events of ``run_id`` (of ``round`` only if given), in chain order: each
+        disputer's signed record. ``disputers_of`` is the same list of disputers read from the contract's
+        state."""
         topics = [self.ledger_events.topic("RoundDisputed"), topic_uint(run_id)]
         if round is not None:
             topics.append(topic_uint(round))
-        return [dispute_from(self.ledger_events.decode(log)) for log in self._scan(self.ledger_contract, topics)]
+        return [dispute_from(self.ledger_events.decode(log))
+                for log in self._scan(self.ledger_contract, topics)]
 
     def history(self, run_id: int, with_registrations: bool = True) -> RunHistory:
         """Everything the chain records about ``run_id``, read from events (paginated by block range).

@@ -28,7 +28,8 @@ class ProofCalls:
 
     @cached_property
     def _prover(self):
-        return self.w3.eth.contract(address=self.prover_address, abi=contracts.artifact("AggregationProver")["abi"])
+        return self.w3.eth.contract(address=self.prover_address,
+                                    abi=contracts.artifact("AggregationProver")["abi"])
 
     def _proof_args(self, proof: AggregationProof, attesters) -> tuple:
         if not isinstance(proof, AggregationProof):
@@ -56,9 +57,12 @@ class ProofCalls:
             ProverBadStagePath, ProverBadStageLeaf, ProverBadFactors, ProverBadChunk, ProverBadPath,
             ProverBadLeaf, LedgerRunHalted (the round is already invalid), LedgerNotAttesters.
         """
-        what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
-               f"chunk {proof.chunk})"
-        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+        what = (
+            f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, "
+            f"chunk {proof.chunk})"
+        )
+        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters),
+                                    what)
 
     def _norm_args(self, proof: NormProof, attesters) -> tuple:
         if not isinstance(proof, NormProof):
@@ -69,26 +73,27 @@ class ProofCalls:
         return proof.args([to_checksum_address(a) for a in attesters])
 
     def norm_proof_holds(self, proof: NormProof, attesters=None) -> bool:
-        """Whether the norm proof would succeed now; raises the contract's error if malformed (ProverNotNormed,
-        ProverBadSumPath, ProverBadPath, ...)."""
+        """Whether the norm proof would succeed now; raises the contract's error if malformed
+        (ProverNotNormed, ProverBadSumPath, ProverBadPath, ...)."""
         return self.sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
 
     def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
         """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
 
         Raises:
-            ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a version-2
-            round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
+            ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a
+            version-2 round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
             ProverBadFactors, ProverBadTarget, ProverBadChunk, ProverBadPath, ProverBadLeaf, ProverBadSumPath,
             LedgerRunHalted, LedgerNotAttesters.
         """
-        which = "scales" if proof.contribution == SCALES else f"contribution {proof.contribution} chunk {proof.chunk}"
+        which = "scales" if proof.contribution == SCALES \
+            else f"contribution {proof.contribution} chunk {proof.chunk}"
         what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
         return self.sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
-        """Challenge the committers to publish one committed leaf (``ledger.availability.availability_target``),
-        paying the run's bond; return the challenge's id.
+        """Challenge the committers to publish one committed leaf
+        (``ledger.availability.availability_target``), paying the run's bond; return the challenge's id.
 
         Raises:
             ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
@@ -99,22 +104,25 @@ class ProofCalls:
         if bond is None:
             bond = self.run_struct(record[0])["bond"]
         self.sender.transact(self._prover, "challengeAvailability", (target,),
-                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})", bond)
+                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})",
+                             bond)
         return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
                              [record[0], record[1], stage, which, chunk]))
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
-        """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum tree's leaf:
-        its 96-byte sum and its sum path).
+        """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum
+        tree's leaf: its 96-byte sum and its sum path).
 
-        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath (a
-        sum tree's leaf of another width or a path of another length).
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath
+        (a sum tree's leaf of another width or a path of another length).
         """
-        return self.sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
+        return self.sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path),
+                                    "answerChallenge")
 
     def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
-        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the round's,
-        None reads them from RoundCommitted), the challenger paid half of the slash and its bond returned.
+        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the
+        round's, None reads them from RoundCommitted), the challenger paid half of the slash and its bond
+        returned.
 
         Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters.
         """
@@ -123,11 +131,13 @@ class ProofCalls:
             commit = self.commit_record(state["runId"], state["round"])
             attesters = commit.attesters if commit is not None else ()
         return self.sender.transact(self._prover, "expireChallenge",
-                                     (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
+                                     (challenge_id, [to_checksum_address(a) for a in attesters]),
+                                    "expireChallenge")
 
     def availability_challenges(self, run_id: int, from_block: int | None = None) -> list[dict]:
         """The availability challenges of ``run_id`` opened from ``from_block`` on (default: the client's
-        ``from_block``), in chain order: ``AvailabilityChallenged``'s fields by name (what a member answers)."""
+        ``from_block``), in chain order: ``AvailabilityChallenged``'s fields by name (what a member
+        answers)."""
         from ledger.events import EventDecoder, scan_logs, topic_uint
 
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
@@ -173,7 +183,8 @@ class ProofCalls:
 
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
-        names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId", "bond")
+        names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId",
+                 "bond")
         return dict(zip(names, self.sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:

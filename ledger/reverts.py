@@ -1,8 +1,9 @@
 """Reverts, decoded identically on anvil and py-evm: a contract's custom error becomes the matching
 :class:`ledger.errors.ContractRevert` subclass, ``Error(string)`` and ``Panic(uint256)`` a readable one.
 
-anvil reports a revert's data in an RPC error; eth-tester raises ``TransactionFailed`` on py-evm with the data in
-its message; :func:`decode_revert` takes either. Used by :mod:`ledger.tx` (preflight, mined reverts) and the tests.
+anvil reports a revert's data in an RPC error; eth-tester raises ``TransactionFailed`` on py-evm with the data
+in its message; :func:`decode_revert` takes either. Used by :mod:`ledger.tx` (preflight, mined reverts) and
+the tests.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ class RunCalls:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
         Args:
-            config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
+            config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages,
+                H).
             num_stages: Pipeline stages (>= 1).
             inner_steps: Inner steps H per outer round (>= 1).
             config_uri: Where the configuration can be fetched (emitted only).
@@ -74,13 +75,15 @@ class RunCalls:
             quorum: k, the fewest distinct counted member signatures a commit (or a verdict) needs (>= 2
                 unless ``allow_weak_quorum``).
             quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the counted
-                members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless ``allow_weak_quorum``).
+                members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless
+                ``allow_weak_quorum``).
             bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
             unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
                 ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
             accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
             dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
-            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it (>= 1).
+            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it
+                (>= 1).
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
             tenure_rounds: Rounds a member that joined after the first commit is in force before its
                 signatures count toward quorums (>= 1; founders count at once).
@@ -115,7 +118,8 @@ class RunCalls:
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 
-    def create_run_with(self, params: RunParams, config_uri: str = "", *, allow_weak_quorum: bool = False) -> int:
+    def create_run_with(self, params: RunParams, config_uri: str = "", *,
+                        allow_weak_quorum: bool = False) -> int:
         """Create a run with ``params``; return its id (see :meth:`create_run`)."""
         if not isinstance(params, RunParams):
             raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
@@ -125,7 +129,8 @@ class RunCalls:
                                    + " (pass allow_weak_quorum=True to accept this)")
         for what in weak:
             logger.warning("creating a weak run: %s", what)
-        receipt = self.sender.transact(self.ledger_contract, "createRun", (params.fields(), config_uri), "createRun")
+        receipt = self.sender.transact(self.ledger_contract, "createRun", (params.fields(), config_uri),
+                                       "createRun")
         for log in receipt["logs"]:
             event = self.ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":
@@ -147,8 +152,8 @@ class RunCalls:
         Args:
             stake: Wei to stake; None sends the run's minimum stake.
             platform: The 32-byte declaration of the platform the member trains on, emitted in MemberJoined
-                (a node's: ``training.declaration.platform_declaration``); the zero hash declares none, and then
-                no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
+                (a node's: ``training.declaration.platform_declaration``); the zero hash declares none, and
+                then no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
 
         Raises:
             LedgerNotRegistered: The account is not in the NodeRegistry.
@@ -191,7 +196,8 @@ class RunCalls:
             LedgerMemberNotInactive (``.values["missedRounds"]``), LedgerNotMember.
         """
         account = to_checksum_address(account)
-        return self.transact_ledger("ejectInactive", (run_id, account), f"ejectInactive(run {run_id}, {account})")
+        return self.transact_ledger("ejectInactive", (run_id, account),
+                                    f"ejectInactive(run {run_id}, {account})")
 
     def quorum_of(self, run_id: int) -> int:
         """The counted signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x counted))``."""
@@ -219,7 +225,8 @@ class RunCalls:
         return self.transact_ledger("attest", args, f"attest(run {record.run_id}, round {record.round})")
 
     def member(self, run_id: int, address: str) -> Member | None:
-        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
+        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never
+        joined/withdrew)."""
         address = to_checksum_address(address)
         (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
          unbonding_end, counted_block) = self.sender.call(self.ledger_contract, "memberOf", (run_id, address))

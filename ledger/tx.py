@@ -160,7 +160,8 @@ class TransactionSender:
         return self._gas_limit(request, what), self._market_fees(what)
 
     def send(self, request: dict, what: str) -> dict:
-        """Preflight, sign and send the transaction ``request`` (to/value/data); return the receipt once final.
+        """Preflight, sign and send the transaction ``request`` (to/value/data); return the receipt once
+        final.
 
         The nonce is the account's pending nonce on the chain (never a local counter, so a restart or a
         chain that lost blocks leaves no gap). An unmined transaction is replaced every
@@ -220,9 +221,11 @@ class TransactionSender:
         )
 
     def _broadcast(self, pending: _Pending, fees: dict, what: str) -> None:
-        """Sign ``pending``'s transaction with ``fees`` and send it; raise _NonceTaken if its nonce is used."""
+        """Sign ``pending``'s transaction with ``fees`` and send it; raise _NonceTaken if its nonce is
+        used."""
         unsigned = {key: value for key, value in pending.request.items() if key != "from"}
-        transaction = {**unsigned, **fees, "gas": pending.gas, "nonce": pending.nonce, "chainId": self.chain_id}
+        transaction = {**unsigned, **fees, "gas": pending.gas, "nonce": pending.nonce,
+                       "chainId": self.chain_id}
         signed = self.account.sign_transaction(transaction)
         self._send_signed(signed, what)
         pending.signed.append(signed)
@@ -239,7 +242,8 @@ class TransactionSender:
             logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
 
     def _receipt_of(self, pending: _Pending, what: str) -> dict | None:
-        """The receipt of whichever version of ``pending`` is mined (None: none is, as far as the node knows)."""
+        """The receipt of whichever version of ``pending`` is mined (None: none is, as far as the node
+        knows)."""
         for tx_hash in reversed(pending.hashes()):
             try:
                 return call_with_retries(
@@ -250,9 +254,11 @@ class TransactionSender:
         return None
 
     def _replace(self, pending: _Pending, what: str) -> None:
-        """Raise an unmined transaction's fees (same nonce); first cancel a stuck one of the account ahead of it."""
+        """Raise an unmined transaction's fees (same nonce); first cancel a stuck one of the account ahead of
+        it."""
         address = pending.request["from"]
-        mined = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "latest"), "eth_getTransactionCount")
+        mined = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "latest"),
+                         "eth_getTransactionCount")
         if mined < pending.nonce:
             self._cancel_stuck(address, mined, what)
             return
@@ -290,7 +296,8 @@ class TransactionSender:
                 if "underpriced" not in str(exc).lower():
                     logger.warning("%s: cancelling nonce %d refused: %s", what, nonce, exc)
                     return
-                fees = self._market_fees(what, floor={k: 2 * v for k, v in cancel.fees.items() if k != "type"})
+                fees = self._market_fees(what,
+                                         floor={k: 2 * v for k, v in cancel.fees.items() if k != "type"})
 
     def _pending_nonce(self, address: str) -> int:
         return self.rpc(
@@ -323,13 +330,15 @@ class TransactionSender:
                 return receipt
             now = time.monotonic()
             if now >= deadline:
-                base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+                base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"],
+                                    "eth_getBlockByNumber")
                 if self.fees.max_fee_cap and base_fee >= self.fees.max_fee_cap:
                     raise FeeCapTooLow(f"{what}: not mined within {self.receipt_timeout:.0f}s: the base fee "
                                        f"({base_fee / 1e9:g} gwei) rose above the fee cap "
                                        f"({self.fees.max_fee_cap / 1e9:g} gwei, ledger.max_fee_gwei)")
                 raise TransactionTimeout(
-                    f"{what}: transaction {pending.hashes()[-1].hex()} not mined within {self.receipt_timeout:.0f}s"
+                    f"{what}: transaction {pending.hashes()[-1].hex()} not mined within "
+                    f"{self.receipt_timeout:.0f}s"
                 )
             if now >= next_replace:
                 next_replace = now + self.fees.replace_after
@@ -354,8 +363,10 @@ class TransactionSender:
                 try:
                     self._send_signed(pending.signed[-1], what)
                 except _NonceTaken:
-                    raise TransactionDropped(f"{what}: dropped by a reorg and its nonce {pending.nonce} was "
-                                             "taken by another transaction: check the chain and send it anew") from None
+                    raise TransactionDropped(
+                        f"{what}: dropped by a reorg and its nonce {pending.nonce} was "
+                        "taken by another transaction: check the chain and send it anew"
+                    ) from None
                 receipt = self._wait_for_receipt(pending, what)
                 continue
             if current["blockHash"] != receipt["blockHash"]:
@@ -366,7 +377,8 @@ class TransactionSender:
                 return receipt
             if time.monotonic() >= deadline:
                 raise TransactionTimeout(f"{what}: mined in block {receipt['blockNumber']} but not {needed} "
-                                         f"blocks deep within {2 * self.receipt_timeout:.0f}s (the chain stalled?)")
+                                         f"blocks deep within {2 * self.receipt_timeout:.0f}s "
+                                         "(the chain stalled?)")
             time.sleep(0.5)
 
     def _explain_failure(self, request: dict, receipt: dict, what: str) -> ContractRevert:
