@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from eth_abi import decode, encode
 
+from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.packed import PackedBytes
@@ -136,7 +137,7 @@ class Factors:
             factors = cls(lr, mu, nesterov, tuple(envelopes), tuple(roots), tuple(scales), norms)
         except LedgerInputError:
             raise
-        except Exception as exc:  # eth_abi's decoding errors share no base class with ours
+        except ABI_DECODE_ERRORS as exc:
             raise LedgerInputError(f"factors do not decode: {type(exc).__name__}") from None
         if factors.encode() != data:
             raise LedgerInputError("factors are not canonically encoded")

@@ -13,6 +13,7 @@ from eth_abi import encode
 from eth_utils import keccak, to_checksum_address
 
 import contracts
+from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.chunkproof import AggregationProof
 from ledger.errors import LedgerInputError
 from ledger.normproof import SCALES, NormProof
@@ -170,10 +171,12 @@ class ProofCalls:
             if event is None:
                 continue
             leaf = bytes(event.args["leaf"])
+            # Read like every other call: retried through an outage, then ChainUnavailable.
+            sent = self.sender.rpc(lambda tx_hash=event.tx_hash: self.w3.eth.get_transaction(tx_hash),
+                                   "eth_getTransactionByHash")
             try:
-                sent = self.w3.eth.get_transaction(event.tx_hash)
                 function, args = self._prover.decode_function_input(sent["input"])
-            except Exception:  # noqa: BLE001 - calldata of another contract, or none readable: no path
+            except ABI_DECODE_ERRORS:  # calldata of a call through another contract, or malformed: no path
                 return leaf, None
             if (function.fn_name != "answerChallenge" or bytes(args["id"]) != bytes(challenge_id)
                     or bytes(args["leaf"]) != leaf):

@@ -27,7 +27,7 @@ from web3.exceptions import TransactionNotFound, Web3RPCError
 import contracts
 from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
 from ledger.fees import DEFAULT_FEES, FeePolicy, market_fees
-from ledger.reverts import _ledger_error, decode_revert
+from ledger.reverts import decode_revert, ledger_error_of
 from ledger.errors import (
     AccountError,
     ContractRevert,
@@ -123,8 +123,8 @@ class TransactionSender:
         """
         try:
             return call_with_retries(call, self.retry, what)
-        except Exception as exc:
-            raise _ledger_error(exc, what) from exc
+        except Exception as exc:  # noqa: BLE001 - every failure mapped to a ledger error (or re-raised as is)
+            raise ledger_error_of(exc, what) from exc
 
     def call(self, contract, name: str, args: tuple = (), what: str = "", block: int | str = "latest"):
         """``eth_call`` the view ``name(*args)`` of the web3 ``contract``."""
@@ -234,9 +234,9 @@ class TransactionSender:
     def _send_signed(self, signed, what: str) -> None:
         try:
             call_with_retries(lambda: self._send_raw(signed.raw_transaction), self.retry, f"{what}: send")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - classified: only "already sent" is handled, the rest re-raised
             if not _already_sent(exc):
-                raise _ledger_error(exc, f"{what}: send") from exc
+                raise ledger_error_of(exc, f"{what}: send") from exc
             if not self._node_has(signed.hash):
                 raise _NonceTaken() from exc
             logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
@@ -388,7 +388,7 @@ class TransactionSender:
             # Replayed on the state after its block: whatever made it fail (typically another transaction
             # earlier in the same block) is in that state.
             self.w3.eth.call(request, block_identifier=block)
-        except Exception as exc:  # noqa: BLE001 - decoded or reported below
+        except Exception as exc:  # noqa: BLE001 - any failure of the replay: a revert decoded, else reported
             revert = decode_revert(exc, where)
             if revert is not None:
                 return revert
