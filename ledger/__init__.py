@@ -5,6 +5,6 @@ Modules: ``chain`` (py-evm / JSON-RPC / managed anvil backends), ``account`` (ke
 client's event-log reads), ``records`` (dataclasses), ``runparams`` (a run's parameters), ``attest`` (EIP-712
 signatures over round records and verdicts), ``merkle`` (contributions root), ``hashchain`` (the commit hash
 chain), ``checks`` (the chain checks of an audit, one result per item), ``bytecode`` (deployed code against
-the artifacts), ``events``, ``tx``, ``fees``, ``errors``. This package module imports
-nothing heavy, so ``ledger.config`` stays cheap to load.
+the artifacts), ``events``, ``tx``, ``fees``, ``errors``, ``abidecode`` (what decoding untrusted ABI
+bytes raises). This package module imports nothing heavy, so ``ledger.config`` stays cheap to load.
 """
