@@ -1,15 +1,16 @@
 """EIP-712 signatures over round records and verdicts, exactly as TrainingLedger checks them.
 
-Members sign a :class:`RoundRecord` with their Ethereum key; ``quorum`` distinct members' signatures commit the
-round (``LedgerClient.commit_round``). Two signatures of one member over different records of the same run and
-round are equivocation (``LedgerClient.report_equivocation``). The same scheme signs accusation verdicts.
+Members sign a :class:`RoundRecord` with their Ethereum key; ``quorum`` distinct members' signatures commit
+the round (``LedgerClient.commit_round``). Two signatures of one member over different records of the same run
+and round are equivocation (``LedgerClient.report_equivocation``). The same scheme signs accusation verdicts.
 
 Domain and types (EIP-712, https://eips.ethereum.org/EIPS/eip-712)::
 
     EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)
         name = "dlx-node TrainingLedger", version = "1", verifyingContract = the TrainingLedger
     Record(uint256 runId,uint64 round,bytes32 prevHead,bytes32 weightsRoot,bytes32 contributionsRoot,
-           uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,bytes32 checkpointHash)
+           uint64 trainLossMicro,uint64 evalLossMicro,uint64 tokens,uint32 numContributors,
+           bytes32 checkpointHash)
     Verdict(uint256 runId,address accused,bytes32 evidenceHash,bool guilty)
 
     digest = keccak256(0x19 0x01 || domainSeparator || hashStruct(message))
@@ -79,8 +80,10 @@ _RECORD_FIELDS = [
     ("numContributors", "uint32"),
     ("checkpointHash", "bytes32"),
 ]
-_VERDICT_FIELDS = [("runId", "uint256"), ("accused", "address"), ("evidenceHash", "bytes32"), ("guilty", "bool")]
-_ROUND_VERDICT_FIELDS = [("runId", "uint256"), ("round", "uint64"), ("recordHash", "bytes32"), ("upheld", "bool")]
+_VERDICT_FIELDS = [("runId", "uint256"), ("accused", "address"), ("evidenceHash", "bytes32"),
+                   ("guilty", "bool")]
+_ROUND_VERDICT_FIELDS = [("runId", "uint256"), ("round", "uint64"), ("recordHash", "bytes32"),
+                         ("upheld", "bool")]
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
 
@@ -104,7 +107,8 @@ def domain_separator(chain_id: int, ledger_address: str) -> bytes:
 def record_struct_hash(record: RoundRecord) -> bytes:
     """hashStruct(record): what the contract stores per round (``recordHashOf``) and chains into the head."""
     return keccak(
-        encode(["bytes32", *(kind for _, kind in _RECORD_FIELDS)], [keccak(text=RECORD_TYPE), *record.fields()])
+        encode(["bytes32", *(kind for _, kind in _RECORD_FIELDS)],
+               [keccak(text=RECORD_TYPE), *record.fields()])
     )
 
 
@@ -112,7 +116,8 @@ def verdict_struct_hash(verdict: Verdict) -> bytes:
     """hashStruct(verdict)."""
     return keccak(
         encode(
-            ["bytes32", *(kind for _, kind in _VERDICT_FIELDS)], [keccak(text=VERDICT_TYPE), *verdict.fields()]
+            ["bytes32", *(kind for _, kind in _VERDICT_FIELDS)],
+            [keccak(text=VERDICT_TYPE), *verdict.fields()]
         )
     )
 

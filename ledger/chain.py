@@ -123,7 +123,7 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
         attempt += 1
         try:
             result = call()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - classified: what is not a connection error is re-raised
             if not is_connection_error(exc):
                 outage.answered()  # a revert or a refusal is an answer: the endpoint is up
                 raise

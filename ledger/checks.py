@@ -6,21 +6,22 @@ caller's: :mod:`node.tools.audit` composes them with the evidence and replay che
 
 * :func:`check_hash_chain` -- the genesis head, one link per RoundCommitted event (consecutive rounds below
   ``max_rounds``, ``prev_head``), the contract's head.
-* :func:`verify_binding` / :func:`check_registrations` -- a registration's ed25519 signature over
-  :func:`ledger.client.binding_message` (the contract cannot check it: the EVM has no ed25519 precompile).
+* :func:`check_registrations` -- a registration's ed25519 signature over its binding message
+  (:func:`ledger.binding.verify_binding`; the contract cannot check it: the EVM has no ed25519 precompile).
 * :func:`check_attesters` -- each commit's attesters are at least the run's quorum at that commit,
   ``max(k, ceil(quorum_bps x members in force))``, distinct members in force at it, rebuilt from the
   membership events alone (:meth:`ledger.records.Membership.in_force`).
 * :func:`check_members` / :func:`bound_account` -- a member's node key, or a contribution's signing key, was
   bound by a registration with a valid binding in force (:meth:`ledger.records.Registration.in_force`).
 * :func:`check_contracts` -- the code deployed at both addresses and at the ledger's prover is the committed
-  build artifact, immutables masked (:func:`bytecode_problem`), and so is every library they link; and the
-  ledger trusts the registry.
+  build artifact, immutables masked (:func:`ledger.bytecode.bytecode_problem`), and so is every library they
+  link; and the ledger trusts the registry.
 * :func:`check_chain_record` runs them all on one run. Only the registrations the run uses (those in force
   when one of its members joined, whose key the seat copied) are items; a bogus registration of anyone else
   on the shared registry is a note, never a failure of this run.
 
-Only :func:`check_contracts` and :func:`verify_bytecode` read the chain; the others are pure.
+Only :func:`check_contracts` reads the chain (through :func:`ledger.bytecode.verify_bytecode`); the others
+are pure.
 """
 
 from __future__ import annotations
@@ -29,13 +30,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from web3 import Web3
-
 import contracts
-from ledger.client import binding_message
-from ledger.errors import AuditError, LedgerError
+from ledger.binding import verify_binding
+from ledger.bytecode import verify_bytecode
+from ledger.errors import LedgerError
 from ledger.hashchain import genesis_head, next_head
 from ledger.eventrecords import DisputeRecord, EquivocationRecord, RunHistory, SlashRecord
 from ledger.records import Membership, Registration
@@ -61,83 +59,6 @@ class ItemResult:
 
 
 # ---------------------------------------------------------------------- contracts
-def _expected_code(artifact: dict) -> bytes:
-    """``artifact``'s deployed bytecode, each linked library's placeholder as zero bytes."""
-    zeros = {name: "0x" + "00" * 20 for name in contracts.linked_libraries(artifact, deployed=True)}
-    return bytes.fromhex(contracts.link(artifact, zeros, deployed=True).removeprefix("0x"))
-
-
-def _is_library(code: bytes) -> bool:
-    """Whether ``code`` (an artifact's) is a library's: PUSH20 <its own address, zero in the artifact>,
-    ADDRESS, EQ, as solc starts every library with (a call other than a DELEGATECALL to a mutating function
-    reverts)."""
-    return code[:21] == b"\x73" + bytes(20) and code[21:23] == b"\x30\x14"
-
-
-def bytecode_problem(deployed: bytes, artifact: dict, address: str) -> str | None:
-    """Why ``deployed`` (the code at ``address``) is not ``artifact``'s deployed bytecode, or None.
-
-    The immutables (values written into the code at deployment, e.g. the ledger's registry address), the
-    linked libraries' addresses and a library's own address are masked: their bytes are taken from the
-    artifact before comparing (:func:`linked_addresses` reads the libraries', :func:`verify_bytecode` checks
-    their code). A library must hold its own address.
-    """
-    expected = _expected_code(artifact)
-    name = artifact.get("contractName", "contract")
-    if not deployed:
-        return f"no code at {address}: {name} is not deployed there"
-    if len(deployed) != len(expected):
-        return f"code at {address} is {len(deployed)} bytes, {name}'s artifact {len(expected)} bytes"
-    masked = bytearray(deployed)
-    ranges = [reference for references in artifact.get("immutableReferences", {}).values()
-              for reference in references]
-    ranges += [reference for references in contracts.linked_libraries(artifact, deployed=True).values()
-               for reference in references]
-    if _is_library(expected):
-        if deployed[1:21].hex() != address.lower().removeprefix("0x"):
-            return f"code at {address} is {name}'s as deployed at 0x{deployed[1:21].hex()}, not there"
-        ranges.append({"start": 1, "length": 20})
-    for reference in ranges:
-        start, length = reference["start"], reference["length"]
-        masked[start : start + length] = expected[start : start + length]
-    if bytes(masked) != expected:
-        first = next(i for i, (a, b) in enumerate(zip(masked, expected)) if a != b)
-        return f"code at {address} differs from {name}'s committed artifact (first at byte {first})"
-    return None
-
-
-def linked_addresses(deployed: bytes, artifact: dict) -> dict[str, str]:
-    """The address of each library ``artifact``'s deployed code links, read from ``deployed`` (its code on
-    chain, checked by :func:`bytecode_problem`); AuditError if one library's places hold different
-    addresses."""
-    addresses = {}
-    for name, references in contracts.linked_libraries(artifact, deployed=True).items():
-        found = {deployed[r["start"] : r["start"] + r["length"]] for r in references}
-        if len(found) != 1:
-            raise AuditError(f"{artifact['contractName']}'s code links {len(found)} different {name} "
-                             "libraries")
-        addresses[name] = Web3.to_checksum_address(found.pop())
-    return addresses
-
-
-def verify_bytecode(w3: Web3, address: str, artifact: dict) -> None:
-    """Check that the code at ``address`` is ``artifact``'s deployed bytecode, immutables masked, and that
-    every library it links holds its committed code (each checked the same way).
-
-    Raises:
-        AuditError: No code at the address, a different length, or differing bytes outside the immutables and
-            library addresses, here or in a linked library.
-    """
-    deployed = bytes(w3.eth.get_code(Web3.to_checksum_address(address)))
-    problem = bytecode_problem(deployed, artifact, address)
-    if problem is not None:
-        raise AuditError(problem)
-    for name, library in linked_addresses(deployed, artifact).items():
-        try:
-            verify_bytecode(w3, library, contracts.artifact(name))
-        except AuditError as exc:
-            raise AuditError(f"{artifact['contractName']} at {address} links library {name}: {exc}") from None
-
 
 def check_contracts(client: Any) -> list[ItemResult]:
     """The contracts' bytecode against the committed artifacts (the registry, the ledger and the prover it
@@ -224,10 +145,10 @@ def check_hash_chain(history: RunHistory, chain_id: int, ledger_address: str) ->
 
 # ---------------------------------------------------------------------- members and attesters
 def check_attesters(history: RunHistory) -> list[ItemResult]:
-    """One result per commit: distinct attesters, ascending, each a member in force at the commit, at least the
-    run's quorum of them counted. The quorum at a commit is ``max(k, ceil(quorum_bps x counted members))``, as the
-    contract computed it from its count of counted members (founders, and joiners credited past their tenure:
-    MemberCounted events, which a commit's own credits emit before its RoundCommitted).
+    """One result per commit: distinct attesters, ascending, each a member in force at the commit, at least
+    the run's quorum of them counted. The quorum at a commit is ``max(k, ceil(quorum_bps x counted
+    members))``, as the contract computed it from its count of counted members (founders, and joiners credited
+    past their tenure: MemberCounted events, which a commit's own credits emit before its RoundCommitted).
 
     The chain verified the signatures; this re-checks, from the membership events alone, that the signers it
     accepted were members when the commit was mined (and that the submitter was one).
@@ -243,7 +164,8 @@ def check_attesters(history: RunHistory) -> list[ItemResult]:
         if counted_attesters < quorum:
             problems.append(
                 f"{counted_attesters} counted attesters, the run's quorum is {quorum}"
-                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of {len(counted)} counted members)"
+                + (f" (k {history.run.quorum}, {history.run.quorum_bps} bps of "
+                   f"{len(counted)} counted members)"
                    if quorum != history.run.quorum else "")
             )
         if [int(a, 16) for a in attesters] != sorted({int(a, 16) for a in attesters}):
@@ -281,18 +203,6 @@ def check_members(history: RunHistory, valid: dict[str, list[Registration]]) -> 
 
 
 # ---------------------------------------------------------------------- registrations
-def verify_binding(registration: Registration, chain_id: int, registry_address: str) -> bool:
-    """Whether ``registration``'s signature is its key's valid ed25519 signature over the binding message."""
-    if len(registration.pubkey) != 32 or len(registration.signature) != 64:
-        return False
-    message = binding_message(chain_id, registry_address, registration.account)
-    try:
-        Ed25519PublicKey.from_public_bytes(registration.pubkey).verify(registration.signature, message)
-    except (InvalidSignature, ValueError):
-        return False
-    return True
-
-
 def check_registrations(
     registrations: list[Registration], chain_id: int, registry_address: str
 ) -> tuple[list[ItemResult], dict[str, list[Registration]]]:

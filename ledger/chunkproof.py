@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from eth_abi import decode, encode
 
+from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.packed import PackedBytes
@@ -58,9 +59,9 @@ def tree_path(leaves: list[bytes], index: int) -> list[bytes]:
 
 @dataclass(frozen=True)
 class Norms:
-    """A version-3 round's norm commitment of one stage (ledger/normproof.py): the run's ``norm_clip`` (float64
-    bits), each accepted contribution's declared inner steps (a run bounded by time; else empty), the root of its
-    sum tree and its exact sum of squares (units of 2**-298)."""
+    """A version-3 round's norm commitment of one stage (ledger/normproof.py): the run's ``norm_clip``
+    (float64 bits), each accepted contribution's declared inner steps (a run bounded by time; else empty), the
+    root of its sum tree and its exact sum of squares (units of 2**-298)."""
 
     clip_bits: int
     steps: tuple[int, ...]
@@ -127,7 +128,8 @@ class Factors:
                 *head, clip, steps, roots, words = decode(NORMED_FACTORS_TYPES, data)
                 if len(words) % 3:
                     raise ValueError("norm sums are not three words each")
-                sums = tuple((words[i] << 512) | (words[i + 1] << 256) | words[i + 2] for i in range(0, len(words), 3))
+                sums = tuple((words[i] << 512) | (words[i + 1] << 256) | words[i + 2]
+                             for i in range(0, len(words), 3))
                 norms = Norms(clip, tuple(steps), tuple(roots), sums)
             else:
                 head, norms = decode(FACTORS_TYPES, data), None
@@ -135,7 +137,7 @@ class Factors:
             factors = cls(lr, mu, nesterov, tuple(envelopes), tuple(roots), tuple(scales), norms)
         except LedgerInputError:
             raise
-        except Exception as exc:  # eth_abi's decoding errors share no base class with ours
+        except ABI_DECODE_ERRORS as exc:
             raise LedgerInputError(f"factors do not decode: {type(exc).__name__}") from None
         if factors.encode() != data:
             raise LedgerInputError("factors are not canonically encoded")
@@ -181,7 +183,8 @@ class StageState:
     momentum_leaves: list[bytes]
     factors: Factors
     payload_leaves: list[list[bytes]]  # one list per accepted contribution, in the factors' order
-    sum_trees: list = dataclasses.field(default_factory=list)  # version 3: each one's ledger.normproof.SumTree
+    # version 3: each one's ledger.normproof.SumTree
+    sum_trees: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Held packed (ledger.packed): a node keeps a state for every round behind the commit lag, and as
@@ -249,8 +252,8 @@ class AggregationProof:
 
     def args(self) -> tuple:
         """The single struct argument of the contract function, in ABI order."""
-        return ((self.prev_record, self.record, self.stage, self.chunk, self.prev_stage_leaf, self.prev_stage_path,
-                 self.stage_leaf, self.stage_path, self.factors,
+        return ((self.prev_record, self.record, self.stage, self.chunk, self.prev_stage_leaf,
+                 self.prev_stage_path, self.stage_leaf, self.stage_path, self.factors,
                  (self.prev_weights, self.prev_weights_path), (self.prev_momentum, self.prev_momentum_path),
                  (self.new_weights, self.new_weights_path), (self.new_momentum, self.new_momentum_path),
                  [(piece, path) for piece, path in zip(self.pieces, self.piece_paths, strict=True)]),)
@@ -296,7 +299,8 @@ def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_sta
         factors=committed.factors.encode(),
         prev_weights=prev.weight_leaves[chunk], prev_weights_path=tree_path(prev.weight_leaves, chunk),
         prev_momentum=prev.momentum_leaves[chunk], prev_momentum_path=tree_path(prev.momentum_leaves, chunk),
-        new_weights=committed.weight_leaves[chunk], new_weights_path=tree_path(committed.weight_leaves, chunk),
+        new_weights=committed.weight_leaves[chunk], new_weights_path=tree_path(committed.weight_leaves,
+                                                                               chunk),
         new_momentum=committed.momentum_leaves[chunk],
         new_momentum_path=tree_path(committed.momentum_leaves, chunk),
         pieces=[leaves[chunk] for leaves in committed.payload_leaves],
@@ -306,8 +310,8 @@ def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_sta
 
 def first_difference(mine: StageState, committed: StageState) -> int | None:
     """The first chunk whose weights or momentum leaf differs between two states of a stage (None: none)."""
-    for index, (a, b, c, d) in enumerate(zip(mine.weight_leaves, committed.weight_leaves, mine.momentum_leaves,
-                                             committed.momentum_leaves)):
+    for index, (a, b, c, d) in enumerate(zip(mine.weight_leaves, committed.weight_leaves,
+                                             mine.momentum_leaves, committed.momentum_leaves)):
         if a != b or c != d:
             return index
     if len(mine.weight_leaves) != len(committed.weight_leaves):

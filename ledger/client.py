@@ -29,6 +29,7 @@ from ledger.attest import (
     sign_record,
     sign_verdict,
 )
+from ledger.binding import binding_message
 from ledger.chain import DEFAULT_RETRY, RetryPolicy
 from ledger.config import fee_policy
 from ledger.errors import (
@@ -50,32 +51,6 @@ from ledger.runs import RunCalls
 from ledger.tx import DEFAULT_FEES, FeePolicy, TransactionSender
 
 logger = logging.getLogger(__name__)
-
-#: Domain tag that starts every registry binding message.
-BINDING_DOMAIN = b"dlx-node/registry-binding/v1"
-
-
-def binding_message(chain_id: int, registry_address: str, account_address: str) -> bytes:
-    """The exact bytes a node's ed25519 key signs to bind itself to an Ethereum account.
-
-    Layout (104 bytes)::
-
-        b"dlx-node/registry-binding/v1"   28 bytes, ASCII domain tag
-        chain_id                          32 bytes, unsigned big-endian
-        registry_address                  20 bytes, the NodeRegistry contract
-        account_address                   20 bytes, the Ethereum account that calls register()
-
-    Binding the chain and registry prevents replaying a signature on another deployment; binding the account
-    stops anyone else from registering the key to their own account with a valid signature.
-    """
-    check_uint("chain_id", chain_id, 2**256 - 1)
-    return (
-        BINDING_DOMAIN
-        + chain_id.to_bytes(32, "big")
-        + bytes.fromhex(to_checksum_address(registry_address)[2:])
-        + bytes.fromhex(to_checksum_address(account_address)[2:])
-    )
-
 
 class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
     """Client of one deployment (a NodeRegistry and its TrainingLedger) acting as ``account``.
@@ -112,13 +87,14 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         self.account = account
         self.from_block = from_block
         self.log_page_blocks = log_page_blocks
-        self._sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout, fees=fees)
+        self.sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout, fees=fees)
         registry_abi = contracts.artifact("NodeRegistry")["abi"]
         ledger_abi = contracts.artifact("TrainingLedger")["abi"]
-        self._registry = w3.eth.contract(address=to_checksum_address(registry_address), abi=registry_abi)
-        self._ledger = w3.eth.contract(address=to_checksum_address(ledger_address), abi=ledger_abi)
-        self._registry_events = EventDecoder(registry_abi)
-        self._ledger_events = EventDecoder(ledger_abi)
+        self.registry_contract = w3.eth.contract(address=to_checksum_address(registry_address),
+                                                 abi=registry_abi)
+        self.ledger_contract = w3.eth.contract(address=to_checksum_address(ledger_address), abi=ledger_abi)
+        self.registry_events = EventDecoder(registry_abi)
+        self.ledger_events = EventDecoder(ledger_abi)
 
     @classmethod
     def from_config(cls, w3: Web3, account: Any, config: Any) -> LedgerClient:
@@ -174,22 +150,22 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
     @property
     def address(self) -> str:
         """The client's Ethereum account address (the zero address for a read-only client)."""
-        return self._sender.address
+        return self.sender.address
 
     @property
     def registry_address(self) -> str:
         """The NodeRegistry's address."""
-        return self._registry.address
+        return self.registry_contract.address
 
     @property
     def ledger_address(self) -> str:
         """The TrainingLedger's address."""
-        return self._ledger.address
+        return self.ledger_contract.address
 
     @property
     def chain_id(self) -> int:
         """The connected chain's id."""
-        return self._sender.chain_id
+        return self.sender.chain_id
 
     def my_binding_message(self) -> bytes:
         """:func:`binding_message` for this client's chain, registry and account."""
@@ -205,10 +181,10 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
             ("NodeRegistry", self.registry_address),
             ("TrainingLedger", self.ledger_address),
         ):
-            code = self._sender.rpc(lambda address=address: self.w3.eth.get_code(address), "eth_getCode")
+            code = self.sender.rpc(lambda address=address: self.w3.eth.get_code(address), "eth_getCode")
             if not code:
                 raise DeploymentMismatch(f"no {name} at {address} on chain {self.chain_id}: no code there")
-        trusted = self._sender.call(self._ledger, "registry")
+        trusted = self.sender.call(self.ledger_contract, "registry")
         if trusted != self.registry_address:
             raise DeploymentMismatch(
                 f"TrainingLedger {self.ledger_address} trusts registry {trusted}, not {self.registry_address}"
@@ -220,14 +196,14 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         The preflight of :meth:`ledger.tx.TransactionSender.send`: a revert is raised here, decoded. What the
         transaction would cost at most is ``gas x fees["maxFeePerGas"] + value``.
         """
-        target = {"registry": self._registry, "ledger": self._ledger}[contract]
+        target = {"registry": self.registry_contract, "ledger": self.ledger_contract}[contract]
         data = target.encode_abi(name, args=list(args))
-        return self._sender.estimate({"to": target.address, "value": value, "data": data}, name)
+        return self.sender.estimate({"to": target.address, "value": value, "data": data}, name)
 
     def balance(self, address: str | None = None) -> int:
         """The wei ``address`` (default: this account) holds."""
         address = to_checksum_address(address or self.address)
-        return self._sender.rpc(lambda: self.w3.eth.get_balance(address), "eth_getBalance")
+        return self.sender.rpc(lambda: self.w3.eth.get_balance(address), "eth_getBalance")
 
     # Registry ------------------------------------------------------------------------------------------
     def register(self, pubkey: bytes, signature: bytes, stake: int | None = None) -> str:
@@ -243,49 +219,49 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         pubkey = check_bytes32("pubkey", pubkey)
         if self.key_of(self.address) == pubkey:
             logger.info("account %s already registered with this key", self.address)
-            return self._first_tx(
-                self._registry,
-                self._registry_events,
+            return self.first_tx(
+                self.registry_contract,
+                self.registry_events,
                 "NodeRegistered",
                 [topic_address(self.address), "0x" + pubkey.hex()],
                 last=True,
             )
         if stake is None:
             stake = self.min_stake()
-        receipt = self._sender.transact(
-            self._registry, "register", (pubkey, bytes(signature)), "register", stake
+        receipt = self.sender.transact(
+            self.registry_contract, "register", (pubkey, bytes(signature)), "register", stake
         )
         return receipt["transactionHash"].to_0x_hex()
 
     def unregister(self) -> str:
         """Leave the registry (the stake is returned); return the tx hash."""
-        return self._sender.transact(self._registry, "unregister", (), "unregister")[
+        return self.sender.transact(self.registry_contract, "unregister", (), "unregister")[
             "transactionHash"
         ].to_0x_hex()
 
     def is_registered(self, address: str | None = None) -> bool:
         """Whether ``address`` (default: this account) is a registered node."""
-        return self._sender.call(
-            self._registry, "isRegistered", (to_checksum_address(address or self.address),)
+        return self.sender.call(
+            self.registry_contract, "isRegistered", (to_checksum_address(address or self.address),)
         )
 
     def key_of(self, address: str) -> bytes | None:
         """The node key bound to ``address``, or None."""
-        key = self._sender.call(self._registry, "keyOf", (to_checksum_address(address),))
+        key = self.sender.call(self.registry_contract, "keyOf", (to_checksum_address(address),))
         return None if key == bytes(32) else bytes(key)
 
     def account_of(self, pubkey: bytes) -> str | None:
         """The account bound to node key ``pubkey``, or None."""
-        account = self._sender.call(self._registry, "accountOf", (check_bytes32("pubkey", pubkey),))
+        account = self.sender.call(self.registry_contract, "accountOf", (check_bytes32("pubkey", pubkey),))
         return None if int(account, 16) == 0 else account
 
     def min_stake(self) -> int:
         """The registry's minimum stake in wei."""
-        return self._sender.call(self._registry, "minStake")
+        return self.sender.call(self.registry_contract, "minStake")
 
     def node_count(self) -> int:
         """The number of registered nodes."""
-        return self._sender.call(self._registry, "nodeCount")
+        return self.sender.call(self.registry_contract, "nodeCount")
 
     # Signing -------------------------------------------------------------------------------------------
     def sign_record(self, record: RoundRecord) -> bytes:
@@ -306,7 +282,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
 
     # Rounds --------------------------------------------------------------------------------------------
     def commit_round(self, record: RoundRecord, signatures: Iterable[bytes], attempts: int = 3) -> str:
-        """Commit one outer round with members' signatures; return the hash of the transaction that committed it.
+        """Commit one outer round with members' signatures; return the hash of the transaction that committed
+        it.
 
         The signatures (65 bytes each, any order) are sorted by signer address as the contract requires; the
         contract checks that at least ``quorum`` distinct current members signed. The caller must itself be a
@@ -333,7 +310,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
             if already is not None:
                 return already
             try:
-                receipt = self._sender.transact(self._ledger, "commitRound", (record.fields(), packed), what)
+                receipt = self.sender.transact(self.ledger_contract, "commitRound", (record.fields(), packed),
+                                               what)
             except (LedgerRoundNotNext, LedgerStaleHead):
                 # Another member's commit of this very round may have been mined between our check and ours.
                 if self.record_hash_of(record.run_id, record.round) is not None and attempt < attempts:
@@ -350,7 +328,8 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         raise AssertionError("unreachable")
 
     def _committed_tx(self, record: RoundRecord, what: str) -> str | None:
-        """The tx that committed ``record``'s round if it holds ``record``; CommitConflict if another record."""
+        """The tx that committed ``record``'s round if it holds ``record``; CommitConflict if another
+        record."""
         on_chain = self.record_hash_of(record.run_id, record.round)
         if on_chain is None:
             return None
@@ -370,7 +349,7 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
     def record_hash_of(self, run_id: int, round: int) -> bytes | None:
         """The EIP-712 struct hash of the record committed for ``round`` of ``run_id``, or None."""
         check_uint("round", round, UINT64_MAX)
-        stored = bytes(self._sender.call(self._ledger, "recordHashOf", (run_id, round)))
+        stored = bytes(self.sender.call(self.ledger_contract, "recordHashOf", (run_id, round)))
         return None if stored == bytes(32) else stored
 
     def commit_of(self, run_id: int, round: int) -> RoundRecord | None:
@@ -380,49 +359,25 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
 
     def last_round(self, run_id: int) -> int | None:
         """The last committed round of ``run_id``, or None if none is committed."""
-        count = self._run_struct(run_id)["commitCount"]
+        count = self.run_struct(run_id)["commitCount"]
         return count - 1 if count > 0 else None
 
     def commit_count(self, run_id: int) -> int:
         """How many rounds of ``run_id`` are committed (also the number of the next round)."""
-        return self._run_struct(run_id)["commitCount"]
+        return self.run_struct(run_id)["commitCount"]
 
     def head_of(self, run_id: int) -> bytes:
-        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`): the next ``prev_head``."""
-        return bytes(self._sender.call(self._ledger, "headOf", (run_id,)))
+        """The current head of ``run_id``'s hash chain (see :mod:`ledger.hashchain`): the next
+        ``prev_head``."""
+        return bytes(self.sender.call(self.ledger_contract, "headOf", (run_id,)))
 
     def checkpoint_of(self, run_id: int, round: int) -> bytes | None:
         """The checkpoint content hash committed with ``round`` of ``run_id``, or None."""
-        content_hash = bytes(self._sender.call(self._ledger, "checkpointOf", (run_id, round)))
+        content_hash = bytes(self.sender.call(self.ledger_contract, "checkpointOf", (run_id, round)))
         return None if content_hash == bytes(32) else content_hash
 
-    # Internals -----------------------------------------------------------------------------------------
-    def _tx(self, name: str, args: tuple, what: str, value: int = 0) -> str:
-        receipt = self._sender.transact(self._ledger, name, args, what, value)
+    # Shared with the mixins ----------------------------------------------------------------------------
+    def transact_ledger(self, name: str, args: tuple, what: str, value: int = 0) -> str:
+        """Send ``name(*args)`` to the TrainingLedger; return the transaction hash (0x hex) once final."""
+        receipt = self.sender.transact(self.ledger_contract, name, args, what, value)
         return receipt["transactionHash"].to_0x_hex()
-
-    def _run_struct(self, run_id: int) -> dict:
-        names = (
-            "commitCount",
-            "checkpointEnd",
-            "quorum",
-            "quorumBps",
-            "memberCount",
-            "countedCount",
-            "tenureRounds",
-            "headHash",
-            "creator",
-            "numStages",
-            "innerSteps",
-            "inactivityRounds",
-            "maxRounds",
-            "invalidFrom",
-            "unbondingBlocks",
-            "accusationBlocks",
-            "disputeBlocks",
-            "commitments",
-            "minStake",
-            "bond",
-            "configHash",
-        )
-        return dict(zip(names, self._sender.call(self._ledger, "runOf", (run_id,)), strict=True))

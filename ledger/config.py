@@ -39,7 +39,8 @@ class LedgerConfig:
         if self.backend == "rpc" and not self.rpc_url:
             raise LedgerConfigError("ledger.backend='rpc' needs ledger.rpc_url, e.g. http://127.0.0.1:8545")
         if self.rpc_url and not self.rpc_url.startswith(("http://", "https://", "ws://", "wss://")):
-            raise LedgerConfigError(f"ledger.rpc_url={self.rpc_url!r}: must start with http://, https://, ws:// or wss://")
+            raise LedgerConfigError(
+                f"ledger.rpc_url={self.rpc_url!r}: must start with http://, https://, ws:// or wss://")
         if self.keystore and self.dev_account >= 0:
             raise LedgerConfigError("ledger.keystore and ledger.dev_account are both set: keep only one")
         for name in ("registry_address", "ledger_address"):
@@ -55,11 +56,13 @@ class LedgerConfig:
         if self.chain_id < 0:
             raise LedgerConfigError(f"ledger.chain_id={self.chain_id}: must be >= 0 (0: not checked)")
         if self.startup_wait < 0:
-            raise LedgerConfigError(f"ledger.startup_wait={self.startup_wait}: must be >= 0 seconds (0: no wait)")
+            raise LedgerConfigError(
+                f"ledger.startup_wait={self.startup_wait}: must be >= 0 seconds (0: no wait)")
         if self.receipt_timeout <= 0:
             raise LedgerConfigError(f"ledger.receipt_timeout={self.receipt_timeout}: must be > 0 seconds")
         if self.from_block < 0:
-            raise LedgerConfigError(f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
+            raise LedgerConfigError(
+                f"ledger.from_block={self.from_block}: must be >= 0 (the deployment block)")
         if self.log_page_blocks < 1:
             raise LedgerConfigError(f"ledger.log_page_blocks={self.log_page_blocks}: must be >= 1")
         if self.confirmations < 0:
@@ -67,17 +70,19 @@ class LedgerConfig:
         if self.max_fee_gwei < 0:
             raise LedgerConfigError(f"ledger.max_fee_gwei={self.max_fee_gwei}: must be >= 0 (0: no cap)")
         if self.priority_fee_gwei < 0 and self.priority_fee_gwei != -1:
-            raise LedgerConfigError(f"ledger.priority_fee_gwei={self.priority_fee_gwei}: must be >= 0, or -1 (ask "
-                                    "the node)")
+            raise LedgerConfigError(
+                f"ledger.priority_fee_gwei={self.priority_fee_gwei}: must be >= 0, or -1 (ask "
+                "the node)")
         if self.replace_after <= 0:
             raise LedgerConfigError(f"ledger.replace_after={self.replace_after}: must be > 0 seconds")
         if self.anvil_state_interval < 1:
-            raise LedgerConfigError(f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")
+            raise LedgerConfigError(
+                f"ledger.anvil_state_interval={self.anvil_state_interval}: must be >= 1 second")
 
 
 def fee_policy(config: LedgerConfig):
-    """The :class:`ledger.tx.FeePolicy` of a configuration (web3 is imported only here)."""
-    from ledger.tx import FeePolicy
+    """The :class:`ledger.fees.FeePolicy` of a configuration (web3 is imported only here)."""
+    from ledger.fees import FeePolicy
 
     return FeePolicy(
         max_fee_cap=int(config.max_fee_gwei * 10**9),

@@ -106,7 +106,8 @@ class RunHistory:
     accusations: list[AccusationRecord] = field(default_factory=list)
     slashings: list[SlashRecord] = field(default_factory=list)
     registrations: list[Registration] = field(default_factory=list)
-    dispute_outcomes: dict[int, str] = field(default_factory=dict)  # round -> upheld, overturned, lapsed, proven wrong
+    # round -> upheld, overturned, lapsed, proven wrong
+    dispute_outcomes: dict[int, str] = field(default_factory=dict)
     block_number: int = 0  # the block the history was read at (its events go up to it)
 
     @property

@@ -77,7 +77,8 @@ class EventDecoder:
         try:
             values = dict(
                 zip(
-                    [item["name"] for item in plain], decode([abi_type(item) for item in plain], bytes(log["data"]))
+                    [item["name"] for item in plain],
+                    decode([abi_type(item) for item in plain], bytes(log["data"]))
                 )
             )
             for item, topic in zip(indexed, topics[1:], strict=True):
@@ -85,7 +86,8 @@ class EventDecoder:
         except (DecodingError, ValueError, OverflowError) as exc:
             # ValueError: a topic count that is not the event's; OverflowError: an offset past any index.
             # The RPC is not trusted to return well-formed logs: one that does not decode is refused by name.
-            raise LedgerDecodeError(f"{name} log does not decode: {type(exc).__name__}: {exc}"[:300]) from None
+            raise LedgerDecodeError(
+                f"{name} log does not decode: {type(exc).__name__}: {exc}"[:300]) from None
         for item in inputs:
             if item["type"] == "address":
                 values[item["name"]] = to_checksum_address(values[item["name"]])

@@ -71,7 +71,8 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
     """The membership periods told by a run's decoded events in chain order (other events are skipped).
 
     MemberJoined opens a period; MemberLeft and MemberSlashed end it as a signer (MemberEjected, which a
-    MemberLeft follows, marks it ejected); StakeWithdrawn closes it (the account may join again: a new period).
+    MemberLeft follows, marks it ejected); StakeWithdrawn closes it (the account may join again: a new
+    period).
     """
     periods: list[Membership] = []
     current: dict[str, int] = {}  # account -> index of its period still holding a stake
@@ -114,7 +115,8 @@ def memberships_from(events: list[DecodedEvent]) -> list[Membership]:
 def accusations_from(
     events: list[DecodedEvent], into: dict[tuple[str, bytes], AccusationRecord] | None = None
 ) -> dict[tuple[str, bytes], AccusationRecord]:
-    """The accusations told by decoded events in chain order, by (accused, evidence hash); other events skipped.
+    """The accusations told by decoded events in chain order, by (accused, evidence hash); other events
+    skipped.
 
     AccusationOpened opens one; AccusationResolved or AccusationExpired ends it.
     """
@@ -144,25 +146,25 @@ class EventReads:
     """Mixin of :class:`ledger.client.LedgerClient`: everything read from event logs.
 
     Expects of the client: ``w3``, ``from_block``, ``log_page_blocks``, ``ledger_address``, ``head_of``,
-    ``record_hash_of``, ``_run_struct``, ``_sender`` (:class:`ledger.tx.TransactionSender`), ``_registry``,
-    ``_ledger`` and
-    their :class:`ledger.events.EventDecoder` ``_registry_events``, ``_ledger_events``.
+    ``record_hash_of``, ``run_struct``, ``sender`` (:class:`ledger.tx.TransactionSender`),
+    ``registry_contract``, ``ledger_contract`` and
+    their :class:`ledger.events.EventDecoder` ``registry_events``, ``ledger_events``.
     """
 
     def registrations(self) -> list[Registration]:
         """Every registration ever made, in chain order, marking the ones later unregistered."""
         logs = self._scan(
-            self._registry,
+            self.registry_contract,
             [
                 [
-                    self._registry_events.topic("NodeRegistered"),
-                    self._registry_events.topic("NodeUnregistered"),
+                    self.registry_events.topic("NodeRegistered"),
+                    self.registry_events.topic("NodeUnregistered"),
                 ]
             ],
         )
         registrations: list[Registration] = []
         open_by_account: dict[str, int] = {}
-        for event in (self._registry_events.decode(log) for log in logs):
+        for event in (self.registry_events.decode(log) for log in logs):
             if event is None:
                 continue
             account = event.args["account"]
@@ -188,21 +190,21 @@ class EventReads:
 
     def run_info(self, run_id: int) -> RunInfo:
         """Run ``run_id`` as created (from its RunCreated event); raises LedgerError if it does not exist."""
-        logs = self._scan(self._ledger, [self._ledger_events.topic("RunCreated"), topic_uint(run_id)])
+        logs = self._scan(self.ledger_contract, [self.ledger_events.topic("RunCreated"), topic_uint(run_id)])
         if not logs:
             raise LedgerError(f"run {run_id} does not exist on ledger {self.ledger_address}")
-        return run_info_from(self._ledger_events.decode(logs[0]))
+        return run_info_from(self.ledger_events.decode(logs[0]))
 
     def find_runs(self, config_hash: bytes) -> list[RunInfo]:
         """Every run created with ``config_hash``, oldest first (to reuse a run instead of creating one)."""
         config_hash = check_bytes32("config_hash", config_hash)
-        logs = self._scan(self._ledger, [self._ledger_events.topic("RunCreated")])
-        runs = [run_info_from(self._ledger_events.decode(log)) for log in logs]
+        logs = self._scan(self.ledger_contract, [self.ledger_events.topic("RunCreated")])
+        runs = [run_info_from(self.ledger_events.decode(log)) for log in logs]
         return [run for run in runs if run.config_hash == config_hash]
 
     def latest_checkpoint(self, run_id: int) -> CheckpointRecord | None:
         """The checkpoint of the highest round that published one for ``run_id`` (with its URI), or None."""
-        end = self._run_struct(run_id)["checkpointEnd"]  # 1 + the latest checkpoint round; 0: none
+        end = self.run_struct(run_id)["checkpointEnd"]  # 1 + the latest checkpoint round; 0: none
         if end == 0:
             return None
         record = self.commit_record(run_id, end - 1)
@@ -213,21 +215,24 @@ class EventReads:
         if self.record_hash_of(run_id, round) is None:
             return None
         logs = self._scan(
-            self._ledger, [self._ledger_events.topic("RoundCommitted"), topic_uint(run_id), topic_uint(round)]
+            self.ledger_contract, [self.ledger_events.topic("RoundCommitted"), topic_uint(run_id),
+                                   topic_uint(round)]
         )
-        return commit_record_from(self._ledger_events.decode(logs[0])) if logs else None
+        return commit_record_from(self.ledger_events.decode(logs[0])) if logs else None
 
     def memberships(self, run_id: int, to_block: int | None = None) -> list[Membership]:
         """Every membership period of ``run_id`` up to ``to_block`` (default: latest), in join order."""
         names = ("MemberJoined", "MemberLeft", "MemberEjected", "StakeWithdrawn", "MemberSlashed")
         logs = self._scan(
-            self._ledger, [[self._ledger_events.topic(name) for name in names], topic_uint(run_id)], to_block
+            self.ledger_contract, [[self.ledger_events.topic(name) for name in names], topic_uint(run_id)],
+            to_block
         )
-        return memberships_from([self._ledger_events.decode(log) for log in logs])
+        return memberships_from([self.ledger_events.decode(log) for log in logs])
 
     def members_at(self, run_id: int, block: int | None = None) -> list[Membership]:
-        """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events alone."""
-        block = self._block_number() if block is None else block
+        """The members of ``run_id`` able to sign at the end of ``block`` (default: latest), from events
+        alone."""
+        block = self.head_block() if block is None else block
         return [m for m in self.memberships(run_id, block) if m.in_force(end_of_block(block))]
 
     def accusations(self, run_id: int, from_block: int | None = None) -> list[AccusationRecord]:
@@ -235,23 +240,25 @@ class EventReads:
         in the order they were opened, each with its resolution or expiry if any (what a node watches)."""
         logs = scan_logs(
             self.w3,
-            self._ledger.address,
-            [[self._ledger_events.topic(name) for name in _ACCUSATION_EVENTS], topic_uint(run_id)],
+            self.ledger_contract.address,
+            [[self.ledger_events.topic(name) for name in _ACCUSATION_EVENTS], topic_uint(run_id)],
             self.from_block if from_block is None else from_block,
-            self._block_number(),
+            self.head_block(),
             self.log_page_blocks,
-            self._sender.rpc,
+            self.sender.rpc,
         )
-        events = [event for event in (self._ledger_events.decode(log) for log in logs) if event is not None]
+        events = [event for event in (self.ledger_events.decode(log) for log in logs) if event is not None]
         return list(accusations_from(events).values())
 
     def disputes(self, run_id: int, round: int | None = None) -> list[DisputeRecord]:
-        """The RoundDisputed events of ``run_id`` (of ``round`` only if given), in chain order: each disputer's
-        signed record. ``disputers_of`` is the same list of disputers read from the contract's state."""
-        topics = [self._ledger_events.topic("RoundDisputed"), topic_uint(run_id)]
+        """The RoundDisputed events of ``run_id`` (of ``round`` only if given), in chain order: each
+        disputer's signed record. ``disputers_of`` is the same list of disputers read from the contract's
+        state."""
+        topics = [self.ledger_events.topic("RoundDisputed"), topic_uint(run_id)]
         if round is not None:
             topics.append(topic_uint(round))
-        return [dispute_from(self._ledger_events.decode(log)) for log in self._scan(self._ledger, topics)]
+        return [dispute_from(self.ledger_events.decode(log))
+                for log in self._scan(self.ledger_contract, topics)]
 
     def history(self, run_id: int, with_registrations: bool = True) -> RunHistory:
         """Everything the chain records about ``run_id``, read from events (paginated by block range).
@@ -259,14 +266,14 @@ class EventReads:
         Raises:
             LedgerError: The run does not exist.
         """
-        to_block = self._block_number()
+        to_block = self.head_block()
         head = self.head_of(run_id)
         logs = self._scan(
-            self._ledger,
-            [[self._ledger_events.topic(name) for name in _RUN_EVENTS], topic_uint(run_id)],
+            self.ledger_contract,
+            [[self.ledger_events.topic(name) for name in _RUN_EVENTS], topic_uint(run_id)],
             to_block,
         )
-        events = [event for event in (self._ledger_events.decode(log) for log in logs) if event is not None]
+        events = [event for event in (self.ledger_events.decode(log) for log in logs) if event is not None]
         run = None
         commits, disputes, equivocations, slashings = [], [], [], []
         outcomes: dict[int, str] = {}
@@ -308,17 +315,14 @@ class EventReads:
             block_number=to_block,
         )
 
-    def _block_number(self) -> int:
-        return self._sender.rpc(lambda: self.w3.eth.block_number, "eth_blockNumber")
-
     def head_block(self) -> int:
         """The chain's head block, read like every other call: retried through an RPC outage, then
         ChainUnavailable (never the HTTP library's own exception)."""
-        return self._block_number()
+        return self.sender.rpc(lambda: self.w3.eth.block_number, "eth_blockNumber")
 
     def _scan(self, contract, topics: list, to_block: int | None = None) -> list[dict]:
         if to_block is None:
-            to_block = self._block_number()
+            to_block = self.head_block()
         return scan_logs(
             self.w3,
             contract.address,
@@ -326,10 +330,10 @@ class EventReads:
             self.from_block,
             to_block,
             self.log_page_blocks,
-            self._sender.rpc,
+            self.sender.rpc,
         )
 
-    def _first_tx(self, contract, decoder: EventDecoder, name: str, topics: list, last: bool = False) -> str:
+    def first_tx(self, contract, decoder: EventDecoder, name: str, topics: list, last: bool = False) -> str:
         logs = self._scan(contract, [decoder.topic(name), *topics])
         if not logs:
             raise LedgerError(f"no {name} event found for {topics} on {contract.address}")

@@ -50,7 +50,8 @@ def _levels(leaves: list[bytes]) -> list[list[bytes]]:
 
 def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
     """Every level of the tree over ``leaves``, the leaf hashes first and the root's level last: node ``s`` of
-    level ``k`` is the root over leaves ``[s 2^k, (s + 1) 2^k)`` (an odd node is promoted, keeping its span)."""
+    level ``k`` is the root over leaves ``[s 2^k, (s + 1) 2^k)`` (an odd node is promoted, keeping its
+    span)."""
     if not leaves:
         raise LedgerInputError("a tree of no leaves has no levels")
     return _levels(list(leaves))

@@ -19,8 +19,8 @@ From these the contract (``AggregationProver.proveWrongNorm``) recomputes DiLoCo
 section 10): ``n_j = sqrt(double(S_j))`` (``double`` correctly rounded: the one rounding of ``math.fsum``),
 ``p_j = n_j / k_j`` in a run bounded by time, the lower median, ``bound = norm_clip * med`` and ``s_j = 1`` or
 ``bound / p_j``, all binary64 and correctly rounded. A proof shows one of: the committed scales are not the
-rule of the committed totals (:func:`scale_proof`); or one chunk of a contribution's sum tree holds another sum
-than the squares of its committed piece, or the tree sums to another total than the committed one
+rule of the committed totals (:func:`scale_proof`); or one chunk of a contribution's sum tree holds another
+sum than the squares of its committed piece, or the tree sums to another total than the committed one
 (:func:`sum_proof`).
 """
 
@@ -49,8 +49,8 @@ def square_sum(values: bytes) -> int:
     """The exact sum of squares of the float32 ``values`` (little-endian bytes), in units of ``2**-298``.
 
     A float32 squared is exact in float64 (48 significant bits, ``2**-298 .. 2**256``), and scaling it by
-    ``2**298`` is exact too, so each square is an integer as a float64. LedgerInputError for a non-finite value
-    (no accepted contribution holds one)."""
+    ``2**298`` is exact too, so each square is an integer as a float64. LedgerInputError for a non-finite
+    value (no accepted contribution holds one)."""
     if len(values) % 4:
         raise LedgerInputError(f"{len(values)} bytes are not float32 values")
     total = 0
@@ -91,7 +91,8 @@ class SumTree:
     another (``SUM_BYTES`` each), not as a (hash, int) pair per node: a node keeps a tree per accepted
     contribution and stage for every round behind the commit lag (issue 45)."""
 
-    hashes: tuple[bytes, ...]  # per level, the nodes' 32-byte hashes concatenated; the leaves' first, the root's last
+    # per level, the nodes' 32-byte hashes concatenated; the leaves' first, the root's last
+    hashes: tuple[bytes, ...]
     sum_levels: tuple[bytes, ...]  # per level, the nodes' sums (SUM_BYTES each, big-endian) concatenated
 
     @classmethod
@@ -181,14 +182,16 @@ def sum_to_double(total: int) -> float:
 
 
 def norm_of(total: int) -> float:
-    """``n_j = sqrt(double(S_j))``: what training/robust.py's ``contribution_norm`` returns for the same values."""
+    """``n_j = sqrt(double(S_j))``: what training/robust.py's ``contribution_norm`` returns for the same
+    values."""
     return math.sqrt(sum_to_double(total))
 
 
 def clip_scales(totals: Sequence[int], norm_clip: float, steps: Sequence[int] = ()) -> list[float]:
-    """The norm rule's scale of each accepted contribution (docs/DILOCOX.md section 10), from the exact sums of
-    squares: :func:`rulebook.norm_clip.clip_scales` (the rule training/robust.py applies) on their norms, what the
-    contract recomputes."""
+    """The norm rule's scale of each accepted contribution (docs/DILOCOX.md section 10), from the exact sums
+    of
+    squares: :func:`rulebook.norm_clip.clip_scales` (the rule training/robust.py applies) on their norms, what
+    the contract recomputes."""
     return norm_rule_scales([norm_of(total) for total in totals], norm_clip, steps)
 
 
@@ -238,16 +241,19 @@ class NormProof:
 
 
 def scale_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes) -> NormProof:
-    """The proof that the committed scales of ``stage`` in ``record`` are not the norm rule of the committed sums
-    (``stage_leaves``: every committed stage leaf of the record, encoded; ``factors``: the stage's, encoded)."""
+    """The proof that the committed scales of ``stage`` in ``record`` are not the norm rule of the committed
+    sums
+    (``stage_leaves``: every committed stage leaf of the record, encoded; ``factors``: the stage's,
+    encoded)."""
     from ledger.chunkproof import tree_path
 
-    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
-                     SCALES, 0, b"", [], b"", [], b"", [])
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage),
+                     factors, SCALES, 0, b"", [], b"", [], b"", [])
 
 
-def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, weight_leaves: Sequence[bytes],
-              payload_leaves: Sequence[bytes], tree: SumTree, contribution: int, chunk: int) -> NormProof:
+def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
+              weight_leaves: Sequence[bytes], payload_leaves: Sequence[bytes], tree: SumTree,
+              contribution: int, chunk: int) -> NormProof:
     """The proof that chunk ``chunk`` of contribution ``contribution``'s committed sum tree (``tree``, as the
     committers built it) is not the squares of its committed piece (``payload_leaves``, the contribution's),
     or that the tree does not sum to the committed total; ``weight_leaves``: the round's committed weights."""
@@ -255,29 +261,29 @@ def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
 
     if not 0 <= chunk < len(weight_leaves):
         raise LedgerInputError(f"chunk {chunk} outside the stage's {len(weight_leaves)} chunks")
-    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
-                     contribution, chunk, weight_leaves[chunk], tree_path(list(weight_leaves), chunk),
-                     payload_leaves[chunk], tree_path(list(payload_leaves), chunk),
-                     tree.leaf(chunk), tree.path(chunk))
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage),
+                     factors, contribution, chunk, weight_leaves[chunk],
+                     tree_path(list(weight_leaves), chunk), payload_leaves[chunk],
+                     tree_path(list(payload_leaves), chunk), tree.leaf(chunk), tree.path(chunk))
 
 
-def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int, chunk: int,
-                     weights: tuple[bytes, Sequence[bytes]], piece: tuple[bytes, Sequence[bytes]],
+def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int,
+                     chunk: int, weights: tuple[bytes, Sequence[bytes]], piece: tuple[bytes, Sequence[bytes]],
                      opened: tuple[bytes, Sequence[bytes]]) -> NormProof:
     """:func:`sum_proof` from leaves opened one at a time (answered availability challenges): ``weights`` the
-    round's committed weights leaf of ``chunk`` with its path, ``piece`` contribution ``contribution``'s piece of
-    it with its path, ``opened`` the committed sum leaf (96 bytes) with its sum path, as the committers published
-    it."""
+    round's committed weights leaf of ``chunk`` with its path, ``piece`` contribution ``contribution``'s piece
+    of it with its path, ``opened`` the committed sum leaf (96 bytes) with its sum path, as the committers
+    published it."""
     from ledger.chunkproof import tree_path
 
-    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage), factors,
-                     contribution, chunk, weights[0], list(weights[1]), piece[0], list(piece[1]), bytes(opened[0]),
-                     list(opened[1]))
+    return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage),
+                     factors, contribution, chunk, weights[0], list(weights[1]), piece[0], list(piece[1]),
+                     bytes(opened[0]), list(opened[1]))
 
 
 def path_sums(path: Sequence[bytes]) -> list[tuple[bytes, int]]:
-    """A sum path's siblings from the leaf up: ``(hash, sum)`` of each (four 32-byte words each: the hash, then the
-    sum's three words). LedgerInputError for a path of another shape."""
+    """A sum path's siblings from the leaf up: ``(hash, sum)`` of each (four 32-byte words each: the hash,
+    then the sum's three words). LedgerInputError for a path of another shape."""
     if len(path) % 4 or any(len(word) != 32 for word in path):
         raise LedgerInputError(f"a sum path is four 32-byte words a level, not {len(path)} words")
     return [(bytes(path[i]), int.from_bytes(b"".join(bytes(w) for w in path[i + 1:i + 4]), "big"))
@@ -285,19 +291,20 @@ def path_sums(path: Sequence[bytes]) -> list[tuple[bytes, int]]:
 
 
 def path_total(leaf: bytes, path: Sequence[bytes]) -> int:
-    """The total a committed sum tree's root holds, from one of its leaves (96 bytes) and that leaf's sum path: the
-    leaf's sum and every sibling's (the contract adds them as it climbs)."""
+    """The total a committed sum tree's root holds, from one of its leaves (96 bytes) and that leaf's sum
+    path: the leaf's sum and every sibling's (the contract adds them as it climbs)."""
     if len(leaf) != SUM_BYTES:
         raise LedgerInputError(f"a sum leaf is {SUM_BYTES} bytes, not {len(leaf)}")
     return int.from_bytes(leaf, "big") + sum(total for _hash, total in path_sums(path))
 
 
 def differing_sum_subtree(own: SumTree, chunk: int, path: Sequence[bytes]) -> int | None:
-    """Where to look next for a committed sum leaf that differs from this node's tree ``own``, given the committed
-    leaf ``chunk`` (equal to this node's) and its sum ``path`` (an answered availability challenge's): the first
-    leaf of the smallest subtree whose committed hash (a sibling on ``path``) differs from this node's node there,
-    as :func:`ledger.availability.differing_subtree` over a weights tree. So a lied leaf is found in at most
-    ``log2(chunks)`` openings. None: every sibling is this node's (the path is not of this tree's shape)."""
+    """Where to look next for a committed sum leaf that differs from this node's tree ``own``, given the
+    committed leaf ``chunk`` (equal to this node's) and its sum ``path`` (an answered availability
+    challenge's): the first leaf of the smallest subtree whose committed hash (a sibling on ``path``) differs
+    from this node's node there, as :func:`ledger.availability.differing_subtree` over a weights tree. So a
+    lied leaf is found in at most ``log2(chunks)`` openings. None: every sibling is this node's (the path is
+    not of this tree's shape)."""
     siblings = []
     position = chunk
     for height in range(len(own.hashes) - 1):
@@ -325,7 +332,8 @@ def first_wrong_sum(own: Sequence[int], committed: SumTree) -> int | None:
 
 def encode_norm_state(factors: bytes, trees: Sequence[SumTree]) -> bytes:
     """What a committer serves of a version-3 stage beside its state: the factors' bytes and each accepted
-    contribution's per-chunk sums (the leaves of its sum tree), for a prover to open (:func:`parse_norm_state`)."""
+    contribution's per-chunk sums (the leaves of its sum tree), for a prover to open
+    (:func:`parse_norm_state`)."""
     parts = [struct.pack(">I", len(factors)), factors]
     for tree in trees:
         parts += [struct.pack(">I", tree.width(0)), tree.sum_levels[0]]
@@ -333,9 +341,10 @@ def encode_norm_state(factors: bytes, trees: Sequence[SumTree]) -> bytes:
 
 
 def parse_norm_state(data: bytes, factors_hash: bytes, num_chunks: int):
-    """``(factors, trees)`` of :func:`encode_norm_state`'s bytes, checked against the committed stage leaf: the
-    factors hash to ``factors_hash``, are version 3, and each tree has ``num_chunks`` leaves and the committed root
-    (its total may differ from the committed one: that is a fraud a proof shows). LedgerInputError otherwise."""
+    """``(factors, trees)`` of :func:`encode_norm_state`'s bytes, checked against the committed stage leaf:
+    the factors hash to ``factors_hash``, are version 3, and each tree has ``num_chunks`` leaves and the
+    committed root (its total may differ from the committed one: that is a fraud a proof shows).
+    LedgerInputError otherwise."""
     from ledger.chunkproof import Factors
 
     view, at = memoryview(bytes(data)), 0
@@ -360,7 +369,8 @@ def parse_norm_state(data: bytes, factors_hash: bytes, num_chunks: int):
         if count != num_chunks:
             raise LedgerInputError(f"norm state: a sum tree of {count} chunks, not the stage's {num_chunks}")
         raw = take(SUM_BYTES * count)
-        tree = SumTree.of([int.from_bytes(raw[i:i + SUM_BYTES], "big") for i in range(0, len(raw), SUM_BYTES)])
+        tree = SumTree.of([int.from_bytes(raw[i:i + SUM_BYTES], "big")
+                           for i in range(0, len(raw), SUM_BYTES)])
         if tree.root != root:
             raise LedgerInputError("norm state: a sum tree is not the committed root's")
         trees.append(tree)

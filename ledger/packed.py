@@ -1,15 +1,15 @@
 """A sequence of byte strings held in one buffer: how a node keeps a round's chunk leaves and sum trees.
 
 A chunked run's stage state (:class:`ledger.chunkproof.StageState`) is thousands of short byte strings a round
-(a 64-element chunk is 280 bytes; a sum tree node a 32-byte hash and a 96-byte sum), kept for the rounds behind
-the commit lag. As Python objects each is a block of CPython's small-object allocator, whose 1 MiB arenas go
-back to the system only once every block in them is free: the states of a few rounds held while the commits
-lag (issue 45's soak: a leaver's seat stalled the commits eight rounds) left the allocator's arenas at their
-high-water mark for the rest of the run, a step of RSS that never came back (docs/P2P.md, "What the soak
+(a 64-element chunk is 280 bytes; a sum tree node a 32-byte hash and a 96-byte sum), kept for the rounds
+behind the commit lag. As Python objects each is a block of CPython's small-object allocator, whose 1 MiB
+arenas go back to the system only once every block in them is free: the states of a few rounds held while the
+commits lag (issue 45's soak: a leaver's seat stalled the commits eight rounds) left the allocator's arenas at
+their high-water mark for the rest of the run, a step of RSS that never came back (docs/P2P.md, "What the soak
 found"). Held here, a list of leaves is two allocations that are returned whole when the round is dropped.
 
-:class:`PackedBytes` reads as an immutable ``Sequence[bytes]``: indexing gives a new ``bytes`` (a slice gives a
-list of them), iteration, ``len``, and equality with any sequence of the same strings.
+:class:`PackedBytes` reads as an immutable ``Sequence[bytes]``: indexing gives a new ``bytes`` (a slice gives
+a list of them), iteration, ``len``, and equality with any sequence of the same strings.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from eth_abi import encode
 from eth_utils import keccak, to_checksum_address
 
 import contracts
+from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.chunkproof import AggregationProof
 from ledger.errors import LedgerInputError
 from ledger.normproof import SCALES, NormProof
@@ -24,11 +25,12 @@ class ProofCalls:
     @cached_property
     def prover_address(self) -> str:
         """The AggregationProver the ledger deployed and takes fraud proofs from."""
-        return to_checksum_address(self._sender.call(self._ledger, "prover"))
+        return to_checksum_address(self.sender.call(self.ledger_contract, "prover"))
 
     @cached_property
     def _prover(self):
-        return self.w3.eth.contract(address=self.prover_address, abi=contracts.artifact("AggregationProver")["abi"])
+        return self.w3.eth.contract(address=self.prover_address,
+                                    abi=contracts.artifact("AggregationProver")["abi"])
 
     def _proof_args(self, proof: AggregationProof, attesters) -> tuple:
         if not isinstance(proof, AggregationProof):
@@ -45,7 +47,7 @@ class ProofCalls:
     def proof_holds(self, proof: AggregationProof, attesters=None) -> bool:
         """Whether the proof would succeed now (the chunk differs); raises the contract's error if malformed
         (ProverBadPath, ProverBadFactors, ...)."""
-        return self._sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
+        return self.sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
 
     def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None) -> dict:
         """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
@@ -56,9 +58,12 @@ class ProofCalls:
             ProverBadStagePath, ProverBadStageLeaf, ProverBadFactors, ProverBadChunk, ProverBadPath,
             ProverBadLeaf, LedgerRunHalted (the round is already invalid), LedgerNotAttesters.
         """
-        what = f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, " \
-               f"chunk {proof.chunk})"
-        return self._sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters), what)
+        what = (
+            f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, "
+            f"chunk {proof.chunk})"
+        )
+        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters),
+                                    what)
 
     def _norm_args(self, proof: NormProof, attesters) -> tuple:
         if not isinstance(proof, NormProof):
@@ -69,26 +74,27 @@ class ProofCalls:
         return proof.args([to_checksum_address(a) for a in attesters])
 
     def norm_proof_holds(self, proof: NormProof, attesters=None) -> bool:
-        """Whether the norm proof would succeed now; raises the contract's error if malformed (ProverNotNormed,
-        ProverBadSumPath, ProverBadPath, ...)."""
-        return self._sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
+        """Whether the norm proof would succeed now; raises the contract's error if malformed
+        (ProverNotNormed, ProverBadSumPath, ProverBadPath, ...)."""
+        return self.sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
 
     def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
         """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
 
         Raises:
-            ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a version-2
-            round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
+            ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a
+            version-2 round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
             ProverBadFactors, ProverBadTarget, ProverBadChunk, ProverBadPath, ProverBadLeaf, ProverBadSumPath,
             LedgerRunHalted, LedgerNotAttesters.
         """
-        which = "scales" if proof.contribution == SCALES else f"contribution {proof.contribution} chunk {proof.chunk}"
+        which = "scales" if proof.contribution == SCALES \
+            else f"contribution {proof.contribution} chunk {proof.chunk}"
         what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
-        return self._sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
+        return self.sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
-        """Challenge the committers to publish one committed leaf (``ledger.availability.availability_target``),
-        paying the run's bond; return the challenge's id.
+        """Challenge the committers to publish one committed leaf
+        (``ledger.availability.availability_target``), paying the run's bond; return the challenge's id.
 
         Raises:
             ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
@@ -97,24 +103,27 @@ class ProofCalls:
         """
         record, stage, _leaf, _path, _factors, which, chunk = target
         if bond is None:
-            bond = self._run_struct(record[0])["bond"]
-        self._sender.transact(self._prover, "challengeAvailability", (target,),
-                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})", bond)
+            bond = self.run_struct(record[0])["bond"]
+        self.sender.transact(self._prover, "challengeAvailability", (target,),
+                              f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})",
+                             bond)
         return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
                              [record[0], record[1], stage, which, chunk]))
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
-        """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum tree's leaf:
-        its 96-byte sum and its sum path).
+        """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum
+        tree's leaf: its 96-byte sum and its sum path).
 
-        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath (a
-        sum tree's leaf of another width or a path of another length).
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeDue, ProverBadPath, ProverBadSumPath
+        (a sum tree's leaf of another width or a path of another length).
         """
-        return self._sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path), "answerChallenge")
+        return self.sender.transact(self._prover, "answerChallenge", (challenge_id, leaf, path),
+                                    "answerChallenge")
 
     def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
-        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the round's,
-        None reads them from RoundCommitted), the challenger paid half of the slash and its bond returned.
+        """Settle an unanswered challenge past its deadline: its round is overturned (``attesters``: the
+        round's, None reads them from RoundCommitted), the challenger paid half of the slash and its bond
+        returned.
 
         Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters.
         """
@@ -122,19 +131,21 @@ class ProofCalls:
             state = self.challenge_of(challenge_id)
             commit = self.commit_record(state["runId"], state["round"])
             attesters = commit.attesters if commit is not None else ()
-        return self._sender.transact(self._prover, "expireChallenge",
-                                     (challenge_id, [to_checksum_address(a) for a in attesters]), "expireChallenge")
+        return self.sender.transact(self._prover, "expireChallenge",
+                                     (challenge_id, [to_checksum_address(a) for a in attesters]),
+                                    "expireChallenge")
 
     def availability_challenges(self, run_id: int, from_block: int | None = None) -> list[dict]:
         """The availability challenges of ``run_id`` opened from ``from_block`` on (default: the client's
-        ``from_block``), in chain order: ``AvailabilityChallenged``'s fields by name (what a member answers)."""
+        ``from_block``), in chain order: ``AvailabilityChallenged``'s fields by name (what a member
+        answers)."""
         from ledger.events import EventDecoder, scan_logs, topic_uint
 
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
         logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityChallenged"), None,
                                                         topic_uint(run_id)],
-                         self.from_block if from_block is None else from_block, self._block_number(),
-                         self.log_page_blocks, self._sender.rpc)
+                         self.from_block if from_block is None else from_block, self.head_block(),
+                         self.log_page_blocks, self.sender.rpc)
         found = []
         for log in logs:
             event = decoder.decode(log)
@@ -153,17 +164,19 @@ class ProofCalls:
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
         logs = scan_logs(self.w3, self.prover_address, [decoder.topic("AvailabilityAnswered"),
                                                         "0x" + bytes(challenge_id).hex()],
-                         self.from_block if from_block is None else from_block, self._block_number(),
-                         self.log_page_blocks, self._sender.rpc)
+                         self.from_block if from_block is None else from_block, self.head_block(),
+                         self.log_page_blocks, self.sender.rpc)
         for log in logs:
             event = decoder.decode(log)
             if event is None:
                 continue
             leaf = bytes(event.args["leaf"])
+            # Read like every other call: retried through an outage, then ChainUnavailable.
+            sent = self.sender.rpc(lambda tx_hash=event.tx_hash: self.w3.eth.get_transaction(tx_hash),
+                                   "eth_getTransactionByHash")
             try:
-                sent = self.w3.eth.get_transaction(event.tx_hash)
                 function, args = self._prover.decode_function_input(sent["input"])
-            except Exception:  # noqa: BLE001 - calldata of another contract, or none readable: no path
+            except ABI_DECODE_ERRORS:  # calldata of a call through another contract, or malformed: no path
                 return leaf, None
             if (function.fn_name != "answerChallenge" or bytes(args["id"]) != bytes(challenge_id)
                     or bytes(args["leaf"]) != leaf):
@@ -173,10 +186,11 @@ class ProofCalls:
 
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
-        names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId", "bond")
-        return dict(zip(names, self._sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
+        names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId",
+                 "bond")
+        return dict(zip(names, self.sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:
         """The first invalid round of ``run_id`` (overturned by a verdict or a fraud proof), or None."""
-        value = self._run_struct(run_id)["invalidFrom"]
+        value = self.run_struct(run_id)["invalidFrom"]
         return value - 1 if value else None

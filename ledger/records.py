@@ -115,7 +115,8 @@ class RoundRecord:
     @classmethod
     def from_fields(cls, values) -> RoundRecord:
         """The record of a decoded ``Record`` tuple (struct order)."""
-        run_id, round, prev_head, weights, contributions, train, evaluation, tokens, contributors, ckpt = values
+        run_id, round, prev_head, weights, contributions, train, evaluation, tokens, contributors, \
+            ckpt = values
         return cls(
             run_id,
             round,
@@ -259,8 +260,8 @@ class AccusationState:
 class Membership:
     """One period of an account's membership of a run, rebuilt from events.
 
-    It starts at MemberJoined and ends (as a signer) at MemberLeft or MemberSlashed; ``withdrawn_block`` is set
-    once the stake is taken back. An account that withdrew may join again: that is another Membership.
+    It starts at MemberJoined and ends (as a signer) at MemberLeft or MemberSlashed; ``withdrawn_block`` is
+    set once the stake is taken back. An account that withdrew may join again: that is another Membership.
     """
 
     run_id: int
@@ -293,7 +294,8 @@ class Membership:
 
     def counted_at(self, position: Position) -> bool:
         """Whether the account's signature counted toward a quorum at ``position``: counted before it and
-        neither left nor slashed before it (a commit's own MemberCounted events come before its RoundCommitted)."""
+        neither left nor slashed before it (a commit's own MemberCounted events come before its
+        RoundCommitted)."""
         ended = self.ended
         return self.counted is not None and self.counted < position and (ended is None or ended > position)
 
@@ -304,7 +306,7 @@ class Registration:
 
     account: str
     pubkey: bytes  # raw 32-byte ed25519 public key
-    signature: bytes  # 64-byte ed25519 signature over ledger.client.binding_message(...)
+    signature: bytes  # 64-byte ed25519 signature over ledger.binding.binding_message(...)
     stake: int
     block_number: int
     tx_hash: str

@@ -1,8 +1,9 @@
 """Reverts, decoded identically on anvil and py-evm: a contract's custom error becomes the matching
 :class:`ledger.errors.ContractRevert` subclass, ``Error(string)`` and ``Panic(uint256)`` a readable one.
 
-anvil reports a revert's data in an RPC error; eth-tester raises ``TransactionFailed`` on py-evm with the data in
-its message; :func:`decode_revert` takes either. Used by :mod:`ledger.tx` (preflight, mined reverts) and the tests.
+anvil reports a revert's data in an RPC error; eth-tester raises ``TransactionFailed`` on py-evm with the data
+in its message; :func:`decode_revert` takes either. Used by :mod:`ledger.tx` (preflight, mined reverts) and
+the tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from web3.exceptions import BadFunctionCallOutput, ContractLogicError, Transacti
 
 import contracts
 from ledger import errors
+from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.errors import ContractRevert, DeploymentMismatch, LedgerError, RpcRejected, UnknownRevert
 
 _ERROR_STRING = bytes.fromhex("08c379a0")  # Error(string)
@@ -55,14 +57,14 @@ def revert_from_data(data: bytes, what: str) -> ContractRevert:
                 key: to_checksum_address(value) if kind == "address" else value
                 for key, kind, value in zip(names, types, decoded, strict=True)
             }
-        except Exception:  # noqa: BLE001 - malformed data from the node: report it undecoded
+        except ABI_DECODE_ERRORS:  # malformed data from the node: report it undecoded
             return UnknownRevert(f"{what}: reverted with malformed {name} data 0x{data.hex()}", data=data)
         shown = ", ".join(f"{key}={_show(value)}" for key, value in values.items())
         return errors.REVERT_CLASSES[name](f"{what}: reverted with {name}({shown})", values=values, data=data)
     if selector == _ERROR_STRING:
         try:
             reason = decode(["string"], data[4:])[0]
-        except Exception:  # noqa: BLE001
+        except ABI_DECODE_ERRORS:  # not an ABI string (or not UTF-8): show the bytes
             reason = f"0x{data.hex()}"
         return UnknownRevert(f"{what}: reverted: {reason}", values={"reason": reason}, data=data)
     if selector == _PANIC:
@@ -115,7 +117,7 @@ def decode_revert(exc: BaseException, what: str) -> ContractRevert | None:
     return None
 
 
-def _ledger_error(exc: Exception, what: str) -> Exception:
+def ledger_error_of(exc: Exception, what: str) -> Exception:
     """The ledger error for a failed RPC request (``exc`` itself if it already is one or is unexpected)."""
     if isinstance(exc, (LedgerError, TransactionNotFound)):  # the latter is an answer, not a failure
         return exc

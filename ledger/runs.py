@@ -1,7 +1,7 @@
 """Runs and their members: the TrainingLedger's calls that create a run, join, leave and withdraw.
 
 :class:`RunCalls` is a mixin of :class:`ledger.client.LedgerClient` (as :class:`ledger.disputes.DisputeCalls`
-is): it uses the client's transaction sender, contract and ``_tx``/``_run_struct`` helpers.
+is): it uses the client's transaction sender, contract and ``transact_ledger`` helper.
 """
 
 from __future__ import annotations
@@ -27,10 +27,22 @@ from ledger.runparams import (
 
 logger = logging.getLogger(__name__)
 
+#: The fields of ``TrainingLedger.runOf``'s struct, in order.
+RUN_FIELDS = (
+    "commitCount", "checkpointEnd", "quorum", "quorumBps", "memberCount", "countedCount", "tenureRounds",
+    "headHash", "creator", "numStages", "innerSteps", "inactivityRounds", "maxRounds", "invalidFrom",
+    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake", "bond", "configHash",
+)
+
+
 class RunCalls:
     """The run and membership calls of :class:`ledger.client.LedgerClient`."""
 
     # Runs ----------------------------------------------------------------------------------------------
+    def run_struct(self, run_id: int) -> dict:
+        """``TrainingLedger.runOf(run_id)`` as a dict keyed by :data:`RUN_FIELDS`."""
+        return dict(zip(RUN_FIELDS, self.sender.call(self.ledger_contract, "runOf", (run_id,)), strict=True))
+
     def create_run(
         self,
         config_hash: bytes,
@@ -54,7 +66,8 @@ class RunCalls:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
         Args:
-            config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages, H).
+            config_hash: 32-byte hash of the run's full configuration (model, data, hyperparameters, stages,
+                H).
             num_stages: Pipeline stages (>= 1).
             inner_steps: Inner steps H per outer round (>= 1).
             config_uri: Where the configuration can be fetched (emitted only).
@@ -62,13 +75,15 @@ class RunCalls:
             quorum: k, the fewest distinct counted member signatures a commit (or a verdict) needs (>= 2
                 unless ``allow_weak_quorum``).
             quorum_bps: The quorum is also at least this fraction (basis points, <= 10000) of the counted
-                members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless ``allow_weak_quorum``).
+                members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless
+                ``allow_weak_quorum``).
             bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
             unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
                 ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
             accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
             dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
-            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it (>= 1).
+            inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it
+                (>= 1).
             max_rounds: Rounds 0 .. max_rounds-1 may be committed; 0 leaves the run open-ended.
             tenure_rounds: Rounds a member that joined after the first commit is in force before its
                 signatures count toward quorums (>= 1; founders count at once).
@@ -103,7 +118,8 @@ class RunCalls:
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 
-    def create_run_with(self, params: RunParams, config_uri: str = "", *, allow_weak_quorum: bool = False) -> int:
+    def create_run_with(self, params: RunParams, config_uri: str = "", *,
+                        allow_weak_quorum: bool = False) -> int:
         """Create a run with ``params``; return its id (see :meth:`create_run`)."""
         if not isinstance(params, RunParams):
             raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
@@ -113,9 +129,10 @@ class RunCalls:
                                    + " (pass allow_weak_quorum=True to accept this)")
         for what in weak:
             logger.warning("creating a weak run: %s", what)
-        receipt = self._sender.transact(self._ledger, "createRun", (params.fields(), config_uri), "createRun")
+        receipt = self.sender.transact(self.ledger_contract, "createRun", (params.fields(), config_uri),
+                                       "createRun")
         for log in receipt["logs"]:
-            event = self._ledger_events.decode(log)
+            event = self.ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":
                 return event.args["runId"]
         raise LedgerError(
@@ -124,7 +141,7 @@ class RunCalls:
 
     def run_count(self) -> int:
         """The number of runs (the latest run id)."""
-        return self._sender.call(self._ledger, "runCount")
+        return self.sender.call(self.ledger_contract, "runCount")
 
     # Membership ----------------------------------------------------------------------------------------
     def join_run(self, run_id: int, stake: int | None = None, platform: bytes = NO_PLATFORM) -> str:
@@ -135,8 +152,8 @@ class RunCalls:
         Args:
             stake: Wei to stake; None sends the run's minimum stake.
             platform: The 32-byte declaration of the platform the member trains on, emitted in MemberJoined
-                (a node's: ``training.declaration.platform_declaration``); the zero hash declares none, and then
-                no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
+                (a node's: ``training.declaration.platform_declaration``); the zero hash declares none, and
+                then no contribution of the member can claim a platform (docs/DILOCOX.md section 11).
 
         Raises:
             LedgerNotRegistered: The account is not in the NodeRegistry.
@@ -145,22 +162,22 @@ class RunCalls:
         seat = self.member(run_id, self.address)
         if seat is not None and seat.active:
             logger.info("account %s is already a member of run %d", self.address, run_id)
-            return self._first_tx(
-                self._ledger,
-                self._ledger_events,
+            return self.first_tx(
+                self.ledger_contract,
+                self.ledger_events,
                 "MemberJoined",
                 [topic_uint(run_id), topic_address(self.address)],
                 last=True,
             )
         if stake is None:
-            stake = self._run_struct(run_id)["minStake"]
+            stake = self.run_struct(run_id)["minStake"]
         check_uint("stake", stake, 2**128 - 1)
         check_bytes32("platform", platform)
-        return self._tx("joinRun", (run_id, platform), f"joinRun(run {run_id})", stake)
+        return self.transact_ledger("joinRun", (run_id, platform), f"joinRun(run {run_id})", stake)
 
     def leave_run(self, run_id: int) -> str:
         """Stop signing for ``run_id`` now and start unbonding the stake; return the tx hash."""
-        return self._tx("leaveRun", (run_id,), f"leaveRun(run {run_id})")
+        return self.transact_ledger("leaveRun", (run_id,), f"leaveRun(run {run_id})")
 
     def withdraw_stake(self, run_id: int) -> str:
         """Take the stake back once unbonding is over and no accusation is open; return the tx hash.
@@ -169,7 +186,7 @@ class RunCalls:
             LedgerStillUnbonding, LedgerAccusationPending (an accusation past its deadline must be
             :meth:`expire_accusation`-ed first), LedgerNotUnbonding.
         """
-        return self._tx("withdrawStake", (run_id,), f"withdrawStake(run {run_id})")
+        return self.transact_ledger("withdrawStake", (run_id,), f"withdrawStake(run {run_id})")
 
     def eject_inactive(self, run_id: int, account: str) -> str:
         """Eject active member ``account``, which attested none of the run's last ``inactivity_rounds``
@@ -179,20 +196,21 @@ class RunCalls:
             LedgerMemberNotInactive (``.values["missedRounds"]``), LedgerNotMember.
         """
         account = to_checksum_address(account)
-        return self._tx("ejectInactive", (run_id, account), f"ejectInactive(run {run_id}, {account})")
+        return self.transact_ledger("ejectInactive", (run_id, account),
+                                    f"ejectInactive(run {run_id}, {account})")
 
     def quorum_of(self, run_id: int) -> int:
         """The counted signatures the run's next commit needs now: ``max(k, ceil(quorum_bps x counted))``."""
-        return self._sender.call(self._ledger, "quorumOf", (run_id,))
+        return self.sender.call(self.ledger_contract, "quorumOf", (run_id,))
 
     def counted_count(self, run_id: int) -> int:
         """The active members whose signatures count toward the run's quorums now."""
-        return self._run_struct(run_id)["countedCount"]
+        return self.run_struct(run_id)["countedCount"]
 
     def commitments_of(self, run_id: int) -> int:
         """The version of the run's commitments as the ledger holds it (``RunParams.commitments``: 1 hashed,
         2 chunked, 3 normed), the one the prover holds every round's factors to."""
-        return self._run_struct(run_id)["commitments"]
+        return self.run_struct(run_id)["commitments"]
 
     def attest(self, record: RoundRecord, signature: bytes) -> str:
         """Credit the signer of ``signature`` with committed ``record``'s round (a member a submitter left
@@ -204,13 +222,14 @@ class RunCalls:
         if not isinstance(record, RoundRecord):
             raise LedgerInputError(f"attest needs a RoundRecord, got {type(record).__name__}")
         args = (record.fields(), pack_signatures([signature]))
-        return self._tx("attest", args, f"attest(run {record.run_id}, round {record.round})")
+        return self.transact_ledger("attest", args, f"attest(run {record.run_id}, round {record.round})")
 
     def member(self, run_id: int, address: str) -> Member | None:
-        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never joined/withdrew)."""
+        """The seat of ``address`` in ``run_id`` as the contract holds it now, or None (never
+        joined/withdrew)."""
         address = to_checksum_address(address)
         (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
-         unbonding_end, counted_block) = self._sender.call(self._ledger, "memberOf", (run_id, address))
+         unbonding_end, counted_block) = self.sender.call(self.ledger_contract, "memberOf", (run_id, address))
         if status == 0:
             return None
         return Member(
@@ -230,4 +249,4 @@ class RunCalls:
 
     def member_count(self, run_id: int) -> int:
         """The number of members currently able to sign for ``run_id``."""
-        return self._run_struct(run_id)["memberCount"]
+        return self.run_struct(run_id)["memberCount"]

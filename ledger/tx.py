@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,12 +26,12 @@ from web3.exceptions import TransactionNotFound, Web3RPCError
 
 import contracts
 from ledger.chain import DEFAULT_RETRY, RetryPolicy, call_with_retries
-from ledger.reverts import _ledger_error, decode_revert
+from ledger.fees import DEFAULT_FEES, FeePolicy, market_fees
+from ledger.reverts import decode_revert, ledger_error_of
 from ledger.errors import (
     AccountError,
     ContractRevert,
     FeeCapTooLow,
-    LedgerInputError,
     RpcRejected,
     TransactionDropped,
     TransactionTimeout,
@@ -48,37 +47,6 @@ def _already_sent(exc: BaseException) -> bool:
     return isinstance(exc, (Web3RPCError, ValueError, EthValidationError)) and (
         "already known" in text or "nonce too low" in text or "invalid transaction nonce" in text
     )
-
-
-@dataclass(frozen=True)
-class FeePolicy:
-    """EIP-1559 fees and what to do while a transaction waits (docs/LEDGER.md, "Chains that are not anvil").
-
-    Args:
-        max_fee_cap: Highest ``maxFeePerGas`` ever offered, in wei per gas (0: no cap). While the base fee
-            is above it nothing is sent and :class:`FeeCapTooLow` is raised once ``receipt_timeout`` passes.
-        priority_fee: The tip in wei per gas; None asks the node (``eth_maxPriorityFeePerGas``).
-        replace_after: Seconds a sent transaction may stay unmined before it is replaced by the same
-            transaction (same nonce) with fees raised to the market and by at least ``bump``.
-        bump: Factor by which a replacement raises both fees (nodes want at least 1.10).
-        confirmations: Blocks, the transaction's own included, before a mined transaction counts as final
-            (0 and 1: once mined). While it waits, a reorg that drops it makes it be broadcast again.
-    """
-
-    max_fee_cap: int = 0
-    priority_fee: int | None = None
-    replace_after: float = 20.0
-    bump: float = 1.125
-    confirmations: int = 1
-
-    def __post_init__(self) -> None:
-        if self.max_fee_cap < 0 or (self.priority_fee is not None and self.priority_fee < 0):
-            raise LedgerInputError("fee cap and priority fee must be >= 0 wei")
-        if self.replace_after <= 0 or self.bump < 1.1 or self.confirmations < 0:
-            raise LedgerInputError("replace_after must be > 0 s, bump >= 1.1, confirmations >= 0")
-
-
-DEFAULT_FEES = FeePolicy()
 
 
 @dataclass
@@ -155,8 +123,8 @@ class TransactionSender:
         """
         try:
             return call_with_retries(call, self.retry, what)
-        except Exception as exc:
-            raise _ledger_error(exc, what) from exc
+        except Exception as exc:  # noqa: BLE001 - every failure mapped to a ledger error (or re-raised as is)
+            raise ledger_error_of(exc, what) from exc
 
     def call(self, contract, name: str, args: tuple = (), what: str = "", block: int | str = "latest"):
         """``eth_call`` the view ``name(*args)`` of the web3 ``contract``."""
@@ -192,7 +160,8 @@ class TransactionSender:
         return self._gas_limit(request, what), self._market_fees(what)
 
     def send(self, request: dict, what: str) -> dict:
-        """Preflight, sign and send the transaction ``request`` (to/value/data); return the receipt once final.
+        """Preflight, sign and send the transaction ``request`` (to/value/data); return the receipt once
+        final.
 
         The nonce is the account's pending nonce on the chain (never a local counter, so a restart or a
         chain that lost blocks leaves no gap). An unmined transaction is replaced every
@@ -223,25 +192,12 @@ class TransactionSender:
         return receipt
 
     def _market_fees(self, what: str, floor: dict | None = None) -> dict:
-        """Fees for a transaction sent now: tip + twice the base fee (room for six full blocks' rise), at
-        least ``bump`` x ``floor`` (a replacement's), at most the cap. FeeCapTooLow if the cap is below the
-        base fee: nothing offered under it could be mined."""
+        """:func:`ledger.fees.market_fees` at the chain's base fee and tip now."""
         base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
         priority = self.fees.priority_fee
         if priority is None:
             priority = self.rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas")
-        max_fee = 2 * base_fee + priority
-        if floor is not None:
-            priority = max(priority, math.ceil(floor["maxPriorityFeePerGas"] * self.fees.bump) + 1)
-            max_fee = max(max_fee, math.ceil(floor["maxFeePerGas"] * self.fees.bump) + 1, priority)
-        cap = self.fees.max_fee_cap
-        if cap:
-            if base_fee >= cap:
-                raise FeeCapTooLow(f"{what}: the chain's base fee is {base_fee / 1e9:g} gwei, at or above the fee "
-                                   f"cap of {cap / 1e9:g} gwei (ledger.max_fee_gwei): raise the cap or wait")
-            max_fee = min(max_fee, cap)
-            priority = min(priority, max_fee - base_fee)
-        return {"maxPriorityFeePerGas": priority, "maxFeePerGas": max_fee, "type": 2}
+        return market_fees(self.fees, base_fee, priority, what, floor)
 
     def _sign_and_send(self, request: dict, gas: int, fees: dict, what: str, attempts: int = 3) -> _Pending:
         """Sign with the pending nonce and send; return what the node now holds for that nonce.
@@ -265,9 +221,11 @@ class TransactionSender:
         )
 
     def _broadcast(self, pending: _Pending, fees: dict, what: str) -> None:
-        """Sign ``pending``'s transaction with ``fees`` and send it; raise _NonceTaken if its nonce is used."""
+        """Sign ``pending``'s transaction with ``fees`` and send it; raise _NonceTaken if its nonce is
+        used."""
         unsigned = {key: value for key, value in pending.request.items() if key != "from"}
-        transaction = {**unsigned, **fees, "gas": pending.gas, "nonce": pending.nonce, "chainId": self.chain_id}
+        transaction = {**unsigned, **fees, "gas": pending.gas, "nonce": pending.nonce,
+                       "chainId": self.chain_id}
         signed = self.account.sign_transaction(transaction)
         self._send_signed(signed, what)
         pending.signed.append(signed)
@@ -276,15 +234,16 @@ class TransactionSender:
     def _send_signed(self, signed, what: str) -> None:
         try:
             call_with_retries(lambda: self._send_raw(signed.raw_transaction), self.retry, f"{what}: send")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - classified: only "already sent" is handled, the rest re-raised
             if not _already_sent(exc):
-                raise _ledger_error(exc, f"{what}: send") from exc
+                raise ledger_error_of(exc, f"{what}: send") from exc
             if not self._node_has(signed.hash):
                 raise _NonceTaken() from exc
             logger.info("%s: node already had transaction %s", what, signed.hash.to_0x_hex())
 
     def _receipt_of(self, pending: _Pending, what: str) -> dict | None:
-        """The receipt of whichever version of ``pending`` is mined (None: none is, as far as the node knows)."""
+        """The receipt of whichever version of ``pending`` is mined (None: none is, as far as the node
+        knows)."""
         for tx_hash in reversed(pending.hashes()):
             try:
                 return call_with_retries(
@@ -295,9 +254,11 @@ class TransactionSender:
         return None
 
     def _replace(self, pending: _Pending, what: str) -> None:
-        """Raise an unmined transaction's fees (same nonce); first cancel a stuck one of the account ahead of it."""
+        """Raise an unmined transaction's fees (same nonce); first cancel a stuck one of the account ahead of
+        it."""
         address = pending.request["from"]
-        mined = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "latest"), "eth_getTransactionCount")
+        mined = self.rpc(lambda: self.w3.eth.get_transaction_count(address, "latest"),
+                         "eth_getTransactionCount")
         if mined < pending.nonce:
             self._cancel_stuck(address, mined, what)
             return
@@ -335,7 +296,8 @@ class TransactionSender:
                 if "underpriced" not in str(exc).lower():
                     logger.warning("%s: cancelling nonce %d refused: %s", what, nonce, exc)
                     return
-                fees = self._market_fees(what, floor={k: 2 * v for k, v in cancel.fees.items() if k != "type"})
+                fees = self._market_fees(what,
+                                         floor={k: 2 * v for k, v in cancel.fees.items() if k != "type"})
 
     def _pending_nonce(self, address: str) -> int:
         return self.rpc(
@@ -368,13 +330,15 @@ class TransactionSender:
                 return receipt
             now = time.monotonic()
             if now >= deadline:
-                base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"], "eth_getBlockByNumber")
+                base_fee = self.rpc(lambda: self.w3.eth.get_block("latest")["baseFeePerGas"],
+                                    "eth_getBlockByNumber")
                 if self.fees.max_fee_cap and base_fee >= self.fees.max_fee_cap:
                     raise FeeCapTooLow(f"{what}: not mined within {self.receipt_timeout:.0f}s: the base fee "
                                        f"({base_fee / 1e9:g} gwei) rose above the fee cap "
                                        f"({self.fees.max_fee_cap / 1e9:g} gwei, ledger.max_fee_gwei)")
                 raise TransactionTimeout(
-                    f"{what}: transaction {pending.hashes()[-1].hex()} not mined within {self.receipt_timeout:.0f}s"
+                    f"{what}: transaction {pending.hashes()[-1].hex()} not mined within "
+                    f"{self.receipt_timeout:.0f}s"
                 )
             if now >= next_replace:
                 next_replace = now + self.fees.replace_after
@@ -399,8 +363,10 @@ class TransactionSender:
                 try:
                     self._send_signed(pending.signed[-1], what)
                 except _NonceTaken:
-                    raise TransactionDropped(f"{what}: dropped by a reorg and its nonce {pending.nonce} was "
-                                             "taken by another transaction: check the chain and send it anew") from None
+                    raise TransactionDropped(
+                        f"{what}: dropped by a reorg and its nonce {pending.nonce} was "
+                        "taken by another transaction: check the chain and send it anew"
+                    ) from None
                 receipt = self._wait_for_receipt(pending, what)
                 continue
             if current["blockHash"] != receipt["blockHash"]:
@@ -411,7 +377,8 @@ class TransactionSender:
                 return receipt
             if time.monotonic() >= deadline:
                 raise TransactionTimeout(f"{what}: mined in block {receipt['blockNumber']} but not {needed} "
-                                         f"blocks deep within {2 * self.receipt_timeout:.0f}s (the chain stalled?)")
+                                         f"blocks deep within {2 * self.receipt_timeout:.0f}s "
+                                         "(the chain stalled?)")
             time.sleep(0.5)
 
     def _explain_failure(self, request: dict, receipt: dict, what: str) -> ContractRevert:
@@ -421,7 +388,7 @@ class TransactionSender:
             # Replayed on the state after its block: whatever made it fail (typically another transaction
             # earlier in the same block) is in that state.
             self.w3.eth.call(request, block_identifier=block)
-        except Exception as exc:  # noqa: BLE001 - decoded or reported below
+        except Exception as exc:  # noqa: BLE001 - any failure of the replay: a revert decoded, else reported
             revert = decode_revert(exc, where)
             if revert is not None:
                 return revert

@@ -169,7 +169,7 @@ def test_create_run_with_too_little_balance_for_stake_and_gas_sends_nothing(w3, 
     password.write_text("correct horse battery staple\n")
     account = create_keystore(tmp_path / "keystore.json", "correct horse battery staple")
     funder = LedgerClient(w3, dev_account(0, w3.eth.chain_id), registry, ledger, retry=FAST_RETRY)
-    funder._sender.send({"to": account.address, "value": 10**17}, "fund")  # 0.1 ETH: the stake is 0.5
+    funder.sender.send({"to": account.address, "value": 10**17}, "fund")  # 0.1 ETH: the stake is 0.5
     assert create(tmp_path, path, "--yes", account=("--keystore", str(tmp_path / "keystore.json"),
                                                     "--password-file", str(password))) == 2
     err = capsys.readouterr().err

@@ -82,7 +82,8 @@ def test_settings_that_differ_from_the_run_exit_2(deployed):
 def test_key_registered_to_another_node_exits_6(deployed):
     from ledger.account import dev_account
     from ledger.chain import connect_rpc
-    from ledger.client import LedgerClient, binding_message
+    from ledger.binding import binding_message
+    from ledger.client import LedgerClient
     from p2p.identity import Identity
 
     slot = deployed.nodes[1]

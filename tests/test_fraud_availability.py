@@ -34,7 +34,7 @@ def target(committed, which: int, chunk: int = 3):
 
 def test_an_unanswered_challenge_overturns_the_round_and_pays_the_challenger(committed):
     challenger = committed.prover()
-    bond = challenger._run_struct(committed.run_id)["bond"]
+    bond = challenger.run_struct(committed.run_id)["bond"]
     assert bond > 0
     before = challenger.balance()
     challenge = challenger.challenge_availability(target(committed, PAYLOAD + 1))
@@ -42,7 +42,7 @@ def test_an_unanswered_challenge_overturns_the_round_and_pays_the_challenger(com
         challenger.expire_challenge(challenge)
     with pytest.raises(errors.ProverChallengeExists):
         challenger.challenge_availability(target(committed, PAYLOAD + 1))
-    mine(committed.deployment.w3, challenger._run_struct(committed.run_id)["accusationBlocks"])
+    mine(committed.deployment.w3, challenger.run_struct(committed.run_id)["accusationBlocks"])
     with pytest.raises(errors.ProverChallengeDue):  # too late to answer now
         committed.deployment.client(1).answer_challenge(challenge, *availability_answer(committed.states[1],
                                                                                          PAYLOAD + 1, 3))
@@ -68,7 +68,7 @@ def test_an_answered_challenge_forfeits_the_bond_and_leaves_the_round(committed,
     receipt = committer.answer_challenge(challenge, leaf, path)
     assert receipt["status"] == 1
     assert challenger.challenge_of(challenge)["settled"]
-    mine(committed.deployment.w3, challenger._run_struct(committed.run_id)["accusationBlocks"])
+    mine(committed.deployment.w3, challenger.run_struct(committed.run_id)["accusationBlocks"])
     with pytest.raises(errors.ProverChallengeSettled):
         challenger.expire_challenge(challenge)
     assert challenger.invalid_from(committed.run_id) is None
@@ -86,6 +86,6 @@ def test_malformed_challenges_revert(committed):
     with pytest.raises(errors.ProverNoChallenge):
         challenger.expire_challenge(bytes(32), attesters=[])
     # after the round's dispute window nobody need keep its leaves: a challenge comes too late
-    mine(committed.deployment.w3, challenger._run_struct(committed.run_id)["disputeBlocks"])
+    mine(committed.deployment.w3, challenger.run_struct(committed.run_id)["disputeBlocks"])
     with pytest.raises(errors.ProverChallengeTooLate):
         challenger.challenge_availability(target(committed, WEIGHTS))

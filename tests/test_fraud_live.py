@@ -192,7 +192,7 @@ def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(wor
     client = deployment.client(PROVER)
     assert client.invalid_from(run.run_id) is None
     assert prover.settle_challenges()  # not due yet: still pending
-    mine(deployment.w3, client._run_struct(run.run_id)["accusationBlocks"])
+    mine(deployment.w3, client.run_struct(run.run_id)["accusationBlocks"])
     assert not prover.settle_challenges()
     assert set(prover.log.expired) == {1} and client.invalid_from(run.run_id) == 1
     for index in COLLUDERS:
@@ -320,7 +320,7 @@ def test_a_back_door_root_is_challenged_for_its_stage_leaf_and_falls_unanswered(
     prover.check(2, door, dataclasses.replace(door, weights_root=mine_record.weights_root))
     assert set(prover.log.challenges) == {2} and "no attested stage leaves" in prover.log.unprovable[2]
     client = deployment.client(PROVER)
-    mine(deployment.w3, client._run_struct(run.run_id)["accusationBlocks"])
+    mine(deployment.w3, client.run_struct(run.run_id)["accusationBlocks"])
     assert not prover.settle_challenges()
     assert set(prover.log.expired) == {2} and client.invalid_from(run.run_id) == 2
     for index in COLLUDERS:
@@ -352,13 +352,13 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
     answerer.poll()
     assert all(answerer.answered[c].startswith("answered") for c in challenges), answerer.answered
     answerer.poll()  # seen again: nothing sent twice
-    mine(deployment.w3, griefer._run_struct(run.run_id)["accusationBlocks"])
+    mine(deployment.w3, griefer.run_struct(run.run_id)["accusationBlocks"])
     for challenge in challenges:
         assert griefer.challenge_of(challenge)["settled"]
         with pytest.raises(ProverChallengeSettled):
             griefer.expire_challenge(challenge)
     assert griefer.invalid_from(run.run_id) is None
-    assert STAGE_LEAF == deployment.client(PROVER)._sender.call(deployment.client(PROVER)._prover,
+    assert STAGE_LEAF == deployment.client(PROVER).sender.call(deployment.client(PROVER)._prover,
                                                                 "STAGE_LEAF")
 
 

@@ -184,6 +184,6 @@ def test_the_deployed_contracts_stay_under_eip_170_and_the_ledger_trusts_only_it
     assert prover.functions.ledger().call() == client.ledger_address
     attesters = list(client.commit_record(run.run_id, 0).attesters)
     with pytest.raises(errors.LedgerNotProver):  # a member cannot overturn a round by calling the hook itself
-        client._sender.transact(client._ledger, "invalidateByProof",
+        client.sender.transact(client.ledger_contract, "invalidateByProof",
                                 (run.run_id, 0, attesters, client.address))
     assert client.invalid_from(run.run_id) is None

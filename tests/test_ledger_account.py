@@ -115,6 +115,6 @@ def test_client_from_config_uses_its_settings():
     )
     client = LedgerClient.from_config(w3, dev_account(0, PYEVM_CHAIN_ID), config)
     assert (client.from_block, client.log_page_blocks) == (5, 50)
-    assert client._sender.retry.total_seconds == 3.0 and client._sender.receipt_timeout == 7.0
+    assert client.sender.retry.total_seconds == 3.0 and client.sender.receipt_timeout == 7.0
     with pytest.raises(LedgerInputError, match="registry_address"):
         LedgerClient.from_config(w3, dev_account(0, PYEVM_CHAIN_ID), LedgerConfig(backend="pyevm"))

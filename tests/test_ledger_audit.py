@@ -10,7 +10,8 @@ from ledger_fixtures import deploy, digest, mine, node_key, raw_public_key
 import contracts
 from ledger.account import dev_account
 from ledger.chain import connect_pyevm
-from ledger.checks import bytecode_problem, check_chain_record, linked_addresses, verify_bytecode
+from ledger.bytecode import bytecode_problem, linked_addresses, verify_bytecode
+from ledger.checks import check_chain_record
 from ledger.errors import AuditError
 
 

@@ -69,7 +69,7 @@ def test_a_mined_revert_is_decoded(deployment):
     stale = stale.__class__(**{**stale.__dict__, "round": 0})
     args = (stale.fields(), client.sign_record(stale))
     with pytest.raises(errors.LedgerRoundNotNext, match="block") as raised:
-        sender.transact(client._ledger, "commitRound", args)
+        sender.transact(client.ledger_contract, "commitRound", args)
     assert raised.value.values == {"expected": 1, "got": 0}
     assert client.commit_count(run.run_id) == 1
 
@@ -126,7 +126,7 @@ def test_resent_and_raced_nonces_end_in_one_transaction(deployment, sender_class
     sender = sender_class(w3, client.account, retry=FAST_RETRY)
     nonce_before = w3.eth.get_transaction_count(client.address)
     params = RunParams(digest("second"), 1, 1)
-    receipt = sender.transact(client._ledger, "createRun", (params.fields(), ""))
+    receipt = sender.transact(client.ledger_contract, "createRun", (params.fields(), ""))
     assert receipt["status"] == 1
     assert w3.eth.get_transaction_count(client.address) == nonce_before + 1
     assert client.run_count() == 2

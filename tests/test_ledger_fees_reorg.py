@@ -20,7 +20,8 @@ from ledger.chain import connect_rpc
 from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.errors import FeeCapTooLow, TransactionTimeout
-from ledger.tx import FeePolicy, TransactionSender
+from ledger.fees import FeePolicy
+from ledger.tx import TransactionSender
 
 GWEI = 10**9
 

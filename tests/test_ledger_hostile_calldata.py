@@ -111,7 +111,7 @@ def _state(run) -> dict:
     run_id = run.run_id
     state = {
         "balance": run.deployment.w3.eth.get_balance(run.deployment.ledger),
-        "run": reader._run_struct(run_id), "members": reader.member_count(run_id),
+        "run": reader.run_struct(run_id), "members": reader.member_count(run_id),
         "commits": reader.commit_count(run_id), "head": reader.head_of(run_id),
         "quorum": reader.quorum_of(run_id), "counted": reader.counted_count(run_id),
         "case": reader.dispute_case(run_id, 0), "final": reader.is_final(run_id, 0),

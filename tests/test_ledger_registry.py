@@ -6,8 +6,7 @@ import pytest
 from ledger_fixtures import deploy, node_key, raw_public_key
 
 from ledger import errors
-from ledger.checks import verify_binding
-from ledger.client import BINDING_DOMAIN, binding_message
+from ledger.binding import BINDING_DOMAIN, binding_message, verify_binding
 
 
 def test_binding_message_layout():

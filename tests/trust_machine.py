@@ -443,7 +443,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             return
         TrustMachine.checks += 1
         reader = self.client(HONEST[0])
-        run = reader._run_struct(self.run_id)
+        run = reader.run_struct(self.run_id)
         count = run["commitCount"]
         # I1: every committed record is the honest one (the honest members sign no other); a committed round's
         # hash never changes, so each is read once.

@@ -92,7 +92,7 @@ def verify_deployment(w3, registry: str, ledger: str) -> None:
     with their linked libraries', the ledger bound to the registry; ConfigError with what is wrong
     otherwise."""
     import contracts
-    from ledger.checks import verify_bytecode
+    from ledger.bytecode import verify_bytecode
     from ledger.errors import AuditError
 
     for name, address in (("NodeRegistry", registry), ("TrainingLedger", ledger)):

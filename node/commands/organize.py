@@ -244,7 +244,7 @@ def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list)
 def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
     """The transactions create-run still needs, estimated (a bad parameter is refused by the contract
     here)."""
-    from ledger.client import binding_message
+    from ledger.binding import binding_message
 
     spends = []
     if not existing:

@@ -13,7 +13,8 @@ import threading
 from ledger.account import load_account
 from ledger.chain import connect_rpc
 from ledger.anvil import AnvilProcess
-from ledger.client import LedgerClient, binding_message
+from ledger.binding import binding_message
+from ledger.client import LedgerClient
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer
 from ledger.eventrecords import CheckpointRecord
