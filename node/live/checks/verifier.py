@@ -101,7 +101,7 @@ class VerifierContext:
     closes: Callable | None = None
     attestations: Callable | None = None
     # Evidence another module builds and judges whole (the sliced exchange's wrong partial,
-    # node.live.slicedproof): Evidence.verdict -> judge(evidence, accused peer) -> (guilty or None, why);
+    # node.slicedproof): Evidence.verdict -> judge(evidence, accused peer) -> (guilty or None, why);
     # and the queue of its charges: (round, accused peer, replica, build(account) -> Evidence).
     evidence_judges: dict[str, Callable] = field(default_factory=dict)
     charges: queue.Queue | None = None
