@@ -273,7 +273,7 @@ def check_replay(
         return None
     started = time.perf_counter()
     try:
-        if replayer.cfg.diloco.exchange == "sliced":
+        if replayer.cfg.diloco.sliced:
             peers = [[c.peer_id for c in verdict.contributors if c.stage == stage]
                      for stage in range(len(payloads))]
             hashes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
