@@ -2,7 +2,7 @@
 
 Usage::
 
-    /work/venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...]
+    .venv/bin/python bench/bench_audit.py [--rounds 1000] [--replay-preset tiny ...]
         [--out bench/results/audit.json]
 
 1. Chain part: a managed anvil, a deployment, ``--quorum`` registered nodes (valid ed25519 bindings) that

@@ -239,8 +239,9 @@ def at(curve: list[dict], key: str, value: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="/work/shared/data/tinyshakespeare/input.txt",
-                        help="the training text (default: the shared tinyshakespeare)")
+    shared_text = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    parser.add_argument("--data", default=str(shared_text),
+                        help="the training text (default: ../shared/data/tinyshakespeare beside the clone)")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)

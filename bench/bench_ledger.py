@@ -2,7 +2,7 @@
 
 Runs against a real anvil started from contracts/node_modules (``npm ci --prefix contracts`` first):
 
-    /work/venv/bin/python bench/bench_ledger.py [--rounds 1000] [--out bench/results/ledger.json]
+    .venv/bin/python bench/bench_ledger.py [--rounds 1000] [--out bench/results/ledger.json]
 
 Measures:
 * gas used by each call (deployments: each linked library, the registry, the ledger; register with and

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +21,7 @@ def ruff() -> list[str]:
     if beside.exists():
         return [str(beside)]
     found = shutil.which("ruff")
-    if found is None:
-        pytest.skip("ruff is not installed (it comes with `pip install -e .[test]`)")
+    assert found is not None, "ruff is not installed: it is a test dependency (`pip install -e .[test]`)"
     return [found]
 
 
