@@ -163,7 +163,7 @@ def main() -> int:
         outer_decay_rounds=args.outer_decay_rounds or args.rounds, outer_min_lr_ratio=args.outer_min_lr_ratio,
         outer_final_momentum=args.outer_final_momentum,
         one_step_delay=not args.no_delay, num_replicas=args.replicas, delay_correction=args.delay_correction,
-        # The node screens contributions only where one node holds every stage (node/live/work/replica.py);
+        # The node screens contributions only where one node holds every stage (node/live/worker/replica.py);
         # the simulation holds the whole model and would screen split runs too, dropping honest
         # contributions the node keeps. Measure what the node runs.
         screening=args.stages == 1,

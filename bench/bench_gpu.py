@@ -193,11 +193,11 @@ def round_share(model: ModelConfig, device: str, args: argparse.Namespace) -> di
     trainer.train_step(*batches[0])  # warm the kernels; the round below starts from here
     _sync(trainer.device)
 
-    # What the live node does each round (node/live/work/contributor.py), timed part by part. On the training
-    # thread (blocking): the copies of the start state's weights and optimizer state, the data commitment, and
-    # the encode's first part (the weights to the host). On the node's other lanes, overlapping the next
-    # round's training: the start state's serialisation and hash, the encode, the decode of every
-    # contribution received, the outer step.
+    # What the live node does each round (node/live/worker/contributor.py), timed part by part. On the
+    # training thread (blocking): the copies of the start state's weights and optimizer state, the data
+    # commitment, and the encode's first part (the weights to the host). On the node's other lanes,
+    # overlapping the next round's training: the start state's serialisation and hash, the encode, the decode
+    # of every contribution received, the outer step.
     blocking, lanes = {}, {}
     started = time.perf_counter()
     meta = round_meta(0, 0, model, diloco, run_rounds=0, num_stages=1)

@@ -170,7 +170,8 @@ def verdicts(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="/work/shared/data/tinyshakespeare/input.txt")
+    parser.add_argument("--data",
+                        default=str(REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"))
     parser.add_argument("--runs", nargs="+", default=["179,80,35:14", "400,80,20:10"],
                         help="COUNTS:ROUNDS per simulated run (the replicas' fixed step counts)")
     parser.add_argument("--windows", type=int, default=64,

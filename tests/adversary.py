@@ -109,7 +109,7 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- the worker (training side)
 def malformed_payload():
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     class MalformedWorker(ReplicaWorker):
         def encode(self, stage, outer_round):
@@ -123,7 +123,7 @@ def forged_contribution(attack: str):
     """Re-encode the member's own honest pseudo-gradient after ``attack`` changed it."""
     import torch
 
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 
@@ -162,7 +162,7 @@ def forged_contribution(attack: str):
 
 
 def over_declaring(extra: int = 2):
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     class OverDeclaringWorker(ReplicaWorker):
         def declared_steps(self, outer_round):
@@ -173,7 +173,7 @@ def over_declaring(extra: int = 2):
 
 
 def claiming_another_platform():
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
     from training.replica_state import parse_stage_state
 
     class OtherPlatformWorker(ReplicaWorker):
@@ -199,7 +199,7 @@ def claiming_another_platform():
 def forged_start_state():
     import torch
 
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     class StateForgingWorker(ReplicaWorker):
         def start_state_capture(self, outer_round):
@@ -220,7 +220,7 @@ def forged_start_state():
 
 
 def diverging_once(left_out: int = 1):
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     class DivergingWorker(ReplicaWorker):
         def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
@@ -241,7 +241,7 @@ COLLUDED_ROUND = 1
 def colluding_root():
     import torch
 
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
     from training.hashing import stage_weights_hash
 
     class ColludingWorker(ReplicaWorker):
@@ -312,7 +312,7 @@ def copying_free_rider():
     """Announce, as its own, another replica's contribution of the same round."""
     import time
 
-    from node.live.work.contributor import Contributor
+    from node.live.worker.contributor import Contributor
     from node.protocol import decode_contribution_body
     from p2p.envelope import decode_envelope
     from training.codec_wire import decode_contribution
@@ -342,7 +342,7 @@ def late_delivery():
     """Announce an honest contribution only after the others' round deadline."""
     import time
 
-    from node.live.work.contributor import Contributor
+    from node.live.worker.contributor import Contributor
 
     class LateContributor(Contributor):
         def publish(self, outer_round):

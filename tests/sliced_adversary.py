@@ -78,7 +78,7 @@ def wrong_root() -> dict:
 def wrong_blob_worker():
     import torch
 
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
     from training.compression import encode_contribution
 
     class WrongBlobWorker(ReplicaWorker):
@@ -193,7 +193,7 @@ def two_partials() -> dict:
 def forged_slices(attack: str) -> dict:
     import torch
 
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
     from training.codec_wire import decode_contribution
     from training.compression import encode_contribution
 

@@ -286,7 +286,7 @@ def test_preparing_the_cpu_changes_no_process_flag():
 
 
 def test_round_meta_records_the_platform_the_trainer_was_built_for():
-    """What a live node records (node.live.work.replica calls round_meta without a platform)."""
+    """What a live node records (node.live.worker.replica calls round_meta without a platform)."""
     from training.config import DilocoConfig, ModelConfig
     from training.pipeline import LocalReplicaTrainer
     from training.reexec import round_meta

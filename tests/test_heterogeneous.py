@@ -383,7 +383,7 @@ def test_the_node_consumes_the_first_declared_batches_of_each_slot_and_nothing_e
     batches 0 .. k_t - 1 of the slot (replica, t), k_t the count it declares, and round t+1 starts at batch 0
     of slot (replica, t+1): batches k_t .. H-1 of slot t go to nobody, no batch twice."""
     from node.config import load_config
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=6", "training.batch_size=2", "rounds=3",
                              "torch_threads=1", f"diloco.overlap_steps={overlap}",
@@ -419,7 +419,7 @@ def test_the_node_stops_where_its_round_clock_says_and_its_chunked_batches_are_t
     budget used, whatever the inner steps themselves took, and the batches, built BATCH_CHUNK steps at a time,
     are the slot's, across the chunks' edges."""
     from node.config import load_config
-    from node.live.work.replica import BATCH_CHUNK, ReplicaWorker
+    from node.live.worker.replica import BATCH_CHUNK, ReplicaWorker
 
     steps = BATCH_CHUNK + 5
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=64", "training.batch_size=2",

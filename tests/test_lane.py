@@ -15,7 +15,7 @@ import torch
 
 from node.config import load_config
 from node.live.state.lane import RoundLane
-from node.live.work.replica import ReplicaWorker
+from node.live.worker.replica import ReplicaWorker
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
 from training.errors import RoundOrderError

@@ -246,7 +246,7 @@ def test_the_warm_up_import_never_raises_into_its_thread(monkeypatch):
     # under it at interpreter exit) must not print a thread traceback after that line (tests/test_cli.py).
     import builtins
 
-    from node.live.work.replica import warm_up_imports
+    from node.live.worker.replica import warm_up_imports
 
     real_import = builtins.__import__
 

@@ -22,7 +22,7 @@ from parts_fixtures import loose_base, loose_rooms
 from node.config import load_config
 from node.live.round.entry import RunEntry
 from node.live.round.finisher import RoundFinisher
-from node.live.work.replica import ReplicaWorker
+from node.live.worker.replica import ReplicaWorker
 from node.live.state.status import StateFile
 from training.reexec import restart_state_reason
 from training.replica_state import parse_stage_state

@@ -2,7 +2,7 @@
 
 Replicas encode their contributions as slices (the live node's ``slice_stage``) and apply each round
 from the partials of its slices (``aggregate_slice``, then the outer step on the assembled average),
-as node/live/work/replica.py does. The rerun compares the claimant's slices, packed, with its own (bit for
+as node/live/worker/replica.py does. The rerun compares the claimant's slices, packed, with its own (bit for
 bit on the same platform and thread count), and applies round t-1 from the partials every holder
 applied; a replica whose slices its state does not produce is a mismatch. The live spot checker's
 side (fetching the bundle the signed reference names, the archived partials) is
@@ -48,7 +48,7 @@ def _sim() -> SimConfig:
 
 
 class SlicedReplica(SimReplica):
-    """An honest replica of a sliced run: slices out, partials in (node.live.work.replica.ReplicaWorker)."""
+    """An honest replica of a sliced run: slices out, partials in (node.live.worker.replica.ReplicaWorker)."""
 
     # round -> stage -> the partial blobs every holder applies
     partials: dict[int, dict[int, list[bytes]]] = {}

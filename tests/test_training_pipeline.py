@@ -276,7 +276,7 @@ ENTRY_WORKER = textwrap.dedent(
     import os, sys, time, types
     from training.errors import PipelineError
     from training.pipeline_group import init_pipeline_group
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=5)

@@ -195,7 +195,7 @@ class RoundRerun:
             if self.apply(action):
                 self.encode_seconds += time.perf_counter() - started
         elif action.kind == ENCODE:
-            for engine in self.engines:  # as node.live.work.replica.ReplicaWorker.encode
+            for engine in self.engines:  # as node.live.worker.replica.ReplicaWorker.encode
                 engine.skip_to(self.meta.outer_round)
                 self.payloads[engine.stage_index], _ = engine.encode_contribution(self.meta.outer_round,
                                                                                   self.declared_steps)
@@ -226,7 +226,7 @@ class RoundRerun:
                 )
             return False
         for engine in self.engines:  # as node.live.node applies a round, then hears its own was left out
-            if previous.partials is not None:  # as node.live.work.replica.ReplicaWorker.apply_partials
+            if previous.partials is not None:  # as node.live.worker.replica.ReplicaWorker.apply_partials
                 _apply_partials(engine, action.outer_round, previous.partials[engine.stage_index],
                                 self.diloco_cfg, self.compression_cfg)
             else:

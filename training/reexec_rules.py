@@ -62,7 +62,7 @@ def round_meta(
     """The :class:`RoundMeta` a node records for ``(replica, outer_round)``.
 
     ``run_rounds``: the run's rounds (0 = open-ended, no lr decay horizon), as
-    :meth:`node.live.work.replica.ReplicaWorker.train_round` uses it; ``micro_batches``:
+    :meth:`node.live.worker.replica.ReplicaWorker.train_round` uses it; ``micro_batches``:
     the pipeline's count if this replica is split over processes, else 0;
     ``threads``: default ``torch.get_num_threads()``; ``platform``: default the
     fingerprint of this process's training platform now (the one its trainer was built

@@ -44,7 +44,7 @@ from node.live.parts.record import build_committer
 from node.live.record.committer import Committer
 from node.live.parts.checks import build_spot_checks
 from node.live.parts.fraud import build_chunked_states, build_fraud_prover
-from node.live.work.contributor import Contributor
+from node.live.worker.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
 from node.live.parts.round import build_coordinator, build_ending, build_lifecycle, build_pace
@@ -63,7 +63,7 @@ from node.live.peers.membership import Membership
 from node.live.peers.messenger import Messenger
 from node.live.chain.onchain import NodeChain
 from node.live.round.pacing import CommitPace
-from node.live.work.replica import ReplicaWorker, warm_up_imports
+from node.live.worker.replica import ReplicaWorker, warm_up_imports
 from node.live.round.resume import RestartRecovery
 from node.live.state.roundbook import RoundBook
 from node.live.state.roundclock import RoundClock

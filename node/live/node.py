@@ -13,7 +13,7 @@ default delay ("rebase")::
 
 :meth:`Node.run` is that loop: assemble the parts, enter the run, then act out
 each round's schedule. The parts (node/live/assembly.py builds them all):
-:class:`~node.live.work.contributor.Contributor` (train, encode, publish),
+:class:`~node.live.worker.contributor.Contributor` (train, encode, publish),
 :class:`~node.live.round.finisher.RoundFinisher` (close, fetch, aggregate, attest),
 :class:`~node.live.round.entry.RunEntry` (where to enter, and re-enter after a broken
 pipeline), and the rooms they use: :class:`~node.live.peers.membership.Membership`
@@ -21,7 +21,7 @@ pipeline), and the rooms they use: :class:`~node.live.peers.membership.Membershi
 (closes, quorum, rotation), :class:`~node.live.inbox.GossipInbox` (parses and
 dispatches what peers send), the :class:`~node.live.exchange.protocol.Exchange` (full or
 sliced), :class:`~node.live.record.committer.Committer` (the chain side) and
-:class:`~node.live.work.replica.ReplicaWorker` (the training side). The wire
+:class:`~node.live.worker.replica.ReplicaWorker` (the training side). The wire
 protocol is specified in docs/PROTOCOL.md.
 """
 
@@ -35,7 +35,7 @@ from ledger.errors import ChainWaitStopped
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
-from node.live.work.contributor import PipelineBroken, RoundAbandoned
+from node.live.worker.contributor import PipelineBroken, RoundAbandoned
 from node.live.exchange.coordination import RoundStopped
 from node.live.round.resume import first_contributed_round
 from node.live.startup import StartupClock

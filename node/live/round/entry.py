@@ -23,10 +23,10 @@ from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node.errors import DLX_ERRORS, StateError
 from node.fsutil import atomic_write_bytes
-from node.live.work.contributor import Contributor, PipelineBroken
+from node.live.worker.contributor import Contributor, PipelineBroken
 from node.live.exchange.coordination import CloseInterrupted, RoundStopped
 from node.live.round.finisher import RoundFinisher
-from node.live.work.replica import PipelineRejoin, ReplicaWorker
+from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, checkpoint_problems, parse_checkpoint
 from p2p.errors import P2PError

@@ -25,10 +25,10 @@ from node.live.rooms import Rooms
 from node import protocol as msg
 from node.arenas import trim_heap
 from node.fsutil import retry_on_full_disk
-from node.live.work.contributor import Contributor
+from node.live.worker.contributor import Contributor
 from node.live.exchange.protocol import InputsWithheld
 from node.live.exchange.pool import serve_blob
-from node.live.work.replica import ReplicaWorker
+from node.live.worker.replica import ReplicaWorker
 from node.live.round.resume import RestartRecovery
 from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution

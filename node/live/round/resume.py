@@ -29,7 +29,7 @@ from node.live.state.roundbook import Announced
 from p2p.envelope import decode_envelope
 
 if TYPE_CHECKING:  # the worker's module imports torch; only its type is read here
-    from node.live.work.replica import ReplicaWorker
+    from node.live.worker.replica import ReplicaWorker
 
 logger = logging.getLogger(__name__)
 

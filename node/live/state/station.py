@@ -22,7 +22,7 @@ class Station:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._placement: Placement | None = None
-        self._worker = None  # node.live.work.replica.ReplicaWorker
+        self._worker = None  # node.live.worker.replica.ReplicaWorker
         #: The first round this process contributes to (announced in hellos; -1 while joining).
         self.first_round = -1
 
@@ -49,7 +49,7 @@ class Station:
         return placement.replica if placement is not None else -1
 
     def worker(self):
-        """The :class:`~node.live.work.replica.ReplicaWorker` (None before :meth:`hold`)."""
+        """The :class:`~node.live.worker.replica.ReplicaWorker` (None before :meth:`hold`)."""
         return self._worker
 
     def held_stages(self) -> tuple[int, ...]:

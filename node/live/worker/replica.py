@@ -34,7 +34,7 @@ from training.pipeline_stage import PipelineStageTrainer
 from training.schedule import inner_lr, set_lr, takes_another_step, trainer_optimizers
 from training.stage_engine import StageEngine
 from training.stages import split_stages, stage_param_names
-from node.live.work.aggregation import StageAggregation
+from node.live.worker.aggregation import StageAggregation
 
 logger = logging.getLogger(__name__)
 

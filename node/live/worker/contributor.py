@@ -23,7 +23,7 @@ from node.live.rooms import Rooms
 from node import protocol as msg
 from node.errors import StateError
 from node.fsutil import retry_on_full_disk
-from node.live.work.replica import ReplicaWorker
+from node.live.worker.replica import ReplicaWorker
 from node.live.state.roundbook import Announced
 from node.live.state.roundstate import TrainFigures
 from training.errors import PipelineError
