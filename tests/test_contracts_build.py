@@ -32,8 +32,8 @@ def test_rebuild_gives_the_committed_bytes():
     assert "up to date" in result.stdout
 
 
-@pytest.mark.slow  # a second full compile; the checker itself rarely changes
-def test_check_fails_when_an_artifact_differs(tmp_path):
+def copy_of_contracts(tmp_path):
+    """A copy of contracts/ (sources, artifacts, build input, the build script) sharing its node_modules."""
     copy = tmp_path / "contracts"
     copy.mkdir()
     for name in ("build.js", "package.json"):
@@ -41,6 +41,12 @@ def test_check_fails_when_an_artifact_differs(tmp_path):
     for name in ("src", "artifacts", "build"):
         shutil.copytree(contracts.CONTRACTS_DIR / name, copy / name)
     os.symlink(contracts.CONTRACTS_DIR / "node_modules", copy / "node_modules")
+    return copy
+
+
+@pytest.mark.slow  # a second full compile; the checker itself rarely changes
+def test_check_fails_when_an_artifact_differs(tmp_path):
+    copy = copy_of_contracts(tmp_path)
     artifact_path = copy / "artifacts" / "TrainingLedger.json"
     artifact = json.loads(artifact_path.read_text())
     artifact["deployedBytecode"] = artifact["deployedBytecode"][:-2] + "00"
@@ -132,13 +138,7 @@ def test_the_build_fails_past_90_percent_of_eip_170():
 
 @pytest.mark.slow  # a second full compile
 def test_the_build_names_a_contract_past_the_gate(tmp_path):
-    copy = tmp_path / "contracts"
-    copy.mkdir()
-    for name in ("build.js", "package.json"):
-        shutil.copy(contracts.CONTRACTS_DIR / name, copy / name)
-    for name in ("src", "artifacts", "build"):
-        shutil.copytree(contracts.CONTRACTS_DIR / name, copy / name)
-    os.symlink(contracts.CONTRACTS_DIR / "node_modules", copy / "node_modules")
+    copy = copy_of_contracts(tmp_path)
     # 700 functions returning a 30-byte constant each: the registry grows past 22,118 bytes.
     registry = copy / "src" / "NodeRegistry.sol"
     bloat = "".join(f"    function bloat{i}() external pure returns (uint256) {{ return {10**70 + i}; }}\n"

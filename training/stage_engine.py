@@ -332,14 +332,7 @@ class StageEngine(EngineJoining, EngineState):
         self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
         self._forget_sent_before(outer_round)
-        return RoundResult(
-            outer_round=outer_round,
-            weights_hash=result.weights_hash,
-            num_contributions=len(contributions),
-            aggregate_seconds=aggregated - started,
-            correction_seconds=time.perf_counter() - aggregated,
-            contributions=result.contributions,
-        )
+        return RoundResult.of_round(outer_round, result, len(contributions), started, aggregated)
 
     def weights_hash(self) -> bytes:
         """Hash of the current global weights of the stage."""

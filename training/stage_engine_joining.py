@@ -114,14 +114,7 @@ class EngineJoining:
         with torch.no_grad():
             for name, param in self.params.items():
                 param.add_(delta[name].to(param.device))
-        return RoundResult(
-            outer_round=outer_round,
-            weights_hash=result.weights_hash,
-            num_contributions=len(contributions),
-            aggregate_seconds=aggregated - started,
-            correction_seconds=time.perf_counter() - aggregated,
-            contributions=result.contributions,
-        )
+        return RoundResult.of_round(outer_round, result, len(contributions), started, aggregated)
 
     def finish_round(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from training.diloco import Aggregation
@@ -30,6 +31,15 @@ class RoundResult:
     correction_seconds: float  # re-basing the local weights
     stats: dict = field(default_factory=dict)
     contributions: list[ContributionReport] = field(default_factory=list)  # canonical order
+
+    @classmethod
+    def of_round(cls, outer_round: int, result, num_contributions: int, started: float,
+                 aggregated: float) -> RoundResult:
+        """The result of a round whose aggregation (``result``: weights hash, contribution reports) ran from
+        ``started`` to ``aggregated`` (perf_counter) and whose correction ran from then until now."""
+        return cls(outer_round=outer_round, weights_hash=result.weights_hash,
+                   num_contributions=num_contributions, aggregate_seconds=aggregated - started,
+                   correction_seconds=time.perf_counter() - aggregated, contributions=result.contributions)
 
     @property
     def num_accepted(self) -> int:
