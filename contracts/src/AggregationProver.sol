@@ -44,6 +44,10 @@ contract AggregationProver {
         Opening newWeights; // chunk `chunk` of round t's committed weights
         Opening newMomentum;
         Opening[] pieces; // chunk `chunk` of each accepted contribution's payload, in the factors' order
+        // issue 62: the run's schedule leaf of round t (RunParams.scheduleRoot; round min(t, scheduleRounds - 1)):
+        // abi.encode(uint64 round, uint32 lrBits, uint32 muBits), and its path. Empty in a run without a schedule.
+        bytes scheduleLeaf;
+        bytes32[] schedulePath;
         address[] attesters; // round t's attesters as RoundCommitted gave them
     }
 
@@ -73,6 +77,7 @@ contract AggregationProver {
         uint256 steps;
         uint256 rootsAt;
         uint256 sumsAt;
+        uint256 maxRank; // the run's (RunParams.maxRank): a piece of a higher rank does not decode
     }
 
     /// @notice What a data-availability challenge names: one committed leaf of one stage of a committed round.
@@ -174,6 +179,8 @@ contract AggregationProver {
     error ProverNotNormed(uint64 round, uint32 stage);
     error ProverBadSumPath(uint256 contribution);
     error ProverNormCorrect(uint256 runId, uint64 round, uint32 stage, uint256 contribution);
+    error ProverNoGenesis(uint256 runId);
+    error ProverBadSchedule(uint64 round, uint256 index);
 
     /// @notice `Target.which` of a challenge of the stage leaf itself (its index in the record's weightsRoot is
     /// the stage): a record whose root has no stage leaves behind it (a back door) cannot be answered.

@@ -35,6 +35,27 @@ library LedgerCore {
     /// @dev Gas forwarded when returning a guilty accusation's bond (an account that refuses it forfeits it).
     uint256 internal constant BOND_RETURN_GAS = 30_000;
 
+    // issue 62: the bounds of a fraud proof's cost (docs/FRAUD_PROOF.md, "Bounded proofs"). A run's worst proof
+    // of any kind (the chunk proof: every listed contribution's piece of one chunk decoded and summed) must fit a
+    // block with room to spare and a node's transaction size limit. The formula is conservative: its constants
+    // are the measured costs (bench/fraud_proof_bounds.py, bench/results/fraud_proof_bounds.json) rounded up,
+    // with every path 32 levels deep and every low-rank piece spanning 64 rows.
+    uint256 internal constant PROOF_MAX_GAS = 10_000_000;
+    uint256 internal constant PROOF_MAX_CALLDATA = 131_072; // 128 KiB, a common node's transaction size limit
+    uint256 internal constant MAX_RANK = 64; // training/codec_wire.py MAX_RANK
+    uint256 internal constant PROOF_GAS_BASE = 1_000_000; // everything but the pieces' decoding
+    uint256 internal constant PROOF_GAS_PER_PIECE = 200_000; // one piece of a chunk: its path, decode, scale, sum
+    uint256 internal constant PROOF_GAS_PER_RANK = 9_000; // one rank of a low-rank piece (64 elements)
+    uint256 internal constant PROOF_BYTES_BASE = 12_000; // records, four tensor openings, stage leaves and paths
+    uint256 internal constant PROOF_BYTES_PER_PIECE = 1_600; // a piece's ABI words and path, its factors' words
+    uint256 internal constant PROOF_BYTES_PER_RANK = 258; // 2 (w) + 2 x (64 rows + 64 elements) per rank
+
+    /// @dev The worst proof's gas and calldata at `contributions` listed pieces of rank at most `rank`.
+    function proofCost(uint256 contributions, uint256 rank) internal pure returns (uint256 gas, uint256 size) {
+        gas = PROOF_GAS_BASE + contributions * (PROOF_GAS_PER_PIECE + rank * PROOF_GAS_PER_RANK);
+        size = PROOF_BYTES_BASE + contributions * (PROOF_BYTES_PER_PIECE + rank * PROOF_BYTES_PER_RANK);
+    }
+
     function existingRun(TrainingLedger.LedgerState storage s, uint256 runId)
         internal
         view

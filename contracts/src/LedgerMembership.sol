@@ -36,6 +36,7 @@ library LedgerMembership {
         run.minStake = params.minStake;
         run.bond = params.bond;
         run.configHash = params.configHash;
+        if (params.commitments > 1) _storeValues(s.values[runId], params);
         emit TrainingLedger.RunCreated(runId, msg.sender, params, genesis, configUri);
     }
 
@@ -146,5 +147,33 @@ library LedgerMembership {
         if (params.unbondingBlocks > maximum) {
             revert TrainingLedger.LedgerUnbondingTooLong(params.unbondingBlocks, maximum);
         }
+        if (params.commitments > 1) _checkValues(params);
+    }
+
+    /// @dev A fraud-provable run's per-round values (issue 62): at least one contribution, a rank in 1 .. 64, a
+    /// norm clip of 0 or in [1, inf), and no proof of any kind past PROOF_MAX_GAS or PROOF_MAX_CALLDATA at the
+    /// run's bounds (LedgerCore.proofCost: a conservative formula, bench/results/fraud_proof_bounds.json).
+    function _checkValues(TrainingLedger.RunParams calldata params) private pure {
+        uint64 clip = params.normClipBits;
+        if (
+            params.maxContributions == 0 || params.maxRank == 0 || params.maxRank > LedgerCore.MAX_RANK
+                || (clip != 0 && (clip < 0x3FF0000000000000 || clip >= 0x7FF0000000000000))
+        ) revert TrainingLedger.LedgerBadRunValues(params.maxContributions, params.maxRank, clip);
+        (uint256 gas, uint256 bytes_) = LedgerCore.proofCost(params.maxContributions, params.maxRank);
+        if (gas > LedgerCore.PROOF_MAX_GAS || bytes_ > LedgerCore.PROOF_MAX_CALLDATA) {
+            revert TrainingLedger.LedgerProofTooCostly(
+                gas, bytes_, LedgerCore.PROOF_MAX_GAS, LedgerCore.PROOF_MAX_CALLDATA
+            );
+        }
+    }
+
+    function _storeValues(TrainingLedger.RunValues storage values, TrainingLedger.RunParams calldata params) private {
+        values.scheduleRoot = params.scheduleRoot;
+        values.genesisRoot = params.genesisRoot;
+        values.scheduleRounds = params.scheduleRounds;
+        values.normClipBits = params.normClipBits;
+        values.maxContributions = params.maxContributions;
+        values.maxRank = params.maxRank;
+        values.nesterov = params.nesterov;
     }
 }

@@ -118,8 +118,11 @@ library ProverAvailability {
             if (target.chunk != target.stage) revert AggregationProver.ProverBadChunk(target.chunk, numStages);
             return (target.record.weightsRoot, numStages, false);
         }
-        AggregationProver.StageLeaf memory leaf =
-            ProverCommon.openStageLeaf(target.stageLeaf, target.stagePath, target.record, target.stage, numStages);
+        (AggregationProver.StageLeaf memory leaf, bool leafOk) = ProverCommon.openStageLeaf(
+            target.stageLeaf, target.stagePath, target.record.weightsRoot, target.record.round, target.stage, numStages
+        );
+        // A malformed stage leaf is proven (a chunk or norm proof), not opened.
+        if (!leafOk) revert AggregationProver.ProverBadStageLeaf(target.record.round, target.stage);
         bool factors = target.which == _FACTORS;
         uint32 count = factors ? 1 : leaf.numChunks; // the factors are one "leaf", chunk 0
         if (target.chunk >= count) revert AggregationProver.ProverBadChunk(target.chunk, count);
@@ -140,6 +143,9 @@ library ProverAvailability {
         if (sha256(factors) != leaf.factorsHash) {
             revert AggregationProver.ProverBadFactors(target.record.round, target.stage);
         }
+        // Malformed factors are proven (proveWrongAggregation), not opened: a named error, never abi.decode's.
+        (,, bool wellFormed) = ProverCommon.factorsShape(factors);
+        if (!wellFormed) revert AggregationProver.ProverBadFactors(target.record.round, target.stage);
         (,,,, bytes32[] memory roots,) = abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[]));
         uint256 j = which - 2;
         if (j < roots.length) return (roots[j], false);

@@ -33,19 +33,48 @@ library ProverCommon {
         }
     }
 
+    /// @dev The stage leaf at `stage` of the tree `root` (a record's weightsRoot, or a run's genesisRoot: `round`
+    /// names it in errors); a wrong path reverts, a leaf that is not abi.encode(uint32 stage, uint32 numChunks,
+    /// bytes32, bytes32, bytes32) of this stage gives `ok` false (what an honest committer never commits).
     function openStageLeaf(
         bytes calldata leaf,
         bytes32[] calldata path,
-        TrainingLedger.Record calldata record,
+        bytes32 root,
+        uint64 round,
         uint32 stage,
         uint32 numStages
-    ) internal pure returns (AggregationProver.StageLeaf memory decoded) {
-        if (!verifyLeaf(leaf, stage, numStages, path, record.weightsRoot)) {
-            revert AggregationProver.ProverBadStagePath(record.round, stage);
+    ) internal pure returns (AggregationProver.StageLeaf memory decoded, bool ok) {
+        if (!verifyLeaf(leaf, stage, numStages, path, root)) {
+            revert AggregationProver.ProverBadStagePath(round, stage);
         }
-        if (leaf.length != 160) revert AggregationProver.ProverBadStageLeaf(record.round, stage);
+        if (leaf.length != 160 || word(leaf, 0) != stage || word(leaf, 32) > type(uint32).max) return (decoded, false);
         decoded = abi.decode(leaf, (AggregationProver.StageLeaf));
-        if (decoded.stage != stage) revert AggregationProver.ProverBadStageLeaf(record.round, stage);
+        ok = true;
+    }
+
+    /// @dev The accepted count of a canonical factors encoding, version 2 (six fields, the first list at byte 192)
+    /// or 3 (ten, at 320: normCommitment), and which; `ok` false for any other bytes (an honest node writes none),
+    /// so that no committed factors make a proof revert without a reason (abi.decode of them is safe once ok).
+    function factorsShape(bytes calldata factors) internal pure returns (uint256 count, bool normed, bool ok) {
+        if (factors.length < 224) return (0, false, false);
+        uint256 first = word(factors, 96);
+        if (first == 320) {
+            if (factors.length < 352) return (0, true, false);
+            (AggregationProver.Norms memory norms, bool good) = normCommitment(factors);
+            return (norms.count, true, good);
+        }
+        count = word(factors, 192);
+        if (first != 192 || count > type(uint32).max) return (0, false, false);
+        uint256 list = 32 * (1 + count);
+        if (word(factors, 128) != 192 + list || word(factors, 160) != 192 + 2 * list) return (0, false, false);
+        if (factors.length != 192 + 3 * list) return (0, false, false);
+        if (word(factors, 192 + list) != count || word(factors, 192 + 2 * list) != count) return (0, false, false);
+        if (word(factors, 0) > type(uint32).max || word(factors, 32) > type(uint32).max) return (0, false, false);
+        if (word(factors, 64) > 1) return (0, false, false);
+        for (uint256 j = 0; j < count; ++j) {
+            if (word(factors, 192 + 2 * list + 32 * (j + 1)) > type(uint64).max) return (0, false, false);
+        }
+        ok = true;
     }
 
     /// @dev Whether `leaf` is at position `index` of a ledger/merkle.py tree of `count` leaves with root `root`.
@@ -180,8 +209,13 @@ library ProverCommon {
         }
     }
 
-    /// @dev Whether a piece has its codec's size for the chunk's layout (training/chunks.py).
-    function wellFormedPiece(bytes calldata piece, AggregationProver.Layout memory place) internal pure returns (bool) {
+    /// @dev Whether a piece has its codec's size for the chunk's layout (training/chunks.py), a low-rank one of rank
+    /// at most `maxRank` (the run's, RunParams.maxRank).
+    function wellFormedPiece(bytes calldata piece, AggregationProver.Layout memory place, uint256 maxRank)
+        internal
+        pure
+        returns (bool)
+    {
         if (piece.length < PIECE_HEADER || u32(piece, 1) != place.count) return false;
         uint8 codec = uint8(piece[0]);
         if (codec == 0) return piece.length == PIECE_HEADER + 4 * place.count;
@@ -189,7 +223,7 @@ library ProverCommon {
         if (codec != 2 || piece.length < WEIGHTS_AT) return false;
         uint256 rank = uint8(piece[PIECE_HEADER]);
         uint256 head = WEIGHTS_AT + 2 * rank;
-        if (rank == 0 || rank > MAX_RANK || piece.length < head + 4) return false;
+        if (rank == 0 || rank > MAX_RANK || rank > maxRank || piece.length < head + 4) return false;
         uint256 rows = u32(piece, head);
         uint256 first = place.offset / place.cols;
         uint256 last = (uint256(place.offset) + place.count - 1) / place.cols;

@@ -25,8 +25,10 @@ library ProverNorms {
         ProverCommon.requireCommitted(ledger, record);
         TrainingLedger.Run memory run = ledger.runOf(record.runId);
         if (proof.stage >= run.numStages) revert AggregationProver.ProverBadStage(proof.stage, run.numStages);
-        AggregationProver.StageLeaf memory leaf =
-            ProverCommon.openStageLeaf(proof.stageLeaf, proof.stagePath, record, proof.stage, run.numStages);
+        (AggregationProver.StageLeaf memory leaf, bool leafOk) = ProverCommon.openStageLeaf(
+            proof.stageLeaf, proof.stagePath, record.weightsRoot, record.round, proof.stage, run.numStages
+        );
+        if (!leafOk) return true; // a stage leaf no honest committer writes
         bytes calldata factors = proof.factors;
         if (sha256(factors) != leaf.factorsHash) revert AggregationProver.ProverBadFactors(record.round, proof.stage);
         // The factors' version (3: ten fields, the first list at byte 320) must be the run's (RunParams.commitments):
@@ -37,10 +39,30 @@ library ProverNorms {
         if (!normed) revert AggregationProver.ProverNotNormed(record.round, proof.stage);
         (AggregationProver.Norms memory norms, bool wellFormed) = ProverCommon.normCommitment(factors);
         if (!wellFormed) return true; // a norm commitment an honest round never makes
+        TrainingLedger.RunValues memory values = ledger.valuesOf(record.runId);
+        if (_valuesDiffer(proof.factors, norms, values, run.innerSteps)) return true;
         if (proof.contribution == ProverCommon.SCALES) return _scalesDiffer(factors, norms);
         if (proof.contribution >= norms.count) revert AggregationProver.ProverBadTarget(proof.contribution);
         if (proof.chunk >= leaf.numChunks) revert AggregationProver.ProverBadChunk(proof.chunk, leaf.numChunks);
+        norms.maxRank = values.maxRank;
         return _sumDiffers(proof, leaf, norms);
+    }
+
+    /// @dev Whether the norm commitment breaks the run's values (issue 62): more contributions than
+    /// maxContributions, a declared step count above innerSteps (H, the most a round may train), or another norm
+    /// clip than the run's (where the run binds its values: scheduleRounds > 0).
+    function _valuesDiffer(
+        bytes calldata factors,
+        AggregationProver.Norms memory norms,
+        TrainingLedger.RunValues memory values,
+        uint32 innerSteps
+    ) private pure returns (bool) {
+        if (norms.count > values.maxContributions) return true;
+        if (values.scheduleRounds != 0 && norms.clip != values.normClipBits) return true;
+        for (uint256 j = 0; j < norms.steps; ++j) {
+            if (ProverCommon.word(factors, norms.stepsAt + 32 * j) > innerSteps) return true;
+        }
+        return false;
     }
 
     /// @dev The committed scales against the norm rule of the committed sums.
@@ -95,7 +117,7 @@ library ProverNorms {
         if (total[0] != ProverCommon.word(proof.factors, sumAt)) return true;
         if (total[1] != ProverCommon.word(proof.factors, sumAt + 32)) return true;
         if (total[2] != ProverCommon.word(proof.factors, sumAt + 64)) return true;
-        if (!ProverCommon.wellFormedPiece(proof.piece.leaf, place)) return true;
+        if (!ProverCommon.wellFormedPiece(proof.piece.leaf, place, norms.maxRank)) return true;
         uint256[3] memory squares;
         for (uint256 k = 0; k < place.count; ++k) {
             uint32 value = ProverCommon.decodeElement(proof.piece.leaf, place, k);

@@ -50,6 +50,27 @@ contract TrainingLedger {
         // How the run's records commit the stages' states (the run document's diloco.commitments;
         // docs/FRAUD_PROOF.md): 1 hashed, 2 chunked, 3 normed. The prover holds a round's factors to it.
         uint8 commitments;
+        // issue 62: per-round values. What a chunked (2) or normed (3) run's rounds must commit, derived by the
+        // node from the run document (node/commitments/values.py; docs/FRAUD_PROOF.md, "The run's values"); the
+        // proofs hold every round's factors to them. A hashed run (1) may leave them zero.
+        bytes32 scheduleRoot; // ledger/merkle.py root over abi.encode(uint64 round, uint32 lrBits, uint32 muBits)
+        uint64 scheduleRounds; // leaves of scheduleRoot (rounds 0 .. scheduleRounds-1; later ones use the last); 0: unbound
+        bool nesterov; // the outer step is Nesterov's (bound with the schedule)
+        uint64 normClipBits; // the run's norm_clip, binary64 bits (0: the rule is off; bound with the schedule)
+        bytes32 genesisRoot; // the version-2/3 weights root of round 0's start (zero momentum); zero: none
+        uint16 maxContributions; // the most contributions a round's stage may list (chunked/normed: >= 1)
+        uint8 maxRank; // the largest low-rank rank a listed piece may have (chunked/normed: 1 .. 64)
+    }
+
+    /// @notice A run's per-round values (RunParams after `issue 62: per-round values`), as the provers read them.
+    struct RunValues {
+        bytes32 scheduleRoot;
+        bytes32 genesisRoot;
+        uint64 scheduleRounds;
+        uint64 normClipBits;
+        uint16 maxContributions;
+        uint8 maxRank;
+        bool nesterov;
     }
 
     /// @notice A run's fixed parameters and its progress.
@@ -182,6 +203,7 @@ contract TrainingLedger {
         mapping(uint256 runId => mapping(uint64 round => mapping(address account => bool))) disputed;
         mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
             accusations;
+        mapping(uint256 runId => RunValues) values; // issue 62: per-round values
     }
 
     NodeRegistry private immutable _registry;
@@ -328,6 +350,8 @@ contract TrainingLedger {
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
     error LedgerNotProver(address caller);
     error LedgerBadCommitments(uint8 commitments);
+    error LedgerBadRunValues(uint16 maxContributions, uint8 maxRank, uint64 normClipBits);
+    error LedgerProofTooCostly(uint256 gas, uint256 calldataBytes, uint256 maxGas, uint256 maxCalldata);
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
         _registry = registry_;
@@ -624,6 +648,13 @@ contract TrainingLedger {
     /// @return The run (all zero for an unknown run).
     function runOf(uint256 runId) external view returns (Run memory) {
         return _s.runs[runId];
+    }
+
+    /// @notice Run `runId`'s per-round values (RunParams' fields after `issue 62: per-round values`).
+    /// @param runId The run.
+    /// @return The values (all zero for an unknown run).
+    function valuesOf(uint256 runId) external view returns (RunValues memory) {
+        return _s.values[runId];
     }
 
     /// @notice The number of counted member signatures the next commit of run `runId` needs:
