@@ -249,6 +249,9 @@ class AggregationProof:
     new_momentum_path: list[bytes]
     pieces: list[bytes]
     piece_paths: list[list[bytes]]
+    # issue 62: the run's schedule leaf of the round and its path (ledger/runvalues.py); empty: a run without one
+    schedule_leaf: bytes = b""
+    schedule_path: list[bytes] = dataclasses.field(default_factory=list)
 
     def args(self) -> tuple:
         """The single struct argument of the contract function, in ABI order."""
@@ -256,7 +259,8 @@ class AggregationProof:
                  self.prev_stage_path, self.stage_leaf, self.stage_path, self.factors,
                  (self.prev_weights, self.prev_weights_path), (self.prev_momentum, self.prev_momentum_path),
                  (self.new_weights, self.new_weights_path), (self.new_momentum, self.new_momentum_path),
-                 [(piece, path) for piece, path in zip(self.pieces, self.piece_paths, strict=True)]),)
+                 [(piece, path) for piece, path in zip(self.pieces, self.piece_paths, strict=True)],
+                 self.schedule_leaf, list(self.schedule_path)),)
 
     def to_json(self) -> dict:
         """A printable form (hex strings) of the proof, as ``audit`` shows it."""
@@ -266,7 +270,9 @@ class AggregationProof:
     def from_json(cls, data: dict) -> AggregationProof:
         """The proof of its :meth:`to_json` form (a file's: LedgerInputError for anything else)."""
         try:
-            if not isinstance(data, dict) or set(data) != set(cls.__dataclass_fields__):
+            optional = {"schedule_leaf", "schedule_path"}  # proofs kept before issue 62 have none
+            if not isinstance(data, dict) or not set(cls.__dataclass_fields__) - optional <= set(data) <= set(
+                    cls.__dataclass_fields__):
                 raise ValueError("not the proof's fields")
             fields = {name: unhexed(value) for name, value in data.items()}
             for name in ("prev_record", "record"):
@@ -279,21 +285,32 @@ class AggregationProof:
             raise LedgerInputError(f"not a fraud proof: {exc}"[:200]) from None
 
 
+def genesis_record(run_id: int) -> tuple:
+    """What a proof of round 0 gives as round -1's record: only its run id is read (round 0's start is the
+    run's ``genesisRoot``)."""
+    zero = bytes(32)
+    return (run_id, 0, zero, zero, zero, 0, 0, 0, 0, zero)
+
+
 def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_stages: list[StageLeaf],
-                prev: StageState, committed: StageState, chunk: int) -> AggregationProof:
+                prev: StageState, committed: StageState, chunk: int, schedule=None) -> AggregationProof:
     """The proof that chunk ``chunk`` of stage ``committed.stage`` in ``record`` is not the outer step of
     ``prev`` (the state after round t - 1) with the committed round's factors and pieces.
 
     ``prev_stages`` and ``committed_stages`` are every stage leaf of each record (for the paths);
     ``committed`` is the state as the round's committers published it (its factors, pieces and leaves).
+    Round 0: ``prev_record`` None, ``prev_stages`` the run's genesis stage leaves (its ``genesisRoot``).
+    ``schedule``: the run's :class:`ledger.runvalues.Schedule` (None: a run created without one).
     """
     stage = committed.stage
+    schedule_leaf, schedule_path = schedule.opening(record.round) if schedule is not None else (b"", [])
+    prev_fields = genesis_record(record.run_id) if prev_record is None else prev_record.fields()
     prev_leaves = [leaf.encode() for leaf in prev_stages]
     new_leaves = [leaf.encode() for leaf in committed_stages]
     if not 0 <= chunk < len(prev.weight_leaves):
         raise LedgerInputError(f"chunk {chunk} outside the stage's {len(prev.weight_leaves)} chunks")
     return AggregationProof(
-        prev_record=prev_record.fields(), record=record.fields(), stage=stage, chunk=chunk,
+        prev_record=prev_fields, record=record.fields(), stage=stage, chunk=chunk,
         prev_stage_leaf=prev_leaves[stage], prev_stage_path=tree_path(prev_leaves, stage),
         stage_leaf=new_leaves[stage], stage_path=tree_path(new_leaves, stage),
         factors=committed.factors.encode(),
@@ -305,6 +322,7 @@ def build_proof(prev_record, record, prev_stages: list[StageLeaf], committed_sta
         new_momentum_path=tree_path(committed.momentum_leaves, chunk),
         pieces=[leaves[chunk] for leaves in committed.payload_leaves],
         piece_paths=[tree_path(leaves, chunk) for leaves in committed.payload_leaves],
+        schedule_leaf=schedule_leaf, schedule_path=schedule_path,
     )
 
 

@@ -30,6 +30,34 @@ DEFAULT_BOND_DIVISOR = 10
 #: registry of commitment schemes (node/commitments/registry.py; tests/test_commitment_schemes.py checks
 #: that the two agree).
 DEFAULT_COMMITMENTS = 3
+#: issue 62: the contract's bounds of a fraud proof's cost and the constants of its conservative formula
+#: (LedgerCore.proofCost; measured by bench/fraud_proof_bounds.py, bench/results/fraud_proof_bounds.json).
+PROOF_MAX_GAS = 10_000_000
+PROOF_MAX_CALLDATA = 131_072
+MAX_RANK = 64
+PROOF_GAS_BASE, PROOF_GAS_PER_PIECE, PROOF_GAS_PER_RANK = 1_000_000, 200_000, 9_000
+PROOF_BYTES_BASE, PROOF_BYTES_PER_PIECE, PROOF_BYTES_PER_RANK = 12_000, 1_600, 258
+#: ``RunParams.max_contributions`` and ``max_rank`` when a creator names none: within both bounds.
+DEFAULT_MAX_CONTRIBUTIONS = 16
+DEFAULT_MAX_RANK = 16
+
+
+def proof_cost(max_contributions: int, max_rank: int) -> tuple[int, int]:
+    """The contract's bound (``LedgerCore.proofCost``) on the gas and calldata bytes of a run's worst proof."""
+    gas = PROOF_GAS_BASE + max_contributions * (PROOF_GAS_PER_PIECE + max_rank * PROOF_GAS_PER_RANK)
+    size = PROOF_BYTES_BASE + max_contributions * (PROOF_BYTES_PER_PIECE + max_rank * PROOF_BYTES_PER_RANK)
+    return gas, size
+
+
+def most_contributions(max_rank: int) -> int:
+    """The most contributions a fraud-provable run of ``max_rank`` may list per stage and round (0: none)."""
+    count = 0
+    while count < UINT16_MAX:
+        gas, size = proof_cost(count + 1, max_rank)
+        if gas > PROOF_MAX_GAS or size > PROOF_MAX_CALLDATA:
+            break
+        count += 1
+    return count
 
 
 def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
@@ -65,6 +93,18 @@ class RunParams:
     max_rounds: int = 0
     tenure_rounds: int = DEFAULT_TENURE_ROUNDS
     commitments: int = DEFAULT_COMMITMENTS  # the run's commitment scheme's version (its document's)
+    # issue 62: per-round values (node/commitments/values.py derives them from the run document; docs/LEDGER.md)
+    schedule_root: bytes = bytes(32)  # root over each round's (round, lr bits, mu bits) leaf
+    schedule_rounds: int = 0  # the schedule's leaves; 0: the values are unbound (only hand-made runs)
+    nesterov: bool = True
+    norm_clip_bits: int = 0  # the run's norm_clip, float64 bits
+    genesis_root: bytes = bytes(32)  # round 0's start (zero: round 0 cannot be proven)
+    max_contributions: int = DEFAULT_MAX_CONTRIBUTIONS
+    max_rank: int = DEFAULT_MAX_RANK
+
+    #: The per-round values' field names (issue 62), shared by RunParams and RunInfo.
+    VALUES = ("schedule_root", "schedule_rounds", "nesterov", "norm_clip_bits", "genesis_root", "max_contributions",
+              "max_rank")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
@@ -85,6 +125,12 @@ class RunParams:
         if self.unbonding_blocks is None:
             object.__setattr__(self, "unbonding_blocks", self.accusation_blocks + self.dispute_blocks)
         check_uint("unbonding_blocks", self.unbonding_blocks, UINT64_MAX)
+        object.__setattr__(self, "schedule_root", check_bytes32("schedule_root", self.schedule_root))
+        object.__setattr__(self, "genesis_root", check_bytes32("genesis_root", self.genesis_root))
+        check_uint("schedule_rounds", self.schedule_rounds, UINT64_MAX)
+        check_uint("norm_clip_bits", self.norm_clip_bits, UINT64_MAX)
+        check_uint("max_contributions", self.max_contributions, UINT16_MAX)
+        check_uint("max_rank", self.max_rank, 255)
 
     def fields(self) -> tuple:
         """The values in the order of the Solidity struct ``RunParams``."""
@@ -103,6 +149,13 @@ class RunParams:
             self.max_rounds,
             self.tenure_rounds,
             self.commitments,
+            self.schedule_root,
+            self.schedule_rounds,
+            bool(self.nesterov),
+            self.norm_clip_bits,
+            self.genesis_root,
+            self.max_contributions,
+            self.max_rank,
         )
 
     def weaknesses(self) -> list[str]:
@@ -143,6 +196,14 @@ class RunInfo:
     inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
     tenure_rounds: int = 0  # rounds a joiner is in force before its signature counts (founders at once)
     commitments: int = DEFAULT_COMMITMENTS  # its commitment scheme's version (node.commitments)
+    # issue 62: per-round values (RunParams')
+    schedule_root: bytes = bytes(32)
+    schedule_rounds: int = 0
+    nesterov: bool = True
+    norm_clip_bits: int = 0
+    genesis_root: bytes = bytes(32)
+    max_contributions: int = 0
+    max_rank: int = 0
 
     @property
     def min_unbonding_blocks(self) -> int:

@@ -43,6 +43,14 @@ class RunCalls:
         """``TrainingLedger.runOf(run_id)`` as a dict keyed by :data:`RUN_FIELDS`."""
         return dict(zip(RUN_FIELDS, self.sender.call(self.ledger_contract, "runOf", (run_id,)), strict=True))
 
+    def run_values(self, run_id: int) -> dict:
+        """``TrainingLedger.valuesOf(run_id)``: the run's per-round values (issue 62) by RunParams.VALUES name."""
+        root, genesis, rounds, clip, most, rank, nesterov = self.sender.call(self.ledger_contract, "valuesOf",
+                                                                             (run_id,))
+        return {"schedule_root": bytes(root), "schedule_rounds": rounds, "nesterov": bool(nesterov),
+                "norm_clip_bits": clip, "genesis_root": bytes(genesis), "max_contributions": most,
+                "max_rank": rank}
+
     def create_run(
         self,
         config_hash: bytes,
@@ -62,6 +70,7 @@ class RunCalls:
         tenure_rounds: int = DEFAULT_TENURE_ROUNDS,
         commitments: int = DEFAULT_COMMITMENTS,
         allow_weak_quorum: bool = False,
+        values: dict | None = None,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
@@ -94,11 +103,15 @@ class RunCalls:
                 factors are proven wrong (docs/FRAUD_PROOF.md).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
+            values: The per-round values (issue 62; RunParams.VALUES by name: the schedule root and its rounds,
+                Nesterov, the norm clip's bits, the genesis root, the most contributions and the largest rank;
+                node/commitments/values.py derives them from a run document); None: RunParams' defaults.
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
-            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments: the contract's rules.
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments, LedgerBadRunValues,
+            LedgerProofTooCostly: the contract's rules.
         """
         params = RunParams(
             config_hash,
@@ -115,6 +128,7 @@ class RunCalls:
             max_rounds=max_rounds,
             tenure_rounds=tenure_rounds,
             commitments=commitments,
+            **dict(values or {}),
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 

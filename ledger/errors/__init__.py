@@ -96,6 +96,8 @@ from ledger.errors.training_ledger import (
     LedgerAttestBeforeJoin as LedgerAttestBeforeJoin,
     LedgerNotProver as LedgerNotProver,
     LedgerBadCommitments as LedgerBadCommitments,
+    LedgerBadRunValues as LedgerBadRunValues,
+    LedgerProofTooCostly as LedgerProofTooCostly,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,
@@ -112,6 +114,8 @@ from ledger.errors.prover import (
     ProverNotNormed as ProverNotNormed,
     ProverBadSumPath as ProverBadSumPath,
     ProverNormCorrect as ProverNormCorrect,
+    ProverNoGenesis as ProverNoGenesis,
+    ProverBadSchedule as ProverBadSchedule,
     ProverBadTarget as ProverBadTarget,
     ProverBondMismatch as ProverBondMismatch,
     ProverChallengeExists as ProverChallengeExists,

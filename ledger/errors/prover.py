@@ -94,3 +94,11 @@ class ProverChallengeNotDue(ProverError):
 
 class ProverChallengeTooLate(ProverError):
     """The round's dispute window closed: its leaves can no longer be challenged (a proof still can)."""
+
+
+class ProverNoGenesis(ProverError):
+    """A proof of round 0 in a run created without a genesis root: round 0's start is not on chain."""
+
+
+class ProverBadSchedule(ProverError):
+    """The proof's schedule leaf or its path is not the run's leaf of the round (RunParams.scheduleRoot)."""

@@ -222,3 +222,13 @@ class LedgerNotProver(LedgerRevert):
 class LedgerBadCommitments(LedgerRevert):
     """``commitments`` is not a version of a run's commitments the contract knows (node/commitments/ names
     them)."""
+
+
+class LedgerBadRunValues(LedgerRevert):
+    """A fraud-provable run's per-round values are out of range: no contribution allowed, a rank outside
+    1 .. 64, or a norm clip neither 0 nor in [1, inf) (issue 62)."""
+
+
+class LedgerProofTooCostly(LedgerRevert):
+    """At the run's ``maxContributions`` and ``maxRank`` a fraud proof could need more gas or calldata than
+    the contract's bounds (``LedgerCore.proofCost``; docs/FRAUD_PROOF.md, "Bounded proofs")."""
