@@ -35,11 +35,12 @@ DEFAULT_COMMITMENTS = 3
 PROOF_MAX_GAS = 10_000_000
 PROOF_MAX_CALLDATA = 131_072
 MAX_RANK = 64
-PROOF_GAS_BASE, PROOF_GAS_PER_PIECE, PROOF_GAS_PER_RANK = 1_000_000, 200_000, 9_000
-PROOF_BYTES_BASE, PROOF_BYTES_PER_PIECE, PROOF_BYTES_PER_RANK = 12_000, 1_600, 258
-#: ``RunParams.max_contributions`` and ``max_rank`` when a creator names none: within both bounds.
-DEFAULT_MAX_CONTRIBUTIONS = 16
-DEFAULT_MAX_RANK = 16
+PROOF_GAS_BASE, PROOF_GAS_PER_PIECE, PROOF_GAS_PER_RANK = 2_200_000, 430_000, 13_200
+PROOF_BYTES_BASE, PROOF_BYTES_PER_PIECE, PROOF_BYTES_PER_RANK = 16_000, 1_700, 134
+#: ``RunParams.max_rank`` when a creator names none: the decoder's (training/codec_wire.py MAX_RANK), the only
+#: one safe while the decoder accepts any rank up to it (a lower one would make an honest round that accepted a
+#: higher-rank contribution provably wrong).
+DEFAULT_MAX_RANK = MAX_RANK
 
 
 def proof_cost(max_contributions: int, max_rank: int) -> tuple[int, int]:
@@ -58,6 +59,10 @@ def most_contributions(max_rank: int) -> int:
             break
         count += 1
     return count
+
+
+#: ``RunParams.max_contributions`` when a creator names none: the most the bounds allow at the default rank.
+DEFAULT_MAX_CONTRIBUTIONS = most_contributions(DEFAULT_MAX_RANK)
 
 
 def required_quorum(k: int, quorum_bps: int, counted: int) -> int:

@@ -120,10 +120,11 @@ class Committed:
     states: list  # [round] StageState of stage 0
     attesters: tuple[int, ...]
     prover_index: int
+    schedule: object = None  # the run's ledger.runvalues.Schedule (None: created without one)
 
     def proof(self, chunk: int):
         return build_proof(self.records[0], self.records[1], self.stages[0], self.stages[1], self.states[0],
-                           self.states[1], chunk)
+                           self.states[1], chunk, self.schedule)
 
     def prover(self):
         return self.deployment.client(self.prover_index)
@@ -142,13 +143,15 @@ class Committed:
 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
-           commitments: int | None = None) -> Committed:
+           commitments: int | None = None, values: dict | None = None, schedule=None) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1
     ``new``, both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of
-    ``new``'s factors (3 if they carry the norm commitment, else 2)."""
+    ``new``'s factors (3 if they carry the norm commitment, else 2). ``values``: the run's per-round values
+    (RunParams.VALUES by name; issue 62), ``schedule`` the ledger.runvalues.Schedule whose root they name (its
+    leaf goes into every chunk proof)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments, values=values)
     records, stages = [], []
     for state in (round_.prev, new):
         leaves = [state.leaf(), round_.other.leaf()]
@@ -156,7 +159,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         run.client(1).commit_round(record, run.sign(record, (1, 2)))
         records.append(record)
         stages.append(leaves)
-    return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index)
+    return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index,
+                     schedule)
 
 
 def normed_start(weights, momentum, diloco: DilocoConfig) -> StageState:

@@ -39,16 +39,23 @@ library LedgerCore {
     // of any kind (the chunk proof: every listed contribution's piece of one chunk decoded and summed) must fit a
     // block with room to spare and a node's transaction size limit. The formula is conservative: its constants
     // are the measured costs (bench/fraud_proof_bounds.py, bench/results/fraud_proof_bounds.json) rounded up,
-    // with every path 32 levels deep and every low-rank piece spanning 64 rows.
+    // with every path 32 levels deep (the schedule's 64) and every low-rank piece spanning the most rows of P its
+    // rank allows (rank <= its matrix's columns, as the decoder requires).
     uint256 internal constant PROOF_MAX_GAS = 10_000_000;
     uint256 internal constant PROOF_MAX_CALLDATA = 131_072; // 128 KiB, a common node's transaction size limit
     uint256 internal constant MAX_RANK = 64; // training/codec_wire.py MAX_RANK
-    uint256 internal constant PROOF_GAS_BASE = 1_000_000; // everything but the pieces' decoding
-    uint256 internal constant PROOF_GAS_PER_PIECE = 200_000; // one piece of a chunk: its path, decode, scale, sum
-    uint256 internal constant PROOF_GAS_PER_RANK = 9_000; // one rank of a low-rank piece (64 elements)
-    uint256 internal constant PROOF_BYTES_BASE = 12_000; // records, four tensor openings, stage leaves and paths
-    uint256 internal constant PROOF_BYTES_PER_PIECE = 1_600; // a piece's ABI words and path, its factors' words
-    uint256 internal constant PROOF_BYTES_PER_RANK = 258; // 2 (w) + 2 x (64 rows + 64 elements) per rank
+    // everything but the pieces (measured 636k with 8-level paths and 2 attesters), with 32-level paths, the
+    // schedule's 64-level path and 32 attesters slashed
+    uint256 internal constant PROOF_GAS_BASE = 2_200_000;
+    // one piece of a chunk: its path, decode, clip, sum (measured: raw 193k, quant 268k, low-rank 369k + per rank)
+    uint256 internal constant PROOF_GAS_PER_PIECE = 430_000;
+    uint256 internal constant PROOF_GAS_PER_RANK = 13_200; // one rank of a low-rank piece, 64 elements (11.9k)
+    // records, stage leaves, four tensor openings and the schedule's with their paths, 100 attesters
+    uint256 internal constant PROOF_BYTES_BASE = 16_000;
+    // a piece's ABI words, header and path, its factors' eight words (version 3)
+    uint256 internal constant PROOF_BYTES_PER_PIECE = 1_700;
+    // per rank of a low-rank piece: w (2), a row of Q per element (128), rows of P (64 / rank + 2 rows: 4 + 128 / r)
+    uint256 internal constant PROOF_BYTES_PER_RANK = 134;
 
     /// @dev The worst proof's gas and calldata at `contributions` listed pieces of rank at most `rank`.
     function proofCost(uint256 contributions, uint256 rank) internal pure returns (uint256 gas, uint256 size) {

@@ -210,7 +210,8 @@ library ProverCommon {
     }
 
     /// @dev Whether a piece has its codec's size for the chunk's layout (training/chunks.py), a low-rank one of rank
-    /// at most `maxRank` (the run's, RunParams.maxRank).
+    /// at most `maxRank` (the run's, RunParams.maxRank) and at most its matrix's columns (as the decoder requires:
+    /// so its rows of P, at most 64 / rank + 2, bound its size; LedgerCore.proofCost).
     function wellFormedPiece(bytes calldata piece, AggregationProver.Layout memory place, uint256 maxRank)
         internal
         pure
@@ -223,7 +224,7 @@ library ProverCommon {
         if (codec != 2 || piece.length < WEIGHTS_AT) return false;
         uint256 rank = uint8(piece[PIECE_HEADER]);
         uint256 head = WEIGHTS_AT + 2 * rank;
-        if (rank == 0 || rank > MAX_RANK || rank > maxRank || piece.length < head + 4) return false;
+        if (rank == 0 || rank > MAX_RANK || rank > maxRank || rank > place.cols || piece.length < head + 4) return false;
         uint256 rows = u32(piece, head);
         uint256 first = place.offset / place.cols;
         uint256 last = (uint256(place.offset) + place.count - 1) / place.cols;
