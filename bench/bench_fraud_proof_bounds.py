@@ -7,9 +7,9 @@ proofs"), measured on a real anvil.
 proof is the chunk proof (each listed contribution's piece decoded for 64 elements; the norm proofs read one
 piece or only the factors: bench/results/fraud_proof.json). This script sends successful chunk proofs of the
 worst kind (the chunk's last element changed, so all 64 are recomputed; every contribution's committed scale
-1 + 2^-52, a clip that changes no value, so the float64 product is taken for each element; low-rank pieces spanning two rows of P) for a few counts and codecs, and writes
-their gas and calldata next to the formula's bound for each (``bound_holds``: the formula is above every
-measurement) to ``bench/results/fraud_proof_bounds.json``, with the per-piece slopes it measured. Short: a
+1 + 2^-52, a clip that changes no value, so the float64 product is taken for each element; low-rank pieces
+spanning two rows of P) for a few counts and codecs, and writes their gas and calldata next to the formula's
+bound for each (``bound_holds``: the formula is above every measurement) to ``bench/results/fraud_proof_bounds.json``, with the per-piece slopes it measured. Short: a
 (96, 96) stage, at most 4 contributions.
 
     nice -n 10 python bench/bench_fraud_proof_bounds.py
@@ -37,8 +37,8 @@ CASES = (("raw", {}, 0), ("quant", {"bits": 8}, 0), ("lowrank", {"bits": 8, "ran
          ("lowrank", {"bits": 8, "rank": 64}, 64))
 STAKE = 10**18
 CHUNK = 1
-# float64 1 + 2^-52: float32(float64(d) * s) == d for every float32 d (the change is far below half a float32 ulp),
-# so the weights stay the honest ones while the contract takes the clip's product for every element
+# float64 1 + 2^-52: float32(float64(d) * s) == d for every float32 d (the change is far below half a float32
+# ulp), so the weights stay the honest ones while the contract takes the clip's product for every element
 NEXT_AFTER_ONE = 0x3FF0000000000001
 
 
@@ -62,7 +62,8 @@ def measure(url: str, codec: str, options: dict, rank: int, count: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="1,4")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()

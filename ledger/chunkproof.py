@@ -249,7 +249,7 @@ class AggregationProof:
     new_momentum_path: list[bytes]
     pieces: list[bytes]
     piece_paths: list[list[bytes]]
-    # issue 62: the run's schedule leaf of the round and its path (ledger/runvalues.py); empty: a run without one
+    # issue 62: the run's schedule leaf of the round and its path (ledger/runvalues.py); empty: a run without
     schedule_leaf: bytes = b""
     schedule_path: list[bytes] = dataclasses.field(default_factory=list)
 

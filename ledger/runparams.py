@@ -37,14 +37,14 @@ PROOF_MAX_CALLDATA = 131_072
 MAX_RANK = 64
 PROOF_GAS_BASE, PROOF_GAS_PER_PIECE, PROOF_GAS_PER_RANK = 2_200_000, 430_000, 13_200
 PROOF_BYTES_BASE, PROOF_BYTES_PER_PIECE, PROOF_BYTES_PER_RANK = 16_000, 1_700, 134
-#: ``RunParams.max_rank`` when a creator names none: the decoder's (training/codec_wire.py MAX_RANK), the only
-#: one safe while the decoder accepts any rank up to it (a lower one would make an honest round that accepted a
-#: higher-rank contribution provably wrong).
+#: ``RunParams.max_rank`` when a creator names none: the decoder's (training/codec_wire.py MAX_RANK), the
+#: only one safe while the decoder accepts any rank up to it (a lower one would make an honest round that
+#: accepted a higher-rank contribution provably wrong).
 DEFAULT_MAX_RANK = MAX_RANK
 
 
 def proof_cost(max_contributions: int, max_rank: int) -> tuple[int, int]:
-    """The contract's bound (``LedgerCore.proofCost``) on the gas and calldata bytes of a run's worst proof."""
+    """The contract's bound (``LedgerCore.proofCost``) on the gas and calldata of a run's worst proof."""
     gas = PROOF_GAS_BASE + max_contributions * (PROOF_GAS_PER_PIECE + max_rank * PROOF_GAS_PER_RANK)
     size = PROOF_BYTES_BASE + max_contributions * (PROOF_BYTES_PER_PIECE + max_rank * PROOF_BYTES_PER_RANK)
     return gas, size
@@ -98,7 +98,7 @@ class RunParams:
     max_rounds: int = 0
     tenure_rounds: int = DEFAULT_TENURE_ROUNDS
     commitments: int = DEFAULT_COMMITMENTS  # the run's commitment scheme's version (its document's)
-    # issue 62: per-round values (node/commitments/values.py derives them from the run document; docs/LEDGER.md)
+    # issue 62: per-round values (node/commitments/values.py derives them from a run document; LEDGER.md)
     schedule_root: bytes = bytes(32)  # root over each round's (round, lr bits, mu bits) leaf
     schedule_rounds: int = 0  # the schedule's leaves; 0: the values are unbound (only hand-made runs)
     nesterov: bool = True
@@ -108,8 +108,8 @@ class RunParams:
     max_rank: int = DEFAULT_MAX_RANK
 
     #: The per-round values' field names (issue 62), shared by RunParams and RunInfo.
-    VALUES = ("schedule_root", "schedule_rounds", "nesterov", "norm_clip_bits", "genesis_root", "max_contributions",
-              "max_rank")
+    VALUES = ("schedule_root", "schedule_rounds", "nesterov", "norm_clip_bits", "genesis_root",
+              "max_contributions", "max_rank")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))

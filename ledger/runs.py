@@ -44,7 +44,7 @@ class RunCalls:
         return dict(zip(RUN_FIELDS, self.sender.call(self.ledger_contract, "runOf", (run_id,)), strict=True))
 
     def run_values(self, run_id: int) -> dict:
-        """``TrainingLedger.valuesOf(run_id)``: the run's per-round values (issue 62) by RunParams.VALUES name."""
+        """``TrainingLedger.valuesOf(run_id)``: the run's per-round values (issue 62), RunParams.VALUES."""
         root, genesis, rounds, clip, most, rank, nesterov = self.sender.call(self.ledger_contract, "valuesOf",
                                                                              (run_id,))
         return {"schedule_root": bytes(root), "schedule_rounds": rounds, "nesterov": bool(nesterov),
@@ -103,9 +103,10 @@ class RunCalls:
                 factors are proven wrong (docs/FRAUD_PROOF.md).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
-            values: The per-round values (issue 62; RunParams.VALUES by name: the schedule root and its rounds,
-                Nesterov, the norm clip's bits, the genesis root, the most contributions and the largest rank;
-                node/commitments/values.py derives them from a run document); None: RunParams' defaults.
+            values: The per-round values (issue 62; RunParams.VALUES by name: the schedule root and its
+                rounds, Nesterov, the norm clip's bits, the genesis root, the most contributions and the
+                largest rank; node/commitments/values.py derives them from a run document); None: RunParams'
+                defaults.
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.

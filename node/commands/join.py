@@ -363,7 +363,8 @@ def run_join(args: argparse.Namespace) -> int:
     _agree(_spend_plan(chain, identity), args.yes)
     node_chain = NodeChain.connect(cfg)
     try:
-        node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments)
+        node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments,
+                             cfg=cfg)
         node_chain.ensure_registered(identity)
         platform, legacy = own_platforms(cfg.training)
         node_chain.ensure_member(info.run_id, platform, also=(legacy,))

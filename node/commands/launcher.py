@@ -32,6 +32,7 @@ from ledger.runparams import (
 )
 from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
+from node.commitments.values import run_values
 from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.live.chain.onchain import NodeChain
@@ -173,7 +174,7 @@ class LocalRun:
                                         dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
                                         inactivity_rounds=self.inactivity_rounds,
                                         commitments=cfg.commitment_scheme.version,
-                                        allow_weak_quorum=self.allow_weak_quorum)
+                                        allow_weak_quorum=self.allow_weak_quorum, values=run_values(cfg))
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

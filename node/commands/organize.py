@@ -282,7 +282,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
     chain = NodeChain.connect(cfg)
     try:
         chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds,
-                        commitments=cfg.diloco.commitments)
+                        commitments=cfg.diloco.commitments, cfg=cfg)
         chain.ensure_registered(identity)
         platform, legacy = own_platforms(cfg.training)
         chain.ensure_member(run_id, platform, also=(legacy,))

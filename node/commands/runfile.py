@@ -111,6 +111,7 @@ def _check_run_table(chain: dict, path: str) -> dict:
 def run_params(run: RunFile):
     """The RunParams of a checked run file."""
     from ledger.runparams import RunParams
+    from node.commitments.values import run_values
     from node.runconfig import config_hash, run_document
 
     chain = run.chain
@@ -122,4 +123,5 @@ def run_params(run: RunFile):
                      unbonding_blocks=chain["unbonding_blocks"] or None,
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
-                     tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version)
+                     tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version,
+                     **run_values(run.cfg))

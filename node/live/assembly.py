@@ -205,7 +205,8 @@ class NodeParts:
         cfg = self.cfg
         self.reporter.set_state("joining")
         self.chain = chain = NodeChain.connect(cfg, stop=self.stop)
-        chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds, commitments=cfg.diloco.commitments)
+        chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds, commitments=cfg.diloco.commitments,
+                        cfg=cfg)
         chain.ensure_registered(self.identity)
         platform, legacy = own_platforms(cfg.training)
         chain.ensure_member(self.run_id, platform, also=(legacy,))

@@ -112,7 +112,7 @@ class NodeChain(ChainSeats, ChainDisputes):
             return self.client.quorum_of(run_id)
 
     def check_run(self, run_id: int, config_hash: bytes, rounds: int | None = None, *,
-                  commitments: str) -> None:
+                  commitments: str, cfg=None) -> None:
         """Refuse settings that would train differently from the run's other members.
 
         ``rounds`` must be the run's ``maxRounds``: the inner learning rate follows a schedule over
@@ -144,6 +144,23 @@ class NodeChain(ChainSeats, ChainDisputes):
                 f"hash to {config_hash.hex()}: use exactly the run's [model], [training], "
                 "[diloco], [compression] "
                 "and pipeline.num_stages settings and the same training text"
+            )
+        if cfg is not None:
+            self._check_values(run_id, info, cfg)
+
+    @staticmethod
+    def _check_values(run_id: int, info: RunInfo, cfg) -> None:
+        """The run's per-round values on chain (issue 62: schedule, Nesterov, norm clip, genesis root) must be
+        the ones its document gives (node/commitments/values.py), before round 0."""
+        from node.commitments.values import check_run_values, values_of
+
+        problems = check_run_values(cfg, values_of(info))
+        if problems:
+            raise ConfigError(
+                f"run {run_id} was created on chain with other per-round values than its document gives "
+                f"({'; '.join(problems)}): the fraud proofs hold every round to the chain's, so this node's "
+                "rounds would be proven wrong; the run's creator must create it again (dlx-node create-run "
+                "derives them from the document)"
             )
 
     def ensure_registered(self, identity) -> None:

@@ -1,0 +1,107 @@
+"""A fraud-provable run's per-round values as ``TrainingLedger.createRun`` binds them (issue 62;
+docs/FRAUD_PROOF.md, "The run's values"), derived from the run's configuration exactly as training uses it.
+
+- the outer schedule (:func:`schedule_of`): each round's lr and momentum as the float32 bit patterns the outer
+  step multiplies by (``node.fraudproof.round_factors_bits``, training/schedule.py), one leaf per round until
+  the schedule is constant (:mod:`ledger.runvalues`);
+- the Nesterov flag and the norm clip's float64 bits;
+- the genesis root (:func:`genesis_root`): the version-2/3 weights root of round 0's start, the model's
+  initial weights (training.model.init_state_dict of the model and seed) and zero outer momentum, one stage
+  leaf per stage (``node.fraudproof.initial_state``): what a proof of round 0 opens as round -1's record;
+- the bounds of a proof's cost: the decoder's largest rank and the most contributions the contract's bound
+  allows at it (``ledger.runparams.most_contributions``).
+
+A hashed run (version 1: nothing is provable) binds none: :func:`run_values` gives ``{}``.
+"""
+
+from __future__ import annotations
+
+from ledger.chunkproof import chunked_weights_root
+from ledger.runparams import DEFAULT_MAX_CONTRIBUTIONS, DEFAULT_MAX_RANK
+from ledger.runvalues import Schedule
+
+
+def schedule_rounds(diloco_cfg) -> int:
+    """The leaves the schedule needs: 1 if constant, else up to the round from which it no longer changes
+    (the warmup's end, the decay's end: ``p`` is clamped at 1 from ``outer_decay_rounds`` on)."""
+    from training.schedule import outer_schedule_is_constant
+
+    if outer_schedule_is_constant(diloco_cfg):
+        return 1
+    decay = 0 if diloco_cfg.outer_decay == "constant" else diloco_cfg.outer_decay_rounds
+    return max(diloco_cfg.outer_warmup_rounds, decay) + 1
+
+
+def schedule_of(diloco_cfg, max_rounds: int = 0) -> Schedule:
+    """The run's committed schedule: rounds ``0 .. schedule_rounds - 1`` (fewer if the run has fewer)."""
+    from node.fraudproof import round_factors_bits
+
+    rounds = schedule_rounds(diloco_cfg)
+    if max_rounds:
+        rounds = min(rounds, max_rounds)
+    return Schedule(tuple(round_factors_bits(diloco_cfg, t) for t in range(rounds)))
+
+
+def genesis_states(cfg) -> list:
+    """Each stage's state before round 0 (``node.fraudproof.initial_state``): the initial weights of the
+    run's model and seed, zero outer momentum; as training and ``audit`` build round 0's start."""
+    from node.fraudproof import initial_state
+    from training.diloco import zero_outer_state
+    from training.model import init_state_dict
+    from training.stages import split_stages, stage_param_names
+
+    full = init_state_dict(cfg.model, cfg.training.seed)
+    states = []
+    for stage, spec in enumerate(split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)):
+        weights = {name: full[name] for name in stage_param_names(cfg.model, spec)}
+        states.append(initial_state(stage, weights, zero_outer_state(cfg.diloco, weights)))
+    return states
+
+
+def genesis_root(cfg) -> bytes:
+    """The run's genesis root (``RunParams.genesisRoot``): the root over :func:`genesis_states`' leaves."""
+    return chunked_weights_root([state.leaf() for state in genesis_states(cfg)])
+
+
+def run_values(cfg) -> dict:
+    """The per-round values of ``RunParams`` (``RunParams.VALUES`` by name) of a node configuration's run;
+    ``{}`` for a hashed run."""
+    from training.chunks import float64_bits
+
+    if not cfg.commitment_scheme.chunked:
+        return {}
+    schedule = schedule_of(cfg.diloco, cfg.rounds)
+    return {"schedule_root": schedule.root, "schedule_rounds": schedule.rounds,
+            "nesterov": bool(cfg.diloco.nesterov),
+            "norm_clip_bits": float64_bits(float(cfg.diloco.norm_clip)),
+            "genesis_root": genesis_root(cfg), "max_contributions": DEFAULT_MAX_CONTRIBUTIONS,
+            "max_rank": DEFAULT_MAX_RANK}
+
+
+def check_run_values(cfg, on_chain: dict) -> list[str]:
+    """What differs between the values ``on_chain`` binds (``RunParams.VALUES`` by name: a RunInfo's, or
+    ``LedgerClient.run_values``) and the run document's (empty: they agree). A hashed run binds none; a run
+    created without a schedule (``schedule_rounds`` 0) or a genesis root (zero) leaves those unchecked on
+    chain, and here. Nodes refuse to join, and ``audit`` reports, a run whose chain binds other values than
+    its document: its honest rounds would be proven wrong."""
+    mine = run_values(cfg)
+    if not mine:
+        return []
+    names = []
+    if on_chain.get("schedule_rounds"):
+        names += ["schedule_rounds", "schedule_root", "nesterov", "norm_clip_bits"]
+    if on_chain.get("genesis_root", bytes(32)) != bytes(32):
+        names.append("genesis_root")
+    return [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
+            f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
+
+
+def values_of(info) -> dict:
+    """The per-round values of a :class:`ledger.runparams.RunInfo` by name."""
+    from ledger.runparams import RunParams
+
+    return {name: getattr(info, name) for name in RunParams.VALUES}
+
+
+def _shown(value) -> str:
+    return "0x" + value.hex() if isinstance(value, bytes) else repr(value)
