@@ -9,8 +9,9 @@ piece or only the factors: bench/results/fraud_proof.json). This script sends su
 worst kind (the chunk's last element changed, so all 64 are recomputed; every contribution's committed scale
 1 + 2^-52, a clip that changes no value, so the float64 product is taken for each element; low-rank pieces
 spanning two rows of P) for a few counts and codecs, and writes their gas and calldata next to the formula's
-bound for each (``bound_holds``: the formula is above every measurement) to ``bench/results/fraud_proof_bounds.json``, with the per-piece slopes it measured. Short: a
-(96, 96) stage, at most 4 contributions.
+bound for each (``bound_holds``: the formula is above every measurement) to
+``bench/results/fraud_proof_bounds.json``, with the per-piece slopes it measured. Short: a (96, 96) stage, at
+most 4 contributions.
 
     nice -n 10 python bench/bench_fraud_proof_bounds.py
 """
