@@ -1,0 +1,275 @@
+"""A fraud-provable run's per-round values, bound on chain (issue 62; docs/FRAUD_PROOF.md, "The run's values"),
+on py-evm.
+
+A quorum that colludes commits a round whose weights are exactly the outer step of values the run does not
+have (another lr, momentum or Nesterov flag, no norm clip, declared steps past H, more contributions than the
+run allows, a back-doored round 0): every chunk then is the step of the committed factors, so before issue 62
+no proof could touch it. Now the run's values are in ``RunParams`` and each such round is proven wrong and its
+attesters slashed, while a right round's proofs still revert; createRun refuses runs whose proofs could not be
+sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+
+import pytest
+
+from ledger import errors
+from ledger.chain import connect_pyevm
+from ledger.chunkproof import build_proof, chunked_weights_root, tree_path
+from ledger.normproof import clip_scales
+from ledger.runparams import (DEFAULT_MAX_CONTRIBUTIONS, MAX_RANK, PROOF_MAX_CALLDATA, PROOF_MAX_GAS,
+                              most_contributions, proof_cost)
+from node.commitments.values import check_run_values, schedule_of
+from node.fraudproof import round_factors_bits
+from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution
+from tests.ledger_fixtures import deploy, digest
+from training.chunks import float64_bits
+from training.config import DilocoConfig
+
+SHAPES = {"a.weight": (16, 80), "b.bias": (70,)}
+STAKE = 10**18
+NORMED = dataclasses.replace(DILOCO, commitments="normed")  # lr 0.7, mu 0.9, Nesterov, norm_clip 2
+INNER_STEPS = 50  # tests/ledger_fixtures.py member_run's H
+
+
+def blobs() -> list[bytes]:
+    """Three contributions, one per codec, the raw one large enough to be clipped."""
+    return [contribution(SHAPES, "lowrank", 10, rank=4), contribution(SHAPES, "quant", 11),
+            contribution(SHAPES, "raw", 12, scale=0.5)]
+
+
+def adversary(**changes) -> DilocoConfig:
+    """The colluders' outer step: the run's configuration with values it does not allow (set past its checks,
+    as a modified node would)."""
+    cfg = copy.copy(NORMED)
+    for name, value in changes.items():
+        object.__setattr__(cfg, name, value)
+    return cfg
+
+
+def bound(diloco: DilocoConfig = NORMED, **overrides):
+    """The run's schedule and the values createRun binds (node/commitments/values.py's, the genesis aside)."""
+    schedule = schedule_of(diloco)
+    values = {"schedule_root": schedule.root, "schedule_rounds": schedule.rounds, "nesterov": diloco.nesterov,
+              "norm_clip_bits": float64_bits(diloco.norm_clip), "max_contributions": DEFAULT_MAX_CONTRIBUTIONS,
+              "max_rank": MAX_RANK}
+    return schedule, {**values, **overrides}
+
+
+def on_chain(round_, new, **overrides):
+    schedule, values = bound(**overrides)
+    return commit(deploy(connect_pyevm(), min_stake=STAKE), round_, new, stake=STAKE, values=values,
+                  schedule=schedule)
+
+
+def assert_overturned(committed, receipt_of) -> None:
+    prover = committed.prover()
+    before = prover.balance()
+    receipt = receipt_of(prover)
+    assert prover.invalid_from(committed.run_id) == 1
+    for index in committed.attesters:
+        assert prover.member(committed.run_id, committed.deployment.client(index).address).status == "slashed"
+    fee = receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    assert prover.balance() - before + fee == len(committed.attesters) * STAKE // 2
+
+
+@pytest.fixture(scope="module")
+def honest():
+    return aggregated_round(SHAPES, blobs(), NORMED)
+
+
+def test_a_right_round_of_a_bound_run_still_stands(honest):
+    committed = on_chain(honest, honest.honest)
+    prover = committed.prover()
+    assert prover.run_values(committed.run_id)["schedule_root"] == committed.schedule.root
+    for chunk in (0, 5, len(honest.honest.weight_leaves) - 1):
+        with pytest.raises(errors.ProverRoundCorrect):
+            prover.prove_wrong_aggregation(committed.proof(chunk))
+    with pytest.raises(errors.ProverNormCorrect):
+        prover.prove_wrong_norm(committed.scale_proof())
+    proof = committed.proof(0)
+    with pytest.raises(errors.ProverBadSchedule):  # the leaf of another round
+        prover.prove_wrong_aggregation(dataclasses.replace(proof, schedule_leaf=proof.schedule_leaf[:-1] + b"\1"))
+    with pytest.raises(errors.ProverBadSchedule):  # none
+        prover.prove_wrong_aggregation(dataclasses.replace(proof, schedule_leaf=b"", schedule_path=[]))
+    assert prover.invalid_from(committed.run_id) is None
+
+
+@pytest.mark.parametrize("changes", [{"outer_lr": 7.0}, {"outer_lr": -0.7}, {"outer_lr": 0.0},
+                                     {"outer_momentum": 0.0}, {"nesterov": False}],
+                         ids=["lr 7.0", "lr -0.7", "lr 0", "mu 0", "not Nesterov"])
+def test_a_round_stepping_with_values_the_run_does_not_have_is_proven_wrong(changes):
+    lied = aggregated_round(SHAPES, blobs(), adversary(**changes))
+    committed = on_chain(lied, lied.honest)  # weights consistent with the committed factors, every chunk
+    factors = lied.honest.factors
+    lr, mu = round_factors_bits(NORMED, 1)
+    assert (factors.lr_bits, factors.mu_bits, factors.nesterov) != (lr, mu, True)
+    proof = committed.proof(3)
+    assert committed.prover().proof_holds(proof)
+    assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(proof))
+
+
+def test_a_round_without_the_runs_norm_clip_is_proven_wrong():
+    """norm_clip 0: every scale 1.0 (the raw contribution unclipped), the weights and the norm commitment
+    consistent with it: the norm proof holds the committed clip to the run's."""
+    loose = aggregated_round(SHAPES, blobs(), adversary(norm_clip=0.0))
+    assert set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
+    committed = on_chain(loose, loose.honest)
+    with pytest.raises(errors.ProverRoundCorrect):  # every chunk is the step of the committed scales
+        committed.prover().prove_wrong_aggregation(committed.proof(3))
+    assert_overturned(committed, lambda prover: prover.prove_wrong_norm(committed.scale_proof()))
+
+
+def with_steps(state, steps: int):
+    """``state`` whose contributions each declare ``steps`` inner steps, its scales the rule's for them."""
+    norms = dataclasses.replace(state.factors.norms, steps=(steps,) * len(state.factors.scale_bits))
+    scales = tuple(float64_bits(s) for s in clip_scales(norms.sums, NORMED.norm_clip, norms.steps))
+    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=norms, scale_bits=scales))
+
+
+def test_declared_steps_past_the_runs_inner_steps_are_proven_wrong(honest):
+    """The scales are the rule's for the declared steps: the committed round is right with H steps and wrong
+    with H + 1 (more than a round may train)."""
+    right = on_chain(honest, with_steps(honest.honest, INNER_STEPS))
+    with pytest.raises(errors.ProverNormCorrect):
+        right.prover().prove_wrong_norm(right.scale_proof())
+    past = on_chain(honest, with_steps(honest.honest, INNER_STEPS + 1))
+    assert_overturned(past, lambda prover: prover.prove_wrong_norm(past.scale_proof()))
+
+
+def test_a_round_listing_more_than_max_contributions_is_proven_wrong(honest):
+    committed = on_chain(honest, honest.honest, max_contributions=2)  # three listed
+    assert committed.prover().norm_proof_holds(committed.scale_proof())
+    proof = dataclasses.replace(committed.proof(0), pieces=[], piece_paths=[])  # no piece needs sending
+    assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(proof))
+
+
+def test_a_piece_above_the_runs_rank_does_not_decode(honest):
+    committed = on_chain(honest, honest.honest, max_rank=3)  # the low-rank contribution has rank 4
+    assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(0)))
+
+
+class Round0:
+    """A run whose round 0 is committed on top of its genesis root (RunParams.genesisRoot)."""
+
+    def __init__(self, round_, new, *, genesis: bool = True):
+        self.genesis_leaves = [round_.prev.leaf(), round_.other.leaf()]
+        schedule, values = bound()
+        if genesis:
+            values["genesis_root"] = chunked_weights_root(self.genesis_leaves)
+        self.deployment = deploy(connect_pyevm(), min_stake=STAKE)
+        self.run = self.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, commitments=3,
+                                              values=values)
+        self.stages = [new.leaf(), round_.other.leaf()]
+        self.record = dataclasses.replace(self.run.next_record(), weights_root=chunked_weights_root(self.stages))
+        self.run.client(1).commit_round(self.record, self.run.sign(self.record, (1, 2)))
+        self.prev, self.new, self.schedule = round_.prev, new, schedule
+        self.prover = self.deployment.client(6)
+        self.run_id = self.run.run_id
+
+    def proof(self, chunk: int):
+        return build_proof(None, self.record, self.genesis_leaves, self.stages, self.prev, self.new, chunk,
+                           self.schedule)
+
+
+def test_a_back_doored_round_zero_is_proven_wrong_against_the_genesis_root(honest):
+    right = Round0(honest, honest.honest)
+    with pytest.raises(errors.ProverRoundCorrect):
+        right.prover.prove_wrong_aggregation(right.proof(2))
+    door = Round0(honest, changed(honest.honest, 2, 9))
+    before = door.prover.balance()
+    receipt = door.prover.prove_wrong_aggregation(door.proof(2))
+    assert door.prover.invalid_from(door.run_id) == 0  # round 0 and everything after it
+    assert door.prover.balance() - before + receipt["gasUsed"] * receipt["effectiveGasPrice"] == STAKE
+    for index in (1, 2):
+        assert door.prover.member(door.run_id, door.deployment.client(index).address).status == "slashed"
+    # weights from elsewhere than the genesis (its root names other weights): the proof's own start is refused
+    other = dataclasses.replace(door.proof(2), prev_stage_leaf=changed(honest.prev, 2, 0).leaf().encode())
+    with pytest.raises(errors.ProverBadStagePath):
+        Round0(honest, changed(honest.honest, 2, 9)).prover.prove_wrong_aggregation(other)
+
+
+def test_round_zero_of_a_run_without_a_genesis_root_cannot_be_proven(honest):
+    door = Round0(honest, changed(honest.honest, 2, 9), genesis=False)
+    with pytest.raises(errors.ProverNoGenesis):
+        door.prover.prove_wrong_aggregation(door.proof(2))
+
+
+class JunkFactors:
+    """Factors bytes no honest node writes (a version-2 round's, whose lists do not decode)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def encode(self) -> bytes:
+        return self.data
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.data).digest()
+
+
+@pytest.mark.parametrize("junk", [b"", bytes(224), (2**40).to_bytes(32, "big") * 12,
+                                  bytes(96) + (192).to_bytes(32, "big") + bytes(200)],
+                         ids=["empty", "zeros", "huge words", "truncated lists"])
+def test_malformed_version_two_factors_are_a_wrong_round_not_a_revert(junk):
+    chunked = aggregated_round(SHAPES, blobs())  # version 2
+    state = dataclasses.replace(chunked.honest, factors=JunkFactors(junk))
+    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), chunked, state, stake=STAKE, commitments=2)
+    assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(0)))
+
+
+def test_create_run_refuses_values_whose_proof_would_not_fit():
+    deployment = deploy(connect_pyevm())
+    client = deployment.client(1)
+    for rank in (1, 8, 64):
+        most = most_contributions(rank)
+        gas, size = proof_cost(most, rank)
+        assert gas <= PROOF_MAX_GAS and size <= PROOF_MAX_CALLDATA
+        client.create_run(digest(f"ok {rank}"), 1, 10, values={"max_contributions": most, "max_rank": rank})
+        with pytest.raises(errors.LedgerProofTooCostly) as caught:
+            client.create_run(digest(f"costly {rank}"), 1, 10,
+                              values={"max_contributions": most + 1, "max_rank": rank})
+        assert (caught.value.values["gas"], caught.value.values["calldataBytes"]) == proof_cost(most + 1, rank)
+    for bad in ({"max_contributions": 0}, {"max_rank": 0}, {"max_rank": MAX_RANK + 1},
+                {"norm_clip_bits": float64_bits(0.5)}, {"norm_clip_bits": float64_bits(float("inf"))}):
+        with pytest.raises(errors.LedgerBadRunValues):
+            client.create_run(digest("bad"), 1, 10, values=bad)
+    with pytest.raises(errors.LedgerBadCommitments):
+        client.create_run(digest("v4"), 1, 10, commitments=4)
+    # a hashed run proves nothing: its bounds are not checked, nor stored
+    run_id = client.create_run(digest("hashed"), 1, 10, commitments=1, values={"max_contributions": 60000})
+    assert client.run_values(run_id)["max_contributions"] == 0
+    assert client.run_info(run_id).max_contributions == 60000  # as created (the event)
+
+
+def test_the_schedule_is_the_steps_lr_and_momentum_round_by_round():
+    constant = schedule_of(NORMED)
+    assert constant.rounds == 1
+    decaying = DilocoConfig(outer_lr=0.8, outer_momentum=0.9, outer_warmup_rounds=3, outer_decay="cosine",
+                            outer_decay_rounds=9, outer_final_momentum=0.5)
+    schedule = schedule_of(decaying)
+    assert schedule.rounds == 10
+    for t in range(30):
+        assert schedule.of_round(t) == round_factors_bits(decaying, t)
+    assert schedule_of(decaying, max_rounds=4).rounds == 4
+    leaf, path = schedule.opening(25)
+    assert leaf == schedule.leaves()[9] and path == tree_path(schedule.leaves(), 9)
+
+
+def test_a_run_binding_other_values_than_its_document_is_refused():
+    from node.commitments.values import run_values
+    from node.config import load_config
+
+    cfg = load_config(None, ["model.preset=tiny", "diloco.commitments=normed"])
+    mine = run_values(cfg)
+    assert mine["genesis_root"] != bytes(32) and mine["schedule_rounds"] == 1
+    assert check_run_values(cfg, mine) == []
+    assert check_run_values(cfg, {**mine, "schedule_rounds": 0, "genesis_root": bytes(32)}) == []  # unbound
+    problems = check_run_values(cfg, {**mine, "nesterov": not mine["nesterov"], "genesis_root": digest("x")})
+    assert [p.split(":")[0] for p in problems] == ["nesterov", "genesis_root"]
+    hashed = load_config(None, ["model.preset=tiny", "diloco.commitments=hashed"])
+    assert run_values(hashed) == {} and check_run_values(hashed, mine) == []
