@@ -1,5 +1,5 @@
-"""A fraud-provable run's per-round values, bound on chain (issue 62; docs/FRAUD_PROOF.md, "The run's values"),
-on py-evm.
+"""A fraud-provable run's per-round values, bound on chain (issue 62; docs/FRAUD_PROOF.md, "The run's
+values"), on py-evm.
 
 A quorum that colludes commits a round whose weights are exactly the outer step of values the run does not
 have (another lr, momentum or Nesterov flag, no norm clip, declared steps past H, more contributions than the
@@ -55,7 +55,8 @@ def bound(diloco: DilocoConfig = NORMED, **overrides):
     """The run's schedule and the values createRun binds (node/commitments/values.py's, the genesis aside)."""
     schedule = schedule_of(diloco)
     values = {"schedule_root": schedule.root, "schedule_rounds": schedule.rounds, "nesterov": diloco.nesterov,
-              "norm_clip_bits": float64_bits(diloco.norm_clip), "max_contributions": DEFAULT_MAX_CONTRIBUTIONS,
+              "norm_clip_bits": float64_bits(diloco.norm_clip),
+              "max_contributions": DEFAULT_MAX_CONTRIBUTIONS,
               "max_rank": MAX_RANK}
     return schedule, {**values, **overrides}
 
@@ -93,7 +94,8 @@ def test_a_right_round_of_a_bound_run_still_stands(honest):
         prover.prove_wrong_norm(committed.scale_proof())
     proof = committed.proof(0)
     with pytest.raises(errors.ProverBadSchedule):  # the leaf of another round
-        prover.prove_wrong_aggregation(dataclasses.replace(proof, schedule_leaf=proof.schedule_leaf[:-1] + b"\1"))
+        prover.prove_wrong_aggregation(dataclasses.replace(proof,
+                                                           schedule_leaf=proof.schedule_leaf[:-1] + b"\1"))
     with pytest.raises(errors.ProverBadSchedule):  # none
         prover.prove_wrong_aggregation(dataclasses.replace(proof, schedule_leaf=b"", schedule_path=[]))
     assert prover.invalid_from(committed.run_id) is None
@@ -128,7 +130,8 @@ def with_steps(state, steps: int):
     """``state`` whose contributions each declare ``steps`` inner steps, its scales the rule's for them."""
     norms = dataclasses.replace(state.factors.norms, steps=(steps,) * len(state.factors.scale_bits))
     scales = tuple(float64_bits(s) for s in clip_scales(norms.sums, NORMED.norm_clip, norms.steps))
-    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=norms, scale_bits=scales))
+    factors = dataclasses.replace(state.factors, norms=norms, scale_bits=scales)
+    return dataclasses.replace(state, factors=factors)
 
 
 def test_declared_steps_past_the_runs_inner_steps_are_proven_wrong(honest):
@@ -165,7 +168,8 @@ class Round0:
         self.run = self.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, commitments=3,
                                               values=values)
         self.stages = [new.leaf(), round_.other.leaf()]
-        self.record = dataclasses.replace(self.run.next_record(), weights_root=chunked_weights_root(self.stages))
+        self.record = dataclasses.replace(self.run.next_record(),
+                                          weights_root=chunked_weights_root(self.stages))
         self.run.client(1).commit_round(self.record, self.run.sign(self.record, (1, 2)))
         self.prev, self.new, self.schedule = round_.prev, new, schedule
         self.prover = self.deployment.client(6)
@@ -233,7 +237,8 @@ def test_create_run_refuses_values_whose_proof_would_not_fit():
         with pytest.raises(errors.LedgerProofTooCostly) as caught:
             client.create_run(digest(f"costly {rank}"), 1, 10,
                               values={"max_contributions": most + 1, "max_rank": rank})
-        assert (caught.value.values["gas"], caught.value.values["calldataBytes"]) == proof_cost(most + 1, rank)
+        refused = caught.value.values
+        assert (refused["gas"], refused["calldataBytes"]) == proof_cost(most + 1, rank)
     for bad in ({"max_contributions": 0}, {"max_rank": 0}, {"max_rank": MAX_RANK + 1},
                 {"norm_clip_bits": float64_bits(0.5)}, {"norm_clip_bits": float64_bits(float("inf"))}):
         with pytest.raises(errors.LedgerBadRunValues):
