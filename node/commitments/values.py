@@ -63,14 +63,14 @@ def genesis_root(cfg) -> bytes:
     return chunked_weights_root([state.leaf() for state in genesis_states(cfg)])
 
 
-def run_values(cfg) -> dict:
-    """The per-round values of ``RunParams`` (``RunParams.VALUES`` by name) of a node configuration's run;
-    ``{}`` for a hashed run."""
+def run_values(cfg, max_rounds: int | None = None) -> dict:
+    """The per-round values of ``RunParams`` (``RunParams.VALUES`` by name) of a node configuration's run
+    (``max_rounds``: the run's, default the configuration's ``rounds``); ``{}`` for a hashed run."""
     from training.chunks import float64_bits
 
     if not cfg.commitment_scheme.chunked:
         return {}
-    schedule = schedule_of(cfg.diloco, cfg.rounds)
+    schedule = schedule_of(cfg.diloco, cfg.rounds if max_rounds is None else max_rounds)
     return {"schedule_root": schedule.root, "schedule_rounds": schedule.rounds,
             "nesterov": bool(cfg.diloco.nesterov),
             "norm_clip_bits": float64_bits(float(cfg.diloco.norm_clip)),
@@ -78,13 +78,13 @@ def run_values(cfg) -> dict:
             "max_rank": DEFAULT_MAX_RANK}
 
 
-def check_run_values(cfg, on_chain: dict) -> list[str]:
+def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list[str]:
     """What differs between the values ``on_chain`` binds (``RunParams.VALUES`` by name: a RunInfo's, or
     ``LedgerClient.run_values``) and the run document's (empty: they agree). A hashed run binds none; a run
     created without a schedule (``schedule_rounds`` 0) or a genesis root (zero) leaves those unchecked on
     chain, and here. Nodes refuse to join, and ``audit`` reports, a run whose chain binds other values than
     its document: its honest rounds would be proven wrong."""
-    mine = run_values(cfg)
+    mine = run_values(cfg, max_rounds)
     if not mine:
         return []
     names = []

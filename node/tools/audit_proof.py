@@ -19,6 +19,7 @@ Either way the round's verdict gets a "fraud proof" item: ok with the proof (and
 or "not yet submitted"), or unverifiable with the reason no proof could be built here.
 """
 
+import dataclasses
 import json
 from typing import Any
 
@@ -45,6 +46,10 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
     candidates, why_not = [], []
     try:
         own = _own_proof(commit, prev_commit, replayer, sources, layout)
+        schedule = _run_schedule(replayer, history)
+        if schedule is not None:  # issue 62: the run's schedule leaf of the round
+            leaf, path = schedule.opening(commit.round)
+            own = dataclasses.replace(own, schedule_leaf=leaf, schedule_path=path)
         candidates.append(("built from the replay and the round's checkpoint", own))
     except _NoProof as exc:
         why_not.append(str(exc))
@@ -72,6 +77,15 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
         return
     verdict.checks.append(Check("fraud proof", UNVERIFIABLE, f"no proof built here ({status}): "
                                 + "; ".join(why_not or ["no committed state of the round was found"])))
+
+
+def _run_schedule(replayer: Any, history: Any):
+    """The run's committed schedule (issue 62) if its chain binds one, from the replayed document."""
+    if not getattr(history.run, "schedule_rounds", 0) or getattr(replayer, "cfg", None) is None:
+        return None
+    from node.commitments.values import schedule_of
+
+    return schedule_of(replayer.cfg.diloco, history.run.max_rounds)
 
 
 class _NoProof(Exception):

@@ -154,7 +154,7 @@ class NodeChain(ChainSeats, ChainDisputes):
         the ones its document gives (node/commitments/values.py), before round 0."""
         from node.commitments.values import check_run_values, values_of
 
-        problems = check_run_values(cfg, values_of(info))
+        problems = check_run_values(cfg, values_of(info), info.max_rounds)
         if problems:
             raise ConfigError(
                 f"run {run_id} was created on chain with other per-round values than its document gives "

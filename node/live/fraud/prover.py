@@ -47,6 +47,7 @@ or missing input costs only the proof.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -94,8 +95,12 @@ class FraudProver(AvailabilityChallenges):
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
     def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
-                 num_stages: int, stop: threading.Event, proofs_dir: Path | None = None) -> None:
+                 num_stages: int, stop: threading.Event, proofs_dir: Path | None = None,
+                 schedule=None) -> None:
         self.run_id = run_id
+        # the run's committed outer schedule (ledger.runvalues.Schedule; issue 62): every chunk proof carries
+        # its leaf of the round; None: a run created without one
+        self.schedule = schedule
         self.chain = chain
         self.book = book
         self.states = states
@@ -290,6 +295,9 @@ class FraudProver(AvailabilityChallenges):
         return True
 
     def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
+        if self.schedule is not None:
+            leaf, path = self.schedule.opening(outer_round)
+            proof = dataclasses.replace(proof, schedule_leaf=leaf, schedule_path=path)
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
                      outer_round, stage, why)

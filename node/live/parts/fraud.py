@@ -25,4 +25,13 @@ def build_fraud_prover(base: NodeBase, *, chain: NodeChain,
         return None
     return FraudProver(run_id=base.run_id, chain=chain, book=base.book, states=states,
                        stages=base.station.held_stages, num_stages=base.cfg.pipeline.num_stages,
-                       stop=base.stop, proofs_dir=base.data_dir / PROOFS_DIR)
+                       stop=base.stop, proofs_dir=base.data_dir / PROOFS_DIR,
+                       schedule=run_schedule(base.cfg, chain.run_info(base.run_id)))
+
+
+def run_schedule(cfg, info):
+    """The run's committed outer schedule (ledger.runvalues.Schedule) if its chain binds one (issue 62; the
+    node checked at joining that it is its document's), else None."""
+    from node.commitments.values import schedule_of
+
+    return schedule_of(cfg.diloco, info.max_rounds) if getattr(info, "schedule_rounds", 0) else None
