@@ -278,3 +278,23 @@ def test_a_run_binding_other_values_than_its_document_is_refused():
     assert [p.split(":")[0] for p in problems] == ["nesterov", "genesis_root"]
     hashed = load_config(None, ["model.preset=tiny", "diloco.commitments=hashed"])
     assert run_values(hashed) == {} and check_run_values(hashed, mine) == []
+
+
+def test_audit_reports_a_run_created_with_other_values_than_its_document():
+    from types import SimpleNamespace
+
+    from node.commitments.values import run_values
+    from node.config import load_config
+    from node.runconfig import run_document
+    from node.tools.audit_rundoc import values_check
+    from node.tools.report import FAIL, OK
+
+    cfg = load_config(None, ["model.preset=tiny", "diloco.commitments=normed"])
+    document = run_document(cfg)
+    mine = run_values(cfg)
+    assert values_check(document, SimpleNamespace(**mine, max_rounds=0)).status == OK
+    lied = SimpleNamespace(**{**mine, "norm_clip_bits": 0}, max_rounds=0)
+    check = values_check(document, lied)
+    assert check.status == FAIL and "norm_clip_bits" in check.reason
+    unbound = SimpleNamespace(**{**mine, "schedule_rounds": 0, "genesis_root": bytes(32)}, max_rounds=0)
+    assert values_check(document, unbound) is None

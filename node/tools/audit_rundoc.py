@@ -1,5 +1,6 @@
 """The run document of an audit: the copy whose sha256 is the chain's ``configHash``, checked against the
-run's shape and its commitments version (``RunParams.commitments``). See docs/AUDIT.md.
+run's shape, its commitments version (``RunParams.commitments``) and its per-round values (issue 62). See
+docs/AUDIT.md.
 """
 
 import hashlib
@@ -58,7 +59,32 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
     report.general.append(commitments_check(document, history.run.commitments))
+    values = values_check(document, history.run)
+    if values is not None:
+        report.general.append(values)
     return document
+
+
+def values_check(document: dict, run: Any) -> Check | None:
+    """Whether the per-round values the run was created with (issue 62: its schedule, Nesterov flag, norm clip
+    and genesis root, ``RunParams``) are those its document gives (node/commitments/values.py); None for a run
+    that binds none (a hashed one, or one created before issue 62)."""
+    from node.commitments.values import check_run_values, values_of
+    from node.runconfig import node_config_from_run
+
+    on_chain = values_of(run)
+    if not on_chain.get("schedule_rounds") and on_chain.get("genesis_root", bytes(32)) == bytes(32):
+        return None
+    try:
+        problems = check_run_values(node_config_from_run(document), on_chain, run.max_rounds)
+    except DLX_ERRORS as exc:
+        return Check("per-round values", UNVERIFIABLE, f"the document's values could not be derived: {exc}")
+    if problems:
+        return Check("per-round values", FAIL, "the run was created on chain with other values than its "
+                     "document gives (the fraud proofs hold its rounds to the chain's): "
+                     + "; ".join(problems))
+    return Check("per-round values", OK, "the schedule, Nesterov flag, norm clip and genesis root on chain "
+                 "are the document's")
 
 
 def commitments_check(document: dict, on_chain: int) -> Check:
