@@ -61,9 +61,11 @@ def bound(diloco: DilocoConfig = NORMED, **overrides):
     return schedule, {**values, **overrides}
 
 
-def on_chain(round_, new, **overrides):
+def on_chain(round_, new, *, w3=None, **overrides):
+    """A run bound to NORMED's values (``overrides`` changed) on py-evm (or ``w3``), rounds 0 and 1
+    committed."""
     schedule, values = bound(**overrides)
-    return commit(deploy(connect_pyevm(), min_stake=STAKE), round_, new, stake=STAKE, values=values,
+    return commit(deploy(w3 or connect_pyevm(), min_stake=STAKE), round_, new, stake=STAKE, values=values,
                   schedule=schedule)
 
 
@@ -159,12 +161,12 @@ def test_a_piece_above_the_runs_rank_does_not_decode(honest):
 class Round0:
     """A run whose round 0 is committed on top of its genesis root (RunParams.genesisRoot)."""
 
-    def __init__(self, round_, new, *, genesis: bool = True):
+    def __init__(self, round_, new, *, genesis: bool = True, w3=None):
         self.genesis_leaves = [round_.prev.leaf(), round_.other.leaf()]
         schedule, values = bound()
         if genesis:
             values["genesis_root"] = chunked_weights_root(self.genesis_leaves)
-        self.deployment = deploy(connect_pyevm(), min_stake=STAKE)
+        self.deployment = deploy(w3 or connect_pyevm(), min_stake=STAKE)
         self.run = self.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, commitments=3,
                                               values=values)
         self.stages = [new.leaf(), round_.other.leaf()]
@@ -298,3 +300,36 @@ def test_audit_reports_a_run_created_with_other_values_than_its_document():
     assert check.status == FAIL and "norm_clip_bits" in check.reason
     unbound = SimpleNamespace(**{**mine, "schedule_rounds": 0, "genesis_root": bytes(32)}, max_rounds=0)
     assert values_check(document, unbound) is None
+
+
+def test_on_anvil_the_values_bind_round_zero_has_a_parent_and_proofs_are_bounded(honest):
+    """The same rules on a real anvil (prague): a right round stands, lr 7.0 and a back-doored round 0 are
+    proven wrong and slashed, a round listing more than maxContributions is wrong, and createRun's bound holds."""
+    from ledger.anvil import AnvilProcess
+    from ledger.chain import connect_rpc
+
+    anvil = AnvilProcess()
+    url = anvil.start()
+    try:
+        def w3():
+            return connect_rpc(url, timeout=60.0)
+
+        right = on_chain(honest, honest.honest, w3=w3())
+        with pytest.raises(errors.ProverRoundCorrect):
+            right.prover().prove_wrong_aggregation(right.proof(3))
+        with pytest.raises(errors.ProverNormCorrect):
+            right.prover().prove_wrong_norm(right.scale_proof())
+        lied = aggregated_round(SHAPES, blobs(), adversary(outer_lr=7.0))
+        committed = on_chain(lied, lied.honest, w3=w3())
+        assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(3)))
+        door = Round0(honest, changed(honest.honest, 2, 9), w3=w3())
+        door.prover.prove_wrong_aggregation(door.proof(2))
+        assert door.prover.invalid_from(door.run_id) == 0
+        many = on_chain(honest, honest.honest, w3=w3(), max_contributions=2)
+        proof = dataclasses.replace(many.proof(0), pieces=[], piece_paths=[])
+        assert_overturned(many, lambda prover: prover.prove_wrong_aggregation(proof))
+        client = deploy(w3()).client(1)
+        with pytest.raises(errors.LedgerProofTooCostly):
+            client.create_run(digest("costly"), 1, 10, values={"max_contributions": 7, "max_rank": MAX_RANK})
+    finally:
+        anvil.stop()
