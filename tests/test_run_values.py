@@ -304,7 +304,8 @@ def test_audit_reports_a_run_created_with_other_values_than_its_document():
 
 def test_on_anvil_the_values_bind_round_zero_has_a_parent_and_proofs_are_bounded(honest):
     """The same rules on a real anvil (prague): a right round stands, lr 7.0 and a back-doored round 0 are
-    proven wrong and slashed, a round listing more than maxContributions is wrong, and createRun's bound holds."""
+    proven wrong and slashed, a round listing more than maxContributions is wrong, and createRun's bound
+    holds."""
     from ledger.anvil import AnvilProcess
     from ledger.chain import connect_rpc
 
