@@ -25,7 +25,7 @@ from ledger.runparams import (DEFAULT_MAX_CONTRIBUTIONS, MAX_RANK, PROOF_MAX_CAL
                               most_contributions, proof_cost)
 from node.commitments.values import check_run_values, schedule_of
 from node.fraudproof import round_factors_bits
-from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution
+from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution, tensors
 from tests.ledger_fixtures import deploy, digest
 from training.chunks import float64_bits
 from training.config import DilocoConfig
@@ -334,3 +334,34 @@ def test_on_anvil_the_values_bind_round_zero_has_a_parent_and_proofs_are_bounded
             client.create_run(digest("costly"), 1, 10, values={"max_contributions": 7, "max_rank": MAX_RANK})
     finally:
         anvil.stop()
+
+
+def test_an_honest_round_lists_at_most_max_contributions():
+    """The aggregation caps the accepted set at what the run's proofs allow (training/diloco.py MAX_LISTED,
+    the ledger's default maxContributions): the rest are left out, so an honest round is never wrong by its
+    count."""
+    from training.diloco import MAX_LISTED, aggregate_with_report
+    from training.robust import OVER_LIMIT
+
+    assert MAX_LISTED == DEFAULT_MAX_CONTRIBUTIONS == most_contributions(MAX_RANK)
+    many = [contribution(SHAPES, "quant", 50 + i) for i in range(MAX_LISTED + 2)]
+    capped = aggregated_round(SHAPES, many, NORMED)
+    assert len(capped.honest.factors.scale_bits) == MAX_LISTED
+    committed = on_chain(capped, capped.honest)
+    with pytest.raises(errors.ProverRoundCorrect):
+        committed.prover().prove_wrong_aggregation(committed.proof(1))
+    with pytest.raises(errors.ProverNormCorrect):
+        committed.prover().prove_wrong_norm(committed.scale_proof())
+    hashed = dataclasses.replace(DILOCO, commitments="hashed")
+    for diloco, accepted in ((NORMED, MAX_LISTED), (hashed, MAX_LISTED + 2)):
+        aggregation = aggregate_with_report(tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1), many, diloco,
+                                            stage_index=0, outer_round=1)
+        assert aggregation.accepted == list(range(accepted))
+    assert aggregation_excluded(tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1), many) == {
+        MAX_LISTED: OVER_LIMIT, MAX_LISTED + 1: OVER_LIMIT}
+
+
+def aggregation_excluded(weights, momentum, blobs_) -> dict:
+    from training.diloco import aggregate_with_report
+
+    return aggregate_with_report(weights, momentum, blobs_, NORMED, stage_index=0, outer_round=1).excluded

@@ -69,10 +69,15 @@ from training.errors import AggregationError
 from training.hashing import stage_weights_hash
 from training.host_tensors import Weights, float32_scalar, host_float32_copy
 from training.outer_optimizers import outer_optimizer_for
-from training.robust import ContributionReport, robust_contributions
+from training.robust import OVER_LIMIT, ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr
 from training.schedule import outer_momentum as scheduled_outer_momentum
 from training.schedule import outer_schedule_is_constant
+
+#: The most contributions of a stage a round of a fraud-provable run lists (issue 62): create-run's
+#: ``RunParams.maxContributions`` (ledger.runparams.DEFAULT_MAX_CONTRIBUTIONS, the most the proof's cost bound
+#: allows at the decoder's largest rank; tests/test_run_values.py ties the two).
+MAX_LISTED = 6
 
 logger = logging.getLogger(__name__)
 
@@ -241,16 +246,15 @@ def aggregate_with_report(
 def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
                compression_cfg=None, excluded=None, known=()) -> Aggregation:
     shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
-    accepted, reports = robust_contributions(
+    accepted, reports = capped_contributions(
         contributions,
         shapes,
-        norm_clip=diloco_cfg.norm_clip,
+        diloco_cfg,
         stage_index=stage_index,
         outer_round=outer_round,
         refuse_raw=compression_cfg is not None and compression_cfg.enabled,
         excluded=excluded,
         known=known,
-        steps_range=diloco_cfg.steps_range,
     )
     for report in reports:
         if not report.accepted or report.scale != 1.0:
@@ -272,6 +276,22 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     # outlier.
     average = average_contributions(accepted) if accepted else None
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
+
+
+def capped_contributions(contributions, shapes, diloco_cfg, *, excluded=None, **options):
+    """:func:`training.robust.robust_contributions` with the accepted set capped at the most contributions a
+    fraud-provable run's round may list (issue 62: ``RunParams.maxContributions``, :data:`MAX_LISTED`;
+    more would make the round provably wrong): the accepted ones past the first ``MAX_LISTED`` in canonical
+    order are left out (``over_limit``) and the rest re-clipped among themselves. A hashed run lists nothing:
+    no cap."""
+    options.update(norm_clip=diloco_cfg.norm_clip, steps_range=diloco_cfg.steps_range)
+    accepted, reports = robust_contributions(contributions, shapes, excluded=excluded, **options)
+    listed = [report.index for report in reports if report.accepted]
+    if diloco_cfg.commitments == "hashed" or len(listed) <= MAX_LISTED:
+        return accepted, reports
+    over = {index: (OVER_LIMIT, f"past the {MAX_LISTED} contributions a round of this run may list")
+            for index in listed[MAX_LISTED:]}
+    return robust_contributions(contributions, shapes, excluded={**(excluded or {}), **over}, **options)
 
 
 def step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports=()) -> Aggregation:

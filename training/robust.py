@@ -81,6 +81,9 @@ BAD_STEPS = "bad_steps"
 #: compares the contribution's bound ``applied_hash``: docs/PROTOCOL.md "When a node's weights leave the
 #: record").
 OTHER_RESULT = "other_result"
+#: Accepted beyond the most contributions a fraud-provable run's round may list (RunParams.maxContributions,
+#: issue 62: training/diloco.py caps the accepted set in canonical order; more: a provably wrong round).
+OVER_LIMIT = "over_limit"
 EXCLUSION_REASONS = (
     UNDECODABLE,
     WRONG_SHAPE,
@@ -89,9 +92,10 @@ EXCLUSION_REASONS = (
     SCREENED,
     OTHER_RESULT,
     BAD_STEPS,
+    OVER_LIMIT,
 )
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
-CALLER_REASONS = (SCREENED, OTHER_RESULT)
+CALLER_REASONS = (SCREENED, OTHER_RESULT, OVER_LIMIT)
 
 # Most specific first: the subclasses of ContributionDecodeError say which way it failed.
 _DECODE_REASONS = (

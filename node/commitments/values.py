@@ -92,8 +92,15 @@ def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list
         names += ["schedule_rounds", "schedule_root", "nesterov", "norm_clip_bits"]
     if on_chain.get("genesis_root", bytes(32)) != bytes(32):
         names.append("genesis_root")
-    return [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
-            f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
+    problems = [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
+                f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
+    from training.diloco import MAX_LISTED
+
+    most = on_chain.get("max_contributions", 0)
+    if on_chain.get("schedule_rounds") and most < MAX_LISTED:
+        problems.append(f"max_contributions: the chain allows {most}, fewer than the {MAX_LISTED} an honest "
+                        "round may list")
+    return problems
 
 
 def values_of(info) -> dict:
