@@ -82,7 +82,8 @@ BAD_STEPS = "bad_steps"
 #: record").
 OTHER_RESULT = "other_result"
 #: Accepted beyond the most contributions a fraud-provable run's round may list (RunParams.maxContributions,
-#: issue 62: training/diloco.py caps the accepted set in canonical order; more: a provably wrong round).
+#: issue 62: training/diloco.py caps the accepted set in canonical order; more: a provably wrong round);
+#: re-derived by every aggregation of the round, so not a caller's reason.
 OVER_LIMIT = "over_limit"
 EXCLUSION_REASONS = (
     UNDECODABLE,
@@ -95,7 +96,7 @@ EXCLUSION_REASONS = (
     OVER_LIMIT,
 )
 #: The reasons a caller excludes by (step 2 of the module docstring), not re-derivable from the bytes alone.
-CALLER_REASONS = (SCREENED, OTHER_RESULT, OVER_LIMIT)
+CALLER_REASONS = (SCREENED, OTHER_RESULT)
 
 # Most specific first: the subclasses of ContributionDecodeError say which way it failed.
 _DECODE_REASONS = (
