@@ -30,6 +30,10 @@ DEFAULT_BOND_DIVISOR = 10
 #: registry of commitment schemes (node/commitments/registry.py; tests/test_commitment_schemes.py checks
 #: that the two agree).
 DEFAULT_COMMITMENTS = 3
+#: ``RunParams.maxContributions`` when a run's creator names none: the most contributions a round's factors
+#: may list per stage (issue 62: more is a provably wrong round, so a coalition cannot price a proof out of a
+#: block by listing fabricated contributions; a proof at 64 stays within a block, docs/FRAUD_PROOF.md).
+DEFAULT_MAX_CONTRIBUTIONS = 64
 
 
 def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
@@ -65,9 +69,11 @@ class RunParams:
     max_rounds: int = 0
     tenure_rounds: int = DEFAULT_TENURE_ROUNDS
     commitments: int = DEFAULT_COMMITMENTS  # the run's commitment scheme's version (its document's)
+    max_contributions: int = DEFAULT_MAX_CONTRIBUTIONS  # the most contributions a round lists per stage
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
+        check_uint("max_contributions", self.max_contributions, UINT16_MAX)
         check_uint("commitments", self.commitments, 255)
         check_uint("num_stages", self.num_stages, UINT32_MAX)
         check_uint("inner_steps", self.inner_steps, UINT32_MAX)
@@ -103,6 +109,7 @@ class RunParams:
             self.max_rounds,
             self.tenure_rounds,
             self.commitments,
+            self.max_contributions,
         )
 
     def weaknesses(self) -> list[str]:
@@ -143,6 +150,7 @@ class RunInfo:
     inactivity_rounds: int = 0  # committed rounds without a member's signature before it can be ejected
     tenure_rounds: int = 0  # rounds a joiner is in force before its signature counts (founders at once)
     commitments: int = DEFAULT_COMMITMENTS  # its commitment scheme's version (node.commitments)
+    max_contributions: int = DEFAULT_MAX_CONTRIBUTIONS  # the most contributions a round lists per stage
 
     @property
     def min_unbonding_blocks(self) -> int:

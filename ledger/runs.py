@@ -17,6 +17,7 @@ from ledger.records import MEMBER_STATUSES, NO_PLATFORM, Member, RoundRecord, ch
 from ledger.runparams import (
     DEFAULT_ACCUSATION_BLOCKS,
     DEFAULT_COMMITMENTS,
+    DEFAULT_MAX_CONTRIBUTIONS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
     DEFAULT_TENURE_ROUNDS,
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 RUN_FIELDS = (
     "commitCount", "checkpointEnd", "quorum", "quorumBps", "memberCount", "countedCount", "tenureRounds",
     "headHash", "creator", "numStages", "innerSteps", "inactivityRounds", "maxRounds", "invalidFrom",
-    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake", "bond", "configHash",
+    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "maxContributions", "minStake",
+    "bond", "configHash",
 )
 
 
@@ -61,6 +63,7 @@ class RunCalls:
         max_rounds: int = 0,
         tenure_rounds: int = DEFAULT_TENURE_ROUNDS,
         commitments: int = DEFAULT_COMMITMENTS,
+        max_contributions: int = DEFAULT_MAX_CONTRIBUTIONS,
         allow_weak_quorum: bool = False,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
@@ -92,13 +95,16 @@ class RunCalls:
                 3, what a new fraud-provable run's "auto" resolves to). The prover holds every round's factors
                 to it, so it must be the document's: a normed run's records committed with another version's
                 factors are proven wrong (docs/FRAUD_PROOF.md).
+            max_contributions: The most contributions a round's factors may list per stage (>= 1; more is a
+                provably wrong round, issue 62).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
-            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments: the contract's rules.
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments,
+            LedgerBadMaxContributions: the contract's rules.
         """
         params = RunParams(
             config_hash,
@@ -115,6 +121,7 @@ class RunCalls:
             max_rounds=max_rounds,
             tenure_rounds=tenure_rounds,
             commitments=commitments,
+            max_contributions=max_contributions,
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 

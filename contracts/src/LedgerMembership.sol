@@ -33,6 +33,7 @@ library LedgerMembership {
         run.accusationBlocks = params.accusationBlocks;
         run.disputeBlocks = params.disputeBlocks;
         run.commitments = params.commitments;
+        run.maxContributions = params.maxContributions;
         run.minStake = params.minStake;
         run.bond = params.bond;
         run.configHash = params.configHash;
@@ -130,6 +131,7 @@ library LedgerMembership {
         if (params.commitments == 0 || params.commitments > 3) {
             revert TrainingLedger.LedgerBadCommitments(params.commitments);
         }
+        if (params.maxContributions == 0) revert TrainingLedger.LedgerBadMaxContributions(params.maxContributions);
         uint64 accusationBlocks = params.accusationBlocks;
         uint64 disputeBlocks = params.disputeBlocks;
         uint64 minimum = LedgerCore.MIN_WINDOW_BLOCKS;

@@ -50,6 +50,8 @@ contract TrainingLedger {
         // How the run's records commit the stages' states (the run document's diloco.commitments;
         // docs/FRAUD_PROOF.md): 1 hashed, 2 chunked, 3 normed. The prover holds a round's factors to it.
         uint8 commitments;
+        // issue 62: per-round values
+        uint16 maxContributions; // the most contributions a round's factors may list per stage (>= 1)
     }
 
     /// @notice A run's fixed parameters and its progress.
@@ -74,6 +76,7 @@ contract TrainingLedger {
         uint64 accusationBlocks;
         uint64 disputeBlocks;
         uint8 commitments; // RunParams.commitments
+        uint16 maxContributions; // RunParams.maxContributions
         uint256 minStake;
         uint256 bond;
         bytes32 configHash;
@@ -328,6 +331,7 @@ contract TrainingLedger {
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
     error LedgerNotProver(address caller);
     error LedgerBadCommitments(uint8 commitments);
+    error LedgerBadMaxContributions(uint16 maxContributions);
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
         _registry = registry_;
@@ -341,7 +345,7 @@ contract TrainingLedger {
 
     /// @notice Create a training run; its parameters never change.
     /// @param params The run's parameters (see RunParams). Rules: `configHash` nonzero; `numStages`,
-    /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `commitments` 1, 2 or 3; `accusationBlocks` and
+    /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `commitments` 1, 2 or 3; `maxContributions` >= 1; `accusationBlocks` and
     /// `disputeBlocks` in [minWindowBlocks(), maxUnbondingBlocks()]; `unbondingBlocks` in
     /// [accusationBlocks + disputeBlocks, maxUnbondingBlocks()].
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).

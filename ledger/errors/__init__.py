@@ -96,6 +96,7 @@ from ledger.errors.training_ledger import (
     LedgerAttestBeforeJoin as LedgerAttestBeforeJoin,
     LedgerNotProver as LedgerNotProver,
     LedgerBadCommitments as LedgerBadCommitments,
+    LedgerBadMaxContributions as LedgerBadMaxContributions,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,

@@ -222,3 +222,8 @@ class LedgerNotProver(LedgerRevert):
 class LedgerBadCommitments(LedgerRevert):
     """``commitments`` is not a version of a run's commitments the contract knows (node/commitments/ names
     them)."""
+
+
+class LedgerBadMaxContributions(LedgerRevert):
+    """``maxContributions`` is 0: no round could list a contribution (issue 62: it bounds what a round's
+    factors may list per stage, and so the gas of a proof)."""
