@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
+from ledger.contribution_binding import ContributionClaim
 from ledger.normproof import SumTree, scale_proof, sum_proof
 from node.commitments import scheme_named, stage_state
 from node.fraudproof import initial_state
@@ -141,14 +142,38 @@ class Committed:
                          state.sum_trees[contribution], contribution, chunk)
 
 
+def bound(state: StageState, clients, run_id: int, outer_round: int, stage: int = 0) -> StageState:
+    """``state`` (version 3) whose factors carry each listed contribution's binding (issue 62): contribution
+    ``j`` signed by ``clients[j]``'s account over the roots the factors list (what its contributor signs when
+    it sends it; a client may appear twice, an outsider's client makes an unbound round)."""
+    norms = state.factors.norms
+    steps = norms.steps or (0,) * len(norms.roots)
+    claims = [ContributionClaim(run_id, outer_round, stage, payload_root, norm_root, step)
+              for payload_root, norm_root, step in zip(state.factors.payload_roots, norms.roots, steps)]
+    clients = list(clients)[:len(claims)]
+    norms = dataclasses.replace(norms, contributors=tuple(client.address for client in clients),
+                                signatures=tuple(client.sign_contribution(claim)
+                                                 for client, claim in zip(clients, claims)))
+    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=norms))
+
+
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
-           commitments: int | None = None) -> Committed:
-    """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1
-    ``new``, both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of
-    ``new``'s factors (3 if they carry the norm commitment, else 2)."""
+           commitments: int | None = None, contributors=None, max_contributions: int | None = None,
+           ) -> Committed:
+    """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
+    whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
+    run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
+    Version-3 factors without a binding are bound first (:func:`bound`): contribution ``j`` signed by member
+    ``j + 1``, or by dev account ``contributors[j]`` (member or not)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
+    listed = len(new.factors.payload_roots)
+    members = tuple(range(1, max(4, listed + 1)))
+    options = {} if max_contributions is None else {"max_contributions": max_contributions}
+    run = deployment.member_run(members, quorum=2, min_stake=stake, commitments=commitments, **options)
+    if new.factors.norms is not None and not new.factors.norms.bound:
+        signers = contributors if contributors is not None else members
+        new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
         leaves = [state.leaf(), round_.other.leaf()]

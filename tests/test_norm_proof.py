@@ -469,16 +469,16 @@ def test_a_version_two_round_has_no_norm_proof(honest):
 
 def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_slashed(honest):
     """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and
-    commit version-2 factors (no norm commitment to open) in a run created as version 3. No chunk proof sees
-    it (the weights follow the committed scales); the norm proof does, from the run's version alone."""
+    commit version-2 factors (no norm commitment to open) in a run created as version 3. The weights follow
+    the committed scales, but the norm proof sees it from the run's version alone, and so does a chunk proof
+    since issue 62 (version-2 factors carry no binding, so none of their contributions is bound to a member)."""
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
                        commitments=scheme_named("normed").version)
     prover = committed.prover()
     assert prover.run_info(committed.run_id).commitments == 3
-    with pytest.raises(errors.ProverRoundCorrect):
-        prover.prove_wrong_aggregation(committed.proof(1))
+    assert prover.proof_holds(committed.proof(1))
     proof = proof_of_scales(committed)
     assert prover.norm_proof_holds(proof)
     before = prover.balance()
