@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import torch
 
+from ledger.account import dev_account, fund_accounts
 from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
 from ledger.contribution_binding import ContributionClaim
 from ledger.normproof import SumTree, scale_proof, sum_proof
@@ -23,6 +24,7 @@ from training.diloco import aggregate_with_report
 # version 2 (normed: replace it)
 DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")
 OTHER = {"d.weight": (8, 8)}  # the run's second stage
+FUNDED_DEV_ACCOUNTS = 10  # dev accounts 0-9 are funded on py-evm and anvil
 
 
 def tensors(seed: int, shapes, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -169,6 +171,10 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(new.factors.payload_roots)
     members = tuple(range(1, max(4, listed + 1)))
+    unfunded = [deployment.client(index).address for index in members if index >= FUNDED_DEV_ACCOUNTS]
+    if unfunded:  # dev accounts from 10 on hold nothing (ledger.account.dev_account)
+        funder = dev_account(0, deployment.w3.eth.chain_id)
+        fund_accounts(deployment.w3, funder, unfunded, 2 * stake + 10**18)  # registry and run stakes, gas
     options = {} if max_contributions is None else {"max_contributions": max_contributions}
     run = deployment.member_run(members, quorum=2, min_stake=stake, commitments=commitments, **options)
     if new.factors.norms is not None and not new.factors.norms.bound:

@@ -471,7 +471,7 @@ def test_a_quorum_committing_version_two_factors_in_a_normed_run_is_proven_and_s
     """The version escape: the colluders aggregate with every scale 1.0 (the raw contribution unclipped) and
     commit version-2 factors (no norm commitment to open) in a run created as version 3. The weights follow
     the committed scales, but the norm proof sees it from the run's version alone, and so does a chunk proof
-    since issue 62 (version-2 factors carry no binding, so none of their contributions is bound to a member)."""
+    since issue 62 (version-2 factors carry no binding: none of their contributions is bound to a member)."""
     loose = aggregated_round(SHAPES, blobs(), dataclasses.replace(DILOCO, norm_clip=0.0))
     assert loose.honest.factors.norms is None and set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
     committed = commit(deploy(connect_pyevm(), min_stake=STAKE), loose, loose.honest, stake=STAKE,
