@@ -19,7 +19,7 @@ from ledger import errors
 from ledger.chunkproof import Factors
 from ledger.contribution_binding import ContributionClaim, compact, expand, recover_contributor
 from ledger.errors import LedgerInputError
-from tests.fraud_fixtures import DILOCO, aggregated_round, bound, commit, contribution
+from tests.fraud_fixtures import DILOCO, aggregated_round, bound, commit, contribution, tensors
 from tests.ledger_fixtures import chain_w3, deploy  # noqa: F401 (chain_w3: the py-evm / anvil fixture)
 
 SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
@@ -162,3 +162,30 @@ def test_the_binding_round_trips_and_recovers(honest):
     with pytest.raises(LedgerInputError):  # a high-s (malleable) signature
         high = signature[:32] + (2**256 - 1).to_bytes(32, "big") + signature[64:]
         dataclasses.replace(norms, signatures=(high,) * 3)
+
+
+def test_the_nodes_own_binding_is_what_the_contract_holds_right(chain_w3, honest):
+    """The live node's side end to end: each contributor's binder signs its own blob (the roots derived from
+    the codec blob, node.fraudproof.contribution_claim), the committer's stage state copies the signatures in
+    (stage_state_of(bindings=...)), and the contract holds that round right."""
+    from node.commitments import stage_state
+    from node.live.fraud.contribution_binding import ContributionBinder
+    from training.diloco import aggregate_with_report
+
+    deployment = deploy(chain_w3, min_stake=STAKE)
+    run_id = deployment.client(1).run_count() + 1  # the run commit() creates
+    signed = [ContributionBinder(run_id, deployment.client(j + 1), NORMED, refuse_raw=False).sign(
+        1, 0, blob, SHAPES) for j, blob in enumerate(honest.blobs)]
+    bindings = [(deployment.client(j + 1).address, signature) for j, (_, signature) in enumerate(signed)]
+    # the round's aggregation as aggregated_round made it (the same seeded weights and momentum)
+    aggregation = aggregate_with_report(tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1), honest.blobs,
+                                        NORMED, stage_index=0, outer_round=1)
+    state = stage_state(0, aggregation, honest.blobs, NORMED, 1,
+                        decode_args={"stage_index": 0, "outer_round": 1}, bindings=bindings)
+    assert state.factors.norms.bound and state.leaf() != honest.honest.leaf()
+    committed = commit(deployment, honest, state, stake=STAKE)
+    assert committed.run_id == run_id
+    with pytest.raises(errors.ProverNormCorrect):
+        committed.prover().prove_wrong_norm(committed.scale_proof())
+    with pytest.raises(errors.ProverRoundCorrect):
+        committed.prover().prove_wrong_aggregation(committed.proof(1))
