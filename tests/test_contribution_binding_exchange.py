@@ -108,3 +108,18 @@ def test_the_binder_refuses_a_contribution_replayed_in_another_run():
     assert encoded.startswith(msg.BOUND_CONTRIBUTION_MAGIC) and msg.decode_contribution_body(encoded) == body
     with pytest.raises(msg.ProtocolError):
         msg.decode_contribution_body(encoded[:len(msg.BOUND_CONTRIBUTION_MAGIC) + 96 + 50])
+
+
+def test_a_contribution_no_round_can_accept_is_sent_unbound_and_refused():
+    """A non-finite contribution has no sum of squares, so no roots to sign: the contributor sends it unbound
+    (it does not stop publishing) and every peer refuses it, as every aggregation would have left it out."""
+    deployment = deploy(connect_pyevm())
+    binder = ContributionBinder(RUN_ID, deployment.client(1), NORMED, refuse_raw=False)
+    blob = contribution(SHAPES, "raw", 4, scale=float("nan"))
+    assert binder.sign(ROUND, STAGE, blob, SHAPES) == (b"", b"")
+    body = msg.ContributionBody(bytes(32), bytes(32), blob, bytes(32))
+    with pytest.raises(ContributionUnbound, match="no binding"):
+        binder.check(ROUND, STAGE, body, SHAPES, None)
+    signed = dataclasses.replace(body, contributor=b"\x01" * 20, binding=b"\x02" * 65)
+    with pytest.raises(ContributionUnbound, match="no roots"):
+        binder.check(ROUND, STAGE, signed, SHAPES, None)

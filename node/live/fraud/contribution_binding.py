@@ -12,6 +12,7 @@ where ``AggregationProver`` holds them to the members of the round.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from node.protocol import ContributionBody, ProtocolError, decode_contribution_b
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected
 from training.config import DilocoConfig
+
+logger = logging.getLogger(__name__)
 
 
 class ContributionUnbound(ProtocolError):
@@ -53,8 +56,13 @@ class ContributionBinder:
     def sign(self, outer_round: int, stage: int, blob: bytes,
              shapes: Mapping[str, tuple[int, ...]]) -> tuple[bytes, bytes]:
         """``(contributor, binding)`` of this node's contribution ``blob``: its account (20 bytes) and its
-        signature of the contribution's message."""
-        claim = self._claim(outer_round, stage, blob, shapes)
+        signature of the contribution's message; ``(b"", b"")`` for a blob no round can accept (a non-finite
+        value has no sum of squares): sent unbound, every peer refuses it, as every aggregation would."""
+        try:
+            claim = self._claim(outer_round, stage, blob, shapes)
+        except ValueError as exc:  # LedgerInputError, ContributionDecodeError
+            logger.warning("round %d stage %d: contribution sent unbound: %s", outer_round, stage, exc)
+            return b"", b""
         return bytes.fromhex(self.client.address[2:]), self.client.sign_contribution(claim)
 
     def check(self, outer_round: int, stage: int, body: ContributionBody,
@@ -67,7 +75,10 @@ class ContributionBinder:
         if sender_account is not None and body.contributor != sender_account:
             raise ContributionUnbound(f"contribution bound to account 0x{body.contributor.hex()}, not its "
                                       f"sender's 0x{sender_account.hex()}")
-        claim = self._claim(outer_round, stage, body.blob, shapes)
+        try:
+            claim = self._claim(outer_round, stage, body.blob, shapes)
+        except ValueError as exc:  # LedgerInputError, ContributionDecodeError: no round can accept it
+            raise ContributionUnbound(f"contribution has no roots to bind: {exc}") from None
         try:
             signer = recover_contributor(claim, body.binding, self.client.chain_id,
                                          self.client.ledger_address)
