@@ -169,12 +169,13 @@ def test_the_nodes_own_binding_is_what_the_contract_holds_right(chain_w3, honest
     the codec blob, node.fraudproof.contribution_claim), the committer's stage state copies the signatures in
     (stage_state_of(bindings=...)), and the contract holds that round right."""
     from node.commitments import stage_state
+    from node.live.chain.onchain import NodeChain
     from node.live.fraud.contribution_binding import ContributionBinder
     from training.diloco import aggregate_with_report
 
     deployment = deploy(chain_w3, min_stake=STAKE)
     run_id = deployment.client(1).run_count() + 1  # the run commit() creates
-    signed = [ContributionBinder(run_id, deployment.client(j + 1), NORMED, refuse_raw=False).sign(
+    signed = [ContributionBinder(run_id, NodeChain(deployment.client(j + 1)), NORMED, refuse_raw=False).sign(
         1, 0, blob, SHAPES) for j, blob in enumerate(honest.blobs)]
     bindings = [(deployment.client(j + 1).address, signature) for j, (_, signature) in enumerate(signed)]
     # the round's aggregation as aggregated_round made it (the same seeded weights and momentum)

@@ -14,6 +14,7 @@ from waiting import wait_until
 
 from ledger.chain import connect_pyevm
 from node import protocol as msg
+from node.live.chain.onchain import NodeChain
 from node.live.exchange.pool import ContributionPool
 from node.live.exchange.protocol import Exchange
 from node.live.fraud.contribution_binding import ContributionBinder, ContributionUnbound, bindings_in
@@ -44,9 +45,9 @@ def _stand_in(binder: ContributionBinder, book: RoundBook):
 def test_a_contribution_with_a_missing_or_bad_binding_is_refused(tmp_path):
     deployment = deploy(connect_pyevm())
     sender_client, other_client = deployment.client(1), deployment.client(2)
-    sender_binder = ContributionBinder(RUN_ID, sender_client, NORMED, refuse_raw=False)
-    other_binder = ContributionBinder(RUN_ID, other_client, NORMED, refuse_raw=False)
-    receiver_binder = ContributionBinder(RUN_ID, deployment.client(3), NORMED, refuse_raw=False)
+    sender_binder = ContributionBinder(RUN_ID, NodeChain(sender_client), NORMED, refuse_raw=False)
+    other_binder = ContributionBinder(RUN_ID, NodeChain(other_client), NORMED, refuse_raw=False)
+    receiver_binder = ContributionBinder(RUN_ID, NodeChain(deployment.client(3)), NORMED, refuse_raw=False)
     sender_id = Identity.generate()
     hosts = [P2PHost.start(P2PConfig(listen_port=0), identity, data_dir=tmp_path / f"host{i}")
              for i, identity in enumerate((sender_id, Identity.generate()))]
@@ -96,7 +97,7 @@ def test_the_binder_refuses_a_contribution_replayed_in_another_run():
     """A signature is over one run, round and stage: replayed in another run it recovers to another
     account."""
     deployment = deploy(connect_pyevm())
-    binder = ContributionBinder(RUN_ID, deployment.client(1), NORMED, refuse_raw=False)
+    binder = ContributionBinder(RUN_ID, NodeChain(deployment.client(1)), NORMED, refuse_raw=False)
     blob = contribution(SHAPES, "raw", 3, scale=1e-2)
     contributor, binding = binder.sign(ROUND, STAGE, blob, SHAPES)
     body = msg.ContributionBody(bytes(32), bytes(32), blob, bytes(32), contributor, binding)
@@ -114,7 +115,7 @@ def test_a_contribution_no_round_can_accept_is_sent_unbound_and_refused():
     """A non-finite contribution has no sum of squares, so no roots to sign: the contributor sends it unbound
     (it does not stop publishing) and every peer refuses it, as every aggregation would have left it out."""
     deployment = deploy(connect_pyevm())
-    binder = ContributionBinder(RUN_ID, deployment.client(1), NORMED, refuse_raw=False)
+    binder = ContributionBinder(RUN_ID, NodeChain(deployment.client(1)), NORMED, refuse_raw=False)
     blob = contribution(SHAPES, "raw", 4, scale=float("nan"))
     assert binder.sign(ROUND, STAGE, blob, SHAPES) == (b"", b"")
     body = msg.ContributionBody(bytes(32), bytes(32), blob, bytes(32))

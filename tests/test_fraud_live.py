@@ -84,7 +84,8 @@ def _bindings(cfg, blobs: list) -> list:
     _LEDGERS.append(probe.ledger)
     signed = []
     for j, blob in enumerate(blobs):
-        binder = ContributionBinder(1, probe.client(j + 1), cfg.diloco, refuse_raw=cfg.compression.enabled)
+        binder = ContributionBinder(1, NodeChain(probe.client(j + 1)), cfg.diloco,
+                                    refuse_raw=cfg.compression.enabled)
         signed.append((probe.client(j + 1).address, binder.sign(1, 0, blob, SHAPES)[1]))
     return signed
 

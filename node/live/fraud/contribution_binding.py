@@ -19,7 +19,6 @@ from typing import Any
 
 from eth_utils import to_checksum_address
 
-from ledger.contribution_binding import recover_contributor
 from ledger.errors import LedgerInputError
 from node.protocol import ContributionBody, ProtocolError, decode_contribution_body
 from p2p.envelope import decode_envelope
@@ -38,11 +37,11 @@ class ContributionUnbound(ProtocolError):
 class ContributionBinder:
     """Signs this node's contributions and checks its peers' (module docstring).
 
-    ``client``: this node's ``LedgerClient`` (its account signs; its chain id and ledger name the EIP-712
-    domain); ``refuse_raw``: as the run's decode (``compression.enabled``)."""
+    ``chain``: this node's chain (``node.live.chain.onchain.NodeChain``: its account signs, its chain id and
+    ledger name the EIP-712 domain); ``refuse_raw``: as the run's decode (``compression.enabled``)."""
 
     run_id: int
-    client: Any
+    chain: Any
     diloco: DilocoConfig
     refuse_raw: bool
 
@@ -63,7 +62,7 @@ class ContributionBinder:
         except ValueError as exc:  # LedgerInputError, ContributionDecodeError
             logger.warning("round %d stage %d: contribution sent unbound: %s", outer_round, stage, exc)
             return b"", b""
-        return bytes.fromhex(self.client.address[2:]), self.client.sign_contribution(claim)
+        return self.chain.account_bytes, self.chain.sign_contribution(claim)
 
     def check(self, outer_round: int, stage: int, body: ContributionBody,
               shapes: Mapping[str, tuple[int, ...]], sender_account: bytes | None) -> None:
@@ -80,8 +79,7 @@ class ContributionBinder:
         except ValueError as exc:  # LedgerInputError, ContributionDecodeError: no round can accept it
             raise ContributionUnbound(f"contribution has no roots to bind: {exc}") from None
         try:
-            signer = recover_contributor(claim, body.binding, self.client.chain_id,
-                                         self.client.ledger_address)
+            signer = self.chain.contributor_of(claim, body.binding)
         except LedgerInputError as exc:
             raise ContributionUnbound(f"contribution's binding signature is malformed: {exc}") from None
         if bytes.fromhex(signer[2:]) != body.contributor:

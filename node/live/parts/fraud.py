@@ -15,7 +15,7 @@ def build_binder(base: NodeBase, *, chain: NodeChain) -> ContributionBinder | No
     """A version-3 run's binding of contributions to members (issue 62); None in another run."""
     if not base.cfg.commitment_scheme.proves_factors:
         return None
-    return ContributionBinder(run_id=base.run_id, client=chain.client, diloco=base.cfg.diloco,
+    return ContributionBinder(run_id=base.run_id, chain=chain, diloco=base.cfg.diloco,
                               refuse_raw=base.cfg.compression.enabled)
 
 
