@@ -22,13 +22,14 @@ SOURCE_DIR = CONTRACTS_DIR / "src"
 BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
-    "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "Float32Harness", "NormHarness",
+    "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
+    "Float32Harness", "NormHarness",
 )
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
 #: constructor creates the prover, so the ledger's creation code links both sets). None links another.
 LIBRARIES = (
     "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
-    "ProverChunks", "ProverNorms", "ProverAvailability",
+    "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
 )
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576

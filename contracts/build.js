@@ -19,7 +19,8 @@ const ROOT = __dirname;
 const SOURCES = [
   "src/NodeRegistry.sol", "src/TrainingLedger.sol", "src/LedgerCore.sol", "src/LedgerMembership.sol",
   "src/LedgerDisputes.sol", "src/LedgerAccusations.sol", "src/AggregationProver.sol", "src/ProverCommon.sol",
-  "src/ProverChunks.sol", "src/ProverNorms.sol", "src/ProverAvailability.sol", "src/Float32.sol",
+  "src/ProverChunks.sol", "src/ProverNorms.sol", "src/ProverAvailability.sol", "src/ProverBinding.sol",
+  "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol",
 ];
@@ -34,6 +35,7 @@ const CONTRACTS = {
   "src/ProverChunks.sol": "ProverChunks",
   "src/ProverNorms.sol": "ProverNorms",
   "src/ProverAvailability.sol": "ProverAvailability",
+  "src/ProverBinding.sol": "ProverBinding",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
 };

@@ -49,6 +49,7 @@ __all__ = [
     "record_digest",
     "record_struct_hash",
     "recover_signer",
+    "sign_digest",
     "recover_verdict_signer",
     "sign_record",
     "sign_verdict",
@@ -137,7 +138,7 @@ def sign_round_verdict(account: Any, verdict: RoundVerdict, chain_id: int, ledge
     """``account``'s 65-byte signature over ``verdict``'s EIP-712 digest."""
     if not isinstance(verdict, RoundVerdict):
         raise LedgerInputError(f"sign_round_verdict needs a RoundVerdict, got {type(verdict).__name__}")
-    return _sign(account, round_verdict_digest(verdict, chain_id, ledger_address))
+    return sign_digest(account, round_verdict_digest(verdict, chain_id, ledger_address))
 
 
 def _typed_digest(chain_id: int, ledger_address: str, struct_hash: bytes) -> bytes:
@@ -187,7 +188,8 @@ def typed_data(message: RoundRecord | Verdict, chain_id: int, ledger_address: st
     }
 
 
-def _sign(account: Any, digest: bytes) -> bytes:
+def sign_digest(account: Any, digest: bytes) -> bytes:
+    """``account``'s 65-byte signature (r || s || v, low s: the form the contracts accept) over ``digest``."""
     signed = account.unsafe_sign_hash(digest)
     r, s, v = signed.r, signed.s, signed.v
     if s > _SECP256K1_N // 2:  # normalise to the low-s form the contract accepts
@@ -203,14 +205,14 @@ def sign_record(account: Any, record: RoundRecord, chain_id: int, ledger_address
     """
     if not isinstance(record, RoundRecord):
         raise LedgerInputError(f"sign_record needs a RoundRecord, got {type(record).__name__}")
-    return _sign(account, record_digest(record, chain_id, ledger_address))
+    return sign_digest(account, record_digest(record, chain_id, ledger_address))
 
 
 def sign_verdict(account: Any, verdict: Verdict, chain_id: int, ledger_address: str) -> bytes:
     """``account``'s 65-byte signature over ``verdict``'s EIP-712 digest."""
     if not isinstance(verdict, Verdict):
         raise LedgerInputError(f"sign_verdict needs a Verdict, got {type(verdict).__name__}")
-    return _sign(account, verdict_digest(verdict, chain_id, ledger_address))
+    return sign_digest(account, verdict_digest(verdict, chain_id, ledger_address))
 
 
 def recover_digest_signer(digest: bytes, signature: bytes) -> str:

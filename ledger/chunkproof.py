@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from eth_abi import decode, encode
 
 from ledger.abidecode import ABI_DECODE_ERRORS
+from ledger.contribution_binding import checked_address, compact, expand
 from ledger.errors import LedgerInputError
 from ledger.merkle import merkle_proof, merkle_root
 from ledger.packed import PackedBytes
@@ -41,8 +42,12 @@ from ledger.records import check_bytes32, check_uint
 
 STAGE_LEAF_TYPES = ("uint32", "uint32", "bytes32", "bytes32", "bytes32")
 FACTORS_TYPES = ("uint32", "uint32", "bool", "bytes32[]", "bytes32[]", "uint64[]")
-#: Version 3 (node/commitments/normed.py): the norm commitment follows (ledger/normproof.py).
-NORMED_FACTORS_TYPES = (*FACTORS_TYPES, "uint64", "uint32[]", "bytes32[]", "uint256[]")
+#: Version 3 (node/commitments/normed.py): the norm commitment follows (ledger/normproof.py), then the binding
+#: (ledger/contribution_binding.py): each contribution's member account and its signature (r, vs: two words).
+NORMED_FACTORS_TYPES = (*FACTORS_TYPES, "uint64", "uint32[]", "bytes32[]", "uint256[]", "address[]",
+                        "bytes32[]")
+#: Where version 3's first list starts: after its twelve head words (version 2: six, the first list at 192).
+NORMED_HEAD = 32 * len(NORMED_FACTORS_TYPES)
 #: The float64 bit pattern of 1.0: a contribution the norm rule left untouched.
 SCALE_ONE = 0x3FF0000000000000
 
@@ -61,29 +66,47 @@ def tree_path(leaves: list[bytes], index: int) -> list[bytes]:
 class Norms:
     """A version-3 round's norm commitment of one stage (ledger/normproof.py): the run's ``norm_clip``
     (float64 bits), each accepted contribution's declared inner steps (a run bounded by time; else empty), the
-    root of its sum tree and its exact sum of squares (units of 2**-298)."""
+    root of its sum tree and its exact sum of squares (units of 2**-298); and its binding (issue 62,
+    ledger/contribution_binding.py): each one's contributor (a member account) and that account's 65-byte
+    signature of its ``Contribution`` message. Factors without the binding (empty ``contributors`` and
+    ``signatures``) encode, but the contract holds every such round of a normed run wrong."""
 
     clip_bits: int
     steps: tuple[int, ...]
     roots: tuple[bytes, ...]
     sums: tuple[int, ...]
+    contributors: tuple[str, ...] = ()
+    signatures: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         check_uint("clip_bits", self.clip_bits, 2**64 - 1)
         if len(self.roots) != len(self.sums) or len(self.steps) not in (0, len(self.roots)):
             raise LedgerInputError("norms: roots, sums and steps differ in length")
+        bound = len(self.contributors)
+        if bound != len(self.signatures) or bound not in (0, len(self.roots)):
+            raise LedgerInputError("norms: contributors and signatures differ in length from the roots")
         for root in self.roots:
             check_bytes32("norm root", root)
         for step in self.steps:
             check_uint("steps", step, 2**32 - 1)
         for total in self.sums:
             check_uint("sum of squares", total, 2**768 - 1)
+        object.__setattr__(self, "contributors", tuple(checked_address(a) for a in self.contributors))
+        for signature in self.signatures:
+            compact(signature)  # a 65-byte low-s signature, or LedgerInputError
+
+    @property
+    def bound(self) -> bool:
+        """Whether every listed contribution carries its contributor's signature (none listed: vacuously)."""
+        return len(self.contributors) == len(self.roots)
 
     def fields(self) -> list:
         words = []
         for total in self.sums:
             words += [total >> 512, (total >> 256) & (2**256 - 1), total & (2**256 - 1)]
-        return [self.clip_bits, list(self.steps), list(self.roots), words]
+        signature_words = [word for signature in self.signatures for word in compact(signature)]
+        return [self.clip_bits, list(self.steps), list(self.roots), words, list(self.contributors),
+                signature_words]
 
 
 @dataclass(frozen=True)
@@ -120,17 +143,20 @@ class Factors:
 
     @classmethod
     def decode(cls, data: bytes) -> Factors:
-        """The factors of their encoding, version 2 or 3 (the first list's offset tells: six fields or ten);
+        """The factors of their encoding, version 2 or 3 (the first list's offset tells: six fields or 12);
         LedgerInputError for bytes that are not a canonical encoding."""
         data = bytes(data)
         try:
-            if data[96:128] == (320).to_bytes(32, "big"):
-                *head, clip, steps, roots, words = decode(NORMED_FACTORS_TYPES, data)
-                if len(words) % 3:
-                    raise ValueError("norm sums are not three words each")
+            if data[96:128] == NORMED_HEAD.to_bytes(32, "big"):
+                *head, clip, steps, roots, words, contributors, signature_words = decode(
+                    NORMED_FACTORS_TYPES, data)
+                if len(words) % 3 or len(signature_words) % 2:
+                    raise ValueError("norm sums are not three words each, or signatures two")
                 sums = tuple((words[i] << 512) | (words[i + 1] << 256) | words[i + 2]
                              for i in range(0, len(words), 3))
-                norms = Norms(clip, tuple(steps), tuple(roots), sums)
+                signatures = tuple(expand(signature_words[i], signature_words[i + 1])
+                                   for i in range(0, len(signature_words), 2))
+                norms = Norms(clip, tuple(steps), tuple(roots), sums, tuple(contributors), signatures)
             else:
                 head, norms = decode(FACTORS_TYPES, data), None
             lr, mu, nesterov, envelopes, roots, scales = head

@@ -31,6 +31,7 @@ from ledger.attest import (
 )
 from ledger.binding import binding_message
 from ledger.chain import DEFAULT_RETRY, RetryPolicy
+from ledger.contribution_binding import ContributionClaim, sign_contribution
 from ledger.config import fee_policy
 from ledger.errors import (
     AccountError,
@@ -275,6 +276,13 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         if self.account is None:
             raise AccountError("this ledger client is read-only (no account): cannot sign")
         return sign_verdict(self.account, verdict, self.chain_id, self.ledger_address)
+
+    def sign_contribution(self, claim: ContributionClaim) -> bytes:
+        """This account's 65-byte EIP-712 signature of a contribution it sends (issue 62: the binding a
+        version-3 round's factors carry; ledger/contribution_binding.py)."""
+        if self.account is None:
+            raise AccountError("this ledger client is read-only (no account): cannot sign")
+        return sign_contribution(self.account, claim, self.chain_id, self.ledger_address)
 
     def record_digest(self, record: RoundRecord) -> bytes:
         """The EIP-712 digest members sign for ``record`` on this chain and ledger."""

@@ -113,6 +113,7 @@ class RunParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
+        check_uint("max_contributions", self.max_contributions, UINT16_MAX)
         check_uint("commitments", self.commitments, 255)
         check_uint("num_stages", self.num_stages, UINT32_MAX)
         check_uint("inner_steps", self.inner_steps, UINT32_MAX)

@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 RUN_FIELDS = (
     "commitCount", "checkpointEnd", "quorum", "quorumBps", "memberCount", "countedCount", "tenureRounds",
     "headHash", "creator", "numStages", "innerSteps", "inactivityRounds", "maxRounds", "invalidFrom",
-    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake", "bond", "configHash",
+    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake",
+    "bond", "configHash",
 )
 
 

@@ -8,6 +8,7 @@ commitment scheme's choice (node/commitments/).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ import torch
 from eth_abi.exceptions import DecodingError
 
 from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof, first_difference, tree_root
+from ledger.contribution_binding import ContributionClaim
 from ledger.errors import LedgerInputError
 from ledger.normproof import SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof
 from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, \
@@ -65,6 +67,7 @@ def stage_state_of(
     envelopes: Sequence[bytes] | None = None,
     decode_args: Mapping | None = None,
     norms: Callable,
+    bindings: Sequence[tuple[str, bytes] | None] | None = None,
 ) -> StageState:
     """The chunked commitment of one stage after a round that aggregated ``contributions`` (canonical order)
     into ``new_global`` and ``new_momentum``, ``reports`` the aggregation's (one per contribution).
@@ -72,8 +75,11 @@ def stage_state_of(
     ``envelopes``: each contribution's envelope digest (the contributions root's leaves); None: the sha256
     of its bytes (tests, simulations). ``decode_args``: as the aggregation decoded (stage_index, outer_round,
     refuse_raw). ``norms``: the run's scheme's ``stage_norms`` (node/commitments/), the factors' norm
-    commitment of the accepted contributions and their sum trees, or ``(None, [])``. Callers go through the
-    scheme (``CommitmentScheme.stage_state_of``, ``node.commitments.stage_state``).
+    commitment of the accepted contributions and their sum trees, or ``(None, [])``. ``bindings``: each
+    contribution's ``(contributor, signature)`` as it came with it (ledger/contribution_binding.py), copied
+    into a version-3 commitment for the accepted ones (None: none, then the round is unbound: provably wrong
+    on chain). Callers go through the scheme (``CommitmentScheme.stage_state_of``,
+    ``node.commitments.stage_state``).
     """
     shapes = {name: tuple(value.shape) for name, value in new_global.items()}
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest()
@@ -83,6 +89,10 @@ def stage_state_of(
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
     committed_norms, trees = norms([contributions[r.index] for r in accepted], shapes, diloco_cfg,
                                    decode_args)
+    if committed_norms is not None and bindings is not None and all(bindings[r.index] for r in accepted):
+        committed_norms = dataclasses.replace(committed_norms,
+                                              contributors=tuple(bindings[r.index][0] for r in accepted),
+                                              signatures=tuple(bindings[r.index][1] for r in accepted))
     factors = Factors(lr, mu, bool(diloco_cfg.nesterov), tuple(envelopes[r.index] for r in accepted),
                       tuple(tree_root(leaves) for leaves in pieces),
                       tuple(float64_bits(r.scale) for r in accepted), committed_norms)
@@ -147,6 +157,17 @@ def stage_norms(accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]]
     norms = Norms(float64_bits(float(diloco_cfg.norm_clip)), steps, tuple(tree.root for tree in trees),
                   tuple(tree.total for tree in trees))
     return norms, trees
+
+
+def contribution_claim(blob: bytes, shapes: Mapping[str, tuple[int, ...]], diloco_cfg: DilocoConfig, *,
+                       run_id: int, outer_round: int, stage: int,
+                       decode_args: Mapping | None = None) -> ContributionClaim:
+    """What a contributor signs of its contribution ``blob`` to ``stage`` (issue 62): its payload root and
+    sum-tree root as a version-3 factors list them, and its declared steps in a run bounded by time."""
+    (norms, _trees) = stage_norms([blob], shapes, diloco_cfg, decode_args)
+    pieces = payload_leaves(blob, shapes, **dict(decode_args or {}))
+    return ContributionClaim(run_id, outer_round, stage, tree_root(pieces), norms.roots[0],
+                             norms.steps[0] if norms.steps else 0)
 
 
 def proof_of_difference(prev_record, record, prev_stages, committed_stages, prev: StageState,

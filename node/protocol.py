@@ -195,40 +195,51 @@ class ContributionBody:
     """The payload of a contribution envelope: what re-executes it, then the encoded pseudo-gradient.
 
     Layout: ``b"dlx-contribution/3" || state_hash (32) || data_commitment (32) || applied_hash (32) || codec
-    blob``. ``state_hash`` is the stage's start state of the round (docs/DILOCOX.md section 11),
-    ``data_commitment`` the sha256 of the round's token ids, ``applied_hash`` the stage's global
-    weights hash of round t-1 that round t's training applied before its encode (the overlap,
-    lookahead, eager: :func:`training.schedule.applies_before_encode`), else :data:`NO_APPLY`
-    (docs/PROTOCOL.md, "When a node's weights leave the record"); the signature over the envelope
-    binds all three to the pseudo-gradient, and the record's contributions root binds the envelope.
-    """
+    blob``, or, with the binding of a version-3 run (issue 62), ``b"dlx-contribution/4" || state_hash ||
+    data_commitment || applied_hash || contributor (20) || binding (65) || codec blob``. ``state_hash`` is the
+    stage's start state of the round (docs/DILOCOX.md section 11), ``data_commitment`` the sha256 of the
+    round's token ids, ``applied_hash`` the stage's global weights hash of round t-1 its training applied
+    before its encode (overlap, lookahead, eager: ``training.schedule.applies_before_encode``), else
+    :data:`NO_APPLY` (docs/PROTOCOL.md, "When a node's weights leave the record"); the signature over the
+    envelope binds all three to the pseudo-gradient, and the record's contributions root binds the envelope.
+    ``contributor``: the sender's member account, ``binding``: its EIP-712 signature (r || s || v) of the
+    ``Contribution`` message (ledger/contribution_binding.py) that the committers copy into the factors."""
 
     state_hash: bytes
     data_commitment: bytes
     blob: bytes
     applied_hash: bytes = bytes(32)
+    contributor: bytes = b""
+    binding: bytes = b""
 
 
-CONTRIBUTION_MAGIC = b"dlx-contribution/3"
+CONTRIBUTION_MAGIC, BOUND_CONTRIBUTION_MAGIC = b"dlx-contribution/3", b"dlx-contribution/4"
 #: ``applied_hash`` of a round whose training applied no earlier round before its encode.
 NO_APPLY = bytes(32)
+_BINDING_BYTES = 85  # the contributor's account (20) and its signature (65)
 
 
 def encode_contribution_body(body: ContributionBody) -> bytes:
     if len(body.state_hash) != 32 or len(body.data_commitment) != 32 or len(body.applied_hash) != 32:
         raise ProtocolError("contribution state_hash, data_commitment and applied_hash must be 32 bytes")
-    return CONTRIBUTION_MAGIC + body.state_hash + body.data_commitment + body.applied_hash + body.blob
+    head = body.state_hash + body.data_commitment + body.applied_hash
+    if not body.contributor and not body.binding:
+        return CONTRIBUTION_MAGIC + head + body.blob
+    if len(body.contributor) != 20 or len(body.binding) != 65:
+        raise ProtocolError("a contribution's contributor must be 20 bytes and its binding 65")
+    return BOUND_CONTRIBUTION_MAGIC + head + body.contributor + body.binding + body.blob
 
 
 def decode_contribution_body(payload: bytes) -> ContributionBody:
     """Split a contribution envelope's payload; ProtocolError if it is not one."""
     head = len(CONTRIBUTION_MAGIC)
-    if (not isinstance(payload, bytes) or len(payload) < head + 96 + 1
-            or not payload.startswith(CONTRIBUTION_MAGIC)):
-        raise ProtocolError(
-            "contribution payload does not start with dlx-contribution/3, three hashes and a blob")
-    return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[head + 96:],
-                            payload[head + 64:head + 96])
+    extra = _BINDING_BYTES if isinstance(payload, bytes) and payload[:head] == BOUND_CONTRIBUTION_MAGIC else 0
+    if (not isinstance(payload, bytes) or len(payload) < head + 96 + extra + 1
+            or not (extra or payload.startswith(CONTRIBUTION_MAGIC))):
+        raise ProtocolError("contribution payload is not dlx-contribution/3 (/4: bound), hashes and a blob")
+    at = head + 96
+    return ContributionBody(payload[head:head + 32], payload[head + 32:head + 64], payload[at + extra:],
+                            payload[head + 64:at], payload[at:at + extra][:20], payload[at:at + extra][20:])
 
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,

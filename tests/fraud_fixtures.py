@@ -9,7 +9,9 @@ import msgpack
 import numpy as np
 import torch
 
+from ledger.account import dev_account, fund_accounts
 from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
+from ledger.contribution_binding import ContributionClaim
 from ledger.normproof import SumTree, scale_proof, sum_proof
 from node.commitments import scheme_named, stage_state
 from node.fraudproof import initial_state
@@ -22,6 +24,7 @@ from training.diloco import aggregate_with_report
 # version 2 (normed: replace it)
 DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")
 OTHER = {"d.weight": (8, 8)}  # the run's second stage
+FUNDED_DEV_ACCOUNTS = 10  # dev accounts 0-9 are funded on py-evm and anvil
 
 
 def tensors(seed: int, shapes, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -142,16 +145,45 @@ class Committed:
                          state.sum_trees[contribution], contribution, chunk)
 
 
+def bound(state: StageState, clients, run_id: int, outer_round: int, stage: int = 0) -> StageState:
+    """``state`` (version 3) whose factors carry each listed contribution's binding (issue 62): contribution
+    ``j`` signed by ``clients[j]``'s account over the roots the factors list (what its contributor signs when
+    it sends it; a client may appear twice, an outsider's client makes an unbound round)."""
+    norms = state.factors.norms
+    steps = norms.steps or (0,) * len(norms.roots)
+    claims = [ContributionClaim(run_id, outer_round, stage, payload_root, norm_root, step)
+              for payload_root, norm_root, step in zip(state.factors.payload_roots, norms.roots, steps)]
+    clients = list(clients)[:len(claims)]
+    norms = dataclasses.replace(norms, contributors=tuple(client.address for client in clients),
+                                signatures=tuple(client.sign_contribution(claim)
+                                                 for client, claim in zip(clients, claims)))
+    return dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=norms))
+
+
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
-           commitments: int | None = None, values: dict | None = None, schedule=None) -> Committed:
-    """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1
-    ``new``, both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of
-    ``new``'s factors (3 if they carry the norm commitment, else 2). ``values``: the run's per-round values
-    (RunParams.VALUES by name; issue 62), ``schedule`` the ledger.runvalues.Schedule whose root they name (its
-    leaf goes into every chunk proof)."""
+           commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
+           max_contributions: int | None = None) -> Committed:
+    """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
+    whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
+    run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
+    ``values``: the run's per-round values (RunParams.VALUES by name; issue 62), ``schedule`` the
+    ledger.runvalues.Schedule whose root they name (its leaf goes into every chunk proof); ``max_contributions``
+    overrides the values' bound. Version-3 factors without a binding are bound first (:func:`bound`):
+    contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]`` (member or not)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments, values=values)
+    listed = len(new.factors.payload_roots)
+    members = tuple(range(1, max(4, listed + 1)))
+    unfunded = [deployment.client(index).address for index in members if index >= FUNDED_DEV_ACCOUNTS]
+    if unfunded:  # dev accounts from 10 on hold nothing (ledger.account.dev_account)
+        funder = dev_account(0, deployment.w3.eth.chain_id)
+        fund_accounts(deployment.w3, funder, unfunded, 2 * stake + 10**18)  # registry and run stakes, gas
+    if max_contributions is not None:
+        values = {**(values or {}), "max_contributions": max_contributions}
+    run = deployment.member_run(members, quorum=2, min_stake=stake, commitments=commitments, values=values)
+    if new.factors.norms is not None and not new.factors.norms.bound:
+        signers = contributors if contributors is not None else members
+        new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
         leaves = [state.leaf(), round_.other.leaf()]

@@ -30,6 +30,7 @@ from ledger.errors import LedgerNotMember
 from ledger.merkle import merkle_root
 from ledger.records import RoundRecord
 from node import protocol as msg
+from node.live.fraud.contribution_binding import bindings_of
 from node.cli import exit_code_for
 from node.tools.audit import (ATTESTED, FAIL, FAILED, INCOMPLETE, OK, UNVERIFIABLE, AuditFailed,
                               AuditIncomplete, audit_run)
@@ -328,7 +329,9 @@ def test_an_outsider_cannot_commit_and_a_quorum_signed_lie_is_caught_naming_its_
         weights_root = replayer.apply(
             round_index, [[bodies[e[3]].blob for e in entries if e[0] == s] for s in stages],
             [[bodies[e[3]].applied_hash for e in entries if e[0] == s] for s in stages],
-            [[bytes.fromhex(e[3]) for e in entries if e[0] == s] for s in stages])
+            [[bytes.fromhex(e[3]) for e in entries if e[0] == s] for s in stages],
+            # a version-3 run's factors carry each body's binding (issue 62), as the audit's replay reads them
+            [bindings_of([bodies[e[3]] for e in entries if e[0] == s]) for s in stages])
         if not replayer.scheme.chunked:
             assert weights_root == record.commit.weights_root  # version 1: the weights' hashes alone
         if round_index == 1:

@@ -31,6 +31,7 @@ from node.config import load_config
 from node.fraudproof import initial_state
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.chunkstate import ChunkedStates
+from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
@@ -65,6 +66,28 @@ class World:
     other: object  # stage 1's state, the same in both rounds
     hosts: list
     stop: threading.Event  # every prover's: set at the end, so no challenge expirer outlives its test
+    bindings: list | None = None  # a version-3 run's: each blob's contributor and signature (_bindings)
+
+    def __post_init__(self) -> None:
+        if self.bindings is None and self.cfg.commitment_scheme.proves_factors:
+            self.bindings = _bindings(self.cfg, self.blobs)
+
+
+#: The ledger every fresh py-evm deployment (_setup's) gets: its deployer's nonces are the same each time.
+_LEDGERS: list[str] = []
+
+
+def _bindings(cfg, blobs: list) -> list:
+    """Blob ``j`` signed by member ``j + 1`` for run 1 of a fresh py-evm deployment, what _setup creates, as
+    a version-3 run's live contributors sign theirs (issue 62: node/live/fraud/contribution_binding.py)."""
+    probe = deploy(connect_pyevm(), min_stake=STAKE)
+    _LEDGERS.append(probe.ledger)
+    signed = []
+    for j, blob in enumerate(blobs):
+        binder = ContributionBinder(1, NodeChain(probe.client(j + 1)), cfg.diloco,
+                                    refuse_raw=cfg.compression.enabled)
+        signed.append((probe.client(j + 1).address, binder.sign(1, 0, blob, SHAPES)[1]))
+    return signed
 
 
 @pytest.fixture
@@ -101,7 +124,7 @@ def _states(world: World, host, kind=ChunkedStates) -> ChunkedStates:
 def _record(world: World, states: ChunkedStates, weights: dict, momentum: dict | None = None) -> bytes:
     envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in world.blobs]
     return states.record(1, 0, weights, world.aggregation.new_momentum if momentum is None else momentum,
-                         world.aggregation.contributions, world.blobs, envelopes)
+                         world.aggregation.contributions, world.blobs, envelopes, world.bindings)
 
 
 def _one_element_changed(weights: dict) -> dict:
@@ -119,6 +142,8 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     deployment = deploy(connect_pyevm(), min_stake=STAKE)
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE,
                                 commitments=world.cfg.commitment_scheme.version)
+    # what _bindings signed for: run 1 of the ledger every fresh deployment gets
+    assert run.run_id == 1 and all(ledger == deployment.ledger for ledger in _LEDGERS)
     start = initial_state(0, world.weights, world.momentum).leaf().encode()
     other = world.other.leaf().encode()
     book, records = RoundBook(), []
@@ -430,7 +455,7 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_unclipped_scale(tmp_pa
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
         wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
-                                      colluded.contributions, blobs, envelopes)
+                                      colluded.contributions, blobs, envelopes, world.bindings)
         assert own_leaf != wrong_leaf
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,

@@ -147,7 +147,7 @@ def test_an_unclipped_scale_behind_a_withheld_lied_tree_is_proven(tmp_path):
             envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in BLOBS]
             colluders.cfg = loose
             colluders.record(1, 0, colluded.new_global, colluded.new_momentum, colluded.contributions, BLOBS,
-                             envelopes)
+                             envelopes, world.bindings)
             state = colluders.state(1, 0)
             larger = max((0, 1), key=lambda j: state.sum_trees[j].total)  # the median of the rule's norms
             # its sums, said of contribution 2: the rule clips none

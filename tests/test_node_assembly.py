@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ledger.account import dev_account
+from ledger.chain import PYEVM_CHAIN_ID
+from ledger.contribution_binding import recover_contributor, sign_contribution
 from node import protocol as msg
 from node.config import load_config
 from node.live.assembly import HONEST, NodeParts
@@ -103,10 +106,18 @@ class FakeChain:
     """The chain's face as a fresh run shows it to a joining node: nothing committed yet; then every round
     the fake committer takes counts as committed (a run with a round limit ends on its last commit)."""
 
-    account_bytes = b"\x11" * 20
+    account = dev_account(1, PYEVM_CHAIN_ID)  # signs this node's contributions (a version-3 run: issue 62)
+    account_bytes = bytes.fromhex(account.address[2:])
+    ledger = "0x" + "22" * 20  # the EIP-712 domain's ledger: none is deployed
 
     def __init__(self) -> None:
         self.committed = -1
+
+    def sign_contribution(self, claim) -> bytes:
+        return sign_contribution(self.account, claim, PYEVM_CHAIN_ID, self.ledger)
+
+    def contributor_of(self, claim, signature: bytes) -> str:
+        return recover_contributor(claim, signature, PYEVM_CHAIN_ID, self.ledger)
 
     def last_round(self, run_id: int) -> int:
         return self.committed

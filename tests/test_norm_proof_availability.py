@@ -71,7 +71,7 @@ def test_a_lied_sum_opened_by_a_challenge_is_proven(honest):
                                                     *availability_answer(wrong, sums_which(3, 1), 4))
     leaf, path = challenger.availability_answer(challenge)
     own = honest.honest  # the prover's own state: its weights and pieces are the committed ones
-    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, wrong.factors.encode(),
+    proof = sum_proof(committed.records[1], stage_leaves(committed), 0, committed.states[1].factors.encode(),
                       own.weight_leaves, own.payload_leaves[1], own.sum_trees[1], 1, 4)
     proof = dataclasses.replace(proof, sum_leaf=leaf, sum_path=list(path))
     assert leaf != sum_bytes(own.sum_trees[1].sums[4])

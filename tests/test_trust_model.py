@@ -34,7 +34,6 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     against right rounds are all refused, and the model holds after each."""
     from ledger import errors
     from ledger.availability import PAYLOAD, WEIGHTS, availability_answer, availability_target
-    from tests.fraud_fixtures import honest_chain
     from tests.trust_machine import COALITION, HONEST, OUTSIDER
 
     machine = TrustMachine()
@@ -52,7 +51,7 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     from tests.fraud_fixtures import with_scale
     from training.chunks import float64_bits
     for round_ in (0, 1, 2):  # round 0 holds version-3 factors of no contribution: nothing to clip
-        state = honest_chain(round_, normed=True)
+        state = machine.state_of(round_)  # as committed: its contributions bound to members (issue 62)
         unnormed = dataclasses.replace(state, factors=dataclasses.replace(state.factors, norms=None),
                                        sum_trees=[])
         for claimed, error in ((state, errors.ProverNormCorrect),
@@ -67,7 +66,7 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
             with pytest.raises(error):
                 outsider.prove_wrong_norm(proof, attesters=machine.attesters_of(round_))
         machine.the_model_holds()
-    state = honest_chain(2, normed=True)
+    state = machine.state_of(2)
     for which in (WEIGHTS, PAYLOAD + 1):
         target = availability_target(machine.records[2], [state.leaf()], state.factors, 0, which, 1)
         challenge = outsider.challenge_availability(target)

@@ -47,7 +47,7 @@ from ledger.chunkproof import build_proof, chunked_weights_root
 from ledger.records import RoundRecord, Verdict
 from ledger.normproof import scale_proof, sum_proof
 from node.commitments import scheme_named
-from tests.fraud_fixtures import changed, honest_chain, lied_sum, with_scale
+from tests.fraud_fixtures import bound, changed, honest_chain, lied_sum, with_scale
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
 from tests.trust_params import (
     BOND,
@@ -98,6 +98,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         self.ejected_honest: list[int] = []
         self.honest_hashes: dict[int, bytes] = {}  # round -> struct hash of the honest record of that round
         self.records: dict[int, RoundRecord] = {}  # committed rounds' records
+        self.bound_states: dict[int, object] = {}  # round -> its honest state, bound (state_of)
         self.challenges: list[bytes] = []
         self.verified_rounds = 0  # rounds whose committed record I1 has checked
         self.steps = 0
@@ -121,10 +122,19 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
     def coalition_group(self) -> tuple[int, ...]:
         return (*COALITION, COALITION_JOINER)
 
+    def state_of(self, round_: int):
+        """The honest state of ``round_`` as this run commits it: honest_chain's, its contributions bound
+        (issue 62) to two members active when the round was (last) about to be committed."""
+        if round_ not in self.records or round_ not in self.bound_states:
+            active = self.active((*self.honest_group(), *self.coalition_group()))
+            signers = [self.client(index) for index in (active + list(HONEST))[:2]]
+            self.bound_states[round_] = bound(honest_chain(round_, normed=True), signers, self.run_id, round_)
+        return self.bound_states[round_]
+
     def honest_record(self) -> RoundRecord:
         reader = self.client(HONEST[0])
         round_ = reader.commit_count(self.run_id)
-        weights = chunked_weights_root([honest_chain(round_, normed=True).leaf()])
+        weights = chunked_weights_root([self.state_of(round_).leaf()])
         record = RoundRecord(self.run_id, round_, reader.head_of(self.run_id), weights,
                              digest(f"honest contributions {round_}"), 3_000_000, 3_100_000, 4096, 4,
                              bytes(32))
@@ -351,7 +361,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
     # ------------------------------------------------------------------ the prover and the challenger
     def proof_of(self, round_: int, chunk: int, *, tampered: bool):
         """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
-        prev, new = honest_chain(round_ - 1, normed=True), honest_chain(round_, normed=True)
+        prev, new = self.state_of(round_ - 1), self.state_of(round_)
         claimed = changed(new, chunk, 0) if tampered else new
         return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()],
                            prev, claimed, chunk)
@@ -362,7 +372,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones:
         refused."""
         round_ = data.draw(st.integers(1, max(self.records)))
-        chunk = data.draw(st.integers(0, len(honest_chain(round_, normed=True).weight_leaves) - 1))
+        chunk = data.draw(st.integers(0, len(self.state_of(round_).weight_leaves) - 1))
         proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
         try:
             self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_))
@@ -377,7 +387,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         """An outsider proves a committed (right) round's clip scales, or one chunk of a contribution's sum
         tree, wrong, over the real commitment or a tampered one (a scale or a chunk sum changed): refused."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
-        state = honest_chain(round_, normed=True)
+        state = self.state_of(round_)
         chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
         kinds = ["real", "version 2"] + (["scale", "sum"] if state.sum_trees else [])
         tamper = data.draw(st.sampled_from(kinds))
@@ -407,7 +417,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the
         factors); a live honest member answers at once (any account may)."""
         round_ = data.draw(st.sampled_from(sorted(self.records)))
-        state = honest_chain(round_, normed=True)
+        state = self.state_of(round_)
         accepted = len(state.payload_leaves)
         which = data.draw(
             st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]

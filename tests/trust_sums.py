@@ -52,7 +52,7 @@ from node.commitments import scheme_named, stage_state
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
-from tests.fraud_fixtures import DILOCO, contribution, honest_chain, lied_sum, normed_start, tensors
+from tests.fraud_fixtures import DILOCO, bound, contribution, lied_sum, normed_start, tensors
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
 from training.chunks import float64_bits
 from training.diloco import aggregate_with_report
@@ -227,6 +227,8 @@ class SumWalks:
             commitments=scheme_named("normed").version)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
+        # its contributions bound to the run's members (issue 62): the coalition signs its own lie
+        committed = bound(committed, [self.client(index) for index in (*COALITION, HONEST[0])], run_id, 1)
         records = []
         for outer_round, state in enumerate((start, committed)):
             record = RoundRecord(run_id, outer_round, creator.head_of(run_id),
@@ -314,7 +316,7 @@ class SumWalks:
         window or an earlier challenge of the same leaf stops it): nothing invalidated, nobody slashed (I7,
         I2)."""
         round_ = max(self.records)
-        honest, prev = honest_chain(round_, normed=True), honest_chain(round_ - 1, normed=True)
+        honest, prev = self.state_of(round_), self.state_of(round_ - 1)  # as committed: bound (issue 62)
         own = lied_sum(honest, contribution, chunk, delta)
         prover = self.walker(self.run_id, {round_ - 1: [prev.leaf().encode()],
                                            round_: [honest.leaf().encode(), own.leaf().encode()]},

@@ -2,6 +2,7 @@
 pragma solidity 0.8.37;
 
 import {ProverAvailability} from "./ProverAvailability.sol";
+import {ProverBinding} from "./ProverBinding.sol";
 import {ProverChunks} from "./ProverChunks.sol";
 import {ProverCommon} from "./ProverCommon.sol";
 import {ProverNorms} from "./ProverNorms.sol";
@@ -78,6 +79,9 @@ contract AggregationProver {
         uint256 rootsAt;
         uint256 sumsAt;
         uint256 maxRank; // the run's (RunParams.maxRank): a piece of a higher rank does not decode
+        uint256 payloadRootsAt;
+        uint256 contributorsAt; // the binding (issue 62): each contribution's member account
+        uint256 signaturesAt; // and its EIP-2098 signature (r, vs: two words) of the Contribution message
     }
 
     /// @notice What a data-availability challenge names: one committed leaf of one stage of a committed round.
@@ -203,7 +207,7 @@ contract AggregationProver {
     /// the caller paid; a proof against a correct chunk reverts with ProverRoundCorrect.
     /// @return reward The wei paid to the caller (half of the stake slashed).
     function proveWrongAggregation(Proof calldata proof) external returns (uint256 reward) {
-        if (!ProverChunks.differs(ledger, proof)) {
+        if (!_chunkWrong(proof)) {
             revert ProverRoundCorrect(proof.record.runId, proof.record.round, proof.stage, proof.chunk);
         }
         reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
@@ -215,7 +219,7 @@ contract AggregationProver {
     /// @notice Whether the proof would succeed (the chunk differs), without changing anything; reverts like
     /// proveWrongAggregation on a malformed proof.
     function isWrong(Proof calldata proof) external view returns (bool) {
-        return ProverChunks.differs(ledger, proof);
+        return _chunkWrong(proof);
     }
 
     /// @notice Prove that a version-3 round committed a wrong clip scale: the committed scales are not the norm
@@ -225,7 +229,7 @@ contract AggregationProver {
     /// round reverts with ProverNormCorrect.
     /// @return reward The wei paid to the caller (half of the stake slashed).
     function proveWrongNorm(NormProof calldata proof) external returns (uint256 reward) {
-        if (!ProverNorms.normDiffers(ledger, proof)) {
+        if (!_normWrong(proof)) {
             revert ProverNormCorrect(proof.record.runId, proof.record.round, proof.stage, proof.contribution);
         }
         reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
@@ -237,7 +241,20 @@ contract AggregationProver {
     /// @notice Whether the norm proof would succeed, without changing anything; reverts like proveWrongNorm on a
     /// malformed proof.
     function isWrongNorm(NormProof calldata proof) external view returns (bool) {
-        return ProverNorms.normDiffers(ledger, proof);
+        return _normWrong(proof);
+    }
+
+    /// @dev The chunk differs, or (its factors checked by the chunk proof) the round lists a contribution bound to
+    /// no member, or too many (ProverBinding).
+    function _chunkWrong(Proof calldata proof) private view returns (bool) {
+        return ProverChunks.differs(ledger, proof)
+            || ProverBinding.unbound(ledger, proof.record, proof.stage, proof.factors, proof.pieces.length);
+    }
+
+    /// @dev The norm commitment is wrong, or (its factors checked and well-formed version 3) the binding is.
+    function _normWrong(NormProof calldata proof) private view returns (bool) {
+        return ProverNorms.normDiffers(ledger, proof)
+            || ProverBinding.unbound(ledger, proof.record, proof.stage, proof.factors, 0);
     }
 
     // ------------------------------------------------------------------------------------------- availability

@@ -151,7 +151,7 @@ library ProverAvailability {
         if (j < roots.length) return (roots[j], false);
         // 2 + M + j: contribution j's sum tree, in well-formed version-3 factors (others are proven, not opened).
         j -= roots.length;
-        if (j >= roots.length || factors.length < 352 || ProverCommon.word(factors, 96) != 320) {
+        if (j >= roots.length || !ProverCommon.isNormed(factors)) {
             revert AggregationProver.ProverBadTarget(which);
         }
         (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);

@@ -25,6 +25,8 @@ library ProverCommon {
     /// @dev AggregationProver.STAGE_LEAF and AggregationProver.SCALES.
     uint256 internal constant STAGE_LEAF = type(uint256).max;
     uint256 internal constant SCALES = type(uint256).max;
+    /// @dev The head of version-3 factors: twelve fields (the norm commitment and the binding after version 2's six).
+    uint256 internal constant HEAD_V3 = 384;
 
     function requireCommitted(TrainingLedger ledger, TrainingLedger.Record calldata record) internal view {
         bytes32 structHash = keccak256(abi.encode(RECORD_TYPEHASH, record));
@@ -150,22 +152,27 @@ library ProverCommon {
         if (used != path.length) revert AggregationProver.ProverBadSumPath(j);
     }
 
-    /// @dev Where a version-3 factors' norm commitment lies, and whether it is well formed: the canonical
-    /// encoding of abi.encode(uint32 lr, uint32 mu, bool nesterov, bytes32[] envelopes, bytes32[] payloadRoots,
-    /// uint64[] scales, uint64 normClip, uint32[] steps, bytes32[] normRoots, uint256[] normSums) with every list
-    /// of the accepted count (steps: that count, or none), sums three words each, every value in its type's range,
-    /// normClip 0 or in [1, inf) and every step at least 1. The caller checked that it is version 3 (at least 352
-    /// bytes, its first list at byte 320).
+    /// @dev Whether the factors are version 3's (twelve fields: the first list at byte HEAD_V3, and room for it).
+    function isNormed(bytes calldata factors) internal pure returns (bool) {
+        return factors.length >= HEAD_V3 + 32 && word(factors, 96) == HEAD_V3;
+    }
+
+    /// @dev Where a version-3 factors' norm commitment and binding lie, and whether they are well formed: the
+    /// canonical encoding of abi.encode(uint32 lr, uint32 mu, bool nesterov, bytes32[] envelopes, bytes32[]
+    /// payloadRoots, uint64[] scales, uint64 normClip, uint32[] steps, bytes32[] normRoots, uint256[] normSums,
+    /// address[] contributors, bytes32[] signatures) with every list of the accepted count (steps: that count, or
+    /// none; sums three words each, signatures two), every value in its type's range, normClip 0 or in [1, inf)
+    /// and every step at least 1. The caller checked that it is version 3 (isNormed).
     function normCommitment(bytes calldata factors)
         internal
         pure
         returns (AggregationProver.Norms memory norms, bool ok)
     {
-        uint256 count = word(factors, 320);
+        uint256 count = word(factors, HEAD_V3);
         if (count > type(uint32).max) return (norms, false);
         uint256 list = 32 * (1 + count);
-        uint256 stepsAt = 320 + 3 * list; // after envelopes, payloadRoots and scales
-        if (word(factors, 128) != 320 + list || word(factors, 160) != 320 + 2 * list) return (norms, false);
+        uint256 stepsAt = HEAD_V3 + 3 * list; // after envelopes, payloadRoots and scales
+        if (word(factors, 128) != HEAD_V3 + list || word(factors, 160) != HEAD_V3 + 2 * list) return (norms, false);
         if (word(factors, 224) != stepsAt || factors.length < stepsAt + 32) return (norms, false);
         norms.count = count;
         norms.steps = word(factors, stepsAt);
@@ -173,16 +180,27 @@ library ProverCommon {
         norms.stepsAt = stepsAt + 32;
         norms.rootsAt = norms.stepsAt + 32 * norms.steps;
         norms.sumsAt = norms.rootsAt + list;
+        norms.contributorsAt = norms.sumsAt + 32 * (1 + 3 * count);
+        norms.signaturesAt = norms.contributorsAt + list;
         if (word(factors, 256) != norms.rootsAt || word(factors, 288) != norms.sumsAt) return (norms, false);
-        if (factors.length != norms.sumsAt + 32 * (1 + 3 * count)) return (norms, false);
-        if (word(factors, 320 + list) != count || word(factors, 320 + 2 * list) != count) return (norms, false);
+        if (word(factors, 320) != norms.contributorsAt || word(factors, 352) != norms.signaturesAt) {
+            return (norms, false);
+        }
+        if (factors.length != norms.signaturesAt + 32 * (1 + 2 * count)) return (norms, false);
+        if (word(factors, HEAD_V3 + list) != count || word(factors, HEAD_V3 + 2 * list) != count) return (norms, false);
         if (word(factors, norms.rootsAt) != count || word(factors, norms.sumsAt) != 3 * count) return (norms, false);
+        if (word(factors, norms.contributorsAt) != count || word(factors, norms.signaturesAt) != 2 * count) {
+            return (norms, false);
+        }
+        norms.payloadRootsAt = HEAD_V3 + list + 32;
         norms.rootsAt += 32;
         norms.sumsAt += 32;
+        norms.contributorsAt += 32;
+        norms.signaturesAt += 32;
         uint256 clip = word(factors, 192);
         if (clip != 0 && (clip < NormRule.ONE || clip >= NormRule.INF)) return (norms, false);
         norms.clip = uint64(clip);
-        ok = _normValuesOk(factors, norms, 320 + 2 * list + 32);
+        ok = _normValuesOk(factors, norms, HEAD_V3 + 2 * list + 32);
     }
 
     /// @dev Every value of the factors in its type's range (what abi.decode would revert on), every step >= 1.
@@ -195,6 +213,7 @@ library ProverCommon {
         if (word(factors, 64) > 1) return false;
         for (uint256 j = 0; j < norms.count; ++j) {
             if (word(factors, scalesAt + 32 * j) > type(uint64).max) return false;
+            if (word(factors, norms.contributorsAt + 32 * j) > type(uint160).max) return false;
             if (j < norms.steps) {
                 uint256 step = word(factors, norms.stepsAt + 32 * j);
                 if (step == 0 || step > type(uint32).max) return false;

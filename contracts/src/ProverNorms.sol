@@ -31,10 +31,10 @@ library ProverNorms {
         if (!leafOk) return true; // a stage leaf no honest committer writes
         bytes calldata factors = proof.factors;
         if (sha256(factors) != leaf.factorsHash) revert AggregationProver.ProverBadFactors(record.round, proof.stage);
-        // The factors' version (3: ten fields, the first list at byte 320) must be the run's (RunParams.commitments):
+        // The factors' version (3: twelve fields, the first list at byte 384) must be the run's (RunParams.commitments):
         // version-2 factors in a normed run would escape this proof, version-3 ones in another run are no honest
         // node's either. Either way the round is wrong, whatever the proof's contribution.
-        bool normed = factors.length >= 352 && ProverCommon.word(factors, 96) == 320;
+        bool normed = ProverCommon.isNormed(factors);
         if (normed != (run.commitments == _NORMED)) return true;
         if (!normed) revert AggregationProver.ProverNotNormed(record.round, proof.stage);
         (AggregationProver.Norms memory norms, bool wellFormed) = ProverCommon.normCommitment(factors);

@@ -67,7 +67,7 @@ class CommitmentScheme:
     def stage_state_of(self, stage: int, new_global: Mapping, new_momentum: Mapping,
                        reports: Sequence[ContributionReport], contributions: Sequence[bytes],
                        diloco: DilocoConfig, outer_round: int, *, envelopes: Sequence[bytes] | None = None,
-                       decode_args: Mapping | None = None) -> StageState:
+                       decode_args: Mapping | None = None, bindings: Sequence | None = None) -> StageState:
         """The stage's committed state after a round (node.fraudproof.stage_state_of); only a chunked scheme
         has one."""
         raise NotImplementedError(f"the {self.name!r} commitments keep no stage state")

@@ -51,8 +51,9 @@ class ChunkedScheme(CommitmentScheme):
 
     def stage_state_of(self, stage: int, new_global: Mapping, new_momentum: Mapping, reports, contributions,
                        diloco, outer_round: int, *, envelopes: Sequence[bytes] | None = None,
-                       decode_args: Mapping | None = None):
+                       decode_args: Mapping | None = None, bindings: Sequence | None = None):
         from node.fraudproof import stage_state_of
 
         return stage_state_of(stage, new_global, new_momentum, reports, contributions, diloco, outer_round,
-                              envelopes=envelopes, decode_args=decode_args, norms=self.stage_norms)
+                              envelopes=envelopes, decode_args=decode_args, norms=self.stage_norms,
+                              bindings=bindings)

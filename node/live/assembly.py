@@ -43,7 +43,7 @@ from node.live.rooms import Rooms
 from node.live.parts.record import build_committer
 from node.live.record.committer import Committer
 from node.live.parts.checks import build_spot_checks
-from node.live.parts.fraud import build_chunked_states, build_fraud_prover
+from node.live.parts.fraud import build_binder, build_chunked_states, build_fraud_prover
 from node.live.worker.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
@@ -242,8 +242,9 @@ class NodeParts:
         self.messenger = messenger = build_messenger(base, host=host)
         self.membership = membership = build_membership(base, seat=self._seat_on_chain, own_seat=own_seat)
         charges: Queue = Queue()  # accusations an exchange raises, opened by the spot checker
+        binder = build_binder(base, chain=chain)
         self.exchange = exchange = kinds.exchanges[self.cfg.diloco.exchange](
-            base, messenger=messenger, host=host, membership=membership, charges=charges)
+            base, messenger=messenger, host=host, membership=membership, charges=charges, binder=binder)
         self.coordinator = coordinator = build_coordinator(base, kind=kinds.coordinator, messenger=messenger,
                                                            membership=membership, exchange=exchange)
         self.lifecycle = lifecycle = build_lifecycle(base, membership=membership)
@@ -262,7 +263,7 @@ class NodeParts:
         self.rooms = Rooms(chain=chain, host=host, messenger=messenger, membership=membership,
                            exchange=exchange, coordinator=coordinator, lifecycle=lifecycle,
                            spot_checks=spot_checks, forks=forks, committer=self.committer,
-                           chunked=self.chunked)
+                           chunked=self.chunked, binder=binder)
         self.inbox = inbox = build_inbox(base, chain=chain, membership=membership, exchange=exchange,
                                          spot_checks=spot_checks)
         self.heartbeat = build_heartbeat(base, kind=kinds.heartbeat, chain=chain, host=host,

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the parts' own modules are imported by the assembly
     from node.live.checks.verifier import SpotChecker
     from node.live.exchange.protocol import Exchange
     from node.live.fraud.chunkstate import ChunkedStates
+    from node.live.fraud.contribution_binding import ContributionBinder
     from node.live.peers.membership import Membership
     from node.live.peers.messenger import Messenger
     from node.live.exchange.coordination import RoundCoordinator
@@ -35,3 +36,4 @@ class Rooms:
     forks: ForkRepair
     committer: Committer
     chunked: ChunkedStates | None
+    binder: ContributionBinder | None = None  # a version-3 run's contributions' binding (issue 62)

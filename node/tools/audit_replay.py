@@ -187,7 +187,8 @@ class Replayer:
 
     def apply(self, round_index: int, payloads_by_stage: list[list[bytes]],
               applied_by_stage: list[list[bytes]] | None = None,
-              envelopes_by_stage: list[list[bytes]] | None = None) -> bytes:
+              envelopes_by_stage: list[list[bytes]] | None = None,
+              bindings_by_stage: list[list] | None = None) -> bytes:
         """Aggregate every stage of ``round_index``; return the new weights root (a chunked run's: version 2,
         over the stage leaves derived with ``envelopes_by_stage``, the envelope digests in the same order;
         the stage states are kept in ``self.states``, the round before's in ``self.prev_states``).
@@ -230,7 +231,9 @@ class Replayer:
                                           envelopes=None if envelopes_by_stage is None
                                           else envelopes_by_stage[stage],
                                           decode_args={"stage_index": stage, "outer_round": round_index,
-                                                       "refuse_raw": self.cfg.compression.enabled}))
+                                                       "refuse_raw": self.cfg.compression.enabled},
+                                          bindings=None if bindings_by_stage is None
+                                          else bindings_by_stage[stage]))
         self.weights, self.momentum = new_weights, new_momentum
         if self.scheme.chunked:
             self.prev_states, self.states = self.states, states
@@ -284,7 +287,9 @@ def check_replay(
                        for stage in range(len(payloads))]
             envelopes = [[bytes.fromhex(c.envelope) for c in verdict.contributors if c.stage == stage]
                          for stage in range(len(payloads))]
-            root = replayer.apply(commit.round, payloads, applied, envelopes)
+            bindings = [[_binding(c.binding) for c in verdict.contributors if c.stage == stage]
+                        for stage in range(len(payloads))]
+            root = replayer.apply(commit.round, payloads, applied, envelopes, bindings)
     except ScreeningUnavailable as exc:
         replayer.drop()
         verdict.checks.append(Check("weights root (replay)", UNVERIFIABLE, str(exc)))
@@ -378,3 +383,11 @@ def check_checkpoint(
     )
     add(OK, basis)
     return ckpt
+
+
+def _binding(hexed: str) -> tuple[str, bytes] | None:
+    """A contributor's ``(account, signature)`` from its audit entry's ``binding`` (issue 62), or None."""
+    from eth_utils import to_checksum_address
+
+    data = bytes.fromhex(hexed)
+    return (to_checksum_address(data[:20]), data[20:]) if len(data) == 85 else None

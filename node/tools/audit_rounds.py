@@ -129,6 +129,7 @@ def _verified_payload(
     except msg.ProtocolError as exc:
         return None, f"not a contribution: {exc}", True
     contributor.applied = body.applied_hash.hex()
+    contributor.binding = (body.contributor + body.binding).hex()
     return body.blob, "", False
 
 

@@ -61,6 +61,7 @@ class Contributor:
     envelope: str  # sha256 hex of the envelope bytes
     account: str = ""  # registered account of the signing key, if found
     applied: str = ""  # hex of the applied_hash its body binds (node.protocol.ContributionBody), if read
+    binding: str = ""  # hex of its body's contributor and binding signature (issue 62), if it carries them
 
 
 @dataclass

@@ -17,6 +17,7 @@ from ledger.binding import binding_message
 from ledger.client import LedgerClient
 from ledger.errors import DeploymentMismatch, LedgerError
 from ledger.attest import recover_signer
+from ledger.contribution_binding import ContributionClaim, recover_contributor
 from ledger.eventrecords import CheckpointRecord
 from ledger.records import CommitRecord, Membership, RoundRecord
 from ledger.runparams import MIN_WINDOW_BLOCKS, RunInfo
@@ -235,6 +236,14 @@ class NodeChain(ChainSeats, ChainDisputes):
 
     def sign_record(self, record: RoundRecord) -> bytes:
         return self.client.sign_record(record)
+
+    def sign_contribution(self, claim: ContributionClaim) -> bytes:
+        """This account's signature of a contribution it sends (issue 62: ledger/contribution_binding.py)."""
+        return self.client.sign_contribution(claim)
+
+    def contributor_of(self, claim: ContributionClaim, signature: bytes) -> str:
+        """The account whose signature of ``claim`` this is (LedgerInputError if malformed)."""
+        return recover_contributor(claim, signature, self.client.chain_id, self.client.ledger_address)
 
     def last_round(self, run_id: int) -> int:
         with self._lock:

@@ -240,7 +240,7 @@ class ContributionPool:
                 raise EnvelopeRejected("mismatch", "contribution header does not match its announcement")
             if self.check_payload is not None:
                 try:
-                    self.check_payload(stage, outer_round, env.payload)
+                    self.check_payload(stage, outer_round, env.payload, env.sender_peer_id)
                 except (ValueError, msg.ProtocolError) as exc:  # the codec's errors are ValueErrors
                     self._reject(outer_round, stage, a, f"payload does not decode: {exc}", data)
                     return

@@ -76,11 +76,15 @@ class Exchange:
     holds_inputs_to_close = False
 
     def __init__(self, base: NodeBase, *, messenger, host: P2PHost, membership: Membership,
-                 charges: Queue | None = None) -> None:
-        """``charges``: where the accusations it raises go (the spot checker opens them)."""
+                 charges: Queue | None = None, binder=None) -> None:
+        """``charges``: where the accusations it raises go (the spot checker opens them); ``binder``: a
+        version-3 run's :class:`node.live.fraud.contribution_binding.ContributionBinder` (every fetched
+        contribution must carry its sender's binding), else None."""
         book, run_id, p2p, incoming, stop = base.book, base.run_id, base.cfg.p2p, base.incoming_dir, base.stop
         evidence_dir = base.evidence_dir
         self.station = base.station
+        self.binder = binder
+        self.book = base.book
         #: Accusations this exchange raises, (round, accused peer, replica, build(account) -> Evidence),
         #: opened on chain by the spot checker (node.live.checks.verifier.SpotChecker.charge).
         self.charges = charges
@@ -101,9 +105,15 @@ class Exchange:
                                      else None,
                                      stop=stop)
 
-    def check_payload(self, stage: int, outer_round: int, payload: bytes) -> None:
-        """Raise (a ValueError or ProtocolError) unless a fetched contribution's payload fits the stage."""
-        self.check_blob(stage, outer_round, msg.decode_contribution_body(payload).blob)
+    def check_payload(self, stage: int, outer_round: int, payload: bytes, sender: str | None = None) -> None:
+        """Raise (a ValueError or ProtocolError) unless a fetched contribution's payload fits the stage and,
+        in a version-3 run, carries the binding of ``sender`` (its peer id; ContributionUnbound)."""
+        body = msg.decode_contribution_body(payload)
+        self.check_blob(stage, outer_round, body.blob)
+        if self.binder is not None:
+            peer = self.book.live_peers(float("inf")).get(sender) if sender else None
+            self.binder.check(outer_round, stage, body, self.station.worker().stage_shapes(stage),
+                              peer.hello.account if peer is not None else None)
 
     def gossip_handlers(self) -> dict[str, Callable]:
         """Run-topic message kinds this exchange handles (kind -> handler(envelope, message, bytes))."""

@@ -125,15 +125,16 @@ class ChunkedStates:
 
     def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
                reports: Sequence[ContributionReport], payloads: Sequence[bytes],
-               envelopes: Sequence[bytes]) -> bytes:
+               envelopes: Sequence[bytes], bindings: Sequence | None = None) -> bytes:
         """Derive, keep and publish this node's state of ``stage`` after ``outer_round``; its stage leaf
         (bytes).
 
         ``payloads``: the closed contributions' codec blobs, ``envelopes``: their envelope digests (the
-        contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each.
+        contributions root's leaves), both in the close's order; ``reports``: the aggregation's, one each;
+        ``bindings``: each one's ``(contributor, signature)`` from its body (a version-3 run; issue 62).
         """
         state = self.scheme.stage_state_of(stage, weights, momentum, reports, payloads, self.cfg.diloco,
-                                           outer_round, envelopes=envelopes,
+                                           outer_round, envelopes=envelopes, bindings=bindings,
                                            decode_args={"stage_index": stage, "outer_round": outer_round,
                                                         "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
+from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.state.base import NodeBase
 from p2p.host import P2PHost
+
+
+def build_binder(base: NodeBase, *, chain: NodeChain) -> ContributionBinder | None:
+    """A version-3 run's binding of contributions to members (issue 62); None in another run."""
+    if not base.cfg.commitment_scheme.proves_factors:
+        return None
+    return ContributionBinder(run_id=base.run_id, chain=chain, diloco=base.cfg.diloco,
+                              refuse_raw=base.cfg.compression.enabled)
 
 
 def build_chunked_states(base: NodeBase, *, chain: NodeChain, host: P2PHost) -> ChunkedStates | None:

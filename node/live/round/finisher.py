@@ -28,6 +28,7 @@ from node.fsutil import retry_on_full_disk
 from node.live.worker.contributor import Contributor
 from node.live.exchange.protocol import InputsWithheld
 from node.live.exchange.pool import serve_blob
+from node.live.fraud.contribution_binding import bindings_in
 from node.live.worker.replica import ReplicaWorker
 from node.live.round.resume import RestartRecovery
 from node.live.state.roundstate import Gathered, StageInputs
@@ -287,7 +288,7 @@ class RoundFinisher(ApplyPrefetch):
             weights, momentum = self.worker.global_state(stage)
             record_state = partial(self.chunked.record, outer_round, stage, weights, momentum,
                                    result.contributions, inputs.payloads,
-                                   [entry[2] for entry in close.contributions])
+                                   [entry[2] for entry in close.contributions], bindings_in(envelopes))
         return StageApplied(stage, result.weights_hash, sealed, excluded, record_state)
 
     def _apply_or_reclose(self, outer_round: int, stage: int, inputs: StageInputs, waited: dict[str, float]):

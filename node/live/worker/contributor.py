@@ -58,6 +58,7 @@ class Contributor:
         self.reporter = base.reporter
         self.spot_checks = rooms.spot_checks  # node.live.checks.verifier.SpotChecker: serves the start states
         self.exchange = rooms.exchange
+        self.binder = rooms.binder  # a version-3 run: each contribution signed by this node's account
         self.pool = rooms.exchange.pool
         self.archive = base.archive
         self.book = base.book
@@ -237,8 +238,10 @@ class Contributor:
         for stage in self.worker.stages:
             blob, cstats = self.encode_stage(stage, outer_round)
             blob = self.exchange.contribution_blob(outer_round, stage, blob)
+            contributor, binding = (b"", b"") if self.binder is None else self.binder.sign(
+                outer_round, stage, blob, self.worker.stage_shapes(stage))
             body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob,
-                                                                     applied[stage]))
+                                                                     applied[stage], contributor, binding))
             envelope = self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
             # Kept even if the close leaves it out: the audit's rerun of this replica needs it
             # (node/store/archive.py). A full disk pauses the contribution

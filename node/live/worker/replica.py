@@ -316,9 +316,13 @@ class ReplicaWorker(StageAggregation):
         self.skip_to(stage, outer_round)
         return self.engines[stage].encode_contribution(outer_round, self.declared_steps(outer_round))
 
+    def stage_shapes(self, stage: int) -> dict[str, tuple[int, ...]]:
+        """Each tensor's shape of a held stage."""
+        return {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+
     def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""
-        shapes = {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+        shapes = self.stage_shapes(stage)
         decode_contribution(payload, shapes, stage_index=stage, outer_round=outer_round,
                             refuse_raw=self.cfg.compression.enabled)
 

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {AggregationProver} from "./AggregationProver.sol";
+import {LedgerCore} from "./LedgerCore.sol";
+import {ProverCommon} from "./ProverCommon.sol";
+import {TrainingLedger} from "./TrainingLedger.sol";
+
+/// @title ProverBinding
+/// @notice Every contribution a version-3 round lists is bound to a member (issue 62; docs/FRAUD_PROOF.md, "The
+/// binding"): its contributor signed, with its member account's key, the EIP-712 message `Contribution` (domain:
+/// the ledger) over the run, round, stage, payload root, norm root and declared steps, and the factors carry the
+/// contributor's address and signature. A round is wrong if it lists more than `maxContributions`, if a signature
+/// does not recover to its listed contributor, if one contributor is listed twice, or (while the round can be
+/// disputed: a seat is withdrawn at the earliest after it) if a contributor was not a member in force in the round.
+/// Linked into AggregationProver and run in its context (DELEGATECALL): both proofs ask it once their own check
+/// finds the round right.
+library ProverBinding {
+    /// @dev The contributor's signed message (ledger/contribution_binding.py): `steps` 0 in a fixed-H run.
+    bytes32 internal constant CONTRIBUTION_TYPEHASH = keccak256(
+        "Contribution(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,bytes32 normRoot,uint32 steps)"
+    );
+    uint256 private constant _LOW_S = LedgerCore.MAX_S;
+    uint8 private constant _NORMED = 3; // RunParams.commitments of a run whose factors carry the binding
+
+    /// @notice Whether a stage's factors list more contributions than the run's maxContributions or, in a normed
+    /// run, a contribution bound to no member of the round (see the library's notice) or are not well-formed
+    /// version-3 factors: a wrong round either way. The caller checked the factors against the committed stage
+    /// leaf of `record` (a committed record).
+    /// @param listed The contributions the factors list, where they are not version 3 (the chunk proof's pieces).
+    function unbound(
+        TrainingLedger ledger,
+        TrainingLedger.Record calldata record,
+        uint32 stage,
+        bytes calldata factors,
+        uint256 listed
+    ) external view returns (bool) {
+        if (_tooMany(ledger, record.runId, factors, listed)) return true;
+        TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        if (!ProverCommon.isNormed(factors)) return run.commitments == _NORMED;
+        (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);
+        if (!ok) return true;
+        if (run.commitments != _NORMED) return true; // version-3 factors in another run: no honest node's
+        Signed memory signed = Signed(
+            record.runId, record.round, stage, LedgerCore.domainSeparator(address(ledger)),
+            block.number < ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks
+        );
+        return _anyUnbound(ledger, factors, norms, signed);
+    }
+
+    /// @dev Whether the factors list more contributions than the run's maxContributions (`listed`: the chunk
+    /// proof's count where the factors are not version 3).
+    function _tooMany(TrainingLedger ledger, uint256 runId, bytes calldata factors, uint256 listed)
+        private
+        view
+        returns (bool)
+    {
+        uint256 most = ledger.valuesOf(runId).maxContributions;
+        if (!ProverCommon.isNormed(factors)) return listed > most;
+        (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);
+        return ok && norms.count > most;
+    }
+
+    /// @dev What every contribution's message shares, and whether the round's seats can still be read.
+    struct Signed {
+        uint256 runId;
+        uint64 round;
+        uint32 stage;
+        bytes32 separator; // the ledger's EIP-712 domain separator
+        bool disputable; // the round is in its dispute window: no seat in force in it has been withdrawn
+    }
+
+    function _anyUnbound(
+        TrainingLedger ledger,
+        bytes calldata factors,
+        AggregationProver.Norms memory norms,
+        Signed memory signed
+    ) private view returns (bool) {
+        address[] memory signers = new address[](norms.count);
+        for (uint256 j = 0; j < norms.count; ++j) {
+            address signer = _signer(factors, norms, signed, j);
+            address listedAs = address(uint160(ProverCommon.word(factors, norms.contributorsAt + 32 * j)));
+            if (signer == address(0) || signer != listedAs) return true;
+            for (uint256 i = 0; i < j; ++i) {
+                if (signers[i] == signer) return true; // one member listed twice
+            }
+            signers[j] = signer;
+            if (signed.disputable && !_inForce(ledger, signed.runId, signed.round, signer)) return true;
+        }
+        return false;
+    }
+
+    /// @dev The account whose EIP-2098 signature (r, vs) over contribution j's message the factors hold; zero for
+    /// a signature that recovers to none or is malleable (a high s).
+    function _signer(bytes calldata factors, AggregationProver.Norms memory norms, Signed memory signed, uint256 j)
+        private
+        pure
+        returns (address)
+    {
+        uint256 steps = j < norms.steps ? ProverCommon.word(factors, norms.stepsAt + 32 * j) : 0;
+        bytes32 structHash = keccak256(
+            abi.encode(
+                CONTRIBUTION_TYPEHASH,
+                signed.runId,
+                signed.round,
+                signed.stage,
+                ProverCommon.word(factors, norms.payloadRootsAt + 32 * j),
+                ProverCommon.word(factors, norms.rootsAt + 32 * j),
+                steps
+            )
+        );
+        bytes32 r = bytes32(ProverCommon.word(factors, norms.signaturesAt + 64 * j));
+        uint256 vs = ProverCommon.word(factors, norms.signaturesAt + 64 * j + 32);
+        uint256 s = vs & (type(uint256).max >> 1);
+        if (s > _LOW_S) return address(0);
+        return ecrecover(LedgerCore.typedDigest(signed.separator, structHash), uint8(27 + (vs >> 255)), r, bytes32(s));
+    }
+
+    /// @dev Whether `account` held a seat in force in `round`: joined at or before it and not gone before it.
+    function _inForce(TrainingLedger ledger, uint256 runId, uint64 round, address account) private view returns (bool) {
+        TrainingLedger.Member memory member = ledger.memberOf(runId, account);
+        if (member.status == TrainingLedger.MemberStatus.None || member.joinRound > round) return false;
+        return member.status == TrainingLedger.MemberStatus.Active || member.leftRound > round;
+    }
+}
