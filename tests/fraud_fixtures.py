@@ -167,9 +167,10 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
     ``values``: the run's per-round values (RunParams.VALUES by name; issue 62), ``schedule`` the
-    ledger.runvalues.Schedule whose root they name (its leaf goes into every chunk proof); ``max_contributions``
-    overrides the values' bound. Version-3 factors without a binding are bound first (:func:`bound`):
-    contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]`` (member or not)."""
+    ledger.runvalues.Schedule whose root they name (its leaf goes into every chunk proof);
+    ``max_contributions`` overrides the values' bound. Version-3 factors without a binding are bound first
+    (:func:`bound`): contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]``
+    (member or not)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(new.factors.payload_roots)
