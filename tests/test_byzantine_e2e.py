@@ -136,3 +136,59 @@ def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
     assert result.round == published[-1].round
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["n_head"] == ModelConfig(preset="tiny").n_head
+
+
+def _credited_rounds(client, run_id: int, address: str) -> set[int]:
+    """The committed rounds the chain credited ``address`` with: by a commit's attesters or its own
+    ``attest`` (RoundAttested)."""
+    from ledger.events import topic_uint
+
+    rounds = {c.commit.round for c in client.history(run_id).commits
+              if address.lower() in {a.lower() for a in c.attesters}}
+    topics = [client.ledger_events.topic("RoundAttested"), topic_uint(run_id)]
+    logs = client._scan(client.ledger_contract, topics)
+    for event in (client.ledger_events.decode(log) for log in logs):
+        if event is not None and event.args["account"].lower() == address.lower():
+            rounds.add(event.args["round"])
+    return rounds
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_holder_serving_other_momentum_costs_no_checkpoint_and_no_honest_members_credit(make_run):
+    """Issue 63 in real processes: a stage-0 holder of a 2 x 2 split run (k = 2 of 4, a member ejectable after
+    2 rounds without credit) attests the honest weights and stage leaf but serves shards with other outer
+    momentum. Every honest member, its co-holder r0n0 as the stage-1 holders, takes the shard whose momentum
+    the attested stage leaf commits (a normed run, the default), so every round commits with the checkpoint
+    the co-holder built; every honest member is credited with every round and is never ejectable."""
+    import hashlib
+
+    from ledger import errors
+    from ledger.account import dev_account
+
+    run = make_run(replicas=2, stages=2, split=True, settings=[*SETTINGS, "rounds=4"], attest_quorum=2,
+                   inactivity_rounds=2)
+    attacker = run.nodes[2]
+    assert attacker.name == "r1n0"  # a stage-0 holder beside the honest r0n0
+    attacker.command = [*ADVERSARY, "other-momentum"]
+    run.start()
+    honest = [slot for slot in run.nodes if slot is not attacker]
+    for slot in honest:
+        assert slot.process.wait(timeout=600) == 0, run_logs(run)
+    assert "serves other momentum" in _logs([attacker])
+    client = run.client()
+    history = client.history(run.run_id)
+    assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
+    assert history.disputes == []
+    # Every round's checkpoint (checkpoint_every = 1) is built, the honest co-holder's bytes.
+    assert all(c.commit.has_checkpoint for c in history.commits), run_logs(run)
+    for commit in (c.commit for c in history.commits):
+        own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
+        assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
+    assert "agreed leaf commits" in _logs(honest), run_logs(run)
+    for slot in honest:
+        address = dev_account(slot.account, client.chain_id).address
+        assert _credited_rounds(client, run.run_id, address) == {0, 1, 2, 3}, (slot.name, run_logs(run))
+        assert client.member(run.run_id, address).status == "active"
+        with pytest.raises(errors.LedgerMemberNotInactive):
+            client.eject_inactive(run.run_id, address)
