@@ -155,18 +155,24 @@ def _credited_rounds(client, run_id: int, address: str) -> set[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_holder_serving_other_momentum_costs_no_checkpoint_and_no_honest_members_credit(make_run):
-    """Issue 63 in real processes: a stage-0 holder of a 2 x 2 split run (k = 2 of 4, a member ejectable after
-    2 rounds without credit) attests the honest weights and stage leaf but serves shards with other outer
-    momentum. Every honest member, its co-holder r0n0 as the stage-1 holders, takes the shard whose momentum
-    the attested stage leaf commits (a normed run, the default), so every round commits with the checkpoint
-    the co-holder built; every honest member is credited with every round and is never ejectable."""
+@pytest.mark.parametrize("commitments", ["normed", "hashed"])
+def test_a_holder_serving_other_momentum_costs_no_checkpoint_and_no_honest_members_credit(make_run,
+                                                                                          commitments):
+    """Issue 63 in real processes: a stage-0 holder of a 2 x 2 split run (k = 2 of 4, a member ejectable
+    after 2 rounds without credit) attests the honest weights and stage leaf but serves shards with other
+    outer momentum. Every honest member, its co-holder r0n0 as the stage-1 holders, applies one rule to the
+    stage: in a normed run (the default) it takes the shard whose momentum the attested stage leaf commits,
+    so every round commits with the checkpoint the co-holder built; in a hashed run (the momentum in no
+    record) it sees two momenta and builds none, the co-holder too (it used to build one from its own shard
+    alone, sign a record nobody else signed and never be credited). Either way every honest member is
+    credited with every round and is never ejectable."""
     import hashlib
 
     from ledger import errors
     from ledger.account import dev_account
 
-    run = make_run(replicas=2, stages=2, split=True, settings=[*SETTINGS, "rounds=4"], attest_quorum=2,
+    run = make_run(replicas=2, stages=2, split=True,
+                   settings=[*SETTINGS, "rounds=4", f"diloco.commitments={commitments}"], attest_quorum=2,
                    inactivity_rounds=2)
     attacker = run.nodes[2]
     assert attacker.name == "r1n0"  # a stage-0 holder beside the honest r0n0
@@ -180,12 +186,23 @@ def test_a_holder_serving_other_momentum_costs_no_checkpoint_and_no_honest_membe
     history = client.history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
     assert history.disputes == []
-    # Every round's checkpoint (checkpoint_every = 1) is built, the honest co-holder's bytes.
-    assert all(c.commit.has_checkpoint for c in history.commits), run_logs(run)
-    for commit in (c.commit for c in history.commits):
-        own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
-        assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
-    assert "agreed leaf commits" in _logs(honest), run_logs(run)
+    if commitments == "normed":
+        # Every round's checkpoint (checkpoint_every = 1) is built, the honest co-holder's bytes.
+        assert all(c.commit.has_checkpoint for c in history.commits), run_logs(run)
+        for commit in (c.commit for c in history.commits):
+            own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
+            assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
+        assert "agreed leaf commits" in _logs(honest), run_logs(run)
+    else:
+        # The co-holder judges its own shard with the attacker's, as every member does, and builds none.
+        assert "hold 2 different momenta" in _logs(run.nodes[:1]), run_logs(run)
+        # A member that could not fetch the attacker's shard builds one from the honest shards alone (the
+        # momentum is in no record, so what members fetched can differ): a committed checkpoint is always one
+        # an honest member built, never the attacker's momentum.
+        for commit in (c.commit for c in history.commits if c.commit.has_checkpoint):
+            built = {hashlib.sha256(path.read_bytes()).digest() for slot in honest
+                     for path in slot.data_dir.glob(f"checkpoints/round-{commit.round:08d}.safetensors")}
+            assert commit.checkpoint_hash in built, run_logs(run)
     for slot in honest:
         address = dev_account(slot.account, client.chain_id).address
         assert _credited_rounds(client, run.run_id, address) == {0, 1, 2, 3}, (slot.name, run_logs(run))
