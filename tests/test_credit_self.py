@@ -3,7 +3,9 @@
 A member that signed the committed result with another checkpoint hash or loss figure (it heard a holder's
 shard or attestation the quorum did not) is left out of the commit; ``ReadBack.verify`` attests its own
 signed record, which the ledger credits, so it never falls behind. A record of another result is a fork,
-not attested. Real TrainingLedger (py-evm and anvil), real LedgerClient, NodeChain and ReadBack.
+not attested. And the record is signed over the head before its round, even when the round is committed
+between the node's reads. Real TrainingLedger (py-evm and anvil), real LedgerClient, NodeChain, ReadBack and
+Committer.
 """
 
 from __future__ import annotations
@@ -56,3 +58,35 @@ def test_a_member_whose_result_is_not_the_committed_one_does_not_attest(deployme
     readback.verify(committed.round, forked, member.sign_record(forked))
     assert seen.diverged == [0] and seen.agreed == []
     assert member.member(run.run_id, member.address).active_round == 0  # a fork credits nothing
+
+
+class CommitsBetweenReads(NodeChain):
+    """A member's chain where another member's commit of the round lands right after this node found the
+    round uncommitted, before it reads the chain head (``commit``: the commit, sent once)."""
+
+    def __init__(self, client, commit) -> None:
+        super().__init__(client)
+        self.commit = commit
+
+    def head_of(self, run_id: int) -> bytes:
+        if self.commit is not None:
+            self.commit, commit = None, self.commit
+            commit()
+        return super().head_of(run_id)
+
+
+def test_the_record_is_signed_over_the_head_before_the_round_even_if_it_commits_meanwhile(deployment):
+    """A commit landing between the node's read of the round and of the head made the head the round's own:
+    the node signed a record no quorum could commit and no attest could credit; it takes the head before."""
+    from node.live.record.committer import Committer
+
+    run = deployment.member_run((1, 2, 3), quorum=2)
+    run.commit(signers=(1, 2))
+    record = run.next_record("round 1")
+    chain = CommitsBetweenReads(run.client(3),
+                                lambda: run.client(1).commit_round(record, run.sign(record, (1, 2))))
+    committer = Committer.__new__(Committer)  # its chain step alone, without its thread
+    committer.node = SimpleNamespace(chain=chain, run_id=run.run_id)
+    onchain, prev_head = committer.prev_head(1)
+    assert onchain == record and prev_head == record.prev_head != chain.head_of(run.run_id)
+    assert committer.prev_head(2) == (None, chain.head_of(run.run_id))  # not committed: the current head
