@@ -192,7 +192,6 @@ def test_a_holder_serving_other_momentum_costs_no_checkpoint_and_no_honest_membe
         for commit in (c.commit for c in history.commits):
             own = run.nodes[0].data_dir / "checkpoints" / f"round-{commit.round:08d}.safetensors"
             assert hashlib.sha256(own.read_bytes()).digest() == commit.checkpoint_hash
-        assert "agreed leaf commits" in _logs(honest), run_logs(run)
     else:
         # The co-holder judges its own shard with the attacker's, as every member does, and builds none.
         assert "hold 2 different momenta" in _logs(run.nodes[:1]), run_logs(run)

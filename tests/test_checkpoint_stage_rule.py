@@ -89,9 +89,10 @@ def member(tmp_path: Path, name: str, chunked: bool, own_shard: bytes | None):
     return CheckpointBuilder(node), book, peers
 
 
-def build(tmp_path: Path, name: str, chunked: bool, holder: bool):
-    """What one member builds of the round where peer-a and peer-b serve the honest momentum and peer-c,
-    attesting the same weights (and leaf), other momentum: (content hash or None, shards fetched)."""
+def build(tmp_path: Path, name: str, chunked: bool, holder: bool, other_attesters=("peer-c",)):
+    """What one member builds of the round where peer-a and peer-b serve the honest momentum and
+    ``other_attesters``, attesting the same weights (and leaf), other momentum: (content hash or None, shards
+    fetched, the honest shard)."""
     leaf = stage_leaf(HONEST) if chunked else b""
     scratch = BlobPeers()
     honest_shard, other_shard = scratch.shard(chunked, HONEST), scratch.shard(chunked, OTHER)
@@ -101,7 +102,8 @@ def build(tmp_path: Path, name: str, chunked: bool, holder: bool):
     # attestation stands in for it, so both members hear the same three shards' offers.
     book.add_attestation(ROUND, 0, "peer-a" if holder else "peer-d", attestation(honest_shard, leaf))
     book.add_attestation(ROUND, 0, "peer-b", attestation(honest_shard, leaf))
-    book.add_attestation(ROUND, 0, "peer-c", attestation(other_shard, leaf))
+    for peer in other_attesters:
+        book.add_attestation(ROUND, 0, peer, attestation(other_shard, leaf))
     atts = {0: book.snapshot_attestations(ROUND, 0)}
     leaves = [leaf] if chunked else []
     return builder.assemble(ROUND, atts, [WEIGHTS_HASH], leaves), peers.fetched, honest_shard
@@ -110,14 +112,18 @@ def build(tmp_path: Path, name: str, chunked: bool, holder: bool):
 def test_a_chunked_run_takes_the_momentum_its_stage_leaf_commits_holder_or_not(tmp_path, caplog):
     caplog.set_level("ERROR", logger="node.live.record.checkpointbuild")
     held, held_fetched, honest_shard = build(tmp_path, "holder", chunked=True, holder=True)
-    other, _fetched, _shard = build(tmp_path, "other-stage", chunked=True, holder=False)
-    # Both build it, the same bytes: the holder serving other momentum is dropped, not the checkpoint.
-    assert held is not None and held == other
-    assert "its momentum is not the one stage 0's agreed leaf commits" in caplog.text
-    # The holder read its own shard from disk (the bytes it attested), fetched only the others'.
-    assert hashlib.sha256(honest_shard).hexdigest() not in held_fetched and len(held_fetched) == 1
+    # The holder's own shard verifies against the leaf: it is the stage's state, read from disk, nothing
+    # fetched and no holder waited for (whatever else is offered, the leaf names the one momentum).
+    assert held is not None and held_fetched == []
     built = (tmp_path / "holder" / "checkpoints" / f"round-{ROUND:08d}.safetensors").read_bytes()
     assert hashlib.sha256(built).digest() == held
+    # A member of another stage, offered the other momentum by more holders than the honest one, tries it
+    # first, drops it and builds the same bytes from the honest shard: the holder costs the round nothing.
+    other, fetched, _shard = build(tmp_path, "other-stage", chunked=True, holder=False,
+                                   other_attesters=("peer-c", "peer-e", "peer-f"))
+    assert other == held
+    assert "its momentum is not the one stage 0's agreed leaf commits" in caplog.text
+    assert fetched[-1] == hashlib.sha256(honest_shard).hexdigest() and len(fetched) == 2
 
 
 def test_a_hashed_run_builds_none_when_a_holder_serves_other_momentum_holder_or_not(tmp_path):
