@@ -103,9 +103,10 @@ def test_huge_contributions_are_clipped_and_the_run_stays_finite(make_run):
 @pytest.mark.timeout(600)
 def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
     """Issue 28, attack 1, in real processes: a stage-0 holder of a 2 x 2 split run (k = 2 of 4) attests the
-    honest weights but serves shards with other weights and n_head 8. The stage-1 holders fetch every offered
-    shard, drop its one, and build each checkpoint from the honest holder's tensors with the run document's
-    metadata; no honest node is stuck, nothing is disputed, and pull installs the run's config."""
+    honest weights but serves shards with other weights and n_head 8. The stage-1 holders take the first
+    offered shard that verifies against the attested stage leaf (the attacker's, when tried first, is
+    dropped) and build each checkpoint from the honest holder's tensors with the run document's metadata; no
+    honest node is stuck, nothing is disputed, and pull installs the run's config."""
     import hashlib
     import json
 
@@ -124,8 +125,8 @@ def test_a_doctored_stage_shard_is_never_signed_nor_pulled(make_run, tmp_path):
     history = run.client().history(run.run_id)
     assert [c.commit.round for c in history.commits] == [0, 1, 2, 3]
     assert history.disputes == []
-    stage1 = [slot for slot in honest if slot.name.endswith("n1")]
-    assert "is not the agreed state" in _logs(stage1), run_logs(run)
+    # Whether a stage-1 holder tried the attacker's shard (and logged it "not the agreed state") depends on
+    # the order of the shards' hashes; which checkpoint it built does not (below).
     published = [c.commit for c in history.commits if c.commit.has_checkpoint]
     assert published, run_logs(run)
     for commit in published:  # the honest stage-0 holder's own checkpoint, byte for byte
