@@ -228,16 +228,21 @@ class RunCalls:
         2 chunked, 3 normed), the one the prover holds every round's factors to."""
         return self.run_struct(run_id)["commitments"]
 
-    def attest(self, record: RoundRecord, signature: bytes) -> str:
-        """Credit the signer of ``signature`` with committed ``record``'s round (a member a submitter left
-        out of the commit puts its own signature on chain); return the tx hash.
+    def attest(self, record: RoundRecord, signature: bytes, committed: RoundRecord | None = None) -> str:
+        """Credit the signer of ``signature`` over ``record`` with the round committed as ``committed``
+        (default: ``record`` itself): a member a submitter left out of the commit, or that signed the
+        committed result with other figures or checkpoint hash, puts its own signature on chain; return the
+        tx hash.
 
         Raises:
-            LedgerRoundNotCommitted, LedgerNotCommittedRecord, LedgerNotMember, LedgerAttestBeforeJoin.
+            LedgerRoundNotCommitted, LedgerNotCommittedRecord, LedgerAttestOtherResult (``record`` is not of
+            the committed run, round, chain head and roots), LedgerNotMember, LedgerAttestBeforeJoin.
         """
-        if not isinstance(record, RoundRecord):
-            raise LedgerInputError(f"attest needs a RoundRecord, got {type(record).__name__}")
-        args = (record.fields(), pack_signatures([signature]))
+        committed = record if committed is None else committed
+        for what in (record, committed):
+            if not isinstance(what, RoundRecord):
+                raise LedgerInputError(f"attest needs a RoundRecord, got {type(what).__name__}")
+        args = (committed.fields(), record.fields(), pack_signatures([signature]))
         return self.transact_ledger("attest", args, f"attest(run {record.run_id}, round {record.round})")
 
     def member(self, run_id: int, address: str) -> Member | None:

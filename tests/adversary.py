@@ -68,6 +68,11 @@ chain) is the real node's. Attacks:
   config (``n_head`` 8) and weights shifted by 0.01, while it attests the honest weights hash:
   holders of other stages must not build (or sign) a checkpoint from it, and pull must never
   install its config.
+- ``other-momentum``: on every checkpoint round, the stage shards it serves carry the honest weights and
+  model config but outer momentum shifted by 0.01, while it attests the honest weights hash and stage leaf
+  (issue 63): its honest co-holder and the holders of other stages must build one checkpoint alike (in a
+  chunked run, from the momentum the stage leaf commits), so that no honest member's signature is left out
+  of the commits and none becomes ejectable.
 - ``over-declare``: in a time-bounded run (``diloco.round_budget_s``), trains the inner steps that fit in
   the budget and declares 2 more (at most H), to weigh more in the average: its data commitment and
   contributions are consistent with the declared count, only re-execution catches it.
@@ -99,8 +104,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONTRIBUTION_ATTACKS = ("huge-1e3", "huge-1e6", "sign-flip", "noise", "stale", "zero", "perturb")
 ATTACKS = ("malformed-payload", *CONTRIBUTION_ATTACKS, "copy", "late", "empty-close", "duplicate-close",
            "equivocating-close", "censoring-close", "phantom-close", "absurd-hello", "forge-state",
-           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard", "takeover",
-           "over-declare", "other-platform", "collude-root")
+           "diverge-once", "diverge-late", "diverge-slow-verdict", "fork-close", "doctored-shard",
+           "other-momentum", "takeover", "over-declare", "other-platform", "collude-root")
 #: The CPU model ``other-platform`` claims in its start states (tests/test_reexec_e2e.py looks for it).
 OTHER_PLATFORM_CPU = "Claimed Other CPU @ 9.99GHz"
 
@@ -524,6 +529,27 @@ def doctored_shard():
     return {"finisher": DoctoringFinisher}
 
 
+def other_momentum():
+    from node.live.exchange.pool import serve_blob
+    from node.live.round.finisher import RoundFinisher
+    from node.store.checkpoint import Checkpoint, write_checkpoint
+
+    class OtherMomentumFinisher(RoundFinisher):
+        def write_shard(self, outer_round, stage, weights_hash):
+            weights, momentum = self.worker.global_state(stage)
+            other = {name: tensor + 0.01 for name, tensor in momentum.items()}
+            shard = Checkpoint(self.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
+                               {stage: weights_hash}, weights, other)
+            path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+            digest = write_checkpoint(path, shard)
+            serve_blob(self.host, path.read_bytes())
+            logger.warning("adversary: shard %s of round %d stage %d serves other momentum",
+                           digest.hex()[:12], outer_round, stage)
+            return digest
+
+    return {"finisher": OtherMomentumFinisher}
+
+
 def takeover():
     """A coalition member (issue 41, attack 1): it wins every commit race with the fewest honest signatures
     the quorum needs, then tries to eject the honest members it left out, to commit a back door with its
@@ -612,7 +638,8 @@ def attack_parts(attack: str) -> dict:
             "phantom-close": phantom_close, "absurd-hello": absurd_hello, "forge-state": forged_start_state,
             "diverge-once": diverging_once, "diverge-late": diverging_late,
             "diverge-slow-verdict": diverging_slow_verdict, "fork-close": forking_close,
-            "doctored-shard": doctored_shard, "takeover": takeover, "over-declare": over_declaring,
+            "doctored-shard": doctored_shard, "other-momentum": other_momentum, "takeover": takeover,
+            "over-declare": over_declaring,
             "other-platform": claiming_another_platform, "collude-root": colluding_root}[attack]()
 
 

@@ -64,6 +64,7 @@ def member(tmp_path, round_timeout: float) -> tuple[CheckpointBuilder, RoundBook
     peers = BlobPeers()
     node = SimpleNamespace(peer_id="peer-a", membership=membership, book=book, stop_event=threading.Event(),
                            layout=LAYOUT, host=peers, incoming_dir=tmp_path / "incoming",
+                           checkpoint_dir=tmp_path / "checkpoints",
                            cfg=SimpleNamespace(round_timeout=round_timeout,
                                                p2p=SimpleNamespace(transfer_timeout=5)))
     return CheckpointBuilder(node), book, peers

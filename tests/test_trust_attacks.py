@@ -73,6 +73,36 @@ def test_attack_1_a_silent_member_is_still_ejectable(deployment):
     assert run.client(1).member(run.run_id, run.client(4).address).status == "unbonding"
 
 
+def test_attack_6_a_stage_holder_cannot_get_a_live_member_ejected_by_splitting_the_checkpoint(deployment):
+    """Issue 63: one holder that serves other momentum (or an attestation some members hear and others do not)
+    makes honest members sign the round's result with different checkpoint hashes or figures; the quorum's
+    record leaves the others' signatures out. Each attests its own record of the committed result, and is
+    never ejectable; a record of another result, round or chain head credits nobody."""
+    run = six_member_run(deployment)
+    reader = run.client(1)
+    for label in ("r0", "r1", "r2", "r3"):
+        record, _ = run.commit(label, signers=(1, 3, 5))  # no checkpoint: members 1 and 3 saw two momenta
+        attesters = reader.commit_record(run.run_id, record.round).attesters
+        for index, differing in ((2, {"checkpoint_hash": digest(label)}), (4, {"eval_loss_micro": 7})):
+            client = run.client(index)
+            assert client.address not in attesters
+            signed = replace(record, **differing)  # built a checkpoint / heard other loss reporters
+            client.attest(signed, client.sign_record(signed), record)
+    for index in (2, 4):
+        with pytest.raises(errors.LedgerMemberNotInactive) as raised:
+            run.client(5).eject_inactive(run.run_id, run.client(index).address)
+        assert raised.value.values["missedRounds"] == 0
+    committed = reader.commit_of(run.run_id, 3)
+    client = run.client(6)  # another result, round or chain head than the committed one credits nobody
+    for other in (replace(committed, weights_root=digest("other")),
+                  replace(committed, contributions_root=digest("other")),
+                  replace(committed, prev_head=digest("stale head")), replace(committed, round=2)):
+        with pytest.raises(errors.LedgerAttestOtherResult):
+            client.attest(other, client.sign_record(other), committed)
+    with pytest.raises(errors.LedgerNotCommittedRecord):  # the committed record must be the committed one
+        client.attest(committed, client.sign_record(committed), replace(committed, tokens=1))
+
+
 def test_attack_2_unsafe_parameters_are_refused_unless_asked_for(deployment):
     client = deployment.client(1)
     with pytest.raises(errors.LedgerWeakParams, match="k=1"):

@@ -29,6 +29,24 @@ def test_the_model_holds_in_a_long_fuzz():
     TrustMachine.TestCase().runTest()
 
 
+def test_honest_members_split_by_a_stage_holder_stay_credited():
+    """The fuzzer's split move (issue 63), step by step: one honest member signs each round's result with
+    another checkpoint hash or loss figure, the coalition commits the others' record; the split member attests
+    its own record, is credited with the round and never falls behind; the model holds after each round."""
+    from tests.trust_machine import COALITION, HONEST, INACTIVITY
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    split = (HONEST[-1],)
+    reader = machine.client(HONEST[0])
+    for round_ in range(INACTIVITY + 2):
+        assert machine.split_commit(COALITION[0], split, checkpoint=round_ % 2 == 0)
+        seat = reader.member(machine.run_id, machine.client(split[0]).address)
+        assert machine.client(split[0]).address not in machine.attesters_of(round_)
+        assert seat.status == "active" and seat.active_round == round_ + 1
+        machine.the_model_holds()
+
+
 def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     """The fuzzer's I7 actors, step by step: proofs over real and tampered leaves and answered challenges
     against right rounds are all refused, and the model holds after each."""

@@ -1,12 +1,14 @@
 """The security model of docs/TRUST.md as a stateful fuzzer of the real TrainingLedger on py-evm.
 
 Honest founders, a coalition below the quorum fraction and outsiders take any valid action in any order
-(commit with any subset of signatures, attest, eject, accuse, verdicts, dispute, settle, join, leave,
-withdraw, advance blocks); every invariant of the model is checked after every step:
+(commit with any subset of signatures, split the honest members' records of a round by what a stage holder
+serves, attest, eject, accuse, verdicts, dispute, settle, join, leave, withdraw, advance blocks); every
+invariant of the model is checked after every step:
 
 * I1 (safety): every committed record is the honest record of its round, so a run never changes hands.
 * I2 (no harm): no honest member is ever slashed, ejected, or has a round it disputed overturned against it.
-* I3 (credit): an honest active member is never ejectable (its own attest credits every round it signed).
+* I3 (credit): an honest active member is never ejectable (its own attest credits every round it signed, the
+  committed record or the committed result with other figures or checkpoint hash).
 * I4 (stake back): an honest member that left withdraws its whole stake by unbondingEnd + accusationBlocks.
 * I5 (finality): a final round has its dispute window closed and no dispute case open before its deadline;
   no round is ever overturned (honest records are right).
@@ -151,9 +153,11 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         return sum(1 for i in self.active(self.honest_group()) if i != leaving
                    and reader.member(self.run_id, self.client(i).address).counted)
 
-    def attest_left_out(self, record: RoundRecord, attesters) -> None:
+    def attest_left_out(self, record: RoundRecord, attesters, signed=None) -> None:
         """Live honest members put their own signature on chain when a commit left it out
-        (node/live/record/committer)."""
+        (node/live/chain/readback.py): over the committed record, or over the record of its result they
+        signed with other figures or checkpoint hash (``signed``: member -> that record)."""
+        signed = signed or {}
         named = {a.lower() for a in attesters}
         for index in self.active(self.honest_group()):
             client = self.client(index)
@@ -162,19 +166,20 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             seat = client.member(self.run_id, client.address)
             if seat.join_round > record.round:
                 continue
-            client.attest(record, client.sign_record(record))
+            own = signed.get(index, record)
+            client.attest(own, client.sign_record(own), record)
 
     def attesters_of(self, round_: int):
         return self.client(HONEST[0]).commit_record(self.run_id, round_).attesters
 
-    def commit(self, submitter: int, record: RoundRecord, signers) -> bool:
+    def commit(self, submitter: int, record: RoundRecord, signers, signed=None) -> bool:
         signatures = [self.client(i).sign_record(record) for i in signers]
         try:
             self.client(submitter).commit_round(record, signatures)
         except REFUSED:
             return False
         self.records[record.round] = record
-        self.attest_left_out(record, self.attesters_of(record.round))
+        self.attest_left_out(record, self.attesters_of(record.round), signed)
         return True
 
     # ------------------------------------------------------------------ honest behaviour
@@ -261,6 +266,33 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             return
         chosen = data.draw(st.lists(st.sampled_from(honest), unique=True, max_size=len(honest)))
         self.commit(data.draw(st.sampled_from(coalition)), self.honest_record(), coalition + chosen)
+
+    @rule(data=st.data())
+    def coalition_splits_the_honest_records(self, data) -> None:
+        """Issue 63: a coalition stage holder serves other outer momentum (or attests to some members only),
+        so some honest members sign the round's honest result with another checkpoint hash or loss figure; the
+        coalition commits the record of the others, which leaves the split members' signatures out, and each
+        attests its own record of the committed result."""
+        coalition = self.active(self.coalition_group())
+        honest = self.active(self.honest_group())
+        if not coalition or len(honest) < 2:
+            return
+        split = data.draw(st.lists(st.sampled_from(honest), unique=True, min_size=1,
+                                   max_size=len(honest) - 1))
+        self.split_commit(data.draw(st.sampled_from(coalition)), split, data.draw(st.booleans()))
+
+    def split_commit(self, submitter: int, split, checkpoint: bool) -> bool:
+        """Commit the round's honest record signed by the coalition and the active honest members not in
+        ``split``; those in ``split`` signed it with another checkpoint hash (``checkpoint``), else another
+        loss figure."""
+        record = self.honest_record()
+        if checkpoint:
+            variant = dataclasses.replace(record, checkpoint_hash=digest(f"checkpoint {record.round}"))
+        else:
+            variant = dataclasses.replace(record, eval_loss_micro=record.eval_loss_micro + 1)
+        signers = [i for i in self.active(self.honest_group()) if i not in split] + \
+            self.active(self.coalition_group())
+        return self.commit(submitter, record, signers, {i: variant for i in split})
 
     @rule(data=st.data())
     def coalition_commits_a_back_door(self, data) -> None:

@@ -348,6 +348,7 @@ contract TrainingLedger {
     error LedgerRunHalted(uint256 runId, uint64 invalidRound);
     error LedgerAccusationTooLate(uint256 runId, address accused, uint64 unbondingEnd);
     error LedgerAttestBeforeJoin(uint256 runId, uint64 round, address account);
+    error LedgerAttestOtherResult(uint256 runId, uint64 round);
     error LedgerNotProver(address caller);
     error LedgerBadCommitments(uint8 commitments);
     error LedgerBadRunValues(uint16 maxContributions, uint8 maxRank, uint64 normClipBits);
@@ -446,18 +447,28 @@ contract TrainingLedger {
     }
 
     /// @notice Credit the signer of `signature` with committed round `committed.round`: a member whose signature
-    /// a submitter left out of the commit puts it on chain itself, so that silence (ejectInactive) is the only
-    /// way to be ejected, and a joiner past its tenure starts to count.
+    /// a submitter left out of the commit, or that signed the round's result with other figures, puts it on
+    /// chain itself, so that silence (ejectInactive) is the only way to be ejected, and a joiner past its tenure
+    /// starts to count.
     /// @param committed The record committed for the round (from RoundCommitted).
-    /// @param signature The member's 65-byte signature over `committed`.
+    /// @param signed The record the member signed: `committed`, or one of the same run, round, chain head and
+    /// roots (the result it computed is the committed one) whose losses, tokens, contributor count or checkpoint
+    /// hash differ: what a member derives from the attestations and shards it heard of its peers, which one
+    /// peer can make honest members hear differently (docs/TRUST.md, G2).
+    /// @param signature The member's 65-byte signature over `signed`.
     /// @dev Anyone may submit (the signature is the member's own). The signer must be an active member that
     /// joined at or before the round.
-    function attest(Record calldata committed, bytes calldata signature) external {
+    function attest(Record calldata committed, Record calldata signed, bytes calldata signature) external {
         uint256 runId = committed.runId;
         uint64 round = committed.round;
         Run storage run = LedgerCore.existingRun(_s, runId);
-        bytes32 structHash = LedgerCore.committedHash(_s, committed);
-        address signer = LedgerCore.recover(_hashTypedData(structHash), signature, 0);
+        LedgerCore.committedHash(_s, committed);
+        if (
+            signed.runId != runId || signed.round != round || signed.prevHead != committed.prevHead
+                || signed.weightsRoot != committed.weightsRoot
+                || signed.contributionsRoot != committed.contributionsRoot
+        ) revert LedgerAttestOtherResult(runId, round);
+        address signer = LedgerCore.recover(_hashTypedData(LedgerCore.hashRecord(signed)), signature, 0);
         Member storage member = _s.members[runId][signer];
         if (member.status != MemberStatus.Active) revert LedgerNotMember(runId, signer);
         if (member.joinRound > round) revert LedgerAttestBeforeJoin(runId, round, signer);

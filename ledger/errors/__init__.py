@@ -94,6 +94,7 @@ from ledger.errors.training_ledger import (
     LedgerRunHalted as LedgerRunHalted,
     LedgerAccusationTooLate as LedgerAccusationTooLate,
     LedgerAttestBeforeJoin as LedgerAttestBeforeJoin,
+    LedgerAttestOtherResult as LedgerAttestOtherResult,
     LedgerNotProver as LedgerNotProver,
     LedgerBadCommitments as LedgerBadCommitments,
     LedgerBadRunValues as LedgerBadRunValues,

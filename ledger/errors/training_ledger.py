@@ -215,6 +215,11 @@ class LedgerAttestBeforeJoin(LedgerRevert):
     """``attest`` for a round before the member joined."""
 
 
+class LedgerAttestOtherResult(LedgerRevert):
+    """``attest`` with a signed record of another run, round, chain head, weights root or contributions root
+    than the committed record's (only its figures and checkpoint hash may differ)."""
+
+
 class LedgerNotProver(LedgerRevert):
     """``invalidateByProof`` from another account than the ledger's AggregationProver."""
 

@@ -264,11 +264,12 @@ class NodeChain(ChainSeats, ChainDisputes):
             committed = self.client.commit_record(run_id, round_index)
         return None if committed is None else committed.attesters
 
-    def attest(self, record: RoundRecord, signature: bytes) -> str:
-        """Put this member's own signature over committed ``record`` on chain (it was left out of the
-        commit)."""
+    def attest(self, record: RoundRecord, signature: bytes, committed: RoundRecord | None = None) -> str:
+        """Put this member's own signature over ``record`` on chain: the record committed as ``committed``
+        (default: ``record``), or one of its result with other figures or checkpoint hash (docs/TRUST.md,
+        G2)."""
         with self._lock:
-            return self.client.attest(record, signature)
+            return self.client.attest(record, signature, committed)
 
     def commit_record(self, run_id: int, round_index: int) -> CommitRecord | None:
         """The round's RoundCommitted event (its record and block), or None if it is not committed."""

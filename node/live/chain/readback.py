@@ -3,10 +3,10 @@
 After a round is committed (node/live/record/committer.py, step 6) every node reads it back once it is final:
 in a chunked run a wrong weights root is proven on chain by this node itself (node/live/fraud/prover.py); a
 record whose roots differ from this node's is a fork (node/live/record/forkrepair.py: dispute if our own
-result stood, re-base on the record); a commit that left out this node's signature over the very record is
-attested; a committed checkpoint that is not the run's is disputed. Members seen signing two different
-records of one round are reported (``reportEquivocation``). :class:`RecordSigners` checks gossiped record
-signatures (the inbox's).
+result stood, re-base on the record); a commit of this node's result that did not credit it (its signature
+left out, or it signed the result with other figures or checkpoint hash) is attested; a committed checkpoint
+that is not the run's is disputed. Members seen signing two different records of one round are reported
+(``reportEquivocation``). :class:`RecordSigners` checks gossiped record signatures (the inbox's).
 """
 
 from __future__ import annotations
@@ -89,20 +89,23 @@ class ReadBack:
 
     def _credit_self(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord,
                      signature: bytes | None) -> None:
-        """If the commit left out this node's signature over the very record committed, put it on chain itself
-        (``attest``): a submitter cannot make an active member look silent and ejectable (docs/TRUST.md,
-        G2)."""
+        """If the commit did not credit this node with the round, put its own signature on chain (``attest``):
+        a submitter cannot make an active member look silent and ejectable (docs/TRUST.md, G2). Called once
+        the committed roots are this node's: the record it signed is the committed one, or one of the same
+        result whose figures or checkpoint hash it derived from other attestations or shards than the
+        quorum's (one peer can make honest members hear differently), which the ledger credits alike."""
         node = self.node
-        if signature is None or onchain != mine:
+        if signature is None:
             return
         attesters = node.chain.attesters_of(node.run_id, outer_round) or ()
         me = node.chain.client.address.lower()
         if any(a.lower() == me for a in attesters):
             return
         try:
-            node.chain.attest(mine, signature)
-            logger.info("round %d: the commit left out this node's signature; attested it on chain",
-                        outer_round)
+            node.chain.attest(mine, signature, onchain)
+            logger.info("round %d: the commit %s; attested our signature on chain", outer_round,
+                        "left out this node's signature" if onchain == mine else
+                        "is of our result with other figures or checkpoint than the record we signed")
         except DLX_ERRORS as exc:
             logger.warning("round %d: could not attest our signature on chain: %s", outer_round, exc)
 

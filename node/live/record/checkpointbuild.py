@@ -1,26 +1,39 @@
 """A checkpoint round's full checkpoint, built from the stage shards its holders attested (committer step 3).
 
 Every node builds the same bytes from the same verified tensors, so every node can serve the
-checkpoint the record names: a stage this node holds comes from its own shard, another stage's
-from the shards its holders attested with the round's agreed weights hash, each fetched and
-re-hashed; the momentum, in no record, is taken only when every verified shard agrees on it; the
-metadata comes from the run document, never from a peer's shard. A round whose committed checkpoint
-this node did not build is fetched and checked against the run and the record instead
-(:meth:`CheckpointBuilder.committed_problems`).
+checkpoint the record names, and every node applies one rule to every stage, its own included (its
+own shard is one of the attested shards, read from its disk, never privileged): a stage's state is
+taken from the shards its holders attested with the round's agreed weights hash, each re-hashed; in
+a chunked run, the shard whose momentum the agreed stage leaf commits (one holder serving other
+momentum is dropped, not a lost checkpoint); in a hashed run, where the momentum is in no record,
+only when every verified shard agrees on it. The metadata comes from the run document, never from a
+peer's shard. A round whose committed checkpoint this node did not build is fetched and checked
+against the run and the record instead (:meth:`CheckpointBuilder.committed_problems`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
+from ledger.errors import LedgerInputError
 from node.errors import DLX_ERRORS
 from node.live.exchange.pool import serve_blob
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
                                    stage_problems, write_checkpoint)
+from node.fraudproof import parse_stage_leaf
 from training.hashing import stage_weights_hash
 
 logger = logging.getLogger(__name__)
+
+
+def _momentum_root(momentum) -> bytes:
+    """The chunk root of a stage's momentum, as a chunked run's stage leaf commits it (training.chunks)."""
+    from ledger.chunkproof import tree_root
+    from training.chunks import tensor_leaves
+
+    return tree_root(tensor_leaves(momentum))
 
 
 class CheckpointBuilder:
@@ -35,35 +48,28 @@ class CheckpointBuilder:
         """Build the full checkpoint from stage states verified against the round's agreed stage hashes;
         serve it; return its content hash (None: no checkpoint this round).
 
-        A stage this node holds comes from its own shard. Another stage's comes from the shards its
-        holders attested with the agreed weights hash: each is fetched and its tensors re-hashed,
-        and one whose weights are not the agreed ones (or not the run's stage) is dropped. The
-        momentum is in no record, so it is taken only when every verified shard agrees on it; a
-        holder serving other momentum costs the round its checkpoint, never an honest signature
-        over a doctored one. The metadata is written from the run document, never copied from a
-        peer's shard, so every node that verified the same tensors builds the same bytes.
+        Every stage, held here or not, comes from the shards its holders attested with the agreed
+        weights hash (this node's own among them, read from its disk: it is not privileged, so every
+        node that heard the same attestations decides alike): each is re-hashed, and one whose weights
+        are not the agreed ones (or not the run's stage) is dropped. In a chunked run the agreed stage
+        leaf commits the momentum, so the first shard whose momentum is the leaf's is taken (every such
+        shard gives the same bytes) and any other is dropped: one holder serving other momentum costs the
+        round nothing. In a hashed run the momentum is in no record, so it is taken only when every
+        verified shard agrees on it; otherwise the round has no checkpoint, for every node alike. The
+        metadata is written from the run document, never copied from a peer's shard, so every node that
+        verified the same tensors builds the same bytes.
         """
         node = self.node
         layout = node.layout
         states = {}
         for stage in range(layout.num_stages):
-            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-            if local.exists():
-                shard = parse_checkpoint(local.read_bytes())
-                problems = stage_problems(layout, stage, shard.weights, shard.momentum, stage_hashes[stage])
-                if problems:  # our own state is not the agreed one: the record will say so, not a checkpoint
-                    logger.warning(
-                        "round %d: our own shard of stage %d is not the agreed state (%s); no checkpoint",
-                        outer_round, stage, "; ".join(problems))
-                    return None
-                states[stage] = (shard.weights, shard.momentum)
-                continue
-            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage])
+            leaf = stage_leaves[stage] if layout.chunked and stage < len(stage_leaves) else None
+            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage], leaf)
             if state is None:
                 return None
             states[stage] = state
         full = build_checkpoint(layout, outer_round, states, dict(enumerate(stage_leaves)))
-        # a chunked run's stage leaves commit the momentum too: a shard's must be the agreed one
+        # a chunked run's stage leaves commit the momentum too: the whole must be the agreed leaves
         if layout.chunked:
             problems = chunked_problems(full, layout, None)
             if problems:
@@ -77,48 +83,111 @@ class CheckpointBuilder:
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
 
-    def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes):
-        """(weights, momentum) of ``stage`` from its holders' shards, verified (see :meth:`assemble`)."""
-        node = self.node
-        # Every live holder of the stage is waited for (attestations still in flight), so a shard is
-        # judged against all of them: the more holders heard, the likelier an honest shard is among the
-        # offers and a disagreement on the momentum is seen. Members that judged different sets could
-        # sign different records (one built a checkpoint, another saw two momenta), so the wait lasts
-        # up to the round deadline, not a fixed moment that a slow link outlasts (docs/P2P.md).
-        expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
-        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage))
-                           or None,
-                           timeout=self.holders_wait(outer_round, stage), stop=node.stop_event)
-        heard = {**atts[stage], **node.book.snapshot_attestations(outer_round, stage)}
-        offered: dict[bytes, list[str]] = {}
-        for peer, att in sorted(heard.items()):
-            if att.shard_hash and att.weights_hash == weights_hash:
-                offered.setdefault(att.shard_hash, []).append(peer)
-        if not offered:
+    def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes,
+                        stage_leaf: bytes | None = None):
+        """(weights, momentum) of ``stage`` from its holders' shards, verified (see :meth:`assemble`);
+        ``stage_leaf``: a chunked run's agreed leaf of the stage, which names the momentum to take.
+
+        In a chunked run the first shard that verifies against the leaf is the stage's state, whatever else
+        is offered (its own shard first, read from disk): the holders are waited for only if none of the
+        shards heard so far does. In a hashed run every verified shard must agree, so every live holder is
+        waited for first."""
+        momentum_root = self._leaf_momentum_root(outer_round, stage, stage_leaf)
+        judged: set[bytes] = set()
+        verified = {}
+        own = self._local(outer_round, stage)
+        own_hash = hashlib.sha256(own).digest() if own is not None else None
+        for wait in ((False, True) if momentum_root is not None else (True,)):
+            if wait:
+                self._wait_for_holders(outer_round, stage)
+            offered = self._offered(outer_round, stage, atts, weights_hash)
+            order = sorted(set(offered) - judged, key=lambda h: (h != own_hash, -len(offered[h]), h))
+            for shard_hash in order:
+                judged.add(shard_hash)
+                state = self._judged(outer_round, stage, shard_hash, offered[shard_hash], weights_hash,
+                                     momentum_root)
+                if state is not None and momentum_root is not None:
+                    return state
+                if state is not None:
+                    verified[stage_weights_hash(state[1])] = state
+        if not judged:
             logger.warning("round %d: no shard of stage %d attested with the agreed weights; no checkpoint",
                            outer_round, stage)
             return None
-        verified = {}
-        for shard_hash in sorted(offered, key=lambda h: (-len(offered[h]), h)):
-            holders = ", ".join(p[-8:] for p in offered[shard_hash])
-            try:
-                shard = self._fetch_checkpoint_file(shard_hash)
-            except DLX_ERRORS as exc:
-                logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
-                               shard_hash.hex()[:12], stage, holders, exc)
-                continue
-            problems = stage_problems(node.layout, stage, shard.weights, shard.momentum, weights_hash)
-            if problems:
-                logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
-                             outer_round, shard_hash.hex()[:12], stage, holders, "; ".join(problems))
-                continue
-            verified[stage_weights_hash(shard.momentum)] = (shard.weights, shard.momentum)
         if len(verified) != 1:
             logger.warning("round %d: %s; no checkpoint this round", outer_round,
                            f"no shard of stage {stage} verified" if not verified else
                            f"the verified shards of stage {stage} hold {len(verified)} different momenta")
             return None
         return next(iter(verified.values()))
+
+    def _wait_for_holders(self, outer_round: int, stage: int) -> None:
+        """Wait for every live holder's attestation of ``stage`` (attestations still in flight), so a shard
+        is judged against all of them: the more holders heard, the likelier an honest shard is among the
+        offers and a disagreement on the momentum is seen. Members that judged different sets could sign
+        different records (one built a checkpoint, another saw two momenta), so the wait lasts up to the
+        round deadline, not a fixed moment that a slow link outlasts (docs/P2P.md)."""
+        node = self.node
+        expected = set(node.membership.holders(stage)) & (node.membership.alive() | {node.peer_id})
+        node.book.wait_for(lambda: expected <= set(node.book.snapshot_attestations(outer_round, stage))
+                           or None,
+                           timeout=self.holders_wait(outer_round, stage), stop=node.stop_event)
+
+    def _offered(self, outer_round: int, stage: int, atts, weights_hash: bytes) -> dict[bytes, list[str]]:
+        """shard hash -> the peers that attested it with the agreed weights hash, of what was heard."""
+        heard = {**atts[stage], **self.node.book.snapshot_attestations(outer_round, stage)}
+        offered: dict[bytes, list[str]] = {}
+        for peer, att in sorted(heard.items()):
+            if att.shard_hash and att.weights_hash == weights_hash:
+                offered.setdefault(att.shard_hash, []).append(peer)
+        return offered
+
+    def _judged(self, outer_round: int, stage: int, shard_hash: bytes, peers: list[str], weights_hash: bytes,
+                momentum_root: bytes | None):
+        """(weights, momentum) of the attested shard ``shard_hash`` if it is the agreed state of the stage
+        (its momentum the leaf's, in a chunked run), else None (logged with its attesters)."""
+        holders = ", ".join(p[-8:] for p in peers)
+        shard = self._shard(outer_round, stage, shard_hash, holders)
+        if shard is None:
+            return None
+        problems = stage_problems(self.node.layout, stage, shard.weights, shard.momentum, weights_hash)
+        if not problems and momentum_root is not None and _momentum_root(shard.momentum) != momentum_root:
+            problems = [f"its momentum is not the one stage {stage}'s agreed leaf commits"]
+        if problems:
+            logger.error("round %d: shard %s of stage %d, attested by %s, is not the agreed state: %s",
+                         outer_round, shard_hash.hex()[:12], stage, holders, "; ".join(problems))
+            return None
+        return shard.weights, shard.momentum
+
+    def _leaf_momentum_root(self, outer_round: int, stage: int, stage_leaf: bytes | None) -> bytes | None:
+        """The momentum chunk root ``stage_leaf`` commits (None: a hashed run's stage, or a leaf that does not
+        parse, which chunked_problems then names)."""
+        if not stage_leaf:
+            return None
+        try:
+            return parse_stage_leaf(stage_leaf, stage).momentum_root
+        except LedgerInputError as exc:
+            logger.warning("round %d: the agreed leaf of stage %d does not parse: %s", outer_round, stage,
+                           exc)
+            return None
+
+    def _local(self, outer_round: int, stage: int) -> bytes | None:
+        """This node's own shard of ``stage`` (the bytes it attested, if it holds the stage), else None."""
+        local = self.node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+        return local.read_bytes() if local.exists() else None
+
+    def _shard(self, outer_round: int, stage: int, shard_hash: bytes, holders: str):
+        """The attested shard ``shard_hash`` of ``stage``: this node's own from its disk (the same bytes it
+        attested), any other fetched from its holders; None if not fetched."""
+        data = self._local(outer_round, stage)
+        if data is not None and hashlib.sha256(data).digest() == shard_hash:
+            return parse_checkpoint(data, shard_hash)
+        try:
+            return self._fetch_checkpoint_file(shard_hash)
+        except DLX_ERRORS as exc:
+            logger.warning("round %d: shard %s of stage %d (attested by %s) not fetched: %s", outer_round,
+                           shard_hash.hex()[:12], stage, holders, exc)
+            return None
 
     def holders_wait(self, outer_round: int, stage: int, now: float | None = None) -> float:
         """Seconds left to wait for the attestations of ``stage``'s holders: until the round deadline,

@@ -347,6 +347,21 @@ class Committer(QuorumCommit):
                 node.stop_event.wait(delay)
                 delay = min(2 * delay, CHAIN_RETRY_MAX_S)
 
+    def prev_head(self, outer_round: int) -> tuple[RoundRecord | None, bytes]:
+        """(the round's commit or None, the chain head before the round) once round t-1 is on chain.
+
+        The head is read only while the round is not committed, and the round is looked up again after it:
+        a commit that lands between the two reads makes the head round t's own, and a record over it could
+        never be committed nor credit this node (seen in tests/test_byzantine_e2e.py, ``other-momentum``)."""
+        node = self.node
+        onchain = node.chain.commit_of(node.run_id, outer_round)
+        if onchain is None:
+            head = node.chain.head_of(node.run_id)
+            onchain = node.chain.commit_of(node.run_id, outer_round)
+            if onchain is None:
+                return None, head
+        return onchain, onchain.prev_head
+
     def _settle(self, outer_round: int, derived: RoundRecord, checkpoint_hash: bytes | None) -> None:
         """Sign, commit (if it is this node's turn), read back and verify the round on chain."""
         node = self.node
@@ -355,9 +370,8 @@ class Committer(QuorumCommit):
         if not self._wait_reporting(lambda: node.chain.last_round(node.run_id) >= outer_round - 1,
                                     f"round {outer_round}: waiting for round {outer_round - 1} on chain"):
             return
-        onchain = node.chain.commit_of(node.run_id, outer_round)
-        mine = replace(derived, prev_head=onchain.prev_head if onchain else node.chain.head_of(node.run_id),
-                       checkpoint_hash=checkpoint_hash or bytes(32))
+        onchain, prev_head = self.prev_head(outer_round)
+        mine = replace(derived, prev_head=prev_head, checkpoint_hash=checkpoint_hash or bytes(32))
         signature = self._sign(mine)
         committed_by_me = False
         if onchain is None:
