@@ -55,13 +55,13 @@ library ProverCommon {
     }
 
     /// @dev The accepted count of a canonical factors encoding, version 2 (six fields, the first list at byte 192)
-    /// or 3 (ten, at 320: normCommitment), and which; `ok` false for any other bytes (an honest node writes none),
+    /// or 3 (twelve, at HEAD_V3: normCommitment), and which; `ok` false for any other bytes (an honest node writes none),
     /// so that no committed factors make a proof revert without a reason (abi.decode of them is safe once ok).
     function factorsShape(bytes calldata factors) internal pure returns (uint256 count, bool normed, bool ok) {
         if (factors.length < 224) return (0, false, false);
         uint256 first = word(factors, 96);
-        if (first == 320) {
-            if (factors.length < 352) return (0, true, false);
+        if (first == HEAD_V3) {
+            if (factors.length < HEAD_V3 + 32) return (0, true, false);
             (AggregationProver.Norms memory norms, bool good) = normCommitment(factors);
             return (norms.count, true, good);
         }
