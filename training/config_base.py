@@ -151,3 +151,13 @@ SLICED_FROM_REPLICAS = 8
 #: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
 DEFAULT_MIN_SLICE_NUMEL = 1024
 MAX_MIN_SLICE_NUMEL = 1 << 30
+
+
+#: The most contributions of a stage a round of a fraud-provable run lists (issue 62): create-run's
+#: ``RunParams.maxContributions`` (ledger.runparams.DEFAULT_MAX_CONTRIBUTIONS, the most the proof's cost bound
+#: allows at the decoder's largest rank; tests/test_run_values.py ties the two).
+MAX_LISTED = 6
+#: The commitment schemes whose rounds list their accepted contributions (node/commitments/registry.py adds
+#: every chunked scheme it registers): a run of one caps its accepted set at MAX_LISTED; the rest, the hashed
+#: scheme's among them, list nothing.
+LISTING_SCHEMES: set[str] = set()

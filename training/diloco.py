@@ -69,15 +69,11 @@ from training.errors import AggregationError
 from training.hashing import stage_weights_hash
 from training.host_tensors import Weights, float32_scalar, host_float32_copy
 from training.outer_optimizers import outer_optimizer_for
+from training.config_base import LISTING_SCHEMES, MAX_LISTED
 from training.robust import OVER_LIMIT, ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr
 from training.schedule import outer_momentum as scheduled_outer_momentum
 from training.schedule import outer_schedule_is_constant
-
-#: The most contributions of a stage a round of a fraud-provable run lists (issue 62): create-run's
-#: ``RunParams.maxContributions`` (ledger.runparams.DEFAULT_MAX_CONTRIBUTIONS, the most the proof's cost bound
-#: allows at the decoder's largest rank; tests/test_run_values.py ties the two).
-MAX_LISTED = 6
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +283,7 @@ def capped_contributions(contributions, shapes, diloco_cfg, *, excluded=None, **
     options.update(norm_clip=diloco_cfg.norm_clip, steps_range=diloco_cfg.steps_range)
     accepted, reports = robust_contributions(contributions, shapes, excluded=excluded, **options)
     listed = [report.index for report in reports if report.accepted]
-    if diloco_cfg.commitments == "hashed" or len(listed) <= MAX_LISTED:
+    if diloco_cfg.commitments not in LISTING_SCHEMES or len(listed) <= MAX_LISTED:
         return accepted, reports
     over = {index: (OVER_LIMIT, f"past the {MAX_LISTED} contributions a round of this run may list")
             for index in listed[MAX_LISTED:]}

@@ -12,6 +12,7 @@ from node.commitments.chunked import ChunkedScheme
 from node.commitments.hashed import HashedScheme
 from node.commitments.normed import NormedScheme
 from node.errors import ConfigError
+from training.config_base import LISTING_SCHEMES
 
 #: The schemes this node knows, oldest first.
 BUILT_IN: tuple[type[CommitmentScheme], ...] = (HashedScheme, ChunkedScheme, NormedScheme)
@@ -33,6 +34,8 @@ def register(scheme_class: type[CommitmentScheme]) -> type[CommitmentScheme]:
             raise ConfigError(f"{scheme_class.__name__} ({scheme.name!r}, version {scheme.version}) clashes "
                               f"with {known!r}")
     SCHEMES[scheme.name] = scheme
+    if scheme.chunked:  # its rounds list their contributions: the aggregation caps them (issue 62)
+        LISTING_SCHEMES.add(scheme.name)
     return scheme_class
 
 
@@ -40,6 +43,7 @@ def unregister(name: str) -> None:
     """Drop a scheme registered by :func:`register` (tests); the built-in ones stay."""
     if name not in {scheme_class.name for scheme_class in BUILT_IN}:
         SCHEMES.pop(name, None)
+        LISTING_SCHEMES.discard(name)
 
 
 def known_names() -> str:

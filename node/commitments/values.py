@@ -94,7 +94,7 @@ def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list
         names.append("genesis_root")
     problems = [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
                 f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
-    from training.diloco import MAX_LISTED
+    from training.config_base import MAX_LISTED
 
     most = on_chain.get("max_contributions", 0)
     if on_chain.get("schedule_rounds") and most < MAX_LISTED:
