@@ -26,6 +26,7 @@ from ledger.runparams import (DEFAULT_MAX_CONTRIBUTIONS, MAX_RANK, PROOF_MAX_CAL
 from node.commitments.values import check_run_values, schedule_of
 from node.fraudproof import round_factors_bits
 from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution, tensors
+from tests.fraud_fixtures import bound as bind_contributions
 from tests.ledger_fixtures import deploy, digest
 from training.chunks import float64_bits
 from training.config import DilocoConfig
@@ -169,6 +170,9 @@ class Round0:
         self.deployment = deploy(w3 or connect_pyevm(), min_stake=STAKE)
         self.run = self.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, commitments=3,
                                               values=values)
+        if new.factors.norms is not None and not new.factors.norms.bound:  # bound (issue 62)
+            signers = [self.deployment.client(index) for index in (1, 2, 3)]
+            new = bind_contributions(new, signers, self.run.run_id, 0)
         self.stages = [new.leaf(), round_.other.leaf()]
         self.record = dataclasses.replace(self.run.next_record(),
                                           weights_root=chunked_weights_root(self.stages))
