@@ -99,7 +99,8 @@ def test_what_waiting_cannot_fix_fails_at_once_with_what_to_change(make_run, ove
     run = make_run(replicas=1, stages=1, split=False, settings=TINY + ["rounds=2"])
     (slot,) = run.nodes
     result = subprocess.run(
-        [sys.executable, "-m", "node.cli", "start", "--no-progress", "--config", str(slot.config_path),
+        [sys.executable, "-m", "node.cli", "start", "--no-progress", "--yes", "--config",
+         str(slot.config_path),
          "--set", override], capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     assert message in result.stderr, result.stderr[-3000:]

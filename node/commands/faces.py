@@ -56,7 +56,7 @@ def cmd_start(args: argparse.Namespace, kinds=None) -> int:
     faults)."""
     from node.commands.start import start
 
-    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds)
+    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds, yes=args.yes)
 
 
 # ---------------------------------------------------------------------- status

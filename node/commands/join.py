@@ -14,8 +14,10 @@ From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>
    run's data and tokenizer as local files checked against the document (:func:`run_inputs`:
    ``--data`` a text file or prepared dataset, ``--tokenizer`` or the dataset's or a peer's
    tokenizer.json);
-4. registers the node's key and stakes into the run if needed, after asking (``--yes`` agrees
-   beforehand; without a terminal to ask on it refuses rather than spend silently);
+4. registers the node's key and stakes into the run if needed: the transactions are listed with the
+   stake and the gas at the fee offered, refused when the account cannot pay for all of them, and sent
+   after asking (``--yes`` agrees beforehand; without a terminal to ask on it refuses rather than spend
+   silently). A run whose rounds are all committed is refused at step 1 (node/commands/preflight.py);
 5. starts the node, as ``dlx-node start --config <data-dir>/node.toml`` would (``--no-start``
    stops after step 4). Running the same command again reuses what it wrote.
 """
@@ -26,7 +28,6 @@ import argparse
 import hashlib
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,41 +274,10 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     }
 
 
-def _spend_plan(chain: _Chain, identity) -> list[str]:
-    """The transactions joining still needs (each costs gas; joining the run also the stake)."""
-    client, info = chain.client, chain.info
-    plan = []
-    key = client.key_of(client.address)
-    if key is not None and key != identity.public_key_bytes:
-        from node.errors import NotRegistered
-
-        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
-                            "data directory (its identity.key) or another account")
-    if key is None:
-        plan.append(f"register node key {identity.peer_id} to account {client.address} (gas only)")
-    seat = client.member(info.run_id, client.address)
-    if seat is None or not seat.active:
-        plan.append(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH "
-                    f"({info.min_stake} wei; returned after leaving and {info.unbonding_blocks} blocks, "
-                    "unless slashed for signing two records of a round)")
-    return plan
-
-
-def _agree(plan: list[str], yes: bool) -> None:
-    if not plan or yes:
-        return
-    listing = "\n".join(f"  - {step}" for step in plan)
-    if not sys.stdin.isatty():
-        raise ConfigError("joining needs these transactions, and no terminal to ask on:\n" + listing
-                          + "\npass --yes to agree to them")
-    print("joining needs these transactions:\n" + listing)
-    answer = input("send them? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        raise ConfigError("not joined: the transactions were declined (nothing was sent)")
-
-
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
+    from node.commands.chainops import agree, check_funds
+    from node.commands.preflight import refuse_finished, seat_plan
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.chain.onchain import NodeChain
@@ -328,6 +298,11 @@ def run_join(args: argparse.Namespace) -> int:
     identity = Identity.load_or_create(data_dir / "identity.key")
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
+    refuse_finished(chain.client, info)  # before anything is fetched, written or sent
+    # An account that cannot pay for its seat learns it now, before anything is fetched or written (the
+    # estimate with no platform declared: the seat's own is known once node.toml is).
+    check_funds(chain.client.balance(), chain.client.address,
+                seat_plan(chain.client, info, identity, bytes(32)))
     print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
           f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
           f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
@@ -360,7 +335,10 @@ def run_join(args: argparse.Namespace) -> int:
         atomic_write_bytes(data_dir / "run.json", canonical_json(document))
         print(f"wrote {config_path}")
     cfg = load_config(config_path)
-    _agree(_spend_plan(chain, identity), args.yes)
+    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training)[0])
+    if plan:  # nothing is sent that the account cannot pay for, nor without a yes
+        check_funds(chain.client.balance(), chain.client.address, plan)
+        agree(plan, args.yes, "joining")
     node_chain = NodeChain.connect(cfg)
     try:
         node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments)
@@ -375,4 +353,4 @@ def run_join(args: argparse.Namespace) -> int:
         return 0
     from node.commands.start import start
 
-    return start(config_path, show_progress=not args.no_progress)
+    return start(config_path, show_progress=not args.no_progress, yes=True)  # agreed above

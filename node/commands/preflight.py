@@ -1,0 +1,195 @@
+"""What ``dlx-node start`` settles before a node starts: whose data directory this is, whether the run can
+still be trained, and what taking a seat would send.
+
+A node directory keeps one run's state at a time (:data:`RUN_STATE`: what it signed, its archive,
+checkpoints, state file, evidence, ...), and :data:`SCOPE_FILE` names that run: its chain (id and
+genesis block hash, so a fresh dev chain at the same addresses is another chain), its ledger and its run id.
+Starting the node of another run in the same directory first sets the earlier run's state aside, whole,
+under ``earlier-runs/`` (nothing is deleted): the new run starts from nothing, and no slot the node
+signed for round t of the first run keeps it from signing round t of the second (issue 65). A directory
+of a node from before the scope file is taken as this run's unless its state says otherwise (another run
+id in ``state.json``, another run document in its archive).
+
+A run whose last round is committed is not started at all (nothing it trains could ever commit). A node
+without a seat (not registered, or not a member) lists the transactions that would give it one, with the
+stake and the gas at the fee offered, refuses if the account cannot pay for them, and asks before it
+sends them (``--yes`` agrees beforehand; no terminal to ask on: refused), as ``join`` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+from node.errors import NotRegistered
+
+logger = logging.getLogger(__name__)
+
+#: The run the state of a node directory belongs to (see module docstring).
+SCOPE_FILE = "run-scope.json"
+#: Where the state of the runs a directory held before lies, one folder each.
+EARLIER_RUNS = "earlier-runs"
+#: A node directory's files and folders that belong to one run. Kept across runs: the identity and
+#: keystore, node.toml, content-addressed blobs, datasets and tokenizers.
+RUN_STATE = ("said", "archive", "checkpoints", "incoming", "evidence", "spotchecks", "chunk-states", "proofs",
+             "state.json", "timing.jsonl", "status.json")
+#: Gas of joinRun when it cannot be estimated yet (the account registers first): as ``create-run`` counts.
+JOIN_GAS = 300_000
+
+
+class RunOver(NotRegistered):
+    """The run's last round is committed: nothing a node trains for it could ever commit."""
+
+
+# ---------------------------------------------------------------------- the data directory's run
+def run_scope(chain_id: int, genesis: str, ledger: str, run_id: int) -> dict:
+    """The identity of a run, as :data:`SCOPE_FILE` holds it (``genesis``: the chain's block 0 hash, "" if
+    unknown)."""
+    return {"chain_id": int(chain_id), "genesis": genesis.lower(), "ledger": ledger.lower(),
+            "run_id": int(run_id)}
+
+
+def _legacy_scope_differs(data_dir: Path, run_id: int, config_hash: bytes) -> str:
+    """Why a directory's state from before :data:`SCOPE_FILE` is another run's ("" if nothing says so)."""
+    state = data_dir / "state.json"
+    try:
+        held = json.loads(state.read_text()).get("run_id") if state.exists() else run_id
+    except (OSError, ValueError, AttributeError, RecursionError):
+        held = run_id  # a corrupt state file is the node's to report (exit 4), not a reason to move it
+    if held != run_id:
+        return f"its state.json is run {held}'s"
+    document = data_dir / "archive" / f"run-{run_id}" / "run.json"
+    if document.exists() and hashlib.sha256(document.read_bytes()).digest() != config_hash:
+        return f"its archive holds another run {run_id} (another run document)"
+    return ""
+
+
+def claim_data_dir(data_dir: Path, scope: dict, config_hash: bytes) -> Path | None:
+    """Make ``data_dir`` the directory of the run ``scope``: another run's state is moved, whole, under
+    ``earlier-runs/`` first. Returns where it went (None: nothing moved)."""
+    data_dir = Path(data_dir)
+    path = data_dir / SCOPE_FILE
+    present = [name for name in RUN_STATE if (data_dir / name).exists()]
+    reason = ""
+    if path.exists():
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError):
+            held = None
+        if not isinstance(held, dict):
+            reason = f"{SCOPE_FILE} is unreadable"
+        elif scope["genesis"] and held.get("genesis") and held["genesis"] != scope["genesis"]:
+            reason = f"it was chain {held.get('chain_id')} with genesis {str(held['genesis'])[:12]}..."
+        elif any(held.get(key) != scope[key] for key in ("chain_id", "ledger", "run_id")):
+            reason = (f"it was run {held.get('run_id')} of ledger {held.get('ledger')} on chain "
+                      f"{held.get('chain_id')}")
+    elif present:
+        reason = _legacy_scope_differs(data_dir, scope["run_id"], config_hash)
+    moved = None
+    if reason and present:
+        moved = data_dir / EARLIER_RUNS / time.strftime("%Y%m%d-%H%M%S")
+        suffix = 1
+        while moved.exists():
+            moved, suffix = moved.with_name(f"{moved.name.split('.')[0]}.{suffix}"), suffix + 1
+        moved.mkdir(parents=True)
+        for name in [*present, SCOPE_FILE]:
+            if (data_dir / name).exists():
+                (data_dir / name).rename(moved / name)
+        logger.warning("%s held another run's state (%s): moved to %s; this run starts from nothing there",
+                       data_dir, reason, moved)
+        print(f"{data_dir} held another run's state ({reason}): moved it to {moved}", flush=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(scope, indent=1) + "\n")
+    return moved
+
+
+# ---------------------------------------------------------------------- the seat
+def seat_plan(client, info, identity, platform: bytes) -> list:
+    """The transactions the account still needs to hold a seat in run ``info`` (chainops.Spend each: gas at
+    the fee offered now, plus the stake); NotRegistered for a seat that no transaction can give."""
+    from ledger.binding import binding_message
+    from node.commands.chainops import Spend
+
+    plan = []
+    key = client.key_of(client.address)
+    if key is not None and key != identity.public_key_bytes:
+        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
+                            "data directory (its identity.key) or another account")
+    fee = None
+    if key is None:
+        stake = client.min_stake()
+        message = binding_message(client.chain_id, client.registry_address, client.address)
+        gas, fees = client.estimate("registry", "register",
+                                    (identity.public_key_bytes, identity.sign(message)), stake)
+        fee = fees["maxFeePerGas"]
+        plan.append(Spend(f"register node key {identity.peer_id} to account {client.address}"
+                          + (f" (registry stake {stake / 1e18:g} ETH)" if stake else ""), gas, fee, stake))
+    seat = client.member(info.run_id, client.address)
+    if seat is not None and seat.active:
+        return plan
+    if seat is not None:
+        raise NotRegistered(f"account {client.address} holds a {seat.status} seat in run {info.run_id}: a "
+                            "member that left must withdraw its stake after unbonding before joining again "
+                            "(dlx-node withdraw), and a slashed member cannot rejoin")
+    if key is None:
+        gas = JOIN_GAS
+    else:
+        gas, fees = client.estimate("ledger", "joinRun", (info.run_id, platform), info.min_stake)
+        fee = fees["maxFeePerGas"]
+    plan.append(Spend(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH (returned after "
+                      f"leaving and {info.unbonding_blocks} blocks, unless slashed)", gas, fee,
+                      info.min_stake))
+    return plan
+
+
+def refuse_finished(client, info) -> None:
+    """RunOver if every round of the run is committed (an open-ended run never is)."""
+    if not info.max_rounds:
+        return
+    committed = client.commit_count(info.run_id)
+    if committed >= info.max_rounds:
+        raise RunOver(f"run {info.run_id} is over: all its {info.max_rounds} rounds are committed, so "
+                      "nothing a node trains for it could commit; nothing was sent (its model: dlx-node pull "
+                      "<run link> OUT)")
+
+
+def preflight(cfg, yes: bool) -> None:
+    """Before ``start`` builds its node (see module docstring): the data directory claimed for the run, the
+    run not over, the seat's transactions agreed and affordable, and sent."""
+    from node.commands.chainops import agree, check_funds
+    from node.live.chain.onchain import NodeChain
+    from node.live.state.status import StateFile
+    from node.platforms import own_platforms
+    from node.runconfig import config_hash, run_document
+    from p2p.identity import Identity
+
+    data_dir = Path(cfg.data_dir).expanduser()
+    digest = config_hash(run_document(cfg))
+    lc = cfg.ledger
+    if lc.backend != "rpc":  # a managed anvil: the node's own local chain, started with the node
+        claim_data_dir(data_dir, run_scope(lc.chain_id, "", lc.ledger_address, lc.run_id), digest)
+        return
+    chain = NodeChain.connect(cfg)
+    try:
+        w3, client = chain.client.w3, chain.client
+        genesis = w3.eth.get_block(0)["hash"]
+        genesis = genesis.hex() if isinstance(genesis, bytes) else str(genesis)
+        chain.check_run(lc.run_id, digest, rounds=cfg.rounds, commitments=cfg.diloco.commitments)
+        info = client.run_info(lc.run_id)
+        refuse_finished(client, info)
+        claim_data_dir(data_dir, run_scope(client.chain_id, genesis, lc.ledger_address, lc.run_id), digest)
+        StateFile(data_dir / "state.json", lc.run_id)  # a corrupt one: exit 4, before anything is sent
+        identity = Identity.load_or_create(cfg.path(cfg.p2p.key_file))
+        platform, legacy = own_platforms(cfg.training)
+        plan = seat_plan(client, info, identity, platform)
+        if not plan:
+            return
+        check_funds(client.balance(), client.address, plan)
+        agree(plan, yes, "taking a seat in the run")
+        chain.ensure_registered(identity)
+        chain.ensure_member(lc.run_id, platform, also=(legacy,))
+    finally:
+        chain.close()

@@ -1,0 +1,140 @@
+"""A newcomer's journeys (issue 65), each through the real ``dlx-node`` command against a real anvil.
+
+A node directory reused for a second run (a fresh chain at the same addresses and run id) trains that
+run to its end: the first run's state is set aside, not mistaken for the second's. A run whose rounds are
+all committed is neither started nor joined, and nothing is sent. A node without a seat stakes only after a
+yes, and never from an account that cannot pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from node_fixtures import TINY, node_log, run_logs
+
+from ledger.account import dev_account
+from ledger.chain import connect_rpc
+from node.commands.preflight import EARLIER_RUNS, SCOPE_FILE
+
+CLI = [sys.executable, "-m", "node.cli"]
+
+
+def run_cli(*args: str, timeout: float = 180, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          input=stdin if stdin is not None else "", check=False)
+
+
+def _committed(run) -> list[int]:
+    return [c.commit.round for c in run.client().history(run.run_id, with_registrations=False).commits]
+
+
+def _tx_count(run, account: int) -> int:
+    w3 = connect_rpc(run.url, wait=5)
+    return w3.eth.get_transaction_count(dev_account(account, run.chain_id).address)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A one-node run of two rounds, trained to its end on a real anvil (the chain kept)."""
+    from node.commands.launcher import LocalRun
+
+    run = LocalRun(tmp_path_factory.mktemp("finished"), replicas=1, stages=1, split=False,
+                   settings=[*TINY, "rounds=2"], attest_quorum=1, attest_quorum_bps=0, allow_weak_quorum=True)
+    run.setup()
+    try:
+        run.start()
+        assert run.wait(600, progress=True), run_logs(run)
+        assert _committed(run) == [0, 1]
+        yield run
+    finally:
+        run.stop()
+
+
+def test_the_node_directory_names_its_run(finished):
+    (slot,) = finished.nodes
+    scope = json.loads((slot.data_dir / SCOPE_FILE).read_text())
+    w3 = connect_rpc(finished.url, wait=5)
+    assert scope == {"chain_id": finished.chain_id, "genesis": w3.eth.get_block(0)["hash"].hex().lower(),
+                     "ledger": finished.ledger.lower(), "run_id": finished.run_id}
+    assert any((slot.data_dir / "said").rglob("*.env")), "the node signed nothing?"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_node_directory_reused_for_a_run_on_a_fresh_chain_trains_it_to_the_end(finished, make_run):
+    # The same directory (its identity included), a fresh chain at the same addresses and run id, and
+    # another inner learning rate: every contribution of the second run differs from the first's. Before
+    # the directory named its run, the node refused to sign them ("signed another ... in an earlier life").
+    second = make_run(replicas=1, stages=1, split=False,
+                      settings=[*TINY, "rounds=2", "training.inner_lr=0.002"])
+    (old,), (slot,) = finished.nodes, second.nodes
+    assert (second.ledger, second.run_id) == (finished.ledger, finished.run_id)
+    shutil.copytree(old.data_dir, slot.data_dir, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("node.toml", "node-*.log"))
+    earlier_said = sorted(p.relative_to(old.data_dir) for p in (old.data_dir / "said").rglob("*.env"))
+    second.start()
+    assert second.wait(600, progress=True), run_logs(second)
+    assert _committed(second) == [0, 1]
+    log = node_log(slot)
+    assert "earlier life" not in log and "held another run's state" in log, log[-3000:]
+    (aside,) = (slot.data_dir / EARLIER_RUNS).iterdir()
+    assert sorted(p.relative_to(aside) for p in (aside / "said").rglob("*.env")) == earlier_said
+    assert json.loads((aside / SCOPE_FILE).read_text())["genesis"] != json.loads(
+        (slot.data_dir / SCOPE_FILE).read_text())["genesis"]
+
+
+def test_a_finished_run_is_neither_started_nor_joined_and_nothing_is_sent(finished, tmp_path):
+    (slot,) = finished.nodes
+    sent = _tx_count(finished, slot.account)
+    proc = run_cli("start", "--no-progress", "--yes", "--config", str(slot.config_path))
+    assert proc.returncode == 6, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"dlx-node start: error: run {finished.run_id} is over: all its 2 rounds are committed"), proc.stderr
+    newcomer = 7
+    before = _tx_count(finished, newcomer)
+    proc = run_cli("join", finished.link(), "--data-dir", str(tmp_path / "late"), "--dev-account",
+                   str(newcomer), "--yes", "--no-progress")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert "is over" in proc.stderr and "nothing was sent" in proc.stderr
+    assert not (tmp_path / "late" / "node.toml").exists()
+    assert (_tx_count(finished, slot.account), _tx_count(finished, newcomer)) == (sent, before)
+
+
+@pytest.fixture(scope="module")
+def open_run(tmp_path_factory):
+    """A run on a real anvil whose nodes hold no seat yet (none started)."""
+    from node.commands.launcher import LocalRun
+
+    run = LocalRun(tmp_path_factory.mktemp("open"), replicas=2, stages=1, split=False,
+                   settings=[*TINY, "rounds=2"], stake_wei=10**18, attest_quorum=1, attest_quorum_bps=0,
+                   allow_weak_quorum=True)
+    run.setup()
+    yield run
+    run.stop()
+
+
+def test_start_without_a_seat_stakes_only_after_a_yes(open_run):
+    slot = open_run.nodes[0]
+    client = open_run.client()
+    account = dev_account(slot.account, open_run.chain_id).address
+    proc = run_cli("start", "--no-progress", "--config", str(slot.config_path))  # no terminal, no --yes
+    assert proc.returncode == 2, proc.stderr
+    assert "register node key" in proc.stdout and "with a stake of 1 ETH" in proc.stdout, proc.stdout
+    assert "no terminal to ask on" in proc.stderr and "nothing was sent" in proc.stderr, proc.stderr
+    assert client.key_of(account) is None and client.member(open_run.run_id, account) is None
+
+
+def test_join_from_an_unfunded_account_sends_nothing(open_run, tmp_path):
+    password = tmp_path / "password"
+    password.write_text("correct horse\n")
+    proc = run_cli("join", open_run.link(), "--data-dir", str(tmp_path / "poor"), "--password-file",
+                   str(password), "--yes", "--no-progress", timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "holds 0.000000 ETH" in proc.stderr and "nothing was sent" in proc.stderr, proc.stderr
+    created = json.loads((tmp_path / "poor" / "keystore.json").read_text())["address"]
+    w3 = connect_rpc(open_run.url, wait=5)
+    assert w3.eth.get_transaction_count(w3.to_checksum_address("0x" + created.removeprefix("0x"))) == 0
