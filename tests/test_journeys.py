@@ -138,3 +138,22 @@ def test_join_from_an_unfunded_account_sends_nothing(open_run, tmp_path):
     created = json.loads((tmp_path / "poor" / "keystore.json").read_text())["address"]
     w3 = connect_rpc(open_run.url, wait=5)
     assert w3.eth.get_transaction_count(w3.to_checksum_address("0x" + created.removeprefix("0x"))) == 0
+
+
+def test_withdraw_wait_without_a_terminal_refuses_before_it_waits(open_run):
+    import time
+
+    slot = open_run.nodes[1]
+    open_run.seat([slot])
+    proc = run_cli("leave", "--config", str(slot.config_path), "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The launcher's anvil mines only on transactions: no "about 32 min" for blocks that never come alone.
+    assert "mines a block only when a transaction comes" in proc.stdout, proc.stdout
+    started = time.monotonic()
+    proc = run_cli("withdraw", "--config", str(slot.config_path), "--wait", timeout=120)  # stdin: not a tty
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 60
+    assert "unbonding:" not in proc.stdout, "it waited first"
+    assert "pass --yes" in proc.stderr and "nothing was waited for" in proc.stderr, proc.stderr
+    seat = open_run.client().member(open_run.run_id, dev_account(slot.account, open_run.chain_id).address)
+    assert seat is not None and seat.status == "unbonding"

@@ -182,8 +182,25 @@ def agree(plan: list[Spend], yes: bool, verb: str) -> None:
         raise ConfigError(f"{verb}: the transactions were declined (nothing was sent)")
 
 
-def seconds_per_block(w3, sample: int = 20) -> float:
-    """The chain's recent block time (for "about N minutes"); 12 s if it cannot tell."""
+def mines_on_demand(w3) -> bool:
+    """Whether the chain makes a block only when a transaction comes: a dev chain's automine without an
+    interval (anvil, hardhat). A chain that does not know these methods (any public one) does not."""
+    def ask(method: str):
+        try:
+            return w3.provider.make_request(method, []).get("result")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    if not any(ask(method) is True for method in ("anvil_getAutomine", "hardhat_getAutomine")):
+        return False
+    return not ask("anvil_getIntervalMining")
+
+
+def seconds_per_block(w3, sample: int = 20) -> float | None:
+    """The chain's recent block time (for "about N minutes"); 12 s if it cannot tell; None for a chain that
+    mines only on demand (:func:`mines_on_demand`: no time tells when its next block comes)."""
+    if mines_on_demand(w3):
+        return None
     head = w3.eth.block_number
     if head < 2:
         return 12.0
@@ -192,8 +209,15 @@ def seconds_per_block(w3, sample: int = 20) -> float:
     return span / (head - first) if span > 0 else 12.0
 
 
-def eta(blocks: int, per_block: float) -> str:
-    """``blocks`` as a rough duration."""
+#: What :func:`eta` says of a chain that mines only on demand.
+ON_DEMAND = ("no time estimate: this chain mines a block only when a transaction comes (a dev chain; "
+             "`cast rpc anvil_mine N` mines N)")
+
+
+def eta(blocks: int, per_block: float | None) -> str:
+    """``blocks`` as a rough duration (``per_block`` None: a chain that mines only on demand)."""
+    if per_block is None:
+        return ON_DEMAND
     seconds = max(0, blocks) * per_block
     if seconds < 120:
         return f"about {seconds:.0f} s"

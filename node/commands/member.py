@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds, eta, seconds_per_block
@@ -95,6 +96,9 @@ def run_withdraw(args: argparse.Namespace) -> int:
             hint = ": leave first (dlx-node leave)" if seat is not None and seat.status == "active" else ""
             raise ConfigError(
                 f"account {client.address} has nothing to withdraw from run {run_id}: {state}{hint}")
+        if args.wait and seat.unbonding_end > client.w3.eth.block_number:
+            _agree_before_waiting(seat, run_id, args.yes)
+            args.yes = True  # agreed now: the wait may be long, and nobody may be there at its end
         _await_unbonding(client, seat, args.wait)
         gas, fees = client.estimate("ledger", "withdrawStake", (run_id,))
         plan = [Spend(f"withdraw the stake of {seat.stake / 1e18:g} ETH from run {run_id}", gas,
@@ -106,6 +110,20 @@ def run_withdraw(args: argparse.Namespace) -> int:
     finally:
         chain.close()
     return 0
+
+
+def _agree_before_waiting(seat, run_id: int, yes: bool) -> None:
+    """Ask before ``withdraw --wait`` waits, not after: ConfigError (nothing waited for, nothing sent) when
+    declined or when there is no terminal to ask on and no ``--yes``."""
+    if yes:
+        return
+    what = f"withdraw the stake of {seat.stake / 1e18:g} ETH from run {run_id} once unbonding ends"
+    if not sys.stdin.isatty():
+        raise ConfigError(f"--wait would {what}, and there is no terminal to ask on: pass --yes to agree "
+                          "beforehand (nothing was waited for, nothing was sent)")
+    answer = input(f"{what} (block {seat.unbonding_end}; gas at the fee then)? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise ConfigError("withdrawing: declined (nothing was waited for, nothing was sent)")
 
 
 def _await_unbonding(client, seat, wait: bool) -> None:
@@ -124,7 +142,7 @@ def _await_unbonding(client, seat, wait: bool) -> None:
             print(f"unbonding: {left} blocks left (until block {seat.unbonding_end}, {eta(left, per_block)})",
                   flush=True)
             shown = left
-        time.sleep(min(max(per_block, 0.5), 15.0))
+        time.sleep(min(max(per_block or 2.0, 0.5), 15.0))
 
 
 # ---------------------------------------------------------------------- run-info
