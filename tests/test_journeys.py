@@ -157,3 +157,40 @@ def test_withdraw_wait_without_a_terminal_refuses_before_it_waits(open_run):
     assert "pass --yes" in proc.stderr and "nothing was waited for" in proc.stderr, proc.stderr
     seat = open_run.client().member(open_run.run_id, dev_account(slot.account, open_run.chain_id).address)
     assert seat is not None and seat.status == "unbonding"
+
+
+def test_init_then_join_in_the_same_directory_joins(open_run, tmp_path):
+    from node.commands.link import run_link
+    from node.commands.seeder import ArchiveSeeder
+
+    # A peer that serves the run document (the seeder of a kept demo, over a copy of the run's own).
+    served = tmp_path / "served" / "archive" / f"run-{open_run.run_id}"
+    served.mkdir(parents=True)
+    shutil.copy(open_run.workdir / "run.json", served / "run.json")
+    seeder = ArchiveSeeder.start([tmp_path / "served"], open_run.run_id)
+    try:
+        link = run_link(open_run.chain_id, open_run.ledger, open_run.run_id, open_run.url, [seeder.multiaddr],
+                        checkpoint_every=1)
+        c1 = tmp_path / "c1"
+        proc = run_cli("init", "--data-dir", str(c1), "--dev-account", "6")
+        assert proc.returncode == 0, proc.stderr
+        proc = run_cli("join", link, "--data-dir", str(c1), "--dev-account", "6", "--yes", "--no-start",
+                       timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"is a member of run {open_run.run_id}" in proc.stdout
+        assert "written by 'dlx-node join'" in (c1 / "node.toml").read_text()
+        # A node directory of another run is still refused, at once, naming that run.
+        other = link.replace(f"/{open_run.run_id}?", f"/{open_run.run_id + 1}?")
+        proc = run_cli("join", other, "--data-dir", str(c1), "--dev-account", "6", "--yes", "--no-start")
+        assert proc.returncode == 2, proc.stderr
+        assert f"belongs to run {open_run.run_id} of ledger" in proc.stderr, proc.stderr
+        assert "connected to" not in proc.stderr  # refused before the chain was asked anything
+    finally:
+        seeder.close()
+
+
+def test_init_with_a_missing_password_file_is_a_usage_error_that_writes_nothing(tmp_path):
+    proc = run_cli("init", "--data-dir", str(tmp_path / "n"), "--password-file", str(tmp_path / "missing"))
+    assert proc.returncode == 2, proc.stderr
+    assert "--password-file" in proc.stderr and "cannot read it" in proc.stderr
+    assert not (tmp_path / "n" / "identity.key").exists() and not (tmp_path / "n" / "node.toml").exists()

@@ -207,7 +207,7 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
     from ledger.chain import connect_rpc
     from ledger.client import LedgerClient
     from ledger.config import LedgerConfig
-    from ledger.errors import LedgerError
+    from ledger.errors import AccountError, LedgerError
 
     w3 = connect_rpc(link.rpc_url, wait=10)
     chain_id = w3.eth.chain_id
@@ -229,10 +229,14 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
             raise ConfigError("pass --password-file FILE (a new encrypted account is created in the data "
                               "directory, or --keystore is unlocked with it) or, on a local dev chain, "
                               "--dev-account N")
+        try:
+            password = read_password_file(args.password_file)
+        except AccountError as exc:  # a usage error, not the account's (exit 2)
+            raise ConfigError(f"--password-file: {exc}") from None
         if not keystore.exists():
             if args.keystore:
                 raise ConfigError(f"--keystore {keystore}: no such file")
-            account = create_keystore(keystore, read_password_file(args.password_file))
+            account = create_keystore(keystore, password)
             print(f"created Ethereum account {account.address} in {keystore}")
         ledger_cfg["keystore"] = str(keystore.resolve())
         ledger_cfg["password_file"] = str(Path(args.password_file).expanduser().resolve())
@@ -274,6 +278,17 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     }
 
 
+def _run_of(config_path: Path, load_config) -> tuple[str, int] | None:
+    """(ledger address, run id) a node.toml is for; None if there is none, or it names no ledger (``init``'s
+    template, before the run is known)."""
+    if not config_path.exists():
+        return None
+    existing = load_config(config_path)
+    if not existing.ledger.ledger_address:
+        return None
+    return existing.ledger.ledger_address.lower(), existing.ledger.run_id
+
+
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
     from node.commands.chainops import agree, check_funds
@@ -295,6 +310,11 @@ def run_join(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "node.toml"
+    if not args.force:  # before anything is fetched: a directory of another run is refused at once
+        held = _run_of(config_path, load_config)
+        if held is not None and held != (link.ledger.lower(), link.run_id):
+            raise ConfigError(f"{config_path} belongs to run {held[1]} of ledger {held[0]}: pick a new "
+                              "--data-dir, or pass --force (the other run's state is then set aside)")
     identity = Identity.load_or_create(data_dir / "identity.key")
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
@@ -324,11 +344,8 @@ def run_join(args: argparse.Namespace) -> int:
         raise ConfigError("the settings written would not hash to the run's configHash (an override of a run "
                           "setting?): drop --set for [model], [training], [diloco], [compression], pipeline")
     text = "# written by 'dlx-node join'\n# " + str(link) + "\n" + dump_toml(cfg.to_dict())
-    if config_path.exists() and config_path.read_text() != text and not args.force:
-        existing = load_config(config_path)
-        if (existing.ledger.ledger_address.lower(), existing.ledger.run_id) != (link.ledger.lower(),
-                                                                                link.run_id):
-            raise ConfigError(f"{config_path} belongs to another run: pick a new --data-dir, or pass --force")
+    if config_path.exists() and config_path.read_text() != text and not args.force \
+            and _run_of(config_path, load_config) is not None:  # init's node.toml is for no run: rewritten
         print(f"keeping {config_path} (written before; --force rewrites it)")
     else:
         atomic_write_bytes(config_path, text.encode())
