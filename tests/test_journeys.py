@@ -194,3 +194,49 @@ def test_init_with_a_missing_password_file_is_a_usage_error_that_writes_nothing(
     assert proc.returncode == 2, proc.stderr
     assert "--password-file" in proc.stderr and "cannot read it" in proc.stderr
     assert not (tmp_path / "n" / "identity.key").exists() and not (tmp_path / "n" / "node.toml").exists()
+
+
+def test_create_run_takes_the_launchers_deployment_file_on_an_idle_dev_chain(open_run, tmp_path):
+    import time
+
+    from test_chain_commands import RUN_FILE
+
+    deployment = json.loads((open_run.workdir / "deployment.json").read_text())
+    assert "from_block" not in deployment  # as the demo writes it
+    (tmp_path / "run.toml").write_text(RUN_FILE)
+    started = time.monotonic()
+    proc = run_cli("create-run", str(tmp_path / "run.toml"), "--deployment",
+                   str(open_run.workdir / "deployment.json"), "--data-dir", str(tmp_path / "org"),
+                   "--listen-port", "24998", "--dev-account", "9", "--yes", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    # The default 2 confirmations would wait for a block no transaction brings (120 s, then exit 11).
+    assert "mines a block only when a transaction comes" in proc.stdout, proc.stdout
+    assert time.monotonic() - started < 100
+    assert "confirmations = 1" in (tmp_path / "org" / "node.toml").read_text()
+
+
+def test_a_deployment_files_bad_values_are_reported_together(tmp_path):
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"registry": "0x" + "11" * 20, "ledger": "0x1234", "from_block": -1,
+                                "rpc_url": "ftp://x"}))
+    from test_chain_commands import RUN_FILE
+
+    (tmp_path / "run.toml").write_text(RUN_FILE)
+    proc = run_cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--dev-account", "9",
+                   "--data-dir", str(tmp_path / "org"))
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "ledger" in last and "from_block must be" in last and "rpc_url must be" in last, last
+
+
+def test_a_run_files_bad_values_are_reported_together(tmp_path):
+    from test_chain_commands import RUN_FILE
+
+    text = RUN_FILE.replace("quorum = 2", "quorum = 0").replace("stake_eth = 0.5", 'stake_eth = "lots"')
+    (tmp_path / "run.toml").write_text(text + "colour = 3\n")
+    proc = run_cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(tmp_path / "none.json"),
+                   "--dev-account", "9", "--data-dir", str(tmp_path / "org"))
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "quorum=0" in last and "stake_eth='lots'" in last and "['colour']" in last, last

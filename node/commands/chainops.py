@@ -46,12 +46,21 @@ def add_fee_args(p: argparse.ArgumentParser) -> None:
                    help="agree beforehand to the transactions listed (else asked on the terminal)")
 
 
-def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int) -> dict:
-    """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields)."""
+def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int, w3=None) -> dict:
+    """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields).
+
+    ``w3``: the chain, to tell one that mines only on demand (:func:`mines_on_demand`), where the default
+    confirmations would wait for blocks that no transaction brings: 1 there, said so (an explicit
+    ``--confirmations`` is kept).
+    """
     from ledger.config import LedgerConfig
 
     if args.confirmations is None:
         args.confirmations = DEFAULT_CONFIRMATIONS
+        if DEFAULT_CONFIRMATIONS > 1 and w3 is not None and mines_on_demand(w3):
+            args.confirmations = 1
+            print(f"chain {chain_id} mines a block only when a transaction comes (a dev chain): a "
+                  "transaction counts as final once mined (--confirmations 1)", flush=True)
     table: dict = {"backend": "rpc", "rpc_url": rpc_url, "chain_id": chain_id,
                    "confirmations": args.confirmations, "max_fee_gwei": args.max_fee_gwei,
                    "priority_fee_gwei": args.priority_fee_gwei}
@@ -122,14 +131,20 @@ def read_deployment(path: str) -> dict:
         raise ConfigError(f"--deployment {path}: cannot read it ({exc})") from None
     if not isinstance(deployment, dict):
         raise ConfigError(f"--deployment {path}: not a JSON object")
+    problems = []
     for key in ("registry", "ledger"):
-        check_address(str(deployment.get(key, "")), f"--deployment {path}: {key}")
-    for key in ("chain_id", "from_block"):
-        value = deployment.get(key, 0)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"--deployment {path}: {key} must be an integer >= 0")
+        try:
+            check_address(str(deployment.get(key, "")), f"{key}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    for key in ("chain_id", "from_block"):  # both may be left out (the demo's has no from_block): 0
+        value = deployment.setdefault(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problems.append(f"{key} must be an integer >= 0")
     if not str(deployment.get("rpc_url", "")).startswith(("http://", "https://")):
-        raise ConfigError(f"--deployment {path}: rpc_url must be an http(s):// URL")
+        problems.append("rpc_url must be an http(s):// URL")
+    if problems:  # every one at once
+        raise ConfigError(f"--deployment {path}: " + "; ".join(problems))
     return deployment
 
 
