@@ -3,12 +3,15 @@
 A node directory reused for a second run (a fresh chain at the same addresses and run id) trains that
 run to its end: the first run's state is set aside, not mistaken for the second's. A run whose rounds are
 all committed is neither started nor joined, and nothing is sent. A node without a seat stakes only after a
-yes, and never from an account that cannot pay for it.
+yes, and never from an account that cannot pay for it. A node whose account left stops. ``withdraw --wait``
+asks before it waits; ``init`` then ``join`` in one directory joins; ``create-run`` takes the demo's
+deployment file.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -240,3 +243,30 @@ def test_a_run_files_bad_values_are_reported_together(tmp_path):
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "quorum=0" in last and "stake_eth='lots'" in last and "['colour']" in last, last
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_node_whose_account_left_finishes_and_stops(make_run):
+    import time
+
+    from node_fixtures import wait_for
+
+    run = make_run(replicas=1, stages=1, split=False, stake_wei=10**18, settings=[*TINY, "rounds=0"])
+    run.start()
+    (slot,) = run.nodes
+    wait_for(lambda: len(_committed(run)) >= 2, 300, "two rounds committed", run, none_exits=True)
+    proc = run_cli("leave", "--config", str(slot.config_path), "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    left_at = time.monotonic()
+    wait_for(lambda: slot.process.poll() is not None, 240, "the node stopping after its account left", run)
+    assert slot.process.returncode == 0, run_logs(run)
+    log = node_log(slot)
+    assert "this node's account left run" in log, log[-3000:]
+    before, after = log.split("this node's account left run", 1)
+    # It trains no round after it saw the seat end (it trained every round, LedgerNotMember every commit, and
+    # never exited); the rounds it had trained are finished (in a one-member run their commits fail).
+    assert "inner steps in" not in after, after[-3000:]
+    trained = [int(r) for r in re.findall(r"round (\d+): \d+ inner steps in", before)]
+    assert all(int(r) <= max(trained) for r in re.findall(r"commitRound\(run \d+, round (\d+)\)", after))
+    print(f"stopped {time.monotonic() - left_at:.1f}s after leaving")
