@@ -270,3 +270,42 @@ def test_a_node_whose_account_left_finishes_and_stops(make_run):
     trained = [int(r) for r in re.findall(r"round (\d+): \d+ inner steps in", before)]
     assert all(int(r) <= max(trained) for r in re.findall(r"commitRound\(run \d+, round (\d+)\)", after))
     print(f"stopped {time.monotonic() - left_at:.1f}s after leaving")
+
+
+def test_init_then_start_names_every_missing_and_differing_setting_at_once(open_run, tmp_path):
+    from node.commands.seeder import ArchiveSeeder
+
+    node = tmp_path / "n"
+    assert run_cli("init", "--data-dir", str(node), "--dev-account", "5").returncode == 0
+    config = str(node / "node.toml")
+    proc = run_cli("start", "--no-progress", "--config", config)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "ledger.registry_address, ledger.ledger_address, ledger.run_id not set" in last, last
+    assert "dlx-node join LINK" in last
+    # The run's deployment filled in, nothing else: the template's other settings are not the run's.
+    settings = (f"ledger.rpc_url={open_run.url}", f"ledger.registry_address={open_run.registry}",
+                f"ledger.ledger_address={open_run.ledger}", f"ledger.run_id={open_run.run_id}")
+    chain = [arg for value in settings for arg in ("--set", value)]
+    open_run.seat([open_run.nodes[0]])  # a member: a newcomer without bootstrap peers would find nobody
+    proc = run_cli("start", "--no-progress", "--config", config, *chain)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "rounds=0, but run" in last and "maxRounds=2" in last, last
+    assert "configHash" in last and "p2p.bootstrap is empty" in last, last
+    # With a peer that serves the run's document, the fields that differ are named.
+    served = tmp_path / "served" / "archive" / f"run-{open_run.run_id}"
+    served.mkdir(parents=True)
+    shutil.copy(open_run.workdir / "run.json", served / "run.json")
+    seeder = ArchiveSeeder.start([tmp_path / "served"], open_run.run_id)
+    try:
+        proc = run_cli("start", "--no-progress", "--config", config, *chain, "--set",
+                       f"p2p.bootstrap={seeder.multiaddr}", "--set", "rounds=2")
+    finally:
+        seeder.close()
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "diloco.inner_steps = 50, the run's 4" in last, last
+    assert "rounds=" not in last and "bootstrap" not in last, last
+    account = dev_account(5, open_run.chain_id).address
+    assert open_run.client().key_of(account) is None  # nothing was sent

@@ -24,7 +24,7 @@ import logging
 import time
 from pathlib import Path
 
-from node.errors import NotRegistered
+from node.errors import ConfigError, NotRegistered
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,94 @@ def refuse_finished(client, info) -> None:
                       "<run link> OUT)")
 
 
+# ---------------------------------------------------------------------- the settings
+#: What ``start`` tells a node.toml whose settings are not the run's.
+JOIN_HINT = ("or take every setting of the run from its link: dlx-node join LINK --data-dir DIR --force (the "
+             "run link its organizer printed)")
+
+
+def missing_settings(cfg) -> list[str]:
+    """The chain settings a node.toml still lacks (``init``'s template leaves them to fill), every one."""
+    lc, missing = cfg.ledger, []
+    for name in ("registry_address", "ledger_address"):
+        if not getattr(lc, name):
+            missing.append(f"ledger.{name}")
+    if lc.run_id == 0:  # run ids start at 1
+        missing.append("ledger.run_id")
+    return missing
+
+
+def _flat(table, prefix: str = "") -> dict:
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def differing_fields(own: dict, run: dict) -> list[str]:
+    """The run-document fields in which ``own`` (this node's settings) differs from ``run``, with both
+    values."""
+    mine, theirs = _flat(own), _flat(run)
+    return [f"{key} = {mine.get(key, '(unset)')!r}, the run's {theirs.get(key, '(unset)')!r}"
+            for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+
+
+def run_document_of(cfg, config_hash: bytes) -> dict | None:
+    """The run's document, to name the fields that differ: the data directory's run.json if it is the run's,
+    else from the bootstrap peers (None if neither has it)."""
+    from node.runconfig import parse_run_document
+
+    local = Path(cfg.data_dir).expanduser() / "run.json"
+    if local.is_file() and hashlib.sha256(local.read_bytes()).digest() == config_hash:
+        return parse_run_document(local.read_bytes(), config_hash)
+    if not cfg.p2p.bootstrap:
+        return None
+    from node.commands.join import fetch_run_document
+    from node.errors import NodeError
+    from p2p.errors import P2PError
+
+    try:
+        data = fetch_run_document(tuple(cfg.p2p.bootstrap), config_hash, Path(cfg.data_dir).expanduser(),
+                                  timeout=20.0)
+        return parse_run_document(data, config_hash)
+    except (NodeError, P2PError, OSError) as exc:
+        logger.info("the run document was not fetched from the bootstrap peers (%s)", exc)
+        return None
+
+
+def settings_problems(cfg, chain, info, digest: bytes) -> list[str]:
+    """Every way this node's settings are not the run's (rounds, configHash with the fields named, an empty
+    bootstrap list for a node about to take a seat in a run with members), all at once."""
+    from node.runconfig import run_document
+
+    problems = []
+    if cfg.rounds != info.max_rounds:
+        problems.append(f"rounds={cfg.rounds}, but run {info.run_id} on chain has "
+                        f"maxRounds={info.max_rounds} (set rounds = {info.max_rounds})")
+    if digest != info.config_hash:
+        document = run_document_of(cfg, info.config_hash)
+        fields = differing_fields(run_document(cfg), document) if document is not None else []
+        problems.append(
+            f"the settings hash to configHash {digest.hex()[:16]}, run {info.run_id}'s is "
+            f"{info.config_hash.hex()[:16]}: use exactly the run's [model], [training], [diloco], "
+            "[compression] and pipeline.num_stages settings and the same training text ("
+            + ("; ".join(fields) if fields else "no bootstrap peer served the run's document to name the "
+               "fields that differ") + ")")
+    client = chain.client
+    if not cfg.p2p.bootstrap:
+        # A member already seated may have none (the organizer's node: the others dial it); one about to
+        # stake would find nobody to train with ("no providers" after the stake).
+        own = client.member(info.run_id, client.address)
+        others = client.member_count(info.run_id)
+        if (own is None or not own.active) and others > 0:
+            problems.append(f"p2p.bootstrap is empty: this node would find none of the run's {others} "
+                            "member(s); set it to a member's multiaddr (the run link's peer=)")
+    return problems
+
+
 def preflight(cfg, yes: bool) -> None:
     """Before ``start`` builds its node (see module docstring): the data directory claimed for the run, the
     run not over, the seat's transactions agreed and affordable, and sent."""
@@ -169,6 +257,10 @@ def preflight(cfg, yes: bool) -> None:
     data_dir = Path(cfg.data_dir).expanduser()
     digest = config_hash(run_document(cfg))
     lc = cfg.ledger
+    missing = missing_settings(cfg)
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} not set in the node.toml: the run's deployment and id (its "
+                          f"link dlx://<chain>/<ledger>/<run>, deployment.json), {JOIN_HINT}")
     if lc.backend != "rpc":  # a managed anvil: the node's own local chain, started with the node
         claim_data_dir(data_dir, run_scope(lc.chain_id, "", lc.ledger_address, lc.run_id), digest)
         return
@@ -177,8 +269,12 @@ def preflight(cfg, yes: bool) -> None:
         w3, client = chain.client.w3, chain.client
         genesis = w3.eth.get_block(0)["hash"]
         genesis = genesis.hex() if isinstance(genesis, bytes) else str(genesis)
-        chain.check_run(lc.run_id, digest, rounds=cfg.rounds, commitments=cfg.diloco.commitments)
         info = client.run_info(lc.run_id)
+        problems = settings_problems(cfg, chain, info, digest)
+        if problems:
+            raise ConfigError(f"this node's settings are not run {lc.run_id}'s: " + " | ".join(problems)
+                              + f"; {JOIN_HINT}")
+        chain.check_run(lc.run_id, digest, rounds=cfg.rounds, commitments=cfg.diloco.commitments)
         refuse_finished(client, info)
         claim_data_dir(data_dir, run_scope(client.chain_id, genesis, lc.ledger_address, lc.run_id), digest)
         StateFile(data_dir / "state.json", lc.run_id)  # a corrupt one: exit 4, before anything is sent
