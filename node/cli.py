@@ -20,8 +20,10 @@ from node.errors import (
     DLX_ERRORS,
     AuditFailed,
     AuditIncomplete,
+    DataUnreachable,
     NodeError,
     NotRegistered,
+    NotYet,
     PortBusy,
     PullRefused,
     StateError,
@@ -45,11 +47,14 @@ EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
     ((AuditFailed,), 8),
     ((AuditIncomplete,), 13),
     ((PullRefused,), 9),
-    ((P2PError,), 10),
+    ((P2PError, DataUnreachable), 10),
     ((LedgerError,), 11),
     ((TrainingError,), 12),
+    ((NotYet,), 14),
     ((NodeError,), 3),
 )
+#: Exit codes of no error class: 1 an unexpected error (a bug: DLX_DEBUG=1 shows its traceback) or an I/O
+#: error (a full disk), 130 interrupted (SIGINT), 143 a demo stopped by SIGTERM. README.md lists them all.
 
 
 def exit_code_for(exc: BaseException) -> int:

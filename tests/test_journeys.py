@@ -309,3 +309,25 @@ def test_init_then_start_names_every_missing_and_differing_setting_at_once(open_
     assert "rounds=" not in last and "bootstrap" not in last, last
     account = dev_account(5, open_run.chain_id).address
     assert open_run.client().key_of(account) is None  # nothing was sent
+
+
+def test_data_commands_exit_with_the_code_of_their_fault(tmp_path):
+    # Offline: a network failure (10), naming the ways to fetch without the server.
+    proc = run_cli("data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", "http://127.0.0.1:9/x.txt")
+    assert proc.returncode == 10, proc.stderr
+    assert "--from" in proc.stderr and "--url" in proc.stderr and proc.stdout == ""
+    # A missing input file is a usage error (2), not a training error (12).
+    proc = run_cli("data", "prepare", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "no such input file(s)" in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_withdraw_while_unbonding_is_not_yet_14(open_run):
+    slot = open_run.nodes[1]  # left in test_withdraw_wait_without_a_terminal_refuses_before_it_waits
+    seat = open_run.client().member(open_run.run_id, dev_account(slot.account, open_run.chain_id).address)
+    if seat is None or seat.status != "unbonding":
+        open_run.seat([slot])
+        assert run_cli("leave", "--config", str(slot.config_path), "--yes").returncode == 0
+    proc = run_cli("withdraw", "--config", str(slot.config_path), "--yes")
+    assert proc.returncode == 14, proc.stderr
+    assert "still unbonding" in proc.stderr

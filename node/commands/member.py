@@ -16,7 +16,7 @@ import time
 
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds, eta, seconds_per_block
 from node.commitments import version_name
-from node.errors import ConfigError, StateError
+from node.errors import ConfigError, NotYet
 
 
 def add_parsers(sub) -> None:
@@ -136,7 +136,7 @@ def _await_unbonding(client, seat, wait: bool) -> None:
         if left <= 0:
             return
         if not wait:
-            raise StateError(f"still unbonding: {left} blocks left (until block {seat.unbonding_end}, "
+            raise NotYet(f"still unbonding: {left} blocks left (until block {seat.unbonding_end}, "
                              f"{eta(left, per_block)}); run it again then, or pass --wait")
         if left != shown:
             print(f"unbonding: {left} blocks left (until block {seat.unbonding_end}, {eta(left, per_block)})",
