@@ -331,3 +331,24 @@ def test_withdraw_while_unbonding_is_not_yet_14(open_run):
     proc = run_cli("withdraw", "--config", str(slot.config_path), "--yes")
     assert proc.returncode == 14, proc.stderr
     assert "still unbonding" in proc.stderr
+
+
+def test_a_malformed_rpc_url_is_a_usage_error_and_an_unreachable_one_says_why_in_a_few_words(open_run):
+    import time
+
+    link = open_run.link()
+    for url in ("notaurl", "ftp://x", "http://"):
+        started = time.monotonic()
+        proc = run_cli("run-info", link, "--rpc", url)
+        assert proc.returncode == 2, proc.stderr
+        assert "not an http:// or https:// URL" in proc.stderr and time.monotonic() - started < 30
+    proc = run_cli("run-info", link, "--rpc", "http://127.0.0.1:9")
+    assert proc.returncode == 5, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Connection refused" in last and "HTTPConnectionPool" not in last and len(last) < 250, last
+
+
+def test_leave_with_a_missing_config_names_the_file_join_writes(tmp_path):
+    proc = run_cli("leave", "--config", str(tmp_path / "node.toml"), "--yes")
+    assert proc.returncode == 2, proc.stderr
+    assert "join or create-run wrote" in proc.stderr and "dlx-node init" not in proc.stderr

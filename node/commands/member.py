@@ -44,6 +44,11 @@ def _member(args: argparse.Namespace):
     from node.config import load_config
     from node.live.chain.onchain import NodeChain
 
+    from pathlib import Path
+
+    if not Path(args.config).expanduser().is_file():  # not init's hint: a member's file comes from join
+        raise ConfigError(f"--config {args.config}: no such file; give the member's node.toml, which join or "
+                          "create-run wrote in its data directory (--config DIR/node.toml)")
     overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}",
                  f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
     if args.confirmations is not None:  # else the node's own setting
