@@ -352,3 +352,16 @@ def test_leave_with_a_missing_config_names_the_file_join_writes(tmp_path):
     proc = run_cli("leave", "--config", str(tmp_path / "node.toml"), "--yes")
     assert proc.returncode == 2, proc.stderr
     assert "join or create-run wrote" in proc.stderr and "dlx-node init" not in proc.stderr
+
+
+def test_the_explorer_on_a_busy_port_names_the_option(open_run):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = run_cli("explorer", open_run.link(), "--port", str(port))
+    assert proc.returncode == 7, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"127.0.0.1:{port}" in last and "pass another --port" in last, last
