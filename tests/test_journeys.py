@@ -365,3 +365,13 @@ def test_the_explorer_on_a_busy_port_names_the_option(open_run):
     assert proc.returncode == 7, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert f"127.0.0.1:{port}" in last and "pass another --port" in last, last
+
+
+def test_pull_takes_an_option_between_its_positionals(finished, tmp_path):
+    (slot,) = finished.nodes
+    out = tmp_path / "model"
+    proc = run_cli("pull", finished.link(), "--pending", "--archive", str(slot.data_dir), str(out),
+                   timeout=600)
+    assert "unrecognized arguments" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert any(out.iterdir())
