@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.errors import ConfigError
+from node.errors import ConfigError, NotRegistered
 
 #: Blocks a command waits on top of its transactions' own before it counts them final (--confirmations).
 DEFAULT_CONFIRMATIONS = 2
@@ -239,3 +239,60 @@ def eta(blocks: int, per_block: float | None) -> str:
     if seconds < 7200:
         return f"about {seconds / 60:.0f} min"
     return f"about {seconds / 3600:.1f} h"
+
+
+#: Gas of joinRun when it cannot be estimated yet (the account registers first): as ``create-run`` counts.
+JOIN_GAS = 300_000
+
+
+class RunOver(NotRegistered):
+    """The run's last round is committed: nothing a node trains for it could ever commit."""
+
+
+# ---------------------------------------------------------------------- the seat
+def seat_plan(client, info, identity, platform: bytes) -> list:
+    """The transactions the account still needs to hold a seat in run ``info`` (chainops.Spend each: gas at
+    the fee offered now, plus the stake); NotRegistered for a seat that no transaction can give."""
+    from ledger.binding import binding_message
+
+    plan = []
+    key = client.key_of(client.address)
+    if key is not None and key != identity.public_key_bytes:
+        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
+                            "data directory (its identity.key) or another account")
+    fee = None
+    if key is None:
+        stake = client.min_stake()
+        message = binding_message(client.chain_id, client.registry_address, client.address)
+        gas, fees = client.estimate("registry", "register",
+                                    (identity.public_key_bytes, identity.sign(message)), stake)
+        fee = fees["maxFeePerGas"]
+        plan.append(Spend(f"register node key {identity.peer_id} to account {client.address}"
+                          + (f" (registry stake {stake / 1e18:g} ETH)" if stake else ""), gas, fee, stake))
+    seat = client.member(info.run_id, client.address)
+    if seat is not None and seat.active:
+        return plan
+    if seat is not None:
+        raise NotRegistered(f"account {client.address} holds a {seat.status} seat in run {info.run_id}: a "
+                            "member that left must withdraw its stake after unbonding before joining again "
+                            "(dlx-node withdraw), and a slashed member cannot rejoin")
+    if key is None:
+        gas = JOIN_GAS
+    else:
+        gas, fees = client.estimate("ledger", "joinRun", (info.run_id, platform), info.min_stake)
+        fee = fees["maxFeePerGas"]
+    plan.append(Spend(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH (returned after "
+                      f"leaving and {info.unbonding_blocks} blocks, unless slashed)", gas, fee,
+                      info.min_stake))
+    return plan
+
+
+def refuse_finished(client, info) -> None:
+    """RunOver if every round of the run is committed (an open-ended run never is)."""
+    if not info.max_rounds:
+        return
+    committed = client.commit_count(info.run_id)
+    if committed >= info.max_rounds:
+        raise RunOver(f"run {info.run_id} is over: all its {info.max_rounds} rounds are committed, so "
+                      "nothing a node trains for it could commit; nothing was sent (its model: dlx-node pull "
+                      "<run link> OUT)")

@@ -25,23 +25,18 @@ From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.clienthost import client_host
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.errors import ConfigError, NodeError
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
-MAX_RUN_DOCUMENT_BYTES = 64 * 1024
-MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~20 MB
 TOKENIZER_DIR = "tokenizers"  # <data_dir>/tokenizers/<sha256>.json, as node/tools/hf_export.py looks for it
-FETCH_TIMEOUT_S = 60.0
 
 
 # ---------------------------------------------------------------------- the run link of the arguments
@@ -70,45 +65,6 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
 
 
 # ---------------------------------------------------------------------- the run document
-def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: int, what: str,
-               timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over
-    ``/dlx/blob/1.0.0``.
-
-    A short-lived, client-only host with a throwaway identity (the node's own starts later, with its
-    own connections): it listens nowhere, so the peers learn no address of it to dial once it is
-    gone (docs/P2P.md, "Forgetting peers that are gone"). Its blob size limit is ``max_bytes``, so a
-    peer that offers gigabytes under that hash is refused from the reply header, before any byte is
-    written.
-    """
-    from p2p.errors import P2PError
-
-    def unreachable(failures: str) -> NodeError:
-        return NodeError(f"no peer of the run is reachable ({failures}): check the peer multiaddrs and that "
-                         "this machine can reach them")
-
-    with client_host(peers, workdir, prefix=".join-fetch-", max_blob_bytes=max_bytes,
-                     unreachable=unreachable) as (host, reached, staging):
-        try:
-            path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
-        except P2PError as exc:
-            raise NodeError(
-                f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
-        data = path.read_bytes()
-    # the blob protocol checked it; a second look costs nothing
-    if hashlib.sha256(data).hexdigest() != hash_hex:
-        raise NodeError(f"the {what} fetched does not hash to {hash_hex[:16]}")
-    return data
-
-
-def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
-                       timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The run document whose sha256 is ``config_hash`` (the chain's), from ``peers``: every node serves
-    it."""
-    return fetch_blob(peers, config_hash.hex(), workdir, MAX_RUN_DOCUMENT_BYTES,
-                      "the run document (the run's configHash)", timeout)
-
-
 def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
                peers: tuple[str, ...] = ()) -> tuple[str, str]:
     """The training data path and tokenizer a joiner's node.toml names, each checked against the run document.
@@ -289,32 +245,30 @@ def _run_of(config_path: Path, load_config) -> tuple[str, int] | None:
     return existing.ledger.ledger_address.lower(), existing.ledger.run_id
 
 
+def _refuse_another_runs(config_path: Path, link: RunLink, force: bool, load_config) -> None:
+    """Before anything is fetched: a directory of another run is refused at once (unless ``--force``)."""
+    held = None if force else _run_of(config_path, load_config)
+    if held is not None and held != (link.ledger.lower(), link.run_id):
+        raise ConfigError(f"{config_path} belongs to run {held[1]} of ledger {held[0]}: pick a new "
+                          "--data-dir, or pass --force (the other run's state is then set aside)")
+
+
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
-    from node.commands.chainops import agree, check_funds
-    from node.commands.preflight import refuse_finished, seat_plan
+    from node.commands.chainops import agree, check_funds, refuse_finished, seat_plan
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
-    from node.runconfig import (
-        canonical_json,
-        config_hash,
-        node_config_from_run,
-        parse_run_document,
-        run_document,
-    )
+    from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
+    from node.runconfig import run_document
     from p2p.identity import Identity
 
     link = link_from_args(args)
     data_dir = Path(args.data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "node.toml"
-    if not args.force:  # before anything is fetched: a directory of another run is refused at once
-        held = _run_of(config_path, load_config)
-        if held is not None and held != (link.ledger.lower(), link.run_id):
-            raise ConfigError(f"{config_path} belongs to run {held[1]} of ledger {held[0]}: pick a new "
-                              "--data-dir, or pass --force (the other run's state is then set aside)")
+    _refuse_another_runs(config_path, link, args.force, load_config)
     identity = Identity.load_or_create(data_dir / "identity.key")
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info

@@ -24,7 +24,7 @@ import logging
 import time
 from pathlib import Path
 
-from node.errors import ConfigError, NotRegistered
+from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,6 @@ EARLIER_RUNS = "earlier-runs"
 #: keystore, node.toml, content-addressed blobs, datasets and tokenizers.
 RUN_STATE = ("said", "archive", "checkpoints", "incoming", "evidence", "spotchecks", "chunk-states", "proofs",
              "state.json", "timing.jsonl", "status.json")
-#: Gas of joinRun when it cannot be estimated yet (the account registers first): as ``create-run`` counts.
-JOIN_GAS = 300_000
-
-
-class RunOver(NotRegistered):
-    """The run's last round is committed: nothing a node trains for it could ever commit."""
 
 
 # ---------------------------------------------------------------------- the data directory's run
@@ -106,56 +100,6 @@ def claim_data_dir(data_dir: Path, scope: dict, config_hash: bytes) -> Path | No
     return moved
 
 
-# ---------------------------------------------------------------------- the seat
-def seat_plan(client, info, identity, platform: bytes) -> list:
-    """The transactions the account still needs to hold a seat in run ``info`` (chainops.Spend each: gas at
-    the fee offered now, plus the stake); NotRegistered for a seat that no transaction can give."""
-    from ledger.binding import binding_message
-    from node.commands.chainops import Spend
-
-    plan = []
-    key = client.key_of(client.address)
-    if key is not None and key != identity.public_key_bytes:
-        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
-                            "data directory (its identity.key) or another account")
-    fee = None
-    if key is None:
-        stake = client.min_stake()
-        message = binding_message(client.chain_id, client.registry_address, client.address)
-        gas, fees = client.estimate("registry", "register",
-                                    (identity.public_key_bytes, identity.sign(message)), stake)
-        fee = fees["maxFeePerGas"]
-        plan.append(Spend(f"register node key {identity.peer_id} to account {client.address}"
-                          + (f" (registry stake {stake / 1e18:g} ETH)" if stake else ""), gas, fee, stake))
-    seat = client.member(info.run_id, client.address)
-    if seat is not None and seat.active:
-        return plan
-    if seat is not None:
-        raise NotRegistered(f"account {client.address} holds a {seat.status} seat in run {info.run_id}: a "
-                            "member that left must withdraw its stake after unbonding before joining again "
-                            "(dlx-node withdraw), and a slashed member cannot rejoin")
-    if key is None:
-        gas = JOIN_GAS
-    else:
-        gas, fees = client.estimate("ledger", "joinRun", (info.run_id, platform), info.min_stake)
-        fee = fees["maxFeePerGas"]
-    plan.append(Spend(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH (returned after "
-                      f"leaving and {info.unbonding_blocks} blocks, unless slashed)", gas, fee,
-                      info.min_stake))
-    return plan
-
-
-def refuse_finished(client, info) -> None:
-    """RunOver if every round of the run is committed (an open-ended run never is)."""
-    if not info.max_rounds:
-        return
-    committed = client.commit_count(info.run_id)
-    if committed >= info.max_rounds:
-        raise RunOver(f"run {info.run_id} is over: all its {info.max_rounds} rounds are committed, so "
-                      "nothing a node trains for it could commit; nothing was sent (its model: dlx-node pull "
-                      "<run link> OUT)")
-
-
 # ---------------------------------------------------------------------- the settings
 #: What ``start`` tells a node.toml whose settings are not the run's.
 JOIN_HINT = ("or take every setting of the run from its link: dlx-node join LINK --data-dir DIR --force (the "
@@ -201,7 +145,7 @@ def run_document_of(cfg, config_hash: bytes) -> dict | None:
         return parse_run_document(local.read_bytes(), config_hash)
     if not cfg.p2p.bootstrap:
         return None
-    from node.commands.join import fetch_run_document
+    from node.commands.rundocs import fetch_run_document
     from node.errors import NodeError
     from p2p.errors import P2PError
 
@@ -247,7 +191,7 @@ def settings_problems(cfg, chain, info, digest: bytes) -> list[str]:
 def preflight(cfg, yes: bool) -> None:
     """Before ``start`` builds its node (see module docstring): the data directory claimed for the run, the
     run not over, the seat's transactions agreed and affordable, and sent."""
-    from node.commands.chainops import agree, check_funds
+    from node.commands.chainops import agree, check_funds, refuse_finished, seat_plan
     from node.live.chain.onchain import NodeChain
     from node.live.state.status import StateFile
     from node.platforms import own_platforms
