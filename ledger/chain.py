@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -18,7 +20,7 @@ import requests
 from web3 import EthereumTesterProvider, HTTPProvider, Web3
 from web3.exceptions import ProviderConnectionError
 
-from ledger.errors import ChainUnavailable, ChainWaitStopped
+from ledger.errors import ChainUnavailable, ChainWaitStopped, LedgerConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +87,8 @@ class OutageLog:
             self._failures += 1
             if self.down_since is None:
                 self.down_since, self._reported, self._failures = now, now, 1
-                logger.warning("%s: chain RPC unreachable (%s: %s); retrying with backoff", what,
-                               exc.__class__.__name__, exc)
+                logger.warning("%s: chain RPC unreachable (%s); retrying with backoff", what,
+                               short_reason(exc))
             elif now - self._reported >= OUTAGE_REPORT_EVERY_S:
                 self._reported = now
                 logger.warning("chain RPC still unreachable after %.0fs (%d failed requests); retrying",
@@ -102,6 +104,18 @@ class OutageLog:
 
 
 OUTAGE = OutageLog()
+
+
+def short_reason(exc: BaseException) -> str:
+    """The cause of a connection failure in a few words ("[Errno 111] Connection refused", "timed out"), not
+    requests' and urllib3's nested reprs (a 300-character line)."""
+    text = str(exc)
+    errno = re.search(r"\[Errno -?\d+\] [^'\"()\]]+", text)
+    if errno:
+        return errno.group(0).strip().rstrip(":")
+    if "timed out" in text.lower():
+        return "timed out"
+    return f"{exc.__class__.__name__}: {text}"[:160]
 
 
 def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
@@ -132,7 +146,7 @@ def call_with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
             if remaining <= 0:
                 raise ChainUnavailable(
                     f"{what}: chain RPC unreachable after {attempt} attempt(s) "
-                    f"over {policy.total_seconds:.1f}s: {exc.__class__.__name__}: {exc}"
+                    f"over {policy.total_seconds:.1f}s: {short_reason(exc)}"
                 ) from exc
             logger.debug("%s: chain RPC unreachable (%s), retrying in %.2fs", what, exc.__class__.__name__,
                          delay)
@@ -163,10 +177,13 @@ def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0,
         stop: Set by the caller to give up waiting (raises :class:`ChainWaitStopped`).
 
     Raises:
+        LedgerConfigError: ``url`` is not an http(s) URL with a host.
         ChainUnavailable: The endpoint does not answer ``eth_chainId`` within ``wait`` seconds.
     """
-    if not url.startswith(("http://", "https://")):
-        raise ChainUnavailable(f"rpc url {url!r}: only http:// and https:// endpoints are supported")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:  # a usage error, not an outage
+        raise LedgerConfigError(f"rpc url {url!r}: not an http:// or https:// URL with a host, e.g. "
+                                "http://127.0.0.1:8545")
     provider = HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
     w3 = Web3(provider)
     what = f"connect {url} (waiting up to {wait:.0f}s)" if wait else f"connect {url}"

@@ -20,8 +20,10 @@ from node.errors import (
     DLX_ERRORS,
     AuditFailed,
     AuditIncomplete,
+    DataUnreachable,
     NodeError,
     NotRegistered,
+    NotYet,
     PortBusy,
     PullRefused,
     StateError,
@@ -45,11 +47,14 @@ EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
     ((AuditFailed,), 8),
     ((AuditIncomplete,), 13),
     ((PullRefused,), 9),
-    ((P2PError,), 10),
+    ((P2PError, DataUnreachable), 10),
     ((LedgerError,), 11),
     ((TrainingError,), 12),
+    ((NotYet,), 14),
     ((NodeError,), 3),
 )
+#: Exit codes of no error class: 1 an unexpected error (a bug: DLX_DEBUG=1 shows its traceback) or an I/O
+#: error (a full disk), 130 interrupted (SIGINT), 143 a demo stopped by SIGTERM. README.md lists them all.
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -179,9 +184,31 @@ def _quiet_libp2p(record: logging.LogRecord) -> bool:
     return True
 
 
+def parse_command_line(parser, argv: list[str] | None):
+    """The arguments, options allowed between a command's positionals (``pull LINK --archive DIR OUT``):
+    argparse stops a command's positionals at its first option, so what is left over is parsed again by
+    the command's own parser, intermixed. Anything else left over is the usual usage error (exit 2)."""
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if not extra or args.command is None:
+        return parser.parse_args(argv)  # no leftovers, or its own error message
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = subparsers.choices[args.command]
+    at = argv.index(args.command)
+    try:
+        own = command.parse_intermixed_args(argv[at + 1:])
+    except TypeError:  # a command whose arguments cannot be intermixed (argparse's own limits)
+        return parser.parse_args(argv)
+    for key, value in vars(own).items():
+        setattr(args, key, value)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if args.command is None:
         parser.print_help()
         return 2

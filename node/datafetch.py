@@ -23,13 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from node.errors import DataFetchError, DataMismatch
+from node.errors import DataFetchError, DataMismatch, DataUnreachable
 
 logger = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
 READ_TIMEOUT_S = 30.0
 CHUNK = 1 << 16
+#: What an unreachable server's error adds: the two ways to fetch without it.
+OFFLINE_HINT = (" (offline? fetch the file elsewhere and pass --from FILE|DIR, or another mirror with --url "
+                "URL)")
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ def _download(url: str, pinned: PinnedFile, part: Path) -> None:
                 "file was removed, run again") from None
         raise DataFetchError(f"{url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
-        raise DataFetchError(f"{url}: cannot connect: {exc.reason}") from None
-    except (OSError, ValueError) as exc:  # timeouts, bad URLs, broken status lines
+        raise DataUnreachable(f"{url}: cannot connect: {exc.reason}" + OFFLINE_HINT) from None
+    except OSError as exc:  # timeouts, resets
+        raise DataUnreachable(f"{url}: {exc}" + OFFLINE_HINT) from None
+    except ValueError as exc:  # bad URLs, broken status lines
         raise DataFetchError(f"{url}: {exc}") from None
     with response:
         status = getattr(response, "status", 200)
@@ -173,8 +178,8 @@ def _download(url: str, pinned: PinnedFile, part: Path) -> None:
                 try:
                     chunk = response.read(min(CHUNK, pinned.size + 1 - written))
                 except (OSError, http.client.HTTPException) as exc:  # resets, timeouts, IncompleteRead
-                    raise DataFetchError(f"{url}: connection lost after {written:,} of {pinned.size:,} bytes "
-                                         f"({exc.__class__.__name__}); run again to resume") from None
+                    raise DataUnreachable(f"{url}: connection lost after {written:,} of {pinned.size:,} "
+                                          f"bytes ({exc.__class__.__name__}); run again to resume") from None
                 if not chunk:
                     break
                 written += len(chunk)

@@ -115,6 +115,16 @@ class DataFetchError(NodeError):
     body."""
 
 
+class DataUnreachable(DataFetchError):
+    """The dataset's server could not be reached, or the connection broke (offline, DNS, a reset): a network
+    failure, exit 10 (``--from`` takes a copy made elsewhere, ``--url`` another mirror)."""
+
+
+class NotYet(NodeError):
+    """What was asked is not possible yet and will be later without any change (a stake still unbonding):
+    run the command again then."""
+
+
 class DataMismatch(DataFetchError):
     """The bytes fetched (or copied with ``--from``) are not the pinned ones; nothing was kept."""
 

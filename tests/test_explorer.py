@@ -143,7 +143,7 @@ def test_explorer_shows_the_run_live_and_refuses_bad_requests(watched_run, tmp_p
         process.wait(timeout=20)
 
 
-def test_a_chain_that_goes_away_gives_503_and_the_server_goes_on(tmp_path):
+def test_a_chain_that_goes_away_leaves_the_last_snapshot_marked_not_live_at_once(tmp_path):
     with AnvilProcess() as anvil:
         w3 = connect_rpc(anvil.url, timeout=5.0)
         deployment = deploy(w3)
@@ -154,8 +154,12 @@ def test_a_chain_that_goes_away_gives_503_and_the_server_goes_on(tmp_path):
             code, snap = _get(explorer.url + "api/snapshot")
             assert code == 200 and snap["rounds_total"] == 1
             anvil.stop()
+            # Not empty tables for half a minute while the client retries: the last snapshot, marked, at once.
+            started = time.monotonic()
             code, answer = _get(explorer.url + "api/snapshot")
-            assert code == 503 and "cannot read the chain" in answer["error"]
+            assert code == 200 and answer["rounds_total"] == 1 and answer["not_live"], answer.get("not_live")
+            assert time.monotonic() - started < 15
+            assert "HTTPConnectionPool" not in answer["not_live"] and len(answer["not_live"]) < 200
             code, page = _get(explorer.url)  # the page itself is still served; it says it is not live
             assert code == 200 and "not live" in page
         finally:

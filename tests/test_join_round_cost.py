@@ -77,7 +77,7 @@ def test_a_joiner_slower_than_the_deadline_to_catch_up_costs_the_run_no_round(ma
     log = tmp_path / "joiner.log"
     joiner = subprocess.Popen(
         [sys.executable, str(here / "slow_joiner.py"), str(CATCH_UP_DELAY_S), "--log-file", str(log), "start",
-         "--config", str(joiner_dir / "node.toml"), "--no-progress"],
+         "--config", str(joiner_dir / "node.toml"), "--no-progress", "--yes"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         def joiner_in_two_commits() -> bool:

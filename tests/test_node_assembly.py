@@ -125,6 +125,9 @@ class FakeChain:
     def quorum_of(self, run_id: int) -> int:
         return 1
 
+    def own_seat_status(self, run_id: int) -> str:
+        return "active"
+
     def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         return {}  # no seat declared a platform: the spot checks route nothing and hold no claim to one
 

@@ -56,7 +56,8 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def start(config, log) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, "--log-file", str(log), "start", "--no-progress", "--config", str(config)],
+    return subprocess.Popen([*CLI, "--log-file", str(log), "start", "--no-progress", "--yes", "--config",
+                             str(config)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
 

@@ -175,8 +175,8 @@ def test_demo_stopped_mid_run_by_sigint_leaves_nothing(tmp_path):
 def _start_node(config: Path, log: Path, *overrides: str) -> subprocess.Popen:
     sets = [arg for o in overrides for arg in ("--set", o)]
     with open(log, "ab") as sink:
-        return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--no-progress", "--config",
-                                 str(config), *sets], stdout=sink, stderr=subprocess.STDOUT,
+        return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--no-progress", "--yes",
+                                 "--config", str(config), *sets], stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 

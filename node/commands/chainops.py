@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.errors import ConfigError
+from node.errors import ConfigError, NotRegistered
 
 #: Blocks a command waits on top of its transactions' own before it counts them final (--confirmations).
 DEFAULT_CONFIRMATIONS = 2
@@ -46,12 +46,21 @@ def add_fee_args(p: argparse.ArgumentParser) -> None:
                    help="agree beforehand to the transactions listed (else asked on the terminal)")
 
 
-def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int) -> dict:
-    """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields)."""
+def ledger_settings(args: argparse.Namespace, rpc_url: str, chain_id: int, w3=None) -> dict:
+    """The [ledger] table of the sending account and the fee settings (node.toml's, LedgerConfig's fields).
+
+    ``w3``: the chain, to tell one that mines only on demand (:func:`mines_on_demand`), where the default
+    confirmations would wait for blocks that no transaction brings: 1 there, said so (an explicit
+    ``--confirmations`` is kept).
+    """
     from ledger.config import LedgerConfig
 
     if args.confirmations is None:
         args.confirmations = DEFAULT_CONFIRMATIONS
+        if DEFAULT_CONFIRMATIONS > 1 and w3 is not None and mines_on_demand(w3):
+            args.confirmations = 1
+            print(f"chain {chain_id} mines a block only when a transaction comes (a dev chain): a "
+                  "transaction counts as final once mined (--confirmations 1)", flush=True)
     table: dict = {"backend": "rpc", "rpc_url": rpc_url, "chain_id": chain_id,
                    "confirmations": args.confirmations, "max_fee_gwei": args.max_fee_gwei,
                    "priority_fee_gwei": args.priority_fee_gwei}
@@ -122,14 +131,20 @@ def read_deployment(path: str) -> dict:
         raise ConfigError(f"--deployment {path}: cannot read it ({exc})") from None
     if not isinstance(deployment, dict):
         raise ConfigError(f"--deployment {path}: not a JSON object")
+    problems = []
     for key in ("registry", "ledger"):
-        check_address(str(deployment.get(key, "")), f"--deployment {path}: {key}")
-    for key in ("chain_id", "from_block"):
-        value = deployment.get(key, 0)
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"--deployment {path}: {key} must be an integer >= 0")
+        try:
+            check_address(str(deployment.get(key, "")), f"{key}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    for key in ("chain_id", "from_block"):  # both may be left out (the demo's has no from_block): 0
+        value = deployment.setdefault(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problems.append(f"{key} must be an integer >= 0")
     if not str(deployment.get("rpc_url", "")).startswith(("http://", "https://")):
-        raise ConfigError(f"--deployment {path}: rpc_url must be an http(s):// URL")
+        problems.append("rpc_url must be an http(s):// URL")
+    if problems:  # every one at once
+        raise ConfigError(f"--deployment {path}: " + "; ".join(problems))
     return deployment
 
 
@@ -182,8 +197,25 @@ def agree(plan: list[Spend], yes: bool, verb: str) -> None:
         raise ConfigError(f"{verb}: the transactions were declined (nothing was sent)")
 
 
-def seconds_per_block(w3, sample: int = 20) -> float:
-    """The chain's recent block time (for "about N minutes"); 12 s if it cannot tell."""
+def mines_on_demand(w3) -> bool:
+    """Whether the chain makes a block only when a transaction comes: a dev chain's automine without an
+    interval (anvil, hardhat). A chain that does not know these methods (any public one) does not."""
+    def ask(method: str):
+        try:
+            return w3.provider.make_request(method, []).get("result")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    if not any(ask(method) is True for method in ("anvil_getAutomine", "hardhat_getAutomine")):
+        return False
+    return not ask("anvil_getIntervalMining")
+
+
+def seconds_per_block(w3, sample: int = 20) -> float | None:
+    """The chain's recent block time (for "about N minutes"); 12 s if it cannot tell; None for a chain that
+    mines only on demand (:func:`mines_on_demand`: no time tells when its next block comes)."""
+    if mines_on_demand(w3):
+        return None
     head = w3.eth.block_number
     if head < 2:
         return 12.0
@@ -192,11 +224,75 @@ def seconds_per_block(w3, sample: int = 20) -> float:
     return span / (head - first) if span > 0 else 12.0
 
 
-def eta(blocks: int, per_block: float) -> str:
-    """``blocks`` as a rough duration."""
+#: What :func:`eta` says of a chain that mines only on demand.
+ON_DEMAND = ("no time estimate: this chain mines a block only when a transaction comes (a dev chain; "
+             "`cast rpc anvil_mine N` mines N)")
+
+
+def eta(blocks: int, per_block: float | None) -> str:
+    """``blocks`` as a rough duration (``per_block`` None: a chain that mines only on demand)."""
+    if per_block is None:
+        return ON_DEMAND
     seconds = max(0, blocks) * per_block
     if seconds < 120:
         return f"about {seconds:.0f} s"
     if seconds < 7200:
         return f"about {seconds / 60:.0f} min"
     return f"about {seconds / 3600:.1f} h"
+
+
+#: Gas of joinRun when it cannot be estimated yet (the account registers first): as ``create-run`` counts.
+JOIN_GAS = 300_000
+
+
+class RunOver(NotRegistered):
+    """The run's last round is committed: nothing a node trains for it could ever commit."""
+
+
+# ---------------------------------------------------------------------- the seat
+def seat_plan(client, info, identity, platform: bytes) -> list:
+    """The transactions the account still needs to hold a seat in run ``info`` (chainops.Spend each: gas at
+    the fee offered now, plus the stake); NotRegistered for a seat that no transaction can give."""
+    from ledger.binding import binding_message
+
+    plan = []
+    key = client.key_of(client.address)
+    if key is not None and key != identity.public_key_bytes:
+        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
+                            "data directory (its identity.key) or another account")
+    fee = None
+    if key is None:
+        stake = client.min_stake()
+        message = binding_message(client.chain_id, client.registry_address, client.address)
+        gas, fees = client.estimate("registry", "register",
+                                    (identity.public_key_bytes, identity.sign(message)), stake)
+        fee = fees["maxFeePerGas"]
+        plan.append(Spend(f"register node key {identity.peer_id} to account {client.address}"
+                          + (f" (registry stake {stake / 1e18:g} ETH)" if stake else ""), gas, fee, stake))
+    seat = client.member(info.run_id, client.address)
+    if seat is not None and seat.active:
+        return plan
+    if seat is not None:
+        raise NotRegistered(f"account {client.address} holds a {seat.status} seat in run {info.run_id}: a "
+                            "member that left must withdraw its stake after unbonding before joining again "
+                            "(dlx-node withdraw), and a slashed member cannot rejoin")
+    if key is None:
+        gas = JOIN_GAS
+    else:
+        gas, fees = client.estimate("ledger", "joinRun", (info.run_id, platform), info.min_stake)
+        fee = fees["maxFeePerGas"]
+    plan.append(Spend(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH (returned after "
+                      f"leaving and {info.unbonding_blocks} blocks, unless slashed)", gas, fee,
+                      info.min_stake))
+    return plan
+
+
+def refuse_finished(client, info) -> None:
+    """RunOver if every round of the run is committed (an open-ended run never is)."""
+    if not info.max_rounds:
+        return
+    committed = client.commit_count(info.run_id)
+    if committed >= info.max_rounds:
+        raise RunOver(f"run {info.run_id} is over: all its {info.max_rounds} rounds are committed, so "
+                      "nothing a node trains for it could commit; nothing was sent (its model: dlx-node pull "
+                      "<run link> OUT)")

@@ -54,6 +54,9 @@ def run_prepare(args: argparse.Namespace) -> int:
     from training.shards import DEFAULT_SHARD_TOKENS
     from training.tokenizer import load_tokenizer
 
+    missing = [str(p) for p in [*args.inputs, *(args.eval_input or [])] if not Path(p).expanduser().exists()]
+    if missing:  # a usage error (exit 2), named before anything is read or written
+        raise ConfigError(f"no such input file(s): {', '.join(missing)}")
     out = Path(args.out).expanduser()
     interactive = sys.stderr.isatty() and not args.no_progress
     started = time.monotonic()

@@ -239,14 +239,35 @@ def _keep_serving(run: LocalRun, out: Path):
                     checkpoint_every=checkpoint_every)
     print(f"\nthe chain stays up at {run.url}, and a seeder serves the nodes' checkpoints and archives at "
           f"{seeder.multiaddr}; Ctrl-C (or SIGTERM) stops both", flush=True)
-    # The demo's chain mines a block per transaction only, so its last rounds stay inside their dispute
-    # window: pull takes only final rounds unless --pending says it may take one that can still be disputed.
-    print("pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still "
-          f"inside their dispute window, which a public chain closes as blocks pass):\n"
-          f"  dlx-node pull '{link}' {out / 'model'} --pending", flush=True)
+    mined = _close_dispute_windows(run)
+    if mined:
+        print(f"the demo's chain mines a block only per transaction: mined {mined} empty blocks, so every "
+              "round's dispute window (which a public chain closes as blocks pass) is over and its "
+              "rounds are final", flush=True)
+        print(f"pull the latest checkpoint the chain vouches for:\n  dlx-node pull '{link}' {out / 'model'}",
+              flush=True)
+    else:  # its rounds stay inside their dispute window: pull takes only final rounds unless --pending
+        print("pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still "
+              f"inside their dispute window, which the chain closes as blocks pass):\n"
+              f"  dlx-node pull '{link}' {out / 'model'} --pending", flush=True)
     print(f"watch the run in a browser:\n  dlx-node explorer --rpc {run.url} --run {run.run_id} --deployment "
           f"{out / 'deployment.json'}", flush=True)
     return seeder
+
+
+def _close_dispute_windows(run: LocalRun) -> int:
+    """On a chain that mines only on demand (the demo's anvil), mine the blocks that close the last round's
+    dispute window (``anvil_mine``), so a plain ``pull`` takes its rounds as final; return how many (0: not
+    such a chain, or it refused)."""
+    from ledger.chain import connect_rpc
+    from node.commands.chainops import mines_on_demand
+
+    w3 = connect_rpc(run.url, wait=5)
+    if not mines_on_demand(w3):
+        return 0
+    blocks = run.client().run_info(run.run_id).dispute_blocks + 2
+    reply = w3.provider.make_request("anvil_mine", [hex(blocks)])
+    return 0 if "error" in reply else blocks
 
 
 def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: LiveView) -> bool:

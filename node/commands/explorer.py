@@ -123,34 +123,65 @@ def read_snapshot(client, run_id: int) -> dict:
 
 
 class SnapshotCache:
-    """The latest snapshot, read again at most every ``refresh`` seconds (one reader at a time)."""
+    """The latest snapshot, read again at most every ``refresh`` seconds, by one reader thread at a time.
 
-    def __init__(self, read: Callable[[], dict], refresh: float = 2.0) -> None:
+    A request waits for a new read at most ``wait`` seconds once there is a snapshot: a chain that does not
+    answer (its client retries for ``ledger.retry_seconds``) leaves the page with the last snapshot read,
+    marked ``not_live`` with the reason, at once, not with empty tables for half a minute (issue 65). Only
+    the very first read is waited for to its end (there is nothing to show before it).
+    """
+
+    def __init__(self, read: Callable[[], dict], refresh: float = 2.0, wait: float = 3.0) -> None:
         self._read = read
         self.refresh = refresh
+        self.wait = wait
         self._lock = threading.Lock()
         self._snapshot: dict | None = None
         self._at = 0.0
         self._last_error = ""
+        self._reader: threading.Thread | None = None
 
     def get(self) -> dict:
-        """The snapshot; raises :class:`ChainRead` (with the reason) when the chain cannot be read."""
+        """The snapshot (the last one read, with ``not_live``, while the chain does not answer); raises
+        :class:`ChainRead` (with the reason) when the chain was never read."""
         with self._lock:
             if self._snapshot is not None and time.monotonic() - self._at < self.refresh:
                 return self._snapshot
-            try:
-                snapshot = self._read()
-            except Exception as exc:  # noqa: BLE001 - thread boundary: any chain failure is a 503
-                reason = f"{exc.__class__.__name__}: {exc}"[:500]
+            if self._reader is None or not self._reader.is_alive():
+                self._reader = threading.Thread(target=self._refresh, name="explorer-read", daemon=True)
+                self._reader.start()
+            reader, had = self._reader, self._snapshot
+        reader.join(None if had is None else self.wait)
+        with self._lock:
+            if self._snapshot is None:
+                raise ChainRead(self._last_error or "the chain has not answered yet")
+            if not reader.is_alive() and not self._last_error:
+                return self._snapshot
+            reason = self._last_error or f"the chain has not answered for {self.wait:g}s"
+            return {**self._snapshot, "not_live": reason}
+
+    def _refresh(self) -> None:
+        try:
+            snapshot = self._read()
+        except Exception as exc:  # noqa: BLE001 - thread boundary: any chain failure is reported to the page
+            reason = _reason(exc)
+            with self._lock:
                 if reason != self._last_error:
                     logger.warning("explorer: cannot read the chain: %s", reason)
-                    self._last_error = reason
-                raise ChainRead(reason) from None
+                self._last_error = reason
+            return
+        with self._lock:
             if self._last_error:
                 logger.info("explorer: the chain answers again")
                 self._last_error = ""
             self._snapshot, self._at = snapshot, time.monotonic()
-            return snapshot
+
+
+def _reason(exc: BaseException) -> str:
+    """Why the chain could not be read, in a few words (not urllib3's nested reprs)."""
+    from ledger.chain import short_reason
+
+    return short_reason(exc)[:300]
 
 
 class ChainRead(Exception):
@@ -223,6 +254,12 @@ def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandl
         server_version = "dlx-explorer"
         sys_version = ""
 
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError) as exc:  # the client left first: nothing to do
+                logger.debug("explorer %s: client gone (%s)", self.client_address[0], exc)
+
         def log_message(self, fmt: str, *args: Any) -> None:
             logger.debug("explorer %s: " + fmt, self.client_address[0], *args)
 
@@ -283,7 +320,8 @@ class Explorer:
         try:
             self.httpd = ThreadingHTTPServer((host, port), make_handler(self.cache, explorer_page()))
         except OSError as exc:
-            raise PortBusy(f"explorer: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            raise PortBusy(f"explorer: cannot listen on {host}:{port}: {exc.strerror or exc}: pass another "
+                           "--port (0: any free port) or stop the other process") from None
         self.httpd.daemon_threads = True
         bound_host, bound_port = self.httpd.server_address[:2]
         self.url = f"http://{bound_host}:{bound_port}/"

@@ -20,22 +20,29 @@ def cmd_init(args: argparse.Namespace) -> int:
     from importlib.resources import files
 
     from ledger.account import create_keystore, read_password_file
+    from ledger.errors import AccountError
     from p2p.identity import Identity
 
     data_dir = Path(args.data_dir).expanduser()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    identity = Identity.load_or_create(data_dir / "identity.key")
-    template = files("node").joinpath("templates/node.toml").read_text()
     config_path = data_dir / "node.toml"
     if config_path.exists() and not args.force:
         raise ConfigError(f"{config_path} exists: keep it, or pass --force to overwrite it (keys are kept)")
+    password = None
+    if args.password_file:  # read before any file is written: a missing one is a usage error
+        try:
+            password = read_password_file(args.password_file)
+        except AccountError as exc:
+            raise ConfigError(f"--password-file: {exc}") from None
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(data_dir / "identity.key")
+    template = files("node").joinpath("templates/node.toml").read_text()
     lines = template.replace('data_dir = "."', f'data_dir = "{data_dir.resolve()}"')
     if args.password_file:
         keystore = data_dir / "keystore.json"
         if keystore.exists():
             print(f"keeping existing keystore {keystore}")
         else:
-            account = create_keystore(keystore, read_password_file(args.password_file))
+            account = create_keystore(keystore, password)
             print(f"created Ethereum account {account.address} in {keystore}")
         lines = lines.replace('keystore = ""  ', f'keystore = "{keystore.resolve()}"  ')
         lines = lines.replace('password_file = ""', f'password_file = "{Path(args.password_file).resolve()}"')
@@ -56,7 +63,7 @@ def cmd_start(args: argparse.Namespace, kinds=None) -> int:
     faults)."""
     from node.commands.start import start
 
-    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds)
+    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds, yes=args.yes)
 
 
 # ---------------------------------------------------------------------- status

@@ -14,8 +14,10 @@ From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>
    run's data and tokenizer as local files checked against the document (:func:`run_inputs`:
    ``--data`` a text file or prepared dataset, ``--tokenizer`` or the dataset's or a peer's
    tokenizer.json);
-4. registers the node's key and stakes into the run if needed, after asking (``--yes`` agrees
-   beforehand; without a terminal to ask on it refuses rather than spend silently);
+4. registers the node's key and stakes into the run if needed: the transactions are listed with the
+   stake and the gas at the fee offered, refused when the account cannot pay for all of them, and sent
+   after asking (``--yes`` agrees beforehand; without a terminal to ask on it refuses rather than spend
+   silently). A run whose rounds are all committed is refused at step 1 (node/commands/preflight.py);
 5. starts the node, as ``dlx-node start --config <data-dir>/node.toml`` would (``--no-start``
    stops after step 4). Running the same command again reuses what it wrote.
 """
@@ -23,24 +25,18 @@ From a run link (``dlx://<chain_id>/<ledger>/<run_id>?rpc=<url>&peer=<multiaddr>
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.clienthost import client_host
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.errors import ConfigError, NodeError
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-#: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
-MAX_RUN_DOCUMENT_BYTES = 64 * 1024
-MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # a tokenizer.json of a 256k vocabulary is ~20 MB
 TOKENIZER_DIR = "tokenizers"  # <data_dir>/tokenizers/<sha256>.json, as node/tools/hf_export.py looks for it
-FETCH_TIMEOUT_S = 60.0
 
 
 # ---------------------------------------------------------------------- the run link of the arguments
@@ -69,45 +65,6 @@ def link_from_args(args: argparse.Namespace) -> RunLink:
 
 
 # ---------------------------------------------------------------------- the run document
-def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: int, what: str,
-               timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The blob whose sha256 is ``hash_hex`` (``what``, for messages), from ``peers`` over
-    ``/dlx/blob/1.0.0``.
-
-    A short-lived, client-only host with a throwaway identity (the node's own starts later, with its
-    own connections): it listens nowhere, so the peers learn no address of it to dial once it is
-    gone (docs/P2P.md, "Forgetting peers that are gone"). Its blob size limit is ``max_bytes``, so a
-    peer that offers gigabytes under that hash is refused from the reply header, before any byte is
-    written.
-    """
-    from p2p.errors import P2PError
-
-    def unreachable(failures: str) -> NodeError:
-        return NodeError(f"no peer of the run is reachable ({failures}): check the peer multiaddrs and that "
-                         "this machine can reach them")
-
-    with client_host(peers, workdir, prefix=".join-fetch-", max_blob_bytes=max_bytes,
-                     unreachable=unreachable) as (host, reached, staging):
-        try:
-            path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
-        except P2PError as exc:
-            raise NodeError(
-                f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
-        data = path.read_bytes()
-    # the blob protocol checked it; a second look costs nothing
-    if hashlib.sha256(data).hexdigest() != hash_hex:
-        raise NodeError(f"the {what} fetched does not hash to {hash_hex[:16]}")
-    return data
-
-
-def fetch_run_document(peers: tuple[str, ...], config_hash: bytes, workdir: Path,
-                       timeout: float = FETCH_TIMEOUT_S) -> bytes:
-    """The run document whose sha256 is ``config_hash`` (the chain's), from ``peers``: every node serves
-    it."""
-    return fetch_blob(peers, config_hash.hex(), workdir, MAX_RUN_DOCUMENT_BYTES,
-                      "the run document (the run's configHash)", timeout)
-
-
 def run_inputs(document: dict, data: str, tokenizer: str, data_dir: Path,
                peers: tuple[str, ...] = ()) -> tuple[str, str]:
     """The training data path and tokenizer a joiner's node.toml names, each checked against the run document.
@@ -206,7 +163,7 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
     from ledger.chain import connect_rpc
     from ledger.client import LedgerClient
     from ledger.config import LedgerConfig
-    from ledger.errors import LedgerError
+    from ledger.errors import AccountError, LedgerError
 
     w3 = connect_rpc(link.rpc_url, wait=10)
     chain_id = w3.eth.chain_id
@@ -228,10 +185,14 @@ def _connect(link: RunLink, data_dir: Path, args: argparse.Namespace):
             raise ConfigError("pass --password-file FILE (a new encrypted account is created in the data "
                               "directory, or --keystore is unlocked with it) or, on a local dev chain, "
                               "--dev-account N")
+        try:
+            password = read_password_file(args.password_file)
+        except AccountError as exc:  # a usage error, not the account's (exit 2)
+            raise ConfigError(f"--password-file: {exc}") from None
         if not keystore.exists():
             if args.keystore:
                 raise ConfigError(f"--keystore {keystore}: no such file")
-            account = create_keystore(keystore, read_password_file(args.password_file))
+            account = create_keystore(keystore, password)
             print(f"created Ethereum account {account.address} in {keystore}")
         ledger_cfg["keystore"] = str(keystore.resolve())
         ledger_cfg["password_file"] = str(Path(args.password_file).expanduser().resolve())
@@ -273,61 +234,49 @@ def _node_settings(link: RunLink, chain: _Chain, document: dict, data_dir: Path,
     }
 
 
-def _spend_plan(chain: _Chain, identity) -> list[str]:
-    """The transactions joining still needs (each costs gas; joining the run also the stake)."""
-    client, info = chain.client, chain.info
-    plan = []
-    key = client.key_of(client.address)
-    if key is not None and key != identity.public_key_bytes:
-        from node.errors import NotRegistered
-
-        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
-                            "data directory (its identity.key) or another account")
-    if key is None:
-        plan.append(f"register node key {identity.peer_id} to account {client.address} (gas only)")
-    seat = client.member(info.run_id, client.address)
-    if seat is None or not seat.active:
-        plan.append(f"join run {info.run_id} with a stake of {info.min_stake / 1e18:g} ETH "
-                    f"({info.min_stake} wei; returned after leaving and {info.unbonding_blocks} blocks, "
-                    "unless slashed for signing two records of a round)")
-    return plan
+def _run_of(config_path: Path, load_config) -> tuple[str, int] | None:
+    """(ledger address, run id) a node.toml is for; None if there is none, or it names no ledger (``init``'s
+    template, before the run is known)."""
+    if not config_path.exists():
+        return None
+    existing = load_config(config_path)
+    if not existing.ledger.ledger_address:
+        return None
+    return existing.ledger.ledger_address.lower(), existing.ledger.run_id
 
 
-def _agree(plan: list[str], yes: bool) -> None:
-    if not plan or yes:
-        return
-    listing = "\n".join(f"  - {step}" for step in plan)
-    if not sys.stdin.isatty():
-        raise ConfigError("joining needs these transactions, and no terminal to ask on:\n" + listing
-                          + "\npass --yes to agree to them")
-    print("joining needs these transactions:\n" + listing)
-    answer = input("send them? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        raise ConfigError("not joined: the transactions were declined (nothing was sent)")
+def _refuse_another_runs(config_path: Path, link: RunLink, force: bool, load_config) -> None:
+    """Before anything is fetched: a directory of another run is refused at once (unless ``--force``)."""
+    held = None if force else _run_of(config_path, load_config)
+    if held is not None and held != (link.ledger.lower(), link.run_id):
+        raise ConfigError(f"{config_path} belongs to run {held[1]} of ledger {held[0]}: pick a new "
+                          "--data-dir, or pass --force (the other run's state is then set aside)")
 
 
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
+    from node.commands.chainops import agree, check_funds, refuse_finished, seat_plan
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
-    from node.runconfig import (
-        canonical_json,
-        config_hash,
-        node_config_from_run,
-        parse_run_document,
-        run_document,
-    )
+    from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
+    from node.runconfig import run_document
     from p2p.identity import Identity
 
     link = link_from_args(args)
     data_dir = Path(args.data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "node.toml"
+    _refuse_another_runs(config_path, link, args.force, load_config)
     identity = Identity.load_or_create(data_dir / "identity.key")
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
+    refuse_finished(chain.client, info)  # before anything is fetched, written or sent
+    # An account that cannot pay for its seat learns it now, before anything is fetched or written (the
+    # estimate with no platform declared: the seat's own is known once node.toml is).
+    check_funds(chain.client.balance(), chain.client.address,
+                seat_plan(chain.client, info, identity, bytes(32)))
     print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
           f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
           f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
@@ -349,18 +298,18 @@ def run_join(args: argparse.Namespace) -> int:
         raise ConfigError("the settings written would not hash to the run's configHash (an override of a run "
                           "setting?): drop --set for [model], [training], [diloco], [compression], pipeline")
     text = "# written by 'dlx-node join'\n# " + str(link) + "\n" + dump_toml(cfg.to_dict())
-    if config_path.exists() and config_path.read_text() != text and not args.force:
-        existing = load_config(config_path)
-        if (existing.ledger.ledger_address.lower(), existing.ledger.run_id) != (link.ledger.lower(),
-                                                                                link.run_id):
-            raise ConfigError(f"{config_path} belongs to another run: pick a new --data-dir, or pass --force")
+    if config_path.exists() and config_path.read_text() != text and not args.force \
+            and _run_of(config_path, load_config) is not None:  # init's node.toml is for no run: rewritten
         print(f"keeping {config_path} (written before; --force rewrites it)")
     else:
         atomic_write_bytes(config_path, text.encode())
         atomic_write_bytes(data_dir / "run.json", canonical_json(document))
         print(f"wrote {config_path}")
     cfg = load_config(config_path)
-    _agree(_spend_plan(chain, identity), args.yes)
+    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training)[0])
+    if plan:  # nothing is sent that the account cannot pay for, nor without a yes
+        check_funds(chain.client.balance(), chain.client.address, plan)
+        agree(plan, args.yes, "joining")
     node_chain = NodeChain.connect(cfg)
     try:
         node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments,
@@ -376,4 +325,4 @@ def run_join(args: argparse.Namespace) -> int:
         return 0
     from node.commands.start import start
 
-    return start(config_path, show_progress=not args.no_progress)
+    return start(config_path, show_progress=not args.no_progress, yes=True)  # agreed above

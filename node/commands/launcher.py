@@ -244,7 +244,7 @@ class LocalRun:
         with open(slot.log_path, "ab") as log:
             slot.process = subprocess.Popen(
                 [*(slot.command or [sys.executable, "-m", "node.cli"]), "--log-file", str(slot.log_path),
-                 "start", "--no-progress", "--config", str(slot.config_path)],
+                 "start", "--no-progress", "--yes", "--config", str(slot.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                 preexec_fn=terminate_with_parent(),  # a launcher killed outright takes its nodes with it
             )

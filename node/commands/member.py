@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds, eta, seconds_per_block
 from node.commitments import version_name
-from node.errors import ConfigError, StateError
+from node.errors import ConfigError, NotYet
 
 
 def add_parsers(sub) -> None:
@@ -43,6 +44,11 @@ def _member(args: argparse.Namespace):
     from node.config import load_config
     from node.live.chain.onchain import NodeChain
 
+    from pathlib import Path
+
+    if not Path(args.config).expanduser().is_file():  # not init's hint: a member's file comes from join
+        raise ConfigError(f"--config {args.config}: no such file; give the member's node.toml, which join or "
+                          "create-run wrote in its data directory (--config DIR/node.toml)")
     overrides = [f"ledger.max_fee_gwei={args.max_fee_gwei}",
                  f"ledger.priority_fee_gwei={args.priority_fee_gwei}"]
     if args.confirmations is not None:  # else the node's own setting
@@ -95,6 +101,9 @@ def run_withdraw(args: argparse.Namespace) -> int:
             hint = ": leave first (dlx-node leave)" if seat is not None and seat.status == "active" else ""
             raise ConfigError(
                 f"account {client.address} has nothing to withdraw from run {run_id}: {state}{hint}")
+        if args.wait and seat.unbonding_end > client.w3.eth.block_number:
+            _agree_before_waiting(seat, run_id, args.yes)
+            args.yes = True  # agreed now: the wait may be long, and nobody may be there at its end
         _await_unbonding(client, seat, args.wait)
         gas, fees = client.estimate("ledger", "withdrawStake", (run_id,))
         plan = [Spend(f"withdraw the stake of {seat.stake / 1e18:g} ETH from run {run_id}", gas,
@@ -108,6 +117,20 @@ def run_withdraw(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agree_before_waiting(seat, run_id: int, yes: bool) -> None:
+    """Ask before ``withdraw --wait`` waits, not after: ConfigError (nothing waited for, nothing sent) when
+    declined or when there is no terminal to ask on and no ``--yes``."""
+    if yes:
+        return
+    what = f"withdraw the stake of {seat.stake / 1e18:g} ETH from run {run_id} once unbonding ends"
+    if not sys.stdin.isatty():
+        raise ConfigError(f"--wait would {what}, and there is no terminal to ask on: pass --yes to agree "
+                          "beforehand (nothing was waited for, nothing was sent)")
+    answer = input(f"{what} (block {seat.unbonding_end}; gas at the fee then)? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise ConfigError("withdrawing: declined (nothing was waited for, nothing was sent)")
+
+
 def _await_unbonding(client, seat, wait: bool) -> None:
     """Return once the chain is at the seat's unbonding end (StateError now unless ``wait``)."""
     per_block = seconds_per_block(client.w3)
@@ -118,13 +141,13 @@ def _await_unbonding(client, seat, wait: bool) -> None:
         if left <= 0:
             return
         if not wait:
-            raise StateError(f"still unbonding: {left} blocks left (until block {seat.unbonding_end}, "
+            raise NotYet(f"still unbonding: {left} blocks left (until block {seat.unbonding_end}, "
                              f"{eta(left, per_block)}); run it again then, or pass --wait")
         if left != shown:
             print(f"unbonding: {left} blocks left (until block {seat.unbonding_end}, {eta(left, per_block)})",
                   flush=True)
             shown = left
-        time.sleep(min(max(per_block, 0.5), 15.0))
+        time.sleep(min(max(per_block or 2.0, 0.5), 15.0))
 
 
 # ---------------------------------------------------------------------- run-info

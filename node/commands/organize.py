@@ -91,7 +91,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise ConfigError(f"--min-stake-eth={args.min_stake_eth}: must be >= 0")
     w3 = connect_checked(args.rpc, args.chain_id)
     chain_id = w3.eth.chain_id
-    ledger_cfg = LedgerConfig(**ledger_settings(args, args.rpc, chain_id))
+    ledger_cfg = LedgerConfig(**ledger_settings(args, args.rpc, chain_id, w3))
     account = load_account(ledger_cfg, chain_id)
     fees = fee_policy(ledger_cfg)
     min_stake = int(args.min_stake_eth * 10**18)
@@ -182,7 +182,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     verify_deployment(w3, deployment["registry"], deployment["ledger"])
     data_dir = Path(args.data_dir).expanduser().resolve()
     config_path = data_dir / "node.toml"
-    ledger_table = {**ledger_settings(args, rpc, chain_id), "registry_address": deployment["registry"],
+    ledger_table = {**ledger_settings(args, rpc, chain_id, w3), "registry_address": deployment["registry"],
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}
     ledger_cfg = LedgerConfig(**ledger_table)
     client = LedgerClient.from_config(w3, load_account(ledger_cfg, chain_id), ledger_cfg)

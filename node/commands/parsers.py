@@ -62,6 +62,9 @@ def _add_init_and_start(sub) -> None:
     p = sub.add_parser("start", help="run a node: train, exchange, commit, checkpoint")
     _add_config_args(p)
     p.add_argument("--no-progress", action="store_true", help="no live progress line (logs only)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="agree beforehand to registering and staking if the node holds no seat yet (else "
+                        "asked on the terminal; without one, refused)")
 
 
 def _add_join(sub) -> None:

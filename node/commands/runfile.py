@@ -36,7 +36,8 @@ class RunFile:
 
 
 def read_run_file(path: str) -> RunFile:
-    """Parse and check a run file; ConfigError naming the first bad value."""
+    """Parse and check a run file; ConfigError naming the bad values (every one of the [run] table at
+    once)."""
     from node.config import config_from_dict
 
     file = Path(path).expanduser()
@@ -89,22 +90,28 @@ def _check_run_table(chain: dict, path: str) -> dict:
         SAFE_MIN_QUORUM_BPS,
     )
 
+    problems = []  # every bad value at once, not one per attempt
     unknown = sorted(set(chain) - set(RUN_KEYS))
     if unknown:
-        raise ConfigError(f"run file {path}: unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
+        problems.append(f"unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
     out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
            "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
            "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
            "tenure_rounds": DEFAULT_TENURE_ROUNDS}
     for key, value in chain.items():
+        if key not in RUN_KEYS:
+            continue
         kind, minimum, what = RUN_KEYS[key]
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
         if isinstance(value, bool) or not good or value < minimum:
-            raise ConfigError(f"run file {path}: [run] {key}={value!r}: must be "
-                              f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
+            problems.append(f"[run] {key}={value!r}: must be "
+                            f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
+            continue
         out[key] = value
     if out["quorum_bps"] > 10_000:
-        raise ConfigError(f"run file {path}: [run] quorum_bps={out['quorum_bps']}: must be <= 10000")
+        problems.append(f"[run] quorum_bps={out['quorum_bps']}: must be <= 10000")
+    if problems:
+        raise ConfigError(f"run file {path}: " + "; ".join(problems))
     return out
 
 

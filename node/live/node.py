@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ledger.errors import ChainWaitStopped
+from ledger.errors import ChainWaitStopped, LedgerError
 from node.config import NodeConfig
 from node.errors import NotRegistered
 from node.live.assembly import HONEST, Kinds, NodeParts
@@ -164,9 +164,22 @@ class Node:
             start_round, unfinished = resumed
             self._say_hello()
         self.parts.committer.drain(timeout=self.cfg.round_timeout)
-        if self.cfg.rounds > 0 and not self.stop_event.is_set():
+        if self.cfg.rounds > 0 and not self.stop_event.is_set() and not self.parts.lifecycle.left:
             self.parts.ending.await_last_commit()
             self._finish_spot_checks()
+
+    def _seat_ended(self) -> bool:
+        """Whether this node's account left the run (its seat is no longer active: ``dlx-node leave``), asked
+        of the chain once a round; a chain that does not answer leaves the node training."""
+        try:
+            status = self.parts.chain.own_seat_status(self.run_id)
+        except LedgerError as exc:
+            logger.debug("own seat not read (%s): training on", exc)
+            return False
+        if status == "active":
+            return False
+        self.parts.lifecycle.seat_ended(status)
+        return True
 
     def _finish_spot_checks(self) -> None:
         """At the run's normal end: the queued spot checks get up to ``spot_check_drain_s`` more (the node
@@ -198,6 +211,8 @@ class Node:
         outer_round = start_round
         end = self.cfg.rounds if self.cfg.rounds > 0 else None
         while not self.stop_event.is_set() and (end is None or outer_round < end):
+            if self._seat_ended():
+                break
             try:
                 for action in round_actions(diloco, outer_round, last=end is not None
                                             and outer_round == end - 1):

@@ -245,6 +245,12 @@ class NodeChain(ChainSeats, ChainDisputes):
         """The account whose signature of ``claim`` this is (LedgerInputError if malformed)."""
         return recover_contributor(claim, signature, self.client.chain_id, self.client.ledger_address)
 
+    def own_seat_status(self, run_id: int) -> str:
+        """This account's seat in the run: "active", "unbonding" (it left), or "withdrawn" (none)."""
+        with self._lock:
+            seat = self.client.member(run_id, self.client.address)
+        return "withdrawn" if seat is None else seat.status
+
     def last_round(self, run_id: int) -> int:
         with self._lock:
             last = self.client.last_round(run_id)

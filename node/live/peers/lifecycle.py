@@ -1,4 +1,5 @@
-"""How a life of the node ends: asked to stop, found guilty by the run's quorum, or off the run's record.
+"""How a life of the node ends: asked to stop, found guilty by the run's quorum, off the run's record, or its
+account left the run.
 
 The rooms that learn why a node must stop (the fork repair finding a committed
 record that differs from this node's and that it cannot re-base on, the spot
@@ -32,6 +33,7 @@ class Lifecycle:
         #: starts it again in the same process, entering from
         #: the chain's latest checkpoint (:meth:`diverged`).
         self.reenter_after: int | None = None
+        self.left = False  # its account left the run (dlx-node leave): it finishes what it owes, then stops
 
     def member_ejected(self, peer_id: str, account: bytes) -> None:
         """A member was found guilty on chain: stop counting it; if it is this node, stop."""
@@ -45,6 +47,16 @@ class Lifecycle:
         else:
             logger.warning("member %s (account 0x%s) removed from the run: its messages no longer count",
                            peer_id[-8:], account.hex())
+
+    def seat_ended(self, status: str) -> None:
+        """This node's account no longer holds an active seat (``status``: "unbonding" after ``dlx-node
+        leave``, or "withdrawn"): it trains no further round; what it owes its peers of the rounds it
+        contributed to is finished, then it stops (it no longer waits for the run's end)."""
+        if self.left:
+            return
+        self.left = True
+        logger.warning("this node's account left run %d (its seat is %s): finishing the rounds it "
+                       "contributed to, then stopping", self.run_id, status)
 
     def diverged(self, outer_round: int) -> None:
         """The chain's record of ``outer_round`` (a quorum's) is not what this node computed: re-enter from
