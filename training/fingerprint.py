@@ -53,6 +53,10 @@ UNDECIDED = "undecided"
 RULE_SAME_PLATFORM = "same-platform-bit-exact"
 RULE_CROSS_PLATFORM = "cross-platform-tolerance"
 RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
+# A run with training.reproducible: its inner steps give the same bits on every platform
+# (training/exact_mode.py), so every rerun, anywhere, must reproduce the payloads bit for bit
+# (docs/REPRODUCIBLE.md).
+RULE_REPRODUCIBLE = "reproducible-bit-exact"
 
 #: Relative L2 distance between decoded pseudo-gradients beyond which a rerun on another platform is a
 #: mismatch, by the claimant's precision. float32: the value re-execution has used since issue 13 (honest
@@ -312,6 +316,7 @@ def compare_rerun(
     claimed_threads: int,
     rerun_threads: int,
     tolerance: float | None = None,
+    reproducible: bool = False,
 ) -> RerunVerdict:
     """Judge a rerun whose payloads lie ``distance`` from the claim (0.0: identical bytes).
 
@@ -320,8 +325,18 @@ def compare_rerun(
     :data:`TOLERANCE_PASS_BOUND`, :data:`MISMATCH` beyond the cross-platform tolerance
     (:data:`CROSS_PLATFORM_TOLERANCE`; ``tolerance`` overrides it), :data:`UNDECIDED` between (module
     docstring). A start state without a fingerprint (made before they existed: float32 runs) is judged
-    the same way in float32.
+    the same way in float32. ``reproducible``: the run's ``training.reproducible``; its reruns are bit-exact
+    on every platform and thread count, so any distance is a mismatch wherever the rerun ran (no tolerance,
+    no undecided zone).
     """
+    if reproducible:
+        verdict = EXACT if distance == 0.0 else MISMATCH
+        where = "claimant's platform not recorded" if claimed is None else \
+            f"claimant on {claimed.describe()} ({claimed_threads} threads)"
+        return RerunVerdict(verdict, RULE_REPRODUCIBLE, distance, 0.0,
+                            f"reproducible run, {where}, rerun on {rerun.describe()} "
+                            f"({rerun_threads} threads): fixed-order kernels, bit-exact rerun demanded, "
+                            f"largest relative distance {distance:.3g}")
     if claimed is not None and claimed == rerun and claimed_threads == rerun_threads:
         verdict = EXACT if distance == 0.0 else MISMATCH
         return RerunVerdict(verdict, RULE_SAME_PLATFORM, distance, 0.0,

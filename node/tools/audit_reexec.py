@@ -214,11 +214,12 @@ class ReexecAuditor:
 def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     """:func:`training.reexec.verify_contribution`, run where the platform rule says (module docstring):
     here, or in a child under the claimant's ATen CPU capability where this CPU has it. The result's
-    ``how`` attribute says "exact", "emulated" or "tolerance"."""
+    ``how`` attribute says "exact", "emulated" or "tolerance". A reproducible run (``training.reproducible``)
+    is rerun here, whatever the claimant's platform: its inner steps are the same bits everywhere."""
     import torch
 
     from training.errors import TrainingError
-    from training.fingerprint import RULE_SAME_PLATFORM, fingerprint
+    from training.fingerprint import RULE_REPRODUCIBLE, RULE_SAME_PLATFORM, fingerprint
     from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
@@ -228,7 +229,7 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
         claimed = parse_stage_state(state_parts[0]).meta.platform
     except (TrainingError, ValueError, IndexError):
         claimed = None  # verify_contribution gives the malformed state its verdict
-    kernels = None if claimed is None else kernels_to_emulate(
+    kernels = None if claimed is None or configs[1].reproducible else kernels_to_emulate(
         claimed, fingerprint(torch.device("cpu"), claimed.precision), native_cpu_capability())
     if kernels is not None:
         result = verify_under_kernels(kernels, state_parts=list(state_parts), claims=list(claims),
@@ -236,7 +237,7 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
                                          diloco_cfg=configs[2], compression_cfg=configs[3], **kwargs)
     else:
         result = verify_contribution(state_parts, claims, corpus, *configs, **kwargs)
-    exact = result.rule == RULE_SAME_PLATFORM
+    exact = result.rule in (RULE_SAME_PLATFORM, RULE_REPRODUCIBLE)
     if exact:
         result.how = "emulated" if kernels is not None else "exact"
     else:
