@@ -42,8 +42,8 @@ INV_PIO2 = 6.36619772367581382433e-01
 EXP_LOW, EXP_HIGH = -745.0, 709.0
 _EXP_TERMS = tuple(1.0 / math.factorial(_k) for _k in range(12, -1, -1))
 _LOG_TERMS = tuple(2.0 / _k for _k in (19, 17, 15, 13, 11, 9, 7, 5, 3, 1))
-_SIN_TERMS = (1.0 / 6227020800, -1.0 / 39916800, 1.0 / 362880, -1.0 / 5040, 1.0 / 120, -1.0 / 6, 1.0)
-_COS_TERMS = (1.0 / 87178291200, -1.0 / 479001600, 1.0 / 3628800, -1.0 / 40320, 1.0 / 720, -1.0 / 24, 0.5)
+_SIN_TERMS = tuple((-1.0) ** _k / math.factorial(2 * _k + 1) for _k in range(7, -1, -1))  # r * poly(r^2)
+_COS_TERMS = tuple((-1.0) ** (_k + 1) / math.factorial(2 * _k) for _k in range(8, 0, -1))  # 1 - r^2 poly(r^2)
 
 
 def horner(x: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
@@ -86,8 +86,8 @@ def log64(x: torch.Tensor) -> torch.Tensor:
 
 def sin_cos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sin x, cos x)`` of a float64 tensor with ``|x| < 2^20``: ``x = k pi/2 + r``, ``|r| <= pi/4``
-    (three-part Cody-Waite reduction), Taylor polynomials of ``r`` to ``r^15`` and ``r^16``, and the
-    quadrant ``k mod 4`` choosing and signing them."""
+    (three-part Cody-Waite reduction), Taylor polynomials of ``r`` to ``r^15`` and ``r^16`` (truncation
+    < 1e-16), and the quadrant ``k mod 4`` choosing and signing them."""
     k = torch.round(x * INV_PIO2)
     r = ((x - k * PIO2_1) - k * PIO2_2) - k * PIO2_3
     z = r * r
