@@ -6,8 +6,12 @@ print.
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
-inner steps of each (preset, optimizer) of :data:`FRESH` in the reproducible mode, and every spot check's
-verdict, rule and whether its next state chains into the claimant's next round.
+inner steps of each (preset, optimizer) of :data:`FRESH` in the reproducible mode on ``THREADS`` threads (and
+of GPT-2 in the normal mode), and every spot check's verdict, rule and whether its next state chains into the
+claimant's next round, each rerun as the audit reruns it (``rerun_by_rule``: here, or in a child under the
+claimant's math-library path). The reruns run on the claimant's thread count, as a verifier's do: their inner
+steps would give the same bits on any, but the codec's encode, outside the mode, does not
+(docs/REPRODUCIBLE.md).
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ def main(run_path: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     from node.config import load_config
     from training.data import corpus_from_config
-    from training.reexec import check_state_chain, verify_contribution
+    from node.tools.audit_reexec import rerun_by_rule
+    from training.reexec import check_state_chain
 
     run = pickle.loads(Path(run_path).read_bytes())
     cfg = load_config(None, run["overrides"])
@@ -63,16 +68,16 @@ def main(run_path: str, threads: int) -> dict:
     for index, record in enumerate(records):
         previous = records[index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
-            check = verify_contribution(
+            check = rerun_by_rule(  # as `dlx-node audit --reexecute` reruns a claim
                 parts, record["claims"][replica], corpus, cfg.model, cfg.training, cfg.diloco,
                 cfg.compression, outer_round=record["round"], replica=replica, run_rounds=len(records),
-                previous_contributions=previous, threads=threads)
+                previous_contributions=previous)  # the claimant's threads: the codec's encode needs them
             chain = None
             if index + 1 < len(records) and check.next_state_hashes is not None:
                 claimed = [claim.state_hash for claim in records[index + 1]["claims"][replica]]
                 chain = check_state_chain(check.next_state_hashes, claimed)
             out["checks"].append({"round": record["round"], "replica": replica, "verdict": check.verdict,
-                                  "rule": check.rule, "chain": chain})
+                                  "rule": check.rule, "how": check.how, "chain": chain})
     return out
 
 
