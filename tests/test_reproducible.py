@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.exact_math import exp64, log64, ordered_matmul, sin_cos64, tanh64, tree_sum
+from training.exact_math import exact_matmul, exp64, log64, sin_cos64, tanh64, tree_sum
 from training.exact_mode import ExactKernels
 from training.exact_ops import ExactKernelError
 from training.fingerprint import EXACT, MISMATCH, RULE_REPRODUCIBLE, compare_rerun, fingerprint
@@ -56,15 +56,27 @@ def test_elementary_functions_match_float64_references():
     assert torch.allclose(tanh64(x / 8), torch.tanh(x / 8), rtol=0, atol=4e-16)
 
 
-def test_tree_sum_and_ordered_matmul_are_sums_of_fixed_shape():
+def test_exact_matmul_does_not_depend_on_the_summation_order():
     generator = torch.Generator().manual_seed(0)
-    a, b = torch.randn(5, 7, 13, generator=generator), torch.randn(5, 13, 3, generator=generator)
-    assert torch.allclose(ordered_matmul(a, b), a @ b, atol=1e-5)
-    # The order is k = 0, 1, ...: the sequential float32 sum, not torch's blocked one.
-    manual = a[..., :, 0:1] * b[..., 0:1, :]
-    for k in range(1, 13):
-        manual = manual + a[..., :, k:k + 1] * b[..., k:k + 1, :]
-    assert torch.equal(ordered_matmul(a, b), manual)
+    for inner in (1, 13, 700, 3000):
+        a = torch.randn(5, 7, inner, generator=generator) * torch.logspace(-3, 3, inner)
+        b = torch.randn(5, inner, 3, generator=generator)
+        product = exact_matmul(a, b)
+        reference = (a.double() @ b.double()).float()
+        assert torch.allclose(product, reference, rtol=1e-6, atol=1e-6 * float(reference.abs().max()))
+        # The slices' products are exact: any order of the inner index gives the same bits.
+        order = torch.randperm(inner, generator=generator)
+        assert torch.equal(exact_matmul(a[..., order], b[..., order, :]), product)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(exact_matmul(a, b), product)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_tree_sum_is_a_tree_of_fixed_shape():
+    generator = torch.Generator().manual_seed(0)
     for count in (1, 2, 7, 64, 65):
         x = torch.randn(3, count, generator=generator)
         assert torch.allclose(tree_sum(x, 1), x.sum(1, keepdim=True), atol=1e-5)

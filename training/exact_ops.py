@@ -9,7 +9,7 @@ reduces is an :class:`torch.autograd.Function` with its backward written out:
 * :class:`ExactExpand` (broadcasting: its backward is a :func:`~training.exact_math.tree_sum` over the
   broadcast dimensions, where torch's would call ``sum_to_size``, a reduction of the machine's order);
 * :class:`ExactSum` (a tree sum; backward: the gradient expanded);
-* :class:`ExactMatmul` (:func:`~training.exact_math.ordered_matmul`; backward: two more of them);
+* :class:`ExactMatmul` (:func:`~training.exact_math.exact_matmul`; backward: two more of them);
 * :class:`ExactEmbedding` (a lookup; backward: each position's gradient added to its token's row, positions
   in increasing order, where torch's ``embedding_dense_backward`` adds duplicates in any order);
 * :class:`ExactUnary` (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt: computed in float64 by
@@ -77,18 +77,18 @@ class ExactSum(torch.autograd.Function):
 
 
 class ExactMatmul(torch.autograd.Function):
-    """``a @ b`` (same batch dimensions) by :func:`ordered_matmul`; backward ``g b^T`` and ``a^T g``."""
+    """``a @ b`` (same batch dimensions) by :func:`exact_matmul`; backward ``g b^T`` and ``a^T g``."""
 
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return em.ordered_matmul(a, b)
+        return em.exact_matmul(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        grad_a = em.ordered_matmul(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_b = em.ordered_matmul(a.transpose(-1, -2), grad) if ctx.needs_input_grad[1] else None
+        grad_a = em.exact_matmul(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        grad_b = em.exact_matmul(a.transpose(-1, -2), grad) if ctx.needs_input_grad[1] else None
         return grad_a, grad_b
 
 
