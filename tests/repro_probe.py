@@ -3,6 +3,7 @@ under several ``ATEN_CPU_CAPABILITY`` values, thread counts and ``MKL_CBWR`` set
 print.
 
     python tests/repro_probe.py RUN.pkl THREADS     # prints one JSON object
+    python tests/repro_probe.py - THREADS           # the fresh inner steps only
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
@@ -57,14 +58,15 @@ def main(run_path: str, threads: int) -> dict:
     from node.tools.audit_reexec import rerun_by_rule
     from training.reexec import check_state_chain
 
-    run = pickle.loads(Path(run_path).read_bytes())
-    cfg = load_config(None, run["overrides"])
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                  "fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
-                 "normal": fresh_steps("tiny", "adamw", reproducible=False)}
+                 "normal": fresh_steps("tiny", "adamw", reproducible=False), "checks": []}
+    if run_path == "-":
+        return out
+    run = pickle.loads(Path(run_path).read_bytes())
+    cfg = load_config(None, run["overrides"])
     corpus = corpus_from_config(cfg.training, cfg.model)
     records = run["records"]
-    out["checks"] = []
     for index, record in enumerate(records):
         previous = records[index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
