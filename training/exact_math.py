@@ -9,7 +9,8 @@ with ``alpha`` uses an FMA on AVX2 and two roundings without), and the transcend
 vectorised ``exp``, ``tanh``, ``sin`` round differently from the C library's scalar ones).
 
 This module is the arithmetic of the reproducible mode (``training.reproducible``, docs/REPRODUCIBLE.md),
-written only with single IEEE operations, each its own torch kernel (eager torch never fuses two of them):
+written with single IEEE operations, each its own torch kernel (eager torch never fuses two of them), and
+float64 matrix products whose every partial sum is an exact integer (so no order can round them):
 
 * :func:`tree_sum`: a reduction as a pairwise tree of fixed shape (halves added, an odd last element
   carried to the next level);
