@@ -1,9 +1,9 @@
 """Benchmark: the reproducible mode's cost and its bits (issue 64, docs/REPRODUCIBLE.md).
 
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
-``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on this process's
-threads, the median of ``--steps`` steps after one warm-up step, and the slowdown. Then, in children under
-``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads, with and without
+``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
+``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, and the slowdown.
+Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads, with and without
 ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and whether every child
 gave the same bits.
 
@@ -106,6 +106,8 @@ def main(argv: list[str]) -> None:
                         help="the cases the children hash (two inner steps, batch 2)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timing-threads", type=int, default=1,
+                        help="intra-op threads of the timings (1: steadier on a loaded machine)")
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
@@ -118,6 +120,7 @@ def main(argv: list[str]) -> None:
     load = list(os.getloadavg())
     import torch
 
+    torch.set_num_threads(args.timing_threads)
     timings = []
     for preset, optimizer in parse(args.cases):
         normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
