@@ -3,9 +3,9 @@
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
 ``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
 ``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, and the slowdown.
-Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads, with and without
-``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and whether every child
-gave the same bits.
+Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
+with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and
+whether every child gave the same bits.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
