@@ -132,17 +132,22 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 SLICES = 2
 
 
+#: 1.5 * 2^52: ``(v + ROUNDER) - ROUNDER`` is ``v`` rounded to the nearest integer (ties to even) for
+#: ``|v| < 2^51``, two IEEE additions (faster than torch's ``round`` or ``trunc`` on float64).
+ROUNDER = 6755399441055744.0
+
+
 def split_slices(x: torch.Tensor, dim: int, bits: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``x`` (float64) as ``sum_i slice_i * unit_i`` (the part below the last unit dropped): ``slice_i``
-    integers of magnitude below ``2^bits``, ``unit_i`` powers of two per row (``dim`` reduced, kept):
-    ``unit_0 = 2^(e - bits)`` for ``max |x| < 2^e`` along ``dim``, each next unit ``2^-bits`` of the last.
-    Every operation is exact (division and multiplication by powers of two, truncation, the subtraction of a
-    value's leading part)."""
+    """``x`` (float64) as ``sum_i slice_i * unit_i`` (the part below half the last unit dropped):
+    ``slice_i`` integers of magnitude at most ``2^bits``, ``unit_i`` powers of two per row (``dim`` reduced,
+    kept): ``unit_0 = 2^(e - bits)`` for ``max |x| < 2^e`` along ``dim``, each next unit ``2^-bits`` of the
+    last. Every operation is exact (division and multiplication by powers of two, rounding to an integer,
+    the subtraction of a value's leading part)."""
     _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))
     unit = pow2_64(exponent.to(torch.float64) - bits)
     parts, rest = [], x
     for _ in range(SLICES):
-        part = torch.trunc(rest / unit)
+        part = (rest / unit + ROUNDER) - ROUNDER
         parts.append((part, unit))
         rest = rest - part * unit
         unit = unit * 2.0 ** -bits
@@ -151,22 +156,27 @@ def split_slices(x: torch.Tensor, dim: int, bits: int) -> list[tuple[torch.Tenso
 
 def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), the same bits in any
-    summation order (Ozaki et al. 2012's error-free splitting): each row of ``a`` and column of ``b`` cut into
-    :data:`SLICES` integer slices of ``bits = (53 - ceil(log2 K)) // 2`` bits scaled by a power of two
-    (:func:`split_slices`), so every product of two slices, and every partial sum of ``K`` of them, is an
-    integer below ``2^53``: the float64 matrix products of the slices are **exact**, whatever order, blocking,
-    thread count or fused multiply-add the BLAS uses. The slice products are scaled (powers of two) and added
-    in a fixed order in float64, then rounded once to ``a``'s dtype. The dropped part is below ``2^(-2 bits)``
-    of each row's (column's) largest entry: at ``K <= 2048`` (21-bit slices) more precise than float32."""
+    summation order (Ozaki et al. 2012's error-free splitting).
+
+    Each row of ``a`` and column of ``b`` is cut into :data:`SLICES` integer slices of ``bits = (52 -
+    ceil(log2 K)) // 2`` bits scaled by a power of two (:func:`split_slices`), so every product of two
+    slices, and every partial sum of ``K`` of them, is an integer of magnitude at most ``2^52``: the float64
+    matrix products of the slices are **exact**, whatever order, blocking, thread count or fused multiply-add
+    the BLAS uses. The products of slices ``i + j < SLICES`` (the low-by-low one, below float32's precision,
+    is left out) are scaled (powers of two) and added in a fixed order in float64, then rounded once to
+    ``a``'s dtype. What is dropped lies below ``2^(-2 bits)`` of a row's (column's) largest entry: at
+    ``K <= 1024`` (21-bit slices) far below float32's rounding."""
     if a.size(-1) != b.size(-2):
         raise ValueError(f"exact_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     inner = a.size(-1)
-    bits = (53 - max(inner - 1, 1).bit_length()) // 2
+    bits = (52 - max(inner - 1, 1).bit_length()) // 2
     left = split_slices(a.to(torch.float64), -1, bits)
     right = split_slices(b.to(torch.float64), -2, bits)
     out = None
     for i, (a_part, a_unit) in enumerate(left):
         for j, (b_part, b_unit) in enumerate(right):
+            if i + j >= SLICES:
+                continue
             term = torch.matmul(a_part, b_part) * a_unit * b_unit
             out = term if out is None else out + term
     return out.to(a.dtype)
