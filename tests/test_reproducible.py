@@ -212,7 +212,8 @@ def probe(run: Path | str, capability: str, threads: int, cbwr: str | None = Non
     ``MKL_CBWR``."""
     drop = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_CBWR")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads))
+    # PASSIVE: 2 threads on a loaded machine do not spin-wait (on a shared 2-core machine: minutes).
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if capability != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = capability
     if cbwr:
