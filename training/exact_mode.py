@@ -39,7 +39,7 @@ NEUTRAL = frozenset({
     "double", "long", "int", "bool", "type", "type_as", "cpu", "cuda", "copy_", "arange", "zeros", "ones",
     "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
     "new_empty", "new_full", "new_tensor", "tensor", "as_tensor", "tril", "triu", "sqrt", "clamp", "clip",
-    "amax", "amin", "aminmax", "argmax", "argmin", "one_hot", "_assert_async", "is_compiling", "masked_fill",
+    "amax", "amin", "aminmax", "argmax", "argmin", "one_hot", "_assert_async", "is_compiling",
     "floor", "ceil", "round", "sign", "backward", "register_hook", "retain_grad",
     "_has_compatible_shallow_copy_type", "__setstate__", "__reduce_ex__", "__deepcopy__", "share_memory_",
     "is_shared", "untyped_storage", "storage",
@@ -135,8 +135,8 @@ def _expand(func, args, kwargs):
 
 def _getitem(func, args, kwargs):
     index = args[1] if isinstance(args[1], tuple) else (args[1],)
-    if any(isinstance(i, torch.Tensor) for i in index):
-        raise ExactKernelError("indexing by a tensor (its backward accumulates): use an embedding")
+    if any(isinstance(i, (torch.Tensor, list)) for i in index):
+        raise ExactKernelError("indexing by a tensor or list (its backward accumulates): use an embedding")
     return func(*args, **kwargs)
 
 
