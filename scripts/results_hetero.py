@@ -214,3 +214,22 @@ def compile_cpu(r: dict) -> list[str]:
         ""] + table(
         ["preset", "mode", "batch x sequence", "first step", "tokens/s", "tokens per CPU second",
          "compiled / eager", "largest loss difference"], rows)
+
+
+def reproducible(r: dict) -> list[str]:
+    """bench/bench_reproducible.py: the reproducible mode's step time and its bits across kernels."""
+    rows = [[f"{row['preset']}, {row['optimizer']}", f"{row['normal_step_s']:.3f} s",
+             f"{row['reproducible_step_s']:.3f} s", f"x{row['slowdown']:.1f}"] for row in r["timings"]]
+    lines = [f"One inner step, batch {r['timings'][0]['batch']}, {r['timings'][0]['threads']} thread(s), the "
+             "median of the steps after a warm-up one.", ""]
+    lines += table(["preset, optimizer", "normal step", "reproducible step", "slowdown"], rows)
+    grid = r.get("grid")
+    if grid:
+        same = r["identical_across_grid"]
+        cells = ", ".join(f"{row['capability']}/{row['threads']}t" + ("/CBWR" if row["mkl_cbwr"] else "")
+                          for row in grid)
+        distinct = [[key, "yes" if same[key] else "no", str(len({row['hashes'][key] for row in grid}))]
+                    for key in same]
+        lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}):", ""]
+        lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
+    return lines

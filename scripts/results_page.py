@@ -25,7 +25,7 @@ from pathlib import Path
 from results_contracts import chunk_state, float32_fuzz
 from results_convergence import convergence
 from results_emulator import churn_memory, netlab, soak
-from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, screening_delay
+from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_network import (
     butterfly,
     join,
@@ -160,6 +160,12 @@ SECTIONS = (
             "11, \"The platform rule\"): a claim of the verifier's CPU model is rerun under the claimant's "
             "ATEN_CPU_CAPABILITY (exact); any other platform's is judged in three zones, so no cheat passes "
             "and no honest rerun is a mismatch."),
+    Section("reproducible.json", "Reproducible inner steps (fixed-order kernels)",
+            "bench/bench_reproducible.py",
+            reproducible,
+            "`training.reproducible` (docs/REPRODUCIBLE.md): the same weights under every ATen instruction "
+            "set, thread count and MKL_CBWR path where torch's kernels give a different hash in nearly "
+            "every case; the timings were taken on a loaded 2-core machine."),
     Section("byzantine.json", "Byzantine members in real runs", "bench/bench_byzantine.py", byzantine),
     Section("chaos.json", "Faults: nodes killed and restarted", "bench/bench_chaos.py", chaos),
     Section("restart.json", "Restarting a node: where the time goes", "bench/bench_restart.py", restart,

@@ -81,14 +81,18 @@ def test_device_and_precision_are_not_in_the_run_document():
     assert config_hash(run_document(default)) == config_hash(run_document(other))
     assert not set(NODE_ONLY_TRAINING) & set(run_document(other)["training"])
     # Everything else of [training] is still there (the hash of every existing run is unchanged) ...
-    # (An AdamW run's table omits the inner optimizer's settings: it is what it was before they existed.)
+    # (An AdamW run's table omits the inner optimizer's settings: it is what it was before they existed; a run
+    # without training.reproducible omits that setting too.)
     names = {f.name for f in dataclasses.fields(TrainingConfig)} - {"data_path", *NODE_ONLY_TRAINING}
     adamw = load_config(None, ["training.optimizer=adamw"])
-    assert set(run_document(adamw)["training"]) == names - {"optimizer", *MUON_ONLY} | {"data_sha256"}
+    assert set(run_document(adamw)["training"]) == names - {"optimizer", "reproducible", *MUON_ONLY} | {
+        "data_sha256"}
     # AdamW, the default
     assert set(run_document(default)["training"]) == set(run_document(adamw)["training"])
     muon = load_config(None, ["training.optimizer=muon"])
-    assert set(run_document(muon)["training"]) == names | {"data_sha256"}
+    assert set(run_document(muon)["training"]) == names - {"reproducible"} | {"data_sha256"}
+    reproducible = load_config(None, ["training.reproducible=true"])
+    assert set(run_document(reproducible)["training"]) == names - {"optimizer", *MUON_ONLY} | {"data_sha256"}
     # ... and still pins the run: a run setting changes it.
     assert config_hash(run_document(load_config(None, ["training.seed=1"]))) \
         != config_hash(run_document(default))

@@ -57,6 +57,12 @@ class TrainingConfig:
     optimizer: str = DEFAULT_OPTIMIZER
     muon_momentum: float = 0.95
     muon_lr_scale: float = 1.0
+    # Fixed-order kernels (training/exact_mode.py, docs/REPRODUCIBLE.md): the forward and backward passes, the
+    # clipping norm and the inner optimizer computed with single IEEE operations in an order that depends on
+    # the shapes only, so the inner steps give the same bits on every CPU instruction set, thread count and
+    # math library, and a rerun anywhere is judged bit for bit. A run setting (in the run document when on;
+    # off, the document and its hash are what they were before the setting). Slower: off by default.
+    reproducible: bool = False
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -89,6 +95,11 @@ class TrainingConfig:
         )
         _require(0 < self.muon_lr_scale < float("inf"),
                  f"training.muon_lr_scale={self.muon_lr_scale}: must be a finite factor > 0")
+        _require(isinstance(self.reproducible, bool),
+                 f"training.reproducible={self.reproducible!r}: must be true or false")
+        _require(not self.reproducible or (self.precision == "fp32" and not self.compile),
+                 f"training.reproducible = true computes float32 eagerly: set training.precision = \"fp32\" "
+                 f"(not {self.precision!r}) and training.compile = false")
         if self.optimizer != "muon":
             for name, neutral in MUON_ONLY.items():
                 _require(
@@ -107,6 +118,8 @@ class TrainingConfig:
         if self.optimizer == "adamw":
             for name in ("optimizer", *MUON_ONLY):
                 del out[name]
+        if not self.reproducible:  # a run without the mode keeps the document (and hash) it had before it
+            del out["reproducible"]
         return out
 
 

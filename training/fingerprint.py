@@ -53,6 +53,11 @@ UNDECIDED = "undecided"
 RULE_SAME_PLATFORM = "same-platform-bit-exact"
 RULE_CROSS_PLATFORM = "cross-platform-tolerance"
 RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
+# A run with training.reproducible: its inner steps give the same bits under every instruction set and thread
+# count (training/exact_mode.py), and the codec's encode (outside the mode: LAPACK and BLAS) under every ATen
+# instruction set on one CPU model, math-library path and thread count, so a rerun there must reproduce the
+# payloads bit for bit whatever ATEN_CPU_CAPABILITY either side ran under (docs/REPRODUCIBLE.md).
+RULE_REPRODUCIBLE = "reproducible-bit-exact"
 
 #: Relative L2 distance between decoded pseudo-gradients beyond which a rerun on another platform is a
 #: mismatch, by the claimant's precision. float32: the value re-execution has used since issue 13 (honest
@@ -304,6 +309,17 @@ class RerunVerdict:
     pass_bound: float = 0.0  # the largest distance that passes (0.0 under the same-platform rule)
 
 
+def same_codec_platform(claimed: PlatformFingerprint | None, rerun: PlatformFingerprint) -> bool:
+    """Whether a reproducible run's claim and rerun agree on everything but ATen's instruction set: CPU
+    float32 eager training on one CPU model, torch build and math-library path (``blas``). The inner steps of
+    the reproducible mode are the same bits anywhere; the codec's encode is the same bits there."""
+    if claimed is None:
+        return False
+    return all(side.device_type == "cpu" and side.precision == "fp32" and not side.compiled
+               for side in (claimed, rerun)) and (claimed.device_name, claimed.torch, claimed.blas) == (
+        rerun.device_name, rerun.torch, rerun.blas)
+
+
 def compare_rerun(
     claimed: PlatformFingerprint | None,
     rerun: PlatformFingerprint,
@@ -312,6 +328,7 @@ def compare_rerun(
     claimed_threads: int,
     rerun_threads: int,
     tolerance: float | None = None,
+    reproducible: bool = False,
 ) -> RerunVerdict:
     """Judge a rerun whose payloads lie ``distance`` from the claim (0.0: identical bytes).
 
@@ -320,8 +337,19 @@ def compare_rerun(
     :data:`TOLERANCE_PASS_BOUND`, :data:`MISMATCH` beyond the cross-platform tolerance
     (:data:`CROSS_PLATFORM_TOLERANCE`; ``tolerance`` overrides it), :data:`UNDECIDED` between (module
     docstring). A start state without a fingerprint (made before they existed: float32 runs) is judged
-    the same way in float32.
+    the same way in float32. ``reproducible``: the run's ``training.reproducible``; where
+    :func:`same_codec_platform` holds and the thread counts are equal, any distance is a mismatch whatever
+    instruction set either side's ATen kernels used (no tolerance, no undecided zone); elsewhere the codec's
+    LAPACK and BLAS calls may round differently and the rules above apply.
     """
+    if reproducible and same_codec_platform(claimed, rerun) and claimed_threads == rerun_threads:
+        verdict = EXACT if distance == 0.0 else MISMATCH
+        where = "claimant's platform not recorded" if claimed is None else \
+            f"claimant on {claimed.describe()} ({claimed_threads} threads)"
+        return RerunVerdict(verdict, RULE_REPRODUCIBLE, distance, 0.0,
+                            f"reproducible run, {where}, rerun on {rerun.describe()} "
+                            f"({rerun_threads} threads): fixed-order kernels, bit-exact rerun demanded, "
+                            f"largest relative distance {distance:.3g}")
     if claimed is not None and claimed == rerun and claimed_threads == rerun_threads:
         verdict = EXACT if distance == 0.0 else MISMATCH
         return RerunVerdict(verdict, RULE_SAME_PLATFORM, distance, 0.0,

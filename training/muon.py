@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from training.config import TrainingConfig
+from training.exact_optim import ExactAdamW, exact_momentum, exact_orthogonalize
 
 #: The per-parameter state of each part, as torch names it.
 ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
@@ -90,6 +91,8 @@ class MuonAdamW:
             "weight_decay": training_cfg.weight_decay, "lr_scale": training_cfg.muon_lr_scale,
         }
         self.param_groups = [self.muon_group, *self.adamw.param_groups]
+        #: ``training.reproducible``: the fixed-order arithmetic of training/exact_optim.py.
+        self.reproducible = training_cfg.reproducible
 
     def steps_with_muon(self, param: torch.Tensor) -> bool:
         """Whether ``param`` is in the Muon part (its state is :data:`MUON_FIELDS`), else AdamW's."""
@@ -111,11 +114,18 @@ class MuonAdamW:
             if not state:
                 state["momentum_buffer"] = torch.zeros_like(param)
             buffer = state["momentum_buffer"]
-            buffer.lerp_(param.grad, 1 - beta)
-            update = orthogonalize(param.grad.lerp(buffer, beta))
+            if self.reproducible:
+                nesterov = exact_momentum(buffer, param.grad, beta)
+                update = exact_orthogonalize(nesterov, NS_COEFFICIENTS, NS_STEPS)
+            else:
+                buffer.lerp_(param.grad, 1 - beta)
+                update = orthogonalize(param.grad.lerp(buffer, beta))
             scale = group["lr_scale"] * RMS_MATCH * math.sqrt(max(param.shape))
             param.mul_(1 - lr * group["weight_decay"])
-            param.add_(update, alpha=-lr * scale)
+            if self.reproducible:  # add with alpha is a fused multiply-add where the CPU has one
+                param.sub_(update * (lr * scale))
+            else:
+                param.add_(update, alpha=-lr * scale)
         self.adamw.step()
 
 
@@ -127,7 +137,8 @@ def adamw(params: list[torch.Tensor], training_cfg: TrainingConfig) -> torch.opt
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": training_cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ) if group["params"]] or [{"params": [], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2))
+    kind = ExactAdamW if training_cfg.reproducible else torch.optim.AdamW
+    return kind(groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2))
 
 
 def state_kind(optimizer, param: torch.Tensor) -> tuple[str, tuple[str, ...]]:

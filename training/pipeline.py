@@ -49,6 +49,7 @@ from torch import nn
 from training.compiled import compile_modules
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
+from training.exact_optim import exact_grad_sq_norm
 from training.inner_optimizers import make_optimizer
 from training.model import init_state_dict, lm_loss, token_ids_to
 from training.platform import Platform, prepare_platform
@@ -78,6 +79,12 @@ def grad_sq_norm(module: nn.Module) -> torch.Tensor:
     return total.cpu()
 
 
+def stage_sq_norm(training_cfg: TrainingConfig) -> Callable[[nn.Module], torch.Tensor]:
+    """How a stage's squared gradient norm is summed: tree-summed under ``training.reproducible``
+    (:func:`~training.exact_optim.exact_grad_sq_norm`), else :func:`grad_sq_norm`."""
+    return exact_grad_sq_norm if training_cfg.reproducible else grad_sq_norm
+
+
 def clip_coefficient(total_sq_norm: torch.Tensor, grad_clip: float) -> float:
     """The factor ``min(1, grad_clip / (norm + eps))`` for a global squared norm."""
     if grad_clip <= 0:
@@ -101,6 +108,7 @@ def inner_step(
     grad_clip: float,
     backward: Callable[[], float],
     reduce_sq_norm: Callable[[torch.Tensor], None] | None = None,
+    sq_norm: Callable[[nn.Module], torch.Tensor] = grad_sq_norm,
 ) -> float:
     """One inner step (DiLoCo arXiv 2311.08105 Algorithm 1, the inner optimizer) over the stages this
     process holds: the one version of this arithmetic that training, re-execution and the simulation run.
@@ -110,6 +118,7 @@ def inner_step(
     batch loss. The squared gradient norms are summed stage by stage in float64 (``reduce_sq_norm``, when
     given, sums that in place across the pipeline's processes: an all-reduce), then every gradient is
     scaled by :func:`clip_coefficient` and each stage's AdamW steps. Returns ``backward()``'s loss.
+    ``sq_norm``: a stage's squared gradient norm (:func:`stage_sq_norm` of the training configuration).
     """
     for module, optimizer in zip(modules, optimizers):
         module.train()
@@ -117,7 +126,7 @@ def inner_step(
     loss = backward()
     total = torch.zeros((), dtype=torch.float64)
     for module in modules:
-        total = total + grad_sq_norm(module)
+        total = total + sq_norm(module)
     if reduce_sq_norm is not None:
         reduce_sq_norm(total)
     coefficient = clip_coefficient(total, grad_clip)
@@ -146,7 +155,7 @@ class LocalReplicaTrainer:
         self.model_cfg = model_cfg
         self.training_cfg = training_cfg
         self.platform: Platform = prepare_platform(
-            training_cfg.device, training_cfg.precision, training_cfg.compile
+            training_cfg.device, training_cfg.precision, training_cfg.compile, training_cfg.reproducible
         )
         self.device = self.platform.device
         self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)
@@ -198,7 +207,8 @@ class LocalReplicaTrainer:
                             param.grad.div_(micro_batches)
             return sum(losses) / len(losses)
 
-        return inner_step(self.stage_modules, self.optimizers, self.training_cfg.grad_clip, backward)
+        return inner_step(self.stage_modules, self.optimizers, self.training_cfg.grad_clip, backward,
+                          sq_norm=stage_sq_norm(self.training_cfg))
 
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:

@@ -63,6 +63,12 @@ class PipelineStageTrainer:
                 "(a rerun chains the stages in one process, not shown bit-exact compiled); "
                 "set training.compile = false"
             )
+        if training_cfg.reproducible:
+            raise PipelineError(
+                "training.reproducible = true with the replica split over processes: not supported (the "
+                "pipeline schedule's own operations have no fixed-order kernels; the squared norms' "
+                "all-reduce of 3 or more stages has no fixed order); train the replica in one process"
+            )
         self.platform: Platform = prepare_platform(training_cfg.device, training_cfg.precision)
         self.device = self.platform.device
         self.module = StageModule(cfg, spec, seed=None)

@@ -33,6 +33,7 @@ import torch
 from training.compiled import compile_problem, set_compile_deterministic
 from training.config import check_device_spec, check_precision
 from training.errors import PlatformError
+from training.exact_mode import ExactKernels
 from training.fingerprint import PlatformFingerprint, fingerprint
 
 logger = logging.getLogger(__name__)
@@ -108,8 +109,14 @@ class Platform:
     device: torch.device
     precision: str
     compiled: bool = False
+    #: ``training.reproducible``: the forward pass runs the fixed-order kernels (training/exact_mode.py).
+    reproducible: bool = False
 
     def autocast(self):
+        """The context of the forward pass: bfloat16 autocast, the fixed-order kernels of the reproducible
+        mode (:class:`~training.exact_mode.ExactKernels`), or nothing."""
+        if self.reproducible:
+            return ExactKernels()
         return autocast(self.device, self.precision)
 
     def fingerprint(self) -> PlatformFingerprint:
@@ -119,7 +126,9 @@ class Platform:
 _PROCESS_PLATFORM: Platform | None = None
 
 
-def prepare_platform(device: str, precision: str, compiled: bool = False) -> Platform:
+def prepare_platform(
+    device: str, precision: str, compiled: bool = False, reproducible: bool = False
+) -> Platform:
     """Resolve ``training.device``/``training.precision``/``training.compile`` and set the process up for it
     (call at the edge).
 
@@ -129,9 +138,13 @@ def prepare_platform(device: str, precision: str, compiled: bool = False) -> Pla
     ``compiled``: the inner steps run through torch.compile; raises PlatformError where it cannot compile
     here (:func:`compile_problem`), and sets inductor's deterministic mode (no on-device benchmarking, whose
     pick of a kernel could differ between two processes and so break a same-platform rerun).
+    ``reproducible``: the forward pass runs the fixed-order kernels (:meth:`Platform.autocast`; float32 only).
     """
     global _PROCESS_PLATFORM
-    resolved = Platform(resolve_device(device), check_precision(precision), bool(compiled))
+    if reproducible and (precision != "fp32" or compiled):
+        raise PlatformError("training.reproducible computes float32 eagerly: not in bf16, not compiled")
+    resolved = Platform(
+        resolve_device(device), check_precision(precision), bool(compiled), bool(reproducible))
     set_deterministic(resolved.device)
     if resolved.compiled:
         problem = compile_problem(resolved.device.type)

@@ -169,7 +169,8 @@ def verify_contribution(
         return _failed(outer_round, replica, OTHER_RESULT,
                        f"stage(s) {elsewhere}: built on another result of round {outer_round - 1} than the "
                        "record's (its bound applied hash is not what the rerun's apply gives)", elsewhere)
-    return _judged(claims, rerun, state.meta, model_cfg, diloco_cfg, outer_round, replica, tolerance)
+    return _judged(claims, rerun, state.meta, model_cfg, diloco_cfg, outer_round, replica, tolerance,
+                   training_cfg.reproducible)
 
 
 def _failed(outer_round: int, replica: int, kind: str, reason: str, stages=()) -> SpotCheck:
@@ -268,7 +269,8 @@ def _declared_steps(claims: Sequence[ContributionClaim], diloco_cfg: DilocoConfi
 
 
 def _judged(claims: Sequence[ContributionClaim], rerun: Reexecution, meta, model_cfg: ModelConfig,
-            diloco_cfg: DilocoConfig, outer_round: int, replica: int, tolerance: float | None) -> SpotCheck:
+            diloco_cfg: DilocoConfig, outer_round: int, replica: int, tolerance: float | None,
+            reproducible: bool = False) -> SpotCheck:
     """The rerun's payloads against the claims, stage by stage, the worst stage deciding
     (:func:`training.fingerprint.compare_rerun`; ``meta``: the claimant's platform and threads)."""
     specs = split_stages(model_cfg.n_layer, len(claims))
@@ -283,7 +285,7 @@ def _judged(claims: Sequence[ContributionClaim], rerun: Reexecution, meta, model
     }
     worst = max(distances.values())
     judged = compare_rerun(meta.platform, rerun.platform, worst, claimed_threads=meta.threads,
-                           rerun_threads=rerun.threads, tolerance=tolerance)
+                           rerun_threads=rerun.threads, tolerance=tolerance, reproducible=reproducible)
     outcome = judged.verdict
     # The next state only chains bit-exactly from a bit-exact rerun on the claimant's platform: payloads
     # may agree to the bit across platforms while the weights behind them do not.
@@ -294,6 +296,7 @@ def _judged(claims: Sequence[ContributionClaim], rerun: Reexecution, meta, model
     # Each stage judged under the same rule as the whole (its own distance): the stages that fail alone.
     failing = tuple(stage for stage, distance in sorted(distances.items())
                     if compare_rerun(meta.platform, rerun.platform, distance, claimed_threads=meta.threads,
-                                     rerun_threads=rerun.threads, tolerance=tolerance).verdict == MISMATCH)
+                                     rerun_threads=rerun.threads, tolerance=tolerance,
+                                     reproducible=reproducible).verdict == MISMATCH)
     return SpotCheck(outer_round, replica, outcome, f"{judged.rule}: {judged.reason}", distances, next_hashes,
                      rerun.seconds, failing, judged.rule)

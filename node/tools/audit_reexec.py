@@ -214,12 +214,14 @@ class ReexecAuditor:
 def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     """:func:`training.reexec.verify_contribution`, run where the platform rule says (module docstring):
     here, or in a child under the claimant's ATen CPU capability where this CPU has it. The result's
-    ``how`` attribute says "exact", "emulated" or "tolerance"."""
+    ``how`` attribute says "exact", "emulated" or "tolerance". A reproducible run (``training.reproducible``)
+    needs no child for the claimant's ATen instruction set (its inner steps are the same bits under every
+    one), only for its math-library path (the codec's encode calls LAPACK and BLAS)."""
     import torch
 
     from training.errors import TrainingError
-    from training.fingerprint import RULE_SAME_PLATFORM, fingerprint
-    from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
+    from training.fingerprint import RULE_REPRODUCIBLE, RULE_SAME_PLATFORM, fingerprint
+    from training.claimant_kernels import CAPABILITY_ENV, kernels_to_emulate, native_cpu_capability
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
     from training.rerun_child import verify_under_kernels
@@ -230,13 +232,15 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
         claimed = None  # verify_contribution gives the malformed state its verdict
     kernels = None if claimed is None else kernels_to_emulate(
         claimed, fingerprint(torch.device("cpu"), claimed.precision), native_cpu_capability())
+    if kernels is not None and configs[1].reproducible:
+        kernels = {name: value for name, value in kernels.items() if name != CAPABILITY_ENV} or None
     if kernels is not None:
         result = verify_under_kernels(kernels, state_parts=list(state_parts), claims=list(claims),
                                          corpus=corpus, model_cfg=configs[0], training_cfg=configs[1],
                                          diloco_cfg=configs[2], compression_cfg=configs[3], **kwargs)
     else:
         result = verify_contribution(state_parts, claims, corpus, *configs, **kwargs)
-    exact = result.rule == RULE_SAME_PLATFORM
+    exact = result.rule in (RULE_SAME_PLATFORM, RULE_REPRODUCIBLE)
     if exact:
         result.how = "emulated" if kernels is not None else "exact"
     else:

@@ -1,0 +1,149 @@
+"""Benchmark: the reproducible mode's cost and its bits (issue 64, docs/REPRODUCIBLE.md).
+
+Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
+``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
+``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, and the slowdown.
+Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
+with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and
+whether every child gave the same bits.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
+    PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
+
+writes bench/results/reproducible.json (``benchio.write_result``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.benchio import default_out, write_result  # noqa: E402
+
+DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-mini:adamw"
+GRID = [(capability, threads, cbwr) for capability in ("native", "default", "avx2") for threads in (1, 2)
+        for cbwr in ("", "COMPATIBLE")]
+
+
+def trainer_for(preset: str, optimizer: str, reproducible: bool, batch: int):
+    from training.config import ModelConfig, TrainingConfig
+    from training.pipeline import LocalReplicaTrainer
+
+    model_cfg = ModelConfig(preset=preset)
+    return model_cfg, LocalReplicaTrainer(model_cfg, TrainingConfig(
+        batch_size=batch, optimizer=optimizer, device="cpu", reproducible=reproducible))
+
+
+def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, steps: int) -> float:
+    """Median seconds of one inner step after a warm-up step."""
+    import torch
+
+    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    for index in range(steps + 1):
+        x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
+                for _ in range(2))
+        started = time.perf_counter()
+        trainer.train_step(x, y)
+        if index:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def weights_after_two_steps(preset: str, optimizer: str, reproducible: bool, batch: int) -> str:
+    import torch
+
+    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
+                for _ in range(2))
+        trainer.train_step(x, y)
+    digest = hashlib.sha256()
+    for tensor in trainer.state_dict().values():
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
+    if capability != "native":
+        env["ATEN_CPU_CAPABILITY"] = capability
+    if cbwr:
+        env["MKL_CBWR"] = cbwr
+    spec = ",".join(f"{p}:{o}" for p, o in cases)
+    done = subprocess.run([sys.executable, __file__, "--child", spec, "--threads", str(threads)], env=env,
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_child(cases: list[tuple[str, str]], threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads,
+                      "hashes": {f"{p}:{o}:{mode}": weights_after_two_steps(p, o, mode == "reproducible", 2)
+                                 for p, o in cases for mode in ("normal", "reproducible")}}))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated preset:optimizer")
+    parser.add_argument("--grid-cases", default="tiny:adamw,llama-tiny:muon",
+                        help="the cases the children hash (two inner steps, batch 2)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timing-threads", type=int, default=1,
+                        help="intra-op threads of the timings (1: steadier on a loaded machine)")
+    parser.add_argument("--no-grid", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=default_out(__file__))
+    args = parser.parse_args(argv)
+    parse = lambda spec: [tuple(case.split(":")) for case in spec.split(",") if case]  # noqa: E731
+    if args.child:
+        run_child(parse(args.child), args.threads)
+        return
+    load = list(os.getloadavg())
+    import torch
+
+    torch.set_num_threads(args.timing_threads)
+    timings = []
+    for preset, optimizer in parse(args.cases):
+        normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
+        exact = step_seconds(preset, optimizer, True, args.batch, args.steps)
+        timings.append({"preset": preset, "optimizer": optimizer, "batch": args.batch,
+                        "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
+                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1)})
+        print(timings[-1], flush=True)
+    result = {"timings": timings}
+    if not args.no_grid:
+        grid = []
+        for capability, threads, cbwr in GRID:
+            out = child_hashes(parse(args.grid_cases), capability, threads, cbwr)
+            grid.append({"capability": out["capability"], "threads": threads, "mkl_cbwr": cbwr or None,
+                         "hashes": out["hashes"]})
+            print(grid[-1], flush=True)
+        keys = grid[0]["hashes"]
+        result["grid"] = grid
+        result["identical_across_grid"] = {key: len({row["hashes"][key] for row in grid}) == 1
+                                           for key in keys}
+    print(json.dumps(result, indent=1))
+    write_result(args.out, result, load)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,276 @@
+"""``training.reproducible``: the inner steps give the same bits on every CPU instruction set, thread count
+and math-library path, so any verifier judges any claim bit for bit (issue 64; docs/REPRODUCIBLE.md).
+
+A short reproducible run (tiny, 3 replicas, 2 rounds) is trained here, in this process, by an honest claimant
+and two cheats who each tamper with one inner step of round 0: one makes that step's update 1% larger, the
+other moves one weight by one ulp. tests/repro_probe.py then runs in children under other
+``ATEN_CPU_CAPABILITY`` values, thread counts and ``MKL_CBWR``, trains two fresh inner steps of GPT-2 (AdamW)
+and Llama (Muon) and reruns every claim. Demanded: the fresh steps are the same bits in every child, the
+honest claims rerun to ``exact`` under the reproducible rule and chain into the next round everywhere, and
+each cheat is convicted everywhere (its rerun a mismatch, or its next start state not where the rerun
+leads). The normal mode, for contrast, is not the same bits under every capability (slow grid).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.exact_math import exact_matmul, exp64, log64, sin_cos64, tanh64, tree_sum
+from training.exact_mode import ExactKernels
+from training.exact_ops import ExactKernelError
+from training.fingerprint import EXACT, MISMATCH, RULE_REPRODUCIBLE, compare_rerun, fingerprint
+from training.reexec import STATE_MISMATCH
+from training.reexec_sim import SimReplica
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = ROOT / "tests" / "repro_probe.py"
+OVERRIDES = ["model.preset=tiny", "pipeline.num_stages=2", "diloco.num_replicas=3", "diloco.inner_steps=2",
+             "training.batch_size=4", "training.warmup_steps=2", "compression.min_compress_numel=512",
+             "training.reproducible=true"]
+NATIVE = "native"
+HONEST, PERCENT_CHEAT, ULP_CHEAT = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+def test_elementary_functions_match_float64_references():
+    x = torch.linspace(-80, 80, 20001, dtype=torch.float64)
+    assert torch.allclose(exp64(x), torch.exp(x), rtol=4e-15, atol=0)
+    positive = torch.logspace(-30, 30, 20001, dtype=torch.float64)
+    assert torch.allclose(log64(positive), torch.log(positive), rtol=4e-15, atol=1e-15)
+    assert log64(torch.zeros(1, dtype=torch.float64)).item() == -math.inf
+    angles = torch.linspace(-2048, 2048, 40001, dtype=torch.float64)
+    sin, cos = sin_cos64(angles)
+    assert torch.allclose(sin, torch.sin(angles), rtol=0, atol=2e-14)
+    assert torch.allclose(cos, torch.cos(angles), rtol=0, atol=2e-14)
+    assert torch.allclose(tanh64(x / 8), torch.tanh(x / 8), rtol=0, atol=4e-16)
+
+
+def test_exact_matmul_does_not_depend_on_the_summation_order():
+    generator = torch.Generator().manual_seed(0)
+    for inner in (1, 13, 700, 3000):
+        a = torch.randn(5, 7, inner, generator=generator) * torch.logspace(-3, 3, inner)
+        b = torch.randn(5, inner, 3, generator=generator)
+        product = exact_matmul(a, b)
+        reference = (a.double() @ b.double()).float()
+        assert torch.allclose(product, reference, rtol=1e-6, atol=1e-6 * float(reference.abs().max()))
+        # The slices' products are exact: any order of the inner index gives the same bits.
+        order = torch.randperm(inner, generator=generator)
+        assert torch.equal(exact_matmul(a[..., order], b[..., order, :]), product)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(exact_matmul(a, b), product)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_tree_sum_is_a_tree_of_fixed_shape():
+    generator = torch.Generator().manual_seed(0)
+    for count in (1, 2, 7, 64, 65):
+        x = torch.randn(3, count, generator=generator)
+        assert torch.allclose(tree_sum(x, 1), x.sum(1, keepdim=True), atol=1e-5)
+    # [1, u, u, u] with u half an ulp of 1: in sequence every u is lost (a tie, to even): 1; the tree adds
+    # the halves, [1 + u, u + u] = [1, 2u], then 1 + 2u.
+    u = 2.0 ** -24
+    assert tree_sum(torch.tensor([[1.0, u, u, u]]), 1).item() == 1.0 + 2 * u
+    # An odd count's last element is carried: [1, u, u] -> [1 + u, u] = [1, u] -> 1.
+    assert tree_sum(torch.tensor([[1.0, u, u]]), 1).item() == 1.0
+
+
+def test_an_operation_without_a_fixed_order_kernel_is_refused():
+    x = torch.randn(4, 4)
+    with ExactKernels(), pytest.raises(ExactKernelError, match="cumsum"):
+        torch.cumsum(x, 0)
+    with ExactKernels(), pytest.raises(ExactKernelError, match="alpha"):
+        torch.add(x, x, alpha=2.0)
+    with ExactKernels(), pytest.raises(ExactKernelError, match="tanh approximation"):
+        torch.nn.functional.gelu(x)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
+def test_the_mode_computes_the_same_model(preset):
+    """The fixed-order forward and backward passes are the model's: loss and gradients as torch's to
+    float32 rounding."""
+    from training.config import ModelConfig
+    from training.model import GPT
+
+    model = GPT(ModelConfig(preset=preset), seed=0)
+    generator = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 256, (2, 32), generator=generator) for _ in range(2))
+    _, reference = model(x, y)
+    reference.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    with ExactKernels():
+        _, loss = model(x, y)
+    loss.backward()
+    assert abs(loss.item() - reference.item()) < 1e-5
+    for name, param in model.named_parameters():
+        scale = float(expected[name].abs().max()) + 1e-12
+        assert float((param.grad - expected[name]).abs().max()) / scale < 1e-4, name
+
+
+# ----------------------------------------------------------------------------- settings and the verdict
+
+
+def test_the_setting_is_in_the_run_document_only_when_on():
+    from node.config import load_config
+    from node.runconfig import run_document
+
+    assert "reproducible" not in run_document(load_config(None, OVERRIDES[:-1]))["training"]
+    assert run_document(load_config(None, OVERRIDES))["training"]["reproducible"] is True
+    from training.config import TrainingConfig
+
+    with pytest.raises(ValueError, match="fp32"):
+        TrainingConfig(reproducible=True, precision="bf16")
+
+
+def test_a_reproducible_rerun_is_judged_bit_for_bit_under_any_instruction_set():
+    here = fingerprint(torch.device("cpu"), "fp32")
+    other = type(here)(**{**here.document(), "capability": "DEFAULT"})
+    exact = compare_rerun(other, here, 0.0, claimed_threads=2, rerun_threads=2, reproducible=True)
+    assert (exact.verdict, exact.rule) == (EXACT, RULE_REPRODUCIBLE)
+    off = compare_rerun(other, here, 1e-9, claimed_threads=2, rerun_threads=2, reproducible=True)
+    assert (off.verdict, off.rule) == (MISMATCH, RULE_REPRODUCIBLE)
+    # Without the mode the same distance under another instruction set passes as within tolerance.
+    assert compare_rerun(other, here, 1e-9, claimed_threads=2, rerun_threads=2).verdict != MISMATCH
+    # Another CPU model or math-library path: the codec's LAPACK and BLAS calls may round otherwise.
+    for field, value in (("device_name", "another CPU"), ("blas", "MKL_CBWR=COMPATIBLE")):
+        elsewhere = type(here)(**{**here.document(), field: value})
+        judged = compare_rerun(elsewhere, here, 1e-9, claimed_threads=2, rerun_threads=2, reproducible=True)
+        assert judged.rule != RULE_REPRODUCIBLE and judged.verdict != MISMATCH
+
+
+# ----------------------------------------------------------------------------- across platforms
+
+
+class OneStepCheat(SimReplica):
+    """Tampers with inner step 0 of round 0: ``"percent"`` makes that step's update 1% larger, ``"ulp"`` moves
+    the first weight of the first stage to the next float32 up."""
+
+    def __init__(self, replica, sim, kind: str) -> None:
+        super().__init__(replica, sim)
+        self.kind = kind
+
+    def train(self, outer_round, first_step, end_step):
+        for step in range(first_step, end_step):
+            params = [p for module in self.trainer.stage_modules for p in module.parameters()]
+            before = [p.detach().clone() for p in params]
+            super().train(outer_round, step, step + 1)
+            if (outer_round, step) != (0, 0):
+                continue
+            with torch.no_grad():
+                if self.kind == "percent":
+                    for param, old in zip(params, before):
+                        param.add_((param - old) * 0.01)
+                else:
+                    first = params[0].view(-1)
+                    first[0] = torch.nextafter(first[0], torch.tensor(math.inf))
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory) -> Path:
+    """The reproducible run, trained in this process (its own kernels, 1 thread)."""
+    from node.config import load_config
+    from training.data import corpus_from_config
+    from training.reexec_sim import SimConfig, run_with_states
+
+    cfg = load_config(None, OVERRIDES)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco,
+                        cfg.compression, cfg.pipeline.num_stages, rounds=2)
+        replicas = [SimReplica(HONEST, sim), OneStepCheat(PERCENT_CHEAT, sim, "percent"),
+                    OneStepCheat(ULP_CHEAT, sim, "ulp")]
+        records = run_with_states(replicas, sim)
+    finally:
+        torch.set_num_threads(threads)
+    run = {"overrides": OVERRIDES,
+           "records": [{"round": r.outer_round, "contributions": r.contributions,
+                        "states": {replica: [part.to_bytes() for part in state.stages]
+                                   for replica, state in r.states.items()},
+                        "claims": r.claims} for r in records]}
+    path = tmp_path_factory.mktemp("repro") / "run.pkl"
+    path.write_bytes(pickle.dumps(run))
+    return path
+
+
+def probe(run: Path | str, capability: str, threads: int, cbwr: str | None = None) -> dict:
+    """tests/repro_probe.py in a child under ``capability`` (or the machine's own), ``threads`` and
+    ``MKL_CBWR``."""
+    drop = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_CBWR")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    # PASSIVE: 2 threads on a loaded machine do not spin-wait (on a shared 2-core machine: minutes).
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    if capability != NATIVE:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    if cbwr:
+        env["MKL_CBWR"] = cbwr
+    done = subprocess.run([sys.executable, str(PROBE), str(run), str(threads)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["threads"] == threads
+    if capability != NATIVE:
+        assert out["capability"] == capability.upper()
+    return out
+
+
+def check_grid(run: Path, grid: list[tuple[str, int, str | None]]) -> list[dict]:
+    results = [probe(run, *key) for key in grid]
+    first = results[0]
+    for key, out in zip(grid, results):
+        assert out["fresh"] == first["fresh"], (key, out["fresh"], first["fresh"])
+        assert len(out["checks"]) == 6, key
+        checks = {(c["round"], c["replica"]): c for c in out["checks"]}
+        for outer_round in (0, 1):
+            honest = checks[(outer_round, HONEST)]
+            assert (honest["verdict"], honest["rule"]) == (EXACT, RULE_REPRODUCIBLE), (key, honest)
+            # No child for another instruction set; one for another math-library path (the codec's BLAS).
+            assert honest["how"] == ("emulated" if key[2] else "exact"), (key, honest)
+        assert checks[(0, HONEST)]["chain"] == EXACT, key
+        assert checks[(0, PERCENT_CHEAT)]["verdict"] == MISMATCH, (key, checks[(0, PERCENT_CHEAT)])
+        ulp = checks[(0, ULP_CHEAT)]
+        # Convicted by its contribution or, where the codec's rounding hides one ulp, by its next state.
+        assert ulp["verdict"] == MISMATCH or ulp["chain"] == STATE_MISMATCH, (key, ulp)
+    return results
+
+
+def test_inner_steps_are_the_same_bits_under_other_kernels_threads_and_mkl_path():
+    """Two inner steps of GPT-2 (AdamW) and Llama (Muon) in children: the same bits as in this process."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from repro_probe import FRESH, fresh_steps
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here = {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH}
+    finally:
+        torch.set_num_threads(threads)
+    for key in (("default", 2, None), ("avx2", 1, "COMPATIBLE")):
+        assert probe("-", *key)["fresh"] == here, key
+
+
+def test_reruns_are_bit_exact_under_other_kernels_and_threads(recorded_run):
+    check_grid(recorded_run, [("default", 2, None)])
+
+
+@pytest.mark.slow
+def test_reruns_are_bit_exact_under_every_capability_thread_count_and_mkl_path(recorded_run):
+    grid = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
+            for cbwr in (None, "COMPATIBLE")]
+    results = check_grid(recorded_run, grid)
+    # The contrast: torch's own kernels give other bits under other instruction sets.
+    assert len({out["normal"] for out in results}) > 1

@@ -1,0 +1,104 @@
+"""The inner optimizers' arithmetic in the reproducible mode: single IEEE operations in a fixed order.
+
+torch's AdamW steps with ``lerp``, ``addcmul`` and ``addcdiv``, whose vectorised kernels use a fused
+multiply-add where the instruction set has one (AVX2, AVX-512, NEON) and two roundings where it does not,
+and Muon's Newton-Schulz iteration and gradient clipping reduce in the machine's order. Here
+(docs/REPRODUCIBLE.md):
+
+* :class:`ExactAdamW`: torch's AdamW (its state, parameter groups, ``state_dict``) whose step is written out
+  as separate multiplies, adds, divides and a square root (``m = beta1 m + (1 - beta1) g``,
+  ``v = beta2 v + (1 - beta2) g^2``, ``p = p (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)``);
+  the bias corrections ``beta^t`` are products of ``t`` floats (not the C library's ``pow``);
+* :func:`exact_orthogonalize`: Muon's quintic Newton-Schulz with :func:`exact_matmul` and a tree-summed
+  Frobenius norm; :func:`exact_momentum` its momentum and Nesterov step without ``lerp``;
+* :func:`exact_grad_sq_norm`: the squared gradient norm for clipping, tree-summed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from training.exact_math import exact_matmul, tree_sum
+
+
+def power(base: float, exponent: int) -> float:
+    """``base ** exponent`` as ``exponent`` float64 products in order (the same bits on every C library)."""
+    out = 1.0
+    for _ in range(exponent):
+        out *= base
+    return out
+
+
+class ExactAdamW(torch.optim.AdamW):
+    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) with a fixed-order step; state as torch's."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch's signature
+        if closure is not None:
+            raise ValueError("ExactAdamW.step: closures are not supported")
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._step_one(param, param.grad, beta1, beta2, lr, eps, decay)
+
+    def _step_one(self, param, grad, beta1, beta2, lr, eps, decay) -> None:
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["step"] += 1
+        step = int(state["step"])
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        if decay:
+            param.mul_(1.0 - lr * decay)
+        exp_avg.mul_(beta1)
+        exp_avg.add_(grad * (1.0 - beta1))
+        exp_avg_sq.mul_(beta2)
+        exp_avg_sq.add_((grad * grad) * (1.0 - beta2))
+        bias_correction1 = 1.0 - power(beta1, step)
+        bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, step))
+        denom = torch.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+        param.sub_((exp_avg / denom) * (lr / bias_correction1))
+
+
+def exact_momentum(buffer: torch.Tensor, grad: torch.Tensor, beta: float) -> torch.Tensor:
+    """Muon's momentum and Nesterov step: ``b <- beta b + (1 - beta) g`` (in place), returns
+    ``(1 - beta) g + beta b``."""
+    buffer.mul_(beta)
+    buffer.add_(grad * (1.0 - beta))
+    return grad * (1.0 - beta) + buffer * beta
+
+
+def exact_orthogonalize(
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int
+) -> torch.Tensor:
+    """Muon's NS5 (training/muon.py's :func:`~training.muon.orthogonalize`) in fixed order."""
+    a, b, c = coefficients
+    x = update.to(torch.float32)
+    transposed = x.size(0) > x.size(1)
+    if transposed:
+        x = x.T.contiguous()
+    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0)) + 1e-7
+    x = x / norm
+    for _ in range(steps):
+        gram = exact_matmul(x, x.T)
+        poly = gram * b + exact_matmul(gram, gram) * c
+        x = x * a + exact_matmul(poly, x)
+    return (x.T if transposed else x).contiguous()
+
+
+def exact_grad_sq_norm(module: nn.Module) -> torch.Tensor:
+    """Sum of squared gradient entries of ``module`` (float64 scalar on the CPU): each gradient's squares
+    (exact in float64) tree-summed, the parameters' sums added in parameter order."""
+    total = torch.zeros((), dtype=torch.float64)
+    for param in module.parameters():
+        if param.grad is not None:
+            grad = param.grad.detach().to(torch.float64).reshape(-1)
+            total = total + tree_sum(grad * grad, 0).reshape(()).cpu()
+    return total
