@@ -163,6 +163,7 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
         inactivity_rounds=params.inactivity_rounds,
         tenure_rounds=params.tenure_rounds,
         commitments=params.commitments,
+        max_game_steps=params.max_game_steps,
     )
 
 

@@ -19,6 +19,7 @@ from ledger.runparams import (
     DEFAULT_COMMITMENTS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
+    DEFAULT_MAX_GAME_STEPS,
     DEFAULT_TENURE_ROUNDS,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
@@ -32,6 +33,7 @@ RUN_FIELDS = (
     "commitCount", "checkpointEnd", "quorum", "quorumBps", "memberCount", "countedCount", "tenureRounds",
     "headHash", "creator", "numStages", "innerSteps", "inactivityRounds", "maxRounds", "invalidFrom",
     "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake", "bond", "configHash",
+    "maxGameSteps",
 )
 
 
@@ -62,6 +64,7 @@ class RunCalls:
         tenure_rounds: int = DEFAULT_TENURE_ROUNDS,
         commitments: int = DEFAULT_COMMITMENTS,
         allow_weak_quorum: bool = False,
+        max_game_steps: int = DEFAULT_MAX_GAME_STEPS,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
@@ -78,8 +81,9 @@ class RunCalls:
                 members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless
                 ``allow_weak_quorum``).
             bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
-            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
-                ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
+            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least the
+                longest proof window, ``dispute_blocks + (2 max_game_steps + 2) accusation_blocks`` (None:
+                exactly that), at most 2^32.
             accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
             dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
             inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it
@@ -92,13 +96,16 @@ class RunCalls:
                 3, what a new fraud-provable run's "auto" resolves to). The prover holds every round's factors
                 to it, so it must be the document's: a normed run's records committed with another version's
                 factors are proven wrong (docs/FRAUD_PROOF.md).
+            max_game_steps: Steps of one availability game (>= 1; ``ledger.runparams.game_steps_for`` of the
+                largest stage's chunks).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
-            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments: the contract's rules.
+            LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments, LedgerBadGameSteps,
+            LedgerUnbondingBelowProofWindow: the contract's rules.
         """
         params = RunParams(
             config_hash,
@@ -115,6 +122,7 @@ class RunCalls:
             max_rounds=max_rounds,
             tenure_rounds=tenure_rounds,
             commitments=commitments,
+            max_game_steps=max_game_steps,
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 

@@ -36,6 +36,7 @@ library LedgerMembership {
         run.minStake = params.minStake;
         run.bond = params.bond;
         run.configHash = params.configHash;
+        run.maxGameSteps = params.maxGameSteps;
         emit TrainingLedger.RunCreated(runId, msg.sender, params, genesis, configUri);
     }
 
@@ -145,6 +146,13 @@ library LedgerMembership {
         }
         if (params.unbondingBlocks > maximum) {
             revert TrainingLedger.LedgerUnbondingTooLong(params.unbondingBlocks, maximum);
+        }
+        // A stake outlives every proof of a round its member attested: a coalition that leaves at once and
+        // withdraws after unbonding is still there to slash (issue 62).
+        if (params.maxGameSteps == 0) revert TrainingLedger.LedgerBadGameSteps(params.maxGameSteps);
+        uint64 window = LedgerCore.proofWindowBound(disputeBlocks, accusationBlocks, params.maxGameSteps);
+        if (params.unbondingBlocks < window) {
+            revert TrainingLedger.LedgerUnbondingBelowProofWindow(params.unbondingBlocks, window);
         }
     }
 }

@@ -96,6 +96,8 @@ from ledger.errors.training_ledger import (
     LedgerAttestBeforeJoin as LedgerAttestBeforeJoin,
     LedgerNotProver as LedgerNotProver,
     LedgerBadCommitments as LedgerBadCommitments,
+    LedgerBadGameSteps as LedgerBadGameSteps,
+    LedgerUnbondingBelowProofWindow as LedgerUnbondingBelowProofWindow,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,
@@ -120,6 +122,13 @@ from ledger.errors.prover import (
     ProverChallengeDue as ProverChallengeDue,
     ProverChallengeNotDue as ProverChallengeNotDue,
     ProverChallengeTooLate as ProverChallengeTooLate,
+    ProverGameTooLong as ProverGameTooLong,
+    ProverProofWindowClosed as ProverProofWindowClosed,
+    ProverParentOpen as ProverParentOpen,
+    ProverNoClaim as ProverNoClaim,
+    ProverNotClaimant as ProverNotClaimant,
+    ProverRoundStands as ProverRoundStands,
+    ProverNotLedger as ProverNotLedger,
 )
 
 

@@ -222,3 +222,12 @@ class LedgerNotProver(LedgerRevert):
 class LedgerBadCommitments(LedgerRevert):
     """``commitments`` is not a version of a run's commitments the contract knows (node/commitments/ names
     them)."""
+
+
+class LedgerBadGameSteps(LedgerRevert):
+    """``maxGameSteps`` is 0: an availability game needs at least one step."""
+
+
+class LedgerUnbondingBelowProofWindow(LedgerRevert):
+    """``unbonding_blocks`` is shorter than the longest proof window, ``dispute_blocks + (2 max_game_steps + 2)
+    accusation_blocks``: a coalition could withdraw before it is proven wrong."""
