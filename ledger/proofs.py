@@ -99,7 +99,8 @@ class ProofCalls:
         Raises:
             ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
             ProverBadTarget, ProverBondMismatch, ProverChallengeExists, ProverChallengeTooLate (the round's
-            dispute window closed and this account's game on the stage has no fresh window), ProverGameTooLong.
+            dispute window closed and this account's game on the stage has no fresh window),
+            ProverGameTooLong.
         """
         record, stage, _leaf, _path, _factors, which, chunk = target
         if bond is None:

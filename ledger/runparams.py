@@ -176,8 +176,8 @@ class RunInfo:
 
     @property
     def min_unbonding_blocks(self) -> int:
-        """The contract's floor on ``unbonding_blocks``: the longest proof window (:func:`proof_window_bound`),
-        itself at least the accusation deadline plus the dispute window."""
+        """The contract's floor on ``unbonding_blocks``: the longest proof window
+        (:func:`proof_window_bound`), itself at least the accusation deadline plus the dispute window."""
         return proof_window_bound(self.dispute_blocks, self.accusation_blocks, self.max_game_steps)
 
     def quorum_for(self, counted: int) -> int:

@@ -116,7 +116,8 @@ class ProverNoClaim(ProverError):
 
 
 class ProverNotClaimant(ProverError):
-    """The caller did not commit the proof before it was sent (within the claim window), nor sent it (after)."""
+    """The caller did not commit the proof before it was sent (within the claim window), nor sent it
+    (after)."""
 
 
 class ProverRoundStands(ProverError):

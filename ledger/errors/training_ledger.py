@@ -229,5 +229,5 @@ class LedgerBadGameSteps(LedgerRevert):
 
 
 class LedgerUnbondingBelowProofWindow(LedgerRevert):
-    """``unbonding_blocks`` is shorter than the longest proof window, ``dispute_blocks + (2 max_game_steps + 2)
-    accusation_blocks``: a coalition could withdraw before it is proven wrong."""
+    """``unbonding_blocks`` is shorter than the longest proof window, ``dispute_blocks + (2 max_game_steps +
+    2) accusation_blocks``: a coalition could withdraw before it is proven wrong."""
