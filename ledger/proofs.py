@@ -48,9 +48,12 @@ class ProofCalls:
         (ProverBadPath, ProverBadFactors, ...)."""
         return self.sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
 
-    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None) -> dict:
+    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None, *, commit: bool = True) -> dict:
         """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
-        reads them from the event).
+        reads them from the event). ``commit``: first commit to it (:meth:`commit_proof`, mined before the
+        proof is sent) unless committed already, so that its reward is paid at once and a copy sent by a
+        front-runner pays it nothing (issue 62); False sends it bare (its reward is then held for the claim
+        window, :meth:`claim_reward`).
 
         Raises:
             ProverRoundCorrect (the chunk is right), ProverBadRecords, ProverNotCommitted, ProverBadStage,
@@ -62,8 +65,10 @@ class ProofCalls:
             f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, "
             f"chunk {proof.chunk})"
         )
-        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters),
-                                    what)
+        args = self._proof_args(proof, attesters)
+        if commit:
+            self._commit_once(proof, args[0][-1])
+        return self.sender.transact(self._prover, "proveWrongAggregation", args, what)
 
     def _norm_args(self, proof: NormProof, attesters) -> tuple:
         if not isinstance(proof, NormProof):
@@ -78,8 +83,9 @@ class ProofCalls:
         (ProverNotNormed, ProverBadSumPath, ProverBadPath, ...)."""
         return self.sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
 
-    def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
+    def prove_wrong_norm(self, proof: NormProof, attesters=None, *, commit: bool = True) -> dict:
         """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
+        ``commit``: as :meth:`prove_wrong_aggregation`'s.
 
         Raises:
             ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a
@@ -90,7 +96,10 @@ class ProofCalls:
         which = "scales" if proof.contribution == SCALES \
             else f"contribution {proof.contribution} chunk {proof.chunk}"
         what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
-        return self.sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
+        args = self._norm_args(proof, attesters)
+        if commit:
+            self._commit_once(proof, args[0][-1])
+        return self.sender.transact(self._prover, "proveWrongNorm", args, what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
         """Challenge the committers to publish one committed leaf
@@ -206,6 +215,11 @@ class ProofCalls:
         commitment = self.proof_commitment(proof, attesters)
         self.sender.transact(self._prover, "commitProof", (commitment,), "commitProof")
         return commitment
+
+    def _commit_once(self, proof, attesters) -> None:
+        """Commit to ``proof`` unless this account did already; return once the commitment is mined."""
+        if self.proof_committed_at(self.proof_commitment(proof, attesters)) is None:
+            self.commit_proof(proof, attesters)
 
     def proof_committed_at(self, commitment: bytes) -> int | None:
         """The block ``commitment`` was first committed in, or None."""

@@ -18,6 +18,7 @@ from training.codec_wire import CODEC_VERSION, matrix_view_shape
 from training.codec_exact import f32_bytes, pack_ints, qmax
 from training.config import DilocoConfig
 from training.diloco import aggregate_with_report
+from tests.ledger_fixtures import mine
 
 # version 2 (normed: replace it)
 DILOCO = DilocoConfig(outer_lr=0.7, outer_momentum=0.9, commitments="chunked")
@@ -151,6 +152,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
     records, stages = [], []
     for state in (round_.prev, new):
+        if records:  # round 0's window closes first: a proof of round 1 never waits for its parent (issue 62)
+            mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"])
         leaves = [state.leaf(), round_.other.leaf()]
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(leaves))
         run.client(1).commit_round(record, run.sign(record, (1, 2)))
