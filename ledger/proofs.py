@@ -48,7 +48,8 @@ class ProofCalls:
         (ProverBadPath, ProverBadFactors, ...)."""
         return self.sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
 
-    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None, *, commit: bool = True) -> dict:
+    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None, *,
+                                commit: bool = True) -> dict:
         """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
         reads them from the event). ``commit``: first commit to it (:meth:`commit_proof`, mined before the
         proof is sent) unless committed already, so that its reward is paid at once and a copy sent by a

@@ -77,9 +77,9 @@ def read_run_file(path: str) -> RunFile:
     floor = proof_window_bound(chain["dispute_blocks"], chain["accusation_blocks"], steps)
     if chain["unbonding_blocks"] and chain["unbonding_blocks"] < floor:
         raise ConfigError(
-            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least the longest "
-            f"proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = {floor} (or 0 "
-            "for exactly that)")
+            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least the "
+            f"longest proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = "
+            f"{floor} (or 0 for exactly that)")
     return RunFile(table, chain, cfg)
 
 
