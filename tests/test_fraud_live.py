@@ -124,6 +124,8 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     book, records = RoundBook(), []
     prover_peer, second = world.hosts[1].peer_id, Identity.generate().peer_id
     for outer_round, (stage0, own0) in enumerate([(start, start), (committed_leaf, own_leaf)]):
+        if outer_round:  # round 0's window closes first: round 1's proof is taken at once (issue 62)
+            mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"])
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(
             [StageLeaf.decode(stage0), StageLeaf.decode(other)]))
         run.client(1).commit_round(record, run.sign(record, COLLUDERS))

@@ -29,6 +29,17 @@ class ChainDisputes:
         with self._lock:
             return self.client.prove_wrong_norm(proof, attesters)
 
+    def claim_held_reward(self, run_id: int, round: int) -> dict | None:
+        """Claim the reward held for ``round`` (a proof of it sent by another first, issue 62) if this
+        account's earlier commitment is of that proof; the receipt, or None if there is nothing to claim."""
+        from ledger.errors import ProverNoClaim, ProverNotClaimant
+
+        with self._lock:
+            try:
+                return self.client.claim_reward(run_id, round)
+            except (ProverNoClaim, ProverNotClaimant):
+                return None
+
     def challenge_availability(self, target: tuple) -> bytes:
         with self._lock:
             return self.client.challenge_availability(target)
@@ -41,7 +52,7 @@ class ChainDisputes:
         with self._lock:
             return self.client.challenge_of(challenge_id)
 
-    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
+    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes]] | None:
         with self._lock:
             return self.client.availability_answer(challenge_id)
 
