@@ -143,13 +143,14 @@ class Committed:
 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
-           commitments: int | None = None) -> Committed:
+           commitments: int | None = None, **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3; k = 2) whose round 0 is ``round_.prev`` and round 1
     ``new``, both signed by members 1 and 2. ``commitments``: the run's version (RunParams); None: that of
-    ``new``'s factors (3 if they carry the norm commitment, else 2)."""
+    ``new``'s factors (3 if they carry the norm commitment, else 2). ``run_params``: further ``create_run``
+    keywords (the windows, ``max_game_steps``)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=stake, commitments=commitments, **run_params)
     records, stages = [], []
     for state in (round_.prev, new):
         if records:  # round 0's window closes first: a proof of round 1 never waits for its parent (issue 62)

@@ -58,6 +58,7 @@ library ProverAvailability {
     ) private returns (uint64 deadline) {
         bytes32 gameKey = keccak256(abi.encode(runId, round, stage, msg.sender));
         AggregationProver.Game storage game = p.games[gameKey];
+        if (game.steps >= run.maxGameSteps) revert AggregationProver.ProverGameTooLong(gameKey, run.maxGameSteps);
         // A game starts only while the round can be disputed (members need not keep a round's leaves for ever);
         // after that only an answered step's fresh window continues it, so a last-block answer costs the
         // challenger nothing and the clock never runs out on it.
@@ -67,7 +68,6 @@ library ProverAvailability {
                 runId, round, uint64(closedAt > game.continueBy ? closedAt : game.continueBy)
             );
         }
-        if (game.steps >= run.maxGameSteps) revert AggregationProver.ProverGameTooLong(gameKey, run.maxGameSteps);
         game.steps += 1;
         deadline = uint64(block.number) + run.accusationBlocks;
         // Answered by `deadline`, the next step may come `accusationBlocks` after the answer; unanswered, the

@@ -40,6 +40,11 @@ class ChainDisputes:
             except (ProverNoClaim, ProverNotClaimant):
                 return None
 
+    def proof_window_of(self, run_id: int, round: int) -> tuple[int, int]:
+        """(opens_at, closes_at) of the proofs of ``round`` (TrainingLedger.proofWindowOf)."""
+        with self._lock:
+            return self.client.proof_window_of(run_id, round)
+
     def challenge_availability(self, target: tuple) -> bytes:
         with self._lock:
             return self.client.challenge_availability(target)
