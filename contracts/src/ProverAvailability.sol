@@ -34,10 +34,10 @@ library ProverAvailability {
         TrainingLedger.Run memory run = ledger.runOf(record.runId);
         if (target.stage >= run.numStages) revert AggregationProver.ProverBadStage(target.stage, run.numStages);
         if (msg.value != run.bond) revert AggregationProver.ProverBondMismatch(run.bond, msg.value);
+        uint64 deadline = _step(p, ledger, run, record.runId, record.round, target.stage); // the clock first
         (bytes32 root, uint32 numChunks, bool sums) = _targetTree(target, run.numStages);
         id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
         if (p.challenges[id].challenger != address(0)) revert AggregationProver.ProverChallengeExists(id);
-        uint64 deadline = _step(p, ledger, run, record.runId, record.round, target.stage);
         p.challenges[id] = AggregationProver.Challenge(
             msg.sender, deadline, numChunks, false, sums, record.round, target.chunk, root, record.runId, msg.value,
             target.stage
