@@ -187,7 +187,7 @@ contract AggregationProver {
     event ProofCommitted(bytes32 indexed commitment, address indexed prover);
     /// @notice A proof of round `round` came without a matured commitment: its `reward` is held until `deadline`
     /// for an earlier committer of the same proof, then `prover`'s.
-    event RewardHeld(uint256 indexed runId, uint64 indexed round, address prover, uint256 reward, uint64 deadline);
+    event RewardEscrowed(uint256 indexed runId, uint64 indexed round, address prover, uint256 reward, uint64 deadline);
     /// @notice The held reward of round `round` went to `recipient`.
     event RewardClaimed(uint256 indexed runId, uint64 indexed round, address indexed recipient, uint256 reward);
     /// @notice The escrowed bonds of `challenger`'s game on `stage` of round `round` came back to it.

@@ -161,7 +161,7 @@ library ProverAvailability {
         uint64 deadline = uint64(block.number) + ledger.runOf(runId).accusationBlocks;
         p.claims[runId][round] =
             AggregationProver.Claim(msg.sender, uint64(block.number), deadline, uint128(reward), proofHash);
-        emit AggregationProver.RewardHeld(runId, round, msg.sender, reward, deadline);
+        emit AggregationProver.RewardEscrowed(runId, round, msg.sender, reward, deadline);
         reward = 0;
     }
 
