@@ -218,7 +218,9 @@ class ProofCalls:
         return commitment
 
     def _commit_once(self, proof, attesters) -> None:
-        """Commit to ``proof`` unless this account did already; return once the commitment is mined."""
+        """Commit to ``proof`` unless this account did already; return once the commitment is mined. The
+        proof is not tried first (on py-evm its execution costs seconds): a refused one wastes the
+        commitment's gas only."""
         if self.proof_committed_at(self.proof_commitment(proof, attesters)) is None:
             self.commit_proof(proof, attesters)
 

@@ -46,7 +46,8 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
         # the real leaves: the chunk is right; tampered leaves do not open the committed root
         with pytest.raises(errors.ProverBadStagePath if tampered else errors.ProverRoundCorrect):
             outsider.prove_wrong_aggregation(machine.proof_of(round_, chunk, tampered=tampered),
-                                             attesters=machine.attesters_of(round_))
+                                             attesters=machine.attesters_of(round_),
+                                             commit=False)
         machine.the_model_holds()
     from ledger.normproof import scale_proof
     from tests.fraud_fixtures import with_scale
@@ -65,7 +66,7 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
             proof = scale_proof(machine.records[round_], [claimed.leaf().encode()], 0,
                                 claimed.factors.encode())
             with pytest.raises(error):
-                outsider.prove_wrong_norm(proof, attesters=machine.attesters_of(round_))
+                outsider.prove_wrong_norm(proof, attesters=machine.attesters_of(round_), commit=False)
         machine.the_model_holds()
     state = honest_chain(2, normed=True)
     for which in (WEIGHTS, PAYLOAD + 1):

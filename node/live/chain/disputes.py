@@ -40,6 +40,15 @@ class ChainDisputes:
             except (ProverNoClaim, ProverNotClaimant):
                 return None
 
+    def reclaim_game_bonds(self, run_id: int, round: int, stage: int) -> int:
+        """Take back this account's escrowed bonds of its game on ``stage`` of an overturned ``round`` (issue
+        62); the wei taken (0: none escrowed)."""
+        with self._lock:
+            escrow = self.client.game_of(run_id, round, stage)["escrow"]
+            if escrow:
+                self.client.reclaim_bonds(run_id, round, stage)
+            return escrow
+
     def proof_window_of(self, run_id: int, round: int) -> tuple[int, int]:
         """(opens_at, closes_at) of the proofs of ``round`` (TrainingLedger.proofWindowOf)."""
         with self._lock:

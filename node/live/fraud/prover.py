@@ -322,6 +322,7 @@ class FraudProver(AvailabilityChallenges):
             "round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
             "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
             len(attesters or ()))
+        self.chain.reclaim_game_bonds(self.run_id, outer_round, stage)  # the walk's answered steps' bonds
 
     def _send_deferred(self) -> None:
         """Send again the proofs that waited for their parent round's window (the settlement loop's)."""
