@@ -79,6 +79,9 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     assert outsider.invalid_from(machine.run_id) is None
 
 
+# (issue 62) a walk no longer stops at the dispute window: each answer gives it a fresh window, so the
+# mistaken walk of a right round goes on to its bisection's end on py-evm: longer than the default timeout.
+@pytest.mark.timeout(900)
 def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
     """The fuzzer's sum-tree actors (tests/trust_sums.py), step by step: a captured run's lied chunk sum
     walked with truthful answers (junk refused on the way) and an unclipped scale behind lower sums are

@@ -366,8 +366,8 @@ class SumWalks:
             # (issue 62) every bond of the walk comes back once the round falls: the answered steps' from the
             # game's escrow (with the expiry, or reclaimed after the proof), the expired step's with it
             walker = self.client(WALKER).address
-            returned += BOND * sum(1 for event in reader.availability_challenges(case.run_id, from_block=0)
-                                   if event["challenger"] == walker)
+            challenges = reader.availability_challenges(case.run_id, from_block=case.commit_block)
+            returned += BOND * sum(1 for event in challenges if event["challenger"] == walker)
         received = self.w3.eth.get_balance(self.client(WALKER).address) - self.walker_start + self.walker_paid
         assert received == rewards + returned, \
             (f"S3: the walker received {received} wei; half the stake slashed is {rewards}, all its "
