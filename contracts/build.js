@@ -22,7 +22,7 @@ const SOURCES = [
   "src/ProverChunks.sol", "src/ProverNorms.sol", "src/ProverAvailability.sol", "src/ProverBinding.sol",
   "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
-  "src/test/Float32Harness.sol", "src/test/NormHarness.sol",
+  "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
 const CONTRACTS = {
@@ -38,6 +38,7 @@ const CONTRACTS = {
   "src/ProverBinding.sol": "ProverBinding",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
+  "src/test/AnswerRelay.sol": "AnswerRelay",
 };
 const EXPECTED_COMPILER = "0.8.37";
 // EIP-170: the most bytes of code a contract may deploy. The build fails past SIZE_GATE of it (room for the next

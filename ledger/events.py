@@ -164,6 +164,7 @@ def run_info_from(event: DecodedEvent) -> RunInfo:
         tenure_rounds=params.tenure_rounds,
         commitments=params.commitments,
         **{name: getattr(params, name) for name in RunParams.VALUES},
+        max_game_steps=params.max_game_steps,
     )
 
 

@@ -13,7 +13,6 @@ from eth_abi import encode
 from eth_utils import keccak, to_checksum_address
 
 import contracts
-from ledger.abidecode import ABI_DECODE_ERRORS
 from ledger.chunkproof import AggregationProof
 from ledger.errors import LedgerInputError
 from ledger.normproof import SCALES, NormProof
@@ -49,21 +48,28 @@ class ProofCalls:
         (ProverBadPath, ProverBadFactors, ...)."""
         return self.sender.call(self._prover, "isWrong", self._proof_args(proof, attesters), "isWrong")
 
-    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None) -> dict:
+    def prove_wrong_aggregation(self, proof: AggregationProof, attesters=None, *,
+                                commit: bool = True) -> dict:
         """Send the proof; return the receipt. ``attesters``: the round's, as RoundCommitted gave them (None
-        reads them from the event).
+        reads them from the event). ``commit``: first commit to it (:meth:`commit_proof`, mined before the
+        proof is sent) unless committed already, so that its reward is paid at once and a copy sent by a
+        front-runner pays it nothing (issue 62); False sends it bare (its reward is then held for the claim
+        window, :meth:`claim_reward`).
 
         Raises:
             ProverRoundCorrect (the chunk is right), ProverBadRecords, ProverNotCommitted, ProverBadStage,
             ProverBadStagePath, ProverBadStageLeaf, ProverBadFactors, ProverBadChunk, ProverBadPath,
-            ProverBadLeaf, LedgerRunHalted (the round is already invalid), LedgerNotAttesters.
+            ProverBadLeaf, LedgerRunHalted (the round is already invalid), LedgerNotAttesters,
+            ProverParentOpen (the parent round can still be overturned: retry later), ProverProofWindowClosed.
         """
         what = (
             f"proveWrongAggregation(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, "
             f"chunk {proof.chunk})"
         )
-        return self.sender.transact(self._prover, "proveWrongAggregation", self._proof_args(proof, attesters),
-                                    what)
+        args = self._proof_args(proof, attesters)
+        if commit:
+            self._commit_once(proof, args[0][-1])
+        return self.sender.transact(self._prover, "proveWrongAggregation", args, what)
 
     def _norm_args(self, proof: NormProof, attesters) -> tuple:
         if not isinstance(proof, NormProof):
@@ -78,19 +84,23 @@ class ProofCalls:
         (ProverNotNormed, ProverBadSumPath, ProverBadPath, ...)."""
         return self.sender.call(self._prover, "isWrongNorm", self._norm_args(proof, attesters), "isWrongNorm")
 
-    def prove_wrong_norm(self, proof: NormProof, attesters=None) -> dict:
+    def prove_wrong_norm(self, proof: NormProof, attesters=None, *, commit: bool = True) -> dict:
         """Send a proof of a wrong clip scale or squared norm (ledger/normproof.py); return the receipt.
+        ``commit``: as :meth:`prove_wrong_aggregation`'s.
 
         Raises:
             ProverNormCorrect (the round's scales and the opened chunk are right), ProverNotNormed (a
             version-2 round), ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadStageLeaf,
             ProverBadFactors, ProverBadTarget, ProverBadChunk, ProverBadPath, ProverBadLeaf, ProverBadSumPath,
-            LedgerRunHalted, LedgerNotAttesters.
+            LedgerRunHalted, LedgerNotAttesters, ProverParentOpen, ProverProofWindowClosed.
         """
         which = "scales" if proof.contribution == SCALES \
             else f"contribution {proof.contribution} chunk {proof.chunk}"
         what = f"proveWrongNorm(run {proof.record[0]}, round {proof.record[1]}, stage {proof.stage}, {which})"
-        return self.sender.transact(self._prover, "proveWrongNorm", self._norm_args(proof, attesters), what)
+        args = self._norm_args(proof, attesters)
+        if commit:
+            self._commit_once(proof, args[0][-1])
+        return self.sender.transact(self._prover, "proveWrongNorm", args, what)
 
     def challenge_availability(self, target: tuple, *, bond: int | None = None) -> bytes:
         """Challenge the committers to publish one committed leaf
@@ -99,7 +109,8 @@ class ProofCalls:
         Raises:
             ProverNotCommitted, ProverBadStage, ProverBadStagePath, ProverBadChunk, ProverBadFactors,
             ProverBadTarget, ProverBondMismatch, ProverChallengeExists, ProverChallengeTooLate (the round's
-            dispute window closed).
+            dispute window closed and this account's game on the stage has no fresh window),
+            ProverGameTooLong.
         """
         record, stage, _leaf, _path, _factors, which, chunk = target
         if bond is None:
@@ -125,7 +136,8 @@ class ProofCalls:
         round's, None reads them from RoundCommitted), the challenger paid half of the slash and its bond
         returned.
 
-        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters.
+        Raises: ProverNoChallenge, ProverChallengeSettled, ProverChallengeNotDue, LedgerNotAttesters,
+        ProverProofWindowClosed (the expiry window after the deadline passed).
         """
         if attesters is None:
             state = self.challenge_of(challenge_id)
@@ -154,11 +166,10 @@ class ProofCalls:
         return found
 
     def availability_answer(self, challenge_id: bytes, from_block: int | None = None
-                            ) -> tuple[bytes, list[bytes] | None] | None:
+                            ) -> tuple[bytes, list[bytes]] | None:
         """``(leaf, path)`` a challenge was answered with, or None if it was not answered (from ``from_block``
-        on; default: the client's ``from_block``). The leaf is ``AvailabilityAnswered``'s; the path is read
-        from the answering transaction's calldata (None if that transaction is not a direct
-        ``answerChallenge`` call of this challenge and leaf, e.g. one made through another contract)."""
+        on; default: the client's ``from_block``): both from ``AvailabilityAnswered``'s log, so an answer sent
+        through another contract (a relay) reads the same as a direct one (issue 62)."""
         from ledger.events import EventDecoder, scan_logs
 
         decoder = EventDecoder(contracts.artifact("AggregationProver")["abi"])
@@ -168,29 +179,89 @@ class ProofCalls:
                          self.log_page_blocks, self.sender.rpc)
         for log in logs:
             event = decoder.decode(log)
-            if event is None:
-                continue
-            leaf = bytes(event.args["leaf"])
-            # Read like every other call: retried through an outage, then ChainUnavailable.
-            sent = self.sender.rpc(lambda tx_hash=event.tx_hash: self.w3.eth.get_transaction(tx_hash),
-                                   "eth_getTransactionByHash")
-            try:
-                function, args = self._prover.decode_function_input(sent["input"])
-            except ABI_DECODE_ERRORS:  # calldata of a call through another contract, or malformed: no path
-                return leaf, None
-            if (function.fn_name != "answerChallenge" or bytes(args["id"]) != bytes(challenge_id)
-                    or bytes(args["leaf"]) != leaf):
-                return leaf, None
-            return leaf, [bytes(sibling) for sibling in args["path"]]
+            if event is not None:
+                return bytes(event.args["leaf"]), [bytes(sibling) for sibling in event.args["path"]]
         return None
 
     def challenge_of(self, challenge_id: bytes) -> dict:
         """A challenge's state by field name (a zero challenger: none)."""
         names = ("challenger", "deadline", "numChunks", "settled", "sums", "round", "chunk", "root", "runId",
-                 "bond")
+                 "bond", "stage")
         return dict(zip(names, self.sender.call(self._prover, "challengeOf", (challenge_id,)), strict=True))
 
     def invalid_from(self, run_id: int) -> int | None:
         """The first invalid round of ``run_id`` (overturned by a verdict or a fraud proof), or None."""
         value = self.run_struct(run_id)["invalidFrom"]
         return value - 1 if value else None
+
+    # The clock and the reward (issue 62) ------------------------------------------------------------------
+    def proof_calldata(self, proof: AggregationProof | NormProof, attesters=None) -> bytes:
+        """The calldata of the call that sends ``proof`` (proveWrongAggregation or proveWrongNorm)."""
+        if isinstance(proof, NormProof):
+            name, args = "proveWrongNorm", self._norm_args(proof, attesters)
+        else:
+            name, args = "proveWrongAggregation", self._proof_args(proof, attesters)
+        return bytes.fromhex(self._prover.encode_abi(name, args=args)[2:])
+
+    def proof_commitment(self, proof: AggregationProof | NormProof, attesters=None) -> bytes:
+        """``keccak256(abi.encode(this account, keccak256(calldata)))``: what :meth:`commit_proof` commits."""
+        calldata_hash = keccak(self.proof_calldata(proof, attesters))
+        return keccak(encode(["address", "bytes32"], [self.address, calldata_hash]))
+
+    def commit_proof(self, proof: AggregationProof | NormProof, attesters=None) -> bytes:
+        """Commit to ``proof`` (AggregationProver.commitProof) before sending it: sent a block or more later,
+        its reward is paid to this account at once, and a copy of it sent by another (a front-runner) leaves
+        the reward to this account's :meth:`claim_reward`. Returns the commitment. ``attesters`` must be those
+        the proof will be sent with (None: RoundCommitted's, as when sending)."""
+        commitment = self.proof_commitment(proof, attesters)
+        self.sender.transact(self._prover, "commitProof", (commitment,), "commitProof")
+        return commitment
+
+    def _commit_once(self, proof, attesters) -> None:
+        """Commit to ``proof`` unless this account did already; return once the commitment is mined. The
+        proof is not tried first (on py-evm its execution costs seconds): a refused one wastes the
+        commitment's gas only."""
+        if self.proof_committed_at(self.proof_commitment(proof, attesters)) is None:
+            self.commit_proof(proof, attesters)
+
+    def proof_committed_at(self, commitment: bytes) -> int | None:
+        """The block ``commitment`` was first committed in, or None."""
+        block = self.sender.call(self._prover, "proofCommittedAt", (commitment,))
+        return block or None
+
+    def claim_of(self, run_id: int, round: int) -> dict:
+        """The reward held for round ``round`` (AggregationProver.claimOf) by field name; reward 0: none."""
+        names = ("prover", "provenAt", "deadline", "reward", "proofHash")
+        return dict(zip(names, self.sender.call(self._prover, "claimOf", (run_id, round)), strict=True))
+
+    def claim_reward(self, run_id: int, round: int) -> dict:
+        """Take the reward held for round ``round``: as an earlier committer of the proof that overturned it
+        (within its claim window), or as its sender (after).
+
+        Raises: ProverNoClaim, ProverNotClaimant.
+        """
+        return self.sender.transact(self._prover, "claimReward", (run_id, round),
+                                    f"claimReward(run {run_id}, round {round})")
+
+    def reclaim_bonds(self, run_id: int, round: int, stage: int) -> dict:
+        """Take back the escrowed bonds of this account's answered challenges on ``stage`` of an overturned
+        round.
+
+        Raises: ProverRoundStands (the round was not overturned).
+        """
+        return self.sender.transact(self._prover, "reclaimBonds", (run_id, round, stage),
+                                    f"reclaimBonds(run {run_id}, round {round}, stage {stage})")
+
+    def game_of(self, run_id: int, round: int, stage: int, challenger: str | None = None) -> dict:
+        """``challenger``'s (default: this account's) availability game on ``stage`` of ``round``: steps,
+        continueBy (first block no further step may open after the dispute window), escrow."""
+        who = to_checksum_address(challenger or self.address)
+        steps, continue_by, escrow = self.sender.call(self._prover, "gameOf", (run_id, round, stage, who))
+        return {"steps": steps, "continueBy": continue_by, "escrow": escrow}
+
+    def proof_window_of(self, run_id: int, round: int) -> tuple[int, int]:
+        """``(opens_at, closes_at)``: the blocks [opens_at, closes_at) in which a proof of ``round`` is taken
+        (TrainingLedger.proofWindowOf: once its parent can no longer be overturned, until its own dispute
+        window and games are over)."""
+        opens_at, closes_at = self.sender.call(self.ledger_contract, "proofWindowOf", (run_id, round))
+        return opens_at, closes_at

@@ -63,6 +63,29 @@ def most_contributions(max_rank: int) -> int:
 
 #: ``RunParams.max_contributions`` when a creator names none: the most the bounds allow at the default rank.
 DEFAULT_MAX_CONTRIBUTIONS = most_contributions(DEFAULT_MAX_RANK)
+#: ``RunParams.max_game_steps`` of hand-made parameters (issue 62): the bisection of a stage of up to 2^20
+#: chunks, and four steps more (a sum tree, the factors, a stage leaf); create-run computes it from the model
+#: (:func:`game_steps_for`).
+DEFAULT_MAX_GAME_STEPS = 24
+#: Steps a game takes beyond the bisection of the largest stage's chunks (the stage leaf, the factors, the
+#: weights and momentum leaves of the differing chunk).
+EXTRA_GAME_STEPS = 4
+
+
+def game_steps_for(max_chunks: int) -> int:
+    """``max_game_steps`` for a run whose largest stage has ``max_chunks`` chunks: ``ceil(log2(chunks))``
+    openings find a differing chunk (ledger.availability.differing_subtree), plus :data:`EXTRA_GAME_STEPS`."""
+    if max_chunks < 1:
+        raise ValueError(f"max_chunks={max_chunks}: a stage has at least one chunk")
+    return min((max_chunks - 1).bit_length() + EXTRA_GAME_STEPS, UINT16_MAX)
+
+
+def proof_window_bound(dispute_blocks: int, accusation_blocks: int, max_game_steps: int) -> int:
+    """The longest a round's proof window lasts after its commit (TrainingLedger.proofWindowOf; the
+    contract's floor on ``unbonding_blocks``): the dispute window, a game of ``max_game_steps`` steps of two
+    accusation windows each (the answer's deadline, then the fresh window for the next step), the last
+    step's expiry window and a child's grace."""
+    return dispute_blocks + (2 * max_game_steps + 2) * accusation_blocks
 
 
 def required_quorum(k: int, quorum_bps: int, counted: int) -> int:
@@ -79,8 +102,8 @@ class RunParams:
     """What ``TrainingLedger.createRun`` takes (Solidity struct ``RunParams``); a run's parameters never
     change.
 
-    ``bond=None`` is a tenth of ``min_stake``; ``unbonding_blocks=None`` is the contract's floor,
-    ``accusation_blocks + dispute_blocks``. Only ranges are checked here; the contract's rules (floors,
+    ``bond=None`` is a tenth of ``min_stake``; ``unbonding_blocks=None`` is the contract's floor, the longest
+    proof window (:func:`proof_window_bound`). Only ranges are checked here; the contract's rules (floors,
     ceilings, ``quorum_bps <= 10000``) are left to it, so a refusal is its named custom error.
     """
 
@@ -110,6 +133,8 @@ class RunParams:
     #: The per-round values' field names (issue 62), shared by RunParams and RunInfo.
     VALUES = ("schedule_root", "schedule_rounds", "nesterov", "norm_clip_bits", "genesis_root",
               "max_contributions", "max_rank")
+    # issue 62: the clock
+    max_game_steps: int = DEFAULT_MAX_GAME_STEPS  # steps of one availability game (game_steps_for)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config_hash", check_bytes32("config_hash", self.config_hash))
@@ -125,11 +150,13 @@ class RunParams:
         check_uint("inactivity_rounds", self.inactivity_rounds, UINT32_MAX)
         check_uint("max_rounds", self.max_rounds, UINT64_MAX)
         check_uint("tenure_rounds", self.tenure_rounds, UINT32_MAX)
+        check_uint("max_game_steps", self.max_game_steps, UINT16_MAX)
         if self.bond is None:
             object.__setattr__(self, "bond", min(self.min_stake // DEFAULT_BOND_DIVISOR, UINT128_MAX))
         check_uint("bond", self.bond, UINT128_MAX)
         if self.unbonding_blocks is None:
-            object.__setattr__(self, "unbonding_blocks", self.accusation_blocks + self.dispute_blocks)
+            object.__setattr__(self, "unbonding_blocks", proof_window_bound(
+                self.dispute_blocks, self.accusation_blocks, self.max_game_steps))
         check_uint("unbonding_blocks", self.unbonding_blocks, UINT64_MAX)
         object.__setattr__(self, "schedule_root", check_bytes32("schedule_root", self.schedule_root))
         object.__setattr__(self, "genesis_root", check_bytes32("genesis_root", self.genesis_root))
@@ -162,6 +189,7 @@ class RunParams:
             self.genesis_root,
             self.max_contributions,
             self.max_rank,
+            self.max_game_steps,
         )
 
     def weaknesses(self) -> list[str]:
@@ -210,11 +238,14 @@ class RunInfo:
     genesis_root: bytes = bytes(32)
     max_contributions: int = 0
     max_rank: int = 0
+    # issue 62: the clock
+    max_game_steps: int = DEFAULT_MAX_GAME_STEPS  # steps of one availability game
 
     @property
     def min_unbonding_blocks(self) -> int:
-        """The contract's floor on ``unbonding_blocks``: the accusation deadline plus the dispute window."""
-        return self.accusation_blocks + self.dispute_blocks
+        """The contract's floor on ``unbonding_blocks``: the longest proof window
+        (:func:`proof_window_bound`), itself at least the accusation deadline plus the dispute window."""
+        return proof_window_bound(self.dispute_blocks, self.accusation_blocks, self.max_game_steps)
 
     def quorum_for(self, counted: int) -> int:
         """The signatures a commit (or verdict) needs with ``counted`` members able to sign."""

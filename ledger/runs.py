@@ -19,6 +19,7 @@ from ledger.runparams import (
     DEFAULT_COMMITMENTS,
     DEFAULT_DISPUTE_BLOCKS,
     DEFAULT_INACTIVITY_ROUNDS,
+    DEFAULT_MAX_GAME_STEPS,
     DEFAULT_TENURE_ROUNDS,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
@@ -31,8 +32,8 @@ logger = logging.getLogger(__name__)
 RUN_FIELDS = (
     "commitCount", "checkpointEnd", "quorum", "quorumBps", "memberCount", "countedCount", "tenureRounds",
     "headHash", "creator", "numStages", "innerSteps", "inactivityRounds", "maxRounds", "invalidFrom",
-    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake",
-    "bond", "configHash",
+    "unbondingBlocks", "accusationBlocks", "disputeBlocks", "commitments", "minStake", "bond", "configHash",
+    "maxGameSteps",
 )
 
 
@@ -72,6 +73,7 @@ class RunCalls:
         commitments: int = DEFAULT_COMMITMENTS,
         allow_weak_quorum: bool = False,
         values: dict | None = None,
+        max_game_steps: int = DEFAULT_MAX_GAME_STEPS,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
@@ -88,8 +90,9 @@ class RunCalls:
                 members: ``max(k, ceil(quorum_bps / 10000 x counted))`` (>= 5000 unless
                 ``allow_weak_quorum``).
             bond: Wei an accuser or disputer deposits; None: a tenth of ``min_stake``.
-            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least
-                ``accusation_blocks + dispute_blocks`` (None: exactly that), at most 2^32.
+            unbonding_blocks: Blocks between ``leave_run`` and the earliest ``withdraw_stake``; at least the
+                longest proof window, ``dispute_blocks + (2 max_game_steps + 2) accusation_blocks`` (None:
+                exactly that), at most 2^32.
             accusation_blocks: Blocks an accusation stays open before it lapses (>= 8).
             dispute_blocks: Blocks after a commit during which members in force at it may dispute it (>= 8).
             inactivity_rounds: Committed rounds a member may leave unattested before anyone may eject it
@@ -102,6 +105,8 @@ class RunCalls:
                 3, what a new fraud-provable run's "auto" resolves to). The prover holds every round's factors
                 to it, so it must be the document's: a normed run's records committed with another version's
                 factors are proven wrong (docs/FRAUD_PROOF.md).
+            max_game_steps: Steps of one availability game (>= 1; ``ledger.runparams.game_steps_for`` of the
+                largest stage's chunks).
             allow_weak_quorum: Create a run below the security model's floor (k < 2 or quorum_bps < 5000):
                 one member, or a minority, then commits and slashes alone (docs/TRUST.md).
             values: The per-round values (issue 62; RunParams.VALUES by name: the schedule root and its
@@ -113,7 +118,7 @@ class RunCalls:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
             LedgerZeroHash, LedgerBadRunShape, LedgerBadQuorum, LedgerBadWindow, LedgerUnbondingTooShort,
             LedgerUnbondingTooLong, LedgerBadInactivityRounds, LedgerBadCommitments, LedgerBadRunValues,
-            LedgerProofTooCostly: the contract's rules.
+            LedgerProofTooCostly, LedgerBadGameSteps, LedgerUnbondingBelowProofWindow: the contract's rules.
         """
         params = RunParams(
             config_hash,
@@ -131,6 +136,7 @@ class RunCalls:
             tenure_rounds=tenure_rounds,
             commitments=commitments,
             **dict(values or {}),
+            max_game_steps=max_game_steps,
         )
         return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from math import prod
 
 import pytest
 from eth_account import Account
@@ -14,10 +15,14 @@ from ledger_fixtures import FAST_RETRY, mine
 from ledger.account import create_keystore, dev_account
 from ledger.chain import connect_rpc
 from ledger.client import LedgerClient
+from ledger.runparams import game_steps_for, proof_window_bound
 from node.cli import main
 from node.commands.runfile import read_run_file
 from node.commitments import UNNAMED, scheme_named
+from node.config import config_from_dict
 from node.errors import ConfigError
+from training.chunks import CHUNK_ELEMENTS
+from training.stages import split_stages, stage_param_shapes
 
 RUN_FILE = """\
 run_name = "cmd-test"
@@ -86,7 +91,7 @@ def create(tmp_path, deployment, *extra, data_dir="org", account=("--dev-account
     (lambda t: t.replace("quorum = 2", "quorum = 5"), "can never be met"),
     (lambda t: t.replace("stake_eth = 0.5", "stake_eth = -1"), "stake_eth=-1"),
     (lambda t: t.replace("stake_eth = 0.5", 'stake_eth = "lots"'), "must be a number"),
-    (lambda t: t + "unbonding_blocks = 10\n", "at least accusation_blocks \\+ dispute_blocks = 16"),
+    (lambda t: t + "unbonding_blocks = 10\n", "at least the longest proof window"),
     (lambda t: t + "quorum_bps = 20000\n", "quorum_bps=20000"),
     (lambda t: t + "stake = 1\n", "unknown \\[run\\] key"),
     (lambda t: t.split("[run]")[0], "needs a \\[run\\] table"),
@@ -197,7 +202,13 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert link in out and "/tcp/24999/p2p/12D3KooW" in link and "checkpoint_every=1" in link
     client = LedgerClient(w3, None, registry, ledger)
     info = client.run_info(1)
-    assert (info.min_stake, info.quorum, info.max_rounds, info.unbonding_blocks) == (5 * 10**17, 2, 3, 16)
+    assert (info.min_stake, info.quorum, info.max_rounds) == (5 * 10**17, 2, 3)
+    # (issue 62) the tiny model's one stage bisects in ceil(log2(chunks)) steps, four more; unbonding covers
+    # the longest proof window of such a game
+    model = config_from_dict({"model": {"preset": "tiny"}}).model  # RUN_FILE's
+    shapes = stage_param_shapes(model, split_stages(model.n_layer, 1)[0]).values()
+    assert info.max_game_steps == game_steps_for(sum(-(-prod(shape) // CHUNK_ELEMENTS) for shape in shapes))
+    assert info.unbonding_blocks == proof_window_bound(8, 8, info.max_game_steps)
     organizer = dev_account(3, w3.eth.chain_id).address
     assert client.member(1, organizer).active and client.member(1, organizer).stake == 5 * 10**17
     document = json.loads((tmp_path / "org" / "run.json").read_bytes())

@@ -149,6 +149,8 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     book, records = RoundBook(), []
     prover_peer, second = world.hosts[1].peer_id, Identity.generate().peer_id
     for outer_round, (stage0, own0) in enumerate([(start, start), (committed_leaf, own_leaf)]):
+        if outer_round:  # round 0's window closes first: round 1's proof is taken at once (issue 62)
+            mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"])
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(
             [StageLeaf.decode(stage0), StageLeaf.decode(other)]))
         run.client(1).commit_round(record, run.sign(record, COLLUDERS))
@@ -405,8 +407,8 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
     honest.window = DisputeWindow(prover.chain, run.run_id)
     later = 1 + PUBLISHED_ROUNDS + 20  # the node has finished many rounds since
     honest.forget_before(later)
-    # both rounds are still disputable
-    assert honest.state(1, 0) is not None and honest.state(0, 0) is not None
+    # round 1 is still disputable (round 0's window closed before round 1 was committed: its state is gone)
+    assert honest.state(1, 0) is not None and honest.state(0, 0) is None
     griefer = deployment.client(6)
     leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
     target = availability_target(records[1], leaves, honest.state(1, 0).factors, 0, WEIGHTS, 2)
@@ -415,7 +417,13 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
                                  stop=world.stop)
     answerer.poll()
     assert answerer.answered[challenge].startswith("answered"), answerer.answered
+    # the answer gave the griefer's game a fresh window: the state is kept until the round's proof window
+    # (extended by the game, issue 62) closes
     mine(deployment.w3, prover.chain.run_info(run.run_id).dispute_blocks + 1)
+    honest.forget_before(later)
+    _opens, closes = griefer.proof_window_of(run.run_id, 1)
+    assert deployment.w3.eth.block_number < closes and honest.state(1, 0) is not None
+    mine(deployment.w3, closes - deployment.w3.eth.block_number)
     honest.forget_before(later)
     assert honest.state(1, 0) is None and honest.state(0, 0) is None
     with pytest.raises(ProverChallengeTooLate):

@@ -16,6 +16,7 @@ from ledger.account import dev_account
 from ledger.attest import record_struct_hash, sign_record
 from ledger.checks import check_attesters, check_hash_chain
 from ledger.hashchain import next_head
+from ledger.runparams import DEFAULT_MAX_GAME_STEPS
 
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 
@@ -31,7 +32,8 @@ def test_create_run_records_its_shape(deployment):
     first = client.create_run(digest("a"), 1, 10)
     second = client.create_run(
         digest("b"), 4, 500, "ipfs://config", min_stake=70, quorum=5, quorum_bps=6000, bond=3,
-        unbonding_blocks=300, accusation_blocks=100, dispute_blocks=200, inactivity_rounds=4, max_rounds=100,
+        unbonding_blocks=800, accusation_blocks=100, dispute_blocks=200, inactivity_rounds=4, max_rounds=100,
+        max_game_steps=2,
     )
     assert (first, second) == (1, 2)
     assert client.run_count() == 2
@@ -43,16 +45,19 @@ def test_create_run_records_its_shape(deployment):
         "ipfs://config",
         client.address,
     )
-    assert (info.min_stake, info.quorum, info.unbonding_blocks, info.max_rounds) == (70, 5, 300, 100)
+    assert (info.min_stake, info.quorum, info.unbonding_blocks, info.max_rounds) == (70, 5, 800, 100)
+    assert info.max_game_steps == 2
     assert (info.quorum_bps, info.bond, info.accusation_blocks, info.dispute_blocks, info.inactivity_rounds) \
         == (
         6000, 3, 100, 200, 4)
     # The defaults: the security model's floor (k 2, half the counted members), a tenth of the stake as bond,
-    # unbonding at its floor.
+    # unbonding at its floor: the longest proof window (issue 62), dispute + (2 steps + 2) accusation windows.
     first_info = client.run_info(first)
     assert (first_info.quorum, first_info.quorum_bps, first_info.bond) == (2, 5000, 0)
     assert first_info.tenure_rounds == 4
-    assert first_info.unbonding_blocks == first_info.min_unbonding_blocks == 128
+    assert first_info.max_game_steps == DEFAULT_MAX_GAME_STEPS
+    assert first_info.unbonding_blocks == first_info.min_unbonding_blocks \
+        == 64 + (2 * DEFAULT_MAX_GAME_STEPS + 2) * 64
     assert [run.run_id for run in client.find_runs(digest("a"))] == [first]
     assert client.last_round(first) is None and client.commit_count(first) == 0
     with pytest.raises(errors.LedgerBadRunShape):
@@ -71,6 +76,11 @@ def test_create_run_records_its_shape(deployment):
         client.create_run(digest("c"), 1, 10, inactivity_rounds=0)
     with pytest.raises(errors.LedgerZeroHash):
         client.create_run(bytes(32), 1, 10)
+    with pytest.raises(errors.LedgerBadGameSteps):
+        client.create_run(digest("c"), 1, 10, max_game_steps=0, unbonding_blocks=300)
+    # (issue 62) a stake must outlive every proof of a round its member attested: one block short is refused
+    with pytest.raises(errors.LedgerUnbondingBelowProofWindow):
+        client.create_run(digest("c"), 1, 10, unbonding_blocks=first_info.min_unbonding_blocks - 1)
     with pytest.raises(errors.LedgerError):
         client.run_info(99)
 

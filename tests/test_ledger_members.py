@@ -38,7 +38,8 @@ def test_joining_needs_registration_and_stake_and_copies_the_node_key(deployment
 def test_leave_unbond_withdraw(deployment):
     w3 = deployment.w3
     run = deployment.member_run(
-        (1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=16, accusation_blocks=8, dispute_blocks=8
+        (1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=40, accusation_blocks=8, dispute_blocks=8,
+        max_game_steps=1,  # the floor: 8 + (2 + 2) x 8
     )
     leaver = run.client(3)
     run.commit(signers=(2, 3))
@@ -54,10 +55,10 @@ def test_leave_unbond_withdraw(deployment):
         leaver.commit_round(record, run.sign(record, (1, 2)))
     with pytest.raises(errors.LedgerStillUnbonding) as raised:
         leaver.withdraw_stake(run.run_id)
-    assert raised.value.values["unbondingEnd"] == left_block + 16
+    assert raised.value.values["unbondingEnd"] == left_block + 40
     with pytest.raises(errors.LedgerAlreadyMember):
         leaver.join_run(run.run_id)  # withdraw first
-    mine(w3, 14)
+    mine(w3, 38)
     with pytest.raises(errors.LedgerStillUnbonding):
         leaver.withdraw_stake(run.run_id)  # one block short
     mine(w3, 2)
@@ -89,7 +90,7 @@ def test_leave_unbond_withdraw(deployment):
 
 
 def test_equivocation_slashes_and_removes_the_member(deployment):
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=200)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, unbonding_blocks=400, max_game_steps=1)
     cheat = run.client(2)
     honest = run.next_record()
     forked = replace(honest, weights_root=digest("forked weights"))

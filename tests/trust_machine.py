@@ -407,7 +407,8 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
         chunk = data.draw(st.integers(0, len(self.state_of(round_).weight_leaves) - 1))
         proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
         try:
-            self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_))
+            self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_),
+                                                           commit=False)  # refused: nothing to commit to
         except REFUSED:
             TrustMachine.proofs_refused += 1
             return
@@ -437,7 +438,7 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
                               claimed.weight_leaves, claimed.payload_leaves[0], claimed.sum_trees[0], 0,
                               chunk)
         try:
-            self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_))
+            self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_), commit=False)
         except REFUSED:
             TrustMachine.norm_proofs_refused += 1
             return

@@ -111,6 +111,36 @@ contract AggregationProver {
         bytes32 root; // the tree the leaf must be opened in
         uint256 runId;
         uint256 bond;
+        uint32 stage; // issue 62: the game (round, stage, challenger) the challenge is a step of
+    }
+
+    /// @notice One challenger's availability game on one stage of one round (issue 62, the chess clock): its
+    /// challenges are its steps; each answer gives the challenger `accusationBlocks` to open the next step, even
+    /// after the round's dispute window; at most the run's `maxGameSteps` steps.
+    struct Game {
+        uint16 steps; // challenges opened
+        uint64 continueBy; // first block at which no further step may be opened after the dispute window
+        uint128 escrow; // bonds of its answered steps: back to the challenger if the round falls, else burned
+    }
+
+    /// @notice A fraud proof's reward held for its claim window (the proof came without a matured commitment).
+    struct Claim {
+        address prover; // who sent the proof: takes the reward once the claim window is over
+        uint64 provenAt; // the proof's block: an earlier commitment of the same proof claims it first
+        uint64 deadline; // first block at which `prover` may take it
+        uint128 reward;
+        bytes32 proofHash; // keccak256 of the proof's calldata
+    }
+
+    /// @notice The prover's state, one struct so that its libraries take it by reference.
+    struct ProverState {
+        mapping(bytes32 id => Challenge) challenges;
+        mapping(bytes32 game => Game) games;
+        // 1 + the last block at which a step of a game on the round can still be answered or continued, or an
+        // unanswered step expired: the round's proofs and its finality wait for it (0: no game).
+        mapping(uint256 runId => mapping(uint64 round => uint64)) liveUntil;
+        mapping(bytes32 commitment => uint64 blockNumber) proofCommitments;
+        mapping(uint256 runId => mapping(uint64 round => Claim)) claims;
     }
 
     /// @dev The decoded stage leaf.
@@ -156,12 +186,30 @@ contract AggregationProver {
         bytes32 indexed id, uint256 indexed runId, uint64 indexed round, uint32 stage, uint256 which, uint64 chunk,
         address challenger, uint64 deadline
     );
-    /// @notice The leaf of challenge `id` was published: it is `leaf` (its path checked against the commitment).
-    event AvailabilityAnswered(bytes32 indexed id, bytes leaf);
+    /// @notice The leaf of challenge `id` was published by `answerer`: it is `leaf`, opened by `path` (checked
+    /// against the commitment), so anyone reads the answer from the log, whoever relayed it.
+    event AvailabilityAnswered(bytes32 indexed id, bytes leaf, bytes32[] path, address answerer);
     /// @notice Challenge `id` went unanswered: its round was overturned and the challenger paid `reward`.
     event AvailabilityExpired(bytes32 indexed id, uint256 reward);
 
+    /// @notice `prover` committed to a proof (`commitment` = keccak256(abi.encode(prover, keccak256(calldata)))).
+    event ProofCommitted(bytes32 indexed commitment, address indexed prover);
+    /// @notice A proof of round `round` came without a matured commitment: its `reward` is held until `deadline`
+    /// for an earlier committer of the same proof, then `prover`'s.
+    event RewardEscrowed(uint256 indexed runId, uint64 indexed round, address prover, uint256 reward, uint64 deadline);
+    /// @notice The held reward of round `round` went to `recipient`.
+    event RewardClaimed(uint256 indexed runId, uint64 indexed round, address indexed recipient, uint256 reward);
+    /// @notice The escrowed bonds of `challenger`'s game on `stage` of round `round` came back to it.
+    event BondsReclaimed(uint256 indexed runId, uint64 indexed round, uint32 stage, address challenger, uint256 amount);
+
     error ProverBadTarget(uint256 which);
+    error ProverGameTooLong(bytes32 game, uint16 maxGameSteps);
+    error ProverProofWindowClosed(uint256 runId, uint64 round, uint64 closedAt);
+    error ProverParentOpen(uint256 runId, uint64 parent, uint64 closesAt);
+    error ProverNoClaim(uint256 runId, uint64 round);
+    error ProverNotClaimant(uint256 runId, uint64 round, address caller);
+    error ProverRoundStands(uint256 runId, uint64 round);
+    error ProverNotLedger(address caller);
     error ProverBondMismatch(uint256 required, uint256 sent);
     error ProverChallengeExists(bytes32 id);
     error ProverNoChallenge(bytes32 id);
@@ -195,10 +243,44 @@ contract AggregationProver {
     /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
 
-    mapping(bytes32 id => Challenge) private _challenges;
+    ProverState private _p;
 
     constructor(TrainingLedger ledger_) {
         ledger = ledger_;
+    }
+
+    /// @notice Only the ledger pays this contract: a proof's reward held for its claim window.
+    receive() external payable {
+        if (msg.sender != address(ledger)) revert ProverNotLedger(msg.sender);
+    }
+
+    // ------------------------------------------------------------------------------------------- commit-reveal
+
+    /// @notice Commit to a proof before sending it, so that a copy of it sent by another (a front-runner) is not
+    /// paid: `commitment` = keccak256(abi.encode(prover, keccak256(calldata of the proveWrong... call))). A proof
+    /// whose sender committed it at least one block earlier is paid at once; any other proof still overturns the
+    /// round, but its reward is held `accusationBlocks` for an earlier committer of the same proof (claimReward).
+    /// The first commitment of a hash counts (a later one of the same hash changes nothing).
+    function commitProof(bytes32 commitment) external {
+        if (_p.proofCommitments[commitment] != 0) return;
+        _p.proofCommitments[commitment] = uint64(block.number);
+        emit ProofCommitted(commitment, msg.sender);
+    }
+
+    /// @notice The block at which `commitment` was first committed (0: never).
+    function proofCommittedAt(bytes32 commitment) external view returns (uint64) {
+        return _p.proofCommitments[commitment];
+    }
+
+    /// @notice Take the held reward of round `round`: an earlier committer of the proof that overturned it, within
+    /// the claim window; after it, the proof's sender.
+    function claimReward(uint256 runId, uint64 round) external returns (uint256 reward) {
+        reward = ProverAvailability.claimReward(_p, runId, round);
+    }
+
+    /// @notice A round's held reward (zero reward: none, or claimed).
+    function claimOf(uint256 runId, uint64 round) external view returns (Claim memory) {
+        return _p.claims[runId][round];
     }
 
     /// @notice Prove that chunk `proof.chunk` of stage `proof.stage` in round `proof.record.round` is not the
@@ -210,7 +292,8 @@ contract AggregationProver {
         if (!_chunkWrong(proof)) {
             revert ProverRoundCorrect(proof.record.runId, proof.record.round, proof.stage, proof.chunk);
         }
-        reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
+        reward = ProverAvailability.overturn(_p, ledger, proof.record.runId, proof.record.round,
+            proof.attesters, keccak256(msg.data));
         emit AggregationDisproved(
             proof.record.runId, proof.record.round, proof.stage, proof.chunk, msg.sender, reward
         );
@@ -232,7 +315,8 @@ contract AggregationProver {
         if (!_normWrong(proof)) {
             revert ProverNormCorrect(proof.record.runId, proof.record.round, proof.stage, proof.contribution);
         }
-        reward = ledger.invalidateByProof(proof.record.runId, proof.record.round, proof.attesters, msg.sender);
+        reward = ProverAvailability.overturn(_p, ledger, proof.record.runId, proof.record.round,
+            proof.attesters, keccak256(msg.data));
         emit NormDisproved(
             proof.record.runId, proof.record.round, proof.stage, proof.contribution, proof.chunk, msg.sender, reward
         );
@@ -266,13 +350,13 @@ contract AggregationProver {
     /// challenger paid half of the slash and its bond returned.
     /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
     function challengeAvailability(Target calldata target) external payable returns (bytes32 id) {
-        id = ProverAvailability.challengeAvailability(_challenges, ledger, target);
+        id = ProverAvailability.challengeAvailability(_p, ledger, target);
     }
 
     /// @notice Publish the leaf a challenge names, with its Merkle path (anyone may; a sum tree's leaf: its 96-byte
     /// sum and a sum path, as NormProof's; the factors: their bytes, no path). The bond is forfeited.
     function answerChallenge(bytes32 id, bytes calldata leaf, bytes32[] calldata path) external {
-        ProverAvailability.answerChallenge(_challenges, id, leaf, path);
+        ProverAvailability.answerChallenge(_p, ledger, id, leaf, path);
     }
 
     /// @notice Settle a challenge left unanswered past its deadline: the round is overturned through the ledger
@@ -280,11 +364,28 @@ contract AggregationProver {
     /// invalid, only the bond is returned.
     /// @param attesters The round's attesters as RoundCommitted gave them.
     function expireChallenge(bytes32 id, address[] calldata attesters) external returns (uint256 reward) {
-        reward = ProverAvailability.expireChallenge(_challenges, ledger, id, attesters);
+        reward = ProverAvailability.expireChallenge(_p, ledger, id, attesters);
     }
 
     /// @notice A challenge's state (a zero challenger: none).
     function challengeOf(bytes32 id) external view returns (Challenge memory) {
-        return _challenges[id];
+        return _p.challenges[id];
+    }
+
+    /// @notice Take back the escrowed bonds of the caller's answered steps on `stage` of round `round`, once the
+    /// round is overturned (by anyone). A game on a round that stands is lost: its escrow stays here (burned).
+    function reclaimBonds(uint256 runId, uint64 round, uint32 stage) external returns (uint256 amount) {
+        amount = ProverAvailability.reclaimBonds(_p, ledger, runId, round, stage);
+    }
+
+    /// @notice The game of `challenger` on `stage` of round `round` (zero steps: none).
+    function gameOf(uint256 runId, uint64 round, uint32 stage, address challenger) external view returns (Game memory) {
+        return _p.games[keccak256(abi.encode(runId, round, stage, challenger))];
+    }
+
+    /// @notice 1 + the last block at which a game on round `round` can still be answered, continued or expired
+    /// (0: no game was played on it): the round's proof window and finality wait for it.
+    function liveUntil(uint256 runId, uint64 round) external view returns (uint64) {
+        return _p.liveUntil[runId][round];
     }
 }

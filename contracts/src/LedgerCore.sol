@@ -63,6 +63,17 @@ library LedgerCore {
         size = PROOF_BYTES_BASE + contributions * (PROOF_BYTES_PER_PIECE + rank * PROOF_BYTES_PER_RANK);
     }
 
+    /// @notice The longest a round's proof window can last after its commit (TrainingLedger.proofWindowOf): its
+    /// dispute window, then a game of `maxGameSteps` steps each taking up to two accusation windows (the answer's
+    /// deadline, then the fresh window to open the next), the last step's expiry window, and a child's grace.
+    function proofWindowBound(uint64 disputeBlocks, uint64 accusationBlocks, uint16 maxGameSteps)
+        internal
+        pure
+        returns (uint64)
+    {
+        return disputeBlocks + (2 * uint64(maxGameSteps) + 2) * accusationBlocks;
+    }
+
     function existingRun(TrainingLedger.LedgerState storage s, uint256 runId)
         internal
         view

@@ -37,6 +37,7 @@ library LedgerMembership {
         run.bond = params.bond;
         run.configHash = params.configHash;
         if (params.commitments > 1) _storeValues(s.values[runId], params);
+        run.maxGameSteps = params.maxGameSteps;
         emit TrainingLedger.RunCreated(runId, msg.sender, params, genesis, configUri);
     }
 
@@ -146,6 +147,13 @@ library LedgerMembership {
         }
         if (params.unbondingBlocks > maximum) {
             revert TrainingLedger.LedgerUnbondingTooLong(params.unbondingBlocks, maximum);
+        }
+        // A stake outlives every proof of a round its member attested: a coalition that leaves at once and
+        // withdraws after unbonding is still there to slash (issue 62).
+        if (params.maxGameSteps == 0) revert TrainingLedger.LedgerBadGameSteps(params.maxGameSteps);
+        uint64 window = LedgerCore.proofWindowBound(disputeBlocks, accusationBlocks, params.maxGameSteps);
+        if (params.unbondingBlocks < window) {
+            revert TrainingLedger.LedgerUnbondingBelowProofWindow(params.unbondingBlocks, window);
         }
         if (params.commitments > 1) _checkValues(params);
     }

@@ -60,6 +60,10 @@ contract TrainingLedger {
         bytes32 genesisRoot; // the version-2/3 weights root of round 0's start (zero momentum); zero: none
         uint16 maxContributions; // the most contributions a round's stage may list (chunked/normed: >= 1)
         uint8 maxRank; // the largest low-rank rank a listed piece may have (chunked/normed: 1 .. 64)
+        // issue 62: the clock
+        // Steps (availability challenges) one challenger's game on one stage of one round may take, >= 1: the
+        // bisection of the largest stage's chunks, ceil(log2(chunks)) + a few (docs/FRAUD_PROOF.md).
+        uint16 maxGameSteps;
     }
 
     /// @notice A run's per-round values (RunParams after `issue 62: per-round values`), as the provers read them.
@@ -98,6 +102,8 @@ contract TrainingLedger {
         uint256 minStake;
         uint256 bond;
         bytes32 configHash;
+        // issue 62: the clock
+        uint16 maxGameSteps; // RunParams.maxGameSteps
     }
 
     /// @notice What a round's signers attest (EIP-712 type `Record`).
@@ -353,6 +359,8 @@ contract TrainingLedger {
     error LedgerBadCommitments(uint8 commitments);
     error LedgerBadRunValues(uint16 maxContributions, uint8 maxRank, uint64 normClipBits);
     error LedgerProofTooCostly(uint256 gas, uint256 calldataBytes, uint256 maxGas, uint256 maxCalldata);
+    error LedgerBadGameSteps(uint16 maxGameSteps);
+    error LedgerUnbondingBelowProofWindow(uint64 unbondingBlocks, uint64 minimum);
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
         _registry = registry_;
@@ -368,7 +376,9 @@ contract TrainingLedger {
     /// @param params The run's parameters (see RunParams). Rules: `configHash` nonzero; `numStages`,
     /// `innerSteps`, `quorum`, `inactivityRounds` >= 1; `quorumBps` <= 10000; `commitments` 1, 2 or 3; `accusationBlocks` and
     /// `disputeBlocks` in [minWindowBlocks(), maxUnbondingBlocks()]; `unbondingBlocks` in
-    /// [accusationBlocks + disputeBlocks, maxUnbondingBlocks()].
+    /// [accusationBlocks + disputeBlocks, maxUnbondingBlocks()] and at least the longest proof window,
+    /// disputeBlocks + (2 maxGameSteps + 2) accusationBlocks (LedgerUnbondingBelowProofWindow); `maxGameSteps`
+    /// >= 1.
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).
     /// @return runId The new run's id (ids start at 1).
     function createRun(RunParams calldata params, string calldata configUri) external returns (uint256 runId) {
@@ -733,21 +743,39 @@ contract TrainingLedger {
         return _s.disputeCases[runId][round];
     }
 
-    /// @notice Whether round `round` of run `runId` is final: committed, its dispute window closed, its
-    /// disputes (if any) upheld, lapsed or past their deadline, and neither it nor an earlier round overturned.
-    /// @dev An earlier round's open dispute is not looked at here: a reader of round t checks rounds <= t.
+    /// @notice Whether round `round` of run `runId` is final: committed, neither it nor an earlier round
+    /// overturned, and nothing can still overturn it or its parent: their proof windows (proofWindowOf: the
+    /// dispute window, extended while an availability game on the round can go on) closed and their disputes
+    /// (if any) upheld, lapsed or past their deadline. Once true it stays true (issue 62).
     /// @param runId The run.
     /// @param round The outer round.
     /// @return Whether it is final now.
     function isFinal(uint256 runId, uint64 round) external view returns (bool) {
         Run storage run = _s.runs[runId];
-        uint64 commitBlock = uint64(_s.commitBlocks[runId][round]);
-        if (commitBlock == 0) return false;
+        if (uint64(_s.commitBlocks[runId][round]) == 0) return false;
         if (run.invalidFrom != 0 && round + 1 >= run.invalidFrom) return false;
-        if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;
-        DisputeCase storage case_ = _s.disputeCases[runId][round];
-        if (case_.status == DisputeStatus.Open) return block.number >= case_.deadline;
-        return case_.status != DisputeStatus.Overturned;
+        // A round committed more than the longest proof window ago is closed, and so is every earlier one.
+        uint256 longest = LedgerCore.proofWindowBound(run.disputeBlocks, run.accusationBlocks, run.maxGameSteps);
+        for (uint64 r = round + 1; r > 0; --r) {
+            (, uint64 closesAt) = _proofWindow(runId, run, r - 1);
+            if (block.number < closesAt) return false;
+            if (uint64(_s.commitBlocks[runId][r - 1]) + longest <= block.number) break;
+        }
+        return true;
+    }
+
+    /// @notice The blocks [opensAt, closesAt) in which a fraud proof of round `round` of run `runId` is taken:
+    /// it opens once its parent (round - 1) can no longer be overturned (its own window closed: a proof never
+    /// slashes through a wrong parent) and closes at the later of its own window's end and `accusationBlocks`
+    /// after it opens. A round's own window: its dispute window, its disputes' deadline, and its availability
+    /// games (AggregationProver.liveUntil). Both at most disputeBlocks + (2 maxGameSteps + 2) accusationBlocks
+    /// after its commit, which unbonding covers (createRun).
+    /// @param runId The run.
+    /// @param round The outer round (committed).
+    /// @return opensAt The first block a proof is taken.
+    /// @return closesAt The first block no proof is taken.
+    function proofWindowOf(uint256 runId, uint64 round) external view returns (uint64 opensAt, uint64 closesAt) {
+        return _proofWindow(runId, _s.runs[runId], round);
     }
 
     /// @notice The content hash of the checkpoint committed with round `round` of run `runId`.
@@ -829,6 +857,26 @@ contract TrainingLedger {
     }
 
     /// @dev This ledger's EIP-712 domain separator (cached; rebuilt on another chain, e.g. after a fork).
+    function _proofWindow(uint256 runId, Run storage run, uint64 round)
+        private
+        view
+        returns (uint64 opensAt, uint64 closesAt)
+    {
+        if (round > 0) opensAt = _ownWindowEnd(runId, run, round - 1);
+        closesAt = _ownWindowEnd(runId, run, round);
+        if (opensAt != 0 && closesAt < opensAt + run.accusationBlocks) closesAt = opensAt + run.accusationBlocks;
+    }
+
+    /// @dev The first block from which nothing but a proof can overturn round `round`: its dispute window, its
+    /// open disputes' deadline and its availability games are over.
+    function _ownWindowEnd(uint256 runId, Run storage run, uint64 round) private view returns (uint64 end) {
+        end = uint64(_s.commitBlocks[runId][round]) + run.disputeBlocks;
+        uint64 live = _prover.liveUntil(runId, round);
+        if (live > end) end = live;
+        DisputeCase storage case_ = _s.disputeCases[runId][round];
+        if (case_.status == DisputeStatus.Open && case_.deadline > end) end = case_.deadline;
+    }
+
     function _domainSeparator() private view returns (bytes32) {
         return (block.chainid == _cachedChainId && address(this) == _cachedThis)
             ? _cachedDomainSeparator

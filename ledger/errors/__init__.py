@@ -99,6 +99,8 @@ from ledger.errors.training_ledger import (
     LedgerBadCommitments as LedgerBadCommitments,
     LedgerBadRunValues as LedgerBadRunValues,
     LedgerProofTooCostly as LedgerProofTooCostly,
+    LedgerBadGameSteps as LedgerBadGameSteps,
+    LedgerUnbondingBelowProofWindow as LedgerUnbondingBelowProofWindow,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,
@@ -125,6 +127,13 @@ from ledger.errors.prover import (
     ProverChallengeDue as ProverChallengeDue,
     ProverChallengeNotDue as ProverChallengeNotDue,
     ProverChallengeTooLate as ProverChallengeTooLate,
+    ProverGameTooLong as ProverGameTooLong,
+    ProverProofWindowClosed as ProverProofWindowClosed,
+    ProverParentOpen as ProverParentOpen,
+    ProverNoClaim as ProverNoClaim,
+    ProverNotClaimant as ProverNotClaimant,
+    ProverRoundStands as ProverRoundStands,
+    ProverNotLedger as ProverNotLedger,
 )
 
 

@@ -102,3 +102,36 @@ class ProverNoGenesis(ProverError):
 
 class ProverBadSchedule(ProverError):
     """The proof's schedule leaf or its path is not the run's leaf of the round (RunParams.scheduleRoot)."""
+    """The round's dispute window closed and the caller has no game on it with a fresh window (an answer's):
+    its leaves can no longer be challenged by it."""
+
+
+class ProverGameTooLong(ProverError):
+    """The caller's game on that stage of the round took the run's ``maxGameSteps`` steps already."""
+
+
+class ProverProofWindowClosed(ProverError):
+    """The round's proof window closed (its dispute window and games are over): it is final or on its way,
+    no proof or expiry overturns it any more."""
+
+
+class ProverParentOpen(ProverError):
+    """The round's parent can still be overturned: a proof of the round waits until it cannot (a proof never
+    slashes through a wrong parent); retry from the block named."""
+
+
+class ProverNoClaim(ProverError):
+    """No reward of that round is held (none was, or it was claimed)."""
+
+
+class ProverNotClaimant(ProverError):
+    """The caller did not commit the proof before it was sent (within the claim window), nor sent it
+    (after)."""
+
+
+class ProverRoundStands(ProverError):
+    """The round was not overturned: a game's escrowed bonds come back only from an overturned round."""
+
+
+class ProverNotLedger(ProverError):
+    """Only the ledger pays the prover."""

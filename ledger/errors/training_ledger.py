@@ -237,3 +237,10 @@ class LedgerBadRunValues(LedgerRevert):
 class LedgerProofTooCostly(LedgerRevert):
     """At the run's ``maxContributions`` and ``maxRank`` a fraud proof could need more gas or calldata than
     the contract's bounds (``LedgerCore.proofCost``; docs/FRAUD_PROOF.md, "Bounded proofs")."""
+class LedgerBadGameSteps(LedgerRevert):
+    """``maxGameSteps`` is 0: an availability game needs at least one step."""
+
+
+class LedgerUnbondingBelowProofWindow(LedgerRevert):
+    """``unbonding_blocks`` is shorter than the longest proof window, ``dispute_blocks + (2 max_game_steps +
+    2) accusation_blocks``: a coalition could withdraw before it is proven wrong."""

@@ -19,7 +19,7 @@ RUN_KEYS: dict[str, tuple[type, float, str]] = {
     "quorum_bps": (int, 0, "the quorum is also at least this fraction (basis points) of the counted members "
                            "(safe: >= 5000)"),
     "tenure_rounds": (int, 1, "rounds a member that joined after the first commit waits before it counts"),
-    "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: accusation + dispute blocks)"),
+    "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: the longest proof window)"),
     "accusation_blocks": (int, 8, "blocks an accusation stays open"),
     "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed"),
     "inactivity_rounds": (int, 1, "committed rounds a member may leave unsigned before it can be ejected"),
@@ -72,12 +72,32 @@ def read_run_file(path: str) -> RunFile:
         raise ConfigError(
             f"run file {path}: [run] quorum={chain['quorum']} can never be met: the run places at "
             f"most {most} nodes ({cfg.diloco.num_replicas} replicas x {cfg.pipeline.num_stages} stages)")
-    floor = chain["accusation_blocks"] + chain["dispute_blocks"]
+    from ledger.runparams import proof_window_bound
+
+    steps = max_game_steps(cfg)
+    floor = proof_window_bound(chain["dispute_blocks"], chain["accusation_blocks"], steps)
     if chain["unbonding_blocks"] and chain["unbonding_blocks"] < floor:
         raise ConfigError(
-            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least "
-            f"accusation_blocks + dispute_blocks = {floor} (or 0 for exactly that)")
+            f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least the "
+            f"longest proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = "
+            f"{floor} (or 0 for exactly that)")
     return RunFile(table, chain, cfg)
+
+
+def max_game_steps(cfg) -> int:
+    """``RunParams.max_game_steps`` of the run ``cfg`` describes (issue 62): the bisection of its largest
+    stage's chunks (training/chunks.py) and a few steps more (ledger.runparams.game_steps_for)."""
+    from math import prod
+
+    from ledger.runparams import game_steps_for
+    from training.chunks import CHUNK_ELEMENTS
+    from training.stages import split_stages, stage_param_shapes
+
+    def chunks(shapes) -> int:
+        return sum(-(-prod(shape) // CHUNK_ELEMENTS) for shape in shapes.values())
+
+    specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
+    return game_steps_for(max(chunks(stage_param_shapes(cfg.model, spec)) for spec in specs))
 
 
 def _check_run_table(chain: dict, path: str) -> dict:
@@ -131,4 +151,4 @@ def run_params(run: RunFile):
                      accusation_blocks=chain["accusation_blocks"], dispute_blocks=chain["dispute_blocks"],
                      inactivity_rounds=chain["inactivity_rounds"], max_rounds=run.cfg.rounds,
                      tenure_rounds=chain["tenure_rounds"], commitments=run.cfg.commitment_scheme.version,
-                     **run_values(run.cfg))
+                     max_game_steps=max_game_steps(run.cfg), **run_values(run.cfg))

@@ -29,6 +29,31 @@ class ChainDisputes:
         with self._lock:
             return self.client.prove_wrong_norm(proof, attesters)
 
+    def claim_held_reward(self, run_id: int, round: int) -> dict | None:
+        """Claim the reward held for ``round`` (a proof of it sent by another first, issue 62) if this
+        account's earlier commitment is of that proof; the receipt, or None if there is nothing to claim."""
+        from ledger.errors import ProverNoClaim, ProverNotClaimant
+
+        with self._lock:
+            try:
+                return self.client.claim_reward(run_id, round)
+            except (ProverNoClaim, ProverNotClaimant):
+                return None
+
+    def reclaim_game_bonds(self, run_id: int, round: int, stage: int) -> int:
+        """Take back this account's escrowed bonds of its game on ``stage`` of an overturned ``round`` (issue
+        62); the wei taken (0: none escrowed)."""
+        with self._lock:
+            escrow = self.client.game_of(run_id, round, stage)["escrow"]
+            if escrow:
+                self.client.reclaim_bonds(run_id, round, stage)
+            return escrow
+
+    def proof_window_of(self, run_id: int, round: int) -> tuple[int, int]:
+        """(opens_at, closes_at) of the proofs of ``round`` (TrainingLedger.proofWindowOf)."""
+        with self._lock:
+            return self.client.proof_window_of(run_id, round)
+
     def challenge_availability(self, target: tuple) -> bytes:
         with self._lock:
             return self.client.challenge_availability(target)
@@ -41,7 +66,7 @@ class ChainDisputes:
         with self._lock:
             return self.client.challenge_of(challenge_id)
 
-    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes] | None] | None:
+    def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes]] | None:
         with self._lock:
             return self.client.availability_answer(challenge_id)
 

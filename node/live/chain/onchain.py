@@ -213,9 +213,9 @@ class NodeChain(ChainSeats, ChainDisputes):
             if info.unbonding_blocks < max(info.min_unbonding_blocks, 2 * MIN_WINDOW_BLOCKS):
                 raise NotRegistered(
                     f"run {run_id} unbonds stakes in {info.unbonding_blocks} blocks, less than its "
-                    f"accusation deadline plus dispute window ({info.min_unbonding_blocks} blocks, at least "
-                    f"{2 * MIN_WINDOW_BLOCKS}): a member could withdraw before a report or verdict lands; "
-                    "not joining it")
+                    f"longest proof window ({info.min_unbonding_blocks} blocks, at least "
+                    f"{2 * MIN_WINDOW_BLOCKS}): a member could withdraw before a report, verdict or fraud "
+                    "proof lands; not joining it")
             if seat is not None:
                 raise NotRegistered(
                     f"account {self.client.address} holds a {seat.status} seat in run {run_id}; "

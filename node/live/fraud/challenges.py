@@ -14,7 +14,7 @@ import threading
 from ledger.availability import MOMENTUM, WEIGHTS, availability_target, differing_subtree, opened_proof, \
     stage_leaf_target
 from ledger.chunkproof import Factors, StageLeaf, StageState, tree_path
-from ledger.errors import LedgerError, ProverChallengeNotDue, ProverChallengeSettled
+from ledger.errors import ChainUnavailable, LedgerError, ProverChallengeNotDue, ProverChallengeSettled
 from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof, path_total
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
@@ -50,6 +50,9 @@ class AvailabilityChallenges:
         raise NotImplementedError
 
     def _unprovable(self, outer_round: int, why: str) -> None:
+        raise NotImplementedError
+
+    def _send_deferred(self) -> None:
         raise NotImplementedError
 
     # -- a sum tree's walk --------------------------------------------------------------------------
@@ -122,31 +125,32 @@ class AvailabilityChallenges:
         self._open(walk.outer_round, challenge_id)
 
     def _answered(self, challenge_id: bytes, outer_round: int) -> None:
-        """A challenge of this node's was answered: go on with its walk from the published leaf and path, or
-        prove from the published factors."""
+        """A challenge of this node's was answered: go on with its walk from the published leaf and path (read
+        from AvailabilityAnswered's log, however the answer was sent), or prove from the published factors.
+        The answer is read before the walk is taken: an outage (ChainUnavailable) leaves both for a retry."""
         with self._lock:
-            walk = self._walks.pop(challenge_id, None)
-            factors_open = self._factor_opens.pop(challenge_id, None)
+            walk = self._walks.get(challenge_id)
+            factors_open = self._factor_opens.get(challenge_id)
+        answer = self.chain.availability_answer(challenge_id) if walk or factors_open else None
+        with self._lock:
+            self._walks.pop(challenge_id, None)
+            self._factor_opens.pop(challenge_id, None)
         if factors_open is not None:
-            self._factors_published(challenge_id, outer_round, *factors_open)
+            self._factors_published(outer_round, answer, *factors_open)
             return
         if walk is None:  # a stage leaf's challenge: the committers showed the leaf
             logger.warning(
                 "round %d: the availability challenge was answered; the published stage leaf is not "
                 "followed further here", outer_round)
             return
-        answer = self.chain.availability_answer(challenge_id)
         if answer is None:
             self._unprovable(outer_round,
                              "the availability challenge was settled without an answer (another party "
                                           "expired it)")
             return
         leaf, path = answer
-        if path is None:
-            self._unprovable(outer_round,
-                             "the availability challenge was answered through a contract: its path "
-                                          "is not in the transaction's calldata")
-            return
+        # The answer gave this node's game a fresh window (accusationBlocks) for its next step, even after the
+        # round's dispute window: the walk goes on at once.
         logger.warning("round %d stage %d: the committers published leaf %d of tree %d", outer_round,
                        walk.stage, walk.chunk, walk.which)
         if isinstance(walk, SumWalk):
@@ -154,9 +158,8 @@ class AvailabilityChallenges:
             return
         self._advance(walk, leaf, path)
 
-    def _factors_published(self, challenge_id: bytes, outer_round: int, stage: int, record: RoundRecord,
+    def _factors_published(self, outer_round: int, answer, stage: int, record: RoundRecord,
                            leaves: list[bytes], leaf: StageLeaf, own: StageState) -> None:
-        answer = self.chain.availability_answer(challenge_id)
         if answer is None:
             self._unprovable(outer_round, "the factors' availability challenge was settled without an answer")
             return
@@ -225,6 +228,11 @@ class AvailabilityChallenges:
         self.log.challenges[outer_round] = challenge_id
         with self._lock:
             self._pending[challenge_id] = outer_round
+        self._ensure_settling()
+
+    def _ensure_settling(self) -> None:
+        """Run the settlement loop (the expirer's thread) while challenges or deferred proofs are pending."""
+        with self._lock:
             if self._expirer is None or not self._expirer.is_alive():
                 self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
                 self._expirer.start()
@@ -243,6 +251,7 @@ class AvailabilityChallenges:
         sends its proof) returns after that one, so what it reads of ``log`` afterwards includes it.
         """
         with self._settling:
+            self._send_deferred()
             return self._settle_due()
 
     def _settle_due(self) -> bool:
@@ -275,7 +284,7 @@ class AvailabilityChallenges:
                 "and its attesters slashed", outer_round)
             self._drop(challenge_id)
         with self._lock:
-            return bool(self._pending)
+            return bool(self._pending) or bool(self._deferred)
 
     def _drop(self, challenge_id: bytes) -> bool:
         """Forget a pending challenge; whether it was pending."""
@@ -285,6 +294,10 @@ class AvailabilityChallenges:
     def _follow(self, challenge_id: bytes, outer_round: int) -> None:
         try:
             self._answered(challenge_id, outer_round)
+        except ChainUnavailable as exc:  # nothing was taken: followed again on the next settlement
+            logger.warning("round %d: the answer could not be read yet: %s", outer_round, exc)
+            with self._lock:
+                self._pending[challenge_id] = outer_round
         except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
             self._unprovable(outer_round,
                              f"the proof from the answered challenge failed: {type(exc).__name__}: "

@@ -71,34 +71,29 @@ def state_key(stage_leaf: bytes) -> str:
 
 
 class DisputeWindow:
-    """Whether a round of the run can still be challenged on chain (``challengeAvailability`` is open until
-    the round's dispute window closes: ``disputeBlocks`` after its commit). Until then a node keeps its state
-    of the round, or a late challenge of a right round would go unanswered and overturn it, slashing honest
-    attesters (docs/FRAUD_PROOF.md, "The node"). A round not committed yet, or one the chain could not be
-    asked about, is
-    open: keeping a state longer costs memory, dropping it early can cost a right round."""
+    """Whether a round of the run can still be challenged or proven on chain: until its proof window closes
+    (TrainingLedger.proofWindowOf: its dispute window, extended while an availability game on it can go on,
+    issue 62). Until then a node keeps its state of the round, or a late step of a game on a right round
+    would go unanswered and overturn it, slashing honest attesters (docs/FRAUD_PROOF.md, "The node"). A round
+    not committed yet, or one the chain could not be asked about, is open: keeping a state longer costs
+    memory, dropping it early can cost a right round."""
 
     def __init__(self, chain, run_id: int) -> None:
         self.chain = chain
         self.run_id = run_id
-        self._committed_at: dict[int, int] = {}  # round -> its commit's block
 
     def open(self, outer_round: int) -> bool:
         try:
-            block = self._committed_at.get(outer_round)
-            if block is None:
-                committed = self.chain.commit_record(self.run_id, outer_round)
-                if committed is None:
-                    return True
-                block = self._committed_at[outer_round] = committed.block_number
-            head = self.chain.block_number()
-            return head <= block + self.chain.run_info(self.run_id).dispute_blocks
+            if self.chain.commit_record(self.run_id, outer_round) is None:
+                return True
+            _opens, closes = self.chain.proof_window_of(self.run_id, outer_round)
+            return self.chain.block_number() < closes
         except (*DLX_ERRORS, LedgerError) as exc:
-            logger.debug("round %d: dispute window not read (its state is kept): %s", outer_round, exc)
+            logger.debug("round %d: proof window not read (its state is kept): %s", outer_round, exc)
             return True
 
     def forget(self, outer_round: int) -> None:
-        self._committed_at.pop(outer_round, None)
+        """Nothing is cached: a game can extend a round's window at any time until it closes."""
 
 
 class ChunkedStates:

@@ -57,7 +57,8 @@ from pathlib import Path
 
 from ledger.availability import FACTORS, MOMENTUM, WEIGHTS, availability_target
 from ledger.chunkproof import StageLeaf, StageState
-from ledger.normproof import scale_proof
+from ledger.errors import LedgerRunHalted, ProverParentOpen
+from ledger.normproof import NormProof, scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
@@ -121,6 +122,8 @@ class FraudProver(AvailabilityChallenges):
         # challenge found settled has been followed, also one another thread took first.
         self._settling = threading.RLock()
         self._expirer: threading.Thread | None = None
+        # round -> (stage, proof, attesters, why): proofs waiting for their parent round's window to close
+        self._deferred: dict[int, tuple] = {}
 
     # -- the committed leaves --------------------------------------------------------------
     def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
@@ -286,12 +289,7 @@ class FraudProver(AvailabilityChallenges):
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
         self._keep(outer_round, stage, proof, attesters)
-        receipt = self.chain.prove_wrong_norm(proof, attesters)
-        self.log.proofs[outer_round] = str(_tx_of(receipt))
-        logger.error(
-            "round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
-            "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
-            len(attesters or ()))
+        self._deliver(outer_round, stage, proof, attesters, why)
         return True
 
     def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
@@ -302,12 +300,48 @@ class FraudProver(AvailabilityChallenges):
         logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
                      outer_round, stage, why)
         self._keep(outer_round, stage, proof, attesters)
-        receipt = self.chain.prove_wrong_aggregation(proof, attesters)
+        self._deliver(outer_round, stage, proof, attesters, why)
+
+    def _deliver(self, outer_round: int, stage: int, proof, attesters, why: str) -> None:
+        """Commit to the proof, then send it (the client's commit-reveal: a copy sent by a front-runner is not
+        paid, issue 62). While round t - 1 can still be overturned the chain refuses it (ProverParentOpen): it
+        is kept and sent again by the settlement loop once the parent's window closed. Beaten to it by a copy
+        (LedgerRunHalted with a reward held for the round), this node's earlier commitment claims the
+        reward."""
+        norm = isinstance(proof, NormProof)
+        send = self.chain.prove_wrong_norm if norm else self.chain.prove_wrong_aggregation
+        try:
+            receipt = send(proof, attesters)
+        except ProverParentOpen as exc:
+            logger.warning("round %d: the proof waits for round %d's window to close (block %s)", outer_round,
+                           outer_round - 1, exc.values.get("closesAt"))
+            with self._lock:
+                self._deferred[outer_round] = (stage, proof, attesters, why)
+            self._ensure_settling()
+            return
+        except LedgerRunHalted:
+            receipt = self.chain.claim_held_reward(self.run_id, outer_round)
+            if receipt is None:
+                raise
+            logger.error("round %d: another sent this node's proof first; its held reward was claimed",
+                         outer_round)
         self.log.proofs[outer_round] = str(_tx_of(receipt))
         logger.error(
             "round %d: proven wrong on chain (stage %d, %s; tx %s): the round and every later one are "
             "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
             len(attesters or ()))
+        self.chain.reclaim_game_bonds(self.run_id, outer_round, stage)  # the walk's answered steps' bonds
+
+    def _send_deferred(self) -> None:
+        """Send again the proofs that waited for their parent round's window (the settlement loop's)."""
+        with self._lock:
+            deferred = dict(self._deferred)
+            self._deferred.clear()
+        for outer_round, (stage, proof, attesters, why) in deferred.items():
+            try:
+                self._deliver(outer_round, stage, proof, attesters, why)
+            except DLX_ERRORS as exc:
+                self._unprovable(outer_round, f"the proof failed: {type(exc).__name__}: {exc}"[:300])
 
     def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
         """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
