@@ -31,6 +31,16 @@ abstract contract TrustBase is WithVm {
     bytes32 internal constant ROUND_VERDICT_TYPEHASH =
         keccak256("RoundVerdict(uint256 runId,uint64 round,bytes32 recordHash,bool upheld)");
 
+    address[10] internal _who; // the cast's addresses, derived once (vm.addr is a curve multiplication)
+
+    function _castAddresses() internal {
+        for (uint256 key = 1; key <= OUTSIDER; ++key) _who[key] = vm.addr(key);
+    }
+
+    function who(uint256 key) internal view returns (address) {
+        return _who[key];
+    }
+
     function runParams(bytes32 configHash) internal pure returns (TrainingLedger.RunParams memory p) {
         p.configHash = configHash;
         p.numStages = 1;
@@ -49,7 +59,7 @@ abstract contract TrustBase is WithVm {
     }
 
     function register(NodeRegistry registry, uint256 key) internal {
-        address account = vm.addr(key);
+        address account = who(key);
         vm.deal(account, 1000 ether);
         vm.prank(account);
         registry.register(keccak256(abi.encode("node key", key)), new bytes(64));
@@ -81,22 +91,27 @@ abstract contract TrustBase is WithVm {
     }
 
     /// @dev Concatenated signatures of `keys` over `digest`, ascending by signer address as the ledger wants.
-    function signAll(uint256[] memory keys, bytes32 digest) internal pure returns (bytes memory out) {
+    function signAll(uint256[] memory keys, bytes32 digest) internal view returns (bytes memory out) {
         uint256[] memory sorted = sortByAddress(keys);
         for (uint256 i = 0; i < sorted.length; ++i) out = bytes.concat(out, sign(sorted[i], digest));
     }
 
-    function sortByAddress(uint256[] memory keys) internal pure returns (uint256[] memory sorted) {
-        sorted = new uint256[](keys.length);
-        for (uint256 i = 0; i < keys.length; ++i) sorted[i] = keys[i];
-        for (uint256 i = 1; i < sorted.length; ++i) {
-            uint256 key = sorted[i];
+    /// @dev `keys` ascending by address (insertion sort over addresses derived once each).
+    function sortByAddress(uint256[] memory keys) internal view returns (uint256[] memory sorted) {
+        uint256 n = keys.length;
+        sorted = new uint256[](n);
+        address[] memory addrs = new address[](n);
+        for (uint256 i = 0; i < n; ++i) {
+            uint256 key = keys[i];
+            address a = who(key);
             uint256 j = i;
-            while (j > 0 && vm.addr(sorted[j - 1]) > vm.addr(key)) {
+            while (j > 0 && addrs[j - 1] > a) {
                 sorted[j] = sorted[j - 1];
+                addrs[j] = addrs[j - 1];
                 --j;
             }
             sorted[j] = key;
+            addrs[j] = a;
         }
     }
 

@@ -45,6 +45,7 @@ contract TrustHandler is TrustBase {
         ledger = ledger_;
         registry = registry_;
         runId = runId_;
+        _castAddresses();
     }
 
     // ------------------------------------------------------------------------------------------- views
@@ -70,7 +71,7 @@ contract TrustHandler is TrustBase {
     }
 
     function status(uint256 run, uint256 key) public view returns (TrainingLedger.MemberStatus) {
-        return ledger.memberOf(run, vm.addr(key)).status;
+        return ledger.memberOf(run, who(key)).status;
     }
 
     // ------------------------------------------------------------------------------------------- helpers
@@ -107,15 +108,15 @@ contract TrustHandler is TrustBase {
         for (uint256 i = 0; i < b.length; ++i) out[a.length + i] = b[i];
     }
 
-    function _addresses(uint256[] memory keys) internal pure returns (address[] memory out) {
+    function _addresses(uint256[] memory keys) internal view returns (address[] memory out) {
         uint256[] memory sorted = sortByAddress(keys);
         out = new address[](sorted.length);
-        for (uint256 i = 0; i < sorted.length; ++i) out[i] = vm.addr(sorted[i]);
+        for (uint256 i = 0; i < sorted.length; ++i) out[i] = who(sorted[i]);
     }
 
     function _honestCounted(uint256 leaving) internal view returns (uint256 n) {
         for (uint256 i = 0; i < _honest.length; ++i) {
-            TrainingLedger.Member memory seat = ledger.memberOf(runId, vm.addr(_honest[i]));
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(_honest[i]));
             if (_honest[i] != leaving && seat.status == TrainingLedger.MemberStatus.Active && seat.countedBlock != 0) {
                 ++n;
             }
@@ -151,7 +152,7 @@ contract TrustHandler is TrustBase {
         returns (bool)
     {
         bytes memory signatures = signAll(signers, recordDigest(ledger, record));
-        vm.prank(vm.addr(submitter));
+        vm.prank(who(submitter));
         try ledger.commitRound(record, signatures) {}
         catch {
             return false;
@@ -161,7 +162,7 @@ contract TrustHandler is TrustBase {
         _attesters[record.round] = _addresses(signers);
         for (uint256 i = 0; i < _honest.length; ++i) {
             uint256 key = _honest[i];
-            TrainingLedger.Member memory seat = ledger.memberOf(runId, vm.addr(key));
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(key));
             if (seat.status != TrainingLedger.MemberStatus.Active || seat.joinRound > record.round) continue;
             if (seat.activeRound > record.round) continue; // its signature is in the commit
             try ledger.attest(record, sign(key, recordDigest(ledger, record))) {}
@@ -198,15 +199,15 @@ contract TrustHandler is TrustBase {
         if (honest.length < 2) return;
         uint256 key = _pick(honest, seed);
         if (!_assumptionHolds(key, _active(_coalition).length)) return;
-        vm.prank(vm.addr(key));
+        vm.prank(who(key));
         ledger.leaveRun(runId);
-        dueAt[key] = ledger.memberOf(runId, vm.addr(key)).unbondingEnd + WINDOW;
+        dueAt[key] = ledger.memberOf(runId, who(key)).unbondingEnd + WINDOW;
     }
 
     function honestJoinerJoins() external {
         ++calls;
         if (status(runId, HONEST_JOINER) != TrainingLedger.MemberStatus.None || withdrawn[HONEST_JOINER]) return;
-        vm.prank(vm.addr(HONEST_JOINER));
+        vm.prank(who(HONEST_JOINER));
         ledger.joinRun{value: STAKE}(runId, bytes32("cpu"));
     }
 
@@ -215,7 +216,7 @@ contract TrustHandler is TrustBase {
         ++calls;
         uint256 key = _honest[seed % _honest.length];
         if (dueAt[key] == 0 || block.number < dueAt[key]) return;
-        address account = vm.addr(key);
+        address account = who(key);
         for (uint256 i = 0; i < _accused.length; ++i) {
             if (_accused[i] != account) continue;
             if (ledger.accusationOf(runId, account, _evidence[i]).status != TrainingLedger.AccusationStatus.Open) {
@@ -293,8 +294,8 @@ contract TrustHandler is TrustBase {
         ++calls;
         uint256[] memory everyone = _concat(_honest, _coalition);
         uint256 target = _pick(everyone, targetSeed);
-        vm.prank(vm.addr(_pick(everyone, callerSeed)));
-        try ledger.ejectInactive(runId, vm.addr(target)) {
+        vm.prank(who(_pick(everyone, callerSeed)));
+        try ledger.ejectInactive(runId, who(target)) {
             for (uint256 i = 0; i < _honest.length; ++i) {
                 if (_honest[i] == target) _violation("G2: a live honest member was ejected");
             }
@@ -307,9 +308,9 @@ contract TrustHandler is TrustBase {
         ++calls;
         uint256[] memory coalition = _active(_coalition);
         if (coalition.length == 0) return;
-        address target = vm.addr(_pick(_honest, targetSeed));
+        address target = who(_pick(_honest, targetSeed));
         bytes32 evidence = keccak256(abi.encode("made up", calls, target));
-        vm.prank(vm.addr(_pick(coalition, accuserSeed)));
+        vm.prank(who(_pick(coalition, accuserSeed)));
         try ledger.accuse{value: BOND}(runId, target, evidence) {}
         catch {
             return;
@@ -343,7 +344,7 @@ contract TrustHandler is TrustBase {
         uint256 sender = _pick(_coalition, senderSeed);
         uint256 signer = signerSeed % 2 == 0 ? sender : _pick(_honest, signerSeed >> 1);
         uint256 bond = value % 3 == 0 ? BOND : (value % 3 == 1 ? BOND - 1 : BOND + 1);
-        vm.prank(vm.addr(sender));
+        vm.prank(who(sender));
         try ledger.dispute{value: bond}(committed, disputed, sign(signer, recordDigest(ledger, disputed))) {}
         catch {}
         if (ledger.disputeCaseOf(runId, round).status != TrainingLedger.DisputeStatus.Open) return;
@@ -355,7 +356,7 @@ contract TrustHandler is TrustBase {
         ++calls;
         if (status(runId, COALITION_JOINER) != TrainingLedger.MemberStatus.None) return;
         if (!_assumptionHolds(0, _active(_coalition).length + 1)) return;
-        vm.prank(vm.addr(COALITION_JOINER));
+        vm.prank(who(COALITION_JOINER));
         try ledger.joinRun{value: STAKE}(runId, bytes32("cpu")) {} catch {}
     }
 
@@ -363,7 +364,7 @@ contract TrustHandler is TrustBase {
     function coalitionLeavesOrWithdraws(uint256 seed) external {
         ++calls;
         uint256 key = _pick(_coalition, seed);
-        address account = vm.addr(key);
+        address account = who(key);
         TrainingLedger.Member memory seat = ledger.memberOf(runId, account);
         vm.prank(account);
         if (seat.status == TrainingLedger.MemberStatus.Active) {
@@ -404,7 +405,7 @@ contract TrustHandler is TrustBase {
         proof.stagePath = new bytes32[](roundSeed % 3);
         proof.attesters = _attesters[round];
         AggregationProver prover = ledger.prover();
-        vm.prank(vm.addr(OUTSIDER));
+        vm.prank(who(OUTSIDER));
         try prover.proveWrongAggregation(proof) {
             _violation("G7: a proof invalidated a right round");
         } catch {
@@ -416,10 +417,10 @@ contract TrustHandler is TrustBase {
     function gameOpens() external {
         ++calls;
         if (gameRun != 0) return;
-        vm.prank(vm.addr(5));
+        vm.prank(who(5));
         uint256 run = ledger.createRun(runParams(keccak256(abi.encode("game", calls))), "game");
         for (uint256 key = 5; key <= 6; ++key) {
-            vm.prank(vm.addr(key));
+            vm.prank(who(key));
             ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));
         }
         gameRun = run;
@@ -439,7 +440,7 @@ contract TrustHandler is TrustBase {
         keys[0] = 5;
         keys[1] = 6;
         bytes memory signatures = signAll(keys, recordDigest(ledger, record));
-        vm.prank(vm.addr(5));
+        vm.prank(who(5));
         try ledger.commitRound(record, signatures) {
             _gameAttesters[run][round] = _addresses(keys);
         } catch {}
@@ -462,7 +463,7 @@ contract TrustHandler is TrustBase {
                 seat.status == TrainingLedger.MemberStatus.Active || seat.status == TrainingLedger.MemberStatus.Unbonding
             ) slashable += seat.stake;
         }
-        address winner = vm.addr(OUTSIDER);
+        address winner = who(OUTSIDER);
         uint256 before = winner.balance;
         vm.prank(address(ledger.prover()));
         try ledger.invalidateByProof(run, round, attesters, winner) returns (uint256 reward) {
@@ -499,7 +500,7 @@ contract TrustHandler is TrustBase {
         bytes memory signatureA = sign(key, recordDigest(ledger, a));
         bytes memory signatureB = sign(key, recordDigest(ledger, b));
         bool bonded = status(run, key) != TrainingLedger.MemberStatus.None;
-        vm.prank(vm.addr(OUTSIDER));
+        vm.prank(who(OUTSIDER));
         try ledger.reportEquivocation(a, signatureA, b, signatureB) {
             if (status(run, key) != TrainingLedger.MemberStatus.Slashed) _violation("equivocation left a stake");
         } catch (bytes memory reason) {

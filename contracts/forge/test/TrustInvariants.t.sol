@@ -17,13 +17,14 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
     uint256 internal runId;
 
     function setUp() public {
+        _castAddresses();
         registry = new NodeRegistry(0);
         ledger = new TrainingLedger(registry);
         for (uint256 key = 1; key <= OUTSIDER; ++key) register(registry, key);
-        vm.prank(vm.addr(1));
+        vm.prank(who(1));
         runId = ledger.createRun(runParams(keccak256("trust")), "trust");
         for (uint256 key = 1; key <= 6; ++key) {
-            vm.prank(vm.addr(key));
+            vm.prank(who(key));
             ledger.joinRun{value: STAKE}(runId, bytes32("cpu"));
         }
         handler = new TrustHandler(ledger, registry, runId);
@@ -60,7 +61,7 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
         uint256 active = 0;
         uint256 counted = 0;
         for (uint256 key = 1; key < OUTSIDER; ++key) {
-            TrainingLedger.Member memory seat = ledger.memberOf(runId, vm.addr(key));
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(key));
             if (seat.status != TrainingLedger.MemberStatus.Active) continue;
             ++active;
             if (seat.countedBlock == 0) continue;
@@ -80,7 +81,7 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
         uint64 count = ledger.commitCount(runId);
         uint256[] memory honest = handler.honestKeys();
         for (uint256 i = 0; i < honest.length; ++i) {
-            TrainingLedger.Member memory seat = ledger.memberOf(runId, vm.addr(honest[i]));
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(honest[i]));
             if (seat.status != TrainingLedger.MemberStatus.Active) continue;
             vm.assertLe(count - seat.activeRound, INACTIVITY - 1, "G2: a live honest member is ejectable");
         }
@@ -91,7 +92,7 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
         uint256[] memory honest = handler.honestKeys();
         for (uint256 i = 0; i < honest.length; ++i) {
             vm.assertTrue(
-                ledger.memberOf(runId, vm.addr(honest[i])).status != TrainingLedger.MemberStatus.Slashed,
+                ledger.memberOf(runId, who(honest[i])).status != TrainingLedger.MemberStatus.Slashed,
                 "G3: an honest member was slashed"
             );
         }
@@ -118,7 +119,7 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
             vm.assertEq(disputers.length, case_.disputers, "G5: disputers miscounted");
             for (uint256 d = 0; d < disputers.length; ++d) {
                 for (uint256 i = 0; i < honest.length; ++i) {
-                    vm.assertTrue(disputers[d] != vm.addr(honest[i]), "G5: a dispute filed with another's signature");
+                    vm.assertTrue(disputers[d] != who(honest[i]), "G5: a dispute filed with another's signature");
                 }
             }
         }
@@ -133,8 +134,9 @@ contract TrustInvariantsTest is TrustBase, InvariantTargets {
         uint256[] memory games = handler.gameRuns();
         for (uint256 g = 0; g <= games.length; ++g) {
             uint256 run = g == games.length ? runId : games[g];
-            for (uint256 key = 1; key <= OUTSIDER; ++key) {
-                TrainingLedger.Member memory seat = ledger.memberOf(run, vm.addr(key));
+            // The game runs seat the coalition's founders only.
+            for (uint256 key = run == runId ? 1 : 5; key <= (run == runId ? COALITION_JOINER : 6); ++key) {
+                TrainingLedger.Member memory seat = ledger.memberOf(run, who(key));
                 if (
                     seat.status == TrainingLedger.MemberStatus.Active
                         || seat.status == TrainingLedger.MemberStatus.Unbonding

@@ -1,0 +1,27 @@
+"""docs/TRUST.md's guarantees as forge invariants inside the EVM (contracts/forge, tests/forge_campaign.py).
+
+The default suite runs a quick campaign (8 sequences of 64 calls); the slow suite a long one; the bench
+(bench/forge_invariants.py) at least 1,000,000 calls. Each checks G1-G7 and exact solvency after every call.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.forge_campaign import forge_available, run_campaign
+
+pytestmark = pytest.mark.skipif(not forge_available(),
+                                reason="forge missing: run npm ci --prefix contracts (scripts/setup.sh)")
+
+
+def test_a_quick_invariant_campaign_finds_no_violation():
+    campaign = run_campaign(runs=8, depth=64, seed=0x5EED, timeout=600)
+    assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
+    assert campaign.runs == 8 and campaign.calls == 8 * 64
+
+
+@pytest.mark.slow
+def test_a_long_invariant_campaign_finds_no_violation():
+    campaign = run_campaign(runs=200, depth=500, seed=0xD1C0, timeout=3600)
+    assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
+    assert campaign.calls == 200 * 500
