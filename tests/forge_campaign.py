@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 FORGE = REPO / "contracts" / "node_modules" / ".bin" / "forge"
 FORGE_ROOT = REPO / "contracts" / "forge"
 INVARIANT = "invariant_trust_model"
-_RESULT = re.compile(r"\[(PASS|FAIL[^\]]*)\] (invariant_\w+)\(\) \(runs: (\d+), calls: (\d+), reverts: (\d+)\)")
+_VERDICT = re.compile(r"^\[(PASS|FAIL.*)\]", re.MULTILINE)  # "[FAIL: G3: an honest member was slashed]"
+_COUNTS = re.compile(r"(invariant_\w+)\(\) \(runs: (\d+), calls: (\d+), reverts: (\d+)\)")
 
 
 @dataclass
@@ -47,10 +48,10 @@ def run_campaign(runs: int, depth: int, seed: int, *, root: Path = FORGE_ROOT, t
                           text=True, timeout=timeout, check=False)
     seconds = time.monotonic() - start
     output = done.stdout + done.stderr
-    found = _RESULT.search(output)
-    if found is None:
+    verdict, counts = _VERDICT.search(output), _COUNTS.search(output)
+    if verdict is None or counts is None:
         raise RuntimeError(f"forge reported no invariant result (exit {done.returncode}):\n{output[-4000:]}")
-    verdict, _, run_count, calls, reverts = found.groups()
-    failure = "" if verdict == "PASS" else verdict.removeprefix("FAIL").strip(": ")
-    return Campaign(verdict == "PASS" and done.returncode == 0, int(run_count), int(calls), int(reverts),
+    _, run_count, calls, reverts = counts.groups()
+    failure = "" if verdict[1] == "PASS" else verdict[1].removeprefix("FAIL").strip(": ")
+    return Campaign(verdict[1] == "PASS" and done.returncode == 0, int(run_count), int(calls), int(reverts),
                     seconds, failure, output)
