@@ -178,6 +178,21 @@ contract TrustHandler is TrustBase {
         return abi.decode(abi.encode(r), (TrainingLedger.Record));
     }
 
+    /// @dev The coalition's seats that a verdict can count (bonded, counted): its strongest set of signatures.
+    function _coalitionVoters() internal view returns (uint256[] memory out) {
+        out = new uint256[](_coalition.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < _coalition.length; ++i) {
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(_coalition[i]));
+            bool bonded = seat.status == TrainingLedger.MemberStatus.Active
+                || seat.status == TrainingLedger.MemberStatus.Unbonding;
+            if (bonded && seat.countedBlock != 0) out[n++] = _coalition[i];
+        }
+        assembly ("memory-safe") {
+            mstore(out, n)
+        }
+    }
+
     function _pick(uint256[] memory keys, uint256 seed) internal pure returns (uint256) {
         return keys[seed % keys.length];
     }
@@ -284,7 +299,8 @@ contract TrustHandler is TrustBase {
         if (coalition.length == 0) return;
         TrainingLedger.Record memory record = _honestRecord();
         record.weightsRoot = keccak256(abi.encode("back door", record.round));
-        uint256[] memory signers = _subset(coalition, mask | 1);
+        // Every seat it holds half the time (its strongest try), else any non-empty subset.
+        uint256[] memory signers = mask % 2 == 0 ? coalition : _subset(coalition, (mask >> 1) | 1);
         if (_commit(_pick(coalition, submitterSeed), record, signers)) {
             _violation("G1: the coalition committed a back-doored record alone");
         }
@@ -302,9 +318,9 @@ contract TrustHandler is TrustBase {
         } catch {}
     }
 
-    /// @notice Accuse an honest member (active or unbonding) and try a guilty verdict signed by every coalition
-    /// seat, counted or not.
-    function coalitionAccusesAndConvicts(uint256 accuserSeed, uint256 targetSeed) external {
+    /// @notice Accuse an honest member (active or unbonding) and try a guilty verdict signed by the coalition's
+    /// counted seats, or by any set of its seats.
+    function coalitionAccusesAndConvicts(uint256 accuserSeed, uint256 targetSeed, uint256 voterMask) external {
         ++calls;
         uint256[] memory coalition = _active(_coalition);
         if (coalition.length == 0) return;
@@ -318,14 +334,7 @@ contract TrustHandler is TrustBase {
         _accused.push(target);
         _evidence.push(evidence);
         TrainingLedger.Verdict memory verdict = TrainingLedger.Verdict(runId, target, evidence, true);
-        uint256[] memory seats = new uint256[](_coalition.length);
-        uint256 n = 0;
-        for (uint256 i = 0; i < _coalition.length; ++i) {
-            if (status(runId, _coalition[i]) != TrainingLedger.MemberStatus.None) seats[n++] = _coalition[i];
-        }
-        assembly ("memory-safe") {
-            mstore(seats, n)
-        }
+        uint256[] memory seats = voterMask % 2 == 0 ? _coalitionVoters() : _subset(_coalition, voterMask >> 1);
         try ledger.resolveAccusation(verdict, signAll(seats, verdictDigest(ledger, verdict))) {} catch {}
     }
 
@@ -348,13 +357,16 @@ contract TrustHandler is TrustBase {
         try ledger.dispute{value: bond}(committed, disputed, sign(signer, recordDigest(ledger, disputed))) {}
         catch {}
         if (ledger.disputeCaseOf(runId, round).status != TrainingLedger.DisputeStatus.Open) return;
-        bytes memory signatures = signAll(_coalition, roundVerdictDigest(ledger, committed, false));
+        uint256[] memory voters = value % 2 == 0 ? _coalitionVoters() : _subset(_coalition, signerSeed >> 8);
+        bytes memory signatures = signAll(voters, roundVerdictDigest(ledger, committed, false));
         try ledger.resolveDispute(committed, false, signatures, _attesters[round]) {} catch {}
     }
 
+    /// @notice A fresh coalition seat joins the running run (after its first commit: before, it would be a founder).
     function coalitionJoinerJoins() external {
         ++calls;
         if (status(runId, COALITION_JOINER) != TrainingLedger.MemberStatus.None) return;
+        if (ledger.commitCount(runId) == 0) return;
         if (!_assumptionHolds(0, _active(_coalition).length + 1)) return;
         vm.prank(who(COALITION_JOINER));
         try ledger.joinRun{value: STAKE}(runId, bytes32("cpu")) {} catch {}

@@ -9,6 +9,7 @@ interface Vm {
     function stopPrank() external;
     function deal(address account, uint256 balance) external;
     function roll(uint256 blockNumber) external;
+    function assume(bool condition) external pure;
     function addr(uint256 privateKey) external pure returns (address);
     function sign(uint256 privateKey, bytes32 digest) external pure returns (uint8 v, bytes32 r, bytes32 s);
     function label(address account, string calldata name) external;
