@@ -1,12 +1,14 @@
-"""The forge invariant campaign at length (issue 63): contracts/forge's TrustHandler against G1-G7, in the EVM.
+"""The forge invariant campaign at length (issue 63): contracts/forge's handlers against G1-G7, in the EVM.
 
 Runs ``--jobs`` forge campaigns side by side (each ``--runs / --jobs`` sequences of ``--depth`` calls, seeds
 ``--seed``, ``--seed + 1``, ...), every invariant checked after every call, and writes
-``bench/results/forge_invariants.json``: the runs, depth and seed of each campaign, its calls and verdict, calls
-per second over the whole, and the time 1,000,000 calls would take at that rate (exit 1 on a violation).
+``bench/results/forge_invariants.json``: the runs, depth and seed of each campaign, its calls and verdict,
+calls per second over the whole, and the time 1,000,000 calls would take at that rate (exit 1 on a
+violation).
 
     nice -n 10 python bench/fuzz_forge.py --runs 4000 --depth 250 --jobs 16   # 1,000,000 calls
-    nice -n 10 python bench/fuzz_forge.py --runs 40 --depth 500                # what a shared 2-core machine affords
+    nice -n 10 python bench/fuzz_forge.py --runs 40 --depth 500                # a shared 2-core machine
+
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign  # noqa: E402
 
 TARGET_CALLS = 1_000_000
 INVARIANTS = ["G1 every committed record is honest", "G1 who counts (tenure, counters)",
-              "G2 a live honest member is never ejectable", "G3 no honest member slashed, no honest round overturned",
+              "G2 a live honest member is never ejectable",
+              "G3 no honest member slashed, no honest round overturned",
               "G4 an honest leaver's whole stake back when due; no stake leaves early",
               "G5 finality and disputes by the disputer only", "G6 exact solvency (to the wei)",
               "G7 right rounds never proven wrong; the prover paid exactly half the slash"]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=40, help="sequences in all (split over the jobs)")
     parser.add_argument("--depth", type=int, default=500, help="calls per sequence")
     parser.add_argument("--seed", type=lambda v: int(v, 0), default=0xD1C0)

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Mutation check of the forge invariants (issue 63): seed real bugs into a copy of the contracts and show that
-the quick invariant campaign catches each.
+"""Mutation check of the forge invariants (issue 63): seed real bugs into a copy of the contracts and show
+that the quick invariant campaign catches each.
 
-Each mutation edits one line of one contract in a temporary copy of contracts/src beside a copy of the forge suite
-(contracts/forge), runs the campaign (tests/forge_campaign.py) and expects it to fail; the guarantee its failure
-names is reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants catch") lists them.
+Each mutation edits one line of one contract in a temporary copy of contracts/src beside a copy of the forge
+suite (contracts/forge), runs the campaign (tests/forge_campaign.py) and expects it to fail; the guarantee
+its failure names is reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants
+catch") lists them.
 
     python scripts/forge_mutations.py                # all, 16 runs x 64 calls each
     python scripts/forge_mutations.py --only tenure  # one (names below), e.g. to see its counterexample
+
 """
 
 from __future__ import annotations
@@ -45,32 +47,40 @@ MUTATIONS = (
     Mutation("quorum-floor", "LedgerCore.sol", "(uint256(bps) * counted + BPS - 1) / BPS",
              "(uint256(bps) * counted) / BPS", "round the quorum fraction down instead of up"),
     Mutation("dispute-others-signature", "LedgerDisputes.sol",
-             "if (disputer != msg.sender) revert TrainingLedger.LedgerDisputerNotSender(disputer, msg.sender);",
+             "if (disputer != msg.sender) revert "
+             "TrainingLedger.LedgerDisputerNotSender(disputer, msg.sender);",
              "", "let `dispute` take another member's signature"),
     Mutation("reward-twice", "LedgerDisputes.sol", '(bool ok,) = payable(recipient).call{value: reward}("");',
-             'payable(recipient).call{value: reward}("");\n        (bool ok,) = payable(recipient).call{value: reward}("");',
+             'payable(recipient).call{value: reward}("");\n'
+             '        (bool ok,) = payable(recipient).call{value: reward}("");',
              "pay the prover's reward twice"),
-    Mutation("withdraw-early", "LedgerMembership.sol", "if (block.number < member.unbondingEnd) {", "if (false) {",
+    Mutation("withdraw-early", "LedgerMembership.sol", "if (block.number < member.unbondingEnd) {",
+             "if (false) {",
              "let an unbonding member withdraw before its unbonding (and the accusation window) ends"),
     Mutation("verdict-no-quorum", "LedgerDisputes.sol",
-             "if (signers.length < quorum) revert TrainingLedger.LedgerQuorumNotMet(quorum, signers.length);", "",
+             "if (signers.length < quorum) revert "
+             "TrainingLedger.LedgerQuorumNotMet(quorum, signers.length);", "",
              "settle a round's disputes without the round's quorum"),
     Mutation("eject-live", "LedgerMembership.sol", "if (missed < run.inactivityRounds) {", "if (false) {",
              "eject a member however recently it attested"),
     Mutation("accuse-too-late", "LedgerAccusations.sol",
-             "if (member.status == TrainingLedger.MemberStatus.Unbonding && block.number >= member.unbondingEnd) {",
+             "if (member.status == TrainingLedger.MemberStatus.Unbonding "
+             "&& block.number >= member.unbondingEnd) {",
              "if (false) {", "accept an accusation after the accused's unbonding ended (locks its stake)"),
     Mutation("slash-unaccounted", "LedgerCore.sol", "s.slashedTotal += stake;", "",
              "slash a stake without accounting for it"),
     Mutation("leave-keeps-count", "LedgerCore.sol",
-             "run.memberCount -= 1;\n        if (member.countedBlock != 0) run.countedCount -= 1;\n        emit",
+             "run.memberCount -= 1;\n        if (member.countedBlock != 0) run.countedCount -= 1;\n"
+             "        emit",
              "run.memberCount -= 1;\n        emit", "a leaver keeps counting toward the quorum"),
-    Mutation("expire-keeps-lock", "LedgerAccusations.sol", "s.members[runId][accused].openAccusations -= 1;", "",
+    Mutation("expire-keeps-lock", "LedgerAccusations.sol",
+             "s.members[runId][accused].openAccusations -= 1;", "",
              "a lapsed accusation keeps the accused's stake locked"),
     Mutation("same-block-leaver", "LedgerAccusations.sol",
              "_requireInForce(s, runId, signer, accusation.openedBlock);",
              "LedgerCore.requireCountedAt(s, runId, signer, accusation.openedBlock);",
-             "count a verdict signature of a seat that left in the accusation's block (the bug the campaign found)"),
+             "count a verdict signature of a seat that left in the accusation's block "
+             "(the bug the campaign found)"),
     Mutation("final-in-window", "TrainingLedger.sol",
              "if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;", "",
              "call a round final inside its dispute window"),
@@ -106,7 +116,8 @@ def check(mutation: Mutation | None, runs: int, depth: int, seed: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=[m.name for m in MUTATIONS])
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--depth", type=int, default=64)

@@ -212,7 +212,8 @@ SECTIONS = (
             "few steps per second."),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
             forge_invariants,
-            "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below the "
+            "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "
+            "the "
             "quorum fraction, outsiders, a prover and the fraud-proof game as forge handlers; the invariants "
             "read the chain and the handlers' ghost state after every call. scripts/forge_mutations.py shows "
             "each of 15 seeded bugs caught (docs/TRUST.md)."),

@@ -1,9 +1,9 @@
 """forge's invariant campaign over the contracts (contracts/forge): run it, read what it reports.
 
-The suite (contracts/forge/test/TrustInvariants.t.sol, TrustHandler.sol) checks docs/TRUST.md's G1-G7 after every
-call of its actors; forge is the npm ``@foundry-rs/forge`` pinned in contracts/package.json and compiles with the
-project's solcjs through ``contracts/forge/solc``. Used by tests/test_forge_invariants.py, bench/forge_invariants.py
-and scripts/forge_mutations.py (which points ``root`` at a mutated copy).
+The suite (contracts/forge/test/TrustInvariants.t.sol, TrustHandler.sol) checks docs/TRUST.md's G1-G7 after
+every call of its actors; forge is the npm ``@foundry-rs/forge`` pinned in contracts/package.json and
+compiles with the project's solcjs through ``contracts/forge/solc``. Used by tests/test_forge_invariants.py,
+bench/fuzz_forge.py and scripts/forge_mutations.py (which points ``root`` at a mutated copy).
 """
 
 from __future__ import annotations

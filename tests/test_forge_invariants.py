@@ -1,7 +1,7 @@
 """docs/TRUST.md's guarantees as forge invariants inside the EVM (contracts/forge, tests/forge_campaign.py).
 
 The default suite runs a quick campaign (8 sequences of 64 calls); the slow suite a long one; the bench
-(bench/forge_invariants.py) at least 1,000,000 calls. Each checks G1-G7 and exact solvency after every call.
+(bench/fuzz_forge.py) at least 1,000,000 calls. Each checks G1-G7 and exact solvency after every call.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Static analysis of the contracts (issue 63): the compiler's warnings and slither's findings.
 
-slither-analyzer runs over contracts/forge (it builds with forge, which compiles through contracts/forge/solc: the
-project's solcjs); every high or medium finding must be answered in contracts/slither-triage.json. slither and
-halmos live in their own virtualenv, .venv-analysis (scripts/setup.sh, scripts/analysis-requirements.txt): slither
-needs web3 < 8, the node web3 8.
+slither-analyzer runs over contracts/forge (it builds with forge, which compiles through
+contracts/forge/solc: the project's solcjs); every high or medium finding must be answered in
+contracts/slither-triage.json. slither and halmos live in their own virtualenv, .venv-analysis
+(scripts/setup.sh, scripts/analysis-requirements.txt): slither needs web3 < 8, the node web3 8.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def slither_findings() -> list[dict]:
     try:
         report = json.loads(done.stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"slither gave no JSON (exit {done.returncode}):\n{done.stderr[-3000:]}") from None
+        raise AssertionError(f"slither gave no JSON (exit {done.returncode}):\n"
+                             f"{done.stderr[-3000:]}") from None
     assert report["success"], report.get("error")
     return report["results"].get("detectors", [])
 
