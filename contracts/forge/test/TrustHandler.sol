@@ -234,8 +234,10 @@ contract TrustHandler is TrustBase {
         address account = who(key);
         for (uint256 i = 0; i < _accused.length; ++i) {
             if (_accused[i] != account) continue;
-            if (ledger.accusationOf(runId, account, _evidence[i]).status != TrainingLedger.AccusationStatus.Open) {
-                continue;
+            TrainingLedger.Accusation memory accusation = ledger.accusationOf(runId, account, _evidence[i]);
+            if (accusation.status != TrainingLedger.AccusationStatus.Open) continue;
+            if (accusation.deadline > dueAt[key]) {
+                _violation("G4: an accusation against an honest leaver lapses only after its stake's due block");
             }
             vm.prank(account);
             try ledger.expireAccusation(runId, account, _evidence[i]) {}
