@@ -227,10 +227,15 @@ contract TrustHandler is TrustBase {
     }
 
     /// @notice G4: at unbondingEnd + accusationBlocks an honest leaver's whole stake comes back, whatever was filed.
-    function honestWithdrawsWhenDue(uint256 seed) external {
+    function honestWithdrawsWhenDue() external {
         ++calls;
-        uint256 key = _honest[seed % _honest.length];
-        if (dueAt[key] == 0 || block.number < dueAt[key]) return;
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            uint256 key = _honest[i];
+            if (dueAt[key] != 0 && block.number >= dueAt[key]) _withdrawWhenDue(key);
+        }
+    }
+
+    function _withdrawWhenDue(uint256 key) internal {
         address account = who(key);
         for (uint256 i = 0; i < _accused.length; ++i) {
             if (_accused[i] != account) continue;
