@@ -80,6 +80,5 @@ def forge_invariants(r: dict) -> list[str]:
               f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
               f"{'; '.join(r['invariants'])}. **{r['violations']} violations.**"
               + (f" At this rate {r['target_calls']:,} calls take about {projected / 3600:.1f} h on this "
-                 "machine "
-                 f"(or {r['jobs']} x that over as many cores)." if projected else "")), ""]
+                 f"machine with {r['jobs']} process(es)." if projected else "")), ""]
     return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
