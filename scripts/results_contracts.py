@@ -68,3 +68,17 @@ def chunk_state(r: dict) -> list[str]:
                   f"Before: {r['before'].get('label') or rec.get('commit') or 'an older tree'}, run "
                   f"{rec.get('date', '?')}.", ""]
     return lines
+
+
+def forge_invariants(r: dict) -> list[str]:
+    """bench/fuzz_forge.py: forge's invariant campaigns over contracts/forge's TrustHandler."""
+    rows = [[c["seed"], c["runs"], c["depth"], f"{c['calls']:,}", f"{c['seconds']:.0f}",
+             "pass" if c["passed"] else f"FAIL: {c['failure']}"] for c in r["campaigns"]]
+    projected = r.get("projected_seconds_for_target")
+    lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
+              f"({r['runs']} sequences of {r['depth']}, {r['jobs']} process(es)) in {r['seconds']:.0f} s "
+              f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
+              f"{'; '.join(r['invariants'])}. **{r['violations']} violations.**"
+              + (f" At this rate {r['target_calls']:,} calls take about {projected / 3600:.1f} h on this "
+                 f"machine with {r['jobs']} process(es)." if projected else "")), ""]
+    return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]

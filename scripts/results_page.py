@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results_contracts import chunk_state, float32_fuzz
+from results_contracts import chunk_state, float32_fuzz, forge_invariants
 from results_convergence import convergence
 from results_emulator import churn_memory, netlab, soak
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
@@ -216,6 +216,13 @@ SECTIONS = (
             "any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends "
             "several transactions and reads the whole state back, so a loaded shared machine runs "
             "few steps per second."),
+    Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
+            forge_invariants,
+            "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "
+            "the "
+            "quorum fraction, outsiders, a prover and the fraud-proof game as forge handlers; the invariants "
+            "read the chain and the handlers' ghost state after every call. scripts/forge_mutations.py seeds "
+            "15 bugs, 14 caught by the quick run (docs/TRUST.md)."),
     Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py",
             float32_fuzz,
             "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and "

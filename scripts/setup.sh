@@ -12,8 +12,14 @@ fi
 # torch first, pinned: the CPU build. A looser requirement would pull GBs of CUDA packages.
 .venv/bin/pip install --quiet torch==2.13.0
 .venv/bin/pip install --quiet -e ".[test]"
-# solc (solcjs) and anvil, pinned in contracts/package-lock.json.
+# solc (solcjs), anvil and forge, pinned in contracts/package-lock.json.
 npm ci --prefix contracts --no-audit --no-fund --loglevel=error
+# The contracts' static and symbolic analysis (slither, halmos; tests/test_static_analysis.py,
+# tests/test_halmos.py) in a virtualenv of their own: slither needs web3 < 8, the node web3 8.
+if [ ! -x .venv-analysis/bin/python ]; then
+    "$PYTHON" -m venv .venv-analysis
+fi
+.venv-analysis/bin/pip install --quiet -r scripts/analysis-requirements.txt
 # Headless Chromium renders the audit report in one test (Debian package).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -52,7 +52,7 @@ from node.commitments import scheme_named, stage_state
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
-from tests.fraud_fixtures import DILOCO, bound, contribution, honest_chain, lied_sum, normed_start, tensors
+from tests.fraud_fixtures import DILOCO, bound, contribution, lied_sum, normed_start, tensors
 from tests.ledger_fixtures import mine
 from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
 from training.chunks import float64_bits

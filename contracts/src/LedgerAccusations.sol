@@ -107,8 +107,24 @@ library LedgerAccusations {
         }
     }
 
+    /// @dev `signer` was counted before the accusation's block and had not left by it: a seat that left in that
+    /// block is not in force either, since it may have left before the accusation opened and its quorum was then
+    /// counted without it (a coalition one seat short of that quorum would leave a seat and sign with it too;
+    /// found by the forge invariant campaign, contracts/forge).
+    function _requireInForce(TrainingLedger.LedgerState storage s, uint256 runId, address signer, uint64 openedBlock)
+        private
+        view
+    {
+        LedgerCore.requireCountedAt(s, runId, signer, openedBlock);
+        TrainingLedger.Member storage seat = s.members[runId][signer];
+        if (
+            seat.status == TrainingLedger.MemberStatus.Unbonding
+                && seat.unbondingEnd - s.runs[runId].unbondingBlocks == openedBlock
+        ) revert TrainingLedger.LedgerSignerNotInForce(runId, signer, openedBlock);
+    }
+
     /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member counted
-    /// before the accusation's block and, if it left since, left at or after that block (slashed and withdrawn
+    /// before the accusation's block and, if it left, left after that block (slashed and withdrawn
     /// accounts are not members); at least the accusation's quorum of them. Returns the counted signers
     /// (`accused` left out).
     function _verdictSigners(
@@ -129,7 +145,7 @@ library LedgerAccusations {
             if (signer <= previous) revert TrainingLedger.LedgerSignersNotAscending(previous, signer);
             previous = signer;
             if (signer == accused) continue; // present but not counted, whatever its seat
-            LedgerCore.requireCountedAt(s, runId, signer, accusation.openedBlock);
+            _requireInForce(s, runId, signer, accusation.openedBlock);
             signers[counted++] = signer;
         }
         if (counted < accusation.quorum) revert TrainingLedger.LedgerQuorumNotMet(accusation.quorum, counted);

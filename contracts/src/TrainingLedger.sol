@@ -184,7 +184,7 @@ contract TrainingLedger {
     struct Accusation {
         AccusationStatus status;
         address accuser;
-        uint64 openedBlock; // members that joined before this block and had not left before it may decide
+        uint64 openedBlock; // members that joined before this block and had not left by its end may decide
         uint64 deadline; // first block at which it lapses (expireAccusation) and no verdict is taken
         uint32 quorum; // verdict signatures needed: max(k, ceil(quorumBps x members counted at opening))
         uint128 bond; // wei the accuser deposited: returned if guilty, forfeited otherwise
@@ -586,7 +586,7 @@ contract TrainingLedger {
     /// @param verdict The decision; guilty slashes the accused, removes it from the run and returns the
     /// accuser's bond; not guilty closes the accusation and forfeits the bond.
     /// @param signatures Concatenated 65-byte signatures over the verdict's EIP-712 digest, ascending by signer
-    /// address, by distinct members counted before the accusation's block and not left before it (unbonding
+    /// address, by distinct members counted before the accusation's block and not left by its end (unbonding
     /// ones included); the accused's own signature is not counted.
     /// @dev Anyone may submit.
     function resolveAccusation(Verdict calldata verdict, bytes calldata signatures) external {

@@ -1,0 +1,77 @@
+"""The forge invariant campaign at length (issue 63): contracts/forge's handlers against G1-G7, in the EVM.
+
+Runs ``--jobs`` forge campaigns side by side (each ``--runs / --jobs`` sequences of ``--depth`` calls, seeds
+``--seed``, ``--seed + 1``, ...), every invariant checked after every call, and writes
+``bench/results/forge_invariants.json``: the runs, depth and seed of each campaign, its calls and verdict,
+calls per second over the whole, and the time 1,000,000 calls would take at that rate (exit 1 on a
+violation).
+
+    nice -n 10 python bench/fuzz_forge.py --runs 4000 --depth 250 --jobs 16   # 1,000,000 calls
+    nice -n 10 python bench/fuzz_forge.py --runs 40 --depth 500                # a shared 2-core machine
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.benchio import RESULTS, write_result  # noqa: E402
+from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign  # noqa: E402
+
+TARGET_CALLS = 1_000_000
+INVARIANTS = ["G1 every committed record is honest", "G1 who counts (tenure, counters)",
+              "G2 a live honest member is never ejectable",
+              "G3 no honest member slashed, no honest round overturned",
+              "G4 an honest leaver's whole stake back when due; no stake leaves early",
+              "G5 finality and disputes by the disputer only", "G6 exact solvency (to the wei)",
+              "G7 right rounds never proven wrong; the prover paid exactly half the slash"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=40, help="sequences in all (split over the jobs)")
+    parser.add_argument("--depth", type=int, default=500, help="calls per sequence")
+    parser.add_argument("--seed", type=lambda v: int(v, 0), default=0xD1C0)
+    parser.add_argument("--jobs", type=int, default=1, help="forge processes side by side")
+    parser.add_argument("--out", default=str(RESULTS / "forge_invariants.json"))
+    args = parser.parse_args()
+    load = list(os.getloadavg())
+    subprocess.run([str(FORGE), "build"], cwd=FORGE_ROOT, check=True, capture_output=True, timeout=1800)
+    shares = [args.runs // args.jobs + (1 if i < args.runs % args.jobs else 0) for i in range(args.jobs)]
+    start = time.monotonic()
+    with ThreadPoolExecutor(args.jobs) as pool:
+        campaigns = list(pool.map(lambda i: (args.seed + i, run_campaign(shares[i], args.depth, args.seed + i,
+                                                                           timeout=24 * 3600)),
+                                  [i for i in range(args.jobs) if shares[i]]))
+    seconds = time.monotonic() - start
+    calls = sum(c.calls for _, c in campaigns)
+    rate = calls / seconds
+    version = subprocess.run([str(FORGE), "--version"], capture_output=True, text=True, check=False).stdout
+    result = {
+        "forge": version.splitlines()[0] if version else "",
+        "depth": args.depth, "runs": sum(c.runs for _, c in campaigns), "jobs": args.jobs,
+        "campaigns": [{"seed": hex(seed), "runs": c.runs, "depth": args.depth, "calls": c.calls,
+                       "reverts": c.reverts, "seconds": round(c.seconds, 1), "passed": c.passed,
+                       "failure": c.failure} for seed, c in campaigns],
+        "calls": calls, "violations": sum(1 for _, c in campaigns if not c.passed),
+        "seconds": round(seconds, 1), "calls_per_second": round(rate, 1),
+        "target_calls": TARGET_CALLS,
+        "projected_seconds_for_target": round(TARGET_CALLS / rate) if calls < TARGET_CALLS else None,
+        "invariants": INVARIANTS,
+    }
+    print(f"{calls:,} calls in {seconds:.0f} s ({rate:.1f} calls/s), {result['violations']} violation(s)")
+    write_result(args.out, result, load)
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,529 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {AggregationProver} from "../src/AggregationProver.sol";
+import {NodeRegistry} from "../src/NodeRegistry.sol";
+import {TrainingLedger} from "../src/TrainingLedger.sol";
+import {TrustBase} from "./TrustBase.sol";
+
+/// @notice The actors of docs/TRUST.md's model as one forge invariant handler (the twin of tests/trust_machine.py):
+/// honest members (founders and a joiner) commit the honest record of each round, attest every commit that left
+/// them out (they are live), leave while the assumption holds and withdraw when due; a coalition below the quorum
+/// fraction commits with as few honest signatures as it likes, commits back doors, accuses, disputes and votes;
+/// anyone ejects; an outsider sends fraud proofs against right rounds; and in runs of the coalition's own (where it
+/// is the quorum) a prover overturns its rounds and a reporter proves its equivocations. What the handler sees
+/// break is recorded in `violations`; the invariants (TrustInvariants.t.sol) read it and the chain.
+contract TrustHandler is TrustBase {
+    TrainingLedger public immutable ledger;
+    NodeRegistry public immutable registry;
+    uint256 public immutable runId;
+
+    uint256[] internal _honest = [uint256(1), 2, 3, 4, HONEST_JOINER];
+    uint256[] internal _coalition = [uint256(5), 6, COALITION_JOINER];
+
+    mapping(uint64 round => TrainingLedger.Record) internal _records;
+    mapping(uint64 round => address[]) internal _attesters;
+    mapping(uint64 round => bytes32) public honestHash;
+    mapping(uint256 key => uint64) public dueAt; // an honest leaver's unbondingEnd + accusationBlocks
+    mapping(uint256 key => bool) public withdrawn;
+    bytes32[] internal _evidence; // accusations filed against honest members (evidence hashes)
+    address[] internal _accused;
+    string[] public violations;
+    uint256 public calls;
+    uint256 public commits;
+    uint256 public refusedProofs;
+
+    // The fraud-proof game, in a run of the coalition's own.
+    uint256 public gameRun;
+    uint256[] internal _gameRuns;
+    mapping(uint256 run => mapping(uint64 round => address[])) internal _gameAttesters;
+    uint256 public rewardsPaid;
+    uint256 public slashedByProofs;
+    uint256 public proofs;
+
+    constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_) {
+        ledger = ledger_;
+        registry = registry_;
+        runId = runId_;
+        _castAddresses();
+    }
+
+    // ------------------------------------------------------------------------------------------- views
+
+    function honestKeys() external view returns (uint256[] memory) {
+        return _honest;
+    }
+
+    function coalitionKeys() external view returns (uint256[] memory) {
+        return _coalition;
+    }
+
+    function gameRuns() external view returns (uint256[] memory) {
+        return _gameRuns;
+    }
+
+    function violationCount() external view returns (uint256) {
+        return violations.length;
+    }
+
+    function accusations() external view returns (address[] memory, bytes32[] memory) {
+        return (_accused, _evidence);
+    }
+
+    function status(uint256 run, uint256 key) public view returns (TrainingLedger.MemberStatus) {
+        return ledger.memberOf(run, who(key)).status;
+    }
+
+    // ------------------------------------------------------------------------------------------- helpers
+
+    function _violation(string memory what) internal {
+        violations.push(what);
+    }
+
+    function _active(uint256[] storage group) internal view returns (uint256[] memory out) {
+        out = new uint256[](group.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < group.length; ++i) {
+            if (status(runId, group[i]) == TrainingLedger.MemberStatus.Active) out[n++] = group[i];
+        }
+        assembly ("memory-safe") {
+            mstore(out, n)
+        }
+    }
+
+    function _subset(uint256[] memory keys, uint256 mask) internal pure returns (uint256[] memory out) {
+        out = new uint256[](keys.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < keys.length; ++i) {
+            if ((mask >> i) & 1 == 1) out[n++] = keys[i];
+        }
+        assembly ("memory-safe") {
+            mstore(out, n)
+        }
+    }
+
+    function _concat(uint256[] memory a, uint256[] memory b) internal pure returns (uint256[] memory out) {
+        out = new uint256[](a.length + b.length);
+        for (uint256 i = 0; i < a.length; ++i) out[i] = a[i];
+        for (uint256 i = 0; i < b.length; ++i) out[a.length + i] = b[i];
+    }
+
+    function _addresses(uint256[] memory keys) internal view returns (address[] memory out) {
+        uint256[] memory sorted = sortByAddress(keys);
+        out = new address[](sorted.length);
+        for (uint256 i = 0; i < sorted.length; ++i) out[i] = who(sorted[i]);
+    }
+
+    function _honestCounted(uint256 leaving) internal view returns (uint256 n) {
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(_honest[i]));
+            if (_honest[i] != leaving && seat.status == TrainingLedger.MemberStatus.Active && seat.countedBlock != 0) {
+                ++n;
+            }
+        }
+    }
+
+    /// @dev The model's assumption at one half: the coalition's active seats (counted or not) stay fewer than the
+    /// honest counted ones.
+    function _assumptionHolds(uint256 leaving, uint256 coalitionSeats) internal view returns (bool) {
+        return coalitionSeats < _honestCounted(leaving);
+    }
+
+    function _honestRecord() internal view returns (TrainingLedger.Record memory r) {
+        uint64 round = ledger.commitCount(runId);
+        r = TrainingLedger.Record({
+            runId: runId,
+            round: round,
+            prevHead: ledger.headOf(runId),
+            weightsRoot: keccak256(abi.encode("honest weights", round)),
+            contributionsRoot: keccak256(abi.encode("honest contributions", round)),
+            trainLossMicro: 3_000_000,
+            evalLossMicro: 3_100_000,
+            tokens: 4096,
+            numContributors: 4,
+            checkpointHash: bytes32(0)
+        });
+    }
+
+    /// @dev Commit `record` signed by `signers`, sent by `submitter`; on success remember it and let every live
+    /// honest member the commit left out attest it (node/live/record/committer).
+    function _commit(uint256 submitter, TrainingLedger.Record memory record, uint256[] memory signers)
+        internal
+        returns (bool)
+    {
+        bytes memory signatures = signAll(signers, recordDigest(ledger, record));
+        vm.prank(who(submitter));
+        try ledger.commitRound(record, signatures) {}
+        catch {
+            return false;
+        }
+        ++commits;
+        _records[record.round] = record;
+        _attesters[record.round] = _addresses(signers);
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            uint256 key = _honest[i];
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(key));
+            if (seat.status != TrainingLedger.MemberStatus.Active || seat.joinRound > record.round) continue;
+            if (seat.activeRound > record.round) continue; // its signature is in the commit
+            try ledger.attest(record, sign(key, recordDigest(ledger, record))) {}
+            catch {
+                _violation("G2: a live honest member could not attest a commit that left it out");
+            }
+        }
+        return true;
+    }
+
+    /// @dev A fresh copy (assigning a memory struct copies the reference).
+    function _copy(TrainingLedger.Record memory r) internal pure returns (TrainingLedger.Record memory) {
+        return abi.decode(abi.encode(r), (TrainingLedger.Record));
+    }
+
+    /// @dev The coalition's seats that a verdict can count (bonded, counted): its strongest set of signatures.
+    function _coalitionVoters() internal view returns (uint256[] memory out) {
+        out = new uint256[](_coalition.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < _coalition.length; ++i) {
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(_coalition[i]));
+            bool bonded = seat.status == TrainingLedger.MemberStatus.Active
+                || seat.status == TrainingLedger.MemberStatus.Unbonding;
+            if (bonded && seat.countedBlock != 0) out[n++] = _coalition[i];
+        }
+        assembly ("memory-safe") {
+            mstore(out, n)
+        }
+    }
+
+    function _pick(uint256[] memory keys, uint256 seed) internal pure returns (uint256) {
+        return keys[seed % keys.length];
+    }
+
+    // ------------------------------------------------------------------------------------------- honest members
+
+    function honestCommit(uint256 submitterSeed, uint256 extraMask) external {
+        ++calls;
+        uint256[] memory honest = _active(_honest);
+        if (honest.length == 0) return;
+        TrainingLedger.Record memory record = _honestRecord();
+        honestHash[record.round] = structHash(record);
+        _commit(_pick(honest, submitterSeed), record, _concat(honest, _subset(_active(_coalition), extraMask)));
+    }
+
+    function honestLeaves(uint256 seed) external {
+        ++calls;
+        uint256[] memory honest = _active(_honest);
+        if (honest.length < 2) return;
+        uint256 key = _pick(honest, seed);
+        if (!_assumptionHolds(key, _active(_coalition).length)) return;
+        vm.prank(who(key));
+        ledger.leaveRun(runId);
+        dueAt[key] = ledger.memberOf(runId, who(key)).unbondingEnd + WINDOW;
+    }
+
+    function honestJoinerJoins() external {
+        ++calls;
+        if (status(runId, HONEST_JOINER) != TrainingLedger.MemberStatus.None || withdrawn[HONEST_JOINER]) return;
+        vm.prank(who(HONEST_JOINER));
+        ledger.joinRun{value: STAKE}(runId, bytes32("cpu"));
+    }
+
+    /// @notice G4: at unbondingEnd + accusationBlocks an honest leaver's whole stake comes back, whatever was filed.
+    function honestWithdrawsWhenDue() external {
+        ++calls;
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            uint256 key = _honest[i];
+            if (dueAt[key] != 0 && block.number >= dueAt[key]) _withdrawWhenDue(key);
+        }
+    }
+
+    function _withdrawWhenDue(uint256 key) internal {
+        address account = who(key);
+        for (uint256 i = 0; i < _accused.length; ++i) {
+            if (_accused[i] != account) continue;
+            TrainingLedger.Accusation memory accusation = ledger.accusationOf(runId, account, _evidence[i]);
+            if (accusation.status != TrainingLedger.AccusationStatus.Open) continue;
+            if (accusation.deadline > dueAt[key]) {
+                _violation("G4: an accusation against an honest leaver lapses only after its stake's due block");
+            }
+            vm.prank(account);
+            try ledger.expireAccusation(runId, account, _evidence[i]) {}
+            catch {
+                _violation("G4: an accusation against an honest leaver outlived its stake's due block");
+            }
+        }
+        uint256 before = account.balance;
+        vm.prank(account);
+        try ledger.withdrawStake(runId) {
+            if (account.balance - before != STAKE) _violation("G4: a withdrawal returned other than the stake");
+        } catch {
+            _violation("G4: an honest leaver could not withdraw when due");
+        }
+        dueAt[key] = 0;
+        withdrawn[key] = true;
+    }
+
+    /// @notice The honest members counted at a disputed round uphold it, or let it lapse past its deadline.
+    function honestSettlesDispute(uint256 roundSeed) external {
+        ++calls;
+        uint64 count = ledger.commitCount(runId);
+        if (count == 0) return;
+        uint64 round = uint64(roundSeed % count);
+        TrainingLedger.DisputeCase memory case_ = ledger.disputeCaseOf(runId, round);
+        if (case_.status != TrainingLedger.DisputeStatus.Open) return;
+        if (block.number >= case_.deadline) {
+            ledger.expireDispute(runId, round);
+            return;
+        }
+        uint256[] memory signers = new uint256[](_honest.length);
+        uint256 n = 0;
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            TrainingLedger.MemberStatus s = status(runId, _honest[i]);
+            if (s == TrainingLedger.MemberStatus.Active || s == TrainingLedger.MemberStatus.Unbonding) {
+                signers[n++] = _honest[i];
+            }
+        }
+        assembly ("memory-safe") {
+            mstore(signers, n)
+        }
+        TrainingLedger.Record memory committed = _records[round];
+        bytes memory signatures = signAll(signers, roundVerdictDigest(ledger, committed, true));
+        try ledger.resolveDispute(committed, true, signatures, _attesters[round]) {} catch {}
+    }
+
+    // ------------------------------------------------------------------------------------------- the coalition
+
+    function coalitionCommitsLeavingHonestOut(uint256 submitterSeed, uint256 honestMask) external {
+        ++calls;
+        uint256[] memory coalition = _active(_coalition);
+        if (coalition.length == 0) return;
+        TrainingLedger.Record memory record = _honestRecord();
+        honestHash[record.round] = structHash(record);
+        _commit(_pick(coalition, submitterSeed), record, _concat(coalition, _subset(_active(_honest), honestMask)));
+    }
+
+    function coalitionCommitsABackDoor(uint256 submitterSeed, uint256 mask) external {
+        ++calls;
+        uint256[] memory coalition = _active(_coalition);
+        if (coalition.length == 0) return;
+        TrainingLedger.Record memory record = _honestRecord();
+        record.weightsRoot = keccak256(abi.encode("back door", record.round));
+        // Every seat it holds half the time (its strongest try), else any non-empty subset.
+        uint256[] memory signers = mask % 2 == 0 ? coalition : _subset(coalition, (mask >> 1) | 1);
+        if (_commit(_pick(coalition, submitterSeed), record, signers)) {
+            _violation("G1: the coalition committed a back-doored record alone");
+        }
+    }
+
+    function anyoneEjects(uint256 targetSeed, uint256 callerSeed) external {
+        ++calls;
+        uint256[] memory everyone = _concat(_honest, _coalition);
+        uint256 target = _pick(everyone, targetSeed);
+        vm.prank(who(_pick(everyone, callerSeed)));
+        try ledger.ejectInactive(runId, who(target)) {
+            for (uint256 i = 0; i < _honest.length; ++i) {
+                if (_honest[i] == target) _violation("G2: a live honest member was ejected");
+            }
+        } catch {}
+    }
+
+    /// @notice Accuse an honest member (active or unbonding) and try a guilty verdict signed by the coalition's
+    /// counted seats, or by any set of its seats.
+    function coalitionAccusesAndConvicts(uint256 accuserSeed, uint256 targetSeed, uint256 voterMask) external {
+        ++calls;
+        uint256[] memory coalition = _active(_coalition);
+        if (coalition.length == 0) return;
+        address target = who(_pick(_honest, targetSeed));
+        bytes32 evidence = keccak256(abi.encode("made up", calls, target));
+        vm.prank(who(_pick(coalition, accuserSeed)));
+        try ledger.accuse{value: BOND}(runId, target, evidence) {}
+        catch {
+            return;
+        }
+        _accused.push(target);
+        _evidence.push(evidence);
+        TrainingLedger.Verdict memory verdict = TrainingLedger.Verdict(runId, target, evidence, true);
+        uint256[] memory seats = voterMask % 2 == 0 ? _coalitionVoters() : _subset(_coalition, voterMask >> 1);
+        try ledger.resolveAccusation(verdict, signAll(seats, verdictDigest(ledger, verdict))) {} catch {}
+    }
+
+    /// @notice Dispute an honest round (with the sender's own signature or an honest member's signature over the
+    /// disputed record), with a bond of any size, and try to overturn it by a coalition verdict.
+    function coalitionDisputesAndOverturns(uint256 roundSeed, uint256 senderSeed, uint256 signerSeed, uint8 value)
+        external
+    {
+        ++calls;
+        uint64 count = ledger.commitCount(runId);
+        if (count == 0) return;
+        uint64 round = uint64(count - 1 - roundSeed % (count < 3 ? count : 3));
+        TrainingLedger.Record memory committed = _records[round];
+        TrainingLedger.Record memory disputed = _copy(committed);
+        disputed.weightsRoot = keccak256(abi.encode("other", round));
+        uint256 sender = _pick(_coalition, senderSeed);
+        uint256 signer = signerSeed % 2 == 0 ? sender : _pick(_honest, signerSeed >> 1);
+        uint256 bond = value % 3 == 0 ? BOND : (value % 3 == 1 ? BOND - 1 : BOND + 1);
+        vm.prank(who(sender));
+        try ledger.dispute{value: bond}(committed, disputed, sign(signer, recordDigest(ledger, disputed))) {}
+        catch {}
+        if (ledger.disputeCaseOf(runId, round).status != TrainingLedger.DisputeStatus.Open) return;
+        uint256[] memory voters = value % 2 == 0 ? _coalitionVoters() : _subset(_coalition, signerSeed >> 8);
+        bytes memory signatures = signAll(voters, roundVerdictDigest(ledger, committed, false));
+        try ledger.resolveDispute(committed, false, signatures, _attesters[round]) {} catch {}
+    }
+
+    /// @notice A fresh coalition seat joins the running run (after its first commit: before, it would be a founder).
+    function coalitionJoinerJoins() external {
+        ++calls;
+        if (status(runId, COALITION_JOINER) != TrainingLedger.MemberStatus.None) return;
+        if (ledger.commitCount(runId) == 0) return;
+        if (!_assumptionHolds(0, _active(_coalition).length + 1)) return;
+        vm.prank(who(COALITION_JOINER));
+        try ledger.joinRun{value: STAKE}(runId, bytes32("cpu")) {} catch {}
+    }
+
+    /// @notice A coalition seat leaves, or withdraws at any time: a stake leaves only once due and unaccused.
+    function coalitionLeavesOrWithdraws(uint256 seed) external {
+        ++calls;
+        uint256 key = _pick(_coalition, seed);
+        address account = who(key);
+        TrainingLedger.Member memory seat = ledger.memberOf(runId, account);
+        vm.prank(account);
+        if (seat.status == TrainingLedger.MemberStatus.Active) {
+            ledger.leaveRun(runId);
+        } else if (seat.status == TrainingLedger.MemberStatus.Unbonding) {
+            uint256 before = account.balance;
+            try ledger.withdrawStake(runId) {
+                if (block.number < seat.unbondingEnd || seat.openAccusations > 0) {
+                    _violation("G4: a stake left before its unbonding ended or with an accusation open");
+                }
+                if (account.balance - before != seat.stake) _violation("G6: a withdrawal paid other than the stake");
+            } catch {}
+        }
+    }
+
+    function blocksPass(uint256 blocks) external {
+        ++calls;
+        vm.roll(block.number + 1 + blocks % (2 * WINDOW));
+    }
+
+    // ------------------------------------------------------------------------------------------- fraud proofs
+
+    /// @notice G7: an outsider's proof against a right round, built from the committed records and junk openings,
+    /// never invalidates it.
+    function outsiderProvesARightRound(uint256 roundSeed, uint32 stage, uint64 chunk, bytes calldata junk) external {
+        ++calls;
+        uint64 count = ledger.commitCount(runId);
+        if (count < 2) return;
+        uint64 round = uint64(1 + roundSeed % (count - 1));
+        AggregationProver.Proof memory proof;
+        proof.prevRecord = _records[round - 1];
+        proof.record = _records[round];
+        proof.stage = stage % 2;
+        proof.chunk = chunk % 4;
+        proof.prevStageLeaf = junk;
+        proof.stageLeaf = junk;
+        proof.factors = junk;
+        proof.stagePath = new bytes32[](roundSeed % 3);
+        proof.attesters = _attesters[round];
+        AggregationProver prover = ledger.prover();
+        vm.prank(who(OUTSIDER));
+        try prover.proveWrongAggregation(proof) {
+            _violation("G7: a proof invalidated a right round");
+        } catch {
+            ++refusedProofs;
+        }
+    }
+
+    /// @notice The coalition opens a run of its own (two founders: it is the quorum there) for the game.
+    function gameOpens() external {
+        ++calls;
+        if (gameRun != 0) return;
+        vm.prank(who(5));
+        uint256 run = ledger.createRun(runParams(keccak256(abi.encode("game", calls))), "game");
+        for (uint256 key = 5; key <= 6; ++key) {
+            vm.prank(who(key));
+            ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));
+        }
+        gameRun = run;
+        _gameRuns.push(run);
+    }
+
+    /// @notice The coalition commits a (wrong) round of its own run.
+    function gameCommits(uint256 seed) external {
+        ++calls;
+        uint256 run = gameRun;
+        if (run == 0 || ledger.runOf(run).memberCount < 2) return;
+        uint64 round = ledger.commitCount(run);
+        TrainingLedger.Record memory record = TrainingLedger.Record(
+            run, round, ledger.headOf(run), keccak256(abi.encode("wrong", seed)), keccak256("c"), 1, 1, 1, 1, 0
+        );
+        uint256[] memory keys = new uint256[](2);
+        keys[0] = 5;
+        keys[1] = 6;
+        bytes memory signatures = signAll(keys, recordDigest(ledger, record));
+        vm.prank(who(5));
+        try ledger.commitRound(record, signatures) {
+            _gameAttesters[run][round] = _addresses(keys);
+        } catch {}
+    }
+
+    /// @notice A prover's proof against a committed round of the coalition's run succeeded (the AggregationProver
+    /// calls the ledger): every attester still staked is slashed, the run halts, the prover gets exactly half.
+    function gameProves(uint256 roundSeed) external {
+        ++calls;
+        uint256 run = gameRun;
+        if (run == 0) return;
+        uint64 count = ledger.commitCount(run);
+        if (count == 0) return;
+        uint64 round = uint64(roundSeed % count);
+        address[] memory attesters = _gameAttesters[run][round];
+        uint256 slashable = 0;
+        for (uint256 i = 0; i < attesters.length; ++i) {
+            TrainingLedger.Member memory seat = ledger.memberOf(run, attesters[i]);
+            if (
+                seat.status == TrainingLedger.MemberStatus.Active || seat.status == TrainingLedger.MemberStatus.Unbonding
+            ) slashable += seat.stake;
+        }
+        address winner = who(OUTSIDER);
+        uint256 before = winner.balance;
+        vm.prank(address(ledger.prover()));
+        try ledger.invalidateByProof(run, round, attesters, winner) returns (uint256 reward) {
+            ++proofs;
+            slashedByProofs += slashable;
+            rewardsPaid += winner.balance - before;
+            if (reward != slashable / 2 || winner.balance - before != reward) {
+                _violation("G7: the prover was not paid exactly half the slash");
+            }
+            for (uint256 i = 0; i < attesters.length; ++i) {
+                if (ledger.memberOf(run, attesters[i]).status != TrainingLedger.MemberStatus.Slashed) {
+                    _violation("G7: an attester of a proven round kept its stake");
+                }
+            }
+            if (ledger.runOf(run).invalidFrom == 0 || ledger.runOf(run).invalidFrom > round + 1) {
+                _violation("G7: a proven round was not invalidated");
+            }
+            gameRun = 0;
+        } catch {}
+    }
+
+    /// @notice A coalition founder signs two records of one round of its run; anyone reports it.
+    function gameEquivocates(uint256 seed) external {
+        ++calls;
+        uint256 run = gameRun;
+        if (run == 0) return;
+        uint256 key = 5 + seed % 2;
+        if (status(run, key) == TrainingLedger.MemberStatus.Slashed) return;
+        TrainingLedger.Record memory a = TrainingLedger.Record(
+            run, ledger.commitCount(run), ledger.headOf(run), keccak256("a"), keccak256("c"), 1, 1, 1, 1, 0
+        );
+        TrainingLedger.Record memory b = _copy(a);
+        b.weightsRoot = keccak256(abi.encode("b", seed));
+        bytes memory signatureA = sign(key, recordDigest(ledger, a));
+        bytes memory signatureB = sign(key, recordDigest(ledger, b));
+        bool bonded = status(run, key) != TrainingLedger.MemberStatus.None;
+        vm.prank(who(OUTSIDER));
+        try ledger.reportEquivocation(a, signatureA, b, signatureB) {
+            if (status(run, key) != TrainingLedger.MemberStatus.Slashed) _violation("equivocation left a stake");
+        } catch (bytes memory reason) {
+            if (bonded) _violation(string(abi.encodePacked("a proven equivocation was refused ", reason)));
+        }
+    }
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Mutation check of the forge invariants (issue 63): seed real bugs into a copy of the contracts and show
+that the quick invariant campaign catches each.
+
+Each mutation edits one line of one contract in a temporary copy of contracts/src beside a copy of the forge
+suite (contracts/forge), runs the campaign (tests/forge_campaign.py) and expects it to fail; the guarantee
+its failure names is reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants
+catch") lists them.
+
+    python scripts/forge_mutations.py                # all, 16 runs x 64 calls each
+    python scripts/forge_mutations.py --only tenure  # one (names below), e.g. to see its counterexample
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.forge_campaign import FORGE_ROOT, REPO, run_campaign  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    source: str  # under contracts/src
+    old: str  # must occur exactly once in the source
+    new: str
+    bug: str
+
+
+MUTATIONS = (
+    Mutation("tenure", "LedgerCore.sol",
+             "if (uint256(round) >= uint256(member.joinRound) + run.tenureRounds) {", "if (true) {",
+             "drop the tenure check: a joiner counts from its first credited round"),
+    Mutation("count-uncounted", "TrainingLedger.sol",
+             "if (LedgerCore.credit(runId, run, member, signers[i], round)) ++counted;",
+             "LedgerCore.credit(runId, run, member, signers[i], round);\n            ++counted;",
+             "count a non-counted signer toward a commit's quorum"),
+    Mutation("quorum-floor", "LedgerCore.sol", "(uint256(bps) * counted + BPS - 1) / BPS",
+             "(uint256(bps) * counted) / BPS", "round the quorum fraction down instead of up"),
+    Mutation("dispute-others-signature", "LedgerDisputes.sol",
+             "if (disputer != msg.sender) revert "
+             "TrainingLedger.LedgerDisputerNotSender(disputer, msg.sender);",
+             "", "let `dispute` take another member's signature"),
+    Mutation("reward-twice", "LedgerDisputes.sol", '(bool ok,) = payable(recipient).call{value: reward}("");',
+             'payable(recipient).call{value: reward}("");\n'
+             '        (bool ok,) = payable(recipient).call{value: reward}("");',
+             "pay the prover's reward twice"),
+    Mutation("withdraw-early", "LedgerMembership.sol", "if (block.number < member.unbondingEnd) {",
+             "if (false) {",
+             "let an unbonding member withdraw before its unbonding (and the accusation window) ends"),
+    Mutation("verdict-no-quorum", "LedgerDisputes.sol",
+             "if (signers.length < quorum) revert "
+             "TrainingLedger.LedgerQuorumNotMet(quorum, signers.length);", "",
+             "settle a round's disputes without the round's quorum"),
+    Mutation("eject-live", "LedgerMembership.sol", "if (missed < run.inactivityRounds) {", "if (false) {",
+             "eject a member however recently it attested"),
+    Mutation("accuse-too-late", "LedgerAccusations.sol",
+             "if (member.status == TrainingLedger.MemberStatus.Unbonding "
+             "&& block.number >= member.unbondingEnd) {",
+             "if (false) {", "accept an accusation after the accused's unbonding ended (locks its stake)"),
+    Mutation("slash-unaccounted", "LedgerCore.sol", "s.slashedTotal += stake;", "",
+             "slash a stake without accounting for it"),
+    Mutation("leave-keeps-count", "LedgerCore.sol",
+             "run.memberCount -= 1;\n        if (member.countedBlock != 0) run.countedCount -= 1;\n"
+             "        emit",
+             "run.memberCount -= 1;\n        emit", "a leaver keeps counting toward the quorum"),
+    Mutation("expire-keeps-lock", "LedgerAccusations.sol",
+             "s.members[runId][accused].openAccusations -= 1;", "",
+             "a lapsed accusation keeps the accused's stake locked"),
+    Mutation("same-block-leaver", "LedgerAccusations.sol",
+             "_requireInForce(s, runId, signer, accusation.openedBlock);",
+             "LedgerCore.requireCountedAt(s, runId, signer, accusation.openedBlock);",
+             "count a verdict signature of a seat that left in the accusation's block "
+             "(the bug the campaign found)"),
+    Mutation("final-in-window", "TrainingLedger.sol",
+             "if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;", "",
+             "call a round final inside its dispute window"),
+    Mutation("dispute-bond-short", "LedgerDisputes.sol",
+             "if (msg.value != run.bond) revert", "if (msg.value < run.bond) revert",
+             "accept a dispute bond other than the run's"),
+)
+
+
+def mutated_tree(workdir: Path, mutation: Mutation | None) -> Path:
+    """A copy of the forge suite whose src/ is a copy of contracts/src with ``mutation`` applied."""
+    root = workdir / "forge"
+    shutil.copytree(FORGE_ROOT, root, symlinks=False, ignore=shutil.ignore_patterns("out", "cache", "src"))
+    shutil.copytree(REPO / "contracts" / "src", root / "src")
+    (workdir / "node_modules").symlink_to(REPO / "contracts" / "node_modules")  # the solc wrapper's solcjs
+    if mutation is not None:
+        path = root / "src" / mutation.source
+        text = path.read_text()
+        if text.count(mutation.old) != 1:
+            raise SystemExit(f"mutation {mutation.name}: {mutation.old!r} occurs {text.count(mutation.old)} "
+                             f"times in {mutation.source} (the contract changed: update the mutation)")
+        path.write_text(text.replace(mutation.old, mutation.new))
+    return root
+
+
+def check(mutation: Mutation | None, runs: int, depth: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="forge-mutation-") as tmp:
+        campaign = run_campaign(runs, depth, seed, root=mutated_tree(Path(tmp), mutation), timeout=1800)
+    name = mutation.name if mutation else "none"
+    return {"mutation": name, "bug": mutation.bug if mutation else "(the contracts as they are)",
+            "caught": not campaign.passed, "failure": campaign.failure, "calls": campaign.calls,
+            "seconds": round(campaign.seconds, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=[m.name for m in MUTATIONS])
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--depth", type=int, default=64)
+    parser.add_argument("--seed", type=lambda v: int(v, 0), default=0x5EED)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    results = [check(None, args.runs, args.depth, args.seed)]
+    print(json.dumps(results[0]), flush=True)
+    for mutation in chosen:
+        results.append(check(mutation, args.runs, args.depth, args.seed))
+        print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    baseline_ok = not results[0]["caught"]
+    missed = [r["mutation"] for r in results[1:] if not r["caught"]]
+    print(f"baseline {'passes' if baseline_ok else 'FAILS'}; {len(results) - 1 - len(missed)} of "
+          f"{len(results) - 1} mutations caught" + (f"; missed: {', '.join(missed)}" if missed else ""))
+    return 0 if baseline_ok and not missed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
