@@ -11,6 +11,7 @@ abstract contract TrustBase is WithVm {
     uint256 internal constant STAKE = 10 ** 15;
     uint256 internal constant BOND = 10 ** 14;
     uint64 internal constant WINDOW = 8; // accusation and dispute windows, in blocks
+    uint16 internal constant GAME_STEPS = 4; // RunParams.maxGameSteps
     uint32 internal constant INACTIVITY = 2;
     uint32 internal constant TENURE = 2;
     uint16 internal constant K = 2;
@@ -49,13 +50,16 @@ abstract contract TrustBase is WithVm {
         p.quorum = K;
         p.quorumBps = QUORUM_BPS;
         p.bond = uint128(BOND);
-        p.unbondingBlocks = 2 * WINDOW;
+        p.unbondingBlocks = WINDOW + (2 * uint64(GAME_STEPS) + 2) * WINDOW; // the longest proof window (issue 62)
         p.accusationBlocks = WINDOW;
         p.disputeBlocks = WINDOW;
         p.inactivityRounds = INACTIVITY;
         p.maxRounds = 0;
         p.tenureRounds = TENURE;
         p.commitments = 3;
+        p.maxContributions = 6; // issue 62: per-round values (the schedule left unbound: scheduleRounds 0)
+        p.maxRank = 64;
+        p.maxGameSteps = GAME_STEPS; // issue 62: the clock
     }
 
     function register(NodeRegistry registry, uint256 key) internal {

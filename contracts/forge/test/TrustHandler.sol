@@ -165,7 +165,7 @@ contract TrustHandler is TrustBase {
             TrainingLedger.Member memory seat = ledger.memberOf(runId, who(key));
             if (seat.status != TrainingLedger.MemberStatus.Active || seat.joinRound > record.round) continue;
             if (seat.activeRound > record.round) continue; // its signature is in the commit
-            try ledger.attest(record, sign(key, recordDigest(ledger, record))) {}
+            try ledger.attest(record, record, sign(key, recordDigest(ledger, record))) {}
             catch {
                 _violation("G2: a live honest member could not attest a commit that left it out");
             }
