@@ -241,7 +241,7 @@ def test_leave_then_withdraw_only_after_unbonding(w3, tmp_path, deployed, capsys
     assert main(["leave", "--config", config, "--yes"]) == 2  # not active any more
     assert main(["withdraw", "--config", config, "--yes"]) == 14  # not yet
     assert "still unbonding" in capsys.readouterr().err
-    mine(w3, 16)
+    mine(w3, LedgerClient(w3, None, registry, ledger).run_info(1).unbonding_blocks)  # the proof window's
     organizer = dev_account(3, w3.eth.chain_id).address
     before = w3.eth.get_balance(organizer)
     assert main(["withdraw", "--config", config, "--yes", "--confirmations", "1"]) == 0

@@ -248,6 +248,7 @@ def check_grid(run: Path, grid: list[tuple[str, int, str | None]]) -> list[dict]
     return results
 
 
+@pytest.mark.timeout(900)  # two children: ~20 s on an idle machine, 2 minutes at a load of 15 on 2 cores
 def test_inner_steps_are_the_same_bits_under_other_kernels_threads_and_mkl_path():
     """Two inner steps of GPT-2 (AdamW) and Llama (Muon) in children: the same bits as in this process."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -263,11 +264,13 @@ def test_inner_steps_are_the_same_bits_under_other_kernels_threads_and_mkl_path(
         assert probe("-", *key)["fresh"] == here, key
 
 
+@pytest.mark.timeout(900)
 def test_reruns_are_bit_exact_under_other_kernels_and_threads(recorded_run):
     check_grid(recorded_run, [("default", 2, None)])
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 12 children, the CBWR ones with a grandchild: minutes on a loaded machine
 def test_reruns_are_bit_exact_under_every_capability_thread_count_and_mkl_path(recorded_run):
     grid = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
             for cbwr in (None, "COMPATIBLE")]
