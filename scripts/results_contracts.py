@@ -82,3 +82,27 @@ def forge_invariants(r: dict) -> list[str]:
               + (f" At this rate {r['target_calls']:,} calls take about {projected / 3600:.1f} h on this "
                  f"machine with {r['jobs']} process(es)." if projected else "")), ""]
     return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
+
+
+def fraud_proof_bounds(r: dict) -> list[str]:
+    """bench/bench_fraud_proof_bounds.py: the worst chunk proof per codec against createRun's bound."""
+    rows = [[row["codec"] + (f" rank {row['rank']}" if "rank" in row else ""), row["contributions"],
+             f"{row['gas']:,}", f"{row['gas_bound']:,}", f"{row['calldata_bytes']:,}",
+             f"{row['calldata_bound']:,}", "yes" if row["bound_holds"] else "**no**"] for row in r["rows"]]
+    most = ", ".join(f"rank {rank}: {count}" for rank, count in r["most_contributions"].items())
+    lines = [(f"The worst chunk proof (all {r['chunk_elements']} elements of the chunk recomputed) per codec "
+              f"on anvil, against the bound `createRun` enforces (at most {r['max_gas']:,} gas and "
+              f"{r['max_calldata']:,} bytes of calldata; docs/FRAUD_PROOF.md, \"Bounded proofs\"): the bound "
+              f"holds in every row: **{r['bound_holds']}**. Most contributions a run may list: {most}."), ""]
+    header = ["codec", "contributions", "gas", "bound", "calldata (B)", "bound (B)", "within"]
+    return lines + table(header, rows)
+
+
+def binding_gas(r: dict) -> list[str]:
+    """bench/bench_binding_gas.py: the proofs' gas with each listed contribution bound to a member."""
+    rows = [[row["contributions"], f"{row['chunk_gas']:,}", f"{row['scale_gas']:,}",
+             f"{row['binding_gas']:,}"] for row in r["rows"]]
+    lines = ["Gas on anvil of a version-3 round's proofs once every listed contribution carries its member's "
+             "signature (docs/FRAUD_PROOF.md, \"The binding\"): a wrong chunk, a wrong clip scale, and a "
+             "contribution signed by no member of the round (the last one listed).", ""]
+    return lines + table(["contributions", "chunk proof", "scale proof", "binding proof"], rows)

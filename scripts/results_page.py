@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results_contracts import chunk_state, float32_fuzz, forge_invariants
+from results_contracts import binding_gas, chunk_state, float32_fuzz, forge_invariants, fraud_proof_bounds
 from results_convergence import convergence
 from results_emulator import churn_memory, netlab, soak
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
@@ -234,6 +234,16 @@ SECTIONS = (
             "A successful proveWrongAggregation on anvil (docs/FRAUD_PROOF.md): one chunk of a 256 x 256 "
             "stage recomputed in the contract's soft-float, every tensor in the codec named, every fourth "
             "contribution clipped by the norm rule."),
+    Section("fraud_proof_bounds.json", "The fraud proof's bound: the worst proof per codec",
+            "bench/bench_fraud_proof_bounds.py", fraud_proof_bounds,
+            "Issue 62: a run's creator cannot price a proof out of a block; the formula's constants are "
+            "these measurements rounded up, with room for deeper paths and more attesters than the "
+            "bench's stage."),
+    Section("binding_gas.json", "The fraud proof with contributions bound to members: gas",
+            "bench/bench_binding_gas.py", binding_gas,
+            "Issue 62: the binding costs about 1,500 gas per contribution in the chunk and scale proofs "
+            "(the larger factors), and about 24,000 per contribution in the binding proof (ecrecover, the "
+            "seats)."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "

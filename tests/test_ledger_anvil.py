@@ -14,7 +14,7 @@ from ledger.account import dev_account
 from ledger.chain import OutageLog, RetryPolicy, call_with_retries, connect_rpc
 from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
-from ledger.errors import ChainUnavailable
+from ledger.errors import ChainUnavailable, LedgerConfigError
 
 
 def reconnect(
@@ -127,7 +127,7 @@ def test_unreachable_rpc_and_missing_binary(tmp_path, monkeypatch):
         url = anvil.url
     with pytest.raises(ChainUnavailable, match="unreachable"):
         connect_rpc(url, timeout=1, wait=0.3)
-    with pytest.raises(ChainUnavailable, match="http"):
+    with pytest.raises(LedgerConfigError, match="http"):  # a usage error (exit 2), not an outage
         connect_rpc("ws://127.0.0.1:1")
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("not a state file {")

@@ -128,6 +128,9 @@ class FakeChain:
     def own_seat_status(self, run_id: int) -> str:
         return "active"
 
+    def run_info(self, run_id: int):
+        return None  # a run without per-round values (issue 62): no committed schedule to prove against
+
     def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         return {}  # no seat declared a platform: the spot checks route nothing and hold no claim to one
 
