@@ -11,10 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.forge_campaign import FORGE, FORGE_ROOT, forge_available, run_campaign
+from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign
 
-pytestmark = pytest.mark.skipif(not forge_available(),
-                                reason="forge missing: run npm ci --prefix contracts (scripts/setup.sh)")
 
 
 def test_a_quick_invariant_campaign_finds_no_violation():

@@ -21,7 +21,7 @@ from tests.test_static_analysis import NODE_BIN, REPO, analysis_tool
 def test_halmos_proves_the_money_properties_for_all_inputs():
     halmos = analysis_tool("halmos")
     if halmos is None or not (NODE_BIN / "forge").exists():
-        pytest.skip("halmos or forge missing: run scripts/setup.sh")
+        pytest.fail("halmos or forge missing (a test dependency): run scripts/setup.sh")
     env = {**os.environ, "PATH": f"{NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run([halmos, "--contract", "MoneySymbolicTest", "--function", "check_"],
                           cwd=REPO / "contracts" / "forge", env=env, capture_output=True, text=True,
