@@ -68,9 +68,11 @@ library LedgerDisputes {
             revert TrainingLedger.LedgerNotAttesters(runId, round);
         }
         uint256 committedAt = s.commitBlocks[runId][round];
-        // Counted at or before the commit's block, as its quorum was counted; at least as many as it needed.
+        // Counted before the commit's block, so counted when its quorum was counted (a member counted later in
+        // the same block, by a second commit, is not: contracts/forge/test/VerdictTiming.t.sol); at least as many
+        // as it needed.
         address[] memory signers =
-            _roundVerdictSigners(s, runId, uint64(committedAt) + 1, digest, signatures, uint32(committedAt >> 64));
+            _roundVerdictSigners(s, runId, uint64(committedAt), digest, signatures, uint32(committedAt >> 64));
         emit TrainingLedger.DisputeResolved(runId, round, upheld, signers);
         _settleDispute(s, runId, round, upheld, attesters);
     }
