@@ -1,0 +1,116 @@
+"""One meaning per exit code (issue 65 point 14): node/exitcodes.py is the one table, README.md lists it.
+
+README's "Exit codes" paragraph must say what :data:`node.exitcodes.MEANINGS` says, code for code; every
+error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run for the
+codes that need no chain (usage 2, a dataset server that never answers interrupted: 130).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.errors import AccountError, ChainUnavailable, LedgerError
+from node.errors import (
+    AuditFailed,
+    AuditIncomplete,
+    ConfigError,
+    DataUnreachable,
+    DiskFull,
+    NetworkUnreachable,
+    NodeError,
+    NotRegistered,
+    NotYet,
+    PortBusy,
+    PullUnavailable,
+    RoundPending,
+    StateError,
+)
+from node.exitcodes import EXIT_CODES, MEANINGS, ExitCode, exit_code_for
+from p2p.errors import P2PError
+from training.errors import TrainingError
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "node.cli"]
+
+
+def _readme_paragraph() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("Exit codes, one meaning each")
+    end = text.index("\n\n", start)
+    return " ".join(text[start:end].replace("`", "").split())
+
+
+def test_the_readme_lists_every_code_with_the_tables_meaning_and_no_other():
+    paragraph = _readme_paragraph()
+    expected = ("Exit codes, one meaning each (node/exitcodes.py): "
+                + ", ".join(f"{int(code)} {meaning}" for code, meaning in MEANINGS.items())
+                + ". Every error is one line saying what to fix.")
+    assert paragraph == expected
+    for code in (1, 130, 143):  # the codes of no error class are listed too
+        assert f" {code} " in paragraph
+
+
+def test_one_meaning_per_code_and_one_code_per_error_class():
+    assert set(MEANINGS) == set(ExitCode) and len({int(c) for c in ExitCode}) == len(ExitCode)
+    assert len(set(MEANINGS.values())) == len(MEANINGS)
+    classes = [cls for group, _ in EXIT_CODES for cls in group]
+    assert len(classes) == len(set(classes))
+    codes = [code for _, code in EXIT_CODES]
+    assert len(codes) == len(set(codes)), "two rows of the table give one code: merge them"
+    assert {ExitCode.OK, ExitCode.UNEXPECTED, ExitCode.INTERRUPTED, ExitCode.TERMINATED}.isdisjoint(codes)
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (ConfigError("x"), 2), (NodeError("x"), 3), (StateError("x"), 4), (DiskFull("x"), 4),
+    (ChainUnavailable("x"), 5), (NotRegistered("x"), 6), (AccountError("x"), 6), (PortBusy("x"), 7),
+    (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (P2PError("x"), 10),
+    (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (LedgerError("x"), 11),
+    (TrainingError("x"), 12), (AuditIncomplete("x"), 13), (NotYet("x"), 14), (RuntimeError("x"), 1),
+])
+def test_each_kind_of_failure_has_its_code(error, code):
+    assert exit_code_for(error) == code
+
+
+def test_no_command_and_a_bad_option_are_usage_errors():
+    proc = subprocess.run(CLI, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    proc = subprocess.run([*CLI, "data", "fetch", "tinyshakespeare", "--no-such-option"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+def test_an_interrupted_command_exits_130_without_a_traceback(tmp_path):
+    with socket.socket() as server:  # accepts the connection (the kernel's backlog) and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/input.txt"
+        command = [*CLI, "data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", url]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        server.settimeout(0.5)
+        conn = None
+        try:
+            deadline = time.monotonic() + 60
+            while conn is None and time.monotonic() < deadline and proc.poll() is None:
+                try:  # it waits on the server once it connected
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.communicate()
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if conn is not None:
+                conn.close()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and re.search(r"interrupted", err), err
