@@ -7,6 +7,7 @@ codes that need no chain (usage 2, a dataset server that never answers interrupt
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -114,3 +115,38 @@ def test_an_interrupted_command_exits_130_without_a_traceback(tmp_path):
                 conn.close()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and re.search(r"interrupted", err), err
+
+
+def _readme_block_with(text: str) -> list[str]:
+    """The lines of README.md's bash block that holds ``text``."""
+    readme = (REPO / "README.md").read_text()
+    at = readme.index(text)
+    start = readme.rindex("```bash\n", 0, at) + len("```bash\n")
+    return readme[start:readme.index("```", at)].splitlines()
+
+
+def test_the_readmes_prepare_one_liner_stops_when_the_fetch_fails(tmp_path):
+    """Offline (a proxy that refuses), README's fetch-then-prepare stops at the fetch with its exit 10; it
+    never runs ``prepare ""``; and ``prepare ""`` alone says what went wrong (exit 2)."""
+    lines = _readme_block_with("data fetch tinyshakespeare) &&")
+    script = "\n".join(line for line in lines if "dlx-node demo" not in line).rstrip().removesuffix("&&")
+    assert "data prepare" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "dlx-node"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m node.cli \"$@\"\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "DLX_DATA_DIR": str(tmp_path / "cache"),
+           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9", "no_proxy": "",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert proc.returncode == 10, proc.stderr
+    assert "--from" in proc.stderr and "data prepare" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "shakespeare-bpe").exists()
+    proc = subprocess.run([*CLI, "data", "prepare", "", "--out", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "an input path is empty" in proc.stderr, proc.stderr
+    proc = subprocess.run([*CLI, "data", "prepare", str(tmp_path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "not a file" in proc.stderr, proc.stderr
