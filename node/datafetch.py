@@ -261,7 +261,7 @@ def fetch(name: str, cache_dir: Path | None = None, url: str = "", local: Path |
 
 def resolve_text(name: str, file_name: str | None = None, extra_roots: Iterable[Path] = ()) -> Path:
     """A dataset file with the pinned bytes, for benchmarks: the cache first, then ``<root>/<name>/<file>``
-    under each of ``extra_roots`` (e.g. ``../shared/data``); else an error naming the fetch command."""
+    under each of ``extra_roots`` (laid out like the cache); else an error naming the fetch command."""
     dataset = lookup(name)
     pinned = dataset.files[0] if file_name is None else next(f for f in dataset.files if f.name == file_name)
     found = cached_path(name, pinned.name)

@@ -1,6 +1,6 @@
 """``dlx-node data fetch``: pinned public datasets from a real HTTP server on 127.0.0.1, honest and hostile.
 
-The served bytes are the repository's neighbour ``../shared/data`` files when they are there (or the directory
+The served bytes are the shared corpus's files beside the clone when they are there (or the directory
 ``$DLX_SHARED_DATA`` names), so the real pins are exercised; elsewhere the test makes its own file and pins it
 through a catalog of its own (``fetch(..., catalog=...)``).
 """
