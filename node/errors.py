@@ -122,6 +122,11 @@ class DataFetchError(NodeError):
     body."""
 
 
+class DataFetchUsage(DataFetchError, ConfigError):
+    """``dlx-node data fetch`` was asked for what it cannot do: an unknown dataset, a URL that is not http(s)
+    (a usage error, exit 2)."""
+
+
 class NetworkUnreachable(NodeError):
     """Peers or a server the command needs could not be reached (no provider answered, a connection broke):
     a network failure, exit 10, whatever the command."""

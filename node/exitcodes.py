@@ -16,6 +16,7 @@ from node.errors import (
     CONFIG_ERRORS,
     AuditFailed,
     AuditIncomplete,
+    DataFetchError,
     NetworkUnreachable,
     NodeError,
     NotRegistered,
@@ -72,7 +73,8 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.AUDIT_FAILED: "audit FAILED",
     ExitCode.PULL_REFUSED: "checkpoint refused by pull (nothing installed: its bytes or round fail a check, "
                            "or it or its tokenizer is found nowhere)",
-    ExitCode.NETWORK: "network (peers, a dataset's server)",
+    ExitCode.NETWORK: "network (peers; a dataset's server, unreachable or sending other bytes than the "
+                      "pinned ones)",
     ExitCode.LEDGER: "ledger (a contract's refusal, decoded)",
     ExitCode.TRAINING: "training",
     ExitCode.AUDIT_INCOMPLETE: "audit INCOMPLETE (nothing failed, something could not be checked)",
@@ -92,7 +94,7 @@ EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], ExitCode], ...] = (
     ((AuditFailed,), ExitCode.AUDIT_FAILED),
     ((AuditIncomplete,), ExitCode.AUDIT_INCOMPLETE),
     ((PullRefused,), ExitCode.PULL_REFUSED),
-    ((P2PError, NetworkUnreachable), ExitCode.NETWORK),
+    ((P2PError, NetworkUnreachable, DataFetchError), ExitCode.NETWORK),
     ((LedgerError,), ExitCode.LEDGER),
     ((TrainingError,), ExitCode.TRAINING),
     ((NotYet,), ExitCode.NOT_YET),

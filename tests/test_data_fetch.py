@@ -256,4 +256,4 @@ def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, cap
     assert "downloaded from" in err
     code = main(["data", "fetch", "wikitext-2", "--dir", str(tmp_path), "--url", server.base + "/nothing/"])
     out, err = capsys.readouterr()
-    assert code == 3 and "HTTP 404" in err and out == ""
+    assert code == 10 and "HTTP 404" in err and out == ""  # the dataset's server: exit 10

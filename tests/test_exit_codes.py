@@ -23,6 +23,9 @@ from node.errors import (
     AuditFailed,
     AuditIncomplete,
     ConfigError,
+    DataFetchError,
+    DataFetchUsage,
+    DataMismatch,
     DataUnreachable,
     DiskFull,
     NetworkUnreachable,
@@ -73,7 +76,8 @@ def test_one_meaning_per_code_and_one_code_per_error_class():
     (ConfigError("x"), 2), (NodeError("x"), 3), (StateError("x"), 4), (DiskFull("x"), 4),
     (ChainUnavailable("x"), 5), (NotRegistered("x"), 6), (AccountError("x"), 6), (PortBusy("x"), 7),
     (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (P2PError("x"), 10),
-    (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (LedgerError("x"), 11),
+    (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (DataFetchError("x"), 10),
+    (DataMismatch("x"), 10), (DataFetchUsage("x"), 2), (LedgerError("x"), 11),
     (TrainingError("x"), 12), (AuditIncomplete("x"), 13), (NotYet("x"), 14), (RuntimeError("x"), 1),
 ])
 def test_each_kind_of_failure_has_its_code(error, code):
