@@ -1,0 +1,45 @@
+"""The spec in docs/ says what the code does (issue 65, "The spec"): checked against the committed ABI and the
+contracts' sources, so a doc that drifts fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LEDGER_MD = (REPO / "docs" / "LEDGER.md").read_text()
+
+
+def _abi_events() -> set[str]:
+    artifact = json.loads((REPO / "contracts" / "artifacts" / "TrainingLedger.json").read_text())
+    abi = artifact.get("abi", artifact)
+    return {entry["name"] for entry in abi if entry.get("type") == "event"}
+
+
+def test_ledger_md_lists_every_event_of_the_ledger():
+    start = LEDGER_MD.index("Events (all with the run id as first topic")
+    listed = set(re.findall(r"`(\w+)\(", LEDGER_MD[start:LEDGER_MD.index("\n\n", start)]))
+    assert _abi_events() - listed == set(), "events the ABI has and LEDGER.md does not list"
+    assert listed - _abi_events() == set(), "events LEDGER.md lists and the ABI does not have"
+
+
+def test_ledger_md_writes_the_quorum_over_the_counted_members_and_describes_commit_quorum_of():
+    core = (REPO / "contracts" / "src" / "TrainingLedger.sol").read_text()
+    assert "LedgerCore.quorum(run.quorum, run.quorumBps, run.countedCount)" in core
+    assert "memberCount / 10000" not in LEDGER_MD
+    assert LEDGER_MD.count("ceil(quorumBps x countedCount / 10000)") >= 2
+    assert "**`commitQuorumOf(runId, round)`** is the quorum the commit of `round` needed" in LEDGER_MD
+    assert "_s.commitBlocks[runId][round] = block.number | (uint256(quorum) << 64)" in core
+
+
+def test_ledger_md_gives_the_dispute_bond_the_contracts_fate():
+    disputes = (REPO / "contracts" / "src" / "LedgerDisputes.sol").read_text()
+    # upheld and lapsed forfeit the disputers' bonds, an overturn while open returns them
+    assert disputes.count("LedgerCore.forfeitBond(s, runId, disputers[i], bond)") == 2
+    assert disputes.count("LedgerCore.returnBond(s, runId, disputers[i], bond)") == 1
+    assert "added to the disputer's stake" not in LEDGER_MD
+    paragraph = LEDGER_MD[LEDGER_MD.index("**Disputes** cost"):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    assert "held by the round's case" in paragraph and "forfeited" in paragraph
+    assert "`withdrawStake` never pays it back" in paragraph
