@@ -210,8 +210,26 @@ def test_payload_vectors_cover_every_gossip_kind():
 
 @pytest.mark.parametrize("vector", VECTORS["rejected_payloads"], ids=lambda v: v["name"])
 def test_rejected_payload(vector):
-    with pytest.raises(msg.ProtocolError):
+    with pytest.raises(msg.ProtocolError) as refused:
         msg.decode_payload(vector["kind"], bytes.fromhex(vector["payload_hex"]))
+    # The step of docs/PROTOCOL.md's "The order of the checks" that refuses it: the first fault wins.
+    words = make_vectors.REFUSAL_STEPS.get(vector["step"])
+    assert (words in str(refused.value)) if words else not any(
+        w in str(refused.value) for w in make_vectors.REFUSAL_STEPS.values()), (vector["step"], refused.value)
+
+
+def test_two_faults_are_refused_for_the_earlier_check():
+    steps = {v["name"]: v["step"] for v in VECTORS["rejected_payloads"]}
+    assert steps["announce_extra_key_and_hash_31_bytes"] == 4 and steps["announce_hash_31_bytes"] == 7
+    assert steps["close_steps_empty_and_replica_negative"] == 5 and steps["close_replica_negative"] == 7
+    assert steps["attestation_stage_leaf_empty"] == 5 and steps["hello_nested_list"] == 3
+
+
+@pytest.mark.parametrize("vector", VECTORS["reordered_payloads"], ids=lambda v: v["name"])
+def test_a_payload_in_another_key_order_is_the_same_message(vector):
+    data, canonical = bytes.fromhex(vector["payload_hex"]), bytes.fromhex(vector["canonical_hex"])
+    assert data != canonical
+    assert msg.encode_payload(msg.decode_payload(vector["kind"], data)) == canonical
 
 
 def test_merkle_roots_and_proofs():

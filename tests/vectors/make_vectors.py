@@ -476,10 +476,51 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
          "a declared step count < 0"),
         ("close_steps_as_bool", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12, True]),
          "a bool is not a step count"),
+        ("attestation_stage_leaf_empty", msg.ATTESTATION,
+         encoded(messages["attestation_last_stage"], stage_leaf=b""),
+         "an optional key sent empty (step 5), refused before its length (160 bytes) is looked at"),
+        ("announce_extra_key_and_hash_31_bytes", msg.ANNOUNCE,
+         dict(encoded(messages["announce"], envelope_hash=_h(1)[:31]), extra=1),
+         "two faults: the extra key (step 4) names the refusal, not the short hash (step 7)"),
+        ("close_steps_empty_and_replica_negative", msg.CLOSE, encoded(
+            messages["close"], steps=[], contributions=[[-1, *messages["close"].contributions[0][1:]]]),
+         "two faults: the empty optional key (step 5), not the replica -1 (step 7)"),
     ]
     return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(),
-             "why": why}
+             "step": refusal_step(kind, msgpack.packb(fields, use_bin_type=True)), "why": why}
             for name, kind, fields, why in cases]
+
+
+#: The checks of node.protocol.decode_payload, in their order (docs/PROTOCOL.md, "The order of the checks"):
+#: the words of each step's refusal. Step 7 (the values) is every other refusal.
+REFUSAL_STEPS = {1: "carries no gossip payload", 2: "exceeds", 3: "is not msgpack",
+                 4: "must have exactly the keys", 5: "an empty optional field", 6: ": unexpected "}
+
+
+def refusal_step(kind: str, data: bytes) -> int:
+    """The step of decode_payload that refuses ``data`` (an error if it is accepted)."""
+    try:
+        msg.decode_payload(kind, data)
+    except msg.ProtocolError as exc:
+        return next((step for step, words in REFUSAL_STEPS.items() if words in str(exc)), 7)
+    raise AssertionError(f"{kind} payload {data.hex()} is accepted")
+
+
+def reordered_payload_vectors() -> list[dict[str, Any]]:
+    """Every payload vector of two keys or more with its keys reversed: accepted as the same message (a
+    receiver does not check key order; the canonical encoding is the sender's duty)."""
+    import msgpack
+
+    out = []
+    for vector in payload_vectors():
+        raw = msgpack.unpackb(bytes.fromhex(vector["payload_hex"]), raw=False)
+        if len(raw) < 2:
+            continue
+        reordered = dict(reversed(list(raw.items())))
+        out.append({"name": vector["name"], "kind": vector["kind"],
+                    "payload_hex": msgpack.packb(reordered, use_bin_type=True).hex(),
+                    "canonical_hex": vector["payload_hex"]})
+    return out
 
 
 _DROP = object()  # a key left out of a rejected payload
@@ -627,6 +668,7 @@ def build() -> dict[str, Any]:
         "rejected_envelopes": rejected_vectors(),
         "payloads": payload_vectors(),
         "rejected_payloads": rejected_payload_vectors(),
+        "reordered_payloads": reordered_payload_vectors(),
         "merkle": merkle_vectors(),
         "eip712": eip712_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
