@@ -43,3 +43,18 @@ def test_ledger_md_gives_the_dispute_bond_the_contracts_fate():
     paragraph = paragraph[:paragraph.index("\n\n")]
     assert "held by the round's case" in paragraph and "forfeited" in paragraph
     assert "`withdrawStake` never pays it back" in paragraph
+
+
+def test_p2p_md_lists_every_kind_of_the_protocol():
+    from node import protocol as msg
+
+    p2p_md = (REPO / "docs" / "P2P.md").read_text()
+    row = next(line for line in p2p_md.splitlines() if line.startswith("| `kind` |"))
+    listed = set(re.findall(r"`([a-z_]+)`", row.split("|")[3]))
+    assert listed == {*msg.KINDS, msg.EVIDENCE, msg.PARTIAL}
+
+
+def test_the_merkle_proof_convention_is_named_in_protocol_md():
+    protocol_md = (REPO / "docs" / "PROTOCOL.md").read_text()
+    assert "`(sibling, sibling_is_left)`" in protocol_md
+    assert "sha256(0x01 || sibling || node)` if `sibling_is_left`" in protocol_md

@@ -121,15 +121,23 @@ def test_big_integers_are_strings_for_javascript():
 
 
 def test_partial_envelope_payload_is_the_sliced_layout():
+    from ledger.merkle import merkle_root
     from training.slicemessages import PARTIAL_PREFIX, parse_partial
 
     vector = by_name(VECTORS["envelopes"])["partial"]
     payload = bytes.fromhex(vector["inputs"]["payload_hex"])
     assert payload.startswith(PARTIAL_PREFIX) and PARTIAL_PREFIX == b"dlx-partial/2"
     partial = parse_partial(payload)
-    assert (partial.slice_index, partial.num_slices, partial.num_inputs) == (1, 2, 3)
-    assert partial.inputs_root == hashlib.sha256(bytes([13])).digest()
-    assert partial.blob == bytes(range(64))
+    body = vector["partial_body"]
+    assert (partial.slice_index, partial.num_slices, partial.num_inputs) == (
+        body["slice_index"], body["num_slices"], body["num_inputs"]) == (1, 2, 2)
+    assert partial.blob == bytes.fromhex(body["blob_hex"])
+    # The root is derived from the close it aggregates: the close vector's envelope hashes, in its order.
+    close = msg.decode_payload(msg.CLOSE, bytes.fromhex(by_name(VECTORS["payloads"])["close"]["payload_hex"]))
+    hashes = [entry[2] for entry in close.contributions]
+    assert [bytes.fromhex(h) for h in body["input_hashes_hex"]] == hashes
+    assert len(hashes) == partial.num_inputs
+    assert partial.inputs_root == merkle_root(hashes) == bytes.fromhex(body["inputs_root_hex"])
 
 
 def test_envelope_payloads_are_the_payload_vectors():

@@ -268,15 +268,23 @@ def envelope_cases() -> list[dict[str, Any]]:
                                                                                _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
     # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2"
-    # || u32 j || u32 A || u32 n || inputs_root (32) || blob.
+    # || u32 j || u32 A || u32 n || inputs_root (32) || blob. Its inputs are the `close` payload vector's
+    # entries: n = their count, inputs_root = merkle_root of their envelope hashes in the close's order.
     cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
                       timestamp_ms=TIMESTAMP_MS,
-                      payload=partial_payload(1, 2, _h(13), 3, bytes(range(64)))))
+                      payload=partial_payload(1, 2, merkle_root(_close_hashes()), len(_close_hashes()),
+                                              bytes(range(64)))))
     cases.append(dict(name="integer_widths", run_id=(1 << 32), round=300, kind="widths", stage=128,
                       replica=65_536, timestamp_ms=TIMESTAMP_MS + 1, payload=b""))
     cases.append(dict(name="large_indices", run_id=(1 << 64) - 1, round=255, kind="x_1", stage=127,
                       replica=32, timestamp_ms=0, payload=b"\x00"))
     return cases
+
+
+def _close_hashes() -> list[bytes]:
+    """The envelope hashes the `close` payload vector closes, in its (canonical) order."""
+    close = next(message for name, _kind, message in payload_messages() if name == "close")
+    return [entry[2] for entry in close.contributions]
 
 
 def envelope_vectors() -> list[dict[str, Any]]:
@@ -307,6 +315,12 @@ def envelope_vectors() -> list[dict[str, Any]]:
             out[-1]["contribution_body"] = {
                 "state_hash_hex": body.state_hash.hex(), "data_commitment_hex": body.data_commitment.hex(),
                 "applied_hash_hex": body.applied_hash.hex(), "codec": codec_vector()}
+        if case["kind"] == msg.PARTIAL:  # the fixed layout's parts, the root derived from the close vector
+            out[-1]["partial_body"] = {
+                "slice_index": 1, "num_slices": 2, "num_inputs": len(_close_hashes()),
+                "inputs_from": "the payload vector 'close': its entries' envelope hashes, in its order",
+                "input_hashes_hex": [h.hex() for h in _close_hashes()],
+                "inputs_root_hex": merkle_root(_close_hashes()).hex(), "blob_hex": bytes(range(64)).hex()}
     return out
 
 
