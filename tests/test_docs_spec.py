@@ -58,3 +58,44 @@ def test_the_merkle_proof_convention_is_named_in_protocol_md():
     protocol_md = (REPO / "docs" / "PROTOCOL.md").read_text()
     assert "`(sibling, sibling_is_left)`" in protocol_md
     assert "sha256(0x01 || sibling || node)` if `sibling_is_left`" in protocol_md
+
+
+def test_the_codec_packing_dilocox_md_spells_out():
+    import torch
+
+    from training.codec_exact import pack_ints, unpack_ints
+    from training.codec_wire import matrix_view_shape
+
+    assert pack_ints(torch.tensor([-32767, 0, 32767]), 16) == bytes.fromhex("0000ff7ffeff")
+    assert pack_ints(torch.tensor([-1, 0, 1]), 2) == bytes([0x24])
+    assert unpack_ints(bytes.fromhex("0000ff7ffeff"), 16, 3, "t").tolist() == [-32767, 0, 32767]
+    assert [matrix_view_shape(s) for s in [(), (5,), (4, 3), (2, 3, 4)]] == [(1, 1), (5, 1), (4, 3), (2, 12)]
+    dilocox_md = (REPO / "docs" / "DILOCOX.md").read_text()
+    assert "`q = [-32767, 0, 32767]` at b = 16 is `00 00 ff 7f fe ff`" in dilocox_md
+    assert "b = 2 is the one byte `0b00_10_01_00` = `0x24`" in dilocox_md
+
+
+def test_the_codec_decoder_takes_any_key_order():
+    import msgpack
+
+    vectors = json.loads((REPO / "tests" / "vectors" / "wire.json").read_text())
+    contribution = next(v for v in vectors["envelopes"] if v["name"] == "contribution")
+    codec = contribution["contribution_body"]["codec"]
+    from training.codec_wire import decode_contribution
+
+    blob = bytes.fromhex(codec["blob_hex"])
+    shapes = {name: tuple(shape) for name, shape in codec["shapes"].items()}
+    message = msgpack.unpackb(blob, raw=False)
+    reordered = dict(reversed(list(message.items())))
+    reordered["t"] = [dict(reversed(list(entry.items()))) for entry in message["t"]]
+    again = msgpack.packb(reordered, use_bin_type=True)
+    assert again != blob
+    first = decode_contribution(blob, shapes, stage_index=message["st"], outer_round=message["rd"])
+    second = decode_contribution(again, shapes, stage_index=message["st"], outer_round=message["rd"])
+    assert all(torch_equal(first[name], second[name]) for name in shapes)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
