@@ -99,3 +99,22 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_the_leaf_layout_fraud_proof_md_spells_out():
+    import struct
+
+    import torch
+
+    from training.chunks import leaf_values, tensor_leaves
+
+    tensors = {"b": torch.ones(130), "a": torch.zeros(0),
+               "c": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    leaves = tensor_leaves(tensors)
+    headers = [leaf_values(leaf)[0] for leaf in leaves]
+    # "a" (no elements) keeps index 0; "b" is 1-D: one column, 3 chunks by element offset; "c" is (2, 3)
+    assert headers == [(1, 0, 1, 64), (1, 64, 1, 64), (1, 128, 1, 2), (2, 0, 3, 6)]
+    assert leaves[0][24:28] == bytes.fromhex("3f800000")  # 1.0, big-endian binary32
+    assert struct.unpack(">6f", leaves[3][24:]) == (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
+    text = (REPO / "docs" / "FRAUD_PROOF.md").read_text()
+    assert "`offset` counts **elements**, not bytes" in text and "1.0 is `3f 80 00 00`" in text
