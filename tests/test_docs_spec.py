@@ -118,3 +118,14 @@ def test_the_leaf_layout_fraud_proof_md_spells_out():
     assert struct.unpack(">6f", leaves[3][24:]) == (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
     text = (REPO / "docs" / "FRAUD_PROOF.md").read_text()
     assert "`offset` counts **elements**, not bytes" in text and "1.0 is `3f 80 00 00`" in text
+
+
+def test_the_layer_cut_dilocox_md_spells_out():
+    from training.stages import split_stages
+
+    specs = split_stages(6, 4)
+    assert [(s.layer_start, s.layer_end) for s in specs] == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert [(s.has_embeddings, s.has_head) for s in specs] == [(True, False), (False, False), (False, False),
+                                                              (False, True)]
+    text = (REPO / "docs" / "DILOCOX.md").read_text()
+    assert "`n_layer = 6`, S = 4 gives blocks `[0, 2)`, `[2, 4)`, `[4, 5)`, `[5, 6)`" in text
