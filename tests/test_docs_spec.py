@@ -129,3 +129,21 @@ def test_the_layer_cut_dilocox_md_spells_out():
                                                               (False, True)]
     text = (REPO / "docs" / "DILOCOX.md").read_text()
     assert "`n_layer = 6`, S = 4 gives blocks `[0, 2)`, `[2, 4)`, `[4, 5)`, `[5, 6)`" in text
+
+
+def test_each_refused_codec_payload_vector_has_one_fault():
+    """wire.json's refused version-2 codec payloads differ from an accepted one in their ns alone (their keys
+    in the encoder's order): a decoder cannot refuse them for anything else."""
+    import msgpack
+
+    from training.codec_wire import decode_declared
+
+    vectors = json.loads((REPO / "tests" / "vectors" / "wire.json").read_text())["contribution_payloads"]
+    shapes = {name: tuple(shape) for name, shape in vectors["shapes"].items()}
+    for case in vectors["rejected"]:
+        message = msgpack.unpackb(bytes.fromhex(case["payload_hex"]), raw=False)
+        assert [k for k in message if k != "ns"] == ["v", "st", "rd", "t"], case["name"]
+        fixed = {"v": 2, "st": message["st"], "rd": message["rd"], "ns": 7, "t": message["t"]}
+        steps, _ = decode_declared(msgpack.packb(fixed, use_bin_type=True), shapes,
+                                   stage_index=vectors["stage"], outer_round=vectors["round"])
+        assert steps == 7, case["name"]

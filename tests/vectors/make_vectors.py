@@ -644,12 +644,15 @@ def contribution_payload_vectors() -> dict[str, Any]:
         {"name": "version 2, 7 inner steps declared", "payload_hex": declare_steps(v1, 7).hex(),
          "declared_steps": 7},
     ]
-    header = {"v": 2, "st": 2, "rd": 5, "t": entries}
     import msgpack
 
-    def bad(name: str, **fields: Any) -> dict[str, Any]:
-        message = {**header, **fields}
-        message.pop("ns", None) if fields.get("ns", 0) is None else None
+    # The keys in the encoder's order (v, st, rd, ns, t), so that each refused payload has one fault: its ns.
+    reordered = {"t": entries, "ns": 7, "rd": 5, "st": 2, "v": 2}
+    accepted.append({"name": "version 2, 7 steps, keys in another order (key order is not checked)",
+                     "payload_hex": msgpack.packb(reordered, use_bin_type=True).hex(), "declared_steps": 7})
+
+    def bad(name: str, ns: Any) -> dict[str, Any]:
+        message = {"v": 2, "st": 2, "rd": 5, **({} if ns is None else {"ns": ns}), "t": entries}
         return {"name": name, "payload_hex": msgpack.packb(message, use_bin_type=True).hex()}
 
     rejected = [bad("declares 0 steps", ns=0), bad("declares -1 steps", ns=-1),
