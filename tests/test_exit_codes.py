@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.account import dev_account
 from ledger.errors import AccountError, ChainUnavailable, LedgerError
 from node.errors import (
     AuditFailed,
@@ -154,3 +155,31 @@ def test_the_readmes_prepare_one_liner_stops_when_the_fetch_fails(tmp_path):
     proc = subprocess.run([*CLI, "data", "prepare", str(tmp_path), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "not a file" in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def unserved_run(tmp_path_factory):
+    """A run on a real anvil whose one node is never started: its link names a peer nobody answers for."""
+    from node_fixtures import TINY
+
+    from node.commands.launcher import LocalRun
+
+    run = LocalRun(tmp_path_factory.mktemp("unserved"), replicas=1, stages=1, split=False,
+                   settings=[*TINY, "rounds=2"], stake_wei=10**18, attest_quorum=1, attest_quorum_bps=0,
+                   allow_weak_quorum=True)
+    run.setup()
+    yield run
+    run.stop()
+
+
+def test_a_join_whose_peers_cannot_be_reached_is_a_network_failure_10(unserved_run, tmp_path):
+    """The run document comes from the link's peers: none answers, so nothing can be joined (exit 10, the
+    network; was 3), and nothing is sent."""
+    command = [*CLI, "join", unserved_run.link(), "--data-dir", str(tmp_path / "n"), "--dev-account", "6",
+               "--yes", "--no-progress", "--no-start"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 10, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no peer of the run is reachable" in last and "check the peer multiaddrs" in last, last
+    client = unserved_run.client()
+    assert client.member(unserved_run.run_id, dev_account(6, unserved_run.chain_id).address) is None
