@@ -1,8 +1,9 @@
 """One meaning per exit code (issue 65 point 14): node/exitcodes.py is the one table, README.md lists it.
 
 README's "Exit codes" paragraph must say what :data:`node.exitcodes.MEANINGS` says, code for code; every
-error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run for the
-codes that need no chain (usage 2, a dataset server that never answers interrupted: 130).
+error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run: usage
+(2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), and a join whose
+peers answer nothing against a real anvil (10).
 """
 
 from __future__ import annotations
