@@ -352,8 +352,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus (default: tinyshakespeare, from ../shared/data or 'dlx-node data "
-                             "fetch tinyshakespeare')")
+                        help="corpus (default: tinyshakespeare as 'dlx-node data fetch tinyshakespeare' "
+                             "keeps it, fetched if missing)")
     parser.add_argument("--presets", default="tiny,mini", help="traffic presets ('' to skip)")
     parser.add_argument("--replicas", default="4,8,16,64,256,1024")
     parser.add_argument("--stages", type=int, default=2)

@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.benchio import write_result  # noqa: E402
+from bench.benchio import default_corpus, write_result  # noqa: E402
 from node.commands.launcher import LocalRun  # noqa: E402
 from node.config import load_config  # noqa: E402
 
@@ -58,11 +58,8 @@ DEFAULT_ATTACKS = ("malformed-payload", "huge-1e3", "huge-1e6", "sign-flip", "no
                    "absurd-hello", "first-cluster")
 #: Attacks that are a configuration, not patched behaviour: the real node with that setting.
 CONFIG_ATTACKS = {"first-cluster": ("cluster", "0-sorts-first")}
-#: The corpus: the checkout's ``shared/`` beside it (main) or, for a worktree under ``wt/``, two levels up.
-DATA = next((base / "shared" / "data" / "tinyshakespeare" / "input.txt"
-             for base in (ROOT.parent, ROOT.parent.parent)
-             if (base / "shared" / "data" / "tinyshakespeare" / "input.txt").exists()),
-            ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt")
+#: The corpus (``--data``; default tinyshakespeare as ``dlx-node data fetch tinyshakespeare`` keeps it).
+DATA = ""
 
 
 def held_out_loss(node_cfg_path: Path, checkpoint: Path) -> float:
@@ -238,11 +235,16 @@ def main() -> int:
                         help="the audit's --reexecute (N or all): rerun contributions "
                         "and judge every ejection's evidence (default: no re-execution)")
     parser.add_argument("--workdir", default="/tmp/dlx-bench-byzantine")
+    parser.add_argument("--data", default=None,
+                        help="the training text (default: tinyshakespeare as 'dlx-node data fetch "
+                             "tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--out", default=None, help="default bench/results/byzantine.json, "
                         "byzantine_sliced.json with --exchange sliced")
     parser.add_argument("--append", action="store_true", help="add to --out's runs instead of starting over "
                         "(the honest run is then not repeated)")
     args = parser.parse_args()
+    global DATA
+    DATA = args.data or default_corpus()
     if args.attacks is None:
         args.attacks = ",".join(DEFAULT_SLICED_ATTACKS if args.exchange == "sliced" else DEFAULT_ATTACKS)
     if args.out is None:

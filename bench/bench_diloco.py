@@ -64,8 +64,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus, relative to the repository root (default: tinyshakespeare, from "
-                             "../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus, relative to the repository root (default: tinyshakespeare as "
+                             "'dlx-node data fetch tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--preset", default="mini", help="a model preset, e.g. mini or llama-20m")
     parser.add_argument("--family", default=None, choices=["gpt2", "llama"],
                         help="check the preset's family (llama presets are llama-*)")

@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.benchio import default_out, write_result  # noqa: E402
+from bench.benchio import default_corpus, default_out, write_result  # noqa: E402
 from node.commands.throttle import CpuGroup, unavailable  # noqa: E402
 
 
@@ -239,9 +239,9 @@ def at(curve: list[dict], key: str, value: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    shared_text = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    parser.add_argument("--data", default=str(shared_text),
-                        help="the training text (default: ../shared/data/tinyshakespeare beside the clone)")
+    parser.add_argument("--data", default=None,
+                        help="the training text (default: tinyshakespeare as 'dlx-node data fetch "
+                             "tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                              "batch; the fixed-H run keeps the default, 16)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
+    args.data = args.data or default_corpus()
     if unavailable() is not None:
         print(f"needs the cgroup v1 cpu controller as root: {unavailable()}", file=sys.stderr)
         return 2

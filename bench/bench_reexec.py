@@ -72,8 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
-                        help="corpus, relative to the repository root (default: tinyshakespeare, from "
-                             "../shared/data or 'dlx-node data fetch tinyshakespeare')")
+                        help="corpus, relative to the repository root (default: tinyshakespeare as "
+                             "'dlx-node data fetch tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--replicas", type=int, default=3, help="honest replicas of run (a)")
     parser.add_argument("--stages", type=int, default=2)

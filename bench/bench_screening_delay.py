@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.benchio import default_out, write_result  # noqa: E402
+from bench.benchio import default_corpus, default_out, write_result  # noqa: E402
 
 #: rule -> (diloco.screen_rule, the losses it reads: windows, and "_start" at theta^{t-2}).
 RULES = {
@@ -170,14 +170,16 @@ def verdicts(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data",
-                        default=str(REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"))
+    parser.add_argument("--data", default=None,
+                        help="the training text (default: tinyshakespeare as 'dlx-node data fetch "
+                             "tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--runs", nargs="+", default=["179,80,35:14", "400,80,20:10"],
                         help="COUNTS:ROUNDS per simulated run (the replicas' fixed step counts)")
     parser.add_argument("--windows", type=int, default=64,
                         help="the wide screening batch (its first 16: the default)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args(argv)
+    args.data = args.data or default_corpus()
     load_at_start = list(os.getloadavg())
     runs = []
     for spec in args.runs:

@@ -71,26 +71,42 @@ def write_result(path: str | Path, result: dict, load_at_start: list[float] | No
     path.parent.mkdir(parents=True, exist_ok=True)
     result = {**result, "recorded": recorded(load_at_start)}
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    temporary.write_text(scrub_paths(json.dumps(result, indent=1, default=str)) + "\n")
     os.replace(temporary, path)
     return path
 
 
-#: Where the benchmarks' corpus lies beside a checkout that has the shared data (relative to the repository).
-SHARED_CORPUS = "../shared/data/tinyshakespeare/input.txt"
+#: The benchmarks' default corpus: a dataset of node/datafetch.py, where ``dlx-node data fetch`` keeps it.
+CORPUS = "tinyshakespeare"
 
 
 def default_corpus() -> str:
-    """The benchmarks' default corpus, tinyshakespeare: ``../shared/data`` beside the checkout when there
-    (the path the recorded results name), else the copy ``dlx-node data fetch tinyshakespeare`` cached;
-    else exit saying how to get it."""
-    if (REPO / SHARED_CORPUS).is_file():
-        return SHARED_CORPUS
-    from node.datafetch import cached_path, default_cache_dir
+    """The benchmarks' default corpus, tinyshakespeare, as ``dlx-node data fetch tinyshakespeare`` keeps it
+    (``$DLX_DATA_DIR``, else ``~/.cache/dlx-node/data``): fetched now and checked against its pinned sha256
+    when it is not there yet; else exit saying how to get it. Nothing outside the clone and that cache is
+    read (``--data FILE`` gives another text)."""
+    from node.datafetch import cached_path, default_cache_dir, fetch
+    from node.errors import DataFetchError
 
-    cached = cached_path("tinyshakespeare")
+    cached = cached_path(CORPUS)
     if cached is not None:
         return str(cached)
-    raise SystemExit(f"no tinyshakespeare corpus: neither {REPO / SHARED_CORPUS} nor the cache "
-                     f"({default_cache_dir()}) has it; run 'dlx-node data fetch tinyshakespeare' "
-                     "(or give --data FILE)")
+    try:
+        return str(fetch(CORPUS)[0])
+    except DataFetchError as exc:
+        raise SystemExit(f"no {CORPUS} corpus in {default_cache_dir()} and it could not be fetched ({exc}); "
+                         f"run 'dlx-node data fetch {CORPUS}' (--from FILE takes a copy made elsewhere, "
+                         "--url a mirror) or give --data FILE") from None
+
+
+def scrub_paths(text: str) -> str:
+    """``text`` with this machine's paths made relative: the clone's (``bench/...``), its parent's
+    (``../...``), the data cache's (``$DLX_DATA_DIR/...``) and the home directory's (``~/...``), so that a
+    recorded result names no directory of the machine it ran on (tests/test_no_machine_paths.py)."""
+    from node.datafetch import default_cache_dir
+
+    prefixes = [(default_cache_dir(), "$DLX_DATA_DIR"), (REPO, "."), (REPO.parent, ".."), (Path.home(), "~")]
+    for prefix, name in sorted(prefixes, key=lambda p: -len(str(p[0]))):
+        if len(prefix.parts) > 1:  # never "/" itself
+            text = text.replace(f"{prefix}/", f"{name}/").replace(f'"{prefix}"', f'"{name}"')
+    return text

@@ -187,6 +187,15 @@ def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0,
     provider = HTTPProvider(url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None)
     w3 = Web3(provider)
     what = f"connect {url} (waiting up to {wait:.0f}s)" if wait else f"connect {url}"
-    chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait), what, stop)
+    try:
+        chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait), what, stop)
+    except ChainWaitStopped:
+        raise
+    except ChainUnavailable as exc:  # say plainly where nothing answered and what to check
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        raise ChainUnavailable(
+            f"chain RPC {url} unreachable: nothing answers at host {parts.hostname}, port {port} "
+            f"({short_reason(exc.__cause__ or exc)}; tried for {wait:.0f}s): check that the chain's node "
+            "runs there and that --rpc or [ledger] rpc_url names it") from exc.__cause__
     logger.info("connected to %s (chain id %d)", url, chain_id)
     return w3

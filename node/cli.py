@@ -13,55 +13,14 @@ import os
 import sys
 import time
 
-from ledger.errors import AccountError, ChainUnavailable, LedgerError
 from node.commands.parsers import build_parser
-from node.errors import (
-    CONFIG_ERRORS,
-    DLX_ERRORS,
-    AuditFailed,
-    AuditIncomplete,
-    DataUnreachable,
-    NodeError,
-    NotRegistered,
-    NotYet,
-    PortBusy,
-    PullRefused,
-    StateError,
-)
+from node.errors import DLX_ERRORS
+from node.exitcodes import EXIT_CODES, ExitCode, exit_code_for  # noqa: F401 - EXIT_CODES, exit_code_for: re-exported
 from node.fsutil import disk_full_message, is_disk_full
-from p2p.errors import P2PError
-from training.errors import TrainingError
 
 logger = logging.getLogger(__name__)
 
-EXIT_INTERRUPTED = 130
-
-#: Exit codes by error class, most specific first (the first class the error is an instance of
-#: wins). README.md lists them for operators. The error modules are light: no torch, libp2p, web3.
-EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
-    (CONFIG_ERRORS, 2),
-    ((StateError,), 4),
-    ((ChainUnavailable,), 5),
-    ((NotRegistered, AccountError), 6),
-    ((PortBusy,), 7),
-    ((AuditFailed,), 8),
-    ((AuditIncomplete,), 13),
-    ((PullRefused,), 9),
-    ((P2PError, DataUnreachable), 10),
-    ((LedgerError,), 11),
-    ((TrainingError,), 12),
-    ((NotYet,), 14),
-    ((NodeError,), 3),
-)
-#: Exit codes of no error class: 1 an unexpected error (a bug: DLX_DEBUG=1 shows its traceback) or an I/O
-#: error (a full disk), 130 interrupted (SIGINT), 143 a demo stopped by SIGTERM. README.md lists them all.
-
-
-def exit_code_for(exc: BaseException) -> int:
-    for classes, code in EXIT_CODES:
-        if isinstance(exc, classes):
-            return code
-    return 1
+EXIT_INTERRUPTED = int(ExitCode.INTERRUPTED)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -211,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_command_line(parser, argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return int(ExitCode.USAGE)
     if args.command in ("start", "join"):  # a long-running node: before any thread starts (node/arenas.py)
         from node.arenas import limit_arenas
 
@@ -242,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dlx-node {args.command}: error: "
                   f"{disk_full_message(exc, 'stopped; free space and start again')}",
                   file=sys.stderr)
-            return 1
+            return int(ExitCode.UNEXPECTED)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return int(ExitCode.UNEXPECTED)
 
 
 if __name__ == "__main__":

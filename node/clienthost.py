@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from node.errors import NodeError
+from node.errors import NetworkUnreachable, NodeError
 
 #: Seconds to dial each peer of the run.
 DIAL_TIMEOUT_S = 10
@@ -23,7 +23,7 @@ DIAL_TIMEOUT_S = 10
 @contextmanager
 def client_host(
     peers: tuple[str, ...], workdir: Path, *, prefix: str, max_blob_bytes: int | None = None,
-    unreachable: Callable[[str], NodeError] = NodeError,
+    unreachable: Callable[[str], NodeError] = NetworkUnreachable,
 ) -> Iterator[tuple[Any, list[Any], Path]]:
     """(host, the peers it reached, its staging directory): a client-only host with a throwaway identity, its
     blob store in a staging directory under ``workdir`` that is removed with the host.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from node.errors import DataFetchError, DataMismatch, DataUnreachable
+from node.errors import DataFetchError, DataFetchUsage, DataMismatch, DataUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def default_cache_dir() -> Path:
 def lookup(name: str, catalog: dict[str, Dataset] | None = None) -> Dataset:
     catalog = DATASETS if catalog is None else catalog
     if name not in catalog:
-        raise DataFetchError(f"unknown dataset {name!r}: known are {', '.join(sorted(catalog))}")
+        raise DataFetchUsage(f"unknown dataset {name!r}: known are {', '.join(sorted(catalog))}")
     return catalog[name]
 
 
@@ -252,7 +252,7 @@ def fetch(name: str, cache_dir: Path | None = None, url: str = "", local: Path |
         if url:
             file_url = url if len(dataset.files) == 1 else url.rstrip("/") + "/" + pinned.name
         if urllib.parse.urlsplit(file_url).scheme not in ("http", "https"):
-            raise DataFetchError(f"{file_url!r}: not an http(s) URL (use --from for a local file)")
+            raise DataFetchUsage(f"{file_url!r}: not an http(s) URL (use --from for a local file)")
         _download(file_url, pinned, part)
         _accept(part, pinned, dest, file_url)
         report(pinned.name, f"downloaded from {file_url}")
@@ -261,7 +261,7 @@ def fetch(name: str, cache_dir: Path | None = None, url: str = "", local: Path |
 
 def resolve_text(name: str, file_name: str | None = None, extra_roots: Iterable[Path] = ()) -> Path:
     """A dataset file with the pinned bytes, for benchmarks: the cache first, then ``<root>/<name>/<file>``
-    under each of ``extra_roots`` (e.g. ``../shared/data``); else an error naming the fetch command."""
+    under each of ``extra_roots`` (laid out like the cache); else an error naming the fetch command."""
     dataset = lookup(name)
     pinned = dataset.files[0] if file_name is None else next(f for f in dataset.files if f.name == file_name)
     found = cached_path(name, pinned.name)

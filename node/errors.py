@@ -96,6 +96,13 @@ class RoundNotLinked(RoundNotTrusted):
     check = "hash chain link"
 
 
+class PullUnavailable(PullRefused):
+    """The checkpoint (or the run's tokenizer) is found nowhere: no ``--archive`` directory holds it and no
+    peer served it. Nothing is installed, as for any refusal."""
+
+    check = "found"
+
+
 class RunDocumentMissing(PullRefused):
     """No copy of the run document (by the chain's ``configHash``) was found: nothing can be checked against
     the run, so nothing is installed."""
@@ -115,7 +122,17 @@ class DataFetchError(NodeError):
     body."""
 
 
-class DataUnreachable(DataFetchError):
+class DataFetchUsage(DataFetchError, ConfigError):
+    """``dlx-node data fetch`` was asked for what it cannot do: an unknown dataset, a URL that is not http(s)
+    (a usage error, exit 2)."""
+
+
+class NetworkUnreachable(NodeError):
+    """Peers or a server the command needs could not be reached (no provider answered, a connection broke):
+    a network failure, exit 10, whatever the command."""
+
+
+class DataUnreachable(DataFetchError, NetworkUnreachable):
     """The dataset's server could not be reached, or the connection broke (offline, DNS, a reset): a network
     failure, exit 10 (``--from`` takes a copy made elsewhere, ``--url`` another mirror)."""
 

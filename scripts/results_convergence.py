@@ -81,7 +81,7 @@ def convergence(r: dict) -> list[str]:
         lines += [
             "Measured in pieces (each row also records the load average at its start and end): "
             + "; ".join(
-                f"`{piece['command'].replace(' --data /work/shared/data/tinyshakespeare/input.txt', '')}` "
+                f"`{piece['command'].replace(' --data $DLX_DATA_DIR/tinyshakespeare/input.txt', '')}` "
                 f"({piece.get('date', '?')}, load {piece['load_average']['start'][0]:.1f} at start)"
                 for piece in pieces
             )

@@ -3,14 +3,23 @@
 Every entry point that makes a run takes ``training.config.DEFAULT_ENCODER``;
 a run document that names no encoder (a run made before the setting existed)
 keeps ``LEGACY_ENCODER``, and one that names an encoder keeps it.
+
+The benchmark's default corpus is the one ``dlx-node data fetch`` keeps: these tests fetch it from a server
+of their own into an empty cache, so they pass in a user's clone with no corpus beside it (issue 65 point 18).
 """
 
+import hashlib
 import importlib.util
+import os
 import sys
+import threading
 import tomllib
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+import node.datafetch
 
 from node.config import load_config
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
@@ -19,6 +28,9 @@ from training.config import DEFAULT_ENCODER, LEGACY_ENCODER, EncoderVersion
 from training.config_compression import CompressionConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The shared corpus beside a developer's clone, used for the real pins only where it is there (a user's clone
+#: has none: DLX_SHARED_DATA=/nonexistent runs these tests as there).
+SHARED = Path(os.environ.get("DLX_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
 def test_the_default_is_a_registered_encoder_and_the_dataclass_default():
@@ -55,12 +67,78 @@ def test_a_run_document_keeps_the_encoder_it_names_and_one_naming_none_is_v1():
     assert node_config_from_run(legacy).compression.encoder == LEGACY_ENCODER == "v1"
 
 
-def test_the_benchmark_defaults_to_the_node_encoder(monkeypatch):
+@pytest.fixture
+def corpus_server(tmp_path, monkeypatch):
+    """What the benchmark's default corpus needs in a user's clone: an empty data cache (``$DLX_DATA_DIR``)
+    and tinyshakespeare's server, a real http.server on 127.0.0.1. It serves the real bytes under the real pin
+    where the shared corpus lies beside the clone; else made-up bytes under a pin of their own (the
+    catalog's entry replaced), so no test needs the corpus. Yields (the server's request paths, the pin)."""
+    real = SHARED / "tinyshakespeare" / "input.txt"
+    body = real.read_bytes() if real.is_file() else b"".join(b"line %d of a made-up corpus\n" % i
+                                                               for i in range(20_000))
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "input.txt").write_bytes(body)
+    requests: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def log_message(self, *args) -> None:  # quiet
+            requests.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    pinned = node.datafetch.DATASETS["tinyshakespeare"].files[0]
+    if not real.is_file():
+        pinned = node.datafetch.PinnedFile("input.txt", "", len(body), hashlib.sha256(body).hexdigest())
+    pinned = node.datafetch.PinnedFile(pinned.name, f"http://127.0.0.1:{server.server_address[1]}/input.txt",
+                                       pinned.size, pinned.sha256)
+    monkeypatch.setitem(node.datafetch.DATASETS, "tinyshakespeare",
+                        node.datafetch.Dataset("tinyshakespeare", "served here", (pinned,)))
+    monkeypatch.setenv("DLX_DATA_DIR", str(tmp_path / "cache"))
+    try:
+        yield requests, pinned
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _bench_diloco():
     spec = importlib.util.spec_from_file_location("bench_diloco_under_test", ROOT / "bench/bench_diloco.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_defaults_to_the_node_encoder(monkeypatch, corpus_server):
     monkeypatch.setattr(sys, "argv", ["bench_diloco.py"])
-    assert module.parse_args().encoder == DEFAULT_ENCODER
+    assert _bench_diloco().parse_args().encoder == DEFAULT_ENCODER
+
+
+def test_the_benchmark_defaults_to_the_fetched_corpus_fetched_once(monkeypatch, corpus_server, tmp_path):
+    requests, pinned = corpus_server
+    monkeypatch.setattr(sys, "argv", ["bench_diloco.py"])
+    module = _bench_diloco()
+    data = Path(module.parse_args().data)
+    assert data == tmp_path / "cache" / "tinyshakespeare" / "input.txt"
+    assert hashlib.sha256(data.read_bytes()).hexdigest() == pinned.sha256
+    assert len(requests) == 1  # fetched once, checked against its pin
+    assert Path(module.parse_args().data) == data and len(requests) == 1  # then the cache, not the server
+    monkeypatch.setattr(sys, "argv", ["bench_diloco.py", "--data", "other.txt"])
+    assert module.parse_args().data == "other.txt" and len(requests) == 1
+
+
+def test_the_benchmark_without_its_corpus_says_how_to_get_it(monkeypatch, corpus_server):
+    requests, pinned = corpus_server
+    dead = node.datafetch.PinnedFile(pinned.name, "http://127.0.0.1:9/input.txt", pinned.size, pinned.sha256)
+    monkeypatch.setitem(node.datafetch.DATASETS, "tinyshakespeare",
+                        node.datafetch.Dataset("tinyshakespeare", "offline", (dead,)))
+    monkeypatch.setattr(sys, "argv", ["bench_diloco.py"])
+    with pytest.raises(SystemExit, match="run 'dlx-node data fetch tinyshakespeare' .*--from FILE"):
+        _bench_diloco().parse_args()
+    assert requests == []
 
 
 @pytest.mark.parametrize("version", [v.value for v in EncoderVersion])

@@ -1,6 +1,6 @@
 """``dlx-node data fetch``: pinned public datasets from a real HTTP server on 127.0.0.1, honest and hostile.
 
-The served bytes are the repository's neighbour ``../shared/data`` files when they are there (or the directory
+The served bytes are the shared corpus's files beside the clone when they are there (or the directory
 ``$DLX_SHARED_DATA`` names), so the real pins are exercised; elsewhere the test makes its own file and pins it
 through a catalog of its own (``fetch(..., catalog=...)``).
 """
@@ -256,4 +256,4 @@ def test_cli_prints_the_paths_and_exits_with_an_error_line(served, tmp_path, cap
     assert "downloaded from" in err
     code = main(["data", "fetch", "wikitext-2", "--dir", str(tmp_path), "--url", server.base + "/nothing/"])
     out, err = capsys.readouterr()
-    assert code == 3 and "HTTP 404" in err and out == ""
+    assert code == 10 and "HTTP 404" in err and out == ""  # the dataset's server: exit 10

@@ -20,7 +20,7 @@ def _summary(benchmark):
 
 
 def _bench_result(loss_vs_ddp=0.0385, fewer=1010.4):
-    return {"args": {"data": "../shared/data/tinyshakespeare/input.txt", "rounds": 30, "inner_steps": 50},
+    return {"args": {"data": "$DLX_DATA_DIR/tinyshakespeare/input.txt", "rounds": 30, "inner_steps": 50},
             "summary": {"diloco_x": {"loss_vs_ddp": loss_vs_ddp, "fewer_bytes_than_ddp": fewer,
                                      "curve": [{"tokens": 256_000}, {"tokens": 1_536_000}]}}}
 

@@ -17,7 +17,8 @@ from node_fixtures import TINY
 from parts_fixtures import loose_base, loose_rooms
 
 from node.config import load_config
-from node.errors import StateError
+from node.errors import NetworkUnreachable, StateError
+from node.exitcodes import exit_code_for
 from node.live.round.entry import RunEntry
 from node.live.round.resume import first_contributed_round
 from node.live.state.roundbook import Announced, RoundBook
@@ -193,7 +194,8 @@ def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_rou
     rooms = loose_rooms(chain=PublishingChain(6), host=UnreachableHost(), membership=members,
                         coordinator=Coordinator())
     run_entry = RunEntry(base, rooms, worker=Worker(), contributor=None, finisher=None)
-    with pytest.raises(StateError) as refused:
+    with pytest.raises(NetworkUnreachable) as refused:  # none could be fetched: exit 10, not 4 (issue 65)
         run_entry.entry_point()
+    assert not isinstance(refused.value, StateError) and exit_code_for(refused.value) == 10
     tried = [part.split(":")[0] for part in str(refused.value).split(": ", 1)[1].split(" | ")]
     assert tried == ["round 5", "round 4", "round 6"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.errors import NodeError, PullRefused
+from node.errors import PullRefused, PullUnavailable
 from node.tools.hf_export import find_tokenizer, write_model_dir
 from training.config import ModelConfig
 from training.data import generated_text
@@ -107,6 +107,6 @@ def test_the_tokenizer_is_taken_only_with_its_hash(bpe, tmp_path):
     impostor.mkdir()
     (impostor / f"{tokenizer.sha256}.json").write_bytes(tokenizer.data.replace(b"<|endoftext|>",
                                                                                b"<|endoftxet|>"))
-    with pytest.raises(NodeError, match="found neither in --archive"):
+    with pytest.raises(PullUnavailable, match="found neither in --archive"):  # exit 9, as any refusal
         find_tokenizer(reference, [tmp_path])
     assert find_tokenizer("bytes").vocab_size == 256

@@ -346,6 +346,7 @@ def test_a_malformed_rpc_url_is_a_usage_error_and_an_unreachable_one_says_why_in
     assert proc.returncode == 5, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "Connection refused" in last and "HTTPConnectionPool" not in last and len(last) < 250, last
+    assert "host 127.0.0.1, port 9" in last and "check that the chain's node runs there" in last, last
 
 
 def test_leave_with_a_missing_config_names_the_file_join_writes(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from short_run_fixtures import cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from node.cli import exit_code_for
-from node.errors import NodeError, RunDocumentMissing
+from node.errors import NodeError, PullUnavailable, RunDocumentMissing
 from node.tools.evidence import PeerFetcher
 from node.tools.pull import NoCheckpoint, PullRefused, pull_checkpoint
 from node.tools.pull_cli import run_pull
@@ -170,7 +170,7 @@ def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
         pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
     document = run.nodes[0].data_dir / "archive" / f"run-{run.run_id}" / "run.json"
     (tmp_path / "run.json").write_bytes(document.read_bytes())
-    with pytest.raises(NodeError, match="no --archive directory holds it"):
+    with pytest.raises(PullUnavailable, match="no --archive directory holds it"):  # exit 9, as any refusal
         pull_checkpoint(client, run.run_id, tmp_path / "out", archives=[tmp_path], final_only=False)
     busy = tmp_path / "busy"
     busy.mkdir()

@@ -121,15 +121,23 @@ def test_big_integers_are_strings_for_javascript():
 
 
 def test_partial_envelope_payload_is_the_sliced_layout():
+    from ledger.merkle import merkle_root
     from training.slicemessages import PARTIAL_PREFIX, parse_partial
 
     vector = by_name(VECTORS["envelopes"])["partial"]
     payload = bytes.fromhex(vector["inputs"]["payload_hex"])
     assert payload.startswith(PARTIAL_PREFIX) and PARTIAL_PREFIX == b"dlx-partial/2"
     partial = parse_partial(payload)
-    assert (partial.slice_index, partial.num_slices, partial.num_inputs) == (1, 2, 3)
-    assert partial.inputs_root == hashlib.sha256(bytes([13])).digest()
-    assert partial.blob == bytes(range(64))
+    body = vector["partial_body"]
+    assert (partial.slice_index, partial.num_slices, partial.num_inputs) == (
+        body["slice_index"], body["num_slices"], body["num_inputs"]) == (1, 2, 2)
+    assert partial.blob == bytes.fromhex(body["blob_hex"])
+    # The root is derived from the close it aggregates: the close vector's envelope hashes, in its order.
+    close = msg.decode_payload(msg.CLOSE, bytes.fromhex(by_name(VECTORS["payloads"])["close"]["payload_hex"]))
+    hashes = [entry[2] for entry in close.contributions]
+    assert [bytes.fromhex(h) for h in body["input_hashes_hex"]] == hashes
+    assert len(hashes) == partial.num_inputs
+    assert partial.inputs_root == merkle_root(hashes) == bytes.fromhex(body["inputs_root_hex"])
 
 
 def test_envelope_payloads_are_the_payload_vectors():
@@ -210,8 +218,26 @@ def test_payload_vectors_cover_every_gossip_kind():
 
 @pytest.mark.parametrize("vector", VECTORS["rejected_payloads"], ids=lambda v: v["name"])
 def test_rejected_payload(vector):
-    with pytest.raises(msg.ProtocolError):
+    with pytest.raises(msg.ProtocolError) as refused:
         msg.decode_payload(vector["kind"], bytes.fromhex(vector["payload_hex"]))
+    # The step of docs/PROTOCOL.md's "The order of the checks" that refuses it: the first fault wins.
+    words = make_vectors.REFUSAL_STEPS.get(vector["step"])
+    assert (words in str(refused.value)) if words else not any(
+        w in str(refused.value) for w in make_vectors.REFUSAL_STEPS.values()), (vector["step"], refused.value)
+
+
+def test_two_faults_are_refused_for_the_earlier_check():
+    steps = {v["name"]: v["step"] for v in VECTORS["rejected_payloads"]}
+    assert steps["announce_extra_key_and_hash_31_bytes"] == 4 and steps["announce_hash_31_bytes"] == 7
+    assert steps["close_steps_empty_and_replica_negative"] == 5 and steps["close_replica_negative"] == 7
+    assert steps["attestation_stage_leaf_empty"] == 5 and steps["hello_nested_list"] == 3
+
+
+@pytest.mark.parametrize("vector", VECTORS["reordered_payloads"], ids=lambda v: v["name"])
+def test_a_payload_in_another_key_order_is_the_same_message(vector):
+    data, canonical = bytes.fromhex(vector["payload_hex"]), bytes.fromhex(vector["canonical_hex"])
+    assert data != canonical
+    assert msg.encode_payload(msg.decode_payload(vector["kind"], data)) == canonical
 
 
 def test_merkle_roots_and_proofs():

@@ -54,9 +54,16 @@ def run_prepare(args: argparse.Namespace) -> int:
     from training.shards import DEFAULT_SHARD_TOKENS
     from training.tokenizer import load_tokenizer
 
-    missing = [str(p) for p in [*args.inputs, *(args.eval_input or [])] if not Path(p).expanduser().exists()]
+    inputs = [*args.inputs, *(args.eval_input or [])]
+    if any(not str(p).strip() for p in inputs):  # `prepare "$(dlx-node data fetch ...)"` after a failed fetch
+        raise ConfigError("an input path is empty: did the command that should print it (dlx-node data fetch)"
+                          " fail? Run it alone first")
+    missing = [str(p) for p in inputs if not Path(p).expanduser().exists()]
     if missing:  # a usage error (exit 2), named before anything is read or written
         raise ConfigError(f"no such input file(s): {', '.join(missing)}")
+    not_files = [str(p) for p in inputs if not Path(p).expanduser().is_file()]
+    if not_files:
+        raise ConfigError(f"input(s) not a file: {', '.join(not_files)} (give the text or JSON Lines files)")
     out = Path(args.out).expanduser()
     interactive = sys.stderr.isatty() and not args.no_progress
     started = time.monotonic()

@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 
 from node.clienthost import client_host
-from node.errors import NodeError
+from node.errors import NetworkUnreachable, NodeError
 
 #: A run document is a few hundred bytes of JSON; a peer offering more is not offering one.
 MAX_RUN_DOCUMENT_BYTES = 64 * 1024
@@ -29,15 +29,15 @@ def fetch_blob(peers: tuple[str, ...], hash_hex: str, workdir: Path, max_bytes: 
     from p2p.errors import P2PError
 
     def unreachable(failures: str) -> NodeError:
-        return NodeError(f"no peer of the run is reachable ({failures}): check the peer multiaddrs and that "
-                         "this machine can reach them")
+        return NetworkUnreachable(f"no peer of the run is reachable ({failures}): check the peer multiaddrs "
+                                  "and that this machine can reach them")
 
     with client_host(peers, workdir, prefix=".join-fetch-", max_blob_bytes=max_bytes,
                      unreachable=unreachable) as (host, reached, staging):
         try:
             path = host.fetch_blob(hash_hex, staging / "blob", providers=reached, timeout=timeout)
         except P2PError as exc:
-            raise NodeError(
+            raise NetworkUnreachable(
                 f"{what} {hash_hex[:16]} could not be fetched from {len(reached)} peer(s): {exc}") from None
         data = path.read_bytes()
     # the blob protocol checked it; a second look costs nothing

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from node.errors import NodeError, PullRefused
+from node.errors import NodeError, PullRefused, PullUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def find_tokenizer(reference: str, archives: Iterable[str | Path] = (), fetcher:
                 raise PullRefused(f"tokenizer {digest[:16]} from peers refused: {exc}") from None
             except P2PError as exc:
                 logger.warning("tokenizer %s not downloaded: %s", digest[:16], exc)
-    raise NodeError(f"the run's tokenizer sha256:{digest} was found neither in --archive directories "
+    raise PullUnavailable(f"the run's tokenizer sha256:{digest} was found neither in --archive directories "
                     f"({TOKENIZER_DIR}/{digest}.json or a dataset's tokenizer.json) nor on peers")
 
 

@@ -40,8 +40,10 @@ from typing import Any
 from node.errors import (
     DLX_ERRORS,
     CheckpointInconsistent,
+    ConfigError,
     NodeError,
     PullRefused,
+    PullUnavailable,
     RoundNotTrusted,
     RunDocumentMissing,
 )
@@ -267,7 +269,7 @@ def _fetch_verified(
         inconsistent = [r for r in refusals if isinstance(r, CheckpointInconsistent)]
         raise (inconsistent[0] if inconsistent else refusals[0]).__class__("; ".join(map(str, refusals)))
     where = "no --archive directory holds it" if fetcher is None else f"no peer served it ({fetch_error})"
-    raise NodeError(
+    raise PullUnavailable(
         f"checkpoint {expected[:16]} of run {run.run_id} round {commit.round}: {where}; pass "
         "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive"
     )
@@ -307,7 +309,7 @@ def pull_checkpoint(
     """
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise NodeError(f"{out} exists and is not empty: choose a new output directory")
+        raise ConfigError(f"{out} exists and is not empty: choose a new output directory")
     archives = list(archives)
     history = client.history(run_id, with_registrations=False)
     cleared = cleared_disputes(client, history, archives)

@@ -268,15 +268,23 @@ def envelope_cases() -> list[dict[str, Any]]:
                                                                                _h(14)))))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
     # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2"
-    # || u32 j || u32 A || u32 n || inputs_root (32) || blob.
+    # || u32 j || u32 A || u32 n || inputs_root (32) || blob. Its inputs are the `close` payload vector's
+    # entries: n = their count, inputs_root = merkle_root of their envelope hashes in the close's order.
     cases.append(dict(name="partial", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=1, replica=0,
                       timestamp_ms=TIMESTAMP_MS,
-                      payload=partial_payload(1, 2, _h(13), 3, bytes(range(64)))))
+                      payload=partial_payload(1, 2, merkle_root(_close_hashes()), len(_close_hashes()),
+                                              bytes(range(64)))))
     cases.append(dict(name="integer_widths", run_id=(1 << 32), round=300, kind="widths", stage=128,
                       replica=65_536, timestamp_ms=TIMESTAMP_MS + 1, payload=b""))
     cases.append(dict(name="large_indices", run_id=(1 << 64) - 1, round=255, kind="x_1", stage=127,
                       replica=32, timestamp_ms=0, payload=b"\x00"))
     return cases
+
+
+def _close_hashes() -> list[bytes]:
+    """The envelope hashes the `close` payload vector closes, in its (canonical) order."""
+    close = next(message for name, _kind, message in payload_messages() if name == "close")
+    return [entry[2] for entry in close.contributions]
 
 
 def envelope_vectors() -> list[dict[str, Any]]:
@@ -307,6 +315,12 @@ def envelope_vectors() -> list[dict[str, Any]]:
             out[-1]["contribution_body"] = {
                 "state_hash_hex": body.state_hash.hex(), "data_commitment_hex": body.data_commitment.hex(),
                 "applied_hash_hex": body.applied_hash.hex(), "codec": codec_vector()}
+        if case["kind"] == msg.PARTIAL:  # the fixed layout's parts, the root derived from the close vector
+            out[-1]["partial_body"] = {
+                "slice_index": 1, "num_slices": 2, "num_inputs": len(_close_hashes()),
+                "inputs_from": "the payload vector 'close': its entries' envelope hashes, in its order",
+                "input_hashes_hex": [h.hex() for h in _close_hashes()],
+                "inputs_root_hex": merkle_root(_close_hashes()).hex(), "blob_hex": bytes(range(64)).hex()}
     return out
 
 
@@ -476,10 +490,51 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
          "a declared step count < 0"),
         ("close_steps_as_bool", msg.CLOSE, encoded(messages["close_time_bounded"], steps=[12, True]),
          "a bool is not a step count"),
+        ("attestation_stage_leaf_empty", msg.ATTESTATION,
+         encoded(messages["attestation_last_stage"], stage_leaf=b""),
+         "an optional key sent empty (step 5), refused before its length (160 bytes) is looked at"),
+        ("announce_extra_key_and_hash_31_bytes", msg.ANNOUNCE,
+         dict(encoded(messages["announce"], envelope_hash=_h(1)[:31]), extra=1),
+         "two faults: the extra key (step 4) names the refusal, not the short hash (step 7)"),
+        ("close_steps_empty_and_replica_negative", msg.CLOSE, encoded(
+            messages["close"], steps=[], contributions=[[-1, *messages["close"].contributions[0][1:]]]),
+         "two faults: the empty optional key (step 5), not the replica -1 (step 7)"),
     ]
     return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(),
-             "why": why}
+             "step": refusal_step(kind, msgpack.packb(fields, use_bin_type=True)), "why": why}
             for name, kind, fields, why in cases]
+
+
+#: The checks of node.protocol.decode_payload, in their order (docs/PROTOCOL.md, "The order of the checks"):
+#: the words of each step's refusal. Step 7 (the values) is every other refusal.
+REFUSAL_STEPS = {1: "carries no gossip payload", 2: "exceeds", 3: "is not msgpack",
+                 4: "must have exactly the keys", 5: "an empty optional field", 6: ": unexpected "}
+
+
+def refusal_step(kind: str, data: bytes) -> int:
+    """The step of decode_payload that refuses ``data`` (an error if it is accepted)."""
+    try:
+        msg.decode_payload(kind, data)
+    except msg.ProtocolError as exc:
+        return next((step for step, words in REFUSAL_STEPS.items() if words in str(exc)), 7)
+    raise AssertionError(f"{kind} payload {data.hex()} is accepted")
+
+
+def reordered_payload_vectors() -> list[dict[str, Any]]:
+    """Every payload vector of two keys or more with its keys reversed: accepted as the same message (a
+    receiver does not check key order; the canonical encoding is the sender's duty)."""
+    import msgpack
+
+    out = []
+    for vector in payload_vectors():
+        raw = msgpack.unpackb(bytes.fromhex(vector["payload_hex"]), raw=False)
+        if len(raw) < 2:
+            continue
+        reordered = dict(reversed(list(raw.items())))
+        out.append({"name": vector["name"], "kind": vector["kind"],
+                    "payload_hex": msgpack.packb(reordered, use_bin_type=True).hex(),
+                    "canonical_hex": vector["payload_hex"]})
+    return out
 
 
 _DROP = object()  # a key left out of a rejected payload
@@ -589,12 +644,15 @@ def contribution_payload_vectors() -> dict[str, Any]:
         {"name": "version 2, 7 inner steps declared", "payload_hex": declare_steps(v1, 7).hex(),
          "declared_steps": 7},
     ]
-    header = {"v": 2, "st": 2, "rd": 5, "t": entries}
     import msgpack
 
-    def bad(name: str, **fields: Any) -> dict[str, Any]:
-        message = {**header, **fields}
-        message.pop("ns", None) if fields.get("ns", 0) is None else None
+    # The keys in the encoder's order (v, st, rd, ns, t), so that each refused payload has one fault: its ns.
+    reordered = {"t": entries, "ns": 7, "rd": 5, "st": 2, "v": 2}
+    accepted.append({"name": "version 2, 7 steps, keys in another order (key order is not checked)",
+                     "payload_hex": msgpack.packb(reordered, use_bin_type=True).hex(), "declared_steps": 7})
+
+    def bad(name: str, ns: Any) -> dict[str, Any]:
+        message = {"v": 2, "st": 2, "rd": 5, **({} if ns is None else {"ns": ns}), "t": entries}
         return {"name": name, "payload_hex": msgpack.packb(message, use_bin_type=True).hex()}
 
     rejected = [bad("declares 0 steps", ns=0), bad("declares -1 steps", ns=-1),
@@ -627,6 +685,7 @@ def build() -> dict[str, Any]:
         "rejected_envelopes": rejected_vectors(),
         "payloads": payload_vectors(),
         "rejected_payloads": rejected_payload_vectors(),
+        "reordered_payloads": reordered_payload_vectors(),
         "merkle": merkle_vectors(),
         "eip712": eip712_vectors(),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},

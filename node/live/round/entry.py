@@ -21,7 +21,7 @@ from pathlib import Path
 
 from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
-from node.errors import DLX_ERRORS, StateError
+from node.errors import DLX_ERRORS, NetworkUnreachable, StateError
 from node.fsutil import atomic_write_bytes
 from node.live.worker.contributor import Contributor, PipelineBroken
 from node.live.exchange.coordination import CloseInterrupted, RoundStopped
@@ -203,7 +203,7 @@ class RunEntry:
                                                         else -c.round))
         undisputed = [c for c in newest_first if first_disputed is None or c.round < first_disputed]
         downstream = [c for c in newest_first if first_disputed is not None and c.round >= first_disputed]
-        refused = []
+        refused, unfetched = [], 0
         for candidate in undisputed + downstream:
             try:
                 ckpt = self._download_checkpoint(candidate.round, candidate.content_hash)
@@ -212,6 +212,7 @@ class RunEntry:
                             checkpoint_problems(ckpt, self.layout, candidate.round, record.weights_root))
             except DLX_ERRORS as exc:
                 problems = [str(exc)]
+                unfetched += isinstance(exc, P2PError)
             if problems:
                 refused.append(f"round {candidate.round}: {'; '.join(problems)}")
                 logger.error(
@@ -223,6 +224,10 @@ class RunEntry:
                     "entering from the checkpoint of round %d, at or after disputed round(s) %s: no "
                     "checkpoint before them verified", candidate.round, sorted(disputed))
             return ckpt
+        if unfetched == len(refused):  # none could be fetched: the network's fault, not the node's state
+            raise NetworkUnreachable("no published checkpoint of the run could be fetched (check [p2p] "
+                                     "bootstrap and that a peer serving the run is reachable): "
+                                     + " | ".join(refused)[:2000])
         raise StateError("no published checkpoint verifies against the run: " + " | ".join(refused)[:2000])
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:

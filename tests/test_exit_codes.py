@@ -1,0 +1,186 @@
+"""One meaning per exit code (issue 65 point 14): node/exitcodes.py is the one table, README.md lists it.
+
+README's "Exit codes" paragraph must say what :data:`node.exitcodes.MEANINGS` says, code for code; every
+error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run: usage
+(2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), and a join whose
+peers answer nothing against a real anvil (10).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger.account import dev_account
+from ledger.errors import AccountError, ChainUnavailable, LedgerError
+from node.errors import (
+    AuditFailed,
+    AuditIncomplete,
+    ConfigError,
+    DataFetchError,
+    DataFetchUsage,
+    DataMismatch,
+    DataUnreachable,
+    DiskFull,
+    NetworkUnreachable,
+    NodeError,
+    NotRegistered,
+    NotYet,
+    PortBusy,
+    PullUnavailable,
+    RoundPending,
+    StateError,
+)
+from node.exitcodes import EXIT_CODES, MEANINGS, ExitCode, exit_code_for
+from p2p.errors import P2PError
+from training.errors import TrainingError
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "node.cli"]
+
+
+def _readme_paragraph() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("Exit codes, one meaning each")
+    end = text.index("\n\n", start)
+    return " ".join(text[start:end].replace("`", "").split())
+
+
+def test_the_readme_lists_every_code_with_the_tables_meaning_and_no_other():
+    paragraph = _readme_paragraph()
+    expected = ("Exit codes, one meaning each (node/exitcodes.py): "
+                + ", ".join(f"{int(code)} {meaning}" for code, meaning in MEANINGS.items())
+                + ". Every error is one line saying what to fix.")
+    assert paragraph == expected
+    for code in (1, 130, 143):  # the codes of no error class are listed too
+        assert f" {code} " in paragraph
+
+
+def test_one_meaning_per_code_and_one_code_per_error_class():
+    assert set(MEANINGS) == set(ExitCode) and len({int(c) for c in ExitCode}) == len(ExitCode)
+    assert len(set(MEANINGS.values())) == len(MEANINGS)
+    classes = [cls for group, _ in EXIT_CODES for cls in group]
+    assert len(classes) == len(set(classes))
+    codes = [code for _, code in EXIT_CODES]
+    assert len(codes) == len(set(codes)), "two rows of the table give one code: merge them"
+    assert {ExitCode.OK, ExitCode.UNEXPECTED, ExitCode.INTERRUPTED, ExitCode.TERMINATED}.isdisjoint(codes)
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (ConfigError("x"), 2), (NodeError("x"), 3), (StateError("x"), 4), (DiskFull("x"), 4),
+    (ChainUnavailable("x"), 5), (NotRegistered("x"), 6), (AccountError("x"), 6), (PortBusy("x"), 7),
+    (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (P2PError("x"), 10),
+    (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (DataFetchError("x"), 10),
+    (DataMismatch("x"), 10), (DataFetchUsage("x"), 2), (LedgerError("x"), 11),
+    (TrainingError("x"), 12), (AuditIncomplete("x"), 13), (NotYet("x"), 14), (RuntimeError("x"), 1),
+])
+def test_each_kind_of_failure_has_its_code(error, code):
+    assert exit_code_for(error) == code
+
+
+def test_no_command_and_a_bad_option_are_usage_errors():
+    proc = subprocess.run(CLI, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    proc = subprocess.run([*CLI, "data", "fetch", "tinyshakespeare", "--no-such-option"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+
+
+def test_an_interrupted_command_exits_130_without_a_traceback(tmp_path):
+    with socket.socket() as server:  # accepts the connection (the kernel's backlog) and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/input.txt"
+        command = [*CLI, "data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", url]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        server.settimeout(0.5)
+        conn = None
+        try:
+            deadline = time.monotonic() + 60
+            while conn is None and time.monotonic() < deadline and proc.poll() is None:
+                try:  # it waits on the server once it connected
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+            time.sleep(1.0)
+            assert proc.poll() is None, proc.communicate()
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if conn is not None:
+                conn.close()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and re.search(r"interrupted", err), err
+
+
+def _readme_block_with(text: str) -> list[str]:
+    """The lines of README.md's bash block that holds ``text``."""
+    readme = (REPO / "README.md").read_text()
+    at = readme.index(text)
+    start = readme.rindex("```bash\n", 0, at) + len("```bash\n")
+    return readme[start:readme.index("```", at)].splitlines()
+
+
+def test_the_readmes_prepare_one_liner_stops_when_the_fetch_fails(tmp_path):
+    """Offline (a proxy that refuses), README's fetch-then-prepare stops at the fetch with its exit 10; it
+    never runs ``prepare ""``; and ``prepare ""`` alone says what went wrong (exit 2)."""
+    lines = _readme_block_with("data fetch tinyshakespeare) &&")
+    script = "\n".join(line for line in lines if "dlx-node demo" not in line).rstrip().removesuffix("&&")
+    assert "data prepare" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "dlx-node"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m node.cli \"$@\"\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "DLX_DATA_DIR": str(tmp_path / "cache"),
+           "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9", "no_proxy": "",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert proc.returncode == 10, proc.stderr
+    assert "--from" in proc.stderr and "data prepare" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "shakespeare-bpe").exists()
+    proc = subprocess.run([*CLI, "data", "prepare", "", "--out", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "an input path is empty" in proc.stderr, proc.stderr
+    proc = subprocess.run([*CLI, "data", "prepare", str(tmp_path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "not a file" in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def unserved_run(tmp_path_factory):
+    """A run on a real anvil whose one node is never started: its link names a peer nobody answers for."""
+    from node_fixtures import TINY
+
+    from node.commands.launcher import LocalRun
+
+    run = LocalRun(tmp_path_factory.mktemp("unserved"), replicas=1, stages=1, split=False,
+                   settings=[*TINY, "rounds=2"], stake_wei=10**18, attest_quorum=1, attest_quorum_bps=0,
+                   allow_weak_quorum=True)
+    run.setup()
+    yield run
+    run.stop()
+
+
+def test_a_join_whose_peers_cannot_be_reached_is_a_network_failure_10(unserved_run, tmp_path):
+    """The run document comes from the link's peers: none answers, so nothing can be joined (exit 10, the
+    network; was 3), and nothing is sent."""
+    command = [*CLI, "join", unserved_run.link(), "--data-dir", str(tmp_path / "n"), "--dev-account", "6",
+               "--yes", "--no-progress", "--no-start"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 10, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no peer of the run is reachable" in last and "check the peer multiaddrs" in last, last
+    client = unserved_run.client()
+    assert client.member(unserved_run.run_id, dev_account(6, unserved_run.chain_id).address) is None
