@@ -221,7 +221,7 @@ def test_the_printed_explorer_serves_at_once_and_its_loss_chart_has_axis_values(
     _run, printed, _out = kept
     args = _printed_after(printed, "watch the run in a browser")
     assert args[:2] == ["dlx-node", "explorer"], args
-    explorer = subprocess.Popen([*CLI, *args[2:], "--port", "0"], stdout=subprocess.PIPE,
+    explorer = subprocess.Popen([*CLI, *args[1:], "--port", "0"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
         line = explorer.stdout.readline()
