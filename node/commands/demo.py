@@ -227,10 +227,10 @@ def _keep_serving(run: LocalRun, out: Path):
     from node.errors import DLX_ERRORS
 
     cfg = load_config(run.nodes[0].config_path)
-    data = cfg.path(cfg.training.data_path) if cfg.training.data_path else Path(".")
+    data = [cfg.path(cfg.training.data_path)] if cfg.training.data_path else []
     try:  # a prepared dataset (a directory) is served too: an audit through the seeder reads its batches
         seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id,
-                                     datasets=[data] if (data / "manifest.json").is_file() else [])
+                                     datasets=[d for d in data if (d / "manifest.json").is_file()])
     except DLX_ERRORS as exc:  # the run is done and on chain: say how to pull without peers, go on
         archives = " ".join(f"--archive {slot.data_dir}" for slot in run.nodes)
         print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives "
