@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from node_fixtures import run_logs
+from node_fixtures import TINY, run_logs
 
 from training.data import generated_text
 from training.prepare import prepare_dataset, train_tokenizer
@@ -252,3 +252,26 @@ def test_the_printed_explorer_serves_at_once_and_its_loss_chart_has_axis_values(
     finally:
         explorer.terminate()
         explorer.wait(timeout=20)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_time_bounded_runs_summary_reads_each_replicas_declared_steps(make_run):
+    from node.commands.demosummary import format_summary, summarize
+
+    # Two replicas, rounds bounded by time: each replica declares the inner steps it trained (the count is the
+    # machine's load's; the summary reads them from the archived envelopes, as the audit recomputes them).
+    run = make_run(replicas=2, stages=1, split=False, settings=[
+        *TINY, "diloco.inner_steps=12", "diloco.round_budget_s=0.3", "diloco.min_inner_steps=2",
+        "diloco.overlap_steps=0", "rounds=2", "join_timeout=60"])
+    run.start()
+    assert run.wait(1200, progress=True), run_logs(run)
+    summary = summarize(run)
+    text = format_summary(summary)
+    for r in summary["rounds"]:
+        each = r["declared_steps"]
+        assert len(each) == 2 and all(2 <= n <= 12 for n in each), (r, text)
+        assert r["tokens"] == sum(each) * summary["tokens_per_step"], (r, text)  # what the record counts
+        cell = f"{sum(each)} ({each[0]}+{each[1]})" if each[0] != each[1] else str(sum(each))
+        row = next(line for line in text.splitlines() if line.startswith(f"  {r['round']:>5}  "))
+        assert row.endswith(f"  {cell:>11}"), (row, cell)
