@@ -76,6 +76,7 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
             "committed on chain (the run stopped before their commit, or the chain never took them) "
             "are not judged: no record binds their contributions")
     sample = sample_contributions(pairs, history.head_hash, count)
+    report.reexecuted = judged = {}  # how each sampled contribution was judged -> how many
     if progress is not None:
         progress(0, len(sample), "")
     for done, (round_index, replica) in enumerate(sample, 1):
@@ -86,7 +87,7 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
         except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
             result, reason, distance, unparsed = None, "", None, f"inputs do not parse: {exc}"
         how = "not rerun" if result is None else how_judged(result)
-        report.reexecuted[how] = report.reexecuted.get(how, 0) + 1
+        judged[how] = judged.get(how, 0) + 1
         if progress is not None:
             progress(done, len(sample), f"round {round_index} replica {replica}")
         if unparsed is not None:
