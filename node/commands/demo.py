@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from node.commands.demosummary import (
-    BENCHMARK_RESULT,
     benchmark_figure,
+    benchmark_result,
     centralized_reference_loss,
     format_summary,
     summarize,
@@ -226,17 +226,19 @@ def _keep_serving(run: LocalRun, out: Path):
     from node.commands.seeder import ArchiveSeeder
     from node.errors import DLX_ERRORS
 
-    try:
-        seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id)
+    cfg = load_config(run.nodes[0].config_path)
+    data = [cfg.path(cfg.training.data_path)] if cfg.training.data_path else []
+    try:  # a prepared dataset (a directory) is served too: an audit through the seeder reads its batches
+        seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id,
+                                     datasets=[d for d in data if (d / "manifest.json").is_file()])
     except DLX_ERRORS as exc:  # the run is done and on chain: say how to pull without peers, go on
         archives = " ".join(f"--archive {slot.data_dir}" for slot in run.nodes)
         print(f"\nthe chain stays up at {run.url}; the seeder did not start ({exc}): pull from the archives "
               f"with\n  dlx-node pull --rpc {run.url} --run {run.run_id} --deployment "
               f"{out / 'deployment.json'} {archives} {out / 'model'} --pending", flush=True)
         return None
-    checkpoint_every = load_config(run.nodes[0].config_path).checkpoint_every
     link = run_link(run.chain_id, run.ledger, run.run_id, run.url, [seeder.multiaddr],
-                    checkpoint_every=checkpoint_every)
+                    checkpoint_every=cfg.checkpoint_every)
     print(f"\nthe chain stays up at {run.url}, and a seeder serves the nodes' checkpoints and archives at "
           f"{seeder.multiaddr}; Ctrl-C (or SIGTERM) stops both", flush=True)
     mined = _close_dispute_windows(run)
@@ -289,7 +291,7 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
         print("training the centralized reference on the same tokens (skip with --no-reference) ...",
               flush=True)
         summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
-        summary["benchmark"] = benchmark_figure(BENCHMARK_RESULT)
+        summary["benchmark"] = benchmark_figure(benchmark_result(summary["family"]))
     print(format_summary(summary), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return ok

@@ -18,6 +18,14 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon"}
 #: The training benchmark's one current result (bench/bench_diloco.py): DiLoCoX against centralized
 #: training at a real token budget, printed beside the demo's own short-run figure.
 BENCHMARK_RESULT = Path(__file__).resolve().parents[2] / "bench" / "results" / "diloco.json"
+#: The benchmark's result per model family (a Llama demo is read against the Llama run of the benchmark, a
+#: BPE tokenizer's figure, not GPT-2's byte-level one).
+BENCHMARK_RESULTS = {"gpt2": BENCHMARK_RESULT, "llama": BENCHMARK_RESULT.with_name("diloco_llama.json")}
+
+
+def benchmark_result(family: str) -> Path:
+    """The training benchmark's result for a model family (GPT-2's for a family it did not run)."""
+    return BENCHMARK_RESULTS.get(family, BENCHMARK_RESULT)
 
 
 def centralized_reference_loss(run: LocalRun, rounds: int) -> float:
@@ -61,6 +69,7 @@ def benchmark_figure(path: Path) -> dict:
                   "fewer_bytes": float(x["fewer_bytes_than_ddp"]),
                   "tokens": int(max(point["tokens"] for point in x["curve"])),
                   "rounds": int(settings["rounds"]), "inner_steps": int(settings["inner_steps"]),
+                  "family": str(settings.get("family", "gpt2")), "preset": str(settings.get("preset", "")),
                   "data": Path(str(settings["data"])).parent.name or str(settings["data"]),
                   # A result recorded before bench_diloco.py had --optimizer trained with AdamW.
                   "optimizer": str(settings.get("optimizer", LEGACY_OPTIMIZER))}
@@ -81,10 +90,11 @@ def summarize(run: LocalRun) -> dict:
     history = client.history(run.run_id)
     cfg = load_config(run.nodes[0].config_path)
     params = count_params(cfg.model)
+    declared = _declared_steps(run, cfg)
     rounds = [{"round": c.commit.round, "eval_loss": from_micro(c.commit.eval_loss_micro),
                "train_loss": from_micro(c.commit.train_loss_micro), "contributors": c.commit.num_contributors,
                "weights_root": c.commit.weights_root.hex(), "attesters": list(c.attesters),
-               "tokens": c.commit.tokens}
+               "tokens": c.commit.tokens, "declared_steps": declared.get(c.commit.round, [])}
               for c in history.commits]
     sent = sum(slot.status().get("bytes_sent", 0) for slot in run.nodes)
     # Pseudo-gradient traffic alone: every archived contribution envelope, counted once, is
@@ -125,7 +135,7 @@ def summarize(run: LocalRun) -> dict:
         "unbonding_blocks": history.run.unbonding_blocks,
         "members": len({m.account for m in history.memberships}),
         "rpc_url": run.url, "registry": run.registry, "ledger": run.ledger,
-        "model_params": params, "rounds": rounds, "bytes_sent_all_nodes": sent,
+        "model_params": params, "rounds": rounds, "family": cfg.model.family, "bytes_sent_all_nodes": sent,
         "pseudo_gradient_bytes": exchange, "inner_steps": cfg.diloco.inner_steps, "tokens": tokens,
         "round_budget_s": cfg.diloco.round_budget_s, "optimizer": cfg.training.optimizer,
         "tokens_per_step": cfg.training.batch_size * cfg.model.block_size,
@@ -134,6 +144,37 @@ def summarize(run: LocalRun) -> dict:
         "latest_checkpoint_file": ckpt_path, "disputes": len(history.disputes), "workdir": str(run.workdir),
         "node_dirs": [str(slot.data_dir) for slot in run.nodes],
     }
+
+
+def _declared_steps(run: LocalRun, cfg) -> dict[int, list[int]]:
+    """round -> the inner steps each replica's last-stage contribution declared, by replica, in a run bounded
+    by time (read from the nodes' archives, as the audit recomputes them); {} in a fixed-H run."""
+    if not cfg.diloco.budgeted:
+        return {}
+    from node.live.state.closesteps import envelope_steps
+    from node.tools.audit_archives import AuditArchives
+
+    archives = AuditArchives([slot.data_dir for slot in run.nodes], run.run_id)
+    steps_range = (cfg.diloco.min_inner_steps or 1, cfg.diloco.inner_steps)
+    last = cfg.pipeline.num_stages - 1
+    declared: dict[int, list[int]] = {}
+    for round_index, entries in archives.sealed().items():
+        steps = []
+        for _stage, _replica, _peer, hash_hex in sorted(e for e in entries if e[0] == last):
+            envelope = archives.envelope(round_index, hash_hex)
+            steps.append(envelope_steps(envelope, steps_range) if envelope is not None else 0)
+        declared[round_index] = steps
+    return declared
+
+
+def _steps_cell(r: dict, tokens_per_step: int) -> str:
+    """The round's inner steps, all replicas together; each replica's too where they declared different
+    counts (a run bounded by time)."""
+    total = r.get("tokens", 0) // max(1, tokens_per_step)
+    each = r.get("declared_steps") or []
+    if len(set(each)) > 1:
+        return f"{total} ({'+'.join(map(str, each))})"
+    return str(total)
 
 
 def _benchmark_lines(s: dict) -> list[str]:
@@ -146,9 +187,10 @@ def _benchmark_lines(s: dict) -> list[str]:
         return [demo]
     if "missing" in bench:
         return [demo, f"  the training benchmark's result {bench['path']}: {bench['missing']}"]
+    model = f"{bench['preset']}, " if bench.get("preset") else ""
     measured = (
-        f"  at a real budget ({bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds of "
-        f"H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
+        f"  at a real budget ({model}{bench['tokens']:,} tokens of {bench['data']}, {bench['rounds']} rounds "
+        f"of H={bench['inner_steps']}) DiLoCoX is {100 * bench['loss_vs_ddp']:+.1f}% against centralized "
         f"{OPTIMIZER_NAMES.get(bench.get('optimizer'), bench.get('optimizer'))} "
         f"with {bench['fewer_bytes']:.0f}x fewer bytes ({bench['path']}, from bench/bench_diloco.py)")
     return [demo, measured]
@@ -159,12 +201,12 @@ def format_summary(s: dict) -> str:
                   f"parameters), each signed by at least {s['attest_quorum']} of the run's {s['members']} "
                   f"staked members ({s['stake_wei'] / 1e18:g} ETH each, unbonding "
                   f"{s['unbonding_blocks']} blocks)"),
-             "  round  held-out  train   contributors  attesters  inner steps  weights root"]
+             "  round  held-out  train   contributors  attesters  weights root      inner steps"]
     for r in s["rounds"]:
-        steps = r.get("tokens", 0) // max(1, s.get("tokens_per_step", 1))  # of every contributor together
         lines.append(
             f"  {r['round']:>5}  {r['eval_loss']:8.4f}  {r['train_loss']:6.4f}  {r['contributors']:>12}  "
-            f"{len(r['attesters']):>9}  {steps:>11}  {r['weights_root'][:16]}")
+            f"{len(r['attesters']):>9}  {r['weights_root'][:16]}  "
+            f"{_steps_cell(r, s.get('tokens_per_step', 1)):>11}")
     allreduce = s["allreduce_bytes_equivalent"]
     exchange = s["pseudo_gradient_bytes"]
     reference = s.get("centralized_reference_eval_loss")

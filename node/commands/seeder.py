@@ -2,14 +2,18 @@
 
 After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder
 serves, by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its
-sha256 is the on-chain ``configHash``), every checkpoint file and every archived contribution envelope. It
-trains nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client
-against the chain, so serving a wrong file would only make it refuse the download.
+sha256 is the on-chain ``configHash``), every checkpoint file, every archived contribution envelope and the
+run's tokenizer. Each round's list of contributions (what the nodes sealed in ``round.json``) is served under
+its Merkle root, the commit's ``contributionsRoot``, the key an auditor knows from the chain (``audit LINK``
+needs the lists: the coordinators' ``close`` gossip that carried them is gone with the nodes). It trains
+nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client against the
+chain, so serving a wrong file would only make it refuse the download.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -42,6 +46,30 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
     return found
 
 
+def round_lists(node_dirs: Iterable[Path], run_id: int) -> dict[str, bytes]:
+    """contributions root hex -> a round's list as JSON (``{"round", "contributions"}``, round.json's layout):
+    each archive's sealed list and, per round, their union (a node of a split cluster seals only its stages),
+    each in canonical order (stage, replica, peer id, hash) and keyed by its Merkle root."""
+    from ledger.merkle import merkle_root
+    from node.tools.evidence import listed_entries
+
+    lists: dict[int, list[set[tuple]]] = {}
+    for directory in map(Path, node_dirs):
+        for path in sorted((directory / "archive" / f"run-{run_id}").glob("round-*/round.json")):
+            try:
+                round_index = int(path.parent.name.removeprefix("round-"))
+                lists.setdefault(round_index, []).append(set(listed_entries(path.read_bytes(), round_index)))
+            except (ValueError, KeyError, TypeError, OSError, RecursionError):
+                continue  # not a list an auditor could use; it checks every list it gets anyway
+    served: dict[str, bytes] = {}
+    for round_index, sets in lists.items():
+        for entries in [*sets, set().union(*sets)]:
+            ordered = sorted(entries)
+            root = merkle_root([bytes.fromhex(h) for _s, _r, _p, h in ordered]).hex()
+            served.setdefault(root, json.dumps({"round": round_index, "contributions": ordered}).encode())
+    return served
+
+
 class ArchiveSeeder:
     """A listening host serving :func:`archived_files` of ``node_dirs``; ``multiaddr`` to give to clients."""
 
@@ -52,13 +80,19 @@ class ArchiveSeeder:
 
     @classmethod
     def start(cls, node_dirs: Iterable[Path], run_id: int, listen_host: str = "127.0.0.1",
-              listen_port: int = 0) -> ArchiveSeeder:
+              listen_port: int = 0, datasets: Iterable[Path] = ()) -> ArchiveSeeder:
+        """Serve the archives of ``node_dirs`` and the prepared ``datasets`` the run trained on (its shards
+        and manifest, as a node serves them: an audit of the run reads its batches from them)."""
         from p2p.config import P2PConfig
         from p2p.errors import P2PError
         from p2p.host import P2PHost
+        from node.shardfetch import serve_dataset
         from p2p.identity import Identity
+        from training.errors import ShardError
 
+        node_dirs = list(node_dirs)
         served = archived_files(node_dirs, run_id)
+        lists = round_lists(node_dirs, run_id)
         workdir = Path(tempfile.mkdtemp(prefix="dlx-seeder-"))
         host = P2PHost.start(P2PConfig(listen_host=listen_host, listen_port=listen_port,
                                        gossip_resync_interval=0),
@@ -66,11 +100,16 @@ class ArchiveSeeder:
         try:
             for sha256_hex, path in served.items():
                 host.provide_file(path, sha256_hex)
-        except (P2PError, OSError):
+            for root_hex, data in lists.items():
+                host.provide_alias(root_hex, host.provide_blob(data, announce=False))
+            for directory in datasets:
+                serve_dataset(host, directory)
+        except (P2PError, OSError, ShardError):
             host.close()
             shutil.rmtree(workdir, ignore_errors=True)
             raise
-        logger.info("seeder %s serves %d archived files of run %d", host.peer_id, len(served), run_id)
+        logger.info("seeder %s serves %d archived files and %d round lists of run %d", host.peer_id,
+                    len(served), len(lists), run_id)
         return cls(host, workdir, served)
 
     @property

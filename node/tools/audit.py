@@ -227,6 +227,7 @@ def audit_run(
     check_code: bool = True,
     data_path: str | Path | None = None,
     reexecute: int = 0,
+    reexec_progress: Progress | None = None,
 ) -> AuditReport:
     """Audit run ``run_id`` (module docstring): return an :class:`AuditReport`, never raise on a finding.
 
@@ -241,6 +242,7 @@ def audit_run(
             project's generated corpus can be screened here).
         reexecute: Rerun this many sampled contributions (-1: all) and every ejection's evidence
             (:mod:`node.tools.audit_reexec`); 0: none.
+        reexec_progress: Called as ``progress(done, total, what)`` after each of those reruns.
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -265,7 +267,7 @@ def audit_run(
         from node.tools.audit_reexec_checks import reexec_checks
 
         mark = time.perf_counter()
-        reexec_checks(report, history, replayer, archives, reexecute)
+        reexec_checks(report, history, replayer, archives, reexecute, reexec_progress)
         timings["reexecute_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]
@@ -344,6 +346,8 @@ def _check_rounds(
     previous_block = run.block_number
     previous_round = -1
     total = len(history.commits)
+    if progress is not None:
+        progress(0, total, "")
     for index, (record, verdict) in enumerate(zip(history.commits, report.rounds, strict=True)):
         commit = record.commit
         if replayer is not None and replay:

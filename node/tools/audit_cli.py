@@ -1,6 +1,7 @@
 """The dlx-node audit command: arguments in, the audit run, the report written, the exit code out."""
 
 import sys
+import time
 from typing import Any
 
 from node.errors import AuditFailed, AuditIncomplete, ConfigError
@@ -15,28 +16,49 @@ from node.tools.report import (
 
 # ---------------------------------------------------------------------- the command
 class _ProgressBar:
-    """A progress bar on stderr (redrawn in place on a terminal; a line every 10% otherwise)."""
+    """Progress on stderr: on a terminal a bar redrawn in place, done of how many and an estimate of the time
+    left, whatever the total; otherwise a line every 10% of ``min_total`` or more."""
 
-    def __init__(self, stream: Any = None, min_total: int = 20) -> None:
+    def __init__(self, stream: Any = None, min_total: int = 20, label: str = "rounds checked") -> None:
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.label = label
         self.min_total = min_total
         self._last_decile = -1
+        self._started: float | None = None
 
     def __call__(self, done: int, total: int, what: str) -> None:
-        if total < self.min_total:
+        if total < 1 or (not self.tty and total < self.min_total):
             return
-        fraction = done / total
+        now = time.monotonic()
+        if self._started is None or done == 0:
+            self._started = now
         if self.tty:
-            filled = int(30 * fraction)
-            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {what:<14}")
+            filled = int(30 * done / total)
+            detail = f" ({what})" if what else ""
+            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {self.label}{detail}, "
+                              f"{_left(now - self._started, done, total)}\033[K")
             if done == total:
                 self.stream.write("\n")
             self.stream.flush()
-        elif int(fraction * 10) > self._last_decile:
-            self._last_decile = int(fraction * 10)
-            self.stream.write(f"audit: {done}/{total} rounds checked\n")
+        elif int(done / total * 10) > self._last_decile:
+            self._last_decile = int(done / total * 10)
+            self.stream.write(f"audit: {done}/{total} {self.label}\n")
             self.stream.flush()
+
+
+def _left(elapsed: float, done: int, total: int) -> str:
+    """An estimate of the time left at the pace so far."""
+    if done >= total:
+        return f"done in {_duration(elapsed)}"
+    if done == 0:
+        return "estimating the time left"
+    return f"about {_duration(elapsed / done * (total - done))} left"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def _reexecute_count(value: str) -> int:
@@ -73,6 +95,7 @@ def run_audit(args: Any) -> int:
             progress=_ProgressBar(),
             data_path=getattr(args, "data", "") or None,
             reexecute=_reexecute_count(getattr(args, "reexecute", "0")),
+            reexec_progress=_ProgressBar(min_total=1, label="contributions re-executed"),
         )
     finally:
         if fetcher is not None:
@@ -100,6 +123,8 @@ def run_audit(args: Any) -> int:
         + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else "")
     )
     print(report.summary())
+    if report.reexecuted:
+        print(report.reexecution_line())
     if report.failed:
         first, bad = report.first_bad_round, report.first_failure()
         where = f"first bad round {first}" if first is not None else "a chain-level item"

@@ -59,8 +59,9 @@ def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[i
     return pairs, sorted(r for r in sealed if r not in committed)
 
 
-def reexec_checks(report, history, replayer, archives, count: int) -> None:
-    """Append the re-execution checks to ``report.general`` (module docstring)."""
+def reexec_checks(report, history, replayer, archives, count: int, progress=None) -> None:
+    """Append the re-execution checks to ``report.general`` (module docstring), count the reruns by how they
+    were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun."""
     if replayer is None:
         report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
         return
@@ -74,12 +75,23 @@ def reexec_checks(report, history, replayer, archives, count: int) -> None:
             f"re-execution: round(s) {', '.join(map(str, unrecorded))} sealed in the archives but not "
             "committed on chain (the run stopped before their commit, or the chain never took them) "
             "are not judged: no record binds their contributions")
-    for round_index, replica in sample_contributions(pairs, history.head_hash, count):
+    sample = sample_contributions(pairs, history.head_hash, count)
+    report.reexecuted = judged = {}  # how each sampled contribution was judged -> how many
+    if progress is not None:
+        progress(0, len(sample), "")
+    for done, (round_index, replica) in enumerate(sample, 1):
         name = f"re-execution of round {round_index} replica {replica}"
+        unparsed = None
         try:
             result, reason, distance = auditor.check(round_index, replica)
         except (*DLX_ERRORS, EnvelopeRejected, ValueError, OSError) as exc:
-            report.general.append(Check(name, FAIL, f"inputs do not parse: {exc}", round_index))
+            result, reason, distance, unparsed = None, "", None, f"inputs do not parse: {exc}"
+        how = "not rerun" if result is None else how_judged(result)
+        judged[how] = judged.get(how, 0) + 1
+        if progress is not None:
+            progress(done, len(sample), f"round {round_index} replica {replica}")
+        if unparsed is not None:
+            report.general.append(Check(name, FAIL, unparsed, round_index))
             continue
         if result is None:
             report.general.append(Check(name, UNVERIFIABLE, reason, round_index))

@@ -94,12 +94,15 @@ class Replayer:
             from dataclasses import replace
 
             from node.runconfig import file_sha256
+            from node.tools.audit_dataset import dataset_from_peers
             from training.data import check_corpus, corpus_from_config
             from training.shards import ROOT_PREFIX
             from training.sharded_corpus import open_run_dataset
 
             try:
                 if self.data_sha256.startswith(ROOT_PREFIX):
+                    if not self.data_path:  # its peers serve it (node/tools/audit_dataset.py)
+                        self.data_path = dataset_from_peers(self.sources, self.data_sha256[len(ROOT_PREFIX):])
                     if not self.data_path:
                         raise FileNotFoundError(
                             f"the run trained on the prepared dataset {self.data_sha256[:25]}...; "

@@ -25,14 +25,15 @@ MAX_ENVELOPE_BYTES = 2 << 30
 
 
 def _candidate_sets(
-    sources: list, round_index: int, num_stages: int
+    sources: list, round_index: int, num_stages: int, root_hex: str = ""
 ) -> tuple[list[list[tuple[int, int, str, str]]], list[int]]:
     """Full canonical contribution lists to try (one distinct per-stage list per stage, combined), and the
-    stages no source lists (then the evidence is incomplete and nothing is tried)."""
+    stages no source lists (then the evidence is incomplete and nothing is tried); ``root_hex``, the commit's
+    contributions root, names the list a peer may serve under it."""
     per_stage: dict[int, list[tuple]] = {s: [] for s in range(num_stages)}
     for source in sources:
         try:
-            lists = source.round_lists(round_index)
+            lists = source.round_lists(round_index, root_hex)
         except DLX_ERRORS as exc:
             logger.debug("%s: %s", source.name, exc)
             continue
@@ -56,7 +57,7 @@ def _contribution_root(entries: list[tuple[int, int, str, str]]) -> bytes:
 
 def _committed_entries(verdict: RoundVerdict, commit: Any, sources: list, num_stages: int) -> list | None:
     """The listed contributions whose Merkle root is the commit's (a check appended either way), or None."""
-    candidates, unlisted = _candidate_sets(sources, commit.round, num_stages)
+    candidates, unlisted = _candidate_sets(sources, commit.round, num_stages, commit.contributions_root.hex())
     if unlisted:
         what = "this round's contributions" if len(unlisted) == num_stages \
             else f"stage(s) {unlisted} of this round"

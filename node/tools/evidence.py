@@ -19,7 +19,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 300.0
 MAX_DHT_MISSES = 3
+MAX_LIST_BYTES = 1 << 20  # a round's contribution list served under its root (JSON, ~150 bytes an entry)
 
 
 def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str) -> list[Path]:
@@ -138,6 +139,17 @@ class PeerFetcher:
         finally:
             dest.unlink(missing_ok=True)
 
+    def fetch_keyed(self, key_hex: str, max_bytes: int, timeout: float = 30.0) -> Iterator[bytes]:
+        """What each bootstrap peer that has it serves under ``key_hex`` (a name that is not the content's
+        sha256, such as a round's contributions root), unverified, one peer at a time as the caller reads."""
+        from p2p.errors import P2PError
+
+        for peer in self.bootstrap_peers:
+            try:
+                yield self.host.fetch_alias(key_hex, peer, max_bytes, timeout=timeout)
+            except P2PError as exc:
+                logger.debug("%s under %s: %s", peer[-8:], key_hex[:16], exc)
+
     def close_lists(self, run_id: int) -> dict[int, dict[int, list[list[tuple[int, int, str, str]]]]]:
         """Contribution lists of the run's recent ``close`` messages: round -> stage -> [entries].
 
@@ -181,6 +193,20 @@ class PeerFetcher:
         return out
 
 
+def listed_entries(data: bytes, round_index: int) -> list[tuple[int, int, str, str]]:
+    """A round's contribution list from round.json's layout (``{"round", "contributions"}``), checked for
+    shape only (the caller checks its Merkle root against the chain); raises ValueError, KeyError or
+    TypeError."""
+    doc = json.loads(data)
+    entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
+    if int(doc.get("round", round_index)) != round_index:
+        raise ValueError(f"it says round {doc.get('round')}")
+    for _s, _r, _p, h in entries:
+        if len(h) != 64 or set(h) - set("0123456789abcdef"):
+            raise ValueError(f"{h[:80]!r} is not a sha256 hex digest")
+    return entries
+
+
 class ArchiveSource:
     """Evidence from a local directory: a node's data dir, its ``archive`` dir or a ``run-<id>`` dir.
 
@@ -203,7 +229,7 @@ class ArchiveSource:
             return []
         return [(self.run_dir / "run.json").read_bytes()]
 
-    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+    def round_lists(self, round_index: int, root_hex: str = "") -> list[list[tuple[int, int, str, str]]]:
         """The archived contribution lists of ``round_index`` (0 or 1 list; entries (stage, replica, peer,
         hex))."""
         if self.run_dir is None:
@@ -212,17 +238,10 @@ class ArchiveSource:
         if not path.exists():
             return []
         try:
-            doc = json.loads(path.read_text())
-            entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
-            if int(doc.get("round", round_index)) != round_index:
-                raise ValueError(f"it says round {doc.get('round')}")
-            for _s, _r, _p, h in entries:
-                if len(h) != 64 or set(h) - set("0123456789abcdef"):
-                    raise ValueError(f"{h[:80]!r} is not a sha256 hex digest")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return [listed_entries(path.read_bytes(), round_index)]
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             logger.warning("%s: round %d manifest unreadable: %s", self.name, round_index, exc)
             return []
-        return [entries]
 
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
         if self.run_dir is None:
@@ -300,11 +319,23 @@ class PeerSource:
     def blob(self, hash_hex: str) -> bytes | None:
         return self.fetcher.fetch(hash_hex)
 
-    def round_lists(self, round_index: int) -> list[list[tuple[int, int, str, str]]]:
+    def round_lists(self, round_index: int, root_hex: str = "") -> list[list[tuple[int, int, str, str]]]:
+        """The round's lists in the run's recent ``close`` gossip; else (a finished run's peers gossip no
+        more) the list a peer serves under the commit's contributions root ``root_hex`` (a seeder:
+        node/commands/seeder.py)."""
         if self._closes is None:
             self._closes = self.fetcher.close_lists(self.run_id)
         by_stage = self._closes.get(round_index, {})
-        return [entries for stage in sorted(by_stage) for entries in by_stage[stage]]
+        lists = [entries for stage in sorted(by_stage) for entries in by_stage[stage]]
+        if lists or not root_hex:
+            return lists
+        for data in self.fetcher.fetch_keyed(root_hex, MAX_LIST_BYTES):
+            try:
+                return [listed_entries(data, round_index)]
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                logger.info("round %d: a peer's list under %s is unusable: %s", round_index, root_hex[:16],
+                            exc)
+        return []
 
     def envelope(self, round_index: int, hash_hex: str) -> bytes | None:
         return self.fetcher.fetch(hash_hex)

@@ -10,8 +10,9 @@ tokenizer) and ``max_length`` to the model's context (``n_positions``): GPT-2 ha
 embedding per position, and a sequence longer than the context indexes past that table (``IndexError``
 in ``wpe``); Llama's rotary positions have no table, but it never trained beyond its context. With this file
 ``generate()`` called without a length stops at the context. An explicit ``max_new_tokens`` still takes
-precedence in transformers (``GenerationMixin._prepare_generated_length``), so the card says to keep prompt +
-new tokens within the context, and ``custom_generate/generate.py`` (loaded only with
+precedence in transformers (``GenerationMixin._prepare_generated_length``), and beside the file's
+``max_length`` it makes transformers warn that both are set: the card's and pull's snippets pass
+``max_length`` (prompt + new tokens within the context), and ``custom_generate/generate.py`` (loaded only with
 ``trust_remote_code=True``) offers nanoGPT's sliding window for longer generations.
 """
 
@@ -84,8 +85,9 @@ def _context_note(family: str, block: int) -> str:
         limit = (f"The model was trained on windows of {block} tokens; its rotary positions go further, but "
                  "what it writes beyond them is untrained.")
     return (
-        f"{limit} `generation_config.json` makes `generate()` without a length stop at {block} tokens; an "
-        "explicit `max_new_tokens` takes precedence in transformers. For longer text, load with "
+        f"{limit} `generation_config.json` makes `generate()` without a length stop at {block} tokens "
+        "(prompt and new tokens); pass `max_length` for fewer (`max_new_tokens` beside the file's "
+        "`max_length` makes transformers warn that both are set). For longer text, load with "
         "`trust_remote_code=True`: `custom_generate/generate.py` (written by dlx-node, nanoGPT's sliding "
         f"window) then feeds the model only the last {block} tokens at every step.")
 
@@ -182,7 +184,7 @@ def _card_body(p: dict[str, Any], model: dict[str, Any], rpc_url: str, peers: li
         'model = AutoModelForCausalLM.from_pretrained("./model")',
         'tok = AutoTokenizer.from_pretrained("./model")',
         'ids = tok("To be", return_tensors="pt")',
-        f"out = model.generate(**ids, max_new_tokens={max(1, block - 8)})  # prompt + new tokens <= {block}",
+        f"out = model.generate(**ids, max_length={block})  # prompt + new tokens <= {block}",
         "print(tok.decode(out[0]))",
         "```",
         "",

@@ -52,9 +52,11 @@ def run_pull(args: Any) -> int:
         f'AutoTokenizer.from_pretrained("{out}"); model = AutoModelForCausalLM.from_pretrained("{out}")'
     )
     print(f"model card with the provenance and the audit command: {out}/README.md")
-    new_tokens = max(1, min(40, result.block_size - 8))  # prompt + new tokens must fit the context
+    # prompt + new tokens must fit the context: max_length (generation_config.json sets it to the context, so
+    # max_new_tokens beside it makes transformers warn that both are set)
+    length = max(8, min(48, result.block_size))
     print(
-        f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_new_tokens={new_tokens}, '
+        f'print(tok.decode(model.generate(**tok("To be", return_tensors="pt"), max_length={length}, '
         "do_sample=False)[0]))"
     )
     return 0

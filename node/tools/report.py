@@ -146,6 +146,8 @@ class AuditReport:
     quorum: int = 0
     max_rounds: int = 0  # 0: open-ended
     notes: list[str] = field(default_factory=list)  # findings that are not items: slashings, accusations
+    # --reexecute: the contributions rerun, by how each was judged (exact, emulated, tolerance, not rerun)
+    reexecuted: dict[str, int] = field(default_factory=dict)
 
     def all_checks(self) -> list[Check]:
         return self.general + [c for r in self.rounds for c in r.checks] + self.checkpoints
@@ -214,6 +216,16 @@ class AuditReport:
                 else "; no round is bad (chain-level items)"
             )
         return text
+
+    def reexecution_line(self) -> str:
+        """How many sampled contributions ``--reexecute`` reran, and how each was judged."""
+        rules = ("exact", "emulated", "tolerance")
+        rerun = sum(self.reexecuted.get(rule, 0) for rule in rules)
+        sampled = sum(self.reexecuted.values())
+        how = ", ".join(f"{self.reexecuted.get(rule, 0)} {rule}" for rule in rules)
+        others = ", ".join(f"{n} {what}" for what, n in sorted(self.reexecuted.items()) if what not in rules)
+        return (f"re-executed {rerun} of {sampled} sampled contributions: {how}"
+                + (f"; {others}" if others else ""))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
