@@ -1,11 +1,18 @@
 """Gas of the on-chain fraud proof of a wrong aggregation (issue 43; docs/FRAUD_PROOF.md), on a real anvil.
 
-For 4, 16 and 64 aggregated contributions and each codec (raw, quant 8-bit, low-rank 8-bit at ranks 8 and 32),
-a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py, round 1 is committed with one
-element of a full chunk changed, and the successful ``proveWrongAggregation`` of that chunk is sent; its
-``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. Every fourth contribution is made
-large so the norm rule clips it (the float64 product path is in every figure). A proof above anvil's block
-gas limit (30M) is recorded with its error.
+For 4, 16 and 64 aggregated contributions, and the most a run may list at the codec's rank
+(``ledger.runparams.most_contributions``: createRun refuses a run whose worst proof could exceed 10M gas or
+128 KiB of calldata, docs/FRAUD_PROOF.md "Bounded proofs"), for each codec (raw, quant 8-bit, low-rank 8-bit
+at ranks 8 and 32), a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py, round 1 is
+committed with the worst proof's change, and the successful ``proveWrongAggregation`` of that chunk is sent;
+its ``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. The worst proof
+(:func:`worst_case`, shared with bench/bench_fraud_proof_bounds.py): the chunk's last element changed, so
+all 64 elements are recomputed (the rows before issue 62's review changed the eighth: the contract stops at
+the first element that differs, so they understated the worst case about 8x), and every contribution's scale
+other than 1.0 (every fourth is made large so the norm rule clips it; the others are committed with 1 +
+2^-52, which changes no value), so the float64 product is taken for every element of every piece. Each run
+is created with ``maxContributions`` the count and ``maxRank`` the codec's rank; a count createRun refuses
+is recorded as refused (with the bound's gas and bytes), not sent.
 
 The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
 run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof
@@ -30,6 +37,7 @@ chunk 5. Then
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import time
@@ -43,48 +51,130 @@ from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
                                  availability_answer, availability_target, stage_leaf_answer,
                                  stage_leaf_target, sums_which)
+from ledger.runparams import PROOF_MAX_CALLDATA, PROOF_MAX_GAS, most_contributions, proof_cost  # noqa: E402
 from node.commitments import scheme_named  # noqa: E402
 from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
                                   with_scale)
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
+from training import diloco as diloco_module  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
 CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
           ("lowrank", {"bits": 8, "rank": 32}))
 STAKE = 10**18
 GOAL = 10_000_000  # the issue's goal at 16 contributions
+NORMED = dataclasses.replace(DILOCO, commitments="normed")
+CHUNK_ELEMENTS = 64
+LAST_ELEMENT = CHUNK_ELEMENTS - 1  # the worst change: every element before it is recomputed first
+ONE = 0x3FF0000000000000
+# float64 1 + 2^-52: float32(float64(d) * s) == d for every float32 d (the change is far below half a float32
+# ulp), so the weights stay the honest ones while the contract takes the clip's product for every element
+NEXT_AFTER_ONE = 0x3FF0000000000001
 
+
+# -- the setup shared with bench/bench_fraud_proof_bounds.py ----------------------------------------
+
+@contextlib.contextmanager
+def anvil_url():
+    """A real anvil (prague) for the bench's runs, its URL; stopped after."""
+    anvil = AnvilProcess()
+    url = anvil.start()
+    try:
+        yield url
+    finally:
+        anvil.stop()
+
+
+def blobs_of(shapes, codec: str, options: dict, count: int, *, seed: int = 100, large_every: int = 4,
+             outer_round: int = 1) -> list[bytes]:
+    """``count`` contributions of ``codec``; every ``large_every``-th made large so the norm rule clips it
+    (0: none)."""
+    return [contribution(shapes, codec, seed + i, outer_round=outer_round, **options,
+                         scale=0.05 if large_every and i % large_every == large_every - 1 else 1e-3)
+            for i in range(count)]
+
+
+def aggregated(shapes, blobs: list[bytes], diloco=DILOCO):
+    """:func:`tests.fraud_fixtures.aggregated_round` listing every one of ``blobs``: an honest node lists at
+    most ``MAX_LISTED`` (training/config_base.py), but a run created with a larger ``maxContributions`` may
+    carry a round that lists that many (a quorum's), and its proofs are what the bound is about."""
+    saved = diloco_module.MAX_LISTED
+    diloco_module.MAX_LISTED = max(saved, len(blobs))
+    try:
+        round_ = aggregated_round(shapes, blobs, diloco)
+    finally:
+        diloco_module.MAX_LISTED = saved
+    assert len(round_.honest.factors.scale_bits) == len(blobs)
+    return round_
+
+
+def rank_of(options: dict) -> int:
+    """The ``maxRank`` a run of the codec needs (1 for raw and quant)."""
+    return max(options.get("rank", 1), 1)
+
+
+def run_values(options: dict, count: int) -> dict:
+    """The run's bound values for ``count`` contributions of the codec (what createRun checks)."""
+    return {"max_contributions": count, "max_rank": rank_of(options)}
+
+
+def refusal(options: dict, count: int) -> dict | None:
+    """The bound's gas and bytes where createRun refuses a run listing ``count`` contributions of the
+    codec."""
+    gas, size = proof_cost(count, rank_of(options))
+    if gas <= PROOF_MAX_GAS and size <= PROOF_MAX_CALLDATA:
+        return None
+    return {"gas": None, "error": f"createRun refuses the run: its bound is {gas:,} gas, {size:,} bytes",
+            "gas_bound": gas, "calldata_bound": size}
+
+
+def worst_case(state, chunk: int):
+    """``state`` changed as the costliest chunk proof needs: every clip scale of 1.0 committed as 1 + 2^-52
+    (the float64 product taken for every element of every piece; no value moves) and the chunk's last
+    element flipped (all 64 recomputed before the difference)."""
+    for j, bits in enumerate(state.factors.scale_bits):
+        if bits == ONE:
+            state = with_scale(state, j, NEXT_AFTER_ONE)
+    return changed(state, chunk, LAST_ELEMENT)
+
+
+def prove_chunk(url: str, round_, wrong, chunk: int, values: dict) -> dict:
+    """Round 1 committed as ``wrong`` in a fresh run on ``url`` and chunk ``chunk``'s proof sent: its gas and
+    calldata bytes (or its error, e.g. above the block's gas limit: recorded, not hidden)."""
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong, stake=STAKE,
+                       values=values)
+    try:
+        receipt = committed.prover().prove_wrong_aggregation(committed.proof(chunk))
+    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
+        return {"gas": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
+    return {"gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
+
+
+# -- this bench --------------------------------------------------------------------------------
 
 def measure(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs)
+    row = {"codec": codec, **options, "contributions": count}
+    refused = refusal(options, count)
+    if refused:
+        return {**row, "clipped": None, **refused}
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count))
     chunk = 5  # a full chunk of a.weight
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_,
-                       changed(round_.honest, chunk, 7), stake=STAKE)
-    proof = committed.proof(chunk)
-    clipped = sum(bits != 0x3FF0000000000000 for bits in round_.honest.factors.scale_bits)
-    row = {"codec": codec, **options, "contributions": count, "clipped": clipped}
-    try:
-        receipt = committed.prover().prove_wrong_aggregation(proof)
-    except Exception as exc:  # noqa: BLE001 - e.g. above the block's gas limit: recorded, not hidden
-        return {**row, "gas": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
-    return {**row, "gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
+    row["clipped"] = sum(bits != ONE for bits in round_.honest.factors.scale_bits)
+    wrong = worst_case(round_.honest, chunk)
+    return {**row, **prove_chunk(url, round_, wrong, chunk, run_values(options, count))}
 
 
 def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
-    clipped = 3  # the first large one
-    assert round_.honest.factors.scale_bits[clipped] != 0x3FF0000000000000
     row = {"codec": codec, **options, "contributions": count}
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count), NORMED)
+    clipped, values = 3, run_values(options, count)  # the first large one
+    assert round_.honest.factors.scale_bits[clipped] != ONE
     for kind, wrong, proof_of in (
-            ("scale_gas", with_scale(round_.honest, clipped, 0x3FF0000000000000), lambda c: c.scale_proof()),
+            ("scale_gas", with_scale(round_.honest, clipped, ONE), lambda c: c.scale_proof()),
             ("sum_gas", lied_sum(round_.honest, clipped, 5, -1), lambda c: c.sum_proof(clipped, 5))):
         committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong,
-                           stake=STAKE)
+                           stake=STAKE, values=values)
         try:
             row[kind] = committed.prover().prove_wrong_norm(proof_of(committed))["gasUsed"]
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
@@ -93,7 +183,7 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
                                                                                  norms=None),
                                       sum_trees=[])
     committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two,
-                       stake=STAKE, commitments=scheme_named("normed").version)
+                       stake=STAKE, commitments=scheme_named("normed").version, values=values)
     try:
         row["version_gas"] = committed.prover().prove_wrong_norm(committed.scale_proof())["gasUsed"]
     except Exception as exc:  # noqa: BLE001 - recorded, not hidden
@@ -109,11 +199,10 @@ def _last_gas(w3) -> int:
 
 
 def measure_availability(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count), NORMED)
     state, clipped, chunk = round_.honest, 3, 5
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, state, stake=STAKE)
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, state, stake=STAKE,
+                       values=run_values(options, count))
     challenger, committer = committed.prover(), committed.deployment.client(2)
     w3 = committed.deployment.w3
     row = {"codec": codec, **options, "contributions": count}
@@ -150,38 +239,34 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
     return row
 
 
+def counts_of(counts: list[int], options: dict) -> list[int]:
+    """The asked counts and the most a run of the codec may list."""
+    return sorted({*counts, most_contributions(rank_of(options))})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case")
+    parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case (4 or more)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    anvil = AnvilProcess()
-    url = anvil.start()
     started = time.monotonic()
-    rows, norm_rows, availability_rows = [], [], []
-    try:
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure(url, codec, options, count)
-                rows.append(row)
-                print(row, flush=True)
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure_norm(url, codec, options, count)
-                norm_rows.append(row)
-                print(row, flush=True)
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure_availability(url, codec, options, count)
-                availability_rows.append(row)
-                print(row, flush=True)
-    finally:
-        anvil.stop()
-    at16 = [row["gas"] for row in rows if row["contributions"] == 16 and row["gas"] is not None]
-    result = {"chunk_elements": 64, "shapes": {k: list(v) for k, v in SHAPES.items()}, "rows": rows,
-              "norm_rows": norm_rows, "availability_rows": availability_rows,
+    kinds = {"rows": measure, "norm_rows": measure_norm, "availability_rows": measure_availability}
+    result = {name: [] for name in kinds}
+    with anvil_url() as url:
+        for name, measure_ in kinds.items():
+            for codec, options in CODECS:
+                for count in counts_of(counts, options):
+                    if name != "rows" and refusal(options, count):  # the chunk proof's rows record it
+                        continue
+                    result[name].append(measure_(url, codec, options, count))
+                    print(result[name][-1], flush=True)
+    at16 = [row["gas"] for row in result["rows"] if row["contributions"] == 16 and row["gas"] is not None]
+    result = {"chunk_elements": CHUNK_ELEMENTS, "changed_element": LAST_ELEMENT,
+              "shapes": {k: list(v) for k, v in SHAPES.items()}, **result,
+              "most_contributions": {str(rank_of(options)): most_contributions(rank_of(options))
+                                     for _codec, options in CODECS},
               "goal_gas_at_16": GOAL, "max_gas_at_16": max(at16) if at16 else None,
               "seconds": round(time.monotonic() - started, 1)}
     write_result(args.out, result)
