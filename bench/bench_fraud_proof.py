@@ -3,16 +3,18 @@
 For 4, 16 and 64 aggregated contributions, and the most a run may list at the codec's rank
 (``ledger.runparams.most_contributions``: createRun refuses a run whose worst proof could exceed 10M gas or
 128 KiB of calldata, docs/FRAUD_PROOF.md "Bounded proofs"), for each codec (raw, quant 8-bit, low-rank 8-bit
-at ranks 8 and 32), a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py, round 1 is
-committed with the worst proof's change, and the successful ``proveWrongAggregation`` of that chunk is sent;
-its ``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. The worst proof
-(:func:`worst_case`, shared with bench/bench_fraud_proof_bounds.py): the chunk's last element changed, so
-all 64 elements are recomputed (the rows before issue 62's review changed the eighth: the contract stops at
-the first element that differs, so they understated the worst case about 8x), and every contribution's scale
-other than 1.0 (every fourth is made large so the norm rule clips it; the others are committed with 1 +
-2^-52, which changes no value), so the float64 product is taken for every element of every piece. Each run
-is created with ``maxContributions`` the count and ``maxRank`` the codec's rank; a count createRun refuses
-is recorded as refused (with the bound's gas and bytes), not sent.
+at ranks 8 and 32), a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py listing
+every contribution (:func:`aggregated`: an honest node lists at most 6, a quorum's round as many as the run
+allows), round 1 is committed with the worst proof's change, and the successful ``proveWrongAggregation`` of
+that chunk is sent; its ``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. The worst
+proof (:func:`worst_case`, shared with bench/bench_fraud_proof_bounds.py): the chunk's last element changed,
+so all 64 elements are recomputed (the rows before issue 62's review changed the eighth: the contract stops
+at the first element that differs, so they understated the worst case 3 to 4.2 times,
+bench/results/fraud_proof.json's history), and every contribution's scale other than 1.0 (every fourth is
+made large so the norm rule clips it; the others are committed with 1 + 2^-52, which changes no value), so
+the float64 product is taken for every element of every piece. Each run is created with ``maxContributions``
+the count and ``maxRank`` the codec's rank; a count createRun refuses is recorded as refused (with the
+bound's gas and bytes), not sent.
 
 The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
 run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof
