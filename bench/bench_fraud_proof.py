@@ -202,9 +202,10 @@ def _last_gas(w3) -> int:
 
 def measure_availability(url: str, codec: str, options: dict, count: int) -> dict:
     round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count), NORMED)
-    state, clipped, chunk = round_.honest, 3, 5
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, state, stake=STAKE,
-                       values=run_values(options, count))
+    clipped, chunk = 3, 5
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, round_.honest,
+                       stake=STAKE, values=run_values(options, count))
+    state = committed.states[1]  # as committed: its factors bound to the members (issue 62)
     challenger, committer = committed.prover(), committed.deployment.client(2)
     w3 = committed.deployment.w3
     row = {"codec": codec, **options, "contributions": count}
