@@ -1,7 +1,7 @@
 """Gas of the binding of listed contributions to members (issue 62; docs/FRAUD_PROOF.md, "The binding"), on
 a real anvil, at 4, 16 and 17 contributions (raw, one 64 x 64 stage; 17 is the most a raw run may list:
 createRun's bound), each run created with ``maxContributions`` the count and the round listing all of them
-(bench/bench_fraud_proof.py's :func:`aggregated`).
+(bench/fraud_proof_setup.py's :func:`aggregated`).
 
 For each count: ``chunk_gas``, the chunk proof (``proveWrongAggregation``) of a round with one element
 changed, and ``scale_gas``, the norm proof of a clipped contribution committed with scale 1.0, in a version-3
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.chain import connect_rpc  # noqa: E402
-from bench.bench_fraud_proof import aggregated, blobs_of  # noqa: E402
+from bench.fraud_proof_setup import aggregated, blobs_of  # noqa: E402
 from tests.fraud_fixtures import DILOCO, changed, commit, with_scale  # noqa: E402
 from tests.ledger_fixtures import deploy  # noqa: E402
 

@@ -7,14 +7,14 @@ at ranks 8 and 32), a stage (a 256 x 256 matrix and a bias) is aggregated by tra
 every contribution (:func:`aggregated`: an honest node lists at most 6, a quorum's round as many as the run
 allows), round 1 is committed with the worst proof's change, and the successful ``proveWrongAggregation`` of
 that chunk is sent; its ``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. The worst
-proof (:func:`worst_case`, shared with bench/bench_fraud_proof_bounds.py): the chunk's last element changed,
-so all 64 elements are recomputed (the rows before issue 62's review changed the eighth: the contract stops
-at the first element that differs, so they understated the worst case 3 to 4.2 times,
-bench/results/fraud_proof.json's history), and every contribution's scale other than 1.0 (every fourth is
-made large so the norm rule clips it; the others are committed with 1 + 2^-52, which changes no value), so
-the float64 product is taken for every element of every piece. Each run is created with ``maxContributions``
-the count and ``maxRank`` the codec's rank; a count createRun refuses is recorded as refused (with the
-bound's gas and bytes), not sent.
+proof (:func:`worst_case`, bench/fraud_proof_setup.py, shared with bench/bench_fraud_proof_bounds.py): the
+chunk's last element changed, so all 64 elements are recomputed (the rows before issue 62's review changed
+the eighth: the contract stops at the first element that differs, so they understated the worst case 3 to
+4.2 times, bench/results/fraud_proof.json's history), and every contribution's scale other than 1.0 (every
+fourth is made large so the norm rule clips it; the others are committed with 1 + 2^-52, which changes no
+value), so the float64 product is taken for every element of every piece. Each run is created with
+``maxContributions`` the count and ``maxRank`` the codec's rank; a count createRun refuses is recorded as
+refused (with the bound's gas and bytes), not sent.
 
 The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
 run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof
@@ -39,7 +39,6 @@ chunk 5. Then
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import sys
 import time
@@ -48,112 +47,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
+from bench.fraud_proof_setup import (CHUNK_ELEMENTS, LAST_ELEMENT, ONE, STAKE, aggregated,  # noqa: E402
+                                     anvil_url, blobs_of, prove_chunk, rank_of, refusal, run_values,
+                                     worst_case)
 from ledger.chain import connect_rpc  # noqa: E402
-from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
                                  availability_answer, availability_target, stage_leaf_answer,
                                  stage_leaf_target, sums_which)
-from ledger.runparams import PROOF_MAX_CALLDATA, PROOF_MAX_GAS, most_contributions, proof_cost  # noqa: E402
+from ledger.runparams import most_contributions  # noqa: E402
 from node.commitments import scheme_named  # noqa: E402
-from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
-                                  with_scale)
+from tests.fraud_fixtures import DILOCO, commit, lied_sum, with_scale  # noqa: E402
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
-from training import diloco as diloco_module  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
 CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
           ("lowrank", {"bits": 8, "rank": 32}))
-STAKE = 10**18
 GOAL = 10_000_000  # the issue's goal at 16 contributions
 NORMED = dataclasses.replace(DILOCO, commitments="normed")
-CHUNK_ELEMENTS = 64
-LAST_ELEMENT = CHUNK_ELEMENTS - 1  # the worst change: every element before it is recomputed first
-ONE = 0x3FF0000000000000
-# float64 1 + 2^-52: float32(float64(d) * s) == d for every float32 d (the change is far below half a float32
-# ulp), so the weights stay the honest ones while the contract takes the clip's product for every element
-NEXT_AFTER_ONE = 0x3FF0000000000001
 
-
-# -- the setup shared with bench/bench_fraud_proof_bounds.py ----------------------------------------
-
-@contextlib.contextmanager
-def anvil_url():
-    """A real anvil (prague) for the bench's runs, its URL; stopped after."""
-    anvil = AnvilProcess()
-    url = anvil.start()
-    try:
-        yield url
-    finally:
-        anvil.stop()
-
-
-def blobs_of(shapes, codec: str, options: dict, count: int, *, seed: int = 100, large_every: int = 4,
-             outer_round: int = 1) -> list[bytes]:
-    """``count`` contributions of ``codec``; every ``large_every``-th made large so the norm rule clips it
-    (0: none)."""
-    return [contribution(shapes, codec, seed + i, outer_round=outer_round, **options,
-                         scale=0.05 if large_every and i % large_every == large_every - 1 else 1e-3)
-            for i in range(count)]
-
-
-def aggregated(shapes, blobs: list[bytes], diloco=DILOCO):
-    """:func:`tests.fraud_fixtures.aggregated_round` listing every one of ``blobs``: an honest node lists at
-    most ``MAX_LISTED`` (training/config_base.py), but a run created with a larger ``maxContributions`` may
-    carry a round that lists that many (a quorum's), and its proofs are what the bound is about."""
-    saved = diloco_module.MAX_LISTED
-    diloco_module.MAX_LISTED = max(saved, len(blobs))
-    try:
-        round_ = aggregated_round(shapes, blobs, diloco)
-    finally:
-        diloco_module.MAX_LISTED = saved
-    assert len(round_.honest.factors.scale_bits) == len(blobs)
-    return round_
-
-
-def rank_of(options: dict) -> int:
-    """The ``maxRank`` a run of the codec needs (1 for raw and quant)."""
-    return max(options.get("rank", 1), 1)
-
-
-def run_values(options: dict, count: int) -> dict:
-    """The run's bound values for ``count`` contributions of the codec (what createRun checks)."""
-    return {"max_contributions": count, "max_rank": rank_of(options)}
-
-
-def refusal(options: dict, count: int) -> dict | None:
-    """The bound's gas and bytes where createRun refuses a run listing ``count`` contributions of the
-    codec."""
-    gas, size = proof_cost(count, rank_of(options))
-    if gas <= PROOF_MAX_GAS and size <= PROOF_MAX_CALLDATA:
-        return None
-    return {"gas": None, "error": f"createRun refuses the run: its bound is {gas:,} gas, {size:,} bytes",
-            "gas_bound": gas, "calldata_bound": size}
-
-
-def worst_case(state, chunk: int):
-    """``state`` changed as the costliest chunk proof needs: every clip scale of 1.0 committed as 1 + 2^-52
-    (the float64 product taken for every element of every piece; no value moves) and the chunk's last
-    element flipped (all 64 recomputed before the difference)."""
-    for j, bits in enumerate(state.factors.scale_bits):
-        if bits == ONE:
-            state = with_scale(state, j, NEXT_AFTER_ONE)
-    return changed(state, chunk, LAST_ELEMENT)
-
-
-def prove_chunk(url: str, round_, wrong, chunk: int, values: dict) -> dict:
-    """Round 1 committed as ``wrong`` in a fresh run on ``url`` and chunk ``chunk``'s proof sent: its gas and
-    calldata bytes (or its error, e.g. above the block's gas limit: recorded, not hidden)."""
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong, stake=STAKE,
-                       values=values)
-    try:
-        receipt = committed.prover().prove_wrong_aggregation(committed.proof(chunk))
-    except Exception as exc:  # noqa: BLE001 - recorded, not hidden
-        return {"gas": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
-    return {"gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
-
-
-# -- this bench --------------------------------------------------------------------------------
 
 def measure(url: str, codec: str, options: dict, count: int) -> dict:
     row = {"codec": codec, **options, "contributions": count}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_fraud_proof import aggregated, anvil_url, blobs_of, prove_chunk, rank_of, worst_case  # noqa: E402
+from bench.fraud_proof_setup import aggregated, anvil_url, blobs_of, prove_chunk, rank_of, worst_case  # noqa: E402
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.runparams import (PROOF_MAX_CALLDATA, PROOF_MAX_GAS, most_contributions,  # noqa: E402
                               proof_cost)
