@@ -1,11 +1,20 @@
 """Gas of the on-chain fraud proof of a wrong aggregation (issue 43; docs/FRAUD_PROOF.md), on a real anvil.
 
-For 4, 16 and 64 aggregated contributions and each codec (raw, quant 8-bit, low-rank 8-bit at ranks 8 and 32),
-a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py, round 1 is committed with one
-element of a full chunk changed, and the successful ``proveWrongAggregation`` of that chunk is sent; its
-``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. Every fourth contribution is made
-large so the norm rule clips it (the float64 product path is in every figure). A proof above anvil's block
-gas limit (30M) is recorded with its error.
+For 4, 16 and 64 aggregated contributions, and the most a run may list at the codec's rank
+(``ledger.runparams.most_contributions``: createRun refuses a run whose worst proof could exceed 10M gas or
+128 KiB of calldata, docs/FRAUD_PROOF.md "Bounded proofs"), for each codec (raw, quant 8-bit, low-rank 8-bit
+at ranks 8 and 32), a stage (a 256 x 256 matrix and a bias) is aggregated by training/diloco.py listing
+every contribution (:func:`aggregated`: an honest node lists at most 6, a quorum's round as many as the run
+allows), round 1 is committed with the worst proof's change, and the successful ``proveWrongAggregation`` of
+that chunk is sent; its ``gasUsed`` (and calldata bytes) go to ``bench/results/fraud_proof.json``. The worst
+proof (:func:`worst_case`, bench/fraud_proof_setup.py, shared with bench/bench_fraud_proof_bounds.py): the
+chunk's last element changed, so all 64 elements are recomputed (the rows before issue 62's review changed
+the eighth: the contract stops at the first element that differs, so they understated the worst case 3 to
+4.2 times, bench/results/fraud_proof.json's history), and every contribution's scale other than 1.0 (every
+fourth is made large so the norm rule clips it; the others are committed with 1 + 2^-52, which changes no
+value), so the float64 product is taken for every element of every piece. Each run is created with
+``maxContributions`` the count and ``maxRank`` the codec's rank; a count createRun refuses is recorded as
+refused (with the bound's gas and bytes), not sent.
 
 The norm proof (``proveWrongNorm``, docs/FRAUD_PROOF.md "The clip scales") of the same stage in a version-3
 run (``diloco.commitments = "normed"``): ``norm_rows`` holds, for each codec and count, the gas of a proof
@@ -38,53 +47,47 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import default_out, write_result  # noqa: E402
+from bench.fraud_proof_setup import (CHUNK_ELEMENTS, LAST_ELEMENT, ONE, STAKE, aggregated,  # noqa: E402
+                                     anvil_url, blobs_of, prove_chunk, rank_of, refusal, run_values,
+                                     worst_case)
 from ledger.chain import connect_rpc  # noqa: E402
-from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, STAGE_LEAF, WEIGHTS,  # noqa: E402
                                  availability_answer, availability_target, stage_leaf_answer,
                                  stage_leaf_target, sums_which)
+from ledger.runparams import most_contributions  # noqa: E402
 from node.commitments import scheme_named  # noqa: E402
-from tests.fraud_fixtures import (DILOCO, aggregated_round, changed, commit, contribution, lied_sum,  # noqa: E402
-                                  with_scale)
+from tests.fraud_fixtures import DILOCO, commit, lied_sum, with_scale  # noqa: E402
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
 
 SHAPES = {"a.weight": (256, 256), "b.bias": (256,)}
 CODECS = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
           ("lowrank", {"bits": 8, "rank": 32}))
-STAKE = 10**18
 GOAL = 10_000_000  # the issue's goal at 16 contributions
+NORMED = dataclasses.replace(DILOCO, commitments="normed")
 
 
 def measure(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs)
+    row = {"codec": codec, **options, "contributions": count}
+    refused = refusal(options, count)
+    if refused:
+        return {**row, "clipped": None, **refused}
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count))
     chunk = 5  # a full chunk of a.weight
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_,
-                       changed(round_.honest, chunk, 7), stake=STAKE)
-    proof = committed.proof(chunk)
-    clipped = sum(bits != 0x3FF0000000000000 for bits in round_.honest.factors.scale_bits)
-    row = {"codec": codec, **options, "contributions": count, "clipped": clipped}
-    try:
-        receipt = committed.prover().prove_wrong_aggregation(proof)
-    except Exception as exc:  # noqa: BLE001 - e.g. above the block's gas limit: recorded, not hidden
-        return {**row, "gas": None, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
-    return {**row, "gas": receipt["gasUsed"], "calldata_bytes": len(sent["input"])}
+    row["clipped"] = sum(bits != ONE for bits in round_.honest.factors.scale_bits)
+    wrong = worst_case(round_.honest, chunk)
+    return {**row, **prove_chunk(url, round_, wrong, chunk, run_values(options, count))}
 
 
 def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
-    clipped = 3  # the first large one
-    assert round_.honest.factors.scale_bits[clipped] != 0x3FF0000000000000
     row = {"codec": codec, **options, "contributions": count}
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count), NORMED)
+    clipped, values = 3, run_values(options, count)  # the first large one
+    assert round_.honest.factors.scale_bits[clipped] != ONE
     for kind, wrong, proof_of in (
-            ("scale_gas", with_scale(round_.honest, clipped, 0x3FF0000000000000), lambda c: c.scale_proof()),
+            ("scale_gas", with_scale(round_.honest, clipped, ONE), lambda c: c.scale_proof()),
             ("sum_gas", lied_sum(round_.honest, clipped, 5, -1), lambda c: c.sum_proof(clipped, 5))):
         committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong,
-                           stake=STAKE)
+                           stake=STAKE, values=values)
         try:
             row[kind] = committed.prover().prove_wrong_norm(proof_of(committed))["gasUsed"]
         except Exception as exc:  # noqa: BLE001 - recorded, not hidden
@@ -93,7 +96,7 @@ def measure_norm(url: str, codec: str, options: dict, count: int) -> dict:
                                                                                  norms=None),
                                       sum_trees=[])
     committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, version_two,
-                       stake=STAKE, commitments=scheme_named("normed").version)
+                       stake=STAKE, commitments=scheme_named("normed").version, values=values)
     try:
         row["version_gas"] = committed.prover().prove_wrong_norm(committed.scale_proof())["gasUsed"]
     except Exception as exc:  # noqa: BLE001 - recorded, not hidden
@@ -109,11 +112,11 @@ def _last_gas(w3) -> int:
 
 
 def measure_availability(url: str, codec: str, options: dict, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 100 + i, scale=0.05 if i % 4 == 3 else 1e-3, **options)
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs, dataclasses.replace(DILOCO, commitments="normed"))
-    state, clipped, chunk = round_.honest, 3, 5
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, state, stake=STAKE)
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count), NORMED)
+    clipped, chunk = 3, 5
+    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, round_.honest,
+                       stake=STAKE, values=run_values(options, count))
+    state = committed.states[1]  # as committed: its factors bound to the members (issue 62)
     challenger, committer = committed.prover(), committed.deployment.client(2)
     w3 = committed.deployment.w3
     row = {"codec": codec, **options, "contributions": count}
@@ -150,38 +153,34 @@ def measure_availability(url: str, codec: str, options: dict, count: int) -> dic
     return row
 
 
+def counts_of(counts: list[int], options: dict) -> list[int]:
+    """The asked counts and the most a run of the codec may list."""
+    return sorted({*counts, most_contributions(rank_of(options))})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case")
+    parser.add_argument("--counts", default="4,16,64", help="aggregated contributions per case (4 or more)")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    anvil = AnvilProcess()
-    url = anvil.start()
     started = time.monotonic()
-    rows, norm_rows, availability_rows = [], [], []
-    try:
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure(url, codec, options, count)
-                rows.append(row)
-                print(row, flush=True)
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure_norm(url, codec, options, count)
-                norm_rows.append(row)
-                print(row, flush=True)
-        for codec, options in CODECS:
-            for count in counts:
-                row = measure_availability(url, codec, options, count)
-                availability_rows.append(row)
-                print(row, flush=True)
-    finally:
-        anvil.stop()
-    at16 = [row["gas"] for row in rows if row["contributions"] == 16 and row["gas"] is not None]
-    result = {"chunk_elements": 64, "shapes": {k: list(v) for k, v in SHAPES.items()}, "rows": rows,
-              "norm_rows": norm_rows, "availability_rows": availability_rows,
+    kinds = {"rows": measure, "norm_rows": measure_norm, "availability_rows": measure_availability}
+    result = {name: [] for name in kinds}
+    with anvil_url() as url:
+        for name, measure_ in kinds.items():
+            for codec, options in CODECS:
+                for count in counts_of(counts, options):
+                    if name != "rows" and refusal(options, count):  # the chunk proof's rows record it
+                        continue
+                    result[name].append(measure_(url, codec, options, count))
+                    print(result[name][-1], flush=True)
+    at16 = [row["gas"] for row in result["rows"] if row["contributions"] == 16 and row["gas"] is not None]
+    result = {"chunk_elements": CHUNK_ELEMENTS, "changed_element": LAST_ELEMENT,
+              "shapes": {k: list(v) for k, v in SHAPES.items()}, **result,
+              "most_contributions": {str(rank_of(options)): most_contributions(rank_of(options))
+                                     for _codec, options in CODECS},
               "goal_gas_at_16": GOAL, "max_gas_at_16": max(at16) if at16 else None,
               "seconds": round(time.monotonic() - started, 1)}
     write_result(args.out, result)

@@ -25,40 +25,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fraud_proof_setup import aggregated, anvil_url, blobs_of, prove_chunk, rank_of, worst_case  # noqa: E402
 from bench.benchio import default_out, write_result  # noqa: E402
-from ledger.anvil import AnvilProcess  # noqa: E402
-from ledger.chain import connect_rpc  # noqa: E402
 from ledger.runparams import (PROOF_MAX_CALLDATA, PROOF_MAX_GAS, most_contributions,  # noqa: E402
                               proof_cost)
-from tests.fraud_fixtures import aggregated_round, changed, commit, contribution, with_scale  # noqa: E402
-from tests.ledger_fixtures import deploy  # noqa: E402
 
 SHAPES = {"a.weight": (96, 96)}  # chunk 1: elements 64..127, rows 0 and 1 of P
-CASES = (("raw", {}, 0), ("quant", {"bits": 8}, 0), ("lowrank", {"bits": 8, "rank": 8}, 8),
-         ("lowrank", {"bits": 8, "rank": 64}, 64))
-STAKE = 10**18
+CASES = (("raw", {}), ("quant", {"bits": 8}), ("lowrank", {"bits": 8, "rank": 8}),
+         ("lowrank", {"bits": 8, "rank": 64}))
 CHUNK = 1
-# float64 1 + 2^-52: float32(float64(d) * s) == d for every float32 d (the change is far below half a float32
-# ulp), so the weights stay the honest ones while the contract takes the clip's product for every element
-NEXT_AFTER_ONE = 0x3FF0000000000001
 
 
-def measure(url: str, codec: str, options: dict, rank: int, count: int) -> dict:
-    blobs = [contribution(SHAPES, codec, 300 + i, scale=1e-3, **options)  # alike: the rule clips none
-             for i in range(count)]
-    round_ = aggregated_round(SHAPES, blobs)
-    wrong = round_.honest
-    for j in range(count):  # every scale a clip that changes no value: the float64 product in every piece
-        wrong = with_scale(wrong, j, NEXT_AFTER_ONE)
-    wrong = changed(wrong, CHUNK, 63)
-    committed = commit(deploy(connect_rpc(url, timeout=60.0), min_stake=STAKE), round_, wrong, stake=STAKE,
-                       values={"max_contributions": count, "max_rank": max(rank, 1)})
-    receipt = committed.prover().prove_wrong_aggregation(committed.proof(CHUNK))
-    sent = committed.deployment.w3.eth.get_transaction(receipt["transactionHash"])
-    gas_bound, bytes_bound = proof_cost(count, max(rank, 1))
-    row = {"codec": codec, **options, "contributions": count, "gas": receipt["gasUsed"],
-           "calldata_bytes": len(sent["input"]), "gas_bound": gas_bound, "calldata_bound": bytes_bound}
-    row["bound_holds"] = row["gas"] <= gas_bound and row["calldata_bytes"] <= bytes_bound
+def measure(url: str, codec: str, options: dict, count: int) -> dict:
+    # alike: the rule clips none, so worst_case commits every scale as 1 + 2^-52
+    round_ = aggregated(SHAPES, blobs_of(SHAPES, codec, options, count, seed=300, large_every=0))
+    row = {"codec": codec, **options, "contributions": count,
+           **prove_chunk(url, round_, worst_case(round_.honest, CHUNK), CHUNK,
+                         {"max_contributions": count, "max_rank": rank_of(options)})}
+    row["gas_bound"], row["calldata_bound"] = proof_cost(count, rank_of(options))
+    row["bound_holds"] = (row["gas"] is not None and row["gas"] <= row["gas_bound"]
+                          and row["calldata_bytes"] <= row["calldata_bound"])
     return row
 
 
@@ -69,19 +55,15 @@ def main() -> int:
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    anvil = AnvilProcess()
-    url = anvil.start()
     started = time.monotonic()
     rows = []
-    try:
-        for codec, options, rank in CASES:
+    with anvil_url() as url:
+        for codec, options in CASES:
             for count in counts:
-                rows.append(measure(url, codec, options, rank, count))
+                rows.append(measure(url, codec, options, count))
                 print(rows[-1], flush=True)
-    finally:
-        anvil.stop()
     slopes = {}
-    for codec, options, _rank in CASES:
+    for codec, options in CASES:
         mine = [r for r in rows if r["codec"] == codec and r.get("rank") == options.get("rank")]
         low, high = min(mine, key=lambda r: r["contributions"]), max(mine, key=lambda r: r["contributions"])
         if high["contributions"] > low["contributions"]:

@@ -168,11 +168,13 @@ def fraud_proof(r: dict) -> list[str]:
         rank = f", rank {row['rank']}" if "rank" in row else ""
         return f"{row['codec']}{' ' + str(row['bits']) + '-bit' if 'bits' in row else ''}{rank}"
 
-    rows = [[codec(row), row["contributions"], row["clipped"], f"{row['gas']:,}" if row["gas"]
-             else row["error"],
-             f"{row.get('calldata_bytes', 0):,}"] for row in r["rows"]]
+    rows = [[codec(row), row["contributions"], "" if row.get("clipped") is None else row["clipped"],
+             f"{row['gas']:,}" if row["gas"] else row["error"],
+             f"{row['calldata_bytes']:,}" if "calldata_bytes" in row else ""] for row in r["rows"]]
+    worst = (f" (the worst: element {r['changed_element']} changed, so every element is recomputed, and"
+             " every contribution's scale other than 1.0)" if "changed_element" in r else "")
     lines = table(["codec", "contributions", "clipped", "gas", "calldata bytes"], rows) + [
-        f"One proof of one {r['chunk_elements']}-element chunk; at 16 contributions the most is "
+        f"One proof of one {r['chunk_elements']}-element chunk{worst}; at 16 contributions the most is "
         f"**{r['max_gas_at_16']:,} gas** (goal: under {r['goal_gas_at_16']:,}).", ""]
     if r.get("norm_rows"):
         def gas(row: dict, kind: str) -> str:

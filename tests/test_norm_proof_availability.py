@@ -11,11 +11,16 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_norm_proof import (  # noqa: F401 (honest, right: its module fixtures)
-    DILOCO, FACTORS, Factors, PAYLOAD, SHAPES, STAKE, aggregated_round, assert_overturned,
-    availability_answer, availability_target, blobs, commit, connect_pyevm, deploy, errors, honest, lied_sum,
-    mine, on_chain, right, scale_proof, scheme_named, stage_leaves, sum_bytes, sum_proof, sums_which,
-)
+from ledger import errors
+from ledger.availability import FACTORS, PAYLOAD, availability_answer, availability_target, sums_which
+from ledger.chain import connect_pyevm
+from ledger.chunkproof import Factors
+from ledger.normproof import scale_proof, sum_bytes, sum_proof
+from node.commitments import scheme_named
+from tests.fraud_fixtures import DILOCO, aggregated_round, commit, lied_sum
+from tests.ledger_fixtures import deploy, mine
+from tests.test_norm_proof import (SHAPES, STAKE, assert_overturned, blobs, honest, on_chain,  # noqa: F401
+                                   right, stage_leaves)
 
 
 def sums_target(committed, contribution: int, chunk: int):

@@ -1,5 +1,5 @@
 """A fraud-provable run's per-round values, bound on chain (issue 62; docs/FRAUD_PROOF.md, "The run's
-values"), on py-evm.
+values"), each adversary's move on py-evm and on a real anvil (tests/chain_backends.py).
 
 A quorum that colludes commits a round whose weights are exactly the outer step of values the run does not
 have (another lr, momentum or Nesterov flag, no norm clip, declared steps past H, more contributions than the
@@ -25,9 +25,10 @@ from ledger.runparams import (DEFAULT_MAX_CONTRIBUTIONS, MAX_RANK, PROOF_MAX_CAL
                               most_contributions, proof_cost)
 from node.commitments.values import check_run_values, schedule_of
 from node.fraudproof import round_factors_bits
+from tests.chain_backends import assert_paid, chain, each_on_both
 from tests.fraud_fixtures import DILOCO, aggregated_round, changed, commit, contribution, tensors
 from tests.fraud_fixtures import bound as bind_contributions
-from tests.ledger_fixtures import deploy, digest
+from tests.ledger_fixtures import chain_w3, deploy, digest  # noqa: F401 (chain_w3: py-evm / anvil)
 from training.chunks import float64_bits
 from training.config import DilocoConfig
 
@@ -62,36 +63,15 @@ def bound(diloco: DilocoConfig = NORMED, **overrides):
     return schedule, {**values, **overrides}
 
 
-def on_chain(round_, new, *, w3=None, **overrides):
-    """A run bound to NORMED's values (``overrides`` changed) on py-evm (or ``w3``), rounds 0 and 1
-    committed."""
+def on_chain(w3, round_, new, **overrides):
+    """A run bound to NORMED's values (``overrides`` changed) on ``w3``, rounds 0 and 1 committed."""
     schedule, values = bound(**overrides)
-    return commit(deploy(w3 or connect_pyevm(), min_stake=STAKE), round_, new, stake=STAKE, values=values,
-                  schedule=schedule)
-
-
-def fees_since(w3, address: str, block: int) -> int:
-    """What ``address`` paid in gas for its transactions mined after ``block`` (a proof and, issue 62, its
-    commitment a block before it)."""
-    paid = 0
-    for number in range(block + 1, w3.eth.block_number + 1):
-        for tx in w3.eth.get_block(number, full_transactions=True)["transactions"]:
-            if tx["from"].lower() == address.lower():
-                receipt = w3.eth.get_transaction_receipt(tx["hash"])
-                paid += receipt["gasUsed"] * receipt["effectiveGasPrice"]
-    return paid
+    return commit(deploy(w3, min_stake=STAKE), round_, new, stake=STAKE, values=values, schedule=schedule)
 
 
 def assert_overturned(committed, receipt_of) -> None:
-    prover = committed.prover()
-    w3 = committed.deployment.w3
-    before, start = prover.balance(), w3.eth.block_number
-    receipt_of(prover)
-    assert prover.invalid_from(committed.run_id) == 1
-    for index in committed.attesters:
-        assert prover.member(committed.run_id, committed.deployment.client(index).address).status == "slashed"
-    paid = fees_since(w3, prover.address, start)
-    assert prover.balance() - before + paid == len(committed.attesters) * STAKE // 2
+    assert_paid(committed.deployment, committed.run_id, committed.prover(), receipt_of, stake=STAKE,
+                slashed=committed.attesters, kept=(3,))
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +79,8 @@ def honest():
     return aggregated_round(SHAPES, blobs(), NORMED)
 
 
-def test_a_right_round_of_a_bound_run_still_stands(honest):
-    committed = on_chain(honest, honest.honest)
+def test_a_right_round_of_a_bound_run_still_stands(chain_w3, honest):
+    committed = on_chain(chain_w3, honest, honest.honest)
     prover = committed.prover()
     assert prover.run_values(committed.run_id)["schedule_root"] == committed.schedule.root
     for chunk in (0, 5, len(honest.honest.weight_leaves) - 1):
@@ -117,12 +97,24 @@ def test_a_right_round_of_a_bound_run_still_stands(honest):
     assert prover.invalid_from(committed.run_id) is None
 
 
-@pytest.mark.parametrize("changes", [{"outer_lr": 7.0}, {"outer_lr": -0.7}, {"outer_lr": 0.0},
-                                     {"outer_momentum": 0.0}, {"nesterov": False}],
-                         ids=["lr 7.0", "lr -0.7", "lr 0", "mu 0", "not Nesterov"])
-def test_a_round_stepping_with_values_the_run_does_not_have_is_proven_wrong(changes):
-    lied = aggregated_round(SHAPES, blobs(), adversary(**changes))
-    committed = on_chain(lied, lied.honest)  # weights consistent with the committed factors, every chunk
+_LIED: dict = {}
+
+
+def lied_round(**changes):
+    """The colluders' round stepped with ``changes`` (cached: each runs on both backends)."""
+    key = tuple(sorted(changes.items()))
+    if key not in _LIED:
+        _LIED[key] = aggregated_round(SHAPES, blobs(), adversary(**changes))
+    return _LIED[key]
+
+
+@pytest.mark.parametrize("backend, changes", each_on_both(
+    [{"outer_lr": 7.0}, {"outer_lr": -0.7}, {"outer_lr": 0.0}, {"outer_momentum": 0.0}, {"nesterov": False}],
+    ids=["lr 7.0", "lr -0.7", "lr 0", "mu 0", "not Nesterov"]))
+def test_a_round_stepping_with_values_the_run_does_not_have_is_proven_wrong(request, backend, changes):
+    lied = lied_round(**changes)
+    # weights consistent with the committed factors, every chunk
+    committed = on_chain(chain(request, backend), lied, lied.honest)
     factors = lied.honest.factors
     lr, mu = round_factors_bits(NORMED, 1)
     assert (factors.lr_bits, factors.mu_bits, factors.nesterov) != (lr, mu, True)
@@ -131,12 +123,12 @@ def test_a_round_stepping_with_values_the_run_does_not_have_is_proven_wrong(chan
     assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(proof))
 
 
-def test_a_round_without_the_runs_norm_clip_is_proven_wrong():
+def test_a_round_without_the_runs_norm_clip_is_proven_wrong(chain_w3):
     """norm_clip 0: every scale 1.0 (the raw contribution unclipped), the weights and the norm commitment
     consistent with it: the norm proof holds the committed clip to the run's."""
-    loose = aggregated_round(SHAPES, blobs(), adversary(norm_clip=0.0))
+    loose = lied_round(norm_clip=0.0)
     assert set(loose.honest.factors.scale_bits) == {0x3FF0000000000000}
-    committed = on_chain(loose, loose.honest)
+    committed = on_chain(chain_w3, loose, loose.honest)
     with pytest.raises(errors.ProverRoundCorrect):  # every chunk is the step of the committed scales
         committed.prover().prove_wrong_aggregation(committed.proof(3))
     assert_overturned(committed, lambda prover: prover.prove_wrong_norm(committed.scale_proof()))
@@ -150,37 +142,37 @@ def with_steps(state, steps: int):
     return dataclasses.replace(state, factors=factors)
 
 
-def test_declared_steps_past_the_runs_inner_steps_are_proven_wrong(honest):
+def test_declared_steps_past_the_runs_inner_steps_are_proven_wrong(chain_w3, honest):
     """The scales are the rule's for the declared steps: the committed round is right with H steps and wrong
     with H + 1 (more than a round may train)."""
-    right = on_chain(honest, with_steps(honest.honest, INNER_STEPS))
+    right = on_chain(chain_w3, honest, with_steps(honest.honest, INNER_STEPS))
     with pytest.raises(errors.ProverNormCorrect):
         right.prover().prove_wrong_norm(right.scale_proof())
-    past = on_chain(honest, with_steps(honest.honest, INNER_STEPS + 1))
+    past = on_chain(chain_w3, honest, with_steps(honest.honest, INNER_STEPS + 1))
     assert_overturned(past, lambda prover: prover.prove_wrong_norm(past.scale_proof()))
 
 
-def test_a_round_listing_more_than_max_contributions_is_proven_wrong(honest):
-    committed = on_chain(honest, honest.honest, max_contributions=2)  # three listed
+def test_a_round_listing_more_than_max_contributions_is_proven_wrong(chain_w3, honest):
+    committed = on_chain(chain_w3, honest, honest.honest, max_contributions=2)  # three listed
     assert committed.prover().norm_proof_holds(committed.scale_proof())
     proof = dataclasses.replace(committed.proof(0), pieces=[], piece_paths=[])  # no piece needs sending
     assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(proof))
 
 
-def test_a_piece_above_the_runs_rank_does_not_decode(honest):
-    committed = on_chain(honest, honest.honest, max_rank=3)  # the low-rank contribution has rank 4
+def test_a_piece_above_the_runs_rank_does_not_decode(chain_w3, honest):
+    committed = on_chain(chain_w3, honest, honest.honest, max_rank=3)  # the low-rank contribution has rank 4
     assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(0)))
 
 
 class Round0:
     """A run whose round 0 is committed on top of its genesis root (RunParams.genesisRoot)."""
 
-    def __init__(self, round_, new, *, genesis: bool = True, w3=None):
+    def __init__(self, w3, round_, new, *, genesis: bool = True):
         self.genesis_leaves = [round_.prev.leaf(), round_.other.leaf()]
         schedule, values = bound()
         if genesis:
             values["genesis_root"] = chunked_weights_root(self.genesis_leaves)
-        self.deployment = deploy(w3 or connect_pyevm(), min_stake=STAKE)
+        self.deployment = deploy(w3, min_stake=STAKE)
         self.run = self.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, commitments=3,
                                               values=values)
         if new.factors.norms is not None and not new.factors.norms.bound:  # bound (issue 62)
@@ -199,26 +191,22 @@ class Round0:
                            self.schedule)
 
 
-def test_a_back_doored_round_zero_is_proven_wrong_against_the_genesis_root(honest):
-    right = Round0(honest, honest.honest)
+def test_a_back_doored_round_zero_is_proven_wrong_against_the_genesis_root(chain_w3, honest):
+    right = Round0(chain_w3, honest, honest.honest)
     with pytest.raises(errors.ProverRoundCorrect):
         right.prover.prove_wrong_aggregation(right.proof(2))
-    door = Round0(honest, changed(honest.honest, 2, 9))
-    before, start = door.prover.balance(), door.deployment.w3.eth.block_number
-    door.prover.prove_wrong_aggregation(door.proof(2))
-    assert door.prover.invalid_from(door.run_id) == 0  # round 0 and everything after it
-    paid = fees_since(door.deployment.w3, door.prover.address, start)
-    assert door.prover.balance() - before + paid == STAKE
-    for index in (1, 2):
-        assert door.prover.member(door.run_id, door.deployment.client(index).address).status == "slashed"
+    door = Round0(chain_w3, honest, changed(honest.honest, 2, 9))
     # weights from elsewhere than the genesis (its root names other weights): the proof's own start is refused
     other = dataclasses.replace(door.proof(2), prev_stage_leaf=changed(honest.prev, 2, 0).leaf().encode())
     with pytest.raises(errors.ProverBadStagePath):
-        Round0(honest, changed(honest.honest, 2, 9)).prover.prove_wrong_aggregation(other)
+        door.prover.prove_wrong_aggregation(other)
+    # round 0 and everything after it; member 3 signed nothing
+    assert_paid(door.deployment, door.run_id, door.prover, lambda prover: prover.prove_wrong_aggregation(
+        door.proof(2)), stake=STAKE, slashed=(1, 2), kept=(3,), invalid_from=0)
 
 
-def test_round_zero_of_a_run_without_a_genesis_root_cannot_be_proven(honest):
-    door = Round0(honest, changed(honest.honest, 2, 9), genesis=False)
+def test_round_zero_of_a_run_without_a_genesis_root_cannot_be_proven(chain_w3, honest):
+    door = Round0(chain_w3, honest, changed(honest.honest, 2, 9), genesis=False)
     with pytest.raises(errors.ProverNoGenesis):
         door.prover.prove_wrong_aggregation(door.proof(2))
 
@@ -236,18 +224,23 @@ class JunkFactors:
         return hashlib.sha256(self.data).digest()
 
 
-@pytest.mark.parametrize("junk", [b"", bytes(224), (2**40).to_bytes(32, "big") * 12,
-                                  bytes(96) + (192).to_bytes(32, "big") + bytes(200)],
-                         ids=["empty", "zeros", "huge words", "truncated lists"])
-def test_malformed_version_two_factors_are_a_wrong_round_not_a_revert(junk):
-    chunked = aggregated_round(SHAPES, blobs())  # version 2
+@pytest.fixture(scope="module")
+def chunked():
+    return aggregated_round(SHAPES, blobs())  # version 2
+
+
+@pytest.mark.parametrize("backend, junk", each_on_both(
+    [b"", bytes(224), (2**40).to_bytes(32, "big") * 12, bytes(96) + (192).to_bytes(32, "big") + bytes(200)],
+    ids=["empty", "zeros", "huge words", "truncated lists"]))
+def test_malformed_version_two_factors_are_a_wrong_round_not_a_revert(request, backend, junk, chunked):
     state = dataclasses.replace(chunked.honest, factors=JunkFactors(junk))
-    committed = commit(deploy(connect_pyevm(), min_stake=STAKE), chunked, state, stake=STAKE, commitments=2)
+    committed = commit(deploy(chain(request, backend), min_stake=STAKE), chunked, state, stake=STAKE,
+                       commitments=2)
     assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(0)))
 
 
-def test_create_run_refuses_values_whose_proof_would_not_fit():
-    deployment = deploy(connect_pyevm())
+def test_create_run_refuses_values_whose_proof_would_not_fit(chain_w3):
+    deployment = deploy(chain_w3)
     client = deployment.client(1)
     for rank in (1, 8, 64):
         most = most_contributions(rank)
@@ -320,40 +313,6 @@ def test_audit_reports_a_run_created_with_other_values_than_its_document():
     assert values_check(document, unbound) is None
 
 
-def test_on_anvil_the_values_bind_round_zero_has_a_parent_and_proofs_are_bounded(honest):
-    """The same rules on a real anvil (prague): a right round stands, lr 7.0 and a back-doored round 0 are
-    proven wrong and slashed, a round listing more than maxContributions is wrong, and createRun's bound
-    holds."""
-    from ledger.anvil import AnvilProcess
-    from ledger.chain import connect_rpc
-
-    anvil = AnvilProcess()
-    url = anvil.start()
-    try:
-        def w3():
-            return connect_rpc(url, timeout=60.0)
-
-        right = on_chain(honest, honest.honest, w3=w3())
-        with pytest.raises(errors.ProverRoundCorrect):
-            right.prover().prove_wrong_aggregation(right.proof(3))
-        with pytest.raises(errors.ProverNormCorrect):
-            right.prover().prove_wrong_norm(right.scale_proof())
-        lied = aggregated_round(SHAPES, blobs(), adversary(outer_lr=7.0))
-        committed = on_chain(lied, lied.honest, w3=w3())
-        assert_overturned(committed, lambda prover: prover.prove_wrong_aggregation(committed.proof(3)))
-        door = Round0(honest, changed(honest.honest, 2, 9), w3=w3())
-        door.prover.prove_wrong_aggregation(door.proof(2))
-        assert door.prover.invalid_from(door.run_id) == 0
-        many = on_chain(honest, honest.honest, w3=w3(), max_contributions=2)
-        proof = dataclasses.replace(many.proof(0), pieces=[], piece_paths=[])
-        assert_overturned(many, lambda prover: prover.prove_wrong_aggregation(proof))
-        client = deploy(w3()).client(1)
-        with pytest.raises(errors.LedgerProofTooCostly):
-            client.create_run(digest("costly"), 1, 10, values={"max_contributions": 7, "max_rank": MAX_RANK})
-    finally:
-        anvil.stop()
-
-
 def test_an_honest_round_lists_at_most_max_contributions():
     """The aggregation caps the accepted set at what the run's proofs allow (training/diloco.py MAX_LISTED,
     the ledger's default maxContributions): the rest are left out, so an honest round is never wrong by its
@@ -365,7 +324,7 @@ def test_an_honest_round_lists_at_most_max_contributions():
     many = [contribution(SHAPES, "quant", 50 + i) for i in range(MAX_LISTED + 2)]
     capped = aggregated_round(SHAPES, many, NORMED)
     assert len(capped.honest.factors.scale_bits) == MAX_LISTED
-    committed = on_chain(capped, capped.honest)
+    committed = on_chain(connect_pyevm(), capped, capped.honest)
     with pytest.raises(errors.ProverRoundCorrect):
         committed.prover().prove_wrong_aggregation(committed.proof(1))
     with pytest.raises(errors.ProverNormCorrect):

@@ -1,0 +1,71 @@
+"""Both chain backends for the fraud-proof tests (issue 62: each adversary move on py-evm and on a real
+anvil).
+
+A test that takes ``chain_w3`` (tests/ledger_fixtures.py) runs once per backend. A family of cases (one move
+with several values) takes ``backend`` from :func:`each_on_both` instead, and :func:`chain` for its Web3:
+every case runs on py-evm, the first also on anvil by default, the others on anvil under ``slow`` (the same
+code path, so the default suite pays one anvil run per family). The anvil is the session's
+(``anvil_session``: one for every module).
+"""
+
+from __future__ import annotations
+
+import pytest
+from web3 import Web3
+
+from ledger.chain import connect_pyevm, connect_rpc
+
+BACKENDS = ("pyevm", "anvil")
+
+
+def chain(request, backend: str) -> Web3:
+    """A fresh py-evm chain, or a Web3 on the session's anvil."""
+    if backend == "pyevm":
+        return connect_pyevm()
+    return connect_rpc(request.getfixturevalue("anvil_session").url, timeout=60.0)
+
+
+def each_on_both(cases, ids) -> list:
+    """``pytest.param(backend, case)`` for every case on both backends; anvil beyond the first case slow."""
+    params = []
+    for index, (case, name) in enumerate(zip(cases, ids, strict=True)):
+        params.append(pytest.param("pyevm", case, id=f"pyevm-{name}"))
+        marks = (pytest.mark.slow,) if index else ()
+        params.append(pytest.param("anvil", case, id=f"anvil-{name}", marks=marks))
+    return params
+
+
+def fees_since(w3: Web3, address: str, block: int) -> int:
+    """What ``address`` paid in gas for its transactions mined after ``block`` (a proof and, issue 62, its
+    commitment a block before it)."""
+    paid = 0
+    for number in range(block + 1, w3.eth.block_number + 1):
+        for tx in w3.eth.get_block(number, full_transactions=True)["transactions"]:
+            if tx["from"].lower() == address.lower():
+                receipt = w3.eth.get_transaction_receipt(tx["hash"])
+                paid += receipt["gasUsed"] * receipt["effectiveGasPrice"]
+    return paid
+
+
+def assert_paid(deployment, run_id: int, prover, receipt_of, *, stake: int, slashed, kept=(),
+                invalid_from: int = 1):
+    """``receipt_of(prover)`` overturns the run from ``invalid_from``: the prover is paid half of each slashed
+    attester's ``stake``, its gas (the proof and its commitment) included, to the wei; each attester of the
+    wrong round loses its whole stake and pays nothing else; the members in ``kept`` lose nothing. Returns
+    what ``receipt_of`` returned."""
+    w3 = deployment.w3
+    accounts = {index: deployment.client(index).address for index in (*slashed, *kept)}
+    balances = {index: w3.eth.get_balance(address) for index, address in accounts.items()}
+    before, start = prover.balance(), w3.eth.block_number
+    receipt = receipt_of(prover)
+    assert prover.invalid_from(run_id) == invalid_from
+    paid = fees_since(w3, prover.address, start)
+    assert prover.balance() - before + paid == len(slashed) * stake // 2
+    for index, address in accounts.items():
+        member = prover.member(run_id, address)
+        if index in slashed:
+            assert member.status == "slashed" and member.stake == 0, (index, member)
+        else:
+            assert member.status == "active" and member.stake == stake, (index, member)
+        assert w3.eth.get_balance(address) == balances[index]  # no transaction of theirs, nothing paid out
+    return receipt
