@@ -16,7 +16,6 @@ writes bench/results/reproducible.json (``benchio.write_result``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -29,19 +28,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
+from training.exact_probe import ENCODERS, NATIVE, child_env, codec_bytes, fresh_steps, trainer_for  # noqa: E402
 
 DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-mini:adamw"
-GRID = [(capability, threads, cbwr) for capability in ("native", "default", "avx2") for threads in (1, 2)
+GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
         for cbwr in ("", "COMPATIBLE")]
-
-
-def trainer_for(preset: str, optimizer: str, reproducible: bool, batch: int):
-    from training.config import ModelConfig, TrainingConfig
-    from training.pipeline import LocalReplicaTrainer
-
-    model_cfg = ModelConfig(preset=preset)
-    return model_cfg, LocalReplicaTrainer(model_cfg, TrainingConfig(
-        batch_size=batch, optimizer=optimizer, device="cpu", reproducible=reproducible))
 
 
 def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, steps: int) -> float:
@@ -61,28 +52,8 @@ def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, st
     return statistics.median(times)
 
 
-def weights_after_two_steps(preset: str, optimizer: str, reproducible: bool, batch: int) -> str:
-    import torch
-
-    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
-    generator = torch.Generator().manual_seed(7)
-    for _ in range(2):
-        x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
-                for _ in range(2))
-        trainer.train_step(x, y)
-    digest = hashlib.sha256()
-    for tensor in trainer.state_dict().values():
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
-    if capability != "native":
-        env["ATEN_CPU_CAPABILITY"] = capability
-    if cbwr:
-        env["MKL_CBWR"] = cbwr
+    env = child_env(REPO, capability, threads, cbwr)
     spec = ",".join(f"{p}:{o}" for p, o in cases)
     done = subprocess.run([sys.executable, __file__, "--child", spec, "--threads", str(threads)], env=env,
                           capture_output=True, text=True, timeout=1800, cwd=REPO, check=True)
@@ -94,8 +65,10 @@ def run_child(cases: list[tuple[str, str]], threads: int) -> None:
 
     torch.set_num_threads(threads)
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads,
-                      "hashes": {f"{p}:{o}:{mode}": weights_after_two_steps(p, o, mode == "reproducible", 2)
-                                 for p, o in cases for mode in ("normal", "reproducible")}}))
+                      "hashes": {**{f"{p}:{o}:{mode}": fresh_steps(p, o, mode == "reproducible")
+                                    for p, o in cases for mode in ("normal", "reproducible")},
+                                 **{f"codec:{encoder}:{mode}": codec_bytes(encoder, mode == "reproducible")
+                                    for encoder in ENCODERS for mode in ("normal", "reproducible")}}}))
 
 
 def main(argv: list[str]) -> None:
