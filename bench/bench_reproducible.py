@@ -2,10 +2,12 @@
 
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
 ``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
-``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, and the slowdown.
+``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, the tokens per second
+and the slowdown; per encoder, the seconds of the codec's encode of fixed inputs (3 rounds under a byte
+budget, one to the error budget: ``training.exact_probe.codec_bytes``) in each mode.
 Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
-with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and
-whether every child gave the same bits.
+with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps and of the
+codec's payloads in each mode, and whether every child gave the same bits.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
@@ -30,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from bench.benchio import default_out, write_result  # noqa: E402
 from training.exact_probe import ENCODERS, NATIVE, child_env, codec_bytes, fresh_steps, trainer_for  # noqa: E402
 
-DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-mini:adamw"
+DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-20m:adamw"
 GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
         for cbwr in ("", "COMPATIBLE")]
 
@@ -93,16 +95,32 @@ def main(argv: list[str]) -> None:
     load = list(os.getloadavg())
     import torch
 
+    from training.config import ModelConfig
+
     torch.set_num_threads(args.timing_threads)
     timings = []
     for preset, optimizer in parse(args.cases):
         normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
         exact = step_seconds(preset, optimizer, True, args.batch, args.steps)
+        tokens = args.batch * ModelConfig(preset=preset).block_size
         timings.append({"preset": preset, "optimizer": optimizer, "batch": args.batch,
                         "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
-                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1)})
+                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1),
+                        "normal_tokens_per_s": round(tokens / normal, 1),
+                        "reproducible_tokens_per_s": round(tokens / exact, 1)})
         print(timings[-1], flush=True)
-    result = {"timings": timings}
+    codec = []
+    for encoder in ENCODERS:  # the codec's encode of training.exact_probe.codec_inputs: 3 rounds and 1
+        seconds = {}
+        for exact in (False, True):
+            started = time.perf_counter()
+            codec_bytes(encoder, exact)
+            seconds[exact] = time.perf_counter() - started
+        codec.append({"encoder": encoder, "normal_s": round(seconds[False], 3),
+                      "reproducible_s": round(seconds[True], 3),
+                      "slowdown": round(seconds[True] / seconds[False], 1)})
+        print(codec[-1], flush=True)
+    result = {"timings": timings, "codec": codec}
     if not args.no_grid:
         grid = []
         for capability, threads, cbwr in GRID:
