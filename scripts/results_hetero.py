@@ -239,6 +239,8 @@ def reproducible(r: dict) -> list[str]:
                           for row in grid)
         distinct = [[key, "yes" if same[key] else "no", str(len({row['hashes'][key] for row in grid}))]
                     for key in same]
-        lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}):", ""]
+        earlier = r.get("grid_recorded")
+        when = f" (recorded {earlier['date']} at {earlier['commit']}: {earlier['note']})" if earlier else ""
+        lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}){when}:", ""]
         lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
     return lines
