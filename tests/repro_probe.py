@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import pickle
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def main(run_path: str, threads: int) -> dict:
     cfg = load_config(None, run["overrides"])
     corpus = corpus_from_config(cfg.training, cfg.model)
     records = run["records"]
+    started = time.perf_counter()
     for index, record in enumerate(records):
         previous = records[index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
@@ -60,6 +62,7 @@ def main(run_path: str, threads: int) -> dict:
                 chain = check_state_chain(check.next_state_hashes, claimed)
             out["checks"].append({"round": record["round"], "replica": replica, "verdict": check.verdict,
                                   "rule": check.rule, "how": check.how, "chain": chain})
+    out["rerun_s"] = round(time.perf_counter() - started, 1)  # the reruns alone, as the audit's
     return out
 
 

@@ -146,13 +146,21 @@ def split_slices(
     last. Every operation is exact (division and multiplication by powers of two, rounding to an integer,
     the subtraction of a value's leading part)."""
     _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))
-    unit = pow2_64(exponent.to(torch.float64) - bits)
+    exponent = exponent.to(torch.float64)
+    unit = pow2_64(exponent - bits)
+    # Multiplying by the power of two 1/unit gives the quotient's bits (both exact scalings of the same value,
+    # rounded alike) at a fraction of a division's cost; where 1/unit of a later slice would leave the
+    # exponent range, the division.
+    inverse = pow2_64(bits - exponent) if bool((exponent >= bits * slices - 1022).all()) else None
     parts, rest = [], x
-    for _ in range(slices):
-        part = (rest / unit + ROUNDER) - ROUNDER
+    for index in range(slices):
+        scaled = rest * inverse if inverse is not None else rest / unit
+        part = (scaled + ROUNDER) - ROUNDER
         parts.append((part, unit))
-        rest = rest - part * unit
-        unit = unit * 2.0 ** -bits
+        if index + 1 < slices:
+            rest = rest - part * unit
+            unit = unit * 2.0 ** -bits
+            inverse = inverse * 2.0 ** bits if inverse is not None else None
     return parts
 
 
