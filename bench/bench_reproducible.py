@@ -2,10 +2,12 @@
 
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
 ``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
-``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, and the slowdown.
+``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, the tokens per second
+and the slowdown; per encoder, the seconds of the codec's encode of fixed inputs (3 rounds under a byte
+budget, one to the error budget: ``training.exact_probe.codec_bytes``) in each mode.
 Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
-with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps in each mode, and
-whether every child gave the same bits.
+with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps and of the
+codec's payloads in each mode, and whether every child gave the same bits.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
@@ -16,7 +18,6 @@ writes bench/results/reproducible.json (``benchio.write_result``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -29,19 +30,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.benchio import default_out, write_result  # noqa: E402
+from training.exact_probe import ENCODERS, NATIVE, child_env, codec_bytes, fresh_steps, trainer_for  # noqa: E402
 
-DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-mini:adamw"
-GRID = [(capability, threads, cbwr) for capability in ("native", "default", "avx2") for threads in (1, 2)
+DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-20m:adamw"
+GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
         for cbwr in ("", "COMPATIBLE")]
-
-
-def trainer_for(preset: str, optimizer: str, reproducible: bool, batch: int):
-    from training.config import ModelConfig, TrainingConfig
-    from training.pipeline import LocalReplicaTrainer
-
-    model_cfg = ModelConfig(preset=preset)
-    return model_cfg, LocalReplicaTrainer(model_cfg, TrainingConfig(
-        batch_size=batch, optimizer=optimizer, device="cpu", reproducible=reproducible))
 
 
 def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, steps: int) -> float:
@@ -61,28 +54,8 @@ def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, st
     return statistics.median(times)
 
 
-def weights_after_two_steps(preset: str, optimizer: str, reproducible: bool, batch: int) -> str:
-    import torch
-
-    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
-    generator = torch.Generator().manual_seed(7)
-    for _ in range(2):
-        x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
-                for _ in range(2))
-        trainer.train_step(x, y)
-    digest = hashlib.sha256()
-    for tensor in trainer.state_dict().values():
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(threads))
-    if capability != "native":
-        env["ATEN_CPU_CAPABILITY"] = capability
-    if cbwr:
-        env["MKL_CBWR"] = cbwr
+    env = child_env(REPO, capability, threads, cbwr)
     spec = ",".join(f"{p}:{o}" for p, o in cases)
     done = subprocess.run([sys.executable, __file__, "--child", spec, "--threads", str(threads)], env=env,
                           capture_output=True, text=True, timeout=1800, cwd=REPO, check=True)
@@ -94,8 +67,10 @@ def run_child(cases: list[tuple[str, str]], threads: int) -> None:
 
     torch.set_num_threads(threads)
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads,
-                      "hashes": {f"{p}:{o}:{mode}": weights_after_two_steps(p, o, mode == "reproducible", 2)
-                                 for p, o in cases for mode in ("normal", "reproducible")}}))
+                      "hashes": {**{f"{p}:{o}:{mode}": fresh_steps(p, o, mode == "reproducible")
+                                    for p, o in cases for mode in ("normal", "reproducible")},
+                                 **{f"codec:{encoder}:{mode}": codec_bytes(encoder, mode == "reproducible")
+                                    for encoder in ENCODERS for mode in ("normal", "reproducible")}}}))
 
 
 def main(argv: list[str]) -> None:
@@ -120,16 +95,32 @@ def main(argv: list[str]) -> None:
     load = list(os.getloadavg())
     import torch
 
+    from training.config import ModelConfig
+
     torch.set_num_threads(args.timing_threads)
     timings = []
     for preset, optimizer in parse(args.cases):
         normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
         exact = step_seconds(preset, optimizer, True, args.batch, args.steps)
+        tokens = args.batch * ModelConfig(preset=preset).block_size
         timings.append({"preset": preset, "optimizer": optimizer, "batch": args.batch,
                         "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
-                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1)})
+                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1),
+                        "normal_tokens_per_s": round(tokens / normal, 1),
+                        "reproducible_tokens_per_s": round(tokens / exact, 1)})
         print(timings[-1], flush=True)
-    result = {"timings": timings}
+    codec = []
+    for encoder in ENCODERS:  # the codec's encode of training.exact_probe.codec_inputs: 3 rounds and 1
+        seconds = {}
+        for exact in (False, True):
+            started = time.perf_counter()
+            codec_bytes(encoder, exact)
+            seconds[exact] = time.perf_counter() - started
+        codec.append({"encoder": encoder, "normal_s": round(seconds[False], 3),
+                      "reproducible_s": round(seconds[True], 3),
+                      "slowdown": round(seconds[True] / seconds[False], 1)})
+        print(codec[-1], flush=True)
+    result = {"timings": timings, "codec": codec}
     if not args.no_grid:
         grid = []
         for capability, threads, cbwr in GRID:

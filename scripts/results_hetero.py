@@ -217,12 +217,21 @@ def compile_cpu(r: dict) -> list[str]:
 
 
 def reproducible(r: dict) -> list[str]:
-    """bench/bench_reproducible.py: the reproducible mode's step time and its bits across kernels."""
+    """bench/bench_reproducible.py: the reproducible mode's step time, tokens/s, codec time and its bits."""
     rows = [[f"{row['preset']}, {row['optimizer']}", f"{row['normal_step_s']:.3f} s",
-             f"{row['reproducible_step_s']:.3f} s", f"x{row['slowdown']:.1f}"] for row in r["timings"]]
+             f"{row['reproducible_step_s']:.3f} s", str(row.get("normal_tokens_per_s", "")),
+             str(row.get("reproducible_tokens_per_s", "")), f"x{row['slowdown']:.1f}"]
+            for row in r["timings"]]
     lines = [f"One inner step, batch {r['timings'][0]['batch']}, {r['timings'][0]['threads']} thread(s), the "
              "median of the steps after a warm-up one.", ""]
-    lines += table(["preset, optimizer", "normal step", "reproducible step", "slowdown"], rows)
+    lines += table(["preset, optimizer", "normal step", "reproducible step", "normal tokens/s",
+                    "reproducible tokens/s", "slowdown"], rows)
+    if r.get("codec"):
+        lines += ["", "The codec's encode of fixed inputs (3 rounds under a byte budget and one to the error "
+                  "budget), torch's LAPACK and BLAS against the fixed-order codec:", ""]
+        lines += table(["encoder", "normal", "reproducible", "slowdown"],
+                       [[row["encoder"], f"{row['normal_s']:.2f} s", f"{row['reproducible_s']:.2f} s",
+                         f"x{row['slowdown']:.1f}"] for row in r["codec"]])
     grid = r.get("grid")
     if grid:
         same = r["identical_across_grid"]
@@ -230,6 +239,8 @@ def reproducible(r: dict) -> list[str]:
                           for row in grid)
         distinct = [[key, "yes" if same[key] else "no", str(len({row['hashes'][key] for row in grid}))]
                     for key in same]
-        lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}):", ""]
+        earlier = r.get("grid_recorded")
+        when = f" (recorded {earlier['date']} at {earlier['commit']}: {earlier['note']})" if earlier else ""
+        lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}){when}:", ""]
         lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
     return lines

@@ -8,19 +8,18 @@ print.
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
 inner steps of each (preset, optimizer) of :data:`FRESH` in the reproducible mode on ``THREADS`` threads (and
-of GPT-2 in the normal mode), and every spot check's verdict, rule and whether its next state chains into the
-claimant's next round, each rerun as the audit reruns it (``rerun_by_rule``: here, or in a child under the
-claimant's math-library path). The reruns run on the claimant's thread count, as a verifier's do: their inner
-steps would give the same bits on any, but the codec's encode, outside the mode, does not
-(docs/REPRODUCIBLE.md).
+of GPT-2 in the normal mode), the payloads' hash of each encoder on fixed inputs in the reproducible codec
+(and of "v2" in the normal one; training/exact_probe.py), and every spot check's verdict, rule and whether
+its next state chains into the claimant's next round, each rerun as the audit reruns it (``rerun_by_rule``:
+here; a reproducible run needs no child for the claimant's kernels).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,27 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-#: (preset, inner optimizer) trained fresh for two inner steps in every child.
-FRESH = (("tiny", "adamw"), ("llama-tiny", "muon"))
-
-
-def fresh_steps(preset: str, optimizer: str, reproducible: bool = True) -> str:
-    """sha256 (16 hex) of the weights after two inner steps of ``preset`` from its initial weights."""
-    from training.config import ModelConfig, TrainingConfig
-    from training.pipeline import LocalReplicaTrainer
-
-    model_cfg = ModelConfig(preset=preset)
-    trainer = LocalReplicaTrainer(model_cfg, TrainingConfig(batch_size=2, optimizer=optimizer, device="cpu",
-                                                            reproducible=reproducible))
-    generator = torch.Generator().manual_seed(7)
-    for _ in range(2):
-        x, y = (torch.randint(0, model_cfg.vocab_size, (2, model_cfg.block_size), generator=generator)
-                for _ in range(2))
-        trainer.train_step(x, y)
-    digest = hashlib.sha256()
-    for tensor in trainer.state_dict().values():
-        digest.update(tensor.numpy().tobytes())
-    return digest.hexdigest()[:16]
+from training.exact_probe import ENCODERS, FRESH, codec_bytes, fresh_steps  # noqa: E402
 
 
 def main(run_path: str, threads: int) -> dict:
@@ -60,26 +39,30 @@ def main(run_path: str, threads: int) -> dict:
 
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                  "fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
-                 "normal": fresh_steps("tiny", "adamw", reproducible=False), "checks": []}
+                 "normal": fresh_steps("tiny", "adamw", reproducible=False),
+                 "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS},
+                 "codec_normal": codec_bytes("v2", exact=False), "checks": []}
     if run_path == "-":
         return out
     run = pickle.loads(Path(run_path).read_bytes())
     cfg = load_config(None, run["overrides"])
     corpus = corpus_from_config(cfg.training, cfg.model)
     records = run["records"]
+    started = time.perf_counter()
     for index, record in enumerate(records):
         previous = records[index - 1]["contributions"] if index > 0 else None
         for replica, parts in sorted(record["states"].items()):
             check = rerun_by_rule(  # as `dlx-node audit --reexecute` reruns a claim
                 parts, record["claims"][replica], corpus, cfg.model, cfg.training, cfg.diloco,
                 cfg.compression, outer_round=record["round"], replica=replica, run_rounds=len(records),
-                previous_contributions=previous)  # the claimant's threads: the codec's encode needs them
+                previous_contributions=previous)
             chain = None
             if index + 1 < len(records) and check.next_state_hashes is not None:
                 claimed = [claim.state_hash for claim in records[index + 1]["claims"][replica]]
                 chain = check_state_chain(check.next_state_hashes, claimed)
             out["checks"].append({"round": record["round"], "replica": replica, "verdict": check.verdict,
                                   "rule": check.rule, "how": check.how, "chain": chain})
+    out["rerun_s"] = round(time.perf_counter() - started, 1)  # the reruns alone, as the audit's
     return out
 
 

@@ -34,6 +34,7 @@ replay, are :mod:`training.slicemessages`; a replica's slices travel as one bund
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from training.compression import (
 from training.config_compression import CompressionConfig
 from training.diloco import average_contributions
 from training.errors import ContributionDecodeError, ContributionEncodeError
+from training.exact_codec import ExactCodec
 from training.robust import ContributionReport, lower_median, robust_contributions
 from training.slice_plan import (
     LIVE_MIN_SLICE_NUMEL,
@@ -166,14 +168,15 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
             else value.to(torch.float32)
             for name, value in pseudo_gradient.items()
         }
-        blobs, decoded, stats = encode_slices(
-            target,
-            self.plan,
-            self.cfg,
-            self.bandwidth_budget,
-            stage_index=stage_index,
-            outer_round=outer_round,
-        )
+        with ExactCodec() if self.exact else contextlib.nullcontext():  # training.reproducible
+            blobs, decoded, stats = encode_slices(
+                target,
+                self.plan,
+                self.cfg,
+                self.bandwidth_budget,
+                stage_index=stage_index,
+                outer_round=outer_round,
+            )
         if use_feedback:
             self.residual = {name: torch.sub(target[name], decoded[name]) for name in self.residual}
         elif self._carry:
@@ -357,6 +360,7 @@ def slice_stage(engine, num_replicas: int, min_slice_numel: int = LIVE_MIN_SLICE
     old = engine.compressor
     sliced = SlicedErrorFeedbackCompressor(engine.shapes, engine.compression_cfg, plan,
                                            bandwidth_budget=old.bandwidth_budget)
+    sliced.exact = old.exact  # a reproducible run's fixed-order codec
     sliced.residual = old.residual
     engine.compressor = sliced
     return plan

@@ -22,6 +22,7 @@ to one bounded residual.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import torch
@@ -33,6 +34,7 @@ from training.codec.stats import CompressionStats, TensorCodecStats
 from training.codec_wire import declare_steps
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
+from training.exact_codec import ExactCodec
 
 __all__ = [
     "CompressionStats",
@@ -100,8 +102,11 @@ class ErrorFeedbackCompressor:
         cfg: CompressionConfig,
         *,
         bandwidth_budget: int | None = None,
+        exact: bool = False,
     ) -> None:
         self.cfg = cfg
+        # training.reproducible: encode in fixed order (training.exact_codec), the same bytes on any CPU
+        self.exact = exact
         # Bytes per contribution (0: code to cfg.error_budget). The stage engine resolves
         # cfg.bandwidth_budget = "auto" from the round length and passes the number; without
         # that context "auto" falls back to the error budget.
@@ -132,19 +137,8 @@ class ErrorFeedbackCompressor:
             name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        encoder = encoder_for(self.cfg)
-        if self.cfg.enabled and self.bandwidth_budget > 0:
-            blob, decoded, stats, self.encoder_memo = encoder.encode_round(
-                target,
-                self.bandwidth_budget,
-                self.encoder_memo,
-                stage_index=stage_index,
-                outer_round=outer_round,
-            )
-        else:
-            blob, decoded, stats = encoder.encode_to_error_budget(
-                target, stage_index=stage_index, outer_round=outer_round
-            )
+        with ExactCodec() if self.exact else contextlib.nullcontext():
+            blob, decoded, stats = self._encode(target, stage_index, outer_round)
         if use_feedback:
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
@@ -155,6 +149,19 @@ class ErrorFeedbackCompressor:
         self._carry = False
         self.last_decoded = decoded  # what every receiver will decode from ``blob``
         return blob, stats
+
+    def _encode(self, target, stage_index: int, outer_round: int):
+        encoder = encoder_for(self.cfg)
+        if self.cfg.enabled and self.bandwidth_budget > 0:
+            blob, decoded, stats, self.encoder_memo = encoder.encode_round(
+                target,
+                self.bandwidth_budget,
+                self.encoder_memo,
+                stage_index=stage_index,
+                outer_round=outer_round,
+            )
+            return blob, decoded, stats
+        return encoder.encode_to_error_budget(target, stage_index=stage_index, outer_round=outer_round)
 
     def restore_undelivered(self, sent: Mapping[str, torch.Tensor]) -> None:
         """Put a transmitted update that was never aggregated back into the residual.

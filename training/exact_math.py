@@ -137,24 +137,34 @@ SLICES = 2
 ROUNDER = 6755399441055744.0
 
 
-def split_slices(x: torch.Tensor, dim: int, bits: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def split_slices(
+    x: torch.Tensor, dim: int, bits: int, slices: int = SLICES
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``x`` (float64) as ``sum_i slice_i * unit_i`` (the part below half the last unit dropped):
     ``slice_i`` integers of magnitude at most ``2^bits``, ``unit_i`` powers of two per row (``dim`` reduced,
     kept): ``unit_0 = 2^(e - bits)`` for ``max |x| < 2^e`` along ``dim``, each next unit ``2^-bits`` of the
     last. Every operation is exact (division and multiplication by powers of two, rounding to an integer,
     the subtraction of a value's leading part)."""
     _, exponent = torch.frexp(x.abs().amax(dim, keepdim=True))
-    unit = pow2_64(exponent.to(torch.float64) - bits)
+    exponent = exponent.to(torch.float64)
+    unit = pow2_64(exponent - bits)
+    # Multiplying by the power of two 1/unit gives the quotient's bits (both exact scalings of the same value,
+    # rounded alike) at a fraction of a division's cost; where 1/unit of a later slice would leave the
+    # exponent range, the division.
+    inverse = pow2_64(bits - exponent) if bool((exponent >= bits * slices - 1022).all()) else None
     parts, rest = [], x
-    for _ in range(SLICES):
-        part = (rest / unit + ROUNDER) - ROUNDER
+    for index in range(slices):
+        scaled = rest * inverse if inverse is not None else rest / unit
+        part = (scaled + ROUNDER) - ROUNDER
         parts.append((part, unit))
-        rest = rest - part * unit
-        unit = unit * 2.0 ** -bits
+        if index + 1 < slices:
+            rest = rest - part * unit
+            unit = unit * 2.0 ** -bits
+            inverse = inverse * 2.0 ** bits if inverse is not None else None
     return parts
 
 
-def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def exact_matmul(a: torch.Tensor, b: torch.Tensor, slices: int = SLICES) -> torch.Tensor:
     """``a @ b`` for ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), the same bits in any
     summation order (Ozaki et al. 2012's error-free splitting).
 
@@ -165,17 +175,18 @@ def exact_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     the BLAS uses. The products of slices ``i + j < SLICES`` (the low-by-low one, below float32's precision,
     is left out) are scaled (powers of two) and added in a fixed order in float64, then rounded once to
     ``a``'s dtype. What is dropped lies below ``2^(-2 bits)`` of a row's (column's) largest entry: at
-    ``K <= 1024`` (21-bit slices) far below float32's rounding."""
+    ``K <= 1024`` (21-bit slices) far below float32's rounding. ``slices``: more slices for a float64 result
+    (the codec's, :mod:`training.exact_codec`: 3 keep ``2^(-3 bits)``)."""
     if a.size(-1) != b.size(-2):
         raise ValueError(f"exact_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     inner = a.size(-1)
     bits = (52 - max(inner - 1, 1).bit_length()) // 2
-    left = split_slices(a.to(torch.float64), -1, bits)
-    right = split_slices(b.to(torch.float64), -2, bits)
+    left = split_slices(a.to(torch.float64), -1, bits, slices)
+    right = split_slices(b.to(torch.float64), -2, bits, slices)
     out = None
     for i, (a_part, a_unit) in enumerate(left):
         for j, (b_part, b_unit) in enumerate(right):
-            if i + j >= SLICES:
+            if i + j >= slices:
                 continue
             term = torch.matmul(a_part, b_part) * a_unit * b_unit
             out = term if out is None else out + term

@@ -105,11 +105,21 @@ class ExactEmbedding(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
-        flat_ids = ids.reshape(-1).tolist()
-        rows = grad.reshape(len(flat_ids), grad.size(-1))
+        flat = ids.reshape(-1)
+        rows = grad.reshape(flat.numel(), grad.size(-1))
         out = rows.new_zeros((ctx.rows, rows.size(1)))
-        for position, token in enumerate(flat_ids):
-            out[token] += rows[position]
+        # Round k adds every token's k-th occurrence (positions increasing within a token): per token the
+        # additions of the position-by-position loop, in its order, but one indexed add per round (the
+        # indices of a round are distinct, so no two of its additions meet).
+        order = torch.sort(flat, stable=True).indices
+        tokens = flat[order]
+        _, counts = torch.unique_consecutive(tokens, return_counts=True)
+        starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        occurrence = torch.arange(flat.numel()) - starts
+        for k in range(int(counts.max()) if counts.numel() else 0):
+            chosen = occurrence == k
+            targets = tokens[chosen]
+            out[targets] = out[targets] + rows[order[chosen]]
         return None, out
 
 

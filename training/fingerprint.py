@@ -53,10 +53,9 @@ UNDECIDED = "undecided"
 RULE_SAME_PLATFORM = "same-platform-bit-exact"
 RULE_CROSS_PLATFORM = "cross-platform-tolerance"
 RULE_UNRECORDED = "unrecorded-platform-tolerance"  # a start state from before fingerprints (float32 CPU runs)
-# A run with training.reproducible: its inner steps give the same bits under every instruction set and thread
-# count (training/exact_mode.py), and the codec's encode (outside the mode: LAPACK and BLAS) under every ATen
-# instruction set on one CPU model, math-library path and thread count, so a rerun there must reproduce the
-# payloads bit for bit whatever ATEN_CPU_CAPABILITY either side ran under (docs/REPRODUCIBLE.md).
+# A run with training.reproducible: its inner steps (training/exact_mode.py) and its codec's encode
+# (training/exact_codec.py) give the same bits under every instruction set, thread count, math-library path
+# and CPU model, so a rerun on any CPU must reproduce the payloads bit for bit (docs/REPRODUCIBLE.md).
 RULE_REPRODUCIBLE = "reproducible-bit-exact"
 
 #: Relative L2 distance between decoded pseudo-gradients beyond which a rerun on another platform is a
@@ -310,14 +309,14 @@ class RerunVerdict:
 
 
 def same_codec_platform(claimed: PlatformFingerprint | None, rerun: PlatformFingerprint) -> bool:
-    """Whether a reproducible run's claim and rerun agree on everything but ATen's instruction set: CPU
-    float32 eager training on one CPU model, torch build and math-library path (``blas``). The inner steps of
-    the reproducible mode are the same bits anywhere; the codec's encode is the same bits there."""
+    """Whether a reproducible run's claim and rerun are both CPU float32 eager training on one torch version:
+    the mode's inner steps and its codec's encode are then the same bits whatever the CPU model, instruction
+    set, math-library path (``blas``) or thread count (a GPU's kernels and another torch version's are not
+    covered: untested)."""
     if claimed is None:
         return False
     return all(side.device_type == "cpu" and side.precision == "fp32" and not side.compiled
-               for side in (claimed, rerun)) and (claimed.device_name, claimed.torch, claimed.blas) == (
-        rerun.device_name, rerun.torch, rerun.blas)
+               for side in (claimed, rerun)) and claimed.torch == rerun.torch
 
 
 def compare_rerun(
@@ -338,11 +337,11 @@ def compare_rerun(
     (:data:`CROSS_PLATFORM_TOLERANCE`; ``tolerance`` overrides it), :data:`UNDECIDED` between (module
     docstring). A start state without a fingerprint (made before they existed: float32 runs) is judged
     the same way in float32. ``reproducible``: the run's ``training.reproducible``; where
-    :func:`same_codec_platform` holds and the thread counts are equal, any distance is a mismatch whatever
-    instruction set either side's ATen kernels used (no tolerance, no undecided zone); elsewhere the codec's
-    LAPACK and BLAS calls may round differently and the rules above apply.
+    :func:`same_codec_platform` holds, any distance is a mismatch whatever CPU, instruction set, math-library
+    path or thread count either side used (no tolerance, no undecided zone); elsewhere (a GPU, another torch
+    version) the rules above apply.
     """
-    if reproducible and same_codec_platform(claimed, rerun) and claimed_threads == rerun_threads:
+    if reproducible and same_codec_platform(claimed, rerun):
         verdict = EXACT if distance == 0.0 else MISMATCH
         where = "claimant's platform not recorded" if claimed is None else \
             f"claimant on {claimed.describe()} ({claimed_threads} threads)"

@@ -64,7 +64,8 @@ class SimReplica:
         initial = init_state_dict(sim.model, sim.training.seed)
         self.trainer = LocalReplicaTrainer(sim.model, sim.training, sim.num_stages, state_dict=initial)
         self.engines = [
-            StageEngine(spec.index, dict(module.named_parameters()), sim.diloco, sim.compression)
+            StageEngine(spec.index, dict(module.named_parameters()), sim.diloco, sim.compression,
+                        exact=sim.training.reproducible)
             for spec, module in zip(self.trainer.specs, self.trainer.stage_modules)
         ]
 

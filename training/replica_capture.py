@@ -116,7 +116,8 @@ def initial_replica_state(
     if meta.outer_round != 0:
         raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
-    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+    engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
+                           exact=training_cfg.reproducible)
                for spec, module in zip(trainer.specs, trainer.stage_modules)]
     for engine in engines:
         slice_for_exchange(engine, diloco_cfg)

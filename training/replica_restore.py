@@ -36,7 +36,8 @@ def restore_replica(
     engines = []
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
         _restore_optimizer(part, module, optimizer)
-        engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+        engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
+                             exact=training_cfg.reproducible)
         slice_for_exchange(engine, diloco_cfg)  # as the node's engines encode (node.live.worker.replica)
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)

@@ -107,7 +107,8 @@ class DilocoSimulation:
         ]
         self.engines = [
             [
-                StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg)
+                StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
+                            exact=training_cfg.reproducible)
                 for spec, module in zip(trainer.specs, trainer.stage_modules)
             ]
             for trainer in self.trainers

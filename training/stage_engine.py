@@ -92,6 +92,8 @@ class StageEngine(EngineJoining, EngineState):
         params: Mapping[str, torch.Tensor],
         diloco_cfg: DilocoConfig,
         compression_cfg: CompressionConfig,
+        *,
+        exact: bool = False,
     ) -> None:
         self.stage_index = stage_index
         self.params = dict(params)
@@ -105,7 +107,8 @@ class StageEngine(EngineJoining, EngineState):
         budget = compression_cfg.stage_bandwidth_budget(
             numel, diloco_cfg.inner_steps, diloco_cfg.num_replicas
         )
-        self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget)
+        self.compressor = ErrorFeedbackCompressor(self.shapes, compression_cfg, bandwidth_budget=budget,
+                                                 exact=exact)  # training.reproducible: a fixed-order codec
         # local weights when the current round began
         self._round_start: Weights = host_float32_copy(self.params)
         self._round_end: dict[int, Weights] = {}  # E_t for rounds encoded but not applied yet

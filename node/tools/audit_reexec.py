@@ -215,13 +215,13 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
     """:func:`training.reexec.verify_contribution`, run where the platform rule says (module docstring):
     here, or in a child under the claimant's ATen CPU capability where this CPU has it. The result's
     ``how`` attribute says "exact", "emulated" or "tolerance". A reproducible run (``training.reproducible``)
-    needs no child for the claimant's ATen instruction set (its inner steps are the same bits under every
-    one), only for its math-library path (the codec's encode calls LAPACK and BLAS)."""
+    needs no child: its inner steps and its codec's encode are the same bits under every instruction set,
+    math-library path and thread count."""
     import torch
 
     from training.errors import TrainingError
     from training.fingerprint import RULE_REPRODUCIBLE, RULE_SAME_PLATFORM, fingerprint
-    from training.claimant_kernels import CAPABILITY_ENV, kernels_to_emulate, native_cpu_capability
+    from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
     from training.replica_state import parse_stage_state
     from training.reexec import verify_contribution
     from training.rerun_child import verify_under_kernels
@@ -232,8 +232,8 @@ def rerun_by_rule(state_parts, claims, corpus, *configs, **kwargs):
         claimed = None  # verify_contribution gives the malformed state its verdict
     kernels = None if claimed is None else kernels_to_emulate(
         claimed, fingerprint(torch.device("cpu"), claimed.precision), native_cpu_capability())
-    if kernels is not None and configs[1].reproducible:
-        kernels = {name: value for name, value in kernels.items() if name != CAPABILITY_ENV} or None
+    if configs[1].reproducible:
+        kernels = None
     if kernels is not None:
         result = verify_under_kernels(kernels, state_parts=list(state_parts), claims=list(claims),
                                          corpus=corpus, model_cfg=configs[0], training_cfg=configs[1],

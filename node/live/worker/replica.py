@@ -104,7 +104,8 @@ class ReplicaWorker(StageAggregation):
             modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
-            self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression)
+            self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression,
+                                              exact=self.cfg.training.reproducible)
             # docs/PROTOCOL.md, "Sliced exchange"
             plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)
             if plan is not None:
