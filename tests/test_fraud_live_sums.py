@@ -18,7 +18,7 @@ import hashlib
 import json
 import time
 
-from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
+from tests.fraud_live_fixtures import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
 
 from ledger.availability import FACTORS, availability_answer, sums_which
 from ledger.normproof import NormProof, SumTree, clip_scales

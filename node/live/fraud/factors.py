@@ -127,7 +127,10 @@ class FactorProofs:
         if fault is not None:
             return self._send_norm(outer_round, stage, scale_proof(record, leaves, stage, encoded), fault[1])
         if outer_round in self._foreign:
-            return self._unbound_contributor(outer_round, stage, record, leaves, encoded)
+            return self._unbound_contributor(outer_round, stage, record, leaves, encoded,
+                                             "the committed contributions are not the ones this node "
+                                             "aggregated, and their factors keep the run's values and "
+                                             "binding (a dispute's matter)")
 
         def committed_weights():
             fetched = self.states.committed_state(outer_round, stage, leaf, providers)
@@ -142,17 +145,17 @@ class FactorProofs:
                          found[0])
             self._challenge_sums(walk)
             return True
-        if proof is None:
-            self._unprovable(outer_round, f"stage {stage}: {why}")
-            return False
+        if proof is None:  # a listed contributor without a seat is seen on chain only
+            return self._unbound_contributor(outer_round, stage, record, leaves, encoded,
+                                             f"stage {stage}: {why}")
         return self._send_norm(outer_round, stage, proof, why)
 
     def _unbound_contributor(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
-                             factors: bytes) -> bool:
+                             factors: bytes, why_not: str) -> bool:
         """Committed contributions other than this node's, whose factors keep the run's values and whose
-        signatures recover: a listed account that held no seat in the round is seen only on chain (the
-        binding's ``memberOf``), so the scales' proof is sent if the contract's view holds it; else nothing is
-        provable."""
+        signatures recover, or factors no other proof applies to: a listed account that held no seat in the
+        round is seen only on chain (the binding's ``memberOf``), so the scales' proof is sent if the
+        contract's view holds it; else the round is logged unprovable (``why_not``)."""
         proof = scale_proof(record, leaves, stage, factors)
         try:
             holds = self.chain.norm_proof_holds(proof)
@@ -162,8 +165,6 @@ class FactorProofs:
         if holds:
             return self._send_norm(outer_round, stage, proof,
                                    "factors list a contributor that held no seat in the round")
-        self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated, "
-                                      "and their factors keep the run's values and binding (a dispute's "
-                                      "matter)")
+        self._unprovable(outer_round, why_not)
         return False
 

@@ -98,7 +98,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
 
     def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
                  num_stages: int, stop: threading.Event, proofs_dir: Path | None = None,
-                 schedule=None, values: RunValues | None = None) -> None:
+                 schedule=None, values: RunValues | None = None,
+                 genesis: list[StageState] | None = None) -> None:
         self.run_id = run_id
         self._values = values  # the run's values on chain (issue 62); None: read from the chain when needed
         # the run's committed outer schedule (ledger.runvalues.Schedule; issue 62): every chunk proof carries
@@ -129,7 +130,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         # round -> (record of t - 1 or None for round 0, its committed stage leaves encoded): a values proof's
         self._parents: dict[int, tuple] = {}
         self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
-        self._genesis: list[StageState] | None = None  # the run's states before round 0 (its genesisRoot)
+        # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
+        self._genesis: list[StageState] | None = genesis
 
     # -- the committed leaves --------------------------------------------------------------
     def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
