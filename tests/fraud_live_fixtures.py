@@ -162,18 +162,19 @@ NORMED_RUN = ["diloco.outer_lr=0.7", "diloco.outer_momentum=0.9", "pipeline.num_
 
 
 @contextlib.contextmanager
-def _normed_world(tmp_path, blobs: list):
+def _normed_world(tmp_path, blobs: list, outer_round: int = 1):
     """A version-3 (normed) run's world over ``blobs`` (aggregated by the rule), with the colluders' config
     (version-2 factors, ``norm_clip`` 0: every scale 1.0) and their aggregation; hosts and provers stopped at
-    the end. Yields (world, the colluders' config, their aggregation)."""
+    the end. Yields (world, the colluders' config, their aggregation); ``outer_round``: the round the blobs
+    and the aggregation are of."""
     cfg = load_config(None, [*NORMED_RUN, "diloco.commitments=normed"])
     chunked = load_config(None, [*NORMED_RUN, "diloco.commitments=chunked", "diloco.norm_clip=0"])
     layout = RunLayout(1, b"\x07" * 32, {}, (SHAPES, OTHER), chunked=True)
     weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
-    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0, outer_round=1,
-                                        compression_cfg=cfg.compression)
-    colluded = aggregate_with_report(weights, momentum, blobs, chunked.diloco, stage_index=0, outer_round=1,
-                                     compression_cfg=chunked.compression)
+    aggregation = aggregate_with_report(weights, momentum, blobs, cfg.diloco, stage_index=0,
+                                        outer_round=outer_round, compression_cfg=cfg.compression)
+    colluded = aggregate_with_report(weights, momentum, blobs, chunked.diloco, stage_index=0,
+                                     outer_round=outer_round, compression_cfg=chunked.compression)
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))
     hosts = [P2PHost.start(P2PConfig(listen_port=0), Identity.generate(), data_dir=tmp_path / f"host{i}")
              for i in range(2)]

@@ -1,7 +1,8 @@
 """The live prover proves the rounds whose factors the run does not allow (issue 62; docs/FRAUD_PROOF.md, "The
 run's values", "The binding"), in process as tests/test_fraud_live.py: real libp2p hosts, py-evm, the node's
 own prover (node/live/fraud/prover.py, node/live/fraud/factors.py, node/live/fraud/values.py) in a normed run
-created with its document's values on chain (RunParams' schedule root, Nesterov flag, norm clip, genesis root).
+created with its document's values on chain (RunParams' schedule root, Nesterov flag, norm clip, genesis
+root).
 
 Members 1 and 2 (the quorum) collude and serve what they committed; member 3, honest and outside the quorum,
 alone gets each round overturned and the colluders slashed: a round stepped with another lr or without
@@ -34,9 +35,10 @@ from training.diloco import aggregate_with_report
 OUTSIDER = 6  # an account that never joins the run
 
 
-def _blobs() -> list[bytes]:
-    return [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
-            contribution(SHAPES, "raw", 32, scale=0.5)]
+def _blobs(outer_round: int = 1) -> list[bytes]:
+    return [contribution(SHAPES, "lowrank", 30, rank=4, outer_round=outer_round),
+            contribution(SHAPES, "quant", 31, outer_round=outer_round),
+            contribution(SHAPES, "raw", 32, scale=0.5, outer_round=outer_round)]
 
 
 def _envelopes(blobs) -> list[bytes]:
@@ -93,7 +95,8 @@ def _assert_overturned(deployment, run, client, invalid: int = 1) -> None:
 
 
 def _kept(tmp_path, outer_round: int = 1):
-    document = json.loads((tmp_path / "proofs" / f"round-{outer_round:08d}-stage0.json").read_bytes())["proof"]
+    kept = tmp_path / "proofs" / f"round-{outer_round:08d}-stage0.json"
+    document = json.loads(kept.read_bytes())["proof"]
     return NormProof.from_json(document) if document.get("kind") == "norm" else AggregationProof.from_json(
         document)
 
@@ -150,7 +153,7 @@ def test_a_fabricated_contribution_signed_by_a_non_member_is_proven_by_the_live_
 
 
 def test_a_back_doored_round_zero_is_proven_by_the_live_node_against_the_genesis_root(tmp_path, caplog):
-    with _normed_world(tmp_path, _blobs()) as (world, _chunked, _colluded):
+    with _normed_world(tmp_path, _blobs(0), 0) as (world, _chunked, _colluded):
         world.bindings = _bindings(world.cfg, world.blobs, 0)
         colluder_host, prover_host = world.hosts
         aggregation, envelopes = world.aggregation, _envelopes(world.blobs)
