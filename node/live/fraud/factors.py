@@ -102,6 +102,7 @@ class FactorProofs:
             challenge_id = self.chain.challenge_availability(target)
             with self._lock:
                 self._factor_opens[challenge_id] = (stage, record, leaves, leaf, own)
+                self.log.wrong[outer_round] = f"stage {stage}: its committed factors differ from this node's"
             self._open(outer_round, challenge_id)
             return True
         factors, trees = opened
@@ -143,6 +144,7 @@ class FactorProofs:
                          "node's and nobody serves "
                          "it; opening it leaf by leaf through availability challenges", outer_round, stage,
                          found[0])
+            self._found_wrong(outer_round, f"stage {stage}: a committed sum tree differs from this node's")
             self._challenge_sums(walk)
             return True
         if proof is None:  # a listed contributor without a seat is seen on chain only

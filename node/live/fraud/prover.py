@@ -89,6 +89,9 @@ class ProverLog:
     challenges: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id
     expired: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id settled unanswered
     unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
+    # round -> why this node holds it wrong: a proof built (sent, or waiting for its parent's window) or a
+    # walk of its withheld state or factors begun; dropped if the proof or walk fails (this node was mistaken)
+    wrong: dict[int, str] = field(default_factory=dict)
 
 
 
@@ -132,6 +135,27 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
         # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
         self._genesis: list[StageState] | None = genesis
+
+    # -- signing on top ------------------------------------------------------------------------
+    def refuses_to_sign(self, outer_round: int) -> str | None:
+        """Why this node must not sign round ``outer_round``'s record (None: it may): an earlier round it
+        holds wrong still stands on chain (issue 62: an honest node never signs on top of a wrong round; the
+        committer asks before each signature, node/live/record/quorumcommit.py). Rounds are checked in
+        order, so round t's proof is built, and sent or kept waiting for its parent's window, before t + 1
+        is signed."""
+        with self._lock:
+            wrong = sorted((t, why) for t, why in self.log.wrong.items() if t < outer_round)
+        if not wrong:
+            return None
+        invalid = self.chain.invalid_from(self.run_id)
+        for t, why in wrong:
+            if invalid is None or invalid > t:
+                return f"round {t} is wrong ({why}) and not yet overturned on chain"
+        return None
+
+    def _found_wrong(self, outer_round: int, why: str) -> None:
+        with self._lock:
+            self.log.wrong[outer_round] = why
 
     # -- the committed leaves --------------------------------------------------------------
     def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
@@ -240,6 +264,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             logger.error(
                 "round %d stage %d: the committed state is withheld by its attesters; challenging its "
                 "availability on chain", outer_round, stage)
+            self._found_wrong(outer_round, f"stage {stage}: its committed state differs from this node's")
             self._challenge(walk)
             return True
         committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
@@ -311,6 +336,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
 
     def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
         """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
+        self._found_wrong(outer_round, f"stage {stage}: a proof was built")
         if self.proofs_dir is None:
             return
         document = {"proof": proof.to_json(), "attesters": list(attesters or ())}
@@ -322,6 +348,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
 
 
     def _unprovable(self, outer_round: int, why: str) -> None:
+        with self._lock:
+            self.log.wrong.pop(outer_round, None)
         if self.log.unprovable.get(outer_round) != why:
             logger.warning(
                 "round %d: the committed weights root differs from this node's; no fraud proof: %s",
