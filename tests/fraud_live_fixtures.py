@@ -114,12 +114,14 @@ def run_values(cfg, *, genesis: bool = False, **overrides) -> dict:
 
 
 def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes, own_leaf: bytes,
-           colluder_peer: str, *, values: dict | None = None, round_zero: bool = False):
+           colluder_peer: str, *, values: dict | None = None, round_zero: bool = False,
+           parent_closed: bool = True):
     """The chain (rounds 0 and 1 committed by the colluders, round 1 with ``committed_leaf``), the book of
     attestations the prover heard, and the prover (member 3, holding stage 0). The run is created with the
     commitments version of ``world.cfg`` (RunParams.commitments) and ``values`` (issue 62: run_values; None:
     unbound). ``round_zero``: only round 0 is committed, with ``committed_leaf``, on top of the run's genesis
-    root over the world's start, which the prover holds as the run's genesis states."""
+    root over the world's start, which the prover holds as the run's genesis states. ``parent_closed``
+    False: round 1 is committed while round 0's proof window is still open (its proofs wait, issue 62)."""
     deployment = deploy(connect_pyevm(), min_stake=STAKE)
     start_state = initial_state(0, world.weights, world.momentum)
     if round_zero:
@@ -135,7 +137,7 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     prover_peer, second = world.hosts[1].peer_id, Identity.generate().peer_id
     rounds = [(committed_leaf, own_leaf)] if round_zero else [(start, start), (committed_leaf, own_leaf)]
     for outer_round, (stage0, own0) in enumerate(rounds):
-        if outer_round:  # round 0's window closes first: round 1's proof is taken at once (issue 62)
+        if outer_round and parent_closed:  # round 0's window closes first: round 1's proof is taken at once
             mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"])
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(
             [StageLeaf.decode(stage0), StageLeaf.decode(other)]))

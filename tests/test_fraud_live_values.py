@@ -174,3 +174,40 @@ def test_a_back_doored_round_zero_is_proven_by_the_live_node_against_the_genesis
         _assert_overturned(deployment, run, client, invalid=0)
         kept = _kept(tmp_path, 0)
         assert kept.prev_record[1] == 0 and kept.new_weights != b""  # a chunk's proof over the genesis start
+
+
+def test_an_honest_node_does_not_sign_on_top_of_a_round_it_holds_wrong(tmp_path, caplog):
+    """Issue 62: a node that can prove round 1 wrong proves it before it signs round 2, and while the proof
+    waits (round 0's window still open: ProverParentOpen) it refuses to sign round 2's record on top of it
+    (the committer's own signing, node/live/record/quorumcommit.py); once the proof lands, the round and the
+    run are overturned and the colluders slashed. A right round blocks no signature."""
+    from types import SimpleNamespace
+
+    from ledger.records import RoundRecord
+    from node.live.record.quorumcommit import QuorumCommit
+    from node.live.state.roundbook import RoundBook
+    from node.live.state.status import StateFile
+    from tests.ledger_fixtures import mine
+
+    with _normed_world(tmp_path, _blobs()) as (world, _chunked, _colluded):
+        wrong_leaf = _lied_leaf(world, _adversary(world.cfg, outer_lr=7.0), world.hosts[0], world.blobs,
+                                world.bindings)
+        deployment, run, prover, client = _prove(world, tmp_path, caplog, wrong_leaf, parent_closed=False)
+        assert not prover.log.proofs and 1 in prover.log.wrong  # built and kept, waiting for round 0's window
+        assert 1 in prover._deferred  # ProverParentOpen: sent again by the settlement loop
+        committer = QuorumCommit()
+        committer.node = SimpleNamespace(chain=prover.chain, fraud=prover, book=RoundBook(),
+                                         state=StateFile(tmp_path / "state.json", run.run_id),
+                                         gossip=lambda *args: b"", run_id=run.run_id)
+        record2 = RoundRecord(run.run_id, 2, client.head_of(run.run_id), bytes(32), bytes(32), 0, 0, 0, 0,
+                              bytes(32))
+        with caplog.at_level("ERROR", logger="node.live.record.quorumcommit"):
+            assert committer._sign(record2) is None
+        assert "not signing the record on top of a wrong round: round 1 is wrong" in caplog.text
+        assert committer.node.state.signed_record(2) is None
+        assert prover.refuses_to_sign(1) is None  # round 1 itself was signed before it was known wrong
+        mine(deployment.w3, client.run_struct(run.run_id)["disputeBlocks"] + 1)
+        prover.settle_challenges()  # the settlement loop sends the proof once the parent's window closed
+        assert set(prover.log.proofs) == {1}, prover.log.unprovable
+        _assert_overturned(deployment, run, client)
+        assert prover.refuses_to_sign(2) is None  # overturned: nothing stands on top of a wrong round

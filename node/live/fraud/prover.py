@@ -288,8 +288,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             leaf, path = schedule.opening(outer_round)
             proof = dataclasses.replace(proof, schedule_leaf=leaf, schedule_path=path)
         attesters = self.chain.attesters_of(self.run_id, outer_round)
-        logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
-                     outer_round, stage, why)
+        wrong = why if why.startswith("factors") else f"the committed weights root is wrong at {why}"
+        logger.error("round %d stage %d: %s; sending the fraud proof", outer_round, stage, wrong)
         self._keep(outer_round, stage, proof, attesters)
         self._deliver(outer_round, stage, proof, attesters, why)
 
