@@ -115,6 +115,23 @@ def test_a_round_stepped_with_values_the_run_does_not_have_is_proven_by_the_live
         kept = _kept(tmp_path)  # the values proof: the factors and the schedule leaf, no leaf of a chunk
         assert isinstance(kept, AggregationProof) and kept.new_weights == b"" and kept.pieces == []
         assert kept.schedule_leaf and kept.factors != b""
+        _assert_audit_shows(tmp_path, client, run, "the factors against the run's values")
+
+
+def _assert_audit_shows(tmp_path, client, run, what: str) -> None:
+    """``audit --archive`` shows the proof the node kept, checked on chain (node/tools/audit_proof.py)."""
+    from types import SimpleNamespace
+
+    from node.tools.audit_proof import check_fraud_proof
+
+    kept = (tmp_path / "proofs" / "round-00000001-stage0.json").read_bytes()
+    verdict = SimpleNamespace(checks=[], notes=[])
+    source = SimpleNamespace(proofs=lambda outer_round: [kept] if outer_round == 1 else [])
+    record = SimpleNamespace(commit=client.commit_of(run.run_id, 1),
+                             attesters=client.commit_record(run.run_id, 1).attesters)
+    check_fraud_proof(verdict, record, None, None, [source], client, client.history(run.run_id), None)
+    (check,) = verdict.checks
+    assert check.status == "ok" and what in check.reason and "already proven" in check.reason, check.reason
 
 
 def test_contributions_without_their_binding_are_proven_by_the_live_node(tmp_path, caplog):
@@ -125,6 +142,7 @@ def test_contributions_without_their_binding_are_proven_by_the_live_node(tmp_pat
         assert "without their binding" in caplog.text and "sending the norm proof" in caplog.text
         _assert_overturned(deployment, run, client)
         assert _kept(tmp_path).contribution == SCALES
+        _assert_audit_shows(tmp_path, client, run, "the clip scales")
 
 
 def _signed_by_outsider(cfg, blob: bytes) -> tuple[str, bytes]:
