@@ -198,7 +198,7 @@ def test_an_honest_node_does_not_sign_on_top_of_a_round_it_holds_wrong(tmp_path,
     """Issue 62: a node that can prove round 1 wrong proves it before it signs round 2, and while the proof
     waits (round 0's window still open: ProverParentOpen) it refuses to sign round 2's record on top of it
     (the committer's own signing, node/live/record/quorumcommit.py); once the proof lands, the round and the
-    run are overturned and the colluders slashed. A right round blocks no signature."""
+    run are overturned and the colluders slashed."""
     from types import SimpleNamespace
 
     from ledger.records import RoundRecord
@@ -228,4 +228,5 @@ def test_an_honest_node_does_not_sign_on_top_of_a_round_it_holds_wrong(tmp_path,
         prover.settle_challenges()  # the settlement loop sends the proof once the parent's window closed
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
         _assert_overturned(deployment, run, client)
-        assert prover.refuses_to_sign(2) is None  # overturned: nothing stands on top of a wrong round
+        assert "round 1 is wrong" in prover.refuses_to_sign(2)  # and overturned: the run halted there
+        assert prover.refuses_to_sign(1) is None

@@ -139,18 +139,18 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
     # -- signing on top ------------------------------------------------------------------------
     def refuses_to_sign(self, outer_round: int) -> str | None:
         """Why this node must not sign round ``outer_round``'s record (None: it may): an earlier round it
-        holds wrong still stands on chain (issue 62: an honest node never signs on top of a wrong round; the
-        committer asks before each signature, node/live/record/quorumcommit.py). Rounds are checked in
+        holds wrong, or one overturned on chain (issue 62: an honest node never signs on top of a wrong round;
+        the committer asks before each signature, node/live/record/quorumcommit.py). Rounds are checked in
         order, so round t's proof is built, and sent or kept waiting for its parent's window, before t + 1
         is signed."""
         with self._lock:
             wrong = sorted((t, why) for t, why in self.log.wrong.items() if t < outer_round)
-        if not wrong:
-            return None
+        if wrong:
+            t, why = wrong[0]
+            return f"round {t} is wrong ({why})"
         invalid = self.chain.invalid_from(self.run_id)
-        for t, why in wrong:
-            if invalid is None or invalid > t:
-                return f"round {t} is wrong ({why}) and not yet overturned on chain"
+        if invalid is not None and invalid < outer_round:
+            return f"round {invalid} and every later one were overturned on chain"
         return None
 
     def _found_wrong(self, outer_round: int, why: str) -> None:

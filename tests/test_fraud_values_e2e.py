@@ -1,0 +1,76 @@
+"""Issue 62 with real processes: a colluding full quorum steps a round with a value the run does not have, and
+one honest member alone overturns it from the factors.
+
+Three node processes on a real anvil, one replica each, a normed run (the default, version 3) created with its
+document's values on chain (RunParams' schedule root, Nesterov flag, norm clip, genesis root) and k = 2: two
+of them run tests/adversary.py ``collude-lr`` (in round 1 both step with outer lr 7.0 and commit factors that
+say so, every chunk the outer step of those factors: no chunk proof can touch it, before issue 62 the honest
+node logged the round "unprovable"). The third, honest and outside the quorum, opens the factors the colluders
+serve, finds their lr is not the run's schedule's and sends the values proof (proveWrongAggregation over the
+factors and the schedule leaf) itself, after committing to it: the round and every later one become invalid,
+both colluders are slashed, the honest member is paid half of the slash, and it never signs a record on top of
+round 1. In process, with the other moves (Nesterov, binding, a non-member's contribution, round 0):
+tests/test_fraud_live_values.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eth_utils import keccak
+
+from ledger.account import dev_account
+from tests.node_fixtures import TINY, run_logs
+
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-lr"]
+STAKE = 10**18
+
+
+def _logs(slots) -> str:
+    return "\n".join(p.read_text() for slot in slots for p in slot.data_dir.glob("node-*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run):
+    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=4"],
+                   attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
+    honest, colluders = run.nodes[0], run.nodes[1:]
+    for slot in colluders:
+        slot.command = ADVERSARY
+    run.start()
+    client = run.client()
+    assert client.run_values(run.run_id)["schedule_rounds"] >= 1  # the run binds its schedule
+    deadline = time.monotonic() + 600
+    while client.invalid_from(run.run_id) is None:
+        assert time.monotonic() < deadline, "round 1 was never proven wrong\n" + run_logs(run)
+        assert run.running(), "every node exited early:\n" + run_logs(run)
+        time.sleep(2.0)
+    assert client.invalid_from(run.run_id) == 1, run_logs(run)
+    history = client.history(run.run_id)
+    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
+    committed = next(c for c in history.commits if c.commit.round == 1)
+    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
+    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
+    for account in colluder_accounts:
+        assert client.member(run.run_id, account).status == "slashed"
+    honest_account = dev_account(honest.account, run.chain_id).address
+    assert client.member(run.run_id, honest_account).status == "active"
+    assert "adversary: round 1 stage 0: stepping with outer lr 7.0" in _logs(colluders)
+    logs = _logs([honest])
+    assert "factors' lr/mu bits" in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
+    kept = json.loads((honest.data_dir / "proofs" / "round-00000001-stage0.json").read_text())["proof"]
+    assert kept["new_weights"] == "0x" and kept["schedule_leaf"] != "0x"  # the values proof: factors only
+    # The prover was paid half of the two stakes slashed (ProverRewarded, to the honest account).
+    topic = "0x" + keccak(text="ProverRewarded(uint256,uint64,address,uint256)").hex().removeprefix("0x")
+    rewards = client.w3.eth.get_logs({"address": client.ledger_address, "fromBlock": 0, "topics": [topic]})
+    assert len(rewards) == 1
+    assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
+    assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
+    # It never signed a record on top of the wrong round 1.
+    state = json.loads((honest.data_dir / "state.json").read_text())
+    assert all(int(r) <= 1 for r in state.get("signed_records", {})), state.get("signed_records")
