@@ -33,10 +33,12 @@ class FactorProofs:
     def run_values(self) -> RunValues:
         """The run's values on chain the committed factors are held to (read once)."""
         if self._values is None:
-            from node.live.parts.fraud import run_schedule
+            from node.commitments.values import schedule_of
 
             info = self.chain.run_info(self.run_id)
-            schedule = self.schedule if self.schedule is not None else run_schedule(self.states.cfg, info)
+            schedule = self.schedule
+            if schedule is None and getattr(info, "schedule_rounds", 0):  # as node/live/parts/fraud.py's
+                schedule = schedule_of(self.states.cfg.diloco, info.max_rounds)
             client = getattr(self.chain, "client", None)
             self._values = RunValues.of(info, schedule, chain_id=getattr(client, "chain_id", 0),
                                         ledger_address=getattr(client, "ledger_address", ""))
