@@ -24,6 +24,7 @@ import pytest
 from eth_utils import keccak
 
 from ledger.account import dev_account
+from tests.ledger_fixtures import mine
 from tests.node_fixtures import TINY, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-lr"]
@@ -37,7 +38,7 @@ def _logs(slots) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run):
-    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=4"],
+    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=8"],
                    attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
     honest, colluders = run.nodes[0], run.nodes[1:]
     for slot in colluders:
@@ -49,6 +50,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run
     while client.invalid_from(run.run_id) is None:
         assert time.monotonic() < deadline, "round 1 was never proven wrong\n" + run_logs(run)
         assert run.running(), "every node exited early:\n" + run_logs(run)
+        mine(client.w3, 4)  # time passes on the chain: round 0's proof window closes (the proof waits for it)
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
     history = client.history(run.run_id)

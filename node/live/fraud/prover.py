@@ -141,6 +141,31 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
         # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
         self._genesis: list[StageState] | None = genesis
+        self._resume_kept()
+
+    def _resume_kept(self) -> None:
+        """Send again the proofs an earlier life of this node kept (a node that re-enters or restarts while a
+        proof waits for its parent's window must not lose it, nor sign on top of the round): each is deferred
+        to the settlement loop, which sends it (a round already overturned is refused and logged)."""
+        from ledger.chunkproof import AggregationProof
+        from ledger.errors import LedgerInputError
+
+        if self.proofs_dir is None or not self.proofs_dir.is_dir():
+            return
+        for path in sorted(self.proofs_dir.glob("round-*-stage*.json")):
+            try:
+                document = json.loads(path.read_bytes())
+                kind = NormProof if document["proof"].get("kind") == "norm" else AggregationProof
+                proof = kind.from_json(document["proof"])
+                attesters = [str(a) for a in document.get("attesters", [])]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, LedgerInputError) as exc:
+                logger.warning("a kept proof %s is not read: %s", path.name, exc)
+                continue
+            outer_round = int(proof.record[1])
+            self._deferred[outer_round] = (proof.stage, proof, attesters, "a proof kept by an earlier life")
+            self.log.wrong[outer_round] = f"stage {proof.stage}: a proof was kept"
+        if self._deferred:
+            self._ensure_settling()
 
     # -- signing on top ------------------------------------------------------------------------
     def refuses_to_sign(self, outer_round: int) -> str | None:
