@@ -230,3 +230,52 @@ def test_an_honest_node_does_not_sign_on_top_of_a_round_it_holds_wrong(tmp_path,
         _assert_overturned(deployment, run, client)
         assert "round 1 is wrong" in prover.refuses_to_sign(2)  # and overturned: the run halted there
         assert prover.refuses_to_sign(1) is None
+
+
+def test_the_prover_names_each_value_the_run_does_not_allow_and_the_proof_that_shows_it():
+    """node/live/fraud/values.py's classification, one committed change at a time, on a bound right round (its
+    contributions signed by three members of a py-evm deployment): each value the run does not allow picks the
+    proof the contract takes for it (tests/test_run_values.py, tests/test_contribution_binding.py prove them
+    on chain), and the right round none."""
+    from ledger.runparams import DEFAULT_MAX_CONTRIBUTIONS
+    from node.commitments.values import schedule_of
+    from node.live.fraud.values import CHUNK, NORM, RunValues, factors_fault
+    from tests.fraud_fixtures import DILOCO, aggregated_round, bound
+    from training.chunks import float64_bits
+
+    normed = dataclasses.replace(DILOCO, commitments="normed")
+    deployment = deploy(connect_pyevm())
+    clients = [deployment.client(index) for index in (1, 2, 3)]
+    right = bound(aggregated_round(SHAPES, _blobs(), normed).honest, clients, 1, 1).factors
+    client = clients[0]
+    values = RunValues(1, 3, schedule_of(normed), normed.nesterov, float64_bits(normed.norm_clip), 50,
+                       DEFAULT_MAX_CONTRIBUTIONS, bytes(32), client.chain_id, client.ledger_address)
+    norms = right.norms
+    assert factors_fault(values, right, 1, 0) is None
+    cases = {
+        "lr/mu bits": (CHUNK, dataclasses.replace(right, lr_bits=0x40E00000)),
+        "Nesterov flag": (CHUNK, dataclasses.replace(right, nesterov=not right.nesterov)),
+        "more than the run's 2": (NORM, right, {"max_contributions": 2}),
+        "normClip bits": (NORM, dataclasses.replace(right, norms=dataclasses.replace(norms, clip_bits=0))),
+        "steps, past the run's 50": (NORM, dataclasses.replace(right, norms=dataclasses.replace(
+            norms, steps=(51, 50, 50)))),
+        "without their binding": (NORM, dataclasses.replace(right, norms=dataclasses.replace(
+            norms, contributors=(), signatures=()))),
+        "account twice": (NORM, dataclasses.replace(right, norms=dataclasses.replace(
+            norms, contributors=(norms.contributors[0],) * 3))),
+        "not by its contributor": (NORM, dataclasses.replace(right, norms=dataclasses.replace(
+            norms, signatures=norms.signatures[::-1]))),
+        "version 2 (no norm commitment)": (NORM, dataclasses.replace(right, norms=None)),
+        "not canonical version-3": (NORM, b"\0" * 64),
+    }
+    for word, (kind, factors, *changes) in cases.items():
+        run = dataclasses.replace(values, **(changes[0] if changes else {}))
+        fault = factors_fault(run, factors, 1, 0)
+        assert fault is not None and fault[0] == kind and word in fault[1], (word, fault)
+    # a chunked run's (version 2): version-3 factors, or too many, are the values proof's
+    chunked = dataclasses.replace(values, version=2)
+    assert factors_fault(chunked, right, 1, 0)[0] == CHUNK
+    version_two = dataclasses.replace(right, norms=None)
+    assert factors_fault(dataclasses.replace(chunked, max_contributions=2), version_two, 1, 0)[0] == CHUNK
+    # a run without a schedule on chain: its lr and flag are not held (only a hand-made run)
+    assert factors_fault(dataclasses.replace(values, schedule=None), cases["lr/mu bits"][1], 1, 0) is None
