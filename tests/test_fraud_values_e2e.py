@@ -67,12 +67,16 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run
     assert "factors' lr/mu bits" in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
     kept = json.loads((honest.data_dir / "proofs" / "round-00000001-stage0.json").read_text())["proof"]
     assert kept["new_weights"] == "0x" and kept["schedule_leaf"] != "0x"  # the values proof: factors only
-    # The prover was paid half of the two stakes slashed (ProverRewarded, to the honest account).
-    topic = "0x" + keccak(text="ProverRewarded(uint256,uint64,address,uint256)").hex().removeprefix("0x")
-    rewards = client.w3.eth.get_logs({"address": client.ledger_address, "fromBlock": 0, "topics": [topic]})
-    assert len(rewards) == 1
-    assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
-    assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
+    # The prover was paid half of the two stakes slashed at once: the ledger pays the AggregationProver, which
+    # pays a proof committed a block before it (commit-reveal) to its sender (RewardClaimed), none held.
+    def events(signature: str) -> list:
+        topic = "0x" + keccak(text=signature).hex().removeprefix("0x")
+        return client.w3.eth.get_logs({"fromBlock": 0, "topics": [topic]})
+
+    paid = events("RewardClaimed(uint256,uint64,address,uint256)")
+    assert len(paid) == 1 and not events("RewardEscrowed(uint256,uint64,address,uint256,uint64)")
+    assert "0x" + bytes(paid[0]["topics"][3])[-20:].hex() == honest_account.lower()
+    assert int.from_bytes(bytes(paid[0]["data"]), "big") == len(colluders) * STAKE // 2
     # It never signed a record on top of the wrong round 1.
     state = json.loads((honest.data_dir / "state.json").read_text())
     assert all(int(r) <= 1 for r in state.get("signed_records", {})), state.get("signed_records")
