@@ -87,6 +87,8 @@ chain) is the real node's. Attacks:
   the round wrong on chain by itself.
 - ``collude-lr``: a member of a colluding quorum (issue 62): in round 1 it steps with outer lr 7.0 and commits
   factors that say so, its weights consistent with them (tests/adversary_collusion.py).
+- ``collude-lr-late``: ``collude-lr``, serving nothing of its state, and answering every availability
+  challenge truthfully in the last blocks of its window.
 - ``takeover``: a coalition member (issue 41, attack 1; ``DLX_COALITION`` names the coalition,
   ``DLX_COALITION_DIR`` is where its members share signatures): it commits every round it can with
   the fewest honest signatures the quorum needs, then tries to eject the honest members it left

@@ -27,7 +27,7 @@ from ledger.account import dev_account
 from tests.ledger_fixtures import mine
 from tests.node_fixtures import TINY, run_logs
 
-ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-lr"]
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 STAKE = 10**18
 
 
@@ -37,12 +37,16 @@ def _logs(slots) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run):
+@pytest.mark.parametrize("attack", ["collude-lr", "collude-lr-late"])
+def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run, attack):
+    """``collude-lr-late``: the colluders serve nothing, so the honest member challenges the factors on chain,
+    and they answer in the last blocks of each window (tests/adversary_collusion.py): the proof still
+    lands."""
     run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=8"],
                    attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
     honest, colluders = run.nodes[0], run.nodes[1:]
     for slot in colluders:
-        slot.command = ADVERSARY
+        slot.command = [*ADVERSARY, attack]
     run.start()
     client = run.client()
     assert client.run_values(run.run_id)["schedule_rounds"] >= 1  # the run binds its schedule
@@ -65,6 +69,9 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run
     assert "adversary: round 1 stage 0: stepping with outer lr 7.0" in _logs(colluders)
     logs = _logs([honest])
     assert "factors' lr/mu bits" in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
+    if attack == "collude-lr-late":
+        assert "no attester serves them; challenging their availability on chain" in logs, logs[-4000:]
+        assert "answered late" in _logs(colluders)
     kept = json.loads((honest.data_dir / "proofs" / "round-00000001-stage0.json").read_text())["proof"]
     assert kept["new_weights"] == "0x" and kept["schedule_leaf"] != "0x"  # the values proof: factors only
     # The prover was paid half of the two stakes slashed at once: the ledger pays the AggregationProver, which
