@@ -37,8 +37,9 @@ class FactorProofs:
 
             info = self.chain.run_info(self.run_id)
             schedule = self.schedule
-            if schedule is None and getattr(info, "schedule_rounds", 0):  # as node/live/parts/fraud.py's
-                schedule = schedule_of(self.states.cfg.diloco, info.max_rounds)
+            cfg = getattr(self.states, "cfg", None)  # the run document's (None: a test's bare states)
+            if schedule is None and cfg is not None and getattr(info, "schedule_rounds", 0):
+                schedule = schedule_of(cfg.diloco, info.max_rounds)  # as node/live/parts/fraud.py's
             client = getattr(self.chain, "client", None)
             self._values = RunValues.of(info, schedule, chain_id=getattr(client, "chain_id", 0),
                                         ledger_address=getattr(client, "ledger_address", ""))
@@ -80,7 +81,11 @@ class FactorProofs:
         if self._genesis is None:
             from node.commitments.values import genesis_states
 
-            self._genesis = genesis_states(self.states.cfg)
+            cfg = getattr(self.states, "cfg", None)
+            if cfg is None:
+                self._unprovable(0, "the run document is not known here: no genesis states")
+                return None
+            self._genesis = genesis_states(cfg)
         if chunked_weights_root([state.leaf() for state in self._genesis]) != genesis_root:
             self._unprovable(0, "the run's genesis root on chain is not this document's initial state")
             return None
