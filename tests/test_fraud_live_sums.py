@@ -18,16 +18,18 @@ import hashlib
 import json
 import time
 
-from test_fraud_live import COLLUDERS, PROVER, SHAPES, _normed_world, _record, _setup, _states
+from tests.fraud_live_fixtures import (COLLUDERS, PROVER, SHAPES, STAKE, _normed_world, _record, _setup,
+                                       _states)
 
 from ledger.availability import FACTORS, availability_answer, sums_which
-from ledger.normproof import NormProof, SumTree, clip_scales
+from ledger.normproof import SCALES, NormProof, SumTree, clip_scales
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.prover import FraudProver
-from tests.fraud_fixtures import contribution, lied_sum
-from tests.ledger_fixtures import mine
+from ledger.chain import connect_pyevm
+from tests.fraud_fixtures import bound, contribution, lied_sum
+from tests.ledger_fixtures import deploy, mine
 from training.chunks import float64_bits
 
 BLOBS = [contribution(SHAPES, "lowrank", 30, rank=4), contribution(SHAPES, "quant", 31),
@@ -86,8 +88,18 @@ def _colluding(world, tmp_path, committed_state_of, honest_state_of=lambda state
 def _lie_about_one_leaf(world):
     def commit(colluders):
         _record(world, colluders, world.aggregation.new_global)
-        colluders.replace(1, 0, lied_sum(colluders.state(1, 0), LIED, CHUNK, -LIE))
+        colluders.replace(1, 0, _rebound(lied_sum(colluders.state(1, 0), LIED, CHUNK, -LIE)))
     return commit
+
+
+def _rebound(state):
+    """``state`` whose contributions are signed again over the roots it lists (issue 62): the contribution
+    the colluders lie about is member LIED + 1's, a colluder's, which signs the lied sum-tree root; the others
+    sign the same claims as before. (A lie about an honest member's contribution breaks its binding instead, a
+    cheaper proof: test_an_unclipped_scale_of_an_honest_members_contribution_breaks_its_binding.)"""
+    assert LIED + 1 in COLLUDERS
+    probe = deploy(connect_pyevm(), min_stake=STAKE)  # the ledger of every fresh deployment (_bindings')
+    return bound(state, [probe.client(j + 1) for j in range(len(BLOBS))], 1, 1)
 
 
 def _assert_overturned(deployment, run) -> None:
@@ -135,11 +147,13 @@ def test_a_withheld_sum_tree_answered_leaf_by_leaf_is_proven(tmp_path, caplog):
         assert not prover.log.expired and not prover.settle_challenges()
 
 
-def test_an_unclipped_scale_behind_a_withheld_lied_tree_is_proven(tmp_path):
+def test_an_unclipped_scale_of_an_honest_members_contribution_breaks_its_binding(tmp_path, caplog):
     """The colluders aggregate the raw contribution unclipped (scale 1.0), and to keep the scales the rule's
     they commit, for it, the sums of a small contribution: every leaf lies, and the weights differ from the
-    honest node's. The first leaf opened is a lie; its chunk's weights leaf is challenged too, and the proof
-    is sent."""
+    honest node's. The raw contribution is member 3's, the honest one's (issue 62): its signature is over its
+    true sum-tree root, so the published factors alone prove the round (the scales' proof, the binding), with
+    no walk of the lied tree (before the binding, the walk opened its first leaf and that chunk's weights
+    leaf)."""
     with _normed_world(tmp_path, BLOBS) as (world, _chunked, colluded):
         loose = dataclasses.replace(world.cfg, diloco=dataclasses.replace(world.cfg.diloco, norm_clip=0.0))
 
@@ -167,12 +181,15 @@ def test_an_unclipped_scale_behind_a_withheld_lied_tree_is_proven(tmp_path):
         assert committed.scale_bits == (float64_bits(1.0),) * 3
         # no proof of the scales
         assert clip_scales(committed.norms.sums, world.cfg.diloco.norm_clip) == [1.0] * 3
-        prover.check(1, records[1], mine_record)
-        _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
+            prover.check(1, records[1], mine_record)
+            _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)
         assert set(prover.log.proofs) == {1}, prover.log.unprovable
-        answered = set(answerer.answered.values())
-        assert {f"answered with leaf 0 of tree {sums_which(3, 2)}", "answered with leaf 0 of tree 0"} \
-            <= answered
+        assert "factors list contribution 2 with a signature not by its contributor" in caplog.text
+        assert set(answerer.answered.values()) == {f"answered with leaf 0 of tree {FACTORS}"}  # no walk
+        kept = NormProof.from_json(
+            json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())["proof"])
+        assert kept.contribution == SCALES
         _assert_overturned(deployment, run)
 
 

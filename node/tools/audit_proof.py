@@ -13,7 +13,12 @@ what would get the round overturned on chain, and whether that already happened:
   node/live/fraud/prover.py), a chunk's or, in a version-3 run, a norm proof of the clip scales (checked with
   ``isWrongNorm``); one in an ``--archive`` for this round is checked the same way, so a proof nobody has to
   trust. (The audit cannot build a norm proof itself: the committed factors and sum trees are served by the
-  round's attesters, not held in its checkpoint.)
+  round's attesters, not held in its checkpoint; nor, for the same reason, issue 62's proofs of factors the
+  run does not allow, the values proof and the scales' proof of node/live/fraud/values.py: it checks and
+  shows the ones a node kept.)
+
+Round 0 is proven against the run's genesis root (issue 62, ``RunParams.genesisRoot``): the replay starts
+from the run document's initial state, which must give that root.
 
 Either way the round's verdict gets a "fraud proof" item: ok with the proof (and "already proven on chain"
 or "not yet submitted"), or unverifiable with the reason no proof could be built here.
@@ -45,7 +50,8 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
         status = "not yet submitted"
     candidates, why_not = [], []
     try:
-        own = _own_proof(commit, prev_commit, replayer, sources, layout)
+        own = _own_proof(commit, prev_commit, replayer, sources, layout,
+                         bytes(getattr(history.run, "genesis_root", b"") or b""))
         schedule = _run_schedule(replayer, history)
         if schedule is not None:  # issue 62: the run's schedule leaf of the round
             leaf, path = schedule.opening(commit.round)
@@ -68,6 +74,7 @@ def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any
             continue
         what = (("the clip scales" if proof.contribution == SCALES else
                  f"contribution {proof.contribution}'s sum at chunk {proof.chunk}") if norm
+                else "the factors against the run's values" if not proof.new_weights  # issue 62
                 else f"chunk {proof.chunk}")
         verdict.checks.append(Check("fraud proof", OK,
                                     f"stage {proof.stage} {what}, {origin}, holds on chain "
@@ -92,20 +99,29 @@ class _NoProof(Exception):
     """Why the audit cannot build its own proof of the round."""
 
 
-def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layout: Any):
+def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layout: Any,
+               genesis_root: bytes = b""):
+    """The proof of the first differing chunk from the replay and the round's checkpoint; round 0's against
+    the run's genesis root (issue 62: ``RunParams.genesisRoot``, the replay's start), if the run binds one."""
     from ledger.chunkproof import StageState, chunked_weights_root
     from node.fraudproof import parse_stage_leaf, proof_of_difference
     from node.store.checkpoint import chunked_problems, parse_checkpoint
     from training.chunks import tensor_leaves
 
-    if commit.round == 0 or prev_commit is None:
-        raise _NoProof("round 0 (or a round after a gap) has no committed round before it to recompute from")
+    if commit.round == 0 and not any(genesis_root):
+        raise _NoProof("round 0 of a run without a genesis root has no committed start to recompute from")
+    if commit.round != 0 and prev_commit is None:
+        raise _NoProof("a round after a gap has no committed round before it to recompute from")
     if replayer is None or replayer.states is None or replayer.prev_states is None or layout is None:
         raise _NoProof("the replay does not hold this round's and the round before's states")
     prev_leaves = [state.leaf() for state in replayer.prev_states]
-    if chunked_weights_root(prev_leaves) != prev_commit.weights_root:
-        raise _NoProof(
-            f"the replayed round {commit.round - 1} is not the committed one (an earlier round differs)")
+    start = genesis_root if commit.round == 0 else prev_commit.weights_root
+    if chunked_weights_root(prev_leaves) != start:
+        raise _NoProof("the replay's start is not the run's genesis root" if commit.round == 0 else
+                       f"the replayed round {commit.round - 1} is not the committed one (an earlier round "
+                       "differs)")
+    if commit.round == 0:
+        prev_commit = None  # build_proof: round -1's record is only the run id
     if not commit.has_checkpoint:
         raise _NoProof(
             "the round published no checkpoint: its committed state is had only from its attesters "

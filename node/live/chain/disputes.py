@@ -29,6 +29,11 @@ class ChainDisputes:
         with self._lock:
             return self.client.prove_wrong_norm(proof, attesters)
 
+    def norm_proof_holds(self, proof, attesters=None) -> bool:
+        """Whether the norm proof would succeed now (the contract's view ``isWrongNorm``)."""
+        with self._lock:
+            return self.client.norm_proof_holds(proof, attesters)
+
     def claim_held_reward(self, run_id: int, round: int) -> dict | None:
         """Claim the reward held for ``round`` (a proof of it sent by another first, issue 62) if this
         account's earlier commitment is of that proof; the receipt, or None if there is nothing to claim."""

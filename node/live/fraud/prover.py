@@ -37,12 +37,18 @@ siblings' hashes and sums) says which subtree holds a lied sum, or its total alr
 committed one; the lied leaf, once opened, with the round's committed weights leaf of that chunk (this node's
 own where the weights root is, else fetched or challenged too), is a sum proof.
 
+Committed factors the run does not allow (issue 62: another lr, mu or Nesterov flag than the run's values on
+chain, another clip, steps past H, too many contributions, an unbound one) are proven from the factors alone
+(node/live/fraud/factors.py, node/live/fraud/values.py), also where the committed contributions are not this
+node's; round 0 from the run's genesis states. A node never signs a round's record on top of a round it holds
+wrong (:meth:`FraudProver.refuses_to_sign`, asked by the committer).
+
 What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round
-whose contributions root differs (another set of contributions), committed factors other than its own in a
-version-2 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or in a version-3 run
-when the scales follow from right sums and only the set left out differs, round 0 (no committed round before
-it), a round whose previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad
-or missing input costs only the proof.
+whose contributions root differs and whose factors keep the run's values and binding, committed factors other
+than its own in a version-2 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or
+in a version-3 run when the scales follow from right sums and only the set left out differs, a round whose
+previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or missing input
+costs only the proof.
 """
 
 from __future__ import annotations
@@ -55,18 +61,19 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.availability import FACTORS, MOMENTUM, WEIGHTS, availability_target
-from ledger.chunkproof import StageLeaf, StageState
+from ledger.availability import MOMENTUM, WEIGHTS
+from ledger.chunkproof import StageState
 from ledger.errors import LedgerRunHalted, ProverParentOpen
-from ledger.normproof import NormProof, scale_proof
+from ledger.normproof import NormProof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes
-from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, proof_of_difference, \
-    wrong_sum_contribution
+from node.fraudproof import parse_stage_leaf, proof_of_difference
 from node.live.chain.onchain import NodeChain
 from node.live.fraud.challenges import AvailabilityChallenges
 from node.live.fraud.chunkstate import ChunkedStates
+from node.live.fraud.factors import FactorProofs
+from node.live.fraud.values import RunValues
 from node.live.fraud.walks import SumWalk, Walk
 from node.live.state.roundbook import RoundBook
 
@@ -88,17 +95,22 @@ class ProverLog:
     challenges: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id
     expired: dict[int, bytes] = field(default_factory=dict)  # round -> challenge id settled unanswered
     unprovable: dict[int, str] = field(default_factory=dict)  # round -> why no proof applies
+    # round -> why this node holds it wrong: a proof built (sent, or waiting for its parent's window) or a
+    # walk of its withheld state or factors begun; dropped if the proof or walk fails (this node was mistaken)
+    wrong: dict[int, str] = field(default_factory=dict)
 
 
 
 
-class FraudProver(AvailabilityChallenges):
+class FraudProver(FactorProofs, AvailabilityChallenges):
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
     def __init__(self, *, run_id: int, chain: NodeChain, book: RoundBook, states: ChunkedStates, stages,
                  num_stages: int, stop: threading.Event, proofs_dir: Path | None = None,
-                 schedule=None) -> None:
+                 schedule=None, values: RunValues | None = None,
+                 genesis: list[StageState] | None = None) -> None:
         self.run_id = run_id
+        self._values = values  # the run's values on chain (issue 62); None: read from the chain when needed
         # the run's committed outer schedule (ledger.runvalues.Schedule; issue 62): every chunk proof carries
         # its leaf of the round; None: a run created without one
         self.schedule = schedule
@@ -124,6 +136,57 @@ class FraudProver(AvailabilityChallenges):
         self._expirer: threading.Thread | None = None
         # round -> (stage, proof, attesters, why): proofs waiting for their parent round's window to close
         self._deferred: dict[int, tuple] = {}
+        # round -> (record of t - 1 or None for round 0, its committed stage leaves encoded): a values proof's
+        self._parents: dict[int, tuple] = {}
+        self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
+        # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
+        self._genesis: list[StageState] | None = genesis
+        self._resume_kept()
+
+    def _resume_kept(self) -> None:
+        """Send again the proofs an earlier life of this node kept (a node that re-enters or restarts while a
+        proof waits for its parent's window must not lose it, nor sign on top of the round): each is deferred
+        to the settlement loop, which sends it (a round already overturned is refused and logged)."""
+        from ledger.chunkproof import AggregationProof
+        from ledger.errors import LedgerInputError
+
+        if self.proofs_dir is None or not self.proofs_dir.is_dir():
+            return
+        for path in sorted(self.proofs_dir.glob("round-*-stage*.json")):
+            try:
+                document = json.loads(path.read_bytes())
+                kind = NormProof if document["proof"].get("kind") == "norm" else AggregationProof
+                proof = kind.from_json(document["proof"])
+                attesters = [str(a) for a in document.get("attesters", [])]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, LedgerInputError) as exc:
+                logger.warning("a kept proof %s is not read: %s", path.name, exc)
+                continue
+            outer_round = int(proof.record[1])
+            self._deferred[outer_round] = (proof.stage, proof, attesters, "a proof kept by an earlier life")
+            self.log.wrong[outer_round] = f"stage {proof.stage}: a proof was kept"
+        if self._deferred:
+            self._ensure_settling()
+
+    # -- signing on top ------------------------------------------------------------------------
+    def refuses_to_sign(self, outer_round: int) -> str | None:
+        """Why this node must not sign round ``outer_round``'s record (None: it may): an earlier round it
+        holds wrong, or one overturned on chain (issue 62: an honest node never signs on top of a wrong round;
+        the committer asks before each signature, node/live/record/quorumcommit.py). Rounds are checked in
+        order, so round t's proof is built, and sent or kept waiting for its parent's window, before t + 1
+        is signed."""
+        with self._lock:
+            wrong = sorted((t, why) for t, why in self.log.wrong.items() if t < outer_round)
+        if wrong:
+            t, why = wrong[0]
+            return f"round {t} is wrong ({why})"
+        invalid = self.chain.invalid_from(self.run_id)
+        if invalid is not None and invalid < outer_round:
+            return f"round {invalid} and every later one were overturned on chain"
+        return None
+
+    def _found_wrong(self, outer_round: int, why: str) -> None:
+        with self._lock:
+            self.log.wrong[outer_round] = why
 
     # -- the committed leaves --------------------------------------------------------------
     def committed_leaves(self, outer_round: int, record: RoundRecord) -> list[bytes] | None:
@@ -164,12 +227,14 @@ class FraudProver(AvailabilityChallenges):
         committed = self.committed_leaves(outer_round, onchain)
         if mine is None or onchain.weights_root == mine.weights_root:
             return
-        if onchain.contributions_root != mine.contributions_root:
-            self._unprovable(outer_round, "the committed contributions are not the ones this node aggregated "
-                                          "(a dispute's matter, not a chunk's)")
-            return
+        same_inputs = onchain.contributions_root == mine.contributions_root
+        why_foreign = ("the committed contributions are not the ones this node aggregated (a dispute's "
+                       "matter, not a chunk's)")
         # a back door, or leaves nobody attested to this node: make them show the leaves
         if committed is None:
+            if not same_inputs:
+                self._unprovable(outer_round, why_foreign)
+                return
             self._unprovable(outer_round,
                              "no attested stage leaves heard here give the committed weights root")
             self._challenge_stage_leaf(outer_round, onchain)
@@ -180,20 +245,26 @@ class FraudProver(AvailabilityChallenges):
                              f"already invalid on chain: round {invalid} and every later one were "
                                           "overturned")
             return
-        if outer_round == 0:
-            self._unprovable(outer_round, "round 0 has no committed round before it to recompute from")
+        parent = self._parent(outer_round)
+        if parent is None:
             return
-        prev_record = self.chain.commit_of(self.run_id, outer_round - 1)
-        prev_leaves = self.committed_leaves(outer_round - 1, prev_record) if prev_record is not None else None
-        if prev_leaves is None:
-            self._unprovable(outer_round,
-                             f"round {outer_round - 1}'s committed stage leaves are not known here")
-            return
+        prev_record, prev_leaves, prev_state = parent
+        if not same_inputs:
+            # other contributions: only what the factors alone show (the run's values, the binding) is proven
+            self._foreign.add(outer_round)
         for stage in self.stages():
             own = self.states.state(outer_round, stage)
             if own is None or own.leaf().encode() == committed[stage]:
                 continue
-            prev = self.states.state(outer_round - 1, stage)
+            if not same_inputs:
+                leaf = parse_stage_leaf(committed[stage], stage)
+                if self.scheme.proves_factors and leaf.factors_hash != own.factors.digest():
+                    if self._prove_norms(outer_round, stage, onchain, committed, leaf, own):
+                        return
+                else:
+                    self._unprovable(outer_round, why_foreign)
+                continue
+            prev = prev_state(stage)
             if prev is None or prev.leaf().encode() != prev_leaves[stage]:
                 self._unprovable(outer_round,
                                  f"stage {stage}: this node does not hold round {outer_round - 1}'s "
@@ -224,6 +295,7 @@ class FraudProver(AvailabilityChallenges):
             logger.error(
                 "round %d stage %d: the committed state is withheld by its attesters; challenging its "
                 "availability on chain", outer_round, stage)
+            self._found_wrong(outer_round, f"stage {stage}: its committed state differs from this node's")
             self._challenge(walk)
             return True
         committed = StageState(stage, fetched[0], fetched[1], own.factors, own.payload_leaves)
@@ -234,57 +306,6 @@ class FraudProver(AvailabilityChallenges):
         self._send(outer_round, stage, proof, why)
         return True
 
-    def _prove_norms(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
-                     leaf: StageLeaf, own: StageState) -> bool:
-        """A version-3 round whose factors differ from this node's: open the committed factors and sum trees
-        from an attester of the leaf and prove a wrong clip scale or sum
-        (node.fraudproof.norm_proof_of_difference)."""
-        providers = self._attesters_of(outer_round, stage, leaves[stage])
-        opened = self.states.committed_norms(outer_round, stage, leaf, providers)
-        # nobody serves them: the committers must publish the factors on chain, or lose the round
-        if opened is None:
-            logger.error(
-                "round %d stage %d: the committed factors are not this node's and no attester serves them; "
-                "challenging their availability on chain", outer_round, stage)
-            target = availability_target(record, [parse_stage_leaf(v, s) for s, v in enumerate(leaves)],
-                                         own.factors, stage, FACTORS, 0)
-            challenge_id = self.chain.challenge_availability(target)
-            with self._lock:
-                self._factor_opens[challenge_id] = (stage, record, leaves, leaf, own)
-            self._open(outer_round, challenge_id)
-            return True
-        factors, trees = opened
-        return self._prove_norms_from(outer_round, stage, record, leaves, leaf, own, factors, trees)
-
-    def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
-                          leaf: StageLeaf, own: StageState, factors, trees) -> bool:
-        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode)
-        and sum ``trees`` (None: not had)."""
-        providers = self._attesters_of(outer_round, stage, leaves[stage])
-        # not canonical factors: a version-3 run's proof of the scales holds on them
-        if isinstance(factors, bytes):
-            proof, why = scale_proof(record, leaves, stage, factors), \
-                "factors are not canonical version-3 factors"
-            return self._send_norm(outer_round, stage, proof, why)
-
-        def committed_weights():
-            fetched = self.states.committed_state(outer_round, stage, leaf, providers)
-            return None if fetched is None else fetched[0]
-
-        proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
-        if proof is None and trees is None and (found := wrong_sum_contribution(factors, own)) is not None:
-            walk = SumWalk(outer_round, stage, record, list(leaves), factors, own, *found)
-            logger.error("round %d stage %d: contribution %d's committed sum tree is not this "
-                         "node's and nobody serves "
-                         "it; opening it leaf by leaf through availability challenges", outer_round, stage,
-                         found[0])
-            self._challenge_sums(walk)
-            return True
-        if proof is None:
-            self._unprovable(outer_round, f"stage {stage}: {why}")
-            return False
-        return self._send_norm(outer_round, stage, proof, why)
-
     def _send_norm(self, outer_round: int, stage: int, proof, why: str) -> bool:
         attesters = self.chain.attesters_of(self.run_id, outer_round)
         logger.error("round %d stage %d: the committed %s; sending the norm proof", outer_round, stage, why)
@@ -293,12 +314,13 @@ class FraudProver(AvailabilityChallenges):
         return True
 
     def _send(self, outer_round: int, stage: int, proof, why: str) -> None:
-        if self.schedule is not None:
-            leaf, path = self.schedule.opening(outer_round)
+        schedule = self.schedule if self.schedule is not None else self.run_values().schedule
+        if schedule is not None:
+            leaf, path = schedule.opening(outer_round)
             proof = dataclasses.replace(proof, schedule_leaf=leaf, schedule_path=path)
         attesters = self.chain.attesters_of(self.run_id, outer_round)
-        logger.error("round %d stage %d: the committed weights root is wrong at %s; sending the fraud proof",
-                     outer_round, stage, why)
+        wrong = why if why.startswith("factors") else f"the committed weights root is wrong at {why}"
+        logger.error("round %d stage %d: %s; sending the fraud proof", outer_round, stage, wrong)
         self._keep(outer_round, stage, proof, attesters)
         self._deliver(outer_round, stage, proof, attesters, why)
 
@@ -345,6 +367,7 @@ class FraudProver(AvailabilityChallenges):
 
     def _keep(self, outer_round: int, stage: int, proof, attesters) -> None:
         """Keep the proof in the node's evidence (``audit --archive`` shows it and checks it on chain)."""
+        self._found_wrong(outer_round, f"stage {stage}: a proof was built")
         if self.proofs_dir is None:
             return
         document = {"proof": proof.to_json(), "attesters": list(attesters or ())}
@@ -356,6 +379,8 @@ class FraudProver(AvailabilityChallenges):
 
 
     def _unprovable(self, outer_round: int, why: str) -> None:
+        with self._lock:
+            self.log.wrong.pop(outer_round, None)
         if self.log.unprovable.get(outer_round) != why:
             logger.warning(
                 "round %d: the committed weights root differs from this node's; no fraud proof: %s",

@@ -30,6 +30,12 @@ class QuorumCommit:
     def _sign(self, record: RoundRecord) -> bytes | None:
         """Sign ``record`` unless this node signed another record of the round (in any life); gossip it."""
         node = self.node
+        fraud = getattr(node, "fraud", None)
+        refusal = fraud.refuses_to_sign(record.round) if fraud is not None else None
+        if refusal is not None:  # issue 62: never on top of a round this node holds wrong
+            logger.error("round %d: not signing the record on top of a wrong round: %s", record.round,
+                         refusal)
+            return None
         digest = node.chain.client.record_digest(record)
         before = node.state.signed_record(record.round)
         if before is not None and before[0] != digest:

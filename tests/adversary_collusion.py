@@ -1,0 +1,104 @@
+"""tests/adversary.py's colluding quorum moves of issue 62 (docs/FRAUD_PROOF.md, "The run's values"):
+rounds whose weights are exactly the outer step of their committed factors, so no chunk differs, but whose
+factors are not the run's. Each function returns the part classes of its attack (keyword arguments of
+node.live.assembly.Kinds).
+
+- ``collude-lr``: in round 1 every colluder steps with outer lr 7.0 (the run's schedule says otherwise) and
+  commits factors that say 7.0, with weights consistent with them; it serves its state and factors as its own.
+  One honest member outside the quorum must prove the round wrong by its factors alone (a values proof) and
+  must not sign round 2 on top of it before.
+- ``collude-lr-late``: ``collude-lr``, and the colluders serve nothing of their state (no weights, no factors,
+  no sum trees): the honest member must challenge the factors' availability on chain; the colluders answer
+  every challenge truthfully, but only in the last blocks of its window (LATE_MARGIN_BLOCKS), the clock's
+  move.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+logger = logging.getLogger("adversary")
+
+COLLUSION_ATTACKS = ("collude-lr", "collude-lr-late")
+#: The round ``collude-lr`` steps with another lr (round 0's proof window closes first).
+COLLUDED_ROUND = 1
+#: The outer lr it steps round COLLUDED_ROUND with.
+WRONG_LR = 7.0
+#: ``collude-lr-late`` answers a challenge once the chain is this close to its deadline (its answerer polls
+#: every few seconds: the last blocks it can be sure to reach).
+LATE_MARGIN_BLOCKS = 8
+
+
+def colluding_lr():
+    from node.live.worker.replica import ReplicaWorker
+
+    class OtherLrWorker(ReplicaWorker):
+        """Steps round COLLUDED_ROUND with WRONG_LR: the engine's outer step and the finisher's factors read
+        the run's DilocoConfig (one object), so both say 7.0 until the next round is applied."""
+
+        _honest_lr: float | None = None
+
+        def _set_lr(self, stage: int, value: float) -> None:
+            for diloco in {id(d): d for d in (self.cfg.diloco, self.engines[stage].diloco_cfg)}.values():
+                object.__setattr__(diloco, "outer_lr", value)
+
+        def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
+            if outer_round == COLLUDED_ROUND:
+                self._honest_lr = self.cfg.diloco.outer_lr
+                self._set_lr(stage, WRONG_LR)
+                logger.warning("adversary: round %d stage %d: stepping with outer lr %s", outer_round, stage,
+                               WRONG_LR)
+                prepared = None  # a prepared aggregation was computed with the run's lr
+            elif self._honest_lr is not None:
+                self._set_lr(stage, self._honest_lr)
+            return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    return {"worker": OtherLrWorker}
+
+
+def colluding_lr_late():
+    from ledger.errors import LedgerError
+    from node.errors import DLX_ERRORS
+    from node.live.fraud.answerer import ChallengeAnswerer
+    from node.live.fraud.chunkstate import ChunkedStates
+
+    # Serve nothing of the committed state: every leaf a prover needs must be challenged on chain.
+    ChunkedStates.publish = lambda self, *args, **kwargs: None
+    ChunkedStates.publish_part = lambda self, *args, **kwargs: None
+
+    def late_poll(self) -> None:
+        """Answer each challenge as the honest answerer does, but only in the last blocks of its window."""
+        held = self.__dict__.setdefault("_held", {})
+        try:
+            challenges, head = self.chain.availability_challenges(self.run_id, self._from_block)
+        except DLX_ERRORS:
+            return
+        self._from_block = head + 1
+        for challenge in challenges:
+            held.setdefault(bytes(challenge["id"]), challenge)
+        for challenge_id, challenge in list(held.items()):
+            try:
+                deadline, block = self.chain.challenge_of(challenge_id)["deadline"], self.chain.block_number()
+                if block < deadline - LATE_MARGIN_BLOCKS:
+                    continue
+                del held[challenge_id]
+                self.answered[challenge_id] = self._answer(challenge_id, challenge)
+            except (*DLX_ERRORS, LedgerError, IndexError) as exc:
+                held.pop(challenge_id, None)
+                self.answered[challenge_id] = f"not answered: {type(exc).__name__}: {exc}"[:300]
+                continue
+            logger.warning("adversary: round %d stage %d: challenge %s answered late (block %d, deadline "
+                           "%d): %s", challenge["round"], challenge["stage"], challenge_id.hex()[:12], block,
+                           deadline, self.answered[challenge_id])
+
+    ChallengeAnswerer.poll = late_poll
+    return colluding_lr()
+
+
+def collusion_parts(attack: str) -> dict:
+    """The part classes of one of COLLUSION_ATTACKS."""
+    return {"collude-lr": colluding_lr, "collude-lr-late": colluding_lr_late}[attack]()

@@ -1,0 +1,91 @@
+"""Issue 62 with real processes: a colluding full quorum steps a round with a value the run does not have, and
+one honest member alone overturns it from the factors.
+
+Three node processes on a real anvil, one replica each, a normed run (the default, version 3) created with its
+document's values on chain (RunParams' schedule root, Nesterov flag, norm clip, genesis root) and k = 2: two
+of them run tests/adversary.py ``collude-lr`` (in round 1 both step with outer lr 7.0 and commit factors that
+say so, every chunk the outer step of those factors: no chunk proof can touch it, before issue 62 the honest
+node logged the round "unprovable"). The third, honest and outside the quorum, opens the factors the colluders
+serve, finds their lr is not the run's schedule's and sends the values proof (proveWrongAggregation over the
+factors and the schedule leaf) itself, after committing to it: the round and every later one become invalid,
+both colluders are slashed, the honest member is paid half of the slash, and it never signs a record on top of
+round 1. In process, with the other moves (Nesterov, binding, a non-member's contribution, round 0):
+tests/test_fraud_live_values.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from eth_utils import keccak
+
+from ledger.account import dev_account
+from tests.ledger_fixtures import mine
+from tests.node_fixtures import TINY, run_logs
+
+ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
+STAKE = 10**18
+
+
+def _logs(slots) -> str:
+    return "\n".join(p.read_text() for slot in slots for p in slot.data_dir.glob("node-*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("attack", ["collude-lr"])
+def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run, attack):
+    """Not yet here: ``collude-lr-late`` (tests/adversary_collusion.py: the colluders serve nothing and answer
+    each challenge in the last blocks of its window). Run against this tree the honest node challenged the
+    factors, then re-entered from the chain's checkpoint after its fork (node/live/peers/lifecycle.py) and its
+    next life, which holds neither the challenge nor its own state of round 1, could not follow the answer:
+    the round stood (docs/FRAUD_PROOF.md, "The node's proofs of the values", what it does not cover)."""
+    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=8"],
+                   attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
+    honest, colluders = run.nodes[0], run.nodes[1:]
+    for slot in colluders:
+        slot.command = [*ADVERSARY, attack]
+    run.start()
+    client = run.client()
+    assert client.run_values(run.run_id)["schedule_rounds"] >= 1  # the run binds its schedule
+    deadline = time.monotonic() + 600
+    while client.invalid_from(run.run_id) is None:
+        assert time.monotonic() < deadline, "round 1 was never proven wrong\n" + run_logs(run)
+        assert run.running(), "every node exited early:\n" + run_logs(run)
+        mine(client.w3, 4)  # time passes on the chain: round 0's proof window closes (the proof waits for it)
+        time.sleep(2.0)
+    assert client.invalid_from(run.run_id) == 1, run_logs(run)
+    history = client.history(run.run_id)
+    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
+    committed = next(c for c in history.commits if c.commit.round == 1)
+    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
+    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
+    for account in colluder_accounts:
+        assert client.member(run.run_id, account).status == "slashed"
+    honest_account = dev_account(honest.account, run.chain_id).address
+    assert client.member(run.run_id, honest_account).status == "active"
+    assert "adversary: round 1 stage 0: stepping with outer lr 7.0" in _logs(colluders)
+    logs = _logs([honest])
+    assert "factors' lr/mu bits" in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
+    if attack == "collude-lr-late":
+        assert "no attester serves them; challenging their availability on chain" in logs, logs[-4000:]
+        assert "answered late" in _logs(colluders)
+    kept = json.loads((honest.data_dir / "proofs" / "round-00000001-stage0.json").read_text())["proof"]
+    assert kept["new_weights"] == "0x" and kept["schedule_leaf"] != "0x"  # the values proof: factors only
+    # The prover was paid half of the two stakes slashed at once: the ledger pays the AggregationProver, which
+    # pays a proof committed a block before it (commit-reveal) to its sender (RewardClaimed), none held.
+    def events(signature: str) -> list:
+        topic = "0x" + keccak(text=signature).hex().removeprefix("0x")
+        return client.w3.eth.get_logs({"fromBlock": 0, "topics": [topic]})
+
+    paid = events("RewardClaimed(uint256,uint64,address,uint256)")
+    assert len(paid) == 1 and not events("RewardEscrowed(uint256,uint64,address,uint256,uint64)")
+    assert "0x" + bytes(paid[0]["topics"][3])[-20:].hex() == honest_account.lower()
+    assert int.from_bytes(bytes(paid[0]["data"]), "big") == len(colluders) * STAKE // 2
+    # It never signed a record on top of the wrong round 1.
+    state = json.loads((honest.data_dir / "state.json").read_text())
+    assert all(int(r) <= 1 for r in state.get("signed_records", {})), state.get("signed_records")
