@@ -73,10 +73,10 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
     assert "proven wrong on chain (stage 0" in logs, logs[-4000:]
     assert "adversary: round 1 stage 0: element 0" in _logs(colluders)
     assert list((honest.data_dir / "proofs").glob("round-00000001-stage0.json"))
-    # The prover was paid: half of the two stakes slashed
-    # (the ledger's ProverRewarded, to the honest account).
-    topic = "0x" + keccak(text="ProverRewarded(uint256,uint64,address,uint256)").hex().removeprefix("0x")
-    rewards = client.w3.eth.get_logs({"address": client.ledger_address, "fromBlock": 0, "topics": [topic]})
+    # The prover was paid half of the two stakes slashed: the ledger pays the AggregationProver
+    # (ProverRewarded), which pays the proof committed a block before it to its sender (RewardClaimed).
+    topic = "0x" + keccak(text="RewardClaimed(uint256,uint64,address,uint256)").hex().removeprefix("0x")
+    rewards = client.w3.eth.get_logs({"fromBlock": 0, "topics": [topic]})
     assert len(rewards) == 1
     assert "0x" + bytes(rewards[0]["topics"][3])[-20:].hex() == honest_account.lower()
     assert int.from_bytes(bytes(rewards[0]["data"]), "big") == len(colluders) * STAKE // 2
