@@ -28,9 +28,9 @@ def test_a_long_invariant_campaign_finds_no_violation():
 
 
 def test_the_fraud_proof_game_moves_step_by_step():
-    """TrustGame.t.sol (issue 62): last-block, relayed and junk-first answers, silence, a copier of the proof and
-    a coalition that leaves at once each end with the wrong round overturned by the one prover, every attester
-    slashed, its bonds back and half the slash; right rounds stand."""
+    """TrustGame.t.sol (issue 62): last-block, relayed and junk-first answers, silence, a copier of the proof
+    and a coalition that leaves at once each end with the wrong round overturned by the one prover, every
+    attester slashed, its bonds back and half the slash; right rounds stand."""
     done = subprocess.run([str(FORGE), "test", "--match-contract", "TrustGameTest"], cwd=FORGE_ROOT,
                           env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
                           check=False)
