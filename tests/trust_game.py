@@ -33,7 +33,7 @@ from hypothesis.stateful import precondition, rule
 import contracts
 from ledger.account import dev_account
 from tests.ledger_fixtures import mine
-from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE
+from tests.trust_params import BOND, CAPTURED_STAKE, COALITION, HONEST, REFUSED
 
 COPIER = COALITION[0]  # the coalition's front-runner (its wallet: its stake is slashed all the same)
 
@@ -183,7 +183,7 @@ class GameMoves:
             walker = self.client(0).address
             challenges = reader.availability_challenges(case.run_id, from_block=case.commit_block)
             bonds = BOND * sum(1 for event in challenges if event["challenger"] == walker)
-            got = STAKE * len(COALITION) // 2 + bonds
+            got = CAPTURED_STAKE * len(COALITION) // 2 + bonds
             assert got > case.paid, \
                 f"G2: the walk of run {case.run_id} cost {case.paid} wei (gas and bonds) and paid back {got}"
             assert case.copier_gain == 0, \

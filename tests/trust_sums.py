@@ -54,7 +54,7 @@ from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
 from tests.fraud_fixtures import DILOCO, bound, contribution, lied_sum, normed_start, tensors
 from tests.ledger_fixtures import mine
-from tests.trust_params import BOND, COALITION, HONEST, REFUSED, STAKE, digest
+from tests.trust_params import BOND, CAPTURED_STAKE, COALITION, HONEST, REFUSED, digest
 from training.chunks import float64_bits
 from training.diloco import aggregate_with_report
 
@@ -232,9 +232,9 @@ class SumWalks:
         committed = unclipped if lie[0] == "unclipped" else lied_sum(honest, *lie[1:])
         creator = self.client(COALITION[0])
         run_id = creator.create_run(
-            digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=STAKE, bond=BOND, quorum=2,
-            quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS, dispute_blocks=CAPTURED_DISPUTE_BLOCKS,
-            commitments=scheme_named("normed").version)
+            digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=CAPTURED_STAKE, bond=BOND,
+            quorum=2, quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS,
+            dispute_blocks=CAPTURED_DISPUTE_BLOCKS, commitments=scheme_named("normed").version)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
         # its contributions bound to the run's members (issue 62): the coalition signs its own lie
@@ -373,7 +373,7 @@ class SumWalks:
                        if reader.member(case.run_id, self.client(i).address).status == "slashed"]
             assert len(slashed) == len(COALITION), \
                 f"S1: only {slashed} of the lied round's attesters were slashed"
-            rewards += STAKE * len(slashed) // 2
+            rewards += CAPTURED_STAKE * len(slashed) // 2
             # (issue 62) every bond of the walk comes back once the round falls: the answered steps' from the
             # game's escrow (with the expiry, or reclaimed after the proof), the expired step's with it
             walker = self.client(WALKER).address
