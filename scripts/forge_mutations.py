@@ -146,9 +146,12 @@ def main() -> int:
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--seed", type=lambda v: int(v, 0), default=0x5EED)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the unmutated run (it passed in an earlier call with the same settings)")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
-    results = [check(None, args.runs, args.depth, args.seed)]
+    results = [{"mutation": "none", "caught": False, "skipped": True} if args.no_baseline
+               else check(None, args.runs, args.depth, args.seed)]
     print(json.dumps(results[0]), flush=True)
     for mutation in chosen:
         results.append(check(mutation, args.runs, args.depth, args.seed))

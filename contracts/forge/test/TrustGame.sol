@@ -210,11 +210,8 @@ abstract contract TrustGame is TrustBase {
         TrainingLedger.Record memory record = TrainingLedger.Record(
             run, round, ledger.headOf(run), _leafHash(leaf), keccak256("c"), 1, 1, 1, 1, 0
         );
-        uint256[] memory keys = new uint256[](2);
-        keys[0] = 5;
-        keys[1] = 6;
         vm.prank(who(5));
-        try ledger.commitRound(record, signAll(keys, recordDigest(ledger, record))) {} catch {
+        try ledger.commitRound(record, signAll(_pair(5, 6), recordDigest(ledger, record))) {} catch {
             return;
         }
         _gameRecords[run][round] = record;
