@@ -222,6 +222,7 @@ abstract contract TrustGame is TrustBase {
             c.run = run;
             c.round = round;
             c.copierArmed = (seed >> 1) % 4 != 0; // most often: its proof is the game's last move
+            if ((seed >> 3) % 2 == 0) _leave(run); // the coalition leaves at once (and withdraws when it can)
             _tick();
         }
     }
@@ -264,6 +265,8 @@ abstract contract TrustGame is TrustBase {
             (bytes memory leaf, bytes32[] memory path) = _answerOf(c.run, c.round, which, chunk);
             if (how == 3) _junk(c.open, which, leaf, path);
             _answer(c, which, leaf, path, how == 2);
+            _tryWithdraw(c.run, 5); // a coalition that left tries to withdraw at every turn
+            _tryWithdraw(c.run, 6);
             _tick();
         }
     }
@@ -318,17 +321,31 @@ abstract contract TrustGame is TrustBase {
         for (uint256 g = 0; g < _gameRuns.length; ++g) {
             uint256 run = _gameRuns[g];
             TrainingLedger.MemberStatus s = ledger.memberOf(run, who(key)).status;
-            vm.prank(who(key));
             if (s == TrainingLedger.MemberStatus.Active && run == gameRun && ledger.commitCount(run) > 0) {
+                vm.prank(who(key));
                 try ledger.leaveRun(run) {} catch {} // (a halted run)
             } else if (s == TrainingLedger.MemberStatus.Unbonding) {
-                try ledger.withdrawStake(run) {
-                    if (_hasCase[run] && _firstWrongStands(run)) {
-                        _violation("G7: an attester of a wrong round withdrew before it was proven");
-                    }
-                } catch {}
+                _tryWithdraw(run, key);
             }
         }
+    }
+
+    function _leave(uint256 run) internal {
+        for (uint256 key = 5; key <= 6; ++key) {
+            vm.prank(who(key));
+            ledger.leaveRun(run);
+        }
+    }
+
+    /// @dev `key` tries to take its stake out of `run`: never while the run's first wrong round stands.
+    function _tryWithdraw(uint256 run, uint256 key) internal {
+        if (ledger.memberOf(run, who(key)).status != TrainingLedger.MemberStatus.Unbonding) return;
+        vm.prank(who(key));
+        try ledger.withdrawStake(run) {
+            if (_hasCase[run] && _firstWrongStands(run)) {
+                _violation("G7: an attester of a wrong round withdrew before it was proven");
+            }
+        } catch {}
     }
 
     function _firstWrongStands(uint256 run) internal view returns (bool) {

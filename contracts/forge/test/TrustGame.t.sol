@@ -41,7 +41,7 @@ contract TrustGameTest is TrustSetup {
     }
 
     function test_last_block_answers_direct_relayed_and_after_junk_still_end_in_a_proof() public {
-        handler.gameCommits(0); // wrong, no copier
+        handler.gameCommits(8); // wrong, no copier, the coalition stays
         handler.gameCoalitionAnswers(_plan(DIRECT, RELAYED, JUNK_FIRST, RELAYED));
         handler.blocksPass(0); // the proof, a block after its commitment
         (uint256 run, uint64 round) = _assertOverturnedAtNoCost(4 * BOND);
@@ -50,7 +50,7 @@ contract TrustGameTest is TrustSetup {
     }
 
     function test_a_copier_of_the_pending_proof_gains_nothing() public {
-        handler.gameCommits(2); // wrong, a copier watches
+        handler.gameCommits(10); // wrong, a copier watches, the coalition stays
         handler.gameCoalitionAnswers(_plan(DIRECT, DIRECT, DIRECT, DIRECT));
         uint256 before = who(COALITION_JOINER).balance;
         handler.blocksPass(0);
@@ -61,16 +61,19 @@ contract TrustGameTest is TrustSetup {
     }
 
     function test_an_unanswered_step_is_expired_and_pays_the_prover() public {
-        handler.gameCommits(0);
+        handler.gameCommits(8);
         handler.gameCoalitionAnswers(_plan(DIRECT, 0, 0, 0)); // answers the stage leaf, withholds the factors
         handler.blocksPass(WINDOW); // past the factors' deadline: the live prover expires the step
         _assertOverturnedAtNoCost(2 * BOND);
     }
 
     function test_a_coalition_that_leaves_at_once_is_still_slashed() public {
-        handler.gameCommits(6); // a copier too
-        handler.gameCoalitionLeavesOrWithdraws(0);
-        handler.gameCoalitionLeavesOrWithdraws(1);
+        handler.gameCommits(6); // a copier too; the coalition leaves at once
+        for (uint256 key = 5; key <= 6; ++key) {
+            vm.assertTrue(
+                ledger.memberOf(handler.gameRun(), who(key)).status == TrainingLedger.MemberStatus.Unbonding, "it stayed"
+            );
+        }
         for (uint256 step = 0; step < 4; ++step) {
             handler.gameCoalitionAnswers(JUNK_FIRST); // one step, in its last block
             handler.gameCoalitionLeavesOrWithdraws(step); // it tries to withdraw at every turn
