@@ -82,8 +82,8 @@ MUTATIONS = (
              "count a verdict signature of a seat that left in the accusation's block "
              "(the bug the campaign found)"),
     Mutation("final-in-window", "TrainingLedger.sol",
-             "if (block.number < uint256(commitBlock) + run.disputeBlocks) return false;", "",
-             "call a round final inside its dispute window"),
+             "if (block.number < closesAt) return false;", "",
+             "call a round final inside its (proof) window"),
     # issue 62: the fraud-proof game (TrustGame.sol's moves)
     Mutation("skip-stage-path", "ProverCommon.sol",
              "if (!verifyLeaf(leaf, stage, numStages, path, root)) {\n"
