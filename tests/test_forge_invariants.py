@@ -14,7 +14,6 @@ import pytest
 from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign
 
 
-
 def test_a_quick_invariant_campaign_finds_no_violation():
     campaign = run_campaign(runs=8, depth=64, seed=0x5EED, timeout=600)
     assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
@@ -26,6 +25,18 @@ def test_a_long_invariant_campaign_finds_no_violation():
     campaign = run_campaign(runs=200, depth=500, seed=0xD1C0, timeout=3600)
     assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
     assert campaign.calls == 200 * 500
+
+
+def test_the_fraud_proof_game_moves_step_by_step():
+    """TrustGame.t.sol (issue 62): last-block, relayed and junk-first answers, silence, a copier of the proof
+    and a coalition that leaves at once each end with the wrong round overturned by the one prover, every
+    attester slashed, its bonds back and half the slash; right rounds stand."""
+    done = subprocess.run([str(FORGE), "test", "--match-contract", "TrustGameTest"], cwd=FORGE_ROOT,
+                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
+                          check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    assert out.count("[PASS]") == 5, out[-3000:]
 
 
 def test_calldata_fuzzing_of_every_external_function_finds_no_unexpected_success():

@@ -52,7 +52,8 @@ def test_the_prover_and_the_challenger_cannot_invalidate_right_rounds():
     against right rounds are all refused, and the model holds after each."""
     from ledger import errors
     from ledger.availability import PAYLOAD, WEIGHTS, availability_answer, availability_target
-    from tests.trust_machine import COALITION, HONEST, OUTSIDER
+    from tests.trust_machine import COALITION, HONEST
+    from tests.trust_params import OUTSIDER
 
     machine = TrustMachine()
     machine.deploy_run()
@@ -137,4 +138,32 @@ def test_the_sum_walk_overturns_lied_sums_and_spares_right_rounds():
     before = machine.mistaken_walks
     machine.anyone_walks_a_right_round_mistakenly(1, 1, 1)
     assert machine.mistaken_walks == before + 1 and reader.invalid_from(machine.run_id) is None
+    machine.the_model_holds()
+
+
+@pytest.mark.timeout(900)
+def test_the_game_moves_leave_the_walker_its_reward():
+    """The fuzzer's issue-62 moves (tests/trust_game.py), step by step: a coalition that answers every step of
+    the walk in the last block of its window or through a relay, copies the walker's proof ahead of it and
+    leaves its run at once still loses the round, its stakes (its withdrawals refused), and the reward, which
+    the walker gets with every bond back, more than the walk cost it; the model holds."""
+    from tests.trust_game import GameMoves
+    from tests.trust_machine import COALITION, HONEST
+    from tests.trust_sums import CAPTURED_DISPUTE_BLOCKS
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    late, relayed, copies = GameMoves.late_answers, GameMoves.relayed_answers, GameMoves.copies
+    machine.coalition_commits_a_lied_sum(("chunk", 1, 5, 1), ["late", "relay"] * 8, moves=(True, True))
+    case = machine.lied_rounds[-1]
+    machine.captured_coalition_withdraws()
+    assert case.ended() and case.prover.log.proofs, case.prover.log
+    reader = machine.client(HONEST[0])
+    assert reader.invalid_from(case.run_id) == 1
+    assert machine.w3.eth.block_number > case.commit_block + CAPTURED_DISPUTE_BLOCKS  # the clock carried it
+    for index in COALITION:
+        assert reader.member(case.run_id, machine.client(index).address).status == "slashed"
+    assert GameMoves.late_answers > late and GameMoves.relayed_answers > relayed
+    assert GameMoves.copies == copies + 1
+    assert case.copier_gain == 0 and case.copier_checked
     machine.the_model_holds()

@@ -35,21 +35,16 @@ that left them out before anyone can call them silent).
 
 from __future__ import annotations
 
-import dataclasses
-
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ledger import errors
 from ledger.attest import record_struct_hash
 from ledger.chain import connect_pyevm
-from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availability_answer,
-                                 availability_target, sums_which)
-from ledger.chunkproof import build_proof, chunked_weights_root
-from ledger.records import RoundRecord, Verdict
-from ledger.normproof import scale_proof, sum_proof
+from ledger.chunkproof import chunked_weights_root
+from ledger.records import RoundRecord
 from node.commitments import scheme_named
-from tests.fraud_fixtures import bound, changed, honest_chain, lied_sum, with_scale
+from tests.fraud_fixtures import bound, honest_chain
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
 from tests.trust_params import (
     BOND,
@@ -58,27 +53,25 @@ from tests.trust_params import (
     HONEST,
     HONEST_JOINER,
     INACTIVITY,
-    OUTSIDER,
     REFUSED,
     STAKE,
     TENURE,
     WINDOW,
     digest,
 )
+from tests.trust_coalition import CoalitionMoves
+from tests.trust_game import GameMoves
+from tests.trust_proofs import RightRoundProofs
 from tests.trust_sums import SumWalks
-from training.chunks import float64_bits
 
 
-class TrustMachine(SumWalks, RuleBasedStateMachine):
+class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBasedStateMachine):
     """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use
     anvil)."""
 
     chain = staticmethod(connect_pyevm)
     examples = 0  # examples started in this process (the bench reports them)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
-    proofs_refused = 0  # fraud proofs against right rounds the prover refused (I7)
-    norm_proofs_refused = 0  # norm proofs (clip scales, sum trees) against right rounds refused (I7)
-    challenges_answered = 0  # availability challenges the honest members answered (I7)
 
     @initialize()
     def deploy_run(self) -> None:
@@ -255,229 +248,10 @@ class TrustMachine(SumWalks, RuleBasedStateMachine):
             # lapsed meanwhile (the fuzzer met this once the prover and challenger sent transactions too).
             reader.expire_dispute(self.run_id, round_)
 
-    # ------------------------------------------------------------------ coalition and outsiders
-    @rule(data=st.data())
-    def coalition_commits_leaving_honest_out(self, data) -> None:
-        """The takeover's first step: commit the honest record with as few honest signatures as the quorum
-        needs."""
-        coalition = self.active(self.coalition_group())
-        honest = self.active(self.honest_group())
-        if not coalition or not honest:
-            return
-        chosen = data.draw(st.lists(st.sampled_from(honest), unique=True, max_size=len(honest)))
-        self.commit(data.draw(st.sampled_from(coalition)), self.honest_record(), coalition + chosen)
-
-    @rule(data=st.data())
-    def coalition_splits_the_honest_records(self, data) -> None:
-        """Issue 63: a coalition stage holder serves other outer momentum (or attests to some members only),
-        so some honest members sign the round's honest result with another checkpoint hash or loss figure; the
-        coalition commits the record of the others, which leaves the split members' signatures out, and each
-        attests its own record of the committed result."""
-        coalition = self.active(self.coalition_group())
-        honest = self.active(self.honest_group())
-        if not coalition or len(honest) < 2:
-            return
-        split = data.draw(st.lists(st.sampled_from(honest), unique=True, min_size=1,
-                                   max_size=len(honest) - 1))
-        self.split_commit(data.draw(st.sampled_from(coalition)), split, data.draw(st.booleans()))
-
-    def split_commit(self, submitter: int, split, checkpoint: bool) -> bool:
-        """Commit the round's honest record signed by the coalition and the active honest members not in
-        ``split``; those in ``split`` signed it with another checkpoint hash (``checkpoint``), else another
-        loss figure."""
-        record = self.honest_record()
-        if checkpoint:
-            variant = dataclasses.replace(record, checkpoint_hash=digest(f"checkpoint {record.round}"))
-        else:
-            variant = dataclasses.replace(record, eval_loss_micro=record.eval_loss_micro + 1)
-        signers = [i for i in self.active(self.honest_group()) if i not in split] + \
-            self.active(self.coalition_group())
-        return self.commit(submitter, record, signers, {i: variant for i in split})
-
-    @rule(data=st.data())
-    def coalition_commits_a_back_door(self, data) -> None:
-        coalition = self.active(self.coalition_group())
-        if not coalition:
-            return
-        honest = self.honest_record()
-        backdoor = RoundRecord(self.run_id, honest.round, honest.prev_head,
-                               digest(f"back door {honest.round}"), honest.contributions_root, 1, 1, 1, 1,
-                               bytes(32))
-        signers = data.draw(st.lists(st.sampled_from(coalition), unique=True, min_size=1))
-        committed = self.commit(data.draw(st.sampled_from(coalition)), backdoor, signers)
-        assert not committed, "I1: the coalition committed a back-doored record alone"
-
-    @rule(data=st.data())
-    def anyone_ejects(self, data) -> None:
-        target = data.draw(st.sampled_from((*self.honest_group(), *self.coalition_group())))
-        caller = data.draw(st.sampled_from(self.coalition_group()))
-        try:
-            self.client(caller).eject_inactive(self.run_id, self.client(target).address)
-        except REFUSED:
-            return
-        if target in self.honest_group():
-            self.ejected_honest.append(target)
-
-    @rule(data=st.data())
-    def coalition_accuses_and_convicts(self, data) -> None:
-        """Accuse an honest member (active or unbonding) and try a guilty verdict signed by the coalition."""
-        coalition = self.active(self.coalition_group())
-        if not coalition:
-            return
-        accuser = data.draw(st.sampled_from(coalition))
-        target = data.draw(st.sampled_from(self.honest_group()))
-        evidence = digest(f"made up {self.steps} {target}")
-        self.steps += 1
-        try:
-            self.client(accuser).accuse(self.run_id, self.client(target).address, evidence)
-        except REFUSED:
-            return
-        verdict = Verdict(self.run_id, self.client(target).address, evidence, True)
-        signers = [i for i in self.coalition_group() if self.status(i) != "none"]
-        try:
-            self.client(accuser).resolve_accusation(verdict,
-                                                    [self.client(i).sign_verdict(verdict) for i in signers])
-        except REFUSED:
-            pass
-
-    @rule(data=st.data())
-    def coalition_disputes_and_overturns(self, data) -> None:
-        """Dispute an honest round (own signature, or an honest member's gossiped one) and try to overturn
-        it."""
-        coalition = [i for i in self.coalition_group() if self.status(i) in ("active", "unbonding")]
-        reader = self.client(HONEST[0])
-        count = reader.commit_count(self.run_id)
-        if not coalition or count == 0:
-            return
-        round_ = data.draw(st.integers(max(0, count - 3), count - 1))
-        committed = reader.commit_of(self.run_id, round_)
-        disputed = RoundRecord(committed.run_id, committed.round, committed.prev_head,
-                               digest(f"other {round_}"), committed.contributions_root, 1, 1, 1, 1, bytes(32))
-        sender = data.draw(st.sampled_from(coalition))
-        signer = data.draw(st.sampled_from([sender, *self.honest_group()]))
-        try:
-            self.client(sender).dispute(disputed, self.client(signer).sign_record(disputed))
-        except REFUSED:
-            pass
-        status, _, _ = reader.dispute_case(self.run_id, round_)
-        if status != "open":
-            return
-        signers = [i for i in self.coalition_group() if self.status(i) in ("active", "unbonding")]
-        try:
-            reader.resolve_dispute(committed, False, [self.client(i).sign_round_verdict_for(committed, False)
-                                                      for i in signers], self.attesters_of(round_))
-        except REFUSED:
-            pass
-
-    @rule()
-    def coalition_joiner_joins(self) -> None:
-        coalition = self.active(self.coalition_group())
-        if self.status(COALITION_JOINER) == "none" and self.assumption_holds(self.honest_counted(),
-                                                                              len(coalition) + 1):
-            try:
-                self.client(COALITION_JOINER).join_run(self.run_id)
-            except REFUSED:
-                pass
-
-    @rule(data=st.data())
-    def coalition_leaves_or_withdraws(self, data) -> None:
-        index = data.draw(st.sampled_from(self.coalition_group()))
-        try:
-            if self.status(index) == "active":
-                self.client(index).leave_run(self.run_id)
-            elif self.status(index) == "unbonding":
-                self.client(index).withdraw_stake(self.run_id)
-        except REFUSED:
-            pass
-
-    # ------------------------------------------------------------------ the prover and the challenger
-    def proof_of(self, round_: int, chunk: int, *, tampered: bool):
-        """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
-        prev, new = self.state_of(round_ - 1), self.state_of(round_)
-        claimed = changed(new, chunk, 0) if tampered else new
-        return build_proof(self.records[round_ - 1], self.records[round_], [prev.leaf()], [claimed.leaf()],
-                           prev, claimed, chunk)
-
-    @precondition(lambda self: len(getattr(self, "records", {})) >= 2)
-    @rule(data=st.data())
-    def anyone_proves(self, data) -> None:
-        """An outsider proves a committed (right) round wrong, with its real leaves or tampered ones:
-        refused."""
-        round_ = data.draw(st.integers(1, max(self.records)))
-        chunk = data.draw(st.integers(0, len(self.state_of(round_).weight_leaves) - 1))
-        proof = self.proof_of(round_, chunk, tampered=data.draw(st.booleans()))
-        try:
-            self.client(OUTSIDER).prove_wrong_aggregation(proof, attesters=self.attesters_of(round_),
-                                                           commit=False)  # refused: nothing to commit to
-        except REFUSED:
-            TrustMachine.proofs_refused += 1
-            return
-        raise AssertionError(f"I7: a proof invalidated round {round_}, which is right")
-
-    @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
-    @rule(data=st.data())
-    def anyone_proves_a_norm(self, data) -> None:
-        """An outsider proves a committed (right) round's clip scales, or one chunk of a contribution's sum
-        tree, wrong, over the real commitment or a tampered one (a scale or a chunk sum changed): refused."""
-        round_ = data.draw(st.sampled_from(sorted(self.records)))
-        state = self.state_of(round_)
-        chunk = data.draw(st.integers(0, len(state.weight_leaves) - 1))
-        kinds = ["real", "version 2"] + (["scale", "sum"] if state.sum_trees else [])
-        tamper = data.draw(st.sampled_from(kinds))
-        claimed = {"real": lambda: state, "scale": lambda: with_scale(state, 0, float64_bits(0.5)),
-                   "sum": lambda: lied_sum(state, 0, chunk),
-                   # the same round's factors without the norm commitment: what the run's version refuses
-                   "version 2": lambda: dataclasses.replace(state, factors=dataclasses.replace(state.factors,
-                                                                                               norms=None),
-                                                            sum_trees=[])}[tamper]()
-        leaves = [claimed.leaf().encode()]
-        if not claimed.sum_trees or data.draw(st.booleans()):
-            proof = scale_proof(self.records[round_], leaves, 0, claimed.factors.encode())
-        else:
-            proof = sum_proof(self.records[round_], leaves, 0, claimed.factors.encode(),
-                              claimed.weight_leaves, claimed.payload_leaves[0], claimed.sum_trees[0], 0,
-                              chunk)
-        try:
-            self.client(OUTSIDER).prove_wrong_norm(proof, attesters=self.attesters_of(round_), commit=False)
-        except REFUSED:
-            TrustMachine.norm_proofs_refused += 1
-            return
-        raise AssertionError(f"I7: a norm proof invalidated round {round_}, which is right")
-
-    @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
-    @rule(data=st.data())
-    def anyone_challenges_and_the_honest_answer(self, data) -> None:
-        """An outsider challenges a committed leaf (a weights, momentum, payload or sum-tree chunk, or the
-        factors); a live honest member answers at once (any account may)."""
-        round_ = data.draw(st.sampled_from(sorted(self.records)))
-        state = self.state_of(round_)
-        accepted = len(state.payload_leaves)
-        which = data.draw(
-            st.sampled_from([WEIGHTS, MOMENTUM, FACTORS] + [PAYLOAD + j for j in range(accepted)]
-                            + [sums_which(accepted, j) for j in range(len(state.sum_trees))]))
-        chunk = 0 if which == FACTORS else data.draw(st.integers(0, len(state.weight_leaves) - 1))
-        target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, which, chunk)
-        try:
-            challenge = self.client(OUTSIDER).challenge_availability(target)
-        except REFUSED:  # the same leaf challenged before
-            return
-        self.client(HONEST[0]).answer_challenge(challenge, *availability_answer(state, which, chunk))
-        self.challenges.append(challenge)
-        TrustMachine.challenges_answered += 1
-
-    @precondition(lambda self: bool(getattr(self, "challenges", [])))
-    @rule(data=st.data())
-    def anyone_expires_a_challenge(self, data) -> None:
-        challenge = data.draw(st.sampled_from(self.challenges))
-        try:
-            self.client(OUTSIDER).expire_challenge(challenge, attesters=())
-        except REFUSED:
-            return
-        raise AssertionError("I7: an answered challenge was expired")
-
     @rule(blocks=st.integers(1, 2 * WINDOW))
     def blocks_pass(self, blocks: int) -> None:
         mine(self.w3, blocks)
+        self.walker_stays_live()  # the walker is live: it acts once blocks passed (tests/trust_game.py)
 
     # ------------------------------------------------------------------ invariants
     @invariant()

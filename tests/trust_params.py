@@ -13,6 +13,10 @@ COALITION = (5, 6)  # founders
 HONEST_JOINER = 7
 COALITION_JOINER = 8
 OUTSIDER = 9  # proves and challenges: no member, no stake
+#: The stake of the coalition's captured runs (tests/trust_sums.py), 0.1 ETH: half of its two seats' is the
+#: walker's reward, which must cover the walk's gas (1.1e15 wei on py-evm for a walk of four steps and its
+#: proof) and bonds (tests/trust_game.py, G2).
+CAPTURED_STAKE = 10**17
 WINDOW = 8  # accusation and dispute windows, in blocks
 INACTIVITY = 2
 TENURE = 2

@@ -119,6 +119,13 @@ abstract contract TrustBase is WithVm {
         }
     }
 
+    /// @dev The addresses of `keys`, ascending (a commit's attesters as RoundCommitted gives them).
+    function _addresses(uint256[] memory keys) internal view returns (address[] memory out) {
+        uint256[] memory sorted = sortByAddress(keys);
+        out = new address[](sorted.length);
+        for (uint256 i = 0; i < sorted.length; ++i) out[i] = who(sorted[i]);
+    }
+
     function recordDigest(TrainingLedger ledger, TrainingLedger.Record memory record) internal view returns (bytes32) {
         return typed(ledger, structHash(record));
     }

@@ -4,7 +4,7 @@ pragma solidity 0.8.37;
 import {AggregationProver} from "../src/AggregationProver.sol";
 import {NodeRegistry} from "../src/NodeRegistry.sol";
 import {TrainingLedger} from "../src/TrainingLedger.sol";
-import {TrustBase} from "./TrustBase.sol";
+import {TrustGame} from "./TrustGame.sol";
 
 /// @notice The actors of docs/TRUST.md's model as one forge invariant handler (the twin of tests/trust_machine.py):
 /// honest members (founders and a joiner) commit the honest record of each round, attest every commit that left
@@ -13,8 +13,7 @@ import {TrustBase} from "./TrustBase.sol";
 /// anyone ejects; an outsider sends fraud proofs against right rounds; and in runs of the coalition's own (where it
 /// is the quorum) a prover overturns its rounds and a reporter proves its equivocations. What the handler sees
 /// break is recorded in `violations`; the invariants (TrustInvariants.t.sol) read it and the chain.
-contract TrustHandler is TrustBase {
-    TrainingLedger public immutable ledger;
+contract TrustHandler is TrustGame {
     NodeRegistry public immutable registry;
     uint256 public immutable runId;
 
@@ -28,24 +27,12 @@ contract TrustHandler is TrustBase {
     mapping(uint256 key => bool) public withdrawn;
     bytes32[] internal _evidence; // accusations filed against honest members (evidence hashes)
     address[] internal _accused;
-    string[] public violations;
-    uint256 public calls;
     uint256 public commits;
     uint256 public refusedProofs;
 
-    // The fraud-proof game, in a run of the coalition's own.
-    uint256 public gameRun;
-    uint256[] internal _gameRuns;
-    mapping(uint256 run => mapping(uint64 round => address[])) internal _gameAttesters;
-    uint256 public rewardsPaid;
-    uint256 public slashedByProofs;
-    uint256 public proofs;
-
-    constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_) {
-        ledger = ledger_;
+    constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_) TrustGame(ledger_) {
         registry = registry_;
         runId = runId_;
-        _castAddresses();
     }
 
     // ------------------------------------------------------------------------------------------- views
@@ -58,14 +45,6 @@ contract TrustHandler is TrustBase {
         return _coalition;
     }
 
-    function gameRuns() external view returns (uint256[] memory) {
-        return _gameRuns;
-    }
-
-    function violationCount() external view returns (uint256) {
-        return violations.length;
-    }
-
     function accusations() external view returns (address[] memory, bytes32[] memory) {
         return (_accused, _evidence);
     }
@@ -76,15 +55,18 @@ contract TrustHandler is TrustBase {
 
     // ------------------------------------------------------------------------------------------- helpers
 
-    function _violation(string memory what) internal {
-        violations.push(what);
+    function _active(uint256[] storage group) internal view returns (uint256[] memory) {
+        return _seats(group, false, false);
     }
 
-    function _active(uint256[] storage group) internal view returns (uint256[] memory out) {
+    /// @dev The seats of `group` active (`bonded`: or unbonding) in the run, and counted where `counted`.
+    function _seats(uint256[] storage group, bool bonded, bool counted) internal view returns (uint256[] memory out) {
         out = new uint256[](group.length);
         uint256 n = 0;
         for (uint256 i = 0; i < group.length; ++i) {
-            if (status(runId, group[i]) == TrainingLedger.MemberStatus.Active) out[n++] = group[i];
+            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(group[i]));
+            bool inForce = bonded ? _isBonded(seat.status) : seat.status == TrainingLedger.MemberStatus.Active;
+            if (inForce && (!counted || seat.countedBlock != 0)) out[n++] = group[i];
         }
         assembly ("memory-safe") {
             mstore(out, n)
@@ -106,12 +88,6 @@ contract TrustHandler is TrustBase {
         out = new uint256[](a.length + b.length);
         for (uint256 i = 0; i < a.length; ++i) out[i] = a[i];
         for (uint256 i = 0; i < b.length; ++i) out[a.length + i] = b[i];
-    }
-
-    function _addresses(uint256[] memory keys) internal view returns (address[] memory out) {
-        uint256[] memory sorted = sortByAddress(keys);
-        out = new address[](sorted.length);
-        for (uint256 i = 0; i < sorted.length; ++i) out[i] = who(sorted[i]);
     }
 
     function _honestCounted(uint256 leaving) internal view returns (uint256 n) {
@@ -179,18 +155,8 @@ contract TrustHandler is TrustBase {
     }
 
     /// @dev The coalition's seats that a verdict can count (bonded, counted): its strongest set of signatures.
-    function _coalitionVoters() internal view returns (uint256[] memory out) {
-        out = new uint256[](_coalition.length);
-        uint256 n = 0;
-        for (uint256 i = 0; i < _coalition.length; ++i) {
-            TrainingLedger.Member memory seat = ledger.memberOf(runId, who(_coalition[i]));
-            bool bonded = seat.status == TrainingLedger.MemberStatus.Active
-                || seat.status == TrainingLedger.MemberStatus.Unbonding;
-            if (bonded && seat.countedBlock != 0) out[n++] = _coalition[i];
-        }
-        assembly ("memory-safe") {
-            mstore(out, n)
-        }
+    function _coalitionVoters() internal view returns (uint256[] memory) {
+        return _seats(_coalition, true, true);
     }
 
     function _pick(uint256[] memory keys, uint256 seed) internal pure returns (uint256) {
@@ -273,17 +239,7 @@ contract TrustHandler is TrustBase {
             ledger.expireDispute(runId, round);
             return;
         }
-        uint256[] memory signers = new uint256[](_honest.length);
-        uint256 n = 0;
-        for (uint256 i = 0; i < _honest.length; ++i) {
-            TrainingLedger.MemberStatus s = status(runId, _honest[i]);
-            if (s == TrainingLedger.MemberStatus.Active || s == TrainingLedger.MemberStatus.Unbonding) {
-                signers[n++] = _honest[i];
-            }
-        }
-        assembly ("memory-safe") {
-            mstore(signers, n)
-        }
+        uint256[] memory signers = _seats(_honest, true, false);
         TrainingLedger.Record memory committed = _records[round];
         bytes memory signatures = signAll(signers, roundVerdictDigest(ledger, committed, true));
         try ledger.resolveDispute(committed, true, signatures, _attesters[round]) {} catch {}
@@ -359,7 +315,7 @@ contract TrustHandler is TrustBase {
         disputed.weightsRoot = keccak256(abi.encode("other", round));
         uint256 sender = _pick(_coalition, senderSeed);
         uint256 signer = signerSeed % 2 == 0 ? sender : _pick(_honest, signerSeed >> 1);
-        uint256 bond = value % 3 == 0 ? BOND : (value % 3 == 1 ? BOND - 1 : BOND + 1);
+        uint256 bond = value % 4 == 0 ? BOND - 1 : (value % 4 == 1 ? BOND + 1 : BOND); // the run's half the time
         vm.prank(who(sender));
         try ledger.dispute{value: bond}(committed, disputed, sign(signer, recordDigest(ledger, disputed))) {}
         catch {}
@@ -399,9 +355,32 @@ contract TrustHandler is TrustBase {
         }
     }
 
+    /// @notice G4: the coalition lets an honest leaver's unbonding end (blocks pass) and accuses it before its
+    /// withdrawal is due: refused, or the accusation would lock the stake past its due block.
+    function coalitionAccusesALeaverLate(uint256 seed) external {
+        ++calls;
+        uint256[] memory coalition = _active(_coalition);
+        if (coalition.length == 0) return;
+        for (uint256 i = 0; i < _honest.length; ++i) {
+            uint256 key = _honest[i];
+            if (dueAt[key] == 0) continue;
+            uint256 late = ledger.memberOf(runId, who(key)).unbondingEnd + seed % WINDOW;
+            if (block.number < late) _roll(late - block.number);
+            if (block.number >= dueAt[key]) continue;
+            bytes32 evidence = keccak256(abi.encode("late", calls, key));
+            vm.prank(who(_pick(coalition, seed)));
+            try ledger.accuse{value: BOND}(runId, who(key), evidence) {
+                _accused.push(who(key));
+                _evidence.push(evidence);
+                _violation("G4: an accusation after the accused's unbonding ended was accepted");
+            } catch {}
+            return;
+        }
+    }
+
     function blocksPass(uint256 blocks) external {
         ++calls;
-        vm.roll(block.number + 1 + blocks % (2 * WINDOW));
+        _roll(1 + blocks % (2 * WINDOW));
     }
 
     // ------------------------------------------------------------------------------------------- fraud proofs
@@ -423,85 +402,38 @@ contract TrustHandler is TrustBase {
         proof.factors = junk;
         proof.stagePath = new bytes32[](roundSeed % 3);
         proof.attesters = _attesters[round];
-        AggregationProver prover = ledger.prover();
         vm.prank(who(OUTSIDER));
-        try prover.proveWrongAggregation(proof) {
+        try _prover.proveWrongAggregation(proof) {
             _violation("G7: a proof invalidated a right round");
         } catch {
             ++refusedProofs;
         }
     }
 
-    /// @notice The coalition opens a run of its own (two founders: it is the quorum there) for the game.
-    function gameOpens() external {
+    /// @notice G7: an outsider opens a wrong round's stage leaf (a clip scale 0.5) under a right round's root, of the
+    /// honest run or of the coalition's: the stage path must not open it (a proof or its view that succeeds is a
+    /// violation; the Merkle-path mutants of scripts/forge_mutations.py).
+    function outsiderOpensAWrongLeaf(uint256 seed) external {
         ++calls;
-        if (gameRun != 0) return;
-        vm.prank(who(5));
-        uint256 run = ledger.createRun(runParams(keccak256(abi.encode("game", calls))), "game");
-        for (uint256 key = 5; key <= 6; ++key) {
-            vm.prank(who(key));
-            ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));
-        }
-        gameRun = run;
-        _gameRuns.push(run);
-    }
-
-    /// @notice The coalition commits a (wrong) round of its own run.
-    function gameCommits(uint256 seed) external {
-        ++calls;
-        uint256 run = gameRun;
-        if (run == 0 || ledger.runOf(run).memberCount < 2) return;
-        uint64 round = ledger.commitCount(run);
-        TrainingLedger.Record memory record = TrainingLedger.Record(
-            run, round, ledger.headOf(run), keccak256(abi.encode("wrong", seed)), keccak256("c"), 1, 1, 1, 1, 0
-        );
-        uint256[] memory keys = new uint256[](2);
-        keys[0] = 5;
-        keys[1] = 6;
-        bytes memory signatures = signAll(keys, recordDigest(ledger, record));
-        vm.prank(who(5));
-        try ledger.commitRound(record, signatures) {
-            _gameAttesters[run][round] = _addresses(keys);
-        } catch {}
-    }
-
-    /// @notice A prover's proof against a committed round of the coalition's run succeeded (the AggregationProver
-    /// calls the ledger): every attester still staked is slashed, the run halts, the prover gets exactly half.
-    function gameProves(uint256 roundSeed) external {
-        ++calls;
-        uint256 run = gameRun;
-        if (run == 0) return;
-        uint64 count = ledger.commitCount(run);
+        uint256 run = seed % 2 == 0 ? runId : gameRun;
+        uint64 count = run == 0 ? 0 : ledger.commitCount(run);
         if (count == 0) return;
-        uint64 round = uint64(roundSeed % count);
-        address[] memory attesters = _gameAttesters[run][round];
-        uint256 slashable = 0;
-        for (uint256 i = 0; i < attesters.length; ++i) {
-            TrainingLedger.Member memory seat = ledger.memberOf(run, attesters[i]);
-            if (
-                seat.status == TrainingLedger.MemberStatus.Active || seat.status == TrainingLedger.MemberStatus.Unbonding
-            ) slashable += seat.stake;
-        }
-        address winner = who(OUTSIDER);
-        uint256 before = winner.balance;
-        vm.prank(address(ledger.prover()));
-        try ledger.invalidateByProof(run, round, attesters, winner) returns (uint256 reward) {
-            ++proofs;
-            slashedByProofs += slashable;
-            rewardsPaid += winner.balance - before;
-            if (reward != slashable / 2 || winner.balance - before != reward) {
-                _violation("G7: the prover was not paid exactly half the slash");
-            }
-            for (uint256 i = 0; i < attesters.length; ++i) {
-                if (ledger.memberOf(run, attesters[i]).status != TrainingLedger.MemberStatus.Slashed) {
-                    _violation("G7: an attester of a proven round kept its stake");
-                }
-            }
-            if (ledger.runOf(run).invalidFrom == 0 || ledger.runOf(run).invalidFrom > round + 1) {
-                _violation("G7: a proven round was not invalidated");
-            }
-            gameRun = 0;
+        uint64 round = uint64(count - 1 - (seed >> 1) % (count < 3 ? count : 3));
+        if (run != runId && _gameWrong[run][round]) return;
+        TrainingLedger.Record memory record = run == runId ? _records[round] : _gameRecords[run][round];
+        bytes memory factors = _factors(true);
+        AggregationProver.NormProof memory proof = _normProof(
+            record, _stageLeaf(round, factors), factors, run == runId ? _attesters[round] : _gameAttesters[run]
+        );
+        try _prover.isWrongNorm(proof) returns (bool wrong) {
+            if (wrong) _violation("G7: a proof of a right round would succeed");
         } catch {}
+        vm.prank(who(OUTSIDER));
+        try _prover.proveWrongNorm(proof) {
+            _violation("G7: a proof invalidated a right round");
+        } catch {
+            ++refusedProofs;
+        }
     }
 
     /// @notice A coalition founder signs two records of one round of its run; anyone reports it.

@@ -4,6 +4,12 @@ pragma solidity 0.8.37;
 /// @notice The few forge cheatcodes the invariant suite uses (forge-std is a GitHub library, not a registry
 /// package: this is its Vm interface cut down to them). The cheatcode contract lives at VM_ADDRESS in every test.
 interface Vm {
+    struct Log {
+        bytes32[] topics;
+        bytes data;
+        address emitter;
+    }
+
     function prank(address sender) external;
     function startPrank(address sender) external;
     function stopPrank() external;
@@ -13,6 +19,8 @@ interface Vm {
     function addr(uint256 privateKey) external pure returns (address);
     function sign(uint256 privateKey, bytes32 digest) external pure returns (uint8 v, bytes32 r, bytes32 s);
     function label(address account, string calldata name) external;
+    function recordLogs() external;
+    function getRecordedLogs() external returns (Log[] memory logs);
     function expectRevert() external;
     function expectRevert(bytes4 selector) external;
     function expectRevert(bytes calldata revertData) external;
