@@ -39,6 +39,17 @@ def test_the_fraud_proof_game_moves_step_by_step():
     assert out.count("[PASS]") == 5, out[-3000:]
 
 
+def test_a_member_counted_later_in_a_commits_block_cannot_sign_its_verdict():
+    """VerdictTiming.t.sol: the 1,000,000-call campaign's counterexample (two commits in one block, the second
+    counting a coalition joiner that then tipped the first round's verdict) refused with LedgerSignerNotInForce."""
+    done = subprocess.run([str(FORGE), "test", "--match-contract", "VerdictTimingTest"], cwd=FORGE_ROOT,
+                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
+                          check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    assert out.count("[PASS]") == 1, out[-3000:]
+
+
 def test_calldata_fuzzing_of_every_external_function_finds_no_unexpected_success():
     """CalldataFuzz.t.sol: junk, plausible words, cut commits, proofs with paths of any size: all refused."""
     done = subprocess.run([str(FORGE), "test", "--match-contract", "CalldataFuzzTest"], cwd=FORGE_ROOT,
