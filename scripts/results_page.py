@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from results_contracts import binding_gas, chunk_state, float32_fuzz, forge_invariants, fraud_proof_bounds
-from results_convergence import convergence
+from results_convergence import ablation, convergence
 from results_emulator import churn_memory, netlab, soak
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_network import (
@@ -113,6 +113,13 @@ SECTIONS = (
             "times s, `seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise "
             "table). One seed per run on a loaded shared machine unless the seed-noise table says otherwise: "
             "differences below about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
+    Section("convergence_ablation.json", "The gap to DDP split by cause: one-step delay and compression",
+            "bench/bench_convergence_ablation.py", ablation,
+            "Issue 66: Muon inner steps in every cell, gaps against Muon DDP at the same seed; "
+            "`both-<method>` rows are DiLoCoX with one setting changed (`efd<beta>`: leaky error feedback, "
+            "`compression.error_feedback_decay`; docs/DILOCOX.md section 14). A short budget (6 rounds of "
+            "H = 50, a fifth of the default 1,536,000 tokens) and two seeds: what a 2-core machine shared "
+            "with seven other jobs ran in the time it had; the full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",
