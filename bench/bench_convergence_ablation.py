@@ -62,6 +62,8 @@ METHODS = {
     "eager": ({"delay_correction": "eager"}, {}),
     "lookahead": ({"delay_correction": "lookahead"}, {}),
     "om0.3": ({"outer_momentum": 0.3}, {}),
+    # No error feedback (the existing switch): the control for leaky error feedback's decay.
+    "noef": ({}, {"error_feedback": False}),
     # Leaky error feedback (compression.error_feedback_decay; SparseLoCo, arXiv 2508.15706).
     **{f"efd{beta}": ({}, {"error_feedback_decay": beta}) for beta in (0.5, 0.8, 0.9)},
 }
