@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from results_convergence import svg  # noqa: E402
 
 from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
+from bench.convergence_cases import CASES, INNER_STEPS, REPLICAS, ROUNDS, STAGES  # noqa: E402
 from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
 from training.data import load_corpus  # noqa: E402
@@ -48,16 +49,6 @@ from training.model import count_params  # noqa: E402
 from training.simulate import MODES, simulate  # noqa: E402
 from training.simulate_records import set_clock  # noqa: E402
 
-ROUNDS, INNER_STEPS, REPLICAS, STAGES = 30, 50, 2, 2
-_LLAMA = dict(preset="llama-mini", n_layer=4, n_head=4, n_kv_head=2, block_size=64)
-#: name -> (model fields, per-replica batch, family)
-CASES = {
-    "gpt2-mini": (dict(preset="mini"), 8, "gpt2"),
-    "llama-xs": (dict(_LLAMA, n_embd=32), 1, "llama"),
-    "llama-s": (dict(_LLAMA, n_embd=64), 2, "llama"),
-    "llama-m": (dict(_LLAMA, n_embd=96, n_layer=5), 4, "llama"),
-    "llama-l": (dict(_LLAMA, n_embd=128), 8, "llama"),
-}
 #: name -> {"training": {...}, "diloco": {...}, "replicas": M, "inner_steps": H}: what a variant changes from
 #: the defaults (the inner optimizer always named, so that a change of the library's default changes no row).
 VARIANTS = {

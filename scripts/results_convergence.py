@@ -72,7 +72,8 @@ def convergence(r: dict) -> list[str]:
                     "vs DDP, same inner optimizer",
                     "fewer bytes than fp32 AllReduce", "goal (issue 46)",
                     "every variant measured (held-out)"], rows)
-    lines += [trend(r), ""] + ([largest_goal(r), ""] if largest_goal(r) else [])
+    lines += [trend(r), ""] + ([fit_text(r), ""] if fit_text(r) else [])
+    lines += [largest_goal(r), ""] if largest_goal(r) else []
     lines += decomposition(r)
     lines += seed_spread(r)
     lines += ["![gap to the best DDP against model size](../bench/results/convergence.svg)", ""]
@@ -177,6 +178,78 @@ def gaps_by_size(r: dict) -> dict[str, list[tuple[int, float]]]:
     return {mode: sorted(points) for mode, points in out.items()}
 
 
+#: The gap the issue asks the trend to reach (DiLoCoX within 2% of the strongest DDP).
+TREND_GOAL = 0.02
+
+
+def muon_gaps_by_size(r: dict) -> dict[str, list[tuple[int, float]]]:
+    """mode -> [(parameters, gap)] of the one setting run at every Llama size (``muon``: Muon inner steps,
+    the default outer step) against Muon DDP of the same size: the same method at every size."""
+    runs = {(row["case"], row["mode"], row["variant"]): row for row in r["runs"]}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for case in SIZE_CASES:
+        ddp = runs.get((case, "ddp", "muon"))
+        for mode in ("diloco", "diloco_x"):
+            row = runs.get((case, mode, "muon"))
+            if ddp is not None and row is not None:
+                out.setdefault(mode, []).append(
+                    (row["num_params"], row["held_out_loss"] / ddp["held_out_loss"] - 1))
+    return out
+
+
+def fit_trend(points: list[tuple[int, float]], goal: float = TREND_GOAL) -> dict | None:
+    """Least squares ``gap = a + b log10(parameters)``: the slope per decade, its standard error (from the
+    residuals, ``n - 2`` degrees of freedom; None with two points) and the size where the fit reaches
+    ``goal`` (None where the slope is not negative: the fit never gets there growing the model)."""
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log10(p) for p, _ in points], [g for _, g in points]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    intercept = my - slope * mx
+    residual = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys))
+    slope_se = math.sqrt(residual / (n - 2) / sxx) if n > 2 else None
+    reach = None if slope >= 0 else 10 ** ((goal - intercept) / slope)
+    # The most favourable slope the data allow (two standard errors lower, through the same mean point).
+    low = None if slope_se is None else slope - 2 * slope_se
+    reach_low = None if low is None or low >= 0 else 10 ** (mx + (goal - my) / low)
+    return {"intercept": intercept, "slope": slope, "slope_se": slope_se, "reaches_goal_at": reach, "n": n,
+            "reaches_goal_at_slope_minus_2se": reach_low}
+
+
+def fit_text(r: dict) -> str:
+    """The fitted trend of each DiLoCo mode with size, its uncertainty and where it reaches its goal (sync
+    DiLoCo 1%, DiLoCoX 2%: ``GOAL_GAP``)."""
+    parts = []
+    for mode, points in muon_gaps_by_size(r).items():
+        goal = GOAL_GAP[mode]
+        fit = fit_trend(points, goal)
+        if fit is None:
+            continue
+        se = "" if fit["slope_se"] is None else f" +- {100 * fit['slope_se']:.2f}"
+        text = (f"{MODE_NAMES[mode]} {pct(fit['intercept'] + fit['slope'] * math.log10(points[0][0]), 2)} at "
+                f"{points[0][0] / 1e6:.2f}M, slope {100 * fit['slope']:+.2f}{se} points per 10x parameters "
+                f"({fit['n']} sizes)")
+        if fit["reaches_goal_at"] is not None:
+            text += f", reaching {pct(goal, 0)} at about {fit['reaches_goal_at'] / 1e6:.2g}M parameters"
+        else:
+            text += f": the fit does not fall toward {pct(goal, 0)} with size"
+        if fit["slope_se"] is not None and abs(fit["slope"]) < 2 * fit["slope_se"]:
+            text += " (the slope is within two standard errors of zero: no trend resolved)"
+        if fit["reaches_goal_at_slope_minus_2se"] is not None:
+            text += (f"; at the slope two standard errors lower it would reach {pct(goal, 0)} at about "
+                     f"{fit['reaches_goal_at_slope_minus_2se'] / 1e6:.2g}M")
+        elif fit["slope_se"] is not None:
+            text += f"; even two standard errors lower the slope does not fall toward {pct(goal, 0)}"
+        parts.append(text)
+    if not parts:
+        return ""
+    return ("Fitted trend (least squares of the gap on log10 parameters, the `muon` rows at every Llama size "
+            "against Muon DDP of the same size, seed 0; the standard error from the fit's residuals): "
+            + "; ".join(parts) + ".")
+
+
 def trend(r: dict) -> str:
     """Whether the gap shrinks with size, in words, from the JSON."""
     parts = []
@@ -233,3 +306,34 @@ def svg(r: dict, width: int = 560, height: int = 300) -> str:
             f'<text x="{right + 10}" y="{top + 16 + 18 * index}" fill="{colour}">{MODE_NAMES[mode]}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+CELL_NAMES = {"ddp": "DDP", "sync": "sync DiLoCo", "delay": "+ one-step delay only (raw codec)",
+              "compression": "+ compression only (no delay)", "both": "+ both (DiLoCoX)"}
+
+
+def ablation(r: dict) -> list[str]:
+    """bench/bench_convergence_ablation.py: per case and budget each cell's losses at every seed run, their
+    mean and spread, the gap against DDP at the same seed; then the split by cause and the methods' rows."""
+    rows = []
+    for s in r["summary"]:
+        name = CELL_NAMES.get(s["cell"], s["cell"])
+        rows.append([s["case"], f"{s['tokens']:,}", name, ", ".join(str(seed) for seed in s["seeds"]),
+                     ", ".join(num(loss) for loss in s["losses"]), num(s["mean_loss"]), num(s["spread"]),
+                     "(baseline)" if s["cell"] == "ddp" else ", ".join(pct(g, 2) for g in s["gaps_vs_ddp"]),
+                     "-" if s["cell"] == "ddp" else pct(s["mean_gap_vs_ddp"], 2),
+                     "-" if s["cell"] == "ddp" or s["gap_spread"] is None else f"{100 * s['gap_spread']:.2f}",
+                     "1x" if s["fewer_bytes_than_ddp"] is None or s["cell"] == "ddp"
+                     else f"{s['fewer_bytes_than_ddp']:.0f}x"])
+    lines = table(["case", "tokens", "cell", "seeds", "held-out per seed", "mean", "spread (max - min)",
+                   "gap vs DDP, same seed", "mean gap", "gap spread (points)",
+                   "fewer bytes than fp32 AllReduce"], rows)
+    tokens = {(s["case"], s["rounds"]): s["tokens"] for s in r["summary"]}
+    splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
+              f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
+              f"{pct(s['compression'], 2)}, the two together beyond their sum {pct(s['interaction'], 2)} "
+              f"(DiLoCoX {pct(s['diloco_x'], 2)})" for s in r.get("split", [])]
+    if splits:
+        lines += ["The split by cause, in points of the mean gap against DDP (the delay: `delay - sync`; the "
+                  "compression: `compression - sync`): " + "; ".join(splits) + ".", ""]
+    return lines

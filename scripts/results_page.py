@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from results_contracts import binding_gas, chunk_state, float32_fuzz, forge_invariants, fraud_proof_bounds
-from results_convergence import convergence
+from results_convergence import ablation, convergence
 from results_emulator import churn_memory, netlab, soak
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_network import (
@@ -113,6 +113,22 @@ SECTIONS = (
             "times s, `seed<n>` the same setting at `training.seed` n (never a method's best; the seed-noise "
             "table). One seed per run on a loaded shared machine unless the seed-noise table says otherwise: "
             "differences below about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
+    Section("convergence_ablation.json", "The gap to DDP split by cause: one-step delay and compression",
+            "bench/bench_convergence_ablation.py", ablation,
+            "Issue 66: Muon inner steps in every cell, gaps against Muon DDP at the same seed; "
+            "`both-<method>` rows are DiLoCoX with one setting changed (`efd<beta>`: leaky error feedback, "
+            "`compression.error_feedback_decay`; `noef`: `compression.error_feedback = false`; "
+            "docs/DILOCOX.md section 14). Short budgets that a 2-core machine shared with seven other jobs "
+            "ran "
+            "in the time it had: `gpt2-mini` 6 rounds of H = 50 (307,200 tokens, a fifth of the default), "
+            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1. Run in pieces, "
+            "one process at a time, under `nice -n 10`: `python bench/bench_convergence_ablation.py --case "
+            "gpt2-mini --rounds 6 --seeds 0,1` (stopped after seed 0's five cells), then `--seeds 0 --cells "
+            "both-efd0.8`, `--seeds 1 --cells ddp,both,sync,both-efd0.8,delay,compression`, `--seeds 0 "
+            "--cells both-noef`, `--seeds 1 --cells both-noef`; `--case llama-xs --rounds 10 --seeds 0 "
+            "--cells ddp,both,both-efd0.8`, `--seeds 0 --cells both-noef,sync,delay,compression`, `--seeds 1 "
+            "--cells ddp,both,both-noef,both-efd0.8,sync,delay,compression` (the provenance below names the "
+            "last). The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",

@@ -49,6 +49,7 @@ from training.compression import (
     ErrorFeedbackCompressor,
     encode_contribution,
     encode_within_bandwidth,
+    feedback_target,
 )
 from training.config_compression import CompressionConfig
 from training.diloco import average_contributions
@@ -163,7 +164,8 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
         use_feedback = self.cfg.enabled and self.cfg.error_feedback
         carry = use_feedback or self._carry
         target = {
-            name: torch.add(value.to(torch.float32), self.residual[name])
+            name: (feedback_target(value, self.residual[name], self.cfg) if use_feedback
+                   else torch.add(value.to(torch.float32), self.residual[name]))
             if carry
             else value.to(torch.float32)
             for name, value in pseudo_gradient.items()

@@ -17,7 +17,10 @@ decoder, the same for every encoder, are :mod:`training.codec_wire`.
 Error feedback (per tensor, ``e_0 = 0``): ``target_t = g_t + e_{t-1}``,
 ``sent_t = decode(encode(target_t))``, ``e_t = target_t - sent_t``. Then
 ``sum_t sent_t = sum_t g_t - e_T``: the decoded contributions track the inputs up
-to one bounded residual.
+to one bounded residual. With ``compression.error_feedback_decay = beta < 1`` the target is
+``g_t + beta * e_{t-1}`` (one float32 multiply, then the add; ``beta = 1`` is the add alone, the same
+bits as before the setting): a leaky accumulator (SparseLoCo, arXiv 2508.15706), whose left-out error
+fades by ``beta`` a round instead of arriving whole.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from training.codec_wire import declare_steps
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
 from training.exact_codec import ExactCodec
+from training.host_tensors import float32_scalar
 
 __all__ = [
     "CompressionStats",
@@ -43,7 +47,15 @@ __all__ = [
     "encode_contribution",
     "encode_with_memo",
     "encode_within_bandwidth",
+    "feedback_target",
 ]
+
+
+def feedback_target(value: torch.Tensor, residual: torch.Tensor, cfg: CompressionConfig) -> torch.Tensor:
+    """``g + beta * e`` in float32 (``beta = compression.error_feedback_decay``; at 1, ``g + e`` alone)."""
+    if cfg.error_feedback_decay == 1.0:
+        return torch.add(value.to(torch.float32), residual)
+    return torch.add(value.to(torch.float32), torch.mul(residual, float32_scalar(cfg.error_feedback_decay)))
 
 
 def encode_contribution(
@@ -133,8 +145,10 @@ class ErrorFeedbackCompressor:
             raise ContributionEncodeError("pseudo-gradient names differ from the stage's tensors")
         use_feedback = self.cfg.enabled and self.cfg.error_feedback
         carry = use_feedback or self._carry
+        # An undelivered update carried without feedback (restore_undelivered) is added whole, never decayed.
         target = {
-            name: torch.add(value.to(torch.float32), self.residual[name]) if carry else value
+            name: (feedback_target(value, self.residual[name], self.cfg) if use_feedback
+                   else torch.add(value.to(torch.float32), self.residual[name])) if carry else value
             for name, value in pseudo_gradient.items()
         }
         with ExactCodec() if self.exact else contextlib.nullcontext():

@@ -34,6 +34,12 @@ class CompressionConfig:
     max_rank: int = 32
     bit_choices: list[int] = field(default_factory=lambda: [2, 4, 8])
     error_feedback: bool = True
+    # How much of the error-feedback residual the next round's target carries (training/compression.py):
+    # target_t = g_t + error_feedback_decay * e_{t-1}. 1.0: plain error feedback (Seide et al. 2014), and the
+    # setting is not in the run document (every older hash unchanged); below 1, a leaky accumulator as in
+    # SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706): what the codec left out fades instead of arriving
+    # whole rounds later (docs/DILOCOX.md section 14).
+    error_feedback_decay: float = 1.0
     min_compress_numel: int = 4096  # smaller tensors are only quantized
     # Bytes one replica may send for one stage per round (training/codec/allocation.py). > 0: the
     # codec spends this budget where it removes the most error (error_budget is then unused);
@@ -83,16 +89,24 @@ class CompressionConfig:
             self.min_compress_numel >= 1,
             f"compression.min_compress_numel={self.min_compress_numel}: must be >= 1",
         )
+        decay = self.error_feedback_decay
+        _require(isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 < decay <= 1,
+                 f"compression.error_feedback_decay={decay!r}: must be a number in (0, 1] (1: plain error "
+                 "feedback)")
+        self.error_feedback_decay = float(decay)
         versions = [version.value for version in EncoderVersion]
         _require(self.encoder in versions, f"compression.encoder={self.encoder!r}: must be one of {versions}")
         self.encoder = EncoderVersion(self.encoder).value  # a plain str, as TOML and the run document hold it
 
     def document(self) -> dict:
         """The settings as plain data (the run document's [compression] table); ``sketch`` only when it is not
-        the legacy source, so a run document from before ``compression.sketch`` rebuilds to the same bytes."""
+        the legacy source, so a run document from before ``compression.sketch`` rebuilds to the same bytes;
+        ``error_feedback_decay`` only when it is not 1 (plain error feedback, every run before it existed)."""
         out = dataclasses.asdict(self)
         if self.sketch == LEGACY_RANDOM:
             del out["sketch"]
+        if self.error_feedback_decay == 1.0:
+            del out["error_feedback_decay"]
         return out
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:

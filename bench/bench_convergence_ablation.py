@@ -1,0 +1,196 @@
+"""Benchmark: the gap to DDP split by cause (issue 66): the one-step delay and the compression, each alone.
+
+Cells (``CELLS``), each a mode of training/simulate.py with one part of DiLoCoX switched off:
+
+* ``ddp``: centralized data-parallel training, the baseline of every gap;
+* ``sync``: synchronous DiLoCo (no delay, the raw codec: DiLoCo's own share of the gap);
+* ``delay``: DiLoCoX with the raw codec (the one-step delay only, at the node's defaults: "rebase", overlap
+  "auto");
+* ``compression``: DiLoCoX without the delay (the compression only: the byte budget "auto", 1000x);
+* ``both``: DiLoCoX as the node runs it;
+* method cells (``both-<method>``, ``delay-<method>``): DiLoCoX or the delay only with one setting changed
+  (``METHODS``), measured against ``both`` / ``delay`` at the same seeds and tokens.
+
+Every cell runs the same model, tokens, seeds and inner-lr schedule (``--optimizer``, Muon by default), and
+every gap is taken against DDP at the same seed (a seed sets the initial weights and every replica's batches).
+Rows accumulate in ONE JSON (bench/results/convergence_ablation.json), keyed by case, rounds, cell and seed,
+so a loaded machine can measure the plan in pieces (``--fresh`` starts over). The summary gives per cell the
+mean over the seeds run, the spread (max - min) and the gap against DDP; the split: ``delay - sync``,
+``compression - sync``, and what ``both`` adds beyond the two (their interaction).
+
+    nice python bench/bench_convergence_ablation.py --case gpt2-mini --rounds 10 --seeds 0,1
+
+The case's tokens are ``rounds * H * batch * block * M``; ``--rounds 10`` is a third of bench_convergence.py's
+budget (30 rounds), with the cosine inner-lr schedule compressed to the shorter run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.benchio import RESULTS, default_corpus, write_result  # noqa: E402
+from bench.convergence_cases import CASES, INNER_STEPS, REPLICAS, STAGES  # noqa: E402
+from training.config import DilocoConfig, ModelConfig, PipelineConfig, TrainingConfig  # noqa: E402
+from training.config_compression import CompressionConfig  # noqa: E402
+from training.data import load_corpus  # noqa: E402
+from training.model import count_params  # noqa: E402
+from training.simulate import simulate  # noqa: E402
+from training.simulate_records import set_clock  # noqa: E402
+
+#: cell -> (simulation mode, DilocoConfig changes, CompressionConfig changes)
+CELLS = {
+    "ddp": ("ddp", {}, {}),
+    "sync": ("diloco", {}, {}),
+    "delay": ("diloco_x", {}, {"enabled": False}),
+    "compression": ("diloco_x", {"one_step_delay": False}, {}),
+    "both": ("diloco_x", {}, {}),
+}
+#: method -> (DilocoConfig changes, CompressionConfig changes): tried against the delay and the compression.
+METHODS = {
+    "eager": ({"delay_correction": "eager"}, {}),
+    "lookahead": ({"delay_correction": "lookahead"}, {}),
+    "om0.3": ({"outer_momentum": 0.3}, {}),
+    # No error feedback (the existing switch): the control for leaky error feedback's decay.
+    "noef": ({}, {"error_feedback": False}),
+    # Leaky error feedback (compression.error_feedback_decay; SparseLoCo, arXiv 2508.15706).
+    **{f"efd{beta}": ({}, {"error_feedback_decay": beta}) for beta in (0.5, 0.8, 0.9)},
+}
+for _base in ("both", "delay", "compression"):
+    _mode, _diloco, _compression = CELLS[_base]
+    CELLS.update({f"{_base}-{name}": (_mode, {**_diloco, **diloco}, {**_compression, **compression})
+                  for name, (diloco, compression) in METHODS.items()})
+#: The order the plan runs in (the split first, at every seed, then the methods).
+SPLIT = ("ddp", "sync", "delay", "compression", "both")
+
+
+def run_cell(case: str, cell: str, seed: int, rounds: int, optimizer: str, corpus, data: str) -> dict:
+    """One simulation: its row of the JSON."""
+    fields, batch, family = CASES[case]
+    mode, diloco_change, compression_change = CELLS[cell]
+    model_cfg = ModelConfig(**fields)
+    training_cfg = TrainingConfig(data_path=data, batch_size=batch, eval_batches=16, seed=seed,
+                                  optimizer=optimizer)
+    diloco_cfg = DilocoConfig(inner_steps=INNER_STEPS, num_replicas=REPLICAS, screening=False,
+                              **diloco_change)
+    compression_cfg = CompressionConfig(**compression_change)
+    started, cpu = time.perf_counter(), time.process_time()
+    load = list(os.getloadavg())
+    result = simulate(mode, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
+                      PipelineConfig(num_stages=STAGES), rounds, eval_every=5)
+    return {
+        "case": case, "cell": cell, "seed": seed, "rounds": rounds, "mode": mode, "family": family,
+        "optimizer": optimizer, "num_params": count_params(model_cfg),
+        "tokens": result.tokens_per_replica * REPLICAS, "inner_steps": INNER_STEPS, "replicas": REPLICAS,
+        "batch_per_replica": batch, "held_out_loss": result.final_eval_loss,
+        "bytes_per_token": result.bytes_per_token, "wall_seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu, "load_average_start": load,
+        "load_average_end": list(os.getloadavg()),
+        "curve": [(r.outer_round, r.eval_loss) for r in result.rounds if r.eval_loss is not None],
+        "settings": {"diloco": diloco_change, "compression": compression_change},
+    }
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per case, rounds and cell: the seeds run, mean loss, its spread, the gap against DDP at each seed."""
+    out = []
+    groups = sorted({(r["case"], r["rounds"]) for r in rows}, key=lambda g: (list(CASES).index(g[0]), g[1]))
+    for case, rounds in groups:
+        of = [r for r in rows if r["case"] == case and r["rounds"] == rounds]
+        ddp = {r["seed"]: r for r in of if r["cell"] == "ddp"}
+        for cell in CELLS:
+            runs = sorted((r for r in of if r["cell"] == cell), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            losses = [r["held_out_loss"] for r in runs]
+            gaps = [r["held_out_loss"] / ddp[r["seed"]]["held_out_loss"] - 1
+                    for r in runs if r["seed"] in ddp]
+            out.append({
+                "case": case, "rounds": rounds, "cell": cell, "tokens": runs[0]["tokens"],
+                "num_params": runs[0]["num_params"], "seeds": [r["seed"] for r in runs], "losses": losses,
+                "mean_loss": statistics.fmean(losses), "spread": max(losses) - min(losses),
+                "gaps_vs_ddp": gaps, "mean_gap_vs_ddp": statistics.fmean(gaps) if gaps else None,
+                "gap_spread": (max(gaps) - min(gaps)) if gaps else None,
+                "fewer_bytes_than_ddp": (ddp[runs[0]["seed"]]["bytes_per_token"] / runs[0]["bytes_per_token"]
+                                         if runs[0]["seed"] in ddp else None),
+            })
+    return out
+
+
+def split(summary: list[dict]) -> list[dict]:
+    """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP)."""
+    out = []
+    for case, rounds in dict.fromkeys((s["case"], s["rounds"]) for s in summary):
+        gap = {s["cell"]: s["mean_gap_vs_ddp"] for s in summary
+               if s["case"] == case and s["rounds"] == rounds}
+        if not all(gap.get(c) is not None for c in SPLIT[1:]):
+            continue
+        out.append({
+            "case": case, "rounds": rounds, "diloco_own": gap["sync"], "delay": gap["delay"] - gap["sync"],
+            "compression": gap["compression"] - gap["sync"],
+            "interaction": gap["both"] - gap["delay"] - gap["compression"] + gap["sync"],
+            "diloco_x": gap["both"],
+        })
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", default="gpt2-mini", choices=list(CASES))
+    parser.add_argument("--rounds", type=int, default=10, help="outer rounds of H = 50 (30: the full budget)")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--cells", default=",".join(SPLIT), help=f"any of {list(CELLS)}")
+    parser.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fresh", action="store_true", help="drop the rows already in --out")
+    parser.add_argument("--out", default=str(RESULTS / "convergence_ablation.json"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    set_clock(time.process_time)
+    cells = [c for c in args.cells.split(",") if c]
+    unknown = [c for c in cells if c not in CELLS]
+    if unknown:
+        raise SystemExit(f"--cells {unknown}: must be among {list(CELLS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    data = default_corpus()
+    path = Path(args.out)
+    previous = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
+    rows = {(r["case"], r["rounds"], r["cell"], r["seed"]): r for r in previous.get("rows", [])}
+    start_load = list(os.getloadavg())
+    fields = CASES[args.case][0]
+    block = fields.get("block_size") or ModelConfig(**fields).block_size
+    corpus = load_corpus(REPO / data, TrainingConfig().eval_fraction, block)
+    for seed in seeds:  # every cell at one seed before the next seed: a cut-short plan still splits the gap
+        for cell in cells:
+            row = run_cell(args.case, cell, seed, args.rounds, args.optimizer, corpus, str(REPO / data))
+            rows[(args.case, args.rounds, cell, seed)] = row
+            print(f"{args.case} r{args.rounds} {cell} seed {seed}: held-out {row['held_out_loss']:.4f} "
+                  f"({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)", flush=True)
+            ordered = sorted(rows.values(),
+                             key=lambda r: (r["case"], r["rounds"], list(CELLS).index(r["cell"]), r["seed"]))
+            summary = summarize(ordered)
+            write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
+                                "data": Path(data).parent.name, "summary": summary, "split": split(summary),
+                                "rows": ordered}, start_load)
+    for s in summarize(list(rows.values())):
+        gap = "" if s["mean_gap_vs_ddp"] is None else f"{100 * s['mean_gap_vs_ddp']:+6.2f}%"
+        print(f"{s['case']:<10} r{s['rounds']:<3} {s['cell']:<22} seeds {s['seeds']} "
+              f"mean {s['mean_loss']:.4f} spread {s['spread']:.4f} gap {gap}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""bench/bench_convergence_ablation.py's summary and split (issue 66) and the results page's fitted trend with
+size: every gap is taken against DDP at the same seed; the fit says where it reaches +2% only if it falls."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from results_convergence import ablation, fit_trend  # noqa: E402
+
+from bench.bench_convergence_ablation import CELLS, split, summarize  # noqa: E402
+
+
+def _row(cell: str, seed: int, loss: float) -> dict:
+    return {"case": "gpt2-mini", "rounds": 6, "cell": cell, "seed": seed, "tokens": 307_200,
+            "num_params": 867_072, "held_out_loss": loss, "bytes_per_token": 4.0 if cell == "ddp" else 0.004}
+
+
+ROWS = [_row("ddp", 0, 2.0), _row("ddp", 1, 2.2), _row("sync", 0, 2.04), _row("sync", 1, 2.2),
+        _row("delay", 0, 2.06), _row("delay", 1, 2.2), _row("compression", 0, 2.1),
+        _row("compression", 1, 2.31),
+        _row("both", 0, 2.12), _row("both", 1, 2.31), _row("both-efd0.8", 0, 2.1)]
+
+
+def test_each_gap_is_against_ddp_at_the_same_seed_and_the_split_adds_up():
+    summary = {s["cell"]: s for s in summarize(ROWS)}
+    assert summary["sync"]["gaps_vs_ddp"] == pytest.approx([0.02, 0.0])
+    assert summary["sync"]["mean_gap_vs_ddp"] == pytest.approx(0.01)
+    assert summary["compression"]["spread"] == pytest.approx(0.21)
+    assert summary["compression"]["gap_spread"] == pytest.approx(0.0)
+    assert summary["both-efd0.8"]["seeds"] == [0]
+    assert summary["both"]["fewer_bytes_than_ddp"] == pytest.approx(1000)
+    (parts,) = split(list(summary.values()))
+    assert parts["diloco_own"] == pytest.approx(0.01) and parts["delay"] == pytest.approx(0.005)
+    assert parts["compression"] == pytest.approx(0.04)
+    total = parts["diloco_own"] + parts["delay"] + parts["compression"] + parts["interaction"]
+    assert total == pytest.approx(parts["diloco_x"])
+    page = "\n".join(ablation({"summary": list(summary.values()), "split": [parts]}))
+    assert "the compression +4.00%" in page and "+ compression only (no delay)" in page
+
+
+def test_no_split_without_every_cell_and_the_method_cells_change_one_setting():
+    assert split(summarize([r for r in ROWS if r["cell"] != "delay"])) == []
+    assert CELLS["both-efd0.8"] == ("diloco_x", {}, {"error_feedback_decay": 0.8})
+    assert CELLS["delay-eager"] == ("diloco_x", {"delay_correction": "eager"}, {"enabled": False})
+
+
+def test_the_fit_reaches_the_goal_only_where_it_falls():
+    falling = [(10 ** 5, 0.06), (10 ** 6, 0.04), (10 ** 7, 0.02)]
+    fit = fit_trend(falling)
+    assert fit["slope"] == pytest.approx(-0.02) and fit["slope_se"] == pytest.approx(0.0, abs=1e-12)
+    assert math.log10(fit["reaches_goal_at"]) == pytest.approx(7.0)
+    rising = fit_trend([(10 ** 5, 0.03), (2 * 10 ** 5, 0.06), (4 * 10 ** 5, 0.05)])
+    assert rising["slope"] > 0 and rising["reaches_goal_at"] is None and rising["slope_se"] > 0
+    assert fit_trend([(10 ** 5, 0.03)]) is None and fit_trend(falling[:2])["slope_se"] is None
