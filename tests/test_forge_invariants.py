@@ -40,8 +40,9 @@ def test_the_fraud_proof_game_moves_step_by_step():
 
 
 def test_a_member_counted_later_in_a_commits_block_cannot_sign_its_verdict():
-    """VerdictTiming.t.sol: the 1,000,000-call campaign's counterexample (two commits in one block, the second
-    counting a coalition joiner that then tipped the first round's verdict) refused with LedgerSignerNotInForce."""
+    """VerdictTiming.t.sol: the 1,000,000-call campaign's counterexample (two commits in one block, the
+    second counting a coalition joiner that then tipped the first round's verdict) refused with
+    LedgerSignerNotInForce."""
     done = subprocess.run([str(FORGE), "test", "--match-contract", "VerdictTimingTest"], cwd=FORGE_ROOT,
                           env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
                           check=False)
