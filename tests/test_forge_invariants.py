@@ -13,9 +13,6 @@ import pytest
 
 from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign
 
-#: forge and slither build into contracts/forge/out and cache: under pytest-xdist, one worker runs them all.
-pytestmark = pytest.mark.xdist_group("forge")
-
 
 
 def test_a_quick_invariant_campaign_finds_no_violation():

@@ -16,9 +16,6 @@ import pytest
 
 from tests.test_static_analysis import NODE_BIN, REPO, analysis_tool
 
-#: forge and slither build into contracts/forge/out and cache: under pytest-xdist, one worker runs them all.
-pytestmark = pytest.mark.xdist_group("forge")
-
 
 @pytest.mark.slow
 def test_halmos_proves_the_money_properties_for_all_inputs():

@@ -16,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-#: forge and slither build into contracts/forge/out and cache: under pytest-xdist, one worker runs them all.
-pytestmark = pytest.mark.xdist_group("forge")
-
 REPO = Path(__file__).resolve().parent.parent
 TRIAGE = REPO / "contracts" / "slither-triage.json"
 NODE_BIN = REPO / "contracts" / "node_modules" / ".bin"
