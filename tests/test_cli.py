@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 
-def run_cli(*args, timeout=60, **kw):
+def run_cli(*args, timeout=240, **kw):
+    """``dlx-node ARGS`` in a child process (a bound for a loaded machine: two test workers on 2 cores
+    took 60 s and more for one start that fails at its chain check)."""
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
                           timeout=timeout, **kw)
 

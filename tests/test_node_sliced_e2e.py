@@ -17,7 +17,6 @@ import pytest
 from node_fixtures import TINY, node_state, run_logs
 
 from ledger.account import dev_account
-from node.live.state.topology import committer_order
 from node.tools.audit import FAIL, OK, audit_run
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "sliced_adversary.py")]
@@ -152,15 +151,16 @@ def test_an_envelope_whose_reference_does_not_fit_costs_only_its_signer(make_run
 def test_a_member_that_withholds_its_bundle_costs_only_itself_also_when_it_coordinates(make_run):
     """Withholding costs only the withholder (docs/PROTOCOL.md, "Sliced exchange"): a member that signs
     references to bundles it never serves is left out by every honest coordinator (which fetches each
-    bundle before closing); in the round it coordinates, its close names its own entry, no partial can
+    bundle before closing); in the rounds it coordinates, its close names its own entry, no partial can
     come, every honest holder refuses that close and takes the next coordinator's. Every honest node
     keeps going and ends every round on the chain's roots."""
     rounds = 2
     run = make_run(replicas=3, stages=1, split=False, settings=SETTINGS + [f"rounds={rounds}"],
                    attest_quorum=2)
-    # The attacker is the slot that coordinates round 1 (stage 0's rotation over every holder).
-    first = committer_order(1 * 1000 + 0, [slot.peer_id for slot in run.nodes])[0]
-    attacker = next(slot for slot in run.nodes if slot.peer_id == first)
+    # The attacker is the first coordinator of every round: stage 0's rotation is its holders in the order
+    # of their chain seats (Membership.seat_order), and the launcher seats the nodes in seating_order().
+    attacker = run.seating_order()[0]
+    first = attacker.peer_id
     attacker.command = [*ADVERSARY, "withhold"]
     run.start()
     honest = [slot for slot in run.nodes if slot is not attacker]
@@ -177,7 +177,7 @@ def test_a_member_that_withholds_its_bundle_costs_only_itself_also_when_it_coord
     assert all(c.commit.num_contributors == 2 for c in commits), [c.commit for c in commits]
     for slot in honest:
         log = _logs([slot])
-        # Round 1: its close was refused for the partials that never came; the next coordinator's applied.
+        # Its close was refused for the partials that never came; the next coordinator's applied.
         assert f"close of {first[-8:]} refused: no valid partial" in log, slot.name
     assert "not closed with its contribution" in _logs(honest)  # an honest coordinator left it out
     report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes])

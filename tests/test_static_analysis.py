@@ -70,11 +70,7 @@ def test_the_triage_file_answers_each_finding_with_a_reason():
         assert check and "." in where and len(reason) > 20, key
 
 
-def test_the_compiler_gives_no_warning():
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node missing (a test dependency)")
-    done = subprocess.run([node, "contracts/build.js", "--check"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, check=False)
+def test_the_compiler_gives_no_warning(contracts_build_check):
+    done = contracts_build_check  # the session's one compile (tests/conftest.py)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Warning" not in done.stderr, done.stderr
