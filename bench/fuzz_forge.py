@@ -8,6 +8,7 @@ violation).
 
     nice -n 10 python bench/fuzz_forge.py --runs 4000 --depth 250 --jobs 16   # 1,000,000 calls
     nice -n 10 python bench/fuzz_forge.py --runs 40 --depth 500                # a shared 2-core machine
+    python bench/fuzz_forge.py --merge chunk_*.json --commit REV  # campaigns run apart (each its own --out)
 
 """
 
@@ -43,7 +44,12 @@ def main() -> int:
     parser.add_argument("--seed", type=lambda v: int(v, 0), default=0xD1C0)
     parser.add_argument("--jobs", type=int, default=1, help="forge processes side by side")
     parser.add_argument("--out", default=str(RESULTS / "forge_invariants.json"))
+    parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                        help="write one result from these results of campaigns run apart (nothing is run)")
+    parser.add_argument("--commit", default="", help="with --merge: the commit the campaigns ran on")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out, args.commit)
     load = list(os.getloadavg())
     subprocess.run([str(FORGE), "build"], cwd=FORGE_ROOT, check=True, capture_output=True, timeout=1800)
     shares = [args.runs // args.jobs + (1 if i < args.runs % args.jobs else 0) for i in range(args.jobs)]
@@ -70,6 +76,29 @@ def main() -> int:
     }
     print(f"{calls:,} calls in {seconds:.0f} s ({rate:.1f} calls/s), {result['violations']} violation(s)")
     write_result(args.out, result, load)
+    return 1 if result["violations"] else 0
+
+
+def merge(paths: list[str], out: str, commit: str) -> int:
+    """One result from the results of campaigns run apart (e.g. in sequence, a chunk at a time): every
+    campaign kept with its seed, runs, depth, calls and seconds; the rate: calls over their summed seconds."""
+    import json
+
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    campaigns = [c for part in parts for c in part["campaigns"]]
+    calls = sum(c["calls"] for c in campaigns)
+    seconds = sum(c["seconds"] for c in campaigns)
+    result = {
+        "forge": parts[0]["forge"], "depth": sorted({c["depth"] for c in campaigns}),
+        "runs": sum(c["runs"] for c in campaigns), "merged_from": len(parts), "campaigns_ran_on": commit,
+        "campaigns": campaigns, "calls": calls,
+        "violations": sum(1 for c in campaigns if not c["passed"]),
+        "campaign_seconds": round(seconds, 1),
+        "calls_per_second": round(calls / seconds, 1) if seconds else 0,
+        "target_calls": TARGET_CALLS, "invariants": INVARIANTS,
+    }
+    print(f"{calls:,} calls in {len(campaigns)} campaigns, {result['violations']} violation(s)")
+    write_result(out, result)
     return 1 if result["violations"] else 0
 
 

@@ -75,6 +75,14 @@ def forge_invariants(r: dict) -> list[str]:
     rows = [[c["seed"], c["runs"], c["depth"], f"{c['calls']:,}", f"{c['seconds']:.0f}",
              "pass" if c["passed"] else f"FAIL: {c['failure']}"] for c in r["campaigns"]]
     projected = r.get("projected_seconds_for_target")
+    if "merged_from" in r:  # campaigns run apart, a chunk at a time (bench/fuzz_forge.py --merge)
+        lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
+                  f"({r['runs']} sequences of {'/'.join(map(str, r['depth']))} in {len(r['campaigns'])} "
+                  f"campaigns run a chunk at a time on the handlers of {r['campaigns_ran_on']}, "
+                  f"{r['campaign_seconds']:.0f} s of campaigns, {r['calls_per_second']} calls/s each), every "
+                  f"invariant checked after every call: {'; '.join(r['invariants'])}. "
+                  f"**{r['violations']} violations.**"), ""]
+        return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
     lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
               f"({r['runs']} sequences of {r['depth']}, {r['jobs']} process(es)) in {r['seconds']:.0f} s "
               f"({r['calls_per_second']} calls/s), every invariant checked after every call: "

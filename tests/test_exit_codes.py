@@ -100,7 +100,10 @@ def test_an_interrupted_command_exits_130_without_a_traceback(tmp_path):
         server.listen(1)
         url = f"http://127.0.0.1:{server.getsockname()[1]}/input.txt"
         command = [*CLI, "data", "fetch", "tinyshakespeare", "--dir", str(tmp_path), "--url", url]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # As from a terminal: SIGINT at its default. A process started with it ignored (an xdist worker's
+        # children, `cmd &` in a script) keeps ignoring it, as POSIX wants: no KeyboardInterrupt.
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         server.settimeout(0.5)
         conn = None
         try:
