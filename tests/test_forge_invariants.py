@@ -14,6 +14,16 @@ import pytest
 from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign
 
 
+def forge_test(contract: str, **env: str) -> str:
+    """``forge test`` of one test contract; its output, after checking that nothing failed."""
+    done = subprocess.run([str(FORGE), "test", "--match-contract", contract], cwd=FORGE_ROOT,
+                          env={**os.environ, **env, "NO_COLOR": "1"}, capture_output=True, text=True,
+                          timeout=900, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    return out
+
+
 def test_a_quick_invariant_campaign_finds_no_violation():
     campaign = run_campaign(runs=8, depth=64, seed=0x5EED, timeout=600)
     assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
@@ -31,11 +41,7 @@ def test_the_fraud_proof_game_moves_step_by_step():
     """TrustGame.t.sol (issue 62): last-block, relayed and junk-first answers, silence, a copier of the proof
     and a coalition that leaves at once each end with the wrong round overturned by the one prover, every
     attester slashed, its bonds back and half the slash; right rounds stand."""
-    done = subprocess.run([str(FORGE), "test", "--match-contract", "TrustGameTest"], cwd=FORGE_ROOT,
-                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
-                          check=False)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    out = forge_test("TrustGameTest")
     assert out.count("[PASS]") == 5, out[-3000:]
 
 
@@ -43,19 +49,11 @@ def test_a_member_counted_later_in_a_commits_block_cannot_sign_its_verdict():
     """VerdictTiming.t.sol: the 1,000,000-call campaign's counterexample (two commits in one block, the
     second counting a coalition joiner that then tipped the first round's verdict) refused with
     LedgerSignerNotInForce."""
-    done = subprocess.run([str(FORGE), "test", "--match-contract", "VerdictTimingTest"], cwd=FORGE_ROOT,
-                          env={**os.environ, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=900,
-                          check=False)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    out = forge_test("VerdictTimingTest")
     assert out.count("[PASS]") == 1, out[-3000:]
 
 
 def test_calldata_fuzzing_of_every_external_function_finds_no_unexpected_success():
     """CalldataFuzz.t.sol: junk, plausible words, cut commits, proofs with paths of any size: all refused."""
-    done = subprocess.run([str(FORGE), "test", "--match-contract", "CalldataFuzzTest"], cwd=FORGE_ROOT,
-                          env={**os.environ, "FOUNDRY_FUZZ_RUNS": "256", "NO_COLOR": "1"},
-                          capture_output=True, text=True, timeout=900, check=False)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and "[FAIL" not in out, out[-3000:]
+    out = forge_test("CalldataFuzzTest", FOUNDRY_FUZZ_RUNS="256")
     assert out.count("[PASS]") == 4, out[-3000:]
