@@ -110,17 +110,12 @@ library LedgerAccusations {
     /// @dev `signer` was counted before the accusation's block and had not left by it: a seat that left in that
     /// block is not in force either, since it may have left before the accusation opened and its quorum was then
     /// counted without it (a coalition one seat short of that quorum would leave a seat and sign with it too;
-    /// found by the forge invariant campaign, contracts/forge).
+    /// found by the forge invariant campaign, contracts/forge): LedgerCore.requireCountedAt.
     function _requireInForce(TrainingLedger.LedgerState storage s, uint256 runId, address signer, uint64 openedBlock)
         private
         view
     {
         LedgerCore.requireCountedAt(s, runId, signer, openedBlock);
-        TrainingLedger.Member storage seat = s.members[runId][signer];
-        if (
-            seat.status == TrainingLedger.MemberStatus.Unbonding
-                && seat.unbondingEnd - s.runs[runId].unbondingBlocks == openedBlock
-        ) revert TrainingLedger.LedgerSignerNotInForce(runId, signer, openedBlock);
     }
 
     /// @dev The signers of `signatures` over `digest`, strictly ascending; each but `accused` a member counted

@@ -192,7 +192,9 @@ library LedgerCore {
     }
 
     /// @dev `signer` holds a stake in `runId` (active or unbonding), counted toward quorums before `blockNumber`
-    /// and, if it left, left at or after it (it left at unbondingEnd - unbondingBlocks).
+    /// and, if it left, left after it (it left at unbondingEnd - unbondingBlocks): a seat counted or gone within
+    /// that block may have been so before the quorum taken there was counted (an accusation's opening, a
+    /// round's commit), so it does not sign (both found by the forge invariant campaign, contracts/forge).
     function requireCountedAt(TrainingLedger.LedgerState storage s, uint256 runId, address signer, uint64 blockNumber)
         internal
         view
@@ -207,7 +209,7 @@ library LedgerCore {
             counted == 0 || counted >= blockNumber
                 || (
                     status == TrainingLedger.MemberStatus.Unbonding
-                        && member.unbondingEnd - s.runs[runId].unbondingBlocks < blockNumber
+                        && member.unbondingEnd - s.runs[runId].unbondingBlocks <= blockNumber
                 )
         ) revert TrainingLedger.LedgerSignerNotInForce(runId, signer, blockNumber);
     }

@@ -68,9 +68,9 @@ library LedgerDisputes {
             revert TrainingLedger.LedgerNotAttesters(runId, round);
         }
         uint256 committedAt = s.commitBlocks[runId][round];
-        // Counted before the commit's block, so counted when its quorum was counted (a member counted later in
-        // the same block, by a second commit, is not: contracts/forge/test/VerdictTiming.t.sol); at least as many
-        // as it needed.
+        // Counted before the commit's block and gone (if gone) after it, so in force when its quorum was counted
+        // (a member counted later in that block by a second commit, or one that left in it before the commit,
+        // is not: contracts/forge/test/VerdictTiming.t.sol); at least as many as it needed.
         address[] memory signers =
             _roundVerdictSigners(s, runId, uint64(committedAt), digest, signatures, uint32(committedAt >> 64));
         emit TrainingLedger.DisputeResolved(runId, round, upheld, signers);

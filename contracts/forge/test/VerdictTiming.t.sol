@@ -102,4 +102,40 @@ contract VerdictTimingTest is TrustBase {
             vm.assertTrue(ledger.memberOf(runId, who(key)).status == TrainingLedger.MemberStatus.Active, "not slashed");
         }
     }
+
+    /// @notice The campaign's second counterexample (eight calls, after the first fix): a coalition seat left in
+    /// the block of an honest commit, before it, so that round's quorum was counted without it (2 of 4); with the
+    /// other coalition founder it then signed the round's verdict and overturned it.
+    function test_a_member_that_left_in_a_commits_block_cannot_sign_its_verdict() public {
+        _commit(_founders(0), "honest"); // round 0
+        vm.roll(block.number + 1);
+        vm.prank(who(6));
+        ledger.leaveRun(runId); // the coalition seat leaves, then honest members commit in the same block
+        vm.prank(who(4));
+        ledger.leaveRun(runId);
+        uint256[] memory honest = _keys(1, 2, 3);
+        (TrainingLedger.Record memory one, address[] memory attesters) = _commit(honest, "honest"); // round 1
+        vm.assertEq(ledger.runOf(runId).countedCount, 4, "round 1's quorum was counted without the leavers");
+
+        TrainingLedger.Record memory other = _record("other");
+        other.round = 1;
+        other.prevHead = one.prevHead;
+        vm.prank(who(5));
+        ledger.dispute{value: BOND}(one, other, sign(5, recordDigest(ledger, other)));
+        uint256[] memory coalition = new uint256[](2);
+        (coalition[0], coalition[1]) = (5, 6);
+        bytes memory signatures = signAll(coalition, roundVerdictDigest(ledger, one, false));
+        vm.expectRevert(
+            abi.encodeWithSelector(TrainingLedger.LedgerSignerNotInForce.selector, runId, who(6), uint64(block.number))
+        );
+        ledger.resolveDispute(one, false, signatures, attesters);
+        // Later blocks change nothing: the seat was gone when the round's quorum was counted.
+        vm.roll(block.number + 1);
+        vm.expectRevert(
+            abi.encodeWithSelector(
+                TrainingLedger.LedgerSignerNotInForce.selector, runId, who(6), uint64(block.number - 1)
+            )
+        );
+        ledger.resolveDispute(one, false, signatures, attesters);
+    }
 }
