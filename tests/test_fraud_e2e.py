@@ -25,6 +25,7 @@ from node.errors import RoundDisputed
 from node.tools.audit import audit_run
 from node.tools.pull import pull_checkpoint
 from node.tools.report import OK
+from tests.ledger_fixtures import mine
 from tests.node_fixtures import TINY, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-root"]
@@ -43,10 +44,22 @@ def _logs(slots) -> str:
     return "\n".join(p.read_text() for slot in slots for p in slot.data_dir.glob("node-*.log"))
 
 
+def _let_round_1s_proof_window_open(client, run_id: int) -> None:
+    """Time passes on the chain up to the block where round 1's proof window opens (round 0's can no longer be
+    overturned: a proof of 1 waits for it), never past it: a chain that mines only on transactions may not get
+    there before the run ends, and mining past the window's close would shut the proof out."""
+    if client.commit_count(run_id) < 2:
+        return
+    opens, _closes = client.proof_window_of(run_id, 1)
+    behind = opens - client.w3.eth.block_number
+    if behind > 0:
+        mine(client.w3, min(behind, 4))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path):
-    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=4"],
+    run = make_run(replicas=3, stages=1, split=False, settings=[*TINY, "join_timeout=90", "rounds=8"],
                    attest_quorum=2, attest_quorum_bps=0, allow_weak_quorum=True, stake_wei=STAKE)
     honest, colluders = run.nodes[0], run.nodes[1:]
     for slot in colluders:
@@ -57,6 +70,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
     while client.invalid_from(run.run_id) is None:
         assert time.monotonic() < deadline, "round 1 was never proven wrong\n" + run_logs(run)
         assert run.running(), "every node exited early:\n" + run_logs(run)
+        _let_round_1s_proof_window_open(client, run.run_id)
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
     assert client.commitments_of(run.run_id) == 3  # the default: version 3, created so on chain

@@ -78,3 +78,32 @@ def test_a_stop_ends_the_wait(tmp_path):
     stop.set()
     assert run_end(tmp_path, Chain([3], quorum=2), live=PEERS, stop=stop).await_last_commit() == \
         "stopped before the run's last round was committed"
+
+
+class KeptProofs:
+    """A FraudProver's deferred proofs at its boundary: ``rounds`` until ``sent_after`` looks, then none."""
+
+    def __init__(self, rounds: list[int], sent_after: int | None) -> None:
+        self.rounds = rounds
+        self.sent_after = sent_after
+        self.looks = 0
+
+    def deferred_rounds(self) -> list[int]:
+        self.looks += 1
+        return [] if self.sent_after is not None and self.looks > self.sent_after else list(self.rounds)
+
+
+def test_a_node_holding_a_kept_proof_stays_up_until_it_is_sent(tmp_path, caplog):
+    end = run_end(tmp_path, Chain([4], quorum=2), live=PEERS)
+    end.prover = KeptProofs([1], sent_after=3)
+    assert end.await_last_commit() == "round 4, the run's last, is committed"
+    assert end.prover.looks == 4  # it looked until the proof was gone, not once
+    assert "staying up to send the proof(s) of round(s) [1]" in caplog.text
+    assert "not sent yet" not in caplog.text
+
+
+def test_a_kept_proof_the_chain_never_lets_in_is_left_for_the_next_start(tmp_path, caplog):
+    end = run_end(tmp_path, Chain([4], quorum=2), live=PEERS)
+    end.prover = KeptProofs([1], sent_after=None)  # a chain that mines only on transactions: never due
+    assert end.await_last_commit() == "round 4, the run's last, is committed"  # bounded: it ends
+    assert "the next `dlx-node start` sends them" in caplog.text

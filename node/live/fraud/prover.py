@@ -354,6 +354,11 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             len(attesters or ()))
         self.chain.reclaim_game_bonds(self.run_id, outer_round, stage)  # the walk's answered steps' bonds
 
+    def deferred_rounds(self) -> list[int]:
+        """The rounds whose proofs wait for their parent's window (the settlement loop sends them)."""
+        with self._lock:
+            return sorted(self._deferred)
+
     def _send_deferred(self) -> None:
         """Send again the proofs that waited for their parent round's window (the settlement loop's)."""
         with self._lock:

@@ -17,6 +17,11 @@ until, and says which:
   enough members were live: every one of them waits as well ("cannot be committed:
   no progress");
 - the node is asked to stop.
+
+Then, if its fraud prover keeps a proof waiting for its parent round's window (issue 62: a proof of t waits
+until t - 1 can no longer be overturned), the node stays up while the settlement loop sends it, at most
+``STALL_ROUNDS`` round timeouts (a chain that mines only on transactions may never get there: the proof is
+kept in ``proofs/`` and the next ``dlx-node start`` sends it).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class RunEnd:
         self.peer_id = peer_id
         self.stop = stop
         self._clock = clock
+        self.prover = None  # the run's FraudProver, where the run is fraud-provable (set by the assembly)
 
     def await_last_commit(self) -> str:
         """Wait until the run's last round is on chain or provably cannot be; return which (one line)."""
@@ -70,6 +76,7 @@ class RunEnd:
                 self.stop.wait(POLL_S)
                 continue
             if committed >= last:
+                self._send_kept_proofs()
                 return self._ended(f"round {last}, the run's last, is committed")
             if committed != seen:
                 seen, moved = committed, now
@@ -89,6 +96,21 @@ class RunEnd:
                             quorum, now - started)
             self.stop.wait(POLL_S)
         return "stopped before the run's last round was committed"
+
+    def _send_kept_proofs(self) -> None:
+        """Stay up while the prover's kept proofs wait for their parents' windows (module docstring)."""
+        waiting = self.prover.deferred_rounds() if self.prover is not None else []
+        if not waiting:
+            return
+        logger.warning("the run is over; staying up to send the proof(s) of round(s) %s once their parent "
+                       "rounds' windows close", waiting)
+        deadline = self._clock() + STALL_ROUNDS * self.cfg.round_timeout
+        while waiting and not self.stop.is_set() and self._clock() < deadline:
+            self.stop.wait(POLL_S)
+            waiting = self.prover.deferred_rounds()
+        if waiting:
+            logger.error("the proof(s) of round(s) %s not sent yet (the chain has not reached their window): "
+                         "kept in proofs/, the next `dlx-node start` sends them", waiting)
 
     @staticmethod
     def _ended(why: str) -> str:
