@@ -76,11 +76,15 @@ MUTATIONS = (
     Mutation("expire-keeps-lock", "LedgerAccusations.sol",
              "s.members[runId][accused].openAccusations -= 1;", "",
              "a lapsed accusation keeps the accused's stake locked"),
-    Mutation("same-block-leaver", "LedgerAccusations.sol",
-             "_requireInForce(s, runId, signer, accusation.openedBlock);",
-             "LedgerCore.requireCountedAt(s, runId, signer, accusation.openedBlock);",
-             "count a verdict signature of a seat that left in the accusation's block "
-             "(the bug the campaign found)"),
+    Mutation("same-block-leaver", "LedgerCore.sol",
+             "unbondingBlocks <= blockNumber", "unbondingBlocks < blockNumber",
+             "count a verdict signature of a seat that left in the accusation's or the commit's block "
+             "(bugs the campaign found)"),
+    Mutation("same-block-counted", "LedgerDisputes.sol",
+             "_roundVerdictSigners(s, runId, uint64(committedAt), digest",
+             "_roundVerdictSigners(s, runId, uint64(committedAt) + 1, digest",
+             "count a round verdict's signature of a seat counted in the commit's block after it "
+             "(the bug the 1,000,000-call campaign found)"),
     Mutation("final-in-window", "TrainingLedger.sol",
              "if (block.number < closesAt) return false;", "",
              "call a round final inside its (proof) window"),
