@@ -127,7 +127,7 @@ def test_explorer_shows_the_run_live_and_refuses_bad_requests(watched_run, tmp_p
 
         chromium = shutil.which("chromium")
         if chromium is None:
-            pytest.skip("Debian package 'chromium' is absent: the page's rendering is not checked")
+            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
         dom = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",

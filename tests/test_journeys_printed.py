@@ -234,7 +234,7 @@ def test_the_printed_explorer_serves_at_once_and_its_loss_chart_has_axis_values(
         assert time.monotonic() - started < 10 and [r["round"] for r in snapshot["rounds"]] == [0, 1]
         chromium = shutil.which("chromium")
         if chromium is None:
-            pytest.skip("Debian package 'chromium' is absent: the chart's rendering is not checked")
+            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
         dom = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
