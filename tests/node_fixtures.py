@@ -55,6 +55,23 @@ def assert_chain_roots(run: LocalRun, commits) -> None:
             slot.name
 
 
+def assert_round_1_proven_against_the_colluders(client, run: LocalRun, honest, colluders) -> str:
+    """Round 1 of ``run`` was proven wrong on chain: its attesters are exactly the colluders, each slashed,
+    and the honest member is still active. Returns the honest member's account."""
+    from ledger.account import dev_account
+
+    history = client.history(run.run_id)
+    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
+    committed = next(c for c in history.commits if c.commit.round == 1)
+    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
+    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
+    for account in colluder_accounts:
+        assert client.member(run.run_id, account).status == "slashed"
+    honest_account = dev_account(honest.account, run.chain_id).address
+    assert client.member(run.run_id, honest_account).status == "active"
+    return honest_account
+
+
 @pytest.fixture
 def make_run(tmp_path):
     """Make (and set up) LocalRuns in the test's directory; every one is stopped at teardown."""

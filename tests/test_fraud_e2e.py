@@ -20,12 +20,11 @@ from pathlib import Path
 import pytest
 from eth_utils import keccak
 
-from ledger.account import dev_account
 from node.errors import RoundDisputed
 from node.tools.audit import audit_run
 from node.tools.pull import pull_checkpoint
 from node.tools.report import OK
-from tests.node_fixtures import TINY, run_logs
+from tests.node_fixtures import TINY, assert_round_1_proven_against_the_colluders, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py"), "collude-root"]
 STAKE = 10**18
@@ -74,15 +73,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorum(make_run, tmp_path
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
     assert client.commitments_of(run.run_id) == 3  # the default: version 3, created so on chain
-    history = client.history(run.run_id)
-    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
-    committed = next(c for c in history.commits if c.commit.round == 1)
-    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
-    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
-    for account in colluder_accounts:
-        assert client.member(run.run_id, account).status == "slashed"
-    honest_account = dev_account(honest.account, run.chain_id).address
-    assert client.member(run.run_id, honest_account).status == "active"
+    honest_account = assert_round_1_proven_against_the_colluders(client, run, honest, colluders)
     logs = _logs([honest])
     assert "proven wrong on chain (stage 0" in logs, logs[-4000:]
     assert "adversary: round 1 stage 0: element 0" in _logs(colluders)

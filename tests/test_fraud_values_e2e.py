@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 from eth_utils import keccak
 
-from ledger.account import dev_account
-from tests.node_fixtures import TINY, run_logs
+from tests.node_fixtures import TINY, assert_round_1_proven_against_the_colluders, run_logs
 
 ADVERSARY = [sys.executable, str(Path(__file__).resolve().parent / "adversary.py")]
 STAKE = 10**18
@@ -60,15 +59,7 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_lr(make_run
         client.w3.provider.make_request("anvil_mine", ["0x4"])
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
-    history = client.history(run.run_id)
-    assert history.dispute_outcomes.get(1) == "proven wrong", history.dispute_outcomes
-    committed = next(c for c in history.commits if c.commit.round == 1)
-    colluder_accounts = {dev_account(slot.account, run.chain_id).address.lower() for slot in colluders}
-    assert {a.lower() for a in committed.attesters} == colluder_accounts  # the whole quorum colluded
-    for account in colluder_accounts:
-        assert client.member(run.run_id, account).status == "slashed"
-    honest_account = dev_account(honest.account, run.chain_id).address
-    assert client.member(run.run_id, honest_account).status == "active"
+    honest_account = assert_round_1_proven_against_the_colluders(client, run, honest, colluders)
     assert "adversary: round 1 stage 0: stepping with outer lr 7.0" in _logs(colluders)
     logs = _logs([honest])
     assert "factors' lr/mu bits" in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
