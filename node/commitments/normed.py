@@ -2,7 +2,8 @@
 clip bound, each accepted contribution's declared steps (a budgeted run) and the exact sum of squares of each
 of its chunks, with their sum tree. A wrong clip scale or sum of squares is then provable on chain too, and so
 are factors of another version than the run's (docs/FRAUD_PROOF.md, "The clip scales", "The run's version").
-Each stage's factors and sum trees are published beside its state, under :func:`norms_key`."""
+Each stage's factors and sum trees are published beside its state, under :func:`norms_key`
+(``ChunkedScheme.published_parts``)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,3 @@ class NormedScheme(ChunkedScheme):
         from node.fraudproof import stage_norms
 
         return stage_norms(accepted, shapes, diloco, decode_args)
-
-    def published_parts(self, leaf: bytes, state) -> list[tuple[str, bytes]]:
-        from ledger.normproof import encode_norm_state
-
-        return [(norms_key(leaf), encode_norm_state(state.factors.encode(), state.sum_trees))]

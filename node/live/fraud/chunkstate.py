@@ -36,6 +36,7 @@ import hmac
 import logging
 import pickle
 import secrets
+import struct
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,7 @@ from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
-from training.chunks import tensor_leaves
+from training.chunks import cut_payload, tensor_leaves
 from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ class ChunkedStates:
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
         self._served: dict[int, list[str]] = {}  # round -> blobs published
+        # round -> stage -> payload root -> pieces of the contributions this node closed but left out
+        self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
             spill_dir.mkdir(parents=True, exist_ok=True)
             for leftover in spill_dir.glob("*.state"):
@@ -133,8 +136,10 @@ class ChunkedStates:
                                            decode_args={"stage_index": stage, "outer_round": outer_round,
                                                         "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()
+        left_out = left_out_pieces(reports, payloads, weights)
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
+            self._left_out.setdefault(outer_round, {})[stage] = left_out
         self.publish(outer_round, stage, leaf, weights, momentum)
         for alias, blob in self.scheme.published_parts(leaf, state):
             self.publish_part(outer_round, stage, alias, blob)
@@ -183,6 +188,20 @@ class ChunkedStates:
                            stage, exc)
             return None
 
+    def pieces_of(self, outer_round: int, stage: int, payload_root: bytes) -> list[bytes] | None:
+        """The payload pieces under ``payload_root`` of a contribution this node closed in the round: one it
+        aggregated (its state's), or one it left out whose pieces could still be cut (a rank past the run's,
+        which a quorum may list: node/live/fraud/values.py); None if neither."""
+        with self._lock:
+            left_out = self._left_out.get(outer_round, {}).get(stage, {})
+        if payload_root in left_out:
+            return left_out[payload_root]
+        state = self.state(outer_round, stage)
+        if state is None:
+            return None
+        roots = state.factors.payload_roots
+        return state.payload_leaves[roots.index(payload_root)] if payload_root in roots else None
+
     def in_memory(self) -> list[int]:
         """The rounds whose states are held in memory (not spilled)."""
         with self._lock:
@@ -221,6 +240,9 @@ class ChunkedStates:
         with self._lock:
             candidates = sorted({*self._states, *self._spilled, *self._served})
         old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]
+        with self._lock:
+            for r in [r for r in self._left_out if r < outer_round - PUBLISHED_ROUNDS]:
+                del self._left_out[r]  # a proof from them is built when the round is checked, not later
         done = [r for r in old if self.window is None or not self.window.open(r)]
         with self._lock:
             spilled = {r: self._spilled.pop(r, set()) for r in done}
@@ -298,6 +320,25 @@ class ChunkedStates:
                 logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
                             peer[-8:], exc)
         return None
+
+
+def left_out_pieces(reports: Sequence[ContributionReport], payloads: Sequence[bytes],
+                    weights: dict) -> dict[bytes, list[bytes]]:
+    """Payload root -> pieces of each contribution the round left out whose entries can still be cut
+    (training.chunks.cut_payload: a rank no honest decoder takes, for instance); one that cannot be cut
+    could not be listed with a payload root anyway."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+    kept = {}
+    for report in reports:
+        if report.accepted or not 0 <= report.index < len(payloads):
+            continue
+        try:
+            pieces = cut_payload(payloads[report.index], shapes)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error):
+            continue
+        if pieces:
+            kept[tree_root(pieces)] = pieces
+    return kept
 
 
 #: The key of this process's spilled states: a file is unpickled only if this process wrote it (a file someone

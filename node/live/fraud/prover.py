@@ -258,7 +258,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                 continue
             if not same_inputs:
                 leaf = parse_stage_leaf(committed[stage], stage)
-                if self.scheme.proves_factors and leaf.factors_hash != own.factors.digest():
+                if leaf.factors_hash != own.factors.digest():
                     if self._prove_norms(outer_round, stage, onchain, committed, leaf, own):
                         return
                 else:
@@ -277,13 +277,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                      prev_leaves: list[bytes], leaves: list[bytes], prev: StageState,
                      own: StageState) -> bool:
         leaf = parse_stage_leaf(leaves[stage], stage)
-        if leaf.factors_hash != own.factors.digest():
-            if self.scheme.proves_factors:  # a version-3 run: the clip scales can be proven
-                return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
-            self._unprovable(outer_round,
-                             f"stage {stage}: the committed factors are not this node's (a clip scale "
-                                          "or the set left out): not provable by a chunk")
-            return False
+        if leaf.factors_hash != own.factors.digest():  # the factors held to the run (version 3: the scales)
+            return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
         prev_stages = [parse_stage_leaf(v, s) for s, v in enumerate(prev_leaves)]
         stages = [parse_stage_leaf(v, s) for s, v in enumerate(leaves)]
         fetched = self.states.committed_state(outer_round, stage, leaf,
