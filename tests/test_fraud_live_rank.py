@@ -16,6 +16,7 @@ state, ``ChunkedScheme.published_parts``), so a chunked run's values are held an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import msgpack
 import numpy as np
@@ -201,6 +202,45 @@ def test_a_version_two_round_stepped_with_another_lr_is_proven_by_the_live_node(
         _assert_overturned(deployment, run, deployment.client(3))
         kept = _kept(tmp_path)
         assert kept.new_weights == b"" and kept.pieces == [] and kept.schedule_leaf
+        _assert_audit_says_why(world, records, deployment.client(3), run, wrong_leaf)
+
+
+def _assert_audit_says_why(world, records, client, run, wrong_leaf: bytes) -> None:
+    """``audit`` replays the round, finds the committed factors not its own and says why it builds no proof
+    of them (node/tools/audit_proof.py FACTORS_NOT_HELD), from the round's real checkpoint of the colluders'
+    state (the record as if it had published one; the proof a node kept is shown as
+    tests/test_fraud_live_values.py checks)."""
+    from types import SimpleNamespace
+
+    from node.fraudproof import initial_state
+    from node.store.checkpoint import build_checkpoint
+    from node.tools.audit_proof import FACTORS_NOT_HELD, check_fraud_proof
+    from tests.fraud_fixtures import OTHER, tensors
+
+    lied = aggregate_with_report(world.weights, world.momentum, world.blobs,
+                                 _adversary(world.cfg, outer_lr=7.0).diloco, stage_index=0, outer_round=1,
+                                 compression_cfg=world.cfg.compression)
+    other = (tensors(3, OTHER), tensors(4, OTHER, 0.0))
+    leaves = {0: wrong_leaf, 1: world.other.leaf().encode()}
+    checkpoint = build_checkpoint(world.layout, 1, {0: (lied.new_global, lied.new_momentum), 1: other},
+                                  leaves).to_bytes()
+    commit = dataclasses.replace(records[1], checkpoint_hash=hashlib.sha256(checkpoint).digest())
+    replayer = SimpleNamespace(cfg=world.cfg, states=[_lied_state(world, world.aggregation), world.other],
+                               prev_states=[initial_state(0, world.weights, world.momentum), world.other])
+    source = SimpleNamespace(name="archive", proofs=lambda _round: [],
+                             checkpoint=lambda _round, _hash: checkpoint)
+    verdict = SimpleNamespace(checks=[], notes=[])
+    check_fraud_proof(verdict, SimpleNamespace(commit=commit, attesters=[]), records[0], replayer, [source],
+                      client, client.history(run.run_id), world.layout)
+    (check,) = verdict.checks
+    assert check.status == "unverifiable" and f"stage 0: {FACTORS_NOT_HELD}" in check.reason, check.reason
+
+
+def _lied_state(world, aggregation):
+    return world.cfg.commitment_scheme.stage_state_of(
+        0, aggregation.new_global, aggregation.new_momentum, aggregation.contributions, world.blobs,
+        world.cfg.diloco, 1, envelopes=_envelopes(world.blobs),
+        decode_args={"stage_index": 0, "outer_round": 1, "refuse_raw": world.cfg.compression.enabled})
 
 
 def test_a_version_two_rounds_other_clip_scale_stays_unprovable_and_says_why(tmp_path):
