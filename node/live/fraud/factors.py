@@ -1,7 +1,8 @@
-"""The fraud prover's proofs from committed factors (node/live/fraud/prover.py): a version-3 round's
+"""The fraud prover's proofs from committed factors (node/live/fraud/prover.py): a chunked round's
 factors opened from an attester or through a ``FACTORS`` challenge and proven wrong where they are not the
-run's values or binding (issue 62, node/live/fraud/values.py), where a clip scale or a sum of squares is wrong
-(docs/FRAUD_PROOF.md, "The clip scales"), or walked leaf by leaf where the sum trees are withheld; and the
+run's values or binding (issue 62, node/live/fraud/values.py), where they list a piece past the run's
+``maxRank``, or (version 3) where a clip scale or a sum of squares is wrong (docs/FRAUD_PROOF.md, "The clip
+scales"), or walked leaf by leaf where the sum trees are withheld; and the
 round before each round, round 0's being the run's genesis (``RunParams.genesisRoot``).
 """
 
@@ -117,8 +118,9 @@ class FactorProofs:
 
     def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
                           leaf: StageLeaf, own: StageState, factors, trees) -> bool:
-        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode)
-        and sum ``trees`` (None: not had)."""
+        """Prove the committed ``factors`` (their bytes if they do not decode) wrong: against the run's
+        values and binding, a listed piece past the rank, then (version 3) a wrong clip scale or sum from them
+        and the sum ``trees`` (None: not had)."""
         providers = self._attesters_of(outer_round, stage, leaves[stage])
         # the factors held to the run's values and binding (issue 62): proven from the factors alone
         fault = factors_fault(self.run_values(), factors, outer_round, stage)
