@@ -43,15 +43,17 @@ from pathlib import Path
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError
+from ledger.runparams import MAX_RANK
 from ledger.normproof import SUM_BYTES, parse_norm_state
 from node.commitments.normed import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
+from node.live.fraud.values import piece_past_rank
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
 from training.chunks import cut_payload, tensor_leaves
-from training.robust import ContributionReport
+from training.robust import UNDECODABLE, ContributionReport
 
 logger = logging.getLogger(__name__)
 
@@ -324,19 +326,21 @@ class ChunkedStates:
 
 def left_out_pieces(reports: Sequence[ContributionReport], payloads: Sequence[bytes],
                     weights: dict) -> dict[bytes, list[bytes]]:
-    """Payload root -> pieces of each contribution the round left out whose entries can still be cut
-    (training.chunks.cut_payload: a rank no honest decoder takes, for instance); one that cannot be cut
-    could not be listed with a payload root anyway."""
+    """Payload root -> pieces of each contribution the round left out as undecodable whose pieces can still
+    be cut (training.chunks.cut_payload) and hold a low-rank piece past the rank any run allows (the
+    decoder's, ``maxRank``'s largest): what a quorum may list and the chunk proof shows. Only those are kept
+    (a low-rank contribution's pieces are large: about 27 MB for a ``mini`` stage at rank 32), not the
+    contributions left out for other reasons, which no piece proves."""
     shapes = {name: tuple(tensor.shape) for name, tensor in weights.items()}
     kept = {}
     for report in reports:
-        if report.accepted or not 0 <= report.index < len(payloads):
+        if report.accepted or report.reason != UNDECODABLE or not 0 <= report.index < len(payloads):
             continue
         try:
             pieces = cut_payload(payloads[report.index], shapes)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error):
             continue
-        if pieces:
+        if piece_past_rank(pieces, MAX_RANK) is not None:
             kept[tree_root(pieces)] = pieces
     return kept
 
