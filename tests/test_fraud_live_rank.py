@@ -28,6 +28,8 @@ from ledger.contribution_binding import ContributionClaim
 from ledger.normproof import SumTree
 from ledger.runparams import MAX_RANK
 from node.config import load_config
+from node.fraudproof import initial_state
+from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.values import piece_past_rank
 from tests.fraud_fixtures import contribution
 from tests.fraud_live_fixtures import (_LEDGERS, NORMED_RUN, SHAPES, _normed_world, _one_element_changed,
@@ -133,24 +135,38 @@ def _colluders_record(world, host, honest_state, evil: bytes) -> bytes:
     return leaf
 
 
-@pytest.mark.parametrize("version", ["normed", "chunked"])
-def test_a_round_listing_a_piece_past_the_runs_rank_is_proven_by_the_live_node(tmp_path, caplog, version):
+@pytest.mark.parametrize("version, how", [("normed", "closed"), ("chunked", "closed"),
+                                          ("normed", "rejected")])
+def test_a_round_listing_a_piece_past_the_runs_rank_is_proven_by_the_live_node(tmp_path, caplog, version,
+                                                                                how):
+    """``closed``: the honest node closed the contribution and left it out (undecodable); ``rejected``: it
+    refused it when it fetched it (the exchange's pool: its payload does not decode), so it closed the other
+    two (another contributions root) and holds only the signed envelope it kept as evidence."""
     with _normed_world(tmp_path, _blobs()) as (world, _chunked, _colluded):
         if version == "chunked":
             world.cfg = load_config(None, [*NORMED_RUN, "diloco.commitments=chunked"])
         world.bindings = _bindings_or_none(world)
+        evil = world.blobs[1]
+        if how == "rejected":  # its close: the two contributions it fetched
+            world.blobs = [world.blobs[0], world.blobs[2]]
+            world.bindings = world.bindings and [world.bindings[0], world.bindings[2]]
         world.aggregation = _aggregated(world)
         reports = world.aggregation.contributions
-        assert [r.accepted for r in reports] == [True, False, True] and reports[1].reason == "undecodable"
+        assert [r.reason for r in reports if not r.accepted] == (["undecodable"] if how == "closed" else [])
         colluder_host, prover_host = world.hosts
-        honest = _states(world, prover_host)
+        honest = ChunkedStates(cfg=world.cfg, host=prover_host, layout=world.layout,
+                               config_hash=world.layout.config_hash,
+                               evidence_dir=_evidence(tmp_path, evil) if how == "rejected" else None)
+        honest.replace(0, 0, initial_state(0, world.weights, world.momentum))
         own_leaf = honest.record(1, 0, world.aggregation.new_global, world.aggregation.new_momentum, reports,
                                  world.blobs, _envelopes(world.blobs), world.bindings)
-        wrong_leaf = _colluders_record(world, colluder_host, honest.state(1, 0), world.blobs[1])
+        wrong_leaf = _colluders_record(world, colluder_host, honest.state(1, 0), evil)
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id,
                                                                values=run_values(world.cfg))
+        if how == "rejected":
+            mine_record = dataclasses.replace(mine_record, contributions_root=hashlib.sha256(b"two").digest())
         client = deployment.client(3)
         assert client.run_values(run.run_id)["max_rank"] == MAX_RANK
         with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
@@ -163,6 +179,23 @@ def test_a_round_listing_a_piece_past_the_runs_rank_is_proven_by_the_live_node(t
         assert isinstance(kept, AggregationProof) and kept.chunk == 0
         # the pieces of every listed contribution: the one past the rank cut from what this node left out
         assert kept.pieces[1][5] == EVIL_RANK and [piece[0] for piece in kept.pieces] == [2, 2, 0]
+
+
+def _evidence(tmp_path, blob: bytes):
+    """The evidence directory of a node whose pool rejected ``blob``'s envelope (as node/live/exchange/pool.py
+    keeps it), beside an unrelated file that is not an envelope."""
+    from node import protocol as msg
+    from p2p.envelope import Envelope
+    from p2p.identity import Identity
+
+    body = msg.encode_contribution_body(msg.ContributionBody(bytes(32), bytes(32), blob))
+    envelope = Envelope.create(Identity.generate(), 1, 1, msg.CONTRIBUTION, body, stage=0, replica=1)
+    directory = tmp_path / "evidence"
+    directory.mkdir()
+    digest = hashlib.sha256(envelope.to_bytes()).hexdigest()
+    (directory / f"round-00000001-stage0-{digest}.envelope").write_bytes(envelope.to_bytes())
+    (directory / f"round-00000001-stage0-{'0' * 64}.envelope").write_bytes(b"not an envelope")
+    return directory
 
 
 def _aggregated(world):

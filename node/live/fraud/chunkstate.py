@@ -36,24 +36,22 @@ import hmac
 import logging
 import pickle
 import secrets
-import struct
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError
-from ledger.runparams import MAX_RANK
 from ledger.normproof import SUM_BYTES, parse_norm_state
 from node.commitments.normed import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
-from node.live.fraud.values import piece_past_rank
+from node.live.fraud.leftout import left_out_pieces, rejected_pieces
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
-from training.chunks import cut_payload, tensor_leaves
-from training.robust import UNDECODABLE, ContributionReport
+from training.chunks import tensor_leaves
+from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +102,8 @@ class ChunkedStates:
     docstring)."""
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
-                 window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
+                 window: DisputeWindow | None = None, spill_dir: Path | None = None,
+                 evidence_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
@@ -112,6 +111,9 @@ class ChunkedStates:
         self.layout = layout
         self.config_hash = config_hash
         self.spill_dir = spill_dir  # None: every kept state stays in memory
+        # where the exchange keeps the signed envelopes it rejected (a payload that does not decode is never
+        # closed here, but a quorum may list it: pieces_of cuts it from there); None: not looked at
+        self.evidence_dir = evidence_dir
         self._lock = threading.Lock()
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
@@ -199,10 +201,13 @@ class ChunkedStates:
         if payload_root in left_out:
             return left_out[payload_root]
         state = self.state(outer_round, stage)
-        if state is None:
+        roots = state.factors.payload_roots if state is not None else ()
+        if payload_root in roots:
+            return state.payload_leaves[roots.index(payload_root)]
+        if self.evidence_dir is None:
             return None
-        roots = state.factors.payload_roots
-        return state.payload_leaves[roots.index(payload_root)] if payload_root in roots else None
+        return rejected_pieces(self.evidence_dir, outer_round, stage, self.layout.stage_shapes[stage],
+                               payload_root)
 
     def in_memory(self) -> list[int]:
         """The rounds whose states are held in memory (not spilled)."""
@@ -322,27 +327,6 @@ class ChunkedStates:
                 logger.info("round %d stage %d: committed norms not had from %s: %s", outer_round, stage,
                             peer[-8:], exc)
         return None
-
-
-def left_out_pieces(reports: Sequence[ContributionReport], payloads: Sequence[bytes],
-                    weights: dict) -> dict[bytes, list[bytes]]:
-    """Payload root -> pieces of each contribution the round left out as undecodable whose pieces can still
-    be cut (training.chunks.cut_payload) and hold a low-rank piece past the rank any run allows (the
-    decoder's, ``maxRank``'s largest): what a quorum may list and the chunk proof shows. Only those are kept
-    (a low-rank contribution's pieces are large: about 27 MB for a ``mini`` stage at rank 32), not the
-    contributions left out for other reasons, which no piece proves."""
-    shapes = {name: tuple(tensor.shape) for name, tensor in weights.items()}
-    kept = {}
-    for report in reports:
-        if report.accepted or report.reason != UNDECODABLE or not 0 <= report.index < len(payloads):
-            continue
-        try:
-            pieces = cut_payload(payloads[report.index], shapes)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error):
-            continue
-        if piece_past_rank(pieces, MAX_RANK) is not None:
-            kept[tree_root(pieces)] = pieces
-    return kept
 
 
 #: The key of this process's spilled states: a file is unpickled only if this process wrote it (a file someone
