@@ -7,10 +7,16 @@ them to the run's values."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 from node.commitments.base import CommitmentScheme
 from node.errors import ConfigError
+
+
+def norms_key(stage_leaf: bytes) -> str:
+    """The alias a stage's factors (and, version 3, its sum trees: its norm commitment) are served under."""
+    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
 
 
 class ChunkedScheme(CommitmentScheme):
@@ -64,6 +70,5 @@ class ChunkedScheme(CommitmentScheme):
         factors differ opens them to hold them to the run's values (issue 62: a version-2 round's lr, mu,
         Nesterov flag, count and ranks are provable too, node/live/fraud/values.py)."""
         from ledger.normproof import encode_norm_state
-        from node.commitments.normed import norms_key
 
         return [(norms_key(leaf), encode_norm_state(state.factors.encode(), state.sum_trees))]

@@ -43,7 +43,7 @@ from pathlib import Path
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError
 from ledger.normproof import SUM_BYTES, parse_norm_state
-from node.commitments.normed import norms_key
+from node.commitments.chunked import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
