@@ -86,6 +86,22 @@ def test_a_piece_past_the_rank_does_not_decode_here_and_is_cut_for_the_proof():
             cut_payload(garbage, SHAPES)
 
 
+def test_a_node_keeps_only_the_pieces_a_rank_proof_needs():
+    """node/live/fraud/leftout.py: of what a round left out, only an undecodable contribution with a low-rank
+    piece past 64 is kept (its pieces are what a rank proof sends); one left out for another reason (here a
+    piece of rank 4 whose header names another round: undecodable, but no piece past the rank) is not."""
+    from node.live.fraud.leftout import left_out_pieces
+    from tests.fraud_fixtures import DILOCO, tensors
+
+    weights, momentum = tensors(1, SHAPES), tensors(2, SHAPES, scale=0.1)
+    blobs = [*_blobs(), contribution(SHAPES, "lowrank", 33, rank=4, outer_round=7)]
+    aggregation = aggregate_with_report(weights, momentum, blobs, DILOCO, stage_index=0, outer_round=1)
+    reports = aggregation.contributions
+    assert [r.reason for r in reports if not r.accepted] == ["undecodable", "undecodable"]
+    kept = left_out_pieces(reports, blobs, weights)
+    assert list(kept) == [tree_root(cut_payload(blobs[1], SHAPES))]
+
+
 def _listing_the_evil(world, honest_state, evil: bytes, outer_round: int = 1):
     """The colluders' state: the honest aggregation's state with the contribution past the rank listed at its
     place (index 1), its scale 1.0, its sum tree and sums made up, signed by the colluder; the weights one
