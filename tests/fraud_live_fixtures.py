@@ -45,6 +45,13 @@ class WithholdingStates(ChunkedStates):
         return None
 
 
+class WithholdingFactors(ChunkedStates):
+    """A committer that publishes its state but not its factors (the prover must challenge them on chain)."""
+
+    def publish_part(self, outer_round, stage, alias, blob) -> None:
+        return None
+
+
 @dataclasses.dataclass
 class World:
     cfg: object

@@ -27,7 +27,7 @@ from tests.fraud_fixtures import OTHER, contribution, tensors
 from tests.ledger_fixtures import deploy, digest, mine
 from training.diloco import aggregate_with_report
 
-from tests.fraud_live_fixtures import (COLLUDERS, PROVER, SHAPES, World,
+from tests.fraud_live_fixtures import (COLLUDERS, PROVER, SHAPES, WithholdingFactors, World,
                                         _normed_world, _record, _setup, _states)
 
 
@@ -198,12 +198,12 @@ def test_withheld_version_two_factors_are_challenged_published_and_proven(tmp_pa
         honest_aggregation, hosts = world.aggregation, world.hosts
         colluder_host, prover_host = hosts
         honest = _states(world, prover_host)
-        colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host)
+        colluders = _states(dataclasses.replace(world, cfg=chunked), colluder_host, WithholdingFactors)
         own_leaf = _record(world, honest, honest_aggregation.new_global)
         envelopes = [hashlib.sha256(b"envelope" + blob).digest() for blob in blobs]
         wrong_leaf = colluders.record(1, 0, colluded.new_global, colluded.new_momentum,
                                       colluded.contributions, blobs,
-                                      envelopes)  # a chunked node publishes no factors
+                                      envelopes)  # their state served, their factors not
         prover_host.connect(colluder_host.listen_addrs[0])
         deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                                colluder_host.peer_id)

@@ -155,6 +155,14 @@ def payload_leaves(blob: bytes, shapes: Mapping[str, tuple[int, ...]], **decode_
     ``decode_args``): a contribution that does not decode has no pieces (the error propagates).
     """
     decode_declared(blob, shapes, **decode_args)
+    return cut_payload(blob, shapes)
+
+
+def cut_payload(blob: bytes, shapes: Mapping[str, tuple[int, ...]]) -> list[bytes]:
+    """The payload pieces of a contribution cut as :func:`payload_leaves` cuts them, without the strict
+    decode: what a quorum that listed a contribution no honest decoder takes (a rank past the run's
+    ``maxRank``) committed, for a proof that its piece does not decode on chain (node/live/fraud/values.py).
+    Raises ValueError, KeyError, TypeError or IndexError for bytes whose entries cannot be cut at all."""
     entries = {entry["n"]: entry for entry in msgpack.unpackb(bytes(blob), raw=False)["t"]}
     leaves: list[bytes] = []
     for _tensor, name, numel, cols in _tensor_order(shapes):

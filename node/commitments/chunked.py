@@ -2,14 +2,21 @@
 the stage's weights and outer momentum cut into chunks, and the hash of the round's factors (outer lr and
 momentum, the accepted contributions' envelopes, payload roots and clip scales). A fraud proof opens one chunk
 (docs/FRAUD_PROOF.md): the contract recomputes it with its own outer step, so the run's outer loop must be
-that one."""
+that one. The factors are published beside each stage's state (``published_parts``), so a prover can hold
+them to the run's values."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 from node.commitments.base import CommitmentScheme
 from node.errors import ConfigError
+
+
+def norms_key(stage_leaf: bytes) -> str:
+    """The alias a stage's factors (and, version 3, its sum trees: its norm commitment) are served under."""
+    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
 
 
 class ChunkedScheme(CommitmentScheme):
@@ -57,3 +64,11 @@ class ChunkedScheme(CommitmentScheme):
         return stage_state_of(stage, new_global, new_momentum, reports, contributions, diloco, outer_round,
                               envelopes=envelopes, decode_args=decode_args, norms=self.stage_norms,
                               bindings=bindings)
+
+    def published_parts(self, leaf: bytes, state) -> list[tuple[str, bytes]]:
+        """The stage's factors (and, version 3, its sum trees) under ``norms_key(leaf)``: a prover whose own
+        factors differ opens them to hold them to the run's values (issue 62: a version-2 round's lr, mu,
+        Nesterov flag, count and ranks are provable too, node/live/fraud/values.py)."""
+        from ledger.normproof import encode_norm_state
+
+        return [(norms_key(leaf), encode_norm_state(state.factors.encode(), state.sum_trees))]

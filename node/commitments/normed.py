@@ -2,19 +2,14 @@
 clip bound, each accepted contribution's declared steps (a budgeted run) and the exact sum of squares of each
 of its chunks, with their sum tree. A wrong clip scale or sum of squares is then provable on chain too, and so
 are factors of another version than the run's (docs/FRAUD_PROOF.md, "The clip scales", "The run's version").
-Each stage's factors and sum trees are published beside its state, under :func:`norms_key`."""
+Each stage's factors and sum trees are published beside its state, under ``norms_key``
+(node/commitments/chunked.py, ``ChunkedScheme.published_parts``)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 
 from node.commitments.chunked import ChunkedScheme
-
-
-def norms_key(stage_leaf: bytes) -> str:
-    """The alias a version-3 stage's norm commitment is served under (its factors and sum trees)."""
-    return hashlib.sha256(b"dlx-node/norms/v1" + stage_leaf).hexdigest()
 
 
 class NormedScheme(ChunkedScheme):
@@ -30,8 +25,3 @@ class NormedScheme(ChunkedScheme):
         from node.fraudproof import stage_norms
 
         return stage_norms(accepted, shapes, diloco, decode_args)
-
-    def published_parts(self, leaf: bytes, state) -> list[tuple[str, bytes]]:
-        from ledger.normproof import encode_norm_state
-
-        return [(norms_key(leaf), encode_norm_state(state.factors.encode(), state.sum_trees))]

@@ -100,6 +100,11 @@ def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list
     if on_chain.get("schedule_rounds") and most < MAX_LISTED:
         problems.append(f"max_contributions: the chain allows {most}, fewer than the {MAX_LISTED} an honest "
                         "round may list")
+    rank = on_chain.get("max_rank", DEFAULT_MAX_RANK)
+    if 0 < rank < DEFAULT_MAX_RANK:  # the chain checks it in every chunked run, bound or not
+        problems.append(f"max_rank: the chain allows rank {rank}, below the decoder's {DEFAULT_MAX_RANK}: a "
+                        "contribution of a rank between them decodes here, and an honest round that accepted "
+                        "it would be proven wrong")
     return problems
 
 

@@ -14,8 +14,11 @@ what would get the round overturned on chain, and whether that already happened:
   ``isWrongNorm``); one in an ``--archive`` for this round is checked the same way, so a proof nobody has to
   trust. (The audit cannot build a norm proof itself: the committed factors and sum trees are served by the
   round's attesters, not held in its checkpoint; nor, for the same reason, issue 62's proofs of factors the
-  run does not allow, the values proof and the scales' proof of node/live/fraud/values.py: it checks and
-  shows the ones a node kept.)
+  run does not allow, the values proof, the scales' proof and the proof of a piece past the run's rank of
+  node/live/fraud/values.py: it checks and shows the ones a node kept, and says so (:data:`FACTORS_NOT_HELD`)
+  where the committed factors are not its replay's. Fetching them from peers would not help an audit after
+  the round's proof window: the attesters stop serving them when it closes, and the chain takes no proof
+  after it, ``ProverProofWindowClosed``.)
 
 Round 0 is proven against the run's genesis root (issue 62, ``RunParams.genesisRoot``): the replay starts
 from the run document's initial state, which must give that root.
@@ -95,6 +98,15 @@ def _run_schedule(replayer: Any, history: Any):
     return schedule_of(replayer.cfg.diloco, history.run.max_rounds)
 
 
+#: Why the audit builds no proof of a round whose committed factors are not its replay's (issue 62).
+FACTORS_NOT_HELD = (
+    "the committed factors are not the replay's (another lr, mu, Nesterov flag, clip, scale, set of "
+    "contributions or binding); a proof of them needs the committed factors, which the round's checkpoint "
+    "does not hold and its attesters serve only while its proof window is open, when the live nodes' "
+    "provers build that proof (the values, scales' or chunk proof: see the proofs nodes kept, --archive); "
+    "after the window no proof is taken on chain")
+
+
 class _NoProof(Exception):
     """Why the audit cannot build its own proof of the round."""
 
@@ -142,6 +154,8 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
     for stage, mine in enumerate(replayer.states):
         if mine.leaf() == stages[stage]:
             continue
+        if stages[stage].factors_hash != mine.factors.digest():
+            raise _NoProof(f"stage {stage}: {FACTORS_NOT_HELD}")
         names = layout.stage_names(stage)
         committed = StageState(stage, tensor_leaves({n: ckpt.weights[n] for n in names}),
                                tensor_leaves({n: ckpt.momentum[n] for n in names}), mine.factors,

@@ -43,10 +43,11 @@ from pathlib import Path
 from ledger.chunkproof import StageLeaf, StageState, tree_root
 from ledger.errors import LedgerError
 from ledger.normproof import SUM_BYTES, parse_norm_state
-from node.commitments.normed import norms_key
+from node.commitments.chunked import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
+from node.live.fraud.leftout import left_out_pieces, rejected_pieces
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
 from training.chunks import tensor_leaves
@@ -101,7 +102,8 @@ class ChunkedStates:
     docstring)."""
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
-                 window: DisputeWindow | None = None, spill_dir: Path | None = None) -> None:
+                 window: DisputeWindow | None = None, spill_dir: Path | None = None,
+                 evidence_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
@@ -109,10 +111,15 @@ class ChunkedStates:
         self.layout = layout
         self.config_hash = config_hash
         self.spill_dir = spill_dir  # None: every kept state stays in memory
+        # where the exchange keeps the signed envelopes it rejected (a payload that does not decode is never
+        # closed here, but a quorum may list it: pieces_of cuts it from there); None: not looked at
+        self.evidence_dir = evidence_dir
         self._lock = threading.Lock()
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
         self._served: dict[int, list[str]] = {}  # round -> blobs published
+        # round -> stage -> payload root -> pieces of the contributions this node closed but left out
+        self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
             spill_dir.mkdir(parents=True, exist_ok=True)
             for leftover in spill_dir.glob("*.state"):
@@ -133,8 +140,10 @@ class ChunkedStates:
                                            decode_args={"stage_index": stage, "outer_round": outer_round,
                                                         "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()
+        left_out = left_out_pieces(reports, payloads, weights)
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
+            self._left_out.setdefault(outer_round, {})[stage] = left_out
         self.publish(outer_round, stage, leaf, weights, momentum)
         for alias, blob in self.scheme.published_parts(leaf, state):
             self.publish_part(outer_round, stage, alias, blob)
@@ -183,6 +192,23 @@ class ChunkedStates:
                            stage, exc)
             return None
 
+    def pieces_of(self, outer_round: int, stage: int, payload_root: bytes) -> list[bytes] | None:
+        """The payload pieces under ``payload_root`` of a contribution this node closed in the round: one it
+        aggregated (its state's), or one it left out whose pieces could still be cut (a rank past the run's,
+        which a quorum may list: node/live/fraud/values.py); None if neither."""
+        with self._lock:
+            left_out = self._left_out.get(outer_round, {}).get(stage, {})
+        if payload_root in left_out:
+            return left_out[payload_root]
+        state = self.state(outer_round, stage)
+        roots = state.factors.payload_roots if state is not None else ()
+        if payload_root in roots:
+            return state.payload_leaves[roots.index(payload_root)]
+        if self.evidence_dir is None:
+            return None
+        return rejected_pieces(self.evidence_dir, outer_round, stage, self.layout.stage_shapes[stage],
+                               payload_root)
+
     def in_memory(self) -> list[int]:
         """The rounds whose states are held in memory (not spilled)."""
         with self._lock:
@@ -221,6 +247,9 @@ class ChunkedStates:
         with self._lock:
             candidates = sorted({*self._states, *self._spilled, *self._served})
         old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]
+        with self._lock:
+            for r in [r for r in self._left_out if r < outer_round - PUBLISHED_ROUNDS]:
+                del self._left_out[r]  # a proof from them is built when the round is checked, not later
         done = [r for r in old if self.window is None or not self.window.open(r)]
         with self._lock:
             spilled = {r: self._spilled.pop(r, set()) for r in done}

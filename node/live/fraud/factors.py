@@ -1,7 +1,8 @@
-"""The fraud prover's proofs from committed factors (node/live/fraud/prover.py): a version-3 round's
+"""The fraud prover's proofs from committed factors (node/live/fraud/prover.py): a chunked round's
 factors opened from an attester or through a ``FACTORS`` challenge and proven wrong where they are not the
-run's values or binding (issue 62, node/live/fraud/values.py), where a clip scale or a sum of squares is wrong
-(docs/FRAUD_PROOF.md, "The clip scales"), or walked leaf by leaf where the sum trees are withheld; and the
+run's values or binding (issue 62, node/live/fraud/values.py), where they list a piece past the run's
+``maxRank``, or (version 3) where a clip scale or a sum of squares is wrong (docs/FRAUD_PROOF.md, "The clip
+scales"), or walked leaf by leaf where the sum trees are withheld; and the
 round before each round, round 0's being the run's genesis (``RunParams.genesisRoot``).
 """
 
@@ -15,7 +16,7 @@ from ledger.normproof import scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, wrong_sum_contribution
-from node.live.fraud.values import CHUNK, RunValues, factors_fault, values_proof
+from node.live.fraud.values import CHUNK, RunValues, factors_fault, piece_past_rank, rank_proof, values_proof
 from node.live.fraud.walks import SumWalk
 
 logger = logging.getLogger("node.live.fraud.prover")
@@ -117,8 +118,9 @@ class FactorProofs:
 
     def _prove_norms_from(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
                           leaf: StageLeaf, own: StageState, factors, trees) -> bool:
-        """Prove a wrong clip scale or sum from the committed ``factors`` (their bytes if they do not decode)
-        and sum ``trees`` (None: not had)."""
+        """Prove the committed ``factors`` (their bytes if they do not decode) wrong: against the run's
+        values and binding, a listed piece past the rank, then (version 3) a wrong clip scale or sum from them
+        and the sum ``trees`` (None: not had)."""
         providers = self._attesters_of(outer_round, stage, leaves[stage])
         # the factors held to the run's values and binding (issue 62): proven from the factors alone
         fault = factors_fault(self.run_values(), factors, outer_round, stage)
@@ -134,6 +136,13 @@ class FactorProofs:
             return True
         if fault is not None:
             return self._send_norm(outer_round, stage, scale_proof(record, leaves, stage, encoded), fault[1])
+        if self._prove_rank(outer_round, stage, record, leaves, leaf, factors):
+            return True
+        if not self.scheme.proves_factors:  # version 2: no norm commitment to hold the scales to
+            self._unprovable(outer_round, f"stage {stage}: the committed factors keep the run's values; "
+                                          "a version-2 round's clip scales and the set left out are not "
+                                          "provable")
+            return False
         if outer_round in self._foreign:
             return self._unbound_contributor(outer_round, stage, record, leaves, encoded,
                                              "the committed contributions are not the ones this node "
@@ -158,6 +167,42 @@ class FactorProofs:
             return self._unbound_contributor(outer_round, stage, record, leaves, encoded,
                                              f"stage {stage}: {why}")
         return self._send_norm(outer_round, stage, proof, why)
+
+    def _prove_rank(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                    leaf: StageLeaf, factors) -> bool:
+        """Committed ``factors`` (decoded) that list a contribution this node closed and whose piece the
+        contract's decoder refuses (a rank past the run's ``maxRank``: node/live/fraud/values.py,
+        :func:`piece_past_rank`; an honest node left it out, undecodable): the chunk proof of that chunk, from
+        the committed state an attester serves. False (logged where it applies) if none is listed, or the
+        proof's inputs are not had here."""
+        if isinstance(factors, bytes):
+            return False
+        max_rank = self.run_values().max_rank
+        held = [self.states.pieces_of(outer_round, stage, root) for root in factors.payload_roots]
+        past = [None if pieces is None else piece_past_rank(pieces, max_rank) for pieces in held]
+        found = next(((j, chunk) for j, chunk in enumerate(past) if chunk is not None), None)
+        if found is None:
+            return False
+        j, chunk = found
+        why = (f"factors list contribution {j}, whose piece of chunk {chunk} has a rank past the run's "
+               f"maxRank {max_rank}")
+        parent = self._parents.get(outer_round)
+        prev = (self._genesis or [None] * (stage + 1))[stage] if outer_round == 0 \
+            else self.states.state(outer_round - 1, stage)
+        committed = self.states.committed_state(outer_round, stage, leaf,
+                                                self._attesters_of(outer_round, stage, leaves[stage]))
+        missing = ("round t - 1's committed stage leaves" if parent is None
+                   else "this node's state of round t - 1" if prev is None
+                   or prev.leaf().encode() != parent[1][stage]
+                   else "the committed state (its attesters withhold it)" if committed is None
+                   else f"contribution {held[:j].index(None)}'s pieces" if None in held[:j] else None)
+        if missing is not None:
+            self._unprovable(outer_round, f"stage {stage}: {why}, but not had here: {missing}")
+            return False
+        proof = rank_proof(parent[0], record, parent[1], leaves, prev, committed, factors, held, chunk,
+                           self.run_values().schedule)
+        self._send(outer_round, stage, proof, why)
+        return True
 
     def _unbound_contributor(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
                              factors: bytes, why_not: str) -> bool:

@@ -40,12 +40,14 @@ own where the weights root is, else fetched or challenged too), is a sum proof.
 Committed factors the run does not allow (issue 62: another lr, mu or Nesterov flag than the run's values on
 chain, another clip, steps past H, too many contributions, an unbound one) are proven from the factors alone
 (node/live/fraud/factors.py, node/live/fraud/values.py), also where the committed contributions are not this
-node's; round 0 from the run's genesis states. A node never signs a round's record on top of a round it holds
-wrong (:meth:`FraudProver.refuses_to_sign`, asked by the committer).
+node's, and in a version-2 run too (its factors are opened the same way); a listed piece past the run's
+``maxRank`` by the chunk proof of its chunk; round 0 from the run's genesis states. A node never signs a
+round's record on top of a round it holds wrong (:meth:`FraudProver.refuses_to_sign`, asked by the committer).
 
 What it cannot prove it says in the log and leaves to the dispute (node/live/record/forkrepair.py): a round
 whose contributions root differs and whose factors keep the run's values and binding, committed factors other
-than its own in a version-2 run (another clip scale or set left out: docs/FRAUD_PROOF.md, "Known gaps"), or
+than its own that keep the run's values in a version-2 run (another clip scale or set left out:
+docs/FRAUD_PROOF.md, "Known gaps"), or
 in a version-3 run when the scales follow from right sums and only the set left out differs, a round whose
 previous state this node no longer holds. Nothing here raises out of :meth:`check`: a bad or missing input
 costs only the proof.
@@ -258,7 +260,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                 continue
             if not same_inputs:
                 leaf = parse_stage_leaf(committed[stage], stage)
-                if self.scheme.proves_factors and leaf.factors_hash != own.factors.digest():
+                if leaf.factors_hash != own.factors.digest():
                     if self._prove_norms(outer_round, stage, onchain, committed, leaf, own):
                         return
                 else:
@@ -277,13 +279,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                      prev_leaves: list[bytes], leaves: list[bytes], prev: StageState,
                      own: StageState) -> bool:
         leaf = parse_stage_leaf(leaves[stage], stage)
-        if leaf.factors_hash != own.factors.digest():
-            if self.scheme.proves_factors:  # a version-3 run: the clip scales can be proven
-                return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
-            self._unprovable(outer_round,
-                             f"stage {stage}: the committed factors are not this node's (a clip scale "
-                                          "or the set left out): not provable by a chunk")
-            return False
+        if leaf.factors_hash != own.factors.digest():  # the factors held to the run (version 3: the scales)
+            return self._prove_norms(outer_round, stage, record, leaves, leaf, own)
         prev_stages = [parse_stage_leaf(v, s) for s, v in enumerate(prev_leaves)]
         stages = [parse_stage_leaf(v, s) for s, v in enumerate(leaves)]
         fetched = self.states.committed_state(outer_round, stage, leaf,

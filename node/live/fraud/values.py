@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.chunkproof import AggregationProof, Factors, genesis_record, tree_path
+from ledger.chunkproof import (AggregationProof, Factors, StageLeaf, StageState, build_proof, genesis_record,
+                               tree_path)
 from ledger.contribution_binding import ContributionClaim, recover_contributor
 from ledger.errors import LedgerInputError
+from ledger.runparams import MAX_RANK
 
 #: A fault the values proof shows (proveWrongAggregation over the factors alone).
 CHUNK = "values"
@@ -34,6 +36,9 @@ CHUNK = "values"
 NORM = "scales"
 #: RunParams.commitments of a normed run (version 3).
 NORMED = 3
+#: A payload piece's header (u8 codec, u32 count), then a low-rank piece's u8 rank (training/chunks.py).
+PIECE_HEADER = 5
+LOWRANK = 2
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class RunValues:
     genesis_root: bytes
     chain_id: int = 0
     ledger_address: str = ""
+    max_rank: int = MAX_RANK  # RunParams.maxRank: a listed low-rank piece of a higher rank does not decode
 
     @classmethod
     def of(cls, info, schedule, *, chain_id: int = 0, ledger_address: str = "") -> RunValues:
@@ -58,7 +64,7 @@ class RunValues:
         bound = bool(getattr(info, "schedule_rounds", 0))
         return cls(info.run_id, info.commitments, schedule if bound else None, bool(info.nesterov),
                    info.norm_clip_bits, info.inner_steps, info.max_contributions or 2**16 - 1,
-                   bytes(info.genesis_root), chain_id, ledger_address)
+                   bytes(info.genesis_root), chain_id, ledger_address, info.max_rank or MAX_RANK)
 
     @property
     def bound(self) -> bool:
@@ -139,3 +145,29 @@ def values_proof(prev_record, record, prev_leaves: list[bytes], leaves: list[byt
         prev_weights=b"", prev_weights_path=[], prev_momentum=b"", prev_momentum_path=[],
         new_weights=b"", new_weights_path=[], new_momentum=b"", new_momentum_path=[], pieces=[],
         piece_paths=[], schedule_leaf=schedule_leaf, schedule_path=schedule_path)
+
+
+def piece_past_rank(pieces: list[bytes], max_rank: int) -> int | None:
+    """The first chunk whose piece is a low-rank piece of rank 0 or past ``max_rank`` (the run's
+    ``maxRank``): the contract's decoder refuses it (``ProverCommon.wellFormedPiece``), so a round listing the
+    contribution is wrong at that chunk whatever its weights; None if every piece keeps the rank."""
+    for chunk, piece in enumerate(pieces):
+        if len(piece) > PIECE_HEADER and piece[0] == LOWRANK and not 1 <= piece[PIECE_HEADER] <= max_rank:
+            return chunk
+    return None
+
+
+def rank_proof(prev_record, record, prev_leaves: list[bytes], leaves: list[bytes], prev, committed: tuple,
+               factors: Factors, pieces: list, chunk: int, schedule=None) -> AggregationProof:
+    """The chunk proof of ``chunk`` of round ``record`` whose committed ``factors`` list a contribution whose
+    piece there does not decode (:func:`piece_past_rank`): ``prev`` this node's state of round t - 1 (the
+    committed one; the genesis state for round 0, ``prev_record`` None), ``committed`` the round's committed
+    ``(weight leaves, momentum leaves)`` (fetched from an attester), ``pieces`` each listed contribution's
+    pieces in the factors' order, None for one not held here: the contract reads the pieces in order and
+    stops at the first that does not decode, so those after it are sent empty."""
+    stage = prev.stage
+    shaped = [held if held is not None else [b""] * len(committed[0]) for held in pieces]
+    state = StageState(stage, list(committed[0]), list(committed[1]), factors, shaped)
+    stages = [StageLeaf.decode(leaf) for leaf in leaves]
+    return build_proof(prev_record, record, [StageLeaf.decode(leaf) for leaf in prev_leaves], stages, prev,
+                       state, chunk, schedule)

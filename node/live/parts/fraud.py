@@ -24,7 +24,8 @@ def build_chunked_states(base: NodeBase, *, chain: NodeChain, host: P2PHost) -> 
     if not base.cfg.commitment_scheme.chunked:
         return None
     return ChunkedStates(cfg=base.cfg, host=host, layout=base.layout, config_hash=base.config_hash,
-                         window=DisputeWindow(chain, base.run_id), spill_dir=base.data_dir / CHUNK_STATES_DIR)
+                         window=DisputeWindow(chain, base.run_id), spill_dir=base.data_dir / CHUNK_STATES_DIR,
+                         evidence_dir=base.evidence_dir)
 
 
 def build_fraud_prover(base: NodeBase, *, chain: NodeChain,
