@@ -225,3 +225,23 @@ def test_a_deeply_nested_list_is_refused_before_it_is_decoded():
     assert loads_bounded('{"a": [[1], "]]]"]}', 3) == {"a": [[1], "]]]"]}
     with pytest.raises(ValueError):
         listed_entries(b"\xff[]", 1)  # not UTF-8
+
+
+def test_a_deeply_nested_manifest_from_a_peer_is_refused_and_the_seeder_serves_the_dataset(seeder, tmp_path):
+    """A hostile peer serves, under the dataset's root, 200,000-deep JSON (decoded as is, it segfaulted a
+    joiner: the root is checked only after decoding): refused naming the peer, and the dataset is completed
+    from the seeder."""
+    archive, dataset = seeder
+    manifest = read_manifest(dataset)[1]
+    config = P2PConfig(listen_host="127.0.0.1", listen_port=0, gossip_resync_interval=0)
+    with P2PHost.start(config, Identity.generate(), data_dir=tmp_path / "hostile") as hostile, \
+            P2PHost.start(config, Identity.generate(), data_dir=tmp_path / "client") as client:
+        deep = b"[" * 200_000 + b"]" * 200_000
+        hostile.provide_alias(manifest.root, hostile.provide_blob(deep, announce=False))
+        liar = client.connect(hostile.listen_addrs[0])
+        honest = client.connect(archive.multiaddr)
+        fill = complete_dataset(manifest.root, tmp_path / "copy", client, [liar, honest])
+    assert fill.fetched == len(manifest.shards)
+    refusal = fill.refusals[0]  # (then the shards it was asked for first: it has none)
+    assert liar in refusal and "manifest" in refusal and "nested 200000 deep, over 8" in refusal, refusal
+    assert all(liar in r and "not_found" in r for r in fill.refusals[1:]), fill.refusals
