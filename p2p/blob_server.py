@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import trio
+from libp2p.network.stream.exceptions import StreamEOF
 
 from p2p.blob_protocol import (
     BLOB_PROTOCOL,
@@ -94,8 +95,17 @@ class BlobServer:
         """Answer one request; any peer misbehaviour resets the stream and is logged, never raised."""
         peer = stream.muxed_conn.peer_id.to_base58()
         try:
-            with trio.fail_after(self.stall_timeout):
-                request = await read_frame(stream, MAX_FRAME_BYTES)
+            try:
+                with trio.fail_after(self.stall_timeout):
+                    request = await read_frame(stream, MAX_FRAME_BYTES)
+            except (ProtocolViolation, StreamEOF) as exc:
+                # An oversized, malformed or cut-short request frame: the peer is told why (a bare reset
+                # told a client with a bug nothing), then the stream ends; nothing else is read from it.
+                detail = str(exc) if isinstance(exc, ProtocolViolation) else "request frame cut short"
+                logger.debug("bad blob request from %s: %s", peer, detail)
+                await write_frame(stream, bad_request_reply(detail))
+                await stream.close()
+                return
             await self._serve(stream, peer, request)
         # A peer's bad request or a dropped connection ends only this stream, never the host's handler.
         except Exception as exc:  # noqa: BLE001 - the stream handler's boundary

@@ -1,7 +1,7 @@
 """The chain's RPC goes away mid-run: real anvil, real node processes, the real round protocol.
 
 The test stops the run's anvil (SIGTERM: it dumps its state file, blocks included),
-lets the nodes train several rounds with no chain, restarts anvil from the file on
+lets the nodes train two rounds with no chain, restarts anvil from the file on
 the same port, and checks that the nodes never exited, logged the outage at a
 bounded rate, committed every round they trained exactly once and in order, and
 that ``dlx-node audit`` passes on the result.
@@ -48,7 +48,8 @@ def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
     down_at = time.monotonic()
     before = max(_finished(run))
     # The nodes keep training and finishing rounds with no chain; their commits queue up.
-    wait_for(lambda: min(_finished(run)) >= before + 3, 180, "three rounds finished during the outage", run,
+    # Two rounds queued behind the outage are enough for the order (a third cost ~10 s of the suite).
+    wait_for(lambda: min(_finished(run)) >= before + 2, 180, "two rounds finished during the outage", run,
              none_exits=True)
     for slot in run.nodes:
         assert "chain RPC unreachable" in _logs(slot), slot.name

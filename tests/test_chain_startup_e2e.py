@@ -88,6 +88,17 @@ def test_a_node_waiting_for_its_chain_stops_cleanly_on_sigterm(make_run):
     assert "stopped before the chain answered" in log or "stopped during start-up (signal 15)" in log, log
 
 
+@pytest.fixture(scope="module")
+def unstarted_run(tmp_path_factory):
+    """One run on a live chain, its node never started, for the refusals below: each start fails before it
+    sends or writes anything the next one would see (was one chain and deployment per case)."""
+    run = LocalRun(tmp_path_factory.mktemp("unstarted"), replicas=1, stages=1, split=False,
+                   settings=TINY + ["rounds=2"], attest_quorum=1, attest_quorum_bps=0, allow_weak_quorum=True)
+    run.setup()
+    yield run
+    run.stop()
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("override", "message"), [
     ("ledger.chain_id=1", "serves chain id 31337, but ledger.chain_id = 1"),
@@ -97,9 +108,8 @@ def test_a_node_waiting_for_its_chain_stops_cleanly_on_sigterm(make_run):
      "no NodeRegistry at 0x00000000000000000000000000000000000000bb on chain 31337"),
     ("ledger.ledger_address=0x1234", "must be a 0x-prefixed 20-byte hex address"),
 ])
-def test_what_waiting_cannot_fix_fails_at_once_with_what_to_change(make_run, override, message):
-    run = make_run(replicas=1, stages=1, split=False, settings=TINY + ["rounds=2"])
-    (slot,) = run.nodes
+def test_what_waiting_cannot_fix_fails_at_once_with_what_to_change(unstarted_run, override, message):
+    (slot,) = unstarted_run.nodes
     result = subprocess.run(
         [sys.executable, "-m", "node.cli", "start", "--no-progress", "--yes", "--config",
          str(slot.config_path),

@@ -74,11 +74,11 @@ def test_rpc_unreachable_past_the_startup_wait_exits_5(deployed):
 
 
 def test_settings_that_differ_from_the_run_exit_2(deployed):
-    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set", "diloco.outer_lr=0.5")
-    _one_line_error(proc, 2, "configHash", "use exactly the run's")
-    # The run's length sets the inner learning-rate schedule: another `rounds` would train differently.
-    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set", "rounds=7")
-    _one_line_error(proc, 2, "rounds=7", "maxRounds=1")
+    # Both named in one refusal (was a start each): another training setting, and another `rounds` (the
+    # run's length sets the inner learning-rate schedule: another one would train differently).
+    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set", "diloco.outer_lr=0.5",
+                   "--set", "rounds=7")
+    _one_line_error(proc, 2, "configHash", "use exactly the run's", "rounds=7", "maxRounds=1")
 
 
 def test_key_registered_to_another_node_exits_6(deployed):

@@ -2,8 +2,9 @@
 
 README's "Exit codes" paragraph must say what :data:`node.exitcodes.MEANINGS` says, code for code; every
 error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run: usage
-(2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), and a join whose
-peers answer nothing against a real anvil (10).
+(2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), a join whose
+peers answer nothing against a real anvil (10), a start whose run's checkpoint no peer serves (10) and a demo
+stopped by SIGTERM (143).
 """
 
 from __future__ import annotations
@@ -187,3 +188,59 @@ def test_a_join_whose_peers_cannot_be_reached_is_a_network_failure_10(unserved_r
     assert "no peer of the run is reachable" in last and "check the peer multiaddrs" in last, last
     client = unserved_run.client()
     assert client.member(unserved_run.run_id, dev_account(6, unserved_run.chain_id).address) is None
+
+
+def test_a_start_whose_runs_checkpoint_no_peer_serves_is_a_network_failure_10(unserved_run, tmp_path):
+    """The run has a committed round with a published checkpoint; the starting member's peer answers nothing,
+    so it cannot enter the run (exit 10, the network: node/live/round/entry.py), saying where to look. (Last
+    in this file: it commits round 0 of the module's run.)"""
+    from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient
+    from ledger.records import RoundRecord
+
+    slot = unserved_run.nodes[0]
+    unserved_run.seat([slot])
+    w3 = connect_rpc(unserved_run.url, wait=5)
+    member = LedgerClient(w3, dev_account(slot.account, w3.eth.chain_id), unserved_run.registry,
+                          unserved_run.ledger)
+    run_id = unserved_run.run_id
+    record = RoundRecord(run_id=run_id, round=0, prev_head=member.head_of(run_id), weights_root=b"\x01" * 32,
+                         contributions_root=b"\x02" * 32, train_loss_micro=3_500_000,
+                         eval_loss_micro=3_600_000, tokens=4096, num_contributors=1,
+                         checkpoint_hash=b"\x03" * 32)
+    member.commit_round(record, [member.sign_record(record)])
+    with socket.socket() as silent:  # a peer address where nothing speaks libp2p
+        silent.bind(("127.0.0.1", 0))
+        nobody = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{slot.peer_id}"
+    command = [*CLI, "start", "--no-progress", "--config", str(slot.config_path), "--set",
+               f"p2p.bootstrap={nobody}"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 10, proc.stdout + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no published checkpoint of the run could be fetched" in last and "bootstrap" in last, last
+
+
+@pytest.mark.timeout(240)
+def test_a_demo_stopped_by_sigterm_exits_143_and_leaves_no_chain(tmp_path):
+    """SIGTERM while the demo sets its run up (its chain started): it stops in order and exits 128 + 15."""
+    command = [*CLI, "demo", "--preset", "tiny", "--rounds", "1", "--inner-steps", "2", "--replicas", "1",
+               "--stages", "1", "--weak-run", "--attest-quorum", "1", "--out", str(tmp_path / "demo")]
+    log = tmp_path / "demo.log"
+    with open(log, "w") as out:  # as from a terminal: SIGINT and SIGTERM at their defaults
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 180
+        while not (found := re.search(r"chain: anvil \(pid (\d+)\)", log.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        anvil_pid = int(found.group(1))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 143, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "signal 15: stopping the nodes, then the chain" in text and "Traceback" not in text, text[-3000:]
+    stat = Path(f"/proc/{anvil_pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "anvil left running"

@@ -58,9 +58,13 @@ def round_lists(node_dirs: Iterable[Path], run_id: int) -> dict[str, bytes]:
         for path in sorted((directory / "archive" / f"run-{run_id}").glob("round-*/round.json")):
             try:
                 round_index = int(path.parent.name.removeprefix("round-"))
-                lists.setdefault(round_index, []).append(set(listed_entries(path.read_bytes(), round_index)))
-            except (ValueError, KeyError, TypeError, OSError, RecursionError):
-                continue  # not a list an auditor could use; it checks every list it gets anyway
+                entries = set(listed_entries(path.read_bytes(), round_index))
+            except (ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
+                # not a list an auditor could use (it checks every list it gets anyway); the round is not
+                # served an empty list in its place (it was: an unreadable list still opened its round)
+                logger.warning("%s: not served: %s: %s", path, type(exc).__name__, exc)
+                continue
+            lists.setdefault(round_index, []).append(entries)
     served: dict[str, bytes] = {}
     for round_index, sets in lists.items():
         for entries in [*sets, set().union(*sets)]:

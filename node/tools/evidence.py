@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS
+from node.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_S = 300.0
 MAX_DHT_MISSES = 3
 MAX_LIST_BYTES = 1 << 20  # a round's contribution list served under its root (JSON, ~150 bytes an entry)
+MAX_LIST_DEPTH = 8  # round.json's layout nests 3 deep; deeper is not a list (and could overflow the decoder)
 
 
 def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str) -> list[Path]:
@@ -197,7 +199,7 @@ def listed_entries(data: bytes, round_index: int) -> list[tuple[int, int, str, s
     """A round's contribution list from round.json's layout (``{"round", "contributions"}``), checked for
     shape only (the caller checks its Merkle root against the chain); raises ValueError, KeyError or
     TypeError."""
-    doc = json.loads(data)
+    doc = loads_bounded(data, MAX_LIST_DEPTH)
     entries = [(int(s), int(r), str(p), str(h).lower()) for s, r, p, h in doc["contributions"]]
     if int(doc.get("round", round_index)) != round_index:
         raise ValueError(f"it says round {doc.get('round')}")
