@@ -237,6 +237,33 @@ class AvailabilityChallenges:
                 self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
                 self._expirer.start()
 
+    # -- what is still open (the re-entry's hold, the run's end) -------------------------------------------
+    def open_rounds(self) -> list[int]:
+        """The rounds whose proof waits for its parent's window or whose availability game is still open (the
+        settlement loop sends or settles them)."""
+        with self._lock:
+            return sorted({*self._deferred, *self._pending.values()})
+
+    def holds_reentry(self, outer_round: int) -> str | None:
+        """Why a node whose weights left the record at ``outer_round`` must not re-enter from the chain's
+        checkpoint yet (node/live/peers/lifecycle.py), None if it may: a round up to it that this node holds
+        wrong (a proof built, deferred or a walk begun: ``log.wrong``) and that the chain has not overturned
+        yet. A next life would lose the game: it holds neither the walk nor this life's state of the round."""
+        with self._lock:
+            wrong = sorted((t, why) for t, why in self.log.wrong.items() if t <= outer_round)
+        if not wrong or self.overturned(wrong[0][0]):
+            return None
+        return f"round {wrong[0][0]} is held wrong here ({wrong[0][1]}) and its proof or game is still open"
+
+    def overturned(self, outer_round: int) -> bool:
+        """Whether the chain overturned round ``outer_round`` (it and every later one are invalid); False
+        where the chain cannot be read now."""
+        try:
+            invalid = self.chain.invalid_from(self.run_id)
+        except DLX_ERRORS:
+            return False
+        return invalid is not None and invalid <= outer_round
+
     # -- availability challenges ---------------------------------------------------------------
     def _expire_loop(self) -> None:
         while not self.stop.wait(EXPIRE_EVERY_S):
@@ -271,9 +298,9 @@ class AvailabilityChallenges:
                 if self._drop(challenge_id):
                     self._follow(challenge_id, outer_round)
                 continue
-            except LedgerError as exc:
-                logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
+            except LedgerError as exc:  # the game is over without this node (window closed, run halted)
                 self._drop(challenge_id)
+                self._unprovable(outer_round, f"the availability challenge was not settled: {exc}"[:300])
                 continue
             except DLX_ERRORS as exc:
                 logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)

@@ -100,8 +100,6 @@ class ProverLog:
     wrong: dict[int, str] = field(default_factory=dict)
 
 
-
-
 class FraudProver(FactorProofs, AvailabilityChallenges):
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
@@ -226,6 +224,11 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
     def _check(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord | None) -> None:
         committed = self.committed_leaves(outer_round, onchain)
         if mine is None or onchain.weights_root == mine.weights_root:
+            return
+        with self._lock:
+            earlier = min((t for t in self.log.wrong if t < outer_round), default=None)
+        if earlier is not None:  # proven first: a proof of this round waits for it, and falls with it
+            self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
             return
         same_inputs = onchain.contributions_root == mine.contributions_root
         why_foreign = ("the committed contributions are not the ones this node aggregated (a dispute's "
@@ -353,11 +356,6 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
             len(attesters or ()))
         self.chain.reclaim_game_bonds(self.run_id, outer_round, stage)  # the walk's answered steps' bonds
-
-    def deferred_rounds(self) -> list[int]:
-        """The rounds whose proofs wait for their parent's window (the settlement loop sends them)."""
-        with self._lock:
-            return sorted(self._deferred)
 
     def _send_deferred(self) -> None:
         """Send again the proofs that waited for their parent round's window (the settlement loop's)."""
