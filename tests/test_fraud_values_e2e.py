@@ -112,7 +112,7 @@ def _assert_the_late_game(client, run, honest, colluders, honest_account: str, l
     for challenge in steps:
         (answer,) = _events(client, "AvailabilityAnswered(bytes32,bytes,bytes32[],address)",
                             "0x" + bytes(challenge["id"]).hex())
-        assert challenge["deadline"] - LATE_MARGIN_BLOCKS <= answer["blockNumber"] <= challenge["deadline"], \
+        assert challenge["deadline"] - LATE_MARGIN_BLOCKS < answer["blockNumber"] < challenge["deadline"], \
             (answer["blockNumber"], challenge["deadline"])
     state = json.loads((honest.data_dir / "state.json").read_text())
     assert 1 not in state.get("reentered_for", []), state.get("reentered_for")
