@@ -13,11 +13,16 @@ node.live.assembly.Kinds).
   move. The honest member's weights left the record (its own aggregate stood): its re-entry from the chain's
   checkpoint must wait for its game (node/live/peers/lifecycle.py), or its next life loses it.
 - ``collude-fabricate``: in round 1 every colluder aggregates, beside the real contributions, a fabricated
-  one (a copy of the first one's payload under another envelope) signed, validly, by an account that holds no
-  seat in the run (FABRICATOR_KEY), and lists it in its factors with that binding: the run's values hold,
-  every signature recovers, the scales follow from the committed sums and every chunk is the step of the
-  committed factors. Only the contract's view of the binding (``memberOf``) shows it: the honest member must
-  ask it and send the binding proof (``proveWrongNorm``, the factors alone).
+  one (a copy of the first one's payload under another envelope) that no member signed: signed by an account
+  that holds no seat in the run (FABRICATOR_KEY) and listed as the first contribution's contributor (a
+  member, the same in every colluder). The run's values hold, the scales follow from the committed sums and
+  every chunk is the step of the committed factors: only the binding shows it (one member listed twice, a
+  signature not by the member beside it), and the honest member must send the binding proof
+  (``proveWrongNorm``, the factors alone). The same contribution listed as the non-member itself, its
+  signature valid, is seen only by the contract's ``memberOf``, which ProverBinding reads only while the round
+  is in its dispute window; a proof of round 1 is taken only once round 0's window closed, and two rounds
+  committed a block apart leave no block for it (docs/FRAUD_PROOF.md, "The late game": a limit of the frozen
+  contracts), so the move lists a member.
 """
 
 from __future__ import annotations
@@ -135,13 +140,13 @@ def colluding_fabricate():
             claim = binder._claim(outer_round, stage, blob, {n: tuple(t.shape) for n, t in weights.items()})
             client = binder.chain.client
             outsider = Account.from_key(FABRICATOR_KEY)
-            binding = (outsider.address, sign_contribution(outsider, claim, client.chain_id,
-                                                           client.ledger_address))
+            listed_as = bindings[0][0] if bindings and bindings[0] else outsider.address
+            binding = (listed_as, sign_contribution(outsider, claim, client.chain_id, client.ledger_address))
             envelope = hashlib.sha256(b"fabricated" + blob).digest()
             payloads, envelopes = [*payloads, blob], [*envelopes, envelope]
             bindings = [*(bindings or [None] * len(reports[:-1])), binding]
-            logger.warning("adversary: round %d stage %d: listing a fabricated contribution signed by %s, "
-                           "who holds no seat", outer_round, stage, outsider.address)
+            logger.warning("adversary: round %d stage %d: listing a fabricated contribution as %s's, signed "
+                           "by %s, who holds no seat", outer_round, stage, listed_as, outsider.address)
         return honest_record(self, outer_round, stage, weights, momentum, reports, payloads, envelopes,
                              bindings)
 

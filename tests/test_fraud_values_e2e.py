@@ -38,7 +38,7 @@ def _logs(slots) -> str:
 
 #: What the honest node's log says of each move: why the round is wrong, and that it proved it.
 FOUND = {"collude-lr": "factors' lr/mu bits", "collude-lr-late": "factors' lr/mu bits",
-         "collude-fabricate": "factors list a contributor that held no seat in the round"}
+         "collude-fabricate": "factors list one member's account twice"}
 
 
 @pytest.mark.slow

@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 #: How often a pending availability challenge is tried for settlement.
 EXPIRE_EVERY_S = 5.0
+#: How often instead while a deferred proof's window is about to open (DUE_BLOCKS or fewer blocks ahead): it
+#: is sent in the first blocks it is taken in. A proof of a contributor without a seat is taken only while its
+#: round can still be disputed (ProverBinding), which may end a few blocks after its parent's window.
+DUE_EVERY_S = 0.25
+DUE_BLOCKS = 8
 
 
 class AvailabilityChallenges:
@@ -54,6 +59,16 @@ class AvailabilityChallenges:
 
     def _send_deferred(self) -> None:
         raise NotImplementedError
+
+    def _defer(self, outer_round: int, entry: tuple, opens_at) -> None:
+        """Keep a proof the chain refused while its parent round can still be overturned (ProverParentOpen:
+        ``opens_at``, its ``closesAt``) for the settlement loop, which sends it again once that block is
+        reached."""
+        with self._lock:
+            self._deferred[outer_round] = entry
+            if isinstance(opens_at, int):
+                self._opens_at[outer_round] = opens_at
+        self._ensure_settling()
 
     # -- a sum tree's walk --------------------------------------------------------------------------
     def _challenge_sums(self, walk: SumWalk) -> None:
@@ -266,9 +281,22 @@ class AvailabilityChallenges:
 
     # -- availability challenges ---------------------------------------------------------------
     def _expire_loop(self) -> None:
-        while not self.stop.wait(EXPIRE_EVERY_S):
+        while not self.stop.wait(self._settle_every()):
             if not self.settle_challenges():
                 return
+
+    def _settle_every(self) -> float:
+        """EXPIRE_EVERY_S, or DUE_EVERY_S while a deferred proof's window opens within DUE_BLOCKS blocks."""
+        with self._lock:
+            opens = [self._opens_at.get(t) for t in self._deferred]
+        if not opens:
+            return EXPIRE_EVERY_S
+        try:
+            head = self.chain.block_number()
+        except DLX_ERRORS:
+            return EXPIRE_EVERY_S
+        due = any(at is not None and head + DUE_BLOCKS >= at for at in opens)
+        return DUE_EVERY_S if due else EXPIRE_EVERY_S
 
     def settle_challenges(self) -> bool:
         """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired

@@ -134,6 +134,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         self._expirer: threading.Thread | None = None
         # round -> (stage, proof, attesters, why): proofs waiting for their parent round's window to close
         self._deferred: dict[int, tuple] = {}
+        self._opens_at: dict[int, int] = {}  # round -> the block its deferred proof is taken from (closesAt)
         # round -> (record of t - 1 or None for round 0, its committed stage leaves encoded): a values proof's
         self._parents: dict[int, tuple] = {}
         self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
@@ -340,9 +341,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         except ProverParentOpen as exc:
             logger.warning("round %d: the proof waits for round %d's window to close (block %s)", outer_round,
                            outer_round - 1, exc.values.get("closesAt"))
-            with self._lock:
-                self._deferred[outer_round] = (stage, proof, attesters, why)
-            self._ensure_settling()
+            self._defer(outer_round, (stage, proof, attesters, why), exc.values.get("closesAt"))
             return
         except LedgerRunHalted:
             receipt = self.chain.claim_held_reward(self.run_id, outer_round)
