@@ -1,16 +1,26 @@
-"""Issue 62 with real processes: a colluding full quorum steps a round with a value the run does not have, and
-one honest member alone overturns it from the factors.
+"""Issue 62 with real processes: a colluding full quorum commits a round the run does not allow, and one
+honest member alone overturns it from the factors.
 
 Three node processes on a real anvil, one replica each, a normed run (the default, version 3) created with its
 document's values on chain (RunParams' schedule root, Nesterov flag, norm clip, genesis root) and k = 2: two
-of them run tests/adversary.py ``collude-lr`` (in round 1 both step with outer lr 7.0 and commit factors that
-say so, every chunk the outer step of those factors: no chunk proof can touch it, before issue 62 the honest
-node logged the round "unprovable"). The third, honest and outside the quorum, opens the factors the colluders
-serve, finds their lr is not the run's schedule's and sends the values proof (proveWrongAggregation over the
-factors and the schedule leaf) itself, after committing to it: the round and every later one become invalid,
-both colluders are slashed, the honest member is paid half of the slash, and it never signs a record on top of
-round 1. In process, with the other moves (Nesterov, binding, a non-member's contribution, round 0):
-tests/test_fraud_live_values.py.
+of them run a move of tests/adversary_collusion.py (the whole quorum), the third is honest and outside the
+quorum:
+
+- ``collude-lr``: in round 1 both step with outer lr 7.0 and commit factors that say so, every chunk the outer
+  step of those factors (no chunk proof can touch it; before issue 62 the honest node logged the round
+  "unprovable"). The honest node opens the factors the colluders serve, finds their lr is not the run's
+  schedule's and sends the values proof (proveWrongAggregation over the factors and the schedule leaf);
+- ``collude-lr-late``: the same, serving nothing and answering each availability challenge in the last blocks
+  of its window: the honest node challenges the factors, its re-entry after its fork waits for that game
+  (node/live/peers/lifecycle.py), it follows the late answer to the values proof;
+- ``collude-fabricate``: round 1 lists, beside the real contributions, a fabricated one no member signed (a
+  non-member's signature, listed as a member): the honest node sends the binding proof (proveWrongNorm over
+  the factors alone).
+
+Each time the honest node commits to its proof a block before sending it: the round and every later one become
+invalid, both colluders are slashed, the honest member is paid half of the slash, and it never signs a record
+on top of round 1. In process, with the other moves (Nesterov, binding, a non-member's contribution, round 0):
+tests/test_fraud_live_values.py; the re-entry's hold: tests/test_reentry_hold.py.
 """
 
 from __future__ import annotations

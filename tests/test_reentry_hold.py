@@ -187,3 +187,27 @@ def test_a_fork_with_nothing_held_wrong_re_enters_at_once(tmp_path):
         again, _state = _lifecycle(tmp_path, run, prover)
         again.diverged(1)  # a next life that forks at the same round again keeps going
         assert not again.stop_event.is_set() and again.reenter_after is None
+
+
+def test_a_deferred_proof_is_tried_every_quarter_second_near_the_block_its_window_opens(tmp_path, caplog):
+    """A proof refused while its parent round can still be overturned (ProverParentOpen) is kept with the
+    block the chain named (``closesAt``); the settlement loop looks every EXPIRE_EVERY_S until that block is
+    DUE_BLOCKS away, then every DUE_EVERY_S, so the proof lands in the first blocks it is taken in (a binding
+    proof of a non-member's contribution is taken only while its round can be disputed)."""
+    from node.live.fraud import challenges
+    from tests.test_fraud_live_values import _lied_leaf, _prove
+
+    with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
+        wrong_leaf = _lied_leaf(world, _adversary(world.cfg, outer_lr=7.0), world.hosts[0], world.blobs,
+                                world.bindings)
+        deployment, run, prover, client = _prove(world, tmp_path, caplog, wrong_leaf, parent_closed=False)
+        assert prover.open_rounds() == [1] and not prover.log.proofs
+        opens_at = prover._opens_at[1]
+        assert opens_at == client.proof_window_of(run.run_id, 1)[0] > client.w3.eth.block_number
+        assert prover._settle_every() == challenges.EXPIRE_EVERY_S
+        mine(deployment.w3, opens_at - challenges.DUE_BLOCKS - client.w3.eth.block_number)
+        assert prover._settle_every() == challenges.DUE_EVERY_S
+        mine(deployment.w3, opens_at - client.w3.eth.block_number - 1)
+        prover.settle_challenges()  # its transaction is the first block the proof is taken in
+        assert set(prover.log.proofs) == {1} and not prover.open_rounds(), prover.log.unprovable
+        assert client.invalid_from(run.run_id) == 1
