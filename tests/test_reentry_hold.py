@@ -211,3 +211,39 @@ def test_a_deferred_proof_is_tried_every_quarter_second_near_the_block_its_windo
         prover.settle_challenges()  # its transaction is the first block the proof is taken in
         assert set(prover.log.proofs) == {1} and not prover.open_rounds(), prover.log.unprovable
         assert client.invalid_from(run.run_id) == 1
+
+
+def test_a_factors_challenge_outlives_a_restart_and_its_late_answer_is_proven(tmp_path, caplog):
+    """The honest node challenged the withheld factors of round 1 (lr 7.0), then stopped (a crash, not a
+    re-entry: nothing held it). Its next life, which holds neither its book of attestations nor its state of
+    round 1, resumes the challenge kept in ``proofs/games/`` (node/live/fraud/kept_games.py), refuses to sign
+    on top of round 1 meanwhile, follows the answer given in the window's last block to the values proof and
+    forgets the game."""
+    from node.live.state.roundbook import RoundBook
+
+    with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
+        deployment, run, records, prover, answerer, mine_record = _world(
+            world, tmp_path, _adversary(world.cfg, outer_lr=7.0))
+        prover.check(1, records[1], mine_record)
+        (challenge_id,) = prover._pending
+        kept = tmp_path / "proofs" / "games" / f"{challenge_id.hex()}.json"
+        assert kept.is_file()
+        with prover._lock:  # the first life ends: nothing of it follows the answer
+            prover._pending.clear()
+            prover.stop = threading.Event()
+            prover.stop.set()
+        next_life = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)),
+                                book=RoundBook(), states=_states(world, world.hosts[1]), stages=lambda: (0,),
+                                num_stages=2, stop=world.stop, proofs_dir=tmp_path / "proofs")
+        assert next_life.open_rounds() == [1] and "round 1 is wrong" in next_life.refuses_to_sign(2)
+        assert next_life.holds_reentry(1) is not None
+        with caplog.at_level("WARNING"):
+            landed = _answer_in_the_last_block(deployment, answerer, next_life)
+        assert len(landed) == 1
+        assert set(next_life.log.proofs) == {1}, next_life.log.unprovable
+        client = deployment.client(PROVER)
+        assert client.invalid_from(run.run_id) == 1
+        for index in COLLUDERS:
+            assert client.member(run.run_id, deployment.client(index).address).status == "slashed"
+        assert "following the factors challenge" in caplog.text and "factors' lr/mu bits" in caplog.text
+        assert not kept.exists() and next_life.holds_reentry(1) is None

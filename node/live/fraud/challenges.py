@@ -19,6 +19,7 @@ from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof,
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf
+from node.live.fraud.kept_games import KeptGames
 from node.live.fraud.walks import SumWalk, Walk
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ DUE_EVERY_S = 0.25
 DUE_BLOCKS = 8
 
 
-class AvailabilityChallenges:
+class AvailabilityChallenges(KeptGames):
     """The availability challenges half of :class:`node.live.fraud.prover.FraudProver` (module docstring).
 
     The prover holds the state these methods share (``chain``, ``states``, ``stages``, ``stop``, ``log``, the
@@ -243,6 +244,7 @@ class AvailabilityChallenges:
         self.log.challenges[outer_round] = challenge_id
         with self._lock:
             self._pending[challenge_id] = outer_round
+        self._keep_game(outer_round, challenge_id)  # a factors challenge outlives this life (kept_games.py)
         self._ensure_settling()
 
     def _ensure_settling(self) -> None:
@@ -328,6 +330,7 @@ class AvailabilityChallenges:
                 continue
             except LedgerError as exc:  # the game is over without this node (window closed, run halted)
                 self._drop(challenge_id)
+                self._forget_game(challenge_id)
                 self._unprovable(outer_round, f"the availability challenge was not settled: {exc}"[:300])
                 continue
             except DLX_ERRORS as exc:
@@ -338,6 +341,7 @@ class AvailabilityChallenges:
                 "round %d: the availability challenge went unanswered; the round is invalidated on chain "
                 "and its attesters slashed", outer_round)
             self._drop(challenge_id)
+            self._forget_game(challenge_id)
         with self._lock:
             return bool(self._pending) or bool(self._deferred)
 
@@ -353,7 +357,9 @@ class AvailabilityChallenges:
             logger.warning("round %d: the answer could not be read yet: %s", outer_round, exc)
             with self._lock:
                 self._pending[challenge_id] = outer_round
+            return
         except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
             self._unprovable(outer_round,
                              f"the proof from the answered challenge failed: {type(exc).__name__}: "
                                           f"{exc}"[:300])
+        self._forget_game(challenge_id)

@@ -141,6 +141,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
         self._genesis: list[StageState] | None = genesis
         self._resume_kept()
+        self._resume_games()  # the factors challenges an earlier life left open (kept_games.py)
 
     def _resume_kept(self) -> None:
         """Send again the proofs an earlier life of this node kept (a node that re-enters or restarts while a
@@ -226,10 +227,11 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         committed = self.committed_leaves(outer_round, onchain)
         if mine is None or onchain.weights_root == mine.weights_root:
             return
-        with self._lock:
-            earlier = min((t for t in self.log.wrong if t < outer_round), default=None)
-        if earlier is not None:  # proven first: a proof of this round waits for it, and falls with it
-            self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
+        with self._lock:  # already proven or played here, or after a round that is: a proof waits for it
+            earlier = min((t for t in self.log.wrong if t <= outer_round), default=None)
+        if earlier is not None:
+            if earlier < outer_round:
+                self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
             return
         same_inputs = onchain.contributions_root == mine.contributions_root
         why_foreign = ("the committed contributions are not the ones this node aggregated (a dispute's "
@@ -378,7 +380,6 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                                json.dumps(document, sort_keys=True).encode())
         except OSError as exc:
             logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
-
 
     def _unprovable(self, outer_round: int, why: str) -> None:
         with self._lock:
