@@ -14,6 +14,7 @@ it re-enters.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
@@ -232,9 +233,17 @@ def test_a_factors_challenge_outlives_a_restart_and_its_late_answer_is_proven(tm
             prover._pending.clear()
             prover.stop = threading.Event()
             prover.stop.set()
-        next_life = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)),
-                                book=RoundBook(), states=_states(world, world.hosts[1]), stages=lambda: (0,),
-                                num_stages=2, stop=world.stop, proofs_dir=tmp_path / "proofs")
+        # what a disk or a hand left beside it is logged and skipped, never a crash
+        (kept.parent / "not-hex.json").write_text("{}")
+        (kept.parent / f"{'ab' * 32}.json").write_text('{"round": 1, "stage": 0, "record": [1, 2]')
+        other_stage = {**json.loads(kept.read_text()), "stage": 7}
+        (kept.parent / f"{'cd' * 32}.json").write_text(json.dumps(other_stage))
+        with caplog.at_level("WARNING"):
+            next_life = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)),
+                                    book=RoundBook(), states=_states(world, world.hosts[1]),
+                                    stages=lambda: (0,), num_stages=2, stop=world.stop,
+                                    proofs_dir=tmp_path / "proofs")
+        assert caplog.text.count("a kept factors challenge") == 3, caplog.text
         assert next_life.open_rounds() == [1] and "round 1 is wrong" in next_life.refuses_to_sign(2)
         assert next_life.holds_reentry(1) is not None
         with caplog.at_level("WARNING"):
