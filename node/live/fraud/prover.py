@@ -227,11 +227,10 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         committed = self.committed_leaves(outer_round, onchain)
         if mine is None or onchain.weights_root == mine.weights_root:
             return
-        with self._lock:  # already proven or played here, or after a round that is: a proof waits for it
-            earlier = min((t for t in self.log.wrong if t <= outer_round), default=None)
+        with self._lock:  # after a round held wrong here: a proof of this one waits for it, and falls with it
+            earlier = min((t for t in self.log.wrong if t < outer_round), default=None)
         if earlier is not None:
-            if earlier < outer_round:
-                self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
+            self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
             return
         same_inputs = onchain.contributions_root == mine.contributions_root
         why_foreign = ("the committed contributions are not the ones this node aggregated (a dispute's "
@@ -250,6 +249,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             self._unprovable(outer_round,
                              f"already invalid on chain: round {invalid} and every later one were "
                                           "overturned")
+            return
+        if outer_round in self.log.wrong:  # already proven or played here (a kept proof, a resumed game)
             return
         parent = self._parent(outer_round)
         if parent is None:
