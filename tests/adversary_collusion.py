@@ -10,11 +10,24 @@ node.live.assembly.Kinds).
 - ``collude-lr-late``: ``collude-lr``, and the colluders serve nothing of their state (no weights, no factors,
   no sum trees): the honest member must challenge the factors' availability on chain; the colluders answer
   every challenge truthfully, but only in the last blocks of its window (LATE_MARGIN_BLOCKS), the clock's
-  move.
+  move. The honest member's weights left the record (its own aggregate stood): its re-entry from the chain's
+  checkpoint must wait for its game (node/live/peers/lifecycle.py), or its next life loses it.
+- ``collude-fabricate``: in round 1 every colluder aggregates, beside the real contributions, a fabricated
+  one (a copy of the first one's payload under another envelope) that no member signed: signed by an account
+  that holds no seat in the run (FABRICATOR_KEY) and listed as the first contribution's contributor (a
+  member, the same in every colluder). The run's values hold, the scales follow from the committed sums and
+  every chunk is the step of the committed factors: only the binding shows it (one member listed twice, a
+  signature not by the member beside it), and the honest member must send the binding proof
+  (``proveWrongNorm``, the factors alone). The same contribution listed as the non-member itself, its
+  signature valid, is seen only by the contract's ``memberOf``, which ProverBinding reads only while the round
+  is in its dispute window; a proof of round 1 is taken only once round 0's window closed, and two rounds
+  committed a block apart leave no block for it (docs/FRAUD_PROOF.md, "The late game": a limit of the frozen
+  contracts), so the move lists a member.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 from pathlib import Path
@@ -23,14 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 logger = logging.getLogger("adversary")
 
-COLLUSION_ATTACKS = ("collude-lr", "collude-lr-late")
+COLLUSION_ATTACKS = ("collude-lr", "collude-lr-late", "collude-fabricate")
 #: The round ``collude-lr`` steps with another lr (round 0's proof window closes first).
 COLLUDED_ROUND = 1
 #: The outer lr it steps round COLLUDED_ROUND with.
 WRONG_LR = 7.0
 #: ``collude-lr-late`` answers a challenge once the chain is this close to its deadline (its answerer polls
-#: every few seconds: the last blocks it can be sure to reach).
-LATE_MARGIN_BLOCKS = 8
+#: every LATE_POLL_S: the last blocks it can be sure to reach while the e2e mines a few blocks a second).
+LATE_MARGIN_BLOCKS = 6
+LATE_POLL_S = 0.5
+#: The key of the account ``collude-fabricate`` binds its fabricated contribution to (never a member).
+FABRICATOR_KEY = b"\x5a" * 32
 
 
 def colluding_lr():
@@ -63,6 +79,7 @@ def colluding_lr():
 def colluding_lr_late():
     from ledger.errors import LedgerError
     from node.errors import DLX_ERRORS
+    from node.live.fraud import answerer
     from node.live.fraud.answerer import ChallengeAnswerer
     from node.live.fraud.chunkstate import ChunkedStates
 
@@ -96,9 +113,59 @@ def colluding_lr_late():
                            deadline, self.answered[challenge_id])
 
     ChallengeAnswerer.poll = late_poll
+    answerer.ANSWER_EVERY_S = LATE_POLL_S  # read at each wait: the last blocks of a window are not missed
     return colluding_lr()
+
+
+def colluding_fabricate():
+    from eth_account import Account
+
+    from ledger.contribution_binding import sign_contribution
+    from node.live.fraud.chunkstate import ChunkedStates
+    from node.live.fraud.contribution_binding import ContributionBinder
+    from node.live.worker.replica import ReplicaWorker
+
+    binders: list = []  # this node's binder (its chain names the EIP-712 domain), seen when it signs
+    fabricated: dict = {}  # (round, stage) -> the fabricated payload
+    honest_sign, honest_record = ContributionBinder.sign, ChunkedStates.record
+
+    def sign(self, outer_round, stage, blob, shapes):
+        binders[:] = [self]
+        return honest_sign(self, outer_round, stage, blob, shapes)
+
+    def record(self, outer_round, stage, weights, momentum, reports, payloads, envelopes, bindings=None):
+        blob = fabricated.get((outer_round, stage))
+        if blob is not None and len(reports) == len(payloads) + 1 and binders:
+            binder = binders[0]
+            claim = binder._claim(outer_round, stage, blob, {n: tuple(t.shape) for n, t in weights.items()})
+            client = binder.chain.client
+            outsider = Account.from_key(FABRICATOR_KEY)
+            listed_as = bindings[0][0] if bindings and bindings[0] else outsider.address
+            binding = (listed_as, sign_contribution(outsider, claim, client.chain_id, client.ledger_address))
+            envelope = hashlib.sha256(b"fabricated" + blob).digest()
+            payloads, envelopes = [*payloads, blob], [*envelopes, envelope]
+            bindings = [*(bindings or [None] * len(reports[:-1])), binding]
+            logger.warning("adversary: round %d stage %d: listing a fabricated contribution as %s's, signed "
+                           "by %s, who holds no seat", outer_round, stage, listed_as, outsider.address)
+        return honest_record(self, outer_round, stage, weights, momentum, reports, payloads, envelopes,
+                             bindings)
+
+    class FabricatingWorker(ReplicaWorker):
+        """Aggregates round COLLUDED_ROUND with a copy of its first contribution's payload beside the real
+        ones (the weights are the outer step of all of them: no chunk differs)."""
+
+        def apply(self, stage, outer_round, contributions, excluded=None, prepared=None):
+            if outer_round == COLLUDED_ROUND and contributions:
+                fabricated[(outer_round, stage)] = contributions[0]
+                contributions, prepared = [*contributions, contributions[0]], None
+            return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+
+    ContributionBinder.sign = sign
+    ChunkedStates.record = record
+    return {"worker": FabricatingWorker}
 
 
 def collusion_parts(attack: str) -> dict:
     """The part classes of one of COLLUSION_ATTACKS."""
-    return {"collude-lr": colluding_lr, "collude-lr-late": colluding_lr_late}[attack]()
+    return {"collude-lr": colluding_lr, "collude-lr-late": colluding_lr_late,
+            "collude-fabricate": colluding_fabricate}[attack]()

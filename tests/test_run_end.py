@@ -88,7 +88,7 @@ class KeptProofs:
         self.sent_after = sent_after
         self.looks = 0
 
-    def deferred_rounds(self) -> list[int]:
+    def open_rounds(self) -> list[int]:
         self.looks += 1
         return [] if self.sent_after is not None and self.looks > self.sent_after else list(self.rounds)
 

@@ -258,6 +258,7 @@ class NodeParts:
         self.chunked = build_chunked_states(base, chain=chain, host=host)
         fraud = build_fraud_prover(base, chain=chain, states=self.chunked)
         self.ending.prover = fraud  # the run's end waits for its kept proofs (node/live/round/ending.py)
+        lifecycle.prover = fraud  # a re-entry waits for its game on the forked round (lifecycle.py)
         self.committer = build_committer(base, kind=kinds.committer, chain=chain, host=host,
                                          coordinator=coordinator, membership=membership, messenger=messenger,
                                          spot_checks=spot_checks, forks=forks, fraud=fraud)

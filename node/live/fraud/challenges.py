@@ -19,15 +19,21 @@ from ledger.normproof import SUM_BYTES, differing_sum_subtree, opened_sum_proof,
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fraudproof import parse_stage_leaf
+from node.live.fraud.kept_games import KeptGames
 from node.live.fraud.walks import SumWalk, Walk
 
 logger = logging.getLogger(__name__)
 
 #: How often a pending availability challenge is tried for settlement.
 EXPIRE_EVERY_S = 5.0
+#: How often instead while a deferred proof's window is about to open (DUE_BLOCKS or fewer blocks ahead): it
+#: is sent in the first blocks it is taken in. A proof of a contributor without a seat is taken only while its
+#: round can still be disputed (ProverBinding), which may end a few blocks after its parent's window.
+DUE_EVERY_S = 0.25
+DUE_BLOCKS = 8
 
 
-class AvailabilityChallenges:
+class AvailabilityChallenges(KeptGames):
     """The availability challenges half of :class:`node.live.fraud.prover.FraudProver` (module docstring).
 
     The prover holds the state these methods share (``chain``, ``states``, ``stages``, ``stop``, ``log``, the
@@ -54,6 +60,16 @@ class AvailabilityChallenges:
 
     def _send_deferred(self) -> None:
         raise NotImplementedError
+
+    def _defer(self, outer_round: int, entry: tuple, opens_at) -> None:
+        """Keep a proof the chain refused while its parent round can still be overturned (ProverParentOpen:
+        ``opens_at``, its ``closesAt``) for the settlement loop, which sends it again once that block is
+        reached."""
+        with self._lock:
+            self._deferred[outer_round] = entry
+            if isinstance(opens_at, int):
+                self._opens_at[outer_round] = opens_at
+        self._ensure_settling()
 
     # -- a sum tree's walk --------------------------------------------------------------------------
     def _challenge_sums(self, walk: SumWalk) -> None:
@@ -228,6 +244,7 @@ class AvailabilityChallenges:
         self.log.challenges[outer_round] = challenge_id
         with self._lock:
             self._pending[challenge_id] = outer_round
+        self._keep_game(outer_round, challenge_id)  # a factors challenge outlives this life (kept_games.py)
         self._ensure_settling()
 
     def _ensure_settling(self) -> None:
@@ -237,11 +254,51 @@ class AvailabilityChallenges:
                 self._expirer = threading.Thread(target=self._expire_loop, name="fraud-expirer", daemon=True)
                 self._expirer.start()
 
+    # -- what is still open (the re-entry's hold, the run's end) -------------------------------------------
+    def open_rounds(self) -> list[int]:
+        """The rounds whose proof waits for its parent's window or whose availability game is still open (the
+        settlement loop sends or settles them)."""
+        with self._lock:
+            return sorted({*self._deferred, *self._pending.values()})
+
+    def holds_reentry(self, outer_round: int) -> str | None:
+        """Why a node whose weights left the record at ``outer_round`` must not re-enter from the chain's
+        checkpoint yet (node/live/peers/lifecycle.py), None if it may: a round up to it that this node holds
+        wrong (a proof built, deferred or a walk begun: ``log.wrong``) and that the chain has not overturned
+        yet. A next life would lose the game: it holds neither the walk nor this life's state of the round."""
+        with self._lock:
+            wrong = sorted((t, why) for t, why in self.log.wrong.items() if t <= outer_round)
+        if not wrong or self.overturned(wrong[0][0]):
+            return None
+        return f"round {wrong[0][0]} is held wrong here ({wrong[0][1]}) and its proof or game is still open"
+
+    def overturned(self, outer_round: int) -> bool:
+        """Whether the chain overturned round ``outer_round`` (it and every later one are invalid); False
+        where the chain cannot be read now."""
+        try:
+            invalid = self.chain.invalid_from(self.run_id)
+        except DLX_ERRORS:
+            return False
+        return invalid is not None and invalid <= outer_round
+
     # -- availability challenges ---------------------------------------------------------------
     def _expire_loop(self) -> None:
-        while not self.stop.wait(EXPIRE_EVERY_S):
+        while not self.stop.wait(self._settle_every()):
             if not self.settle_challenges():
                 return
+
+    def _settle_every(self) -> float:
+        """EXPIRE_EVERY_S, or DUE_EVERY_S while a deferred proof's window opens within DUE_BLOCKS blocks."""
+        with self._lock:
+            opens = [self._opens_at.get(t) for t in self._deferred]
+        if not opens:
+            return EXPIRE_EVERY_S
+        try:
+            head = self.chain.block_number()
+        except DLX_ERRORS:
+            return EXPIRE_EVERY_S
+        due = any(at is not None and head + DUE_BLOCKS >= at for at in opens)
+        return DUE_EVERY_S if due else EXPIRE_EVERY_S
 
     def settle_challenges(self) -> bool:
         """Settle every pending challenge that is due: answered ones are dropped, unanswered ones expired
@@ -271,9 +328,10 @@ class AvailabilityChallenges:
                 if self._drop(challenge_id):
                     self._follow(challenge_id, outer_round)
                 continue
-            except LedgerError as exc:
-                logger.warning("round %d: availability challenge not settled: %s", outer_round, exc)
+            except LedgerError as exc:  # the game is over without this node (window closed, run halted)
                 self._drop(challenge_id)
+                self._forget_game(challenge_id)
+                self._unprovable(outer_round, f"the availability challenge was not settled: {exc}"[:300])
                 continue
             except DLX_ERRORS as exc:
                 logger.debug("round %d: availability challenge not settled yet: %s", outer_round, exc)
@@ -283,6 +341,7 @@ class AvailabilityChallenges:
                 "round %d: the availability challenge went unanswered; the round is invalidated on chain "
                 "and its attesters slashed", outer_round)
             self._drop(challenge_id)
+            self._forget_game(challenge_id)
         with self._lock:
             return bool(self._pending) or bool(self._deferred)
 
@@ -298,7 +357,9 @@ class AvailabilityChallenges:
             logger.warning("round %d: the answer could not be read yet: %s", outer_round, exc)
             with self._lock:
                 self._pending[challenge_id] = outer_round
+            return
         except DLX_ERRORS as exc:  # e.g. the round's dispute window closed: no more challenges
             self._unprovable(outer_round,
                              f"the proof from the answered challenge failed: {type(exc).__name__}: "
                                           f"{exc}"[:300])
+        self._forget_game(challenge_id)

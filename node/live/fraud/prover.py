@@ -102,8 +102,6 @@ class ProverLog:
     wrong: dict[int, str] = field(default_factory=dict)
 
 
-
-
 class FraudProver(FactorProofs, AvailabilityChallenges):
     """Checks committed rounds of a chunked run and proves wrong ones (module docstring)."""
 
@@ -138,12 +136,14 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         self._expirer: threading.Thread | None = None
         # round -> (stage, proof, attesters, why): proofs waiting for their parent round's window to close
         self._deferred: dict[int, tuple] = {}
+        self._opens_at: dict[int, int] = {}  # round -> the block its deferred proof is taken from (closesAt)
         # round -> (record of t - 1 or None for round 0, its committed stage leaves encoded): a values proof's
         self._parents: dict[int, tuple] = {}
         self._foreign: set[int] = set()  # rounds whose committed contributions are not this node's
         # the run's states before round 0 (its genesisRoot; None: derived from the run document when needed)
         self._genesis: list[StageState] | None = genesis
         self._resume_kept()
+        self._resume_games()  # the factors challenges an earlier life left open (kept_games.py)
 
     def _resume_kept(self) -> None:
         """Send again the proofs an earlier life of this node kept (a node that re-enters or restarts while a
@@ -229,6 +229,11 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         committed = self.committed_leaves(outer_round, onchain)
         if mine is None or onchain.weights_root == mine.weights_root:
             return
+        with self._lock:  # after a round held wrong here: a proof of this one waits for it, and falls with it
+            earlier = min((t for t in self.log.wrong if t < outer_round), default=None)
+        if earlier is not None:
+            self._unprovable(outer_round, f"round {earlier} is held wrong here (its proof comes first)")
+            return
         same_inputs = onchain.contributions_root == mine.contributions_root
         why_foreign = ("the committed contributions are not the ones this node aggregated (a dispute's "
                        "matter, not a chunk's)")
@@ -246,6 +251,8 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             self._unprovable(outer_round,
                              f"already invalid on chain: round {invalid} and every later one were "
                                           "overturned")
+            return
+        if outer_round in self.log.wrong:  # already proven or played here (a kept proof, a resumed game)
             return
         parent = self._parent(outer_round)
         if parent is None:
@@ -334,9 +341,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
         except ProverParentOpen as exc:
             logger.warning("round %d: the proof waits for round %d's window to close (block %s)", outer_round,
                            outer_round - 1, exc.values.get("closesAt"))
-            with self._lock:
-                self._deferred[outer_round] = (stage, proof, attesters, why)
-            self._ensure_settling()
+            self._defer(outer_round, (stage, proof, attesters, why), exc.values.get("closesAt"))
             return
         except LedgerRunHalted:
             receipt = self.chain.claim_held_reward(self.run_id, outer_round)
@@ -350,11 +355,6 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             "invalid, its %d attester(s) slashed", outer_round, stage, why, self.log.proofs[outer_round],
             len(attesters or ()))
         self.chain.reclaim_game_bonds(self.run_id, outer_round, stage)  # the walk's answered steps' bonds
-
-    def deferred_rounds(self) -> list[int]:
-        """The rounds whose proofs wait for their parent's window (the settlement loop sends them)."""
-        with self._lock:
-            return sorted(self._deferred)
 
     def _send_deferred(self) -> None:
         """Send again the proofs that waited for their parent round's window (the settlement loop's)."""
@@ -378,7 +378,6 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
                                json.dumps(document, sort_keys=True).encode())
         except OSError as exc:
             logger.warning("round %d: the fraud proof was not kept on disk: %s", outer_round, exc)
-
 
     def _unprovable(self, outer_round: int, why: str) -> None:
         with self._lock:

@@ -19,7 +19,8 @@ until, and says which:
 - the node is asked to stop.
 
 Then, if its fraud prover keeps a proof waiting for its parent round's window (issue 62: a proof of t waits
-until t - 1 can no longer be overturned), the node stays up while the settlement loop sends it, at most
+until t - 1 can no longer be overturned) or plays an availability game whose answers may come only in the last
+block of each window, the node stays up while the settlement loop sends or settles it, at most
 ``STALL_ROUNDS`` round timeouts (a chain that mines only on transactions may never get there: the proof is
 kept in ``proofs/`` and the next ``dlx-node start`` sends it).
 """
@@ -99,15 +100,15 @@ class RunEnd:
 
     def _send_kept_proofs(self) -> None:
         """Stay up while the prover's kept proofs wait for their parents' windows (module docstring)."""
-        waiting = self.prover.deferred_rounds() if self.prover is not None else []
+        waiting = self.prover.open_rounds() if self.prover is not None else []
         if not waiting:
             return
         logger.warning("the run is over; staying up to send the proof(s) of round(s) %s once their parent "
-                       "rounds' windows close", waiting)
+                       "rounds' windows close, or their availability games are over", waiting)
         deadline = self._clock() + STALL_ROUNDS * self.cfg.round_timeout
         while waiting and not self.stop.is_set() and self._clock() < deadline:
             self.stop.wait(POLL_S)
-            waiting = self.prover.deferred_rounds()
+            waiting = self.prover.open_rounds()
         if waiting:
             logger.error("the proof(s) of round(s) %s not sent yet (the chain has not reached their window): "
                          "kept in proofs/, the next `dlx-node start` sends them", waiting)
