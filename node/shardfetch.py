@@ -37,7 +37,6 @@ from p2p.blobstore import link_or_copy
 logger = logging.getLogger(__name__)
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # ~100k shards; a peer offering more is not offering a manifest
-MAX_MANIFEST_DEPTH = 8  # a manifest nests 3 deep ({"shards": [{...}]}); node/jsonbound.py says why it matters
 DATASETS_DIR = "datasets"  # <data_dir>/datasets/<root>/: where a joiner keeps a dataset it fetched
 SHARD_FETCH_TIMEOUT_S = 600.0
 # a starting node asks its peers for missing shards for about a minute
@@ -94,7 +93,6 @@ def _local_manifest(directory: Path, root: str):
 
 
 def _manifest_from_peers(host: Any, peers: list[str], root: str, fill: DatasetFill):
-    from node.jsonbound import nesting_depth
     from p2p.errors import P2PError
     from training.errors import ShardError
     from training.shards import parse_manifest
@@ -103,12 +101,7 @@ def _manifest_from_peers(host: Any, peers: list[str], root: str, fill: DatasetFi
         source = f"manifest of dataset {root[:16]} from peer {peer}"
         try:
             data = host.fetch_alias(root, peer, MAX_MANIFEST_BYTES, timeout=60)
-            # Measured before it is decoded: its root is checked only after, and a deep enough nesting
-            # overflowed the decoder's C stack (a segfault of this process, not an error).
-            depth = nesting_depth(data.decode("utf-8", errors="replace"))
-            if depth > MAX_MANIFEST_DEPTH:
-                raise ShardError(f"{source}: JSON nested {depth} deep, over {MAX_MANIFEST_DEPTH}")
-            manifest = parse_manifest(data, source)
+            manifest = parse_manifest(data, source)  # refuses a deep nesting before decoding it
         except (P2PError, ShardError) as exc:
             fill.refusals.append(f"{source}: {exc}")
             logger.warning("refused %s", fill.refusals[-1])

@@ -213,7 +213,7 @@ def test_only_the_well_formed_round_lists_on_disk_are_served(seeder, tmp_path):
 def test_a_deeply_nested_list_is_refused_before_it_is_decoded():
     """A list served under a round's root (or left on disk) nested 80,000 deep: decoded as is, it overflowed
     the C stack of a process that imported py_ecc (recursion limit 100,000): a segfault, not an error."""
-    from node.jsonbound import loads_bounded, nesting_depth
+    from training.jsonbound import loads_bounded, nesting_depth
     from node.tools.evidence import listed_entries
 
     assert sys.getrecursionlimit() >= 80_000  # as in the node and the CLI (py_ecc sets it on import)
@@ -225,6 +225,17 @@ def test_a_deeply_nested_list_is_refused_before_it_is_decoded():
     assert loads_bounded('{"a": [[1], "]]]"]}', 3) == {"a": [[1], "]]]"]}
     with pytest.raises(ValueError):
         listed_entries(b"\xff[]", 1)  # not UTF-8
+
+
+def test_a_deeply_nested_manifest_on_disk_is_refused_before_it_is_decoded(tmp_path):
+    """The same nesting in a dataset's manifest.json (a fetched or copied dataset, not a peer's): every reader
+    goes through parse_manifest, which refuses it with a ShardError naming the depth (no segfault)."""
+    from training.errors import ShardError
+    from training.shards import parse_manifest
+
+    assert sys.getrecursionlimit() >= 80_000
+    with pytest.raises(ShardError, match="manifest.json: not valid JSON .*nested 200000 deep, over 8"):
+        parse_manifest(b"[" * 200_000 + b"]" * 200_000)
 
 
 def test_a_deeply_nested_manifest_from_a_peer_is_refused_and_the_seeder_serves_the_dataset(seeder, tmp_path):

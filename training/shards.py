@@ -55,9 +55,12 @@ from pathlib import Path
 import numpy as np
 
 from training.errors import ShardError
+from training.jsonbound import loads_bounded
 
 MANIFEST_FORMAT = "dlx-dataset-v1"
 MANIFEST_NAME = "manifest.json"
+#: A manifest nests 3 deep ({"shards": [{...}]}); deeper is refused before decoding (training/jsonbound.py: why).
+MAX_MANIFEST_DEPTH = 8
 TOKENIZER_NAME = "tokenizer.json"
 SHARD_MAGIC = b"DLXTOKS\x00"
 SHARD_VERSION = 1
@@ -148,9 +151,9 @@ def merkle_root(leaves: list[bytes]) -> bytes:
 def parse_manifest(data: bytes, source: str = MANIFEST_NAME) -> Manifest:
     """Decode and check a manifest: every field typed and in range, shards consistent, root recomputed."""
     try:
-        document = json.loads(data)
+        document = loads_bounded(data, MAX_MANIFEST_DEPTH)
     except (ValueError, RecursionError) as exc:
-        raise ShardError(f"{source}: not valid JSON ({type(exc).__name__})") from None
+        raise ShardError(f"{source}: not valid JSON ({exc})") from None
     if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
         raise ShardError(f"{source}: not a {MANIFEST_FORMAT} manifest")
 

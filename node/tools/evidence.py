@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS
-from node.jsonbound import loads_bounded
+from training.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
