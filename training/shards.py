@@ -59,7 +59,7 @@ from training.jsonbound import loads_bounded
 
 MANIFEST_FORMAT = "dlx-dataset-v1"
 MANIFEST_NAME = "manifest.json"
-#: A manifest nests 3 deep ({"shards": [{...}]}); deeper is refused before decoding (training/jsonbound.py: why).
+#: A manifest nests 3 deep ({"shards": [{...}]}); deeper is refused before decoding (training/jsonbound.py).
 MAX_MANIFEST_DEPTH = 8
 TOKENIZER_NAME = "tokenizer.json"
 SHARD_MAGIC = b"DLXTOKS\x00"
