@@ -4,9 +4,9 @@ that the quick invariant campaign catches each.
 
 Each mutation edits one line of one contract in a temporary copy of contracts/src beside a copy of the forge
 suite (contracts/forge), runs the quick campaign (tests/forge_campaign.py's ``QUICK``: TrustInvariants.t.sol's
-`invariant_trust_model` and VerdictInvariants.t.sol's coalition verdicts, one compilation) and expects it to
-fail; the invariants that failed and the guarantee each names are reported. The unmutated tree must pass
-first. docs/TRUST.md ("Mutations the invariants catch") lists them.
+`invariant_trust_model`, VerdictInvariants.t.sol's coalition verdicts and GameInvariants.t.sol's fraud-proof
+games, one compilation) and expects it to fail; the invariants that failed and the guarantee each names are
+reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants catch") lists them.
 
     python scripts/forge_mutations.py                # all, 16 runs x 64 calls of each invariant
     python scripts/forge_mutations.py --only tenure  # one (names below), e.g. to see its counterexample

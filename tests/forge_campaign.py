@@ -4,8 +4,9 @@ The suite (contracts/forge/test/TrustInvariants.t.sol, TrustHandler.sol) checks 
 every call of its actors; forge is the npm ``@foundry-rs/forge`` pinned in contracts/package.json and
 compiles with the project's solcjs through ``contracts/forge/solc``. Used by tests/test_forge_invariants.py,
 bench/fuzz_forge.py and scripts/forge_mutations.py (which points ``root`` at a mutated copy). The quick
-campaign (``QUICK``) runs a second invariant beside it: VerdictInvariants.t.sol, the coalition's verdicts at
-close quarters (commits, joins, leaves, disputes and accusations sharing blocks).
+campaign (``QUICK``) runs two focused invariants beside it: VerdictInvariants.t.sol, the coalition's verdicts
+at close quarters (commits, joins, leaves, disputes and accusations sharing blocks), and GameInvariants.t.sol,
+TrustGame's fraud-proof game moves alone (most sequences play a game to its proof).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ FORGE = REPO / "contracts" / "node_modules" / ".bin" / "forge"
 FORGE_ROOT = REPO / "contracts" / "forge"
 INVARIANT = "invariant_trust_model"
 VERDICTS = "invariant_verdicts_need_the_quorum_in_force"
-QUICK = f"{INVARIANT}|{VERDICTS}"  # --match-test of the quick campaign: both invariants, one compilation
+GAME = "invariant_every_wrong_round_overturned"
+QUICK = f"{INVARIANT}|{VERDICTS}|{GAME}"  # --match-test of the quick campaign: one compilation
 _VERDICT = re.compile(r"^\[(PASS|FAIL.*)\]")  # "[FAIL: G3: an honest member was slashed]"
 _COUNTS = re.compile(r"(invariant_\w+)\(\) \(runs: (\d+), calls: (\d+), reverts: (\d+)\)")
 
@@ -46,7 +48,7 @@ def forge_available() -> bool:
 
 def run_campaign(runs: int, depth: int, seed: int, *, root: Path = FORGE_ROOT, timeout: float = 3600,
                  match: str = INVARIANT, shrink: int | None = None) -> Campaign:
-    """``forge test`` on the invariants ``match`` (a regex: ``QUICK`` runs both) with ``runs`` sequences of
+    """``forge test`` on the invariants ``match`` (a regex: ``QUICK`` runs three) with ``runs`` sequences of
     ``depth`` calls each from ``seed``; ``shrink`` bounds forge's shrinking of a counterexample (0: none)."""
     env = {**os.environ, "FOUNDRY_INVARIANT_RUNS": str(runs), "FOUNDRY_INVARIANT_DEPTH": str(depth),
            "FOUNDRY_FUZZ_SEED": hex(seed), "NO_COLOR": "1"}
