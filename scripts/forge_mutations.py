@@ -3,11 +3,12 @@
 that the quick invariant campaign catches each.
 
 Each mutation edits one line of one contract in a temporary copy of contracts/src beside a copy of the forge
-suite (contracts/forge), runs the campaign (tests/forge_campaign.py) and expects it to fail; the guarantee
-its failure names is reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants
-catch") lists them.
+suite (contracts/forge), runs the quick campaign (tests/forge_campaign.py's ``QUICK``: TrustInvariants.t.sol's
+`invariant_trust_model`, VerdictInvariants.t.sol's coalition verdicts and GameInvariants.t.sol's fraud-proof
+games, one compilation) and expects it to fail; the invariants that failed and the guarantee each names are
+reported. The unmutated tree must pass first. docs/TRUST.md ("Mutations the invariants catch") lists them.
 
-    python scripts/forge_mutations.py                # all, 16 runs x 64 calls each
+    python scripts/forge_mutations.py                # all, 16 runs x 64 calls of each invariant
     python scripts/forge_mutations.py --only tenure  # one (names below), e.g. to see its counterexample
 
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.forge_campaign import FORGE_ROOT, REPO, run_campaign  # noqa: E402
+from tests.forge_campaign import FORGE_ROOT, QUICK, REPO, run_campaign  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def mutated_tree(workdir: Path, mutation: Mutation | None) -> Path:
     root = workdir / "forge"
     # (the suites the invariant campaign does not run are left out: less to compile)
     shutil.copytree(FORGE_ROOT, root, symlinks=False, ignore=shutil.ignore_patterns(
-        "out", "cache", "src", "CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "TrustGame.t.sol"))
+        "out", "cache", "src", "CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "TrustGame.t.sol",
+        "VerdictTiming.t.sol"))
     shutil.copytree(REPO / "contracts" / "src", root / "src")
     (workdir / "node_modules").symlink_to(REPO / "contracts" / "node_modules")  # the solc wrapper's solcjs
     if mutation is not None:
@@ -133,13 +135,14 @@ def mutated_tree(workdir: Path, mutation: Mutation | None) -> Path:
     return root
 
 
-def check(mutation: Mutation | None, runs: int, depth: int, seed: int) -> dict:
+def check(mutation: Mutation | None, runs: int, depth: int, seed: int, shrink: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="forge-mutation-") as tmp:
-        campaign = run_campaign(runs, depth, seed, root=mutated_tree(Path(tmp), mutation), timeout=1800)
+        campaign = run_campaign(runs, depth, seed, root=mutated_tree(Path(tmp), mutation), timeout=1800,
+                                match=QUICK, shrink=shrink)
     name = mutation.name if mutation else "none"
     return {"mutation": name, "bug": mutation.bug if mutation else "(the contracts as they are)",
-            "caught": not campaign.passed, "failure": campaign.failure, "calls": campaign.calls,
-            "seconds": round(campaign.seconds, 1)}
+            "caught": not campaign.passed, "failure": campaign.failure, "caught_by": campaign.failures,
+            "calls": campaign.calls, "invariants": campaign.invariants, "seconds": round(campaign.seconds, 1)}
 
 
 def main() -> int:
@@ -149,16 +152,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=16)
     parser.add_argument("--depth", type=int, default=64)
     parser.add_argument("--seed", type=lambda v: int(v, 0), default=0x5EED)
+    parser.add_argument("--shrink", type=int, default=0,
+                        help="forge's shrink run limit for a counterexample (0: none, the fastest; the "
+                             "reason is the same)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the unmutated run (it passed in an earlier call with the same settings)")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
     results = [{"mutation": "none", "caught": False, "skipped": True} if args.no_baseline
-               else check(None, args.runs, args.depth, args.seed)]
+               else check(None, args.runs, args.depth, args.seed, args.shrink)]
     print(json.dumps(results[0]), flush=True)
     for mutation in chosen:
-        results.append(check(mutation, args.runs, args.depth, args.seed))
+        results.append(check(mutation, args.runs, args.depth, args.seed, args.shrink))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -1,7 +1,9 @@
 """docs/TRUST.md's guarantees as forge invariants inside the EVM (contracts/forge, tests/forge_campaign.py).
 
-The default suite runs a quick campaign (8 sequences of 64 calls); the slow suite a long one; the bench
-(bench/fuzz_forge.py) at least 1,000,000 calls. Each checks G1-G7 and exact solvency after every call.
+The default suite runs a quick campaign (8 sequences of 64 calls of each of its three invariants: G1-G7 and
+exact solvency after every call of TrustHandler's actors, G3 against the coalition's verdicts at close
+quarters (VerdictInvariants.t.sol) and G7 over the fraud-proof game's moves alone (GameInvariants.t.sol));
+the slow suite a long one; the bench (bench/fuzz_forge.py) at least 1,000,000 calls.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign
+from tests.forge_campaign import FORGE, FORGE_ROOT, GAME, INVARIANT, QUICK, VERDICTS, run_campaign
 
 
 def forge_test(contract: str, **env: str) -> str:
@@ -25,9 +27,10 @@ def forge_test(contract: str, **env: str) -> str:
 
 
 def test_a_quick_invariant_campaign_finds_no_violation():
-    campaign = run_campaign(runs=8, depth=64, seed=0x5EED, timeout=600)
-    assert campaign.passed, f"forge invariant campaign failed: {campaign.failure}\n{campaign.output[-3000:]}"
-    assert campaign.runs == 8 and campaign.calls == 8 * 64
+    campaign = run_campaign(runs=8, depth=64, seed=0x5EED, timeout=600, match=QUICK)
+    assert campaign.passed, f"forge invariant campaign failed: {campaign.failures}\n{campaign.output[-3000:]}"
+    assert {name: counts[:2] for name, counts in campaign.invariants.items()} == {
+        INVARIANT: (8, 8 * 64), VERDICTS: (8, 8 * 64), GAME: (8, 8 * 64)}, campaign.invariants
 
 
 @pytest.mark.slow
