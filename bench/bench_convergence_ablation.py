@@ -66,6 +66,15 @@ METHODS = {
     "noef": ({}, {"error_feedback": False}),
     # Leaky error feedback (compression.error_feedback_decay; SparseLoCo, arXiv 2508.15706).
     **{f"efd{beta}": ({}, {"error_feedback_decay": beta}) for beta in (0.5, 0.8, 0.9)},
+    # A higher rank at the same bytes: the allocator may pick rank 64 (2-bit factors) where 32 capped it.
+    "rank64": ({}, {"max_rank": 64}),
+    # The encoder: "v2" selects every round; "v3" warm-starts the factors from last round's (PowerSGD).
+    "v2": ({}, {"encoder": "v2"}),
+    "v3": ({}, {"encoder": "v3"}),
+    # Low-bit scales clipped to the smallest squared error (compression.quant_scale = "mse"), with and
+    # without error feedback.
+    "qmse": ({}, {"quant_scale": "mse"}),
+    "qmse-noef": ({}, {"quant_scale": "mse", "error_feedback": False}),
 }
 for _base in ("both", "delay", "compression"):
     _mode, _diloco, _compression = CELLS[_base]
