@@ -75,6 +75,7 @@ METHODS = {
     # without error feedback.
     "qmse": ({}, {"quant_scale": "mse"}),
     "qmse-noef": ({}, {"quant_scale": "mse", "error_feedback": False}),
+    "v2-qmse": ({}, {"encoder": "v2", "quant_scale": "mse"}),
 }
 for _base in ("both", "delay", "compression"):
     _mode, _diloco, _compression = CELLS[_base]
@@ -154,6 +155,34 @@ def split(summary: list[dict]) -> list[dict]:
     return out
 
 
+def methods(summary: list[dict]) -> list[dict]:
+    """Per case and rounds, each method cell against its base cell (``both-<m>`` against ``both``, ...) at the
+    seeds both ran: the gain in points of the gap against DDP per seed (positive: the method is closer to
+    DDP), its mean, and whether it wins beyond the seed spread: a gain at every seed, and a mean gain above
+    the larger of the two cells' gap spreads (the rule a method is kept by, issue 66)."""
+    out = []
+    for s in summary:
+        base_name, _, method = s["cell"].partition("-")
+        if not method or s["mean_gap_vs_ddp"] is None:
+            continue
+        base = next((b for b in summary if b["case"] == s["case"] and b["rounds"] == s["rounds"]
+                     and b["cell"] == base_name and b["mean_gap_vs_ddp"] is not None), None)
+        if base is None:
+            continue
+        gap = dict(zip(s["seeds"], s["gaps_vs_ddp"]))
+        base_gap = dict(zip(base["seeds"], base["gaps_vs_ddp"]))
+        seeds = [seed for seed in s["seeds"] if seed in base_gap]
+        if not seeds:
+            continue
+        gains = [base_gap[seed] - gap[seed] for seed in seeds]
+        spread = max(s["gap_spread"] or 0.0, base["gap_spread"] or 0.0)
+        mean = statistics.fmean(gains)
+        out.append({"case": s["case"], "rounds": s["rounds"], "cell": s["cell"], "base": base_name,
+                    "method": method, "seeds": seeds, "gains": gains, "mean_gain": mean, "spread": spread,
+                    "wins_beyond_spread": len(seeds) >= 2 and min(gains) > 0 and mean > spread})
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,7 +222,7 @@ def main() -> int:
             summary = summarize(ordered)
             write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
                                 "data": Path(data).parent.name, "summary": summary, "split": split(summary),
-                                "rows": ordered}, start_load)
+                                "methods": methods(summary), "rows": ordered}, start_load)
     for s in summarize(list(rows.values())):
         gap = "" if s["mean_gap_vs_ddp"] is None else f"{100 * s['mean_gap_vs_ddp']:+6.2f}%"
         print(f"{s['case']:<10} r{s['rounds']:<3} {s['cell']:<22} seeds {s['seeds']} "
