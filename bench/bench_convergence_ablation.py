@@ -76,6 +76,8 @@ METHODS = {
     "qmse": ({}, {"quant_scale": "mse"}),
     "qmse-noef": ({}, {"quant_scale": "mse", "error_feedback": False}),
     "v2-qmse": ({}, {"encoder": "v2", "quant_scale": "mse"}),
+    # Rank 64 with clipped 2-bit factors: a higher rank at the bytes rank 32 at 4 bits costs.
+    "rank64-qmse": ({}, {"max_rank": 64, "quant_scale": "mse"}),
 }
 for _base in ("both", "delay", "compression"):
     _mode, _diloco, _compression = CELLS[_base]
@@ -130,6 +132,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "case": case, "rounds": rounds, "cell": cell, "tokens": runs[0]["tokens"],
                 "num_params": runs[0]["num_params"], "seeds": [r["seed"] for r in runs], "losses": losses,
                 "mean_loss": statistics.fmean(losses), "spread": max(losses) - min(losses),
+                "gap_seeds": [r["seed"] for r in runs if r["seed"] in ddp],
                 "gaps_vs_ddp": gaps, "mean_gap_vs_ddp": statistics.fmean(gaps) if gaps else None,
                 "gap_spread": (max(gaps) - min(gaps)) if gaps else None,
                 "fewer_bytes_than_ddp": (ddp[runs[0]["seed"]]["bytes_per_token"] / runs[0]["bytes_per_token"]
@@ -139,15 +142,21 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def split(summary: list[dict]) -> list[dict]:
-    """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP)."""
+    """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP), over the seeds
+    every cell of the split ran (a cell run at more seeds is not averaged over other ones)."""
     out = []
     for case, rounds in dict.fromkeys((s["case"], s["rounds"]) for s in summary):
-        gap = {s["cell"]: s["mean_gap_vs_ddp"] for s in summary
-               if s["case"] == case and s["rounds"] == rounds}
-        if not all(gap.get(c) is not None for c in SPLIT[1:]):
+        cells = {s["cell"]: dict(zip(s["gap_seeds"], s["gaps_vs_ddp"])) for s in summary
+                 if s["case"] == case and s["rounds"] == rounds and s["mean_gap_vs_ddp"] is not None}
+        if not all(c in cells for c in SPLIT[1:]):
             continue
+        seeds = sorted(set.intersection(*(set(cells[c]) for c in SPLIT[1:])))
+        if not seeds:
+            continue
+        gap = {c: statistics.fmean(cells[c][seed] for seed in seeds) for c in SPLIT[1:]}
         out.append({
-            "case": case, "rounds": rounds, "diloco_own": gap["sync"], "delay": gap["delay"] - gap["sync"],
+            "case": case, "rounds": rounds, "seeds": seeds, "diloco_own": gap["sync"],
+            "delay": gap["delay"] - gap["sync"],
             "compression": gap["compression"] - gap["sync"],
             "interaction": gap["both"] - gap["delay"] - gap["compression"] + gap["sync"],
             "diloco_x": gap["both"],
@@ -169,9 +178,9 @@ def methods(summary: list[dict]) -> list[dict]:
                      and b["cell"] == base_name and b["mean_gap_vs_ddp"] is not None), None)
         if base is None:
             continue
-        gap = dict(zip(s["seeds"], s["gaps_vs_ddp"]))
-        base_gap = dict(zip(base["seeds"], base["gaps_vs_ddp"]))
-        seeds = [seed for seed in s["seeds"] if seed in base_gap]
+        gap = dict(zip(s["gap_seeds"], s["gaps_vs_ddp"]))
+        base_gap = dict(zip(base["gap_seeds"], base["gaps_vs_ddp"]))
+        seeds = [seed for seed in s["gap_seeds"] if seed in base_gap]
         if not seeds:
             continue
         gains = [base_gap[seed] - gap[seed] for seed in seeds]

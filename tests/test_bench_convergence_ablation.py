@@ -79,3 +79,18 @@ def test_a_method_wins_only_with_a_gain_at_every_seed_beyond_the_spread():
     page = "\n".join(ablation({"summary": summarize(rows), "split": [], "methods": list(found.values())}))
     assert "| gpt2-mini | 307,200 | `both-qmse` | `both` | 0, 1 | +3.00, +2.50 | +2.75 |" in page
     assert "**yes**" in page
+
+
+def test_the_split_takes_the_seeds_every_cell_ran_and_a_seed_without_ddp_is_no_gap():
+    """A cell run at a third seed does not move the split (its other cells lack that seed), and a seed
+    without its DDP run gives no gap, so no method is paired on it."""
+    rows = ROWS + [_row("both", 2, 2.5), _row("sync", 2, 2.0), _row("both-qmse", 0, 2.06),
+                   _row("both-qmse", 1, 2.255), _row("both-qmse", 2, 2.0)]
+    summary = summarize(rows)
+    (parts,) = split(summary)
+    (before,) = split(summarize(ROWS))
+    assert parts["seeds"] == [0, 1] and parts == {**before, "seeds": [0, 1]}
+    both = next(s for s in summary if s["cell"] == "both")
+    assert both["seeds"] == [0, 1, 2] and both["gap_seeds"] == [0, 1]
+    (qmse,) = [m for m in methods(summary) if m["cell"] == "both-qmse"]
+    assert qmse["seeds"] == [0, 1] and qmse["gains"] == pytest.approx([0.03, 0.025])
