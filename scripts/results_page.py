@@ -117,18 +117,29 @@ SECTIONS = (
             "bench/bench_convergence_ablation.py", ablation,
             "Issue 66: Muon inner steps in every cell, gaps against Muon DDP at the same seed; "
             "`both-<method>` rows are DiLoCoX with one setting changed (`efd<beta>`: leaky error feedback, "
-            "`compression.error_feedback_decay`; `noef`: `compression.error_feedback = false`; "
-            "docs/DILOCOX.md section 14). Short budgets that a 2-core machine shared with seven other jobs "
-            "ran "
+            "`compression.error_feedback_decay`; `noef`: `compression.error_feedback = false`; `qmse`: "
+            "low-bit scales clipped to the smallest squared error, `compression.quant_scale = \"mse\"`; "
+            "`v2`/`v3`: `compression.encoder` \"v2\" (the selection every round) and \"v3\" (PowerSGD's "
+            "warm start) against the default \"v4\"; `rank64`: `compression.max_rank = 64`; `eager`: "
+            "`diloco.delay_correction = \"eager\"`; joined names combine them; docs/DILOCOX.md section 14). "
+            "Short budgets that a 2-core machine shared with seven other jobs ran "
             "in the time it had: `gpt2-mini` 6 rounds of H = 50 (307,200 tokens, a fifth of the default), "
-            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1. Run in pieces, "
+            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1 (and 2 at "
+            "`llama-xs` where listed). Run in pieces, "
             "one process at a time, under `nice -n 10`: `python bench/bench_convergence_ablation.py --case "
             "gpt2-mini --rounds 6 --seeds 0,1` (stopped after seed 0's five cells), then `--seeds 0 --cells "
             "both-efd0.8`, `--seeds 1 --cells ddp,both,sync,both-efd0.8,delay,compression`, `--seeds 0 "
             "--cells both-noef`, `--seeds 1 --cells both-noef`; `--case llama-xs --rounds 10 --seeds 0 "
             "--cells ddp,both,both-efd0.8`, `--seeds 0 --cells both-noef,sync,delay,compression`, `--seeds 1 "
-            "--cells ddp,both,both-noef,both-efd0.8,sync,delay,compression` (the provenance below names the "
-            "last). The full budget's gaps are in the table above."),
+            "--cells ddp,both,both-noef,both-efd0.8,sync,delay,compression`; the third pass (methods "
+            "against the compression, in this order): `--case llama-xs --rounds 10 --seeds 0,1 --cells "
+            "both-rank64,both-v3,both-v2`, `--cells both-qmse,both-qmse-noef`; `--case gpt2-mini --rounds 6 "
+            "--seeds 0 --cells both-qmse,both-v2`, `--seeds 1 --cells both-qmse,both-v2`; `--case llama-xs "
+            "--rounds 10 --seeds 0,1 --cells both-v2-qmse,both-eager`, `--seeds 2 --cells "
+            "ddp,both,both-qmse,both-v2,both-v2-qmse,both-noef`; `--case gpt2-mini --rounds 6 --seeds 0,1 "
+            "--cells both-rank64-qmse`, `--cells both-v2-qmse`; `--case llama-xs --rounds 10 --seeds 2 "
+            "--cells both-efd0.8,sync,delay,compression` (the provenance below names the last). "
+            "The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",
