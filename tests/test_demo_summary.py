@@ -77,7 +77,7 @@ def test_the_run_is_read_against_the_strongest_centralized_run_on_its_tokens():
     summary["strongest_centralized"] = {"optimizer": "adamw", "eval_loss": 0.95}
     text = format_summary(summary)
     assert "against it" not in text and "(AdamW is the strongest centralized run on the same tokens; also " \
-        "trained: Muon)" in text
+        "trained: Muon 1.2000)" in text
     # A summary without the references (--no-reference, or an older summary.json) prints as before.
     del summary["centralized_reference_eval_losses"], summary["strongest_centralized"]
     assert "strongest" not in format_summary(summary)

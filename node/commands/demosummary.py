@@ -273,7 +273,8 @@ def _reference_lines(s: dict, final: float) -> list[str]:
         lines.append(f"  the strongest centralized run on the same tokens, data-parallel {name}: "
                      f"{best['eval_loss']:.4f} ({100 * (final / best['eval_loss'] - 1):+.1f}% against it)")
     elif best:
-        others = ", ".join(OPTIMIZER_NAMES.get(o, o) for o in s.get("centralized_reference_eval_losses", {})
+        others = ", ".join(f"{OPTIMIZER_NAMES.get(o, o)} {loss:.4f}"
+                           for o, loss in s.get("centralized_reference_eval_losses", {}).items()
                            if o != best["optimizer"])
         if others:
             lines.append(f"  ({optimizer} is the strongest centralized run on the same tokens; also trained: "
