@@ -332,7 +332,9 @@ def ablation(r: dict) -> list[str]:
     splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
               f"{pct(s['compression'], 2)}, the two together beyond their sum {pct(s['interaction'], 2)} "
-              f"(DiLoCoX {pct(s['diloco_x'], 2)})" for s in r.get("split", [])]
+              f"(DiLoCoX {pct(s['diloco_x'], 2)}"
+              + (f"; seeds {', '.join(map(str, s['seeds']))}" if s.get("seeds") else "") + ")"
+              for s in r.get("split", [])]
     if splits:
         lines += ["The split by cause, in points of the mean gap against DDP (the delay: `delay - sync`; the "
                   "compression: `compression - sync`): " + "; ".join(splits) + ".", ""]
