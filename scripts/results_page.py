@@ -124,8 +124,8 @@ SECTIONS = (
             "`diloco.delay_correction = \"eager\"`; joined names combine them; docs/DILOCOX.md section 14). "
             "Short budgets that a 2-core machine shared with seven other jobs ran "
             "in the time it had: `gpt2-mini` 6 rounds of H = 50 (307,200 tokens, a fifth of the default), "
-            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1 (and 2 at "
-            "`llama-xs` where listed). Run in pieces, "
+            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1 (and more where "
+            "listed). Run in pieces, "
             "one process at a time, under `nice -n 10`: `python bench/bench_convergence_ablation.py --case "
             "gpt2-mini --rounds 6 --seeds 0,1` (stopped after seed 0's five cells), then `--seeds 0 --cells "
             "both-efd0.8`, `--seeds 1 --cells ddp,both,sync,both-efd0.8,delay,compression`, `--seeds 0 "
@@ -138,7 +138,9 @@ SECTIONS = (
             "--rounds 10 --seeds 0,1 --cells both-v2-qmse,both-eager`, `--seeds 2 --cells "
             "ddp,both,both-qmse,both-v2,both-v2-qmse,both-noef`; `--case gpt2-mini --rounds 6 --seeds 0,1 "
             "--cells both-rank64-qmse`, `--cells both-v2-qmse`; `--case llama-xs --rounds 10 --seeds 2 "
-            "--cells both-efd0.8,sync,delay,compression` (the provenance below names the last). "
+            "--cells both-efd0.8,sync,delay,compression`, `--seeds 0,1,2 --cells both-rank64-qmse`, `--seeds "
+            "3,4 --cells ddp,both,both-qmse,both-v2-qmse,both-v2`; `--case gpt2-mini --rounds 6 --seeds 2 "
+            "--cells ddp,both,both-qmse,both-v2-qmse` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
