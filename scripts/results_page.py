@@ -140,7 +140,9 @@ SECTIONS = (
             "--cells both-rank64-qmse`, `--cells both-v2-qmse`; `--case llama-xs --rounds 10 --seeds 2 "
             "--cells both-efd0.8,sync,delay,compression`, `--seeds 0,1,2 --cells both-rank64-qmse`, `--seeds "
             "3,4 --cells ddp,both,both-qmse,both-v2-qmse,both-v2`; `--case gpt2-mini --rounds 6 --seeds 2 "
-            "--cells ddp,both,both-qmse,both-v2-qmse` (the provenance below names the last). "
+            "--cells ddp,both,both-qmse,both-v2-qmse`; `--case llama-xs --rounds 10 --seeds 3,4 --cells "
+            "both-noef,both-efd0.8`; `--case gpt2-mini --rounds 6 --seeds 2 --cells "
+            "both-noef,both-v2,both-efd0.8` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
