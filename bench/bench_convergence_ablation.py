@@ -66,6 +66,18 @@ METHODS = {
     "noef": ({}, {"error_feedback": False}),
     # Leaky error feedback (compression.error_feedback_decay; SparseLoCo, arXiv 2508.15706).
     **{f"efd{beta}": ({}, {"error_feedback_decay": beta}) for beta in (0.5, 0.8, 0.9)},
+    # A higher rank at the same bytes: the allocator may pick rank 64 (2-bit factors) where 32 capped it.
+    "rank64": ({}, {"max_rank": 64}),
+    # The encoder: "v2" selects every round; "v3" warm-starts the factors from last round's (PowerSGD).
+    "v2": ({}, {"encoder": "v2"}),
+    "v3": ({}, {"encoder": "v3"}),
+    # Low-bit scales clipped to the smallest squared error (compression.quant_scale = "mse"), with and
+    # without error feedback.
+    "qmse": ({}, {"quant_scale": "mse"}),
+    "qmse-noef": ({}, {"quant_scale": "mse", "error_feedback": False}),
+    "v2-qmse": ({}, {"encoder": "v2", "quant_scale": "mse"}),
+    # Rank 64 with clipped 2-bit factors: a higher rank at the bytes rank 32 at 4 bits costs.
+    "rank64-qmse": ({}, {"max_rank": 64, "quant_scale": "mse"}),
 }
 for _base in ("both", "delay", "compression"):
     _mode, _diloco, _compression = CELLS[_base]
@@ -120,6 +132,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "case": case, "rounds": rounds, "cell": cell, "tokens": runs[0]["tokens"],
                 "num_params": runs[0]["num_params"], "seeds": [r["seed"] for r in runs], "losses": losses,
                 "mean_loss": statistics.fmean(losses), "spread": max(losses) - min(losses),
+                "gap_seeds": [r["seed"] for r in runs if r["seed"] in ddp],
                 "gaps_vs_ddp": gaps, "mean_gap_vs_ddp": statistics.fmean(gaps) if gaps else None,
                 "gap_spread": (max(gaps) - min(gaps)) if gaps else None,
                 "fewer_bytes_than_ddp": (ddp[runs[0]["seed"]]["bytes_per_token"] / runs[0]["bytes_per_token"]
@@ -129,19 +142,53 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def split(summary: list[dict]) -> list[dict]:
-    """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP)."""
+    """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP), over the seeds
+    every cell of the split ran (a cell run at more seeds is not averaged over other ones)."""
     out = []
     for case, rounds in dict.fromkeys((s["case"], s["rounds"]) for s in summary):
-        gap = {s["cell"]: s["mean_gap_vs_ddp"] for s in summary
-               if s["case"] == case and s["rounds"] == rounds}
-        if not all(gap.get(c) is not None for c in SPLIT[1:]):
+        cells = {s["cell"]: dict(zip(s["gap_seeds"], s["gaps_vs_ddp"])) for s in summary
+                 if s["case"] == case and s["rounds"] == rounds and s["mean_gap_vs_ddp"] is not None}
+        if not all(c in cells for c in SPLIT[1:]):
             continue
+        seeds = sorted(set.intersection(*(set(cells[c]) for c in SPLIT[1:])))
+        if not seeds:
+            continue
+        gap = {c: statistics.fmean(cells[c][seed] for seed in seeds) for c in SPLIT[1:]}
         out.append({
-            "case": case, "rounds": rounds, "diloco_own": gap["sync"], "delay": gap["delay"] - gap["sync"],
+            "case": case, "rounds": rounds, "seeds": seeds, "diloco_own": gap["sync"],
+            "delay": gap["delay"] - gap["sync"],
             "compression": gap["compression"] - gap["sync"],
             "interaction": gap["both"] - gap["delay"] - gap["compression"] + gap["sync"],
             "diloco_x": gap["both"],
         })
+    return out
+
+
+def methods(summary: list[dict]) -> list[dict]:
+    """Per case and rounds, each method cell against its base cell (``both-<m>`` against ``both``, ...) at the
+    seeds both ran: the gain in points of the gap against DDP per seed (positive: the method is closer to
+    DDP), its mean, and whether it wins beyond the seed spread: a gain at every seed, and a mean gain above
+    the larger of the two cells' gap spreads (the rule a method is kept by, issue 66)."""
+    out = []
+    for s in summary:
+        base_name, _, method = s["cell"].partition("-")
+        if not method or s["mean_gap_vs_ddp"] is None:
+            continue
+        base = next((b for b in summary if b["case"] == s["case"] and b["rounds"] == s["rounds"]
+                     and b["cell"] == base_name and b["mean_gap_vs_ddp"] is not None), None)
+        if base is None:
+            continue
+        gap = dict(zip(s["gap_seeds"], s["gaps_vs_ddp"]))
+        base_gap = dict(zip(base["gap_seeds"], base["gaps_vs_ddp"]))
+        seeds = [seed for seed in s["gap_seeds"] if seed in base_gap]
+        if not seeds:
+            continue
+        gains = [base_gap[seed] - gap[seed] for seed in seeds]
+        spread = max(s["gap_spread"] or 0.0, base["gap_spread"] or 0.0)
+        mean = statistics.fmean(gains)
+        out.append({"case": s["case"], "rounds": s["rounds"], "cell": s["cell"], "base": base_name,
+                    "method": method, "seeds": seeds, "gains": gains, "mean_gain": mean, "spread": spread,
+                    "wins_beyond_spread": len(seeds) >= 2 and min(gains) > 0 and mean > spread})
     return out
 
 
@@ -184,7 +231,7 @@ def main() -> int:
             summary = summarize(ordered)
             write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
                                 "data": Path(data).parent.name, "summary": summary, "split": split(summary),
-                                "rows": ordered}, start_load)
+                                "methods": methods(summary), "rows": ordered}, start_load)
     for s in summarize(list(rows.values())):
         gap = "" if s["mean_gap_vs_ddp"] is None else f"{100 * s['mean_gap_vs_ddp']:+6.2f}%"
         print(f"{s['case']:<10} r{s['rounds']:<3} {s['cell']:<22} seeds {s['seeds']} "

@@ -332,8 +332,21 @@ def ablation(r: dict) -> list[str]:
     splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
               f"{pct(s['compression'], 2)}, the two together beyond their sum {pct(s['interaction'], 2)} "
-              f"(DiLoCoX {pct(s['diloco_x'], 2)})" for s in r.get("split", [])]
+              f"(DiLoCoX {pct(s['diloco_x'], 2)}"
+              + (f"; seeds {', '.join(map(str, s['seeds']))}" if s.get("seeds") else "") + ")"
+              for s in r.get("split", [])]
     if splits:
         lines += ["The split by cause, in points of the mean gap against DDP (the delay: `delay - sync`; the "
                   "compression: `compression - sync`): " + "; ".join(splits) + ".", ""]
+    methods = [[m["case"], f"{tokens[m['case'], m['rounds']]:,}", f"`{m['cell']}`", f"`{m['base']}`",
+                ", ".join(str(seed) for seed in m["seeds"]), ", ".join(f"{100 * g:+.2f}" for g in m["gains"]),
+                f"{100 * m['mean_gain']:+.2f}", f"{100 * m['spread']:.2f}",
+                "**yes**" if m["wins_beyond_spread"] else "no"] for m in r.get("methods", [])]
+    if methods:
+        lines += ["Each method against its base cell at the same seeds, in points of the gap against DDP "
+                  "(positive: closer to DDP); it wins beyond the seed spread where it gains at every seed "
+                  "and its mean gain exceeds the larger of the two cells' gap spreads (kept only where it "
+                  "wins at both sizes):", ""]
+        lines += table(["case", "tokens", "method cell", "against", "seeds", "gain per seed (points)",
+                        "mean gain", "seed spread (points)", "wins beyond the spread"], methods)
     return lines

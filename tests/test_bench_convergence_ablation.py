@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from results_convergence import ablation, fit_trend  # noqa: E402
 
-from bench.bench_convergence_ablation import CELLS, split, summarize  # noqa: E402
+from bench.bench_convergence_ablation import CELLS, methods, split, summarize  # noqa: E402
 
 
 def _row(cell: str, seed: int, loss: float) -> dict:
@@ -57,3 +57,40 @@ def test_the_fit_reaches_the_goal_only_where_it_falls():
     rising = fit_trend([(10 ** 5, 0.03), (2 * 10 ** 5, 0.06), (4 * 10 ** 5, 0.05)])
     assert rising["slope"] > 0 and rising["reaches_goal_at"] is None and rising["slope_se"] > 0
     assert fit_trend([(10 ** 5, 0.03)]) is None and fit_trend(falling[:2])["slope_se"] is None
+
+
+def test_a_method_wins_only_with_a_gain_at_every_seed_beyond_the_spread():
+    """Gains are paired by seed against the base cell; the spread is the larger of the two cells' gap
+    spreads; one seed is never a win."""
+    rows = [r for r in ROWS if r["cell"] != "both-efd0.8"]
+    rows += [_row("both-qmse", 0, 2.06), _row("both-qmse", 1, 2.255),  # gains 3 and 2.5 points
+             _row("both-v2", 0, 2.11), _row("both-v2", 1, 2.25),  # gains 0.5 and 2.73
+             _row("both-noef", 0, 2.0), _row("both-noef", 1, 2.33),  # a loss at seed 1
+             _row("both-efd0.8", 0, 2.0)]  # one seed
+    found = {m["cell"]: m for m in methods(summarize(rows))}
+    assert set(found) == {"both-qmse", "both-v2", "both-noef", "both-efd0.8"}
+    qmse = found["both-qmse"]
+    assert qmse["gains"] == pytest.approx([0.03, 0.025]) and qmse["base"] == "both"
+    assert qmse["wins_beyond_spread"] and found["both-qmse"]["spread"] == pytest.approx(0.01)
+    # v2's own gap spread (5.5% and 2.27%) is the larger, and above its mean gain (0.5 and 2.73 points)
+    assert found["both-v2"]["spread"] == pytest.approx(2.11 / 2.0 - 2.25 / 2.2)
+    assert not found["both-v2"]["wins_beyond_spread"] and found["both-v2"]["mean_gain"] > 0
+    assert not found["both-noef"]["wins_beyond_spread"] and not found["both-efd0.8"]["wins_beyond_spread"]
+    page = "\n".join(ablation({"summary": summarize(rows), "split": [], "methods": list(found.values())}))
+    assert "| gpt2-mini | 307,200 | `both-qmse` | `both` | 0, 1 | +3.00, +2.50 | +2.75 |" in page
+    assert "**yes**" in page
+
+
+def test_the_split_takes_the_seeds_every_cell_ran_and_a_seed_without_ddp_is_no_gap():
+    """A cell run at a third seed does not move the split (its other cells lack that seed), and a seed
+    without its DDP run gives no gap, so no method is paired on it."""
+    rows = ROWS + [_row("both", 2, 2.5), _row("sync", 2, 2.0), _row("both-qmse", 0, 2.06),
+                   _row("both-qmse", 1, 2.255), _row("both-qmse", 2, 2.0)]
+    summary = summarize(rows)
+    (parts,) = split(summary)
+    (before,) = split(summarize(ROWS))
+    assert parts["seeds"] == [0, 1] and parts == {**before, "seeds": [0, 1]}
+    both = next(s for s in summary if s["cell"] == "both")
+    assert both["seeds"] == [0, 1, 2] and both["gap_seeds"] == [0, 1]
+    (qmse,) = [m for m in methods(summary) if m["cell"] == "both-qmse"]
+    assert qmse["seeds"] == [0, 1] and qmse["gains"] == pytest.approx([0.03, 0.025])

@@ -31,6 +31,14 @@ def _check_summary(stdout: str, out) -> None:
     assert 0 < reference < summary["rounds"][0]["eval_loss"] + 1.0
     # Trained with the run's inner optimizer (training.config.DEFAULT_OPTIMIZER: AdamW), and named so.
     assert summary["optimizer"] == "adamw" and "centralized data-parallel AdamW on the same tokens" in stdout
+    # ... and with the other (Muon): the strongest of the two is what the run is read against (issue 66).
+    losses = summary["centralized_reference_eval_losses"]
+    assert set(losses) == {"adamw", "muon"} and losses["adamw"] == reference
+    best = min(losses, key=losses.get)
+    assert summary["strongest_centralized"] == {"optimizer": best, "eval_loss": losses[best]}
+    if best == "muon":
+        assert f"the strongest centralized run on the same tokens, data-parallel Muon: {losses[best]:.4f}" \
+            in stdout
     # ... and what that gap means: this run's size, beside the training benchmark's figure read from its JSON.
     assert "this demo is 2 short rounds of H=4" in stdout
     assert summary["benchmark"]["path"].endswith("bench/results/diloco.json") \

@@ -2,7 +2,7 @@
 
 import json
 
-from node.commands.demosummary import BENCHMARK_RESULT, benchmark_figure, format_summary
+from node.commands.demosummary import BENCHMARK_RESULT, CONVERGENCE_RESULT, benchmark_figure, format_summary
 
 
 def _summary(benchmark):
@@ -59,3 +59,73 @@ def test_the_committed_benchmark_result_gives_the_demo_its_figure():
     figure = benchmark_figure(BENCHMARK_RESULT)
     assert "missing" not in figure, figure
     assert figure["fewer_bytes"] > 1 and figure["tokens"] > 0
+
+
+def test_the_run_is_read_against_the_strongest_centralized_run_on_its_tokens():
+    """Both inner optimizers are trained on the demo's tokens; where the other one is stronger, the summary
+    says so and gives the gap against it (issue 66), beside the gap against the run's own optimizer."""
+    summary = _summary({})
+    summary["centralized_reference_eval_losses"] = {"adamw": 0.95, "muon": 0.78}
+    summary["strongest_centralized"] = {"optimizer": "muon", "eval_loss": 0.78}
+    text = format_summary(summary)
+    own = text.index("centralized data-parallel AdamW on the same tokens: 0.9500 (+64.2%)")
+    best = text.index("the strongest centralized run on the same tokens, data-parallel Muon: 0.7800 "
+                      "(+100.0% against it)")
+    assert own < best < text.index("this demo is 8 short rounds")
+    # The run's own optimizer the strongest: no second gap, the other optimizer named as trained.
+    summary["centralized_reference_eval_losses"] = {"adamw": 0.95, "muon": 1.2}
+    summary["strongest_centralized"] = {"optimizer": "adamw", "eval_loss": 0.95}
+    text = format_summary(summary)
+    assert "against it" not in text and "(AdamW is the strongest centralized run on the same tokens; also " \
+        "trained: Muon 1.2000)" in text
+    # A summary without the references (--no-reference, or an older summary.json) prints as before.
+    del summary["centralized_reference_eval_losses"], summary["strongest_centralized"]
+    assert "strongest" not in format_summary(summary)
+
+
+def test_the_benchmark_figure_is_read_against_the_strongest_ddp_on_the_same_tokens(tmp_path):
+    """The training benchmark's DiLoCoX beside the strongest DDP bench_convergence.py measured on its tokens
+    (same model, data, seed and batches); a run on other tokens or another seed is never taken."""
+    result = _bench_result()
+    result["args"].update(preset="mini", family=None, seed=0, replicas=2, batch_size=8)
+    result["summary"]["diloco_x"]["held_out_loss"] = 1.84
+    path = tmp_path / "diloco.json"
+    path.write_text(json.dumps(result))
+
+    def ddp(optimizer, loss, **change):
+        run = {"mode": "ddp", "family": "gpt2", "tokens": 1_536_000, "replicas": 2, "batch_per_replica": 8,
+               "inner_steps": 50, "held_out_loss": loss,
+               "settings": {"model": {"preset": "mini"}, "training": {"optimizer": optimizer}}}
+        run.update(change)
+        return run
+
+    runs = [ddp("adamw", 1.79), ddp("muon", 1.61), ddp("muon", 1.2, tokens=3_072_000),
+            ddp("muon", 1.3, settings={"model": {"preset": "mini"},
+                                       "training": {"optimizer": "muon", "seed": 1}}),
+            {**ddp("muon", 1.1), "mode": "diloco"}]
+    convergence = tmp_path / "convergence.json"
+    convergence.write_text(json.dumps({"data": "tinyshakespeare", "runs": runs}))
+    figure = benchmark_figure(path, convergence)
+    assert figure["strongest_ddp"] == {"path": str(convergence), "optimizer": "muon", "loss": 1.61,
+                                       "loss_vs": 1.84 / 1.61 - 1}
+    text = format_summary(_summary(figure))
+    assert (f"against the strongest centralized run measured on those tokens (data-parallel Muon, 1.6100 in "
+            f"{convergence}, from bench/bench_convergence.py) it is +14.3%") in text
+    # No matching run (other data), or no such file: the figure goes without it.
+    convergence.write_text(json.dumps({"data": "wikitext-2", "runs": runs}))
+    assert "strongest_ddp" not in benchmark_figure(path, convergence)
+    assert "strongest_ddp" not in benchmark_figure(path, tmp_path / "absent.json")
+    assert "missing" not in benchmark_figure(path, tmp_path / "absent.json")
+
+
+def test_the_committed_results_give_the_strongest_ddp_of_the_benchmark_tokens():
+    """bench/results/diloco.json's DiLoCoX against the lowest DDP of bench/results/convergence.json on its
+    tokens, as read from the two files."""
+    figure = benchmark_figure(BENCHMARK_RESULT)
+    best = figure["strongest_ddp"]
+    convergence = json.loads(CONVERGENCE_RESULT.read_text())
+    ddp = [run["held_out_loss"] for run in convergence["runs"] if run["mode"] == "ddp"
+           and run["tokens"] == figure["tokens"]
+           and run["settings"]["model"].get("preset") == figure["preset"]
+           and run["settings"].get("training", {}).get("seed", 0) == 0]
+    assert best["loss"] == min(ddp) and best["loss_vs"] == figure["loss"] / min(ddp) - 1

@@ -33,6 +33,18 @@ class EncoderVersion(StrEnum):
     V4 = "v4"  # v2's selection every 4th round; bytes re-allocated from its estimates between
 
 
+class QuantScale(StrEnum):
+    """``compression.quant_scale``: how the encoder picks a low-bit column's scale (the decoder reads any).
+
+    ``MAX`` is every run's before the setting (and a run document's that names none): the column's largest
+    magnitude maps to ``qmax``. ``MSE``: at 4 bits or fewer, the fraction of it with the smallest squared
+    error (training/codec/coding.py ``ColumnQuantizer``; docs/DILOCOX.md section 14).
+    """
+
+    MAX = "max"
+    MSE = "mse"
+
+
 class RandomSource(StrEnum):
     """Where a run draws what it draws at random: ``model.init`` (the initial weights,
     :meth:`training.family.ModelFamily.init_state_dict`) and ``compression.sketch`` (the codec's fixed

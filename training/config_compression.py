@@ -15,6 +15,7 @@ from training.config_base import (
     DEFAULT_RANDOM,
     LEGACY_RANDOM,
     EncoderVersion,
+    QuantScale,
     RandomSource,
     _int_or_auto,
     _require,
@@ -40,6 +41,11 @@ class CompressionConfig:
     # SparseLoCo (Sarfi et al. 2025, arXiv 2508.15706): what the codec left out fades instead of arriving
     # whole rounds later (docs/DILOCOX.md section 14).
     error_feedback_decay: float = 1.0
+    # How a column's scale is picked at 4 bits or fewer (QuantScale): "max" (its largest magnitude maps to
+    # qmax; every run before the setting, which is then not in the run document) or "mse" (the clipped scale
+    # with the smallest squared error, training/codec/coding.py; docs/DILOCOX.md section 14). An encoder
+    # choice only: the wire format and the decoder are the same.
+    quant_scale: str = QuantScale.MAX.value
     min_compress_numel: int = 4096  # smaller tensors are only quantized
     # Bytes one replica may send for one stage per round (training/codec/allocation.py). > 0: the
     # codec spends this budget where it removes the most error (error_budget is then unused);
@@ -94,6 +100,11 @@ class CompressionConfig:
                  f"compression.error_feedback_decay={decay!r}: must be a number in (0, 1] (1: plain error "
                  "feedback)")
         self.error_feedback_decay = float(decay)
+        scales = [scale.value for scale in QuantScale]
+        _require(isinstance(self.quant_scale, str) and self.quant_scale in scales,
+                 f"compression.quant_scale={self.quant_scale!r}: must be one of {scales} (\"max\": every run "
+                 "before the setting)")
+        self.quant_scale = QuantScale(self.quant_scale).value
         versions = [version.value for version in EncoderVersion]
         _require(self.encoder in versions, f"compression.encoder={self.encoder!r}: must be one of {versions}")
         self.encoder = EncoderVersion(self.encoder).value  # a plain str, as TOML and the run document hold it
@@ -101,12 +112,15 @@ class CompressionConfig:
     def document(self) -> dict:
         """The settings as plain data (the run document's [compression] table); ``sketch`` only when it is not
         the legacy source, so a run document from before ``compression.sketch`` rebuilds to the same bytes;
-        ``error_feedback_decay`` only when it is not 1 (plain error feedback, every run before it existed)."""
+        ``error_feedback_decay`` only when it is not 1 (plain error feedback, every run before it existed) and
+        ``quant_scale`` only when it is not "max" (likewise)."""
         out = dataclasses.asdict(self)
         if self.sketch == LEGACY_RANDOM:
             del out["sketch"]
         if self.error_feedback_decay == 1.0:
             del out["error_feedback_decay"]
+        if self.quant_scale == QuantScale.MAX:
+            del out["quant_scale"]
         return out
 
     def stage_bandwidth_budget(self, stage_numel: int, inner_steps: int, num_replicas: int) -> int:

@@ -28,7 +28,8 @@ from pathlib import Path
 from node.commands.demosummary import (
     benchmark_figure,
     benchmark_result,
-    centralized_reference_loss,
+    centralized_reference_losses,
+    strongest,
     format_summary,
     summarize,
 )
@@ -288,9 +289,14 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
             "no centralized reference: it trains H steps a round, not the tokens a time-bounded run declared",
             flush=True)
     elif getattr(args, "reference", True) and summary["rounds"]:
-        print("training the centralized reference on the same tokens (skip with --no-reference) ...",
+        print("training the centralized references on the same tokens, AdamW and Muon (skip with "
+              "--no-reference) ...",
               flush=True)
-        summary["centralized_reference_eval_loss"] = centralized_reference_loss(run, len(summary["rounds"]))
+        losses = centralized_reference_losses(run, len(summary["rounds"]))
+        summary["centralized_reference_eval_losses"] = losses
+        summary["centralized_reference_eval_loss"] = losses[summary["optimizer"]]
+        best, loss = strongest(losses)
+        summary["strongest_centralized"] = {"optimizer": best, "eval_loss": loss}
         summary["benchmark"] = benchmark_figure(benchmark_result(summary["family"]))
     print(format_summary(summary), flush=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

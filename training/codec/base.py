@@ -53,6 +53,7 @@ from training.codec.stats import CompressionStats, TensorCodecStats
 from training.codec_exact import f32_bytes
 from training.codec_wire import matrix_view_shape, pack_contribution
 from training.config import EncoderVersion
+from training.config_base import QuantScale
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError
 
@@ -92,6 +93,8 @@ class Encoder(ABC):
 
     def __init__(self, cfg: CompressionConfig) -> None:
         self.cfg = cfg
+        # compression.quant_scale = "mse": low-bit scales clipped per column (training.codec.coding)
+        self.clip = cfg.quant_scale == QuantScale.MSE
 
     # ------------------------------------------------------------------ what a kind defines
 
@@ -149,7 +152,7 @@ class Encoder(ABC):
         options = candidates(shape, cfg)
         factors = None
         coded: list[Coded] = []
-        quantizer = ColumnQuantizer(matrix)
+        quantizer = ColumnQuantizer(matrix, self.clip)
 
         def code(candidate: Candidate) -> Coded:
             nonlocal factors
@@ -157,7 +160,7 @@ class Encoder(ABC):
                 return code_quant(matrix, candidate.bits, candidate, norm, quantizer)
             if factors is None:
                 factors = self.factorize(matrix, max(c.rank for c in options))
-            return code_lowrank(matrix, factors, candidate, norm)
+            return code_lowrank(matrix, factors, candidate, norm, self.clip)
 
         chosen = decoded = None
         error = float("inf")

@@ -39,9 +39,17 @@ from training.config_compression import CompressionConfig
 # ----------------------------------------------------------------------------- quantization
 
 
-def quantize_columns(matrix: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+#: ``compression.quant_scale = "mse"``: the fractions of a column's largest magnitude tried as the value that
+#: maps to ``qmax`` (the rest is clamped), at ``CLIPPED_BITS`` or fewer bits; 1.0 is the "max" scale.
+CLIP_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.42, 0.35, 0.3, 0.25, 0.2)
+#: The widths the "mse" scale searches; wider ones round finely enough that clipping gains little.
+CLIPPED_BITS = 4
+
+
+def quantize_columns(matrix: torch.Tensor, bits: int,
+                     clip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-column quantization: (int64 values, float32 scales)."""
-    q_float, scales = ColumnQuantizer(matrix).quantize(bits)
+    q_float, scales = ColumnQuantizer(matrix, clip).quantize(bits)
     return q_float.to(torch.int64), scales
 
 
@@ -51,20 +59,64 @@ class ColumnQuantizer:
     ``quantize(bits)`` returns the integers as float32 (integer-valued, the
     same numbers the int64 form holds): the error estimates and the decode use
     them as floats, and only the winner's are packed.
+
+    ``clip`` (``compression.quant_scale = "mse"``): at ``CLIPPED_BITS`` or fewer bits each column's scale is
+    ``c_j * f_j / qmax_b`` with ``f_j`` the fraction of ``CLIP_FRACTIONS`` whose decode has the smallest
+    squared error in that column (the first on a tie); values beyond ``c_j f_j`` clamp to ``+-qmax_b``. The
+    wire format and the decoder are unchanged (a scale is any finite non-negative float32): only which
+    integers and scales the encoder writes. At 2 bits (``{-1, 0, 1}``) the "max" scale rounds every value
+    below half the column's largest to 0; a Gaussian column of 256 is then coded with about 0.8 relative
+    error, with the clipped scale about 0.44.
     """
 
-    def __init__(self, matrix: torch.Tensor) -> None:
+    def __init__(self, matrix: torch.Tensor, clip: bool = False) -> None:
         self.matrix = matrix
         self.column_max = matrix.abs().amax(dim=0)
+        self.clip = clip
+        self._clipped: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def column_limit(self, bits: int) -> torch.Tensor:
+        """Per column, the magnitude coded as ``qmax(bits)``: the column maxima, or their clipped fraction."""
+        if not self.clip or bits > CLIPPED_BITS:
+            return self.column_max
+        return self._search(bits)[0]
+
+    def column_errors(self, bits: int) -> torch.Tensor | None:
+        """Per column, its squared error (float32) where the clipped search measured it; else None."""
+        if not self.clip or bits > CLIPPED_BITS:
+            return None
+        return self._search(bits)[1]
 
     def quantize(self, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._round(self.column_limit(bits), bits)
+
+    def _round(self, column_limit: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
         limit = qmax(bits)
-        scales = self.column_max / limit
+        scales = column_limit / limit
         # A zero column has scale 0; dividing it by any positive number keeps it 0.
         safe = scales.clamp_min(torch.finfo(torch.float32).tiny)
         # + 0.0 turns round()'s -0.0 (from small negatives) into the +0.0 an int64 0 converts to.
         q_float = torch.clamp(torch.round(self.matrix / safe), -limit, limit).add_(0.0)
         return q_float, scales.to(torch.float32)
+
+    def _search(self, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(column limits, squared errors)`` of the best fraction per column (elementwise float32 and one
+        sum per column: a fixed tree under training.exact_codec)."""
+        if bits not in self._clipped:
+            best_limit = best_error = None
+            for fraction in CLIP_FRACTIONS:
+                column_limit = self.column_max * fraction
+                q_float, scales = self._round(column_limit, bits)
+                residual = self.matrix - reconstruct_quant(q_float, scales)
+                error = torch.sum(residual * residual, dim=0)
+                if best_limit is None:
+                    best_limit, best_error = column_limit, error
+                    continue
+                better = error < best_error
+                best_limit = torch.where(better, column_limit, best_limit)
+                best_error = torch.where(better, error, best_error)
+            self._clipped[bits] = (best_limit, best_error)
+        return self._clipped[bits]
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -188,13 +240,15 @@ def quant_coded(quantizer: ColumnQuantizer, candidate: Candidate, estimate: floa
     return Coded(candidate, (q_float,), scales, estimate)
 
 
-def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candidate, norm: float) -> Coded:
-    """``lowrank(r, b)`` of ``matrix`` from its factorization, with a float32 estimate of its error."""
+def code_lowrank(matrix: torch.Tensor, factors: Factorization, candidate: Candidate, norm: float,
+                 clip: bool = False) -> Coded:
+    """``lowrank(r, b)`` of ``matrix`` from its factorization, with a float32 estimate of its error (``clip``:
+    the factors' scales as :class:`ColumnQuantizer` clips them)."""
     u, sigma, v = factors
     rank, bits = candidate.rank, candidate.bits
     root = torch.sqrt(sigma[:rank])
-    p_int, p_scales = quantize_columns(u[:, :rank] * root, bits)
-    q_int, q_scales = quantize_columns(v[:, :rank] * root, bits)
+    p_int, p_scales = quantize_columns(u[:, :rank] * root, bits, clip)
+    q_int, q_scales = quantize_columns(v[:, :rank] * root, bits, clip)
     products = (p_scales.to(torch.float64) * q_scales.to(torch.float64)).to(torch.float32)
     scale = (products.max() / MAX_WEIGHT).to(torch.float32).reshape(())
     if scale > 0:
@@ -222,14 +276,15 @@ class BalancedFactors:
 
     Quantization is per column, so the rank-r integers and scales are the first
     r columns of the top rank's: what :func:`code_lowrank` computes for rank r,
-    value for value. The column maxima are shared by every bit width.
+    value for value. The column maxima are shared by every bit width (``clip``: :class:`ColumnQuantizer`'s,
+    also per column, so the same holds).
     """
 
-    def __init__(self, factors: Factorization, top: int) -> None:
+    def __init__(self, factors: Factorization, top: int, clip: bool = False) -> None:
         u, sigma, v = factors
         root = torch.sqrt(sigma[:top])
-        self.left = ColumnQuantizer(u[:, :top] * root)
-        self.right = ColumnQuantizer(v[:, :top] * root)
+        self.left = ColumnQuantizer(u[:, :top] * root, clip)
+        self.right = ColumnQuantizer(v[:, :top] * root, clip)
         self._quantized: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def quantized(self, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -93,14 +93,14 @@ class ReselectingEncoder(V2Encoder):
                     f"{name!r}: encoder memo coding {(codec, rank, bits)} is not a candidate"
                 )
             if codec == "quant":
-                quantizer = ColumnQuantizer(matrix)
+                quantizer = ColumnQuantizer(matrix, self.clip)
                 chosen[name] = Option(candidate, math.nan,
                                       lambda q=quantizer, c=candidate: quant_coded(q, c, math.nan))
                 continue
             factors, basis = self.warm_factors(name, matrix, rank, memo)
             if basis is not None:
                 next_bases[name] = basis
-            balanced = BalancedFactors(factors, rank)
+            balanced = BalancedFactors(factors, rank, self.clip)
             chosen[name] = Option(candidate, math.nan, lambda f=balanced, c=candidate: f.coded(c, math.nan))
         blob, decoded, stats, _ = self.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
                                               outer_round=outer_round)

@@ -97,12 +97,12 @@ class V1Encoder(Encoder):
         if lowrank:
             top = max(c.rank for c in lowrank)
             raw_factors = self.factorize(matrix, top)
-            balanced = BalancedFactors(raw_factors, top)
+            balanced = BalancedFactors(raw_factors, top, self.clip)
             for bits in sorted({c.bits for c in lowrank}):
                 ranks = sorted({c.rank for c in lowrank if c.bits == bits})
                 for rank, estimate in lowrank_estimates(matrix, balanced, ranks, bits, norm).items():
                     estimates[(rank, bits)] = estimate
-        quantizer = ColumnQuantizer(matrix)
+        quantizer = ColumnQuantizer(matrix, self.clip)
         options = []
         for candidate in tensor_candidates:
             if candidate.codec == "quant":

@@ -54,6 +54,18 @@ def rounding_residuals(
     return per_column * steps * steps
 
 
+def clipped_residuals(quantizer: ColumnQuantizer, bits_list: Sequence[int],
+                      residuals: torch.Tensor) -> torch.Tensor:
+    """``residuals`` (bit widths, columns; :func:`rounding_residuals`) with each width the clipped search of
+    ``quantizer`` measured replaced by its exact per-column squared errors (``compression.quant_scale =
+    "mse"``; the same tensor otherwise)."""
+    rows = []
+    for index, bits in enumerate(bits_list):
+        errors = quantizer.column_errors(bits)
+        rows.append(residuals[index] if errors is None else errors.to(torch.float64))
+    return torch.stack(rows) if any(quantizer.column_errors(b) is not None for b in bits_list) else residuals
+
+
 _LIMITS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -93,7 +105,8 @@ class V2Encoder(Encoder):
         ``X``: a few vector operations give every rank and bit width.
         """
         tensor_candidates = candidates(shape, self.cfg)
-        quantizer = ColumnQuantizer(matrix)
+        clip = self.clip
+        quantizer = ColumnQuantizer(matrix, clip)
         relative = (lambda square: math.sqrt(max(square, 0.0)) / norm) if norm else (lambda square: 0.0)
         quant_bits = sorted({c.bits for c in tensor_candidates if c.codec == "quant"})
         # Every ``stride``-th row: at most ~QUANT_SAMPLE values per bit width estimate the rest (scaled up).
@@ -102,7 +115,7 @@ class V2Encoder(Encoder):
         residuals = rounding_residuals(sample, quantizer.column_max, quant_bits) * (
             matrix.shape[0] / sample.shape[0]
         )
-        quant_squares = torch.sum(residuals, dim=1).tolist()
+        quant_squares = torch.sum(clipped_residuals(quantizer, quant_bits, residuals), dim=1).tolist()
         estimates = {("quant", 0, bits): relative(square) for bits, square in zip(quant_bits, quant_squares)}
         lowrank = [c for c in tensor_candidates if c.codec == "lowrank"]
         raw_factors = factors = None
@@ -110,11 +123,13 @@ class V2Encoder(Encoder):
             top = max(c.rank for c in lowrank)
             raw_factors = factorize_gram(matrix, top, self.cfg.sketch)
             sigma = raw_factors[1]
-            factors = BalancedFactors(raw_factors, top)
+            factors = BalancedFactors(raw_factors, top, clip)
             left, right = factors.left.matrix, factors.right.matrix
             bits_list = sorted({c.bits for c in lowrank})
-            left_error = rounding_residuals(left, factors.left.column_max, bits_list)  # (bits, top)
-            right_error = rounding_residuals(right, factors.right.column_max, bits_list)
+            left_error = clipped_residuals(  # (bits, top)
+                factors.left, bits_list, rounding_residuals(left, factors.left.column_max, bits_list))
+            right_error = clipped_residuals(
+                factors.right, bits_list, rounding_residuals(right, factors.right.column_max, bits_list))
             left_norm = torch.sum(left * left, dim=0).to(torch.float64)
             right_norm = torch.sum(right * right, dim=0).to(torch.float64)
             quantization = torch.cumsum(
