@@ -9,7 +9,7 @@ reduces is an :class:`torch.autograd.Function` with its backward written out:
 * :class:`ExactExpand` (broadcasting: its backward is a :func:`~training.exact_math.tree_sum` over the
   broadcast dimensions, where torch's would call ``sum_to_size``, a reduction of the machine's order);
 * :class:`ExactSum` (a tree sum; backward: the gradient expanded);
-* :class:`ExactMatmul` (:func:`~training.exact_math.exact_matmul`; backward: two more of them);
+* :class:`ExactMatmul` (:func:`~training.exact_kernel.product`, the run's kernel version; backward: two more);
 * :class:`ExactEmbedding` (a lookup; backward: each position's gradient added to its token's row, positions
   in increasing order, where torch's ``embedding_dense_backward`` adds duplicates in any order);
 * :class:`ExactUnary` (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt: computed in float64 by
@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from training import exact_kernel
 from training import exact_math as em
 from training.errors import TrainingError
 
@@ -77,18 +78,22 @@ class ExactSum(torch.autograd.Function):
 
 
 class ExactMatmul(torch.autograd.Function):
-    """``a @ b`` (same batch dimensions) by :func:`exact_matmul`; backward ``g b^T`` and ``a^T g``."""
+    """``a @ b`` (same batch dimensions) by the kernel version of the forward pass
+    (:func:`training.exact_kernel.product`); backward ``g b^T`` and ``a^T g`` by the same version."""
 
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return em.exact_matmul(a, b)
+        ctx.version = exact_kernel.CURRENT.get()
+        return exact_kernel.product(a, b, ctx.version)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        grad_a = em.exact_matmul(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_b = em.exact_matmul(a.transpose(-1, -2), grad) if ctx.needs_input_grad[1] else None
+        grad_a = exact_kernel.product(grad, b.transpose(-1, -2), ctx.version) if ctx.needs_input_grad[0] \
+            else None
+        grad_b = exact_kernel.product(a.transpose(-1, -2), grad, ctx.version) if ctx.needs_input_grad[1] \
+            else None
         return grad_a, grad_b
 
 

@@ -1,0 +1,103 @@
+"""The reproducible mode's kernel versions (``training.reproducible_kernels``) and the fixed-order float32
+matrix product of version 2 (docs/REPRODUCIBLE.md, "Kernel versions").
+
+A reproducible run's bits depend on the arithmetic its kernels do, so the kernels are versioned and the
+version is a run setting:
+
+* **1** (a run document that names none: the runs made before the setting existed keep their bits):
+  float32 matrix products by :func:`training.exact_math.exact_matmul`, Ozaki's splitting into two 21-bit
+  integer slices per operand, three float64 BLAS products of exact integers (about 9x to 13x eager torch's
+  step on this project's CPU);
+* **2**: float32 matrix products by :func:`ordered_matmul`, a compiled loop (Numba) in which every output
+  is ``((0 + a_0 b_0) + a_1 b_1) + ...``, ``k`` increasing, each product and each sum one float32 IEEE
+  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``); the loop runs
+  ``i``, then ``k``, then ``j`` innermost, so the compiler vectorises across outputs ``j`` only and each
+  output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
+  arithmetic where version 1 does three float64 BLAS products and the slicing.
+
+Everything else the mode computes (the elementwise functions, tree sums, the optimizers, the clipping norm,
+the codec's fixed-order linear algebra and its float64 products) is the same in both versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+import torch
+
+from training.exact_math import exact_matmul
+
+#: The versions a run may name; :data:`LEGACY` is the one of a run document without the setting.
+VERSIONS = (1, 2)
+LEGACY = 1
+#: The fastest version, the one docs/REPRODUCIBLE.md recommends to new runs.
+LATEST = 2
+
+#: The version the matrix products of the running forward pass use (set by ``ExactKernels``; each
+#: :class:`~training.exact_ops.ExactMatmul` keeps the version of its forward pass for its backward pass).
+CURRENT: contextvars.ContextVar[int] = contextvars.ContextVar("reproducible_kernels", default=LEGACY)
+
+_KERNEL = None
+
+
+class KernelVersionError(ValueError):
+    """An unknown kernel version, or version 2 without Numba installed."""
+
+
+def check_version(version: int) -> int:
+    if type(version) is not int or version not in VERSIONS:
+        raise KernelVersionError(
+            f"training.reproducible_kernels={version!r}: must be one of {list(VERSIONS)}")
+    return version
+
+
+@contextlib.contextmanager
+def using(version: int):
+    """Within: the matrix products of the reproducible mode use kernel ``version``."""
+    token = CURRENT.set(check_version(version))
+    try:
+        yield
+    finally:
+        CURRENT.reset(token)
+
+
+def _compiled():
+    """The compiled loop (:mod:`training.exact_kernel_numba`: compiled on first use, cached on disk beside
+    it where it can be)."""
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            from training.exact_kernel_numba import ordered
+        except ImportError as exc:  # numba is a dependency (pyproject.toml)
+            raise KernelVersionError("training.reproducible_kernels = 2 needs Numba (pyproject.toml pins "
+                                     "it)") from exc
+        _KERNEL = ordered
+    return _KERNEL
+
+
+def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for float32 ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), each output
+    summed over ``k`` in increasing order, one float32 multiply and one float32 add at a time (the first
+    add to 0): the same bits on every CPU, instruction set and thread count. A float32 product of the
+    usual accuracy (a sequential sum: error at most ``K`` units of roundoff of ``sum |a_k b_k|``)."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise TypeError(f"ordered_matmul: float32 operands, got {a.dtype} and {b.dtype}")
+    if a.size(-1) != b.size(-2) or a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
+    left = np.ascontiguousarray(a.detach().cpu().reshape(-1, m, k).numpy())
+    right = np.ascontiguousarray(b.detach().cpu().reshape(-1, k, n).numpy())
+    out = np.empty((left.shape[0], m, n), dtype=np.float32)
+    _compiled()(left, right, out)
+    return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
+
+
+def product(a: torch.Tensor, b: torch.Tensor, version: int | None = None) -> torch.Tensor:
+    """``a @ b`` by kernel ``version`` (:data:`CURRENT` when None): version 2's :func:`ordered_matmul` for
+    float32, else (version 1, or float64 operands) :func:`training.exact_math.exact_matmul`."""
+    version = CURRENT.get() if version is None else check_version(version)
+    if version == 2 and a.dtype == torch.float32:
+        return ordered_matmul(a, b)
+    return exact_matmul(a, b)
