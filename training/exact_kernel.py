@@ -15,7 +15,9 @@ version is a run setting:
   output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
   arithmetic where version 1 does three float64 BLAS products and the slicing.
 
-Everything else the mode computes (the elementwise functions, tree sums, the optimizers, the clipping norm,
+Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
+compiled pass each (:func:`unary32`) with version 1's float64 formulas, operation for operation: the same
+bits, 10x to 20x faster. Everything else the mode computes (tree sums, the optimizers, the clipping norm,
 the codec's fixed-order linear algebra and its float64 products) is the same in both versions.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 
 import numpy as np
 import torch
@@ -64,16 +67,16 @@ def using(version: int):
 
 
 def _compiled():
-    """The compiled loop (:mod:`training.exact_kernel_numba`: compiled on first use, cached on disk beside
-    it where it can be)."""
+    """:mod:`training.exact_kernel_numba` (its loops compiled on first use, cached on disk beside it where
+    they can be)."""
     global _KERNEL
     if _KERNEL is None:
         try:
-            from training.exact_kernel_numba import ordered
+            from training import exact_kernel_numba
         except ImportError as exc:  # numba is a dependency (pyproject.toml)
             raise KernelVersionError("training.reproducible_kernels = 2 needs Numba (pyproject.toml pins "
                                      "it)") from exc
-        _KERNEL = ordered
+        _KERNEL = exact_kernel_numba
     return _KERNEL
 
 
@@ -87,10 +90,11 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.size(-1) != b.size(-2) or a.shape[:-2] != b.shape[:-2]:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
-    left = np.ascontiguousarray(a.detach().cpu().reshape(-1, m, k).numpy())
-    right = np.ascontiguousarray(b.detach().cpu().reshape(-1, k, n).numpy())
-    out = np.empty((left.shape[0], m, n), dtype=np.float32)
-    _compiled()(left, right, out)
+    count = math.prod(batch)
+    left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
+    right = np.ascontiguousarray(b.detach().cpu().reshape(count, k, n).numpy())
+    out = np.empty((count, m, n), dtype=np.float32)
+    _compiled().ordered(left, right, out)
     return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
 
 
@@ -101,3 +105,15 @@ def product(a: torch.Tensor, b: torch.Tensor, version: int | None = None) -> tor
     if version == 2 and a.dtype == torch.float32:
         return ordered_matmul(a, b)
     return exact_matmul(a, b)
+
+
+def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, derivative)`` of the elementwise function ``name`` (``training.exact_ops.UNARY``) at float32
+    ``x``, both float32: version 2's one compiled pass, the same float64 operations in the same order as
+    the torch formulas of version 1 (so the same bits: tests/test_reproducible_kernels.py)."""
+    kernels = _compiled()
+    flat = np.ascontiguousarray(x.detach().cpu().reshape(-1).numpy())
+    value, slope = np.empty_like(flat), np.empty_like(flat)
+    kernels.unary(kernels.CODES[name], flat, value, slope)
+    return (torch.from_numpy(value).reshape(x.shape).to(x.device),
+            torch.from_numpy(slope).reshape(x.shape).to(x.device))
