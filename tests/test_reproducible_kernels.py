@@ -10,6 +10,8 @@ recorded. Across ATen capabilities, Numba targets, threads and ``MKL_CBWR``: tes
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -42,6 +44,26 @@ def test_ordered_matmul_sums_each_output_in_increasing_order(shape):
     # Transposed (non-contiguous) operands, as the backward passes give them.
     assert torch.equal(ordered_matmul(b.transpose(-1, -2), a.transpose(-1, -2)),
                        loop_reference(b.transpose(-1, -2), a.transpose(-1, -2)))
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (5,)])
+def test_ordered_matmul_splits_work_over_threads_without_changing_a_bit(batch):
+    """One matrix split in rows, fewer matrices than threads split in rows each, more split by matrix."""
+    generator = torch.Generator().manual_seed(len(batch))
+    a = torch.randn(*batch, 260, 128, generator=generator)
+    b = torch.randn(*batch, 128, 130, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in (1, 2, 4):
+            torch.set_num_threads(count)
+            outs.append(ordered_matmul(a, b))
+    finally:
+        torch.set_num_threads(threads)
+    assert math.prod(batch) * 260 * 128 * 130 >= exact_kernel.SPLIT_WORK  # big enough to be split
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert torch.equal(outs[0][(0,) * len(batch)][:3], loop_reference(a[(0,) * len(batch)][:3],
+                                                                       b[(0,) * len(batch)]))
 
 
 def test_ordered_matmul_is_as_accurate_as_a_sequential_float32_sum():

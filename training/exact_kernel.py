@@ -23,6 +23,7 @@ the codec's fixed-order linear algebra and its float64 products) is the same in 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import math
@@ -94,8 +95,34 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
     right = np.ascontiguousarray(b.detach().cpu().reshape(count, k, n).numpy())
     out = np.empty((count, m, n), dtype=np.float32)
-    _compiled().ordered(left, right, out)
+    _run_split(_compiled().ordered, left, right, out)
     return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
+
+
+#: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
+SPLIT_WORK = 1 << 22
+_POOL: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _run_split(kernel, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """``kernel(left, right, out)`` on torch's intra-op thread count: the batch (or, for one matrix, the
+    rows) cut into that many parts, each on its own thread (the loop releases the GIL). Every output is
+    still one thread's sum in the one order, so the bits do not depend on the thread count."""
+    threads = torch.get_num_threads()
+    count, m, k = left.shape
+    if threads <= 1 or count * m * k * right.shape[2] < SPLIT_WORK or (count == 1 and m < 2 * threads):
+        kernel(left, right, out)
+        return
+    pool = _POOL.get(threads) or _POOL.setdefault(threads, concurrent.futures.ThreadPoolExecutor(threads))
+    if count >= threads:
+        cuts = np.linspace(0, count, threads + 1).astype(int)
+        parts = [(left[s:e], right[s:e], out[s:e]) for s, e in zip(cuts[:-1], cuts[1:])]
+    else:  # each matrix cut into blocks of rows (a block of rows of a C-contiguous array is one too)
+        cuts = np.linspace(0, m, threads + 1).astype(int)
+        parts = [(left[p:p + 1, s:e], right[p:p + 1], out[p:p + 1, s:e])
+                 for p in range(count) for s, e in zip(cuts[:-1], cuts[1:])]
+    for done in [pool.submit(kernel, *part) for part in parts]:
+        done.result()
 
 
 def product(a: torch.Tensor, b: torch.Tensor, version: int | None = None) -> torch.Tensor:
