@@ -17,6 +17,7 @@ import torch
 
 from training import exact_kernel
 from training.exact_kernel import KernelVersionError, ordered_matmul, unary32
+from training.exact_math import tree_sum
 from training.exact_mode import ExactKernels
 from training.exact_ops import UNARY
 from training.exact_optim import exact_orthogonalize
@@ -107,6 +108,18 @@ def test_the_compiled_functions_are_version_1s_formulas_bit_for_bit(name):
     for got, want in ((compiled_value, value.to(torch.float32)), (compiled_slope, slope.to(torch.float32))):
         assert torch.equal(got.isnan(), want.isnan()), name
         assert torch.equal(got[~got.isnan()], want[~want.isnan()]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_tree_sum_adds_version_1s_pairs(dtype):
+    generator = torch.Generator().manual_seed(4)
+    for shape in [(7,), (1,), (2, 3), (5, 33, 17), (4, 1, 9), (3, 1000), (2, 3, 4, 5), (0, 3)]:
+        # 16 orders of magnitude: another pairing changes the sums' bits.
+        x = (torch.randn(shape, generator=generator) * torch.logspace(-8, 8, shape[-1])).to(dtype)
+        for dim in range(-len(shape), len(shape)):
+            want = tree_sum(x, dim)
+            got = exact_kernel.tree_sum(x, dim, 2)
+            assert got.shape == want.shape and got.dtype == dtype and torch.equal(got, want), (shape, dim)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])

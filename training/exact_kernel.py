@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from training.exact_math import exact_matmul
+from training.exact_math import tree_sum as em_tree_sum
 
 #: The versions a run may name; :data:`LEGACY` is the one of a run document without the setting.
 VERSIONS = (1, 2)
@@ -145,3 +146,21 @@ def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kernels.unary(kernels.CODES[name], flat, value, slope)
     return (torch.from_numpy(value).reshape(x.shape).to(x.device),
             torch.from_numpy(slope).reshape(x.shape).to(x.device))
+
+
+def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Tensor:
+    """:func:`training.exact_math.tree_sum` (``dim`` kept, of size 1): by kernel ``version`` 2 (default
+    :data:`CURRENT`) one compiled pass over float32 or float64 ``x`` adding the same pairs in the same
+    order (the same bits), else torch's elementwise adds level by level."""
+    version = CURRENT.get() if version is None else version
+    dim %= max(x.dim(), 1)
+    count = x.size(dim) if x.dim() else 1
+    if version != 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
+        return em_tree_sum(x, dim)
+    outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
+    flat = np.ascontiguousarray(x.detach().cpu().reshape(outer, count, inner).numpy())
+    out = np.empty((outer, inner), dtype=flat.dtype)
+    _compiled().tree_sum(flat, out)
+    shape = list(x.shape)
+    shape[dim] = 1
+    return torch.from_numpy(out).reshape(shape).to(x.device)

@@ -116,3 +116,30 @@ def unary(code, x, value, slope):  # pragma: no cover: compiled
 
 #: The functions :func:`unary` computes, by name (training/exact_ops.py's ``UNARY``).
 CODES = {"exp": 0, "log": 1, "tanh": 2, "sigmoid": 3, "silu": 4, "gelu_tanh": 5, "rsqrt": 6}
+
+
+# ----------------------------------------------------------------------------- tree sums
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def tree_sum(x, out):  # pragma: no cover: compiled
+    """``out[o, :] = `` the tree sum of ``x[o, :, :]`` over its middle axis, training/exact_math.py's
+    ``tree_sum`` pair for pair: each level adds the second half of the rows to the first half, row by row,
+    an odd last row carried behind them to the next level."""
+    rows, inner = x.shape[1], x.shape[2]
+    buf = np.empty(rows * inner, dtype=x.dtype)
+    for o in range(x.shape[0]):
+        for r in range(rows):
+            for c in range(inner):
+                buf[r * inner + c] = x[o, r, c]
+        count = rows
+        while count > 1:
+            half = count // 2
+            for r in range(half * inner):
+                buf[r] = buf[r] + buf[half * inner + r]
+            if count % 2:
+                for c in range(inner):
+                    buf[half * inner + c] = buf[2 * half * inner + c]
+            count = half + count % 2
+        for c in range(inner):
+            out[o, c] = buf[c]

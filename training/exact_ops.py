@@ -40,14 +40,15 @@ class ExactKernelError(TrainingError):
 # ----------------------------------------------------------------------------- autograd functions
 
 
-def reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``grad`` summed (tree sums, dimensions in increasing order) down to the broadcastable ``shape``."""
+def reduce_to(grad: torch.Tensor, shape: torch.Size, version: int = exact_kernel.LEGACY) -> torch.Tensor:
+    """``grad`` summed (tree sums, dimensions in increasing order) down to the broadcastable ``shape``
+    (``version``: the kernel version, :func:`training.exact_kernel.tree_sum`; the same bits in each)."""
     extra = grad.dim() - len(shape)
     for dim in range(extra):
-        grad = em.tree_sum(grad, 0).squeeze(0)
+        grad = exact_kernel.tree_sum(grad, 0, version).squeeze(0)
     for dim, size in enumerate(shape):
         if size == 1 and grad.size(dim) != 1:
-            grad = em.tree_sum(grad, dim)
+            grad = exact_kernel.tree_sum(grad, dim, version)
     return grad.reshape(shape)
 
 
@@ -57,11 +58,12 @@ class ExactExpand(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
+        ctx.version = exact_kernel.CURRENT.get()
         return x.expand(shape).contiguous()
 
     @staticmethod
     def backward(ctx, grad):
-        return reduce_to(grad, ctx.shape), None
+        return reduce_to(grad, ctx.shape, ctx.version), None
 
 
 class ExactSum(torch.autograd.Function):
@@ -70,7 +72,7 @@ class ExactSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
         ctx.shape = x.shape
-        return em.tree_sum(x, dim)
+        return exact_kernel.tree_sum(x, dim)
 
     @staticmethod
     def backward(ctx, grad):
