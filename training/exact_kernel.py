@@ -18,8 +18,10 @@ version is a run setting:
 
 Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
 compiled pass each (:func:`unary32`) with version 1's float64 formulas, operation for operation: the same
-bits, 10x to 50x faster. Everything else the mode computes (tree sums, the optimizers, the clipping norm,
-the codec's fixed-order linear algebra and its float64 products) is the same in both versions.
+bits, 10x to 50x faster, and the tree sums of the forward pass and of the broadcasts' backward
+(:func:`tree_sum`: version 1's pairs in its order, the same bits). Everything else the mode computes (the
+optimizers, the clipping norm, the codec's fixed-order linear algebra and its float64 products) is the
+same in both versions.
 """
 
 from __future__ import annotations
