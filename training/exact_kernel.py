@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import math
+import os
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 #: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
 SPLIT_WORK = 1 << 22
-_POOL: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_POOL: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
 
 
 def _run_split(kernel, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
@@ -117,7 +118,8 @@ def _run_split(kernel, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> 
     if threads <= 1 or count * m * k * right.shape[2] < SPLIT_WORK or (count == 1 and m < 2 * threads):
         kernel(left, right, out)
         return
-    pool = _POOL.get(threads) or _POOL.setdefault(threads, concurrent.futures.ThreadPoolExecutor(threads))
+    key = (os.getpid(), threads)  # a forked child has none of its parent's pool threads: its own pool
+    pool = _POOL.get(key) or _POOL.setdefault(key, concurrent.futures.ThreadPoolExecutor(threads))
     if count >= threads:
         cuts = np.linspace(0, count, threads + 1).astype(int)
         parts = [(left[s:e], right[s:e], out[s:e]) for s, e in zip(cuts[:-1], cuts[1:])]
