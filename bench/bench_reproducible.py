@@ -3,8 +3,8 @@
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
 ``--batch``, random token ids) in the normal mode and with ``training.reproducible`` (kernel versions 1 and
 2, ``training.reproducible_kernels``; keys ``reproducible_*`` and ``slowdown`` version 1's, ``*_v2``
-version 2's), on
-``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, the tokens per second
+version 2's), on ``--timing-threads`` threads, the modes' steps alternating, the median of ``--steps``
+steps after one warm-up step, the tokens per second
 and the slowdown; per encoder, the seconds of the codec's encode of fixed inputs (3 rounds under a byte
 budget, one to the error budget: ``training.exact_probe.codec_bytes``) in each mode.
 Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
@@ -41,22 +41,26 @@ GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2"
         for cbwr in ("", "COMPATIBLE")]
 
 
-def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, steps: int,
-                 kernels: int = 1) -> float:
-    """Median seconds of one inner step after a warm-up step (``kernels``: the mode's kernel version)."""
+def step_seconds(preset: str, optimizer: str, modes: list[tuple[bool, int]], batch: int,
+                 steps: int) -> list[float]:
+    """Median seconds of one inner step in each mode ``(reproducible, kernel version)``, after a warm-up
+    step of each. The modes' steps alternate (one step of each in turn, the same batch), so a load that
+    comes and goes on a shared machine weighs on every mode alike."""
     import torch
 
-    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch, kernels)
+    trainers = [trainer_for(preset, optimizer, on, batch, kernels) for on, kernels in modes]
+    model_cfg = trainers[0][0]
     generator = torch.Generator().manual_seed(0)
-    times = []
+    times: list[list[float]] = [[] for _ in modes]
     for index in range(steps + 1):
         x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
                 for _ in range(2))
-        started = time.perf_counter()
-        trainer.train_step(x, y)
-        if index:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for (_, trainer), spent in zip(trainers, times):
+            started = time.perf_counter()
+            trainer.train_step(x, y)
+            if index:
+                spent.append(time.perf_counter() - started)
+    return [statistics.median(spent) for spent in times]
 
 
 def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
@@ -109,12 +113,13 @@ def main(argv: list[str]) -> None:
     timings = []
     for preset, optimizer, *versions in parse(args.cases):
         tokens = args.batch * ModelConfig(preset=preset).block_size
-        normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
+        kernels = [int(v) for v in (versions[0] if versions else "12")]
+        normal, *exacts = step_seconds(preset, optimizer, [(False, 1), *((True, v) for v in kernels)],
+                                       args.batch, args.steps)
         row = {"preset": preset, "optimizer": optimizer, "batch": args.batch,
                "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
                "normal_tokens_per_s": round(tokens / normal, 1)}
-        for version in (int(v) for v in (versions[0] if versions else "12")):
-            exact = step_seconds(preset, optimizer, True, args.batch, args.steps, version)
+        for version, exact in zip(kernels, exacts):
             tag = "reproducible" if version == 1 else f"reproducible_v{version}"  # version 1: the old keys
             row.update({f"{tag}_step_s": round(exact, 4), f"{tag}_tokens_per_s": round(tokens / exact, 1),
                         "slowdown" if version == 1 else f"slowdown_v{version}": round(exact / normal, 2)})
