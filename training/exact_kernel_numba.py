@@ -11,15 +11,31 @@ import numpy as np
 
 @numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
 def ordered(a, b, c):  # pragma: no cover: compiled
-    """``c[p] = a[p] @ b[p]``, each ``c[p, i, j]`` the sum over ``k`` in increasing order from 0."""
+    """``c[p] = a[p] @ b[p]``, each ``c[p, i, j]`` the sum over ``k`` in increasing order from 0. Two rows
+    of ``c`` at a time share each load of ``b``'s row ``k`` (each output's order is unchanged)."""
     for p in range(a.shape[0]):
-        for i in range(a.shape[1]):
-            for j in range(b.shape[2]):
-                c[p, i, j] = 0.0
-            for k in range(a.shape[2]):
-                aik = a[p, i, k]
-                for j in range(b.shape[2]):
-                    c[p, i, j] = c[p, i, j] + aik * b[p, k, j]
+        rows, inner, cols = a.shape[1], a.shape[2], b.shape[2]
+        i = 0
+        while i < rows:
+            pair = i + 1 < rows
+            c0 = c[p, i]
+            c1 = c[p, i + 1] if pair else c[p, i]
+            for j in range(cols):
+                c0[j] = 0.0
+                c1[j] = 0.0
+            for k in range(inner):
+                a0 = a[p, i, k]
+                bk = b[p, k]
+                if pair:
+                    a1 = a[p, i + 1, k]
+                    for j in range(cols):
+                        x = bk[j]
+                        c0[j] = c0[j] + a0 * x
+                        c1[j] = c1[j] + a1 * x
+                else:
+                    for j in range(cols):
+                        c0[j] = c0[j] + a0 * bk[j]
+            i += 2
 
 
 # ----------------------------------------------------------------------------- elementwise functions
