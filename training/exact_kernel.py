@@ -13,7 +13,7 @@ version is a run setting:
   operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``); the loop runs
   ``i``, then ``k``, then ``j`` innermost, so the compiler vectorises across outputs ``j`` only and each
   output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
-  arithmetic where version 1 does three float64 BLAS products and the slicing (2.6x to 4.3x eager torch's
+  arithmetic where version 1 does three float64 BLAS products and the slicing (2.4x to 3x eager torch's
   step on this project's CPU).
 
 Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
