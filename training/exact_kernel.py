@@ -6,7 +6,7 @@ version is a run setting:
 
 * **1** (a run document that names none: the runs made before the setting existed keep their bits):
   float32 matrix products by :func:`training.exact_math.exact_matmul`, Ozaki's splitting into two 21-bit
-  integer slices per operand, three float64 BLAS products of exact integers (about 9x to 13x eager torch's
+  integer slices per operand, three float64 BLAS products of exact integers (about 8x to 13x eager torch's
   step on this project's CPU);
 * **2**: float32 matrix products by :func:`ordered_matmul`, a compiled loop (Numba) in which every output
   is ``((0 + a_0 b_0) + a_1 b_1) + ...``, ``k`` increasing, each product and each sum one float32 IEEE
