@@ -1,13 +1,17 @@
 """Benchmark: the reproducible mode's cost and its bits (issue 64, docs/REPRODUCIBLE.md).
 
 Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrainer.train_step``, batch
-``--batch``, random token ids) in the normal mode and with ``training.reproducible``, on
-``--timing-threads`` threads, the median of ``--steps`` steps after one warm-up step, the tokens per second
+``--batch``, random token ids) in the normal mode and with ``training.reproducible`` (kernel versions 1 and
+2, ``training.reproducible_kernels``; keys ``reproducible_*`` and ``slowdown`` version 1's, ``*_v2``
+version 2's), on ``--timing-threads`` threads, the modes' steps alternating, the median of ``--steps``
+steps after one warm-up step, the tokens per second
 and the slowdown; per encoder, the seconds of the codec's encode of fixed inputs (3 rounds under a byte
 budget, one to the error budget: ``training.exact_probe.codec_bytes``) in each mode.
 Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
-with and without ``MKL_CBWR=COMPATIBLE``: the sha256 of the weights after two inner steps and of the
-codec's payloads in each mode, and whether every child gave the same bits.
+with and without ``MKL_CBWR=COMPATIBLE`` (Numba's target following the capability:
+``training.exact_probe.NUMBA_TARGETS``): the sha256 of the weights after two inner steps (normal, and the
+reproducible mode with each kernel version) and of the codec's payloads in each mode, and whether every
+child gave the same bits.
 
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
@@ -32,26 +36,31 @@ sys.path.insert(0, str(REPO))
 from bench.benchio import default_out, write_result  # noqa: E402
 from training.exact_probe import ENCODERS, NATIVE, child_env, codec_bytes, fresh_steps, trainer_for  # noqa: E402
 
-DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-20m:adamw"
+DEFAULT_CASES = "tiny:adamw,mini:adamw,llama-tiny:muon,llama-20m:adamw:2"
 GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
         for cbwr in ("", "COMPATIBLE")]
 
 
-def step_seconds(preset: str, optimizer: str, reproducible: bool, batch: int, steps: int) -> float:
-    """Median seconds of one inner step after a warm-up step."""
+def step_seconds(preset: str, optimizer: str, modes: list[tuple[bool, int]], batch: int,
+                 steps: int) -> list[float]:
+    """Median seconds of one inner step in each mode ``(reproducible, kernel version)``, after a warm-up
+    step of each. The modes' steps alternate (one step of each in turn, the same batch), so a load that
+    comes and goes on a shared machine weighs on every mode alike."""
     import torch
 
-    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
+    trainers = [trainer_for(preset, optimizer, on, batch, kernels) for on, kernels in modes]
+    model_cfg = trainers[0][0]
     generator = torch.Generator().manual_seed(0)
-    times = []
+    times: list[list[float]] = [[] for _ in modes]
     for index in range(steps + 1):
         x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
                 for _ in range(2))
-        started = time.perf_counter()
-        trainer.train_step(x, y)
-        if index:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for (_, trainer), spent in zip(trainers, times):
+            started = time.perf_counter()
+            trainer.train_step(x, y)
+            if index:
+                spent.append(time.perf_counter() - started)
+    return [statistics.median(spent) for spent in times]
 
 
 def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
@@ -66,9 +75,10 @@ def run_child(cases: list[tuple[str, str]], threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    modes = {"normal": (False, 1), "reproducible": (True, 1), "reproducible_v2": (True, 2)}
     print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads,
-                      "hashes": {**{f"{p}:{o}:{mode}": fresh_steps(p, o, mode == "reproducible")
-                                    for p, o in cases for mode in ("normal", "reproducible")},
+                      "hashes": {**{f"{p}:{o}:{mode}": fresh_steps(p, o, on, kernels=kernels)
+                                    for p, o, *_ in cases for mode, (on, kernels) in modes.items()},
                                  **{f"codec:{encoder}:{mode}": codec_bytes(encoder, mode == "reproducible")
                                     for encoder in ENCODERS for mode in ("normal", "reproducible")}}}))
 
@@ -76,7 +86,9 @@ def run_child(cases: list[tuple[str, str]], threads: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated preset:optimizer")
+    parser.add_argument("--cases", default=DEFAULT_CASES,
+                        help="comma-separated preset:optimizer[:versions], versions the kernel versions "
+                             "(training.reproducible_kernels) timed, e.g. 12 (the default) or 2")
     parser.add_argument("--grid-cases", default="tiny:adamw,llama-tiny:muon",
                         help="the cases the children hash (two inner steps, batch 2)")
     parser.add_argument("--batch", type=int, default=8)
@@ -99,15 +111,19 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(args.timing_threads)
     timings = []
-    for preset, optimizer in parse(args.cases):
-        normal = step_seconds(preset, optimizer, False, args.batch, args.steps)
-        exact = step_seconds(preset, optimizer, True, args.batch, args.steps)
+    for preset, optimizer, *versions in parse(args.cases):
         tokens = args.batch * ModelConfig(preset=preset).block_size
-        timings.append({"preset": preset, "optimizer": optimizer, "batch": args.batch,
-                        "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
-                        "reproducible_step_s": round(exact, 4), "slowdown": round(exact / normal, 1),
-                        "normal_tokens_per_s": round(tokens / normal, 1),
-                        "reproducible_tokens_per_s": round(tokens / exact, 1)})
+        kernels = [int(v) for v in (versions[0] if versions else "12")]
+        normal, *exacts = step_seconds(preset, optimizer, [(False, 1), *((True, v) for v in kernels)],
+                                       args.batch, args.steps)
+        row = {"preset": preset, "optimizer": optimizer, "batch": args.batch,
+               "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
+               "normal_tokens_per_s": round(tokens / normal, 1)}
+        for version, exact in zip(kernels, exacts):
+            tag = "reproducible" if version == 1 else f"reproducible_v{version}"  # version 1: the old keys
+            row.update({f"{tag}_step_s": round(exact, 4), f"{tag}_tokens_per_s": round(tokens / exact, 1),
+                        "slowdown" if version == 1 else f"slowdown_v{version}": round(exact / normal, 2)})
+        timings.append(row)
         print(timings[-1], flush=True)
     codec = []
     for encoder in ENCODERS:  # the codec's encode of training.exact_probe.codec_inputs: 3 rounds and 1

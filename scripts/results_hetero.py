@@ -218,14 +218,25 @@ def compile_cpu(r: dict) -> list[str]:
 
 def reproducible(r: dict) -> list[str]:
     """bench/bench_reproducible.py: the reproducible mode's step time, tokens/s, codec time and its bits."""
+    versions = [tag for tag in ("", "_v2") if any(f"reproducible{tag}_step_s" in row for row in r["timings"])]
+
+    def cells(row: dict, tag: str) -> list[str]:
+        if f"reproducible{tag}_step_s" not in row:
+            return ["", "", ""]
+        slowdown = row["slowdown" if not tag else f"slowdown{tag}"]
+        return [f"{row[f'reproducible{tag}_step_s']:.3f} s",
+                str(row.get(f"reproducible{tag}_tokens_per_s", "")), f"x{slowdown:.1f}"]
+
     rows = [[f"{row['preset']}, {row['optimizer']}", f"{row['normal_step_s']:.3f} s",
-             f"{row['reproducible_step_s']:.3f} s", str(row.get("normal_tokens_per_s", "")),
-             str(row.get("reproducible_tokens_per_s", "")), f"x{row['slowdown']:.1f}"]
+             str(row.get("normal_tokens_per_s", "")), *(c for tag in versions for c in cells(row, tag))]
             for row in r["timings"]]
+    names = {"": "kernels 1", "_v2": "kernels 2"} if "_v2" in versions else {"": "reproducible"}
     lines = [f"One inner step, batch {r['timings'][0]['batch']}, {r['timings'][0]['threads']} thread(s), the "
-             "median of the steps after a warm-up one.", ""]
-    lines += table(["preset, optimizer", "normal step", "reproducible step", "normal tokens/s",
-                    "reproducible tokens/s", "slowdown"], rows)
+             "median of the steps after a warm-up one" + (" (`training.reproducible_kernels` 1, the default, "
+                                                          "and 2)." if "_v2" in versions else "."), ""]
+    lines += table(["preset, optimizer", "normal step", "normal tokens/s",
+                    *(h for tag in versions for h in (f"{names[tag]} step", f"{names[tag]} tokens/s",
+                                                      f"{names[tag]} slowdown"))], rows)
     if r.get("codec"):
         lines += ["", "The codec's encode of fixed inputs (3 rounds under a byte budget and one to the error "
                   "budget), torch's LAPACK and BLAS against the fixed-order codec:", ""]

@@ -7,8 +7,9 @@ print.
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
-inner steps of each (preset, optimizer) of :data:`FRESH` in the reproducible mode on ``THREADS`` threads (and
-of GPT-2 in the normal mode), the payloads' hash of each encoder on fixed inputs in the reproducible codec
+inner steps of each (preset, optimizer) of :data:`FRESH` in the reproducible mode on ``THREADS`` threads with
+kernel versions 1 and 2 (``training.reproducible_kernels``; and of GPT-2 in the normal mode), the payloads'
+hash of each encoder on fixed inputs in the reproducible codec
 (and of "v2" in the normal one; training/exact_probe.py), and every spot check's verdict, rule and whether
 its next state chains into the claimant's next round, each rerun as the audit reruns it (``rerun_by_rule``:
 here; a reproducible run needs no child for the claimant's kernels).
@@ -39,6 +40,7 @@ def main(run_path: str, threads: int) -> dict:
 
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                  "fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
+                 "fresh_v2": {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH},
                  "normal": fresh_steps("tiny", "adamw", reproducible=False),
                  "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS},
                  "codec_normal": codec_bytes("v2", exact=False), "checks": []}

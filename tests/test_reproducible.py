@@ -246,12 +246,22 @@ class OneStepCheat(SimReplica):
 
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory) -> Path:
-    """The reproducible run, trained in this process (its own kernels, 1 thread)."""
+    """The reproducible run (kernel version 1), trained in this process (its own kernels, 1 thread)."""
+    return record_run(tmp_path_factory, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def recorded_run_v2(tmp_path_factory) -> Path:
+    """The same run with ``training.reproducible_kernels = 2``."""
+    return record_run(tmp_path_factory, [*OVERRIDES, "training.reproducible_kernels=2"])
+
+
+def record_run(tmp_path_factory, overrides: list[str]) -> Path:
     from node.config import load_config
     from training.data import corpus_from_config
     from training.reexec_sim import SimConfig, run_with_states
 
-    cfg = load_config(None, OVERRIDES)
+    cfg = load_config(None, overrides)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -262,7 +272,7 @@ def recorded_run(tmp_path_factory) -> Path:
         records = run_with_states(replicas, sim)
     finally:
         torch.set_num_threads(threads)
-    run = {"overrides": OVERRIDES,
+    run = {"overrides": overrides,
            "records": [{"round": r.outer_round, "contributions": r.contributions,
                         "states": {replica: [part.to_bytes() for part in state.stages]
                                    for replica, state in r.states.items()},
@@ -291,6 +301,7 @@ def check_grid(run: Path, grid: list[tuple[str, int, str | None]]) -> list[dict]
     first = results[0]
     for key, out in zip(grid, results):
         assert out["fresh"] == first["fresh"], (key, out["fresh"], first["fresh"])
+        assert out["fresh_v2"] == first["fresh_v2"], (key, out["fresh_v2"], first["fresh_v2"])
         assert out["codec"] == first["codec"], (key, out["codec"], first["codec"])
         assert len(out["checks"]) == 6, key
         checks = {(c["round"], c["replica"]): c for c in out["checks"]}
@@ -314,25 +325,31 @@ def test_inner_steps_are_the_same_bits_under_other_kernels_threads_and_mkl_path(
     torch.set_num_threads(1)
     try:
         here = {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH}
+        here_v2 = {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH}
         codec = {encoder: codec_bytes(encoder) for encoder in ENCODERS}
     finally:
         torch.set_num_threads(threads)
+    assert here_v2 != here  # the versions' arithmetic differs; each is the same bits everywhere
     for key in (("default", 2, None), ("avx2", 1, "COMPATIBLE")):
         out = probe("-", *key)
-        assert (out["fresh"], out["codec"]) == (here, codec), key
+        assert (out["fresh"], out["fresh_v2"], out["codec"]) == (here, here_v2, codec), key
 
 
 @pytest.mark.timeout(900)
-def test_reruns_are_bit_exact_under_other_kernels_and_threads(recorded_run):
-    check_grid(recorded_run, [("default", 2, None)])
+@pytest.mark.parametrize("run", ["recorded_run", "recorded_run_v2"])
+def test_reruns_are_bit_exact_under_other_kernels_and_threads(run, request):
+    """Version 1's run, and version 2's (whose compiled loops the child builds for the baseline x86-64:
+    ``NUMBA_CPU_NAME=generic``, SSE2 without FMA, where this process built them for AVX-512)."""
+    check_grid(request.getfixturevalue(run), [("default", 2, None)])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # 12 children, the CBWR ones with a grandchild: minutes on a loaded machine
-def test_reruns_are_bit_exact_under_every_capability_thread_count_and_mkl_path(recorded_run):
+@pytest.mark.parametrize("run", ["recorded_run", "recorded_run_v2"])
+def test_reruns_are_bit_exact_under_every_capability_thread_count_and_mkl_path(run, request):
     grid = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2") for threads in (1, 2)
             for cbwr in (None, "COMPATIBLE")]
-    results = check_grid(recorded_run, grid)
+    results = check_grid(request.getfixturevalue(run), grid)
     # The contrast: torch's own kernels, and the codec's LAPACK and BLAS, give other bits elsewhere.
     assert len({out["normal"] for out in results}) > 1
     assert len({out["codec_normal"] for out in results}) > 1

@@ -63,6 +63,11 @@ class TrainingConfig:
     # math library, and a rerun anywhere is judged bit for bit. A run setting (in the run document when on;
     # off, the document and its hash are what they were before the setting). Slower: off by default.
     reproducible: bool = False
+    # The version of the reproducible mode's kernels (training/exact_kernel.py): 1, Ozaki-split products
+    # through float64 BLAS (a run document that names none: the runs made before the setting keep their
+    # bits); 2, a compiled fixed-order float32 product, several times faster (docs/REPRODUCIBLE.md, "Kernel
+    # versions"). A setting of training.reproducible = true only; in the run document when not 1.
+    reproducible_kernels: int = 1
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -100,6 +105,11 @@ class TrainingConfig:
         _require(not self.reproducible or (self.precision == "fp32" and not self.compile),
                  f"training.reproducible = true computes float32 eagerly: set training.precision = \"fp32\" "
                  f"(not {self.precision!r}) and training.compile = false")
+        _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2),
+                 f"training.reproducible_kernels={self.reproducible_kernels!r}: must be 1 or 2")
+        _require(self.reproducible or self.reproducible_kernels == 1,
+                 f"training.reproducible_kernels={self.reproducible_kernels} is a setting of "
+                 "training.reproducible = true: remove it or turn the mode on")
         if self.optimizer != "muon":
             for name, neutral in MUON_ONLY.items():
                 _require(
@@ -120,6 +130,8 @@ class TrainingConfig:
                 del out[name]
         if not self.reproducible:  # a run without the mode keeps the document (and hash) it had before it
             del out["reproducible"]
+        if self.reproducible_kernels == 1:  # and a run of version 1 the one it had before versions
+            del out["reproducible_kernels"]
         return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from training import exact_kernel
 from training import exact_ops as ops
 from training.exact_ops import ExactKernelError
 
@@ -162,7 +163,23 @@ HANDLERS = {
 
 class ExactKernels(TorchFunctionMode):
     """While active, torch's operators are :data:`HANDLERS`' fixed-order ones or :data:`NEUTRAL`; any other
-    raises :class:`ExactKernelError`."""
+    raises :class:`ExactKernelError`. ``kernels``: the run's ``training.reproducible_kernels`` (the version
+    of the matrix products, :mod:`training.exact_kernel`)."""
+
+    def __init__(self, kernels: int = exact_kernel.LEGACY):
+        super().__init__()
+        self.kernels = exact_kernel.check_version(kernels)
+        self._tokens: list = []
+
+    def __enter__(self):
+        self._tokens.append(exact_kernel.CURRENT.set(self.kernels))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            exact_kernel.CURRENT.reset(self._tokens.pop())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -9,7 +9,7 @@ reduces is an :class:`torch.autograd.Function` with its backward written out:
 * :class:`ExactExpand` (broadcasting: its backward is a :func:`~training.exact_math.tree_sum` over the
   broadcast dimensions, where torch's would call ``sum_to_size``, a reduction of the machine's order);
 * :class:`ExactSum` (a tree sum; backward: the gradient expanded);
-* :class:`ExactMatmul` (:func:`~training.exact_math.exact_matmul`; backward: two more of them);
+* :class:`ExactMatmul` (:func:`~training.exact_kernel.product`, the run's kernel version; backward: two more);
 * :class:`ExactEmbedding` (a lookup; backward: each position's gradient added to its token's row, positions
   in increasing order, where torch's ``embedding_dense_backward`` adds duplicates in any order);
 * :class:`ExactUnary` (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt: computed in float64 by
@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from training import exact_kernel
 from training import exact_math as em
 from training.errors import TrainingError
 
@@ -39,14 +40,15 @@ class ExactKernelError(TrainingError):
 # ----------------------------------------------------------------------------- autograd functions
 
 
-def reduce_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``grad`` summed (tree sums, dimensions in increasing order) down to the broadcastable ``shape``."""
+def reduce_to(grad: torch.Tensor, shape: torch.Size, version: int = exact_kernel.LEGACY) -> torch.Tensor:
+    """``grad`` summed (tree sums, dimensions in increasing order) down to the broadcastable ``shape``
+    (``version``: the kernel version, :func:`training.exact_kernel.tree_sum`; the same bits in each)."""
     extra = grad.dim() - len(shape)
     for dim in range(extra):
-        grad = em.tree_sum(grad, 0).squeeze(0)
+        grad = exact_kernel.tree_sum(grad, 0, version).squeeze(0)
     for dim, size in enumerate(shape):
         if size == 1 and grad.size(dim) != 1:
-            grad = em.tree_sum(grad, dim)
+            grad = exact_kernel.tree_sum(grad, dim, version)
     return grad.reshape(shape)
 
 
@@ -56,11 +58,12 @@ class ExactExpand(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, shape):
         ctx.shape = x.shape
+        ctx.version = exact_kernel.CURRENT.get()
         return x.expand(shape).contiguous()
 
     @staticmethod
     def backward(ctx, grad):
-        return reduce_to(grad, ctx.shape), None
+        return reduce_to(grad, ctx.shape, ctx.version), None
 
 
 class ExactSum(torch.autograd.Function):
@@ -69,7 +72,7 @@ class ExactSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
         ctx.shape = x.shape
-        return em.tree_sum(x, dim)
+        return exact_kernel.tree_sum(x, dim)
 
     @staticmethod
     def backward(ctx, grad):
@@ -77,18 +80,22 @@ class ExactSum(torch.autograd.Function):
 
 
 class ExactMatmul(torch.autograd.Function):
-    """``a @ b`` (same batch dimensions) by :func:`exact_matmul`; backward ``g b^T`` and ``a^T g``."""
+    """``a @ b`` (same batch dimensions) by the kernel version of the forward pass
+    (:func:`training.exact_kernel.product`); backward ``g b^T`` and ``a^T g`` by the same version."""
 
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return em.exact_matmul(a, b)
+        ctx.version = exact_kernel.CURRENT.get()
+        return exact_kernel.product(a, b, ctx.version)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        grad_a = em.exact_matmul(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_b = em.exact_matmul(a.transpose(-1, -2), grad) if ctx.needs_input_grad[1] else None
+        grad_a = exact_kernel.product(grad, b.transpose(-1, -2), ctx.version) if ctx.needs_input_grad[0] \
+            else None
+        grad_b = exact_kernel.product(a.transpose(-1, -2), grad, ctx.version) if ctx.needs_input_grad[1] \
+            else None
         return grad_a, grad_b
 
 
@@ -171,6 +178,10 @@ class ExactUnary(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, name):
+        if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:  # the same bits, one compiled pass
+            value, slope = exact_kernel.unary32(name, x)
+            ctx.save_for_backward(slope)
+            return value
         value, slope = UNARY[name](x.to(torch.float64))
         ctx.save_for_backward(slope.to(x.dtype))
         return value.to(x.dtype)

@@ -9,8 +9,8 @@ and Muon's Newton-Schulz iteration and gradient clipping reduce in the machine's
   as separate multiplies, adds, divides and a square root (``m = beta1 m + (1 - beta1) g``,
   ``v = beta2 v + (1 - beta2) g^2``, ``p = p (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)``);
   the bias corrections ``beta^t`` are products of ``t`` floats (not the C library's ``pow``);
-* :func:`exact_orthogonalize`: Muon's quintic Newton-Schulz with :func:`exact_matmul` and a tree-summed
-  Frobenius norm; :func:`exact_momentum` its momentum and Nesterov step without ``lerp``;
+* :func:`exact_orthogonalize`: Muon's quintic Newton-Schulz with the run's fixed-order products and a
+  tree-summed Frobenius norm; :func:`exact_momentum` its momentum and Nesterov step without ``lerp``;
 * :func:`exact_grad_sq_norm`: the squared gradient norm for clipping, tree-summed in float64.
 """
 
@@ -21,7 +21,8 @@ import math
 import torch
 from torch import nn
 
-from training.exact_math import exact_matmul, tree_sum
+from training.exact_kernel import LEGACY, product
+from training.exact_math import tree_sum
 
 
 def power(base: float, exponent: int) -> float:
@@ -76,9 +77,10 @@ def exact_momentum(buffer: torch.Tensor, grad: torch.Tensor, beta: float) -> tor
 
 
 def exact_orthogonalize(
-    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int
+    update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, kernels: int = LEGACY
 ) -> torch.Tensor:
-    """Muon's NS5 (training/muon.py's :func:`~training.muon.orthogonalize`) in fixed order."""
+    """Muon's NS5 (training/muon.py's :func:`~training.muon.orthogonalize`) in fixed order, its products by
+    kernel version ``kernels`` (:func:`training.exact_kernel.product`)."""
     a, b, c = coefficients
     x = update.to(torch.float32)
     transposed = x.size(0) > x.size(1)
@@ -87,9 +89,9 @@ def exact_orthogonalize(
     norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0)) + 1e-7
     x = x / norm
     for _ in range(steps):
-        gram = exact_matmul(x, x.T)
-        poly = gram * b + exact_matmul(gram, gram) * c
-        x = x * a + exact_matmul(poly, x)
+        gram = product(x, x.T, kernels)
+        poly = gram * b + product(gram, gram, kernels) * c
+        x = x * a + product(poly, x, kernels)
     return (x.T if transposed else x).contiguous()
 
 

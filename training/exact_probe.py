@@ -23,14 +23,16 @@ ENCODERS = ("v1", "v2", "v3", "v4")
 NATIVE = "native"
 
 
-def trainer_for(preset: str, optimizer: str, reproducible: bool, batch: int):
-    """``(model config, LocalReplicaTrainer)`` of ``preset`` from its initial weights."""
+def trainer_for(preset: str, optimizer: str, reproducible: bool, batch: int, kernels: int = 1):
+    """``(model config, LocalReplicaTrainer)`` of ``preset`` from its initial weights (``kernels``: the
+    reproducible mode's ``training.reproducible_kernels``)."""
     from training.config import ModelConfig, TrainingConfig
     from training.pipeline import LocalReplicaTrainer
 
     model_cfg = ModelConfig(preset=preset)
     return model_cfg, LocalReplicaTrainer(model_cfg, TrainingConfig(
-        batch_size=batch, optimizer=optimizer, device="cpu", reproducible=reproducible))
+        batch_size=batch, optimizer=optimizer, device="cpu", reproducible=reproducible,
+        reproducible_kernels=kernels if reproducible else 1))
 
 
 def digest(tensors) -> str:
@@ -40,9 +42,11 @@ def digest(tensors) -> str:
     return out.hexdigest()[:16]
 
 
-def fresh_steps(preset: str, optimizer: str, reproducible: bool = True, batch: int = 2) -> str:
+def fresh_steps(
+    preset: str, optimizer: str, reproducible: bool = True, batch: int = 2, kernels: int = 1
+) -> str:
     """sha256 (16 hex) of the weights after two inner steps of ``preset`` from its initial weights."""
-    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch)
+    model_cfg, trainer = trainer_for(preset, optimizer, reproducible, batch, kernels)
     generator = torch.Generator().manual_seed(7)
     for _ in range(2):
         x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
@@ -84,14 +88,26 @@ def codec_bytes(encoder: str, exact: bool = True, rounds: int = 3, budget: int =
     return out.hexdigest()[:16]
 
 
+#: Numba's target (kernel version 2's compiled loops) under each ATen capability: "default" compiles for
+#: the baseline x86-64 (SSE2, no FMA), "avx2" for Haswell's features (AVX2 and FMA, no AVX-512), the
+#: machine's own for the host (here AVX-512).
+NUMBA_TARGETS = {
+    "default": {"NUMBA_CPU_NAME": "generic"},
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES":
+             "+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+movbe"},
+}
+
+
 def child_env(root, capability: str, threads: int, cbwr: str | None) -> dict[str, str]:
-    """The environment of a child under ``capability`` (or :data:`NATIVE`), ``threads`` and ``MKL_CBWR``."""
-    drop = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_CBWR")
+    """The environment of a child under ``capability`` (or :data:`NATIVE`), ``threads`` and ``MKL_CBWR``;
+    Numba's target follows the capability (:data:`NUMBA_TARGETS`)."""
+    drop = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_CBWR", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     # PASSIVE: 2 threads on a loaded machine do not spin-wait (on a shared 2-core machine: minutes).
     env.update(PYTHONPATH=str(root), OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     if capability != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = capability
+        env.update(NUMBA_TARGETS.get(capability, {}))
     if cbwr:
         env["MKL_CBWR"] = cbwr
     return env

@@ -93,6 +93,7 @@ class MuonAdamW:
         self.param_groups = [self.muon_group, *self.adamw.param_groups]
         #: ``training.reproducible``: the fixed-order arithmetic of training/exact_optim.py.
         self.reproducible = training_cfg.reproducible
+        self.kernels = training_cfg.reproducible_kernels
 
     def steps_with_muon(self, param: torch.Tensor) -> bool:
         """Whether ``param`` is in the Muon part (its state is :data:`MUON_FIELDS`), else AdamW's."""
@@ -116,7 +117,7 @@ class MuonAdamW:
             buffer = state["momentum_buffer"]
             if self.reproducible:
                 nesterov = exact_momentum(buffer, param.grad, beta)
-                update = exact_orthogonalize(nesterov, NS_COEFFICIENTS, NS_STEPS)
+                update = exact_orthogonalize(nesterov, NS_COEFFICIENTS, NS_STEPS, self.kernels)
             else:
                 buffer.lerp_(param.grad, 1 - beta)
                 update = orthogonalize(param.grad.lerp(buffer, beta))

@@ -155,7 +155,8 @@ class LocalReplicaTrainer:
         self.model_cfg = model_cfg
         self.training_cfg = training_cfg
         self.platform: Platform = prepare_platform(
-            training_cfg.device, training_cfg.precision, training_cfg.compile, training_cfg.reproducible
+            training_cfg.device, training_cfg.precision, training_cfg.compile, training_cfg.reproducible,
+            training_cfg.reproducible_kernels,
         )
         self.device = self.platform.device
         self.specs: list[StageSpec] = split_stages(model_cfg.n_layer, num_stages)

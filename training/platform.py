@@ -111,12 +111,14 @@ class Platform:
     compiled: bool = False
     #: ``training.reproducible``: the forward pass runs the fixed-order kernels (training/exact_mode.py).
     reproducible: bool = False
+    #: ``training.reproducible_kernels``: the version of its matrix products (training/exact_kernel.py).
+    kernels: int = 1
 
     def autocast(self):
         """The context of the forward pass: bfloat16 autocast, the fixed-order kernels of the reproducible
         mode (:class:`~training.exact_mode.ExactKernels`), or nothing."""
         if self.reproducible:
-            return ExactKernels()
+            return ExactKernels(self.kernels)
         return autocast(self.device, self.precision)
 
     def fingerprint(self) -> PlatformFingerprint:
@@ -127,7 +129,7 @@ _PROCESS_PLATFORM: Platform | None = None
 
 
 def prepare_platform(
-    device: str, precision: str, compiled: bool = False, reproducible: bool = False
+    device: str, precision: str, compiled: bool = False, reproducible: bool = False, kernels: int = 1
 ) -> Platform:
     """Resolve ``training.device``/``training.precision``/``training.compile`` and set the process up for it
     (call at the edge).
@@ -138,13 +140,14 @@ def prepare_platform(
     ``compiled``: the inner steps run through torch.compile; raises PlatformError where it cannot compile
     here (:func:`compile_problem`), and sets inductor's deterministic mode (no on-device benchmarking, whose
     pick of a kernel could differ between two processes and so break a same-platform rerun).
-    ``reproducible``: the forward pass runs the fixed-order kernels (:meth:`Platform.autocast`; float32 only).
+    ``reproducible``: the forward pass runs the fixed-order kernels (:meth:`Platform.autocast`; float32 only),
+    of version ``kernels`` (``training.reproducible_kernels``).
     """
     global _PROCESS_PLATFORM
     if reproducible and (precision != "fp32" or compiled):
         raise PlatformError("training.reproducible computes float32 eagerly: not in bf16, not compiled")
     resolved = Platform(
-        resolve_device(device), check_precision(precision), bool(compiled), bool(reproducible))
+        resolve_device(device), check_precision(precision), bool(compiled), bool(reproducible), int(kernels))
     set_deterministic(resolved.device)
     if resolved.compiled:
         problem = compile_problem(resolved.device.type)

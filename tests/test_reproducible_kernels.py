@@ -1,0 +1,183 @@
+"""``training.reproducible_kernels``: the reproducible mode's kernel versions (training/exact_kernel.py).
+
+Version 2's compiled loops (Numba): the float32 product sums each output over ``k`` in increasing order,
+one float32 multiply and one add at a time (compared bit for bit with that sum written as torch elementwise
+operations, which are single IEEE operations on every CPU), without fused multiply-adds although the host
+has them; the elementwise functions are version 1's float64 formulas operation for operation (the same
+bits). The setting: version 1 for a run document without it (its document and hash unchanged), version 2
+recorded. Across ATen capabilities, Numba targets, threads and ``MKL_CBWR``: tests/test_reproducible.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training import exact_kernel
+from training.exact_kernel import KernelVersionError, ordered_matmul, unary32
+from training.exact_math import tree_sum
+from training.exact_mode import ExactKernels
+from training.exact_ops import UNARY
+from training.exact_optim import exact_orthogonalize
+
+
+def loop_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_k a[..., :, k] b[..., k, :]``, ``k`` increasing from 0, as torch elementwise operations."""
+    out = torch.zeros(*a.shape[:-1], b.size(-1))
+    for k in range(a.size(-1)):
+        out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (7, 45, 29), (2, 3, 17, 64, 33), (5, 1, 8), (0, 4, 3),
+                                   (4, 0, 3)])
+def test_ordered_matmul_sums_each_output_in_increasing_order(shape):
+    *batch, m, k, n = shape
+    generator = torch.Generator().manual_seed(sum(shape))
+    # Entries over 12 orders of magnitude: a different order or an FMA changes many outputs' last bits.
+    a = torch.randn(*batch, m, k, generator=generator) * torch.logspace(-6, 6, k)
+    b = torch.randn(*batch, k, n, generator=generator)
+    out = ordered_matmul(a, b)
+    assert out.dtype == torch.float32 and out.shape == (*batch, m, n)
+    assert torch.equal(out, loop_reference(a, b))
+    # Transposed (non-contiguous) operands, as the backward passes give them.
+    assert torch.equal(ordered_matmul(b.transpose(-1, -2), a.transpose(-1, -2)),
+                       loop_reference(b.transpose(-1, -2), a.transpose(-1, -2)))
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (5,)])
+def test_ordered_matmul_splits_work_over_threads_without_changing_a_bit(batch):
+    """One matrix split in rows, fewer matrices than threads split in rows each, more split by matrix."""
+    generator = torch.Generator().manual_seed(len(batch))
+    a = torch.randn(*batch, 260, 128, generator=generator)
+    b = torch.randn(*batch, 128, 130, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in (1, 2, 4):
+            torch.set_num_threads(count)
+            outs.append(ordered_matmul(a, b))
+    finally:
+        torch.set_num_threads(threads)
+    assert math.prod(batch) * 260 * 128 * 130 >= exact_kernel.SPLIT_WORK  # big enough to be split
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert torch.equal(outs[0][(0,) * len(batch)][:3], loop_reference(a[(0,) * len(batch)][:3],
+                                                                       b[(0,) * len(batch)]))
+
+
+def test_ordered_matmul_is_as_accurate_as_a_sequential_float32_sum():
+    generator = torch.Generator().manual_seed(5)
+    a, b = torch.randn(64, 512, generator=generator), torch.randn(512, 96, generator=generator)
+    exact = a.double() @ b.double()
+    bound = 512 * 2.0 ** -24 * (a.double().abs() @ b.double().abs())
+    assert bool(((ordered_matmul(a, b).double() - exact).abs() <= bound).all())
+    with pytest.raises(TypeError, match="float32"):
+        ordered_matmul(a.double(), b.double())
+    with pytest.raises(ValueError, match="do not chain"):
+        ordered_matmul(a, b.T)
+
+
+def test_the_compiled_loops_contract_no_multiply_and_add():
+    """Where the CPU has FMA (this one: AVX2 and AVX-512) the compiled loops, vectorised, use none."""
+    import numba
+    import numpy as np
+
+    from training import exact_kernel_numba
+
+    ones = np.ones((1, 3, 3), dtype=np.float32)
+    for kernel, args in ((exact_kernel_numba.ordered, (ones, ones, ones)),
+                         (exact_kernel_numba.unary, (5, ones[0, 0], ones[0, 1], ones[0, 2]))):
+        fresh = numba.njit(fastmath=False)(kernel.py_func)  # the cached build cannot be inspected
+        fresh(*args)
+        assembly = "".join(fresh.inspect_asm().values())
+        assert "mulp" in assembly or "mulss" in assembly or "mulsd" in assembly
+        assert "vfmadd" not in assembly and "vfmsub" not in assembly and "vfnmadd" not in assembly
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_the_compiled_functions_are_version_1s_formulas_bit_for_bit(name):
+    generator = torch.Generator().manual_seed(len(name))
+    x = torch.cat([torch.randn(20000, generator=generator) * scale for scale in (1e-3, 1, 8, 60, 500)]
+                  + [torch.tensor([0.0, -0.0, 1e-38, -1e-38, 1e-45, 88.7, -87.3, -103.9, 3e38, -3e38])])
+    if name in ("log", "rsqrt"):
+        x = x.abs() + 1e-30
+    value, slope = UNARY[name](x.to(torch.float64))
+    compiled_value, compiled_slope = unary32(name, x)
+    for got, want in ((compiled_value, value.to(torch.float32)), (compiled_slope, slope.to(torch.float32))):
+        assert torch.equal(got.isnan(), want.isnan()), name
+        assert torch.equal(got[~got.isnan()], want[~want.isnan()]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_tree_sum_adds_version_1s_pairs(dtype):
+    generator = torch.Generator().manual_seed(4)
+    for shape in [(7,), (1,), (2, 3), (5, 33, 17), (4, 1, 9), (3, 1000), (2, 3, 4, 5), (0, 3)]:
+        # 16 orders of magnitude: another pairing changes the sums' bits.
+        x = (torch.randn(shape, generator=generator) * torch.logspace(-8, 8, shape[-1])).to(dtype)
+        for dim in range(-len(shape), len(shape)):
+            want = tree_sum(x, dim)
+            got = exact_kernel.tree_sum(x, dim, 2)
+            assert got.shape == want.shape and got.dtype == dtype and torch.equal(got, want), (shape, dim)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
+def test_version_2_computes_the_same_model(preset):
+    """Loss and gradients as torch's to float32 rounding; and not version 1's bits (the version is used)."""
+    from training.config import ModelConfig
+    from training.model import GPT
+
+    model = GPT(ModelConfig(preset=preset), seed=0)
+    generator = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 256, (2, 32), generator=generator) for _ in range(2))
+    _, reference = model(x, y)
+    reference.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    grads = {}
+    for version in (1, 2):
+        model.zero_grad()
+        with ExactKernels(version):
+            _, loss = model(x, y)
+        loss.backward()  # outside the mode: each product's backward keeps its forward's version
+        assert abs(loss.item() - reference.item()) < 1e-5
+        for name, param in model.named_parameters():
+            scale = float(expected[name].abs().max()) + 1e-12
+            assert float((param.grad - expected[name]).abs().max()) / scale < 1e-4, (version, name)
+        grads[version] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert not torch.equal(grads[1], grads[2])
+    assert exact_kernel.CURRENT.get() == exact_kernel.LEGACY  # the mode's exit restores it
+
+
+def test_muons_newton_schulz_uses_the_runs_version():
+    generator = torch.Generator().manual_seed(2)
+    update = torch.randn(24, 40, generator=generator)
+    coefficients = (3.4445, -4.7750, 2.0315)
+    expected = exact_orthogonalize(update, coefficients, 3, kernels=2)
+    with exact_kernel.using(2):
+        assert torch.equal(exact_orthogonalize(update, coefficients, 3, kernels=2), expected)
+    assert not torch.equal(exact_orthogonalize(update, coefficients, 3, kernels=1), expected)
+    # An orthogonalization: singular values near 1, as version 1's.
+    singular = torch.linalg.svdvals(expected.double())
+    assert float(singular.max()) < 1.3 and float(singular.min()) > 0.5
+
+
+def test_the_setting_is_a_run_setting_recorded_when_not_1():
+    from node.config import load_config
+    from node.runconfig import run_document
+    from training.config import TrainingConfig
+
+    on = ["model.preset=tiny", "training.reproducible=true"]
+    legacy = run_document(load_config(None, on))["training"]
+    assert legacy["reproducible"] is True and "reproducible_kernels" not in legacy
+    assert load_config(None, on).training.reproducible_kernels == exact_kernel.LEGACY == 1
+    assert run_document(load_config(None, [*on, "training.reproducible_kernels=1"]))["training"] == legacy
+    recorded = run_document(load_config(None, [*on, "training.reproducible_kernels=2"]))["training"]
+    assert recorded == {**legacy, "reproducible_kernels": 2}
+    for bad in (0, 3, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="reproducible_kernels"):
+            TrainingConfig(reproducible=True, reproducible_kernels=bad)
+    with pytest.raises(ValueError, match="setting of training.reproducible"):
+        TrainingConfig(reproducible_kernels=2)
+    with pytest.raises(KernelVersionError):
+        ExactKernels(3)

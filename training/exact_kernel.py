@@ -1,0 +1,170 @@
+"""The reproducible mode's kernel versions (``training.reproducible_kernels``) and the fixed-order float32
+matrix product of version 2 (docs/REPRODUCIBLE.md, "Kernel versions").
+
+A reproducible run's bits depend on the arithmetic its kernels do, so the kernels are versioned and the
+version is a run setting:
+
+* **1** (a run document that names none: the runs made before the setting existed keep their bits):
+  float32 matrix products by :func:`training.exact_math.exact_matmul`, Ozaki's splitting into two 21-bit
+  integer slices per operand, three float64 BLAS products of exact integers (about 8x to 13x eager torch's
+  step on this project's CPU);
+* **2**: float32 matrix products by :func:`ordered_matmul`, a compiled loop (Numba) in which every output
+  is ``((0 + a_0 b_0) + a_1 b_1) + ...``, ``k`` increasing, each product and each sum one float32 IEEE
+  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``); the loop runs
+  ``i``, then ``k``, then ``j`` innermost, so the compiler vectorises across outputs ``j`` only and each
+  output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
+  arithmetic where version 1 does three float64 BLAS products and the slicing (2.4x to 3x eager torch's
+  step on this project's CPU).
+
+Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
+compiled pass each (:func:`unary32`) with version 1's float64 formulas, operation for operation: the same
+bits, 10x to 50x faster, and the tree sums of the forward pass and of the broadcasts' backward
+(:func:`tree_sum`: version 1's pairs in its order, the same bits). Everything else the mode computes (the
+optimizers, the clipping norm, the codec's fixed-order linear algebra and its float64 products) is the
+same in both versions.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import math
+import os
+
+import numpy as np
+import torch
+
+from training.exact_math import exact_matmul
+from training.exact_math import tree_sum as em_tree_sum
+
+#: The versions a run may name; :data:`LEGACY` is the one of a run document without the setting.
+VERSIONS = (1, 2)
+LEGACY = 1
+#: The fastest version, the one docs/REPRODUCIBLE.md recommends to new runs.
+LATEST = 2
+
+#: The version the matrix products of the running forward pass use (set by ``ExactKernels``; each
+#: :class:`~training.exact_ops.ExactMatmul` keeps the version of its forward pass for its backward pass).
+CURRENT: contextvars.ContextVar[int] = contextvars.ContextVar("reproducible_kernels", default=LEGACY)
+
+_KERNEL = None
+
+
+class KernelVersionError(ValueError):
+    """An unknown kernel version, or version 2 without Numba installed."""
+
+
+def check_version(version: int) -> int:
+    if type(version) is not int or version not in VERSIONS:
+        raise KernelVersionError(
+            f"training.reproducible_kernels={version!r}: must be one of {list(VERSIONS)}")
+    return version
+
+
+@contextlib.contextmanager
+def using(version: int):
+    """Within: the matrix products of the reproducible mode use kernel ``version``."""
+    token = CURRENT.set(check_version(version))
+    try:
+        yield
+    finally:
+        CURRENT.reset(token)
+
+
+def _compiled():
+    """:mod:`training.exact_kernel_numba` (its loops compiled on first use, cached on disk beside it where
+    they can be)."""
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            from training import exact_kernel_numba
+        except ImportError as exc:  # numba is a dependency (pyproject.toml)
+            raise KernelVersionError("training.reproducible_kernels = 2 needs Numba (pyproject.toml pins "
+                                     "it)") from exc
+        _KERNEL = exact_kernel_numba
+    return _KERNEL
+
+
+def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for float32 ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), each output
+    summed over ``k`` in increasing order, one float32 multiply and one float32 add at a time (the first
+    add to 0): the same bits on every CPU, instruction set and thread count. A float32 product of the
+    usual accuracy (a sequential sum: error at most ``K`` units of roundoff of ``sum |a_k b_k|``)."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise TypeError(f"ordered_matmul: float32 operands, got {a.dtype} and {b.dtype}")
+    if a.size(-1) != b.size(-2) or a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
+    count = math.prod(batch)
+    left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
+    right = np.ascontiguousarray(b.detach().cpu().reshape(count, k, n).numpy())
+    out = np.empty((count, m, n), dtype=np.float32)
+    _run_split(_compiled().ordered, left, right, out)
+    return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
+
+
+#: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
+SPLIT_WORK = 1 << 22
+_POOL: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _run_split(kernel, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """``kernel(left, right, out)`` on torch's intra-op thread count: the batch (or, for one matrix, the
+    rows) cut into that many parts, each on its own thread (the loop releases the GIL). Every output is
+    still one thread's sum in the one order, so the bits do not depend on the thread count."""
+    threads = torch.get_num_threads()
+    count, m, k = left.shape
+    if threads <= 1 or count * m * k * right.shape[2] < SPLIT_WORK or (count == 1 and m < 2 * threads):
+        kernel(left, right, out)
+        return
+    key = (os.getpid(), threads)  # a forked child has none of its parent's pool threads: its own pool
+    pool = _POOL.get(key) or _POOL.setdefault(key, concurrent.futures.ThreadPoolExecutor(threads))
+    if count >= threads:
+        cuts = np.linspace(0, count, threads + 1).astype(int)
+        parts = [(left[s:e], right[s:e], out[s:e]) for s, e in zip(cuts[:-1], cuts[1:])]
+    else:  # each matrix cut into blocks of rows (a block of rows of a C-contiguous array is one too)
+        cuts = np.linspace(0, m, threads + 1).astype(int)
+        parts = [(left[p:p + 1, s:e], right[p:p + 1], out[p:p + 1, s:e])
+                 for p in range(count) for s, e in zip(cuts[:-1], cuts[1:])]
+    for done in [pool.submit(kernel, *part) for part in parts]:
+        done.result()
+
+
+def product(a: torch.Tensor, b: torch.Tensor, version: int | None = None) -> torch.Tensor:
+    """``a @ b`` by kernel ``version`` (:data:`CURRENT` when None): version 2's :func:`ordered_matmul` for
+    float32, else (version 1, or float64 operands) :func:`training.exact_math.exact_matmul`."""
+    version = CURRENT.get() if version is None else check_version(version)
+    if version == 2 and a.dtype == torch.float32:
+        return ordered_matmul(a, b)
+    return exact_matmul(a, b)
+
+
+def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, derivative)`` of the elementwise function ``name`` (``training.exact_ops.UNARY``) at float32
+    ``x``, both float32: version 2's one compiled pass, the same float64 operations in the same order as
+    the torch formulas of version 1 (so the same bits: tests/test_reproducible_kernels.py)."""
+    kernels = _compiled()
+    flat = np.ascontiguousarray(x.detach().cpu().reshape(-1).numpy())
+    value, slope = np.empty_like(flat), np.empty_like(flat)
+    kernels.unary(kernels.CODES[name], flat, value, slope)
+    return (torch.from_numpy(value).reshape(x.shape).to(x.device),
+            torch.from_numpy(slope).reshape(x.shape).to(x.device))
+
+
+def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Tensor:
+    """:func:`training.exact_math.tree_sum` (``dim`` kept, of size 1): by kernel ``version`` 2 (default
+    :data:`CURRENT`) one compiled pass over float32 or float64 ``x`` adding the same pairs in the same
+    order (the same bits), else torch's elementwise adds level by level."""
+    version = CURRENT.get() if version is None else version
+    dim %= max(x.dim(), 1)
+    count = x.size(dim) if x.dim() else 1
+    if version != 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
+        return em_tree_sum(x, dim)
+    outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
+    flat = np.ascontiguousarray(x.detach().cpu().reshape(outer, count, inner).numpy())
+    out = np.empty((outer, inner), dtype=flat.dtype)
+    _compiled().tree_sum(flat, out)
+    shape = list(x.shape)
+    shape[dim] = 1
+    return torch.from_numpy(out).reshape(shape).to(x.device)

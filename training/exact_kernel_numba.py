@@ -1,0 +1,161 @@
+"""Version 2's compiled loop (:func:`training.exact_kernel.ordered_matmul`), apart so that only a run that
+uses it imports Numba. No ``fastmath``: every multiply and add is its own IEEE float32 operation (LLVM fuses
+neither into an FMA nor reassociates them without the flags), and the compiler vectorises the innermost
+loop, across outputs ``j``, which leaves each output's order of additions as written."""
+
+import math
+
+import numba
+import numpy as np
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
+def ordered(a, b, c):  # pragma: no cover: compiled
+    """``c[p] = a[p] @ b[p]``, each ``c[p, i, j]`` the sum over ``k`` in increasing order from 0. Two rows
+    of ``c`` at a time share each load of ``b``'s row ``k`` (each output's order is unchanged)."""
+    for p in range(a.shape[0]):
+        rows, inner, cols = a.shape[1], a.shape[2], b.shape[2]
+        i = 0
+        while i < rows:
+            pair = i + 1 < rows
+            c0 = c[p, i]
+            c1 = c[p, i + 1] if pair else c[p, i]
+            for j in range(cols):
+                c0[j] = 0.0
+                c1[j] = 0.0
+            for k in range(inner):
+                a0 = a[p, i, k]
+                bk = b[p, k]
+                if pair:
+                    a1 = a[p, i + 1, k]
+                    for j in range(cols):
+                        x = bk[j]
+                        c0[j] = c0[j] + a0 * x
+                        c1[j] = c1[j] + a1 * x
+                else:
+                    for j in range(cols):
+                        c0[j] = c0[j] + a0 * bk[j]
+            i += 2
+
+
+# ----------------------------------------------------------------------------- elementwise functions
+# training/exact_math.py's and training/exact_ops.py's float64 formulas, operation for operation (the same
+# IEEE operations in the same order, so the same bits as the torch versions), one pass over the elements.
+
+LN2_HI = 6.93147180369123816490e-01
+LN2_LO = 1.90821492927058770002e-10
+INV_LN2 = 1.44269504088896338700e00
+SQRT_HALF = 0.70710678118654752440
+EXP_LOW, EXP_HIGH = -745.0, 709.0
+EXP_TERMS = tuple(1.0 / math.factorial(_k) for _k in range(12, -1, -1))
+LOG_TERMS = tuple(2.0 / _k for _k in (19, 17, 15, 13, 11, 9, 7, 5, 3, 1))
+GELU_C = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
+GELU_3A = 3.0 * GELU_A
+#: ``POW2[k + 1100]`` is ``2.0 ** k`` (exact), for exp's scale ``2^half 2^(n - half)`` (training/exact_math.py
+#: builds the same powers from exponent bits).
+POW2 = np.array([2.0 ** k for k in range(-1100, 1024)])
+
+
+@numba.njit(inline="always", fastmath=False)
+def _exp64(x):  # pragma: no cover: compiled
+    if x < EXP_LOW:
+        x = EXP_LOW
+    elif x > EXP_HIGH:
+        x = EXP_HIGH
+    n = np.rint(x * INV_LN2)
+    r = (x - n * LN2_HI) - n * LN2_LO
+    half = np.floor(n * 0.5)
+    acc = EXP_TERMS[0]
+    for index in numba.literal_unroll(EXP_TERMS[1:]):
+        acc = acc * r + index
+    return acc * POW2[int(half) + 1100] * POW2[int(n - half) + 1100]
+
+
+@numba.njit(inline="always", fastmath=False)
+def _log64(x):  # pragma: no cover: compiled
+    if not x > 0:
+        return -np.inf
+    mantissa, exponent = math.frexp(x)
+    e = float(exponent)
+    if mantissa < SQRT_HALF:
+        mantissa = mantissa * 2.0
+        e = e - 1.0
+    f = mantissa - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    acc = LOG_TERMS[0]
+    for term in numba.literal_unroll(LOG_TERMS[1:]):
+        acc = acc * z + term
+    return e * LN2_HI + (e * LN2_LO + s * acc)
+
+
+@numba.njit(inline="always", fastmath=False)
+def _tanh64(x):  # pragma: no cover: compiled
+    t = _exp64(abs(x) * -2.0)
+    magnitude = (1.0 - t) / (1.0 + t)
+    return -magnitude if x < 0 else magnitude
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def unary(code, x, value, slope):  # pragma: no cover: compiled
+    """``value[i], slope[i]`` (float32) of function ``code`` (:data:`CODES`) at ``x[i]`` (float32), computed
+    in float64 and rounded once."""
+    for i in range(x.shape[0]):
+        v = np.float64(x[i])
+        if code == 0:  # exp
+            y = _exp64(v)
+            d = y
+        elif code == 1:  # log
+            y = _log64(v)
+            d = 1.0 / v
+        elif code == 2:  # tanh
+            y = _tanh64(v)
+            d = 1.0 - y * y
+        elif code == 3:  # sigmoid
+            y = 1.0 / (_exp64(-v) + 1.0)
+            d = y * (1.0 - y)
+        elif code == 4:  # silu
+            s = 1.0 / (_exp64(-v) + 1.0)
+            y = v * s
+            d = s * (v * (1.0 - s) + 1.0)
+        elif code == 5:  # gelu_tanh
+            t = _tanh64((v + v * v * v * GELU_A) * GELU_C)
+            y = v * (t + 1.0) * 0.5
+            d = (t + 1.0) * 0.5 + v * ((1.0 - t * t) * GELU_C * (v * v * GELU_3A + 1.0)) * 0.5
+        else:  # rsqrt
+            y = 1.0 / np.sqrt(v)
+            d = y * y * y * -0.5
+        value[i] = np.float32(y)
+        slope[i] = np.float32(d)
+
+
+#: The functions :func:`unary` computes, by name (training/exact_ops.py's ``UNARY``).
+CODES = {"exp": 0, "log": 1, "tanh": 2, "sigmoid": 3, "silu": 4, "gelu_tanh": 5, "rsqrt": 6}
+
+
+# ----------------------------------------------------------------------------- tree sums
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def tree_sum(x, out):  # pragma: no cover: compiled
+    """``out[o, :] = `` the tree sum of ``x[o, :, :]`` over its middle axis, training/exact_math.py's
+    ``tree_sum`` pair for pair: each level adds the second half of the rows to the first half, row by row,
+    an odd last row carried behind them to the next level."""
+    rows, inner = x.shape[1], x.shape[2]
+    buf = np.empty(rows * inner, dtype=x.dtype)
+    for o in range(x.shape[0]):
+        for r in range(rows):
+            for c in range(inner):
+                buf[r * inner + c] = x[o, r, c]
+        count = rows
+        while count > 1:
+            half = count // 2
+            for r in range(half * inner):
+                buf[r] = buf[r] + buf[half * inner + r]
+            if count % 2:
+                for c in range(inner):
+                    buf[half * inner + c] = buf[2 * half * inner + c]
+            count = half + count % 2
+        for c in range(inner):
+            out[o, c] = buf[c]
