@@ -184,9 +184,9 @@ def test_a_right_round_listing_a_member_that_left_after_it_and_withdrew_is_never
             prover.prove_wrong_aggregation(committed.proof(1), commit=False)
         assert prover.invalid_from(run_id) is None
 
-    # A refused proof is refused by its gas estimate, which anvil runs in the latest block's context and py-evm
-    # in the next block's: with the latest block at closes_at - 2 and then closes_at - 1, both backends try
-    # the window's last block.
+    # A refused proof is refused by its gas estimate, which anvil runs in the latest block's context and
+    # py-evm in the next block's: with the latest block at closes_at - 2, then closes_at - 1, both backends
+    # try the window's last block.
     for latest in (opens_at, closes_at - 2, closes_at - 1):
         mine(chain_w3, latest - chain_w3.eth.block_number)
         refused(errors.ProverNormCorrect, errors.ProverRoundCorrect)
