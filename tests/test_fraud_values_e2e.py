@@ -18,8 +18,9 @@ quorum:
   the factors alone);
 - ``collude-fabricate-own``: the fabricated contribution listed under the non-member's own address and valid
   signature (only the contract's ``memberOf`` tells), rounds 0 and 1 committed back to back (the colluders
-  withhold their signatures of round 0 until round 1 is aggregated): the proof waits for round 0's window, past
-  round 1's own dispute window, where ProverBinding read no seat before (docs/FRAUD_PROOF.md, "The binding").
+  withhold their signatures of round 0 until round 1 is aggregated): the proof waits for round 0's window,
+  past round 1's own dispute window, where ProverBinding read no seat before (docs/FRAUD_PROOF.md, "The
+  binding").
 
 Each time the honest node commits to its proof a block before sending it: the round and every later one become
 invalid, both colluders are slashed, the honest member is paid half of the slash, and it never signs a record
