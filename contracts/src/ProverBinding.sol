@@ -53,7 +53,8 @@ library ProverBinding {
         // accusationBlocks more; a dispute's deadline is accusationBlocks after one opened in the window) and
         // commit(t - 1) <= commit(t): so before commit(t) + proofWindowBound <= commit(t) + unbondingBlocks
         // (createRun, LedgerUnbondingBelowProofWindow). The dispute window alone was not enough: a proof of t
-        // waits for t - 1's window, which closes up to disputeBlocks later than t's when t follows it at once.
+        // waits for t - 1's window, which leaves only the blocks between the two commits inside t's dispute
+        // window (none when t follows t - 1 at once, or while a game or a dispute keeps t - 1 open).
         Signed memory signed = Signed(
             record.runId, record.round, stage, LedgerCore.domainSeparator(address(ledger)),
             block.number < ledger.commitBlockOf(record.runId, record.round) + run.unbondingBlocks
