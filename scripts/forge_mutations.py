@@ -113,6 +113,11 @@ MUTATIONS = (
     Mutation("dispute-bond-short", "LedgerDisputes.sol",
              "if (msg.value != run.bond) revert", "if (msg.value < run.bond) revert",
              "accept a dispute bond other than the run's"),
+    Mutation("binding-window-short", "ProverBinding.sol",
+             "block.number < ledger.commitBlockOf(record.runId, record.round) + run.unbondingBlocks",
+             "block.number < ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks",
+             "read a listed contributor's seat only within the round's dispute window: a non-member's own "
+             "signature in a round committed right after its parent stands"),
 )
 
 

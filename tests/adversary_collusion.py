@@ -18,11 +18,13 @@ node.live.assembly.Kinds).
   member, the same in every colluder). The run's values hold, the scales follow from the committed sums and
   every chunk is the step of the committed factors: only the binding shows it (one member listed twice, a
   signature not by the member beside it), and the honest member must send the binding proof
-  (``proveWrongNorm``, the factors alone). The same contribution listed as the non-member itself, its
-  signature valid, is seen only by the contract's ``memberOf``, which ProverBinding reads only while the round
-  is in its dispute window; a proof of round 1 is taken only once round 0's window closed, and two rounds
-  committed a block apart leave no block for it (docs/FRAUD_PROOF.md, "The late game": a limit of the frozen
-  contracts), so the move lists a member.
+  (``proveWrongNorm``, the factors alone).
+- ``collude-fabricate-own``: the same contribution listed as the non-member itself, its signature valid: only
+  the contract's ``memberOf`` shows it. And the colluders commit rounds 0 and 1 back to back: each withholds
+  its signature of round 0 until it has aggregated round 1 (the honest member alone is no quorum), so round 1
+  is committed as soon as round 0 is, a block or two later. A proof of round 1 is taken only once round 0's
+  window closed (``ProverParentOpen``), a block or two after round 1's own dispute window; ProverBinding read
+  the seats only within that window before (docs/FRAUD_PROOF.md, "The binding"), and the round stood.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 logger = logging.getLogger("adversary")
 
-COLLUSION_ATTACKS = ("collude-lr", "collude-lr-late", "collude-fabricate")
+COLLUSION_ATTACKS = ("collude-lr", "collude-lr-late", "collude-fabricate", "collude-fabricate-own")
 #: The round ``collude-lr`` steps with another lr (round 0's proof window closes first).
 COLLUDED_ROUND = 1
 #: The outer lr it steps round COLLUDED_ROUND with.
@@ -47,6 +49,9 @@ LATE_MARGIN_BLOCKS = 6
 LATE_POLL_S = 0.5
 #: The key of the account ``collude-fabricate`` binds its fabricated contribution to (never a member).
 FABRICATOR_KEY = b"\x5a" * 32
+#: ``collude-fabricate-own`` withholds its signature of round 0 at most this long, waiting for round 1's
+#: aggregate (then signs it anyway: the run goes on).
+HOLD_ROUND_0_S = 300.0
 
 
 def colluding_lr():
@@ -117,17 +122,23 @@ def colluding_lr_late():
     return colluding_lr()
 
 
-def colluding_fabricate():
+def colluding_fabricate(own: bool = False):
+    """``collude-fabricate``; ``own``: ``collude-fabricate-own``."""
+    import threading
+
     from eth_account import Account
 
     from ledger.contribution_binding import sign_contribution
     from node.live.fraud.chunkstate import ChunkedStates
     from node.live.fraud.contribution_binding import ContributionBinder
+    from node.live.record.quorumcommit import QuorumCommit
     from node.live.worker.replica import ReplicaWorker
 
     binders: list = []  # this node's binder (its chain names the EIP-712 domain), seen when it signs
     fabricated: dict = {}  # (round, stage) -> the fabricated payload
     honest_sign, honest_record = ContributionBinder.sign, ChunkedStates.record
+    honest_sign_record = QuorumCommit._sign
+    applied = threading.Event()  # round COLLUDED_ROUND aggregated (with the fabricated contribution)
 
     def sign(self, outer_round, stage, blob, shapes):
         binders[:] = [self]
@@ -140,7 +151,7 @@ def colluding_fabricate():
             claim = binder._claim(outer_round, stage, blob, {n: tuple(t.shape) for n, t in weights.items()})
             client = binder.chain.client
             outsider = Account.from_key(FABRICATOR_KEY)
-            listed_as = bindings[0][0] if bindings and bindings[0] else outsider.address
+            listed_as = bindings[0][0] if bindings and bindings[0] and not own else outsider.address
             binding = (listed_as, sign_contribution(outsider, claim, client.chain_id, client.ledger_address))
             envelope = hashlib.sha256(b"fabricated" + blob).digest()
             payloads, envelopes = [*payloads, blob], [*envelopes, envelope]
@@ -158,14 +169,29 @@ def colluding_fabricate():
             if outer_round == COLLUDED_ROUND and contributions:
                 fabricated[(outer_round, stage)] = contributions[0]
                 contributions, prepared = [*contributions, contributions[0]], None
-            return super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+            result = super().apply(stage, outer_round, contributions, excluded=excluded, prepared=prepared)
+            if outer_round == COLLUDED_ROUND:
+                applied.set()
+            return result
+
+    def sign_record(self, record):
+        """Round COLLUDED_ROUND - 1's record signed only once round COLLUDED_ROUND is aggregated: the two
+        rounds are then committed back to back."""
+        if record.round == COLLUDED_ROUND - 1:
+            logger.warning("adversary: round %d: withholding this member's record signature until round %d "
+                           "is aggregated", record.round, COLLUDED_ROUND)
+            applied.wait(HOLD_ROUND_0_S)
+        return honest_sign_record(self, record)
 
     ContributionBinder.sign = sign
     ChunkedStates.record = record
+    if own:
+        QuorumCommit._sign = sign_record
     return {"worker": FabricatingWorker}
 
 
 def collusion_parts(attack: str) -> dict:
     """The part classes of one of COLLUSION_ATTACKS."""
     return {"collude-lr": colluding_lr, "collude-lr-late": colluding_lr_late,
-            "collude-fabricate": colluding_fabricate}[attack]()
+            "collude-fabricate": colluding_fabricate,
+            "collude-fabricate-own": lambda: colluding_fabricate(own=True)}[attack]()

@@ -163,7 +163,7 @@ def bound(state: StageState, clients, run_id: int, outer_round: int, stage: int 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
            commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
-           max_contributions: int | None = None, **run_params) -> Committed:
+           max_contributions: int | None = None, gap: int | None = None, **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
@@ -171,7 +171,9 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     ledger.runvalues.Schedule whose root they name (its leaf goes into every chunk proof);
     ``max_contributions`` overrides the values' bound. Version-3 factors without a binding are bound first
     (:func:`bound`): contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]``
-    (member or not). ``run_params``: further ``create_run`` keywords (the windows, ``max_game_steps``)."""
+    (member or not). ``gap``: the blocks mined between the two commits (None: round 0's dispute window, so a
+    proof of round 1 never waits for its parent; 0: round 1 in the block after round 0's). ``run_params``:
+    further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(getattr(new.factors, "payload_roots", ()))  # junk factors list none
@@ -189,8 +191,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
-        if records:  # round 0's window closes first: a proof of round 1 never waits for its parent (issue 62)
-            mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"])
+        if records and gap != 0:  # by default round 0's window closes first (a proof of round 1 never waits)
+            mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"] if gap is None else gap)
         leaves = [state.leaf(), round_.other.leaf()]
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(leaves))
         run.client(1).commit_round(record, run.sign(record, (1, 2)))

@@ -20,7 +20,7 @@ from ledger.chunkproof import Factors
 from ledger.contribution_binding import ContributionClaim, compact, expand, recover_contributor
 from ledger.errors import LedgerInputError
 from tests.fraud_fixtures import DILOCO, aggregated_round, bound, commit, contribution, tensors
-from tests.ledger_fixtures import chain_w3, deploy  # noqa: F401 (chain_w3: the py-evm / anvil fixture)
+from tests.ledger_fixtures import chain_w3, deploy, mine  # noqa: F401 (chain_w3: the py-evm / anvil fixture)
 
 SHAPES = {"w": (2, 40)}  # 80 elements: a full chunk and a short one
 NORMED = dataclasses.replace(DILOCO, commitments="normed")
@@ -127,6 +127,73 @@ def test_a_contributor_not_yet_a_member_in_the_round_is_proven_while_disputable(
     deployment.register(7)
     deployment.client(7).join_run(committed.run_id)
     assert_proven(committed, by="norm")
+
+
+def mine_to(w3, block: int) -> None:
+    """Mine until the next transaction lands in block ``block``."""
+    mine(w3, max(0, block - 1 - w3.eth.block_number))
+
+
+@pytest.mark.parametrize("by", ["norm", "chunk"])
+def test_a_non_members_own_signature_is_proven_after_a_parent_committed_just_before(chain_w3, honest, by):
+    """The back-to-back move: the quorum commits round 1 in the block after round 0 and lists a fabricated
+    contribution signed by an outsider's key under the outsider's own address (a valid signature: only the
+    seat tells). A proof of round 1 waits for round 0's window (``ProverParentOpen``), which closes a block
+    after round 1's dispute window: the seats must still be read then (they were only within the dispute
+    window before: ``ProverNormCorrect``, the round kept)."""
+    committed = commit(deploy(chain_w3, min_stake=STAKE), honest, honest.honest, stake=STAKE,
+                       contributors=(1, 2, OUTSIDER), gap=0)
+    prover, run_id = committed.prover(), committed.run_id
+    parent, child = (prover.commit_block_of(run_id, r) for r in (0, 1))
+    disputes = prover.run_struct(run_id)["disputeBlocks"]
+    assert child == parent + 1
+    opens_at, closes_at = prover.proof_window_of(run_id, 1)
+    assert opens_at == parent + disputes and closes_at > opens_at + 2
+    mine_to(chain_w3, opens_at + 1)  # the proof's commitment in this block, the proof in the next
+    if by == "norm":
+        receipt = prover.prove_wrong_norm(committed.scale_proof())
+    else:
+        receipt = prover.prove_wrong_aggregation(committed.proof(1))
+    assert child + disputes < receipt["blockNumber"] < closes_at  # past round 1's own dispute window
+    assert overturned(committed)
+
+
+def test_a_right_round_listing_a_member_that_left_after_it_and_withdrew_is_never_proven(chain_w3, honest):
+    """No false proof from the longer reading of the seats: member 3 contributed to round 1 (committed the
+    block after round 0), left in the block after it and withdraws as early as the rules allow (the run's
+    unbonding the least createRun takes, the proof window's bound). Within the whole proof window its seat is
+    still there (unbonding) and in force in round 1, at the window's first block and at its last; once
+    withdrawn (a seat deleted reads as never joined) the seats are no longer read and the window is closed."""
+    deployment = deploy(chain_w3, min_stake=STAKE)
+    committed = commit(deployment, honest, honest.honest, stake=STAKE, gap=0, max_game_steps=1)
+    prover, run_id, leaver = committed.prover(), committed.run_id, deployment.client(3)
+    run = prover.run_struct(run_id)
+    bound_ = run["disputeBlocks"] + 4 * run["accusationBlocks"]  # LedgerCore.proofWindowBound at 1 game step
+    assert run["unbondingBlocks"] == bound_
+    leaver.leave_run(run_id)
+    seat = leaver.member(run_id, leaver.address)
+    committed_at = prover.commit_block_of(run_id, 1)
+    assert seat.left_round == 2 and seat.unbonding_end == committed_at + 1 + bound_
+    opens_at, closes_at = prover.proof_window_of(run_id, 1)
+    assert committed_at + run["disputeBlocks"] < closes_at <= seat.unbonding_end
+
+    def refused(*kinds) -> None:
+        with pytest.raises(kinds):
+            prover.prove_wrong_norm(committed.scale_proof(), commit=False)
+        with pytest.raises(kinds):
+            prover.prove_wrong_aggregation(committed.proof(1), commit=False)
+        assert prover.invalid_from(run_id) is None
+
+    # A refused proof is refused by its gas estimate, which anvil runs in the latest block's context and
+    # py-evm in the next block's: with the latest block at closes_at - 2, then closes_at - 1, both backends
+    # try the window's last block.
+    for latest in (opens_at, closes_at - 2, closes_at - 1):
+        mine(chain_w3, latest - chain_w3.eth.block_number)
+        refused(errors.ProverNormCorrect, errors.ProverRoundCorrect)
+    mine(chain_w3, seat.unbonding_end - chain_w3.eth.block_number)
+    leaver.withdraw_stake(run_id)
+    assert leaver.member(run_id, leaver.address) is None
+    refused(errors.ProverNormCorrect, errors.ProverRoundCorrect, errors.ProverProofWindowClosed)
 
 
 def test_the_binding_round_trips_and_recovers(honest):

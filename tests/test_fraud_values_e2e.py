@@ -15,7 +15,12 @@ quorum:
   (node/live/peers/lifecycle.py), it follows the late answer to the values proof;
 - ``collude-fabricate``: round 1 lists, beside the real contributions, a fabricated one no member signed (a
   non-member's signature, listed as a member): the honest node sends the binding proof (proveWrongNorm over
-  the factors alone).
+  the factors alone);
+- ``collude-fabricate-own``: the fabricated contribution listed under the non-member's own address and valid
+  signature (only the contract's ``memberOf`` tells), rounds 0 and 1 committed back to back (the colluders
+  withhold their signatures of round 0 until round 1 is aggregated): the proof waits for round 0's window,
+  past round 1's own dispute window, where ProverBinding read no seat before (docs/FRAUD_PROOF.md, "The
+  binding").
 
 Each time the honest node commits to its proof a block before sending it: the round and every later one become
 invalid, both colluders are slashed, the honest member is paid half of the slash, and it never signs a record
@@ -48,12 +53,17 @@ def _logs(slots) -> str:
 
 #: What the honest node's log says of each move: why the round is wrong, and that it proved it.
 FOUND = {"collude-lr": "factors' lr/mu bits", "collude-lr-late": "factors' lr/mu bits",
-         "collude-fabricate": "factors list one member's account twice"}
+         "collude-fabricate": "factors list one member's account twice",
+         "collude-fabricate-own": "factors list a contributor that held no seat in the round"}
+#: The most blocks ``collude-fabricate-own`` leaves between the commits of rounds 0 and 1 (the chain is not
+#: mined meanwhile: only the nodes' own transactions add blocks).
+BACK_TO_BACK_BLOCKS = 3
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("attack", ["collude-lr", "collude-lr-late", "collude-fabricate"])
+@pytest.mark.parametrize("attack", ["collude-lr", "collude-lr-late", "collude-fabricate",
+                                    "collude-fabricate-own"])
 def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_round(make_run, attack):
     """``collude-lr-late`` (tests/adversary_collusion.py): the colluders serve nothing and answer each
     challenge in the last blocks of its window; the honest node's weights left the record (its own aggregate
@@ -75,20 +85,23 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_round(make_
         assert run.running(), "every node exited early:\n" + run_logs(run)
         # Time passes on the chain: round 0's proof window closes (the proof waits for it), a late answer's
         # window runs out. anvil_mine, not tests.ledger_fixtures.mine (which checks the exact count): the
-        # nodes' transactions add blocks too.
-        client.w3.provider.make_request("anvil_mine", ["0x4"])
+        # nodes' transactions add blocks too. Back to back: nothing mined until round 1 is committed.
+        if attack != "collude-fabricate-own" or client.commit_block_of(run.run_id, 1) is not None:
+            client.w3.provider.make_request("anvil_mine", ["0x4"])
         time.sleep(2.0)
     assert client.invalid_from(run.run_id) == 1, run_logs(run)
     honest_account = assert_round_1_proven_against_the_colluders(client, run, honest, colluders)
     logs = _logs([honest])
     assert FOUND[attack] in logs and "proven wrong on chain (stage 0" in logs, logs[-4000:]
     kept = json.loads((honest.data_dir / "proofs" / "round-00000001-stage0.json").read_text())["proof"]
-    if attack == "collude-fabricate":
+    if attack.startswith("collude-fabricate"):
         assert "adversary: round 1 stage 0: listing a fabricated contribution" in _logs(colluders)
         assert kept["kind"] == "norm" and kept["contribution"] == SCALES  # the binding: the factors alone
     else:
         assert "adversary: round 1 stage 0: stepping with outer lr 7.0" in _logs(colluders)
         assert kept["new_weights"] == "0x" and kept["schedule_leaf"] != "0x"  # the values proof: factors only
+    if attack == "collude-fabricate-own":
+        _assert_back_to_back(client, run)
     if attack == "collude-lr-late":
         _assert_the_late_game(client, run, honest, colluders, honest_account, logs)
     # The prover was paid half of the two stakes slashed at once: the ledger pays the AggregationProver, which
@@ -100,6 +113,15 @@ def test_one_honest_member_alone_overturns_a_colluding_quorums_wrong_round(make_
     # It never signed a record on top of the wrong round 1.
     state = json.loads((honest.data_dir / "state.json").read_text())
     assert all(int(r) <= 1 for r in state.get("signed_records", {})), state.get("signed_records")
+
+
+def _assert_back_to_back(client, run) -> None:
+    """Rounds 0 and 1 were committed at most BACK_TO_BACK_BLOCKS apart, and the proof landed after round 1's
+    own dispute window (where the seats were not read before)."""
+    first, second = (client.commit_block_of(run.run_id, r) for r in (0, 1))
+    assert 0 < second - first <= BACK_TO_BACK_BLOCKS, (first, second)
+    (proven,) = _events(client, "ProverRewarded(uint256,uint64,address,uint256)")
+    assert proven["blockNumber"] >= second + client.run_struct(run.run_id)["disputeBlocks"], (proven, second)
 
 
 def _events(client, signature: str, *topics) -> list:

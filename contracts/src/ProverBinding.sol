@@ -11,8 +11,9 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 /// binding"): its contributor signed, with its member account's key, the EIP-712 message `Contribution` (domain:
 /// the ledger) over the run, round, stage, payload root, norm root and declared steps, and the factors carry the
 /// contributor's address and signature. A round is wrong if it lists more than `maxContributions`, if a signature
-/// does not recover to its listed contributor, if one contributor is listed twice, or (while the round can be
-/// disputed: a seat is withdrawn at the earliest after it) if a contributor was not a member in force in the round.
+/// does not recover to its listed contributor, if one contributor is listed twice, or (until `unbondingBlocks` after
+/// the round's commit, which outlasts its whole proof window: no seat in force in the round is withdrawn before) if a
+/// contributor was not a member in force in the round.
 /// Linked into AggregationProver and run in its context (DELEGATECALL): both proofs ask it once their own check
 /// finds the round right.
 library ProverBinding {
@@ -41,9 +42,22 @@ library ProverBinding {
         (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);
         if (!ok) return true;
         if (run.commitments != _NORMED) return true; // version-3 factors in another run: no honest node's
+        // The seats are read for as long as none in force in the round can be gone (`_inForce` cannot tell a
+        // withdrawn seat, deleted, from a non-member's). A seat in force in round t left after t's commit
+        // (leftRound = commitCount > t; a slashed seat is never deleted, a rejoin needs a withdrawal first), so
+        // it withdraws at unbondingEnd = its leaving block + unbondingBlocks >= commit(t) + unbondingBlocks. And
+        // every proof of t lands before then: its window closes (TrainingLedger.proofWindowOf) at
+        // max(end(t), end(t - 1) + accusationBlocks), where a round's own end is at most disputeBlocks +
+        // (2 maxGameSteps + 1) accusationBlocks after its commit (a game's steps open within the dispute window
+        // or within accusationBlocks of an answer, each answered within accusationBlocks, expired within
+        // accusationBlocks more; a dispute's deadline is accusationBlocks after one opened in the window) and
+        // commit(t - 1) <= commit(t): so before commit(t) + proofWindowBound <= commit(t) + unbondingBlocks
+        // (createRun, LedgerUnbondingBelowProofWindow). The dispute window alone was not enough: a proof of t
+        // waits for t - 1's window, which leaves only the blocks between the two commits inside t's dispute
+        // window (none when t follows t - 1 at once, or while a game or a dispute keeps t - 1 open).
         Signed memory signed = Signed(
             record.runId, record.round, stage, LedgerCore.domainSeparator(address(ledger)),
-            block.number < ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks
+            block.number < ledger.commitBlockOf(record.runId, record.round) + run.unbondingBlocks
         );
         return _anyUnbound(ledger, factors, norms, signed);
     }
@@ -67,7 +81,7 @@ library ProverBinding {
         uint64 round;
         uint32 stage;
         bytes32 separator; // the ledger's EIP-712 domain separator
-        bool disputable; // the round is in its dispute window: no seat in force in it has been withdrawn
+        bool seatsKept; // before commit + unbondingBlocks: no seat in force in the round has been withdrawn
     }
 
     function _anyUnbound(
@@ -85,7 +99,7 @@ library ProverBinding {
                 if (signers[i] == signer) return true; // one member listed twice
             }
             signers[j] = signer;
-            if (signed.disputable && !_inForce(ledger, signed.runId, signed.round, signer)) return true;
+            if (signed.seatsKept && !_inForce(ledger, signed.runId, signed.round, signer)) return true;
         }
         return false;
     }
