@@ -134,6 +134,12 @@ class HeldStates:
     def committed_norms(self, outer_round, stage, leaf, providers):
         return None
 
+    def pieces_of(self, outer_round: int, stage: int, payload_root: bytes) -> list[bytes] | None:
+        """As ChunkedStates.pieces_of for a walker that left nothing out: an aggregated contribution's pieces."""
+        state = self.state(outer_round, stage)
+        roots = state.factors.payload_roots if state is not None else ()
+        return state.payload_leaves[roots.index(payload_root)] if payload_root in roots else None
+
 
 def _attestation(leaf: bytes) -> protocol.Attestation:
     return protocol.Attestation(b"\x01" * 32, b"\x02" * 32, 2, float("nan"), float("nan"), 0, b"", b"", leaf)
