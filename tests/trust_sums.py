@@ -135,7 +135,7 @@ class HeldStates:
         return None
 
     def pieces_of(self, outer_round: int, stage: int, payload_root: bytes) -> list[bytes] | None:
-        """As ChunkedStates.pieces_of for a walker that left nothing out: an aggregated contribution's pieces."""
+        """As ChunkedStates.pieces_of, for a walker that left nothing out: an aggregated one's pieces."""
         state = self.state(outer_round, stage)
         roots = state.factors.payload_roots if state is not None else ()
         return state.payload_leaves[roots.index(payload_root)] if payload_root in roots else None
