@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "repro_probe.py"
 OVERRIDES = ["model.preset=tiny", "pipeline.num_stages=2", "diloco.num_replicas=3", "diloco.inner_steps=2",
              "training.batch_size=4", "training.warmup_steps=2", "compression.min_compress_numel=512",
-             "training.reproducible=true"]
+             "training.reproducible=true", "training.reproducible_kernels=1"]
 HONEST, PERCENT_CHEAT, ULP_CHEAT = 0, 1, 2
 
 
