@@ -254,4 +254,23 @@ def reproducible(r: dict) -> list[str]:
         when = f" (recorded {earlier['date']} at {earlier['commit']}: {earlier['note']})" if earlier else ""
         lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}){when}:", ""]
         lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
+    if r.get("audit"):
+        lines += [*([""] if lines[-1] else []), *reproducible_audit(r["audit"])]
     return lines
+
+
+def reproducible_audit(a: dict) -> list[str]:
+    """bench/bench_reproducible.py --audit: a reproducible demo run audited under other instruction sets."""
+    kernels = (a.get("run_training") or {}).get("reproducible_kernels") or 1
+    when = a.get("recorded", {})
+    lines = [f"`dlx-node demo` in the mode (`--set training.reproducible=true`, kernel version {kernels}): "
+             f"`{a['preset']}`, {a['replicas']} replicas x {a['stages']} stage, {a['rounds']} rounds of "
+             f"H = {a['inner_steps']}, trained under `ATEN_CPU_CAPABILITY={a['trained_under']}` "
+             f"({a['demo_seconds']:.0f} s), then `dlx-node audit --reexecute all` under each capability on "
+             f"{a['threads']} thread(s) (recorded {when.get('date', '?')} at {when.get('commit', '?')}, load "
+             f"{a['load_average']['start'][0]:.1f} at start):", ""]
+    rows = [[row["capability"], f"{row['seconds']:.1f} s", f"x{row['vs_first']:.2f}", str(row["verdict"]),
+             str(row["reruns"]), ", ".join(f"{n} {how}" for how, n in sorted(row["judged"].items())),
+             "yes" if row["all_exact"] else "no"] for row in a["audits"]]
+    return lines + table(["audited under", "audit time", "vs the first", "verdict", "reruns", "judged",
+                          "every rerun exact"], rows)
