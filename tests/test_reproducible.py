@@ -130,7 +130,8 @@ def test_the_setting_is_in_the_run_document_only_when_on():
     from node.config import load_config
     from node.runconfig import run_document
 
-    assert "reproducible" not in run_document(load_config(None, OVERRIDES[:-1]))["training"]
+    plain = [o for o in OVERRIDES if not o.startswith("training.reproducible")]
+    assert "reproducible" not in run_document(load_config(None, plain))["training"]
     assert run_document(load_config(None, OVERRIDES))["training"]["reproducible"] is True
     from training.config import TrainingConfig
 
