@@ -231,9 +231,10 @@ def reproducible(r: dict) -> list[str]:
              str(row.get("normal_tokens_per_s", "")), *(c for tag in versions for c in cells(row, tag))]
             for row in r["timings"]]
     names = {"": "kernels 1", "_v2": "kernels 2"} if "_v2" in versions else {"": "reproducible"}
+    versions_note = (" (`training.reproducible_kernels` 1, a run document's without it, and 2, a new run's)."
+                     if "_v2" in versions else ".")
     lines = [f"One inner step, batch {r['timings'][0]['batch']}, {r['timings'][0]['threads']} thread(s), the "
-             "median of the steps after a warm-up one" + (" (`training.reproducible_kernels` 1, the default, "
-                                                          "and 2)." if "_v2" in versions else "."), ""]
+             "median of the steps after a warm-up one" + versions_note, ""]
     lines += table(["preset, optimizer", "normal step", "normal tokens/s",
                     *(h for tag in versions for h in (f"{names[tag]} step", f"{names[tag]} tokens/s",
                                                       f"{names[tag]} slowdown"))], rows)
