@@ -23,6 +23,7 @@ from node.config import NodeConfig
 from node.errors import ConfigError
 from node.exchangekinds import EXCHANGE_TRAITS
 from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
+from training.config_training import LEGACY_KERNELS
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -156,8 +157,10 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
 
     try:
         # A run document that names no inner optimizer is an AdamW run's (made before training.optimizer
-        # existed, or since: an AdamW run's table leaves it out, so its hash is what it was).
-        training = {"optimizer": LEGACY_OPTIMIZER, **document["training"]}
+        # existed, or since: an AdamW run's table leaves it out, so its hash is what it was). One that names
+        # no kernel version is of version 1 (made before versions existed, or since with version 1).
+        training = {"optimizer": LEGACY_OPTIMIZER, "reproducible_kernels": LEGACY_KERNELS,
+                    **document["training"]}
         training.pop("data_sha256", None)
         table = {
             "run_name": document["run_name"],

@@ -231,9 +231,10 @@ def reproducible(r: dict) -> list[str]:
              str(row.get("normal_tokens_per_s", "")), *(c for tag in versions for c in cells(row, tag))]
             for row in r["timings"]]
     names = {"": "kernels 1", "_v2": "kernels 2"} if "_v2" in versions else {"": "reproducible"}
+    versions_note = (" (`training.reproducible_kernels` 1, a run document's without it, and 2, a new run's)."
+                     if "_v2" in versions else ".")
     lines = [f"One inner step, batch {r['timings'][0]['batch']}, {r['timings'][0]['threads']} thread(s), the "
-             "median of the steps after a warm-up one" + (" (`training.reproducible_kernels` 1, the default, "
-                                                          "and 2)." if "_v2" in versions else "."), ""]
+             "median of the steps after a warm-up one" + versions_note, ""]
     lines += table(["preset, optimizer", "normal step", "normal tokens/s",
                     *(h for tag in versions for h in (f"{names[tag]} step", f"{names[tag]} tokens/s",
                                                       f"{names[tag]} slowdown"))], rows)
@@ -254,4 +255,23 @@ def reproducible(r: dict) -> list[str]:
         when = f" (recorded {earlier['date']} at {earlier['commit']}: {earlier['note']})" if earlier else ""
         lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}){when}:", ""]
         lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
+    if r.get("audit"):
+        lines += [*([""] if lines[-1] else []), *reproducible_audit(r["audit"])]
     return lines
+
+
+def reproducible_audit(a: dict) -> list[str]:
+    """bench/bench_reproducible.py --audit: a reproducible demo run audited under other instruction sets."""
+    kernels = (a.get("run_training") or {}).get("reproducible_kernels") or 1
+    when = a.get("recorded", {})
+    lines = [f"`dlx-node demo` in the mode (`--set training.reproducible=true`, kernel version {kernels}): "
+             f"`{a['preset']}`, {a['replicas']} replicas x {a['stages']} stage, {a['rounds']} rounds of "
+             f"H = {a['inner_steps']}, trained under `ATEN_CPU_CAPABILITY={a['trained_under']}` "
+             f"({a['demo_seconds']:.0f} s), then `dlx-node audit --reexecute all` under each capability on "
+             f"{a['threads']} thread(s) (recorded {when.get('date', '?')} at {when.get('commit', '?')}, load "
+             f"{a['load_average']['start'][0]:.1f} at start):", ""]
+    rows = [[row["capability"], f"{row['seconds']:.1f} s", f"x{row['vs_first']:.2f}", str(row["verdict"]),
+             str(row["reruns"]), ", ".join(f"{n} {how}" for how, n in sorted(row["judged"].items())),
+             "yes" if row["all_exact"] else "no"] for row in a["audits"]]
+    return lines + table(["audited under", "audit time", "vs the first", "verdict", "reruns", "judged",
+                          "every rerun exact"], rows)

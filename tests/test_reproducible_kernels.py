@@ -166,18 +166,69 @@ def test_the_setting_is_a_run_setting_recorded_when_not_1():
     from node.config import load_config
     from node.runconfig import run_document
     from training.config import TrainingConfig
+    from training.config_training import DEFAULT_KERNELS, LEGACY_KERNELS
 
+    assert (DEFAULT_KERNELS, LEGACY_KERNELS) == (exact_kernel.LATEST, exact_kernel.LEGACY) == (2, 1)
     on = ["model.preset=tiny", "training.reproducible=true"]
-    legacy = run_document(load_config(None, on))["training"]
+    legacy = run_document(load_config(None, [*on, "training.reproducible_kernels=1"]))["training"]
     assert legacy["reproducible"] is True and "reproducible_kernels" not in legacy
-    assert load_config(None, on).training.reproducible_kernels == exact_kernel.LEGACY == 1
-    assert run_document(load_config(None, [*on, "training.reproducible_kernels=1"]))["training"] == legacy
+    # A new reproducible run that names no version gets version 2, written into its document.
+    assert load_config(None, on).training.reproducible_kernels == 2
+    assert run_document(load_config(None, on))["training"] == {**legacy, "reproducible_kernels": 2}
     recorded = run_document(load_config(None, [*on, "training.reproducible_kernels=2"]))["training"]
     assert recorded == {**legacy, "reproducible_kernels": 2}
-    for bad in (0, 3, True, 2.0, "2"):
+    # Without the mode: version 1, and neither setting in the document.
+    assert TrainingConfig().reproducible_kernels == 1
+    assert "reproducible_kernels" not in TrainingConfig().document()
+    assert TrainingConfig(reproducible=True).reproducible_kernels == 2
+    for bad in (-1, 3, True, 2.0, "2"):
         with pytest.raises(ValueError, match="reproducible_kernels"):
             TrainingConfig(reproducible=True, reproducible_kernels=bad)
     with pytest.raises(ValueError, match="setting of training.reproducible"):
         TrainingConfig(reproducible_kernels=2)
     with pytest.raises(KernelVersionError):
         ExactKernels(3)
+
+
+def _two_steps(cfg) -> str:
+    """The weights' digest after ``training.exact_probe.fresh_steps``'s two inner steps, the trainer built
+    from ``cfg`` (a NodeConfig) as a node builds it."""
+    from training.exact_probe import digest
+    from training.pipeline import LocalReplicaTrainer
+
+    trainer = LocalReplicaTrainer(cfg.model, cfg.training)
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        x, y = (torch.randint(0, cfg.model.vocab_size, (cfg.training.batch_size, cfg.model.block_size),
+                              generator=generator) for _ in range(2))
+        trainer.train_step(x, y)
+    return digest(trainer.state_dict().values())
+
+
+def test_an_old_document_without_the_version_still_hashes_and_trains_as_version_1():
+    """A run document made before versions existed says ``reproducible = true`` and no version: it is read
+    as version 1 (its config hash unchanged, its inner steps version 1's bits), although a new configuration
+    that names no version gets version 2."""
+    from node.config import load_config
+    from node.runconfig import config_hash, node_config_from_run, run_document
+    from training.exact_probe import fresh_steps
+
+    on = ["model.preset=tiny", "training.reproducible=true", "training.batch_size=2"]
+    old = run_document(load_config(None, [*on, "training.reproducible_kernels=1"]))
+    assert "reproducible_kernels" not in old["training"]
+    read = node_config_from_run(old)
+    assert read.training.reproducible and read.training.reproducible_kernels == 1
+    assert config_hash(run_document(read)) == config_hash(old)
+    new = run_document(load_config(None, on))
+    assert new["training"]["reproducible_kernels"] == 2 and config_hash(new) != config_hash(old)
+    assert node_config_from_run(new).training.reproducible_kernels == 2
+    assert config_hash(run_document(node_config_from_run(new))) == config_hash(new)
+    # A run without the mode: its document and its hash are what they were, read back as version 1.
+    plain = run_document(load_config(None, ["model.preset=tiny"]))
+    assert "reproducible_kernels" not in plain["training"] and "reproducible" not in plain["training"]
+    assert node_config_from_run(plain).training.reproducible_kernels == 1
+    # Trains as version 1: the bits of fresh_steps' version 1, not version 2's.
+    version1, version2 = fresh_steps("tiny", "adamw", kernels=1), fresh_steps("tiny", "adamw", kernels=2)
+    assert version1 != version2
+    assert _two_steps(read) == version1
+    assert _two_steps(node_config_from_run(new)) == version2

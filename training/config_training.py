@@ -13,6 +13,11 @@ INNER_OPTIMIZERS = ("adamw", "muon")
 #: the setting, or an AdamW run). AdamW: Muon won at llama-xs and llama-s but lost at the demo's GPT-2 `mini`
 #: (docs/DILOCOX.md section 14), so it does not win at every size measured, the condition for a new default.
 DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
+#: The reproducible mode's kernel version (training/exact_kernel.py) of a configuration that turns the mode on
+#: and names none (2, the compiled fixed-order products, about 3x faster than 1: docs/REPRODUCIBLE.md), and of
+#: a run document that names none (1: the runs made before versions existed keep their bits and hashes).
+#: ``AUTO_KERNELS`` (the field's default) is resolved to one of them by ``TrainingConfig.__post_init__``.
+DEFAULT_KERNELS, LEGACY_KERNELS, AUTO_KERNELS = 2, 1, 0
 
 
 @dataclass
@@ -66,8 +71,10 @@ class TrainingConfig:
     # The version of the reproducible mode's kernels (training/exact_kernel.py): 1, Ozaki-split products
     # through float64 BLAS (a run document that names none: the runs made before the setting keep their
     # bits); 2, a compiled fixed-order float32 product, several times faster (docs/REPRODUCIBLE.md, "Kernel
-    # versions"). A setting of training.reproducible = true only; in the run document when not 1.
-    reproducible_kernels: int = 1
+    # versions"). A setting of training.reproducible = true only; in the run document when not 1. A
+    # configuration that names none (AUTO_KERNELS) gets DEFAULT_KERNELS with the mode on (so a new run
+    # records 2), 1 without it; a run document that names none, LEGACY_KERNELS (node.runconfig).
+    reproducible_kernels: int = AUTO_KERNELS
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -105,6 +112,8 @@ class TrainingConfig:
         _require(not self.reproducible or (self.precision == "fp32" and not self.compile),
                  f"training.reproducible = true computes float32 eagerly: set training.precision = \"fp32\" "
                  f"(not {self.precision!r}) and training.compile = false")
+        if type(self.reproducible_kernels) is int and self.reproducible_kernels == AUTO_KERNELS:
+            self.reproducible_kernels = DEFAULT_KERNELS if self.reproducible is True else LEGACY_KERNELS
         _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2),
                  f"training.reproducible_kernels={self.reproducible_kernels!r}: must be 1 or 2")
         _require(self.reproducible or self.reproducible_kernels == 1,

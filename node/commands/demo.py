@@ -115,8 +115,11 @@ def run_demo(args: argparse.Namespace) -> int:
         settings.append(f"spot_checks={args.spot_checks}")
     shape = [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"]
     settings += _budget_settings(args, settings + shape)
+    settings += list(getattr(args, "overrides", None) or [])  # --set: over the demo's own settings
     cpu_limits = _throttled(args)
-    load_config(None, settings + shape)
+    if load_config(None, settings + shape).training.reproducible and args.stages > 1:
+        raise ConfigError("training.reproducible = true trains a replica in one process (a replica split "
+                          "over processes is refused: docs/REPRODUCIBLE.md): give --stages 1")
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")

@@ -146,6 +146,9 @@ def _add_demo(sub) -> None:
                    help="after training, keep the chain running (for audit/pull) until Ctrl-C")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip training the centralized (DDP) reference the summary compares against")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="one more run or node setting of every node, after the demo's own, e.g. --set "
+                        "training.reproducible=true (docs/REPRODUCIBLE.md)")
 
 
 def _add_audit_and_pull(sub) -> None:
