@@ -97,7 +97,9 @@ def _dataset_model_settings(directory: Path) -> list[str]:
     return settings
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def _demo_settings(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The run's settings for the demo's arguments (its own, then ``--set``'s), checked before anything
+    starts, and the data path they name ("" for the built-in corpus)."""
     if args.replicas < 1 or args.stages < 1 or args.rounds < 1 or args.inner_steps < 1:
         raise ConfigError("--replicas, --stages, --rounds and --inner-steps must all be >= 1")
     data, model_settings = "", []
@@ -116,10 +118,15 @@ def run_demo(args: argparse.Namespace) -> int:
     shape = [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"]
     settings += _budget_settings(args, settings + shape)
     settings += list(getattr(args, "overrides", None) or [])  # --set: over the demo's own settings
-    cpu_limits = _throttled(args)
     if load_config(None, settings + shape).training.reproducible and args.stages > 1:
         raise ConfigError("training.reproducible = true trains a replica in one process (a replica split "
                           "over processes is refused: docs/REPRODUCIBLE.md): give --stages 1")
+    return settings, data
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    settings, data = _demo_settings(args)
+    cpu_limits = _throttled(args)
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} is not empty: pick a new directory (a demo starts a fresh chain)")
