@@ -162,6 +162,17 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     return deployment, run, records, prover, mine_record
 
 
+def colluders_answerer(world: World, deployment, run_id: int, prover: FraudProver, colluders: ChunkedStates):
+    """The colluders' own answerer of availability challenges (a colluder's prover beside it, reading the
+    same round book as ``prover``), answering from their states ``colluders``."""
+    from node.live.fraud.answerer import ChallengeAnswerer
+
+    colluder = FraudProver(run_id=run_id, chain=NodeChain(deployment.client(COLLUDERS[0])), book=prover.book,
+                           states=colluders, stages=lambda: (0,), num_stages=2, stop=world.stop)
+    return ChallengeAnswerer(run_id=run_id, chain=colluder.chain, states=colluders, prover=colluder,
+                             stop=world.stop)
+
+
 def _attestation(leaf: bytes) -> msg.Attestation:
     return msg.Attestation(b"\x01" * 32, b"\x02" * 32, 2, float("nan"), float("nan"), 0, b"", b"", leaf)
 

@@ -23,7 +23,6 @@ import pytest
 from ledger.chunkproof import AggregationProof, StageLeaf, chunked_weights_root
 from node.config import load_config
 from node.fraudproof import initial_state
-from node.live.chain.onchain import NodeChain
 from node.live.fraud.prover import FraudProver
 from node.store.checkpoint import RunLayout, build_checkpoint, checkpoint_problems
 from node.tools.pull import round_standing
@@ -36,7 +35,7 @@ from training.diloco import aggregate_with_report
 
 from tests.fraud_live_fixtures import (COLLUDERS, PROVER, SHAPES, STAKE, World,
                                         WithholdingStates, _attestation, _one_element_changed,
-                                        _record, _setup, _states)
+                                        _record, _setup, _states, colluders_answerer)
 
 
 @pytest.fixture
@@ -128,8 +127,6 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     """The colluders withhold their state, then answer every availability challenge with their (wrong) leaves:
     each answer's path shows the honest node which subtree differs from its own, so it challenges its way down
     to the wrong chunk (a bisection, one bond per leaf) and proves it from the published leaves."""
-    from node.live.fraud.answerer import ChallengeAnswerer
-
     colluder_host, prover_host = world.hosts
     colluders = _states(world, colluder_host, WithholdingStates)
     honest = _states(world, prover_host)
@@ -140,11 +137,7 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     prover_host.connect(colluder_host.listen_addrs[0])
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
-    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
-                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
-                           stop=world.stop)
-    answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
-                                 stop=world.stop)
+    answerer = colluders_answerer(world, deployment, run.run_id, prover, colluders)
     prover.check(0, records[0], records[0])
     prover.check(1, records[1], mine_record)
     assert set(prover.log.challenges) == {1} and not prover.log.proofs

@@ -19,11 +19,10 @@ import json
 import time
 
 from tests.fraud_live_fixtures import (COLLUDERS, PROVER, SHAPES, STAKE, _normed_world, _record, _setup,
-                                       _states)
+                                       _states, colluders_answerer)
 
 from ledger.availability import FACTORS, availability_answer, sums_which
 from ledger.normproof import SCALES, NormProof, SumTree, clip_scales
-from node.live.chain.onchain import NodeChain
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.prover import FraudProver
@@ -76,11 +75,7 @@ def _colluding(world, tmp_path, committed_state_of, honest_state_of=lambda state
     prover_host.connect(colluder_host.listen_addrs[0])
     deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
                                                            colluder_host.peer_id)
-    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
-                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
-                           stop=world.stop)
-    answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
-                                 stop=world.stop)
+    answerer = colluders_answerer(world, deployment, run.run_id, prover, colluders)
     prover.check(0, records[0], records[0])
     return deployment, run, records, prover, answerer, mine_record, colluders
 

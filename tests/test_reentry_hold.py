@@ -22,13 +22,12 @@ import pytest
 
 from ledger.availability import WEIGHTS
 from node.live.chain.onchain import NodeChain
-from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.prover import FraudProver
 from node.live.peers import lifecycle as lifecycle_module
 from node.live.peers.lifecycle import Lifecycle
 from node.live.state.status import StateFile
 from tests.fraud_live_fixtures import (COLLUDERS, PROVER, _normed_world, _one_element_changed, _record,
-                                       _setup, _states, run_values)
+                                       _setup, _states, colluders_answerer, run_values)
 from tests.ledger_fixtures import mine
 from tests.test_fraud_live_sums import BLOBS, WithholdingAll
 from tests.test_fraud_live_values import _adversary
@@ -56,11 +55,7 @@ def _world(world, tmp_path, colluders_cfg, honest_weights=None):
     deployment, run, records, prover, mine_record = _setup(
         world, tmp_path, honest, colluders.state(1, 0).leaf().encode(), honest.state(1, 0).leaf().encode(),
         colluder_host.peer_id, values=run_values(world.cfg))
-    colluder = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(COLLUDERS[0])),
-                           book=prover.book, states=colluders, stages=lambda: (0,), num_stages=2,
-                           stop=world.stop)
-    answerer = ChallengeAnswerer(run_id=run.run_id, chain=colluder.chain, states=colluders, prover=colluder,
-                                 stop=world.stop)
+    answerer = colluders_answerer(world, deployment, run.run_id, prover, colluders)
     prover.check(0, records[0], records[0])
     return deployment, run, records, prover, answerer, mine_record
 
