@@ -233,12 +233,16 @@ def test_a_factors_challenge_outlives_a_restart_and_its_late_answer_is_proven(tm
         (kept.parent / f"{'ab' * 32}.json").write_text('{"round": 1, "stage": 0, "record": [1, 2]')
         other_stage = {**json.loads(kept.read_text()), "stage": 7}
         (kept.parent / f"{'cd' * 32}.json").write_text(json.dumps(other_stage))
+        deep = b"[" * 200_000 + b"]" * 200_000  # decoded as is, a segfault in a process that imported py_ecc
+        (kept.parent / f"{'ef' * 32}.json").write_bytes(deep)
+        (kept.parent.parent / "round-000009-stage0.json").write_bytes(deep)  # a kept proof's name
         with caplog.at_level("WARNING"):
             next_life = FraudProver(run_id=run.run_id, chain=NodeChain(deployment.client(PROVER)),
                                     book=RoundBook(), states=_states(world, world.hosts[1]),
                                     stages=lambda: (0,), num_stages=2, stop=world.stop,
                                     proofs_dir=tmp_path / "proofs")
-        assert caplog.text.count("a kept factors challenge") == 3, caplog.text
+        assert caplog.text.count("a kept factors challenge") == 4, caplog.text
+        assert "a kept proof round-000009-stage0.json is not read: JSON nested 200000 deep" in caplog.text
         assert next_life.open_rounds() == [1] and "round 1 is wrong" in next_life.refuses_to_sign(2)
         assert next_life.holds_reentry(1) is not None
         with caplog.at_level("WARNING"):

@@ -256,3 +256,23 @@ def test_a_deeply_nested_manifest_from_a_peer_is_refused_and_the_seeder_serves_t
     refusal = fill.refusals[0]  # (then the shards it was asked for first: it has none)
     assert liar in refusal and "manifest" in refusal and "nested 200000 deep, over 8" in refusal, refusal
     assert all(liar in r and "not_found" in r for r in fill.refusals[1:]), fill.refusals
+
+
+def test_a_deeply_nested_kept_proof_in_an_archive_is_skipped_by_the_audit():
+    """A node's archive (or a peer serving one) with a 200,000-deep "kept proof": the audit passes over it
+    as a file that is no proof, never decoding it (a segfault once py_ecc is imported), and still reads the
+    well-formed ones beside it (here: none, so nothing is found)."""
+    from node.tools.audit_proof import _kept_proofs
+
+    class Source:  # the one method the audit asks of an archive or a peer's copy
+        def proofs(self, _round):
+            return [b"[" * 200_000 + b"]" * 200_000, b'{"proof": 1}', b"not json"]
+
+    class Commit:
+        round = 1
+
+        def fields(self):
+            return (1, 1)
+
+    assert sys.getrecursionlimit() >= 80_000
+    assert _kept_proofs([Source()], Commit()) == []

@@ -34,6 +34,10 @@ from typing import Any
 from node.errors import DLX_ERRORS, StateError
 from node.tools.evidence import first_good_copy
 from node.tools.report import OK, UNVERIFIABLE, Check
+from training.jsonbound import loads_bounded
+
+#: The deepest nesting a node's kept proof file may have (3 in practice); deeper is refused before decoding.
+PROOF_FILE_DEPTH = 16
 
 
 def check_fraud_proof(verdict: Any, record: Any, prev_commit: Any, replayer: Any, sources: list, client: Any,
@@ -178,7 +182,7 @@ def _kept_proofs(sources: list, commit: Any) -> list:
     for source in sources:
         for data in getattr(source, "proofs", lambda _r: [])(commit.round):
             try:
-                document = json.loads(data)["proof"]
+                document = loads_bounded(data, PROOF_FILE_DEPTH)["proof"]
                 kind = NormProof if isinstance(document, dict) and document.get("kind") == "norm" \
                     else AggregationProof
                 proof = kind.from_json(document)

@@ -21,9 +21,13 @@ from ledger.chunkproof import hexed, unhexed
 from ledger.records import RoundRecord
 from node.fraudproof import parse_stage_leaf
 from node.fsutil import atomic_write_bytes
+from training.jsonbound import loads_bounded
 
 logger = logging.getLogger("node.live.fraud.prover")
 
+#: The deepest nesting a kept game or proof file may have (a proof nests a few levels; deeper is refused
+#: before decoding: training/jsonbound.py says why).
+KEPT_DEPTH = 16
 #: Where the kept games are, under the prover's proofs directory.
 GAMES_DIR = "games"
 
@@ -61,7 +65,7 @@ class KeptGames:
         for path in sorted((self.proofs_dir / GAMES_DIR).glob("*.json")):
             try:
                 challenge_id = bytes.fromhex(path.stem)
-                document = json.loads(path.read_bytes())
+                document = loads_bounded(path.read_bytes(), KEPT_DEPTH)
                 outer_round, stage = int(document["round"]), int(document["stage"])
                 record = RoundRecord(*unhexed(document["record"]))
                 leaves = [bytes(leaf) for leaf in unhexed(document["leaves"])]

@@ -75,9 +75,11 @@ from node.live.chain.onchain import NodeChain
 from node.live.fraud.challenges import AvailabilityChallenges
 from node.live.fraud.chunkstate import ChunkedStates
 from node.live.fraud.factors import FactorProofs
+from node.live.fraud.kept_games import KEPT_DEPTH
 from node.live.fraud.values import RunValues
 from node.live.fraud.walks import SumWalk, Walk
 from node.live.state.roundbook import RoundBook
+from training.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ class FraudProver(FactorProofs, AvailabilityChallenges):
             return
         for path in sorted(self.proofs_dir.glob("round-*-stage*.json")):
             try:
-                document = json.loads(path.read_bytes())
+                document = loads_bounded(path.read_bytes(), KEPT_DEPTH)
                 kind = NormProof if document["proof"].get("kind") == "norm" else AggregationProof
                 proof = kind.from_json(document["proof"])
                 attesters = [str(a) for a in document.get("attesters", [])]
