@@ -276,3 +276,25 @@ def test_a_deeply_nested_kept_proof_in_an_archive_is_skipped_by_the_audit():
 
     assert sys.getrecursionlimit() >= 80_000
     assert _kept_proofs([Source()], Commit()) == []
+
+
+def test_deeply_nested_archive_files_are_passed_over_by_the_audit(tmp_path):
+    """An --archive whose round.json and own-contribution marker nest 200,000 deep (a hostile or broken copy):
+    the audit reads each as a file that says nothing (no segfault), and a well-formed archive beside it is
+    read as before."""
+    from node.tools.audit_archives import AuditArchives
+
+    deep = b"[" * 200_000 + b"]" * 200_000
+    bad = tmp_path / "bad" / "archive" / "run-1" / "round-00000001"
+    good = tmp_path / "good" / "archive" / "run-1" / "round-00000001"
+    for path in (bad, good):
+        path.mkdir(parents=True)
+    (bad / "round.json").write_bytes(deep)
+    (bad / f"{'ab' * 32}.own").write_bytes(deep)
+    entry = [0, 1, "peer", "cd" * 32]
+    (good / "round.json").write_text(json.dumps({"round": 1, "contributions": [entry], "excluded": [entry],
+                                                 "left_out_own": [entry]}))
+    archives = AuditArchives([tmp_path / "bad", tmp_path / "good"], 1)
+    assert sys.getrecursionlimit() >= 80_000
+    assert archives.sealed() == {1: [entry]}
+    assert archives.excluded(1) == [entry] and archives.left_out_own(1) == [entry]

@@ -8,8 +8,9 @@ not hash to it is never read (:meth:`AuditArchives.refused` lists them). Split f
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
+
+from training.jsonbound import loads_bounded
 
 
 class AuditArchives:
@@ -38,7 +39,7 @@ class AuditArchives:
         for d in self.dirs:
             for path in sorted((d / "archive" / f"run-{self.run_id}").glob("round-*/round.json")):
                 try:
-                    doc = json.loads(path.read_text())
+                    doc = _read_json(path)
                     entries = {(int(s), int(r), str(p), str(h).lower())
                                    for s, r, p, h in doc["contributions"]}
                     out.setdefault(int(doc["round"]), set()).update(entries)
@@ -51,7 +52,7 @@ class AuditArchives:
         merged: list[list] = []
         for path in self._round_dirs(round_index):
             try:
-                for entry in json.loads((path / "round.json").read_text()).get("excluded", []):
+                for entry in _read_json(path / "round.json").get("excluded", []):
                     if list(entry) not in merged:
                         merged.append(list(entry))
             except (ValueError, OSError, AttributeError, TypeError):
@@ -75,7 +76,7 @@ class AuditArchives:
 
         for path in self._round_dirs(round_index):
             try:
-                for stage, replica, peer, hash_hex in json.loads((path / "round.json").read_text()).get(
+                for stage, replica, peer, hash_hex in _read_json(path / "round.json").get(
                         "left_out_own", []):
                     add(stage, replica, peer, hash_hex)
             except (ValueError, OSError, AttributeError, TypeError, OverflowError, RecursionError):
@@ -83,7 +84,7 @@ class AuditArchives:
         for path in self._round_dirs(round_index, sealed=False):
             for marker in sorted(path.glob("*.own")):
                 try:
-                    stage, replica, peer = json.loads(marker.read_text())
+                    stage, replica, peer = _read_json(marker)
                     bytes.fromhex(marker.stem)
                     add(stage, replica, peer, marker.stem)
                 except (ValueError, OSError, TypeError, OverflowError, RecursionError):
@@ -132,3 +133,9 @@ class AuditArchives:
         """The archived files named for ``hash_hex`` whose bytes do not hash to it (tampered: never read)."""
         return [str(path) for path in self._named(hash_hex)
                 if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() != hash_hex]
+
+
+def _read_json(path) -> object:
+    """An archive's JSON file (a round.json, an own-contribution marker: 3 levels deep), refused (ValueError)
+    past 8 levels before it is decoded: training/jsonbound.py says why."""
+    return loads_bounded(path.read_bytes(), 8)
