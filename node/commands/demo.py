@@ -150,7 +150,8 @@ def run_demo(args: argparse.Namespace) -> int:
     # into a larger run are never a quorum (docs/LEDGER.md).
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
-                   stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits)
+                   stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits,
+                   allow_unpaid_proofs=getattr(args, "allow_unpaid_proofs", False))
     print(_headline(args, data, cpu_limits))
     view = LiveView()
 
@@ -286,6 +287,8 @@ def _close_dispute_windows(run: LocalRun) -> int:
 def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: LiveView) -> bool:
     """Start the chain and the nodes, wait for them, print and write the summary; True if all exited 0."""
     run.setup()
+    for line in run.reward_notes:
+        print(line, flush=True)
     print(f"chain: anvil (pid {run.anvil.pid}) at {run.url}, registry {run.registry}, ledger {run.ledger}, "
           f"run {run.run_id}", flush=True)
     print(f"run link (dlx-node join): {run.link(peers=2)}", flush=True)

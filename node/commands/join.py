@@ -261,6 +261,7 @@ def run_join(args: argparse.Namespace) -> int:
     from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
     from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
+    from node.provergas import joining_warning
     from node.runconfig import run_document
     from p2p.identity import Identity
 
@@ -281,6 +282,9 @@ def run_join(args: argparse.Namespace) -> int:
           f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
           f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
           f"{'open-ended' if not info.max_rounds else f'{info.max_rounds} rounds'}")
+    unpaid = joining_warning(info, chain.w3)  # a member would be the one to prove: say so before it stakes
+    if unpaid:
+        print(unpaid)
     data = fetch_run_document(link.peers, info.config_hash, data_dir)
     document = parse_run_document(data, info.config_hash)
     check_document_against_run(document, info)

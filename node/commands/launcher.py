@@ -29,6 +29,7 @@ from ledger.runparams import (
     DEFAULT_INACTIVITY_ROUNDS,
     SAFE_MIN_QUORUM,
     SAFE_MIN_QUORUM_BPS,
+    RunParams,
 )
 from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
@@ -37,6 +38,7 @@ from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.live.chain.onchain import NodeChain
 from node.platforms import own_platform
+from node.provergas import check_reward
 from node.runconfig import canonical_json, config_hash, run_document
 from p2p.identity import Identity
 
@@ -137,6 +139,10 @@ class LocalRun:
     dispute_blocks: int = DEFAULT_DISPUTE_BLOCKS
     unbonding_blocks: int | None = None
     inactivity_rounds: int = DEFAULT_INACTIVITY_ROUNDS  # unattested rounds before a member may be ejected
+    # A run whose quorum x stake / 2 does not pay a prover's worst-case gas (node/provergas.py): the tests'
+    # harness creates the runs its tests ask for; the demo refuses one unless --allow-unpaid-proofs.
+    allow_unpaid_proofs: bool = True
+    reward_notes: list[str] = field(default_factory=list)  # what setup's check says (the demo prints it)
     # Replica -> the CPUs its node processes may use together (a cgroup v1 cpu quota,
     # node/commands/throttle.py): a slow contributor on this machine (issue 44). Needs root; empty: no limit.
     cpu_limits: dict[int, float] = field(default_factory=dict)
@@ -166,15 +172,16 @@ class LocalRun:
         cfg = load_config(None, base)
         document = run_document(cfg)
         client = LedgerClient(w3, deployer, self.registry, self.ledger)
-        self.run_id = client.create_run(config_hash(document), self.stages, cfg.diloco.inner_steps,
-                                        f"dlx://blob/{config_hash(document).hex()}", min_stake=self.stake_wei,
-                                        quorum=self.attest_quorum, quorum_bps=self.attest_quorum_bps,
-                                        bond=self.bond_wei, unbonding_blocks=self.unbonding_blocks,
-                                        accusation_blocks=self.accusation_blocks,
-                                        dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
-                                        inactivity_rounds=self.inactivity_rounds,
-                                        commitments=cfg.commitment_scheme.version,
-                                        allow_weak_quorum=self.allow_weak_quorum, values=run_values(cfg))
+        params = RunParams(config_hash(document), self.stages, cfg.diloco.inner_steps,
+                           min_stake=self.stake_wei, quorum=self.attest_quorum,
+                           quorum_bps=self.attest_quorum_bps, bond=self.bond_wei,
+                           unbonding_blocks=self.unbonding_blocks, accusation_blocks=self.accusation_blocks,
+                           dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
+                           inactivity_rounds=self.inactivity_rounds,
+                           commitments=cfg.commitment_scheme.version, **run_values(cfg))
+        self.reward_notes = check_reward(params, w3, allow=self.allow_unpaid_proofs, where="the local run")
+        self.run_id = client.create_run_with(params, f"dlx://blob/{config_hash(document).hex()}",
+                                             allow_weak_quorum=self.allow_weak_quorum)
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

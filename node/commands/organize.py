@@ -34,6 +34,7 @@ from node.commands.chainops import (
 )
 from node.commands.runfile import read_run_file, run_params
 from node.errors import DLX_ERRORS, ConfigError, NodeError
+from node.provergas import check_reward
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,10 @@ def add_parsers(sub) -> None:
                    help="accept a [run] table below the security model's floor (k < 2, quorum_bps < 5000 or "
                         "a stake of 0): one member or a minority then commits and slashes "
                         "alone (docs/TRUST.md)")
+    p.add_argument("--allow-unpaid-proofs", action="store_true",
+                   help="create the run even when quorum x stake / 2 does not cover a prover's worst-case "
+                        "gas at 10x today's gas price (a test chain): a wrong round may then stand with "
+                        "nobody paid to prove it (docs/FRAUD_PROOF.md)")
     add_account_args(p, keystore_default="")
     add_fee_args(p)
 
@@ -186,10 +191,14 @@ def run_create_run(args: argparse.Namespace) -> int:
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}
     ledger_cfg = LedgerConfig(**ledger_table)
     client = LedgerClient.from_config(w3, load_account(ledger_cfg, chain_id), ledger_cfg)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    identity = Identity.load_or_create(data_dir / "identity.key")
     existing = [r for r in client.find_runs(params.config_hash)
                 if r.creator.lower() == client.address.lower()]
+    if not existing:  # the contract does not check that a proof pays its prover: the node does, first
+        for line in check_reward(params, w3, allow=getattr(args, "allow_unpaid_proofs", False),
+                                 where=f"run file {args.run_file}"):
+            print(line)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(data_dir / "identity.key")
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
     check_funds(client.balance(), client.address, spends)

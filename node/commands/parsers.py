@@ -119,6 +119,9 @@ def _add_demo(sub) -> None:
                    help="member signatures every round's on-chain record needs (the run's k)")
     p.add_argument("--weak-run", action="store_true",
                    help="allow --attest-quorum 1 or --stake 0: one member then commits and slashes alone")
+    p.add_argument("--allow-unpaid-proofs", action="store_true",
+                   help="run even when k x stake / 2 does not cover a prover's worst-case gas at 10x the "
+                        "chain's gas price: a wrong round may then stand with nobody paid to prove it")
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
     p.add_argument("--inner-steps", type=int, default=20,

@@ -195,6 +195,7 @@ def preflight(cfg, yes: bool) -> None:
     from node.live.chain.onchain import NodeChain
     from node.live.state.status import StateFile
     from node.platforms import own_platforms
+    from node.provergas import joining_warning
     from node.runconfig import config_hash, run_document
     from p2p.identity import Identity
 
@@ -227,6 +228,9 @@ def preflight(cfg, yes: bool) -> None:
         plan = seat_plan(client, info, identity, platform)
         if not plan:
             return
+        unpaid = joining_warning(info, w3)  # about to stake in a run whose proofs may not pay their prover
+        if unpaid:
+            print(unpaid, flush=True)
         check_funds(client.balance(), client.address, plan)
         agree(plan, yes, "taking a seat in the run")
         chain.ensure_registered(identity)
