@@ -235,3 +235,31 @@ def _start_warns_a_new_seat(organizer_toml: Path, data_dir: Path, capsys) -> Non
         preflight(load_config(data_dir / "node.toml"), yes=False)
     out = capsys.readouterr().out
     assert "reward does not cover a proof at today's gas price" in out, out
+
+
+# ---------------------------------------------------------------------- the demo's embedded chain
+def test_the_demos_defaults_pass_on_its_chain_and_a_small_stake_is_refused(tmp_path):
+    """The demo's run (k = 2, 1 ETH a member) pays a prover at its anvil's price; 0.01 ETH does not: the
+    demo refuses it before createRun, and stops the chain it started."""
+    from node.commands.demo import DEMO_QUORUM_BPS
+    from node.commands.launcher import LocalRun
+
+    settings = ["model.preset=tiny", "rounds=2", "diloco.inner_steps=2"]
+    run = LocalRun(tmp_path / "demo", replicas=2, stages=1, split=False, settings=settings,
+                   attest_quorum=2, attest_quorum_bps=DEMO_QUORUM_BPS, stake_wei=10**18,
+                   allow_unpaid_proofs=False)
+    try:
+        run.setup()
+        assert run.run_id == 1 and len(run.reward_notes) == 1, run.reward_notes
+        assert run.reward_notes[0].startswith("a prover escrows 24 challenge bonds x 0.1 ETH = 2.4 ETH")
+    finally:
+        run.stop()
+    proc = subprocess.run([sys.executable, "-m", "node.cli", "demo", "--preset", "tiny", "--rounds", "1",
+                           "--replicas", "2", "--stages", "1", "--stake", "0.01", "--no-reference", "--out",
+                           str(tmp_path / "small")], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "the local run: the prover's reward does not cover its gas" in last, last
+    assert "2 x 0.01 ETH / 2 = 0.01 ETH" in last and "--allow-unpaid-proofs" in last, last
+    state = tmp_path / "small" / "deployment.json"
+    assert not state.exists()  # refused before createRun: no run, no deployment file
