@@ -9,6 +9,7 @@ real ``dlx-node create-run`` against an anvil started with a high base fee.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -263,3 +264,21 @@ def test_the_demos_defaults_pass_on_its_chain_and_a_small_stake_is_refused(tmp_p
     assert "2 x 0.01 ETH / 2 = 0.01 ETH" in last and "--allow-unpaid-proofs" in last, last
     state = tmp_path / "small" / "deployment.json"
     assert not state.exists()  # refused before createRun: no run, no deployment file
+
+
+def test_deploy_md_shows_what_create_run_says_for_its_run_file():
+    """docs/DEPLOY.md's example refusal: its run file's model at 0.05 ETH and k = 3, at 1 gwei."""
+    from node.commands.runfile import max_game_steps
+    from node.config import config_from_dict
+
+    cfg = config_from_dict({"model": {"preset": "llama-124m"}, "rounds": 200, "pipeline": {"num_stages": 2},
+                            "diloco": {"inner_steps": 100, "num_replicas": 4}})
+    params = RunParams(bytes(range(1, 33)), 2, 100, min_stake=5 * 10**16, quorum=3,
+                       max_game_steps=max_game_steps(cfg))
+    cost = prover_cost(params, 10**9)
+    text = " ".join((ROOT / "docs" / "DEPLOY.md").read_text().split())
+    assert cost.shortfall() in text and "stake_eth = 0.05" not in text
+    assert f"{cost.gas:,} gas for the run file above ({cost.steps} steps)" in text
+    # Its run file's own stake, 1 ETH at k = 3, pays a prover up to the price it names (~8.5 gwei).
+    assert prover_cost(dataclasses.replace(params, min_stake=10**18), 8_500_000_000).covered
+    assert not prover_cost(dataclasses.replace(params, min_stake=10**18), 8_600_000_000).covered
