@@ -146,13 +146,15 @@ def prover_cost(run, price: int) -> ProverCost | None:
 def gas_price(w3) -> int:
     """Wei per gas a transaction pays on ``w3``'s chain now: the latest base fee plus the suggested tip, or
     ``eth_gasPrice`` where that is more (a chain without EIP-1559: ``eth_gasPrice`` alone)."""
+    from web3.exceptions import Web3Exception
+
     quoted = w3.eth.gas_price
     base = w3.eth.get_block("latest").get("baseFeePerGas")
     if base is None:
         return quoted
     try:
-        tip = w3.eth.max_priority_fee
-    except ValueError:  # an RPC without eth_maxPriorityFeePerGas (a JSON-RPC error)
+        tip = w3.eth.max_priority_fee  # eth_maxPriorityFeePerGas, else web3's eth_feeHistory estimate
+    except (Web3Exception, ValueError):  # neither served: eth_gasPrice holds the RPC's tip
         tip = 0
     return max(quoted, base + tip)
 

@@ -115,6 +115,8 @@ def test_a_small_stake_run_is_refused_though_the_contract_takes_it():
         check_reward(_params(cost.stake_needed - 10**12), w3, allow=False, where="test")
     # A larger quorum pays more for the same stake (k attesters slashed at least).
     assert prover_cost(_params(cost.stake_needed // 2 + 10**12, quorum=4), price).covered
+    with pytest.raises(ConfigError, match="= 0 ETH, but"):  # a stake of 0 (--weak-run) pays no prover either
+        check_reward(_params(0), w3, allow=False, where="test")
     # A hashed run has no fraud proof: nothing to pay a prover for.
     assert check_reward(_params(0, commitments=1), w3, allow=False, where="test") == []
     assert gas_price(w3) == price  # nothing mined meanwhile: every check above saw one price

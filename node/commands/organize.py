@@ -11,8 +11,9 @@ document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir
 does; the run link printed names it as the peer to fetch from. The order makes a failure harmless: everything
 is checked and written before the ``createRun`` transaction; after it only registering and joining remain, and
 running the same command again finds the run it created (by creator and configHash) instead of creating a
-second one. Before ``createRun``, a run whose ``quorum x stake / 2`` would not pay a prover's worst-case gas at
-ten times the chain's gas price is refused (node/provergas.py; ``--allow-unpaid-proofs`` creates it, warned).
+second one. Before ``createRun``, a run whose ``quorum x stake / 2`` would not pay a prover's worst-case gas
+at ten times the chain's gas price is refused (node/provergas.py; ``--allow-unpaid-proofs`` creates it,
+warned).
 """
 
 from __future__ import annotations
