@@ -95,6 +95,9 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"ordered_matmul: float32 operands, got {a.dtype} and {b.dtype}")
     if a.size(-1) != b.size(-2) or a.shape[:-2] != b.shape[:-2]:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    if a.is_cuda:  # the same order in Triton kernels on the GPU (training/exact_triton.py)
+        from training import exact_triton
+        return exact_triton.ordered_matmul(a, b)
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
     left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
