@@ -72,7 +72,12 @@ def _kernel(fn, interpreted: bool):
     """``fn`` as a Triton kernel: compiled for the GPU, or run by Triton's interpreter on CPU tensors."""
     key = (fn.__name__, interpreted)
     if key not in _KERNELS:
-        _KERNELS[key] = InterpretedFunction(fn) if interpreted else triton.jit(fn)
+        # Sizes are not specialized on (one compiled kernel for every size; strides still are: a stride of
+        # 1 makes contiguous loads).
+        names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+        sizes = [index for index, name in enumerate(names)
+                 if name in ("rows", "cols", "inner", "count", "columns", "size")]
+        _KERNELS[key] = InterpretedFunction(fn) if interpreted else triton.jit(fn, do_not_specialize=sizes)
     return _KERNELS[key]
 
 
@@ -178,6 +183,7 @@ GELU_3A = tl.constexpr(3.0 * 0.044715)
 #: 1.5 * 2^52: ``(v + ROUNDER) - ROUNDER`` is ``v`` rounded to the nearest integer, ties to even (numpy's
 #: ``rint``) for ``|v| < 2^51``.
 ROUNDER = tl.constexpr(6755399441055744.0)
+INF = tl.constexpr(float("inf"))
 #: ``unary``'s function codes (training/exact_kernel_numba.py's ``CODES``).
 CODES = {"exp": 0, "log": 1, "tanh": 2, "sigmoid": 3, "silu": 4, "gelu_tanh": 5, "rsqrt": 6}
 
@@ -215,7 +221,7 @@ def _unary(x, value, slope, size, CODE: tl.constexpr, BLOCK: tl.constexpr):  # p
         d = e
     elif CODE == 1:  # ln: frexp from the exponent bits (v is normal: a float32 in float64), the odd series
         bits = v.to(tl.int64, bitcast=True)
-        finite = v != float("inf")
+        finite = v != INF
         mantissa = tl.where(finite, ((bits & 0xFFFFFFFFFFFFF) | (1022 << 52)).to(tl.float64, bitcast=True), v)
         exponent = tl.where(finite, ((bits >> 52) & 0x7FF) - 1022, 0).to(tl.float64)
         small = mantissa < SQRT_HALF
@@ -227,7 +233,7 @@ def _unary(x, value, slope, size, CODE: tl.constexpr, BLOCK: tl.constexpr):  # p
         acc = z * 0.0 + LOG_TERMS[0]
         for index in tl.static_range(1, 10):
             acc = acc * z + LOG_TERMS[index]
-        y = tl.where(v > 0, exponent * LN2_HI + (exponent * LN2_LO + s * acc), float("-inf"))
+        y = tl.where(v > 0, exponent * LN2_HI + (exponent * LN2_LO + s * acc), -INF)
         d = 1.0 / v
     elif CODE == 2:
         y = t
