@@ -6,7 +6,8 @@ ragged tiles, transposed operands, and every product of a forward and backward p
 ``llama-tiny`` models and of Muon's Newton-Schulz. Kernels that fuse the multiply and the add, or sum ``k``
 in another order, are seen to differ on the same operands (the comparison can fail). On a CUDA GPU (tests
 marked ``gpu``, skipped without one) the compiled kernels are compared with the CPU's bits the same way;
-bench/exact_triton_gpu.py records the same comparison on a lent GPU (bench/gpu_checks.sh).
+tests/exact_triton_probe.py (the operands and the model calls) records the same comparison on a lent GPU
+(bench/gpu_checks.sh). Compiled for an H100 without a GPU, the kernels' code is read: no FMA.
 """
 
 from __future__ import annotations
@@ -17,27 +18,12 @@ import torch
 triton = pytest.importorskip("triton", reason="triton is not installed (pyproject.toml's gpu extra)")
 tl = pytest.importorskip("triton.language")
 
+from exact_triton_probe import SHAPES, bits_equal, model_calls, operands, sum_operand, unary_inputs  # noqa: E402
 from training import exact_kernel, exact_triton  # noqa: E402
-from training.exact_mode import ExactKernels  # noqa: E402
-from training.exact_optim import exact_orthogonalize  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                          reason="no CUDA GPU: torch.cuda.is_available() is false")
-
-#: Ragged against both tiles (TILE_INTERPRETED 64 x 128, TILE_DEVICE 32 x 64), batched, empty, K = 1.
-SHAPES = [(1, 1, 1), (7, 45, 29), (2, 3, 17, 64, 33), (5, 1, 8), (0, 4, 3), (4, 0, 3), (3, 5, 0),
-          (130, 20, 257), (2, 65, 70, 129)]
-
-
-def operands(shape, seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """``a`` (..., M, K) with columns over 12 orders of magnitude (another order or an FMA changes many
-    outputs' last bits), ``b`` (..., K, N)."""
-    *batch, m, k, n = shape
-    generator = torch.Generator().manual_seed(seed)
-    a = torch.randn(*batch, m, k, generator=generator) * torch.logspace(-6, 6, k)
-    b = torch.randn(*batch, k, n, generator=generator)
-    return a.to(device), b.to(device)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -97,61 +83,17 @@ def test_bad_operands_are_refused():
         exact_triton.ordered_matmul(a.expand(2, 4, 6), b)
 
 
-class Recorder:
-    """Every call of ``name`` (a function of training/exact_kernel.py) while it is installed: ``(args,
-    result)``, the tensors copied; a tree sum's version (its third argument) resolved as the call did."""
-
-    def __init__(self, monkeypatch, name: str) -> None:
-        self.calls: list[tuple[tuple, object]] = []
-        self.original = getattr(exact_kernel, name)
-        monkeypatch.setattr(exact_kernel, name, self)
-
-    def __call__(self, *args):
-        if self.original.__name__ == "tree_sum" and (len(args) < 3 or args[2] is None):
-            args = (*args[:2], exact_kernel.CURRENT.get())
-        out = self.original(*args)
-        copies = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
-        self.calls.append((copies, out))
-        return out
-
-
-def model_calls(monkeypatch, preset: str) -> dict[str, list[tuple[tuple, object]]]:
-    """Version 2's products, tree sums and elementwise passes in one forward and backward pass of
-    ``preset`` (batch 2, 32 tokens), and for ``llama-tiny`` Muon's Newton-Schulz on its first gradient."""
-    from training.config import ModelConfig
-    from training.model import GPT
-
-    recorders = {name: Recorder(monkeypatch, name) for name in ("ordered_matmul", "tree_sum", "unary32")}
-    model = GPT(ModelConfig(preset=preset), seed=0)
-    generator = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(0, 256, (2, 32), generator=generator) for _ in range(2))
-    with ExactKernels(2):
-        _, loss = model(x, y)
-    loss.backward()
-    if preset == "llama-tiny":
-        grad = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.dim() == 2)
-        exact_orthogonalize(grad, (3.4445, -4.7750, 2.0315), 2, kernels=2)
-    tree_sums = [(args, out) for args, out in recorders["tree_sum"].calls
-                 if args[2] == 2 and args[0].dtype in (torch.float32, torch.float64)
-                 and args[0].size(args[1]) >= 2]  # the compiled pass (else version 1's torch adds)
-    return {"ordered_matmul": recorders["ordered_matmul"].calls, "tree_sum": tree_sums,
-            "unary32": recorders["unary32"].calls}
-
-
 @pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
-def test_the_models_products_sums_and_functions_forward_and_backward_are_version_2s(monkeypatch, preset):
-    calls = model_calls(monkeypatch, preset)
-    products = calls["ordered_matmul"]
-    assert len(products) >= 20 and len({(a.shape, b.shape) for (a, b), _ in products}) >= 6
-    assert any(a.dim() == 4 for (a, _), _ in products)  # attention's QK^T and PV
-    for (a, b), out in products:
-        assert torch.equal(exact_triton.ordered_matmul(a, b), out), (tuple(a.shape), tuple(b.shape))
-    assert len(calls["tree_sum"]) >= 4 and len(calls["unary32"]) >= 2
-    for (x, dim, _), out in calls["tree_sum"]:
-        assert torch.equal(exact_triton.tree_sum(x, dim), out), (tuple(x.shape), dim)
-    for (name, x), (value, slope) in calls["unary32"]:
-        got = exact_triton.unary32(name, x)
-        assert torch.equal(got[0], value) and torch.equal(got[1], slope), name
+def test_the_models_products_sums_and_functions_forward_and_backward_are_version_2s(preset):
+    calls = model_calls(preset)
+    products = [args for kind, args, _ in calls if kind == "ordered_matmul"]
+    assert len(products) >= 20 and len({(a.shape, b.shape) for a, b in products}) >= 6
+    assert any(a.dim() == 4 for a, _ in products)  # attention's QK^T and PV
+    kinds = [kind for kind, _, _ in calls]
+    assert kinds.count("tree_sum") >= 4 and kinds.count("unary32") >= 2
+    for kind, args, out in calls:
+        got = getattr(exact_triton, kind)(*args)
+        assert bits_equal(got, out), (kind, [getattr(a, "shape", a) for a in args])
 
 
 # ----------------------------------------------------------------------------- tree sums and functions
@@ -161,9 +103,7 @@ def test_the_models_products_sums_and_functions_forward_and_backward_are_version
 @pytest.mark.parametrize("shape", [(2,), (3,), (7, 5), (3, 17, 4, 33), (2, 0, 3), (64, 129)])
 def test_the_triton_tree_sum_is_version_2s_bit_for_bit(shape, dtype):
     """Every dimension of at least 2 elements; operands over 16 orders of magnitude."""
-    generator = torch.Generator().manual_seed(len(shape))
-    x = (torch.randn(shape, generator=generator, dtype=torch.float64)
-         * torch.logspace(-8, 8, shape[-1], dtype=torch.float64)).to(dtype)
+    x = sum_operand(shape, dtype, len(shape))
     for dim in [d for d in range(len(shape)) if shape[d] >= 2]:
         got, want = exact_triton.tree_sum(x, dim), exact_kernel.tree_sum(x, dim, 2)
         assert got.shape == want.shape and got.dtype == dtype and torch.equal(got, want), (dim,)
@@ -179,25 +119,6 @@ def test_another_summation_order_is_seen_to_differ():
     tree = exact_triton.tree_sum(x, 1)
     assert torch.allclose(tree, sequential, rtol=1e-5, atol=1e-6 * float(x.abs().max()))
     assert not torch.equal(tree, sequential)
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The same float32 bits, any NaN equal to any NaN."""
-    nan = a.isnan()
-    return torch.equal(nan, b.isnan()) and torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32))
-
-
-def unary_inputs(name: str) -> torch.Tensor:
-    """50,000 values from 1e-3 to 500 in magnitude (positive for log and rsqrt), and edge cases (not 0 for
-    log and rsqrt: version 2's Numba pass raises ZeroDivisionError on it)."""
-    generator = torch.Generator().manual_seed(4)
-    sign = torch.where(torch.rand(50_000, generator=generator) < 0.5, -1.0, 1.0)
-    x = torch.logspace(-3, 2.7, 50_000) * sign
-    edges = [1.0, -1.0, 0.5, 88.7, -103.0, 1e-30, 1e-40, 3.4e38, -3.4e38, float("inf"), -float("inf"),
-             float("nan")]
-    if name in ("log", "rsqrt"):
-        return torch.cat([x.abs(), torch.tensor([e for e in edges if e != 0])])
-    return torch.cat([x, torch.tensor([0.0, -0.0, *edges])])
 
 
 @pytest.mark.parametrize("name", sorted(exact_triton.CODES))
@@ -312,10 +233,8 @@ def test_on_a_gpu_the_sums_and_functions_are_the_cpus_bit_for_bit(name):
     want_value, want_slope = exact_kernel.unary32(name, x)
     assert value.device.type == "cuda" and bits_equal(value.cpu(), want_value)
     assert bits_equal(slope.cpu(), want_slope)
-    generator = torch.Generator().manual_seed(len(name))
     for dtype in (torch.float32, torch.float64):
-        y = (torch.randn(3, 17, 4, 33, generator=generator, dtype=torch.float64)
-             * torch.logspace(-8, 8, 33, dtype=torch.float64)).to(dtype)
+        y = sum_operand((3, 17, 4, 33), dtype, len(name))
         for dim in range(4):
             want = exact_kernel.tree_sum(y, dim, 2)
             assert torch.equal(exact_kernel.tree_sum(y.cuda(), dim, 2).cpu(), want)
@@ -324,12 +243,7 @@ def test_on_a_gpu_the_sums_and_functions_are_the_cpus_bit_for_bit(name):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
-def test_on_a_gpu_the_models_kernels_are_the_cpus_bit_for_bit(monkeypatch, preset):
-    calls = model_calls(monkeypatch, preset)
-    for (a, b), out in calls["ordered_matmul"]:
-        assert torch.equal(exact_triton.ordered_matmul(a.cuda(), b.cuda()).cpu(), out)
-    for (x, dim, _), out in calls["tree_sum"]:
-        assert torch.equal(exact_triton.tree_sum(x.cuda(), dim).cpu(), out)
-    for (name, x), (value, slope) in calls["unary32"]:
-        got = exact_triton.unary32(name, x.cuda())
-        assert torch.equal(got[0].cpu(), value) and torch.equal(got[1].cpu(), slope), name
+def test_on_a_gpu_the_models_kernels_are_the_cpus_bit_for_bit(preset):
+    for kind, args, out in model_calls(preset):
+        got = getattr(exact_triton, kind)(*(a.cuda() if torch.is_tensor(a) else a for a in args))
+        assert bits_equal(got, out), (kind, [getattr(a, "shape", a) for a in args])
