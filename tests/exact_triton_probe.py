@@ -9,7 +9,9 @@ elementwise functions that training/exact_kernel.py sends CUDA tensors to) again
 on random ragged operands and on every call of a forward and backward pass of ``tiny`` and ``llama-tiny``;
 (2) that whole forward and backward pass in the reproducible mode (version 2) on the GPU against the CPU:
 the loss and each gradient, bit for bit or not (the mode's other operations are torch's CUDA elementwise
-kernels); (3) the Triton product's time against torch's float32 matmul (TF32 off). The CPU side is version
+kernels); (3) two inner steps of ``tiny`` (AdamW) and ``llama-tiny`` (Muon) in the mode on the GPU and on the
+CPU: the weights' digests, identical or not (issue 64's "CPU and GPU reruns identical"); (4) the Triton
+product's time against torch's float32 matmul (TF32 off). The CPU side is version
 2's Numba passes where numba is installed, else the formulas with their bits (the product as torch
 elementwise operations, ``exact_math.tree_sum``, ``exact_ops.UNARY``: tests/test_reproducible_kernels.py).
 """
@@ -176,6 +178,29 @@ def whole_pass(preset: str) -> dict:
             "grads_identical": len(same), "grads": len(cpu_grads), "differing": sorted(set(cpu_grads) - same)}
 
 
+def inner_steps(preset: str, optimizer: str, device: str) -> str:
+    """The weights' digest after two inner steps of ``preset`` from its initial weights, the trainer in the
+    reproducible mode (kernel version 2) on ``device`` (training/exact_probe.py's ``fresh_steps``, there)."""
+    from training.config import ModelConfig, TrainingConfig
+    from training.exact_probe import digest
+    from training.pipeline import LocalReplicaTrainer
+
+    model_cfg = ModelConfig(preset=preset)
+    trainer = LocalReplicaTrainer(model_cfg, TrainingConfig(batch_size=2, optimizer=optimizer, device=device,
+                                                            reproducible=True, reproducible_kernels=2))
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        x, y = (torch.randint(0, model_cfg.vocab_size, (2, model_cfg.block_size), generator=generator)
+                for _ in range(2))
+        trainer.train_step(x, y)
+    return digest(tensor.cpu() for tensor in trainer.state_dict().values())
+
+
+def steps_on_both(preset: str, optimizer: str) -> dict:
+    cpu, cuda = inner_steps(preset, optimizer, "cpu"), inner_steps(preset, optimizer, "cuda")
+    return {"cpu": cpu, "cuda": cuda, "identical": cpu == cuda}
+
+
 def timing(shapes) -> list[dict]:
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
@@ -225,6 +250,9 @@ def main() -> None:
     for preset in ("tiny", "llama-tiny"):
         section(report, f"{preset}_kernels", lambda p=preset: compare_on_gpu(model_calls(p), numba_here))
         section(report, f"{preset}_forward_backward", lambda p=preset: whole_pass(p))
+    for preset, optimizer in (("tiny", "adamw"), ("llama-tiny", "muon")):
+        section(report, f"{preset}_{optimizer}_two_inner_steps",
+                lambda p=preset, o=optimizer: steps_on_both(p, o))
     section(report, "timing", lambda: timing([(4096, 768, 768), (4096, 768, 3072), (96, 1024, 64, 1024)]))
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

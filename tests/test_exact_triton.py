@@ -97,6 +97,28 @@ def test_the_models_products_sums_and_functions_forward_and_backward_are_version
         assert bits_equal(got, out), (kind, [getattr(a, "shape", a) for a in args])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, optimizer", [("tiny", "adamw"), ("llama-tiny", "muon")])
+def test_two_inner_steps_with_the_triton_kernels_give_version_2s_weights(monkeypatch, preset, optimizer):
+    """The trainer's two inner steps (forward, backward, clipping, the optimizer) with every version 2
+    kernel computed by the Triton kernels, as on a GPU (here interpreted): Numba's weights, bit for bit."""
+    from exact_triton_probe import inner_steps
+
+    expected = inner_steps(preset, optimizer, "cpu")
+    numba_tree_sum = exact_kernel.tree_sum
+
+    def tree_sum(x, dim, version=None):  # exact_kernel.tree_sum's choice of pass, its compiled one Triton's
+        version = exact_kernel.CURRENT.get() if version is None else version
+        if version == 2 and x.dim() and x.dtype in (torch.float32, torch.float64) and x.size(dim) >= 2:
+            return exact_triton.tree_sum(x, dim)
+        return numba_tree_sum(x, dim, version)
+
+    monkeypatch.setattr(exact_kernel, "ordered_matmul", exact_triton.ordered_matmul)
+    monkeypatch.setattr(exact_kernel, "unary32", exact_triton.unary32)
+    monkeypatch.setattr(exact_kernel, "tree_sum", tree_sum)
+    assert inner_steps(preset, optimizer, "cpu") == expected
+
+
 # ----------------------------------------------------------------------------- tree sums and functions
 
 
