@@ -86,7 +86,8 @@ def _launch(fn, grid, device: torch.device, *args, stages: int | None = None, **
     pipeline stages), or interpreted on a CPU tensor."""
     if device.type == "cuda":
         options = {**EXACT_OPTIONS, **({} if stages is None else {"num_stages": stages})}
-        _kernel(fn, False)[grid](*args, **constants, **options)
+        with torch.cuda.device(device):  # Triton launches on the current device: the operands' own
+            _kernel(fn, False)[grid](*args, **constants, **options)
         return
     with np.errstate(all="ignore"):  # numpy's warnings on IEEE results (inf, nan), as a GPU gives them
         _kernel(fn, True)[grid](*args, **constants)
