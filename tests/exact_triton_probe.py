@@ -12,13 +12,14 @@ the loss and each gradient, bit for bit or not (the mode's other operations are 
 kernels); (3) two inner steps of ``tiny`` (AdamW) and ``llama-tiny`` (Muon) in the mode on the GPU and on the
 CPU: the weights' digests, identical or not (issue 64's "CPU and GPU reruns identical"); (4) the Triton
 product's time against torch's float32 matmul (TF32 off). The CPU side is version
-2's Numba passes where numba is installed, else the formulas with their bits (the product as torch
-elementwise operations, ``exact_math.tree_sum``, ``exact_ops.UNARY``: tests/test_reproducible_kernels.py).
+2's Numba passes where numba is installed, else (:func:`cpu_formulas`) the formulas with their bits (the
+product as torch elementwise operations, ``exact_math.tree_sum``, ``exact_ops.UNARY``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -134,20 +135,41 @@ def model_calls(preset: str) -> list[tuple[str, tuple, object]]:
 # ----------------------------------------------------------------------------- the GPU run
 
 
-def cpu_call(kind: str, args: tuple, numba: bool):
-    """Version 2's ``kind`` on the CPU (Numba), or the formulas with its bits."""
-    if numba:
-        return getattr(exact_kernel, kind)(*args)
-    if kind == "ordered_matmul":
-        a, b = args
-        out = torch.zeros(*a.shape[:-1], b.size(-1))
-        for k in range(a.size(-1)):
-            out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
-        return out
-    if kind == "tree_sum":
-        return v1_tree_sum(*args)
-    value, slope = UNARY[args[0]](args[1].double())
-    return value.float(), slope.float()
+def product_formula(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Version 2's product as torch elementwise operations (single IEEE operations on every CPU)."""
+    out = torch.zeros(*a.shape[:-1], b.size(-1))
+    for k in range(a.size(-1)):
+        out = out + a[..., :, k:k + 1] * b[..., k:k + 1, :]
+    return out
+
+
+@contextlib.contextmanager
+def cpu_formulas(active: bool):
+    """Within (if ``active``: where numba is not installed): version 2's compiled passes on CPU tensors
+    computed by the formulas with their bits (tests/test_reproducible_kernels.py), CUDA tensors unchanged."""
+    originals = {kind: getattr(exact_kernel, kind) for kind in KINDS}
+
+    def ordered_matmul(a, b):
+        return originals["ordered_matmul"](a, b) if a.is_cuda else product_formula(a, b)
+
+    def tree_sum(x, dim, version=None):
+        version = exact_kernel.CURRENT.get() if version is None else version
+        return originals["tree_sum"](x, dim, version) if x.is_cuda or version != 2 else v1_tree_sum(x, dim)
+
+    def unary32(name, x):
+        if x.is_cuda:
+            return originals["unary32"](name, x)
+        value, slope = UNARY[name](x.double())
+        return value.float(), slope.float()
+
+    try:
+        if active:
+            for kind, replacement in zip(KINDS, (ordered_matmul, tree_sum, unary32)):
+                setattr(exact_kernel, kind, replacement)
+        yield
+    finally:
+        for kind, original in originals.items():
+            setattr(exact_kernel, kind, original)
 
 
 def random_calls() -> list[tuple[str, tuple]]:
@@ -160,11 +182,11 @@ def random_calls() -> list[tuple[str, tuple]]:
     return calls + [("unary32", (name, unary_inputs(name))) for name in exact_triton.CODES]
 
 
-def compare_on_gpu(calls, numba: bool) -> dict:
+def compare_on_gpu(calls) -> dict:
     result = {"calls": len(calls), "identical": 0, "mismatches": []}
     for kind, args, *_ in calls:
         got = getattr(exact_kernel, kind)(*(a.cuda() if torch.is_tensor(a) else a for a in args))
-        if bits_equal(got, cpu_call(kind, args, numba)):
+        if bits_equal(got, getattr(exact_kernel, kind)(*args)):
             result["identical"] += 1
         else:
             result["mismatches"].append([kind, [list(a.shape) if torch.is_tensor(a) else a for a in args]])
@@ -246,13 +268,14 @@ def main() -> None:
                               "cuda": torch.version.cuda, "triton": triton.__version__,
                               "python": platform.python_version(),
                               "cpu_reference": "numba" if numba_here else "formulas (numba not installed)"}}
-    section(report, "random_kernels", lambda: compare_on_gpu(random_calls(), numba_here))
-    for preset in ("tiny", "llama-tiny"):
-        section(report, f"{preset}_kernels", lambda p=preset: compare_on_gpu(model_calls(p), numba_here))
-        section(report, f"{preset}_forward_backward", lambda p=preset: whole_pass(p))
-    for preset, optimizer in (("tiny", "adamw"), ("llama-tiny", "muon")):
-        section(report, f"{preset}_{optimizer}_two_inner_steps",
-                lambda p=preset, o=optimizer: steps_on_both(p, o))
+    with cpu_formulas(not numba_here):
+        section(report, "random_kernels", lambda: compare_on_gpu(random_calls()))
+        for preset in ("tiny", "llama-tiny"):
+            section(report, f"{preset}_kernels", lambda p=preset: compare_on_gpu(model_calls(p)))
+            section(report, f"{preset}_forward_backward", lambda p=preset: whole_pass(p))
+        for preset, optimizer in (("tiny", "adamw"), ("llama-tiny", "muon")):
+            section(report, f"{preset}_{optimizer}_two_inner_steps",
+                    lambda p=preset, o=optimizer: steps_on_both(p, o))
     section(report, "timing", lambda: timing([(4096, 768, 768), (4096, 768, 3072), (96, 1024, 64, 1024)]))
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

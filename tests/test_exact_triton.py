@@ -97,6 +97,19 @@ def test_the_models_products_sums_and_functions_forward_and_backward_are_version
         assert bits_equal(got, out), (kind, [getattr(a, "shape", a) for a in args])
 
 
+@pytest.mark.parametrize("preset, optimizer", [("tiny", "adamw"), ("llama-tiny", "muon")])
+def test_the_gpu_probes_cpu_side_without_numba_gives_version_2s_weights(preset, optimizer):
+    """Where numba is not installed (a lent GPU machine), the probe computes the CPU's side by the formulas
+    with version 2's bits: two inner steps give Numba's weights."""
+    from exact_triton_probe import cpu_formulas, inner_steps
+
+    expected, numba_product = inner_steps(preset, optimizer, "cpu"), exact_kernel.ordered_matmul
+    with cpu_formulas(True):
+        assert exact_kernel.ordered_matmul is not numba_product  # the formulas, not the Numba loops
+        assert inner_steps(preset, optimizer, "cpu") == expected
+    assert exact_kernel.ordered_matmul is numba_product
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset, optimizer", [("tiny", "adamw"), ("llama-tiny", "muon")])
 def test_two_inner_steps_with_the_triton_kernels_give_version_2s_weights(monkeypatch, preset, optimizer):
