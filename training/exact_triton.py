@@ -138,8 +138,10 @@ def _tree_sum_columns(x, count, inner, columns, BLOCK: tl.constexpr):  # pragma:
             low = tl.load(base + r * inner, mask=live)
             high = tl.load(base + (half + r) * inner, mask=live)
             tl.store(base + r * inner, low + high, mask=live)
+        tl.debug_barrier()  # the level's stores seen by the program's threads before the next reads
         if n % 2:
             tl.store(base + half * inner, tl.load(base + 2 * half * inner, mask=live), mask=live)
+            tl.debug_barrier()
         n = half + n % 2
 
 
