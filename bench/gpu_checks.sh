@@ -7,6 +7,11 @@
 #   (3) bench/bench_reexec_isa.py on that machine's CPU (every ATen capability it has: AVX-512 where present);
 #   (4) with CALIBRATE=1: bench/bench_gpu.py --calibrate (CPU <-> GPU rerun distances, the CPU calibration's
 #       tiny preset). The first session with a GPU ran it (bench/results/gpu_calibration.json).
+#   (0) first, a minute or two: tests/exact_triton_probe.py (issue 64): the reproducible mode's kernel version 2
+#       as Triton kernels on the GPU against the CPU, bit for bit (kernels, tiny/llama-tiny forward and
+#       backward), and the Triton product's time against torch's float32 matmul -> $OUT/exact_triton.json
+#       (to keep under bench/results/ with a section of the results page: tests/test_results_page.py wants one
+#       per file). ONLY_EXACT=1: the machine and this, nothing else.
 # Usage on the device machine, from the repository root, with $OUT set (the device tool):
 #   bash bench/gpu_checks.sh
 # A missing pure-Python dependency (base58, for node.config) travels as a wheel in .whl/.
@@ -25,6 +30,12 @@ mkdir -p "$OUT"
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed -E 's/(Flags:).*/\1 '"$(grep -o -E 'avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
     python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cpu.get_cpu_capability())"
 } 2>&1 | tee "$OUT/machine.txt"
+
+echo "== exact_triton: kernel version 2 on the GPU against the CPU, bit for bit"
+timeout "${EXACT_SECONDS:-180}" python3 tests/exact_triton_probe.py --out "$OUT/exact_triton.json" \
+    >"$OUT/exact_triton.log" 2>&1
+echo "exact_triton rc=$?"; tail -12 "$OUT/exact_triton.log"
+[ -n "${ONLY_EXACT:-}" ] && exit 0
 
 echo "== bench_gpu (a) (b)"
 timeout "${GPU_SECONDS:-300}" python3 bench/bench_gpu.py --skip-chain --sweep-batches "${SWEEP:-32,64}" \

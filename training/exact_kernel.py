@@ -95,6 +95,9 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"ordered_matmul: float32 operands, got {a.dtype} and {b.dtype}")
     if a.size(-1) != b.size(-2) or a.shape[:-2] != b.shape[:-2]:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
+    if a.is_cuda:  # the same order in Triton kernels on the GPU (training/exact_triton.py)
+        from training import exact_triton
+        return exact_triton.ordered_matmul(a, b)
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
     left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
@@ -144,6 +147,9 @@ def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(value, derivative)`` of the elementwise function ``name`` (``training.exact_ops.UNARY``) at float32
     ``x``, both float32: version 2's one compiled pass, the same float64 operations in the same order as
     the torch formulas of version 1 (so the same bits: tests/test_reproducible_kernels.py)."""
+    if x.is_cuda:  # the same operations in a Triton kernel on the GPU (training/exact_triton.py)
+        from training import exact_triton
+        return exact_triton.unary32(name, x)
     kernels = _compiled()
     flat = np.ascontiguousarray(x.detach().cpu().reshape(-1).numpy())
     value, slope = np.empty_like(flat), np.empty_like(flat)
@@ -161,6 +167,9 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
     count = x.size(dim) if x.dim() else 1
     if version != 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
         return em_tree_sum(x, dim)
+    if x.is_cuda:  # the same pairs in a Triton kernel on the GPU (training/exact_triton.py)
+        from training import exact_triton
+        return exact_triton.tree_sum(x, dim)
     outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
     flat = np.ascontiguousarray(x.detach().cpu().reshape(outer, count, inner).numpy())
     out = np.empty((outer, inner), dtype=flat.dtype)
