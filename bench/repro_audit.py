@@ -28,16 +28,26 @@ from training.exact_probe import child_env
 RERUN = "re-execution of round"
 
 
+def demo_defaults() -> dict:
+    """The full-size demo (``--audit-full``): ``dlx-node demo``'s own preset, replicas, rounds and inner steps
+    (its parser's defaults, node/commands/parsers.py), so the bench follows the demo if they change."""
+    from node.commands.parsers import build_parser
+
+    demo = build_parser().parse_args(["demo"])
+    return {"audit_preset": demo.preset, "audit_replicas": demo.replicas, "audit_rounds": demo.rounds,
+            "audit_inner_steps": demo.inner_steps}
+
+
 def train_demo(repo: Path, workdir: Path, args) -> dict:
     """Run the demo under ``args.audit_train``; its wall time and the run document's training settings."""
     out = workdir / "demo"
     command = [sys.executable, "-m", "node.cli", "demo", "--preset", args.audit_preset, "--replicas",
                str(args.audit_replicas), "--stages", "1", "--rounds", str(args.audit_rounds), "--inner-steps",
-               str(args.audit_inner_steps), "--no-reference", "--out", str(out), "--timeout", "1500",
+               str(args.audit_inner_steps), "--no-reference", "--out", str(out), "--timeout", "3000",
                "--set", "training.reproducible=true"]
     started = time.perf_counter()
     done = subprocess.run(command, env=child_env(repo, args.audit_train, args.audit_threads, None),
-                          capture_output=True, text=True, timeout=1800, cwd=repo)
+                          capture_output=True, text=True, timeout=3600, cwd=repo)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the demo failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
