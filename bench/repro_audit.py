@@ -117,5 +117,5 @@ def run_audit_bench(repo: Path, args) -> dict:
             "rounds": args.audit_rounds, "inner_steps": args.audit_inner_steps, "threads": args.audit_threads,
             "trained_under": args.audit_train, "demo_seconds": demo["seconds"], "demo_rounds": demo["rounds"],
             "run_training": demo["training"], "audits": audits,
-            "every_rerun_exact": all(row["all_exact"] for row in audits),
+            "every_rerun_exact": all(row["all_exact"] for row in audits), "workdir": str(workdir),
             "load_average": {"start": load, "end": list(os.getloadavg())}}
