@@ -6,7 +6,7 @@ Split from :mod:`results_sections`, whose formatting helpers these renderers sha
 
 from __future__ import annotations
 
-from results_sections import num, pct, table
+from results_sections import load_text, num, pct, table
 
 
 def heterogeneous(r: dict) -> list[str]:
@@ -281,14 +281,19 @@ def reproducible_audit(a: dict) -> list[str]:
 
 def reproducible_cheats(c: dict) -> list[str]:
     """bench/bench_reproducible.py --audit-cheats: one inner step's 1% and one-ulp cheats judged elsewhere."""
-    lines = ["", f"The demo's settings with {len(c['replicas'])} replicas ({', '.join(c['replicas'])}) and "
+    when = c.get("recorded", {})
+    lines = [f"The cheats (bench/repro_cheats.py): the demo's settings with {len(c['replicas'])} replicas "
+             f"({', '.join(c['replicas'])}) and "
              f"{c['rounds']} rounds, the cheats in inner step {c['cheat_step']} of round {c['cheat_round']}, "
              f"trained under `{c['trained_under']}` ({c['record_seconds']:.0f} s), each round-0 claim rerun "
-             "as the audit reruns it and its next state checked against round 1's claim:", ""]
+             "as the audit reruns it and its next state checked against round 1's claims (recorded "
+             f"{when.get('date', '?')} at {when.get('commit', '?')}, load "
+             f"{load_text((when.get('load_average') or {}).get('start'))} at start):", ""]
 
     def cell(row: dict, check: dict) -> str:
         wrong = "" if row["right"][check["kind"]] else " (WRONG)"
-        return f"{check['verdict']}, chain {check['chain']}{wrong}"
+        chain = f", chain {check['chain']}" if check["chain"] else ""
+        return f"{check['verdict']}{chain}{wrong}"
 
     rows = [[row["capability"], f"{row['rerun_s']:.1f} s", *(cell(row, check) for check in row["checks"])]
             for row in c["reruns"]]
