@@ -16,7 +16,8 @@ child gave the same bits.
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --audit  # the demo audit (bench/repro_audit.py)
-    PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --audit --audit-full  # the full-size demo's
+    PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --audit --audit-full --audit-cheats
+        # the full-size demo's, and the 1% and one-ulp cheats at its settings (bench/repro_cheats.py)
 
 writes bench/results/reproducible.json (``benchio.write_result``).
 """

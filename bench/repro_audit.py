@@ -10,7 +10,7 @@ demo's ``chain-state.json`` and ``dlx-node audit --reexecute all`` over every no
 under that capability: its wall time, its verdict, and how each re-executed contribution was judged
 (every one must be ``exact``: the reproducible rule's bit-for-bit rerun, no emulation child, no tolerance).
 The first capability of ``--audit-under`` should be the training one: the same-platform time the others
-are compared with.
+are compared with. ``--audit-full``: the demo's own size (:func:`demo_defaults`), into ``audit_full``.
 """
 
 from __future__ import annotations
