@@ -16,6 +16,8 @@ child gave the same bits.
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --cases tiny:adamw --steps 3 --no-grid
     PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --audit  # the demo audit (bench/repro_audit.py)
+    PYTHONPATH=. .venv/bin/python bench/bench_reproducible.py --audit --audit-full --audit-cheats
+        # the full-size demo's, and the 1% and one-ulp cheats at its settings (bench/repro_cheats.py)
 
 writes bench/results/reproducible.json (``benchio.write_result``).
 """
@@ -85,15 +87,54 @@ def run_child(cases: list[tuple[str, str]], threads: int) -> None:
 
 
 def write_audit(args: argparse.Namespace) -> None:
-    """``--audit``: the demo audit's block replaces ``audit`` of ``--out``, with its own ``recorded``."""
-    from bench.benchio import recorded, scrub_paths
-    from bench.repro_audit import run_audit_bench
+    """``--audit``: the demo audit's block replaces ``audit`` of ``--out`` (``audit_full`` with
+    ``--audit-full``: the demo's own size), with its own ``recorded``; with ``--audit-cheats`` its ``cheats``
+    (bench/repro_cheats.py) after the audits. ``--audit-cheats`` without ``--audit``: the cheats alone, on
+    the demo ``--audit-workdir`` already holds, merged into the block as its ``cheats``. The file is read
+    again just before it is written, so what another bench wrote meanwhile (the cost part) is kept."""
+    from bench.benchio import recorded
+    from bench.repro_audit import demo_defaults, run_audit_bench
 
-    block = run_audit_bench(REPO, args)
-    path = Path(args.out)
+    key = "audit_full" if args.audit_full else "audit"
+    if args.audit_full:
+        vars(args).update(demo_defaults())
+    if args.audit:
+        block = run_audit_bench(REPO, args)
+        if args.audit_cheats:
+            block["cheats"] = audit_cheats(args, Path(args.audit_workdir or block.pop("workdir")))
+        block.pop("workdir", None)
+        block["recorded"] = recorded(block["load_average"]["start"])
+        merge_block(Path(args.out), key, block)
+    else:
+        if not args.audit_workdir:
+            raise SystemExit("--audit-cheats without --audit: give the demo's --audit-workdir")
+        load = list(os.getloadavg())
+        cheats = audit_cheats(args, Path(args.audit_workdir))
+        cheats["recorded"] = recorded(load)
+        merge_block(Path(args.out), key, {"cheats": cheats}, update=True)
+
+
+def audit_cheats(args: argparse.Namespace, workdir: Path) -> dict:
+    """bench/repro_cheats.py on the demo of ``workdir``: trained under ``--audit-train``, rerun under each
+    capability of ``--audit-under``."""
+    from bench.repro_cheats import run_cheat_bench
+
+    node_toml = workdir / "demo" / "r0" / "node.toml"
+    if not node_toml.is_file():
+        raise SystemExit(f"{node_toml}: no demo there (run --audit first)")
+    step = args.audit_cheat_step if args.audit_cheat_step >= 0 else args.audit_inner_steps - 1
+    return run_cheat_bench(REPO, node_toml, workdir, args.audit_train, args.audit_under.split(","), step,
+                           args.audit_threads)
+
+
+def merge_block(path: Path, key: str, block: dict, update: bool = False) -> None:
+    """Write ``block`` as ``key`` of the JSON at ``path`` (``update``: into the block already there), the
+    rest of the file as it is now."""
+    from bench.benchio import scrub_paths
+
     result = json.loads(path.read_text()) if path.is_file() else {}
-    result["audit"] = {**block, "recorded": recorded(block["load_average"]["start"])}
-    print(json.dumps(result["audit"], indent=1, default=str))
+    result[key] = {**result.get(key, {}), **block} if update else block
+    print(json.dumps(result[key], indent=1, default=str))
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(scrub_paths(json.dumps(result, indent=1, default=str)) + "\n")
     os.replace(temporary, path)
@@ -116,6 +157,15 @@ def main(argv: list[str]) -> None:
                         help="instead: a reproducible demo run trained under --audit-train and audited with "
                              "--reexecute all under each of --audit-under (bench/repro_audit.py), written "
                              "into --out's 'audit' block (the rest of the file kept)")
+    parser.add_argument("--audit-full", action="store_true",
+                        help="with --audit: the full-size demo (dlx-node demo's own preset, replicas, rounds "
+                             "and inner steps, overriding --audit-preset and the others), into 'audit_full'")
+    parser.add_argument("--audit-cheats", action="store_true",
+                        help="the 1%% and the one-ulp cheat in one inner step, with the demo's settings, "
+                             "trained under --audit-train and convicted under each of --audit-under "
+                             "(bench/repro_cheats.py); alone: on the demo --audit-workdir holds")
+    parser.add_argument("--audit-cheat-step", type=int, default=-1,
+                        help="the cheats' inner step of round 0 (default: the round's last)")
     parser.add_argument("--audit-preset", default="tiny")
     parser.add_argument("--audit-replicas", type=int, default=2)
     parser.add_argument("--audit-rounds", type=int, default=3)
@@ -133,7 +183,7 @@ def main(argv: list[str]) -> None:
     if args.child:
         run_child(parse(args.child), args.threads)
         return
-    if args.audit:
+    if args.audit or args.audit_cheats:
         write_audit(args)
         return
     load = list(os.getloadavg())

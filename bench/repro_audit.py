@@ -10,7 +10,7 @@ demo's ``chain-state.json`` and ``dlx-node audit --reexecute all`` over every no
 under that capability: its wall time, its verdict, and how each re-executed contribution was judged
 (every one must be ``exact``: the reproducible rule's bit-for-bit rerun, no emulation child, no tolerance).
 The first capability of ``--audit-under`` should be the training one: the same-platform time the others
-are compared with.
+are compared with. ``--audit-full``: the demo's own size (:func:`demo_defaults`), into ``audit_full``.
 """
 
 from __future__ import annotations
@@ -28,16 +28,26 @@ from training.exact_probe import child_env
 RERUN = "re-execution of round"
 
 
+def demo_defaults() -> dict:
+    """The full-size demo (``--audit-full``): ``dlx-node demo``'s own preset, replicas, rounds and inner steps
+    (its parser's defaults, node/commands/parsers.py), so the bench follows the demo if they change."""
+    from node.commands.parsers import build_parser
+
+    demo = build_parser().parse_args(["demo"])
+    return {"audit_preset": demo.preset, "audit_replicas": demo.replicas, "audit_rounds": demo.rounds,
+            "audit_inner_steps": demo.inner_steps}
+
+
 def train_demo(repo: Path, workdir: Path, args) -> dict:
     """Run the demo under ``args.audit_train``; its wall time and the run document's training settings."""
     out = workdir / "demo"
     command = [sys.executable, "-m", "node.cli", "demo", "--preset", args.audit_preset, "--replicas",
                str(args.audit_replicas), "--stages", "1", "--rounds", str(args.audit_rounds), "--inner-steps",
-               str(args.audit_inner_steps), "--no-reference", "--out", str(out), "--timeout", "1500",
+               str(args.audit_inner_steps), "--no-reference", "--out", str(out), "--timeout", "3000",
                "--set", "training.reproducible=true"]
     started = time.perf_counter()
     done = subprocess.run(command, env=child_env(repo, args.audit_train, args.audit_threads, None),
-                          capture_output=True, text=True, timeout=1800, cwd=repo)
+                          capture_output=True, text=True, timeout=3600, cwd=repo)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the demo failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
@@ -107,5 +117,5 @@ def run_audit_bench(repo: Path, args) -> dict:
             "rounds": args.audit_rounds, "inner_steps": args.audit_inner_steps, "threads": args.audit_threads,
             "trained_under": args.audit_train, "demo_seconds": demo["seconds"], "demo_rounds": demo["rounds"],
             "run_training": demo["training"], "audits": audits,
-            "every_rerun_exact": all(row["all_exact"] for row in audits),
+            "every_rerun_exact": all(row["all_exact"] for row in audits), "workdir": str(workdir),
             "load_average": {"start": load, "end": list(os.getloadavg())}}

@@ -6,7 +6,7 @@ Split from :mod:`results_sections`, whose formatting helpers these renderers sha
 
 from __future__ import annotations
 
-from results_sections import num, pct, table
+from results_sections import load_text, num, pct, table
 
 
 def heterogeneous(r: dict) -> list[str]:
@@ -255,8 +255,9 @@ def reproducible(r: dict) -> list[str]:
         when = f" (recorded {earlier['date']} at {earlier['commit']}: {earlier['note']})" if earlier else ""
         lines += ["", f"Weights after two inner steps in {len(grid)} children ({cells}){when}:", ""]
         lines += table(["case", "identical everywhere", "distinct hashes"], distinct)
-    if r.get("audit"):
-        lines += [*([""] if lines[-1] else []), *reproducible_audit(r["audit"])]
+    for key in ("audit", "audit_full"):
+        if r.get(key):
+            lines += [*([""] if lines[-1] else []), *reproducible_audit(r[key])]
     return lines
 
 
@@ -273,5 +274,27 @@ def reproducible_audit(a: dict) -> list[str]:
     rows = [[row["capability"], f"{row['seconds']:.1f} s", f"x{row['vs_first']:.2f}", str(row["verdict"]),
              str(row["reruns"]), ", ".join(f"{n} {how}" for how, n in sorted(row["judged"].items())),
              "yes" if row["all_exact"] else "no"] for row in a["audits"]]
-    return lines + table(["audited under", "audit time", "vs the first", "verdict", "reruns", "judged",
-                          "every rerun exact"], rows)
+    lines += table(["audited under", "audit time", "vs the first", "verdict", "reruns", "judged",
+                    "every rerun exact"], rows)
+    return lines + (reproducible_cheats(a["cheats"]) if a.get("cheats") else [])
+
+
+def reproducible_cheats(c: dict) -> list[str]:
+    """bench/bench_reproducible.py --audit-cheats: one inner step's 1% and one-ulp cheats judged elsewhere."""
+    when = c.get("recorded", {})
+    lines = [f"The cheats (bench/repro_cheats.py): the demo's settings with {len(c['replicas'])} replicas "
+             f"({', '.join(c['replicas'])}) and "
+             f"{c['rounds']} rounds, the cheats in inner step {c['cheat_step']} of round {c['cheat_round']}, "
+             f"trained under `{c['trained_under']}` ({c['record_seconds']:.0f} s), each round-0 claim rerun "
+             "as the audit reruns it and its next state checked against round 1's claims (recorded "
+             f"{when.get('date', '?')} at {when.get('commit', '?')}, load "
+             f"{load_text((when.get('load_average') or {}).get('start'))} at start):", ""]
+
+    def cell(row: dict, check: dict) -> str:
+        wrong = "" if row["right"][check["kind"]] else " (WRONG)"
+        chain = f", chain {check['chain']}" if check["chain"] else ""
+        return f"{check['verdict']}{chain}{wrong}"
+
+    rows = [[row["capability"], f"{row['rerun_s']:.1f} s", *(cell(row, check) for check in row["checks"])]
+            for row in c["reruns"]]
+    return lines + table(["rerun under", "reruns", *c["replicas"]], rows)
