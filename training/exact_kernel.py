@@ -86,6 +86,13 @@ def _compiled():
     return _KERNEL
 
 
+def _tiled():
+    """:mod:`training.exact_kernel_tile` (imports Numba)."""
+    _compiled()
+    from training import exact_kernel_tile
+    return exact_kernel_tile
+
+
 def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for float32 ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), each output
     summed over ``k`` in increasing order, one float32 multiply and one float32 add at a time (the first
@@ -97,10 +104,10 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
-    left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
-    right = np.ascontiguousarray(b.detach().cpu().reshape(count, k, n).numpy())
+    left = a.detach().cpu().reshape(count, m, k).numpy()
+    right = b.detach().cpu().reshape(count, k, n).numpy()
     out = np.empty((count, m, n), dtype=np.float32)
-    _run_split(_compiled().ordered, left, right, out)
+    _run_split(_tiled().ordered, left, right, out)
     return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
 
 
