@@ -28,6 +28,11 @@ GOLDEN = {
     ("mini", "adamw", 2, 3): ("d2a42bd9693cc27c", "458482937bcc9ed2", "f078d47b7659a719"),
     ("llama-tiny", "muon", 2, 3): ("2753bb8a6e704c13", "72ed719c273a610e", "d554d5e21820c60d"),
 }
+#: Version 1's, recorded on b00ff5e too (version 2's speed work shares the gradient norm with it).
+GOLDEN_V1 = {
+    ("tiny", "adamw", 2, 2): ("70ebaa7bbfec315f", "976deb577d5e08b2", "f84aafee638f1ce8"),
+    ("llama-tiny", "muon", 2, 2): ("129e533a68d60891", "0f752b2bf9f3e59a", "faed3fcf54bb16d7"),
+}
 SLOW_GOLDEN = {
     ("llama-20m", "adamw", 1, 1): ("7a3a6a2cf47ce566", "36ccaeff618a9d0f", "ac496a3a03698276"),
 }
@@ -44,17 +49,17 @@ def _batch(vocab: int, batch: int, block: int, generator: torch.Generator):
     return (torch.randint(0, vocab, (batch, block), generator=generator) for _ in range(2))
 
 
-def golden(preset: str, optimizer: str, batch: int, steps: int) -> tuple[str, str, str]:
-    """The three digests of the case (module docstring)."""
+def golden(preset: str, optimizer: str, batch: int, steps: int, version: int = 2) -> tuple[str, str, str]:
+    """The three digests of the case (module docstring) under kernel ``version``."""
     cfg = ModelConfig(preset=preset)
     model = GPT(cfg, seed=0)
     x, y = _batch(cfg.vocab_size, batch, cfg.block_size, torch.Generator().manual_seed(3))
-    with ExactKernels(2):
+    with ExactKernels(version):
         logits, loss = model(x, y)
     forward = _digest([logits, loss])
     loss.backward()
     backward = _digest([p.grad for _, p in model.named_parameters()])
-    _, trainer = trainer_for(preset, optimizer, True, batch, 2)
+    _, trainer = trainer_for(preset, optimizer, True, batch, version)
     generator, parts = torch.Generator().manual_seed(7), []
     for _ in range(steps):
         value = trainer.train_step(*_batch(cfg.vocab_size, batch, cfg.block_size, generator))
@@ -65,11 +70,11 @@ def golden(preset: str, optimizer: str, batch: int, steps: int) -> tuple[str, st
     return forward, backward, _digest(parts)
 
 
-def _check(case, want, threads):
+def _check(case, want, threads, version=2):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        assert golden(*case) == want, case
+        assert golden(*case, version) == want, case
     finally:
         torch.set_num_threads(before)
 
@@ -80,6 +85,11 @@ def test_version_2_keeps_its_recorded_bits(case, threads):
     _check(case, GOLDEN[case], threads)
 
 
+@pytest.mark.parametrize("case", sorted(GOLDEN_V1))
+def test_version_1_keeps_its_recorded_bits(case):
+    _check(case, GOLDEN_V1[case], 1, version=1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(SLOW_GOLDEN))
 def test_version_2_keeps_its_recorded_bits_at_llama_20m(case):
@@ -87,5 +97,8 @@ def test_version_2_keeps_its_recorded_bits_at_llama_20m(case):
 
 
 if __name__ == "__main__":  # print the digests of the code as it is (to record them)
-    for case in (*GOLDEN, *SLOW_GOLDEN):
-        print(case, golden(*case), flush=True)
+    import sys
+
+    version = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    for case in (*GOLDEN, *SLOW_GOLDEN) if version == 2 else GOLDEN_V1:
+        print(case, golden(*case, version), flush=True)

@@ -104,11 +104,22 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
-    left = a.detach().cpu().reshape(count, m, k).numpy()
-    right = b.detach().cpu().reshape(count, k, n).numpy()
-    out = np.empty((count, m, n), dtype=np.float32)
-    _run_split(_tiled().ordered, left, right, out)
-    return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
+    out = torch.empty((count, m, n), dtype=torch.float32)
+    # The kernel copies its operands into panels, so strided (transposed) views need no copy here.
+    _run_split(_tiled().ordered, host(a).reshape(count, m, k).numpy(), host(b).reshape(count, k, n).numpy(),
+               out.numpy())
+    return device_of(out.view(*batch, m, n), a)
+
+
+def host(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached, on the CPU (itself, without a copy, when it is there)."""
+    x = x.detach()
+    return x if x.device.type == "cpu" else x.cpu()
+
+
+def device_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` (a CPU result of the compiled loops) on ``like``'s device."""
+    return out if like.device.type == "cpu" else out.to(like.device)
 
 
 #: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
@@ -152,11 +163,10 @@ def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``x``, both float32: version 2's one compiled pass, the same float64 operations in the same order as
     the torch formulas of version 1 (so the same bits: tests/test_reproducible_kernels.py)."""
     kernels = _compiled()
-    flat = np.ascontiguousarray(x.detach().cpu().reshape(-1).numpy())
-    value, slope = np.empty_like(flat), np.empty_like(flat)
-    kernels.unary(kernels.CODES[name], flat, value, slope)
-    return (torch.from_numpy(value).reshape(x.shape).to(x.device),
-            torch.from_numpy(slope).reshape(x.shape).to(x.device))
+    value, slope = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
+    kernels.unary(kernels.CODES[name], host(x).reshape(-1).numpy(), value.view(-1).numpy(),
+                  slope.view(-1).numpy())
+    return device_of(value, x), device_of(slope, x)
 
 
 def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Tensor:
@@ -169,9 +179,8 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
     if version != 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
         return em_tree_sum(x, dim)
     outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
-    flat = np.ascontiguousarray(x.detach().cpu().reshape(outer, count, inner).numpy())
-    out = np.empty((outer, inner), dtype=flat.dtype)
-    _compiled().tree_sum(flat, out)
     shape = list(x.shape)
     shape[dim] = 1
-    return torch.from_numpy(out).reshape(shape).to(x.device)
+    out = torch.empty(shape, dtype=x.dtype)
+    _compiled().tree_sum(host(x).reshape(outer, count, inner).numpy(), out.view(outer, inner).numpy())
+    return device_of(out, x)
