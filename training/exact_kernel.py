@@ -184,3 +184,15 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
     out = torch.empty(shape, dtype=x.dtype)
     _compiled().tree_sum(host(x).reshape(outer, count, inner).numpy(), out.view(outer, inner).numpy())
     return device_of(out, x)
+
+
+def square_sum(x: torch.Tensor) -> float:
+    """The tree sum (:func:`training.exact_math.tree_sum`) of the float64 squares of ``x``'s entries
+    (flattened) in one compiled pass: the same pairs in the same order as the torch version, the same
+    bits (used by both kernel versions' gradient norm; the torch levels when Numba is missing)."""
+    try:
+        kernels = _compiled()
+    except KernelVersionError:
+        flat = x.detach().to(torch.float64).reshape(-1)
+        return float(em_tree_sum(flat * flat, 0).reshape(()))
+    return float(kernels.square_sum(host(x).reshape(-1).numpy()))

@@ -197,3 +197,25 @@ def tree_sum(x, out):  # pragma: no cover: compiled
             count = half + count % 2
         for c in range(inner):
             out[o, c] = buf[c]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def square_sum(x):  # pragma: no cover: compiled
+    """The tree sum (as :func:`tree_sum`, one dimension) of the float64 squares of ``x`` (1-D): each square
+    one float64 multiply (exact for float32 entries)."""
+    rows = x.shape[0]
+    if rows == 0:
+        return 0.0
+    buf = np.empty(rows, dtype=np.float64)
+    for r in range(rows):
+        value = np.float64(x[r])
+        buf[r] = value * value
+    count = rows
+    while count > 1:
+        half = count // 2
+        for r in range(half):
+            buf[r] = buf[r] + buf[half + r]
+        if count % 2:
+            buf[half] = buf[2 * half]
+        count = half + count % 2
+    return buf[0]

@@ -21,8 +21,7 @@ import math
 import torch
 from torch import nn
 
-from training.exact_kernel import LEGACY, product
-from training.exact_math import tree_sum
+from training.exact_kernel import LEGACY, product, square_sum, tree_sum
 
 
 def power(base: float, exponent: int) -> float:
@@ -86,7 +85,7 @@ def exact_orthogonalize(
     transposed = x.size(0) > x.size(1)
     if transposed:
         x = x.T.contiguous()
-    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0)) + 1e-7
+    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0, kernels)) + 1e-7
     x = x / norm
     for _ in range(steps):
         gram = product(x, x.T, kernels)
@@ -98,9 +97,8 @@ def exact_orthogonalize(
 def exact_grad_sq_norm(module: nn.Module) -> torch.Tensor:
     """Sum of squared gradient entries of ``module`` (float64 scalar on the CPU): each gradient's squares
     (exact in float64) tree-summed, the parameters' sums added in parameter order."""
-    total = torch.zeros((), dtype=torch.float64)
+    total = 0.0  # float64 additions in parameter order, as a float64 tensor's
     for param in module.parameters():
         if param.grad is not None:
-            grad = param.grad.detach().to(torch.float64).reshape(-1)
-            total = total + tree_sum(grad * grad, 0).reshape(()).cpu()
-    return total
+            total = total + square_sum(param.grad)
+    return torch.tensor(total, dtype=torch.float64)
