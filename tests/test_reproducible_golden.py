@@ -70,6 +70,10 @@ def golden(preset: str, optimizer: str, batch: int, steps: int, version: int = 2
     return forward, backward, _digest(parts)
 
 
+def _name(case) -> str:
+    return "-".join(map(str, case))
+
+
 def _check(case, want, threads, version=2):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -79,19 +83,19 @@ def _check(case, want, threads, version=2):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("case", sorted(GOLDEN))
+@pytest.mark.parametrize("case", sorted(GOLDEN), ids=_name)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_version_2_keeps_its_recorded_bits(case, threads):
     _check(case, GOLDEN[case], threads)
 
 
-@pytest.mark.parametrize("case", sorted(GOLDEN_V1))
+@pytest.mark.parametrize("case", sorted(GOLDEN_V1), ids=_name)
 def test_version_1_keeps_its_recorded_bits(case):
     _check(case, GOLDEN_V1[case], 1, version=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(SLOW_GOLDEN))
+@pytest.mark.parametrize("case", sorted(SLOW_GOLDEN), ids=_name)
 def test_version_2_keeps_its_recorded_bits_at_llama_20m(case):
     _check(case, SLOW_GOLDEN[case], 2)
 

@@ -99,40 +99,6 @@ class ExactMatmul(torch.autograd.Function):
         return grad_a, grad_b
 
 
-class ExactAffine(torch.autograd.Function):
-    """``x W^T + b`` (``transposed``: ``nn.Linear``'s weight (out, in)) or ``x W + b`` (``Conv1D``'s (in, out)),
-    ``x`` (..., in), ``b`` (out,) or None: one node for what was a reshape, a transpose, an
-    :class:`ExactMatmul` of the 2-D rows, an :class:`ExactExpand` of the bias and an add, computing what
-    they computed: the product by the forward's kernel version, the bias added to each row (the same
-    elementwise adds as to the expanded copy); backward ``g W'^T`` and ``rows^T g`` (``W'`` the (in, out)
-    matrix) by the same version, the bias's gradient the tree sum of ``g``'s rows."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, transposed):
-        rows = x.reshape(-1, x.size(-1))
-        matrix = weight.transpose(0, 1) if transposed else weight
-        ctx.save_for_backward(rows, matrix)
-        ctx.version, ctx.transposed, ctx.shape = exact_kernel.CURRENT.get(), transposed, x.shape
-        out = exact_kernel.product(rows, matrix, ctx.version)
-        if bias is not None:
-            out = out + bias
-        return out.reshape(*x.shape[:-1], matrix.size(1))
-
-    @staticmethod
-    def backward(ctx, grad):
-        rows, matrix = ctx.saved_tensors
-        grad = grad.reshape(-1, matrix.size(1))
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = exact_kernel.product(grad, matrix.transpose(-1, -2), ctx.version).reshape(ctx.shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = exact_kernel.product(rows.transpose(-1, -2), grad, ctx.version)
-            grad_w = grad_w.transpose(0, 1) if ctx.transposed else grad_w
-        if ctx.needs_input_grad[2]:
-            grad_b = reduce_to(grad, grad[0].shape, ctx.version)
-        return grad_x, grad_w, grad_b, None
-
-
 class ExactEmbedding(torch.autograd.Function):
     """``weight[ids]``; backward: position by position (flattened, increasing), its gradient row added to
     its token's row."""
@@ -206,19 +172,24 @@ UNARY = {"exp": _exp, "log": _log, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _
          "rsqrt": _rsqrt}
 
 
+def unary_values(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, derivative)`` of :data:`UNARY` ``name`` at ``x``, in float64, each rounded once to ``x``'s
+    dtype (kernel version 2, float32: the same bits in one compiled pass)."""
+    if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:
+        return exact_kernel.unary32(name, x)
+    value, slope = UNARY[name](x.to(torch.float64))
+    return value.to(x.dtype), slope.to(x.dtype)
+
+
 class ExactUnary(torch.autograd.Function):
     """An elementwise function of :data:`UNARY`, in float64 and rounded once to ``x``'s dtype; backward:
     the gradient times its derivative (float64, rounded once too)."""
 
     @staticmethod
     def forward(ctx, x, name):
-        if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:  # the same bits, one compiled pass
-            value, slope = exact_kernel.unary32(name, x)
-            ctx.save_for_backward(slope)
-            return value
-        value, slope = UNARY[name](x.to(torch.float64))
-        ctx.save_for_backward(slope.to(x.dtype))
-        return value.to(x.dtype)
+        value, slope = unary_values(name, x)
+        ctx.save_for_backward(slope)
+        return value
 
     @staticmethod
     def backward(ctx, grad):
@@ -287,20 +258,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T + b`` (``nn.Linear``'s layout)."""
-    check_float(x, "linear")
-    if x.dim() < 1 or weight.dim() != 2 or x.size(-1) != weight.size(1):
-        raise ExactKernelError(f"linear of shapes {tuple(x.shape)}, {tuple(weight.shape)}")
-    return ExactAffine.apply(x, weight, bias, True)
+    flat = x.reshape(-1, x.size(-1))
+    out = matmul(flat, weight.transpose(0, 1))
+    if bias is not None:
+        out = out + expand(bias, out.shape)
+    return out.reshape(*x.shape[:-1], weight.size(0))
 
 
 def addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
     """``bias + x @ W`` (GPT-2's ``Conv1D`` layout)."""
     if beta != 1 or alpha != 1:
         raise ExactKernelError("addmm with beta or alpha other than 1: no fixed-order kernel")
-    check_float(x, "addmm")
-    if x.dim() != 2 or weight.dim() != 2 or bias.shape != (weight.size(1),):
-        raise ExactKernelError(f"addmm of shapes {tuple(bias.shape)}, {tuple(x.shape)}, {tuple(weight.shape)}")
-    return ExactAffine.apply(x, weight, bias, False)
+    out = matmul(x, weight)
+    return out + expand(bias, out.shape)
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
