@@ -196,3 +196,10 @@ def square_sum(x: torch.Tensor) -> float:
         flat = x.detach().to(torch.float64).reshape(-1)
         return float(em_tree_sum(flat * flat, 0).reshape(()))
     return float(kernels.square_sum(host(x).reshape(-1).numpy()))
+
+
+def newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> None:
+    """Muon's iteration on contiguous float32 CPU ``x`` (rows <= cols), in place, by version 2's products
+    and float32 elementwise operations in one compiled call (:func:`training.exact_kernel_tile.newton_schulz`:
+    the operations of :func:`training.exact_optim.exact_orthogonalize`'s torch loop, the same bits)."""
+    _tiled().newton_schulz(x.detach().view(1, *x.shape).numpy(), *coefficients, steps)

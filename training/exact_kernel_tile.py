@@ -92,3 +92,27 @@ def ordered(a, b, c):  # pragma: no cover: compiled
                 for r in range(min(MR, rows - i0)):
                     for j in range(width):
                         c[p, i0 + r, j0 + j] = tile[r, j]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
+def newton_schulz(x, a, b, c, steps):  # pragma: no cover: compiled
+    """Muon's quintic iteration on float32 ``x`` (1, rows, cols), in place, as
+    :func:`training.exact_optim.exact_orthogonalize` writes it with torch operations: ``steps`` times
+    ``gram = x x^T``, ``poly = gram b + (gram gram) c``, ``x = x a + poly x``, each product :func:`ordered`,
+    each elementwise operation one float32 multiply or add (the scalars rounded to float32 first, as torch
+    does for a float32 tensor times a Python float)."""
+    a32, b32, c32 = np.float32(a), np.float32(b), np.float32(c)
+    rows, cols = x.shape[1], x.shape[2]
+    gram = np.empty((1, rows, rows), dtype=np.float32)
+    square = np.empty((1, rows, rows), dtype=np.float32)
+    update = np.empty((1, rows, cols), dtype=np.float32)
+    for _ in range(steps):
+        ordered(x, x.transpose(0, 2, 1), gram)
+        ordered(gram, gram, square)
+        for i in range(rows):
+            for j in range(rows):
+                gram[0, i, j] = gram[0, i, j] * b32 + square[0, i, j] * c32
+        ordered(gram, x, update)
+        for i in range(rows):
+            for j in range(cols):
+                x[0, i, j] = x[0, i, j] * a32 + update[0, i, j]
