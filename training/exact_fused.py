@@ -121,3 +121,41 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -
         raise ExactKernelError(f"layer_norm over {tuple(normalized_shape)}: only the last dimension")
     check_float(x, "layer_norm")
     return ExactLayerNorm.apply(x, x, weight, bias, eps)
+
+
+class ExactCrossEntropy(torch.autograd.Function):
+    """:func:`training.exact_ops.cross_entropy`'s mean cross-entropy of logits (N, V) and targets (N,) as one
+    node: ``z`` the logits less their row maximum (a constant), ``log`` of the tree sum of ``e^z`` less the
+    tree sum of ``z`` times the one-hot targets, tree-summed over the rows and divided by ``N``. Backward: the
+    composite's, ``z``'s two contributions (the exponential's and the one-hot product's) added."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        version, count = exact_kernel.CURRENT.get(), targets.numel()
+        z = logits - logits.amax(-1, keepdim=True)
+        exps, exp_slope = unary_values("exp", z)
+        log_total, log_slope = unary_values("log", exact_kernel.tree_sum(exps, -1, version))
+        chosen = torch.nn.functional.one_hot(targets, logits.size(-1)).to(z.dtype)
+        picked = exact_kernel.tree_sum(z * chosen, -1, version)
+        ctx.save_for_backward(exp_slope, log_slope, chosen)
+        ctx.count = count
+        return exact_kernel.tree_sum(log_total - picked, 0, version).reshape(()) / count
+
+    @staticmethod
+    def backward(ctx, grad):
+        exp_slope, log_slope, chosen = ctx.saved_tensors
+        rows = (grad / ctx.count).reshape(1, 1).expand(chosen.size(0), 1)
+        from_exp = (rows * log_slope) * exp_slope
+        from_pick = -rows * chosen
+        return from_exp + from_pick, None
+
+
+def cross_entropy(logits, targets, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0) -> torch.Tensor:
+    """Mean cross-entropy (:class:`ExactCrossEntropy`; the arguments of ``F.cross_entropy``)."""
+    if weight is not None or reduction != "mean" or label_smoothing or logits.dim() != 2:
+        raise ExactKernelError("cross_entropy: only the mean over (N, V) logits without weights or smoothing")
+    if targets.numel() and int(targets.min()) < 0:
+        raise ExactKernelError("cross_entropy: ignored targets are not supported by the reproducible mode")
+    check_float(logits, "cross_entropy")
+    return ExactCrossEntropy.apply(logits, targets)
