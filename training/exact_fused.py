@@ -18,10 +18,13 @@ input's gradient one after another), so every accumulated gradient is summed in 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from training import exact_kernel
 from training.exact_ops import ExactKernelError, check_float, reduce_to, unary_values
+from training.exact_ops import attention as composite_attention
 
 
 class ExactAffine(torch.autograd.Function):
@@ -159,3 +162,55 @@ def cross_entropy(logits, targets, weight=None, size_average=None, ignore_index=
         raise ExactKernelError("cross_entropy: ignored targets are not supported by the reproducible mode")
     check_float(logits, "cross_entropy")
     return ExactCrossEntropy.apply(logits, targets)
+
+
+class ExactAttention(torch.autograd.Function):
+    """:func:`training.exact_ops.attention` (``q k^T`` scaled, the causal mask, the softmax, the product with
+    ``v``; equal batch dimensions) as one node, with the backward its nine nodes computed: ``g v^T`` and
+    ``p^T g``; the division's ``g / s`` and ``-g ((e / s) / s)`` (torch's formulas for ``e / s``), the
+    latter tree-summed; the exponential's derivative, the mask's zeros, the scale; ``g k`` and ``q^T g``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal):
+        version = exact_kernel.CURRENT.get()
+        scores = exact_kernel.product(q, k.transpose(-1, -2), version) * scale
+        allowed = None
+        if causal:
+            allowed = torch.ones(*scores.shape[-2:], dtype=torch.bool, device=q.device).tril(0)
+            scores = torch.where(allowed, scores, torch.full_like(scores, float("-inf")))
+        exps, slope = unary_values("exp", scores - scores.amax(-1, keepdim=True))
+        total = exact_kernel.tree_sum(exps, -1, version)
+        probs = exps / total
+        ctx.save_for_backward(q, k, v, exps, slope, total, probs, allowed)
+        ctx.version, ctx.scale = version, scale
+        return exact_kernel.product(probs, v, version)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, exps, slope, total, probs, allowed = ctx.saved_tensors
+        version = ctx.version
+        grad_probs = exact_kernel.product(grad, v.transpose(-1, -2), version)
+        grad_v = exact_kernel.product(probs.transpose(-1, -2), grad, version)
+        grad_total = exact_kernel.tree_sum(-grad_probs * ((exps / total) / total), -1, version)
+        grad_scores = (grad_probs / total + grad_total) * slope
+        if allowed is not None:
+            grad_scores = torch.where(allowed, grad_scores, 0.0)
+        grad_scores = grad_scores * ctx.scale
+        grad_q = exact_kernel.product(grad_scores, k, version)
+        grad_k = exact_kernel.product(q.transpose(-1, -2), grad_scores, version).transpose(-1, -2)
+        return grad_q, grad_k, grad_v, None, None
+
+
+def attention(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None,
+              enable_gqa: bool = False) -> torch.Tensor:
+    """Scaled dot-product attention (:class:`ExactAttention`; ``F.scaled_dot_product_attention``'s
+    arguments, :func:`training.exact_ops.attention`'s limits); batch dimensions that differ (broadcast):
+    the composite."""
+    if attn_mask is not None or dropout_p or enable_gqa:
+        raise ExactKernelError("attention with a mask, dropout or grouped heads: no fixed-order kernel")
+    for tensor in (q, k, v):
+        check_float(tensor, "attention")
+    if not (q.dim() >= 2 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        return composite_attention(q, k, v, is_causal=is_causal, scale=scale)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    return ExactAttention.apply(q, k, v, scale, is_causal)

@@ -153,7 +153,7 @@ HANDLERS = {
     "matmul": _call(ops.matmul), "__matmul__": _call(ops.matmul), "mm": _call(ops.matmul),
     "bmm": _call(ops.matmul), "linear": _call(fused.linear), "addmm": _call(fused.addmm),
     "layer_norm": _call(fused.layer_norm), "softmax": _softmax,
-    "scaled_dot_product_attention": _call(ops.attention), "cross_entropy": _call(fused.cross_entropy),
+    "scaled_dot_product_attention": _call(fused.attention), "cross_entropy": _call(fused.cross_entropy),
     "embedding": _call(ops.embedding), "dropout": _dropout, "gelu": _gelu,
     "silu": _unary("silu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"), "exp": _unary("exp"),
     "log": _unary("log"), "rsqrt": _unary("rsqrt"), "pow": _pow, "__pow__": _pow, "__rpow__": _pow,
