@@ -219,3 +219,28 @@ def square_sum(x):  # pragma: no cover: compiled
             buf[half] = buf[2 * half]
         count = half + count % 2
     return buf[0]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
+def adamw_moments(p, g, m, v, decay, beta1, keep1, beta2, keep2):  # pragma: no cover: compiled
+    """:class:`training.exact_optim.ExactAdamW`'s weight decay and moments on float32 ``p``, ``g``, ``m``,
+    ``v`` (1-D), each torch operation one float32 operation here, the Python scalars rounded to float32 as
+    torch rounds a scalar operand of a float32 tensor (``decay`` 1: no multiply)."""
+    d32, b1, k1 = np.float32(decay), np.float32(beta1), np.float32(keep1)
+    b2, k2 = np.float32(beta2), np.float32(keep2)
+    apply_decay = decay != 1.0
+    for i in range(p.shape[0]):
+        if apply_decay:
+            p[i] = p[i] * d32
+        grad = g[i]
+        m[i] = m[i] * b1 + grad * k1
+        v[i] = v[i] * b2 + (grad * grad) * k2
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False, error_model="numpy")
+def adamw_apply(p, m, root, bias2_sqrt, eps, step_size):  # pragma: no cover: compiled
+    """The update ``p - (m / (root / bias2_sqrt + eps)) step_size`` (``root``: torch's ``sqrt`` of ``v``,
+    whose rounding is torch's; float32 operations, scalars rounded to float32)."""
+    bc2, e32, s32 = np.float32(bias2_sqrt), np.float32(eps), np.float32(step_size)
+    for i in range(p.shape[0]):
+        p[i] = p[i] - (m[i] / (root[i] / bc2 + e32)) * s32
