@@ -1,11 +1,12 @@
-"""Kernel version 2"s bits are fixed: runs made with ``training.reproducible_kernels = 2`` exist, so any change
-to its kernels (training/exact_kernel*.py, training/exact_ops.py, the fused blocks) must leave every output
-and every gradient as it was. The digests below were recorded under the code of b00ff5e (before the speed
-work of issue 64"s version 2); the mode"s bits depend on the shapes only, so they are the same on every CPU,
+"""Kernel version 2's bits are fixed: runs made with ``training.reproducible_kernels = 2`` exist, so any
+change to its kernels (training/exact_kernel*.py, training/exact_ops.py, the fused blocks of
+training/exact_fused.py, the optimizers' compiled steps) must leave every output and every gradient as it
+was. The digests below were recorded under the code of b00ff5e (before the speed
+work of issue 64's version 2); the mode's bits depend on the shapes only, so they are the same on every CPU,
 instruction set and thread count (this test runs on whichever the suite has: 1 and 2 threads here).
 
 Per case: the logits and loss of one forward pass of a fresh model under ``ExactKernels(2)``, every
-parameter"s gradient after its backward pass, and three inner steps of a fresh trainer (each step"s loss,
+parameter's gradient after its backward pass, and three inner steps of a fresh trainer (each step's loss,
 its clipped gradients and the weights after it).
 """
 

@@ -67,6 +67,25 @@ def test_ordered_matmul_splits_work_over_threads_without_changing_a_bit(batch):
                                                                        b[(0,) * len(batch)]))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 8, 5, 16), (2, 9, 45, 33), (3, 17, 64, 70),
+                                   (1, 130, 7, 1), (2, 4, 0, 5)])
+def test_the_register_tiles_compute_the_plain_loops_bits(shape):
+    """Version 2's product blocked in registers (training/exact_kernel_tile.py: whole tiles, partial tiles,
+    strided operands) gives the plain loop's bits (the loop tests/above compare with the written-out sum)."""
+    import numpy as np
+
+    from training import exact_kernel_numba, exact_kernel_tile
+
+    count, m, k, n = shape
+    generator = np.random.default_rng(sum(shape))
+    a = (generator.standard_normal((count, m, k)) * np.logspace(-6, 6, k)).astype(np.float32)
+    b = generator.standard_normal((count, n, k)).astype(np.float32).transpose(0, 2, 1)  # strided
+    want, got = np.empty((count, m, n), np.float32), np.full((count, m, n), np.nan, np.float32)
+    exact_kernel_numba.ordered(a, np.ascontiguousarray(b), want)
+    exact_kernel_tile.ordered(a, b, got)
+    assert want.tobytes() == got.tobytes()
+
+
 def test_ordered_matmul_is_as_accurate_as_a_sequential_float32_sum():
     generator = torch.Generator().manual_seed(5)
     a, b = torch.randn(64, 512, generator=generator), torch.randn(512, 96, generator=generator)
@@ -86,10 +105,19 @@ def test_the_compiled_loops_contract_no_multiply_and_add():
 
     from training import exact_kernel_numba
 
+    from training import exact_kernel_tile
+
     ones = np.ones((1, 3, 3), dtype=np.float32)
+    row = ones[0, 0]
     for kernel, args in ((exact_kernel_numba.ordered, (ones, ones, ones)),
-                         (exact_kernel_numba.unary, (5, ones[0, 0], ones[0, 1], ones[0, 2]))):
-        fresh = numba.njit(fastmath=False)(kernel.py_func)  # the cached build cannot be inspected
+                         (exact_kernel_tile.ordered, (ones, ones, ones.copy())),
+                         (exact_kernel_tile.newton_schulz, (ones.copy(), 3.4, -4.7, 2.0, 2)),
+                         (exact_kernel_numba.unary, (5, row, ones[0, 1], ones[0, 2])),
+                         (exact_kernel_numba.adamw_moments,
+                          (row.copy(), row, row.copy(), row.copy(), 0.9, 0.9, 0.1, 0.95, 0.05)),
+                         (exact_kernel_numba.adamw_apply, (row.copy(), row, row, 0.3, 1e-8, 0.01))):
+        options = {key: value for key, value in kernel.targetoptions.items() if key != "cache"}
+        fresh = numba.njit(**options)(kernel.py_func)  # the cached build cannot be inspected
         fresh(*args)
         assembly = "".join(fresh.inspect_asm().values())
         assert "mulp" in assembly or "mulss" in assembly or "mulsd" in assembly

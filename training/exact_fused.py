@@ -28,8 +28,8 @@ from training.exact_ops import attention as composite_attention
 
 
 class ExactAffine(torch.autograd.Function):
-    """``x W^T + b`` (``transposed``: ``nn.Linear``'s weight (out, in)) or ``x W + b`` (``Conv1D``'s (in, out)),
-    ``x`` (..., in), ``b`` (out,) or None: one node for what was a reshape, a transpose, an
+    """``x W^T + b`` (``transposed``: ``nn.Linear``'s weight (out, in)) or ``x W + b`` (``Conv1D``'s
+    (in, out)), ``x`` (..., in), ``b`` (out,) or None: one node for what was a reshape, a transpose, an
     :class:`ExactMatmul` of the 2-D rows, an :class:`ExactExpand` of the bias and an add, computing what
     they computed: the product by the forward's kernel version, the bias added to each row (the same
     elementwise adds as to the expanded copy); backward ``g W'^T`` and ``rows^T g`` (``W'`` the (in, out)
@@ -78,7 +78,8 @@ def addmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, beta=1, 
         raise ExactKernelError("addmm with beta or alpha other than 1: no fixed-order kernel")
     check_float(x, "addmm")
     if x.dim() != 2 or weight.dim() != 2 or x.size(1) != weight.size(0) or bias.shape != (weight.size(1),):
-        raise ExactKernelError(f"addmm of shapes {tuple(bias.shape)}, {tuple(x.shape)}, {tuple(weight.shape)}")
+        raise ExactKernelError(
+            f"addmm of shapes {tuple(bias.shape)}, {tuple(x.shape)}, {tuple(weight.shape)}")
     return ExactAffine.apply(x, weight, bias, False)
 
 

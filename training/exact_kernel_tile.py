@@ -49,8 +49,8 @@ def _tile(typingctx, a_addr, b_addr, c_addr, inner):
             columns = [builder.load(builder.gep(b_ptr, [builder.add(builder.mul(k, k.type(NV)), k.type(v))]),
                                     align=4) for v in range(NV)]
             for r in range(MR):
-                scalar = builder.load(builder.gep(a_ptr, [builder.add(builder.mul(k, k.type(MR)), k.type(r))]),
-                                      align=4)
+                offset = builder.add(builder.mul(k, k.type(MR)), k.type(r))
+                scalar = builder.load(builder.gep(a_ptr, [offset]), align=4)
                 row = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), scalar,
                                                                     ir.IntType(32)(0)),
                                              ir.Constant(vec, ir.Undefined), splat_mask)

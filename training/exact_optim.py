@@ -86,8 +86,9 @@ def _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper) -> bool:
     if decay and 1.0 - lr * decay == 1.0:  # torch's path multiplies by 1 then: the same bits as not at all
         decay = 0.0
     flat_param, flat_avg = param.detach().view(-1).numpy(), exp_avg.view(-1).numpy()
-    kernels.adamw_moments(flat_param, grad.detach().reshape(-1).numpy(), flat_avg, exp_avg_sq.view(-1).numpy(),
-                          1.0 - lr * decay if decay else 1.0, beta1, 1.0 - beta1, beta2, 1.0 - beta2)
+    kernels.adamw_moments(flat_param, grad.detach().reshape(-1).numpy(), flat_avg,
+                          exp_avg_sq.view(-1).numpy(), 1.0 - lr * decay if decay else 1.0, beta1, 1.0 - beta1,
+                          beta2, 1.0 - beta2)
     # torch's sqrt, not the compiled loop's: on this project's CPU it is not always the correctly rounded
     # root (docs/REPRODUCIBLE.md), and the step's bits are torch's.
     kernels.adamw_apply(flat_param, flat_avg, torch.sqrt(exp_avg_sq).view(-1).numpy(),
