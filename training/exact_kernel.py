@@ -8,20 +8,22 @@ version is a run setting:
   float32 matrix products by :func:`training.exact_math.exact_matmul`, Ozaki's splitting into two 21-bit
   integer slices per operand, three float64 BLAS products of exact integers (about 8x to 13x eager torch's
   step on this project's CPU);
-* **2**: float32 matrix products by :func:`ordered_matmul`, a compiled loop (Numba) in which every output
+* **2**: float32 matrix products by :func:`ordered_matmul`, compiled loops (Numba) in which every output
   is ``((0 + a_0 b_0) + a_1 b_1) + ...``, ``k`` increasing, each product and each sum one float32 IEEE
-  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``); the loop runs
-  ``i``, then ``k``, then ``j`` innermost, so the compiler vectorises across outputs ``j`` only and each
-  output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
-  arithmetic where version 1 does three float64 BLAS products and the slicing (2.4x to 3x eager torch's
-  step on this project's CPU).
+  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``): the plain
+  loop (:func:`training.exact_kernel_numba.ordered`, the reference) runs ``i``, then ``k``, then ``j``
+  innermost, vectorised across outputs ``j`` only; the one used holds tiles of outputs in vector registers
+  for the whole of ``k`` (:mod:`training.exact_kernel_tile`), each lane one output, the same bits. One pass
+  of float32 arithmetic where version 1 does three float64 BLAS products and the slicing (1.3x to 1.8x
+  eager torch's step on this project's CPU, with the fused blocks of :mod:`training.exact_fused`).
 
 Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
 compiled pass each (:func:`unary32`) with version 1's float64 formulas, operation for operation: the same
-bits, 10x to 50x faster, and the tree sums of the forward pass and of the broadcasts' backward
-(:func:`tree_sum`: version 1's pairs in its order, the same bits). Everything else the mode computes (the
-optimizers, the clipping norm, the codec's fixed-order linear algebra and its float64 products) is the
-same in both versions.
+bits, vectorised, and the tree sums of the forward pass and of the broadcasts' backward
+(:func:`tree_sum`: version 1's pairs in its order, the same bits), and Muon's Newton-Schulz iteration in one
+compiled call (:func:`newton_schulz`). Everything else the mode computes (AdamW, the clipping norm, whose
+compiled passes give both versions their old bits, the codec's fixed-order linear algebra and its float64
+products) is the same in both versions.
 """
 
 from __future__ import annotations

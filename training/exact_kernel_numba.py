@@ -1,7 +1,10 @@
-"""Version 2's compiled loop (:func:`training.exact_kernel.ordered_matmul`), apart so that only a run that
-uses it imports Numba. No ``fastmath``: every multiply and add is its own IEEE float32 operation (LLVM fuses
-neither into an FMA nor reassociates them without the flags), and the compiler vectorises the innermost
-loop, across outputs ``j``, which leaves each output's order of additions as written."""
+"""Version 2's compiled loops (training/exact_kernel.py), apart so that only a run that uses them imports
+Numba: the plain product loop (the reference of :mod:`training.exact_kernel_tile`'s register tiles, which
+compute its bits), the elementwise functions, the tree sums, and the optimizers' passes (AdamW's, the
+gradient norm's: both kernel versions). No ``fastmath``: every multiply and add is its own IEEE operation
+(LLVM fuses neither into an FMA nor reassociates them without the flags), and the compiler vectorises the
+innermost loops across independent elements only, which leaves each output's order of operations as
+written."""
 
 import math
 
