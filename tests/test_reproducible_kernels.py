@@ -116,7 +116,8 @@ def test_the_compiled_loops_contract_no_multiply_and_add():
                          (exact_kernel_numba.adamw_moments,
                           (row.copy(), row, row.copy(), row.copy(), 0.9, 0.9, 0.1, 0.95, 0.05)),
                          (exact_kernel_numba.adamw_apply, (row.copy(), row, row, 0.3, 1e-8, 0.01))):
-        options = {key: value for key, value in kernel.targetoptions.items() if key != "cache"}
+        options = {key: value for key, value in kernel.targetoptions.items()
+                   if key not in ("cache", "nopython")}
         fresh = numba.njit(**options)(kernel.py_func)  # the cached build cannot be inspected
         fresh(*args)
         assembly = "".join(fresh.inspect_asm().values())
