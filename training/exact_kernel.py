@@ -106,22 +106,20 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"ordered_matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not chain")
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
-    out = torch.empty((count, m, n), dtype=torch.float32)
+    out = np.empty((count, m, n), dtype=np.float32)
     # The kernel copies its operands into panels, so strided (transposed) views need no copy here.
-    _run_split(_tiled().ordered, host(a).reshape(count, m, k).numpy(), host(b).reshape(count, k, n).numpy(),
-               out.numpy())
-    return device_of(out.view(*batch, m, n), a)
+    _run_split(_tiled().ordered, array(a).reshape(count, m, k), array(b).reshape(count, k, n), out)
+    return device_of(torch.from_numpy(out).view(*batch, m, n), a)
 
 
-def host(x: torch.Tensor) -> torch.Tensor:
-    """``x`` detached, on the CPU (itself, without a copy, when it is there)."""
-    x = x.detach()
-    return x if x.device.type == "cpu" else x.cpu()
+def array(x: torch.Tensor) -> np.ndarray:
+    """``x``'s values as a NumPy array (a view of a CPU tensor's memory, without a copy)."""
+    return (x if x.is_cpu else x.cpu()).detach().numpy()
 
 
 def device_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``out`` (a CPU result of the compiled loops) on ``like``'s device."""
-    return out if like.device.type == "cpu" else out.to(like.device)
+    return out if like.is_cpu else out.to(like.device)
 
 
 #: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
@@ -165,10 +163,11 @@ def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``x``, both float32: version 2's one compiled pass, the same float64 operations in the same order as
     the torch formulas of version 1 (so the same bits: tests/test_reproducible_kernels.py)."""
     kernels = _compiled()
-    value, slope = torch.empty(x.shape, dtype=torch.float32), torch.empty(x.shape, dtype=torch.float32)
-    kernels.unary(kernels.CODES[name], host(x).reshape(-1).numpy(), value.view(-1).numpy(),
-                  slope.view(-1).numpy())
-    return device_of(value, x), device_of(slope, x)
+    flat = array(x).reshape(-1)
+    value, slope = np.empty_like(flat), np.empty_like(flat)
+    kernels.unary(kernels.CODES[name], flat, value, slope)
+    return (device_of(torch.from_numpy(value).view(x.shape), x),
+            device_of(torch.from_numpy(slope).view(x.shape), x))
 
 
 def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Tensor:
@@ -183,9 +182,14 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
     outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
     shape = list(x.shape)
     shape[dim] = 1
-    out = torch.empty(shape, dtype=x.dtype)
-    _compiled().tree_sum(host(x).reshape(outer, count, inner).numpy(), out.view(outer, inner).numpy())
-    return device_of(out, x)
+    source = array(x).reshape(outer, count, inner)
+    if inner == 1 < outer:  # the rows side by side: each level's adds run across rows (the same pairs)
+        source = source.reshape(outer, count).T.reshape(1, count, outer)
+        out = np.empty((1, outer), dtype=source.dtype)
+    else:
+        out = np.empty((outer, inner), dtype=source.dtype)
+    _compiled().tree_sum(source, out)
+    return device_of(torch.from_numpy(out).view(shape), x)
 
 
 def square_sum(x: torch.Tensor) -> float:
@@ -197,7 +201,7 @@ def square_sum(x: torch.Tensor) -> float:
     except KernelVersionError:
         flat = x.detach().to(torch.float64).reshape(-1)
         return float(em_tree_sum(flat * flat, 0).reshape(()))
-    return float(kernels.square_sum(host(x).reshape(-1).numpy()))
+    return float(kernels.square_sum(array(x).reshape(-1)))
 
 
 def newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> None:
