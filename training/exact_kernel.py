@@ -209,3 +209,20 @@ def newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], ste
     and float32 elementwise operations in one compiled call (:func:`training.exact_kernel_tile.newton_schulz`:
     the operations of :func:`training.exact_optim.exact_orthogonalize`'s torch loop, the same bits)."""
     _tiled().newton_schulz(x.detach().view(1, *x.shape).numpy(), *coefficients, steps)
+
+
+def embedding_backward(ids: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> bool:
+    """``out[ids[i]] += rows[i]``, positions ``i`` in increasing order, in one compiled pass over CPU tensors
+    (:class:`training.exact_ops.ExactEmbedding`'s additions, in its order: the same bits); False where it
+    does not apply (another device or dtype, Numba missing, an id out of range: the torch rounds then)."""
+    if not (ids.is_cpu and rows.is_cpu and out.is_cpu and rows.dtype == out.dtype
+            and rows.dtype in (torch.float32, torch.float64)):
+        return False
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= out.size(0)):
+        return False
+    try:
+        kernels = _compiled()
+    except KernelVersionError:
+        return False
+    kernels.embedding_backward(array(ids), array(rows), out.numpy())
+    return True

@@ -247,3 +247,13 @@ def adamw_apply(p, m, root, bias2_sqrt, eps, step_size):  # pragma: no cover: co
     bc2, e32, s32 = np.float32(bias2_sqrt), np.float32(eps), np.float32(step_size)
     for i in range(p.shape[0]):
         p[i] = p[i] - (m[i] / (root[i] / bc2 + e32)) * s32
+
+
+@numba.njit(nogil=True, cache=True, fastmath=False)
+def embedding_backward(ids, rows, out):  # pragma: no cover: compiled
+    """``out[ids[i]] += rows[i]`` for each position ``i`` in increasing order (``out`` zeros on entry): each
+    token's row takes its positions' gradients one add at a time, in position order."""
+    for i in range(ids.shape[0]):
+        token = ids[i]
+        for c in range(rows.shape[1]):
+            out[token, c] = out[token, c] + rows[i, c]
