@@ -14,7 +14,7 @@ version is a run setting:
   loop (:func:`training.exact_kernel_numba.ordered`, the reference) runs ``i``, then ``k``, then ``j``
   innermost, vectorised across outputs ``j`` only; the one used holds tiles of outputs in vector registers
   for the whole of ``k`` (:mod:`training.exact_kernel_tile`), each lane one output, the same bits. One pass
-  of float32 arithmetic where version 1 does three float64 BLAS products and the slicing (1.3x to 1.8x
+  of float32 arithmetic where version 1 does three float64 BLAS products and the slicing (1.35x to 1.9x
   eager torch's step on this project's CPU, with the fused blocks of :mod:`training.exact_fused`).
 
 Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
