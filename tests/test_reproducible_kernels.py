@@ -261,3 +261,51 @@ def test_an_old_document_without_the_version_still_hashes_and_trains_as_version_
     assert version1 != version2
     assert _two_steps(read) == version1
     assert _two_steps(node_config_from_run(new)) == version2
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("block", ["linear", "addmm", "layer_norm", "attention", "cross_entropy"])
+def test_each_fused_block_computes_its_composites_bits(block, version):
+    """training/exact_fused.py's one-node blocks against training/exact_ops.py's composites, forward and
+    every gradient, inside a residual (the input also reaches the loss directly, so its gradient sums
+    several contributions, whose order the fused node must keep)."""
+    from training import exact_fused
+    from training import exact_ops as ops
+
+    generator = torch.Generator().manual_seed(len(block) + version)
+
+    def make(*shape, spread=4):
+        scale = torch.logspace(-spread, spread, shape[-1]) if shape[-1] > 1 else torch.ones(1)
+        return (torch.randn(*shape, generator=generator) * scale).requires_grad_()
+
+    if block == "linear":
+        inputs = [make(2, 5, 24), make(16, 24), make(16)]
+        calls = (lambda x, w, b: ops.linear(x, w, b), lambda x, w, b: exact_fused.linear(x, w, b))
+    elif block == "addmm":
+        inputs = [make(16), make(10, 24), make(24, 16)]
+        calls = (ops.addmm, exact_fused.addmm)
+    elif block == "layer_norm":
+        inputs = [make(2, 5, 24, spread=2), make(24), make(24)]
+        calls = (lambda x, w, b: ops.layer_norm(x, (24,), w, b),
+                 lambda x, w, b: exact_fused.layer_norm(x, (24,), w, b))
+    elif block == "attention":
+        inputs = [make(2, 3, 9, 8, spread=1), make(2, 3, 9, 8, spread=1), make(2, 3, 9, 8)]
+        calls = (lambda q, k, v: ops.attention(q, k, v, is_causal=True),
+                 lambda q, k, v: exact_fused.attention(q, k, v, is_causal=True))
+    else:
+        targets = torch.randint(0, 12, (20,), generator=generator)
+        inputs = [make(20, 12, spread=1)]
+        calls = (lambda z: ops.cross_entropy(z, targets), lambda z: exact_fused.cross_entropy(z, targets))
+    weights = torch.randn(64, generator=generator)
+    results = []
+    for call in calls:
+        for tensor in inputs:
+            tensor.grad = None
+        with exact_kernel.using(version):
+            out = call(*inputs)
+            # The first input reaches the loss twice more: its gradient adds three contributions.
+            loss = (out.reshape(-1)[:64] * weights[:out.numel()]).sum() + inputs[0].sum() * 0.5
+        loss.backward()
+        results.append([out.detach().clone(), *(t.grad.clone() for t in inputs)])
+    for composite, fused in zip(*results):
+        assert composite.shape == fused.shape and torch.equal(composite, fused), block
