@@ -5,7 +5,8 @@ Per (preset, inner optimizer): the seconds of one inner step (``LocalReplicaTrai
 2, ``training.reproducible_kernels``; keys ``reproducible_*`` and ``slowdown`` version 1's, ``*_v2``
 version 2's), on ``--timing-threads`` threads, the modes' steps alternating, the median of ``--steps``
 steps after one warm-up step, the tokens per second
-and the slowdown; per encoder, the seconds of the codec's encode of fixed inputs (3 rounds under a byte
+and the slowdown, in wall-clock and in the process's CPU time (``*_cpu``); per encoder, the seconds of the
+codec's encode of fixed inputs (3 rounds under a byte
 budget, one to the error budget: ``training.exact_probe.codec_bytes``) in each mode.
 Then, in children under ``ATEN_CPU_CAPABILITY`` default, avx2 and the machine's own, on 1 and 2 threads,
 with and without ``MKL_CBWR=COMPATIBLE`` (Numba's target following the capability:
@@ -45,9 +46,11 @@ GRID = [(capability, threads, cbwr) for capability in (NATIVE, "default", "avx2"
 
 
 def step_seconds(preset: str, optimizer: str, modes: list[tuple[bool, int]], batch: int,
-                 steps: int) -> list[float]:
+                 steps: int) -> tuple[list[float], list[float]]:
     """Median seconds of one inner step in each mode ``(reproducible, kernel version)``, after a warm-up
-    step of each. The modes' steps alternate (one step of each in turn, the same batch), so a load that
+    step of each: wall-clock, and the process's CPU time (on one thread, what a step costs without the
+    other processes of a shared machine that delay it). The modes' steps alternate (one step of each in turn,
+    the same batch), so a load that
     comes and goes on a shared machine weighs on every mode alike."""
     import torch
 
@@ -55,15 +58,17 @@ def step_seconds(preset: str, optimizer: str, modes: list[tuple[bool, int]], bat
     model_cfg = trainers[0][0]
     generator = torch.Generator().manual_seed(0)
     times: list[list[float]] = [[] for _ in modes]
+    cpu: list[list[float]] = [[] for _ in modes]
     for index in range(steps + 1):
         x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
                 for _ in range(2))
-        for (_, trainer), spent in zip(trainers, times):
-            started = time.perf_counter()
+        for (_, trainer), spent, used in zip(trainers, times, cpu):
+            started, started_cpu = time.perf_counter(), time.process_time()
             trainer.train_step(x, y)
             if index:
                 spent.append(time.perf_counter() - started)
-    return [statistics.median(spent) for spent in times]
+                used.append(time.process_time() - started_cpu)
+    return [statistics.median(spent) for spent in times], [statistics.median(used) for used in cpu]
 
 
 def child_hashes(cases: list[tuple[str, str]], capability: str, threads: int, cbwr: str) -> dict:
@@ -196,15 +201,17 @@ def main(argv: list[str]) -> None:
     for preset, optimizer, *versions in parse(args.cases):
         tokens = args.batch * ModelConfig(preset=preset).block_size
         kernels = [int(v) for v in (versions[0] if versions else "12")]
-        normal, *exacts = step_seconds(preset, optimizer, [(False, 1), *((True, v) for v in kernels)],
-                                       args.batch, args.steps)
+        (normal, *exacts), (normal_cpu, *exacts_cpu) = step_seconds(
+            preset, optimizer, [(False, 1), *((True, v) for v in kernels)], args.batch, args.steps)
         row = {"preset": preset, "optimizer": optimizer, "batch": args.batch,
                "threads": torch.get_num_threads(), "normal_step_s": round(normal, 4),
-               "normal_tokens_per_s": round(tokens / normal, 1)}
-        for version, exact in zip(kernels, exacts):
+               "normal_tokens_per_s": round(tokens / normal, 1), "normal_cpu_s": round(normal_cpu, 4)}
+        for version, exact, exact_cpu in zip(kernels, exacts, exacts_cpu):
             tag = "reproducible" if version == 1 else f"reproducible_v{version}"  # version 1: the old keys
+            suffix = "" if version == 1 else f"_v{version}"
             row.update({f"{tag}_step_s": round(exact, 4), f"{tag}_tokens_per_s": round(tokens / exact, 1),
-                        "slowdown" if version == 1 else f"slowdown_v{version}": round(exact / normal, 2)})
+                        f"slowdown{suffix}": round(exact / normal, 2), f"{tag}_cpu_s": round(exact_cpu, 4),
+                        f"slowdown{suffix}_cpu": round(exact_cpu / normal_cpu, 2)})
         timings.append(row)
         print(timings[-1], flush=True)
     codec = []
@@ -231,7 +238,12 @@ def main(argv: list[str]) -> None:
         result["identical_across_grid"] = {key: len({row["hashes"][key] for row in grid}) == 1
                                            for key in keys}
     print(json.dumps(result, indent=1))
-    write_result(args.out, result, load)
+    previous = Path(args.out)
+    kept = json.loads(previous.read_text()) if previous.is_file() else {}
+    # The blocks this run did not produce (the demo audit's, the grid's under --no-grid) stay as they were,
+    # each with its own figures; "recorded" is this run's.
+    write_result(args.out, {**{k: v for k, v in kept.items() if k not in result and k != "recorded"},
+                            **result}, load)
 
 
 if __name__ == "__main__":

@@ -224,8 +224,10 @@ def reproducible(r: dict) -> list[str]:
         if f"reproducible{tag}_step_s" not in row:
             return ["", "", ""]
         slowdown = row["slowdown" if not tag else f"slowdown{tag}"]
+        cpu = row.get(f"slowdown{tag}_cpu")  # the process's CPU time (bench runs since the column exists)
         return [f"{row[f'reproducible{tag}_step_s']:.3f} s",
-                str(row.get(f"reproducible{tag}_tokens_per_s", "")), f"x{slowdown:.1f}"]
+                str(row.get(f"reproducible{tag}_tokens_per_s", "")),
+                f"x{slowdown:.2f}" + (f" (CPU time x{cpu:.2f})" if cpu is not None else "")]
 
     rows = [[f"{row['preset']}, {row['optimizer']}", f"{row['normal_step_s']:.3f} s",
              str(row.get("normal_tokens_per_s", "")), *(c for tag in versions for c in cells(row, tag))]

@@ -67,6 +67,25 @@ def test_ordered_matmul_splits_work_over_threads_without_changing_a_bit(batch):
                                                                        b[(0,) * len(batch)]))
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 8, 5, 16), (2, 9, 45, 33), (3, 17, 64, 70),
+                                   (1, 130, 7, 1), (2, 4, 0, 5)])
+def test_the_register_tiles_compute_the_plain_loops_bits(shape):
+    """Version 2's product blocked in registers (training/exact_kernel_tile.py: whole tiles, partial tiles,
+    strided operands) gives the plain loop's bits (the loop tests/above compare with the written-out sum)."""
+    import numpy as np
+
+    from training import exact_kernel_numba, exact_kernel_tile
+
+    count, m, k, n = shape
+    generator = np.random.default_rng(sum(shape))
+    a = (generator.standard_normal((count, m, k)) * np.logspace(-6, 6, k)).astype(np.float32)
+    b = generator.standard_normal((count, n, k)).astype(np.float32).transpose(0, 2, 1)  # strided
+    want, got = np.empty((count, m, n), np.float32), np.full((count, m, n), np.nan, np.float32)
+    exact_kernel_numba.ordered(a, np.ascontiguousarray(b), want)
+    exact_kernel_tile.ordered(a, b, got)
+    assert want.tobytes() == got.tobytes()
+
+
 def test_ordered_matmul_is_as_accurate_as_a_sequential_float32_sum():
     generator = torch.Generator().manual_seed(5)
     a, b = torch.randn(64, 512, generator=generator), torch.randn(512, 96, generator=generator)
@@ -86,10 +105,20 @@ def test_the_compiled_loops_contract_no_multiply_and_add():
 
     from training import exact_kernel_numba
 
+    from training import exact_kernel_tile
+
     ones = np.ones((1, 3, 3), dtype=np.float32)
+    row = ones[0, 0]
     for kernel, args in ((exact_kernel_numba.ordered, (ones, ones, ones)),
-                         (exact_kernel_numba.unary, (5, ones[0, 0], ones[0, 1], ones[0, 2]))):
-        fresh = numba.njit(fastmath=False)(kernel.py_func)  # the cached build cannot be inspected
+                         (exact_kernel_tile.ordered, (ones, ones, ones.copy())),
+                         (exact_kernel_tile.newton_schulz, (ones.copy(), 3.4, -4.7, 2.0, 2)),
+                         (exact_kernel_numba.unary, (5, row, ones[0, 1], ones[0, 2])),
+                         (exact_kernel_numba.adamw_moments,
+                          (row.copy(), row, row.copy(), row.copy(), 0.9, 0.9, 0.1, 0.95, 0.05)),
+                         (exact_kernel_numba.adamw_apply, (row.copy(), row, row, 0.3, 1e-8, 0.01))):
+        options = {key: value for key, value in kernel.targetoptions.items()
+                   if key not in ("cache", "nopython")}
+        fresh = numba.njit(**options)(kernel.py_func)  # the cached build cannot be inspected
         fresh(*args)
         assembly = "".join(fresh.inspect_asm().values())
         assert "mulp" in assembly or "mulss" in assembly or "mulsd" in assembly
@@ -232,3 +261,51 @@ def test_an_old_document_without_the_version_still_hashes_and_trains_as_version_
     assert version1 != version2
     assert _two_steps(read) == version1
     assert _two_steps(node_config_from_run(new)) == version2
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("block", ["linear", "addmm", "layer_norm", "attention", "cross_entropy"])
+def test_each_fused_block_computes_its_composites_bits(block, version):
+    """training/exact_fused.py's one-node blocks against training/exact_ops.py's composites, forward and
+    every gradient, inside a residual (the input also reaches the loss directly, so its gradient sums
+    several contributions, whose order the fused node must keep)."""
+    from training import exact_fused
+    from training import exact_ops as ops
+
+    generator = torch.Generator().manual_seed(len(block) + version)
+
+    def make(*shape, spread=4):
+        scale = torch.logspace(-spread, spread, shape[-1]) if shape[-1] > 1 else torch.ones(1)
+        return (torch.randn(*shape, generator=generator) * scale).requires_grad_()
+
+    if block == "linear":
+        inputs = [make(2, 5, 24), make(16, 24), make(16)]
+        calls = (lambda x, w, b: ops.linear(x, w, b), lambda x, w, b: exact_fused.linear(x, w, b))
+    elif block == "addmm":
+        inputs = [make(16), make(10, 24), make(24, 16)]
+        calls = (ops.addmm, exact_fused.addmm)
+    elif block == "layer_norm":
+        inputs = [make(2, 5, 24, spread=2), make(24), make(24)]
+        calls = (lambda x, w, b: ops.layer_norm(x, (24,), w, b),
+                 lambda x, w, b: exact_fused.layer_norm(x, (24,), w, b))
+    elif block == "attention":
+        inputs = [make(2, 3, 9, 8, spread=1), make(2, 3, 9, 8, spread=1), make(2, 3, 9, 8)]
+        calls = (lambda q, k, v: ops.attention(q, k, v, is_causal=True),
+                 lambda q, k, v: exact_fused.attention(q, k, v, is_causal=True))
+    else:
+        targets = torch.randint(0, 12, (20,), generator=generator)
+        inputs = [make(20, 12, spread=1)]
+        calls = (lambda z: ops.cross_entropy(z, targets), lambda z: exact_fused.cross_entropy(z, targets))
+    weights = torch.randn(64, generator=generator)
+    results = []
+    for call in calls:
+        for tensor in inputs:
+            tensor.grad = None
+        with exact_kernel.using(version):
+            out = call(*inputs)
+            # The first input reaches the loss twice more: its gradient adds three contributions.
+            loss = (out.reshape(-1)[:64] * weights[:out.numel()]).sum() + inputs[0].sum() * 0.5
+        loss.backward()
+        results.append([out.detach().clone(), *(t.grad.clone() for t in inputs)])
+    for composite, fused in zip(*results):
+        assert composite.shape == fused.shape and torch.equal(composite, fused), block

@@ -8,20 +8,22 @@ version is a run setting:
   float32 matrix products by :func:`training.exact_math.exact_matmul`, Ozaki's splitting into two 21-bit
   integer slices per operand, three float64 BLAS products of exact integers (about 8x to 13x eager torch's
   step on this project's CPU);
-* **2**: float32 matrix products by :func:`ordered_matmul`, a compiled loop (Numba) in which every output
+* **2**: float32 matrix products by :func:`ordered_matmul`, compiled loops (Numba) in which every output
   is ``((0 + a_0 b_0) + a_1 b_1) + ...``, ``k`` increasing, each product and each sum one float32 IEEE
-  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``); the loop runs
-  ``i``, then ``k``, then ``j`` innermost, so the compiler vectorises across outputs ``j`` only and each
-  output keeps that order whatever the vector width (SSE2, AVX2, AVX-512 or NEON). One pass of float32
-  arithmetic where version 1 does three float64 BLAS products and the slicing (2.4x to 3x eager torch's
-  step on this project's CPU).
+  operation (no fused multiply-add, no reassociation: Numba's default, without ``fastmath``): the plain
+  loop (:func:`training.exact_kernel_numba.ordered`, the reference) runs ``i``, then ``k``, then ``j``
+  innermost, vectorised across outputs ``j`` only; the one used holds tiles of outputs in vector registers
+  for the whole of ``k`` (:mod:`training.exact_kernel_tile`), each lane one output, the same bits. One pass
+  of float32 arithmetic where version 1 does three float64 BLAS products and the slicing (1.35x to 1.9x
+  eager torch's step on this project's CPU, with the fused blocks of :mod:`training.exact_fused`).
 
 Version 2 also computes the elementwise functions (exp, log, tanh, sigmoid, SiLU, tanh-GELU, rsqrt) in one
 compiled pass each (:func:`unary32`) with version 1's float64 formulas, operation for operation: the same
-bits, 10x to 50x faster, and the tree sums of the forward pass and of the broadcasts' backward
-(:func:`tree_sum`: version 1's pairs in its order, the same bits). Everything else the mode computes (the
-optimizers, the clipping norm, the codec's fixed-order linear algebra and its float64 products) is the
-same in both versions.
+bits, vectorised, and the tree sums of the forward pass and of the broadcasts' backward
+(:func:`tree_sum`: version 1's pairs in its order, the same bits), and Muon's Newton-Schulz iteration in one
+compiled call (:func:`newton_schulz`). Everything else the mode computes (AdamW, the clipping norm, whose
+compiled passes give both versions their old bits, the codec's fixed-order linear algebra and its float64
+products) is the same in both versions.
 """
 
 from __future__ import annotations
@@ -86,6 +88,13 @@ def _compiled():
     return _KERNEL
 
 
+def _tiled():
+    """:mod:`training.exact_kernel_tile` (imports Numba)."""
+    _compiled()
+    from training import exact_kernel_tile
+    return exact_kernel_tile
+
+
 def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for float32 ``a`` (..., M, K) and ``b`` (..., K, N) (batch dimensions equal), each output
     summed over ``k`` in increasing order, one float32 multiply and one float32 add at a time (the first
@@ -100,11 +109,20 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return exact_triton.ordered_matmul(a, b)
     batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.size(-1)
     count = math.prod(batch)
-    left = np.ascontiguousarray(a.detach().cpu().reshape(count, m, k).numpy())
-    right = np.ascontiguousarray(b.detach().cpu().reshape(count, k, n).numpy())
     out = np.empty((count, m, n), dtype=np.float32)
-    _run_split(_compiled().ordered, left, right, out)
-    return torch.from_numpy(out).reshape(*batch, m, n).to(a.device)
+    # The kernel copies its operands into panels, so strided (transposed) views need no copy here.
+    _run_split(_tiled().ordered, array(a).reshape(count, m, k), array(b).reshape(count, k, n), out)
+    return device_of(torch.from_numpy(out).view(*batch, m, n), a)
+
+
+def array(x: torch.Tensor) -> np.ndarray:
+    """``x``'s values as a NumPy array (a view of a CPU tensor's memory, without a copy)."""
+    return (x if x.is_cpu else x.cpu()).detach().numpy()
+
+
+def device_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` (a CPU result of the compiled loops) on ``like``'s device."""
+    return out if like.is_cpu else out.to(like.device)
 
 
 #: Below this many multiply-adds a product runs on one thread (a thread's hand-off costs more).
@@ -151,11 +169,11 @@ def unary32(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from training import exact_triton
         return exact_triton.unary32(name, x)
     kernels = _compiled()
-    flat = np.ascontiguousarray(x.detach().cpu().reshape(-1).numpy())
+    flat = array(x).reshape(-1)
     value, slope = np.empty_like(flat), np.empty_like(flat)
     kernels.unary(kernels.CODES[name], flat, value, slope)
-    return (torch.from_numpy(value).reshape(x.shape).to(x.device),
-            torch.from_numpy(slope).reshape(x.shape).to(x.device))
+    return (device_of(torch.from_numpy(value).view(x.shape), x),
+            device_of(torch.from_numpy(slope).view(x.shape), x))
 
 
 def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Tensor:
@@ -171,9 +189,49 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
         from training import exact_triton
         return exact_triton.tree_sum(x, dim)
     outer, inner = math.prod(x.shape[:dim]), math.prod(x.shape[dim + 1:])
-    flat = np.ascontiguousarray(x.detach().cpu().reshape(outer, count, inner).numpy())
-    out = np.empty((outer, inner), dtype=flat.dtype)
-    _compiled().tree_sum(flat, out)
     shape = list(x.shape)
     shape[dim] = 1
-    return torch.from_numpy(out).reshape(shape).to(x.device)
+    source = array(x).reshape(outer, count, inner)
+    if inner == 1 < outer:  # the rows side by side: each level's adds run across rows (the same pairs)
+        source = source.reshape(outer, count).T.reshape(1, count, outer)
+        out = np.empty((1, outer), dtype=source.dtype)
+    else:
+        out = np.empty((outer, inner), dtype=source.dtype)
+    _compiled().tree_sum(source, out)
+    return device_of(torch.from_numpy(out).view(shape), x)
+
+
+def square_sum(x: torch.Tensor) -> float:
+    """The tree sum (:func:`training.exact_math.tree_sum`) of the float64 squares of ``x``'s entries
+    (flattened) in one compiled pass: the same pairs in the same order as the torch version, the same
+    bits (used by both kernel versions' gradient norm; the torch levels when Numba is missing)."""
+    try:
+        kernels = _compiled()
+    except KernelVersionError:
+        flat = x.detach().to(torch.float64).reshape(-1)
+        return float(em_tree_sum(flat * flat, 0).reshape(()))
+    return float(kernels.square_sum(array(x).reshape(-1)))
+
+
+def newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], steps: int) -> None:
+    """Muon's iteration on contiguous float32 CPU ``x`` (rows <= cols), in place, by version 2's products
+    and float32 elementwise operations in one compiled call (:func:`training.exact_kernel_tile.newton_schulz`:
+    the operations of :func:`training.exact_optim.exact_orthogonalize`'s torch loop, the same bits)."""
+    _tiled().newton_schulz(x.detach().view(1, *x.shape).numpy(), *coefficients, steps)
+
+
+def embedding_backward(ids: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> bool:
+    """``out[ids[i]] += rows[i]``, positions ``i`` in increasing order, in one compiled pass over CPU tensors
+    (:class:`training.exact_ops.ExactEmbedding`'s additions, in its order: the same bits); False where it
+    does not apply (another device or dtype, Numba missing, an id out of range: the torch rounds then)."""
+    if not (ids.is_cpu and rows.is_cpu and out.is_cpu and rows.dtype == out.dtype
+            and rows.dtype in (torch.float32, torch.float64)):
+        return False
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= out.size(0)):
+        return False
+    try:
+        kernels = _compiled()
+    except KernelVersionError:
+        return False
+    kernels.embedding_backward(array(ids), array(rows), out.numpy())
+    return True

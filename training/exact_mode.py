@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
+from training import exact_fused as fused
 from training import exact_kernel
 from training import exact_ops as ops
 from training.exact_ops import ExactKernelError
@@ -150,9 +151,9 @@ HANDLERS = {
     **dict.fromkeys(_BINARY, _broadcast_binary), **dict.fromkeys(_INPLACE, _inplace_binary),
     "sum": _reduction(False), "mean": _reduction(True),
     "matmul": _call(ops.matmul), "__matmul__": _call(ops.matmul), "mm": _call(ops.matmul),
-    "bmm": _call(ops.matmul), "linear": _call(ops.linear), "addmm": _call(ops.addmm),
-    "layer_norm": _call(ops.layer_norm), "softmax": _softmax,
-    "scaled_dot_product_attention": _call(ops.attention), "cross_entropy": _call(ops.cross_entropy),
+    "bmm": _call(ops.matmul), "linear": _call(fused.linear), "addmm": _call(fused.addmm),
+    "layer_norm": _call(fused.layer_norm), "softmax": _softmax,
+    "scaled_dot_product_attention": _call(fused.attention), "cross_entropy": _call(fused.cross_entropy),
     "embedding": _call(ops.embedding), "dropout": _dropout, "gelu": _gelu,
     "silu": _unary("silu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"), "exp": _unary("exp"),
     "log": _unary("log"), "rsqrt": _unary("rsqrt"), "pow": _pow, "__pow__": _pow, "__rpow__": _pow,

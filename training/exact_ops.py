@@ -115,6 +115,8 @@ class ExactEmbedding(torch.autograd.Function):
         flat = ids.reshape(-1)
         rows = grad.reshape(flat.numel(), grad.size(-1))
         out = rows.new_zeros((ctx.rows, rows.size(1)))
+        if exact_kernel.embedding_backward(flat, rows, out):  # the same adds in one compiled pass
+            return None, out
         # Round k adds every token's k-th occurrence (positions increasing within a token): per token the
         # additions of the position-by-position loop, in its order, but one indexed add per round (the
         # indices of a round are distinct, so no two of its additions meet).
@@ -172,19 +174,24 @@ UNARY = {"exp": _exp, "log": _log, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _
          "rsqrt": _rsqrt}
 
 
+def unary_values(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, derivative)`` of :data:`UNARY` ``name`` at ``x``, in float64, each rounded once to ``x``'s
+    dtype (kernel version 2, float32: the same bits in one compiled pass)."""
+    if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:
+        return exact_kernel.unary32(name, x)
+    value, slope = UNARY[name](x.to(torch.float64))
+    return value.to(x.dtype), slope.to(x.dtype)
+
+
 class ExactUnary(torch.autograd.Function):
     """An elementwise function of :data:`UNARY`, in float64 and rounded once to ``x``'s dtype; backward:
     the gradient times its derivative (float64, rounded once too)."""
 
     @staticmethod
     def forward(ctx, x, name):
-        if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:  # the same bits, one compiled pass
-            value, slope = exact_kernel.unary32(name, x)
-            ctx.save_for_backward(slope)
-            return value
-        value, slope = UNARY[name](x.to(torch.float64))
-        ctx.save_for_backward(slope.to(x.dtype))
-        return value.to(x.dtype)
+        value, slope = unary_values(name, x)
+        ctx.save_for_backward(slope)
+        return value
 
     @staticmethod
     def backward(ctx, grad):
@@ -209,7 +216,11 @@ def check_float(x: torch.Tensor, what: str) -> None:
 def expand(x: torch.Tensor, shape) -> torch.Tensor:
     """``x`` broadcast to ``shape`` with a fixed-order backward (itself when it has the shape already)."""
     shape = torch.Size(shape)
-    return x if x.shape == shape else ExactExpand.apply(x, shape)
+    if x.shape == shape:
+        return x
+    if not (x.requires_grad and torch.is_grad_enabled()):  # no backward: a view has the same values
+        return x.expand(shape)
+    return ExactExpand.apply(x, shape)
 
 
 def broadcast(*tensors: torch.Tensor) -> list[torch.Tensor]:

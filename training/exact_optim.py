@@ -21,8 +21,8 @@ import math
 import torch
 from torch import nn
 
-from training.exact_kernel import LEGACY, product
-from training.exact_math import tree_sum
+from training import exact_kernel
+from training.exact_kernel import LEGACY, newton_schulz, product, square_sum, tree_sum
 
 
 def power(base: float, exponent: int) -> float:
@@ -56,6 +56,8 @@ class ExactAdamW(torch.optim.AdamW):
         state["step"] += 1
         step = int(state["step"])
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        if _compiled_step(param, grad, exp_avg, exp_avg_sq, (beta1, beta2, lr, eps, decay, step)):
+            return
         if decay:
             param.mul_(1.0 - lr * decay)
         exp_avg.mul_(beta1)
@@ -66,6 +68,32 @@ class ExactAdamW(torch.optim.AdamW):
         bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, step))
         denom = torch.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
         param.sub_((exp_avg / denom) * (lr / bias_correction1))
+
+
+def _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper) -> bool:
+    """The step below in one compiled pass (:func:`training.exact_kernel_numba.adamw`: the same float32
+    operations, the same bits) where the tensors allow it (float32, CPU, contiguous state) and Numba is
+    installed; False otherwise (the torch operations then)."""
+    beta1, beta2, lr, eps, decay, step = hyper
+    tensors = (param, exp_avg, exp_avg_sq)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors) \
+            or grad.dtype != torch.float32 or grad.device.type != "cpu" or grad.shape != param.shape:
+        return False
+    try:
+        kernels = exact_kernel._compiled()
+    except exact_kernel.KernelVersionError:
+        return False
+    if decay and 1.0 - lr * decay == 1.0:  # torch's path multiplies by 1 then: the same bits as not at all
+        decay = 0.0
+    flat_param, flat_avg = param.detach().view(-1).numpy(), exp_avg.view(-1).numpy()
+    kernels.adamw_moments(flat_param, grad.detach().reshape(-1).numpy(), flat_avg,
+                          exp_avg_sq.view(-1).numpy(), 1.0 - lr * decay if decay else 1.0, beta1, 1.0 - beta1,
+                          beta2, 1.0 - beta2)
+    # torch's sqrt, not the compiled loop's: on this project's CPU it is not always the correctly rounded
+    # root (docs/REPRODUCIBLE.md), and the step's bits are torch's.
+    kernels.adamw_apply(flat_param, flat_avg, torch.sqrt(exp_avg_sq).view(-1).numpy(),
+                        math.sqrt(1.0 - power(beta2, step)), eps, lr / (1.0 - power(beta1, step)))
+    return True
 
 
 def exact_momentum(buffer: torch.Tensor, grad: torch.Tensor, beta: float) -> torch.Tensor:
@@ -86,8 +114,12 @@ def exact_orthogonalize(
     transposed = x.size(0) > x.size(1)
     if transposed:
         x = x.T.contiguous()
-    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0)) + 1e-7
+    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0, kernels)) + 1e-7
     x = x / norm
+    if kernels == 2 and x.dtype == torch.float32 and x.device.type == "cpu":  # one compiled pass, same bits
+        x = x.contiguous()
+        newton_schulz(x, coefficients, steps)
+        return (x.T if transposed else x).contiguous()
     for _ in range(steps):
         gram = product(x, x.T, kernels)
         poly = gram * b + product(gram, gram, kernels) * c
@@ -98,9 +130,8 @@ def exact_orthogonalize(
 def exact_grad_sq_norm(module: nn.Module) -> torch.Tensor:
     """Sum of squared gradient entries of ``module`` (float64 scalar on the CPU): each gradient's squares
     (exact in float64) tree-summed, the parameters' sums added in parameter order."""
-    total = torch.zeros((), dtype=torch.float64)
+    total = 0.0  # float64 additions in parameter order, as a float64 tensor's
     for param in module.parameters():
         if param.grad is not None:
-            grad = param.grad.detach().to(torch.float64).reshape(-1)
-            total = total + tree_sum(grad * grad, 0).reshape(()).cpu()
-    return total
+            total = total + square_sum(param.grad)
+    return torch.tensor(total, dtype=torch.float64)

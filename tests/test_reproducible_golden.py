@@ -1,0 +1,109 @@
+"""Kernel version 2's bits are fixed: runs made with ``training.reproducible_kernels = 2`` exist, so any
+change to its kernels (training/exact_kernel*.py, training/exact_ops.py, the fused blocks of
+training/exact_fused.py, the optimizers' compiled steps) must leave every output and every gradient as it
+was. The digests below were recorded under the code of b00ff5e (before the speed
+work of issue 64's version 2); the mode's bits depend on the shapes only, so they are the same on every CPU,
+instruction set and thread count (this test runs on whichever the suite has: 1 and 2 threads here).
+
+Per case: the logits and loss of one forward pass of a fresh model under ``ExactKernels(2)``, every
+parameter's gradient after its backward pass, and three inner steps of a fresh trainer (each step's loss,
+its clipped gradients and the weights after it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+import torch
+
+from training.config import ModelConfig
+from training.exact_mode import ExactKernels
+from training.exact_probe import trainer_for
+from training.model import GPT
+
+#: (preset, optimizer, batch, steps) -> (forward, backward, steps) sha256 (16 hex), recorded on b00ff5e.
+GOLDEN = {
+    ("tiny", "adamw", 2, 3): ("203dd52d46bb6d3e", "23b18f2c66d7a4f0", "b07c6f01f706d38e"),
+    ("mini", "adamw", 2, 3): ("d2a42bd9693cc27c", "458482937bcc9ed2", "f078d47b7659a719"),
+    ("llama-tiny", "muon", 2, 3): ("2753bb8a6e704c13", "72ed719c273a610e", "d554d5e21820c60d"),
+}
+#: Version 1's, recorded on b00ff5e too (version 2's speed work shares the gradient norm with it).
+GOLDEN_V1 = {
+    ("tiny", "adamw", 2, 2): ("70ebaa7bbfec315f", "976deb577d5e08b2", "f84aafee638f1ce8"),
+    ("llama-tiny", "muon", 2, 2): ("129e533a68d60891", "0f752b2bf9f3e59a", "faed3fcf54bb16d7"),
+}
+SLOW_GOLDEN = {
+    ("llama-20m", "adamw", 1, 1): ("7a3a6a2cf47ce566", "36ccaeff618a9d0f", "ac496a3a03698276"),
+}
+
+
+def _digest(parts) -> str:
+    out = hashlib.sha256()
+    for part in parts:
+        out.update(part if isinstance(part, bytes) else part.detach().contiguous().numpy().tobytes())
+    return out.hexdigest()[:16]
+
+
+def _batch(vocab: int, batch: int, block: int, generator: torch.Generator):
+    return (torch.randint(0, vocab, (batch, block), generator=generator) for _ in range(2))
+
+
+def golden(preset: str, optimizer: str, batch: int, steps: int, version: int = 2) -> tuple[str, str, str]:
+    """The three digests of the case (module docstring) under kernel ``version``."""
+    cfg = ModelConfig(preset=preset)
+    model = GPT(cfg, seed=0)
+    x, y = _batch(cfg.vocab_size, batch, cfg.block_size, torch.Generator().manual_seed(3))
+    with ExactKernels(version):
+        logits, loss = model(x, y)
+    forward = _digest([logits, loss])
+    loss.backward()
+    backward = _digest([p.grad for _, p in model.named_parameters()])
+    _, trainer = trainer_for(preset, optimizer, True, batch, version)
+    generator, parts = torch.Generator().manual_seed(7), []
+    for _ in range(steps):
+        value = trainer.train_step(*_batch(cfg.vocab_size, batch, cfg.block_size, generator))
+        parts.append(struct.pack("<d", value))
+        parts.extend(p.grad for module in trainer.stage_modules for p in module.parameters()
+                     if p.grad is not None)
+        parts.extend(trainer.state_dict().values())
+    return forward, backward, _digest(parts)
+
+
+def _name(case) -> str:
+    return "-".join(map(str, case))
+
+
+def _check(case, want, threads, version=2):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert golden(*case, version) == want, case
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN), ids=_name)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_version_2_keeps_its_recorded_bits(case, threads):
+    _check(case, GOLDEN[case], threads)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_V1), ids=_name)
+def test_version_1_keeps_its_recorded_bits(case):
+    _check(case, GOLDEN_V1[case], 1, version=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SLOW_GOLDEN), ids=_name)
+def test_version_2_keeps_its_recorded_bits_at_llama_20m(case):
+    _check(case, SLOW_GOLDEN[case], 2)
+
+
+if __name__ == "__main__":  # print the digests of the code as it is (to record them)
+    import sys
+
+    version = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    for case in (*GOLDEN, *SLOW_GOLDEN) if version == 2 else GOLDEN_V1:
+        print(case, golden(*case, version), flush=True)
