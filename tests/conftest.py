@@ -16,12 +16,13 @@ CONTRACT_MODULES = ("tests/test_forge_invariants.py", "tests/test_static_analysi
                     "tests/test_contracts_build.py")
 
 
-#: The default suite's longest modules, longest first (per-module totals of a full run, 2026-11-28, after the
-#: ledger tests' fresh anvil and short windows), collected first: pytest-xdist hands the modules out in the
-#: collected order (``--no-loadscope-reorder`` in pyproject.toml; its default order, most tests first, left
-#: the one-test end-to-end modules, minutes each, to the end, one worker running them while the other idled).
-#: The modules that build the contracts (one scope, :data:`CONTRACT_MODULES`) are listed together. A module
-#: missing here keeps its place after these; a renamed one is only ordered later.
+#: The default suite's longest modules, longest first (per-module totals of a full run, 2026-11-28; the
+#: ledger modules it found longest are short since their fresh anvil and short windows), collected first:
+#: pytest-xdist hands the modules out in the collected order (``--no-loadscope-reorder`` in pyproject.toml;
+#: its default order, most tests first, left the one-test end-to-end modules, minutes each, to the end, one
+#: worker running them while the other idled). The modules that build the contracts (one scope,
+#: :data:`CONTRACT_MODULES`) are listed together. A module missing here keeps its place after these; a
+#: renamed one is only ordered later.
 LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_clock.py",
                 "test_trust_attacks.py", "test_forge_invariants.py", "test_contracts_build.py",
                 "test_static_analysis.py", "test_halmos.py", "test_run_values.py", "test_trust_model.py",
