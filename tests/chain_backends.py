@@ -4,8 +4,8 @@ anvil).
 A test that takes ``chain_w3`` (tests/ledger_fixtures.py) runs once per backend. A family of cases (one move
 with several values) takes ``backend`` from :func:`each_on_both` instead, and :func:`chain` for its Web3:
 every case runs on py-evm, the first also on anvil by default, the others on anvil under ``slow`` (the same
-code path, so the default suite pays one anvil run per family). The anvil is the session's
-(``anvil_session``: one for every module).
+code path, so the default suite pays one anvil run per family). The anvil is the session's resettable
+one (``anvil_resettable``), reset to its genesis for each test.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from __future__ import annotations
 import pytest
 from web3 import Web3
 
-from ledger.chain import connect_pyevm, connect_rpc
+from ledger.chain import connect_pyevm
+from tests.ledger_fixtures import fresh_anvil_w3
 
 BACKENDS = ("pyevm", "anvil")
 
 
 def chain(request, backend: str) -> Web3:
-    """A fresh py-evm chain, or a Web3 on the session's anvil."""
+    """A fresh py-evm chain, or a Web3 on a fresh (reset) anvil chain."""
     if backend == "pyevm":
         return connect_pyevm()
-    return connect_rpc(request.getfixturevalue("anvil_session").url, timeout=60.0)
+    return fresh_anvil_w3(request, timeout=60.0)
 
 
 def each_on_both(cases, ids) -> list:

@@ -59,6 +59,12 @@ def make_record(
 MINE_CHUNK_BLOCKS = 1000
 MINE_REQUEST_TIMEOUT_S = 300.0
 
+#: ``create_run`` keywords for the shortest unbonding a run may have: both windows at their floor (8 blocks)
+#: and one game step, an unbonding of 8 + 4 x 8 = 40 blocks (LedgerCore.proofWindowBound) instead of the
+#: defaults' 64 + 50 x 64 = 3,264. For tests that mine a whole unbonding period for a property that does not
+#: depend on its length: py-evm mines about 100 empty blocks a second on this project's 2-core machine.
+SHORT_WINDOWS = {"accusation_blocks": 8, "dispute_blocks": 8, "max_game_steps": 1}
+
 
 def mine(w3: Web3, blocks: int) -> None:
     """Advance the chain ``blocks`` empty blocks (``anvil_mine`` on anvil, ``evm_mine`` on py-evm)."""
@@ -86,13 +92,36 @@ def anvil_session():
     anvil.stop()
 
 
+@pytest.fixture(scope="session")
+def anvil_resettable():
+    """A second session anvil, handed out only by :func:`fresh_anvil_w3`, which resets it to its genesis
+    for each test: no fixture keeps contracts on it across tests."""
+    anvil = AnvilProcess()
+    anvil.start()
+    yield anvil
+    anvil.stop()
+
+
+def fresh_anvil_w3(request, timeout: float) -> Web3:
+    """A Web3 on the session's resettable anvil, reset to block 0 (``anvil_reset``) for this test.
+
+    anvil's cost per mined block grows with the chain's length (1,000 blocks: 1.4 s at block 0, 48 s past
+    block 7,000 on this project's loaded 2-core machine): on a chain that every earlier test of the session
+    had lengthened, a test that mined an unbonding period waited minutes for it. The reset takes
+    milliseconds; the dev accounts are funded again as at genesis."""
+    w3 = connect_rpc(request.getfixturevalue("anvil_resettable").url, timeout=timeout)
+    reply = w3.provider.make_request("anvil_reset", [])
+    assert "error" not in reply, reply
+    assert w3.eth.block_number == 0
+    return w3
+
+
 @pytest.fixture(params=["pyevm", "anvil"])
 def chain_w3(request) -> Web3:
-    """A Web3 on a fresh py-evm chain, or on the session's anvil."""
+    """A Web3 on a fresh py-evm chain, or on a fresh (reset) anvil chain."""
     if request.param == "pyevm":
         return connect_pyevm()
-    anvil = request.getfixturevalue("anvil_session")
-    return connect_rpc(anvil.url, timeout=10.0)
+    return fresh_anvil_w3(request, timeout=10.0)
 
 
 def node_key(seed: int) -> Ed25519PrivateKey:

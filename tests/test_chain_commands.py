@@ -10,10 +10,9 @@ from math import prod
 
 import pytest
 from eth_account import Account
-from ledger_fixtures import FAST_RETRY, mine
+from ledger_fixtures import FAST_RETRY, fresh_anvil_w3, mine
 
 from ledger.account import create_keystore, dev_account
-from ledger.chain import connect_rpc
 from ledger.client import LedgerClient
 from ledger.runparams import game_steps_for, proof_window_bound
 from node.cli import main
@@ -55,8 +54,9 @@ def _fresh_log_handlers():
 
 
 @pytest.fixture
-def w3(anvil_session):
-    return connect_rpc(anvil_session.url)
+def w3(request):
+    """A fresh (reset) anvil chain: its test deploys the contracts it uses."""
+    return fresh_anvil_w3(request, timeout=10.0)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ledger_fixtures import digest, mine, node_key, raw_public_key
+from ledger_fixtures import SHORT_WINDOWS, digest, mine, node_key, raw_public_key
 
 from ledger import errors
 from ledger.attest import Verdict
@@ -51,7 +51,8 @@ def test_attack_accusing_for_free_is_refused(deployment):
 def test_attack_an_accusation_that_nobody_decides_lapses_and_frees_the_stake(deployment):
     w3 = deployment.w3
     run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, bond=BOND,
-                                accusation_blocks=MIN_WINDOW_BLOCKS)
+                                accusation_blocks=MIN_WINDOW_BLOCKS, dispute_blocks=MIN_WINDOW_BLOCKS,
+                                max_game_steps=1)  # SHORT_WINDOWS: an unbonding of 40 blocks
     accuser, accused = run.client(1), run.client(3)
     evidence = digest("evidence never served")
     accuser.accuse(run.run_id, accused.address, evidence)
@@ -83,7 +84,7 @@ def test_attack_an_accusation_that_nobody_decides_lapses_and_frees_the_stake(dep
 def test_attack_members_that_left_still_clear_the_accused(deployment):
     """Before: only Active members could sign a verdict, so once the honest members left, nobody could."""
     w3 = deployment.w3
-    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, bond=BOND)
+    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, bond=BOND, **SHORT_WINDOWS)
     accuser, accused = run.client(1), run.client(4)
     evidence = digest("a grudge")
     accuser.accuse(run.run_id, accused.address, evidence)
@@ -161,7 +162,7 @@ def test_attack_an_outsider_stakes_into_a_finished_run_and_disputes_it(deploymen
 def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     w3 = deployment.w3
     run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, bond=BOND,
-                                dispute_blocks=MIN_WINDOW_BLOCKS)
+                                dispute_blocks=MIN_WINDOW_BLOCKS, max_game_steps=1)  # unbonding: 8 + 4 x 64
     leaver, disputer = run.client(4), run.client(3)
     leaver.leave_run(run.run_id)  # left before round 0 was committed: not in force at it
     committed, _ = run.commit(signers=(1, 2))
@@ -292,7 +293,8 @@ def test_attack_k_fresh_stakes_are_not_a_quorum_of_a_large_run(deployment):
 
 def test_silent_members_are_ejected_and_the_run_commits_without_them(deployment):
     w3 = deployment.w3
-    run = deployment.member_run((1, 2, 3, 4, 5), quorum=2, quorum_bps=5000, inactivity_rounds=2)
+    run = deployment.member_run((1, 2, 3, 4, 5), quorum=2, quorum_bps=5000, inactivity_rounds=2,
+                                **SHORT_WINDOWS)
     client = run.client(1)
     assert client.quorum_of(run.run_id) == 3
     with pytest.raises(errors.LedgerMemberNotInactive):  # a fresh member is not silent yet

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ledger_fixtures import deploy, digest, mine, node_key, raw_public_key
+from ledger_fixtures import SHORT_WINDOWS, deploy, digest, mine, node_key, raw_public_key
 
 import contracts
 from ledger.account import dev_account
@@ -52,7 +52,7 @@ def test_audit_flags_members_with_a_forged_binding(deployment):
 
 
 def test_audit_accepts_commits_made_before_leaving_and_unregistering(deployment):
-    run = deployment.member_run((1,), quorum=1)
+    run = deployment.member_run((1,), quorum=1, **SHORT_WINDOWS)
     client = run.client(1)
     run.commit()
     client.leave_run(run.run_id)

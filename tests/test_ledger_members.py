@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ledger_fixtures import digest, mine
+from ledger_fixtures import SHORT_WINDOWS, digest, mine
 
 from ledger import errors
 from ledger.attest import Verdict, record_struct_hash
@@ -178,7 +178,9 @@ def test_disputes_carry_the_disputers_signed_record(deployment):
 
 
 def test_accusation_blocks_withdrawal_and_a_guilty_verdict_slashes(deployment):
-    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE)
+    # An accusation window of 32 blocks, past the 10 blocks it must outlast; the unbonding, 8 + 4 x 32 blocks.
+    run = deployment.member_run((1, 2, 3, 4), quorum=2, min_stake=STAKE, **{**SHORT_WINDOWS,
+                                                                             "accusation_blocks": 32})
     accused = run.client(4)
     evidence = digest("re-execution of round 0 differs")
     with pytest.raises(errors.LedgerNotMember):
@@ -215,7 +217,7 @@ def test_accusation_blocks_withdrawal_and_a_guilty_verdict_slashes(deployment):
 
 
 def test_a_not_guilty_verdict_clears_and_frees_the_stake(deployment):
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, **SHORT_WINDOWS)
     accused = run.client(3)
     evidence = digest("suspicion")
     run.client(1).accuse(run.run_id, accused.address, evidence)
