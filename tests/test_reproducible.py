@@ -34,6 +34,9 @@ from training.fingerprint import EXACT, MISMATCH, RULE_REPRODUCIBLE, compare_rer
 from training.reexec import STATE_MISMATCH
 from training.reexec_sim import SimReplica
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.repro_cheats import OneStepCheat  # noqa: E402  (the same cheats as the full demo's audit bench)
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "repro_probe.py"
 OVERRIDES = ["model.preset=tiny", "pipeline.num_stages=2", "diloco.num_replicas=3", "diloco.inner_steps=2",
@@ -221,30 +224,6 @@ def test_a_reproducible_codec_encodes_as_the_normal_one_does():
 # ----------------------------------------------------------------------------- across platforms
 
 
-class OneStepCheat(SimReplica):
-    """Tampers with inner step 0 of round 0: ``"percent"`` makes that step's update 1% larger, ``"ulp"`` moves
-    the first weight of the first stage to the next float32 up."""
-
-    def __init__(self, replica, sim, kind: str) -> None:
-        super().__init__(replica, sim)
-        self.kind = kind
-
-    def train(self, outer_round, first_step, end_step):
-        for step in range(first_step, end_step):
-            params = [p for module in self.trainer.stage_modules for p in module.parameters()]
-            before = [p.detach().clone() for p in params]
-            super().train(outer_round, step, step + 1)
-            if (outer_round, step) != (0, 0):
-                continue
-            with torch.no_grad():
-                if self.kind == "percent":
-                    for param, old in zip(params, before):
-                        param.add_((param - old) * 0.01)
-                else:
-                    first = params[0].view(-1)
-                    first[0] = torch.nextafter(first[0], torch.tensor(math.inf))
-
-
 @pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory) -> Path:
     """The reproducible run (kernel version 1), trained in this process (its own kernels, 1 thread)."""
@@ -268,8 +247,8 @@ def record_run(tmp_path_factory, overrides: list[str]) -> Path:
     try:
         sim = SimConfig(corpus_from_config(cfg.training, cfg.model), cfg.model, cfg.training, cfg.diloco,
                         cfg.compression, cfg.pipeline.num_stages, rounds=2)
-        replicas = [SimReplica(HONEST, sim), OneStepCheat(PERCENT_CHEAT, sim, "percent"),
-                    OneStepCheat(ULP_CHEAT, sim, "ulp")]
+        replicas = [SimReplica(HONEST, sim), OneStepCheat(PERCENT_CHEAT, sim, "percent", 0),
+                    OneStepCheat(ULP_CHEAT, sim, "ulp", 0)]
         records = run_with_states(replicas, sim)
     finally:
         torch.set_num_threads(threads)
