@@ -192,6 +192,21 @@ def methods(summary: list[dict]) -> list[dict]:
     return out
 
 
+def check_budget(rows: dict, case: str, rounds: int, optimizer: str, tokens: int | None = None) -> None:
+    """Refuse to add a row to a (case, rounds) group whose rows ran another inner optimizer or, with
+    ``tokens``, another token budget (a changed batch in ``CASES``): the key is (case, rounds, cell, seed),
+    and every gap of the group is taken against the group's DDP, so such rows would mix."""
+    group = [r for r in rows.values() if r["case"] == case and r["rounds"] == rounds]
+    other = sorted({r["optimizer"] for r in group} - {optimizer})
+    if other:
+        raise SystemExit(f"{case} at {rounds} rounds already holds rows with --optimizer {other}, not "
+                         f"{optimizer}: give another --out")
+    budgets = sorted({r["tokens"] for r in group} - {tokens}) if tokens is not None else []
+    if budgets:
+        raise SystemExit(f"{case} at {rounds} rounds already holds rows of {budgets} tokens, not {tokens}: "
+                         "give another --out")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -220,9 +235,11 @@ def main() -> int:
     fields = CASES[args.case][0]
     block = fields.get("block_size") or ModelConfig(**fields).block_size
     corpus = load_corpus(REPO / data, TrainingConfig().eval_fraction, block)
+    check_budget(rows, args.case, args.rounds, args.optimizer)
     for seed in seeds:  # every cell at one seed before the next seed: a cut-short plan still splits the gap
         for cell in cells:
             row = run_cell(args.case, cell, seed, args.rounds, args.optimizer, corpus, str(REPO / data))
+            check_budget(rows, args.case, args.rounds, args.optimizer, row["tokens"])
             rows[(args.case, args.rounds, cell, seed)] = row
             print(f"{args.case} r{args.rounds} {cell} seed {seed}: held-out {row['held_out_loss']:.4f} "
                   f"({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)", flush=True)

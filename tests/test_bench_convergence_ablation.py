@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from results_convergence import ablation, fit_trend  # noqa: E402
 
-from bench.bench_convergence_ablation import CELLS, methods, split, summarize  # noqa: E402
+from bench.bench_convergence_ablation import CELLS, check_budget, methods, split, summarize  # noqa: E402
 
 
 def _row(cell: str, seed: int, loss: float) -> dict:
@@ -94,3 +94,29 @@ def test_the_split_takes_the_seeds_every_cell_ran_and_a_seed_without_ddp_is_no_g
     assert both["seeds"] == [0, 1, 2] and both["gap_seeds"] == [0, 1]
     (qmse,) = [m for m in methods(summary) if m["cell"] == "both-qmse"]
     assert qmse["seeds"] == [0, 1] and qmse["gains"] == pytest.approx([0.03, 0.025])
+
+
+def test_two_budgets_of_one_case_stay_apart():
+    """Rows of one case at two budgets (rounds, hence tokens) are summarized, split and paired each against
+    the DDP of its own budget; a row of another optimizer or token count for a group is refused."""
+    longer = [{**r, "rounds": 30, "tokens": 1_536_000,
+               "held_out_loss": r["held_out_loss"] - (0.5 if r["cell"] == "ddp" else 0.45)} for r in ROWS]
+    summary = summarize(ROWS + longer)
+    by = {(s["rounds"], s["cell"]): s for s in summary}
+    assert by[6, "sync"]["gaps_vs_ddp"] == pytest.approx([0.02, 0.0])
+    assert by[30, "sync"]["gaps_vs_ddp"] == pytest.approx([1.59 / 1.5 - 1, 1.75 / 1.7 - 1])
+    assert by[30, "both"]["tokens"] == 1_536_000 and by[6, "both"]["seeds"] == [0, 1]
+    short, full = split(summary)
+    assert (short["rounds"], full["rounds"]) == (6, 30) and short == split(summarize(ROWS))[0]
+    assert full["diloco_x"] == pytest.approx((1.67 / 1.5 + 1.86 / 1.7) / 2 - 1)
+    paired = {(m["rounds"], m["cell"]): m for m in methods(summary)}
+    assert paired[30, "both-efd0.8"]["gains"] == pytest.approx([1.67 / 1.5 - 1.65 / 1.5])
+    page = "\n".join(ablation({"summary": summary, "split": [short, full], "methods": []}))
+    assert "`gpt2-mini` at 307,200 tokens" in page and "`gpt2-mini` at 1,536,000 tokens" in page
+    keyed = {(r["case"], r["rounds"], r["cell"], r["seed"]): {**r, "optimizer": "muon"} for r in ROWS}
+    check_budget(keyed, "gpt2-mini", 6, "muon", 307_200)
+    check_budget(keyed, "gpt2-mini", 30, "adamw")  # another budget: a group of its own
+    with pytest.raises(SystemExit, match="--optimizer \\['muon'\\], not adamw"):
+        check_budget(keyed, "gpt2-mini", 6, "adamw")
+    with pytest.raises(SystemExit, match="rows of \\[307200\\] tokens, not 614400"):
+        check_budget(keyed, "gpt2-mini", 6, "muon", 614_400)
