@@ -1,6 +1,7 @@
 """bench/bench_convergence_ablation.py's summary and split (issue 66) and the results page's fitted trend with
 size: every gap is taken against DDP at the same seed; the fit says where it reaches +2% only if it falls."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from results_convergence import ablation, fit_trend  # noqa: E402
 
-from bench.bench_convergence_ablation import CELLS, check_budget, methods, split, summarize  # noqa: E402
+from bench.bench_convergence_ablation import (  # noqa: E402
+    CELLS, check_budget, from_convergence, methods, split, summarize)
 
 
 def _row(cell: str, seed: int, loss: float) -> dict:
@@ -120,3 +122,22 @@ def test_two_budgets_of_one_case_stay_apart():
         check_budget(keyed, "gpt2-mini", 6, "adamw")
     with pytest.raises(SystemExit, match="rows of \\[307200\\] tokens, not 614400"):
         check_budget(keyed, "gpt2-mini", 6, "muon", 614_400)
+
+
+def test_the_convergence_rows_join_as_the_seed_0_cells_of_the_full_budget():
+    """bench/results/convergence.json's muon rows of a case become its ddp, sync and both cells at seed 0 (the
+    other variants and cases are left), naming their source; a row of another H is refused."""
+    runs = json.loads((ROOT / "bench" / "results" / "convergence.json").read_text())["runs"]
+    rows = from_convergence(runs, "gpt2-mini")
+    assert sorted(r["cell"] for r in rows) == ["both", "ddp", "sync"]
+    assert {(r["seed"], r["rounds"], r["tokens"], r["optimizer"]) for r in rows} == {
+        (0, 30, 1_536_000, "muon")}
+    both = next(r for r in rows if r["cell"] == "both")
+    source = next(r for r in runs
+                  if (r["case"], r["mode"], r["variant"]) == ("gpt2-mini", "diloco_x", "muon"))
+    assert both["held_out_loss"] == source["held_out_loss"] and both["source"].endswith("convergence.json")
+    (summary,) = [s for s in summarize(rows) if s["cell"] == "both"]
+    assert summary["mean_gap_vs_ddp"] == pytest.approx(source["held_out_loss"] / next(
+        r["held_out_loss"] for r in rows if r["cell"] == "ddp") - 1)
+    with pytest.raises(SystemExit, match="H 25"):
+        from_convergence([{**source, "inner_steps": 25}], "gpt2-mini")
