@@ -135,6 +135,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "gap_seeds": [r["seed"] for r in runs if r["seed"] in ddp],
                 "gaps_vs_ddp": gaps, "mean_gap_vs_ddp": statistics.fmean(gaps) if gaps else None,
                 "gap_spread": (max(gaps) - min(gaps)) if gaps else None,
+                "seeds_from_convergence": [r["seed"] for r in runs if r.get("source")],
                 "fewer_bytes_than_ddp": (ddp[runs[0]["seed"]]["bytes_per_token"] / runs[0]["bytes_per_token"]
                                          if runs[0]["seed"] in ddp else None),
             })

@@ -318,7 +318,9 @@ def ablation(r: dict) -> list[str]:
     rows = []
     for s in r["summary"]:
         name = CELL_NAMES.get(s["cell"], s["cell"])
-        rows.append([s["case"], f"{s['tokens']:,}", name, ", ".join(str(seed) for seed in s["seeds"]),
+        imported = s.get("seeds_from_convergence", [])
+        rows.append([s["case"], f"{s['tokens']:,}", name,
+                     ", ".join(f"{seed}*" if seed in imported else str(seed) for seed in s["seeds"]),
                      ", ".join(num(loss) for loss in s["losses"]), num(s["mean_loss"]), num(s["spread"]),
                      "(baseline)" if s["cell"] == "ddp" else ", ".join(pct(g, 2) for g in s["gaps_vs_ddp"]),
                      "-" if s["cell"] == "ddp" else pct(s["mean_gap_vs_ddp"], 2),
@@ -328,6 +330,9 @@ def ablation(r: dict) -> list[str]:
     lines = table(["case", "tokens", "cell", "seeds", "held-out per seed", "mean", "spread (max - min)",
                    "gap vs DDP, same seed", "mean gap", "gap spread (points)",
                    "fewer bytes than fp32 AllReduce"], rows)
+    if any(s.get("seeds_from_convergence") for s in r["summary"]):
+        lines += ["`*`: that seed's row is bench/bench_convergence.py's run of the same simulation (its "
+                  "`muon` variant in convergence.json, `--from-convergence`), not rerun here.", ""]
     tokens = {(s["case"], s["rounds"]): s["tokens"] for s in r["summary"]}
     splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "

@@ -139,5 +139,9 @@ def test_the_convergence_rows_join_as_the_seed_0_cells_of_the_full_budget():
     (summary,) = [s for s in summarize(rows) if s["cell"] == "both"]
     assert summary["mean_gap_vs_ddp"] == pytest.approx(source["held_out_loss"] / next(
         r["held_out_loss"] for r in rows if r["cell"] == "ddp") - 1)
+    assert summary["seeds_from_convergence"] == [0]
+    page = "\n".join(ablation({"summary": summarize(rows + ROWS), "split": []}))
+    assert "| gpt2-mini | 1,536,000 | + both (DiLoCoX) | 0* |" in page and "`*`: that seed's row" in page
+    assert "| gpt2-mini | 307,200 | + both (DiLoCoX) | 0, 1 |" in page
     with pytest.raises(SystemExit, match="H 25"):
         from_convergence([{**source, "inner_steps": 25}], "gpt2-mini")
