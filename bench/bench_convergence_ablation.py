@@ -208,6 +208,9 @@ def from_convergence(runs: list[dict], case: str) -> list[dict]:
     for run in runs:
         if run["case"] != case or run["variant"] != "muon" or run["mode"] not in CONVERGENCE_CELLS:
             continue
+        if "inner_steps" not in run or "rounds" not in run:
+            raise SystemExit(f"convergence row {case}/{run['mode']} names no H or rounds (recorded before "
+                             "bench_convergence.py wrote them): rerun it here instead")
         if run["inner_steps"] != INNER_STEPS or run["replicas"] != REPLICAS:
             raise SystemExit(f"convergence row {case}/{run['mode']}: H {run['inner_steps']}, M "
                              f"{run['replicas']}, not this bench's {INNER_STEPS} and {REPLICAS}")

@@ -145,3 +145,6 @@ def test_the_convergence_rows_join_as_the_seed_0_cells_of_the_full_budget():
     assert "| gpt2-mini | 307,200 | + both (DiLoCoX) | 0, 1 |" in page
     with pytest.raises(SystemExit, match="H 25"):
         from_convergence([{**source, "inner_steps": 25}], "gpt2-mini")
+    older = {k: v for k, v in source.items() if k not in ("inner_steps", "rounds")}
+    with pytest.raises(SystemExit, match="names no H or rounds"):
+        from_convergence([older], "gpt2-mini")
