@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from results_convergence import ablation, fit_trend  # noqa: E402
+from results_convergence import ablation, ablation_trend, fit_trend  # noqa: E402
 
 from bench.bench_convergence_ablation import (  # noqa: E402
     CELLS, check_budget, from_convergence, methods, split, summarize)
@@ -148,3 +148,22 @@ def test_the_convergence_rows_join_as_the_seed_0_cells_of_the_full_budget():
     older = {k: v for k, v in source.items() if k not in ("inner_steps", "rounds")}
     with pytest.raises(SystemExit, match="names no H or rounds"):
         from_convergence([older], "gpt2-mini")
+
+
+def test_the_trend_with_size_needs_three_llama_sizes_at_one_budget():
+    """The ablation's gap against size is fitted per number of rounds over the Llama cases only (gpt2-mini
+    and a budget with two sizes give no sentence), each size's gap the mean over its seeds."""
+    def rows(case, params, gap_sync, gap_both, rounds=6):
+        base = {"case": case, "rounds": rounds, "tokens": 1000, "num_params": params, "bytes_per_token": 1.0}
+        return [{**base, "cell": "ddp", "seed": 0, "held_out_loss": 2.0},
+                {**base, "cell": "sync", "seed": 0, "held_out_loss": 2.0 * (1 + gap_sync)},
+                {**base, "cell": "both", "seed": 0, "held_out_loss": 2.0 * (1 + gap_both)}]
+    data = (rows("llama-xs", 10 ** 5, 0.0, 0.06) + rows("llama-s", 10 ** 6, 0.01, 0.04)
+            + rows("llama-l", 10 ** 7, 0.02, 0.02) + rows("gpt2-mini", 10 ** 8, 0.5, 0.5)
+            + rows("llama-xs", 10 ** 5, 0.0, 0.06, 10) + rows("llama-l", 10 ** 7, 0.0, 0.02, 10))
+    (sentence,) = ablation_trend(summarize(data))
+    assert sentence.startswith("Gap with size at 6 rounds")
+    assert "0.10M +6.00% -> 1.00M +4.00% -> 10.00M +2.00%" in sentence
+    assert ("DiLoCoX +6.00% at 0.10M, slope -2.00 +- 0.00 points per 10x parameters (3 sizes), reaching +2% "
+            "at about 10M parameters") in sentence
+    assert "sync DiLoCo +0.00% at 0.10M, slope +1.00" in sentence and "+50.00%" not in sentence
