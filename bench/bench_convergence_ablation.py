@@ -201,9 +201,10 @@ CONVERGENCE_CELLS = {"ddp": "ddp", "diloco": "sync", "diloco_x": "both"}
 
 def from_convergence(runs: list[dict], case: str) -> list[dict]:
     """bench/results/convergence.json's full-budget ``muon`` rows of ``case`` (seed 0) as rows of this
-    bench (``--from-convergence``), each naming its ``source``: the same simulation as this bench's
-    ``ddp``, ``sync`` and ``both`` cells at 30 rounds, so the full budget's split needs only the other
-    cells and seeds run here."""
+    bench (``--from-convergence``), each naming its ``source``: the same settings as this bench's ``ddp``,
+    ``sync`` and ``both`` cells at 30 rounds, so the full budget's split needs only the other cells and
+    seeds run here. Not the same bits: rerun on today's code the ``gpt2-mini`` rows differ (DDP in the
+    sixth digit, DiLoCoX by 0.08%; docs/DILOCOX.md section 14), so a cell run here replaces its row."""
     out = []
     for run in runs:
         if run["case"] != case or run["variant"] != "muon" or run["mode"] not in CONVERGENCE_CELLS:

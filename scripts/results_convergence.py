@@ -359,8 +359,9 @@ def ablation(r: dict) -> list[str]:
                    "gap vs DDP, same seed", "mean gap", "gap spread (points)",
                    "fewer bytes than fp32 AllReduce"], rows)
     if any(s.get("seeds_from_convergence") for s in r["summary"]):
-        lines += ["`*`: that seed's row is bench/bench_convergence.py's run of the same simulation (its "
-                  "`muon` variant in convergence.json, `--from-convergence`), not rerun here.", ""]
+        lines += ["`*`: that seed's row is bench/bench_convergence.py's run of the same settings (its "
+                  "`muon` variant in convergence.json, `--from-convergence`), not rerun here (a rerun on "
+                  "today's code need not match it bit for bit).", ""]
     tokens = {(s["case"], s["rounds"]): s["tokens"] for s in r["summary"]}
     splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
