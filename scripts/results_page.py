@@ -150,8 +150,8 @@ SECTIONS = (
             "`--case gpt2-mini --rounds 30 --seeds 0 --cells both-noef --from-convergence`, `--case "
             "llama-xs --rounds 6 --seeds 0,1 --cells ddp,both,sync` (and `llama-s`, `llama-m`), `--case "
             "gpt2-mini --rounds 30 --seeds 0 --cells both` (the check of the imported row: it gave 1.7427, "
-            "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise; the provenance below "
-            "names the last). "
+            "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise), `--case llama-l "
+            "--rounds 6 --seeds 0,1 --cells both-efd0.8` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
     Section("convergence_ablation_adamw.json",
             "The compression's cost and error feedback with AdamW inner steps",
