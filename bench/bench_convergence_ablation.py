@@ -135,6 +135,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "gap_seeds": [r["seed"] for r in runs if r["seed"] in ddp],
                 "gaps_vs_ddp": gaps, "mean_gap_vs_ddp": statistics.fmean(gaps) if gaps else None,
                 "gap_spread": (max(gaps) - min(gaps)) if gaps else None,
+                "seeds_from_convergence": [r["seed"] for r in runs if r.get("source")],
                 "fewer_bytes_than_ddp": (ddp[runs[0]["seed"]]["bytes_per_token"] / runs[0]["bytes_per_token"]
                                          if runs[0]["seed"] in ddp else None),
             })
@@ -192,6 +193,55 @@ def methods(summary: list[dict]) -> list[dict]:
     return out
 
 
+#: bench_convergence.py's mode -> this bench's cell, for its ``muon`` variant (the same settings: Muon inner
+#: steps, seed 0, the node's defaults otherwise; only the held-out evaluation's cadence differs, which does
+#: not touch training).
+CONVERGENCE_CELLS = {"ddp": "ddp", "diloco": "sync", "diloco_x": "both"}
+
+
+def from_convergence(runs: list[dict], case: str) -> list[dict]:
+    """bench/results/convergence.json's full-budget ``muon`` rows of ``case`` (seed 0) as rows of this
+    bench (``--from-convergence``), each naming its ``source``: the same settings as this bench's ``ddp``,
+    ``sync`` and ``both`` cells at 30 rounds, so the full budget's split needs only the other cells and
+    seeds run here. Not the same bits: rerun on today's code the ``gpt2-mini`` rows differ (DDP in the
+    sixth digit, DiLoCoX by 0.08%; docs/DILOCOX.md section 14), so a cell run here replaces its row."""
+    out = []
+    for run in runs:
+        if run["case"] != case or run["variant"] != "muon" or run["mode"] not in CONVERGENCE_CELLS:
+            continue
+        if "inner_steps" not in run or "rounds" not in run:
+            raise SystemExit(f"convergence row {case}/{run['mode']} names no H or rounds (recorded before "
+                             "bench_convergence.py wrote them): rerun it here instead")
+        if run["inner_steps"] != INNER_STEPS or run["replicas"] != REPLICAS:
+            raise SystemExit(f"convergence row {case}/{run['mode']}: H {run['inner_steps']}, M "
+                             f"{run['replicas']}, not this bench's {INNER_STEPS} and {REPLICAS}")
+        out.append({**{k: run[k] for k in ("case", "rounds", "mode", "family", "num_params", "tokens",
+                                           "held_out_loss", "bytes_per_token", "wall_seconds",
+                                           "cpu_seconds", "load_average_start", "load_average_end",
+                                           "curve")},
+                    "cell": CONVERGENCE_CELLS[run["mode"]], "seed": 0, "optimizer": "muon",
+                    "inner_steps": run["inner_steps"], "replicas": run["replicas"],
+                    "batch_per_replica": run["batch_per_replica"],
+                    "settings": {"diloco": {}, "compression": {}},
+                    "source": "bench/results/convergence.json"})
+    return out
+
+
+def check_budget(rows: dict, case: str, rounds: int, optimizer: str, tokens: int | None = None) -> None:
+    """Refuse to add a row to a (case, rounds) group whose rows ran another inner optimizer or, with
+    ``tokens``, another token budget (a changed batch in ``CASES``): the key is (case, rounds, cell, seed),
+    and every gap of the group is taken against the group's DDP, so such rows would mix."""
+    group = [r for r in rows.values() if r["case"] == case and r["rounds"] == rounds]
+    other = sorted({r["optimizer"] for r in group} - {optimizer})
+    if other:
+        raise SystemExit(f"{case} at {rounds} rounds already holds rows with --optimizer {other}, not "
+                         f"{optimizer}: give another --out")
+    budgets = sorted({r["tokens"] for r in group} - {tokens}) if tokens is not None else []
+    if budgets:
+        raise SystemExit(f"{case} at {rounds} rounds already holds rows of {budgets} tokens, not {tokens}: "
+                         "give another --out")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,6 +252,9 @@ def main() -> int:
     parser.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="drop the rows already in --out")
+    parser.add_argument("--from-convergence", action="store_true",
+                        help="first add bench/results/convergence.json's seed-0 muon ddp, sync DiLoCo and "
+                             "DiLoCoX rows of --case (30 rounds) where --out has none")
     parser.add_argument("--out", default=str(RESULTS / "convergence_ablation.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -220,9 +273,16 @@ def main() -> int:
     fields = CASES[args.case][0]
     block = fields.get("block_size") or ModelConfig(**fields).block_size
     corpus = load_corpus(REPO / data, TrainingConfig().eval_fraction, block)
+    if args.from_convergence:
+        convergence = json.loads((RESULTS / "convergence.json").read_text())["runs"]
+        for row in from_convergence(convergence, args.case):
+            check_budget(rows, row["case"], row["rounds"], row["optimizer"], row["tokens"])
+            rows.setdefault((row["case"], row["rounds"], row["cell"], row["seed"]), row)
+    check_budget(rows, args.case, args.rounds, args.optimizer)
     for seed in seeds:  # every cell at one seed before the next seed: a cut-short plan still splits the gap
         for cell in cells:
             row = run_cell(args.case, cell, seed, args.rounds, args.optimizer, corpus, str(REPO / data))
+            check_budget(rows, args.case, args.rounds, args.optimizer, row["tokens"])
             rows[(args.case, args.rounds, cell, seed)] = row
             print(f"{args.case} r{args.rounds} {cell} seed {seed}: held-out {row['held_out_loss']:.4f} "
                   f"({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)", flush=True)

@@ -218,36 +218,64 @@ def fit_trend(points: list[tuple[int, float]], goal: float = TREND_GOAL) -> dict
             "reaches_goal_at_slope_minus_2se": reach_low}
 
 
+def fit_words(mode: str, points: list[tuple[int, float]]) -> str | None:
+    """One mode's fitted trend with size in words: its gap at the smallest size, the slope per decade and its
+    standard error, and where it reaches the mode's goal (``GOAL_GAP``); None with fewer than two points."""
+    goal = GOAL_GAP[mode]
+    fit = fit_trend(points, goal)
+    if fit is None:
+        return None
+    se = "" if fit["slope_se"] is None else f" +- {100 * fit['slope_se']:.2f}"
+    text = (f"{MODE_NAMES[mode]} {pct(fit['intercept'] + fit['slope'] * math.log10(points[0][0]), 2)} at "
+            f"{points[0][0] / 1e6:.2f}M, slope {100 * fit['slope']:+.2f}{se} points per 10x parameters "
+            f"({fit['n']} sizes)")
+    if fit["reaches_goal_at"] is not None:
+        text += f", reaching {pct(goal, 0)} at about {fit['reaches_goal_at'] / 1e6:.2g}M parameters"
+    else:
+        text += f": the fit does not fall toward {pct(goal, 0)} with size"
+    if fit["slope_se"] is not None and abs(fit["slope"]) < 2 * fit["slope_se"]:
+        text += " (the slope is within two standard errors of zero: no trend resolved)"
+    if fit["reaches_goal_at_slope_minus_2se"] is not None:
+        text += (f"; at the slope two standard errors lower it would reach {pct(goal, 0)} at about "
+                 f"{fit['reaches_goal_at_slope_minus_2se'] / 1e6:.2g}M")
+    elif fit["slope_se"] is not None:
+        text += f"; even two standard errors lower the slope does not fall toward {pct(goal, 0)}"
+    return text
+
+
 def fit_text(r: dict) -> str:
     """The fitted trend of each DiLoCo mode with size, its uncertainty and where it reaches its goal (sync
     DiLoCo 1%, DiLoCoX 2%: ``GOAL_GAP``)."""
-    parts = []
-    for mode, points in muon_gaps_by_size(r).items():
-        goal = GOAL_GAP[mode]
-        fit = fit_trend(points, goal)
-        if fit is None:
-            continue
-        se = "" if fit["slope_se"] is None else f" +- {100 * fit['slope_se']:.2f}"
-        text = (f"{MODE_NAMES[mode]} {pct(fit['intercept'] + fit['slope'] * math.log10(points[0][0]), 2)} at "
-                f"{points[0][0] / 1e6:.2f}M, slope {100 * fit['slope']:+.2f}{se} points per 10x parameters "
-                f"({fit['n']} sizes)")
-        if fit["reaches_goal_at"] is not None:
-            text += f", reaching {pct(goal, 0)} at about {fit['reaches_goal_at'] / 1e6:.2g}M parameters"
-        else:
-            text += f": the fit does not fall toward {pct(goal, 0)} with size"
-        if fit["slope_se"] is not None and abs(fit["slope"]) < 2 * fit["slope_se"]:
-            text += " (the slope is within two standard errors of zero: no trend resolved)"
-        if fit["reaches_goal_at_slope_minus_2se"] is not None:
-            text += (f"; at the slope two standard errors lower it would reach {pct(goal, 0)} at about "
-                     f"{fit['reaches_goal_at_slope_minus_2se'] / 1e6:.2g}M")
-        elif fit["slope_se"] is not None:
-            text += f"; even two standard errors lower the slope does not fall toward {pct(goal, 0)}"
-        parts.append(text)
+    parts = [text for mode, points in muon_gaps_by_size(r).items()
+             if (text := fit_words(mode, points)) is not None]
     if not parts:
         return ""
     return ("Fitted trend (least squares of the gap on log10 parameters, the `muon` rows at every Llama size "
             "against Muon DDP of the same size, seed 0; the standard error from the fit's residuals): "
             + "; ".join(parts) + ".")
+
+
+#: The ablation's cells that stand for a mode in its trend with size.
+ABLATION_MODES = {"sync": "diloco", "both": "diloco_x"}
+
+
+def ablation_trend(summary: list[dict]) -> list[str]:
+    """Per number of rounds at which three or more Llama sizes ran ``ddp`` and a mode's cell, the mean gap
+    (over the seeds run) against size and its fitted trend (``fit_words``): one sentence per rounds."""
+    out = []
+    for rounds in sorted({s["rounds"] for s in summary}):
+        parts = []
+        for cell, mode in ABLATION_MODES.items():
+            points = sorted((s["num_params"], s["mean_gap_vs_ddp"]) for s in summary
+                            if s["rounds"] == rounds and s["cell"] == cell and s["case"] in SIZE_CASES
+                            and s["mean_gap_vs_ddp"] is not None)
+            if len(points) >= 3:
+                steps = " -> ".join(f"{p / 1e6:.2f}M {pct(g, 2)}" for p, g in points)
+                parts.append(f"{steps}; fit: {fit_words(mode, points)}")
+        if parts:
+            out.append(f"Gap with size at {rounds} rounds (Llama, mean over the seeds run; least squares on "
+                       "log10 parameters): " + "; ".join(parts) + ".")
+    return out
 
 
 def trend(r: dict) -> str:
@@ -318,7 +346,9 @@ def ablation(r: dict) -> list[str]:
     rows = []
     for s in r["summary"]:
         name = CELL_NAMES.get(s["cell"], s["cell"])
-        rows.append([s["case"], f"{s['tokens']:,}", name, ", ".join(str(seed) for seed in s["seeds"]),
+        imported = s.get("seeds_from_convergence", [])
+        rows.append([s["case"], f"{s['tokens']:,}", name,
+                     ", ".join(f"{seed}*" if seed in imported else str(seed) for seed in s["seeds"]),
                      ", ".join(num(loss) for loss in s["losses"]), num(s["mean_loss"]), num(s["spread"]),
                      "(baseline)" if s["cell"] == "ddp" else ", ".join(pct(g, 2) for g in s["gaps_vs_ddp"]),
                      "-" if s["cell"] == "ddp" else pct(s["mean_gap_vs_ddp"], 2),
@@ -328,6 +358,10 @@ def ablation(r: dict) -> list[str]:
     lines = table(["case", "tokens", "cell", "seeds", "held-out per seed", "mean", "spread (max - min)",
                    "gap vs DDP, same seed", "mean gap", "gap spread (points)",
                    "fewer bytes than fp32 AllReduce"], rows)
+    if any(s.get("seeds_from_convergence") for s in r["summary"]):
+        lines += ["`*`: that seed's row is bench/bench_convergence.py's run of the same settings (its "
+                  "`muon` variant in convergence.json, `--from-convergence`), not rerun here (a rerun on "
+                  "today's code need not match it bit for bit).", ""]
     tokens = {(s["case"], s["rounds"]): s["tokens"] for s in r["summary"]}
     splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
@@ -338,6 +372,8 @@ def ablation(r: dict) -> list[str]:
     if splits:
         lines += ["The split by cause, in points of the mean gap against DDP (the delay: `delay - sync`; the "
                   "compression: `compression - sync`): " + "; ".join(splits) + ".", ""]
+    for sentence in ablation_trend(r["summary"]):
+        lines += [sentence, ""]
     methods = [[m["case"], f"{tokens[m['case'], m['rounds']]:,}", f"`{m['cell']}`", f"`{m['base']}`",
                 ", ".join(str(seed) for seed in m["seeds"]), ", ".join(f"{100 * g:+.2f}" for g in m["gains"]),
                 f"{100 * m['mean_gain']:+.2f}", f"{100 * m['spread']:.2f}",

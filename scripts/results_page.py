@@ -123,8 +123,11 @@ SECTIONS = (
             "`diloco.delay_correction = \"eager\"`; joined names combine them; docs/DILOCOX.md section 14). "
             "Short budgets that a 2-core machine shared with seven other jobs ran "
             "in the time it had: `gpt2-mini` 6 rounds of H = 50 (307,200 tokens, a fifth of the default), "
-            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above); seeds 0 and 1 (and more where "
-            "listed). Run in pieces, "
+            "`llama-xs` 10 rounds (64,000 tokens, a third of its row above), `llama-l` (1.05M parameters, "
+            "the largest Llama case) 6 rounds (307,200 tokens, a fifth of its budget); seeds 0 and 1 (and "
+            "more where listed); the other Llama sizes also at 6 rounds (0.28 to 0.30 tokens per parameter "
+            "at each: the trend with size above); the 1,536,000-token `gpt2-mini` rows are the full budget "
+            "(30 rounds), one seed. Run in pieces, "
             "one process at a time, under `nice -n 10`: `python bench/bench_convergence_ablation.py --case "
             "gpt2-mini --rounds 6 --seeds 0,1` (stopped after seed 0's five cells), then `--seeds 0 --cells "
             "both-efd0.8`, `--seeds 1 --cells ddp,both,sync,both-efd0.8,delay,compression`, `--seeds 0 "
@@ -141,8 +144,25 @@ SECTIONS = (
             "3,4 --cells ddp,both,both-qmse,both-v2-qmse,both-v2`; `--case gpt2-mini --rounds 6 --seeds 2 "
             "--cells ddp,both,both-qmse,both-v2-qmse`; `--case llama-xs --rounds 10 --seeds 3,4 --cells "
             "both-noef,both-efd0.8`; `--case gpt2-mini --rounds 6 --seeds 2 --cells "
-            "both-noef,both-v2,both-efd0.8` (the provenance below names the last). "
+            "both-noef,both-v2,both-efd0.8`; the fourth pass, `DLX_DATA_DIR` set, at one thread on a "
+            "machine whose load was 7 to 9 (this process got a third to a half of a core): `--case llama-l "
+            "--rounds 6 --seeds 0,1 --cells ddp,sync,delay,compression,both,both-noef,both-v2-qmse`, "
+            "`--case gpt2-mini --rounds 30 --seeds 0 --cells both-noef --from-convergence`, `--case "
+            "llama-xs --rounds 6 --seeds 0,1 --cells ddp,both,sync` (and `llama-s`, `llama-m`), `--case "
+            "gpt2-mini --rounds 30 --seeds 0 --cells both` (the check of the imported row: it gave 1.7427, "
+            "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise), `--case llama-l "
+            "--rounds 6 --seeds 0,1 --cells both-efd0.8` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
+    Section("convergence_ablation_adamw.json",
+            "The compression's cost and error feedback with AdamW inner steps",
+            "bench/bench_convergence_ablation.py", ablation,
+            "Issue 66's control for the default inner optimizer (AdamW, `training.optimizer`): the same "
+            "bench with `--optimizer adamw` in a file of its own (a group never mixes optimizers), gaps "
+            "against AdamW DDP at the same seed: whether switching error feedback off (`both-noef`), which "
+            "wins with Muon inner steps above, also wins with the inner optimizer new runs and the demo use. "
+            "`python bench/bench_convergence_ablation.py --case llama-l --rounds 6 --seeds 0 --cells "
+            "ddp,both,both-noef --optimizer adamw --out bench/results/convergence_ablation_adamw.json`, "
+            "under `nice -n 10`, one thread."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",

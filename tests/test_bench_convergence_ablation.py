@@ -1,6 +1,7 @@
 """bench/bench_convergence_ablation.py's summary and split (issue 66) and the results page's fitted trend with
 size: every gap is taken against DDP at the same seed; the fit says where it reaches +2% only if it falls."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -10,9 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from results_convergence import ablation, fit_trend  # noqa: E402
+from results_convergence import ablation, ablation_trend, fit_trend  # noqa: E402
 
-from bench.bench_convergence_ablation import CELLS, methods, split, summarize  # noqa: E402
+from bench.bench_convergence_ablation import (  # noqa: E402
+    CELLS, check_budget, from_convergence, methods, split, summarize)
 
 
 def _row(cell: str, seed: int, loss: float) -> dict:
@@ -94,3 +96,74 @@ def test_the_split_takes_the_seeds_every_cell_ran_and_a_seed_without_ddp_is_no_g
     assert both["seeds"] == [0, 1, 2] and both["gap_seeds"] == [0, 1]
     (qmse,) = [m for m in methods(summary) if m["cell"] == "both-qmse"]
     assert qmse["seeds"] == [0, 1] and qmse["gains"] == pytest.approx([0.03, 0.025])
+
+
+def test_two_budgets_of_one_case_stay_apart():
+    """Rows of one case at two budgets (rounds, hence tokens) are summarized, split and paired each against
+    the DDP of its own budget; a row of another optimizer or token count for a group is refused."""
+    longer = [{**r, "rounds": 30, "tokens": 1_536_000,
+               "held_out_loss": r["held_out_loss"] - (0.5 if r["cell"] == "ddp" else 0.45)} for r in ROWS]
+    summary = summarize(ROWS + longer)
+    by = {(s["rounds"], s["cell"]): s for s in summary}
+    assert by[6, "sync"]["gaps_vs_ddp"] == pytest.approx([0.02, 0.0])
+    assert by[30, "sync"]["gaps_vs_ddp"] == pytest.approx([1.59 / 1.5 - 1, 1.75 / 1.7 - 1])
+    assert by[30, "both"]["tokens"] == 1_536_000 and by[6, "both"]["seeds"] == [0, 1]
+    short, full = split(summary)
+    assert (short["rounds"], full["rounds"]) == (6, 30) and short == split(summarize(ROWS))[0]
+    assert full["diloco_x"] == pytest.approx((1.67 / 1.5 + 1.86 / 1.7) / 2 - 1)
+    paired = {(m["rounds"], m["cell"]): m for m in methods(summary)}
+    assert paired[30, "both-efd0.8"]["gains"] == pytest.approx([1.67 / 1.5 - 1.65 / 1.5])
+    page = "\n".join(ablation({"summary": summary, "split": [short, full], "methods": []}))
+    assert "`gpt2-mini` at 307,200 tokens" in page and "`gpt2-mini` at 1,536,000 tokens" in page
+    keyed = {(r["case"], r["rounds"], r["cell"], r["seed"]): {**r, "optimizer": "muon"} for r in ROWS}
+    check_budget(keyed, "gpt2-mini", 6, "muon", 307_200)
+    check_budget(keyed, "gpt2-mini", 30, "adamw")  # another budget: a group of its own
+    with pytest.raises(SystemExit, match="--optimizer \\['muon'\\], not adamw"):
+        check_budget(keyed, "gpt2-mini", 6, "adamw")
+    with pytest.raises(SystemExit, match="rows of \\[307200\\] tokens, not 614400"):
+        check_budget(keyed, "gpt2-mini", 6, "muon", 614_400)
+
+
+def test_the_convergence_rows_join_as_the_seed_0_cells_of_the_full_budget():
+    """bench/results/convergence.json's muon rows of a case become its ddp, sync and both cells at seed 0 (the
+    other variants and cases are left), naming their source; a row of another H is refused."""
+    runs = json.loads((ROOT / "bench" / "results" / "convergence.json").read_text())["runs"]
+    rows = from_convergence(runs, "gpt2-mini")
+    assert sorted(r["cell"] for r in rows) == ["both", "ddp", "sync"]
+    assert {(r["seed"], r["rounds"], r["tokens"], r["optimizer"]) for r in rows} == {
+        (0, 30, 1_536_000, "muon")}
+    both = next(r for r in rows if r["cell"] == "both")
+    source = next(r for r in runs
+                  if (r["case"], r["mode"], r["variant"]) == ("gpt2-mini", "diloco_x", "muon"))
+    assert both["held_out_loss"] == source["held_out_loss"] and both["source"].endswith("convergence.json")
+    (summary,) = [s for s in summarize(rows) if s["cell"] == "both"]
+    assert summary["mean_gap_vs_ddp"] == pytest.approx(source["held_out_loss"] / next(
+        r["held_out_loss"] for r in rows if r["cell"] == "ddp") - 1)
+    assert summary["seeds_from_convergence"] == [0]
+    page = "\n".join(ablation({"summary": summarize(rows + ROWS), "split": []}))
+    assert "| gpt2-mini | 1,536,000 | + both (DiLoCoX) | 0* |" in page and "`*`: that seed's row" in page
+    assert "| gpt2-mini | 307,200 | + both (DiLoCoX) | 0, 1 |" in page
+    with pytest.raises(SystemExit, match="H 25"):
+        from_convergence([{**source, "inner_steps": 25}], "gpt2-mini")
+    older = {k: v for k, v in source.items() if k not in ("inner_steps", "rounds")}
+    with pytest.raises(SystemExit, match="names no H or rounds"):
+        from_convergence([older], "gpt2-mini")
+
+
+def test_the_trend_with_size_needs_three_llama_sizes_at_one_budget():
+    """The ablation's gap against size is fitted per number of rounds over the Llama cases only (gpt2-mini
+    and a budget with two sizes give no sentence), each size's gap the mean over its seeds."""
+    def rows(case, params, gap_sync, gap_both, rounds=6):
+        base = {"case": case, "rounds": rounds, "tokens": 1000, "num_params": params, "bytes_per_token": 1.0}
+        return [{**base, "cell": "ddp", "seed": 0, "held_out_loss": 2.0},
+                {**base, "cell": "sync", "seed": 0, "held_out_loss": 2.0 * (1 + gap_sync)},
+                {**base, "cell": "both", "seed": 0, "held_out_loss": 2.0 * (1 + gap_both)}]
+    data = (rows("llama-xs", 10 ** 5, 0.0, 0.06) + rows("llama-s", 10 ** 6, 0.01, 0.04)
+            + rows("llama-l", 10 ** 7, 0.02, 0.02) + rows("gpt2-mini", 10 ** 8, 0.5, 0.5)
+            + rows("llama-xs", 10 ** 5, 0.0, 0.06, 10) + rows("llama-l", 10 ** 7, 0.0, 0.02, 10))
+    (sentence,) = ablation_trend(summarize(data))
+    assert sentence.startswith("Gap with size at 6 rounds")
+    assert "0.10M +6.00% -> 1.00M +4.00% -> 10.00M +2.00%" in sentence
+    assert ("DiLoCoX +6.00% at 0.10M, slope -2.00 +- 0.00 points per 10x parameters (3 sizes), reaching +2% "
+            "at about 10M parameters") in sentence
+    assert "sync DiLoCo +0.00% at 0.10M, slope +1.00" in sentence and "+50.00%" not in sentence
