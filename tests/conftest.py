@@ -1,5 +1,6 @@
 """Shared pytest configuration. Fixture plugins of each area are listed here; append, do not rewrite."""
 
+import logging
 import shutil
 import subprocess
 
@@ -8,6 +9,20 @@ import pytest
 from contracts import CONTRACTS_DIR
 
 pytest_plugins = ["ledger_fixtures", "node_fixtures", "torch_fixtures"]
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_found():
+    """Each test ends with the root and ``libp2p`` loggers as it found them. A test that runs a command in
+    process (node.cli.configure_logging) gives the root logger a handler bound to that test's captured stderr;
+    after it, every record of a later test on the worker went to the closed capture ("--- Logging error ---"
+    printed into that test's own captured stderr, seen failing test_shard_transfer's progress line)."""
+    root, libp2p = logging.getLogger(), logging.getLogger("libp2p")
+    saved = (root.handlers[:], root.level, libp2p.handlers[:], libp2p.level, libp2p.propagate)
+    yield
+    root.handlers[:], _, libp2p.handlers[:], _, libp2p.propagate = saved
+    root.setLevel(saved[1])
+    libp2p.setLevel(saved[3])
 
 #: Modules that build the contracts: with forge into contracts/forge (out/, cache/), or with solcjs through
 #: :func:`contracts_build_check`. Under pytest-xdist one worker runs them all (forge's builds do not
