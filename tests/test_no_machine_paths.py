@@ -59,7 +59,7 @@ def test_a_recorded_result_names_no_directory_of_this_machine(tmp_path, monkeypa
     monkeypatch.setenv("DLX_DATA_DIR", str(tmp_path / "cache"))
     # a path beside neither the clone nor home, kept as it is (a clone in /tmp itself makes /tmp "..")
     elsewhere = next(p for p in ("/tmp/dlx-x", "/var/tmp/dlx-x", "/srv/dlx-x")
-                     if not any(Path(p).is_relative_to(d) for d in (BENCH_REPO.parent, Path.home())))
+                     if not any(str(d) in p for d in (BENCH_REPO.parent, Path.home())))
     text = (f'{{"data": "{tmp_path}/cache/tinyshakespeare/input.txt", '
             f'"out": "{BENCH_REPO}/bench/results/x.json", "beside": "{BENCH_REPO.parent}/other/file", '
             f'"home": "{Path.home()}/notes.txt", "tmp": "{elsewhere}"}}')
