@@ -153,16 +153,6 @@ SECTIONS = (
             "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise), `--case llama-l "
             "--rounds 6 --seeds 0,1 --cells both-efd0.8` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
-    Section("convergence_ablation_adamw.json",
-            "The compression's cost and error feedback with AdamW inner steps",
-            "bench/bench_convergence_ablation.py", ablation,
-            "Issue 66's control for the default inner optimizer (AdamW, `training.optimizer`): the same "
-            "bench with `--optimizer adamw` in a file of its own (a group never mixes optimizers), gaps "
-            "against AdamW DDP at the same seed: whether switching error feedback off (`both-noef`), which "
-            "wins with Muon inner steps above, also wins with the inner optimizer new runs and the demo use. "
-            "`python bench/bench_convergence_ablation.py --case llama-l --rounds 6 --seeds 0 --cells "
-            "ddp,both,both-noef --optimizer adamw --out bench/results/convergence_ablation_adamw.json`, "
-            "under `nice -n 10`, one thread."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
     Section("byzantine_sliced.json", "Byzantine members in real runs: sliced exchange",
