@@ -254,6 +254,9 @@ def section(report: dict, name: str, fn) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--cpu-reference", choices=("auto", "formulas"), default="auto",
+                        help="the CPU side: version 2's Numba passes where numba imports (auto), or the "
+                             "formulas with their bits (a second opinion independent of the machine's numba)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("exact_triton_probe: no CUDA GPU (torch.cuda.is_available() is false)")
@@ -261,13 +264,14 @@ def main() -> None:
 
     try:
         import numba  # noqa: F401
-        numba_here = True
+        numba_here = args.cpu_reference == "auto"
     except ImportError:
         numba_here = False
     report = {"environment": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "cuda": torch.version.cuda, "triton": triton.__version__,
                               "python": platform.python_version(),
-                              "cpu_reference": "numba" if numba_here else "formulas (numba not installed)"}}
+                              "numba": getattr(sys.modules.get("numba"), "__version__", None),
+                              "cpu_reference": "numba" if numba_here else "formulas"}}
     with cpu_formulas(not numba_here):
         section(report, "random_kernels", lambda: compare_on_gpu(random_calls()))
         for preset in ("tiny", "llama-tiny"):
