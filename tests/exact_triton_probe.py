@@ -84,25 +84,37 @@ def bits_equal(a, b) -> bool:
     return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
 
 
-def model_pass(preset: str, device: str = "cpu") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss and gradients of one forward and backward pass of ``preset`` (batch 2, 32 tokens) in the
-    reproducible mode, kernel version 2, on ``device``."""
+#: Model cases: a preset, or a preset with ``n_embd`` 48 and batch 3 (``preset@48``): counts that are not
+#: powers of two (a mean's division by 48 and 96, which CUDA would make a multiply by a rounded reciprocal).
+ODD = "@48"
+
+
+def model_config(case: str):
     from training.config import ModelConfig
+
+    preset, odd = case.removesuffix(ODD), case.endswith(ODD)
+    return ModelConfig(preset=preset, **({"n_embd": 48} if odd else {})), 3 if odd else 2
+
+
+def model_pass(case: str, device: str = "cpu", kernels: int = 2) -> tuple[torch.Tensor, dict]:
+    """Loss and gradients of one forward and backward pass of ``case`` (batch 2, 32 tokens; ``preset@48``:
+    batch 3) in the reproducible mode, kernel version ``kernels``, on ``device``."""
     from training.model import GPT
 
-    model = GPT(ModelConfig(preset=preset), seed=0).to(device)
+    config, batch = model_config(case)
+    model = GPT(config, seed=0).to(device)
     generator = torch.Generator().manual_seed(1)
-    x, y = (torch.randint(0, 256, (2, 32), generator=generator).to(device) for _ in range(2))
-    with ExactKernels(2):
+    x, y = (torch.randint(0, 256, (batch, 32), generator=generator).to(device) for _ in range(2))
+    with ExactKernels(kernels):
         _, loss = model(x, y)
     loss.backward()
-    if preset.startswith("llama"):  # Muon's Newton-Schulz on the first matrix's gradient
+    if case.startswith("llama"):  # Muon's Newton-Schulz on the first matrix's gradient
         grad = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.dim() == 2)
-        exact_orthogonalize(grad, (3.4445, -4.7750, 2.0315), 2, kernels=2)
+        exact_orthogonalize(grad, (3.4445, -4.7750, 2.0315), 2, kernels=kernels)
     return loss.detach().cpu(), {name: p.grad.cpu() for name, p in model.named_parameters()}
 
 
-def model_calls(preset: str) -> list[tuple[str, tuple, object]]:
+def model_calls(case: str) -> list[tuple[str, tuple, object]]:
     """``(kind, args, result)`` of every call :func:`model_pass` makes on the CPU to version 2's compiled
     passes (training/exact_kernel.py's ``ordered_matmul``, ``tree_sum`` and ``unary32``; a tree sum that
     falls back to version 1's torch adds is left out), the tensors copied."""
@@ -125,7 +137,7 @@ def model_calls(preset: str) -> list[tuple[str, tuple, object]]:
     try:
         for kind in KINDS:
             setattr(exact_kernel, kind, recorder(kind))
-        model_pass(preset)
+        model_pass(case)
     finally:
         for kind, original in originals.items():
             setattr(exact_kernel, kind, original)
@@ -193,34 +205,81 @@ def compare_on_gpu(calls) -> dict:
     return result
 
 
-def whole_pass(preset: str) -> dict:
-    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = model_pass(preset, "cpu"), model_pass(preset, "cuda")
+def whole_pass(case: str) -> dict:
+    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = model_pass(case, "cpu"), model_pass(case, "cuda")
     same = {name for name in cpu_grads if torch.equal(cpu_grads[name], gpu_grads[name])}
     return {"loss_identical": torch.equal(cpu_loss, gpu_loss), "loss": float(cpu_loss),
             "grads_identical": len(same), "grads": len(cpu_grads), "differing": sorted(set(cpu_grads) - same)}
 
 
-def inner_steps(preset: str, optimizer: str, device: str) -> str:
-    """The weights' digest after two inner steps of ``preset`` from its initial weights, the trainer in the
-    reproducible mode (kernel version 2) on ``device`` (training/exact_probe.py's ``fresh_steps``, there)."""
-    from training.config import ModelConfig, TrainingConfig
+def inner_steps(case: str, optimizer: str, device: str, kernels: int) -> str:
+    """The weights' digest after two inner steps of ``case`` from its initial weights, the trainer in the
+    reproducible mode (kernel version ``kernels``) on ``device`` (training/exact_probe.py's ``fresh_steps``,
+    there)."""
+    from training.config import TrainingConfig
     from training.exact_probe import digest
     from training.pipeline import LocalReplicaTrainer
 
-    model_cfg = ModelConfig(preset=preset)
-    trainer = LocalReplicaTrainer(model_cfg, TrainingConfig(batch_size=2, optimizer=optimizer, device=device,
-                                                            reproducible=True, reproducible_kernels=2))
+    model_cfg, batch = model_config(case)
+    trainer = LocalReplicaTrainer(model_cfg, TrainingConfig(batch_size=batch, optimizer=optimizer,
+                                                            device=device, reproducible=True,
+                                                            reproducible_kernels=kernels))
     generator = torch.Generator().manual_seed(7)
     for _ in range(2):
-        x, y = (torch.randint(0, model_cfg.vocab_size, (2, model_cfg.block_size), generator=generator)
+        x, y = (torch.randint(0, model_cfg.vocab_size, (batch, model_cfg.block_size), generator=generator)
                 for _ in range(2))
         trainer.train_step(x, y)
     return digest(tensor.cpu() for tensor in trainer.state_dict().values())
 
 
-def steps_on_both(preset: str, optimizer: str) -> dict:
-    cpu, cuda = inner_steps(preset, optimizer, "cpu"), inner_steps(preset, optimizer, "cuda")
+def steps_on_both(case: str, optimizer: str, kernels: int) -> dict:
+    cpu, cuda = inner_steps(case, optimizer, "cpu", kernels), inner_steps(case, optimizer, "cuda", kernels)
     return {"cpu": cpu, "cuda": cuda, "identical": cpu == cuda}
+
+
+def sqrt_rounding() -> dict:
+    """How often torch's float32/float64 ``sqrt`` on the CPU and on the GPU differs from numpy's (correctly
+    rounded) root, on 1M random positive values over 40 orders of magnitude."""
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(11)
+    report = {}
+    for dtype in (torch.float32, torch.float64):
+        x = (torch.rand(1_000_000, generator=generator, dtype=torch.float64) * 40 - 20).exp().to(dtype)
+        want = torch.from_numpy(np.sqrt(x.numpy()))
+        report[str(dtype)] = {"cpu_differs": int((torch.sqrt(x) != want).sum()),
+                              "cuda_differs": int((torch.sqrt(x.cuda()).cpu() != want).sum()),
+                              "of": x.numel()}
+    return report
+
+
+def step_time(preset: str, optimizer: str, batch: int, steps: int = 3) -> dict:
+    """Seconds per inner step on the GPU (the median of ``steps`` after one warm-up), eager float32 (TF32 off)
+    against the reproducible mode, kernel version 3."""
+    from training.config import ModelConfig, TrainingConfig
+    from training.pipeline import LocalReplicaTrainer
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model_cfg = ModelConfig(preset=preset)
+    generator = torch.Generator().manual_seed(3)
+    shape = (batch, model_cfg.block_size)
+    batches = [tuple(torch.randint(0, model_cfg.vocab_size, shape, generator=generator) for _ in range(2))
+               for _ in range(steps + 1)]
+    out = {"preset": preset, "optimizer": optimizer, "batch": batch, "tokens_per_step": batch * shape[1]}
+    for name, exact in (("eager_fp32_s", False), ("exact_v3_s", True)):
+        trainer = LocalReplicaTrainer(model_cfg, TrainingConfig(
+            batch_size=batch, optimizer=optimizer, device="cuda", reproducible=exact,
+            **({"reproducible_kernels": 3} if exact else {})))
+        times = []
+        for x, y in batches:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            trainer.train_step(x, y)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        out[name] = sorted(times[1:])[len(times[1:]) // 2]
+    out["slowdown"] = out["exact_v3_s"] / out["eager_fp32_s"]
+    return out
 
 
 def timing(shapes) -> list[dict]:
@@ -247,7 +306,7 @@ def section(report: dict, name: str, fn) -> None:
     try:
         report[name] = fn()
     except Exception:  # noqa: BLE001 (a failed section is recorded, the rest still runs)
-        report[name] = {"error": traceback.format_exc(limit=4)}
+        report[name] = {"error": traceback.format_exc()[-3000:]}
     print(name, json.dumps(report[name])[:400], flush=True)
 
 
@@ -257,7 +316,10 @@ def main() -> None:
     parser.add_argument("--cpu-reference", choices=("auto", "formulas"), default="auto",
                         help="the CPU side: version 2's Numba passes where numba imports (auto), or the "
                              "formulas with their bits (a second opinion independent of the machine's numba)")
+    parser.add_argument("--anomaly", action="store_true",
+                        help="autograd's anomaly mode (a failing backward names its forward line)")
     args = parser.parse_args()
+    torch.autograd.set_detect_anomaly(args.anomaly)
     if not torch.cuda.is_available():
         sys.exit("exact_triton_probe: no CUDA GPU (torch.cuda.is_available() is false)")
     import triton
@@ -274,12 +336,21 @@ def main() -> None:
                               "cpu_reference": "numba" if numba_here else "formulas"}}
     with cpu_formulas(not numba_here):
         section(report, "random_kernels", lambda: compare_on_gpu(random_calls()))
-        for preset in ("tiny", "llama-tiny"):
-            section(report, f"{preset}_kernels", lambda p=preset: compare_on_gpu(model_calls(p)))
-            section(report, f"{preset}_forward_backward", lambda p=preset: whole_pass(p))
-        for preset, optimizer in (("tiny", "adamw"), ("llama-tiny", "muon")):
-            section(report, f"{preset}_{optimizer}_two_inner_steps",
-                    lambda p=preset, o=optimizer: steps_on_both(p, o))
+        for case in ("tiny", "llama-tiny", "tiny@48", "llama-tiny@48"):
+            section(report, f"{case}_kernels", lambda c=case: compare_on_gpu(model_calls(c)))
+            section(report, f"{case}_forward_backward", lambda c=case: whole_pass(c))
+        # Version 2's square roots are torch's (not correctly rounded on the CPU), version 3's are.
+        for kernels in (2, 3):
+            for case, optimizer in (("tiny", "adamw"), ("llama-tiny", "muon"), ("tiny@48", "adamw"),
+                                    ("llama-tiny@48", "muon")):
+                section(report, f"{case}_{optimizer}_two_inner_steps_v{kernels}",
+                        lambda c=case, o=optimizer, k=kernels: steps_on_both(c, o, k))
+    section(report, "sqrt_rounding", sqrt_rounding)
+    section(report, "gpu_rerun_v3", lambda: {
+        case: inner_steps(case, opt, "cuda", 3) == inner_steps(case, opt, "cuda", 3)
+        for case, opt in (("tiny", "adamw"), ("llama-tiny@48", "muon"))})
+    for preset, optimizer in (("mini", "adamw"), ("llama-20m", "adamw"), ("llama-20m", "muon")):
+        section(report, f"step_time_{preset}_{optimizer}", lambda p=preset, o=optimizer: step_time(p, o, 8))
     section(report, "timing", lambda: timing([(4096, 768, 768), (4096, 768, 3072), (96, 1024, 64, 1024)]))
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 

@@ -14,10 +14,11 @@ INNER_OPTIMIZERS = ("adamw", "muon")
 #: (docs/DILOCOX.md section 14), so it does not win at every size measured, the condition for a new default.
 DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
 #: The reproducible mode's kernel version (training/exact_kernel.py) of a configuration that turns the mode on
-#: and names none (2, the compiled fixed-order products, about 3x faster than 1: docs/REPRODUCIBLE.md), and of
+#: and names none (3: version 2's compiled fixed-order products, several times faster than 1, with correctly
+#: rounded square roots, so the same bits on every CPU build and a GPU: docs/REPRODUCIBLE.md), and of
 #: a run document that names none (1: the runs made before versions existed keep their bits and hashes).
 #: ``AUTO_KERNELS`` (the field's default) is resolved to one of them by ``TrainingConfig.__post_init__``.
-DEFAULT_KERNELS, LEGACY_KERNELS, AUTO_KERNELS = 2, 1, 0
+DEFAULT_KERNELS, LEGACY_KERNELS, AUTO_KERNELS = 3, 1, 0
 
 
 @dataclass
@@ -71,9 +72,10 @@ class TrainingConfig:
     # The version of the reproducible mode's kernels (training/exact_kernel.py): 1, Ozaki-split products
     # through float64 BLAS (a run document that names none: the runs made before the setting keep their
     # bits); 2, a compiled fixed-order float32 product, several times faster (docs/REPRODUCIBLE.md, "Kernel
-    # versions"). A setting of training.reproducible = true only; in the run document when not 1. A
-    # configuration that names none (AUTO_KERNELS) gets DEFAULT_KERNELS with the mode on (so a new run
-    # records 2), 1 without it; a run document that names none, LEGACY_KERNELS (node.runconfig).
+    # versions"); 3, version 2 with correctly rounded square roots (version 2's are torch's, whose CPU bits
+    # depend on its build). A setting of training.reproducible = true only; in the run document when not 1.
+    # A configuration that names none (AUTO_KERNELS) gets DEFAULT_KERNELS with the mode on (so a new run
+    # records 3), 1 without it; a run document that names none, LEGACY_KERNELS (node.runconfig).
     reproducible_kernels: int = AUTO_KERNELS
 
     def __post_init__(self) -> None:
@@ -114,8 +116,8 @@ class TrainingConfig:
                  f"(not {self.precision!r}) and training.compile = false")
         if type(self.reproducible_kernels) is int and self.reproducible_kernels == AUTO_KERNELS:
             self.reproducible_kernels = DEFAULT_KERNELS if self.reproducible is True else LEGACY_KERNELS
-        _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2),
-                 f"training.reproducible_kernels={self.reproducible_kernels!r}: must be 1 or 2")
+        _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2, 3),
+                 f"training.reproducible_kernels={self.reproducible_kernels!r}: must be 1, 2 or 3")
         _require(self.reproducible or self.reproducible_kernels == 1,
                  f"training.reproducible_kernels={self.reproducible_kernels} is a setting of "
                  "training.reproducible = true: remove it or turn the mode on")

@@ -91,8 +91,8 @@ class ExactLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, x_again, weight, bias, eps):
         version, count = exact_kernel.CURRENT.get(), x.size(-1)
-        centred = x - exact_kernel.tree_sum(x, -1, version) / count
-        variance = exact_kernel.tree_sum(centred * centred, -1, version) / count
+        centred = x - exact_kernel.tree_sum(x, -1, version) / exact_kernel.as_divisor(x, count)
+        variance = exact_kernel.tree_sum(centred * centred, -1, version) / exact_kernel.as_divisor(x, count)
         rstd, slope = unary_values("rsqrt", variance + eps)
         normed = centred * rstd
         out = normed * weight if weight is not None else normed
@@ -112,10 +112,10 @@ class ExactLayerNorm(torch.autograd.Function):
         # centred * rstd: the centred's first contribution; the variance's path its next two (x * x's).
         first = grad * rstd
         grad_rstd = exact_kernel.tree_sum(grad * centred, -1, version)
-        grad_square = (grad_rstd * slope) / count
+        grad_square = (grad_rstd * slope) / exact_kernel.as_divisor(grad, count)
         second = grad_square * centred
         grad_centred = (first + second) + second
-        grad_mean = exact_kernel.tree_sum(-grad_centred, -1, version) / count
+        grad_mean = exact_kernel.tree_sum(-grad_centred, -1, version) / exact_kernel.as_divisor(grad, count)
         return grad_centred, grad_mean.expand(centred.shape), grad_weight, grad_bias, None
 
 
@@ -143,12 +143,13 @@ class ExactCrossEntropy(torch.autograd.Function):
         picked = exact_kernel.tree_sum(z * chosen, -1, version)
         ctx.save_for_backward(exp_slope, log_slope, chosen)
         ctx.count = count
-        return exact_kernel.tree_sum(log_total - picked, 0, version).reshape(()) / count
+        total = exact_kernel.tree_sum(log_total - picked, 0, version).reshape(())
+        return total / exact_kernel.as_divisor(z, count)
 
     @staticmethod
     def backward(ctx, grad):
         exp_slope, log_slope, chosen = ctx.saved_tensors
-        rows = (grad / ctx.count).reshape(1, 1).expand(chosen.size(0), 1)
+        rows = (grad / exact_kernel.as_divisor(grad, ctx.count)).reshape(1, 1).expand(chosen.size(0), 1)
         from_exp = (rows * log_slope) * exp_slope
         from_pick = -rows * chosen
         return from_exp + from_pick, None

@@ -41,10 +41,11 @@ from training.exact_math import exact_matmul
 from training.exact_math import tree_sum as em_tree_sum
 
 #: The versions a run may name; :data:`LEGACY` is the one of a run document without the setting.
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 LEGACY = 1
-#: The fastest version, the one docs/REPRODUCIBLE.md recommends to new runs.
-LATEST = 2
+#: The version docs/REPRODUCIBLE.md recommends to new runs: version 2's kernels with correctly rounded square
+#: roots (:func:`sqrt`), so that its bits are the same on every CPU build and on a GPU.
+LATEST = 3
 
 #: The version the matrix products of the running forward pass use (set by ``ExactKernels``; each
 #: :class:`~training.exact_ops.ExactMatmul` keeps the version of its forward pass for its backward pass).
@@ -82,8 +83,8 @@ def _compiled():
         try:
             from training import exact_kernel_numba
         except ImportError as exc:  # numba is a dependency (pyproject.toml)
-            raise KernelVersionError("training.reproducible_kernels = 2 needs Numba (pyproject.toml pins "
-                                     "it)") from exc
+            raise KernelVersionError("training.reproducible_kernels = 2 or 3 needs Numba (pyproject.toml "
+                                     "pins it)") from exc
         _KERNEL = exact_kernel_numba
     return _KERNEL
 
@@ -113,6 +114,31 @@ def ordered_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # The kernel copies its operands into panels, so strided (transposed) views need no copy here.
     _run_split(_tiled().ordered, array(a).reshape(count, m, k), array(b).reshape(count, k, n), out)
     return device_of(torch.from_numpy(out).view(*batch, m, n), a)
+
+
+def sqrt(x: torch.Tensor, version: int | None = None) -> torch.Tensor:
+    """``x``'s square roots: by kernel ``version`` 3 (default :data:`CURRENT`) the correctly rounded root of
+    IEEE 754 on every device (NumPy's on a CPU tensor: the instruction set's square root; CUDA's ``sqrt.rn``,
+    which torch's CUDA kernel compiles to), else torch's. torch's CPU kernel is not always the correctly
+    rounded root, and how often not depends on its build and instruction set (docs/REPRODUCIBLE.md): 16.9%
+    of float32 roots on this project's CPU build, 0.67% on another; versions 1 and 2 keep those bits."""
+    version = CURRENT.get() if version is None else check_version(version)
+    if version < 3 or x.is_cuda:
+        return torch.sqrt(x)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"sqrt: float32 or float64, got {x.dtype}")
+    root = np.sqrt(array(x))
+    return device_of(torch.from_numpy(np.asarray(root, dtype=root.dtype)).view(x.shape), x)
+
+
+def as_divisor(x: torch.Tensor, number: float) -> torch.Tensor | float:
+    """``number`` as the divisor of ``x / number`` with one correctly rounded division per element on every
+    device: a CPU tensor divides by the number itself (torch rounds it to ``x``'s dtype, then divides); on a
+    GPU it is a 0-dim tensor of ``x``'s dtype there, since CUDA's kernel multiplies by a number's reciprocal
+    (two roundings: a third of float32 quotients by 3 differ). The same bits as the CPU's either way."""
+    if x.is_cpu:
+        return number
+    return torch.tensor(number, dtype=x.dtype, device=x.device)
 
 
 def array(x: torch.Tensor) -> np.ndarray:
@@ -156,7 +182,7 @@ def product(a: torch.Tensor, b: torch.Tensor, version: int | None = None) -> tor
     """``a @ b`` by kernel ``version`` (:data:`CURRENT` when None): version 2's :func:`ordered_matmul` for
     float32, else (version 1, or float64 operands) :func:`training.exact_math.exact_matmul`."""
     version = CURRENT.get() if version is None else check_version(version)
-    if version == 2 and a.dtype == torch.float32:
+    if version >= 2 and a.dtype == torch.float32:
         return ordered_matmul(a, b)
     return exact_matmul(a, b)
 
@@ -183,7 +209,7 @@ def tree_sum(x: torch.Tensor, dim: int, version: int | None = None) -> torch.Ten
     version = CURRENT.get() if version is None else version
     dim %= max(x.dim(), 1)
     count = x.size(dim) if x.dim() else 1
-    if version != 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
+    if version < 2 or x.dtype not in (torch.float32, torch.float64) or count < 2:
         return em_tree_sum(x, dim)
     if x.is_cuda:  # the same pairs in a Triton kernel on the GPU (training/exact_triton.py)
         from training import exact_triton

@@ -40,7 +40,7 @@ NEUTRAL = frozenset({
     "cat", "concat", "concatenate", "stack", "clone", "detach", "detach_", "requires_grad_", "to", "float",
     "double", "long", "int", "bool", "type", "type_as", "cpu", "cuda", "copy_", "arange", "zeros", "ones",
     "empty", "full", "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
-    "new_empty", "new_full", "new_tensor", "tensor", "as_tensor", "tril", "triu", "sqrt", "clamp", "clip",
+    "new_empty", "new_full", "new_tensor", "tensor", "as_tensor", "tril", "triu", "clamp", "clip",
     "amax", "amin", "aminmax", "argmax", "argmin", "one_hot", "_assert_async", "is_compiling",
     "floor", "ceil", "round", "sign", "backward", "register_hook", "retain_grad",
     "_has_compatible_shallow_copy_type", "__setstate__", "__reduce_ex__", "__deepcopy__", "share_memory_",
@@ -49,9 +49,35 @@ NEUTRAL = frozenset({
 })
 
 
+#: Divisions whose second operand divides the first (a number there is :func:`exact_kernel.as_divisor`'s).
+_DIVISIONS = {"div", "__truediv__", "__div__", "true_divide", "divide", "div_", "__itruediv__"}
+
+
+def _number_divisor(func, args):
+    """``args`` with a Python number dividing a tensor off the CPU made a 0-dim tensor there (CUDA multiplies
+    by a number's reciprocal: :func:`training.exact_kernel.as_divisor`)."""
+    if func.__name__ in _DIVISIONS and len(args) > 1 and isinstance(args[0], torch.Tensor) \
+            and isinstance(args[1], (int, float)) and not isinstance(args[1], bool) \
+            and args[0].is_floating_point():
+        return (args[0], exact_kernel.as_divisor(args[0], args[1]), *args[2:])
+    return args
+
+
+def _sqrt(func, args, kwargs):
+    """torch's ``sqrt`` before kernel version 3; from it the correctly rounded root
+    (:func:`training.exact_kernel.sqrt`), which has no derivative here."""
+    x = args[0]
+    if exact_kernel.CURRENT.get() < 3 or len(args) > 1 or kwargs:
+        return func(*args, **kwargs)
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ExactKernelError("sqrt of a tensor that needs a gradient (kernel version 3): use rsqrt")
+    return exact_kernel.sqrt(x)
+
+
 def _broadcast_binary(func, args, kwargs):
     if kwargs.get("alpha", 1) != 1:
         raise ExactKernelError(f"{func.__name__} with alpha (a fused multiply-add): no fixed-order kernel")
+    args = _number_divisor(func, args)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if len({t.shape for t in tensors}) > 1:
         expanded = iter(ops.broadcast(*tensors))
@@ -62,7 +88,7 @@ def _broadcast_binary(func, args, kwargs):
 def _inplace_binary(func, args, kwargs):
     if kwargs.get("alpha", 1) != 1:
         raise ExactKernelError(f"{func.__name__} with alpha (a fused multiply-add): no fixed-order kernel")
-    target, other = args[0], args[1]
+    target, other = _number_divisor(func, args)[:2]
     if isinstance(other, torch.Tensor) and other.shape != target.shape:
         other = ops.expand(other, target.shape)
     return func(target, other, *args[2:], **kwargs)
@@ -156,7 +182,8 @@ HANDLERS = {
     "scaled_dot_product_attention": _call(fused.attention), "cross_entropy": _call(fused.cross_entropy),
     "embedding": _call(ops.embedding), "dropout": _dropout, "gelu": _gelu,
     "silu": _unary("silu"), "sigmoid": _unary("sigmoid"), "tanh": _unary("tanh"), "exp": _unary("exp"),
-    "log": _unary("log"), "rsqrt": _unary("rsqrt"), "pow": _pow, "__pow__": _pow, "__rpow__": _pow,
+    "log": _unary("log"), "rsqrt": _unary("rsqrt"), "sqrt": _sqrt,
+    "pow": _pow, "__pow__": _pow, "__rpow__": _pow,
     "sin": _sin_cos(0), "cos": _sin_cos(1), "repeat_interleave": _repeat_interleave,
     "expand": _expand, "expand_as": _expand, "broadcast_to": _expand, "__getitem__": _getitem,
 }

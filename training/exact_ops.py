@@ -124,7 +124,7 @@ class ExactEmbedding(torch.autograd.Function):
         tokens = flat[order]
         _, counts = torch.unique_consecutive(tokens, return_counts=True)
         starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        occurrence = torch.arange(flat.numel()) - starts
+        occurrence = torch.arange(flat.numel(), device=flat.device) - starts
         for k in range(int(counts.max()) if counts.numel() else 0):
             chosen = occurrence == k
             targets = tokens[chosen]
@@ -244,7 +244,7 @@ def mean_dims(x: torch.Tensor, dims=None, keepdim: bool = False) -> torch.Tensor
     """:func:`sum_dims` divided by the count."""
     count = x.numel() if dims is None else math.prod(
         x.size(d) for d in ((dims,) if isinstance(dims, int) else dims))
-    return sum_dims(x, dims, keepdim) / count
+    return sum_dims(x, dims, keepdim) / exact_kernel.as_divisor(x, count)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -280,8 +280,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -
     if len(normalized_shape) != 1:
         raise ExactKernelError(f"layer_norm over {tuple(normalized_shape)}: only the last dimension")
     count = x.size(-1)
-    centred = x - expand(ExactSum.apply(x, -1) / count, x.shape)
-    variance = ExactSum.apply(centred * centred, -1) / count
+    centred = x - expand(ExactSum.apply(x, -1) / exact_kernel.as_divisor(x, count), x.shape)
+    variance = ExactSum.apply(centred * centred, -1) / exact_kernel.as_divisor(x, count)
     out = centred * expand(unary("rsqrt", variance + eps), x.shape)
     if weight is not None:
         out = out * expand(weight, x.shape)
@@ -323,7 +323,7 @@ def cross_entropy(logits, targets, weight=None, size_average=None, ignore_index=
     log_total = unary("log", ExactSum.apply(unary("exp", z), -1))
     chosen = torch.nn.functional.one_hot(targets, logits.size(-1)).to(z.dtype)
     picked = ExactSum.apply(z * chosen, -1)
-    return ExactSum.apply(log_total - picked, 0).reshape(()) / targets.numel()
+    return ExactSum.apply(log_total - picked, 0).reshape(()) / exact_kernel.as_divisor(z, targets.numel())
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, *args, **kwargs) -> torch.Tensor:

@@ -34,7 +34,12 @@ def power(base: float, exponent: int) -> float:
 
 
 class ExactAdamW(torch.optim.AdamW):
-    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) with a fixed-order step; state as torch's."""
+    """AdamW (decoupled weight decay, Loshchilov & Hutter 2019) with a fixed-order step; state as torch's.
+    ``kernels``: the run's kernel version (its square root: :func:`training.exact_kernel.sqrt`)."""
+
+    def __init__(self, params, *args, kernels: int = LEGACY, **kwargs):
+        super().__init__(params, *args, **kwargs)
+        self.kernels = exact_kernel.check_version(kernels)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: D102 - torch's signature
@@ -56,7 +61,8 @@ class ExactAdamW(torch.optim.AdamW):
         state["step"] += 1
         step = int(state["step"])
         exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        if _compiled_step(param, grad, exp_avg, exp_avg_sq, (beta1, beta2, lr, eps, decay, step)):
+        hyper = (beta1, beta2, lr, eps, decay, step)
+        if _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper, self.kernels):
             return
         if decay:
             param.mul_(1.0 - lr * decay)
@@ -66,11 +72,12 @@ class ExactAdamW(torch.optim.AdamW):
         exp_avg_sq.add_((grad * grad) * (1.0 - beta2))
         bias_correction1 = 1.0 - power(beta1, step)
         bias_correction2_sqrt = math.sqrt(1.0 - power(beta2, step))
-        denom = torch.sqrt(exp_avg_sq) / bias_correction2_sqrt + eps
+        root = exact_kernel.sqrt(exp_avg_sq, self.kernels)
+        denom = root / exact_kernel.as_divisor(root, bias_correction2_sqrt) + eps
         param.sub_((exp_avg / denom) * (lr / bias_correction1))
 
 
-def _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper) -> bool:
+def _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper, kernels: int) -> bool:
     """The step below in one compiled pass (:func:`training.exact_kernel_numba.adamw`: the same float32
     operations, the same bits) where the tensors allow it (float32, CPU, contiguous state) and Numba is
     installed; False otherwise (the torch operations then)."""
@@ -80,18 +87,18 @@ def _compiled_step(param, grad, exp_avg, exp_avg_sq, hyper) -> bool:
             or grad.dtype != torch.float32 or grad.device.type != "cpu" or grad.shape != param.shape:
         return False
     try:
-        kernels = exact_kernel._compiled()
+        compiled = exact_kernel._compiled()
     except exact_kernel.KernelVersionError:
         return False
     if decay and 1.0 - lr * decay == 1.0:  # torch's path multiplies by 1 then: the same bits as not at all
         decay = 0.0
     flat_param, flat_avg = param.detach().view(-1).numpy(), exp_avg.view(-1).numpy()
-    kernels.adamw_moments(flat_param, grad.detach().reshape(-1).numpy(), flat_avg,
+    compiled.adamw_moments(flat_param, grad.detach().reshape(-1).numpy(), flat_avg,
                           exp_avg_sq.view(-1).numpy(), 1.0 - lr * decay if decay else 1.0, beta1, 1.0 - beta1,
                           beta2, 1.0 - beta2)
-    # torch's sqrt, not the compiled loop's: on this project's CPU it is not always the correctly rounded
-    # root (docs/REPRODUCIBLE.md), and the step's bits are torch's.
-    kernels.adamw_apply(flat_param, flat_avg, torch.sqrt(exp_avg_sq).view(-1).numpy(),
+    # The run's sqrt (torch's before version 3: on this project's CPU it is not always the correctly rounded
+    # root, docs/REPRODUCIBLE.md), not the compiled loop's: the step's bits are the torch path's.
+    compiled.adamw_apply(flat_param, flat_avg, exact_kernel.sqrt(exp_avg_sq, kernels).view(-1).numpy(),
                         math.sqrt(1.0 - power(beta2, step)), eps, lr / (1.0 - power(beta1, step)))
     return True
 
@@ -114,9 +121,9 @@ def exact_orthogonalize(
     transposed = x.size(0) > x.size(1)
     if transposed:
         x = x.T.contiguous()
-    norm = torch.sqrt(tree_sum((x * x).reshape(-1), 0, kernels)) + 1e-7
+    norm = exact_kernel.sqrt(tree_sum((x * x).reshape(-1), 0, kernels), kernels) + 1e-7
     x = x / norm
-    if kernels == 2 and x.dtype == torch.float32 and x.device.type == "cpu":  # one compiled pass, same bits
+    if kernels >= 2 and x.dtype == torch.float32 and x.device.type == "cpu":  # one compiled pass, same bits
         x = x.contiguous()
         newton_schulz(x, coefficients, steps)
         return (x.T if transposed else x).contiguous()

@@ -138,8 +138,11 @@ def adamw(params: list[torch.Tensor], training_cfg: TrainingConfig) -> torch.opt
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": training_cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ) if group["params"]] or [{"params": [], "weight_decay": 0.0}]
-    kind = ExactAdamW if training_cfg.reproducible else torch.optim.AdamW
-    return kind(groups, lr=training_cfg.inner_lr, betas=(training_cfg.beta1, training_cfg.beta2))
+    betas = (training_cfg.beta1, training_cfg.beta2)
+    if training_cfg.reproducible:
+        return ExactAdamW(groups, lr=training_cfg.inner_lr, betas=betas,
+                          kernels=training_cfg.reproducible_kernels)
+    return torch.optim.AdamW(groups, lr=training_cfg.inner_lr, betas=betas)
 
 
 def state_kind(optimizer, param: torch.Tensor) -> tuple[str, tuple[str, ...]]:

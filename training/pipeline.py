@@ -46,6 +46,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from training import exact_kernel
 from training.compiled import compile_modules
 from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
@@ -205,7 +206,7 @@ class LocalReplicaTrainer:
                 for module in self.stage_modules:
                     for param in module.parameters():
                         if param.grad is not None:
-                            param.grad.div_(micro_batches)
+                            param.grad.div_(exact_kernel.as_divisor(param.grad, micro_batches))
             return sum(losses) / len(losses)
 
         return inner_step(self.stage_modules, self.optimizers, self.training_cfg.grad_clip, backward,
