@@ -97,16 +97,18 @@ def test_the_models_products_sums_and_functions_forward_and_backward_are_version
         assert bits_equal(got, out), (kind, [getattr(a, "shape", a) for a in args])
 
 
-@pytest.mark.parametrize("preset, optimizer", [("tiny", "adamw"), ("llama-tiny", "muon")])
-def test_the_gpu_probes_cpu_side_without_numba_gives_version_2s_weights(preset, optimizer):
+@pytest.mark.parametrize("kernels", [2, 3])
+@pytest.mark.parametrize("preset, optimizer", [("tiny", "adamw"), ("llama-tiny", "muon"),
+                                               ("tiny@48", "adamw")])
+def test_the_gpu_probes_cpu_side_without_numba_gives_version_2s_weights(preset, optimizer, kernels):
     """Where numba is not installed (a lent GPU machine), the probe computes the CPU's side by the formulas
-    with version 2's bits: two inner steps give Numba's weights."""
+    with version 2's (and 3's) bits: two inner steps give Numba's weights."""
     from exact_triton_probe import cpu_formulas, inner_steps
 
-    expected, numba_product = inner_steps(preset, optimizer, "cpu"), exact_kernel.ordered_matmul
+    expected, numba_product = inner_steps(preset, optimizer, "cpu", kernels), exact_kernel.ordered_matmul
     with cpu_formulas(True):
         assert exact_kernel.ordered_matmul is not numba_product  # the formulas, not the Numba loops
-        assert inner_steps(preset, optimizer, "cpu") == expected
+        assert inner_steps(preset, optimizer, "cpu", kernels) == expected
     assert exact_kernel.ordered_matmul is numba_product
 
 
@@ -117,19 +119,19 @@ def test_two_inner_steps_with_the_triton_kernels_give_version_2s_weights(monkeyp
     kernel computed by the Triton kernels, as on a GPU (here interpreted): Numba's weights, bit for bit."""
     from exact_triton_probe import inner_steps
 
-    expected = inner_steps(preset, optimizer, "cpu")
+    expected = inner_steps(preset, optimizer, "cpu", 2)
     numba_tree_sum = exact_kernel.tree_sum
 
     def tree_sum(x, dim, version=None):  # exact_kernel.tree_sum's choice of pass, its compiled one Triton's
         version = exact_kernel.CURRENT.get() if version is None else version
-        if version == 2 and x.dim() and x.dtype in (torch.float32, torch.float64) and x.size(dim) >= 2:
+        if version >= 2 and x.dim() and x.dtype in (torch.float32, torch.float64) and x.size(dim) >= 2:
             return exact_triton.tree_sum(x, dim)
         return numba_tree_sum(x, dim, version)
 
     monkeypatch.setattr(exact_kernel, "ordered_matmul", exact_triton.ordered_matmul)
     monkeypatch.setattr(exact_kernel, "unary32", exact_triton.unary32)
     monkeypatch.setattr(exact_kernel, "tree_sum", tree_sum)
-    assert inner_steps(preset, optimizer, "cpu") == expected
+    assert inner_steps(preset, optimizer, "cpu", 2) == expected
 
 
 # ----------------------------------------------------------------------------- tree sums and functions

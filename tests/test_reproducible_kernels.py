@@ -18,7 +18,7 @@ import torch
 from training import exact_kernel
 from training.exact_kernel import KernelVersionError, ordered_matmul, unary32
 from training.exact_math import tree_sum
-from training.exact_mode import ExactKernels
+from training.exact_mode import ExactKernelError, ExactKernels
 from training.exact_ops import UNARY
 from training.exact_optim import exact_orthogonalize
 
@@ -197,26 +197,27 @@ def test_the_setting_is_a_run_setting_recorded_when_not_1():
     from training.config import TrainingConfig
     from training.config_training import DEFAULT_KERNELS, LEGACY_KERNELS
 
-    assert (DEFAULT_KERNELS, LEGACY_KERNELS) == (exact_kernel.LATEST, exact_kernel.LEGACY) == (2, 1)
+    assert (DEFAULT_KERNELS, LEGACY_KERNELS) == (exact_kernel.LATEST, exact_kernel.LEGACY) == (3, 1)
     on = ["model.preset=tiny", "training.reproducible=true"]
     legacy = run_document(load_config(None, [*on, "training.reproducible_kernels=1"]))["training"]
     assert legacy["reproducible"] is True and "reproducible_kernels" not in legacy
-    # A new reproducible run that names no version gets version 2, written into its document.
-    assert load_config(None, on).training.reproducible_kernels == 2
-    assert run_document(load_config(None, on))["training"] == {**legacy, "reproducible_kernels": 2}
+    # A new reproducible run that names no version gets version 3, written into its document; a run that
+    # names 2 records 2.
+    assert load_config(None, on).training.reproducible_kernels == 3
+    assert run_document(load_config(None, on))["training"] == {**legacy, "reproducible_kernels": 3}
     recorded = run_document(load_config(None, [*on, "training.reproducible_kernels=2"]))["training"]
     assert recorded == {**legacy, "reproducible_kernels": 2}
     # Without the mode: version 1, and neither setting in the document.
     assert TrainingConfig().reproducible_kernels == 1
     assert "reproducible_kernels" not in TrainingConfig().document()
-    assert TrainingConfig(reproducible=True).reproducible_kernels == 2
-    for bad in (-1, 3, True, 2.0, "2"):
+    assert TrainingConfig(reproducible=True).reproducible_kernels == 3
+    for bad in (-1, 4, True, 2.0, "2"):
         with pytest.raises(ValueError, match="reproducible_kernels"):
             TrainingConfig(reproducible=True, reproducible_kernels=bad)
     with pytest.raises(ValueError, match="setting of training.reproducible"):
         TrainingConfig(reproducible_kernels=2)
     with pytest.raises(KernelVersionError):
-        ExactKernels(3)
+        ExactKernels(4)
 
 
 def _two_steps(cfg) -> str:
@@ -237,7 +238,7 @@ def _two_steps(cfg) -> str:
 def test_an_old_document_without_the_version_still_hashes_and_trains_as_version_1():
     """A run document made before versions existed says ``reproducible = true`` and no version: it is read
     as version 1 (its config hash unchanged, its inner steps version 1's bits), although a new configuration
-    that names no version gets version 2."""
+    that names no version gets version 3, and one that names 2 keeps version 2."""
     from node.config import load_config
     from node.runconfig import config_hash, node_config_from_run, run_document
     from training.exact_probe import fresh_steps
@@ -249,18 +250,24 @@ def test_an_old_document_without_the_version_still_hashes_and_trains_as_version_
     assert read.training.reproducible and read.training.reproducible_kernels == 1
     assert config_hash(run_document(read)) == config_hash(old)
     new = run_document(load_config(None, on))
-    assert new["training"]["reproducible_kernels"] == 2 and config_hash(new) != config_hash(old)
-    assert node_config_from_run(new).training.reproducible_kernels == 2
+    assert new["training"]["reproducible_kernels"] == 3 and config_hash(new) != config_hash(old)
+    assert node_config_from_run(new).training.reproducible_kernels == 3
     assert config_hash(run_document(node_config_from_run(new))) == config_hash(new)
     # A run without the mode: its document and its hash are what they were, read back as version 1.
     plain = run_document(load_config(None, ["model.preset=tiny"]))
     assert "reproducible_kernels" not in plain["training"] and "reproducible" not in plain["training"]
     assert node_config_from_run(plain).training.reproducible_kernels == 1
-    # Trains as version 1: the bits of fresh_steps' version 1, not version 2's.
-    version1, version2 = fresh_steps("tiny", "adamw", kernels=1), fresh_steps("tiny", "adamw", kernels=2)
-    assert version1 != version2
+    # Trains as version 1: the bits of fresh_steps' version 1, not version 2's or 3's.
+    version1, version3 = fresh_steps("tiny", "adamw", kernels=1), fresh_steps("tiny", "adamw", kernels=3)
+    assert version1 != version3
     assert _two_steps(read) == version1
-    assert _two_steps(node_config_from_run(new)) == version2
+    assert _two_steps(node_config_from_run(new)) == version3
+    # A document of version 2 (made before version 3) keeps its hash and trains with version 2's bits.
+    named2 = run_document(load_config(None, [*on, "training.reproducible_kernels=2"]))
+    read2 = node_config_from_run(named2)
+    assert read2.training.reproducible_kernels == 2
+    assert config_hash(run_document(read2)) == config_hash(named2)
+    assert _two_steps(read2) == fresh_steps("tiny", "adamw", kernels=2)
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -309,3 +316,60 @@ def test_each_fused_block_computes_its_composites_bits(block, version):
         results.append([out.detach().clone(), *(t.grad.clone() for t in inputs)])
     for composite, fused in zip(*results):
         assert composite.shape == fused.shape and torch.equal(composite, fused), block
+
+
+# ----------------------------------------------------------------------------- version 3's square root
+
+
+def test_version_3s_square_root_is_correctly_rounded_and_version_2s_is_torchs():
+    """Version 3's root against an independent reference (the float64 root rounded to float32: a double
+    rounding that is innocuous for the square root, 53 >= 2 x 24 + 2 bits), on 1M values over 40 orders of
+    magnitude, subnormals, 0, -0, inf, NaN and negatives; version 2's is torch's (whatever its rounding)."""
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.rand(1_000_000, generator=generator, dtype=torch.float64) * 92 - 46).exp().float()
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1e-45, 1e-40, float("inf"), float("nan"), -1.0, 3.4e38])])
+    want = torch.from_numpy(np.sqrt(x.double().numpy()).astype(np.float32))
+    got = exact_kernel.sqrt(x, 3)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+    assert torch.equal(exact_kernel.sqrt(x, 2), torch.sqrt(x))
+    scalar = torch.tensor(2.0)
+    root = exact_kernel.sqrt(scalar, 3)
+    assert root.shape == () and float(root) == float(np.sqrt(np.float32(2.0)))
+    wide = x.double()[:1000]
+    assert torch.equal(exact_kernel.sqrt(wide, 3), torch.from_numpy(np.sqrt(wide.numpy())))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        exact_kernel.sqrt(torch.ones(3, dtype=torch.float16), 3)
+
+
+def test_the_modes_sqrt_is_the_versions_and_refuses_a_gradient_under_version_3():
+    x = torch.rand(257) * 100
+    graded = x.clone().requires_grad_()
+    with ExactKernels(3):
+        rounded = torch.sqrt(x)
+        with pytest.raises(ExactKernelError, match="sqrt of a tensor that needs a gradient"):
+            torch.sqrt(graded)
+    with ExactKernels(2):
+        torchs = torch.sqrt(x)
+        with_grad = torch.sqrt(graded)  # version 2: torch's, with its derivative
+    assert torch.equal(rounded, exact_kernel.sqrt(x, 3)) and torch.equal(torchs, torch.sqrt(x))
+    assert with_grad.requires_grad
+
+
+def test_a_number_divides_a_gpu_tensor_as_a_tensor_and_a_cpu_tensor_as_itself():
+    """CUDA's division by a number multiplies by its rounded reciprocal (a third of float32 quotients by 3
+    differ from the division's): off the CPU the number goes as a 0-dim tensor of the dividend's dtype and
+    device ('meta' here, which has no values); on the CPU torch divides by it correctly rounded (the same
+    quotients as NumPy's float32 division)."""
+    import numpy as np
+
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(2))
+    assert exact_kernel.as_divisor(x, 3) == 3
+    assert torch.equal(x / exact_kernel.as_divisor(x, 3), torch.from_numpy(x.numpy() / np.float32(3)))
+    assert not torch.equal(x / 3, x * (1 / 3))  # what a reciprocal would change
+    meta = torch.empty(4, 5, dtype=torch.float64, device="meta")
+    divisor = exact_kernel.as_divisor(meta, 48)
+    assert isinstance(divisor, torch.Tensor) and divisor.shape == () and divisor.dtype == torch.float64
+    assert divisor.device.type == "meta"

@@ -35,6 +35,9 @@ NEUTRAL = MODEL_NEUTRAL | frozenset({
     "mul_", "div_", "__iadd__", "__isub__", "__imul__", "__itruediv__", "clamp_min", "clamp_max", "max",
     "min", "cummax", "flip", "diagonal", "diag", "eye", "sort", "argsort", "topk", "__xor__", "gather",
     "index_select", "masked_fill", "from_numpy", "square", "equal",
+    # torch's root, as before kernel version 3 (the model's mode takes the correctly rounded one from it):
+    # its CPU rounding depends on torch's build, so the codec's bits do too where a root decides them.
+    "sqrt",
 })
 
 
