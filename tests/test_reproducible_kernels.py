@@ -334,7 +334,7 @@ def test_version_3s_square_root_is_correctly_rounded_and_version_2s_is_torchs():
     got = exact_kernel.sqrt(x, 3)
     assert got.dtype == torch.float32 and got.shape == x.shape
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
-    assert torch.equal(exact_kernel.sqrt(x, 2), torch.sqrt(x))
+    assert torch.equal(exact_kernel.sqrt(x, 2).nan_to_num(-7.0), torch.sqrt(x).nan_to_num(-7.0))
     scalar = torch.tensor(2.0)
     root = exact_kernel.sqrt(scalar, 3)
     assert root.shape == () and float(root) == float(np.sqrt(np.float32(2.0)))
