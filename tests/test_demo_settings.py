@@ -20,9 +20,9 @@ def test_set_reaches_the_settings_and_a_bad_one_is_refused_by_name(tmp_path):
     assert args.overrides == ["training.reproducible=true", "training.seed=3"]
     with pytest.raises(ConfigError, match="training.no_such_setting"):
         run_demo(demo_args(tmp_path, "--stages", "1", "--set", "training.no_such_setting=1"))
-    with pytest.raises(TrainingConfigError, match="training.reproducible_kernels=3"):
+    with pytest.raises(TrainingConfigError, match="training.reproducible_kernels=4"):
         run_demo(demo_args(tmp_path, "--stages", "1", "--set", "training.reproducible=true",
-                           "--set", "training.reproducible_kernels=3"))
+                           "--set", "training.reproducible_kernels=4"))
     assert not (tmp_path / "out").exists()  # refused before anything starts
 
 

@@ -127,7 +127,8 @@ def sqrt(x: torch.Tensor, version: int | None = None) -> torch.Tensor:
         return torch.sqrt(x)
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"sqrt: float32 or float64, got {x.dtype}")
-    root = np.sqrt(array(x))
+    with np.errstate(invalid="ignore"):  # a negative's root is NaN, as on a GPU
+        root = np.sqrt(array(x))
     return device_of(torch.from_numpy(np.asarray(root, dtype=root.dtype)).view(x.shape), x)
 
 
