@@ -51,7 +51,8 @@ from results_sections import (
     robust_sim,
     utilization,
 )
-from results_verification import byzantine, fraud_proof, gpu_calibration, reexec, split_spotchecks, trust_fuzz
+from results_verification import (byzantine, exact_triton, fraud_proof, gpu_calibration, reexec,
+                                  split_spotchecks, trust_fuzz)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -180,6 +181,16 @@ SECTIONS = (
                              "rerun on another platform is passed (<= 1e-4) or undecided, never a mismatch, "
                              "and only a verifier of the claimant's platform convicts "
                              "(docs/GPU.md section 4)."),
+    Section("exact_triton.json", "The reproducible mode on a GPU: bit for bit against the CPU",
+            "tests/exact_triton_probe.py", exact_triton,
+            "Run on a lent GPU: `python3 tests/exact_triton_probe.py --out $OUT/exact_triton.json` (the "
+            "first step of bench/gpu_checks.sh). Version 2's kernels, forward and backward passes are the "
+            "CPU's bit for bit, but its inner steps are not: its square roots are torch's, whose CPU kernel "
+            "is not the correctly rounded root and differs between torch builds (this machine's torch 2.13 "
+            "gave other version-2 digests again). Version 3, the default of new reproducible runs since, "
+            "takes the correctly rounded root everywhere: one digest on the GPU, its CPU and this project's "
+            "CPU (tests/test_reproducible_golden.py checks the last). A number dividing a GPU tensor goes as"
+            " a tensor (CUDA multiplies by a number's reciprocal). docs/REPRODUCIBLE.md, \"Version 3\"."),
     Section("gpu.json", "GPU contributors: throughput and the node's share", "bench/bench_gpu.py", gpu,
             "`torch.compile` and a larger batch lift MFU from 18% (eager, batch 16) to 39.9% (compiled, "
             "batch 64; goal 40%); these are the bench's own compile; the node compiles with "

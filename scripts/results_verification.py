@@ -215,3 +215,35 @@ def fraud_proof(r: dict) -> list[str]:
                 f"overturned, its two attesters slashed, the challenger paid): {min(expired):,}"
                 + (f" - {max(expired):,}" if max(expired) != min(expired) else "") + " gas.", ""]
     return lines
+
+
+def exact_triton(r: dict) -> list[str]:
+    """tests/exact_triton_probe.py on a lent GPU: the reproducible mode's kernels and steps there against
+    its CPU, bit for bit."""
+    e = r["environment"]
+    kernels = [[name.removesuffix("_kernels"), f"{d['identical']} of {d['calls']}"]
+               for name, d in r.items() if name.endswith("_kernels") and "calls" in d]
+    passes = [[name.removesuffix("_forward_backward"), "yes" if d["loss_identical"] else "no",
+               f"{d['grads_identical']} of {d['grads']}"]
+              for name, d in r.items() if name.endswith("_forward_backward") and "grads" in d]
+    steps = [[name.rsplit("_two_inner_steps_v", 1)[0], name.rsplit("_v", 1)[1], d["cpu"], d["cuda"],
+              "yes" if d["identical"] else "no"]
+             for name, d in r.items() if "_two_inner_steps_v" in name and "cpu" in d]
+    sqrt = [[dtype, f"{d['cpu_differs']:,} of {d['of']:,}", f"{d['cuda_differs']:,} of {d['of']:,}"]
+            for dtype, d in r.get("sqrt_rounding", {}).items()]
+    times = [[f"{d['preset']} / {d['optimizer']}", d["tokens_per_step"], f"{d['eager_fp32_s'] * 1e3:.1f}",
+              f"{d['exact_v3_s'] * 1e3:.1f}", f"{d['slowdown']:.2f}x"]
+             for name, d in r.items() if name.startswith("step_time_") and "slowdown" in d]
+    products = [["x".join(map(str, d["shape"])), f"{d['triton_ordered_ms']:.3f}", f"{d['torch_fp32_ms']:.3f}",
+                 f"{d['slowdown']:.2f}x"] for d in r.get("timing", [])]
+    return [
+        (f"{e['device']} (torch {e['torch']}, CUDA {e['cuda']}, Triton {e['triton']}) against its own CPU "
+         f"(CPU side: {e['cpu_reference']}, numba {e.get('numba')}). Cases `preset@48`: n_embd 48 and "
+         f"batch 3 (means over counts that are not powers of two)."), ""] + table(
+        ["kernel calls of", "identical on the GPU"], kernels) + table(
+        ["forward and backward", "loss identical", "gradients identical"], passes) + table(
+        ["two inner steps", "kernel version", "CPU digest", "GPU digest", "identical"], steps) + table(
+        ["square root", "torch on the CPU: not correctly rounded", "torch on the GPU: not correctly rounded"],
+        sqrt) + table(
+        ["inner step (batch 8)", "tokens", "eager float32 ms", "reproducible v3 ms", "cost"], times) + table(
+        ["product", "Triton ordered ms", "torch float32 ms (TF32 off)", "cost"], products) + [""]
