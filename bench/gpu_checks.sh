@@ -7,7 +7,7 @@
 #   (3) bench/bench_reexec_isa.py on that machine's CPU (every ATen capability it has: AVX-512 where present);
 #   (4) with CALIBRATE=1: bench/bench_gpu.py --calibrate (CPU <-> GPU rerun distances, the CPU calibration's
 #       tiny preset). The first session with a GPU ran it (bench/results/gpu_calibration.json).
-#   (0) first, a minute or two: tests/exact_triton_probe.py (issue 64): the reproducible mode's kernel version 2
+#   (0) first, a minute or two: bench/bench_exact_triton.py (issue 64): the reproducible mode's kernel version 2
 #       as Triton kernels on the GPU against the CPU, bit for bit (kernels, tiny/llama-tiny forward and
 #       backward), and the Triton product's time against torch's float32 matmul -> $OUT/exact_triton.json
 #       (to keep under bench/results/ with a section of the results page: tests/test_results_page.py wants one
@@ -32,7 +32,7 @@ mkdir -p "$OUT"
 } 2>&1 | tee "$OUT/machine.txt"
 
 echo "== exact_triton: kernel version 2 on the GPU against the CPU, bit for bit"
-timeout "${EXACT_SECONDS:-180}" python3 tests/exact_triton_probe.py --out "$OUT/exact_triton.json" \
+timeout "${EXACT_SECONDS:-180}" python3 bench/bench_exact_triton.py --out "$OUT/exact_triton.json" \
     >"$OUT/exact_triton.log" 2>&1
 echo "exact_triton rc=$?"; tail -12 "$OUT/exact_triton.log"
 [ -n "${ONLY_EXACT:-}" ] && exit 0

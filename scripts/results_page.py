@@ -182,8 +182,8 @@ SECTIONS = (
                              "and only a verifier of the claimant's platform convicts "
                              "(docs/GPU.md section 4)."),
     Section("exact_triton.json", "The reproducible mode on a GPU: bit for bit against the CPU",
-            "tests/exact_triton_probe.py", exact_triton,
-            "Run on a lent GPU: `python3 tests/exact_triton_probe.py --out $OUT/exact_triton.json` (the "
+            "bench/bench_exact_triton.py", exact_triton,
+            "Run on a lent GPU: `python3 bench/bench_exact_triton.py --out $OUT/exact_triton.json` (the "
             "first step of bench/gpu_checks.sh). Version 2's kernels, forward and backward passes are the "
             "CPU's bit for bit, but its inner steps are not: its square roots are torch's, whose CPU kernel "
             "is not the correctly rounded root and differs between torch builds (this machine's torch 2.13 "

@@ -218,7 +218,7 @@ def fraud_proof(r: dict) -> list[str]:
 
 
 def exact_triton(r: dict) -> list[str]:
-    """tests/exact_triton_probe.py on a lent GPU: the reproducible mode's kernels and steps there against
+    """bench/bench_exact_triton.py on a lent GPU: the reproducible mode's kernels and steps there against
     its CPU, bit for bit."""
     e = r["environment"]
     kernels = [[name.removesuffix("_kernels"), f"{d['identical']} of {d['calls']}"]

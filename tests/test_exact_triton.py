@@ -6,7 +6,7 @@ ragged tiles, transposed operands, and every product of a forward and backward p
 ``llama-tiny`` models and of Muon's Newton-Schulz. Kernels that fuse the multiply and the add, or sum ``k``
 in another order, are seen to differ on the same operands (the comparison can fail). On a CUDA GPU (tests
 marked ``gpu``, skipped without one) the compiled kernels are compared with the CPU's bits the same way;
-tests/exact_triton_probe.py (the operands and the model calls) records the same comparison on a lent GPU
+bench/bench_exact_triton.py (the operands and the model calls) records the same comparison on a lent GPU
 (bench/gpu_checks.sh). Compiled for an H100 without a GPU, the kernels' code is read: no FMA.
 """
 
@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton", exc_type=ImportError,
                              reason="triton cannot be imported (pyproject.toml's gpu extra installs it)")
 import triton.language as tl  # noqa: E402
 
-from exact_triton_probe import SHAPES, bits_equal, model_calls, operands, sum_operand, unary_inputs  # noqa: E402
+from bench.bench_exact_triton import SHAPES, bits_equal, model_calls, operands, sum_operand, unary_inputs  # noqa: E402
 from training import exact_kernel, exact_triton  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
@@ -103,7 +103,7 @@ def test_the_models_products_sums_and_functions_forward_and_backward_are_version
 def test_the_gpu_probes_cpu_side_without_numba_gives_version_2s_weights(preset, optimizer, kernels):
     """Where numba is not installed (a lent GPU machine), the probe computes the CPU's side by the formulas
     with version 2's (and 3's) bits: two inner steps give Numba's weights."""
-    from exact_triton_probe import cpu_formulas, inner_steps
+    from bench.bench_exact_triton import cpu_formulas, inner_steps
 
     expected, numba_product = inner_steps(preset, optimizer, "cpu", kernels), exact_kernel.ordered_matmul
     with cpu_formulas(True):
@@ -117,7 +117,7 @@ def test_the_gpu_probes_cpu_side_without_numba_gives_version_2s_weights(preset, 
 def test_two_inner_steps_with_the_triton_kernels_give_version_2s_weights(monkeypatch, preset, optimizer):
     """The trainer's two inner steps (forward, backward, clipping, the optimizer) with every version 2
     kernel computed by the Triton kernels, as on a GPU (here interpreted): Numba's weights, bit for bit."""
-    from exact_triton_probe import inner_steps
+    from bench.bench_exact_triton import inner_steps
 
     expected = inner_steps(preset, optimizer, "cpu", 2)
     numba_tree_sum = exact_kernel.tree_sum

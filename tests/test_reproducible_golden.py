@@ -112,14 +112,14 @@ def test_version_3_keeps_its_recorded_bits(case, threads):
 
 
 def test_version_3s_steps_are_those_the_h200_and_its_cpu_computed():
-    """tests/exact_triton_probe.py on a lent H200 (bench/results/exact_triton.json): two inner steps under
+    """bench/bench_exact_triton.py on a lent H200 (bench/results/exact_triton.json): two inner steps under
     version 3 gave one digest on the GPU (Triton kernels, CUDA's elementwise operations) and on that
     machine's CPU (a Xeon with AVX-512, torch 2.11, numba 0.68.0); this CPU's torch build gives the same.
     Version 2's there differed between its CPU and GPU, and from this machine's."""
     import json
     import pathlib
 
-    from exact_triton_probe import inner_steps
+    from bench.bench_exact_triton import inner_steps
 
     report = json.loads((pathlib.Path(__file__).parents[1] / "bench/results/exact_triton.json").read_text())
     seen = {name: entry for name, entry in report.items() if name.endswith("_two_inner_steps_v3")}

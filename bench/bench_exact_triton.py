@@ -1,19 +1,22 @@
-"""Kernel version 2 on a GPU against the CPU, bit for bit (issue 64; training/exact_triton.py): the operands
-and model calls tests/test_exact_triton.py checks, and the same checks as a script for a lent GPU
-(bench/gpu_checks.sh runs it first):
+"""The reproducible mode on a GPU against the CPU, bit for bit (issue 64; training/exact_triton.py): the
+operands and model calls tests/test_exact_triton.py checks, and the same checks as a script for a lent GPU
+(bench/gpu_checks.sh runs it first; bench/results/exact_triton.json keeps an H200's run):
 
-    python3 tests/exact_triton_probe.py --out $OUT/exact_triton.json
+    python3 bench/bench_exact_triton.py --out $OUT/exact_triton.json
 
 On a CUDA machine it records (1) version 2's kernels on the GPU (the Triton product, tree sums and
 elementwise functions that training/exact_kernel.py sends CUDA tensors to) against the same calls on the CPU,
-on random ragged operands and on every call of a forward and backward pass of ``tiny`` and ``llama-tiny``;
-(2) that whole forward and backward pass in the reproducible mode (version 2) on the GPU against the CPU:
-the loss and each gradient, bit for bit or not (the mode's other operations are torch's CUDA elementwise
-kernels); (3) two inner steps of ``tiny`` (AdamW) and ``llama-tiny`` (Muon) in the mode on the GPU and on the
-CPU: the weights' digests, identical or not (issue 64's "CPU and GPU reruns identical"); (4) the Triton
-product's time against torch's float32 matmul (TF32 off). The CPU side is version
-2's Numba passes where numba is installed, else (:func:`cpu_formulas`) the formulas with their bits (the
-product as torch elementwise operations, ``exact_math.tree_sum``, ``exact_ops.UNARY``).
+on random ragged operands and on every call of a forward and backward pass of ``tiny`` and ``llama-tiny``
+(and of both at n_embd 48, batch 3: means over counts that are not powers of two); (2) that whole forward and
+backward pass in the mode on the GPU against the CPU: the loss and each gradient, bit for bit or not (the
+mode's other operations are torch's CUDA elementwise kernels); (3) two inner steps of each case in the mode
+under kernel versions 2 and 3 on the GPU and on the CPU: the weights' digests, identical or not (issue 64's
+"CPU and GPU reruns identical"); (4) how often torch's ``sqrt`` is not the correctly rounded root on the CPU
+and on the GPU (version 2 takes torch's, version 3 the correctly rounded one), and whether two GPU runs
+agree; (5) the cost: an inner step in the mode (version 3) against eager float32, and the Triton product
+against torch's float32 matmul (TF32 off). The CPU side is the Numba passes where numba is installed, else
+(:func:`cpu_formulas`, or ``--cpu-reference formulas``) the formulas with their bits (the product as torch
+elementwise operations, ``exact_math.tree_sum``, ``exact_ops.UNARY``).
 """
 
 from __future__ import annotations
@@ -312,7 +315,7 @@ def section(report: dict, name: str, fn) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default="bench/results/exact_triton.json")
     parser.add_argument("--cpu-reference", choices=("auto", "formulas"), default="auto",
                         help="the CPU side: version 2's Numba passes where numba imports (auto), or the "
                              "formulas with their bits (a second opinion independent of the machine's numba)")
@@ -321,7 +324,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.autograd.set_detect_anomaly(args.anomaly)
     if not torch.cuda.is_available():
-        sys.exit("exact_triton_probe: no CUDA GPU (torch.cuda.is_available() is false)")
+        sys.exit("bench_exact_triton: no CUDA GPU (torch.cuda.is_available() is false)")
     import triton
 
     try:
