@@ -177,7 +177,7 @@ UNARY = {"exp": _exp, "log": _log, "tanh": _tanh, "sigmoid": _sigmoid, "silu": _
 def unary_values(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(value, derivative)`` of :data:`UNARY` ``name`` at ``x``, in float64, each rounded once to ``x``'s
     dtype (kernel version 2, float32: the same bits in one compiled pass)."""
-    if x.dtype == torch.float32 and exact_kernel.CURRENT.get() == 2:
+    if x.dtype == torch.float32 and exact_kernel.CURRENT.get() >= 2:
         return exact_kernel.unary32(name, x)
     value, slope = UNARY[name](x.to(torch.float64))
     return value.to(x.dtype), slope.to(x.dtype)
