@@ -7,11 +7,11 @@
 #   (3) bench/bench_reexec_isa.py on that machine's CPU (every ATen capability it has: AVX-512 where present);
 #   (4) with CALIBRATE=1: bench/bench_gpu.py --calibrate (CPU <-> GPU rerun distances, the CPU calibration's
 #       tiny preset). The first session with a GPU ran it (bench/results/gpu_calibration.json).
-#   (0) first, a minute or two: bench/bench_exact_triton.py (issue 64): the reproducible mode's kernel version 2
-#       as Triton kernels on the GPU against the CPU, bit for bit (kernels, tiny/llama-tiny forward and
-#       backward), and the Triton product's time against torch's float32 matmul -> $OUT/exact_triton.json
-#       (to keep under bench/results/ with a section of the results page: tests/test_results_page.py wants one
-#       per file). ONLY_EXACT=1: the machine and this, nothing else.
+#   (0) first, a minute or two: bench/bench_exact_triton.py (issue 64): the reproducible mode's kernels as
+#       Triton kernels on the GPU against the CPU, bit for bit (kernels, forward and backward passes, two inner
+#       steps under kernel versions 2 and 3), torch's square roots, and the mode's cost there ->
+#       $OUT/exact_triton.json (bench/results/exact_triton.json keeps an H200's run). ONLY_EXACT=1: the
+#       machine and this, nothing else.
 # Usage on the device machine, from the repository root, with $OUT set (the device tool):
 #   bash bench/gpu_checks.sh
 # A missing pure-Python dependency (base58, for node.config) travels as a wheel in .whl/.
@@ -31,7 +31,7 @@ mkdir -p "$OUT"
     python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cpu.get_cpu_capability())"
 } 2>&1 | tee "$OUT/machine.txt"
 
-echo "== exact_triton: kernel version 2 on the GPU against the CPU, bit for bit"
+echo "== exact_triton: the reproducible mode on the GPU against the CPU, bit for bit"
 timeout "${EXACT_SECONDS:-180}" python3 bench/bench_exact_triton.py --out "$OUT/exact_triton.json" \
     >"$OUT/exact_triton.log" 2>&1
 echo "exact_triton rc=$?"; tail -12 "$OUT/exact_triton.log"
