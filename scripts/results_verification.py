@@ -238,8 +238,8 @@ def exact_triton(r: dict) -> list[str]:
                  f"{d['slowdown']:.2f}x"] for d in r.get("timing", [])]
     return [
         (f"{e['device']} (torch {e['torch']}, CUDA {e['cuda']}, Triton {e['triton']}) against its own CPU "
-         f"(CPU side: {e['cpu_reference']}, numba {e.get('numba')}). Cases `preset@48`: n_embd 48 and "
-         f"batch 3 (means over counts that are not powers of two)."), ""] + table(
+         f"(CPU side: {e['cpu_reference']}; numba {e.get('numba')} installed there). Cases `preset@48`: "
+         f"n_embd 48 and batch 3 (means over counts that are not powers of two)."), ""] + table(
         ["kernel calls of", "identical on the GPU"], kernels) + table(
         ["forward and backward", "loss identical", "gradients identical"], passes) + table(
         ["two inner steps", "kernel version", "CPU digest", "GPU digest", "identical"], steps) + table(
