@@ -35,7 +35,7 @@ import torch
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training import exact_kernel, exact_triton  # noqa: E402
+from training import exact_kernel  # noqa: E402 (training.exact_triton needs triton: imported where used)
 from training.exact_math import tree_sum as v1_tree_sum  # noqa: E402
 from training.exact_mode import ExactKernels  # noqa: E402
 from training.exact_ops import UNARY  # noqa: E402
@@ -194,6 +194,8 @@ def random_calls() -> list[tuple[str, tuple]]:
         calls += [("ordered_matmul", (a, b)), ("ordered_matmul", (b.transpose(-1, -2), a.transpose(-1, -2)))]
     for dtype in (torch.float32, torch.float64):
         calls += [("tree_sum", (sum_operand((3, 17, 4, 33), dtype, 5), dim)) for dim in range(4)]
+    from training import exact_triton
+
     return calls + [("unary32", (name, unary_inputs(name))) for name in exact_triton.CODES]
 
 
@@ -286,6 +288,8 @@ def step_time(preset: str, optimizer: str, batch: int, steps: int = 3) -> dict:
 
 
 def timing(shapes) -> list[dict]:
+    from training import exact_triton
+
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for *batch, m, k, n in shapes:
