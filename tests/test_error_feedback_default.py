@@ -8,13 +8,16 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from test_muon import BEFORE_MUON_DEFAULT
+from test_muon import BEFORE_MUON_DEFAULT, HONEST, PERTURBED, ROUNDS, _records
 
 from node.cli import build_parser, parse_command_line
 from node.commands.demo import _demo_settings
 from node.config import load_config
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
+from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_checker
 from training.config_compression import LEGACY_ERROR_FEEDBACK, NEW_RUN_ERROR_FEEDBACK, CompressionConfig
+from training.data import generated_corpus
+from training.reexec_sim import PerturbedReplica, SimConfig, SimReplica
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "node" / "templates" / "node.toml"
@@ -59,3 +62,19 @@ def test_an_older_run_document_keeps_its_hash_and_its_meaning(settings):
                                           "compression.error_feedback=false"]))
     assert new["compression"]["error_feedback"] is False and config_hash(new) != config_hash(older)
     assert node_config_from_run(new).compression.error_feedback is False
+
+
+def test_a_contribution_without_error_feedback_reruns_bit_exactly_and_a_cheat_does_not():
+    """A new run's setting (AdamW, the default inner optimizer, feedback off) under the configuration rebuilt
+    from its run document: the spot check's rerun gives the same bits (no residual to replay), a 1% cheat
+    does not."""
+    overrides = ["model.preset=tiny", "training.seed=3", "training.batch_size=4", "training.warmup_steps=2",
+                 "diloco.inner_steps=3", "diloco.num_replicas=2", "compression.min_compress_numel=512",
+                 "compression.error_feedback=false"]
+    cfg = node_config_from_run(run_document(load_config(None, overrides)))
+    assert cfg.compression.error_feedback is False
+    sim = SimConfig(corpus=generated_corpus(seed=0, n_bytes=30_000), model=cfg.model, training=cfg.training,
+                    diloco=cfg.diloco, compression=cfg.compression, num_stages=2, rounds=ROUNDS)
+    records = _records(sim, SimReplica, PerturbedReplica)
+    check = rerun_checker(sim, records, {})
+    assert_honest_exact_and_cheat_caught(check, records, HONEST, PERTURBED, ROUNDS)
