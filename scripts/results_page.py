@@ -152,10 +152,13 @@ SECTIONS = (
             "llama-xs --rounds 6 --seeds 0,1 --cells ddp,both,sync` (and `llama-s`, `llama-m`), `--case "
             "gpt2-mini --rounds 30 --seeds 0 --cells both` (the check of the imported row: it gave 1.7427, "
             "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise), `--case llama-l "
-            "--rounds 6 --seeds 0,1 --cells both-efd0.8`; the fifth pass, the same way at a load of 0 to 3 "
-            "(a whole core): `--case gpt2-mini --rounds 30 --seeds 1 --cells ddp,both,both-noef`, `--case "
+            "--rounds 6 --seeds 0,1 --cells both-efd0.8`; the fifth pass, the same way at a load of 0 to 8 "
+            "(mostly 2 to 5; 70 to 100% of a core): `--case gpt2-mini --rounds 30 --seeds 1 --cells "
+            "ddp,both,both-noef`, `--case "
             "llama-l --rounds 30 --seeds 0,1 --cells ddp,both,both-noef`, `--seeds 0 --cells sync`, `--case "
-            "gpt2-mini --rounds 30 --seeds 1 --cells both-v2-qmse` (the provenance below names the last). "
+            "gpt2-mini --rounds 30 --seeds 1 --cells both-v2-qmse`, `--case llama-l --rounds 30 --seeds 1 "
+            "--cells sync`, `--case gpt2-mini --rounds 30 --seeds 0 --cells both-v2-qmse`, `--case llama-l "
+            "--rounds 30 --seeds 0 --cells both-v2-qmse` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),
