@@ -24,6 +24,7 @@ from node.errors import ConfigError
 from node.exchangekinds import EXCHANGE_TRAITS
 from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
 from training.config_training import LEGACY_KERNELS
+from training.config_compression import LEGACY_ERROR_FEEDBACK
 
 RUN_FORMAT = "dlx-run-v1"
 
@@ -171,9 +172,10 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             # A run made before screening rules had versions names none: it screened by version 1.
             "diloco": {"commitments": UNNAMED, "screen_rule": "one_sided", **document["diloco"]},
             # A run made before compression.encoder existed names none: it was coded by v1; before
-            # compression.sketch, with torch's sketch.
+            # compression.sketch, with torch's sketch. Every run document names error_feedback; one without it
+            # would be older than new runs' default (off, issue 66), so it reads as on.
             "compression": {"encoder": LEGACY_ENCODER.value, "sketch": LEGACY_RANDOM.value,
-                            **document["compression"]},
+                            "error_feedback": LEGACY_ERROR_FEEDBACK, **document["compression"]},
             "pipeline": {"num_stages": document["pipeline"]["num_stages"]},
             **node_fields,
         }

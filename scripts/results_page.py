@@ -127,8 +127,9 @@ SECTIONS = (
             "`llama-xs` 10 rounds (64,000 tokens, a third of its row above), `llama-l` (1.05M parameters, "
             "the largest Llama case) 6 rounds (307,200 tokens, a fifth of its budget); seeds 0 and 1 (and "
             "more where listed); the other Llama sizes also at 6 rounds (0.28 to 0.30 tokens per parameter "
-            "at each: the trend with size above); the 1,536,000-token `gpt2-mini` rows are the full budget "
-            "(30 rounds), one seed. Run in pieces, "
+            "at each: the trend with size above); the 1,536,000-token rows are the full budget (30 "
+            "rounds) of `gpt2-mini` and `llama-l`, seeds 0 and 1 (`sync` and `v2-qmse`: the seeds listed). "
+            "Run in pieces, "
             "one process at a time, under `nice -n 10`: `python bench/bench_convergence_ablation.py --case "
             "gpt2-mini --rounds 6 --seeds 0,1` (stopped after seed 0's five cells), then `--seeds 0 --cells "
             "both-efd0.8`, `--seeds 1 --cells ddp,both,sync,both-efd0.8,delay,compression`, `--seeds 0 "
@@ -152,7 +153,13 @@ SECTIONS = (
             "llama-xs --rounds 6 --seeds 0,1 --cells ddp,both,sync` (and `llama-s`, `llama-m`), `--case "
             "gpt2-mini --rounds 30 --seeds 0 --cells both` (the check of the imported row: it gave 1.7427, "
             "not convergence.json's 1.7413, and replaced it), `--cells ddp` (likewise), `--case llama-l "
-            "--rounds 6 --seeds 0,1 --cells both-efd0.8` (the provenance below names the last). "
+            "--rounds 6 --seeds 0,1 --cells both-efd0.8`; the fifth pass, the same way at a load of 0 to 8 "
+            "(mostly 2 to 5; 70 to 100% of a core): `--case gpt2-mini --rounds 30 --seeds 1 --cells "
+            "ddp,both,both-noef`, `--case "
+            "llama-l --rounds 30 --seeds 0,1 --cells ddp,both,both-noef`, `--seeds 0 --cells sync`, `--case "
+            "gpt2-mini --rounds 30 --seeds 1 --cells both-v2-qmse`, `--case llama-l --rounds 30 --seeds 1 "
+            "--cells sync`, `--case gpt2-mini --rounds 30 --seeds 0 --cells both-v2-qmse`, `--case llama-l "
+            "--rounds 30 --seeds 0 --cells both-v2-qmse` (the provenance below names the last). "
             "The full budget's gaps are in the table above."),
     Section("diloco_ablations.json", "Training method: ablations and codec passes",
             "bench/diloco_ablations.py", diloco_ablations),

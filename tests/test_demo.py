@@ -16,6 +16,8 @@ def _check_summary(stdout: str, out) -> None:
     # commits the default version-3 roots (diloco.commitments "auto": its clip scales provable on chain).
     document = json.loads((out / "run.json").read_text())
     assert document["compression"]["encoder"] == "v4" and document["diloco"]["commitments"] == "normed"
+    # ... and new runs' error feedback, off (issue 66's fifth pass: tests/test_error_feedback_default.py).
+    assert document["compression"]["error_feedback"] is False
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     # A staked run whose every record carries the signatures of k = 2 distinct members.
     assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0

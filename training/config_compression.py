@@ -24,6 +24,11 @@ from training.config_base import (
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
 AUTO_MAX_ROUND_RATIO = 64.0
+#: Error feedback in a new run (``dlx-node init``'s node.toml and ``dlx-node demo`` set it: off, issue 66's
+#: fifth pass, docs/DILOCOX.md section 14) and in a run document that names none (on: every run document
+#: names it, so one without it predates that default). ``CompressionConfig()`` and a configuration that
+#: names none keep error feedback on (the codec's tests and the benchmarks' "node defaults" rows).
+NEW_RUN_ERROR_FEEDBACK, LEGACY_ERROR_FEEDBACK = False, True
 
 
 @dataclass
