@@ -78,3 +78,15 @@ def test_a_contribution_without_error_feedback_reruns_bit_exactly_and_a_cheat_do
     records = _records(sim, SimReplica, PerturbedReplica)
     check = rerun_checker(sim, records, {})
     assert_honest_exact_and_cheat_caught(check, records, HONEST, PERTURBED, ROUNDS)
+
+
+@pytest.mark.parametrize("bad", ["yes", 2, None, [True]])
+def test_a_run_document_with_a_hostile_error_feedback_is_refused_by_name(bad):
+    """A run document from the chain or a file naming error_feedback as anything but a boolean is refused
+    with the setting's name, not read as on or off."""
+    from node.errors import ConfigError
+
+    document = run_document(load_config(None, ["model.preset=tiny"]))
+    document["compression"] = {**document["compression"], "error_feedback": bad}
+    with pytest.raises(ConfigError, match="compression.error_feedback"):
+        node_config_from_run(document)
