@@ -13,8 +13,9 @@ Cells (``CELLS``), each a mode of training/simulate.py with one part of DiLoCoX 
 
 Every cell runs the same model, tokens, seeds and inner-lr schedule (``--optimizer``, Muon by default), and
 every gap is taken against DDP at the same seed (a seed sets the initial weights and every replica's batches).
-Rows accumulate in ONE JSON (bench/results/convergence_ablation.json), keyed by case, rounds, cell and seed,
-so a loaded machine can measure the plan in pieces (``--fresh`` starts over). The summary gives per cell the
+Rows accumulate in ONE JSON (bench/results/convergence_ablation.json), keyed by case, rounds, cell, seed and
+inner optimizer, so a loaded machine can measure the plan in pieces, several runs side by side (each adds its
+rows to the file under a lock; ``--fresh`` starts over). The summary gives per cell the
 mean over the seeds run, the spread (max - min) and the gap against DDP; the split: ``delay - sync``,
 ``compression - sync``, and what ``both`` adds beyond the two (their interaction).
 
@@ -27,6 +28,7 @@ budget (30 rounds), with the cosine inner-lr schedule compressed to the shorter 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -76,6 +78,7 @@ METHODS = {
     "qmse": ({}, {"quant_scale": "mse"}),
     "qmse-noef": ({}, {"quant_scale": "mse", "error_feedback": False}),
     "v2-qmse": ({}, {"encoder": "v2", "quant_scale": "mse"}),
+    "v2-qmse-noef": ({}, {"encoder": "v2", "quant_scale": "mse", "error_feedback": False}),
     # Rank 64 with clipped 2-bit factors: a higher rank at the bytes rank 32 at 4 bits costs.
     "rank64-qmse": ({}, {"max_rank": 64, "quant_scale": "mse"}),
 }
@@ -107,6 +110,13 @@ def run_cell(case: str, cell: str, seed: int, rounds: int, optimizer: str, corpu
         "tokens": result.tokens_per_replica * REPLICAS, "inner_steps": INNER_STEPS, "replicas": REPLICAS,
         "batch_per_replica": batch, "held_out_loss": result.final_eval_loss,
         "bytes_per_token": result.bytes_per_token, "wall_seconds": time.perf_counter() - started,
+        # The codec's cost (encode and decode, with the outer step) against the inner steps' (process CPU
+        # time under set_clock): what an encoder that selects every round costs beside one that selects
+        # every 4th.
+        "codec_seconds": sum(r.codec_seconds for r in result.rounds),
+        "outer_seconds": sum(r.outer_seconds for r in result.rounds),
+        "train_seconds": sum(r.train_seconds for r in result.rounds),
+        "codec_outer_share": result.codec_outer_share,
         "cpu_seconds": time.process_time() - cpu, "load_average_start": load,
         "load_average_end": list(os.getloadavg()),
         "curve": [(r.outer_round, r.eval_loss) for r in result.rounds if r.eval_loss is not None],
@@ -114,12 +124,29 @@ def run_cell(case: str, cell: str, seed: int, rounds: int, optimizer: str, corpu
     }
 
 
+OPTIMIZERS = ("muon", "adamw")
+
+
+def optimizer_of(row: dict) -> str:
+    """A row's or summary's inner optimizer; rows written before it was part of the key ran Muon."""
+    return row.get("optimizer", "muon")
+
+
+def _group(s: dict) -> tuple[str, int, str]:
+    return s["case"], s["rounds"], optimizer_of(s)
+
+
+def row_key(row: dict) -> tuple[str, int, str, int, str]:
+    return row["case"], row["rounds"], row["cell"], row["seed"], optimizer_of(row)
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """Per case, rounds and cell: the seeds run, mean loss, its spread, the gap against DDP at each seed."""
     out = []
-    groups = sorted({(r["case"], r["rounds"]) for r in rows}, key=lambda g: (list(CASES).index(g[0]), g[1]))
-    for case, rounds in groups:
-        of = [r for r in rows if r["case"] == case and r["rounds"] == rounds]
+    groups = sorted({(r["case"], r["rounds"], optimizer_of(r)) for r in rows},
+                    key=lambda g: (list(CASES).index(g[0]), g[1], OPTIMIZERS.index(g[2])))
+    for case, rounds, optimizer in groups:
+        of = [r for r in rows if r["case"] == case and r["rounds"] == rounds and optimizer_of(r) == optimizer]
         ddp = {r["seed"]: r for r in of if r["cell"] == "ddp"}
         for cell in CELLS:
             runs = sorted((r for r in of if r["cell"] == cell), key=lambda r: r["seed"])
@@ -129,7 +156,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             gaps = [r["held_out_loss"] / ddp[r["seed"]]["held_out_loss"] - 1
                     for r in runs if r["seed"] in ddp]
             out.append({
-                "case": case, "rounds": rounds, "cell": cell, "tokens": runs[0]["tokens"],
+                "case": case, "rounds": rounds, "optimizer": optimizer, "cell": cell,
+                "tokens": runs[0]["tokens"],
                 "num_params": runs[0]["num_params"], "seeds": [r["seed"] for r in runs], "losses": losses,
                 "mean_loss": statistics.fmean(losses), "spread": max(losses) - min(losses),
                 "gap_seeds": [r["seed"] for r in runs if r["seed"] in ddp],
@@ -146,9 +174,10 @@ def split(summary: list[dict]) -> list[dict]:
     """Per case and rounds, each cause's cost in the mean gap (points of the gap against DDP), over the seeds
     every cell of the split ran (a cell run at more seeds is not averaged over other ones)."""
     out = []
-    for case, rounds in dict.fromkeys((s["case"], s["rounds"]) for s in summary):
+    for group in dict.fromkeys(_group(s) for s in summary):
+        case, rounds, optimizer = group
         cells = {s["cell"]: dict(zip(s["gap_seeds"], s["gaps_vs_ddp"])) for s in summary
-                 if s["case"] == case and s["rounds"] == rounds and s["mean_gap_vs_ddp"] is not None}
+                 if _group(s) == group and s["mean_gap_vs_ddp"] is not None}
         if not all(c in cells for c in SPLIT[1:]):
             continue
         seeds = sorted(set.intersection(*(set(cells[c]) for c in SPLIT[1:])))
@@ -156,7 +185,7 @@ def split(summary: list[dict]) -> list[dict]:
             continue
         gap = {c: statistics.fmean(cells[c][seed] for seed in seeds) for c in SPLIT[1:]}
         out.append({
-            "case": case, "rounds": rounds, "seeds": seeds, "diloco_own": gap["sync"],
+            "case": case, "rounds": rounds, "optimizer": optimizer, "seeds": seeds, "diloco_own": gap["sync"],
             "delay": gap["delay"] - gap["sync"],
             "compression": gap["compression"] - gap["sync"],
             "interaction": gap["both"] - gap["delay"] - gap["compression"] + gap["sync"],
@@ -175,7 +204,7 @@ def methods(summary: list[dict]) -> list[dict]:
         base_name, _, method = s["cell"].partition("-")
         if not method or s["mean_gap_vs_ddp"] is None:
             continue
-        base = next((b for b in summary if b["case"] == s["case"] and b["rounds"] == s["rounds"]
+        base = next((b for b in summary if _group(b) == _group(s)
                      and b["cell"] == base_name and b["mean_gap_vs_ddp"] is not None), None)
         if base is None:
             continue
@@ -187,7 +216,8 @@ def methods(summary: list[dict]) -> list[dict]:
         gains = [base_gap[seed] - gap[seed] for seed in seeds]
         spread = max(s["gap_spread"] or 0.0, base["gap_spread"] or 0.0)
         mean = statistics.fmean(gains)
-        out.append({"case": s["case"], "rounds": s["rounds"], "cell": s["cell"], "base": base_name,
+        out.append({"case": s["case"], "rounds": s["rounds"], "optimizer": _group(s)[2], "cell": s["cell"],
+                    "base": base_name,
                     "method": method, "seeds": seeds, "gains": gains, "mean_gain": mean, "spread": spread,
                     "wins_beyond_spread": len(seeds) >= 2 and min(gains) > 0 and mean > spread})
     return out
@@ -228,18 +258,44 @@ def from_convergence(runs: list[dict], case: str) -> list[dict]:
 
 
 def check_budget(rows: dict, case: str, rounds: int, optimizer: str, tokens: int | None = None) -> None:
-    """Refuse to add a row to a (case, rounds) group whose rows ran another inner optimizer or, with
-    ``tokens``, another token budget (a changed batch in ``CASES``): the key is (case, rounds, cell, seed),
-    and every gap of the group is taken against the group's DDP, so such rows would mix."""
-    group = [r for r in rows.values() if r["case"] == case and r["rounds"] == rounds]
-    other = sorted({r["optimizer"] for r in group} - {optimizer})
-    if other:
-        raise SystemExit(f"{case} at {rounds} rounds already holds rows with --optimizer {other}, not "
-                         f"{optimizer}: give another --out")
+    """Refuse to add a row to a (case, rounds, optimizer) group whose rows, with ``tokens``, ran another
+    token budget (a changed batch in ``CASES``): the key is (case, rounds, cell, seed, optimizer), and every
+    gap of the group is taken against the group's DDP, so such rows would mix."""
+    group = [r for r in rows.values() if _group(r) == (case, rounds, optimizer)]
     budgets = sorted({r["tokens"] for r in group} - {tokens}) if tokens is not None else []
     if budgets:
         raise SystemExit(f"{case} at {rounds} rounds already holds rows of {budgets} tokens, not {tokens}: "
                          "give another --out")
+
+
+def read_rows(path: Path) -> dict:
+    """The rows in ``path`` by ``row_key`` (none if it does not exist)."""
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    return {row_key(r): r for r in previous.get("rows", [])}
+
+
+def save(path: Path, new_rows: list[dict], data: str, start_load: list[float]) -> dict:
+    """Add ``new_rows`` to the rows in ``path`` as it is now, under an exclusive lock, and rewrite it with
+    its summary: runs of this bench started side by side (other cases, seeds or cells) into one ``--out``
+    each keep every row the others wrote meanwhile. A row replaces the one of the same key. Returns the
+    rows written."""
+    lock = path.with_name(path.name + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rows = read_rows(path)
+        for row in new_rows:
+            check_budget(rows, row["case"], row["rounds"], optimizer_of(row), row["tokens"])
+            rows[row_key(row)] = row
+        ordered = sorted(rows.values(), key=lambda r: (r["case"], r["rounds"],
+                                                      OPTIMIZERS.index(optimizer_of(r)),
+                                                      list(CELLS).index(r["cell"]), r["seed"]))
+        summary = summarize(ordered)
+        write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
+                            "data": Path(data).parent.name,
+                            "summary": summary, "split": split(summary), "methods": methods(summary),
+                            "rows": ordered}, start_load)
+    return rows
 
 
 def main() -> int:
@@ -267,31 +323,30 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     data = default_corpus()
     path = Path(args.out)
-    previous = json.loads(path.read_text()) if path.exists() and not args.fresh else {}
-    rows = {(r["case"], r["rounds"], r["cell"], r["seed"]): r for r in previous.get("rows", [])}
+    if args.fresh and path.exists():
+        path.unlink()
+    rows = read_rows(path)
     start_load = list(os.getloadavg())
     fields = CASES[args.case][0]
     block = fields.get("block_size") or ModelConfig(**fields).block_size
     corpus = load_corpus(REPO / data, TrainingConfig().eval_fraction, block)
+    imported = []
     if args.from_convergence:
         convergence = json.loads((RESULTS / "convergence.json").read_text())["runs"]
         for row in from_convergence(convergence, args.case):
             check_budget(rows, row["case"], row["rounds"], row["optimizer"], row["tokens"])
-            rows.setdefault((row["case"], row["rounds"], row["cell"], row["seed"]), row)
+            if row_key(row) not in rows:
+                imported.append(row)
     check_budget(rows, args.case, args.rounds, args.optimizer)
+    if imported:
+        rows = save(path, imported, data, start_load)
     for seed in seeds:  # every cell at one seed before the next seed: a cut-short plan still splits the gap
         for cell in cells:
             row = run_cell(args.case, cell, seed, args.rounds, args.optimizer, corpus, str(REPO / data))
-            check_budget(rows, args.case, args.rounds, args.optimizer, row["tokens"])
-            rows[(args.case, args.rounds, cell, seed)] = row
-            print(f"{args.case} r{args.rounds} {cell} seed {seed}: held-out {row['held_out_loss']:.4f} "
-                  f"({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)", flush=True)
-            ordered = sorted(rows.values(),
-                             key=lambda r: (r["case"], r["rounds"], list(CELLS).index(r["cell"]), r["seed"]))
-            summary = summarize(ordered)
-            write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
-                                "data": Path(data).parent.name, "summary": summary, "split": split(summary),
-                                "methods": methods(summary), "rows": ordered}, start_load)
+            print(f"{args.case} r{args.rounds} {args.optimizer} {cell} seed {seed}: held-out "
+                  f"{row['held_out_loss']:.4f} ({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)",
+                  flush=True)
+            rows = save(path, [row], data, start_load)
     for s in summarize(list(rows.values())):
         gap = "" if s["mean_gap_vs_ddp"] is None else f"{100 * s['mean_gap_vs_ddp']:+6.2f}%"
         print(f"{s['case']:<10} r{s['rounds']:<3} {s['cell']:<22} seeds {s['seeds']} "

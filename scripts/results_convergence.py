@@ -268,7 +268,7 @@ def ablation_trend(summary: list[dict]) -> list[str]:
         for cell, mode in ABLATION_MODES.items():
             points = sorted((s["num_params"], s["mean_gap_vs_ddp"]) for s in summary
                             if s["rounds"] == rounds and s["cell"] == cell and s["case"] in SIZE_CASES
-                            and s["mean_gap_vs_ddp"] is not None)
+                            and s.get("optimizer", "muon") == "muon" and s["mean_gap_vs_ddp"] is not None)
             if len(points) >= 3:
                 steps = " -> ".join(f"{p / 1e6:.2f}M {pct(g, 2)}" for p, g in points)
                 parts.append(f"{steps}; fit: {fit_words(mode, points)}")
@@ -340,6 +340,14 @@ CELL_NAMES = {"ddp": "DDP", "sync": "sync DiLoCo", "delay": "+ one-step delay on
               "compression": "+ compression only (no delay)", "both": "+ both (DiLoCoX)"}
 
 
+def ablation_case(s: dict) -> str:
+    """A case's name on the page, with its inner optimizer where it is not Muon (rows written before the
+    optimizer was part of the bench's key ran Muon)."""
+    optimizer = s.get("optimizer", "muon")
+    names = {"muon": "", "adamw": " (AdamW)"}
+    return s["case"] + names.get(optimizer, f" ({optimizer})")
+
+
 def ablation(r: dict) -> list[str]:
     """bench/bench_convergence_ablation.py: per case and budget each cell's losses at every seed run, their
     mean and spread, the gap against DDP at the same seed; then the split by cause and the methods' rows."""
@@ -347,7 +355,7 @@ def ablation(r: dict) -> list[str]:
     for s in r["summary"]:
         name = CELL_NAMES.get(s["cell"], s["cell"])
         imported = s.get("seeds_from_convergence", [])
-        rows.append([s["case"], f"{s['tokens']:,}", name,
+        rows.append([ablation_case(s), f"{s['tokens']:,}", name,
                      ", ".join(f"{seed}*" if seed in imported else str(seed) for seed in s["seeds"]),
                      ", ".join(num(loss) for loss in s["losses"]), num(s["mean_loss"]), num(s["spread"]),
                      "(baseline)" if s["cell"] == "ddp" else ", ".join(pct(g, 2) for g in s["gaps_vs_ddp"]),
@@ -363,7 +371,7 @@ def ablation(r: dict) -> list[str]:
                   "`muon` variant in convergence.json, `--from-convergence`), not rerun here (a rerun on "
                   "today's code need not match it bit for bit).", ""]
     tokens = {(s["case"], s["rounds"]): s["tokens"] for s in r["summary"]}
-    splits = [f"`{s['case']}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
+    splits = [f"`{ablation_case(s)}` at {tokens[s['case'], s['rounds']]:,} tokens: DiLoCo's own "
               f"{pct(s['diloco_own'], 2)}, the one-step delay {pct(s['delay'], 2)}, the compression "
               f"{pct(s['compression'], 2)}, the two together beyond their sum {pct(s['interaction'], 2)} "
               f"(DiLoCoX {pct(s['diloco_x'], 2)}"
@@ -374,7 +382,7 @@ def ablation(r: dict) -> list[str]:
                   "compression: `compression - sync`): " + "; ".join(splits) + ".", ""]
     for sentence in ablation_trend(r["summary"]):
         lines += [sentence, ""]
-    methods = [[m["case"], f"{tokens[m['case'], m['rounds']]:,}", f"`{m['cell']}`", f"`{m['base']}`",
+    methods = [[ablation_case(m), f"{tokens[m['case'], m['rounds']]:,}", f"`{m['cell']}`", f"`{m['base']}`",
                 ", ".join(str(seed) for seed in m["seeds"]), ", ".join(f"{100 * g:+.2f}" for g in m["gains"]),
                 f"{100 * m['mean_gain']:+.2f}", f"{100 * m['spread']:.2f}",
                 "**yes**" if m["wins_beyond_spread"] else "no"] for m in r.get("methods", [])]
