@@ -47,7 +47,8 @@ from training.config import (  # noqa: E402
     PipelineConfig,
     TrainingConfig,
 )
-from training.config_compression import CompressionConfig  # noqa: E402
+from bench.convergence_cases import CASES  # noqa: E402
+from training.config_compression import CompressionConfig, QuantScale  # noqa: E402
 from training.data import corpus_from_config, load_corpus  # noqa: E402
 from training.model import count_params  # noqa: E402
 from training.sharded_corpus import is_dataset  # noqa: E402
@@ -67,6 +68,10 @@ def parse_args() -> argparse.Namespace:
                         help="corpus, relative to the repository root (default: tinyshakespeare as "
                              "'dlx-node data fetch tinyshakespeare' keeps it, fetched if missing)")
     parser.add_argument("--preset", default="mini", help="a model preset, e.g. mini or llama-20m")
+    parser.add_argument("--case", default=None, choices=list(CASES),
+                        help="a model case of the convergence benchmarks (bench/convergence_cases.py: "
+                             "its preset, shape and per-replica batch, in place of --preset and "
+                             "--batch-size): the model bench_convergence_ablation.py trains, e.g. llama-l")
     parser.add_argument("--family", default=None, choices=["gpt2", "llama"],
                         help="check the preset's family (llama presets are llama-*)")
     parser.add_argument("--tokenizer", default="bytes",
@@ -118,6 +123,10 @@ def parse_args() -> argparse.Namespace:
                              "estimates with v2's factorization between; v3 = v2's selection every 4th round "
                              "and warm-started power iterations between; docs/DILOCOX.md sections 3 and 9)")
     parser.add_argument("--no-error-feedback", action="store_true")
+    parser.add_argument("--quant-scale", default=QuantScale.MAX.value, choices=[q.value for q in QuantScale],
+                        help="compression.quant_scale: each low-bit column's scale, its largest magnitude "
+                             "(max) or the clip with the smallest squared error (mse; docs/DILOCOX.md "
+                             "section 14)")
     parser.add_argument("--overlap-steps", default="auto",
                         help="DiLoCoX: inner steps the exchange overlaps before it is applied (0: the whole "
                              "round; auto: H // 10, the node's default)")
@@ -134,6 +143,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default=str(RESULTS / "diloco.json"),
                         help="where to write the result (default: the one current result, overwritten)")
     args = parser.parse_args()
+    if args.case is not None:
+        fields, args.batch_size, args.family = CASES[args.case]
+        args.preset = fields["preset"]
+        args.model_fields = {k: v for k, v in fields.items() if k != "preset"}
+    else:
+        args.model_fields = {}
     if args.data is None:
         args.data = default_corpus()
     return args
@@ -145,7 +160,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if args.cpu_clock:
         set_clock(time.process_time)
-    model_fields = {"tokenizer": args.tokenizer}
+    model_fields = {"tokenizer": args.tokenizer, **args.model_fields}
     if args.vocab_size is not None:
         model_fields["vocab_size"] = args.vocab_size
     model_cfg = ModelConfig(preset=args.preset, **model_fields)
@@ -172,7 +187,7 @@ def main() -> int:
         error_budget=args.error_budget, bit_choices=[int(b) for b in args.bits.split(",")],
         max_rank=args.max_rank, min_compress_numel=args.min_compress_numel,
         bandwidth_budget=args.bandwidth_budget, target_reduction=args.target_reduction,
-        error_feedback=not args.no_error_feedback,
+        error_feedback=not args.no_error_feedback, quant_scale=args.quant_scale,
         enabled=not args.no_compression, encoder=args.encoder,
     )
     x_diloco_cfg = dataclasses.replace(
@@ -213,7 +228,8 @@ def main() -> int:
               flush=True)
 
     print()
-    print(f"model {args.preset} ({count_params(model_cfg):,} params), M={args.replicas}, S={args.stages}, "
+    print(f"model {args.case or args.preset} ({count_params(model_cfg):,} params), M={args.replicas}, "
+          f"S={args.stages}, "
           f"H={args.inner_steps}, rounds={args.rounds}, batch {args.batch_size}x{model_cfg.block_size}, "
           f"tokens {args.replicas * next(iter(results.values()))[0].tokens_per_replica:,} in all")
     header = (f"{'mode':<10} {'held-out':>9} {'vs ddp':>8} {'bytes/token':>12} {'fewer bytes':>12} "

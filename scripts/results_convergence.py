@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from results_sections import num, pct, table
+from results_sections import diloco, num, pct, table
 
 MODE_NAMES = {"ddp": "DDP", "diloco": "sync DiLoCo", "diloco_x": "DiLoCoX"}
 SIZE_CASES = ("llama-xs", "llama-s", "llama-m", "llama-l")
@@ -394,3 +394,30 @@ def ablation(r: dict) -> list[str]:
         lines += table(["case", "tokens", "method cell", "against", "seeds", "gain per seed (points)",
                         "mean gain", "seed spread (points)", "wins beyond the spread"], methods)
     return lines
+
+
+def diloco_goal(r: dict) -> list[str]:
+    """bench/bench_diloco.py --case: issue 66's goals measured side by side in one run (DDP, synchronous
+    DiLoCo and DiLoCoX on one model, tokens and seed), each goal met or missed by how many points."""
+    a, s = r["args"], r["summary"]
+    feedback = "off" if a.get("no_error_feedback") else "on"
+    lines = [f"Case `{a.get('case') or a['preset']}`, inner optimizer {a.get('optimizer', 'adamw')}, seed "
+             f"{a['seed']}; DiLoCoX's codec: encoder `{a['encoder']}`, low-bit scales "
+             f"`{a.get('quant_scale', 'max')}`, error feedback {feedback}.", ""]
+    lines += diloco(r, check_defaults=False)
+    goals = []
+    if "diloco_x" in s and "ddp" in s:
+        x = s["diloco_x"]
+        goals.append(_goal("DiLoCoX within 2% of DDP", x["loss_vs_ddp"], 0.02)
+                     + f", at {x['fewer_bytes_than_ddp']:.0f}x fewer bytes (goal >= 1000x: "
+                     + ("met" if x["fewer_bytes_than_ddp"] >= 1000 else "**missed**") + ")")
+    if "diloco" in s and "ddp" in s:
+        goals.append(_goal("synchronous DiLoCo within 1% of DDP", s["diloco"]["loss_vs_ddp"], 0.01))
+    if goals:
+        lines += ["Goals (issue 66, at the largest size): " + "; ".join(goals) + ".", ""]
+    return lines
+
+
+def _goal(name: str, gap: float, goal: float) -> str:
+    verdict = "met" if gap <= goal else f"**missed by {100 * (gap - goal):.2f} points**"
+    return f"{name}: {pct(gap, 2)}, {verdict}"

@@ -1,6 +1,7 @@
-"""One default encoder everywhere (issue 29 item 2): init, demo, the launcher and the tests, the benchmark.
+"""One default encoder (issue 29 item 2): the launcher and the tests, the benchmark; new runs (init's
+node.toml and the demo) take issue 66's codec, ``NEW_RUN_COMPRESSION`` (tests/test_new_run_codec.py).
 
-Every entry point that makes a run takes ``training.config.DEFAULT_ENCODER``;
+Every other entry point that makes a run takes ``training.config.DEFAULT_ENCODER``;
 a run document that names no encoder (a run made before the setting existed)
 keeps ``LEGACY_ENCODER``, and one that names an encoder keeps it.
 
@@ -25,7 +26,7 @@ from node.config import load_config
 from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document, run_document
 from training.codec.registry import ENCODERS
 from training.config import DEFAULT_ENCODER, LEGACY_ENCODER, EncoderVersion
-from training.config_compression import CompressionConfig
+from training.config_compression import NEW_RUN_COMPRESSION, CompressionConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The shared corpus beside a developer's clone, used for the real pins only where it is there (a user's clone
@@ -38,15 +39,18 @@ def test_the_default_is_a_registered_encoder_and_the_dataclass_default():
     assert CompressionConfig().encoder == DEFAULT_ENCODER == "v4"
 
 
-def test_init_writes_the_default():
+def test_init_writes_the_new_run_encoder():
+    # New runs (init's node.toml, the demo) take issue 66's codec (tests/test_new_run_codec.py); a
+    # configuration that names no encoder takes the codec's default.
     template = tomllib.loads((ROOT / "node/templates/node.toml").read_text())
-    assert template["compression"]["encoder"] == DEFAULT_ENCODER
-    assert load_config(ROOT / "node/templates/node.toml").compression.encoder == DEFAULT_ENCODER
+    assert template["compression"]["encoder"] == NEW_RUN_COMPRESSION["encoder"] != DEFAULT_ENCODER
+    encoder = load_config(ROOT / "node/templates/node.toml").compression.encoder
+    assert encoder == NEW_RUN_COMPRESSION["encoder"]
 
 
-def test_demo_and_launcher_runs_take_the_default_and_their_run_document_validates():
-    # dlx-node demo and the launcher (so every end-to-end test) build the run from load_config(None, settings)
-    # with settings that name no encoder (tests/test_demo.py checks the real demo's run document).
+def test_launcher_runs_take_the_default_and_their_run_document_validates():
+    # The launcher (so every end-to-end test) builds the run from load_config(None, settings) with settings
+    # that name no encoder (the demo adds NEW_RUN_COMPRESSION's; tests/test_demo.py checks its run document).
     settings = ["model.preset=tiny", "rounds=2", "diloco.inner_steps=4", "checkpoint_every=1",
                 "round_timeout=120", "pipeline.num_stages=2", "diloco.num_replicas=2", "torch_threads=1"]
     cfg = load_config(None, settings)

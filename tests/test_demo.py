@@ -12,12 +12,13 @@ def _check_summary(stdout: str, out) -> None:
     assert "2 rounds committed on chain" in stdout, stdout[-3000:]
     assert "AllReduce of fp32 gradients every step would have sent" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    # The demo runs the default encoder (training.config.DEFAULT_ENCODER), named in its run document, and
-    # commits the default version-3 roots (diloco.commitments "auto": its clip scales provable on chain).
+    # The demo runs new runs' codec (issue 66: encoder v2, clipped low-bit scales, no error feedback;
+    # tests/test_new_run_codec.py), named in its run document, and commits the default version-3 roots
+    # (diloco.commitments "auto": its clip scales provable on chain).
     document = json.loads((out / "run.json").read_text())
-    assert document["compression"]["encoder"] == "v4" and document["diloco"]["commitments"] == "normed"
-    # ... and new runs' error feedback, off (issue 66's fifth pass: tests/test_error_feedback_default.py).
-    assert document["compression"]["error_feedback"] is False
+    codec = document["compression"]
+    assert (codec["encoder"], codec["quant_scale"], codec["error_feedback"]) == ("v2", "mse", False)
+    assert document["diloco"]["commitments"] == "normed"
     assert [r["round"] for r in summary["rounds"]] == [0, 1]
     # A staked run whose every record carries the signatures of k = 2 distinct members.
     assert summary["attest_quorum"] == 2 and summary["stake_wei"] > 0

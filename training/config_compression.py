@@ -24,11 +24,21 @@ from training.config_base import (
 # "auto" bandwidth budgets never compress one round's contribution more than this (bytes
 # of float32 over bytes sent): at H = 50 the 1000x target asks for about 20.
 AUTO_MAX_ROUND_RATIO = 64.0
-#: Error feedback in a new run (``dlx-node init``'s node.toml and ``dlx-node demo`` set it: off, issue 66's
-#: fifth pass, docs/DILOCOX.md section 14) and in a run document that names none (on: every run document
-#: names it, so one without it predates that default). ``CompressionConfig()`` and a configuration that
-#: names none keep error feedback on (the codec's tests and the benchmarks' "node defaults" rows).
-NEW_RUN_ERROR_FEEDBACK, LEGACY_ERROR_FEEDBACK = False, True
+#: The codec of a new run: what ``dlx-node init``'s node.toml and ``dlx-node demo`` set (issue 66's sixth
+#: pass, docs/DILOCOX.md section 14: encoder "v2", the selection every round, with low-bit scales clipped to
+#: the smallest squared error and no error feedback was the best cell measured at both sizes, with Muon and
+#: with AdamW). ``CompressionConfig()`` and a configuration that names none keep the codec's own defaults
+#: (encoder "v4", scales "max", feedback on: the codec's tests and the benchmarks' "node defaults" rows).
+NEW_RUN_COMPRESSION = {"encoder": "v2", "quant_scale": "mse", "error_feedback": False}
+#: Error feedback in a new run, and in a run document that names none (on: every run document names it, so
+#: one without it predates the first new-run default, issue 66's fifth pass).
+NEW_RUN_ERROR_FEEDBACK, LEGACY_ERROR_FEEDBACK = NEW_RUN_COMPRESSION["error_feedback"], True
+
+
+def new_run_compression_settings() -> list[str]:
+    """``NEW_RUN_COMPRESSION`` as ``--set`` settings (``compression.encoder=v2``, ...)."""
+    return [f"compression.{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in NEW_RUN_COMPRESSION.items()]
 
 
 @dataclass

@@ -37,7 +37,7 @@ from node.commands.launcher import LocalRun
 from node.commands.liveview import LiveView
 from node.config import load_config
 from node.errors import ConfigError, NodeError
-from training.config_compression import NEW_RUN_ERROR_FEEDBACK
+from training.config_compression import new_run_compression_settings
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ def _demo_settings(args: argparse.Namespace) -> tuple[list[str], str]:
         settings.append(f"spot_checks={args.spot_checks}")
     shape = [f"pipeline.num_stages={args.stages}", f"diloco.num_replicas={args.replicas}"]
     settings += _budget_settings(args, settings + shape)
-    # A new run's error feedback (off: issue 66, docs/DILOCOX.md section 14), as node.toml's template sets it.
-    settings.append(f"compression.error_feedback={str(NEW_RUN_ERROR_FEEDBACK).lower()}")
+    # A new run's codec (issue 66, docs/DILOCOX.md section 14), as node.toml's template sets it.
+    settings += new_run_compression_settings()
     settings += list(getattr(args, "overrides", None) or [])  # --set: over the demo's own settings
     if load_config(None, settings + shape).training.reproducible and args.stages > 1:
         raise ConfigError("training.reproducible = true trains a replica in one process (a replica split "
