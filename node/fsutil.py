@@ -203,7 +203,8 @@ DEFERRED_MAX_BYTES = 256 << 20
 class DeferredWrites:
     """Writes that can wait for space: evidence files and archived copies, whose loss would cost an audit
     or an accusation's record on disk, not the round. One background thread tries them again, oldest first,
-    until space is freed. Process-wide: a node is one process, and its disk is one."""
+    until space is freed; a write dropped past ``max_bytes`` is never made. Process-wide: a node is one
+    process, and its disk is one."""
 
     def __init__(self, max_bytes: int = DEFERRED_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -236,27 +237,31 @@ class DeferredWrites:
     def _run(self) -> None:
         delay = DISK_RETRY_MIN_S
         while True:
+            # The attempt runs under the lock that add() drops under: a write dropped is never made
+            # afterwards (an attempt read before the drop would otherwise complete once space is freed, after
+            # "dropped" was said). add() waits for at most one attempt: a full disk fails it at once.
             with self._lock:
                 if not self._queue:
                     self._thread = None
                     return
                 what, action, size = self._queue[0]
-            try:
-                action()
-            except OSError as exc:
-                if is_disk_full(exc):
-                    self._wake.wait(delay)
-                    self._wake.clear()
-                    delay = min(2 * delay, DISK_RETRY_MAX_S)
-                    continue
-                logger.warning("%s not written: %s", what, exc)
-            else:
-                logger.warning("disk has space again: %s written", what)
-                delay = DISK_RETRY_MIN_S
-            with self._lock:
-                if self._queue and self._queue[0][1] is action:
+                try:
+                    action()
+                    error = None
+                except OSError as exc:
+                    error = exc
+                if error is None or not is_disk_full(error):  # written, or given up: it leaves the queue
                     self._queue.popleft()
                     self._bytes -= size
+            if error is None:
+                logger.warning("disk has space again: %s written", what)
+                delay = DISK_RETRY_MIN_S
+            elif is_disk_full(error):
+                self._wake.wait(delay)
+                self._wake.clear()
+                delay = min(2 * delay, DISK_RETRY_MAX_S)
+            else:
+                logger.warning("%s not written: %s", what, error)
 
 
 DEFERRED = DeferredWrites()

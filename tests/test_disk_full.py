@@ -276,6 +276,41 @@ def test_writes_waiting_for_space_are_capped_the_oldest_dropped(full_disk, caplo
     assert sum("part-0 dropped" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_dropped_write_is_never_made_even_with_an_attempt_under_way(full_disk, caplog):
+    """The retry thread is inside part-0's attempt (held at its start) when two more writes arrive past the
+    cap, and space is freed before the attempt goes on: whichever writes end up dropped, none of them is
+    written afterwards (the suite under load once saw part-0 written after "part-0 dropped" was said)."""
+    writes = DeferredWrites(max_bytes=300_000)
+    filler = fill(full_disk)
+    paths = [full_disk / f"part-{i}" for i in range(3)]
+    attempting, go_on = threading.Event(), threading.Event()
+
+    def first() -> None:
+        attempting.set()
+        go_on.wait(60)
+        atomic_write_bytes(paths[0], b"z" * 200_000)
+
+    def later() -> None:
+        for path in paths[1:]:
+            writes.add(path.name, lambda path=path: atomic_write_bytes(path, b"z" * 200_000), 200_000)
+
+    with caplog.at_level(logging.WARNING):
+        writes.add(paths[0].name, first, 200_000)
+        assert attempting.wait(60)  # the retry thread's attempt, held at its start
+        adder = threading.Thread(target=later)
+        adder.start()
+        adder.join(0.5)  # done at once where add() does not wait for the attempt under way
+        filler.unlink()
+        go_on.set()
+        adder.join(60)
+        assert not adder.is_alive()
+        wait_until(lambda: writes.pending() == 0, 120, "the deferred writes")
+    dropped = {p.name for p in paths if any(f"{p.name} dropped" in r.getMessage() for r in caplog.records)}
+    assert dropped and writes.dropped == len(dropped)
+    assert {p.name for p in paths if p.exists()} == {p.name for p in paths} - dropped
+    assert paths[2].exists()
+
+
 def test_other_errors_of_a_deferred_write_are_raised_at_once(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(OSError) as raised:
