@@ -85,7 +85,7 @@ def diloco(r: dict, check_defaults: bool = True) -> list[str]:
              + (f" (resolved: {r['resolved']['bandwidth_budget_per_stage']} bytes per stage, overlap "
                 f"{r['resolved']['overlap_steps']} steps)" if r.get("resolved") else "") + ".", ""]
     rows = [["nanoGPT baby config (its own figure)", num(r.get("nanogpt_baby_val")), "", "", ""]] \
-        if tokens == 1_536_000 else []
+        if tokens == 1_536_000 and a["preset"] == "mini" else []  # nanoGPT's figure is of that model
     optimizer = {"adamw": "AdamW", "muon": "Muon"}.get(a.get("optimizer") or "adamw", a.get("optimizer"))
     names = {"ddp": f"DDP ({optimizer}, gradient AllReduce every step)",
              "diloco": "DiLoCo (synchronous, no compression)",

@@ -214,3 +214,19 @@ def test_runs_side_by_side_keep_each_others_rows(tmp_path):
     with pytest.raises(SystemExit, match="rows of \\[307200\\] tokens, not 614400"):
         save(path, [{**ROWS[1], "tokens": 614_400}], "data/tinyshakespeare/input.txt", [0.0, 0.0, 0.0])
     assert len(read_rows(path)) == 25
+
+
+def test_the_goal_section_says_met_or_missed_by_how_many_points():
+    from results_convergence import diloco_goal
+
+    result = json.loads((ROOT / "bench" / "results" / "diloco_goal.json").read_text())
+    page = "\n".join(diloco_goal(result))
+    assert "Case `llama-l`" in page and "error feedback off" in page and "nanoGPT" not in page
+    x, sync = result["summary"]["diloco_x"], result["summary"]["diloco"]
+    assert f"**missed by {100 * (x['loss_vs_ddp'] - 0.02):.2f} points**" in page
+    assert f"**missed by {100 * (sync['loss_vs_ddp'] - 0.01):.2f} points**" in page
+    closer = {**result, "summary": {**result["summary"], "diloco_x": {**x, "loss_vs_ddp": 0.015},
+                                    "diloco": {**sync, "loss_vs_ddp": 0.0099}}}
+    text = "\n".join(diloco_goal(closer))
+    assert "within 2% of DDP: +1.50%, met" in text and "within 1% of DDP: +0.99%, met" in text
+    assert "missed" not in text
