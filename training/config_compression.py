@@ -26,8 +26,9 @@ from training.config_base import (
 AUTO_MAX_ROUND_RATIO = 64.0
 #: The codec of a new run: what ``dlx-node init``'s node.toml and ``dlx-node demo`` set (issue 66's sixth
 #: pass, docs/DILOCOX.md section 14: encoder "v2", the selection every round, with low-bit scales clipped to
-#: the smallest squared error and no error feedback was the best cell measured at both sizes, with Muon and
-#: with AdamW). ``CompressionConfig()`` and a configuration that names none keep the codec's own defaults
+#: the smallest squared error and no error feedback beat the fifth pass's default (v4, no feedback) at every
+#: seed at both sizes with Muon and at the largest with AdamW, and is the best codec measured at the largest
+#: size). ``CompressionConfig()`` and a configuration that names none keep the codec's own defaults
 #: (encoder "v4", scales "max", feedback on: the codec's tests and the benchmarks' "node defaults" rows).
 NEW_RUN_COMPRESSION = {"encoder": "v2", "quant_scale": "mse", "error_feedback": False}
 #: Error feedback in a new run, and in a run document that names none (on: every run document names it, so
