@@ -115,7 +115,8 @@ SECTIONS = (
             "differences below about 0.5% are within what seeds move (the five-seed rows of the ablations)."),
     Section("convergence_ablation.json", "The gap to DDP split by cause: one-step delay and compression",
             "bench/bench_convergence_ablation.py", ablation,
-            "Issue 66: Muon inner steps in every cell, gaps against Muon DDP at the same seed; "
+            "Issue 66: Muon inner steps in every cell but those of a case marked `(AdamW)`, every gap "
+            "against the DDP of the same inner optimizer at the same seed; "
             "`both-<method>` rows are DiLoCoX with one setting changed (`efd<beta>`: leaky error feedback, "
             "`compression.error_feedback_decay`; `noef`: `compression.error_feedback = false`; `qmse`: "
             "low-bit scales clipped to the smallest squared error, `compression.quant_scale = \"mse\"`; "
@@ -159,8 +160,15 @@ SECTIONS = (
             "llama-l --rounds 30 --seeds 0,1 --cells ddp,both,both-noef`, `--seeds 0 --cells sync`, `--case "
             "gpt2-mini --rounds 30 --seeds 1 --cells both-v2-qmse`, `--case llama-l --rounds 30 --seeds 1 "
             "--cells sync`, `--case gpt2-mini --rounds 30 --seeds 0 --cells both-v2-qmse`, `--case llama-l "
-            "--rounds 30 --seeds 0 --cells both-v2-qmse` (the provenance below names the last). "
-            "The full budget's gaps are in the table above."),
+            "--rounds 30 --seeds 0 --cells both-v2-qmse`; the sixth pass, four plans side by side (each "
+            "run adding its rows under the bench's lock; load 2 to 8): `--case llama-l --rounds 30 --seeds 0 "
+            "--cells both-v2-qmse-noef`, `--case gpt2-mini --seeds 0 --cells both-v2-qmse-noef`, `--case "
+            "llama-l --seeds 0,1 --cells compression,delay`, `--seeds 1 --cells both-v2-qmse-noef`, `--case "
+            "gpt2-mini --seeds 1 --cells both-v2-qmse-noef,sync`, `--seeds 0,1 --cells compression,delay`; "
+            "beside them `--case llama-l --rounds 30 --optimizer adamw --seeds 0,1 --cells "
+            "ddp,both-noef,both-v2-qmse-noef` and `--case gpt2-mini --rounds 120 --seeds 0 --cells "
+            "ddp,sync,both,both-v2-qmse-noef,compression,delay` (4x the full budget; docs/DILOCOX.md section "
+            "14, sixth pass, has the order). The full budget's gaps are in the table above."),
     Section("diloco_goal.json", "Issue 66's goals side by side at the largest size", "bench/bench_diloco.py",
             diloco_goal,
             "One run of `python bench/bench_diloco.py --cpu-clock --threads 1 --case llama-l --optimizer "
