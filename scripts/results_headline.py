@@ -34,6 +34,15 @@ def _h_training_family(r: dict) -> str:
             f"{r['args']['vocab_size']}-token BPE)")
 
 
+def _h_goal(r: dict) -> str:
+    s = r["summary"]
+    x, sync = s["diloco_x"], s["diloco"]
+    return (f"DiLoCoX {pct(x['loss_vs_ddp'], 2)} against centralized Muon with "
+            f"**{x['fewer_bytes_than_ddp']:.0f}x** fewer bytes (goal 2%), synchronous DiLoCo "
+            f"{pct(sync['loss_vs_ddp'], 2)} (goal 1%) "
+            f"(`{r['args'].get('case')}`, seed {r['args']['seed']}, new runs' codec)")
+
+
 def _h_longer(r: dict) -> str:
     rows = [row for row in r["rows"] if row["mode"] == "diloco_x" and row.get("vs_ddp") is not None]
     longest = max(rows, key=lambda row: (row["settings"]["rounds"] * row["settings"]["inner_steps"],
@@ -98,6 +107,7 @@ def _h_fuzz(r: dict) -> str:
 HEADLINES = (
     ("Training: DiLoCoX vs centralized AdamW", "diloco.json", _h_training),
     ("Training, Llama family and BPE", "diloco_llama.json", _h_training_family),
+    ("Training against the strongest DDP, largest case", "diloco_goal.json", _h_goal),
     ("Training, the longest run kept", "diloco_ablations.json", _h_longer),
     ("Compute hidden behind a slow link", "utilization.json", _h_utilization),
     ("Byzantine replica, simulated", "robust_sim.json", _h_robust),
