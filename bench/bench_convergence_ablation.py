@@ -275,6 +275,7 @@ def read_rows(path: Path) -> dict:
 
 
 def save(path: Path, new_rows: list[dict], data: str, start_load: list[float]) -> dict:
+    # ``data``: the corpus's name (its directory: "tinyshakespeare").
     """Add ``new_rows`` to the rows in ``path`` as it is now, under an exclusive lock, and rewrite it with
     its summary: runs of this bench started side by side (other cases, seeds or cells) into one ``--out``
     each keep every row the others wrote meanwhile. A row replaces the one of the same key. Returns the
@@ -292,7 +293,7 @@ def save(path: Path, new_rows: list[dict], data: str, start_load: list[float]) -
                                                       list(CELLS).index(r["cell"]), r["seed"]))
         summary = summarize(ordered)
         write_result(path, {"inner_steps": INNER_STEPS, "replicas": REPLICAS, "stages": STAGES,
-                            "data": Path(data).parent.name,
+                            "data": data,
                             "summary": summary, "split": split(summary), "methods": methods(summary),
                             "rows": ordered}, start_load)
     return rows
@@ -312,7 +313,18 @@ def main() -> int:
                         help="first add bench/results/convergence.json's seed-0 muon ddp, sync DiLoCo and "
                              "DiLoCoX rows of --case (30 rounds) where --out has none")
     parser.add_argument("--out", default=str(RESULTS / "convergence_ablation.json"))
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="run nothing: add the rows of these results of this bench (runs that wrote "
+                             "elsewhere) to --out, each replacing the row of its key, and exit")
     args = parser.parse_args()
+    if args.merge:
+        merged = [row for other in args.merge for row in read_rows(Path(other)).values()]
+        names = {json.loads(Path(other).read_text()).get("data") for other in args.merge}
+        if len(names) != 1:
+            raise SystemExit(f"--merge: the files name other corpora ({sorted(map(str, names))})")
+        save(Path(args.out), merged, names.pop(), list(os.getloadavg()))
+        print(f"{len(merged)} rows of {len(args.merge)} files added to {args.out}")
+        return 0
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     set_clock(time.process_time)
@@ -339,14 +351,14 @@ def main() -> int:
                 imported.append(row)
     check_budget(rows, args.case, args.rounds, args.optimizer)
     if imported:
-        rows = save(path, imported, data, start_load)
+        rows = save(path, imported, Path(data).parent.name, start_load)
     for seed in seeds:  # every cell at one seed before the next seed: a cut-short plan still splits the gap
         for cell in cells:
             row = run_cell(args.case, cell, seed, args.rounds, args.optimizer, corpus, str(REPO / data))
             print(f"{args.case} r{args.rounds} {args.optimizer} {cell} seed {seed}: held-out "
                   f"{row['held_out_loss']:.4f} ({row['tokens']:,} tokens, {row['cpu_seconds']:.0f} cpu s)",
                   flush=True)
-            rows = save(path, [row], data, start_load)
+            rows = save(path, [row], Path(data).parent.name, start_load)
     for s in summarize(list(rows.values())):
         gap = "" if s["mean_gap_vs_ddp"] is None else f"{100 * s['mean_gap_vs_ddp']:+6.2f}%"
         print(f"{s['case']:<10} r{s['rounds']:<3} {s['cell']:<22} seeds {s['seeds']} "

@@ -189,7 +189,7 @@ def test_two_inner_optimizers_of_one_case_and_budget_stay_apart():
 def _save_rows(path: str, seed_base: int, count: int) -> None:
     for k in range(count):
         row = {**ROWS[0], "cell": "both", "seed": seed_base + k, "optimizer": "muon"}
-        save(Path(path), [row], "data/tinyshakespeare/input.txt", [0.0, 0.0, 0.0])
+        save(Path(path), [row], "tinyshakespeare", [0.0, 0.0, 0.0])
 
 
 def test_runs_side_by_side_keep_each_others_rows(tmp_path):
@@ -198,7 +198,7 @@ def test_runs_side_by_side_keep_each_others_rows(tmp_path):
     import multiprocessing
 
     path = tmp_path / "ablation.json"
-    save(path, [{**ROWS[0], "optimizer": "muon"}], "data/tinyshakespeare/input.txt", [0.0, 0.0, 0.0])
+    save(path, [{**ROWS[0], "optimizer": "muon"}], "tinyshakespeare", [0.0, 0.0, 0.0])
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_save_rows, args=(str(path), base, 12)) for base in (100, 200)]
     for worker in workers:
@@ -212,7 +212,7 @@ def test_runs_side_by_side_keep_each_others_rows(tmp_path):
     written = json.loads(path.read_text())
     assert written["data"] == "tinyshakespeare" and len(written["rows"]) == 25
     with pytest.raises(SystemExit, match="rows of \\[307200\\] tokens, not 614400"):
-        save(path, [{**ROWS[1], "tokens": 614_400}], "data/tinyshakespeare/input.txt", [0.0, 0.0, 0.0])
+        save(path, [{**ROWS[1], "tokens": 614_400}], "tinyshakespeare", [0.0, 0.0, 0.0])
     assert len(read_rows(path)) == 25
 
 
@@ -230,3 +230,20 @@ def test_the_goal_section_says_met_or_missed_by_how_many_points():
     text = "\n".join(diloco_goal(closer))
     assert "within 2% of DDP: +1.50%, met" in text and "within 1% of DDP: +0.99%, met" in text
     assert "missed" not in text
+
+
+def test_merge_adds_the_rows_of_runs_that_wrote_elsewhere(tmp_path):
+    """--merge: rows another run wrote to its own --out join the main file (a row of the same key replaced),
+    through the same lock and budget check; nothing is trained."""
+    import subprocess
+
+    main, other = tmp_path / "main.json", tmp_path / "other.json"
+    save(main, [{**r, "optimizer": "muon"} for r in ROWS[:4]], "tinyshakespeare", [0.0, 0.0, 0.0])
+    save(other, [{**ROWS[3], "held_out_loss": 9.0}, {**ROWS[4], "optimizer": "adamw"}], "tinyshakespeare",
+         [0.0, 0.0, 0.0])
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_convergence_ablation.py"), "--out",
+                           str(main), "--merge", str(other)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = read_rows(main)
+    assert len(rows) == 5 and rows[row_key(ROWS[3])]["held_out_loss"] == 9.0
+    assert row_key({**ROWS[4], "optimizer": "adamw"}) in rows
