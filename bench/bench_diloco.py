@@ -140,9 +140,13 @@ def parse_args() -> argparse.Namespace:
                         help="time the phases in process CPU seconds (a shared machine's load then does not "
                              "distort the codec's share; meaningful with --threads 1)")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--out", default=str(RESULTS / "diloco.json"),
-                        help="where to write the result (default: the one current result, overwritten)")
+    parser.add_argument("--out", default=None,
+                        help="where to write the result (default: the one current result, overwritten: "
+                             "bench/results/diloco.json, or with --case bench/results/diloco_goal.json: "
+                             "issue 66's goals side by side)")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = str(RESULTS / ("diloco.json" if args.case is None else "diloco_goal.json"))
     if args.case is not None:
         fields, args.batch_size, args.family = CASES[args.case]
         args.preset = fields["preset"]

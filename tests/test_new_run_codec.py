@@ -19,7 +19,6 @@ from tests.rerun_fixtures import assert_honest_exact_and_cheat_caught, rerun_che
 from training.config_compression import (
     LEGACY_ERROR_FEEDBACK,
     NEW_RUN_COMPRESSION,
-    NEW_RUN_ERROR_FEEDBACK,
     CompressionConfig,
     new_run_compression_settings,
 )
@@ -32,7 +31,7 @@ TEMPLATE = ROOT / "node" / "templates" / "node.toml"
 
 def test_the_template_sets_the_new_run_codec_and_its_run_document_names_it():
     assert NEW_RUN_COMPRESSION == {"encoder": "v2", "quant_scale": "mse", "error_feedback": False}
-    assert NEW_RUN_ERROR_FEEDBACK is False and LEGACY_ERROR_FEEDBACK is True
+    assert NEW_RUN_COMPRESSION["error_feedback"] is False and LEGACY_ERROR_FEEDBACK is True
     table = tomllib.loads(TEMPLATE.read_text())["compression"]
     assert {key: table[key] for key in NEW_RUN_COMPRESSION} == NEW_RUN_COMPRESSION
     cfg = load_config(TEMPLATE)

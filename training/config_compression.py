@@ -31,9 +31,9 @@ AUTO_MAX_ROUND_RATIO = 64.0
 #: size). ``CompressionConfig()`` and a configuration that names none keep the codec's own defaults
 #: (encoder "v4", scales "max", feedback on: the codec's tests and the benchmarks' "node defaults" rows).
 NEW_RUN_COMPRESSION = {"encoder": "v2", "quant_scale": "mse", "error_feedback": False}
-#: Error feedback in a new run, and in a run document that names none (on: every run document names it, so
-#: one without it predates the first new-run default, issue 66's fifth pass).
-NEW_RUN_ERROR_FEEDBACK, LEGACY_ERROR_FEEDBACK = NEW_RUN_COMPRESSION["error_feedback"], True
+#: Error feedback in a run document that names none (on: every run document names it, so one without it
+#: predates the first new-run default, issue 66's fifth pass).
+LEGACY_ERROR_FEEDBACK = True
 
 
 def new_run_compression_settings() -> list[str]:
