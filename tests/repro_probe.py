@@ -41,8 +41,10 @@ def main(run_path: str, threads: int) -> dict:
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                  "fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
                  "fresh_v2": {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH},
+                 "fresh_v3": {f"{p}/{o}": fresh_steps(p, o, kernels=3) for p, o in FRESH},
                  "normal": fresh_steps("tiny", "adamw", reproducible=False),
                  "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS},
+                 "codec_v2": {encoder: codec_bytes(encoder, kernels=2) for encoder in ENCODERS},
                  "codec_normal": codec_bytes("v2", exact=False), "checks": []}
     if run_path == "-":
         return out

@@ -278,3 +278,26 @@ def test_a_run_link_gives_audit_and_pull_their_chain_run_and_peers(w3, deployed)
     apply_link(args)
     assert (args.rpc, args.run, args.ledger, args.registry) == (w3.provider.endpoint_uri, 3, ledger, registry)
     assert args.bootstrap == [peer]
+
+
+@pytest.mark.parametrize("kernels", [1, 2])
+def test_create_run_refuses_kernel_versions_whose_roots_follow_the_cpu(w3, tmp_path, deployed, capsys,
+                                                                        kernels):
+    """Kernel versions 1 and 2 take the CPU math library's square root (docs/REPRODUCIBLE.md): a new run of
+    either is refused, naming the setting, before anything is sent; --weak-run creates it with a warning."""
+    path, registry, ledger = deployed
+    run_file(tmp_path, RUN_FILE.replace("[model]", "[training]\nreproducible = true\nreproducible_kernels = "
+                                        f"{kernels}\n\n[model]"))
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"training.reproducible_kernels={kernels}: its square roots are the CPU's math library's" in err
+    assert run_count(w3, ledger, registry) == 0
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes", "--weak-run", "--listen-port", "24999",
+                 "--confirmations", "1"])
+    assert code == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"warning: weak run (--weak-run): training.reproducible_kernels={kernels}" in out
+    assert run_count(w3, ledger, registry) == 1

@@ -170,7 +170,7 @@ class SlicedErrorFeedbackCompressor(ErrorFeedbackCompressor):
             else value.to(torch.float32)
             for name, value in pseudo_gradient.items()
         }
-        with ExactCodec() if self.exact else contextlib.nullcontext():  # training.reproducible
+        with ExactCodec(self.exact) if self.exact else contextlib.nullcontext():  # training.reproducible
             blobs, decoded, stats = encode_slices(
                 target,
                 self.plan,

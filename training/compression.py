@@ -114,11 +114,13 @@ class ErrorFeedbackCompressor:
         cfg: CompressionConfig,
         *,
         bandwidth_budget: int | None = None,
-        exact: bool = False,
+        exact: int = 0,
     ) -> None:
         self.cfg = cfg
-        # training.reproducible: encode in fixed order (training.exact_codec), the same bytes on any CPU
-        self.exact = exact
+        # training.reproducible: encode in fixed order (training.exact_codec), the same bytes on any CPU.
+        # 0 (or False): off; else the run's kernel version (TrainingConfig.codec_kernels), whose square root
+        # the codec takes (True reads as version 1, the kernels of the runs made before versions).
+        self.exact = int(exact)
         # Bytes per contribution (0: code to cfg.error_budget). The stage engine resolves
         # cfg.bandwidth_budget = "auto" from the round length and passes the number; without
         # that context "auto" falls back to the error budget.
@@ -151,7 +153,7 @@ class ErrorFeedbackCompressor:
                    else torch.add(value.to(torch.float32), self.residual[name])) if carry else value
             for name, value in pseudo_gradient.items()
         }
-        with ExactCodec() if self.exact else contextlib.nullcontext():
+        with ExactCodec(self.exact) if self.exact else contextlib.nullcontext():
             blob, decoded, stats = self._encode(target, stage_index, outer_round)
         if use_feedback:
             for name in self.residual:

@@ -129,6 +129,12 @@ class TrainingConfig:
                     'training.optimizer = "muon": remove it or set the optimizer',
                 )
 
+    @property
+    def codec_kernels(self) -> int:
+        """The codec's fixed-order mode (training.exact_codec): 0 without the reproducible mode, else the
+        run's kernel version (from version 3 the codec takes the correctly rounded square root)."""
+        return self.reproducible_kernels if self.reproducible else 0
+
     def document(self) -> dict:
         """The settings every replica of a run shares (the run document's [training] table): all but
         :data:`NODE_ONLY_TRAINING`, and the optimizer's only when it is not AdamW (an AdamW run's table is
@@ -144,6 +150,18 @@ class TrainingConfig:
         if self.reproducible_kernels == 1:  # and a run of version 1 the one it had before versions
             del out["reproducible_kernels"]
         return out
+
+
+def weaknesses(cfg: TrainingConfig) -> list[str]:
+    """What a new run with these training settings gives up (``create-run`` refuses it without --weak-run).
+    Kernel versions 1 and 2 take torch's CPU square root, whose bits are the math library's code path's
+    (docs/REPRODUCIBLE.md, "Versions 1 and 2 depend on the CPU's math library"): an honest contribution
+    rerun on another CPU can differ, so a spot check or an audit there finds a mismatch that is none."""
+    if cfg.reproducible and cfg.reproducible_kernels < 3:
+        return [f"training.reproducible_kernels={cfg.reproducible_kernels}: its square roots are the CPU's "
+                "math library's, so a rerun on another CPU (Intel against AMD, or another MKL path) can "
+                "differ from an honest contribution (safe: 3, the default)"]
+    return []
 
 
 #: Settings only Muon has, at the values an AdamW run holds (and its run document omits).

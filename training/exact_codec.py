@@ -16,11 +16,13 @@ bytes are unchanged.
 
 from __future__ import annotations
 
+import contextvars
 import math
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from training import exact_kernel
 from training import exact_linalg as linalg
 from training.exact_math import SLICES, exact_matmul, tree_sum
 from training.exact_mode import NEUTRAL as MODEL_NEUTRAL
@@ -35,9 +37,6 @@ NEUTRAL = MODEL_NEUTRAL | frozenset({
     "mul_", "div_", "__iadd__", "__isub__", "__imul__", "__itruediv__", "clamp_min", "clamp_max", "max",
     "min", "cummax", "flip", "diagonal", "diag", "eye", "sort", "argsort", "topk", "__xor__", "gather",
     "index_select", "masked_fill", "from_numpy", "square", "equal",
-    # torch's root, as before kernel version 3 (the model's mode takes the correctly rounded one from it):
-    # its CPU rounding depends on torch's build, so the codec's bits do too where a root decides them.
-    "sqrt",
 })
 
 
@@ -101,7 +100,7 @@ def vector_norm(x: torch.Tensor, ord=2, dim=None, keepdim: bool = False, *, dtyp
     if ord != 2:
         raise ExactKernelError(f"vector_norm of order {ord}: not in the exact codec")
     wide = x.to(torch.float64)
-    return torch.sqrt(total(wide * wide, dim, keepdim)).to(dtype or x.dtype)
+    return linalg.root(total(wide * wide, dim, keepdim)).to(dtype or x.dtype)
 
 
 def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -155,6 +154,7 @@ def _call(target):
 HANDLERS = {
     **dict.fromkeys(("add", "sub", "add_", "sub_"), _no_alpha),
     "matmul": _call(matmul), "__matmul__": _call(matmul), "__rmatmul__": _call(lambda b, a: matmul(a, b)),
+    "sqrt": _call(linalg.root),
     "mm": _call(matmul), "mv": _call(matmul), "dot": _call(dot), "sum": _call(total), "mean": _call(mean),
     "linalg_vector_norm": _call(vector_norm), "cumsum": _call(cumsum), "pow": _call(power),
     "__pow__": _call(power), "linalg_qr": _call(qr), "linalg_eigh": _call(eigh),
@@ -164,7 +164,23 @@ HANDLERS = {
 
 class ExactCodec(TorchFunctionMode):
     """While active, the codec's torch calls are :data:`HANDLERS`' fixed-order ones or :data:`NEUTRAL`; any
-    other raises :class:`ExactKernelError`."""
+    other raises :class:`ExactKernelError`. ``kernels``: the run's kernel version, whose square root the
+    codec takes (training.exact_linalg.ROOT_KERNELS: the correctly rounded root from version 3)."""
+
+    def __init__(self, kernels: int = 1) -> None:
+        super().__init__()
+        self.kernels = exact_kernel.check_version(int(kernels))
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self):
+        self._tokens.append(linalg.ROOT_KERNELS.set(self.kernels))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            linalg.ROOT_KERNELS.reset(self._tokens.pop())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

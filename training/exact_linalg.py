@@ -22,11 +22,24 @@ eigenvectors) may differ from LAPACK's; the codec needs none of them (it codes `
 
 from __future__ import annotations
 
+import contextvars
 import math
 
 import torch
 
+from training import exact_kernel
 from training.exact_math import exact_matmul, tree_sum
+
+#: The kernel version whose square root the codec takes (training.exact_codec.ExactCodec sets it): before
+#: version 3 torch's, whose CPU bits are the math library's path's (MKL's vector math on an Intel CPU with
+#: AVX-512 rounds 0.87% of float32 roots otherwise than the correctly rounded root, its COMPATIBLE path 23%);
+#: from version 3 the correctly rounded root (training.exact_kernel.sqrt), the same on every CPU.
+ROOT_KERNELS: contextvars.ContextVar[int] = contextvars.ContextVar("codec_root_kernels", default=1)
+
+
+def root(x: torch.Tensor) -> torch.Tensor:
+    """The codec's square root of ``x`` under :data:`ROOT_KERNELS`."""
+    return exact_kernel.sqrt(x, ROOT_KERNELS.get())
 
 #: Slices of the float64 exact-split products (:func:`training.exact_math.exact_matmul`).
 F64_SLICES = 3
@@ -68,7 +81,7 @@ def _column_sum(x: torch.Tensor) -> torch.Tensor:
 def _reflector(x: torch.Tensor) -> tuple[torch.Tensor, float, float] | None:
     """Householder vector ``v`` of the column ``x`` (``H x = alpha e_1``, ``H = I - scale v v^T``), or None
     for a zero column."""
-    norm = float(torch.sqrt(_column_sum(x * x)))
+    norm = float(root(_column_sum(x * x)))
     if norm == 0.0:
         return None
     head = float(x[0])
@@ -136,8 +149,8 @@ def _rotate(a: torch.Tensor, vectors: torch.Tensor, p: torch.Tensor, q: torch.Te
     rotating = apq != 0
     theta = (aqq - app) / (torch.where(rotating, apq, 1.0) * 2.0)
     sign = torch.where(theta >= 0, 1.0, -1.0)
-    t = torch.where(rotating, sign / (theta.abs() + torch.sqrt(theta * theta + 1.0)), 0.0)
-    c = 1.0 / torch.sqrt(t * t + 1.0)
+    t = torch.where(rotating, sign / (theta.abs() + root(theta * theta + 1.0)), 0.0)
+    c = 1.0 / root(t * t + 1.0)
     s = t * c
     rows_p, rows_q = a[p, :], a[q, :]
     cr, sr = c.reshape(-1, 1), s.reshape(-1, 1)
@@ -199,7 +212,7 @@ def gram_svd(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     side = (a if wide else a.t()).detach().to(torch.float64)  # k x N
     values, vectors = jacobi_eigh(matmul64(side, side.t()))
     values, vectors = values.flip(0), vectors.flip(1)
-    sigma = torch.sqrt(values.clamp_min(0.0))
+    sigma = root(values.clamp_min(0.0))
     positive = sigma > 0
     other = matmul64(side.t(), vectors) / torch.where(positive, sigma, 1.0)
     other = torch.where(positive, other, 0.0)

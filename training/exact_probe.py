@@ -70,15 +70,17 @@ def codec_inputs() -> dict[str, torch.Tensor]:
             "h.0.ln.weight": normal("codec/small", 40, 64), "h.0.ln.bias": normal("codec/bias", 160)}
 
 
-def codec_bytes(encoder: str, exact: bool = True, rounds: int = 3, budget: int = 12000) -> str:
+def codec_bytes(encoder: str, exact: bool = True, rounds: int = 3, budget: int = 12000,
+                kernels: int = 3) -> str:
     """sha256 (16 hex) of ``rounds`` contributions of ``encoder`` under a byte budget (with its memo) and
-    one to the error budget, encoded as a reproducible run's compressor encodes (``exact``) or not."""
+    one to the error budget, encoded as a reproducible run of kernel version ``kernels`` encodes
+    (``exact``) or as a run without the mode."""
     from training.codec.registry import encoder_for
     from training.config_compression import CompressionConfig
     from training.exact_codec import ExactCodec
 
     tensors, coder, out = codec_inputs(), encoder_for(CompressionConfig(encoder=encoder)), hashlib.sha256()
-    with ExactCodec() if exact else contextlib.nullcontext():
+    with ExactCodec(kernels) if exact else contextlib.nullcontext():
         memo = None
         for outer_round in range(rounds):
             blob, _, _, memo = coder.encode_round(tensors, budget, memo, stage_index=0,

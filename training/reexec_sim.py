@@ -65,7 +65,7 @@ class SimReplica:
         self.trainer = LocalReplicaTrainer(sim.model, sim.training, sim.num_stages, state_dict=initial)
         self.engines = [
             StageEngine(spec.index, dict(module.named_parameters()), sim.diloco, sim.compression,
-                        exact=sim.training.reproducible)
+                        exact=sim.training.codec_kernels)
             for spec, module in zip(self.trainer.specs, self.trainer.stage_modules)
         ]
 

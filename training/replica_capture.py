@@ -117,7 +117,7 @@ def initial_replica_state(
         raise ReplicaStateError(f"the initial state is round 0's, not round {meta.outer_round}'s")
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages)
     engines = [StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
-                           exact=training_cfg.reproducible)
+                           exact=training_cfg.codec_kernels)
                for spec, module in zip(trainer.specs, trainer.stage_modules)]
     for engine in engines:
         slice_for_exchange(engine, diloco_cfg)

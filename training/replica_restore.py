@@ -37,7 +37,7 @@ def restore_replica(
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
         _restore_optimizer(part, module, optimizer)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
-                             exact=training_cfg.reproducible)
+                             exact=training_cfg.codec_kernels)
         slice_for_exchange(engine, diloco_cfg)  # as the node's engines encode (node.live.worker.replica)
         last_encoded, last_applied, others_count = part.engine_counters
         _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)

@@ -108,7 +108,7 @@ class DilocoSimulation:
         self.engines = [
             [
                 StageEngine(spec.index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
-                            exact=training_cfg.reproducible)
+                            exact=training_cfg.codec_kernels)
                 for spec, module in zip(trainer.specs, trainer.stage_modules)
             ]
             for trainer in self.trainers

@@ -93,7 +93,7 @@ class StageEngine(EngineJoining, EngineState):
         diloco_cfg: DilocoConfig,
         compression_cfg: CompressionConfig,
         *,
-        exact: bool = False,
+        exact: int = 0,
     ) -> None:
         self.stage_index = stage_index
         self.params = dict(params)

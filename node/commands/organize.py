@@ -170,10 +170,11 @@ def run_create_run(args: argparse.Namespace) -> int:
     from node.fsutil import atomic_write_bytes
     from node.runconfig import canonical_json, run_document
     from p2p.identity import Identity
+    from training.config_training import weaknesses as training_weaknesses
 
     run = read_run_file(args.run_file)
     params = run_params(run)
-    weak = params.weaknesses()
+    weak = params.weaknesses() + training_weaknesses(run.cfg.training)
     if weak and not getattr(args, "weak_run", False):
         raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: "
                           + "; ".join(weak)

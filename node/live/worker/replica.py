@@ -105,7 +105,7 @@ class ReplicaWorker(StageAggregation):
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
             self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression,
-                                              exact=self.cfg.training.reproducible)
+                                              exact=self.cfg.training.codec_kernels)
             # docs/PROTOCOL.md, "Sliced exchange"
             plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)
             if plan is not None:
