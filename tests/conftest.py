@@ -49,9 +49,25 @@ LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_
                 "test_demo.py", "test_byzantine_e2e.py", "test_reentry_hold.py")
 
 
+#: The end-to-end tier (marker ``e2e``, issue 80 point 10): real multi-process runs and commands (every
+#: ``*_e2e.py`` module, the newcomer's journeys, the demo) and the contracts' analysis tools (forge's
+#: campaign, slither, halmos). README's test command leaves them out (pyproject.toml's addopts: ``-m 'not
+#: slow and not e2e'``) so that a contributor's run of it takes minutes; ``pytest -m 'e2e and not slow'`` runs
+#: them, and .ci/run runs both.
+E2E_MODULES = ("test_journeys.py", "test_journeys_printed.py", "test_demo.py", "test_forge_invariants.py",
+               "test_static_analysis.py", "test_halmos.py")
+
+
+def is_e2e_module(name: str) -> bool:
+    return name.endswith("_e2e.py") or name in E2E_MODULES
+
+
 def pytest_collection_modifyitems(items):
-    """The modules of :data:`LONG_MODULES` first, in its order; the others after, as collected (a stable
-    sort: each module's tests keep their order)."""
+    """Mark the end-to-end tier (:func:`is_e2e_module`); then the modules of :data:`LONG_MODULES` first, in
+    its order, the others after, as collected (a stable sort: each module's tests keep their order)."""
+    for item in items:
+        if is_e2e_module(item.nodeid.split("::")[0].rsplit("/", 1)[-1]):
+            item.add_marker(pytest.mark.e2e)
     rank = {name: index for index, name in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1], len(rank)))
 
