@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import requests
 from web3 import EthereumTesterProvider, HTTPProvider, Web3
-from web3.exceptions import ProviderConnectionError
+from web3.exceptions import BadResponseFormat, ProviderConnectionError
 
 from ledger.errors import ChainUnavailable, ChainWaitStopped, LedgerConfigError
 
@@ -191,6 +191,11 @@ def connect_rpc(url: str, timeout: float = 10.0, wait: float = 0.0,
         chain_id = call_with_retries(lambda: w3.eth.chain_id, RetryPolicy(total_seconds=wait), what, stop)
     except ChainWaitStopped:
         raise
+    except (requests.exceptions.HTTPError, BadResponseFormat, ValueError) as exc:
+        # Something answers there, but not JSON-RPC (a web server, a wrong port): a usage error, not an outage
+        raise LedgerConfigError(
+            f"rpc url {url}: it answers, but not as an Ethereum JSON-RPC endpoint ({short_reason(exc)}): "
+            "check the host and port (anvil's default is http://127.0.0.1:8545)") from exc
     except ChainUnavailable as exc:  # say plainly where nothing answered and what to check
         port = parts.port or (443 if parts.scheme == "https" else 80)
         raise ChainUnavailable(

@@ -192,9 +192,18 @@ def agree(plan: list[Spend], yes: bool, verb: str) -> None:
         raise ConfigError(
             f"{verb} needs the transactions listed above and there is no terminal to ask on: pass "
             "--yes to agree to them (nothing was sent)")
-    answer = input("send them? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
+    if not ask_yes("send them? [y/N] "):
         raise ConfigError(f"{verb}: the transactions were declined (nothing was sent)")
+
+
+def ask_yes(prompt: str) -> bool:
+    """Ask ``prompt`` on the terminal: True for y/yes; an end of input (Ctrl-D) or Ctrl-C is a no."""
+    try:
+        answer = input(prompt)
+    except (EOFError, KeyboardInterrupt):
+        print(flush=True)  # the prompt's line ends
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def mines_on_demand(w3) -> bool:

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from node.commands.chainops import Spend, add_fee_args, agree, check_funds, eta, seconds_per_block
+from node.commands.chainops import Spend, add_fee_args, agree, ask_yes, check_funds, eta, seconds_per_block
 from node.commitments import version_name
 from node.errors import ConfigError, NotYet
 
@@ -126,8 +126,7 @@ def _agree_before_waiting(seat, run_id: int, yes: bool) -> None:
     if not sys.stdin.isatty():
         raise ConfigError(f"--wait would {what}, and there is no terminal to ask on: pass --yes to agree "
                           "beforehand (nothing was waited for, nothing was sent)")
-    answer = input(f"{what} (block {seat.unbonding_end}; gas at the fee then)? [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
+    if not ask_yes(f"{what} (block {seat.unbonding_end}; gas at the fee then)? [y/N] "):
         raise ConfigError("withdrawing: declined (nothing was waited for, nothing was sent)")
 
 
