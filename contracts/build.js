@@ -23,6 +23,7 @@ const SOURCES = [
   "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
+  "src/StepProver.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
 const CONTRACTS = {
@@ -36,6 +37,7 @@ const CONTRACTS = {
   "src/ProverNorms.sol": "ProverNorms",
   "src/ProverAvailability.sol": "ProverAvailability",
   "src/ProverBinding.sol": "ProverBinding",
+  "src/StepProver.sol": "StepProver",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
   "src/test/AnswerRelay.sol": "AnswerRelay",

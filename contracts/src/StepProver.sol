@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {Float32} from "./Float32.sol";
+
+/// @title StepProver
+/// @notice The innermost legs of the contribution proof (issue 78, docs/FRAUD_PROOF.md "The contribution proof"):
+/// one operation of a reproducible inner step (kernel version 3), its inputs agreed, its output disputed. A
+/// defender claims, with a bond, that the tensor `outRoot` is `kind(aRoot, bRoot)`; anyone may challenge one
+/// element of it with a bond. For an elementwise operation the defender opens the output element and its two
+/// input elements and the contract recomputes it in soft-float; for a matrix product it is a clocked bisection
+/// over the partial sums of the element's fixed k-order (`s_0 = +0`, `s_{k+1} = s_k + a[r,k] * b[k,c]`, one
+/// float32 multiply and one float32 add, as `ordered_matmul` computes it), down to one step recomputed here.
+/// The loser's bond goes to the winner; a claim proven wrong stays wrong (`wrongClaim`).
+/// @dev Tensors are committed as ledger/merkle.py trees over training/chunks.py tensor leaves of the tensor alone
+/// (tensor index 0; the element order is the tensor's contiguous order). A chess clock (each side `clockBlocks`
+/// blocks for all its moves) ends a game whose mover stalls: `timeout` gives it to the other side.
+contract StepProver {
+    using Float32 for uint32;
+
+    uint8 public constant ADD = 1;
+    uint8 public constant SUB = 2;
+    uint8 public constant MUL = 3;
+    uint8 public constant DIV = 4;
+    uint8 public constant MATMUL = 5;
+    uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
+    uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
+
+    /// @notice An operation's shape and commitments. Elementwise: `rows` output elements (`cols` 1, `inner` 0),
+    /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
+    struct Op {
+        uint8 kind;
+        uint32 rows;
+        uint32 inner;
+        uint32 cols;
+        uint32 aLen;
+        uint32 bLen;
+        bytes32 aRoot;
+        bytes32 bRoot;
+        bytes32 outRoot;
+    }
+
+    /// @notice One element's opening: its tensor's chunk leaf and the leaf's path (ledger.merkle).
+    struct Element {
+        bytes leaf;
+        bytes32[] path;
+    }
+
+    enum Phase { None, Open, Sums, Final, Done }
+
+    struct Game {
+        bytes32 claimId;
+        address challenger;
+        Phase phase;
+        bool defenderTurn;
+        bool midPosted;
+        uint64 elem;
+        uint32 lo;
+        uint32 hi;
+        uint32 loSum;
+        uint32 hiSum;
+        uint32 midSum;
+        uint64 defenderLeft;
+        uint64 challengerLeft;
+        uint64 turnSince;
+        uint32 moves;
+    }
+
+    struct Claim {
+        address defender;
+        bool wrong;
+        bool busy;
+        Op op;
+    }
+
+    uint256 public immutable bond;
+    uint64 public immutable clockBlocks;
+    mapping(bytes32 => Claim) internal _claims;
+    mapping(bytes32 => Game) internal _games;
+    mapping(address => uint256) public balanceOf;
+
+    event Claimed(bytes32 indexed claimId, address defender);
+    event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
+    event SumPosted(bytes32 indexed gameId, uint32 at, uint32 sum);
+    event Judged(bytes32 indexed gameId, bool agree, uint32 lo, uint32 hi);
+    event Decided(bytes32 indexed gameId, bytes32 indexed claimId, bool defenderWon, uint32 moves);
+    event ClaimProvenWrong(bytes32 indexed claimId, address challenger);
+
+    error StepBondMismatch(uint256 required, uint256 sent);
+    error StepBadOp();
+    error StepUnknownClaim();
+    error StepClaimClosed();
+    error StepBadElement(uint64 elem);
+    error StepNotYourMove();
+    error StepWrongPhase();
+    error StepClockOut();
+    error StepClockRunning();
+    error StepBadOpening(uint8 which);
+
+    constructor(uint256 bond_, uint64 clockBlocks_) {
+        bond = bond_;
+        clockBlocks = clockBlocks_;
+    }
+
+    function claimIdOf(Op calldata op, address defender) public pure returns (bytes32) {
+        return keccak256(abi.encode(op, defender));
+    }
+
+    function gameIdOf(bytes32 claimId, address challenger) public pure returns (bytes32) {
+        return keccak256(abi.encode(claimId, challenger));
+    }
+
+    function gameOf(bytes32 gameId) external view returns (Game memory) {
+        return _games[gameId];
+    }
+
+    function claimOf(bytes32 claimId) external view returns (Claim memory) {
+        return _claims[claimId];
+    }
+
+    /// @notice Bond `bond` on `op`: that its output tensor is `kind(a, b)`.
+    function claim(Op calldata op) external payable returns (bytes32 claimId) {
+        if (msg.value != bond) revert StepBondMismatch(bond, msg.value);
+        uint256 out = uint256(op.rows) * op.cols;
+        if (op.kind == MATMUL) {
+            if (op.inner == 0 || op.aLen != uint256(op.rows) * op.inner || op.bLen != uint256(op.inner) * op.cols) {
+                revert StepBadOp();
+            }
+        } else if (op.kind >= ADD && op.kind <= DIV) {
+            if (op.cols != 1 || op.inner != 0 || op.aLen == 0 || op.bLen == 0) revert StepBadOp();
+        } else {
+            revert StepBadOp();
+        }
+        if (out == 0) revert StepBadOp();
+        claimId = claimIdOf(op, msg.sender);
+        if (_claims[claimId].defender != address(0)) revert StepClaimClosed();
+        _claims[claimId] = Claim(msg.sender, false, false, op);
+        emit Claimed(claimId, msg.sender);
+    }
+
+    /// @notice Bond `bond` against element `elem` of a claim's output (one game at a time per claim).
+    function challenge(bytes32 claimId, uint64 elem) external payable returns (bytes32 gameId) {
+        if (msg.value != bond) revert StepBondMismatch(bond, msg.value);
+        Claim storage c = _claims[claimId];
+        if (c.defender == address(0)) revert StepUnknownClaim();
+        if (c.wrong || c.busy) revert StepClaimClosed();
+        if (elem >= uint256(c.op.rows) * c.op.cols) revert StepBadElement(elem);
+        c.busy = true;
+        gameId = gameIdOf(claimId, msg.sender);
+        Game storage g = _games[gameId];
+        g.claimId = claimId;
+        g.challenger = msg.sender;
+        g.phase = Phase.Open;
+        g.defenderTurn = true;
+        g.elem = elem;
+        g.midPosted = false;
+        g.defenderLeft = clockBlocks;
+        g.challengerLeft = clockBlocks;
+        g.turnSince = uint64(block.number);
+        g.moves = 1;
+        emit Challenged(gameId, claimId, msg.sender, elem);
+    }
+
+    /// @notice Defender: open the challenged output element; for an elementwise operation also its inputs
+    /// (`a`, `b`), which decides the game; for a product `a` and `b` are empty and the partial sums' bisection starts.
+    function openOutput(bytes32 gameId, Element calldata out, Element calldata a, Element calldata b) external {
+        (Game storage g, Op storage op) = _move(gameId, true, Phase.Open);
+        uint32 v = _open(out, op.outRoot, uint256(op.rows) * op.cols, g.elem, 0);
+        if (op.kind == MATMUL) {
+            g.phase = op.inner == 1 ? Phase.Final : Phase.Sums;
+            g.lo = 0;
+            g.hi = op.inner;
+            g.loSum = 0;
+            g.hiSum = v;
+            g.defenderTurn = true; // the defender posts the first midpoint (or the final step)
+            return;
+        }
+        uint32 x = _open(a, op.aRoot, op.aLen, g.elem % op.aLen, 1);
+        uint32 y = _open(b, op.bRoot, op.bLen, g.elem % op.bLen, 2);
+        uint32 r;
+        if (op.kind == ADD) r = x.add(y);
+        else if (op.kind == SUB) r = x.sub(y);
+        else if (op.kind == MUL) r = x.mul(y);
+        else r = x.div(y);
+        _decide(gameId, g, r.same32(v));
+    }
+
+    /// @notice Defender: its partial sum at the interval's midpoint.
+    function postSum(bytes32 gameId, uint32 sum) external {
+        (Game storage g,) = _move(gameId, true, Phase.Sums);
+        g.midSum = sum;
+        g.midPosted = true;
+        g.defenderTurn = false;
+        emit SumPosted(gameId, (g.lo + g.hi) / 2, sum);
+    }
+
+    /// @notice Challenger: whether it agrees with the posted midpoint (the interval moves to the half in dispute).
+    function judge(bytes32 gameId, bool agree) external {
+        (Game storage g,) = _move(gameId, false, Phase.Sums);
+        if (!g.midPosted) revert StepWrongPhase();
+        uint32 mid = (g.lo + g.hi) / 2;
+        if (agree) {
+            g.lo = mid;
+            g.loSum = g.midSum;
+        } else {
+            g.hi = mid;
+            g.hiSum = g.midSum;
+        }
+        g.midPosted = false;
+        g.defenderTurn = true;
+        if (g.hi == g.lo + 1) g.phase = Phase.Final;
+        emit Judged(gameId, agree, g.lo, g.hi);
+    }
+
+    /// @notice Defender: the one step `s_hi = s_lo + a[r,lo] * b[lo,c]`, its two inputs opened; decides the game.
+    function proveStep(bytes32 gameId, Element calldata a, Element calldata b) external {
+        (Game storage g, Op storage op) = _move(gameId, true, Phase.Final);
+        uint256 r = g.elem / op.cols;
+        uint256 c = g.elem % op.cols;
+        uint32 x = _open(a, op.aRoot, op.aLen, r * op.inner + g.lo, 1);
+        uint32 y = _open(b, op.bRoot, op.bLen, uint256(g.lo) * op.cols + c, 2);
+        _decide(gameId, g, g.loSum.add(x.mul(y)).same32(g.hiSum));
+    }
+
+    /// @notice Anyone: the side to move let its clock run out; the other side wins.
+    function timeout(bytes32 gameId) external {
+        Game storage g = _games[gameId];
+        if (g.phase == Phase.None || g.phase == Phase.Done) revert StepWrongPhase();
+        uint64 left = g.defenderTurn ? g.defenderLeft : g.challengerLeft;
+        if (block.number - g.turnSince <= left) revert StepClockRunning();
+        _decide(gameId, g, !g.defenderTurn);
+    }
+
+    /// @notice Take out what the caller won.
+    function withdraw() external {
+        uint256 amount = balanceOf[msg.sender];
+        balanceOf[msg.sender] = 0;
+        (bool ok,) = msg.sender.call{value: amount}("");
+        require(ok);
+    }
+
+    function _move(bytes32 gameId, bool byDefender, Phase phase) private returns (Game storage g, Op storage op) {
+        g = _games[gameId];
+        if (g.phase != phase) revert StepWrongPhase();
+        Claim storage c = _claims[g.claimId];
+        if (g.defenderTurn != byDefender || msg.sender != (byDefender ? c.defender : g.challenger)) {
+            revert StepNotYourMove();
+        }
+        uint64 elapsed = uint64(block.number) - g.turnSince;
+        if (byDefender) {
+            if (elapsed > g.defenderLeft) revert StepClockOut();
+            g.defenderLeft -= elapsed;
+        } else {
+            if (elapsed > g.challengerLeft) revert StepClockOut();
+            g.challengerLeft -= elapsed;
+        }
+        g.turnSince = uint64(block.number);
+        ++g.moves;
+        op = c.op;
+    }
+
+    function _decide(bytes32 gameId, Game storage g, bool defenderWon) private {
+        Claim storage c = _claims[g.claimId];
+        g.phase = Phase.Done;
+        c.busy = false;
+        if (defenderWon) {
+            balanceOf[c.defender] += bond;
+        } else {
+            c.wrong = true;
+            balanceOf[g.challenger] += 2 * bond;
+            emit ClaimProvenWrong(g.claimId, g.challenger);
+        }
+        emit Decided(gameId, g.claimId, defenderWon, g.moves);
+    }
+
+    /// @dev Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening.
+    function _open(Element calldata e, bytes32 root, uint256 numel, uint256 index, uint8 which)
+        private
+        pure
+        returns (uint32)
+    {
+        uint256 chunk = index / CHUNK;
+        if (!_header(e.leaf, chunk, numel)) revert StepBadOpening(which);
+        if (!_verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) revert StepBadOpening(which);
+        uint256 at = HEADER + 4 * (index - chunk * CHUNK);
+        return uint32(bytes4(e.leaf[at:at + 4]));
+    }
+
+    /// @dev Whether `leaf` is chunk `chunk`'s leaf of a lone tensor of `numel` elements: u32 tensor 0, u64 offset,
+    /// u64 cols (not checked: the flat order is the same for any matrix view), u32 count, count values.
+    function _header(bytes calldata leaf, uint256 chunk, uint256 numel) private pure returns (bool) {
+        uint256 count = numel - chunk * CHUNK;
+        if (count > CHUNK) count = CHUNK;
+        if (leaf.length != HEADER + 4 * count) return false;
+        uint256 head = uint256(bytes32(leaf[0:32]));
+        return head >> 224 == 0 && (head >> 160) & type(uint64).max == chunk * CHUNK && uint32(head >> 64) == count;
+    }
+
+    /// @dev ProverCommon.verifyLeaf: `leaf` at `index` of a ledger/merkle.py tree of `count` leaves.
+    function _verify(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, bytes32 root)
+        private
+        pure
+        returns (bool)
+    {
+        if (index >= count) return false;
+        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), leaf));
+        uint256 used = 0;
+        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
+            uint256 sibling = index ^ 1;
+            if (sibling < size) {
+                if (used == path.length) return false;
+                node = sibling < index
+                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], node))
+                    : sha256(abi.encodePacked(bytes1(0x01), node, path[used]));
+                ++used;
+            }
+            index >>= 1;
+        }
+        return used == path.length && node == root;
+    }
+}

@@ -1,0 +1,165 @@
+"""The trace of a reproducible inner step that the contribution proof bisects (issue 78, docs/FRAUD_PROOF.md
+"The contribution proof").
+
+A contribution in the reproducible mode (kernel version 3, docs/REPRODUCIBLE.md) is the result of H inner
+steps whose bits depend on the documented order of operations only. A challenger and a contributor who
+disagree about it bisect, first over the states after each inner step, then over the operations of the one
+step where they split, then inside one operation. This module gives the node what those levels open:
+
+* **State roots** (:func:`state_root`): the weights and the inner optimizer's state after a step, each tensor
+  committed as its own tree of :mod:`training.chunks` tensor leaves (tensor index 0, 64 elements a leaf), and
+  the state as the tree over those tensor roots in a fixed order (stages in order; per stage the weights by
+  name, then each weight's optimizer state by name: ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ...).
+* **The operation order of one step** (:func:`trace_steps`): the trainer's own inner step
+  (``LocalReplicaTrainer.train_step``, the one version of the arithmetic) run with a recorder: every torch
+  function the forward pass calls under ``ExactKernels`` (in call order, the model's level, not the kernels'
+  internals), every autograd node's gradients as the backward pass runs them (in the engine's order), and, after
+  the optimizer, each parameter's clipped gradient and new state. Each op's output is committed by its root.
+  The recorder only reads: the traced steps give the bits of untraced ones (tests/test_step_proof.py).
+* **Inside a product** (:func:`partial_sums`): the ``k + 1`` partial sums ``s_0 = +0``,
+  ``s_{j+1} = fl(s_j + fl(a[r, j] b[j, c]))`` of one output element of ``ordered_matmul``, whose last is that
+  element's bits; the contract (contracts/src/StepProver.sol) bisects them and recomputes one step.
+
+Trees and hashes are the ledger's (``ledger.merkle``): this package knows no chain, so the caller passes
+``tree_root`` (a function from leaves to the root, ``ledger.chunkproof.tree_root``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from training.chunks import tensor_leaves
+
+TreeRoot = Callable[[list[bytes]], bytes]
+
+
+def element_leaves(tensor: torch.Tensor) -> list[bytes]:
+    """The chunk leaves of ``tensor`` alone (tensor index 0; element ``e`` of the contiguous order is in leaf
+    ``e // 64``)."""
+    return tensor_leaves({"t": tensor.detach().to(torch.float32).cpu().contiguous()})
+
+
+def tensor_root(tensor: torch.Tensor, tree_root: TreeRoot) -> bytes:
+    """The root of ``tensor``'s own chunk tree (an empty tensor: the root of one empty leaf)."""
+    leaves = element_leaves(tensor)
+    return tree_root(leaves if leaves else [b""])
+
+
+def state_tensors(trainer) -> list[tuple[str, torch.Tensor]]:
+    """The state an inner step reads and writes, in the committed order (module docstring)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for stage, (module, optimizer) in enumerate(zip(trainer.stage_modules, trainer.optimizers)):
+        named = sorted(module.named_parameters(), key=lambda item: item[0].encode())
+        for name, param in named:
+            out.append((f"{stage}/{name}", param))
+            for key, value in sorted(optimizer.state.get(param, {}).items()):
+                if isinstance(value, torch.Tensor) and value.dtype == torch.float32 and value.dim() > 0:
+                    out.append((f"{stage}/{name}/{key}", value))
+    return out
+
+
+def state_root(trainer, tree_root: TreeRoot) -> bytes:
+    """The root over the roots of :func:`state_tensors` (each a 32-byte leaf)."""
+    return tree_root([tensor_root(t, tree_root) for _, t in state_tensors(trainer)])
+
+
+@dataclass
+class StepTrace:
+    """One inner step: its loss, the ops in order as ``(phase, name, output root)``, the state root after it."""
+
+    loss: float
+    ops: list[tuple[str, str, bytes]] = field(default_factory=list)
+    state_root: bytes = b""
+
+
+class _Recorder(TorchFunctionMode):
+    """Records each float32 tensor a model-level torch function returns, and its autograd node's gradients."""
+
+    def __init__(self, trace: StepTrace, tree_root: TreeRoot) -> None:
+        super().__init__()
+        self.trace, self.tree_root = trace, tree_root
+        self._hooked: list = []  # the autograd nodes hooked (held, so that no id is reused)
+
+    def _record(self, phase: str, name: str, value) -> None:
+        tensors = value if isinstance(value, (tuple, list)) else (value,)
+        for index, tensor in enumerate(tensors):
+            if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32:
+                label = name if len(tensors) == 1 else f"{name}[{index}]"
+                self.trace.ops.append((phase, label, tensor_root(tensor, self.tree_root)))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", str(func))
+        self._record("forward", name, out)
+        node = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
+        if node is not None and all(node is not seen for seen in self._hooked):
+            self._hooked.append(node)
+            node.register_hook(lambda grads, _outs, label=f"{type(node).__name__}<-{name}":
+                               self._record("backward", label, grads))
+        return out
+
+
+class _TracingPlatform:
+    """The trainer's platform with the recorder entered inside its ``autocast`` (above ``ExactKernels``)."""
+
+    def __init__(self, platform, recorder: _Recorder) -> None:
+        self._platform, self._recorder = platform, recorder
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+    def autocast(self):
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._platform.autocast())
+        stack.enter_context(self._recorder)
+        return stack
+
+
+def trace_steps(trainer, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], tree_root: TreeRoot,
+                ) -> tuple[bytes, list[StepTrace]]:
+    """Run ``trainer.train_step`` on each batch, recording each step (module docstring): the state root
+    before the first step, and each step's :class:`StepTrace`. The trainer must be in the reproducible mode."""
+    if not getattr(trainer.training_cfg, "reproducible", False):
+        raise ValueError("trace_steps: the trace is defined for the reproducible mode only")
+    start = state_root(trainer, tree_root)
+    traces = []
+    platform = trainer.platform
+    try:
+        for x, y in batches:
+            trace = StepTrace(loss=0.0)
+            trainer.platform = _TracingPlatform(platform, _Recorder(trace, tree_root))
+            trace.loss = trainer.train_step(x, y)
+            trainer.platform = platform
+            for name, tensor in state_tensors(trainer):
+                trace.ops.append(("optimizer", name, tensor_root(tensor, tree_root)))
+            trace.state_root = state_root(trainer, tree_root)
+            traces.append(trace)
+    finally:
+        trainer.platform = platform
+    return start, traces
+
+
+def float32_bits(value) -> int:
+    """The IEEE binary32 encoding of a float32 scalar, as an unsigned integer."""
+    return int(np.asarray(value, dtype=np.float32).reshape(()).view(np.uint32))
+
+
+def partial_sums(a: torch.Tensor, b: torch.Tensor, row: int, col: int) -> list[int]:
+    """The ``K + 1`` partial sums (bits) of element ``(row, col)`` of ``ordered_matmul(a, b)`` for ``a``
+    (M, K) and ``b`` (K, N): one float32 multiply and one float32 add at a time, ``k`` increasing."""
+    x = a.detach().cpu().numpy().astype(np.float32, copy=False)[row]
+    y = b.detach().cpu().numpy().astype(np.float32, copy=False)[:, col]
+    total = np.float32(0.0)
+    sums = [float32_bits(total)]
+    with np.errstate(all="ignore"):
+        for left, right in zip(x, y):
+            total = np.float32(total + np.float32(left * right))
+            sums.append(float32_bits(total))
+    return sums
