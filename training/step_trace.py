@@ -6,16 +6,16 @@ steps whose bits depend on the documented order of operations only. A challenger
 disagree about it bisect, first over the states after each inner step, then over the operations of the one
 step where they split, then inside one operation. This module gives the node what those levels open:
 
-* **State roots** (:func:`state_root`): the weights and the inner optimizer's state after a step, each tensor
-  committed as its own tree of :mod:`training.chunks` tensor leaves (tensor index 0, 64 elements a leaf), and
-  the state as the tree over those tensor roots in a fixed order (stages in order; per stage the weights by
-  name, then each weight's optimizer state by name: ``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``, ...).
+* **State roots** (:func:`state_root`): the weights and the inner optimizer's state after a step, each
+  tensor committed as its own tree of :mod:`training.chunks` tensor leaves (tensor index 0, 64 elements a
+  leaf), and the state as the tree over those tensor roots in a fixed order (stages in order; per stage the
+  weights by name, then each weight's optimizer state by name: ``exp_avg``, ``exp_avg_sq``, ...).
 * **The operation order of one step** (:func:`trace_steps`): the trainer's own inner step
   (``LocalReplicaTrainer.train_step``, the one version of the arithmetic) run with a recorder: every torch
   function the forward pass calls under ``ExactKernels`` (in call order, the model's level, not the kernels'
-  internals), every autograd node's gradients as the backward pass runs them (in the engine's order), and, after
-  the optimizer, each parameter's clipped gradient and new state. Each op's output is committed by its root.
-  The recorder only reads: the traced steps give the bits of untraced ones (tests/test_step_proof.py).
+  internals), every autograd node's gradients as the backward pass runs them (in the engine's order), and,
+  after the optimizer, each parameter's new value and optimizer state. Each op's output is committed by its
+  root. The recorder only reads: the traced steps give the bits of untraced ones (tests/test_step_proof.py).
 * **Inside a product** (:func:`partial_sums`): the ``k + 1`` partial sums ``s_0 = +0``,
   ``s_{j+1} = fl(s_j + fl(a[r, j] b[j, c]))`` of one output element of ``ordered_matmul``, whose last is that
   element's bits; the contract (contracts/src/StepProver.sol) bisects them and recomputes one step.
@@ -70,7 +70,8 @@ def state_root(trainer, tree_root: TreeRoot) -> bytes:
 
 @dataclass
 class StepTrace:
-    """One inner step: its loss, the ops in order as ``(phase, name, output root)``, the state root after it."""
+    """One inner step: its loss, the ops in order as ``(phase, name, output root)``, the state root
+    after it."""
 
     loss: float
     ops: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -125,7 +126,8 @@ class _TracingPlatform:
 def trace_steps(trainer, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], tree_root: TreeRoot,
                 ) -> tuple[bytes, list[StepTrace]]:
     """Run ``trainer.train_step`` on each batch, recording each step (module docstring): the state root
-    before the first step, and each step's :class:`StepTrace`. The trainer must be in the reproducible mode."""
+    before the first step, and each step's :class:`StepTrace`. The trainer must be in the reproducible
+    mode."""
     if not getattr(trainer.training_cfg, "reproducible", False):
         raise ValueError("trace_steps: the trace is defined for the reproducible mode only")
     start = state_root(trainer, tree_root)

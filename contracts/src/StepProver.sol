@@ -18,11 +18,11 @@ import {Float32} from "./Float32.sol";
 contract StepProver {
     using Float32 for uint32;
 
-    uint8 public constant ADD = 1;
-    uint8 public constant SUB = 2;
-    uint8 public constant MUL = 3;
-    uint8 public constant DIV = 4;
-    uint8 public constant MATMUL = 5;
+    uint8 internal constant ADD = 1;
+    uint8 internal constant SUB = 2;
+    uint8 internal constant MUL = 3;
+    uint8 internal constant DIV = 4;
+    uint8 internal constant MATMUL = 5;
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
     uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
 
@@ -73,10 +73,13 @@ contract StepProver {
         Op op;
     }
 
+    /// @notice The bond of a claim and of a challenge (the loser's goes to the winner).
     uint256 public immutable bond;
+    /// @notice Each side's blocks for all its moves of one game (a chess clock).
     uint64 public immutable clockBlocks;
     mapping(bytes32 => Claim) internal _claims;
     mapping(bytes32 => Game) internal _games;
+    /// @notice What each account won and has not withdrawn.
     mapping(address => uint256) public balanceOf;
 
     event Claimed(bytes32 indexed claimId, address defender);
@@ -84,67 +87,71 @@ contract StepProver {
     event SumPosted(bytes32 indexed gameId, uint32 at, uint32 sum);
     event Judged(bytes32 indexed gameId, bool agree, uint32 lo, uint32 hi);
     event Decided(bytes32 indexed gameId, bytes32 indexed claimId, bool defenderWon, uint32 moves);
-    event ClaimProvenWrong(bytes32 indexed claimId, address challenger);
+    event ClaimRefuted(bytes32 indexed claimId, address challenger);
 
-    error StepBondMismatch(uint256 required, uint256 sent);
-    error StepBadOp();
-    error StepUnknownClaim();
-    error StepClaimClosed();
-    error StepBadElement(uint64 elem);
-    error StepNotYourMove();
-    error StepWrongPhase();
-    error StepClockOut();
-    error StepClockRunning();
-    error StepBadOpening(uint8 which);
+    error ProverStepBondMismatch(uint256 required, uint256 sent);
+    error ProverStepBadOp();
+    error ProverStepUnknownClaim();
+    error ProverStepClaimClosed();
+    error ProverStepBadElement(uint64 elem);
+    error ProverStepNotYourMove();
+    error ProverStepWrongPhase();
+    error ProverStepClockOut();
+    error ProverStepClockRunning();
+    error ProverStepBadOpening(uint8 which);
 
     constructor(uint256 bond_, uint64 clockBlocks_) {
         bond = bond_;
         clockBlocks = clockBlocks_;
     }
 
+    /// @notice The id of `defender`'s claim on `op`.
     function claimIdOf(Op calldata op, address defender) public pure returns (bytes32) {
         return keccak256(abi.encode(op, defender));
     }
 
+    /// @notice The id of `challenger`'s game on claim `claimId`.
     function gameIdOf(bytes32 claimId, address challenger) public pure returns (bytes32) {
         return keccak256(abi.encode(claimId, challenger));
     }
 
+    /// @notice Game `gameId`'s state.
     function gameOf(bytes32 gameId) external view returns (Game memory) {
         return _games[gameId];
     }
 
+    /// @notice Claim `claimId`: its defender, whether proven wrong, whether a game is open on it, its op.
     function claimOf(bytes32 claimId) external view returns (Claim memory) {
         return _claims[claimId];
     }
 
     /// @notice Bond `bond` on `op`: that its output tensor is `kind(a, b)`.
     function claim(Op calldata op) external payable returns (bytes32 claimId) {
-        if (msg.value != bond) revert StepBondMismatch(bond, msg.value);
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
         uint256 out = uint256(op.rows) * op.cols;
         if (op.kind == MATMUL) {
             if (op.inner == 0 || op.aLen != uint256(op.rows) * op.inner || op.bLen != uint256(op.inner) * op.cols) {
-                revert StepBadOp();
+                revert ProverStepBadOp();
             }
         } else if (op.kind >= ADD && op.kind <= DIV) {
-            if (op.cols != 1 || op.inner != 0 || op.aLen == 0 || op.bLen == 0) revert StepBadOp();
+            if (op.cols != 1 || op.inner != 0 || op.aLen == 0 || op.bLen == 0) revert ProverStepBadOp();
         } else {
-            revert StepBadOp();
+            revert ProverStepBadOp();
         }
-        if (out == 0) revert StepBadOp();
+        if (out == 0) revert ProverStepBadOp();
         claimId = claimIdOf(op, msg.sender);
-        if (_claims[claimId].defender != address(0)) revert StepClaimClosed();
+        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
         _claims[claimId] = Claim(msg.sender, false, false, op);
         emit Claimed(claimId, msg.sender);
     }
 
     /// @notice Bond `bond` against element `elem` of a claim's output (one game at a time per claim).
     function challenge(bytes32 claimId, uint64 elem) external payable returns (bytes32 gameId) {
-        if (msg.value != bond) revert StepBondMismatch(bond, msg.value);
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
         Claim storage c = _claims[claimId];
-        if (c.defender == address(0)) revert StepUnknownClaim();
-        if (c.wrong || c.busy) revert StepClaimClosed();
-        if (elem >= uint256(c.op.rows) * c.op.cols) revert StepBadElement(elem);
+        if (c.defender == address(0)) revert ProverStepUnknownClaim();
+        if (c.wrong || c.busy) revert ProverStepClaimClosed();
+        if (elem >= uint256(c.op.rows) * c.op.cols) revert ProverStepBadElement(elem);
         c.busy = true;
         gameId = gameIdOf(claimId, msg.sender);
         Game storage g = _games[gameId];
@@ -197,7 +204,7 @@ contract StepProver {
     /// @notice Challenger: whether it agrees with the posted midpoint (the interval moves to the half in dispute).
     function judge(bytes32 gameId, bool agree) external {
         (Game storage g,) = _move(gameId, false, Phase.Sums);
-        if (!g.midPosted) revert StepWrongPhase();
+        if (!g.midPosted) revert ProverStepWrongPhase();
         uint32 mid = (g.lo + g.hi) / 2;
         if (agree) {
             g.lo = mid;
@@ -225,9 +232,9 @@ contract StepProver {
     /// @notice Anyone: the side to move let its clock run out; the other side wins.
     function timeout(bytes32 gameId) external {
         Game storage g = _games[gameId];
-        if (g.phase == Phase.None || g.phase == Phase.Done) revert StepWrongPhase();
+        if (g.phase == Phase.None || g.phase == Phase.Done) revert ProverStepWrongPhase();
         uint64 left = g.defenderTurn ? g.defenderLeft : g.challengerLeft;
-        if (block.number - g.turnSince <= left) revert StepClockRunning();
+        if (block.number - g.turnSince <= left) revert ProverStepClockRunning();
         _decide(gameId, g, !g.defenderTurn);
     }
 
@@ -241,17 +248,17 @@ contract StepProver {
 
     function _move(bytes32 gameId, bool byDefender, Phase phase) private returns (Game storage g, Op storage op) {
         g = _games[gameId];
-        if (g.phase != phase) revert StepWrongPhase();
+        if (g.phase != phase) revert ProverStepWrongPhase();
         Claim storage c = _claims[g.claimId];
         if (g.defenderTurn != byDefender || msg.sender != (byDefender ? c.defender : g.challenger)) {
-            revert StepNotYourMove();
+            revert ProverStepNotYourMove();
         }
         uint64 elapsed = uint64(block.number) - g.turnSince;
         if (byDefender) {
-            if (elapsed > g.defenderLeft) revert StepClockOut();
+            if (elapsed > g.defenderLeft) revert ProverStepClockOut();
             g.defenderLeft -= elapsed;
         } else {
-            if (elapsed > g.challengerLeft) revert StepClockOut();
+            if (elapsed > g.challengerLeft) revert ProverStepClockOut();
             g.challengerLeft -= elapsed;
         }
         g.turnSince = uint64(block.number);
@@ -268,7 +275,7 @@ contract StepProver {
         } else {
             c.wrong = true;
             balanceOf[g.challenger] += 2 * bond;
-            emit ClaimProvenWrong(g.claimId, g.challenger);
+            emit ClaimRefuted(g.claimId, g.challenger);
         }
         emit Decided(gameId, g.claimId, defenderWon, g.moves);
     }
@@ -280,8 +287,8 @@ contract StepProver {
         returns (uint32)
     {
         uint256 chunk = index / CHUNK;
-        if (!_header(e.leaf, chunk, numel)) revert StepBadOpening(which);
-        if (!_verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) revert StepBadOpening(which);
+        if (!_header(e.leaf, chunk, numel)) revert ProverStepBadOpening(which);
+        if (!_verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) revert ProverStepBadOpening(which);
         uint256 at = HEADER + 4 * (index - chunk * CHUNK);
         return uint32(bytes4(e.leaf[at:at + 4]));
     }
