@@ -44,22 +44,33 @@ def claim_window(checkpoint_every: int) -> int:
 class StorageConfig:
     """How much of its past a node keeps on disk (``[storage]``); see node/store/retention.py.
 
-    Whatever the settings, a node never deletes what a restart or a peer still needs: sealed
-    rounds not yet committed on chain (a restart re-applies them from the archive) and the newest
-    checkpoint of a committed round (a joiner downloads the chain's latest checkpoint from peers).
+    ``retention = "windows"`` (the default) keeps what the chain's open windows still need and the newest
+    final checkpoint, so a node's disk stays flat however many rounds run; ``"all"`` keeps every round
+    (what an audit of the whole run from one node's files needs; it grows by a few stage states a round).
+    Whatever the settings, a node never deletes what a restart or a peer still needs: sealed rounds not
+    yet committed on chain (a restart re-applies them from the archive) and the checkpoint a joiner
+    downloads.
     """
 
-    # Both default to 0 = keep everything: an audit of the whole run reads every round's archived
-    # contributions and every published checkpoint from the nodes. A long run sets them.
-    keep_rounds: int = 0  # sealed archive rounds kept (their signed contributions)
-    keep_checkpoints: int = 0  # checkpoint rounds kept (full checkpoint and stage shards)
+    retention: str = "windows"  # "windows": what open windows need; "all": every round, for ever
+    # With "windows": keep at least the newest N besides what the windows need (0: none more).
+    keep_rounds: int = 0  # sealed archive rounds (signed contributions, served start states)
+    keep_checkpoints: int = 0  # checkpoint rounds (full checkpoint and stage shards)
 
     def __post_init__(self) -> None:
+        if self.retention not in RETENTIONS:
+            raise ConfigError(f"storage.retention={self.retention!r}: must be one of {', '.join(RETENTIONS)} "
+                              "(\"windows\": what the chain's open windows need; \"all\": every round)")
         if self.keep_rounds < 0:
-            raise ConfigError(f"storage.keep_rounds={self.keep_rounds}: must be >= 0 (0 = keep all)")
+            raise ConfigError(f"storage.keep_rounds={self.keep_rounds}: must be >= 0 (0 = no more than the "
+                              "windows need)")
         if self.keep_checkpoints < 0:
-            raise ConfigError(
-                f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = keep all)")
+            raise ConfigError(f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = no more "
+                              "than the windows need)")
+
+
+#: ``storage.retention``'s values (node/store/retention.py).
+RETENTIONS = ("windows", "all")
 
 
 _SECTIONS: dict[str, type] = {

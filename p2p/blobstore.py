@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,13 @@ class BlobStore:
         self.commit(staged, sha256_hex, verified=True)
         return sha256_hex
 
-    def put_file(self, source: str | os.PathLike[str]) -> str:
-        """Copy the file at ``source`` into the store (hashing while copying); return its sha256 hex."""
+    def put_file(self, source: str | os.PathLike[str], link: bool = False) -> str:
+        """Copy the file at ``source`` into the store (hashing while copying); return its sha256 hex.
+
+        ``link``: hard-link it instead where the filesystem allows (no second copy on disk), hashing the
+        link in 4 MiB reads. The file becomes read-only (the store's blobs are): the caller never edits it in
+        place (a checkpoint is replaced whole, never edited). A filesystem without hard links gets a copy.
+        """
         source = Path(source)
         try:
             size = source.stat().st_size
@@ -175,6 +181,24 @@ class BlobStore:
             raise BlobError(f"cannot read blob source {source}: {exc}") from None
         if size > self.max_blob_bytes:
             raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        if link:
+            staged = self.staging / f"link-{os.getpid()}-{threading.get_ident()}-{source.name}"
+            staged.unlink(missing_ok=True)
+            try:
+                os.link(source, staged)
+            except OSError:
+                pass  # another filesystem, or none allows it: copied below
+            else:
+                try:
+                    sha256_hex = hash_file(staged)  # what the link holds, whatever the source became since
+                except BaseException:
+                    staged.unlink(missing_ok=True)
+                    raise
+                if self.has(sha256_hex):
+                    staged.unlink(missing_ok=True)
+                    return sha256_hex
+                self.commit(staged, sha256_hex, verified=True)
+                return sha256_hex
         staged = self.new_staging_file()
         digest = hashlib.sha256()
         try:

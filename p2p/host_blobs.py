@@ -37,19 +37,21 @@ class HostBlobs:
     """
 
     def provide_blob(
-        self, source: bytes | str | os.PathLike[str], announce: bool = True, timeout: float = 30.0
+        self, source: bytes | str | os.PathLike[str], announce: bool = True, timeout: float = 30.0,
+        link: bool = False,
     ) -> str:
         """Store ``source`` (bytes or a file path) in the blob dir and announce it on the DHT.
 
         Returns the sha256 hex. Hashing and copying happen on the calling thread,
         never on the event loop. The blob is served as soon as it is stored, even
         if the DHT announcement times out (that raises P2PTimeout after storing).
+        ``link``: a file path is hard-linked, not copied (:meth:`p2p.blobstore.BlobStore.put_file`).
         """
         self._check_open()
         if isinstance(source, (bytes, bytearray, memoryview)):
             sha256_hex = self.store.put_bytes(bytes(source))
         else:
-            sha256_hex = self.store.put_file(source)
+            sha256_hex = self.store.put_file(source, link=link)
         if announce:
             self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
         return sha256_hex

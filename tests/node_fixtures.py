@@ -12,6 +12,9 @@ from node.commands.launcher import LocalRun
 #: A tiny, fast run: every test's base settings.
 TINY = ["model.preset=tiny", "diloco.inner_steps=4", "training.batch_size=4", "round_timeout=60",
         "checkpoint_every=1"]
+#: What a test that audits the whole run from the nodes' files adds: every round kept (the default retention,
+#: "windows", drops rounds whose windows closed, which the audit would then call unverifiable).
+KEEP_ALL = ["storage.retention=all"]
 
 
 def run_logs(run: LocalRun, lines: int = 40) -> str:

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from node_fixtures import TINY, assert_chain_roots, node_state, wait_for
+from node_fixtures import KEEP_ALL, TINY, assert_chain_roots, node_state, wait_for
 
 from ledger.chain import OUTAGE_REPORT_EVERY_S
 from ledger.anvil import AnvilProcess
@@ -34,7 +34,7 @@ def _logs(slot) -> str:
 @pytest.mark.timeout(300)
 def test_nodes_ride_out_a_chain_outage_and_commit_every_round_once(make_run):
     run = make_run(replicas=2, stages=2, split=False,
-                   settings=TINY + ["rounds=0", "join_timeout=60",
+                   settings=TINY + KEEP_ALL + ["rounds=0", "join_timeout=60",
                                     # Give up on each request after 2 s: the outage outlasts the
                                     # ledger's own retries, so the committer must queue and retry.
                                     "ledger.retry_seconds=2"])

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from node_fixtures import TINY, assert_chain_roots, node_log, node_state, run_logs, wait_for
+from node_fixtures import KEEP_ALL, TINY, assert_chain_roots, node_log, node_state, run_logs, wait_for
 from tinyfs import fill, tiny_filesystem
 
 
@@ -29,7 +29,7 @@ def _recorded(slot) -> set[int]:
 
 @pytest.mark.timeout(600)
 def test_a_node_whose_disk_fills_pauses_then_catches_up_and_every_round_commits_once(make_run, tmp_path):
-    run = make_run(replicas=2, stages=2, split=False, settings=TINY + ["rounds=0", "join_timeout=60"])
+    run = make_run(replicas=2, stages=2, split=False, settings=TINY + KEEP_ALL + ["rounds=0", "join_timeout=60"])
     slot = run.nodes[1]
     kept = tmp_path / "r1-setup"
     shutil.copytree(slot.data_dir, kept)  # what setup wrote (identity key, node.toml), hidden by the mount

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from node_fixtures import TINY, assert_chain_roots, run_logs, wait_for
+from node_fixtures import KEEP_ALL, TINY, assert_chain_roots, run_logs, wait_for
 
 from ledger.account import dev_account
 from node import protocol as msg
@@ -45,7 +45,7 @@ def _spot_checks(slot) -> list[tuple[int, int, str]]:
 def test_a_time_bounded_split_run_declares_its_steps_and_reruns_them_exactly(make_run):
     # attest_quorum=4: every record needs all four members' signatures over the same bytes, tokens included.
     run = make_run(replicas=2, stages=2, split=True, attest_quorum=4, settings=[
-        *TINY, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2",
+        *TINY, *KEEP_ALL, f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.2",
         f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0", f"rounds={MAX_ROUNDS}",
         "join_timeout=60", "spot_checks=8"])
     run.start()
@@ -131,7 +131,7 @@ def test_a_throttled_replica_contributes_to_every_round_of_a_time_bounded_sliced
     # round_timeout: a close waits for every expected replica up to it; the throttled one is expected.
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, cpu_limits={2: THROTTLED_CPUS},
                    settings=[
-        *TINY, "join_timeout=180", "diloco.exchange=sliced", "p2p.transfer_timeout=30", "round_timeout=600",
+        *TINY, *KEEP_ALL, "join_timeout=180", "diloco.exchange=sliced", "p2p.transfer_timeout=30", "round_timeout=600",
         f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.3",
         f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0"])
     run.start()
@@ -176,7 +176,7 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
     commitment agrees with the declaration): every aggregation check lets it through; the honest members'
     reruns of its declared steps do not reproduce it, they accuse it and the run's quorum convicts it."""
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, settings=[
-        *TINY, "join_timeout=120", "rounds=100", "spot_checks=8", f"diloco.inner_steps={MAX_STEPS}",
+        *TINY, *KEEP_ALL, "join_timeout=120", "rounds=100", "spot_checks=8", f"diloco.inner_steps={MAX_STEPS}",
         "diloco.round_budget_s=0.05", f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0"])
     cheater = run.nodes[-1]
     cheater.command = [*ADVERSARY, "over-declare"]
@@ -214,7 +214,8 @@ def test_a_screened_time_bounded_run_is_audited_bit_for_bit(make_run):
     contribution (exactly its declared steps) bit for bit."""
     rounds = 3
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, settings=[
-        *TINY, "join_timeout=180", "round_timeout=600", f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}",
+        *TINY, *KEEP_ALL, "join_timeout=180", "round_timeout=600", f"rounds={rounds}",
+        f"diloco.inner_steps={MAX_STEPS}",
         "diloco.round_budget_s=0.3", f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0",
         "diloco.screen_rule=paired"])
     run.start()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from adversary import OTHER_PLATFORM_CPU
-from node_fixtures import TINY, node_state, run_logs
+from node_fixtures import KEEP_ALL, TINY, node_state, run_logs
 
 from ledger.account import dev_account
 
@@ -51,7 +51,7 @@ def _wait_for(predicate, timeout: float, what: str, run) -> None:
 def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_run, attack):
     # spot_checks=8 with 3 members: every node re-executes every other replica's contribution of every round.
     run = make_run(replicas=3, stages=2, split=False, attest_quorum=2,
-                   settings=[*TINY, "join_timeout=60", f"rounds={MAX_ROUNDS}", "spot_checks=8"])
+                   settings=[*TINY, *KEEP_ALL, "join_timeout=60", f"rounds={MAX_ROUNDS}", "spot_checks=8"])
     cheater = run.nodes[-1]
     cheater.command = [*ADVERSARY, attack]
     run.start()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from node_fixtures import TINY, run_logs
+from node_fixtures import KEEP_ALL, TINY, run_logs
 
 from ledger.account import dev_account
 from node.tools.audit import FAIL, OK, audit_run
@@ -40,7 +40,7 @@ def _wait_for(predicate, timeout: float, what: str, run) -> None:
 def test_a_member_whose_slices_its_state_does_not_produce_is_rerun_accused_and_ejected(make_run):
     # spot_checks=8 with 3 members: every node reruns every other replica's contribution of every round.
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,
-                   settings=[*TINY, "join_timeout=60", f"rounds={MAX_ROUNDS}", "spot_checks=8",
+                   settings=[*TINY, *KEEP_ALL, "join_timeout=60", f"rounds={MAX_ROUNDS}", "spot_checks=8",
                              "diloco.exchange=sliced", "p2p.transfer_timeout=20"])
     cheater = run.nodes[-1]
     cheater.command = [*ADVERSARY, "slices-sign-flip"]

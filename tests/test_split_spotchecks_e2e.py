@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from node_fixtures import TINY, run_logs
+from node_fixtures import KEEP_ALL, TINY, run_logs
 
 from ledger.account import dev_account
 
@@ -58,7 +58,7 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
     # once every node has done two checks (a rerun's child imports torch first: under load a short run can
     # end before the first check does); MAX_ROUNDS only bounds it.
     run = make_run(replicas=2, stages=2, split=True,
-                   settings=[*TINY, f"rounds={MAX_ROUNDS}", "join_timeout=60",
+                   settings=[*TINY, *KEEP_ALL, f"rounds={MAX_ROUNDS}", "join_timeout=60",
                              "spot_checks=8"])
     run.start()
 
@@ -121,7 +121,7 @@ def test_every_node_of_a_split_cluster_reexecutes_the_other_replica_exactly(make
 @pytest.mark.timeout(1800)
 def test_a_cheating_stage_holder_of_a_split_cluster_is_caught_and_only_it_is_accused(make_run):
     run = make_run(replicas=2, stages=2, split=True, attest_quorum=2,
-                   settings=[*TINY, "join_timeout=60", "rounds=60", "spot_checks=8"])
+                   settings=[*TINY, *KEEP_ALL, "join_timeout=60", "rounds=60", "spot_checks=8"])
     cheater = run.nodes[-1]  # one stage of cluster-1's replica (which one is the placement's)
     partner = run.nodes[-2]  # its honest pipeline partner
     cheater.command = [*ADVERSARY, "sign-flip"]

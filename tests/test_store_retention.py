@@ -73,7 +73,11 @@ def test_storage_settings_load_validate_and_keep_the_old_name(tmp_path):
     cfg = load_config(None, ["storage.keep_rounds=20", "storage.keep_checkpoints=3"])
     assert (cfg.storage.keep_rounds, cfg.storage.keep_checkpoints) == (20, 3)
     default = load_config(None, []).storage
-    assert (default.keep_rounds, default.keep_checkpoints) == (0, 0)  # keep all: an audit needs every round
+    # the default keeps what the chain's open windows need, no more; "all" is an explicit choice
+    assert (default.retention, default.keep_rounds, default.keep_checkpoints) == ("windows", 0, 0)
+    assert load_config(None, ["storage.retention=all"]).storage.retention == "all"
+    with pytest.raises(ConfigError, match="storage.retention"):
+        load_config(None, ["storage.retention=forever"])
     # the older setting still applies
     assert load_config(None, ["retention_rounds=7"]).storage.keep_rounds == 7
     with pytest.raises(ConfigError, match="storage.keep_checkpoints"):

@@ -276,8 +276,10 @@ class Archive:
         return sorted(out)
 
     def prune(self, retention_rounds: int, committed_through: int | None = None,
-              forget_blob: Callable[[str], object] | None = None) -> dict[int, list[bytes]]:
-        """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything.
+              forget_blob: Callable[[str], object] | None = None, before: int | None = None
+              ) -> dict[int, list[bytes]]:
+        """Delete all but the newest ``retention_rounds`` sealed rounds; 0 keeps everything. With ``before``
+        instead (node/store/retention.py, the windows' retention): every round before it, sealed or not.
 
         Rounds after ``committed_through`` (when given) are kept whatever their age: a restart
         re-applies sealed rounds that are not on chain yet. Each deleted envelope's blob is
@@ -287,11 +289,14 @@ class Archive:
         """
         for leftover in self.dir.glob(TRASH_PREFIX + "*"):
             shutil.rmtree(leftover, ignore_errors=True)
-        if retention_rounds <= 0:
+        if before is not None:
+            candidates = [r for r in self.rounds() if r < before]
+        elif retention_rounds > 0:
+            candidates = [r for r in self.rounds() if self.sealed_path(r).exists()][:-retention_rounds]
+        else:
             return {}
-        sealed = [r for r in self.rounds() if self.sealed_path(r).exists()]
         doomed = {}
-        for r in sealed[:-retention_rounds]:
+        for r in candidates:
             if committed_through is not None and r > committed_through:
                 continue
             round_dir = self._round_dir(r)
@@ -299,6 +304,10 @@ class Archive:
             if forget_blob is not None:
                 for digest in doomed[r]:
                     forget_blob(digest.hex())
+                for served in round_dir.glob("*.slice"):  # the sliced exchange's blobs, served too
+                    forget_blob(served.stem)
+                for served in round_dir.glob("*.partial"):
+                    forget_blob(served.stem)
             trash = round_dir.with_name(TRASH_PREFIX + round_dir.name)
             round_dir.rename(trash)
             shutil.rmtree(trash, ignore_errors=True)

@@ -1,18 +1,42 @@
 """Retention: how a node bounds what it keeps on disk (``[storage]`` of node.toml).
 
-Two kinds of files grow with a run: the archive (one directory of signed contribution
-envelopes per sealed round, :mod:`node.store.archive`) and the checkpoints (a full
-checkpoint ``round-<t>.safetensors`` and a shard per held stage ``shard-<t>-stage<s>.safetensors``
-per checkpoint round, in ``<data_dir>/checkpoints``). Both are also served to peers as blobs,
-so what is deleted must stop being served as well (``forget_blob``).
+Three kinds of files grow with a run, one set a round: the archive (one directory of signed contribution
+envelopes per sealed round, :mod:`node.store.archive`), the start states a node serves for the spot checks
+of its contributions (node/live/checks/heldstates.py) and the checkpoints (a full checkpoint
+``round-<t>.safetensors`` and a shard per held stage ``shard-<t>-stage<s>.safetensors`` per checkpoint
+round, in ``<data_dir>/checkpoints``). All are also served to peers as blobs, so what is deleted stops
+being served first (``forget_blob``). (A chunked run's published stage states follow the same windows on
+their own: node/live/fraud/chunkstate.py.)
 
-What is never deleted, whatever the settings:
+The default, ``storage.retention = "windows"`` (:class:`Retention`), decides from the chain, never from a
+clock. Round ``t``'s archive and start states are kept while any of these holds:
 
-* a sealed round that is not committed on chain yet: a restarted node re-applies the rounds
-  it sealed from its archive (docs/PROTOCOL.md, "Joining") and serves their contributions
-  again, so every round still commits once;
-* checkpoints of rounds not committed yet, and the newest checkpoint of a committed round:
-  a joiner or a restarted peer downloads the chain's latest checkpoint from the live peers.
+* ``t`` is not committed on chain yet (a restart re-applies the rounds it sealed; every round commits once);
+* ``t`` is one of the newest :data:`SPOT_CHECK_ROUNDS` committed rounds: a verifier draws its spot checks
+  of a round once it is on chain and fetches the claimant's start state and the round's envelopes then;
+  its chain check of ``t`` follows with round ``t + 1``;
+* ``t``'s own window on chain is open (its dispute window, its open disputes' deadline, its availability
+  games: where ``TrainingLedger.proofWindowOf(t + 1)`` opens), or an older held round's is: rounds go
+  oldest first, so what is kept is always one span of rounds;
+* ``t`` is among the newest ``keep_rounds`` (0: no more).
+
+What a fraud proof of ``t`` and its availability games read, the chunked run's published stage states, is
+kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: those of the rounds
+still kept (an auditor checks them), the newest *final* committed full checkpoint (its proof window closed:
+nothing can overturn it, so a joiner can always start from it), the newest committed one, every round not
+committed yet and the newest ``keep_checkpoints``; everything while no full checkpoint is final.
+
+So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
+:data:`SPOT_CHECK_ROUNDS` committed ones, and those whose own window is open (``disputeBlocks`` over the
+blocks a round takes, longer only while a dispute or an availability game runs), plus two checkpoints.
+Per round that is the node's start state of each held stage (what a rerun starts from: weights, AdamW
+state and outer state), its signed contributions and the round's checkpoint files, and in a chunked run
+its published stage state (over the longer proof window): so its disk is bounded by about ``W`` start
+states of its stages plus a few checkpoints however many rounds run (docs/PROTOCOL.md, "Archive and
+retention", gives the measured figures).
+
+``storage.retention = "all"`` keeps every round (0 and 0 of the older settings): what an audit of the whole
+run from this node's files needs; it grows by about one start state of each held stage a round.
 
 Deletion is crash-safe: blobs are forgotten first (a crash then leaves a file that the next
 pruning deletes), an archive round directory is renamed out of the archive's namespace in one
@@ -22,15 +46,20 @@ and leftovers of an interrupted removal are swept the next time.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from node.store.archive import Archive
+from p2p.blobstore import hash_file
 
 logger = logging.getLogger(__name__)
+
+#: Committed rounds whose archive and start states are kept whatever the chain's windows say: a verifier
+#: draws its spot checks of a round once it is on chain and fetches the claimant's start state then
+#: (node/live/checks/heldstates.py serves them; its chain check of round t comes with round t + 1).
+SPOT_CHECK_ROUNDS = 8
 
 _CHECKPOINT_FILE = re.compile(r"^(?:round-(\d{8})|shard-(\d{8})-stage\d+)\.safetensors$")
 
@@ -79,12 +108,7 @@ def prune_checkpoints(checkpoint_dir: Path, keep_checkpoints: int, committed_thr
     doomed = [r for r in committed if r not in keep]
     for round_index in doomed:
         for path in sorted(files[round_index]):
-            try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            except OSError:
-                continue
-            forget_blob(digest)
-            path.unlink(missing_ok=True)
+            _remove_served(path, forget_blob)
     if doomed:
         logger.info("retention: pruned checkpoints of rounds %s (keep_checkpoints=%d)",
                     _span(doomed), keep_checkpoints)
@@ -93,3 +117,94 @@ def prune_checkpoints(checkpoint_dir: Path, keep_checkpoints: int, committed_thr
 
 def _span(rounds: list[int]) -> str:
     return f"{rounds[0]}..{rounds[-1]}" if len(rounds) > 1 else str(rounds[0])
+
+
+def _remove_served(path: Path, forget_blob: Callable[[str], object]) -> None:
+    """Stop serving the file at ``path`` (hashed in 4 MiB reads, never read whole), then delete it."""
+    try:
+        digest = hash_file(path)
+    except OSError:
+        return
+    forget_blob(digest)
+    path.unlink(missing_ok=True)
+
+
+class Retention:
+    """The default retention, ``storage.retention = "windows"`` (module docstring): which rounds a node may
+    delete, from the chain's windows.
+
+    ``own_open(t)``: whether round ``t`` itself can still be disputed or have an availability game on it
+    (node.live.fraud.chunkstate.DisputeWindow.own_open); ``proof_open(t)``: whether a fraud proof of ``t`` can
+    still be taken (DisputeWindow.open: once closed, ``t`` is final). Both answer True when the chain cannot
+    be asked. None: no chain (every committed round older than the spot checks' goes; no checkpoint is final).
+    """
+
+    def __init__(self, storage, own_open: Callable[[int], bool] | None,
+                 proof_open: Callable[[int], bool] | None = None) -> None:
+        self.storage = storage  # node.config.StorageConfig
+        self.own_open = own_open
+        self.proof_open = proof_open if proof_open is not None else own_open
+
+    @property
+    def keeps_all(self) -> bool:
+        return self.storage.retention == "all"
+
+    def rounds_floor(self, newest: int, committed_through: int, held: list[int]) -> int:
+        """The oldest round whose archive and start states are kept: rounds before it may go.
+
+        ``newest``: the round being finished; ``committed_through``: the newest round this node knows is on
+        chain; ``held``: the rounds it holds anything of (the oldest are asked about their windows)."""
+        if self.keeps_all:
+            return 0
+        floor = min(committed_through + 1, min(newest, committed_through) - SPOT_CHECK_ROUNDS + 1)
+        if self.storage.keep_rounds > 0:
+            floor = min(floor, newest - self.storage.keep_rounds + 1)
+        for outer_round in sorted(r for r in set(held) if r < floor):
+            if self.own_open is not None and self.own_open(outer_round):
+                return max(0, outer_round)  # it and every newer round stay: one span, oldest first
+        return max(0, floor)
+
+    def checkpoints_kept(self, checkpoint_dir: Path, committed_through: int, rounds_floor: int) -> set[int]:
+        """The checkpoint rounds kept: those from ``rounds_floor`` on (the rounds still inside a window: an
+        auditor checks their checkpoints), the newest final committed full checkpoint (nothing overturns it:
+        a joiner can always start from it), the newest committed full one (what the chain names now), every
+        round not committed yet and the newest ``keep_checkpoints``. Everything while no full checkpoint is
+        final."""
+        files = checkpoint_files(checkpoint_dir)
+        if self.keeps_all:
+            return set(files)
+        committed = sorted(r for r in files if r <= committed_through)
+        full = [r for r in committed if any(p.name.startswith("round-") for p in files[r])]
+        final = next((r for r in reversed(full) if self.proof_open is None or not self.proof_open(r)), None)
+        if final is None:
+            return set(files)
+        keep = {r for r in files if r >= rounds_floor or r > committed_through} | {final, full[-1]}
+        if self.storage.keep_checkpoints > 0:
+            keep |= set(committed[-self.storage.keep_checkpoints:])
+        return keep
+
+
+def prune_archive_before(archive: Archive, floor: int, committed_through: int,
+                         forget_blob: Callable[[str], object] = lambda _hex: None) -> list[int]:
+    """Delete the archive's rounds before ``floor`` (:meth:`Retention.rounds_floor`), never one after
+    ``committed_through``; sealed or not (a round this node never sealed and the chain holds is nobody's
+    restart). Returns the rounds deleted; their envelopes' blobs are forgotten first."""
+    doomed = sorted(archive.prune(0, committed_through, forget_blob, before=floor))
+    if doomed:
+        logger.info("retention: pruned archive rounds %s (kept from round %d: open windows)", _span(doomed),
+                    floor)
+    return doomed
+
+
+def prune_checkpoints_except(checkpoint_dir: Path, keep: set[int], committed_through: int,
+                             forget_blob: Callable[[str], object] = lambda _hex: None) -> list[int]:
+    """Delete the checkpoint rounds not in ``keep`` (:meth:`Retention.checkpoints_kept`), never one after
+    ``committed_through``. Returns the rounds deleted."""
+    files = checkpoint_files(checkpoint_dir)
+    doomed = sorted(r for r in files if r not in keep and r <= committed_through)
+    for round_index in doomed:
+        for path in sorted(files[round_index]):
+            _remove_served(path, forget_blob)
+    if doomed:
+        logger.info("retention: pruned checkpoints of rounds %s (%d rounds kept)", _span(doomed), len(keep))
+    return doomed

@@ -15,13 +15,15 @@ import threading
 from pathlib import Path
 
 from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
+from node.store.retention import SPOT_CHECK_ROUNDS
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 
 logger = logging.getLogger(__name__)
 
-#: Rounds of start states a node keeps serving (a verifier checks round t once it is on chain).
-STATE_ROUNDS_KEPT = 8
+#: Rounds of start states a node keeps serving at least (a verifier checks round t once it is on chain); the
+#: retention keeps more while the chain's windows are open (node/store/retention.py).
+STATE_ROUNDS_KEPT = SPOT_CHECK_ROUNDS
 #: How long a node waits for the claimant's start state before giving the check up.
 STATE_FETCH_TIMEOUT_S = 60.0
 
@@ -56,6 +58,19 @@ class HeldStates:
                 for digest in self._served.pop(old):
                     self.host.remove_blob(digest)
         return hashes
+
+    def forget_before(self, floor: int) -> list[int]:
+        """Stop serving (and delete) this node's start states of rounds before ``floor`` (the retention's:
+        node/store/retention.py); the rounds dropped."""
+        old = sorted(r for r in list(self._served) if r < floor)
+        for outer_round in old:
+            for digest in self._served.pop(outer_round, []):
+                self.host.remove_blob(digest)
+        return old
+
+    def served_rounds(self) -> list[int]:
+        """The rounds whose start states this node serves."""
+        return sorted(self._served)
 
     def fetch(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
         """The start-state part each envelope binds, fetched from its signer (stage order)."""

@@ -164,7 +164,8 @@ class SpotChecker(ContributionRerun, Tribunal):
     def serve_start_states(self, outer_round: int, parts: dict[int, bytes]) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
         binds)."""
-        return self.states.serve(outer_round, parts, self.ctx.cfg.storage.keep_rounds)
+        # kept until the retention (node/store/retention.py, in the finisher's tail) lets the round go
+        return self.states.serve(outer_round, parts, 0)
 
     # -- sampling -----------------------------------------------------------------------
     def on_recorded(self, outer_round: int, weights_root: bytes) -> None:

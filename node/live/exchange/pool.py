@@ -16,6 +16,7 @@ from node import protocol as msg
 from node.errors import NodeError
 from node.fsutil import keep_evidence, serve_when_space
 from node.live.state.roundbook import Announced, RoundBook
+from p2p.blobstore import hash_file
 from p2p.envelope import decode_envelope
 from p2p.errors import EnvelopeRejected, P2PError, P2PTimeout
 from p2p.host import P2PHost
@@ -33,20 +34,21 @@ MAX_PENDING_ANNOUNCES = 64
 FALLBACK_PROVIDERS = 3
 
 
-def serve_blob(host: P2PHost, source) -> str:
+def serve_blob(host: P2PHost, source, link: bool = False) -> str:
     """Store ``source`` (bytes or a path) in the host's blob store and announce it on the DHT.
 
     The blob is served from the moment it is stored; a DHT announcement that times out (a loaded
     machine, few DHT peers) only means peers must ask the live providers first, as they do, so it
-    is logged, never fatal. Returns the sha256 hex.
+    is logged, never fatal. Returns the sha256 hex. ``link``: a path is hard-linked into the store, not
+    copied (a checkpoint: one copy on disk, never read whole into memory).
     """
     try:
-        return host.provide_blob(source)
+        return host.provide_blob(source, link=link) if link else host.provide_blob(source)
     except P2PTimeout as exc:
         logger.info("blob stored and served; its DHT announcement timed out: %s", exc)
         if isinstance(source, (bytes, bytearray, memoryview)):
             return hashlib.sha256(source).hexdigest()
-        return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+        return hash_file(Path(source))
 
 
 class ContributionPool:

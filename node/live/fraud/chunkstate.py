@@ -93,6 +93,20 @@ class DisputeWindow:
             logger.debug("round %d: proof window not read (its state is kept): %s", outer_round, exc)
             return True
 
+    def own_open(self, outer_round: int) -> bool:
+        """Whether round ``outer_round`` itself can still be disputed or have an availability game on it: its
+        own window (its dispute window, its open disputes' deadline, its games), which ends where the next
+        round's proof window opens (TrainingLedger.proofWindowOf). Open while the next round is not committed,
+        or the chain could not be asked (node/store/retention.py keeps the round's archive until then)."""
+        try:
+            if self.chain.commit_record(self.run_id, outer_round + 1) is None:
+                return True
+            opens, _closes = self.chain.proof_window_of(self.run_id, outer_round + 1)
+            return self.chain.block_number() < opens
+        except (*DLX_ERRORS, LedgerError) as exc:
+            logger.debug("round %d: its window not read (its files are kept): %s", outer_round, exc)
+            return True
+
     def forget(self, outer_round: int) -> None:
         """Nothing is cached: a game can extend a round's window at any time until it closes."""
 

@@ -79,7 +79,7 @@ class CheckpointBuilder:
                 return None
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
-        serve_blob(node.host, path.read_bytes())
+        serve_blob(node.host, path, link=True)  # one copy on disk: the store links the file
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
 
@@ -207,11 +207,14 @@ class CheckpointBuilder:
         node = self.node
         dest = node.incoming_dir / f"{content_hash.hex()}.part"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        held = node.host.has_blob(content_hash.hex())  # this node serves it already (its own): kept
         try:
             node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
             return parse_checkpoint(dest.read_bytes(), content_hash)
         finally:
             dest.unlink(missing_ok=True)
+            if not held:  # the fetch kept a copy in the blob store: never pruned with the checkpoints, so
+                node.host.remove_blob(content_hash.hex())  # dropped (the holders serve their shards)
 
     def committed_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
         """Why the committed checkpoint of a round is not the run's (empty: it verifies).

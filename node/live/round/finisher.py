@@ -34,7 +34,8 @@ from node.live.round.resume import RestartRecovery
 from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution
 from node.store.checkpoint import Checkpoint, write_checkpoint
-from node.store.retention import prune_archive, prune_checkpoints
+from node.live.fraud.chunkstate import DisputeWindow
+from node.store.retention import Retention, prune_archive_before, prune_checkpoints_except
 from node.live.round.prefetch import ApplyPrefetch
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ class RoundFinisher(ApplyPrefetch):
         self.checkpoint_dir = base.checkpoint_dir
         self.peer_id = base.peer_id
         self.chunked = rooms.chunked  # a chunked run's stage states (None: a hashed run)
+        self.spot_checks = rooms.spot_checks  # serves this node's start states (the retention prunes them)
+        # what may be deleted, from the chain's windows (node/store/retention.py)
+        window = DisputeWindow(rooms.chain, cfg.ledger.run_id)
+        self.retention = Retention(cfg.storage, window.own_open, window.open)
         self.stop = base.stop  # a write paused by a full disk gives up (DiskFull) when the node stops
         self.run_id = cfg.ledger.run_id
         # round -> stage -> (global weights, momentum) once the round was applied (the state before a round's
@@ -208,16 +213,28 @@ class RoundFinisher(ApplyPrefetch):
         self.archive.seal_round(outer_round, [c for a in applied for c in a.sealed],
                                 excluded=[e for a in applied for e in a.excluded],
                                 all_held=self.exchange.holds_all_envelopes)
-        # Retention (node/store/retention.py): never a round or the checkpoint a restart or a peer needs.
-        prune_archive(self.archive, self.cfg.storage.keep_rounds, self.progress.last_commit,
-                      self.host.remove_blob)
-        prune_checkpoints(self.checkpoint_dir, self.cfg.storage.keep_checkpoints, self.progress.last_commit,
-                          self.host.remove_blob)
+        # Retention (node/store/retention.py): never a round or the checkpoint a restart, a peer or an open
+        # window on chain needs.
+        self.retain(outer_round)
         self._attest(outer_round, {a.stage: (a.weights_hash, a.stage_leaf()) for a in applied}, contributed,
                      report_state)
         self.progress.last_finished = outer_round
         self.state.update(last_finished=outer_round)
         self.committer.submit(outer_round)
+
+    def retain(self, outer_round: int) -> None:
+        """Delete the archive rounds, served start states and checkpoints no open window needs any more
+        (``storage.retention``, node/store/retention.py), after ``outer_round``'s seal."""
+        if self.retention.keeps_all:
+            return
+        committed = self.progress.last_commit
+        held = sorted({*self.archive.rounds(), *self.spot_checks.states.served_rounds()})
+        floor = self.retention.rounds_floor(outer_round, committed, held)
+        prune_archive_before(self.archive, floor, committed, self.host.remove_blob)
+        self.spot_checks.states.forget_before(min(floor, committed + 1))
+        prune_checkpoints_except(self.checkpoint_dir,
+                                 self.retention.checkpoints_kept(self.checkpoint_dir, committed, floor),
+                                 committed, self.host.remove_blob)
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
@@ -341,7 +358,7 @@ class RoundFinisher(ApplyPrefetch):
                            {stage: weights_hash}, weights, momentum)
         path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
         digest = write_checkpoint(path, shard)
-        serve_blob(self.host, path.read_bytes())
+        serve_blob(self.host, path, link=True)  # one copy on disk: the store links the file
         return digest
 
     def forget_before(self, outer_round: int) -> None:

@@ -1,0 +1,247 @@
+"""Disk and memory per node over a long run under the default retention (issue 75).
+
+A real local run (managed anvil, the contracts, ``--replicas`` one-node replicas of the ``tiny`` model,
+each a ``dlx-node start`` process on loopback, H = ``--inner-steps``, a checkpoint every round, spot
+checks at the node's default rate, the run's windows ``--dispute-blocks`` and ``--accusation-blocks``, 16
+each: the local chain mines about one block a round, so the defaults, 64, would hold 64-130 rounds open)
+trains until the chain holds ``--rounds`` committed rounds, with ``storage.retention`` as the nodes'
+default (``"windows"``) unless ``--set`` says otherwise. After every committed round it reads, per node:
+
+* the bytes on disk of its data directory (each file once: a checkpoint hard-linked into the blob store is
+  one copy), and of ``archive/``, ``checkpoints/``, ``blobs/``, ``chunk-states/``;
+* resident memory now (``VmRSS``) and the peak so far (``VmHWM``) from ``/proc/PID/status``.
+
+It writes ONE JSON, ``bench/results/retention.json`` (rewritten after every sample, so a run cut short
+keeps its figures): the per-round series, the stage's bytes (fp32 weights of the stage a node holds: here
+the whole ``tiny`` model) and the start state's bytes (what a rerun starts from, one a round), the
+disk as a multiple of each, and whether disk stayed flat after the windows filled (the largest total from
+``--flat-from`` on against the total at that round). Then, with the chain still up, it audits the run from
+the nodes' directories (``audit --reexecute`` of ``--audit`` contributions, -1: all) and records the verdict,
+the counts and every distinct reason an item could not be checked (what the retention dropped). Nothing
+asserts: a person reads the figures.
+
+    nice -n 5 python bench/bench_retention.py --rounds 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node.commands.launcher import LocalRun  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
+START_STATE_MAGIC = b"dlx-replica-state-v1"
+
+
+def disk_bytes(data_dir: Path) -> dict:
+    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, plus the newest start state's."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    parts = dict.fromkeys(PARTS, 0)
+    start_state = 0
+    for root, _dirs, names in os.walk(data_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+            rel = os.path.relpath(path, data_dir).split(os.sep)[0]
+            if rel in parts:
+                parts[rel] += st.st_size
+            if rel == "blobs" and st.st_size > 1024:
+                try:
+                    with open(path, "rb") as handle:
+                        if handle.read(len(START_STATE_MAGIC)) == START_STATE_MAGIC:
+                            start_state = max(start_state, st.st_size)
+                except OSError:
+                    pass
+    return {"total": total, **parts, "start_state": start_state}
+
+
+def memory_kib(pid: int | None) -> dict:
+    if pid is None:
+        return {}
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_rss_kib": int(fields["VmHWM"].split()[0])}
+
+
+def stage_bytes() -> int:
+    """fp32 bytes of the ``tiny`` model's weights (a one-node replica holds its one stage: all of them)."""
+    from node.config import load_config
+    from training.model import count_params
+
+    return 4 * count_params(load_config(None, ["model.preset=tiny"]).model)
+
+
+def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
+    out = {}
+    names = sorted(samples[-1]["nodes"]) if samples else []
+    for name in names:
+        series = [(s["round"], s["nodes"][name]) for s in samples if name in s["nodes"]]
+        totals = [(r, n["disk"]["total"]) for r, n in series if n.get("disk")]
+        after = [t for r, t in totals if r >= flat_from]
+        start_state = max((n["disk"]["start_state"] for _r, n in series if n.get("disk")), default=0)
+        peak = max((n.get("peak_rss_kib", 0) for _r, n in series), default=0)
+        out[name] = {
+            "disk_max_bytes": max(t for _r, t in totals) if totals else None,
+            "disk_last_bytes": totals[-1][1] if totals else None,
+            "disk_max_over_stage_bytes": round(max(t for _r, t in totals) / stage, 2) if totals else None,
+            "disk_max_over_start_state": round(max(t for _r, t in totals) / start_state, 2)
+            if totals and start_state else None,
+            f"disk_from_round_{flat_from}": [min(after), max(after)] if after else None,
+            "start_state_bytes": start_state,
+            "peak_rss_mib": round(peak / 1024, 1),
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=100, help="committed rounds to reach")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--inner-steps", type=int, default=1)
+    parser.add_argument("--dispute-blocks", type=int, default=16,
+                        help="the run's dispute window in blocks (the local chain mines ~one block a round)")
+    parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
+    parser.add_argument("--flat-from", type=int, default=20,
+                        help="the round from which the windows are full (the flatness is judged from it)")
+    parser.add_argument("--set", action="append", default=[], dest="extra",
+                        help="extra KEY=VALUE node settings (e.g. storage.retention=all)")
+    parser.add_argument("--audit", type=int, default=-1,
+                        help="contributions the closing audit reruns (-1: all, 0: no audit)")
+    parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
+    parser.add_argument("--out", default=str(RESULTS / "retention.json"))
+    args = parser.parse_args()
+
+    settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
+                "round_timeout=60", "join_timeout=60", "checkpoint_every=1", "rounds=0", *args.extra]
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlx-retention-"))
+    stage = stage_bytes()
+    run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings,
+                   dispute_blocks=args.dispute_blocks, accusation_blocks=args.accusation_blocks)
+    print(f"retention run: {args.replicas} one-node replicas of 'tiny' ({stage} bytes of fp32 weights), "
+          f"H={args.inner_steps}, a checkpoint every round, {args.rounds} rounds, in {workdir}", flush=True)
+    samples: list[dict] = []
+    audit: dict = {}
+    started = time.monotonic()
+    stopped = ""
+
+    def write(final: bool) -> None:
+        result = {
+            "command": "python " + " ".join(sys.argv),
+            "cpu": _cpu(), "cpu_count": os.cpu_count(),
+            "preset": "tiny", "replicas": args.replicas, "stages": 1, "inner_steps": args.inner_steps,
+            "checkpoint_every": 1, "settings": settings,
+            "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
+            "stage_bytes": stage,
+            "target_rounds": args.rounds,
+            "reached_rounds": samples[-1]["round"] if samples else 0,
+            "wall_s": round(time.monotonic() - started, 1),
+            "finished": final, "stopped": stopped,
+            "summary": summarise(samples, stage, args.flat_from),
+            "audit": audit,
+            "samples": samples,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+    try:
+        run.setup()
+        run.start()
+        client = run.client()
+        last_sampled = 0
+        while last_sampled < args.rounds:
+            if len(run.running()) < len(run.nodes):
+                stopped = "a node exited early; see the logs in " + str(workdir)
+                print(stopped, file=sys.stderr)
+                break
+            try:
+                last = client.last_round(run.run_id)
+            except Exception as exc:  # noqa: BLE001 - a chain read failed: try again on the next tick
+                print(f"chain read failed: {exc}", file=sys.stderr)
+                last = None
+            committed = 0 if last is None else last + 1
+            if committed > last_sampled:
+                last_sampled = committed
+                nodes = {}
+                for slot in run.nodes:
+                    alive = slot.process is not None and slot.process.poll() is None
+                    pid = slot.process.pid if alive else None
+                    nodes[slot.name] = {**memory_kib(pid), "disk": disk_bytes(slot.data_dir)}
+                entry = {"round": committed, "elapsed_s": round(time.monotonic() - started, 1),
+                         "loadavg1": round(os.getloadavg()[0], 2), "nodes": nodes}
+                samples.append(entry)
+                print(f"round {committed:4d} t={entry['elapsed_s']:6.0f}s " + "  ".join(
+                    f"{k}: disk {v['disk']['total'] / 1e6:6.2f} MB rss {v.get('rss_kib', 0) / 1024:5.0f} MiB"
+                    for k, v in nodes.items()), flush=True)
+                write(False)
+            time.sleep(0.5)
+        if args.audit and samples:
+            run.stop_nodes()  # their files as they left them; the chain stays up for the audit
+            audit.update(audit_figures(run, args.audit))
+            print("audit:", json.dumps({k: v for k, v in audit.items() if k != "unverifiable_reasons"}))
+    except KeyboardInterrupt:
+        stopped = "interrupted (SIGINT)"
+    finally:
+        run.stop()
+    write(not stopped)
+    print(json.dumps(summarise(samples, stage, args.flat_from), indent=1))
+    print(f"wrote {args.out}")
+    return 0 if not stopped else 1
+
+
+def audit_figures(run: LocalRun, reexecute: int) -> dict:
+    """The audit of the run from the nodes' directories: verdict, counts, reruns, why items went unchecked."""
+    from collections import Counter
+
+    from node.tools.audit import audit_run
+    from node.tools.report import OK, UNVERIFIABLE
+
+    started = time.monotonic()
+    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes],
+                       reexecute=reexecute)
+    unverifiable = [c for c in report.all_checks() if c.status == UNVERIFIABLE]
+    reasons = Counter(" ".join(str(c.reason).split())[:160] for c in unverifiable)
+    return {
+        "reexecute": reexecute,
+        "verdict": report.verdict,
+        "counts": report.counts(),
+        "reexecuted": dict(report.reexecuted),
+        "rounds": len(report.rounds),
+        "rounds_ok": sum(r.status == OK for r in report.rounds),
+        "first_unverified_round": report.first_unverified_round(),
+        "unverifiable_reasons": dict(reasons.most_common(20)),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The default retention (``storage.retention = "windows"``): a real archive, blob store and checkpoint
+directory pruned by the chain's windows keep exactly what an open window needs, and a pruned node's host
+still serves it to a peer (node/store/retention.py)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from waiting import wait_until
+
+from node.config import StorageConfig
+from node.live.checks.heldstates import HeldStates
+from node.store.archive import Archive, ArchivedContribution
+from node.store.retention import (SPOT_CHECK_ROUNDS, Retention, checkpoint_files, prune_archive_before,
+                                  prune_checkpoints_except)
+from p2p.blobstore import BlobStore
+
+
+class Windows:
+    """The chain's proof windows as ``DisputeWindow.open`` reads them: committed rounds and the block each
+    window closes at, a head block that moves; a round not committed is open."""
+
+    def __init__(self, committed_through: int, closes: dict[int, int], head: int) -> None:
+        self.committed_through, self.closes, self.head = committed_through, closes, head
+        self.asked: list[int] = []
+
+    def open(self, outer_round: int) -> bool:
+        self.asked.append(outer_round)
+        if outer_round > self.committed_through:
+            return True
+        return self.head < self.closes[outer_round]
+
+
+class StoreHost:
+    """A node's blob side on a real :class:`BlobStore` (what ``P2PHost.provide_blob``/``remove_blob`` do to
+    it, without the DHT)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def provide_blob(self, data, announce: bool = True, link: bool = False) -> str:
+        return self.store.put_bytes(data) if isinstance(data, bytes) else self.store.put_file(data, link=link)
+
+    def remove_blob(self, digest: str) -> bool:
+        return self.store.remove(digest)
+
+
+def _node(tmp_path, rounds: int):
+    """A node's files after ``rounds`` rounds: each round's sealed envelope (served), its start state
+    (served), and a checkpoint every round (full + shard, the files linked into the store)."""
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+    host = StoreHost(store)
+    archive = Archive(tmp_path / "archive", run_id=1)
+    states = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    for r in range(rounds):
+        envelope = b"contribution of round %d" % r
+        digest = archive.put(r, envelope)
+        host.provide_blob(envelope)
+        archive.seal_round(r, [ArchivedContribution(0, 0, "peer", digest)])
+        states.serve(r, {0: b"start state of round %d" % r * 50}, 0)
+        for name in (f"round-{r:08d}", f"shard-{r:08d}-stage0"):
+            path = ckpt / f"{name}.safetensors"
+            path.write_bytes(b"%s of round %d" % (name.encode(), r))
+            host.provide_blob(path, link=True)
+    return store, host, archive, states, ckpt
+
+
+def _retain(retention, store, host, archive, states, ckpt, newest, committed):
+    held = sorted({*archive.rounds(), *states.served_rounds()})
+    floor = retention.rounds_floor(newest, committed, held)
+    prune_archive_before(archive, floor, committed, host.remove_blob)
+    states.forget_before(floor)
+    prune_checkpoints_except(ckpt, retention.checkpoints_kept(ckpt, committed, floor), committed, host.remove_blob)
+    return floor
+
+
+def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_final_checkpoint(tmp_path):
+    store, host, archive, states, ckpt = _node(tmp_path, 40)
+    # Rounds 0..35 committed; 36..39 sealed, not committed yet. Round r's window closes at block 10 r + 40;
+    # head 300: rounds up to 26 are closed, 27 on open (a dispute would also keep an older one open).
+    chain = Windows(committed_through=35, closes={r: 10 * r + 40 for r in range(36)}, head=300)
+    retention = Retention(StorageConfig(), chain.open)
+    floor = _retain(retention, store, host, archive, states, ckpt, newest=39, committed=35)
+    # the spot checks' span would allow 28 (35 - 8 + 1); the windows open from 27 keep 27 too
+    assert SPOT_CHECK_ROUNDS == 8 and floor == 27
+    assert archive.rounds() == list(range(27, 40)) and states.served_rounds() == list(range(27, 40))
+    # checkpoints: the kept rounds', and the newest final full one (round 26: a joiner can start from it)
+    assert sorted(checkpoint_files(ckpt)) == list(range(26, 40))
+    # the store serves exactly what is kept: every kept round's envelope, start state and checkpoint files
+    kept = {hashlib.sha256(b"contribution of round %d" % r).hexdigest() for r in range(27, 40)}
+    kept |= {hashlib.sha256(b"start state of round %d" % r * 50).hexdigest() for r in range(27, 40)}
+    kept |= {hashlib.sha256(p.read_bytes()).hexdigest() for ps in checkpoint_files(ckpt).values() for p in ps}
+    assert set(store.list()) == kept
+    # the linked checkpoint files are one copy on disk (the store holds the same inode)
+    shard = ckpt / "shard-00000030-stage0.safetensors"
+    assert shard.stat().st_nlink == 2
+
+    # The windows move on (head 500: every committed round closed): the spot checks' 8 rounds stay, and so
+    # does every round not committed, with their checkpoints.
+    chain.head = 500
+    floor = _retain(retention, store, host, archive, states, ckpt, newest=39, committed=35)
+    assert floor == 28 and archive.rounds() == list(range(28, 40))
+    assert sorted(checkpoint_files(ckpt)) == list(range(28, 40))
+    # a dispute on an old round (its window extended) holds that round and every newer one
+    store2, host2, archive2, states2, ckpt2 = _node(tmp_path / "b", 40)
+    chain2 = Windows(committed_through=35, closes={r: 0 for r in range(36)} | {12: 10_000}, head=500)
+    floor = _retain(Retention(StorageConfig(), chain2.open), store2, host2, archive2, states2, ckpt2, 39, 35)
+    assert floor == 12 and archive2.rounds()[0] == 12 and states2.served_rounds()[0] == 12
+
+
+def test_the_newest_final_checkpoint_outlives_the_span_while_the_newer_ones_can_be_proven_wrong(tmp_path):
+    store, host, archive, states, ckpt = _node(tmp_path, 40)
+    own = Windows(committed_through=39, closes={r: 0 for r in range(40)}, head=100)  # no dispute open
+    proofs = Windows(committed_through=39, closes={r: 50 if r <= 20 else 500 for r in range(40)}, head=100)
+    retention = Retention(StorageConfig(), own.open, proofs.open)
+    floor = _retain(retention, store, host, archive, states, ckpt, 39, 39)
+    assert floor == 32 and archive.rounds() == list(range(32, 40))
+    # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall)
+    assert sorted(checkpoint_files(ckpt)) == [20, *range(32, 40)]
+    assert proofs.asked[:3] == [39, 38, 37]  # asked newest first, down to the first final one
+
+
+def test_a_chain_that_cannot_be_asked_keeps_everything_and_all_keeps_everything(tmp_path):
+    store, host, archive, states, ckpt = _node(tmp_path, 20)
+    before = set(store.list())
+
+    def unreachable(outer_round: int) -> bool:
+        return True  # DisputeWindow.open answers True when the chain read fails
+
+    assert _retain(Retention(StorageConfig(), unreachable), store, host, archive, states, ckpt, 19, 19) == 0
+    assert set(store.list()) == before and archive.rounds() == list(range(20))
+    chain = Windows(committed_through=19, closes={r: 0 for r in range(20)}, head=100)
+    everything = Retention(StorageConfig(retention="all"), chain.open)
+    assert _retain(everything, store, host, archive, states, ckpt, 19, 19) == 0
+    assert set(store.list()) == before and chain.asked == []
+    # keep_checkpoints and keep_rounds keep more than the windows need, never less
+    more = Retention(StorageConfig(keep_checkpoints=10), chain.open)
+    assert _retain(more, store, host, archive, states, ckpt, 19, 19) == 12
+    assert sorted(checkpoint_files(ckpt)) == list(range(10, 20)) and archive.rounds() == list(range(12, 20))
+    store2, host2, archive2, states2, ckpt2 = _node(tmp_path / "b", 20)
+    more = Retention(StorageConfig(keep_rounds=15), chain.open)
+    assert _retain(more, store2, host2, archive2, states2, ckpt2, 19, 19) == 5
+
+
+def test_nothing_uncommitted_goes_whatever_the_windows_say(tmp_path):
+    store, host, archive, states, ckpt = _node(tmp_path, 30)
+    chain = Windows(committed_through=5, closes={r: 0 for r in range(30)}, head=100)
+    floor = _retain(Retention(StorageConfig(), chain.open), store, host, archive, states, ckpt, 29, 5)
+    assert floor == 0 and archive.rounds() == list(range(30))  # 6..29 not committed; 0..5 the spot checks'
+
+
+@pytest.mark.timeout(120)
+def test_a_pruned_node_still_serves_what_an_open_window_asks(tmp_path):
+    """Real libp2p hosts: after the retention ran, a peer fetches the start state and the envelope of a
+    round inside its window (a spot check of it) from the pruned node, and a pruned round is refused."""
+    from p2p.config import P2PConfig
+    from p2p.errors import P2PError
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    server = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(),
+                           data_dir=tmp_path / "server")
+    client = P2PHost.start(P2PConfig(bootstrap=server.listen_addrs, gossip_resync_interval=0),
+                           Identity.generate(), data_dir=tmp_path / "client")
+    try:
+        archive = Archive(tmp_path / "server" / "archive", run_id=1)
+        states = HeldStates(server, tmp_path / "server" / "work", tmp_path / "server" / "evidence",
+                            num_stages=1, stop=None)
+        ckpt = tmp_path / "server" / "checkpoints"
+        ckpt.mkdir()
+        hashes = {}
+        for r in range(12):
+            envelope = b"envelope %d" % r
+            digest = archive.put(r, envelope)
+            server.provide_blob(envelope, announce=False)
+            archive.seal_round(r, [ArchivedContribution(0, 0, server.peer_id, digest)])
+            hashes[r] = (digest.hex(), states.serve(r, {0: b"state %d" % r * 1000}, 0)[0].hex())
+        chain = Windows(committed_through=11, closes={r: 0 for r in range(12)} | {2: 10_000}, head=50)
+        retention = Retention(StorageConfig(), chain.open)
+        floor = _retain(retention, server.store, server, archive, states, ckpt, 11, 11)
+        assert floor == 2  # round 2's window is open (a dispute): 2 and every newer round stay
+        wait_until(lambda: server.peer_id in client.peers(), 60, "the peer connected")
+        for r in (2, 11):
+            envelope_hash, state_hash = hashes[r]
+            dest = tmp_path / f"state-{r}.part"
+            client.fetch_blob(state_hash, dest, providers=[server.peer_id], timeout=30)
+            assert dest.read_bytes() == b"state %d" % r * 1000
+            client.fetch_blob(envelope_hash, tmp_path / f"env-{r}", providers=[server.peer_id], timeout=30)
+            assert (tmp_path / f"env-{r}").read_bytes() == b"envelope %d" % r
+        with pytest.raises(P2PError):  # round 1 is final and past the spot checks: gone, and says so
+            client.fetch_blob(hashes[1][1], tmp_path / "gone.part", providers=[server.peer_id], timeout=10)
+    finally:
+        client.close()
+        server.close()
