@@ -121,8 +121,10 @@ def main() -> int:
     parser.add_argument("--dispute-blocks", type=int, default=16,
                         help="the run's dispute window in blocks (the local chain mines ~one block a round)")
     parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
-    parser.add_argument("--flat-from", type=int, default=20,
+    parser.add_argument("--flat-from", type=int, default=50,
                         help="the round from which the windows are full (the flatness is judged from it)")
+    parser.add_argument("--summarise-only", action="store_true",
+                        help="recompute the summary of --out from its samples (with --flat-from) and exit")
     parser.add_argument("--set", action="append", default=[], dest="extra",
                         help="extra KEY=VALUE node settings (e.g. storage.retention=all)")
     parser.add_argument("--audit", type=int, default=-1,
@@ -130,6 +132,12 @@ def main() -> int:
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
     parser.add_argument("--out", default=str(RESULTS / "retention.json"))
     args = parser.parse_args()
+    if args.summarise_only:
+        result = json.loads(Path(args.out).read_text())
+        result["summary"] = summarise(result["samples"], result["stage_bytes"], args.flat_from)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["summary"], indent=1))
+        return 0
 
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 "round_timeout=60", "join_timeout=60", "checkpoint_every=1", "rounds=0", *args.extra]
