@@ -17,8 +17,10 @@ the whole ``tiny`` model) and the start state's bytes (what a rerun starts from,
 disk as a multiple of each, and whether disk stayed flat after the windows filled (the largest total from
 ``--flat-from`` on against the total at that round). Then, with the chain still up, it audits the run from
 the nodes' directories (``audit --reexecute`` of ``--audit`` contributions, -1: all) and records the verdict,
-the counts and every distinct reason an item could not be checked (what the retention dropped). Nothing
-asserts: a person reads the figures.
+the counts and every distinct reason an item could not be checked (what the retention dropped). It also
+measures what serving a checkpoint costs in memory and disk (``serve_checkpoint``: a ``--serve-mib`` file
+stored in a blob store the old way, read whole and copied, and the new way, hard-linked and hashed in 4 MiB
+reads; each in a fresh process, its peak RSS growth). Nothing asserts: a person reads the figures.
 
     nice -n 5 python bench/bench_retention.py --rounds 100
 """
@@ -123,6 +125,9 @@ def main() -> int:
     parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
     parser.add_argument("--flat-from", type=int, default=50,
                         help="the round from which the windows are full (the flatness is judged from it)")
+    parser.add_argument("--serve-mib", type=int, default=400, help="checkpoint size for serve_checkpoint")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="measure serve_checkpoint alone, into --out's existing result, and exit")
     parser.add_argument("--summarise-only", action="store_true",
                         help="recompute the summary of --out from its samples (with --flat-from) and exit")
     parser.add_argument("--set", action="append", default=[], dest="extra",
@@ -132,6 +137,12 @@ def main() -> int:
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
     parser.add_argument("--out", default=str(RESULTS / "retention.json"))
     args = parser.parse_args()
+    if args.serve_only:
+        result = json.loads(Path(args.out).read_text())
+        result["serve_checkpoint"] = serve_checkpoint(args.serve_mib)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["serve_checkpoint"], indent=1))
+        return 0
     if args.summarise_only:
         result = json.loads(Path(args.out).read_text())
         result["summary"] = summarise(result["samples"], result["stage_bytes"], args.flat_from)
@@ -149,6 +160,7 @@ def main() -> int:
           f"H={args.inner_steps}, a checkpoint every round, {args.rounds} rounds, in {workdir}", flush=True)
     samples: list[dict] = []
     audit: dict = {}
+    serve: dict = {}
     started = time.monotonic()
     stopped = ""
 
@@ -166,6 +178,7 @@ def main() -> int:
             "finished": final, "stopped": stopped,
             "summary": summarise(samples, stage, args.flat_from),
             "audit": audit,
+            "serve_checkpoint": serve,
             "samples": samples,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +223,7 @@ def main() -> int:
         stopped = "interrupted (SIGINT)"
     finally:
         run.stop()
+    serve.update(serve_checkpoint(args.serve_mib))
     write(not stopped)
     print(json.dumps(summarise(samples, stage, args.flat_from), indent=1))
     print(f"wrote {args.out}")
@@ -239,6 +253,44 @@ def audit_figures(run: LocalRun, reexecute: int) -> dict:
         "unverifiable_reasons": dict(reasons.most_common(20)),
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+_SERVE = """
+import sys
+from pathlib import Path
+from p2p.blobstore import BlobStore
+def kib(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1])
+src, how = Path(sys.argv[1]), sys.argv[2]
+store = BlobStore(src.parent / ("blobs-" + how), max_blob_bytes=1 << 40)
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from now
+base = kib("VmRSS")
+store.put_bytes(src.read_bytes()) if how == "copy" else store.put_file(src, link=True)
+print((kib("VmHWM") - base) // 1024, src.stat().st_nlink)
+"""
+
+
+def serve_checkpoint(mib: int) -> dict:
+    """Peak RSS growth (MiB) and copies on disk of serving a ``mib`` MiB checkpoint file as a blob: read whole
+    and copied (before issue 75) against hard-linked and hashed in 4 MiB reads (now)."""
+    import shutil
+    import subprocess
+
+    out = {"file_mib": mib}
+    tmp = Path(tempfile.mkdtemp(prefix="dlx-serve-"))
+    try:
+        src = tmp / "round-00000001.safetensors"
+        with open(src, "wb") as handle:
+            for _ in range(mib):
+                handle.write(os.urandom(1 << 20))
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        for how in ("copy", "link"):
+            line = subprocess.run([sys.executable, "-c", _SERVE, str(src), how], env=env, check=True,
+                                  capture_output=True, text=True).stdout.split()
+            out[how] = {"peak_rss_growth_mib": int(line[0]), "copies_on_disk": 1 if how == "link" else 2}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def _cpu() -> str:
