@@ -114,3 +114,29 @@ def binding_gas(r: dict) -> list[str]:
              "signature (docs/FRAUD_PROOF.md, \"The binding\"): a wrong chunk, a wrong clip scale, and a "
              "contribution signed by no member of the round (the last one listed).", ""]
     return lines + table(["contributions", "chunk proof", "scale proof", "binding proof"], rows)
+
+
+def step_proof(r: dict) -> list[str]:
+    """bench/bench_step_proof.py: the contribution proof's bottom legs (issue 78)."""
+    rows, games = [], []
+    for preset, entry in r["models"].items():
+        trace, game = entry["trace"], entry["games"]
+        phases = trace["ops_by_phase"]
+        rows.append([preset, trace["ops_per_step"], phases.get("forward", 0), phases.get("backward", 0),
+                     phases.get("optimizer", 0), trace["step_seconds"], trace["traced_step_seconds"],
+                     "yes" if trace["traced_bits_equal_untraced"] else "NO"])
+        product = game["product"]
+        proven = product["one_ulp_cheat_proven"] and game["elementwise_add"]["one_ulp_cheat_proven"]
+        games.append([preset, product["k"], product["honest_game_moves"], product["move_bound"],
+                      "yes" if product["honest_upheld"] else "NO", "yes" if proven else "NO",
+                      f"{game['max_gas_any_move']:,}", f"{game['max_calldata_bytes_any_move']:,}"])
+    lines = ["One reproducible inner step (kernel version 3) traced: the ops recorded per step (forward "
+             "torch functions, autograd nodes' gradients, the optimizer's outputs) and a step's seconds "
+             "untraced and traced.", ""]
+    lines += table(["model", "ops/step", "forward", "backward", "optimizer", "step s", "traced s",
+                    "traced bits = untraced"], rows)
+    lines += ["", "StepProver on py-evm: one element of the model's widest product (`k` its inner width), an "
+              "honest claim against a challenger that disputes everything, and one-ulp cheats (product and "
+              "add) against an honest challenger.", ""]
+    return lines + table(["model", "k", "moves (honest game)", "bound 2+2ceil(log2 k)+1", "honest upheld",
+                          "cheats proven", "max gas / move", "max calldata B / move"], games)

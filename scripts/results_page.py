@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results_contracts import binding_gas, chunk_state, float32_fuzz, forge_invariants, fraud_proof_bounds
+from results_contracts import (
+    binding_gas,
+    chunk_state,
+    float32_fuzz,
+    forge_invariants,
+    fraud_proof_bounds,
+    step_proof,
+)
 from results_convergence import ablation, convergence, diloco_goal
 from results_emulator import churn_memory, netlab, soak
 from results_headline import BEGIN, END, README, PageError, headline_table, with_headline  # noqa: F401
@@ -320,6 +327,11 @@ SECTIONS = (
             "Issue 62: the binding costs about 1,500 gas per contribution in the chunk and scale proofs "
             "(the larger factors), and about 24,000 per contribution in the binding proof (ecrecover, the "
             "seats)."),
+    Section("step_proof.json", "The contribution proof's bottom legs: one op, one float32 step",
+            "bench/bench_step_proof.py", step_proof,
+            "Issue 78: a wrong element of one operation of a reproducible inner step is proven on chain by "
+            "bisecting its k-order partial sums down to one float32 multiply and add; the levels above (the "
+            "H inner steps, the ops of a step) are not on chain yet (docs/FRAUD_PROOF.md)."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "

@@ -1,0 +1,173 @@
+"""The contribution proof's bottom legs, measured (issue 78): the trace of a reproducible inner step
+(training/step_trace.py) and StepProver's games (contracts/src/StepProver.sol) on real shapes.
+
+Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
+
+* the trace: two inner steps of a fresh trainer in the reproducible mode (kernel version 3, batch 2), traced:
+  ops per step by phase, the seconds the second step takes traced and untraced (the first compiles), and
+  that the traced weights are the untraced ones bit for bit;
+* the product game on the model's largest inner dimension ``k`` (the widest matmul of a block: the MLP's down
+  projection, whose ``k`` is its hidden width), ``a`` (batch x block rows, ``k``) random, ``b`` the model's
+  own initial weight: an honest claim against a challenger that disputes everything, and a one-ulp cheat
+  against an honest challenger, on py-evm; each move's gas and calldata bytes, and the move count against
+  ``2 + 2 ceil(log2 k) + 1``;
+* an elementwise game (a one-ulp cheat in an add).
+
+The move bound of the whole game (issue 78) is ``log2(H) + log2(ops per step) + log2(k) + c`` halvings: the
+ops per step measured here give it; only the last leg (``log2(k)``) is on chain (docs/FRAUD_PROOF.md).
+
+    python bench/bench_step_proof.py [--models mini llama-20m] [--out bench/results/step_proof.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.benchio import default_out, write_result  # noqa: E402
+from ledger.chain import connect_pyevm  # noqa: E402
+from ledger.chunkproof import tree_root  # noqa: E402
+from ledger.stepproof import ADD, MATMUL, Defender, Operation, StepProverClient, deploy, play  # noqa: E402
+from training import exact_kernel  # noqa: E402
+from training.exact_probe import trainer_for  # noqa: E402
+from training.step_trace import element_leaves, partial_sums, state_tensors, trace_steps  # noqa: E402
+
+BATCH = 2
+
+
+def _bump(t: torch.Tensor, index: int) -> torch.Tensor:
+    bits = t.detach().clone().contiguous().view(-1).view(torch.int32)
+    bits[index] += 1
+    return bits.view(torch.float32).view(t.shape)
+
+
+def trace_case(preset: str) -> dict:
+    cfg, plain = trainer_for(preset, "adamw", True, BATCH, 3)
+    _, traced = trainer_for(preset, "adamw", True, BATCH, 3)
+
+    def batches():
+        generator = torch.Generator().manual_seed(7)
+        return [tuple(torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=generator)
+                      for _ in range(2)) for _ in range(2)]
+
+    first, second = batches()
+    plain.train_step(*first)  # the first step compiles the kernels
+    began = time.perf_counter()
+    plain.train_step(*second)
+    plain_s = time.perf_counter() - began
+    _, traces = trace_steps(traced, [first], tree_root)
+    began = time.perf_counter()
+    _, more = trace_steps(traced, [second], tree_root)
+    traced_s = time.perf_counter() - began
+    traces += more
+    same = all(torch.equal(a.view(torch.int32), b.view(torch.int32))
+               for (_, a), (_, b) in zip(state_tensors(plain), state_tensors(traced), strict=True))
+    phases: dict[str, int] = {}
+    for phase, _, _ in traces[0].ops:
+        phases[phase] = phases.get(phase, 0) + 1
+    return {"ops_per_step": len(traces[0].ops), "ops_by_phase": phases,
+            "state_tensors": len(state_tensors(traced)), "step_seconds": round(plain_s, 3),
+            "traced_step_seconds": round(traced_s, 3), "traced_bits_equal_untraced": same}, cfg, traced
+
+
+def _widest_weight(trainer) -> torch.Tensor:
+    """The 2-D weight with the largest input width (an ``nn.Linear`` weight is ``(out, in)``)."""
+    weights = [p for m in trainer.stage_modules for n, p in m.named_parameters() if p.dim() == 2
+               and "wte" not in n and "embed" not in n and "lm_head" not in n]
+    return max(weights, key=lambda p: p.shape[1]).detach()
+
+
+def game_case(cfg, trainer) -> dict:
+    weight = _widest_weight(trainer)  # (out, k)
+    b = weight.t().contiguous()  # (k, out)
+    k = b.shape[0]
+    generator = torch.Generator().manual_seed(1)
+    a = torch.randn(BATCH * cfg.block_size, k, generator=generator)
+    out = exact_kernel.ordered_matmul(a, b)
+    w3 = connect_pyevm()
+    client = StepProverClient(w3, deploy(w3, 10**15, 1000))
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    rows, cols = a.shape[0], b.shape[1]
+    cache: dict[int, list[int]] = {}
+
+    def truth(elem, point):
+        if elem not in cache:
+            cache[elem] = partial_sums(a, b, elem // cols, elem % cols)
+        return cache[elem][point]
+
+    def op_of(result):
+        return Operation(MATMUL, rows, k, cols, element_leaves(a), element_leaves(b), element_leaves(result),
+                         rows * k, k * cols)
+
+    honest = Defender(op_of(out), defender, truth)
+    elem = out.numel() // 2 + 1
+    won, honest_moves = play(client, client.claim(honest.op, defender), honest, challenger, elem,
+                             lambda *_: False)
+    honest_log = list(client.gas_log)
+    client.gas_log.clear()
+    cheat = Defender(op_of(_bump(out, elem)), defender, lambda e, p: truth(e, p) + (p > k // 3))
+    lost = not play(client, client.claim(cheat.op, defender), cheat, challenger, elem,
+                    lambda p, posted: posted == truth(elem, p))[0]
+    cheat_log = list(client.gas_log)
+
+    def per_move(log):
+        moves: dict[str, dict] = {}
+        for name, gas, size in log:
+            entry = moves.setdefault(name, {"count": 0, "max_gas": 0, "max_calldata_bytes": 0})
+            entry["count"] += 1
+            entry["max_gas"] = max(entry["max_gas"], gas)
+            entry["max_calldata_bytes"] = max(entry["max_calldata_bytes"], size)
+        return moves
+
+    x = torch.randn(rows * cols, generator=generator)
+    bias = torch.randn(cols, generator=generator)
+    wrong = _bump(x + bias.repeat(rows), 5)
+    client.gas_log.clear()
+    elementwise = Operation(ADD, rows * cols, 0, 1, element_leaves(x), element_leaves(bias),
+                            element_leaves(wrong), rows * cols, cols)
+    add_lost = not play(client, client.claim(elementwise, defender), Defender(elementwise, defender),
+                        challenger, 5, lambda *_: False)[0]
+    add_log = list(client.gas_log)
+    everything = honest_log + cheat_log + add_log
+    return {
+        "product": {"rows": rows, "k": k, "cols": cols, "b": "the model's widest initial weight, transposed",
+                    "honest_upheld": won, "one_ulp_cheat_proven": lost, "honest_game_moves": honest_moves,
+                    "move_bound": 2 + 2 * math.ceil(math.log2(k)) + 1,
+                    "honest_game": per_move(honest_log), "cheat_game": per_move(cheat_log)},
+        "elementwise_add": {"elements": rows * cols, "one_ulp_cheat_proven": add_lost,
+                            "moves": per_move(add_log)},
+        "max_gas_any_move": max(gas for _, gas, _ in everything),
+        "max_calldata_bytes_any_move": max(size for _, _, size in everything),
+        "limits": {"gas": 10_000_000, "calldata_bytes": 128 * 1024},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mini"])
+    parser.add_argument("--out", default=default_out(__file__))
+    args = parser.parse_args(argv)
+    load = list(os.getloadavg())
+    result: dict = {"kernel_version": 3, "batch": BATCH, "models": {}}
+    for preset in args.models:
+        trace, cfg, trainer = trace_case(preset)
+        game = game_case(cfg, trainer)
+        ops = trace["ops_per_step"]
+        trace["halvings_bound_for_h"] = {str(h): math.ceil(math.log2(h)) + math.ceil(math.log2(ops))
+                                         + math.ceil(math.log2(game["product"]["k"])) for h in (30, 100, 500)}
+        result["models"][preset] = {"trace": trace, "games": game}
+        print(preset, trace, game["max_gas_any_move"], game["max_calldata_bytes_any_move"], flush=True)
+    write_result(args.out, result, load)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
