@@ -12,6 +12,11 @@
 #       steps under kernel versions 2 and 3), torch's square roots, and the mode's cost there ->
 #       $OUT/exact_triton.json (bench/results/exact_triton.json keeps an H200's run). ONLY_EXACT=1: the
 #       machine and this, nothing else.
+#   (5) with SCALE=1 (issue 75, docs/SCALE.md "What a GPU must confirm"): bench/bench_gpu.py's (a) at llama-1b
+#       (the model's inner step assumes the MFU measured at llama-124m: this measures it at 1.1B, bf16, batch 8),
+#       then, when anvil is on PATH, bench/bench_scale_system.py at llama-124m on the GPU machine's RAM (4 nodes
+#       of about 6 GB did not fit the 24 GB CPU machine) -> $OUT/gpu_1b.json, $OUT/scale_system_gpu.json.
+#       ONLY_SCALE=1: the machine and this, nothing else.
 # Usage on the device machine, from the repository root, with $OUT set (the device tool):
 #   bash bench/gpu_checks.sh
 # A missing pure-Python dependency (base58, for node.config) travels as a wheel in .whl/.
@@ -30,6 +35,23 @@ mkdir -p "$OUT"
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed -E 's/(Flags:).*/\1 '"$(grep -o -E 'avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
     python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cpu.get_cpu_capability())"
 } 2>&1 | tee "$OUT/machine.txt"
+
+if [ -n "${SCALE:-}${ONLY_SCALE:-}" ]; then
+    echo "== scale (issue 75): llama-1b tokens/s and MFU"
+    timeout "${SCALE_SECONDS:-240}" python3 bench/bench_gpu.py --skip-chain --preset-gpu llama-1b --batch 8 \
+        --steps 10 --warmup 3 --out "$OUT/gpu_1b.json" >"$OUT/gpu_1b.log" 2>&1
+    echo "llama-1b rc=$?"; grep -E "^\(a\)|MFU|Error|error" "$OUT/gpu_1b.log" | tail -8
+    if command -v anvil >/dev/null 2>&1 || [ -n "${DLX_ANVIL:-}" ]; then
+        echo "== scale (issue 75): the whole system at llama-124m, nodes on the GPU"
+        timeout "${SYSTEM_SECONDS:-420}" python3 bench/bench_scale_system.py --preset llama-124m --vocab-size 32000 \
+            --block-size 128 --batch-size 8 --rounds 3 --inner-steps 20 --set training.device=cuda \
+            --workdir /tmp/scale-gpu --out "$OUT/scale_system_gpu.json" >"$OUT/scale_system_gpu.log" 2>&1
+        echo "scale_system rc=$?"; tail -20 "$OUT/scale_system_gpu.log"
+    else
+        echo "scale_system: no anvil on this machine (set DLX_ANVIL): skipped"
+    fi
+    [ -n "${ONLY_SCALE:-}" ] && exit 0
+fi
 
 echo "== exact_triton: the reproducible mode on the GPU against the CPU, bit for bit"
 timeout "${EXACT_SECONDS:-180}" python3 bench/bench_exact_triton.py --out "$OUT/exact_triton.json" \

@@ -22,6 +22,7 @@ family object; callers never test which family they hold.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -109,9 +110,13 @@ class ModelFamily:
         """How parameter ``name`` starts: ``("normal", std)`` (mean 0) or ``("fill", value)``."""
         raise NotImplementedError
 
-    def init_state_dict(self, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    def init_state_dict(self, cfg: ModelConfig, seed: int,
+                        names: Collection[str] | None = None) -> dict[str, torch.Tensor]:
         """Initial weights of the full model, a pure function of (cfg, seed); the global RNG is neither read
-        nor advanced.
+        nor advanced. ``names``: only these parameters (a stage's), the same bits as the full model's; with
+        ``"philox"`` the others are not drawn at all (issue 75: a node of one stage of S drew the whole model,
+        S times its own work and a full model's transient memory), with ``"torch"`` they are drawn (its one
+        generator runs in canonical order) and dropped.
 
         ``cfg.init`` (:class:`training.config.RandomSource`) says where the normal draws come from:
 
@@ -124,7 +129,10 @@ class ModelFamily:
         legacy = cfg.init == RandomSource.TORCH
         generator = torch.Generator(device="cpu").manual_seed(int(seed)) if legacy else None
         state: dict[str, torch.Tensor] = {}
+        wanted = None if names is None else set(names)
         for name, shape in self.param_shapes(cfg).items():
+            if wanted is not None and name not in wanted and not legacy:
+                continue
             kind, value = self.init_rule(cfg, name, shape)
             if kind == "fill":
                 tensor = torch.full(shape, value, dtype=torch.float32)
@@ -133,6 +141,11 @@ class ModelFamily:
             else:
                 tensor = normal_tensor(f"dlx-init/{int(seed)}/{name}".encode(), shape, value)
             state[name] = tensor
+        if wanted is not None:
+            unknown = wanted - set(self.param_shapes(cfg))
+            if unknown:
+                raise KeyError(f"init_state_dict: no parameters {sorted(unknown)} in this model")
+            state = {name: tensor for name, tensor in state.items() if name in wanted}
         return state
 
     @staticmethod

@@ -75,9 +75,10 @@ def count_params(cfg: ModelConfig) -> int:
     return sum(math.prod(shape) for shape in param_shapes(cfg).values())
 
 
-def init_state_dict(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Initial weights of the full model, a pure function of (cfg, seed) (the family's initialisation)."""
-    return family_of(cfg).init_state_dict(cfg, seed)
+def init_state_dict(cfg: ModelConfig, seed: int, names=None) -> dict[str, torch.Tensor]:
+    """Initial weights of the full model, a pure function of (cfg, seed) (the family's initialisation);
+    ``names``: only those parameters, the same bits (ModelFamily.init_state_dict)."""
+    return family_of(cfg).init_state_dict(cfg, seed, names)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -125,8 +126,8 @@ class TransformerSlice(nn.Module):
         if has_head:
             self.lm_head = Linear(cfg.n_embd, cfg.vocab_size)
         if seed is not None:
-            full = init_state_dict(cfg, seed)
-            self.load_state_dict({name: full[name] for name in self.state_dict()})
+            own = init_state_dict(cfg, seed, names=list(self.state_dict()))
+            self.load_state_dict({name: own[name] for name in self.state_dict()})
 
     @property
     def trunk(self) -> nn.ModuleDict:

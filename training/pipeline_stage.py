@@ -73,8 +73,9 @@ class PipelineStageTrainer:
         self.device = self.platform.device
         self.module = StageModule(cfg, spec, seed=None)
         if state_dict is None:
-            full = init_state_dict(cfg, training_cfg.seed)
-            state_dict = {name: full[name] for name in self.module.state_dict()}
+            names = list(self.module.state_dict())  # only this stage's weights are drawn (issue 75)
+            own = init_state_dict(cfg, training_cfg.seed, names=names)
+            state_dict = {name: own[name] for name in names}
         self.module.load_state_dict(state_dict)
         self.module.to(self.device)
         self.optimizer = make_inner_optimizer(self.module, training_cfg)

@@ -103,6 +103,9 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
         from node.live.node import Node
 
         startup.mark("imports")
+        from node.live.costprofile import start_from_env
+
+        start_from_env(Path(cfg.data_dir).expanduser())
         loading[0] = False
     except _StoppedLoading:
         loading[0] = False  # a second signal now only repeats the request

@@ -1,0 +1,659 @@
+"""The whole system at one model size: where a round's time, bytes, memory and disk go (issue 75).
+
+    nice -n 5 python bench/bench_scale_system.py --preset llama-124m --vocab-size 32000 --block-size 128 \\
+        --batch-size 2 --rounds 3 --inner-steps 4 --data /tmp/bpe32k [--label llama-124m]
+
+One real ``dlx-node demo`` (2 replicas x 2 stages on a local anvil, normed commitments, spot checks
+``--spot-checks``, checkpoints every 2 rounds, ``--keep``), with ``DLX_COST_PROFILE=1`` in every node's
+environment (node/live/costprofile.py). While it runs the script samples every node's ``status.json``,
+``cost_profile.json`` and ``/proc/<pid>/status`` (VmHWM: peak RSS) every 2 s. When the demo has printed its
+summary it runs ``dlx-node audit --reexecute all`` and ``dlx-node pull`` of the run (each timed, with its
+peak RSS), loads the pulled directory with transformers (model and tokenizer, a few tokens generated),
+reads the gas of every transaction the chain holds, stops the demo and measures each node's disk.
+
+Per node and round it reports:
+
+- the training thread's period (``timing.jsonl``, node/live/state/roundclock.py): inner steps,
+  start-state capture, eval, encode, waits, aggregation, the rest;
+- every thread's busy time by component (the sampling profile: inner steps, hashing and commitments,
+  codec, outer step, archive writes, exchange, chain, spot checks, start state, portable RNG, other),
+  between the first round's start and the last round's end, each as a share of the busy time and of the
+  round's wall time x threads;
+- bytes sent and received, peak RSS, disk (by top-level directory).
+
+Each run is stored under ``runs[<label>]`` of ``--out`` (default bench/results/scale_system.json): a second
+size adds to the file, the same label replaces its entry (bench/scale_model.py fits its model to them).
+``--attach DIR`` analyses a demo started by hand (its ``demo.out``, ``samples.jsonl`` and ``rss.log`` in
+the formats this script writes) instead of starting one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.benchio import RESULTS, recorded, write_result  # noqa: E402
+
+OUT = RESULTS / "scale_system.json"
+DLX = [sys.executable, "-m", "node.cli"]
+SUMMARY_MARK = "audit it (with --keep"
+#: The training thread's phases of a period record (node/live/state/roundclock.py), besides inner_s.
+PERIOD_PHASES = (
+    "start_state_s",
+    "eval_s",
+    "encode_s",
+    "close_wait_s",
+    "fetch_wait_s",
+    "aggregate_s",
+    "finish_other_s",
+    "commit_wait_s",
+    "other_s",
+)
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def node_dirs(workdir: Path) -> list[Path]:
+    """The demo's node directories (``r<replica>n<stage>``)."""
+    return sorted(p for p in workdir.iterdir() if p.is_dir() and re.fullmatch(r"r\d+n\d+", p.name))
+
+
+def _vm(pid: int) -> tuple[int, int] | None:
+    """(VmHWM, VmRSS) of ``pid`` in bytes, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    values = dict(re.findall(r"^(VmHWM|VmRSS):\s+(\d+) kB", text, flags=re.M))
+    if "VmHWM" not in values:
+        return None
+    return int(values["VmHWM"]) * 1024, int(values.get("VmRSS", 0)) * 1024
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields and int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Sampler(threading.Thread):
+    """Every ``every`` s: each node's status and cost profile (``samples.jsonl``), its and its children's
+    peak RSS (``rss.log``)."""
+
+    def __init__(self, workdir: Path, demo_pid: int, every: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.workdir, self.demo_pid, self.every = workdir, demo_pid, every
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        samples, rss = self.workdir / "samples.jsonl", self.workdir / "rss.log"
+        while not self.stop.wait(self.every):
+            now = time.time()
+            lines, rss_lines = [], []
+            for node in node_dirs(self.workdir):
+                status = _read_json(node / "status.json")
+                profile = _read_json(node / "cost_profile.json")
+                if status is None and profile is None:
+                    continue
+                lines.append(json.dumps({"t": now, "node": node.name, "profile": profile, "status": status}))
+                pid = (status or {}).get("pid")
+                vm = _vm(int(pid)) if pid else None
+                if vm:
+                    rss_lines.append(f"{now:.0f} {pid} {vm[0] // 1024} {vm[1] // 1024} node {node}/")
+                    for child in _children(int(pid)):  # the spot checks' rerun processes
+                        cvm = _vm(child)
+                        if cvm:
+                            rss_lines.append(
+                                f"{now:.0f} {child} {cvm[0] // 1024} {cvm[1] // 1024} child {node}/"
+                            )
+            vm = _vm(self.demo_pid)
+            if vm:
+                rss_lines.append(f"{now:.0f} {self.demo_pid} {vm[0] // 1024} {vm[1] // 1024} demo")
+            with samples.open("a") as f:
+                f.writelines(line + "\n" for line in lines)
+            with rss.open("a") as f:
+                f.writelines(line + "\n" for line in rss_lines)
+
+
+def _run_measured(command: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
+    """Run ``command`` (stdout and stderr to ``log``), return its exit code, seconds and peak RSS."""
+    started = time.monotonic()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        deadline = started + timeout
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                process.kill()
+                pid, status, usage = os.wait4(process.pid, 0)
+                break
+            time.sleep(0.5)
+    return {
+        "exit": os.waitstatus_to_exitcode(status),
+        "seconds": round(time.monotonic() - started, 2),
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "timed_out": time.monotonic() > deadline,
+        "log_tail": log.read_text(errors="replace")[-600:],
+    }
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+
+def _rss_peaks(path: Path) -> dict[str, int]:
+    """Peaks of an rss log (bytes): ``<node>`` the node process's VmHWM, ``<node>/child`` the highest VmHWM of
+    its child processes (the spot checks' reruns), ``<node>/sum`` the highest sum of the node's and its
+    children's RSS at one sample, ``demo`` the demo process's."""
+    peaks: dict[str, int] = {}
+    if not path.exists():
+        return peaks
+    at: dict[tuple[str, str], int] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split(maxsplit=4)
+        if len(parts) < 5:
+            continue
+        match = re.search(r"/(r\d+n\d+)/", parts[4])
+        if parts[4].startswith("demo"):
+            name = "demo"
+        elif match and parts[4].startswith("child "):
+            name = f"{match.group(1)}/child"
+        elif match and (parts[4].startswith("node ") or "node.cli" in parts[4]):
+            name = match.group(1)
+        else:
+            continue
+        peaks[name] = max(peaks.get(name, 0), int(parts[2]) * 1024)
+        if match:
+            key = (match.group(1), parts[0])
+            at[key] = at.get(key, 0) + int(parts[3]) * 1024
+    for (node, _), total in at.items():
+        peaks[f"{node}/sum"] = max(peaks.get(f"{node}/sum", 0), total)
+    return peaks
+
+
+def _window(samples: list[dict], rounds: int, partial: bool = False) -> tuple[dict, dict] | None:
+    """The last snapshot before a node's round 0 trains (or, if its profile was not written yet, an empty
+    one) and the first one after it stopped (its last rounds' spot checks included)."""
+    start, end = None, None
+    for s in samples:
+        status = s.get("status") or {}
+        if status.get("round", -1) < 0 or status.get("state") in ("joining", "starting"):
+            start = s if s.get("profile") else start
+        elif status.get("state") == "stopped" and s.get("profile"):
+            end = s
+            break
+    if end is None:
+        timed = [
+            s
+            for s in samples
+            if s.get("profile") and (s.get("status") or {}).get("last_finished", -1) >= rounds - 1
+        ]
+        end = timed[-1] if timed else None
+    if end is None and partial:  # a run that broke off: up to its last snapshot
+        profiled = [s for s in samples if s.get("profile")]
+        end = profiled[-1] if profiled else None
+    if end is None:
+        return None
+    if start is None:
+        start = {
+            "t": min(s["t"] for s in samples),
+            "status": {},
+            "profile": {"interval_s": 1.0, "samples": 0, "wall_s": 0.0, "counts": {}},
+        }
+    return start, end
+
+
+def _profile_delta(start: dict, end: dict) -> dict[str, float]:
+    def seconds(profile: dict) -> dict[str, float]:
+        counts = (
+            profile["counts"]
+            if "counts" in profile
+            else {k: v / profile["interval_s"] for k, v in profile["thread_seconds"].items()}
+        )
+        per = profile["wall_s"] / profile["samples"] if profile.get("samples") else 0.0
+        return {k: v * per for k, v in counts.items()}
+
+    a, b = seconds(start["profile"]), seconds(end["profile"])
+    return {k: max(0.0, b.get(k, 0.0) - a.get(k, 0.0)) for k in sorted(set(a) | set(b))}
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _disk(node: Path) -> dict:
+    parts = {}
+    for child in sorted(node.iterdir()):
+        parts[child.name] = _du(child) if child.is_dir() else child.stat().st_size
+    archive = node / "archive"
+    if archive.is_dir():
+        for child in sorted(archive.iterdir()):
+            if child.is_dir():
+                parts[f"archive/{child.name}"] = _du(child)
+    return {"total_bytes": _du(node), "parts": {k: v for k, v in parts.items() if v >= 1 << 20}}
+
+
+def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = False) -> dict:
+    periods = (
+        [json.loads(line) for line in (node / "timing.jsonl").read_text().splitlines() if line.strip()]
+        if (node / "timing.jsonl").exists()
+        else []
+    )
+    finishes = [p for p in periods if p.get("kind") == "finish"]
+    periods = [p for p in periods if p.get("kind") == "period"]
+    out: dict = {"name": node.name, "periods": len(periods)}
+    timed = [p for p in periods if p.get("wall_s")]
+    if timed:
+        wall = sum(p["wall_s"] for p in timed)
+        out["training_thread"] = {
+            "rounds": len(timed),
+            "wall_s_per_round": round(wall / len(timed), 3),
+            "inner_s_per_round": round(sum(p["inner_s"] for p in timed) / len(timed), 3),
+            "shares": {
+                k.removesuffix("_s"): round(sum(p.get(k) or 0 for p in timed) / wall, 4)
+                for k in ("inner_s", *PERIOD_PHASES)
+            },
+            "lane_s_per_round": {
+                k.removeprefix("lane_").removesuffix("_s"): round(
+                    sum(p.get(k) or 0 for p in timed) / len(timed), 3
+                )
+                for k in timed[0]
+                if k.startswith("lane_")
+            },
+        }
+    if periods:
+        out["first_period_inner_s"] = periods[0]["inner_s"]
+    if finishes:
+        exchange = [f["exchange_s"] for f in finishes if f.get("exchange_s") is not None]
+        out["exchange_s_mean"] = round(sum(exchange) / len(exchange), 3) if exchange else None
+    window = _window(samples, rounds, partial)
+    if window:
+        start, end = window
+        wall = end["t"] - start["t"]
+        delta = _profile_delta(start, end)
+        busy = sum(v for k, v in delta.items() if k != "idle")
+        out["window_s"] = round(wall, 2)
+        out["busy_thread_s_per_round"] = {k: round(v / rounds, 3) for k, v in delta.items() if k != "idle"}
+        out["busy_shares"] = {k: round(v / busy, 4) for k, v in delta.items() if k != "idle" and busy}
+        s0, s1 = start.get("status") or {}, end.get("status") or {}
+        out["bytes_sent_per_round"] = round((s1.get("bytes_sent", 0) - s0.get("bytes_sent", 0)) / rounds)
+        out["bytes_received_per_round"] = round(
+            (s1.get("bytes_received", 0) - s0.get("bytes_received", 0)) / rounds
+        )
+        t0, t1 = s0.get("traffic") or {}, s1.get("traffic") or {}
+        out["traffic_per_round"] = {
+            proto: {
+                k: round((v.get(k, 0) - t0.get(proto, {}).get(k, 0)) / rounds) for k in ("sent", "received")
+            }
+            for proto, v in t1.items()
+        }
+        out["spot_checks"] = {
+            k: s1.get(k)
+            for k in ("spot_checks", "spot_check_mismatches", "spot_checks_not_done", "spot_check_seconds")
+        }
+    return out
+
+
+def chain_gas(rpc: str) -> dict:
+    """Gas of every transaction on the chain, by contract function (selectors named from the artifacts)."""
+    from web3 import Web3
+
+    names: dict[str, str] = {}
+    for artifact in (ROOT / "contracts" / "artifacts").glob("*.json"):
+        for signature, selector in (json.loads(artifact.read_text()).get("methodIdentifiers") or {}).items():
+            names.setdefault(selector, signature.split("(")[0])
+    w3 = Web3(Web3.HTTPProvider(rpc, request_kwargs={"timeout": 60}))
+    gas: dict[str, list[int]] = {}
+    for number in range(w3.eth.block_number + 1):
+        block = w3.eth.get_block(number, full_transactions=True)
+        for tx in block.transactions:
+            data = bytes(tx["input"])
+            name = (
+                "deploy" if tx.get("to") is None else names.get(data[:4].hex(), data[:4].hex() or "transfer")
+            )
+            gas.setdefault(name, []).append(w3.eth.get_transaction_receipt(tx["hash"])["gasUsed"])
+    return {
+        name: {"count": len(v), "mean": round(sum(v) / len(v)), "max": max(v)}
+        for name, v in sorted(gas.items())
+    }
+
+
+def pulled_model(directory: Path) -> dict:
+    """Load a pulled directory with transformers (model and tokenizer) and generate a few tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    ids = tokenizer("First Citizen:", return_tensors="pt").input_ids
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=8, do_sample=False)
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokenizer": type(tokenizer).__name__,
+        "vocab": len(tokenizer),
+        "generated": tokenizer.decode(generated[0]),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def analyse(workdir: Path, rounds: int, args_doc: dict, extra: dict, partial: bool = False) -> dict:
+    samples: dict[str, list[dict]] = {}
+    path = workdir / "samples.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            s = json.loads(line)
+        except ValueError:
+            continue
+        samples.setdefault(s["node"], []).append(s)
+    peaks = _rss_peaks(workdir / "rss.log")
+    nodes = []
+    for node in node_dirs(workdir):
+        row = analyse_node(node, samples.get(node.name, []), rounds, partial)
+        row["peak_rss_bytes"] = peaks.get(node.name)
+        row["child_peak_rss_bytes"] = peaks.get(f"{node.name}/child")
+        row["peak_rss_with_children_bytes"] = peaks.get(f"{node.name}/sum")
+        row["disk"] = _disk(node)
+        nodes.append(row)
+    run = {"args": args_doc, "nodes": nodes, "demo_peak_rss_bytes": peaks.get("demo"), **extra}
+    run["summary"] = summarise(nodes)
+    return run
+
+
+def summarise(nodes: list[dict]) -> dict:
+    """Means over the nodes: seconds per round, busy thread-seconds per component, bytes, RSS, disk."""
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    components = sorted({k for n in nodes for k in n.get("busy_thread_s_per_round", {})})
+    busy = {
+        k: round(mean(n.get("busy_thread_s_per_round", {}).get(k, 0.0) for n in nodes), 3) for k in components
+    }
+    total = sum(busy.values())
+    wall = mean(n.get("training_thread", {}).get("wall_s_per_round") for n in nodes)
+    return {
+        "wall_s_per_round": None if wall is None else round(wall, 3),
+        "inner_s_per_round": mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes),
+        "busy_thread_s_per_round": busy,
+        "busy_shares": {k: round(v / total, 4) for k, v in busy.items()} if total else {},
+        "bytes_sent_per_round": mean(n.get("bytes_sent_per_round") for n in nodes),
+        "bytes_received_per_round": mean(n.get("bytes_received_per_round") for n in nodes),
+        "peak_rss_bytes": max((n["peak_rss_bytes"] for n in nodes if n.get("peak_rss_bytes")), default=None),
+        "child_peak_rss_bytes": max(
+            (n["child_peak_rss_bytes"] for n in nodes if n.get("child_peak_rss_bytes")), default=None
+        ),
+        "peak_rss_with_children_bytes": max(
+            (n["peak_rss_with_children_bytes"] for n in nodes if n.get("peak_rss_with_children_bytes")),
+            default=None,
+        ),
+        "disk_bytes": max((n["disk"]["total_bytes"] for n in nodes), default=None),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _demo_command(args) -> list[str]:
+    command = DLX + [
+        "demo",
+        "--preset",
+        args.preset,
+        "--rounds",
+        str(args.rounds),
+        "--inner-steps",
+        str(args.inner_steps),
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--spot-checks",
+        str(args.spot_checks),
+        "--out",
+        str(args.workdir),
+        "--no-reference",
+        "--keep",
+        "--timeout",
+        str(args.timeout),
+    ]
+    if args.data:
+        command += ["--data", args.data]
+    settings = [
+        f"round_timeout={args.round_timeout}",
+        f"training.batch_size={args.batch_size}",
+        "training.eval_batches=1",
+    ]
+    if args.vocab_size:
+        settings.append(f"model.vocab_size={args.vocab_size}")
+    if args.block_size:
+        settings.append(f"model.block_size={args.block_size}")
+    for setting in settings + args.set:
+        command += ["--set", setting]
+    return command
+
+
+def _wait_for_summary(log: Path, process, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if SUMMARY_MARK in log.read_text(errors="replace"):
+            return True
+        if process is not None and process.poll() is not None:
+            return False
+        time.sleep(2)
+    return False
+
+
+def after_training(workdir: Path, args, demo_log: Path) -> dict:
+    """The audit with every re-execution, the pull into transformers and the chain's gas (the chain runs)."""
+    text = demo_log.read_text(errors="replace")
+    audit_line = text[text.index(SUMMARY_MARK) :].splitlines()[1].strip()
+    audit = shlex.split(audit_line)[1:]  # drop "dlx-node"
+    deployment = json.loads((workdir / "deployment.json").read_text())
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    extra: dict = {"demo_summary": text[text.rfind("run 1:") : text.index(SUMMARY_MARK)].strip()[-3000:]}
+    audit_cmd = DLX + audit + ["--reexecute", "all", "--json", str(workdir / "audit.json")]
+    if args.data:
+        audit_cmd += ["--data", args.data]
+    extra["audit"] = _run_measured(audit_cmd, workdir / "audit.log", args.timeout, env)
+    report = _read_json(workdir / "audit.json") or {}
+    extra["audit"]["verdict"] = report.get("verdict") or report.get("passed")
+    extra["audit"]["counts"] = report.get("counts") or report.get("summary")
+    pulled = workdir / "pulled"
+    shutil.rmtree(pulled, ignore_errors=True)
+    extra["pull"] = _run_measured(
+        DLX
+        + [
+            "pull",
+            "--rpc",
+            deployment["rpc_url"],
+            "--run",
+            str(deployment["run_id"]),
+            "--deployment",
+            str(workdir / "deployment.json"),
+            "--archive",
+            str(workdir / "r0n0"),
+            str(pulled),
+        ],
+        workdir / "pull.log",
+        args.timeout,
+        env,
+    )
+    if extra["pull"]["exit"] == 0:
+        try:
+            extra["pull"]["transformers"] = pulled_model(pulled)
+        except Exception as exc:  # noqa: BLE001 (recorded, not hidden)
+            extra["pull"]["transformers"] = {"error": f"{type(exc).__name__}: {exc}"}
+        extra["pull"]["bytes"] = _du(pulled)
+    try:
+        extra["chain_gas"] = chain_gas(deployment["rpc_url"])
+    except Exception as exc:  # noqa: BLE001
+        extra["chain_gas"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return extra
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="llama-124m")
+    parser.add_argument("--label", default="", help="the run's key in the result (default: the preset)")
+    parser.add_argument("--vocab-size", type=int, default=0)
+    parser.add_argument("--block-size", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inner-steps", type=int, default=4)
+    parser.add_argument("--checkpoint-every", type=int, default=2)
+    parser.add_argument("--spot-checks", type=float, default=1.0)
+    parser.add_argument("--round-timeout", type=float, default=1800)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--data", default="", help="prepared dataset directory (dlx-node data prepare)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--workdir", default="/tmp/dlx-bench-scale-system")
+    parser.add_argument("--attach", default="", help="analyse this demo directory (started by hand) instead")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="with --attach: a run that broke off (per round over --rounds, to its last snapshot)",
+    )
+    parser.add_argument("--note", default="", help="what to say beside the run on the results page")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    load = list(os.getloadavg())
+    label = args.label or args.preset
+    args_doc = {k: v for k, v in vars(args).items() if k not in ("out", "attach", "note")}
+    if args.attach:
+        args.workdir = Path(args.attach)
+        demo_log = args.workdir / "demo.out"
+        extra = after_training(args.workdir, args, demo_log) if _demo_alive(args.workdir) else {}
+        run = analyse(args.workdir, args.rounds, args_doc, extra, partial=args.partial)
+    else:
+        args.workdir = Path(args.workdir)
+        if args.workdir.exists():
+            shutil.rmtree(args.workdir)
+        args.workdir.parent.mkdir(parents=True, exist_ok=True)
+        demo_log = args.workdir.parent / f"{args.workdir.name}.demo.out"
+        env = dict(os.environ, DLX_COST_PROFILE="1", PYTHONPATH=str(ROOT))
+        started = time.monotonic()
+        with demo_log.open("w") as log:
+            demo = subprocess.Popen(
+                _demo_command(args),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+            )
+        while not args.workdir.exists():
+            time.sleep(0.5)
+        sampler = Sampler(args.workdir, demo.pid)
+        sampler.start()
+        try:
+            trained = _wait_for_summary(demo_log, demo, args.timeout)
+            trained_s = time.monotonic() - started
+            extra = (
+                after_training(args.workdir, args, demo_log)
+                if trained
+                else {
+                    "error": "the demo did not print its summary",
+                    "demo_tail": demo_log.read_text()[-3000:],
+                }
+            )
+            extra["demo_seconds_to_summary"] = round(trained_s, 1)
+        finally:
+            sampler.stop.set()
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGINT)
+                try:
+                    demo.wait(120)
+                except subprocess.TimeoutExpired:
+                    os.killpg(demo.pid, signal.SIGKILL)
+        shutil.copy(demo_log, args.workdir / "demo.out")
+        run = analyse(args.workdir, args.rounds, args_doc, extra)
+    run["parameters"] = _parameters(args)
+    if args.note:
+        run["note"] = args.note
+    run["recorded"] = recorded(load)  # each size's own command, date and load (the file holds several)
+    previous = _read_json(Path(args.out)) or {}
+    runs = previous.get("runs", {})
+    runs[label] = run
+    write_result(args.out, {"benchmark": "scale_system", "runs": runs}, load)
+    s = run["summary"]
+    print(json.dumps({"label": label, "parameters": run["parameters"], **s}, indent=1))
+    return 0
+
+
+def _demo_alive(workdir: Path) -> bool:
+    deployment = _read_json(workdir / "deployment.json")
+    if not deployment:
+        return False
+    from urllib.request import Request, urlopen
+
+    try:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []}).encode()
+        urlopen(Request(deployment["rpc_url"], body, {"Content-Type": "application/json"}), timeout=5).read()
+        return True
+    except OSError:
+        return False
+
+
+def _parameters(args) -> dict:
+    """The model's size, from its configuration."""
+    from training.config import ModelConfig
+    from training.model import count_params
+
+    settings = {"preset": args.preset}
+    if args.vocab_size:
+        settings["vocab_size"] = args.vocab_size
+    if args.block_size:
+        settings["block_size"] = args.block_size
+    for setting in args.set:  # --set model.n_layer=4 and the like
+        key, _, value = setting.partition("=")
+        if key.startswith("model."):
+            settings[key.removeprefix("model.")] = int(value) if value.lstrip("-").isdigit() else value
+    cfg = ModelConfig(**settings)
+    return {
+        "total": count_params(cfg),
+        "vocab_size": cfg.vocab_size,
+        "n_layer": cfg.n_layer,
+        "n_embd": cfg.n_embd,
+        "block_size": cfg.block_size,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

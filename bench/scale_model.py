@@ -1,0 +1,318 @@
+"""A calibrated model of a large run: per-component costs measured at three sizes, checked at a fourth,
+extrapolated to llama-1b, 7B and a 107B layout (issue 75; docs/SCALE.md).
+
+    python bench/scale_model.py [--system bench/results/scale_system.json]
+        [--fit llama-tiny,llama-mini,llama-mid] [--check llama-20m]
+        [--check llama-124m] [--out bench/results/scale_model.json]
+
+Reads the runs of bench/bench_scale_system.py (one entry per model size). For every measured quantity q and
+size it takes the node's figure (mean over the run's nodes) and fits ``q = a + b x`` by least squares over
+the ``--fit`` sizes, ``x`` being the parameters a node holds (its stage: half the model in the 2 x 2 runs)
+or, for the inner step, the model's parameters (its FLOPs at a fixed batch). The fit is checked against the
+``--check`` size, not fitted to it: each quantity's predicted and measured figure and the relative error
+are reported as they come out. The predictions for the large layouts use a refit on every size measured.
+
+What is extrapolated, and from what:
+
+- inner steps: not from this CPU. A GPU's step is ``6 N T / (GPUs x peak x MFU)`` with the MFU measured on
+  an H200 for llama-124m (bench/results/gpu.json, 39.6%) and the A800's dense bf16 peak (312 TFLOPS); the
+  pipeline's bubble is left out (it lowers throughput, so the figure is a bound).
+- the node's own work per round (hashing and commitments, codec, start state, outer step, archive writes,
+  spot checks, chain, exchange's CPU), as thread-seconds per parameter held on this CPU: the node runs it on
+  its host CPU today, in one process, so these figures are what a GPU node would pay unless that work
+  moves to the GPU or to more cores.
+- bytes per round per node: the measured bytes per parameter held (contributions, spot checks' start
+  states, checkpoint shards, gossip), at the measured replica count; the contributions' share grows with
+  ``M - 1`` in the full exchange.
+- host RAM and disk per node: bytes per parameter held, measured (all state in host memory on the CPU).
+- gas: a commit's gas at the run's quorum from bench/results/ledger.json (commitRound by quorum: linear in
+  k); the fraud proof's worst gas is the contract's own bound for the layout (node/provergas.py:
+  challenges of a game of ``ceil(log2(chunks))`` steps over 64-element chunks, one expiry, the commitment and
+  the proof's bound at ``max_contributions = M``, ``max_rank = 64``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.benchio import RESULTS, write_result  # noqa: E402
+
+A800_BF16_PEAK = 312e12
+#: The MFU measured for llama-124m in bf16 on an H200, the node's compiled trainer (bench/results/gpu.json).
+GPU_MFU = 0.396
+#: The components of the sampling profile (node/live/costprofile.py) that are the node's own work.
+NODE_WORK = (
+    "hashing",
+    "codec",
+    "start_state",
+    "outer_step",
+    "archive",
+    "spot_checks",
+    "chain",
+    "exchange",
+    "rng",
+    "other",
+)
+
+#: The large layouts: (label, parameters, replicas M, stages S, GPUs per node, tokens per inner step per
+#: replica, H, link bits/s). 107B: the DiLoCoX paper's 20 nodes of 8 A800 on 1 Gbps (arXiv 2506.21263's
+#: abstract and issue 75), laid out as M x S nodes of one stage each; H and the tokens per step are ours
+#: (the abstract gives neither).
+LAYOUTS = (
+    {
+        "label": "llama-1b",
+        "parameters": 1_100_048_384,
+        "replicas": 2,
+        "stages": 2,
+        "gpus_per_node": 1,
+        "tokens_per_step": 262_144,
+        "inner_steps": 100,
+        "link_bps": 1e9,
+    },
+    {
+        "label": "7B",
+        "parameters": 6_738_415_616,
+        "replicas": 4,
+        "stages": 2,
+        "gpus_per_node": 8,
+        "tokens_per_step": 1_048_576,
+        "inner_steps": 100,
+        "link_bps": 1e9,
+    },
+    {
+        "label": "107B (2 x 10)",
+        "parameters": 107_000_000_000,
+        "replicas": 2,
+        "stages": 10,
+        "gpus_per_node": 8,
+        "tokens_per_step": 2_097_152,
+        "inner_steps": 100,
+        "link_bps": 1e9,
+    },
+    {
+        "label": "107B (4 x 5)",
+        "parameters": 107_000_000_000,
+        "replicas": 4,
+        "stages": 5,
+        "gpus_per_node": 8,
+        "tokens_per_step": 2_097_152,
+        "inner_steps": 100,
+        "link_bps": 1e9,
+    },
+)
+#: What the DiLoCoX paper reports (its abstract: arXiv 2506.21263); nothing beyond the abstract is cited.
+PAPER = {
+    "model": "a modified Qwen1.5-107B",
+    "network": "1 Gbps",
+    "hardware": "20 nodes x 8 A800 (160 GPUs)",
+    "speedup_over_allreduce": 357,
+    "source": "arXiv 2506.21263, abstract",
+}
+
+
+# ------------------------------------------------------------------------------------------------ measured
+
+
+def measured(run: dict) -> dict:
+    """The quantities of one bench_scale_system run, per node (means over its nodes)."""
+    nodes = run["nodes"]
+    args = run["args"]
+    total = run["parameters"]["total"]
+    stages = 2
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    steps = args["inner_steps"]
+    inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
+    out = {
+        "parameters": total,
+        "per_node": total / stages,
+        "inner_steps": steps,
+        "tokens_per_step": args["batch_size"] * run["parameters"]["block_size"],
+        "inner_s_per_step": None if inner is None else inner / steps,
+        "wall_s_per_round": mean(n.get("training_thread", {}).get("wall_s_per_round") for n in nodes),
+        "bytes_sent_per_round": mean(n.get("bytes_sent_per_round") for n in nodes),
+        "peak_rss_bytes": mean(n.get("peak_rss_bytes") for n in nodes),
+        "disk_bytes_per_round": mean(
+            n["disk"]["total_bytes"] / args["rounds"] for n in nodes if n.get("disk")
+        ),
+        "complete": bool(run.get("audit", {}).get("exit") == 0),
+    }
+    if out["wall_s_per_round"] is not None and inner is not None:
+        out["thread_other_s_per_round"] = out["wall_s_per_round"] - inner
+    for k in NODE_WORK:
+        out[f"{k}_s_per_round"] = mean(
+            n.get("busy_thread_s_per_round", {}).get(k) for n in nodes if n.get("busy_thread_s_per_round")
+        )
+    return out
+
+
+QUANTITIES = {  # quantity: the x it is fitted against
+    "inner_s_per_step": "parameters",
+    "thread_other_s_per_round": "per_node",
+    "bytes_sent_per_round": "per_node",
+    "peak_rss_bytes": "per_node",
+    "disk_bytes_per_round": "per_node",
+    **{f"{k}_s_per_round": "per_node" for k in NODE_WORK},
+}
+
+
+def fit(points: list[dict], quantity: str) -> dict | None:
+    """Least squares ``q = a + b x`` over the points that have the quantity (at least two)."""
+    xs = [p[QUANTITIES[quantity]] for p in points if p.get(quantity) is not None]
+    ys = [p[quantity] for p in points if p.get(quantity) is not None]
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    a = my - b * mx
+    return {"intercept": a, "slope": b, "x": QUANTITIES[quantity], "points": len(xs)}
+
+
+def predict(model: dict, quantity: str, point: dict) -> float | None:
+    f = model.get(quantity)
+    if f is None:
+        return None
+    return f["intercept"] + f["slope"] * point[f["x"]]
+
+
+def check(model: dict, point: dict) -> dict:
+    """Each quantity's prediction at ``point`` beside what was measured there."""
+    rows = {}
+    for quantity in QUANTITIES:
+        actual, guess = point.get(quantity), predict(model, quantity, point)
+        if actual is None or guess is None:
+            continue
+        rows[quantity] = {
+            "predicted": guess,
+            "measured": actual,
+            "error": (guess - actual) / actual if actual else None,
+        }
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ large runs
+
+
+def commit_gas(ledger: dict, quorum: int) -> int:
+    """commitRound's gas at quorum k, from the ledger bench's rows (linear in k through them)."""
+    rows = {int(k): v["later"] for k, v in ledger["gas"]["commitRound_by_quorum"].items()}
+    ks = sorted(rows)
+    slope = (rows[ks[-1]] - rows[ks[0]]) / (ks[-1] - ks[0])
+    return round(rows[ks[0]] + slope * (quorum - ks[0]))
+
+
+def fraud_proof_gas(per_node: float, replicas: int) -> dict:
+    from ledger.runparams import DEFAULT_MAX_RANK, game_steps_for
+    from node.provergas import ProverCost, prover_gas
+    from training.chunks import CHUNK_ELEMENTS
+
+    chunks = math.ceil(per_node / CHUNK_ELEMENTS)
+    steps = game_steps_for(chunks)
+    cost = ProverCost(
+        steps=steps, proof_gas=prover_gas(replicas, DEFAULT_MAX_RANK), price=1, quorum=1, stake=0, bond=0
+    )
+    return {"chunks": chunks, "game_steps": steps, "proof_gas": cost.proof_gas, "worst_gas": cost.gas}
+
+
+def large(model: dict, layout: dict, ledger: dict) -> dict:
+    n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
+    per_node = n / s
+    point = {"parameters": n, "per_node": per_node}
+    gpus = s * layout["gpus_per_node"]  # one replica
+    step_s = 6 * n * layout["tokens_per_step"] / (gpus * A800_BF16_PEAK * GPU_MFU)
+    compute_s = layout["inner_steps"] * step_s
+    work = {k: max(0.0, predict(model, f"{k}_s_per_round", point) or 0.0) for k in NODE_WORK}
+    thread_other = max(0.0, predict(model, "thread_other_s_per_round", point) or 0.0)
+    sent = max(0.0, predict(model, "bytes_sent_per_round", point) or 0.0)
+    link_s = sent * 8 / layout["link_bps"]
+    # One-step delay: the exchange and the lane's work overlap the next round's inner steps; what the
+    # training thread does itself around them (thread_other) does not.
+    round_s = max(compute_s + thread_other, sum(work.values()) + link_s)
+    members = m * s
+    quorum = max(2, math.ceil(members / 2))
+    tokens = m * layout["inner_steps"] * layout["tokens_per_step"]
+    # Data-parallel AllReduce of bf16 gradients every step over the same links (ring: 2 (M-1)/M of them).
+    allreduce_s = 2 * (m - 1) / m * 2 * per_node * 8 / layout["link_bps"]
+    allreduce_tokens_s = m * layout["tokens_per_step"] / (step_s + allreduce_s)
+    return {
+        **layout,
+        "per_node": per_node,
+        "step_s": step_s,
+        "compute_s_per_round": compute_s,
+        "node_work_s_per_round": work,
+        "node_work_s": sum(work.values()),
+        "thread_other_s_per_round": thread_other,
+        "bytes_per_round": sent,
+        "link_s_per_round": link_s,
+        "round_s": round_s,
+        "tokens_per_s": tokens / round_s,
+        "allreduce_tokens_per_s": allreduce_tokens_s,
+        "speedup_over_allreduce": tokens / round_s / allreduce_tokens_s,
+        "host_ram_bytes": predict(model, "peak_rss_bytes", point),
+        "disk_bytes_per_round": predict(model, "disk_bytes_per_round", point),
+        "quorum": quorum,
+        "commit_gas": commit_gas(ledger, quorum),
+        "fraud_proof": fraud_proof_gas(per_node, m),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
+    parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
+    parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
+    parser.add_argument("--check", default="llama-124m")
+    parser.add_argument("--out", default=str(RESULTS / "scale_model.json"))
+    args = parser.parse_args()
+    runs = json.loads(Path(args.system).read_text())["runs"]
+    ledger = json.loads(Path(args.ledger).read_text())
+    points = {label: measured(run) for label, run in runs.items()}
+    fitted = [points[label] for label in args.fit.split(",")]
+    model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
+    checked = check(model, points[args.check]) if args.check in points else {}
+    refit = {q: f for q in QUANTITIES if (f := fit(list(points.values()), q)) is not None}
+    result = {
+        "benchmark": "scale_model",
+        "fit_sizes": args.fit.split(","),
+        "check_size": args.check,
+        "measured": points,
+        "model": model,
+        "check": checked,
+        "refit": refit,
+        "large": [large(refit, layout, ledger) for layout in LAYOUTS],
+        "paper": PAPER,
+        "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
+    }
+    write_result(args.out, result)
+    for q, row in checked.items():
+        print(
+            f"{q:32s} predicted {row['predicted']:.4g} measured {row['measured']:.4g} "
+            f"error {100 * row['error']:+.1f}%"
+            if row["error"] is not None
+            else q
+        )
+    for row in result["large"]:
+        print(
+            f"{row['label']:16s} round {row['round_s']:.0f} s (compute {row['compute_s_per_round']:.0f}, "
+            f"node work {row['node_work_s']:.0f}, link {row['link_s_per_round']:.0f}), "
+            f"{row['bytes_per_round'] / 1e9:.1f} GB/round, RAM {row['host_ram_bytes'] / 1e9:.0f} GB, "
+            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round, commit {row['commit_gas']:,} gas, "
+            f"fraud proof {row['fraud_proof']['worst_gas']:,} gas, "
+            f"{row['speedup_over_allreduce']:.0f}x AllReduce"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""docs/RESULTS.md's sections on the whole system at size and a calibrated model of a large run (issue 75)."""
+
+from __future__ import annotations
+
+from results_sections import load_text, table
+
+
+def _gb(x) -> str:
+    return "-" if x is None else f"{x / 1e9:.2f} GB"
+
+
+def _mb(x) -> str:
+    return "-" if x is None else f"{x / 1e6:.1f} MB"
+
+
+def _s(x) -> str:
+    return "-" if x is None else f"{x:.2f} s" if x < 100 else f"{x:,.0f} s"
+
+
+def _share(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+COMPONENTS = (
+    "inner_steps",
+    "hashing",
+    "codec",
+    "start_state",
+    "outer_step",
+    "archive",
+    "exchange",
+    "chain",
+    "spot_checks",
+    "rng",
+    "other",
+)
+
+
+def scale_system(r: dict) -> list[str]:
+    lines = [
+        "Real `dlx-node demo` runs (2 replicas x 2 stages on a local anvil, normed commitments, every "
+        "contribution spot-checked once, checkpoints every 2 rounds), each then audited with "
+        "`--reexecute all` and pulled into transformers. Per node (mean over the 4 nodes): the training "
+        "thread's round, every thread's busy time by component (sampling profile, "
+        "node/live/costprofile.py, from round 0's start to the node's stop) as a share of all busy time, "
+        "bytes sent, peak RSS and disk at the end.",
+        "",
+    ]
+    rows, shares = [], []
+    for label, run in r["runs"].items():
+        s = run["summary"]
+        audit = run.get("audit") or {}
+        pull = (run.get("pull") or {}).get("transformers") or {}
+        rows.append(
+            [
+                label,
+                f"{run['parameters']['total']:,}",
+                f"{run['args']['rounds']} x H={run['args']['inner_steps']}",
+                _s(s.get("wall_s_per_round")),
+                _s(s.get("inner_s_per_round")),
+                _mb(s.get("bytes_sent_per_round")),
+                _gb(s.get("peak_rss_bytes")),
+                _gb(s.get("disk_bytes")),
+                ("exit " + str(audit["exit"]) + (f", {audit['seconds']:.0f} s" if "seconds" in audit else ""))
+                if audit
+                else "not run",
+                (
+                    f"{pull.get('class', '')} {pull.get('parameters', 0):,}"
+                    if "parameters" in pull
+                    else pull.get("error", "not run")
+                ),
+                load_text((run.get("recorded") or {}).get("load_average", {}).get("end")),
+            ]
+        )
+        busy = s.get("busy_shares") or {}
+        shares.append([label] + [_share(busy.get(k)) for k in COMPONENTS])
+    lines += table(
+        [
+            "model",
+            "parameters",
+            "rounds",
+            "round (training thread)",
+            "inner steps",
+            "sent / node / round",
+            "peak RSS / node",
+            "disk / node",
+            "audit --reexecute all",
+            "pulled model",
+            "1-min load",
+        ],
+        rows,
+    )
+    lines += ["Every thread's busy time by component, as a share of the node's busy time:", ""]
+    lines += table(["model", *COMPONENTS], shares)
+    for label, run in r["runs"].items():
+        if run.get("note"):
+            lines += [f"{label}: {run['note']}", ""]
+        rec = run.get("recorded") or {}
+        if rec.get("command"):
+            lines += [f"{label}: `{rec['command']}` ({rec.get('date', '')} at {rec.get('commit', '')}).", ""]
+    return lines
+
+
+def scale_model(r: dict) -> list[str]:
+    lines = [
+        f"Fitted `q = a + b x` on {', '.join(r['fit_sizes'])} (x: parameters per node, or the model's for "
+        "the "
+        f"inner step), then checked at {r['check_size']}, which the fit did not see:",
+        "",
+    ]
+    rows = [
+        [
+            q,
+            f"{row['predicted']:.4g}",
+            f"{row['measured']:.4g}",
+            "-" if row["error"] is None else f"{100 * row['error']:+.1f}%",
+        ]
+        for q, row in r["check"].items()
+    ]
+    lines += table(["quantity", "predicted", "measured", "error"], rows)
+    lines += [
+        "Predicted for large layouts (refit on every size measured; inner steps on A800s at the MFU "
+        "measured on an H200, the node's own per-round work at this CPU's measured cost per parameter):",
+        "",
+    ]
+    rows = []
+    for row in r["large"]:
+        rows.append(
+            [
+                row["label"],
+                f"{row['replicas']} x {row['stages']}",
+                f"{row['per_node'] / 1e9:.2f} B",
+                _s(row["round_s"]),
+                _s(row["compute_s_per_round"]),
+                _s(row["node_work_s"]),
+                _s(row["link_s_per_round"]),
+                _gb(row["bytes_per_round"]),
+                _gb(row["host_ram_bytes"]),
+                _gb(row["disk_bytes_per_round"]),
+                f"{row['commit_gas']:,}",
+                f"{row['fraud_proof']['worst_gas']:,}",
+                f"{row['speedup_over_allreduce']:.0f}x",
+            ]
+        )
+    lines += table(
+        [
+            "model",
+            "M x S",
+            "params / node",
+            "round",
+            "inner steps",
+            "node work",
+            "link",
+            "bytes / node / round",
+            "host RAM / node",
+            "disk / node / round",
+            "commit gas",
+            "fraud proof worst gas",
+            "over AllReduce",
+        ],
+        rows,
+    )
+    paper = r["paper"]
+    lines += [
+        f"The DiLoCoX paper ({paper['source']}): {paper['model']} on {paper['hardware']} over "
+        f"{paper['network']}, {paper['speedup_over_allreduce']}x faster than AllReduce.",
+        "",
+    ]
+    return lines
