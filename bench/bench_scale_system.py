@@ -50,6 +50,8 @@ from bench.benchio import RESULTS, recorded, write_result  # noqa: E402
 OUT = RESULTS / "scale_system.json"
 DLX = [sys.executable, "-m", "node.cli"]
 SUMMARY_MARK = "audit it (with --keep"
+#: What a run records after training, while the chain runs (kept when it is analysed again with --attach).
+AFTER_KEYS = ("demo_summary", "audit", "pull", "chain_gas", "demo_seconds_to_summary", "recorded")
 #: The training thread's phases of a period record (node/live/state/roundclock.py), besides inner_s.
 PERIOD_PHASES = (
     "start_state_s",
@@ -269,6 +271,11 @@ def _disk(node: Path) -> dict:
     return {"total_bytes": _du(node), "parts": {k: v for k, v in parts.items() if v >= 1 << 20}}
 
 
+def _mean_of(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return round(sum(values) / len(values), 3) if values else None
+
+
 def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = False) -> dict:
     periods = (
         [json.loads(line) for line in (node / "timing.jsonl").read_text().splitlines() if line.strip()]
@@ -285,6 +292,10 @@ def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = F
             "rounds": len(timed),
             "wall_s_per_round": round(wall / len(timed), 3),
             "inner_s_per_round": round(sum(p["inner_s"] for p in timed) / len(timed), 3),
+            # CPU seconds (load-independent, unlike the wall figures): the training thread's inner steps
+            # and the whole process's (every thread, not the spot checks' child processes)
+            "inner_cpu_s_per_round": _mean_of(timed, "inner_cpu_s"),
+            "process_cpu_s_per_round": _mean_of(timed, "process_cpu_s"),
             "shares": {
                 k.removesuffix("_s"): round(sum(p.get(k) or 0 for p in timed) / wall, 4)
                 for k in ("inner_s", *PERIOD_PHASES)
@@ -411,7 +422,16 @@ def summarise(nodes: list[dict]) -> dict:
     }
     total = sum(busy.values())
     wall = mean(n.get("training_thread", {}).get("wall_s_per_round") for n in nodes)
+    cpu = mean(n.get("training_thread", {}).get("process_cpu_s_per_round") for n in nodes)
     return {
+        "process_cpu_s_per_round": cpu,
+        "inner_cpu_s_per_round": mean(
+            n.get("training_thread", {}).get("inner_cpu_s_per_round") for n in nodes
+        ),
+        # the process's CPU split by the profile's shares (an estimate: the shares are of wall samples)
+        "cpu_s_per_round_by_component": {k: round(cpu * v / total, 3) for k, v in busy.items()}
+        if cpu is not None and total
+        else {},
         "wall_s_per_round": None if wall is None else round(wall, 3),
         "inner_s_per_round": mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes),
         "busy_thread_s_per_round": busy,
@@ -559,7 +579,11 @@ def main() -> int:
     if args.attach:
         args.workdir = Path(args.attach)
         demo_log = args.workdir / "demo.out"
-        extra = after_training(args.workdir, args, demo_log) if _demo_alive(args.workdir) else {}
+        if _demo_alive(args.workdir):
+            extra = after_training(args.workdir, args, demo_log)
+        else:  # the demo is gone: keep what its run recorded while it ran (audit, pull, gas)
+            before = ((_read_json(Path(args.out)) or {}).get("runs") or {}).get(label) or {}
+            extra = {k: v for k, v in before.items() if k in AFTER_KEYS}
         run = analyse(args.workdir, args.rounds, args_doc, extra, partial=args.partial)
     else:
         args.workdir = Path(args.workdir)
@@ -607,7 +631,8 @@ def main() -> int:
     run["parameters"] = _parameters(args)
     if args.note:
         run["note"] = args.note
-    run["recorded"] = recorded(load)  # each size's own command, date and load (the file holds several)
+    # each size's own command, date and load (the file holds several); a re-analysis keeps the run's
+    run["recorded"] = run.get("recorded") or recorded(load)
     previous = _read_json(Path(args.out)) or {}
     runs = previous.get("runs", {})
     runs[label] = run

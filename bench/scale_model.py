@@ -149,16 +149,27 @@ def measured(run: dict) -> dict:
     }
     if out["wall_s_per_round"] is not None and inner is not None:
         out["thread_other_s_per_round"] = out["wall_s_per_round"] - inner
-    for k in NODE_WORK:
-        out[f"{k}_s_per_round"] = mean(
-            n.get("busy_thread_s_per_round", {}).get(k) for n in nodes if n.get("busy_thread_s_per_round")
-        )
+    summary = run.get("summary") or {}
+    out["process_cpu_s_per_round"] = summary.get("process_cpu_s_per_round")
+    inner_cpu = summary.get("inner_cpu_s_per_round")
+    out["inner_cpu_s_per_step"] = None if inner_cpu is None else inner_cpu / steps
+    by_component = summary.get("cpu_s_per_round_by_component") or {}
+    for k in NODE_WORK:  # CPU seconds: the process's, split by the sampling profile's shares
+        out[f"{k}_s_per_round"] = by_component.get(k)
+    if args.get("partial"):  # a run that broke off: only its inner steps and its memory until then count
+        out = {k: v for k, v in out.items() if k in PARTIAL_KEEPS or not isinstance(v, (int, float))}
+        out["complete"] = False
     return out
 
 
+#: What a run that broke off still measured (bench_scale_system.py --partial).
+PARTIAL_KEEPS = ("parameters", "per_node", "inner_steps", "tokens_per_step", "inner_s_per_step",
+                 "inner_cpu_s_per_step", "peak_rss_bytes")
+
 QUANTITIES = {  # quantity: the x it is fitted against
     "inner_s_per_step": "parameters",
-    "thread_other_s_per_round": "per_node",
+    "inner_cpu_s_per_step": "parameters",
+    "process_cpu_s_per_round": "per_node",
     "bytes_sent_per_round": "per_node",
     "peak_rss_bytes": "per_node",
     "disk_bytes_per_round": "per_node",
@@ -233,12 +244,11 @@ def large(model: dict, layout: dict, ledger: dict) -> dict:
     step_s = 6 * n * layout["tokens_per_step"] / (gpus * A800_BF16_PEAK * GPU_MFU)
     compute_s = layout["inner_steps"] * step_s
     work = {k: max(0.0, predict(model, f"{k}_s_per_round", point) or 0.0) for k in NODE_WORK}
-    thread_other = max(0.0, predict(model, "thread_other_s_per_round", point) or 0.0)
     sent = max(0.0, predict(model, "bytes_sent_per_round", point) or 0.0)
     link_s = sent * 8 / layout["link_bps"]
-    # One-step delay: the exchange and the lane's work overlap the next round's inner steps; what the
-    # training thread does itself around them (thread_other) does not.
-    round_s = max(compute_s + thread_other, sum(work.values()) + link_s)
+    # One-step delay: the exchange and the node's own work (on the host CPU) overlap the next round's inner
+    # steps (on the GPUs); a round lasts the longer of the two.
+    round_s = max(compute_s, sum(work.values()) + link_s)
     members = m * s
     quorum = max(2, math.ceil(members / 2))
     tokens = m * layout["inner_steps"] * layout["tokens_per_step"]
@@ -252,7 +262,6 @@ def large(model: dict, layout: dict, ledger: dict) -> dict:
         "compute_s_per_round": compute_s,
         "node_work_s_per_round": work,
         "node_work_s": sum(work.values()),
-        "thread_other_s_per_round": thread_other,
         "bytes_per_round": sent,
         "link_s_per_round": link_s,
         "round_s": round_s,
@@ -271,8 +280,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
-    parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
-    parser.add_argument("--check", default="llama-124m")
+    parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-mid")
+    parser.add_argument("--check", default="llama-20m,llama-124m", help="sizes the fit is checked at")
     parser.add_argument("--out", default=str(RESULTS / "scale_model.json"))
     args = parser.parse_args()
     runs = json.loads(Path(args.system).read_text())["runs"]
@@ -280,12 +289,12 @@ def main() -> int:
     points = {label: measured(run) for label, run in runs.items()}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
-    checked = check(model, points[args.check]) if args.check in points else {}
+    checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}
     refit = {q: f for q in QUANTITIES if (f := fit(list(points.values()), q)) is not None}
     result = {
         "benchmark": "scale_model",
         "fit_sizes": args.fit.split(","),
-        "check_size": args.check,
+        "check_sizes": args.check.split(","),
         "measured": points,
         "model": model,
         "check": checked,
@@ -295,13 +304,11 @@ def main() -> int:
         "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
     }
     write_result(args.out, result)
-    for q, row in checked.items():
-        print(
-            f"{q:32s} predicted {row['predicted']:.4g} measured {row['measured']:.4g} "
-            f"error {100 * row['error']:+.1f}%"
-            if row["error"] is not None
-            else q
-        )
+    for size, rows in checked.items():
+        for q, row in rows.items():
+            error = "-" if row["error"] is None else f"{100 * row['error']:+.1f}%"
+            print(f"{size:12s} {q:28s} predicted {row['predicted']:.4g} measured {row['measured']:.4g} "
+                  f"{error}")
     for row in result["large"]:
         print(
             f"{row['label']:16s} round {row['round_s']:.0f} s (compute {row['compute_s_per_round']:.0f}, "

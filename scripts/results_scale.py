@@ -47,7 +47,8 @@ def scale_system(r: dict) -> list[str]:
         "",
     ]
     rows, shares = [], []
-    for label, run in r["runs"].items():
+    ordered = sorted(r["runs"].items(), key=lambda item: item[1]["parameters"]["total"])
+    for label, run in ordered:
         s = run["summary"]
         audit = run.get("audit") or {}
         pull = (run.get("pull") or {}).get("transformers") or {}
@@ -58,8 +59,9 @@ def scale_system(r: dict) -> list[str]:
                 f"{run['args']['rounds']} x H={run['args']['inner_steps']}",
                 _s(s.get("wall_s_per_round")),
                 _s(s.get("inner_s_per_round")),
+                _s(s.get("process_cpu_s_per_round")),
                 _mb(s.get("bytes_sent_per_round")),
-                _gb(s.get("peak_rss_bytes")),
+                f"{_gb(s.get('peak_rss_bytes'))} / {_gb(s.get('child_peak_rss_bytes'))}",
                 _gb(s.get("disk_bytes")),
                 ("exit " + str(audit["exit"]) + (f", {audit['seconds']:.0f} s" if "seconds" in audit else ""))
                 if audit
@@ -81,8 +83,9 @@ def scale_system(r: dict) -> list[str]:
             "rounds",
             "round (training thread)",
             "inner steps",
+            "process CPU / round",
             "sent / node / round",
-            "peak RSS / node",
+            "peak RSS / node / spot-check child",
             "disk / node",
             "audit --reexecute all",
             "pulled model",
@@ -92,7 +95,7 @@ def scale_system(r: dict) -> list[str]:
     )
     lines += ["Every thread's busy time by component, as a share of the node's busy time:", ""]
     lines += table(["model", *COMPONENTS], shares)
-    for label, run in r["runs"].items():
+    for label, run in ordered:
         if run.get("note"):
             lines += [f"{label}: {run['note']}", ""]
         rec = run.get("recorded") or {}
@@ -104,20 +107,23 @@ def scale_system(r: dict) -> list[str]:
 def scale_model(r: dict) -> list[str]:
     lines = [
         f"Fitted `q = a + b x` on {', '.join(r['fit_sizes'])} (x: parameters per node, or the model's for "
-        "the "
-        f"inner step), then checked at {r['check_size']}, which the fit did not see:",
+        f"the inner step), then checked at {', '.join(r['check_sizes'])}, which the fit did not see (a "
+        "partial run checks only what it measured; CPU seconds are the node process's, split by the "
+        "sampling profile's shares):",
         "",
     ]
     rows = [
         [
+            size,
             q,
             f"{row['predicted']:.4g}",
             f"{row['measured']:.4g}",
             "-" if row["error"] is None else f"{100 * row['error']:+.1f}%",
         ]
-        for q, row in r["check"].items()
+        for size, checked in r["check"].items()
+        for q, row in checked.items()
     ]
-    lines += table(["quantity", "predicted", "measured", "error"], rows)
+    lines += table(["size", "quantity", "predicted", "measured", "error"], rows)
     lines += [
         "Predicted for large layouts (refit on every size measured; inner steps on A800s at the MFU "
         "measured on an H200, the node's own per-round work at this CPU's measured cost per parameter):",
