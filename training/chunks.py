@@ -122,12 +122,16 @@ def _bits_be(tensor: torch.Tensor) -> np.ndarray:
 _HEADER_DTYPE = np.dtype([("tensor", ">u4"), ("offset", ">u8"), ("cols", ">u8"), ("count", ">u4")])
 
 
-def tensor_leaves(tensors: Mapping[str, torch.Tensor]) -> list[bytes]:
-    """The tensor leaves (module docstring) of a stage's weights or momentum, in chunk order."""
+def tensor_leaves(tensors: Mapping[str, torch.Tensor], *, first_tensor: int = 0) -> list[bytes]:
+    """The tensor leaves (module docstring) of a stage's weights or momentum, in chunk order.
+
+    ``first_tensor``: the stage-wide index of the first of ``tensors`` (a cluster rank's shard of whole
+    tensors, training/cluster_plan.py: its leaves are those of the whole stage's at its chunks)."""
     leaves: list[bytes] = []
     for tensor, name, numel, cols in _tensor_order(
         {name: tuple(value.shape) for name, value in tensors.items()}
     ):
+        tensor += first_tensor
         bits = _bits_be(tensors[name])
         full, rest = _chunk_counts(numel)
         if full:

@@ -85,28 +85,39 @@ def tensor_le_array(tensor: torch.Tensor) -> np.ndarray:
 
 def stage_weights_hash(named_tensors: Mapping[str, torch.Tensor]) -> bytes:
     """sha256 (32 bytes) of ``named_tensors`` in the layout of this module's docstring."""
+    digest = weights_digest(len(named_tensors))
+    for name in sorted(named_tensors, key=lambda n: n.encode("utf-8")):
+        hash_tensor_into(digest, name, named_tensors[name])
+    return digest.digest()
+
+
+def weights_digest(count: int):
+    """A sha256 fed :func:`stage_weights_hash`'s header for ``count`` tensors: feed each tensor in name
+    order with :func:`hash_tensor_into` (a stage hashed a tensor at a time, training/cluster_engine.py)."""
     digest = hashlib.sha256()
     digest.update(WEIGHTS_MAGIC)
-    digest.update(struct.pack("<I", len(named_tensors)))
-    for name in sorted(named_tensors, key=lambda n: n.encode("utf-8")):
-        tensor = named_tensors[name]
-        if not isinstance(tensor, torch.Tensor):
-            raise WeightsHashError(f"{name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-        if tensor.dtype not in _DTYPE_TAGS:
-            raise WeightsHashError(f"{name!r}: dtype {tensor.dtype} has no canonical hash layout")
-        name_bytes = name.encode("utf-8")
-        tag, _ = _DTYPE_TAGS[tensor.dtype]
-        data = tensor_le_array(tensor)
-        digest.update(struct.pack("<I", len(name_bytes)))
-        digest.update(name_bytes)
-        digest.update(struct.pack("<B", len(tag)))
-        digest.update(tag)
-        digest.update(struct.pack("<I", tensor.dim()))
-        for dim in tensor.shape:
-            digest.update(struct.pack("<Q", dim))
-        digest.update(struct.pack("<Q", data.nbytes))
-        digest.update(data)
-    return digest.digest()
+    digest.update(struct.pack("<I", count))
+    return digest
+
+
+def hash_tensor_into(digest, name: str, tensor: torch.Tensor) -> None:
+    """Feed one named tensor to a :func:`stage_weights_hash` digest (module docstring's layout)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise WeightsHashError(f"{name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+    if tensor.dtype not in _DTYPE_TAGS:
+        raise WeightsHashError(f"{name!r}: dtype {tensor.dtype} has no canonical hash layout")
+    name_bytes = name.encode("utf-8")
+    tag, _ = _DTYPE_TAGS[tensor.dtype]
+    data = tensor_le_array(tensor)
+    digest.update(struct.pack("<I", len(name_bytes)))
+    digest.update(name_bytes)
+    digest.update(struct.pack("<B", len(tag)))
+    digest.update(tag)
+    digest.update(struct.pack("<I", tensor.dim()))
+    for dim in tensor.shape:
+        digest.update(struct.pack("<Q", dim))
+    digest.update(struct.pack("<Q", data.nbytes))
+    digest.update(data)
 
 
 def weights_root(stage_hashes: list[bytes]) -> bytes:
