@@ -47,7 +47,13 @@ from torch import nn
 
 from training.chunks import cut_payload, tensor_leaves
 from training.cluster_merkle import root_from_frontiers, shard_frontier
-from training.cluster_plan import ShardPlan, cluster_identity, join_contribution, plan_shards, split_contribution
+from training.cluster_plan import (
+    ShardPlan,
+    cluster_identity,
+    join_contribution,
+    plan_shards,
+    split_contribution,
+)
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
 from training.config import DilocoConfig
 from training.config_compression import CompressionConfig
@@ -100,7 +106,8 @@ class ClusterStageEngine:
         self.stage_index = stage_index
         self.module = module
         self.live = dict(module.named_parameters())
-        self.plan: ShardPlan = plan_shards({name: tuple(p.shape) for name, p in self.live.items()}, self.world)
+        shapes = {name: tuple(p.shape) for name, p in self.live.items()}
+        self.plan: ShardPlan = plan_shards(shapes, self.world)
         self.own = self.plan.names[self.rank]
         self.diloco_cfg, self.compression_cfg = diloco_cfg, compression_cfg
         shard = {name: value for name, value in self._gathered() if value is not None}
@@ -108,6 +115,7 @@ class ClusterStageEngine:
         stage_budget = compression_cfg.stage_bandwidth_budget(
             self.plan.numel(), diloco_cfg.inner_steps, diloco_cfg.num_replicas)
         self.engine.compressor.bandwidth_budget = self.plan.shard_budget(stage_budget, self.rank)
+        self.release_local()
 
     @property
     def identity(self) -> str:
@@ -126,10 +134,13 @@ class ClusterStageEngine:
                 del full
 
     def pull_local(self) -> None:
-        """The rank's tensors of the live (FSDP) weights into its engine's local weights."""
-        for name, value in self._gathered():
-            if value is not None:
-                self.engine.params[name].copy_(value)
+        """The rank's tensors of the live (FSDP) weights, gathered, as its engine's local weights (held only
+        while an encode or an apply runs: :meth:`release_local`)."""
+        self.engine.params = {name: value for name, value in self._gathered() if value is not None}
+
+    def release_local(self) -> None:
+        """Drop the engine's copy of the local weights: between rounds they live in the FSDP shards only."""
+        self.engine.params = {}
 
     def push_local(self) -> None:
         """The engine's local weights back into every rank's FSDP shards, one tensor at a time."""
@@ -155,6 +166,7 @@ class ClusterStageEngine:
         blob, stats = self.engine.encode_contribution(outer_round, declared_steps)
         if self.engine.lookahead:  # the encode jumped the local weights to an estimate
             self.push_local()
+        self.release_local()
         return blob, stats
 
     def gather_contribution(self, part: bytes) -> bytes | None:
@@ -207,8 +219,11 @@ class ClusterStageEngine:
         reports = round_reports(every, self.diloco_cfg, excluded)
         aggregation = shard_aggregation(self.engine.global_weights, self.engine.momentum, decoded, reports,
                                         self.diloco_cfg, outer_round)
-        result = self.engine.apply_round(outer_round, [part or b"" for part in parts], aggregation=aggregation)
+        self.pull_local()  # the delay correction re-bases the live weights
+        result = self.engine.apply_round(outer_round, [part or b"" for part in parts],
+                                         aggregation=aggregation)
         self.push_local()
+        self.release_local()
         return ClusterRound(outer_round, reports, result)
 
     # ------------------------------------------------------------------ the record, from the shards
@@ -267,24 +282,27 @@ class ClusterStageEngine:
                 f"{len(state.get('tensors', ()))} tensors, this is rank {self.rank}/{self.world} over "
                 f"{len(self.own)}: a cluster restarts with the processes it saved with")
         self.engine.load_state_dict(state["engine"])
-        self.push_local()
 
-    def state_bytes(self) -> dict[str, int]:
-        """Bytes of the training state this rank holds: its FSDP shards of the parameters, their gradients,
-        the inner optimizer's state, and the outer state of its tensors."""
+    def state_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+        """Bytes of the training state this rank holds (tensor accounting, not RSS): its FSDP shards of the
+        parameters and their gradients, the inner ``optimizer``'s state, and the outer state of its tensors
+        (global weights, outer momentum, round start, error-feedback residual, pending snapshots)."""
         def local(tensor) -> int:
             tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
             return tensor.numel() * tensor.element_size()
 
         params = sum(local(p) for p in self.live.values())
         grads = sum(local(p.grad) for p in self.live.values() if p.grad is not None)
+        inner = 0 if optimizer is None else sum(
+            local(value) for state in optimizer.state.values() for value in state.values()
+            if isinstance(value, torch.Tensor) and value.dim() > 0)
         engine = self.engine
         outer = sum(t.numel() * t.element_size() for group in (
             engine.global_weights, engine.momentum, engine._round_start, engine.params,
             engine.compressor.residual) for t in group.values())
         snapshots = sum(t.numel() * t.element_size() for weights in engine._round_end.values()
                         for t in weights.values())
-        return {"params": params, "grads": grads, "outer": outer + snapshots}
+        return {"params": params, "grads": grads, "inner_optimizer": inner, "outer": outer + snapshots}
 
 
 class ClusterTrainer:

@@ -29,7 +29,8 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, threads: int, fn: Callable, args: tuple) -> None:
+def _rank_main(rank: int, world: int, port: int, backend: str, threads: int, fn: Callable,
+               args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     if threads > 0:
@@ -55,7 +56,8 @@ def run_cluster(fn: Callable, world: int, *args, backend: str | None = None, thr
 
 
 def init_from_env(backend: str | None = None) -> tuple[int, int]:
-    """Join the group ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): ``(rank, world)``."""
+    """Join the group ``torchrun`` describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): ``(rank,
+    world)``."""
     missing = [key for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if key not in os.environ]
     if missing:
         raise EngineStateError(f"not started by torchrun: {', '.join(missing)} not set")

@@ -33,7 +33,8 @@ CLUSTER_KIND = "fsdp2"
 
 
 def cluster_identity(world: int) -> str:
-    """The fingerprint's ``cluster`` value of an N-process node ("" for one process: the field is left out)."""
+    """The fingerprint's ``cluster`` value of an N-process node ("" for one process: the field is left
+    out)."""
     return "" if world == 1 else f"{CLUSTER_KIND};ranks={world}"
 
 
@@ -101,8 +102,8 @@ def plan_shards(shapes: Mapping[str, Sequence[int]], world: int) -> ShardPlan:
         raise EngineStateError(f"cluster of {world!r} processes: must be at least 1")
     order = sorted(shapes, key=lambda n: n.encode("utf-8"))
     if world > len(order):
-        raise EngineStateError(f"cluster of {world} processes for a stage of {len(order)} tensors: every rank "
-                               "holds at least one whole tensor")
+        raise EngineStateError(f"cluster of {world} processes for a stage of {len(order)} tensors: every "
+                               "rank holds at least one whole tensor")
     sizes = [math.prod(tuple(shapes[name])) for name in order]
     prefix = [0]
     for size in sizes:
@@ -148,7 +149,8 @@ def split_contribution(blob: bytes, plan: ShardPlan, *, stage_index: int | None 
         decode_declared(blob, plan.shapes, stage_index=stage_index, outer_round=outer_round)
         raise ContributionDecodeError("contribution does not split into the cluster's shards")
     header = msgpack.packb({**_header(message), "t": []}, use_bin_type=True)
-    decode_declared(header, {}, stage_index=stage_index, outer_round=outer_round)  # version, keys, stage, round
+    # the header's checks: version, keys, stage, round
+    decode_declared(header, {}, stage_index=stage_index, outer_round=outer_round)
     entries = message["t"]
     if len(entries) != len(plan.shapes):
         raise ContributionShapeError(f"contribution has {len(entries)} tensors, the stage has "

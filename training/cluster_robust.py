@@ -123,7 +123,8 @@ def _reports(facts: Sequence[Sequence[ShardFact]], norm_clip: float, excluded: M
     per = " per step" if steps_range is not None else ""
     for index in norms:
         scale = clip_scale(clip_norms[index], bound)
-        detail = "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
+        detail = ("" if scale == 1.0
+                  else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}")
         reports[index] = ContributionReport(index, True, "", detail, norms[index], scale)
     return [report for report in reports if report is not None]
 
@@ -146,7 +147,8 @@ def round_reports(facts: Sequence[Sequence[ShardFact]], diloco_cfg: DilocoConfig
 
 
 def shard_aggregation(global_shard: Mapping[str, torch.Tensor], momentum_shard: Mapping[str, torch.Tensor],
-                      decoded: Mapping[int, Mapping[str, torch.Tensor]], reports: Sequence[ContributionReport],
+                      decoded: Mapping[int, Mapping[str, torch.Tensor]],
+                      reports: Sequence[ContributionReport],
                       diloco_cfg: DilocoConfig, outer_round: int) -> Aggregation:
     """This rank's :class:`Aggregation` of its shard (step 4): the accepted contributions scaled, averaged
     in canonical order and stepped. Its ``weights_hash`` is the shard's, not the stage's."""

@@ -114,6 +114,13 @@ class PlatformFingerprint:
     # section 11, "Compiled inner steps").
     compiled: str = ""
 
+    # A node that is a cluster (training/cluster_engine.py): the stage trained by N processes under FSDP2,
+    # ``fsdp2;ranks=N`` (:func:`training.cluster_plan.cluster_identity`), "" for one process, the only value
+    # before this field existed, left out of the document like ``blas``. Its inner steps (a reduce-scatter
+    # over N ranks) and its codec (the byte budget split N ways) depend on N: another N is another platform,
+    # judged by the tolerance rule, never bit for bit (docs/CLUSTER.md, "Re-execution").
+    cluster: str = ""
+
     def document(self) -> dict:
         document = asdict(self)
         for name in OPTIONAL_FIELDS:
@@ -127,12 +134,13 @@ class PlatformFingerprint:
         )
         blas = f", {self.blas}" if self.blas else ""
         compiled = f", compiled ({self.compiled})" if self.compiled else ""
+        cluster = f", cluster ({self.cluster})" if self.cluster else ""
         where = f"{self.device_type} {self.device_name} ({self.capability}{blas})"
-        return f"{where} {self.precision}{compiled}, {libs}"
+        return f"{where} {self.precision}{compiled}{cluster}, {libs}"
 
 
 #: Fingerprint fields a document leaves out at their default "" (added after the first fingerprints).
-OPTIONAL_FIELDS = ("blas", "compiled")
+OPTIONAL_FIELDS = ("blas", "compiled", "cluster")
 
 
 def cpu_model_name(cpuinfo: str) -> str:
@@ -228,10 +236,12 @@ def blas_environment(blas: str) -> dict[str, str | None]:
     return settings
 
 
-def fingerprint(device: torch.device, precision: str, compiled: bool = False) -> PlatformFingerprint:
+def fingerprint(device: torch.device, precision: str, compiled: bool = False,
+                cluster: str = "") -> PlatformFingerprint:
     """The :class:`PlatformFingerprint` of training on ``device`` in ``precision`` in this process, now;
     ``compiled``: through torch.compile (its ``compiled`` field names the compiler,
-    :func:`compiler_identity`)."""
+    :func:`compiler_identity`); ``cluster``: a node of N processes' ``fsdp2;ranks=N``
+    (:func:`training.cluster_plan.cluster_identity`)."""
     check_precision(precision)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -251,7 +261,17 @@ def fingerprint(device: torch.device, precision: str, compiled: bool = False) ->
         cudnn_deterministic=bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else False,
         tf32=tf32, blas=blas_dispatch() if device.type == "cpu" else "",
         compiled=compiler_identity(device.type)[:_MAX_FIELD] if compiled else "",
+        cluster=check_cluster(cluster),
     )
+
+
+def check_cluster(value: str) -> str:
+    """A fingerprint's ``cluster`` field, checked: "" or ``fsdp2;ranks=N`` with N >= 2."""
+    kind, _, ranks = value.partition(";ranks=")
+    if value and not (kind == "fsdp2" and ranks.isdigit() and ranks == str(int(ranks)) and int(ranks) >= 2):
+        raise PlatformError(f"platform fingerprint cluster={value!r}: must be fsdp2;ranks=N with N >= 2 "
+                            "(one process is written by leaving cluster out)")
+    return value
 
 
 def parse_fingerprint(document) -> PlatformFingerprint:
@@ -290,6 +310,11 @@ def parse_fingerprint(document) -> PlatformFingerprint:
             f"platform fingerprint compiled={document['compiled']!r}: must be inductor;NAME=version "
             "in printable ASCII (eager is written by leaving compiled out)"
         )
+    if "cluster" in document:
+        if not document["cluster"]:
+            raise PlatformError(
+                "platform fingerprint cluster='': one process is written by leaving cluster out")
+        check_cluster(document["cluster"])
     return PlatformFingerprint(**document)
 
 
@@ -315,8 +340,9 @@ def same_codec_platform(claimed: PlatformFingerprint | None, rerun: PlatformFing
     covered: untested)."""
     if claimed is None:
         return False
-    return all(side.device_type == "cpu" and side.precision == "fp32" and not side.compiled
-               for side in (claimed, rerun)) and claimed.torch == rerun.torch
+    same = (claimed.torch, claimed.cluster) == (rerun.torch, rerun.cluster)  # a cluster's N decides bits too
+    return same and all(side.device_type == "cpu" and side.precision == "fp32" and not side.compiled
+                        for side in (claimed, rerun))
 
 
 def compare_rerun(
