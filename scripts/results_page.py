@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from results_cluster import cluster_memory
 from results_contracts import (
     binding_gas,
     chunk_state,
@@ -392,6 +393,11 @@ SECTIONS = (
             "`storage.keep_rounds = 0`: the start states served). The step of `_last_republish` at cycle 15 "
             "is py-libp2p's DHT maintenance pass announcing again every key provided since its last pass, "
             "which 3c58d34 (after this run's 3c417d4) stops."),
+    Section("cluster_memory.json", "A node that is a cluster: training state per rank",
+            "bench/bench_cluster_memory.py", cluster_memory,
+            "The outer state is cut by whole tensors, so the largest rank's share sits above 1/N by what "
+            "the tensor boundaries allow; the FSDP2 shards of the parameters, gradients and AdamW state are "
+            "even. RSS is not the measure: it holds torch and the round's transients (docs/CLUSTER.md)."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read "
             "maps (`ShardedTokens._release`)."),

@@ -1,0 +1,29 @@
+"""The results page's section of a node that is a cluster (issue 75: bench/bench_cluster_memory.py)."""
+
+from __future__ import annotations
+
+from results_sections import table
+
+
+def cluster_memory(r: dict) -> list[str]:
+    """bench/bench_cluster_memory.py: the training state per rank of a stage trained by N processes."""
+    base = r["one_process"]
+    mib = 2 ** 20
+    out = [f"One stage, a whole `{r['preset']}` replica ({r['params']:,} parameters), one round (an inner "
+           f"step on a {r['batch'][0]} x {r['batch'][1]} batch, the encode, the aggregation with two more "
+           "contributions, the weights hash and chunk roots). Training state counted by tensor accounting "
+           "(parameters or FSDP shards, gradients, inner AdamW state, outer state), one thread per rank. One "
+           f"process (a plain StageEngine): {base['total_bytes'] / mib:.1f} MiB "
+           f"({', '.join(f'{k} {v / mib:.1f}' for k, v in base['state_bytes'].items())}), peak RSS "
+           f"{base['peak_rss_bytes'] / mib:.0f} MiB.", ""]
+    rows = []
+    for world, c in r["clusters"].items():
+        ranks = c["ranks"]
+        rows.append([world, f"{max(row['total_bytes'] for row in ranks) / mib:.1f} MiB",
+                     f"{c['largest_share']:.4f}", f"{1 / int(world):.4f}", f"{c['goal_strict']:.4f}",
+                     "yes" if c["meets_goal_strict"] else "no",
+                     f"{max(row['peak_rss_bytes'] for row in ranks) / mib:.0f} MiB",
+                     f"{max(row['seconds']['encode_and_join'] for row in ranks):.2f} s"])
+    out += table(["N", "largest rank's state", "share of one process", "1/N", "goal 1.1/N", "met",
+                  "peak RSS of a rank", "encode + join"], rows)
+    return out
