@@ -101,7 +101,7 @@ class ClusterStageEngine:
     calls it, in the same order."""
 
     def __init__(self, stage_index: int, module: nn.Module, diloco_cfg: DilocoConfig,
-                 compression_cfg: CompressionConfig, *, exact: bool = False) -> None:
+                 compression_cfg: CompressionConfig, *, exact: int = 0) -> None:
         self.rank, self.world = _world()
         self.stage_index = stage_index
         self.module = module
