@@ -183,6 +183,7 @@ def test_the_fingerprint_records_the_cluster_and_another_n_is_another_platform()
     assert fewer.rule == RULE_CROSS_PLATFORM and fewer.verdict == "undecided"
 
 
+@pytest.mark.slow
 def test_a_cluster_replica_trains_beside_an_ordinary_one_and_reruns_bit_exactly(tmp_path):
     """2 ranks train real batches under FSDP2 with a byte budget split over them; an ordinary replica applies
     the same contributions and holds the same weights each round; the cluster's round 1 rerun from its start
