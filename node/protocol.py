@@ -259,6 +259,10 @@ def encode_payload(message: Any) -> bytes:
     return msgpack.packb(fields_, use_bin_type=True)
 
 
+#: The longest ``str`` a payload holds, as a field (step 6) or inside a list (step 7: ``hello.addrs``).
+MAX_STR = 512
+
+
 def _check(value: Any, annotation: Any, where: str) -> Any:
     text = str(annotation)
     if annotation is bytes or text == "bytes":
@@ -271,7 +275,7 @@ def _check(value: Any, annotation: Any, where: str) -> Any:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
     elif annotation is str or text == "str":
-        ok = isinstance(value, str) and len(value) <= 512
+        ok = isinstance(value, str) and len(value) <= MAX_STR
     elif text.startswith("list"):
         ok = isinstance(value, list) and len(value) <= 4096
     else:
@@ -319,8 +323,8 @@ def _validate(message: Any) -> None:
             raise ProtocolError("hello.account must be 20 bytes")
         if message.cluster_size < 1 or message.training_round < -1 or message.first_round < -1:
             raise ProtocolError("hello.cluster_size/training_round out of range")
-        if not all(isinstance(a, str) for a in message.addrs):
-            raise ProtocolError("hello.addrs must be strings")
+        if not all(isinstance(a, str) and len(a) <= MAX_STR for a in message.addrs):
+            raise ProtocolError(f"hello.addrs must be strings of at most {MAX_STR} characters")
         for addr in message.addrs:
             if is_relayed_addr(addr):
                 try:

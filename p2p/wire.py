@@ -34,21 +34,33 @@ async def read_frame(stream: Any, max_len: int, max_containers: int | None = Non
     return decode_body(await read_exactly(stream, length), max_containers)
 
 
-def container_bound(limit: int, error) -> dict[str, Any]:
-    """msgpack ``unpackb`` hooks that raise ``error()`` once more than ``limit`` maps and arrays are built.
+def container_bound(limit: int | None, error, repeated=None) -> dict[str, Any]:
+    """msgpack ``unpackb`` hooks that raise ``error()`` once more than ``limit`` maps and arrays are built
+    (None: no bound), and ``repeated(key)`` for a map that holds a key twice.
 
     Checked while decoding, before any key is looked at: nested empty containers cost tens of
-    bytes of Python objects per input byte.
+    bytes of Python objects per input byte. A repeated key is refused, not resolved: msgpack
+    libraries differ on which of the two values they keep (the first, the last, an error), so a
+    map with one would mean different things to different receivers (docs/PROTOCOL.md).
     """
     built = [0]
+    repeated = repeated or (lambda key: ValueError(f"a map holds the key {key!r} twice"))
 
     def count(container: Any) -> Any:
         built[0] += 1
-        if built[0] > limit:
+        if limit is not None and built[0] > limit:
             raise error()
         return container
 
-    return {"object_hook": count, "list_hook": count}
+    def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        count(items)
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set = set()
+            raise repeated(next(k for k, _ in items if k in seen or seen.add(k)))
+        return out
+
+    return {"object_pairs_hook": pairs, "list_hook": count}
 
 
 def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any]:
@@ -58,8 +70,9 @@ def decode_body(body: bytes, max_containers: int | None = None) -> dict[str, Any
     nested empty arrays would otherwise become ~1 GiB of Python lists (one per byte) before
     any field is looked at. Decoding stops at the first container over the bound.
     """
-    hooks = {} if max_containers is None else container_bound(
-        max_containers, lambda: ProtocolViolation(f"frame holds more than {max_containers} maps and arrays"))
+    hooks = container_bound(
+        max_containers, lambda: ProtocolViolation(f"frame holds more than {max_containers} maps and arrays"),
+        lambda key: ProtocolViolation(f"malformed frame: a map holds the key {key!r} twice"))
     try:
         frame = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0, **hooks)
     except ProtocolViolation:

@@ -333,3 +333,25 @@ def test_sync_frame(vector):
         "messages": lambda: sync_messages_frame(frame["messages"]),
     }[vector["direction"]]()
     assert encode_frame(rebuilt) == data
+
+
+def test_a_frame_or_payload_holding_a_key_twice_is_refused_whatever_the_values():
+    """docs/PROTOCOL.md step 3: a repeated key is refused, never resolved (msgpack libraries keep the first
+    value, the last, or fail), in a p2p frame as in a gossip payload, with the same value or another."""
+    import msgpack
+
+    from node.protocol import ANNOUNCE, ProtocolError, decode_payload
+    from p2p.wire import ProtocolViolation, decode_body
+
+    for second in (1, 2):
+        body = (bytes([0x82]) + msgpack.packb("a") + msgpack.packb(1) + msgpack.packb("a")
+                + msgpack.packb(second))
+        with pytest.raises(ProtocolViolation, match="holds the key 'a' twice"):
+            decode_body(body)
+        nested = msgpack.packb({"outer": 0})[:-1] + body  # {"outer": <the map above>}
+        with pytest.raises(ProtocolViolation, match="twice"):
+            decode_body(nested, max_containers=8)
+    vector = by_name(VECTORS["rejected_payloads"])["announce_repeated_key"]
+    with pytest.raises(ProtocolError, match="is not msgpack: a map holds the key"):
+        decode_payload(ANNOUNCE, bytes.fromhex(vector["payload_hex"]))
+    assert vector["step"] == 3

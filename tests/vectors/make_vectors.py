@@ -219,3 +219,7 @@ def main(argv: list[str]) -> int:
         return 0
     OUT.write_text(text)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

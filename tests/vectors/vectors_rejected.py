@@ -199,9 +199,23 @@ def rejected_payload_vectors() -> list[dict[str, Any]]:
             messages["close"], steps=[], contributions=[[-1, *messages["close"].contributions[0][1:]]]),
          "two faults: the empty optional key (step 5), not the replica -1 (step 7)"),
     ]
-    return [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(),
-             "step": refusal_step(kind, msgpack.packb(fields, use_bin_type=True)), "why": why}
-            for name, kind, fields, why in cases]
+    cases.append(("hello_addr_513_characters", msg.HELLO, encoded(
+        messages["hello"], addrs=["/ip4/127.0.0.1/tcp/4001/p2p/" + "x" * (513 - 28)]),
+        "a str inside a list is at most 512 characters too (checked with the list's entries, step 7)"))
+    vectors = [{"name": name, "kind": kind, "payload_hex": msgpack.packb(fields, use_bin_type=True).hex(),
+                "step": refusal_step(kind, msgpack.packb(fields, use_bin_type=True)), "why": why}
+               for name, kind, fields, why in cases]
+    # A map holding a key twice cannot be written as a dict: the announce's map with its first key repeated.
+    body = msgpack.packb(encoded(messages["announce"]), use_bin_type=True)
+    assert 0x80 <= body[0] < 0x8f, "a fixmap"
+    first_key, first_value = next(iter(encoded(messages["announce"]).items()))
+    repeated = bytes([body[0] + 1]) + body[1:] + msgpack.packb(first_key) + msgpack.packb(first_value,
+                                                                                          use_bin_type=True)
+    vectors.append({"name": "announce_repeated_key", "kind": msg.ANNOUNCE, "payload_hex": repeated.hex(),
+                    "step": refusal_step(msg.ANNOUNCE, repeated),
+                    "why": "a key twice (with the same value): refused while decoding, never the first or "
+                           "last value kept"})
+    return vectors
 
 
 #: The checks of node.protocol.decode_payload, in their order (docs/PROTOCOL.md, "The order of the checks"):
