@@ -286,13 +286,16 @@ def test_a_run_binding_other_values_than_its_document_is_refused():
     mine = run_values(cfg)
     assert mine["genesis_root"] != bytes(32) and mine["schedule_rounds"] == 1
     assert check_run_values(cfg, mine) == []
-    assert check_run_values(cfg, {**mine, "schedule_rounds": 0, "genesis_root": bytes(32)}) == []  # unbound
+    # unbound (issue 79): no schedule and no genesis root make a wrong round unprovable: refused, each named
+    unbound = check_run_values(cfg, {**mine, "schedule_rounds": 0, "genesis_root": bytes(32)})
+    assert [p.split(":")[0] for p in unbound] == ["schedule_rounds", "genesis_root"]
     problems = check_run_values(cfg, {**mine, "nesterov": not mine["nesterov"], "genesis_root": digest("x")})
     assert [p.split(":")[0] for p in problems] == ["nesterov", "genesis_root"]
     # a rank below the decoder's: honest nodes would accept pieces the contract refuses (they refuse to join)
     (lower,) = check_run_values(cfg, {**mine, "max_rank": MAX_RANK - 1})
     assert lower.startswith("max_rank: the chain allows rank 63, below the decoder's 64")
-    assert check_run_values(cfg, {**mine, "schedule_rounds": 0, "max_rank": 8})[0].startswith("max_rank")
+    unbound_low = check_run_values(cfg, {**mine, "schedule_rounds": 0, "max_rank": 8})
+    assert [p.split(":")[0] for p in unbound_low] == ["schedule_rounds", "max_rank"]
     hashed = load_config(None, ["model.preset=tiny", "diloco.commitments=hashed"])
     assert run_values(hashed) == {} and check_run_values(hashed, mine) == []
 

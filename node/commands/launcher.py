@@ -33,7 +33,7 @@ from ledger.runparams import (
 )
 from node.commands.link import run_link
 from node.commands.throttle import CpuGroup
-from node.commitments.values import run_values
+from node.commitments.values import max_game_steps, run_values
 from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.live.chain.onchain import NodeChain
@@ -178,7 +178,8 @@ class LocalRun:
                            unbonding_blocks=self.unbonding_blocks, accusation_blocks=self.accusation_blocks,
                            dispute_blocks=self.dispute_blocks, max_rounds=cfg.rounds,
                            inactivity_rounds=self.inactivity_rounds,
-                           commitments=cfg.commitment_scheme.version, **run_values(cfg))
+                           commitments=cfg.commitment_scheme.version, max_game_steps=max_game_steps(cfg),
+                           **run_values(cfg))
         self.reward_notes = check_reward(params, w3, allow=self.allow_unpaid_proofs, where="the local run")
         self.run_id = client.create_run_with(params, f"dlx://blob/{config_hash(document).hex()}",
                                              allow_weak_quorum=self.allow_weak_quorum)

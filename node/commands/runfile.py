@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.commitments.values import max_game_steps  # noqa: F401 (create-run's, re-exported)
 from node.errors import ConfigError
 
 #: The ``[run]`` table of a run file: key -> (type, minimum, what it is).
@@ -82,22 +83,6 @@ def read_run_file(path: str) -> RunFile:
             f"longest proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = "
             f"{floor} (or 0 for exactly that)")
     return RunFile(table, chain, cfg)
-
-
-def max_game_steps(cfg) -> int:
-    """``RunParams.max_game_steps`` of the run ``cfg`` describes (issue 62): the bisection of its largest
-    stage's chunks (training/chunks.py) and a few steps more (ledger.runparams.game_steps_for)."""
-    from math import prod
-
-    from ledger.runparams import game_steps_for
-    from training.chunks import CHUNK_ELEMENTS
-    from training.stages import split_stages, stage_param_shapes
-
-    def chunks(shapes) -> int:
-        return sum(-(-prod(shape) // CHUNK_ELEMENTS) for shape in shapes.values())
-
-    specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
-    return game_steps_for(max(chunks(stage_param_shapes(cfg.model, spec)) for spec in specs))
 
 
 def _check_run_table(chain: dict, path: str) -> dict:

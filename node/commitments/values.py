@@ -78,12 +78,43 @@ def run_values(cfg, max_rounds: int | None = None) -> dict:
             "max_rank": DEFAULT_MAX_RANK}
 
 
+def max_game_steps(cfg) -> int:
+    """``RunParams.max_game_steps`` of the run ``cfg`` describes (issue 62): the bisection of its largest
+    stage's chunks (training/chunks.py) and a few steps more (ledger.runparams.game_steps_for)."""
+    from ledger.runparams import game_steps_for
+
+    return game_steps_for(largest_stage_chunks(cfg))
+
+
+def largest_stage_chunks(cfg) -> int:
+    """The chunks (training/chunks.py CHUNK_ELEMENTS each, per tensor) of the run's largest stage."""
+    from math import prod
+
+    from training.chunks import CHUNK_ELEMENTS
+    from training.stages import split_stages, stage_param_shapes
+
+    def chunks(shapes) -> int:
+        return sum(-(-prod(shape) // CHUNK_ELEMENTS) for shape in shapes.values())
+
+    specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
+    return max(chunks(stage_param_shapes(cfg.model, spec)) for spec in specs)
+
+
 def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list[str]:
-    """What differs between the values ``on_chain`` binds (``RunParams.VALUES`` by name: a RunInfo's, or
-    ``LedgerClient.run_values``) and the run document's (empty: they agree). A hashed run binds none; a run
-    created without a schedule (``schedule_rounds`` 0) or a genesis root (zero) leaves those unchecked on
-    chain, and here. Nodes refuse to join, and ``audit`` reports, a run whose chain binds other values than
-    its document: its honest rounds would be proven wrong."""
+    """Why an honest node must not join, or sign in, the run whose chain binds ``on_chain``
+    (``RunParams.VALUES`` by name, and ``max_game_steps`` where known: :func:`values_of` of a RunInfo) for
+    the run document ``cfg``:
+    :func:`unprovable_values` (a part of the fraud proof the chain makes impossible, issue 79) and
+    :func:`other_values` (values other than the document's: its honest rounds would be proven wrong). Empty:
+    the node may join. A hashed run (version 1) binds none and proves nothing by design: empty."""
+    if not cfg.commitment_scheme.chunked:
+        return []
+    return unprovable_values(cfg, on_chain) + other_values(cfg, on_chain, max_rounds)
+
+
+def other_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list[str]:
+    """What differs between the values ``on_chain`` binds and the run document's (empty: they agree; values
+    the chain leaves unbound are :func:`unprovable_values`' and not compared here)."""
     mine = run_values(cfg, max_rounds)
     if not mine:
         return []
@@ -92,12 +123,29 @@ def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list
         names += ["schedule_rounds", "schedule_root", "nesterov", "norm_clip_bits"]
     if on_chain.get("genesis_root", bytes(32)) != bytes(32):
         names.append("genesis_root")
-    problems = [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
-                f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
+    return [f"{name}: the chain binds {_shown(on_chain.get(name))}, the run document gives "
+            f"{_shown(mine[name])}" for name in names if on_chain.get(name) != mine[name]]
+
+
+def unprovable_values(cfg, on_chain: dict) -> list[str]:
+    """The parameters of a chunked run (``on_chain``, as :func:`check_run_values` takes them) that make a part
+    of the fraud proof impossible, one message each naming the parameter (issue 79): no schedule (no round's
+    outer step can be proven wrong), no genesis root (round 0 cannot), fewer contributions than an honest
+    round lists, a rank below the decoder's, a proof whose gas or calldata bound exceeds what a proof may use,
+    a game too short to reach a chunk of the run's largest stage. Empty for a hashed run."""
+    from ledger.runparams import PROOF_MAX_CALLDATA, PROOF_MAX_GAS, game_steps_for, proof_cost
     from training.config_base import MAX_LISTED
 
+    if not cfg.commitment_scheme.chunked:
+        return []
+    problems = []
+    if not on_chain.get("schedule_rounds"):
+        problems.append("schedule_rounds: the chain binds no schedule (0): no round's outer step (lr, "
+                        "momentum, Nesterov flag, norm clip) can be proven wrong")
+    if on_chain.get("genesis_root", bytes(32)) == bytes(32):
+        problems.append("genesis_root: the chain binds none (zero): round 0 cannot be proven wrong")
     most = on_chain.get("max_contributions", 0)
-    if on_chain.get("schedule_rounds") and most < MAX_LISTED:
+    if most < MAX_LISTED:
         problems.append(f"max_contributions: the chain allows {most}, fewer than the {MAX_LISTED} an honest "
                         "round may list")
     rank = on_chain.get("max_rank", DEFAULT_MAX_RANK)
@@ -105,14 +153,30 @@ def check_run_values(cfg, on_chain: dict, max_rounds: int | None = None) -> list
         problems.append(f"max_rank: the chain allows rank {rank}, below the decoder's {DEFAULT_MAX_RANK}: a "
                         "contribution of a rank between them decodes here, and an honest round that accepted "
                         "it would be proven wrong")
+    gas, size = proof_cost(most, rank)
+    if gas > PROOF_MAX_GAS or size > PROOF_MAX_CALLDATA:
+        problems.append(f"max_contributions: a proof of {most} contributions at rank {rank} may need {gas:,} "
+                        f"gas and {size:,} bytes, above the {PROOF_MAX_GAS:,} gas and {PROOF_MAX_CALLDATA:,} "
+                        "bytes a proof may use: it could not be sent")
+    steps = on_chain.get("max_game_steps")
+    if steps is not None:
+        chunks = largest_stage_chunks(cfg)
+        needed = game_steps_for(chunks)
+        if steps < needed:
+            problems.append(f"max_game_steps: the chain allows {steps} steps per game, fewer than the "
+                            f"{needed} a stage of {chunks:,} chunks needs: a game could not reach the "
+                            "differing chunk")
     return problems
 
 
 def values_of(info) -> dict:
-    """The per-round values of a :class:`ledger.runparams.RunInfo` by name."""
+    """The per-round values of a :class:`ledger.runparams.RunInfo` by name, and its ``max_game_steps``."""
     from ledger.runparams import RunParams
 
-    return {name: getattr(info, name) for name in RunParams.VALUES}
+    values = {name: getattr(info, name) for name in RunParams.VALUES}
+    if getattr(info, "max_game_steps", None) is not None:
+        values["max_game_steps"] = info.max_game_steps
+    return values
 
 
 def _shown(value) -> str:

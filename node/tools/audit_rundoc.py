@@ -59,24 +59,49 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
     report.general.append(commitments_check(document, history.run.commitments))
+    provable, report.unprovable = provable_check(document, history.run)
+    if provable is not None:
+        report.general.append(provable)
+        report.fraud_provable = provable.status == OK
     values = values_check(document, history.run)
     if values is not None:
         report.general.append(values)
     return document
 
 
+def provable_check(document: dict, run: Any) -> tuple[Check | None, list[str]]:
+    """Whether the run's parameters leave every part of the fraud proof possible (issue 79,
+    node/commitments/values.py unprovable_values): unverifiable, each parameter named, when they do not (its
+    history's finality proves nothing: a wrong round could not have been proven wrong, and honest nodes refuse
+    such a run), and those problems; None for a hashed run (nothing provable by design)."""
+    from node.commitments.values import unprovable_values, values_of
+    from node.runconfig import node_config_from_run
+
+    try:
+        cfg = node_config_from_run(document)
+        if not cfg.commitment_scheme.chunked:
+            return None, []
+        problems = unprovable_values(cfg, values_of(run))
+    except DLX_ERRORS as exc:
+        return Check("fraud provable", UNVERIFIABLE, f"the document's run could not be derived: {exc}"), []
+    if problems:
+        return Check("fraud provable", UNVERIFIABLE, "; ".join(problems)), problems
+    return Check("fraud provable", OK, "a schedule, a genesis root, a proof within its bounds and games long "
+                 "enough for the largest stage are bound on chain"), []
+
+
 def values_check(document: dict, run: Any) -> Check | None:
     """Whether the per-round values the run was created with (issue 62: its schedule, Nesterov flag, norm clip
     and genesis root, ``RunParams``) are those its document gives (node/commitments/values.py); None for a run
     that binds none (a hashed one, or one created before issue 62)."""
-    from node.commitments.values import check_run_values, values_of
+    from node.commitments.values import other_values, values_of
     from node.runconfig import node_config_from_run
 
     on_chain = values_of(run)
     if not on_chain.get("schedule_rounds") and on_chain.get("genesis_root", bytes(32)) == bytes(32):
         return None
     try:
-        problems = check_run_values(node_config_from_run(document), on_chain, run.max_rounds)
+        problems = other_values(node_config_from_run(document), on_chain, run.max_rounds)
     except DLX_ERRORS as exc:
         return Check("per-round values", UNVERIFIABLE, f"the document's values could not be derived: {exc}")
     if problems:

@@ -148,6 +148,10 @@ class AuditReport:
     notes: list[str] = field(default_factory=list)  # findings that are not items: slashings, accusations
     # --reexecute: the contributions rerun, by how each was judged (exact, emulated, tolerance, not rerun)
     reexecuted: dict[str, int] = field(default_factory=dict)
+    # issue 79: whether a wrong round of this run could be proven wrong (None: a hashed run, or not known)
+    # and, when not, the parameters that make it unprovable, one message each
+    fraud_provable: bool | None = None
+    unprovable: list[str] = field(default_factory=list)
 
     def all_checks(self) -> list[Check]:
         return self.general + [c for r in self.rounds for c in r.checks] + self.checkpoints
@@ -215,6 +219,9 @@ class AuditReport:
                 if first is not None
                 else "; no round is bad (chain-level items)"
             )
+        if self.fraud_provable is False:
+            names = ", ".join(dict.fromkeys(p.split(":")[0] for p in self.unprovable))
+            text += f"; history unprovable (the run's {names} make a wrong round unprovable)"
         return text
 
     def reexecution_line(self) -> str:

@@ -151,11 +151,21 @@ class NodeChain(ChainSeats, ChainDisputes):
 
     @staticmethod
     def _check_values(run_id: int, info: RunInfo, cfg) -> None:
-        """The run's per-round values on chain (issue 62: schedule, Nesterov, norm clip, genesis root) must be
-        the ones its document gives (node/commitments/values.py), before round 0."""
-        from node.commitments.values import check_run_values, values_of
+        """The run's parameters must leave every part of the fraud proof possible (issue 79: a schedule, a
+        genesis root, a proof within its gas bound, games long enough for the largest stage), and its
+        per-round values on chain (issue 62: schedule, Nesterov, norm clip, genesis root) must be the ones its
+        document gives (node/commitments/values.py), before round 0."""
+        from node.commitments.values import other_values, unprovable_values, values_of
 
-        problems = check_run_values(cfg, values_of(info), info.max_rounds)
+        on_chain = values_of(info)
+        problems = unprovable_values(cfg, on_chain)
+        if problems:
+            raise ConfigError(
+                f"run {run_id} was created with parameters that make a wrong round unprovable "
+                f"({'; '.join(problems)}): its members would sign rounds nobody can prove wrong; not joining "
+                "or signing in it (dlx-node create-run binds them all from the run document)"
+            )
+        problems = other_values(cfg, on_chain, info.max_rounds) if cfg.commitment_scheme.chunked else []
         if problems:
             raise ConfigError(
                 f"run {run_id} was created on chain with other per-round values than its document gives "
