@@ -79,7 +79,8 @@ class RoundDisputed(RoundNotTrusted):
 
 
 class RoundPending(RoundNotTrusted):
-    """The round is still inside its dispute window: not final yet (``pull --pending`` takes it)."""
+    """The round is not final on chain yet (``isFinal``: its proof window, a dispute or a challenge is open;
+    ``pull --pending`` takes it)."""
 
     check = "final"
 

@@ -49,8 +49,10 @@ def _loss(micro: int) -> float:
     return micro / 1e6
 
 
-def round_rows(history, checks) -> list[dict]:
-    """One plain row per committed round, with what the chain checks say of it (``history.commits`` order)."""
+def round_rows(history, checks, last_final: int | None = None) -> list[dict]:
+    """One plain row per committed round, with what the chain checks say of it (``history.commits`` order);
+    ``final``: whether the chain's ``isFinal`` holds for it (``last_final``: the highest such round; None:
+    not read)."""
     checkpoints = {c.round: c for c in history.checkpoints}
     rows = []
     for index, record in enumerate(history.commits):
@@ -65,6 +67,7 @@ def round_rows(history, checks) -> list[dict]:
             "weights_root": _hex(commit.weights_root), "contributions_root": _hex(commit.contributions_root),
             "train_loss": _loss(commit.train_loss_micro), "eval_loss": _loss(commit.eval_loss_micro),
             "tokens": commit.tokens, "contributors": commit.num_contributors,
+            "final": None if last_final is None else commit.round <= last_final,
             "checkpoint": None if checkpoint is None else {"hash": _hex(checkpoint.content_hash),
                                                            "uri": checkpoint.uri, "tx": checkpoint.tx_hash},
             "disputes": [{"disputer": d.disputer, "block": d.block_number, "tx": d.tx_hash,
@@ -107,13 +110,14 @@ def read_snapshot(client, run_id: int) -> dict:
     it."""
     from ledger.checks import check_chain_record
     from node.commands.member import run_info_summary
+    from node.tools.standing import last_final_on_chain
 
     history = client.history(run_id)
     checks = check_chain_record(client, history)
     summary = run_info_summary(client, run_id, history)
     return {
         "run": summary,
-        "rounds": round_rows(history, checks),
+        "rounds": round_rows(history, checks, last_final_on_chain(client, history)),
         "accusations": accusation_rows(history),
         "slashings": [{"account": s.account, "stake_wei": s.stake, "block": s.block_number, "tx": s.tx_hash}
                       for s in history.slashings],

@@ -116,10 +116,12 @@ def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bo
     report.general += [_report_item(item) for item in chain.registrations]
     report.general += [_report_item(item) for item in chain.members]
     max_rounds = history.run.max_rounds
+    last_final = _last_final(client, history)
     for verdict, record, link, attested in zip(
         report.rounds, history.commits, chain.hash_chain.links, chain.attesters
     ):
         verdict.checks.append(Check("hash chain link", OK if link.ok else FAIL, link.reason))
+        verdict.final = None if last_final is None else verdict.round <= last_final
         in_force = len(history.members_at(record.position))
         why = attested.reason or (
             f"{len(record.attesters)} of {in_force} members in force, quorum {history.run.quorum}"
@@ -139,6 +141,17 @@ def _chain_checks(client: Any, history: Any, report: AuditReport, check_code: bo
                                         else "open-ended"))
     report.general.append(_report_item(chain.hash_chain.head))
     return chain
+
+
+def _last_final(client: Any, history: Any) -> int | None:
+    """The highest round the chain's ``isFinal`` holds for now (issue 79), None where it cannot be read."""
+    from node.tools.standing import last_final_on_chain
+
+    try:
+        return last_final_on_chain(client, history)
+    except DLX_ERRORS as exc:
+        logger.info("the chain's isFinal was not read: %s", exc)
+        return None
 
 
 def _findings(history: Any, chain: Any, report: AuditReport) -> None:

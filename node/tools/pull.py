@@ -49,7 +49,7 @@ from node.errors import (
 )
 from node.progress import host_progress
 from node.tools.evidence import PeerFetcher, find_checkpoint_files
-from node.tools.standing import round_standing
+from node.tools.standing import chain_finality, round_standing
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class PullResult:
     members_since: dict[str, int] = field(default_factory=dict)  # attester -> block its membership began
     cleared: dict[int, str] = field(default_factory=dict)  # disputed rounds a replay cleared, and how
     commit_block: int = 0
-    final: bool = True  # dispute window closed when pulled (False only with final_only=False)
-    final_from: int = 0  # the block from which the round can no longer be disputed
+    final: bool = True  # the chain's isFinal when pulled (False only with final_only=False)
+    final_from: int = 0  # the block its own proof window closes (TrainingLedger.proofWindowOf), as read
 
 
 def _candidates(
@@ -313,7 +313,9 @@ def pull_checkpoint(
     archives = list(archives)
     history = client.history(run_id, with_registrations=False)
     cleared = cleared_disputes(client, history, archives)
-    standing = round_standing(history, client.chain_id, client.ledger_address, cleared, final_only=final_only)
+    is_final = chain_finality(client, run_id)  # issue 79: final is what the chain's isFinal says
+    standing = round_standing(history, client.chain_id, client.ledger_address, cleared, final_only=final_only,
+                              is_final=is_final)
     candidates, skipped = _candidates(history, standing, round_index)
     layout = run_layout(history, archives, fetcher)
     record, (ckpt, model_cfg, source, size) = _first_verified(
@@ -344,8 +346,8 @@ def pull_checkpoint(
         out, run_id, commit.round, expected, source, size, model_cfg.block_size,
         attesters=tuple(record.attesters), submitter=record.submitter, skipped=skipped,
         members_since=_members_since(history, record), cleared=cleared, commit_block=record.block_number,
-        final=history.block_number >= record.block_number + history.run.dispute_blocks,
-        final_from=record.block_number + history.run.dispute_blocks,
+        final=is_final(commit.round),
+        final_from=client.proof_window_of(run_id, commit.round)[1],
     )
 
 

@@ -37,10 +37,11 @@ def run_pull(args: Any) -> int:
     for round_index, how in sorted(result.cleared.items()):
         print(f"disputed round {round_index} cleared: {how}")
     if result.final:
-        print(f"round {result.round} is final (its dispute window closed at block {result.final_from})")
+        print(f"round {result.round} is final (the chain's isFinal; its proof window closed at block "
+              f"{result.final_from})")
     else:
-        print(f"round {result.round} is NOT final (--pending): it can be disputed until "
-              f"block {result.final_from}")
+        print(f"round {result.round} is NOT final (--pending): the chain's isFinal is false (its proof "
+              f"window closes at block {result.final_from}, a challenge may extend it)")
     print(f"round {result.round} (block {result.commit_block}) attested by {len(result.attesters)}:")
     for attester in result.attesters:
         joined = result.members_since.get(attester, -1)

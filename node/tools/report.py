@@ -99,6 +99,7 @@ class RoundVerdict:
     disputes: list[DisputeView] = field(default_factory=list)
     replay_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    final: bool | None = None  # the chain's isFinal when audited (issue 79); None: not read
 
     @property
     def status(self) -> str:
@@ -118,6 +119,8 @@ class RoundVerdict:
         if problem is not None:
             text += f" -- {problem.name}: {problem.reason}"
         extra = [f"{len(self.contributors)} contributions", f"attested by {len(self.attesters)}"]
+        if self.final is False:
+            extra.append("not final on chain")
         if self.disputes:
             extra.append(f"disputed by {', '.join(d.disputer for d in self.disputes)}")
         if self.replay_seconds is not None:
