@@ -219,7 +219,7 @@ def _window(samples: list[dict], rounds: int, partial: bool = False) -> tuple[di
             for s in samples
             if s.get("profile") and (s.get("status") or {}).get("last_finished", -1) >= rounds - 1
         ]
-        end = timed[-1] if timed else None
+        end = timed[0] if timed else None  # the node stopped no more: to where its last round finished
     if end is None and partial:  # a run that broke off: up to its last snapshot
         profiled = [s for s in samples if s.get("profile")]
         end = profiled[-1] if profiled else None

@@ -73,3 +73,43 @@ def test_start_from_env_is_off_by_default(tmp_path, monkeypatch):
     time.sleep(0.1)
     profiler.close()
     assert json.loads((tmp_path / costprofile.FILE_NAME).read_text())["samples"] >= 1
+
+
+def test_a_start_state_fetch_waits_in_proportion_to_its_size(tmp_path):
+    """Issue 75: a llama-20m stage's start state (about 600 MB) did not arrive in the fixed 60 s on a loaded
+    machine; the wait now grows with the state this node serves of the same stage."""
+    from node.live.checks.heldstates import (
+        STATE_FETCH_MIN_RATE,
+        STATE_FETCH_TIMEOUT_S,
+        HeldStates,
+        state_fetch_timeout,
+    )
+
+    assert state_fetch_timeout(0) == STATE_FETCH_TIMEOUT_S
+    assert state_fetch_timeout(600 << 20) == (600 << 20) / STATE_FETCH_MIN_RATE > STATE_FETCH_TIMEOUT_S
+
+    class Host:  # the blob store's two calls HeldStates makes here, recorded
+        def __init__(self) -> None:
+            self.timeouts: list[float] = []
+
+        def provide_blob(self, data: bytes, announce: bool = True) -> str:
+            import hashlib
+
+            return hashlib.sha256(data).hexdigest()
+
+        def fetch_blob(self, digest: str, dest, providers, timeout: float) -> None:
+            self.timeouts.append(timeout)
+            dest.write_bytes(b"x")
+
+    class Env:
+        def __init__(self, stage: int) -> None:
+            self.stage, self.sender_peer_id = stage, "peer"
+
+    host = Host()
+    states = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=2, stop=None)
+    assert states.expected_part_bytes(0) == 0
+    states.serve(0, {1: b"s" * (400 << 20)}, 0)
+    states.fetch([Env(1), Env(0)], [b"\x01" * 32, b"\x02" * 32], tmp_path)
+    # stage 1: this node's own part's size; stage 0 (not served here): the largest it serves
+    assert host.timeouts == [state_fetch_timeout(400 << 20)] * 2
+    assert host.timeouts[0] > STATE_FETCH_TIMEOUT_S

@@ -24,8 +24,17 @@ logger = logging.getLogger(__name__)
 #: Rounds of start states a node keeps serving at least (a verifier checks round t once it is on chain); the
 #: retention keeps more while the chain's windows are open (node/store/retention.py).
 STATE_ROUNDS_KEPT = SPOT_CHECK_ROUNDS
-#: How long a node waits for the claimant's start state before giving the check up.
+#: How long a node waits for the claimant's start state before giving the check up: at least this, and at
+#: least the time the state takes at STATE_FETCH_MIN_RATE (issue 75: a llama-20m stage's state, about 600 MB,
+#: did not arrive within 60 s on a loaded machine, and every such check was left undone).
 STATE_FETCH_TIMEOUT_S = 60.0
+#: The slowest transfer rate (bytes/s) a start state's fetch is given time for.
+STATE_FETCH_MIN_RATE = 2 << 20
+
+
+def state_fetch_timeout(expected_bytes: int) -> float:
+    """Seconds to wait for a start state of about ``expected_bytes`` (0: unknown)."""
+    return max(STATE_FETCH_TIMEOUT_S, expected_bytes / STATE_FETCH_MIN_RATE)
 
 
 class HeldStates:
@@ -39,6 +48,7 @@ class HeldStates:
         self.num_stages = num_stages
         self._linkable_dir = work_dir / "linkable"
         self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+        self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
 
     def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
@@ -46,6 +56,7 @@ class HeldStates:
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
+            self._part_bytes[stage] = len(data)
             digest = serve_when_space(self.host, data,
                                       what=f"round {outer_round}'s start state of stage {stage}",
                                       stop=self.stop)
@@ -78,9 +89,14 @@ class HeldStates:
         for env, state_hash in zip(envs, state_hashes):
             dest = job_dir / f"fetch-{env.stage}.part"
             self.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
-                                 timeout=STATE_FETCH_TIMEOUT_S)
+                                 timeout=state_fetch_timeout(self.expected_part_bytes(env.stage)))
             parts.append(dest.read_bytes())
         return parts
+
+    def expected_part_bytes(self, stage: int) -> int:
+        """About how large another replica's start-state part of ``stage`` is: this node's own of that stage
+        (the same shapes and the same copies), else its largest; 0 before it served any."""
+        return self._part_bytes.get(stage) or max(self._part_bytes.values(), default=0)
 
     def drop_fetched(self, hashes: list[bytes]) -> None:
         """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
