@@ -85,7 +85,8 @@ def run_leave(args: argparse.Namespace) -> int:
         print(f"left run {run_id}: the stake of {seat.stake / 1e18:g} ETH can be withdrawn from block "
               f"{seat.unbonding_end} ({left} blocks, {eta(left, per_block)}): dlx-node withdraw --config "
               f"{args.config} --wait")
-        print("stop this member's node (it can no longer sign for the run)")
+        print("its node, if running, stops by itself when it next reads the chain (it can no longer sign for "
+              "the run)")
     finally:
         chain.close()
     return 0

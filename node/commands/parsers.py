@@ -24,9 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dlx-node",
         description="Verifiable decentralized training: DiLoCoX over libp2p with an EVM ledger.",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-json", action="store_true", help="structured (JSON lines) logs on stderr")
-    parser.add_argument("--log-file", default=None, help="write logs to this file instead of stderr")
+    _add_logging_args(parser, default=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_init_and_start(sub)
     _add_join(sub)
@@ -45,7 +43,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw status record")
     _add_audit_and_pull(sub)
     add_explorer_parser(sub)
+    _logging_args_after_commands(parser)
     return parser
+
+
+def _add_logging_args(parser: argparse.ArgumentParser, default: bool) -> None:
+    """The logging options: the top parser's set the defaults; a command's (``default=False``) leave them
+    unset unless given, so ``dlx-node start --config X --log-file F`` means what ``dlx-node --log-file F
+    start --config X`` does."""
+    def value(fallback):
+        return fallback if default else argparse.SUPPRESS
+
+    parser.add_argument("--log-level", default=value("info"), choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-json", action="store_true", default=value(False),
+                        help="structured (JSON lines) logs on stderr")
+    parser.add_argument("--log-file", default=value(None), help="write logs to this file instead of stderr")
+
+
+def _logging_args_after_commands(parser: argparse.ArgumentParser) -> None:
+    """Every command (and subcommand, e.g. ``data fetch``) takes the logging options after its name too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                _add_logging_args(command, default=False)
+                _logging_args_after_commands(command)
 
 
 def _add_init_and_start(sub) -> None:

@@ -133,7 +133,12 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
         sys.stderr.write("\n")
     if node.reenter_after is not None and not stopping:
         _reenter(node.reenter_after)
-    logger.info("stopped after round %d (last committed %d)", progress.last_finished, progress.last_commit)
+    if progress.last_finished < 0:
+        logger.info("stopped before finishing a round (last committed %s)",
+                    progress.last_commit if progress.last_commit >= 0 else "none")
+    else:
+        logger.info("stopped after round %d (last committed %s)", progress.last_finished,
+                    progress.last_commit if progress.last_commit >= 0 else "none")
     return 0
 
 
