@@ -153,14 +153,20 @@ def replica_run(rank: int, world: int, path: str) -> None:
         plain_engine = StageEngine(0, plain_params, dcfg, comp)
     out = {"hashes": [], "plain": [], "losses": []}
     saved = None
+    initial = {name: value.detach().clone() for name, value in make_module().named_parameters()}
     for outer_round in range(2):
         if outer_round == 1:
             saved = ({n: p.to_local().clone() for n, p in engine.live.items()},
                      copy.deepcopy(trainer.optimizer.state_dict()), engine.engine.state_dict())
         for x, y in batches(module.cfg, outer_round, 0):
             out["losses"].append(trainer.train_step(x, y))
+        if outer_round == 0:  # the whole pseudo-gradient, for the one-process verifier's checks (test only)
+            local = {n: p.full_tensor().detach().clone() for n, p in engine.live.items()}
+            out["pseudo_gradient"] = {n: torch.sub(initial[n], local[n]) for n in local}
         part, _ = engine.encode_contribution(outer_round)
         own = engine.gather_contribution(part)
+        if outer_round == 0:
+            out["round0"] = own
         if outer_round == 1:
             out["round1"] = own
         other = None

@@ -196,3 +196,29 @@ def test_a_cluster_replica_trains_beside_an_ordinary_one_and_reruns_bit_exactly(
     assert got["hashes"] == got["plain"] and len(set(got["hashes"])) == 2
     assert all(loss == loss and loss > 0 for loss in got["losses"])
     assert got["round1"] is not None and got["rerun1"] == got["round1"]
+    # A verifier of one process: the claimant's plan encodes the cluster's pseudo-gradient to its bytes, and
+    # the round's inner steps emulated in one process land within the tolerance rule's reach.
+    from training.cluster_verify import ShardedEncoder, emulated_inner_step
+    from training.config import DilocoConfig, TrainingConfig
+    from training.config_compression import CompressionConfig
+    from training.fingerprint import MISMATCH, compare_rerun, fingerprint
+    from training.pipeline import make_inner_optimizer
+    from training.reexec_distance import contribution_distance, relative_l2
+
+    dcfg, comp = DilocoConfig(one_step_delay=False, num_replicas=2, outer_lr=0.7), CompressionConfig()
+    shapes = {name: tuple(value.shape) for name, value in got["pseudo_gradient"].items()}
+    encoder = ShardedEncoder(shapes, 2, dcfg, comp)
+    assert encoder.compress(got["pseudo_gradient"], stage_index=0, outer_round=0) == got["round0"]
+    module = workers.make_module()
+    initial = {name: value.detach().clone() for name, value in module.named_parameters()}
+    optimizer = make_inner_optimizer(module, TrainingConfig())
+    for x, y in workers.batches(module.cfg, 0, 0):
+        emulated_inner_step(module, optimizer, x, y, 2, TrainingConfig().grad_clip)
+    rerun = {name: torch.sub(initial[name], value.detach()) for name, value in module.named_parameters()}
+    assert relative_l2(rerun, got["pseudo_gradient"]) < 1e-5
+    blob = ShardedEncoder(shapes, 2, dcfg, comp).compress(rerun, stage_index=0, outer_round=0)
+    distance = contribution_distance(got["round0"], blob, shapes, stage_index=0, outer_round=0)
+    claimed = fingerprint(torch.device("cpu"), "fp32", cluster=cluster_identity(2))
+    verdict = compare_rerun(claimed, fingerprint(torch.device("cpu"), "fp32"), distance, claimed_threads=1,
+                            rerun_threads=1)
+    assert verdict.verdict != MISMATCH, verdict.reason
