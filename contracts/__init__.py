@@ -23,7 +23,7 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
-    "StepProver", "Float32Harness", "NormHarness", "AnswerRelay",
+    "StepProver", "Float32Harness", "NormHarness", "AnswerRelay", "RewardPool", "ReentrantClaimer",
 )
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
 #: constructor creates the prover, so the ledger's creation code links both sets). None links another.

@@ -98,7 +98,8 @@ def test_contract_conventions():
         for event in (entry for entry in artifact["abi"] if entry["type"] == "event"):
             assert event["name"].endswith(("ed", *IRREGULAR_PAST)), \
                 f"{name} event {event['name']} is not past tense"
-        prefix = {"NodeRegistry": "Registry"}.get(name, "Prover" if "Prover" in name else "Ledger")
+        prefix = {"NodeRegistry": "Registry", "RewardPool": "Reward"}.get(
+            name, "Prover" if "Prover" in name else "Ledger")
         for error in (entry for entry in artifact["abi"] if entry["type"] == "error"):
             assert error["name"].startswith(prefix)
     # Public state would show up as getters named like the private variables.

@@ -28,7 +28,8 @@ def test_every_contract_error_has_a_python_class():
     assert {name for name, _, _ in ERROR_SELECTORS.values()} == names
     for name, cls in errors.REVERT_CLASSES.items():
         base = next(
-            (base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError))
+            (base for prefix, base in (("Registry", errors.RegistryError), ("Prover", errors.ProverError),
+                                  ("Reward", errors.RewardError))
              if name.startswith(prefix)), errors.LedgerRevert)
         assert issubclass(cls, base), name
 

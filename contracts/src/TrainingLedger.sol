@@ -735,6 +735,15 @@ contract TrainingLedger {
         return uint32(_s.commitBlocks[runId][round] >> 64);
     }
 
+    /// @notice keccak256(abi.encode(attesters)) of the commit of round `round` of run `runId`: the attesters
+    /// RoundCommitted gave, as a contract that pays or slashes them checks them (issue 77: RewardPool).
+    /// @param runId The run.
+    /// @param round The outer round.
+    /// @return The hash, or zero if the round is not committed.
+    function attestationsOf(uint256 runId, uint64 round) external view returns (bytes32) {
+        return _s.attestations[runId][round];
+    }
+
     /// @notice The state of the disputes of round `round` of run `runId`.
     /// @param runId The run.
     /// @param round The outer round.

@@ -7,7 +7,8 @@ anvil but eth-tester raises ``TransactionFailed`` on py-evm; ``ledger.reverts.de
 error's 4-byte selector. The decoded arguments are in ``.values`` (a dict by parameter name).
 
 One module per source: :mod:`ledger.errors.base` (this package's own errors), then one per contract
-(:mod:`.registry`, :mod:`.training_ledger`, :mod:`.prover`); every name is importable from here.
+(:mod:`.registry`, :mod:`.training_ledger`, :mod:`.prover`, :mod:`.rewards`); every name is importable
+from here.
 """
 
 from __future__ import annotations
@@ -136,6 +137,25 @@ from ledger.errors.prover import (
     ProverNotLedger as ProverNotLedger,
 )
 
+from ledger.errors.rewards import (
+    RewardError as RewardError,
+    RewardAlreadyClaimed as RewardAlreadyClaimed,
+    RewardBadAttesters as RewardBadAttesters,
+    RewardBadParams as RewardBadParams,
+    RewardBadRecord as RewardBadRecord,
+    RewardBadStage as RewardBadStage,
+    RewardClaimClosed as RewardClaimClosed,
+    RewardClaimOpen as RewardClaimOpen,
+    RewardConvicted as RewardConvicted,
+    RewardNoPool as RewardNoPool,
+    RewardNotListed as RewardNotListed,
+    RewardNothingToPay as RewardNothingToPay,
+    RewardPoolUnfunded as RewardPoolUnfunded,
+    RewardRoundNotFinal as RewardRoundNotFinal,
+    RewardRoundNotPaid as RewardRoundNotPaid,
+    RewardTransferFailed as RewardTransferFailed,
+)
+
 
 def _descendants(base: type[ContractRevert]) -> list[type[ContractRevert]]:
     found = []
@@ -147,5 +167,6 @@ def _descendants(base: type[ContractRevert]) -> list[type[ContractRevert]]:
 #: Every Python class that mirrors a Solidity custom error, by the error's name: the subclasses of the three
 #: contracts' bases (a Python class per ABI error, and none more, is tests/test_ledger_errors.py's check).
 REVERT_CLASSES: dict[str, type[ContractRevert]] = {
-    cls.__name__: cls for base in (RegistryError, LedgerRevert, ProverError) for cls in _descendants(base)
+    cls.__name__: cls for base in (RegistryError, LedgerRevert, ProverError, RewardError) for cls in
+    _descendants(base)
 }

@@ -1,0 +1,193 @@
+"""A run's reward pool (issue 77; contracts/src/RewardPool.sol, docs/REWARDS.md): its schedule, the shares it
+pays, and a client for its calls, views and events.
+
+The shares are computed here exactly as the contract computes them (:func:`contribution_share`,
+:func:`attester_share`), so that ``dlx-node rewards`` and the audit can say what each account earned from the
+record alone and compare it with what the chain paid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eth_utils import to_checksum_address
+from web3 import Web3
+
+import contracts
+from ledger.chain import DEFAULT_RETRY, RetryPolicy
+from ledger.chunkproof import Factors, tree_path
+from ledger.errors import LedgerInputError
+from ledger.events import EventDecoder, scan_logs, topic_uint
+from ledger.records import RoundRecord, check_uint
+from ledger.tx import DEFAULT_FEES, FeePolicy, TransactionSender
+
+BPS = 10_000
+#: ``stage`` of an attester's claim (RewardPool.ATTESTER).
+ATTESTER = 2**32 - 1
+POOL_EVENTS = ("PoolCreated", "PoolFunded", "RoundOpened", "RewardClaimed", "RoundClosed")
+
+
+@dataclass(frozen=True)
+class PoolParams:
+    """A pool's schedule (RewardPool.PoolParams): ``amount_per_round`` wei a final round reserves, the
+    attesters' part in basis points (the rest is the contributors'), the equal slots a stage's contributor
+    budget is cut into, the attester shares, and the blocks a round's credits can be claimed for."""
+
+    amount_per_round: int
+    attester_bps: int = 1_000
+    contribution_slots: int = 16
+    attester_slots: int = 16
+    claim_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        check_uint("amount_per_round", self.amount_per_round, 2**128 - 1)
+        check_uint("attester_bps", self.attester_bps, 2**16 - 1)
+        check_uint("contribution_slots", self.contribution_slots, 2**16 - 1)
+        check_uint("attester_slots", self.attester_slots, 2**16 - 1)
+        check_uint("claim_blocks", self.claim_blocks, 2**64 - 1)
+
+    def fields(self) -> tuple:
+        return (self.amount_per_round, self.attester_bps, self.contribution_slots, self.attester_slots,
+                self.claim_blocks)
+
+    @classmethod
+    def from_fields(cls, values) -> PoolParams:
+        return cls(*(int(value) for value in values))
+
+
+def contribution_share(params: PoolParams, num_stages: int, inner_steps: int, listed: int,
+                       steps: int | None) -> int:
+    """What one listed contribution of a stage earns: the stage's contributor budget over
+    max(contribution_slots, listed) slots, times min(steps, H) / H in a run bounded by time (``steps`` None:
+    fixed H, a whole slot). Dropping another listed contribution never raises it (while listed <= slots)."""
+    slots = max(params.contribution_slots, listed)
+    budget = params.amount_per_round * (BPS - params.attester_bps) // BPS
+    weight = inner_steps if steps is None else min(steps, inner_steps)
+    return budget * weight // (num_stages * slots * inner_steps)
+
+
+def attester_share(params: PoolParams, attesters: int) -> int:
+    """What one listed attester of a round earns: the attesters' budget over max(attester_slots,
+    attesters)."""
+    return params.amount_per_round * params.attester_bps // BPS // max(params.attester_slots, attesters)
+
+
+def stage_claim_args(record: RoundRecord, stage_leaves: list[bytes], stage: int, factors: bytes,
+                     index: int) -> tuple:
+    """claimContribution's arguments: the committed ``record``, stage ``stage``'s leaf and path among
+    the round's
+    ``stage_leaves`` (encoded StageLeaf), the stage's factors and the claimer's place in them."""
+    if not 0 <= stage < len(stage_leaves):
+        raise LedgerInputError(f"stage {stage}: the round has {len(stage_leaves)} stage leaves")
+    return (record.fields(), stage, stage_leaves[stage], tree_path(stage_leaves, stage), factors, index)
+
+
+def listed_contributions(factors: bytes) -> list[tuple[str, int | None]]:
+    """(contributor, declared steps or None in a fixed-H run) of each contribution version-3 ``factors``
+    list."""
+    decoded = Factors.decode(factors)
+    if decoded.norms is None:
+        raise LedgerInputError("factors: not version 3 (they bind no contribution to a member)")
+    steps = decoded.norms.steps or (None,) * len(decoded.norms.contributors)
+    return list(zip(decoded.norms.contributors, steps, strict=True))
+
+
+class RewardPoolClient:
+    """Calls, views and events of one RewardPool as ``account`` (None: read-only)."""
+
+    def __init__(self, w3: Web3, account: Any, pool_address: str, *, retry: RetryPolicy = DEFAULT_RETRY,
+                 receipt_timeout: float = 60.0, fees: FeePolicy = DEFAULT_FEES, from_block: int = 0,
+                 log_page_blocks: int = 10_000):
+        abi = contracts.artifact("RewardPool")["abi"]
+        self.w3 = w3
+        self.sender = TransactionSender(w3, account, retry=retry, receipt_timeout=receipt_timeout, fees=fees)
+        self.contract = w3.eth.contract(address=to_checksum_address(pool_address), abi=abi)
+        self.events = EventDecoder(abi)
+        self.from_block = from_block
+        self.log_page_blocks = log_page_blocks
+
+    @staticmethod
+    def deploy(w3: Web3, account: Any, ledger_address: str, **kwargs) -> str:
+        """Deploy a RewardPool reading the TrainingLedger at ``ledger_address``; its address."""
+        sender = TransactionSender(w3, account, **kwargs)
+        return sender.deploy(contracts.artifact("RewardPool"), (to_checksum_address(ledger_address),))
+
+    @property
+    def address(self) -> str:
+        return self.contract.address
+
+    @property
+    def account_address(self) -> str:
+        return self.sender.address
+
+    def _send(self, name: str, args: tuple, what: str, value: int = 0) -> dict:
+        return self.sender.transact(self.contract, name, args, what, value)
+
+    # calls ----------------------------------------------------------------------------------------------
+    def create_pool(self, run_id: int, params: PoolParams, funding: int) -> dict:
+        return self._send("createPool", (run_id, params.fields()), f"create the pool of run {run_id}",
+        funding)
+
+    def fund(self, run_id: int, amount: int) -> dict:
+        return self._send("fund", (run_id,), f"fund the pool of run {run_id}", amount)
+
+    def open(self, run_id: int, round: int) -> dict:
+        return self._send("open", (run_id, round), f"open round {round} of run {run_id}'s pool")
+
+    def sweep(self, run_id: int, round: int) -> dict:
+        return self._send("sweep", (run_id, round), f"sweep round {round} of run {run_id}'s pool")
+
+    def claim_contribution(self, record: RoundRecord, stage_leaves: list[bytes], stage: int, factors: bytes,
+                           index: int) -> dict:
+        args = stage_claim_args(record, stage_leaves, stage, factors, index)
+        return self._send("claimContribution", args,
+                          f"claim stage {stage} of round {record.round} of run {record.run_id}")
+
+    def claim_attestation(self, run_id: int, round: int, attesters: list[str],
+                          index: int | None = None) -> dict:
+        attesters = [to_checksum_address(a) for a in attesters]
+        if index is None:
+            index = attesters.index(to_checksum_address(self.account_address))
+        return self._send("claimAttestation", (run_id, round, attesters, index),
+                          f"claim the attestation of round {round} of run {run_id}")
+
+    # views ----------------------------------------------------------------------------------------------
+    def _call(self, name: str, args: tuple = ()):
+        return self.sender.call(self.contract, name, args, name)
+
+    def pool_of(self, run_id: int) -> dict:
+        """The pool's fields by name (amountPerRound zero: no pool)."""
+        (params, first, next_round, stages, inner, funded, free, claimed) = self._call("poolOf", (run_id,))
+        return {"params": PoolParams.from_fields(params), "firstRound": first, "nextRound": next_round,
+                "numStages": stages, "innerSteps": inner, "funded": funded, "free": free, "claimed": claimed}
+
+    def has_pool(self, run_id: int) -> bool:
+        return self._call("poolOf", (run_id,))[0][0] != 0
+
+    def round_of(self, run_id: int, round: int) -> dict:
+        budget, paid, opened_at, swept = self._call("roundOf", (run_id, round))
+        return {"budget": budget, "paid": paid, "openedAt": opened_at, "swept": swept}
+
+    def claimed_of(self, run_id: int, round: int, stage: int, account: str) -> bool:
+        return self._call("claimedOf", (run_id, round, stage, to_checksum_address(account)))
+
+    def contribution_share(self, record: RoundRecord, stage_leaves: list[bytes], stage: int, factors: bytes,
+                           index: int, account: str) -> int:
+        args = stage_claim_args(record, stage_leaves, stage, factors, index)
+        return self._call("contributionShare", (*args, to_checksum_address(account)))
+
+    def attester_share(self, run_id: int, round: int, attesters: list[str], index: int, account: str) -> int:
+        return self._call("attesterShare", (run_id, round, [to_checksum_address(a) for a in attesters], index,
+                                            to_checksum_address(account)))
+
+    def balance(self) -> int:
+        return self.w3.eth.get_balance(self.address)
+
+    def pool_events(self, run_id: int, to_block: int | None = None) -> list:
+        """The pool's events of ``run_id`` in chain order (decoded: ``.name``, ``.args``)."""
+        topics = [[self.events.topic(name) for name in POOL_EVENTS], topic_uint(run_id)]
+        end = self.w3.eth.block_number if to_block is None else to_block
+        logs = scan_logs(self.w3, self.address, topics, self.from_block, end, self.log_page_blocks,
+                         self.sender.rpc)
+        return [event for event in (self.events.decode(log) for log in logs) if event is not None]
