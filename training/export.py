@@ -118,6 +118,11 @@ def export_hf(
         _write_file(tmp / "config.json", hf_config(model_cfg, tokenizer))
         for name, content in tokenizer.hf_files(model_cfg.block_size).items():
             _write_file(tmp / name, content)
+        if model_cfg.hf_source:  # an imported model: the source's class, generation and tokenizer settings
+            from training.hf_import import exported_files
+
+            for name, content in exported_files(model_cfg).items():
+                _write_file(tmp / name, content)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         with open(tmp / "model.safetensors", "rb") as handle:
             os.fsync(handle.fileno())

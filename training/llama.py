@@ -32,6 +32,8 @@ sqrt(2 n_layer)) as in GPT-2; RMSNorm weights 1.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import torch
@@ -48,26 +50,51 @@ _RESIDUAL_PROJECTIONS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x^2) + eps) * weight``, computed in at least float32 (HF's LlamaRMSNorm)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, eps: float = RMS_NORM_EPS) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n))
+        self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         # Half precisions are normalised in float32; float32 and float64 keep their own precision.
         h = x.float() if x.element_size() < 4 else x
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
 
 
+def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """The inverse frequencies under ``scaling`` (``rope_type`` "linear" or Llama 3.1's "llama3"), as
+    ``transformers``' ``ROPE_INIT_FUNCTIONS`` compute them."""
+    kind = scaling.get("rope_type", "default")
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 def rope_cos_sin(
-    head_dim: int, theta: float, seq_len: int, device: torch.device, dtype: torch.dtype
+    head_dim: int, theta: float, seq_len: int, device: torch.device, dtype: torch.dtype,
+    scaling: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated.
+    """cos and sin (T, head_dim) of positions ``0..seq_len-1``: angle ``p * theta^(-2i/d)``, halves repeated;
+    the frequencies scaled by ``scaling`` (:func:`scale_inv_freq`) when one is given.
     """
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
     )
+    if scaling:
+        inv_freq = scale_inv_freq(inv_freq, scaling)
     positions = torch.arange(seq_len, device=device).float()
     freqs = positions[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
@@ -86,7 +113,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with rotary positions, no biases."""
+    """Causal grouped-query self-attention with rotary positions; biases on q, k and v only with
+    ``attention_bias`` (Qwen2's), none on the output."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -94,9 +122,10 @@ class Attention(nn.Module):
         self.n_kv_head = cfg.n_kv_head
         self.head_dim = cfg.head_dim
         self.dropout = cfg.dropout
-        self.q_proj = Linear(cfg.n_embd, cfg.n_head * cfg.head_dim)
-        self.k_proj = Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim)
-        self.v_proj = Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim)
+        make = BiasedLinear if cfg.attention_bias else Linear
+        self.q_proj = make(cfg.n_embd, cfg.n_head * cfg.head_dim)
+        self.k_proj = make(cfg.n_embd, cfg.n_kv_head * cfg.head_dim)
+        self.v_proj = make(cfg.n_embd, cfg.n_kv_head * cfg.head_dim)
         self.o_proj = Linear(cfg.n_head * cfg.head_dim, cfg.n_embd)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -116,6 +145,17 @@ class Attention(nn.Module):
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
         return self.o_proj(y.transpose(1, 2).reshape(batch, time, self.n_head * self.head_dim))
+
+
+class BiasedLinear(Linear):
+    """``Linear`` with a bias (out,): ``x W^T + b``."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__(n_in, n_out)
+        self.bias = nn.Parameter(torch.empty(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class SwiGLU(nn.Module):
@@ -138,8 +178,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = SwiGLU(cfg)
-        self.input_layernorm = RMSNorm(cfg.n_embd)
-        self.post_attention_layernorm = RMSNorm(cfg.n_embd)
+        self.input_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.n_embd, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope)
@@ -160,24 +200,32 @@ class LlamaFamily(ModelFamily):
 
     def block_param_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
         c, d, inner = cfg.n_embd, cfg.head_dim, cfg.intermediate_size
-        shapes = {
-            "self_attn.q_proj.weight": (cfg.n_head * d, c),
-            "self_attn.k_proj.weight": (cfg.n_kv_head * d, c),
-            "self_attn.v_proj.weight": (cfg.n_kv_head * d, c),
+        shapes: dict[str, tuple[int, ...]] = {"self_attn.q_proj.weight": (cfg.n_head * d, c)}
+        if cfg.attention_bias:  # HF's order: each projection's weight, then its bias
+            shapes["self_attn.q_proj.bias"] = (cfg.n_head * d,)
+        shapes["self_attn.k_proj.weight"] = (cfg.n_kv_head * d, c)
+        if cfg.attention_bias:
+            shapes["self_attn.k_proj.bias"] = (cfg.n_kv_head * d,)
+        shapes["self_attn.v_proj.weight"] = (cfg.n_kv_head * d, c)
+        if cfg.attention_bias:
+            shapes["self_attn.v_proj.bias"] = (cfg.n_kv_head * d,)
+        shapes.update({
             "self_attn.o_proj.weight": (c, cfg.n_head * d),
             "mlp.gate_proj.weight": (inner, c),
             "mlp.up_proj.weight": (inner, c),
             "mlp.down_proj.weight": (c, inner),
             "input_layernorm.weight": (c,),
             "post_attention_layernorm.weight": (c,),
-        }
+        })
         return {f"model.layers.{layer}.{suffix}": shape for suffix, shape in shapes.items()}
 
     def head_param_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         return {"model.norm.weight": (cfg.n_embd,), "lm_head.weight": (cfg.vocab_size, cfg.n_embd)}
 
     def init_rule(self, cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[str, float]:
-        if len(shape) == 1:  # the RMSNorm weights: the only vectors
+        if name.endswith(".bias"):  # Qwen2's q/k/v biases
+            return "fill", 0.0
+        if len(shape) == 1:  # the RMSNorm weights: the other vectors
             return "fill", 1.0
         if name.endswith(_RESIDUAL_PROJECTIONS):
             return "normal", self.residual_std(cfg)
@@ -193,11 +241,12 @@ class LlamaFamily(ModelFamily):
         return DecoderLayer(cfg)
 
     def make_final_norm(self, cfg: ModelConfig) -> nn.Module:
-        return RMSNorm(cfg.n_embd)
+        return RMSNorm(cfg.n_embd, cfg.norm_eps)
 
     def block_context(self, cfg: ModelConfig, seq_len: int, device: torch.device, dtype: torch.dtype) -> Any:
         # A pure function of (cfg, T): every stage computes the same tensors the whole model would.
-        return rope_cos_sin(cfg.head_dim, cfg.rope_theta, seq_len, device, dtype)
+        scaling = json.loads(cfg.rope_scaling) if cfg.rope_scaling else None
+        return rope_cos_sin(cfg.head_dim, cfg.rope_theta, seq_len, device, dtype, scaling)
 
     def hf_config(self, cfg: ModelConfig, bos_token_id: int, eos_token_id: int) -> dict[str, Any]:
         """``LlamaForCausalLM``: the same sizes, RMSNorm eps, rope theta, untied head, no biases."""

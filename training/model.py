@@ -76,8 +76,13 @@ def count_params(cfg: ModelConfig) -> int:
 
 
 def init_state_dict(cfg: ModelConfig, seed: int, names=None) -> dict[str, torch.Tensor]:
-    """Initial weights of the full model, a pure function of (cfg, seed) (the family's initialisation);
+    """Initial weights of the full model, a pure function of (cfg, seed) (the family's initialisation), or the
+    imported ones ``cfg.init_weights`` names (training/hf_import.py; then the seed draws nothing);
     ``names``: only those parameters, the same bits (ModelFamily.init_state_dict)."""
+    if cfg.init_weights:
+        from training.hf_import import load_init_weights
+
+        return load_init_weights(cfg, names=names)
     return family_of(cfg).init_state_dict(cfg, seed, names)
 
 

@@ -46,6 +46,14 @@ DEFAULT_ROPE_THETA = 10000.0
 # Settings only the Llama family has; a GPT-2 configuration leaves them at these values, and its
 # run document omits them (so the hash of every GPT-2 run stays what it was).
 LLAMA_ONLY = {"n_kv_head": 0, "intermediate_size": 0, "rope_theta": 0.0}
+# Settings a model imported from a Hugging Face directory may need (training/hf_import.py); a run document
+# omits each while it is at this neutral value, so the hash of every earlier run stays what it was.
+# The first three are the Llama family's (Qwen2's q/k/v biases, its RMSNorm eps, Llama 3's rope scaling).
+IMPORT_ONLY = {"attention_bias": False, "rms_norm_eps": 0.0, "rope_scaling": "", "init_weights": "",
+               "hf_source": ""}
+LLAMA_IMPORT_ONLY = ("attention_bias", "rms_norm_eps", "rope_scaling")
+DEFAULT_RMS_NORM_EPS = 1e-5
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def preset_family(preset: str) -> str:
@@ -82,6 +90,15 @@ class ModelConfig:
     # configuration that names none; a run document that names none is an older run's, drawn by "torch"
     # (node.runconfig.node_config_from_run), which it keeps so that it still audits.
     init: str = DEFAULT_RANDOM.value
+    # An imported model (training/hf_import.py): Qwen2's biases on q, k and v; the RMSNorm eps (0: 1e-5); the
+    # rope scaling as canonical JSON ("": none; "linear" or Llama 3's "llama3"); the initial weights (a
+    # safetensors file of this model's tensors, by path or "sha256:<hex>", instead of a random draw); the
+    # source's config.json as canonical JSON (export writes the source's architecture class from it).
+    attention_bias: bool = False
+    rms_norm_eps: float = 0.0
+    rope_scaling: str = ""
+    init_weights: str = ""
+    hf_source: str = ""
 
     def __post_init__(self) -> None:
         sources = [source.value for source in RandomSource]
@@ -122,9 +139,16 @@ class ModelConfig:
                 len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
                 f"model.tokenizer={self.tokenizer!r}: after 'sha256:' give 64 lowercase hex digits",
             )
+        self._check_import_settings()
         if self.family == "llama":
             self._resolve_llama()
         else:
+            for name in LLAMA_IMPORT_ONLY:
+                _require(
+                    getattr(self, name) == IMPORT_ONLY[name],
+                    f"model.{name}={getattr(self, name)!r} is a setting of the llama family; model.family is "
+                    f"{self.family!r}: remove it",
+                )
             for name, neutral in LLAMA_ONLY.items():
                 _require(
                     getattr(self, name) == neutral,
@@ -159,6 +183,41 @@ class ModelConfig:
             f"model.rope_theta={self.rope_theta}: must be a finite base > 1 (10000 is Llama 2's)",
         )
 
+    def _check_import_settings(self) -> None:
+        import json
+
+        _require(isinstance(self.attention_bias, bool), f"model.attention_bias={self.attention_bias!r}: "
+                                                        "true or false")
+        _require(self.rms_norm_eps == 0 or 0 < self.rms_norm_eps < 1,
+                 f"model.rms_norm_eps={self.rms_norm_eps}: must be in (0, 1) (0: 1e-5)")
+        for name in ("rope_scaling", "init_weights", "hf_source"):
+            _require(isinstance(getattr(self, name), str), f"model.{name} must be a string")
+        if self.rope_scaling:
+            try:
+                rope = json.loads(self.rope_scaling)
+            except ValueError:
+                rope = None
+            _require(isinstance(rope, dict) and rope.get("rope_type") in ROPE_TYPES,
+                     f"model.rope_scaling={self.rope_scaling[:80]!r}: must be a JSON object whose rope_type "
+                     f"is one of {list(ROPE_TYPES)}")
+            needed = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                         "original_max_position_embeddings")}
+            for key in needed.get(rope["rope_type"], ()):
+                value = rope.get(key)
+                _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                         f"model.rope_scaling: {rope['rope_type']} needs a positive number {key!r}")
+        if self.hf_source:
+            try:
+                parsed = json.loads(self.hf_source)
+            except ValueError:
+                parsed = None
+            _require(isinstance(parsed, dict), "model.hf_source: must be a JSON object (the source directory's config files by name)")
+
+    @property
+    def norm_eps(self) -> float:
+        """The RMSNorm eps (Llama family): ``rms_norm_eps``, or 1e-5 when it is 0."""
+        return self.rms_norm_eps or DEFAULT_RMS_NORM_EPS
+
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
@@ -180,6 +239,9 @@ class ModelConfig:
         out = dataclasses.asdict(self)
         if self.init == LEGACY_RANDOM:
             del out["init"]
+        for name, neutral in IMPORT_ONLY.items():
+            if out[name] == neutral:
+                del out[name]
         if self.family == "gpt2":
             del out["family"]
             for name in LLAMA_ONLY:

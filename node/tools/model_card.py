@@ -205,8 +205,9 @@ def write_model_extras(out: Path, provenance: dict[str, Any], model: dict[str, A
     (before it is moved into place), and give every file mode 0644, directories 0755."""
     (out / "README.md").write_text(model_card(provenance, model, rpc_url, peers), encoding="utf-8")
     special = model.get("special_token_id", END_OF_TEXT_ID)
-    (out / "generation_config.json").write_text(
-        json.dumps(generation_config(model["block_size"], special), indent=2) + "\n")
+    if not (out / "generation_config.json").exists():  # an imported model's own is kept
+        (out / "generation_config.json").write_text(
+            json.dumps(generation_config(model["block_size"], special), indent=2) + "\n")
     (out / "custom_generate").mkdir(exist_ok=True)
     (out / "custom_generate" / "generate.py").write_text(SLIDING_GENERATE)
     for path in [out, *out.rglob("*")]:
