@@ -171,6 +171,10 @@ class NodeConfig:
         if is_file and not Path(tokenizer).expanduser().is_absolute():
             # a tokenizer file is found where training.data_path is: relative to data_dir
             self.model = dataclasses.replace(self.model, tokenizer=str(self.path(tokenizer)))
+        weights = self.model.init_weights
+        if weights and not weights.startswith("sha256:") and not Path(weights).expanduser().is_absolute():
+            # an imported model's initial weights (training/hf_import.py): relative to data_dir too
+            self.model = dataclasses.replace(self.model, init_weights=str(self.path(weights)))
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads={self.torch_threads}: must be >= 0 (0 = torch's default)")
         if not 0.0 <= self.spot_checks <= 1024.0:

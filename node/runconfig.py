@@ -13,6 +13,7 @@ keys, timeouts, data_dir) are not part of it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -98,7 +99,28 @@ def _model_document(cfg: NodeConfig) -> dict[str, Any]:
     model = cfg.model.document()
     if "tokenizer" in model:
         model["tokenizer"] = tokenizer_reference(cfg)
+    if model.get("init_weights"):  # an imported model's initial weights, by content (training/hf_import.py)
+        model["init_weights"] = init_weights_reference(cfg)
     return model
+
+
+def init_weights_reference(cfg: NodeConfig) -> str:
+    """``model.init_weights`` as the run document names it: ``"sha256:<hex>"`` of the file."""
+    spec = cfg.model.init_weights
+    if spec.startswith("sha256:"):
+        return spec
+    path = cfg.path(spec)
+    try:
+        stat = path.stat()
+        return "sha256:" + _weights_sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    except OSError as exc:
+        raise ConfigError(f"model.init_weights={spec!r}: cannot read it ({exc.strerror})") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """A weights file's sha256, read once per (path, size, mtime): the document is made many times."""
+    return file_sha256(Path(path))
 
 
 def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:

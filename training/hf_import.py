@@ -49,7 +49,8 @@ SOURCE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json"
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
 DEFAULT_LLAMA_CONTEXT = 1024  # block_size of an imported Llama-like model unless the run file sets one
 INIT_DIR = "initial"  # a node keeps its run's initial weights as <data_dir>/initial/<sha256>.safetensors
-_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+#: The source's JSON files ride in the run document (a blob of at most 64 KiB, node/commands/rundocs.py).
+MAX_SOURCE_FILES_BYTES = 40 * 1024
 
 
 class HFImportError(TrainingError, ValueError):
@@ -341,10 +342,18 @@ def import_hf(directory: str | os.PathLike, dest_dir: str | os.PathLike, block_s
         check_vocab(tokenizer, fields["vocab_size"])
     except TokenizerError as exc:
         raise HFImportError(f"--init-from {source.path}: its tokenizer and its model disagree: {exc}") from None
-    hf_source = {**source.extra, "source": {"architecture": source.architecture,
+    extra = dict(source.extra)
+    if isinstance(extra.get("tokenizer_config.json"), dict):  # its added tokens are in tokenizer.json too
+        extra["tokenizer_config.json"] = {k: v for k, v in extra["tokenizer_config.json"].items()
+                                          if k != "added_tokens_decoder"}
+    hf_source = {**extra, "source": {"architecture": source.architecture,
                                             "weights_sha256": source_digest(source),
                                             "tokenizer_sha256": tokenizer.sha256, "tied": tied(source)}}
     fields["hf_source"] = json.dumps(hf_source, sort_keys=True, separators=(",", ":"))
+    if len(fields["hf_source"]) > MAX_SOURCE_FILES_BYTES:
+        raise HFImportError(f"--init-from {source.path}: its {', '.join(extra)} take "
+                            f"{len(fields['hf_source'])} bytes, more than the run document carries "
+                            f"({MAX_SOURCE_FILES_BYTES}): shorten tokenizer_config.json (its chat_template)")
     fields["tokenizer"] = str(source.tokenizer.resolve())
     cfg = ModelConfig(**fields)
     weights = write_init_weights(source, cfg, dest_dir)
@@ -353,13 +362,24 @@ def import_hf(directory: str | os.PathLike, dest_dir: str | os.PathLike, block_s
 
 
 # ---------------------------------------------------------------------- loading and export
+_SEARCH_DIRS: list[Path] = []
+
+
+def add_search_dir(directory: str | os.PathLike) -> None:
+    """Look for ``sha256:`` initial weights in ``directory`` too (a node adds ``<data_dir>/initial``)."""
+    path = Path(directory)
+    if path not in _SEARCH_DIRS:
+        _SEARCH_DIRS.append(path)
+
+
 def init_weights_path(spec: str, search_dirs: list[str | os.PathLike] = ()) -> tuple[Path, str | None]:
     """(file, expected sha256 or None) of ``model.init_weights``: a path, or ``sha256:<hex>`` looked up as
-    ``<dir>/<hex>.safetensors`` in ``search_dirs`` and in ``$DLX_INIT_DIRS`` (':'-separated)."""
+    ``<dir>/<hex>.safetensors`` in ``search_dirs``, those of :func:`add_search_dir` and ``$DLX_INIT_DIRS``
+    (':'-separated)."""
     if not spec.startswith("sha256:"):
         return Path(spec).expanduser(), None
     digest = spec[len("sha256:"):]
-    dirs = [*search_dirs, *filter(None, os.environ.get("DLX_INIT_DIRS", "").split(os.pathsep))]
+    dirs = [*search_dirs, *_SEARCH_DIRS, *filter(None, os.environ.get("DLX_INIT_DIRS", "").split(os.pathsep))]
     for directory in dirs:
         path = Path(directory).expanduser() / f"{digest}.safetensors"
         if path.is_file():

@@ -296,6 +296,10 @@ def run_join(args: argparse.Namespace) -> int:
     table = node_config_from_run(document, **settings).to_dict()
     table["training"]["data_path"] = data_path
     table["model"]["tokenizer"] = tokenizer  # a local file hashes to the document's sha256:<hex>
+    if document.get("model", {}).get("init_weights"):  # an imported model: its weights from the run's peers
+        from node.commands.rundocs import initial_weights
+
+        table["model"]["init_weights"] = initial_weights(document, data_dir, link.peers)
     table = merge_tables(table, parse_overrides(args.overrides))
     cfg = config_from_dict(table)
     if config_hash(run_document(cfg)) != info.config_hash:

@@ -77,6 +77,10 @@ def add_parsers(sub) -> None:
                    help="create the run even when quorum x stake / 2 does not cover a prover's worst-case "
                         "gas at 10x today's gas price (a test chain): a wrong round may then stand with "
                         "nobody paid to prove it (docs/FRAUD_PROOF.md)")
+    p.add_argument("--init-from", default="", metavar="DIR",
+                   help="start from a Hugging Face model directory (config.json, model.safetensors or a "
+                        "sharded index, tokenizer.json): Llama, Qwen2, Mistral or GPT-2; its weights and "
+                        "tokenizer are named in the run document by content hash and served to the nodes")
     add_account_args(p, keystore_default="")
     add_fee_args(p)
 
@@ -172,7 +176,9 @@ def run_create_run(args: argparse.Namespace) -> int:
     from p2p.identity import Identity
     from training.config_training import weaknesses as training_weaknesses
 
-    run = read_run_file(args.run_file)
+    data_dir = Path(args.data_dir).expanduser().resolve()
+    # an imported model is checked (and refused) before anything is sent; its files land in data_dir
+    run = read_run_file(args.run_file, getattr(args, "init_from", ""), data_dir)
     params = run_params(run)
     weak = params.weaknesses() + training_weaknesses(run.cfg.training)
     if weak and not getattr(args, "weak_run", False):
@@ -188,7 +194,6 @@ def run_create_run(args: argparse.Namespace) -> int:
     w3 = connect_checked(rpc, deployment["chain_id"])
     chain_id = w3.eth.chain_id
     verify_deployment(w3, deployment["registry"], deployment["ledger"])
-    data_dir = Path(args.data_dir).expanduser().resolve()
     config_path = data_dir / "node.toml"
     ledger_table = {**ledger_settings(args, rpc, chain_id, w3), "registry_address": deployment["registry"],
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}

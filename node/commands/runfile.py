@@ -36,9 +36,10 @@ class RunFile:
     cfg: Any  # NodeConfig of ``table``
 
 
-def read_run_file(path: str) -> RunFile:
+def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) -> RunFile:
     """Parse and check a run file; ConfigError naming the bad values (every one of the [run] table at
-    once)."""
+    once). ``init_from``: a Hugging Face model directory the run starts from (:func:`import_model`, its
+    files written under ``init_dir``)."""
     from node.config import config_from_dict
 
     file = Path(path).expanduser()
@@ -62,6 +63,9 @@ def read_run_file(path: str) -> RunFile:
         training["data_path"] = str((base / Path(training["data_path"]).expanduser()).resolve())
     if isinstance(model, dict) and model.get("tokenizer") not in (None, "bytes"):
         model["tokenizer"] = str((base / Path(model["tokenizer"]).expanduser()).resolve())
+    if init_from:
+        table["model"] = import_model(init_from, model if isinstance(model, dict) else {},
+                                      init_dir or Path.cwd(), path)
     try:
         cfg = config_from_dict(table)
     except ConfigError as exc:
@@ -83,6 +87,35 @@ def read_run_file(path: str) -> RunFile:
             f"longest proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = "
             f"{floor} (or 0 for exactly that)")
     return RunFile(table, chain, cfg)
+
+
+#: What a run file's [model] may still set beside --init-from (the rest is the source's).
+INIT_FROM_KEYS = ("block_size", "dropout")
+
+
+def import_model(directory: str, model: dict[str, Any], node_dir: Path, path: str) -> dict[str, Any]:
+    """The [model] table of a run started from the Hugging Face model ``directory`` (training/hf_import.py):
+    the source's settings, its initial weights written as ``node_dir/initial/<sha256>.safetensors`` and its
+    tokenizer kept as ``node_dir/tokenizers/<sha256>.json`` (the node serves both by those hashes)."""
+    import shutil
+
+    from training.hf_import import INIT_DIR, HFImportError, import_hf, sha256_file
+
+    other = sorted(set(model) - set(INIT_FROM_KEYS))
+    if other:
+        raise ConfigError(f"run file {path}: [model] {', '.join(other)}: --init-from takes the model from "
+                          f"{directory}; the run file may set only {', '.join(INIT_FROM_KEYS)}")
+    try:
+        imported = import_hf(directory, node_dir / INIT_DIR, block_size=int(model.get("block_size", 0) or 0))
+    except HFImportError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"--init-from {directory}: cannot read or write ({exc})") from None
+    kept = node_dir / "tokenizers" / f"{sha256_file(imported.tokenizer)}.json"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    if not kept.exists():
+        shutil.copyfile(imported.tokenizer, kept)
+    return {**imported.fields, **model, "tokenizer": str(kept)}
 
 
 def _check_run_table(chain: dict, path: str) -> dict:

@@ -32,14 +32,15 @@ def _sha256(path: Path) -> str:
 
 
 def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
-    """sha256 hex -> a file to serve: each node's run document, checkpoints, contribution envelopes and the
-    run's tokenizer."""
+    """sha256 hex -> a file to serve: each node's run document, checkpoints, contribution envelopes, the
+    run's tokenizer and an imported model's initial weights."""
     found: dict[str, Path] = {}
     for directory in map(Path, node_dirs):
         run_dir = directory / "archive" / f"run-{run_id}"
         # the run's tokenizer too (join and pull fetch it by its sha256: the run document's model.tokenizer)
         paths = [run_dir / "run.json", *sorted((directory / "checkpoints").glob("round-*.safetensors")),
-                 *sorted(run_dir.glob("round-*/*.env")), *sorted((directory / "tokenizers").glob("*.json"))]
+                 *sorted(run_dir.glob("round-*/*.env")), *sorted((directory / "tokenizers").glob("*.json")),
+                 *sorted((directory / "initial").glob("*.safetensors"))]  # an imported model's start
         for path in paths:
             if path.is_file():
                 found.setdefault(_sha256(path), path)

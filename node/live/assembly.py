@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -285,6 +287,7 @@ class NodeParts:
         serve_blob(self.host, canonical_json(self.document))  # the run document, by its hash
         self.archive.write_run_document(canonical_json(self.document))
         self._serve_tokenizer()
+        self._serve_init_weights()
         peers = []
         for addr in self.cfg.p2p.bootstrap:
             try:
@@ -308,6 +311,27 @@ class NodeParts:
         kept.parent.mkdir(parents=True, exist_ok=True)
         if not kept.exists():
             atomic_write_bytes(kept, tokenizer.data)
+
+    def _serve_init_weights(self) -> None:
+        """An imported model's initial weights (training/hf_import.py): served by their sha256 (the run
+        document's ``model.init_weights``; joiners and the seeder fetch them like the tokenizer), kept as
+        ``initial/<sha256>.safetensors``, where a ``sha256:`` reference (audit, fraud proofs) finds them."""
+        from training.hf_import import INIT_DIR, add_search_dir
+
+        spec = self.document.get("model", {}).get("init_weights", "")
+        if not spec:
+            return
+        digest = spec.removeprefix("sha256:")
+        kept = self.data_dir / INIT_DIR / f"{digest}.safetensors"
+        own = Path(self.cfg.model.init_weights).expanduser()
+        if not kept.exists() and own.is_file():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(own, kept)
+            except OSError:
+                shutil.copyfile(own, kept)
+        add_search_dir(self.data_dir / INIT_DIR)
+        self.host.provide_file(kept, digest)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
