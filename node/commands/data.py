@@ -77,7 +77,10 @@ def run_prepare(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         tokenizer = train_tokenizer(args.inputs, args.vocab_size, args.text_field)
     else:
-        tokenizer = load_tokenizer(args.tokenizer)
+        spec = args.tokenizer
+        if spec != "bytes" and Path(spec).expanduser().is_dir():  # a model directory: its own tokenizer
+            spec = str(Path(spec).expanduser() / "tokenizer.json")
+        tokenizer = load_tokenizer(spec)
     progress = _Progress(f"preparing {out.name}", interactive)
     try:
         manifest = prepare_dataset(
@@ -150,7 +153,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(a column; needs pyarrow)")
     p.add_argument("--out", required=True, help="the dataset directory to create (new or empty)")
     p.add_argument("--tokenizer", default="bytes",
-                   help="'bytes' (token id = byte value) or a Hugging Face tokenizer.json (default: bytes)")
+                   help="'bytes' (token id = byte value), a Hugging Face tokenizer.json, or a model directory "
+                        "holding one (the tokenizer of a run started with --init-from DIR; default: bytes)")
     p.add_argument("--train-tokenizer", action="store_true",
                    help="train a byte-level BPE on the inputs first (with --vocab-size)")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary of the trained tokenizer, e.g. 8192")

@@ -154,7 +154,8 @@ def run_demo(args: argparse.Namespace) -> int:
     run = LocalRun(out, replicas=args.replicas, stages=args.stages, split=args.stages > 1, settings=settings,
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
                    stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits,
-                   allow_unpaid_proofs=getattr(args, "allow_unpaid_proofs", False))
+                   allow_unpaid_proofs=getattr(args, "allow_unpaid_proofs", False),
+                   init_from=getattr(args, "init_from", "") or "")
     print(_headline(args, data, cpu_limits))
     view = LiveView()
 

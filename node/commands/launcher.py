@@ -115,6 +115,20 @@ class NodeSlot:
             return {}
 
 
+def init_from_settings(directory: str, workdir: Path, settings: list[str]) -> list[str]:
+    """``model.*=...`` settings of a run started from the model ``directory`` (imported under ``workdir``,
+    before anything starts; refused with a ConfigError): its block_size and dropout may come from
+    ``settings``."""
+    from node.commands.runfile import INIT_FROM_KEYS, import_model
+    from node.config import parse_overrides
+
+    model = {key: value for key, value in parse_overrides(settings).get("model", {}).items()
+             if key in INIT_FROM_KEYS}
+    fields = import_model(directory, model, workdir, f"--init-from {directory}")
+    return [f"model.{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in fields.items()]
+
+
 @dataclass
 class LocalRun:
     """See module docstring. ``split`` places one node per stage; else one node per replica."""
@@ -124,6 +138,9 @@ class LocalRun:
     stages: int = 2
     split: bool = True
     settings: list[str] = field(default_factory=list)  # extra KEY=VALUE overrides for every node
+    # A Hugging Face model directory the run starts from (training/hf_import.py): imported under workdir
+    # before the run is created; its [model] settings go after ``settings``.
+    init_from: str = ""
     metrics: bool = False  # give every node a Prometheus endpoint on a free port
     # The security model's floor (docs/TRUST.md), as create-run and the demo: k = 2 counted signatures and at
     # least half of the counted members. Weaker runs (a one-node run, tests of other mechanics) need
@@ -162,6 +179,8 @@ class LocalRun:
         if self.replicas * per_replica > MAX_NODES:
             raise NodeError(
                 f"{self.replicas * per_replica} nodes requested; a local run supports {MAX_NODES}")
+        if self.init_from:
+            self.settings = [*self.settings, *init_from_settings(self.init_from, self.workdir, self.settings)]
         self.anvil = AnvilProcess(state_file=self.workdir / "chain-state.json")
         self.url = self.anvil.start()
         w3 = connect_rpc(self.url, wait=10)

@@ -163,6 +163,9 @@ def _add_demo(sub) -> None:
     p.add_argument("--preset", default="mini",
                    choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-124m",
                             "llama-350m", "llama-1b"])
+    p.add_argument("--init-from", default="", metavar="DIR",
+                   help="start from a Hugging Face model directory (Llama, Qwen2, Mistral or GPT-2; "
+                        "--preset is then unused): README 'Start from a model'")
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default="dlx-demo", help="working directory for node data, logs and checkpoints")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
