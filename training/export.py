@@ -73,7 +73,7 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfi
             raise ExportError(f"{name}: shape {tuple(tensor.shape)} != {shape} of the model config")
         if not torch.isfinite(tensor).all():
             raise ExportError(f"{name}: contains NaN or infinite values")
-        tensors[name] = tensor.detach().to(torch.float32).contiguous().clone()
+        tensors[name] = tensor  # written one by one (training.hf_import.stream_safetensors): no copy here
     return tensors
 
 
@@ -101,7 +101,7 @@ def export_hf(
     resolved by the caller). An existing ``out_dir`` is an error unless
     ``overwrite``; then it is replaced only after the new export is complete.
     """
-    from safetensors.torch import save_file
+    from training.hf_import import stream_safetensors
 
     out = Path(out_dir)
     if out.exists() and not overwrite:
@@ -123,8 +123,9 @@ def export_hf(
 
             for name, content in exported_files(model_cfg).items():
                 _write_file(tmp / name, content)
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        with open(tmp / "model.safetensors", "rb") as handle:
+        with open(tmp / "model.safetensors", "wb") as handle:
+            stream_safetensors(handle, {name: tuple(t.shape) for name, t in tensors.items()}, tensors.__getitem__)
+            handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o755)
         if out.exists():

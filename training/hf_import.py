@@ -266,16 +266,13 @@ def source_digest(source: HFSource) -> str:
     return digest.hexdigest()
 
 
-def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.PathLike) -> Path:
-    """Write the source's tensors as ``dest_dir/<sha256>.safetensors`` (float32, our names, canonical order),
-    one tensor in memory at a time; return the path."""
+def stream_safetensors(out: Any, shapes: dict[str, tuple[int, ...]], tensor_of: Any,
+                       metadata: dict[str, str] | None = None) -> str:
+    """Write a float32 safetensors file to the binary handle ``out``, tensor by tensor in ``shapes``' order
+    (``tensor_of(name)`` gives each; only one is held at a time); return the file's sha256."""
     import torch
-    from safetensors import safe_open
 
-    from training.model import param_shapes
-
-    shapes, names = param_shapes(cfg), source_names(source, cfg)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for name, shape in shapes.items():
         size = 4 * int(torch.Size(shape).numel())
@@ -283,36 +280,56 @@ def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.Pa
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
+    digest = hashlib.sha256()
+    for piece in (struct.pack("<Q", len(encoded)), encoded):
+        out.write(piece)
+        digest.update(piece)
+    for name, shape in shapes.items():
+        tensor = tensor_of(name)
+        if tuple(tensor.shape) != tuple(shape):
+            raise HFImportError(f"{name} has shape {tuple(tensor.shape)}, the model needs {tuple(shape)}")
+        tensor = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        if not torch.isfinite(tensor).all():
+            raise HFImportError(f"{name} holds NaN or infinite values")
+        data = memoryview(tensor.numpy()).cast("B") if tensor.numel() else b""
+        out.write(data)
+        digest.update(data)
+        del tensor, data
+    return digest.hexdigest()
+
+
+def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.PathLike) -> Path:
+    """Write the source's tensors as ``dest_dir/<sha256>.safetensors`` (float32, our names, canonical order),
+    one tensor in memory at a time; return the path."""
+    from safetensors import safe_open
+
+    from training.model import param_shapes
+
+    shapes, names = param_shapes(cfg), source_names(source, cfg)
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".init-", suffix=".tmp", dir=dest)
     tmp = Path(tmp_name)
-    digest = hashlib.sha256()
     handles: dict[Path, Any] = {}
+
+    def tensor_of(name: str) -> Any:
+        path = source.key_files[names[name]]
+        if path not in handles:
+            handles[path] = safe_open(str(path), framework="pt")
+        try:
+            return handles[path].get_tensor(names[name])
+        except Exception as exc:  # safetensors' own error types
+            raise HFImportError(f"{path.name}: {names[name]} is not readable ({exc})") from None
+
     try:
         with os.fdopen(fd, "wb") as out:
-            for piece in (struct.pack("<Q", len(encoded)), encoded):
-                out.write(piece)
-                digest.update(piece)
-            for name, shape in shapes.items():
-                src = names[name]
-                path = source.key_files[src]
-                if path not in handles:
-                    handles[path] = safe_open(str(path), framework="pt")
-                tensor = handles[path].get_tensor(src)
-                if tuple(tensor.shape) != tuple(shape):
-                    raise HFImportError(f"{path.name}: {src} has shape {tuple(tensor.shape)}, the config "
-                                        f"gives {tuple(shape)}")
-                tensor = tensor.to(torch.float32).contiguous()
-                if not torch.isfinite(tensor).all():
-                    raise HFImportError(f"{path.name}: {src} holds NaN or infinite values")
-                data = memoryview(tensor.numpy()).cast("B")
-                out.write(data)
-                digest.update(data)
-                del tensor, data
+            try:
+                digest = stream_safetensors(out, shapes, tensor_of)
+            except HFImportError as exc:
+                raise HFImportError(f"{source.path}: {exc}") from None
             out.flush()
             os.fsync(out.fileno())
-        final = dest / f"{digest.hexdigest()}.safetensors"
+        final = dest / f"{digest}.safetensors"
         os.replace(tmp, final)
         return final
     finally:
