@@ -36,6 +36,11 @@ SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 
          "vocab_size": 32000, "max_position_embeddings": 2048}  # TinyLlama 1.1B (arXiv 2401.02385)
 
 
+def _reset_peak() -> None:
+    """Start VmHWM again from the current RSS (Linux: 5 > /proc/self/clear_refs), so a peak is this step's."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def _status(key: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -71,8 +76,11 @@ def make_source(directory: Path, layers: int) -> int:
 
 
 def phase_import(source: Path, work: Path) -> dict:
+    import torch  # noqa: F401 (imported before the baseline: the step's peak is its own)
+
     from training.hf_import import import_hf
 
+    _reset_peak()
     before = _status("VmRSS")
     start = time.perf_counter()
     imported = import_hf(source, work / "initial")
@@ -89,13 +97,16 @@ def phase_export(work: Path) -> dict:
     from training.tokenizer import load_tokenizer
 
     cfg = ModelConfig(**json.loads((work / "fields.json").read_text()))
+    _reset_peak()
     before_load = _status("VmRSS")
     state = load_init_weights(cfg)
+    load_peak = _status("VmHWM")
+    _reset_peak()
     before = _status("VmRSS")
     start = time.perf_counter()
     out = export_hf(state, cfg, work / "export", tokenizer=load_tokenizer(cfg.tokenizer))
     seconds = time.perf_counter() - start
-    return {"rss_before_load_bytes": before_load, "rss_before_bytes": before, "peak_rss_bytes": _status("VmHWM"),
+    return {"rss_before_load_bytes": before_load, "load_peak_rss_bytes": load_peak, "rss_before_bytes": before, "peak_rss_bytes": _status("VmHWM"),
             "seconds": round(seconds, 1), "written_bytes": (out / "model.safetensors").stat().st_size,
             "architecture": json.loads((out / "config.json").read_text())["architectures"][0]}
 

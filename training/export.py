@@ -38,6 +38,7 @@ import torch
 
 from training.config import ModelConfig
 from training.errors import ExportError, TokenizerError
+from training.hf_import import all_finite
 from training.model import family_of, param_shapes
 from training.tokenizer import ByteTokenizer, Tokenizer, bytes_to_unicode, check_vocab, load_tokenizer
 
@@ -71,7 +72,7 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfi
         tensor = state_dict[name]
         if tuple(tensor.shape) != shape:
             raise ExportError(f"{name}: shape {tuple(tensor.shape)} != {shape} of the model config")
-        if not torch.isfinite(tensor).all():
+        if not all_finite(tensor):  # in pieces: no temporaries the model's size
             raise ExportError(f"{name}: contains NaN or infinite values")
         tensors[name] = tensor  # written one by one (training.hf_import.stream_safetensors): no copy here
     return tensors

@@ -3,7 +3,8 @@
 :func:`import_hf` reads ``DIR`` (``config.json``, ``model.safetensors`` or a sharded
 ``model.safetensors.index.json``, the tokenizer's ``tokenizer.json``) and writes the model's initial
 weights as one float32 safetensors file under the project's parameter names, in canonical order, streamed
-one tensor at a time (``safe_open``; no second full copy of the model in memory). The file is named by its
+one tensor at a time (:class:`SafetensorsReader` reads each tensor's bytes with ``readinto``: no second full
+copy of the model in memory, and no memory map whose pages would stay resident). The file is named by its
 sha256, which the run document gives as ``model.init_weights``; ``training.model.init_state_dict`` then
 loads it (:func:`load_init_weights`) instead of drawing random weights, so the genesis root, every
 replica's start and the audit's replay of round 0 are these weights.
@@ -53,8 +54,75 @@ INIT_DIR = "initial"  # a node keeps its run's initial weights as <data_dir>/ini
 MAX_SOURCE_FILES_BYTES = 40 * 1024
 
 
+def all_finite(tensor: Any) -> bool:
+    """``torch.isfinite(tensor).all()`` in pieces of 4M elements: the whole-tensor form holds temporaries of
+    about twice the tensor's size (measured on a (32000, 2048) float32 embedding: +430 MB)."""
+    return all(bool(piece.isfinite().all()) for piece in tensor.reshape(-1).split(1 << 22))
+
+
 class HFImportError(TrainingError, ValueError):
     """The directory is not a model this project can start from (the message says why and what is)."""
+
+
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsReader:
+    """A safetensors file read one tensor at a time into memory of its own (``readinto``; no memory map)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = open(path, "rb")  # noqa: SIM115 (closed by close())
+        try:
+            size = self.handle.seek(0, os.SEEK_END)
+            self.handle.seek(0)
+            head = self.handle.read(8)
+            (length,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
+            if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError("no safetensors header")
+            header = json.loads(self.handle.read(length))
+            self.base = 8 + length
+            self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+            for name, entry in self.entries.items():
+                begin, end = entry["data_offsets"]
+                if entry["dtype"] not in _DTYPES or not 0 <= begin <= end <= size - self.base:
+                    raise ValueError(f"{name}: dtype {entry['dtype']} or offsets {entry['data_offsets']}")
+        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            self.handle.close()
+            raise HFImportError(f"{path}: not a safetensors file of float tensors ({exc})") from None
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def get_tensor(self, name: str) -> Any:
+        import torch
+
+        entry = self.entries[name]
+        begin, end = entry["data_offsets"]
+        dtype = getattr(torch, _DTYPES[entry["dtype"]])
+        shape = tuple(int(n) for n in entry["shape"])
+        count = 1
+        for n in shape:
+            count *= n
+        if count * torch.empty((), dtype=dtype).element_size() != end - begin:
+            raise HFImportError(f"{self.path}: {name}: {end - begin} bytes for shape {shape}")
+        tensor = torch.empty(shape, dtype=dtype)
+        if count:
+            self.handle.seek(self.base + begin)
+            view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes
+            if self.handle.readinto(view) != end - begin:
+                raise HFImportError(f"{self.path}: {name} is cut short")
+        return tensor
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass
@@ -82,8 +150,6 @@ def _read_json(path: Path) -> Any:
 
 def read_source(directory: str | os.PathLike) -> HFSource:
     """The config, weight files and tokenizer of a Hugging Face model directory (refused when incomplete)."""
-    from safetensors import safe_open
-
     path = Path(directory).expanduser()
     if not (path / "config.json").is_file():
         raise HFImportError(f"--init-from {path}: no config.json (a Hugging Face model directory has one)")
@@ -114,11 +180,8 @@ def read_source(directory: str | os.PathLike) -> HFSource:
                             + (f" (found {found[:3]}: pickled weights are not read; save with "
                                "safe_serialization=True)" if found else ""))
     if not key_files:
-        try:
-            with safe_open(str(files[0]), framework="pt") as handle:
-                key_files = {key: files[0] for key in handle.keys()}
-        except Exception as exc:  # safetensors raises its own error types
-            raise HFImportError(f"{files[0]}: not a safetensors file ({exc})") from None
+        with SafetensorsReader(files[0]) as reader:
+            key_files = {key: files[0] for key in reader.keys()}
     tokenizer = path / "tokenizer.json"
     if not tokenizer.is_file():
         raise HFImportError(f"--init-from {path}: no tokenizer.json (the run tokenizes with the source's own "
@@ -289,7 +352,7 @@ def stream_safetensors(out: Any, shapes: dict[str, tuple[int, ...]], tensor_of: 
         if tuple(tensor.shape) != tuple(shape):
             raise HFImportError(f"{name} has shape {tuple(tensor.shape)}, the model needs {tuple(shape)}")
         tensor = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        if not torch.isfinite(tensor).all():
+        if not all_finite(tensor):
             raise HFImportError(f"{name} holds NaN or infinite values")
         data = memoryview(tensor.numpy()).cast("B") if tensor.numel() else b""
         out.write(data)
@@ -301,8 +364,6 @@ def stream_safetensors(out: Any, shapes: dict[str, tuple[int, ...]], tensor_of: 
 def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.PathLike) -> Path:
     """Write the source's tensors as ``dest_dir/<sha256>.safetensors`` (float32, our names, canonical order),
     one tensor in memory at a time; return the path."""
-    from safetensors import safe_open
-
     from training.model import param_shapes
 
     shapes, names = param_shapes(cfg), source_names(source, cfg)
@@ -315,11 +376,10 @@ def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.Pa
     def tensor_of(name: str) -> Any:
         path = source.key_files[names[name]]
         if path not in handles:
-            handles[path] = safe_open(str(path), framework="pt")
-        try:
-            return handles[path].get_tensor(names[name])
-        except Exception as exc:  # safetensors' own error types
-            raise HFImportError(f"{path.name}: {names[name]} is not readable ({exc})") from None
+            handles[path] = SafetensorsReader(path)
+        if names[name] not in handles[path].entries:
+            raise HFImportError(f"{path.name}: {names[name]} is not in it (the index says it is)")
+        return handles[path].get_tensor(names[name])
 
     try:
         with os.fdopen(fd, "wb") as out:
@@ -333,7 +393,8 @@ def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.Pa
         os.replace(tmp, final)
         return final
     finally:
-        handles.clear()
+        for reader in handles.values():
+            reader.close()
         tmp.unlink(missing_ok=True)
 
 
@@ -409,7 +470,6 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
     """The initial weights ``cfg.init_weights`` names, checked: its content hash (a ``sha256:`` reference),
     exactly our parameter names and shapes, finite values; ``names``: only those (a stage's)."""
     import torch
-    from safetensors import safe_open
 
     from training.model import param_shapes
 
@@ -418,7 +478,7 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
         raise HFImportError(f"{path}: not the run's initial weights (sha256 differs from {digest[:16]}...)")
     shapes = param_shapes(cfg)
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with SafetensorsReader(path) as handle:
             keys = set(handle.keys())
             if keys != set(shapes):
                 raise HFImportError(f"{path}: its tensors are not this model's: missing "
@@ -430,12 +490,10 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
                     raise HFImportError(f"{path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, the model "
                                         f"needs float32 {shape}")
                 state[name] = tensor
-    except HFImportError:
-        raise
-    except Exception as exc:  # a file that is not safetensors
+    except OSError as exc:
         raise HFImportError(f"{path}: not readable initial weights ({exc})") from None
     for name, tensor in state.items():
-        if not torch.isfinite(tensor).all():
+        if not all_finite(tensor):
             raise HFImportError(f"{path}: {name} holds NaN or infinite values")
     return state if names is None else {name: state[name] for name in shapes if name in set(names)}
 
