@@ -1,6 +1,7 @@
-"""Peak memory of starting from a Hugging Face model and pulling it back (issue 76), against the model's bytes.
+"""Peak memory of starting from a Hugging Face model and pulling it back (issue 76), against its bytes.
 
-Writes a random LlamaForCausalLM directory (config.json, float32 model.safetensors, a small BPE tokenizer.json)
+Writes a random LlamaForCausalLM directory (config.json, float32 model.safetensors, a small BPE
+tokenizer.json)
 of TinyLlama 1.1B's shape by default, tensor by tensor; then, each in a fresh process:
 
 * ``import``: ``training.hf_import.import_hf`` (read the directory, stream every tensor into the project's
@@ -106,7 +107,9 @@ def phase_export(work: Path) -> dict:
     start = time.perf_counter()
     out = export_hf(state, cfg, work / "export", tokenizer=load_tokenizer(cfg.tokenizer))
     seconds = time.perf_counter() - start
-    return {"rss_before_load_bytes": before_load, "load_peak_rss_bytes": load_peak, "rss_before_bytes": before, "peak_rss_bytes": _status("VmHWM"),
+    return {"rss_before_load_bytes": before_load, "load_peak_rss_bytes": load_peak,
+            "rss_before_bytes": before,
+            "peak_rss_bytes": _status("VmHWM"),
             "seconds": round(seconds, 1), "written_bytes": (out / "model.safetensors").stat().st_size,
             "architecture": json.loads((out / "config.json").read_text())["architectures"][0]}
 

@@ -125,7 +125,8 @@ def export_hf(
             for name, content in exported_files(model_cfg).items():
                 _write_file(tmp / name, content)
         with open(tmp / "model.safetensors", "wb") as handle:
-            stream_safetensors(handle, {name: tuple(t.shape) for name, t in tensors.items()}, tensors.__getitem__)
+            shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+            stream_safetensors(handle, shapes, tensors.__getitem__)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o755)

@@ -159,7 +159,8 @@ def read_source(directory: str | os.PathLike) -> HFSource:
     arch = str((config.get("architectures") or [""])[0])
     if arch not in SUPPORTED:
         raise HFImportError(f"--init-from {path}: architecture {arch or '(none named)'} (model_type "
-                            f"{config.get('model_type')!r}) is not supported; supported: {', '.join(SUPPORTED)}")
+                            f"{config.get('model_type')!r}) is not supported; supported: "
+                            f"{', '.join(SUPPORTED)}")
     index = path / "model.safetensors.index.json"
     key_files: dict[str, Path] = {}
     if (path / "model.safetensors").is_file():
@@ -256,8 +257,8 @@ def model_fields(source: HFSource, block_size: int = 0) -> dict[str, Any]:
     if config.get("mlp_bias"):
         raise HFImportError(f"{arch} with mlp_bias=true: not supported")
     if name == "llama" and config.get("attention_bias"):
-        raise HFImportError("LlamaForCausalLM with attention_bias=true (a bias on o_proj too): not supported; "
-                            "Qwen2's q/k/v biases are")
+        raise HFImportError("LlamaForCausalLM with attention_bias=true (a bias on o_proj too): not "
+                            "supported; Qwen2's q/k/v biases are")
     max_positions = int(config.get("max_position_embeddings") or DEFAULT_LLAMA_CONTEXT)
     block = block_size or min(max_positions, DEFAULT_LLAMA_CONTEXT)
     window = config.get("sliding_window")
@@ -266,9 +267,9 @@ def model_fields(source: HFSource, block_size: int = 0) -> dict[str, Any]:
     if name == "llama":
         window = None
     if window is not None and block > int(window):
-        raise HFImportError(f"{arch} with sliding_window={window} and model.block_size={block}: sliding-window "
-                            f"attention is supported only for a context within the window; set "
-                            f"model.block_size <= {window}")
+        raise HFImportError(f"{arch} with sliding_window={window} and model.block_size={block}: "
+                            "sliding-window attention is supported only for a context within the window; "
+                            f"set model.block_size <= {window}")
     theta, scaling = _rope(config)
     fields = {"family": "llama", "preset": "llama-tiny", "vocab_size": _need(config, "vocab_size"),
               "n_layer": _need(config, "num_hidden_layers"), "n_head": heads, "n_embd": hidden,
@@ -419,7 +420,8 @@ def import_hf(directory: str | os.PathLike, dest_dir: str | os.PathLike, block_s
         tokenizer = load_tokenizer(str(source.tokenizer))
         check_vocab(tokenizer, fields["vocab_size"])
     except TokenizerError as exc:
-        raise HFImportError(f"--init-from {source.path}: its tokenizer and its model disagree: {exc}") from None
+        raise HFImportError(f"--init-from {source.path}: its tokenizer and its model disagree: "
+                            f"{exc}") from None
     extra = dict(source.extra)
     if isinstance(extra.get("tokenizer_config.json"), dict):  # its added tokens are in tokenizer.json too
         extra["tokenizer_config.json"] = {k: v for k, v in extra["tokenizer_config.json"].items()
@@ -457,13 +459,15 @@ def init_weights_path(spec: str, search_dirs: list[str | os.PathLike] = ()) -> t
     if not spec.startswith("sha256:"):
         return Path(spec).expanduser(), None
     digest = spec[len("sha256:"):]
-    dirs = [*search_dirs, *_SEARCH_DIRS, *filter(None, os.environ.get("DLX_INIT_DIRS", "").split(os.pathsep))]
+    env = filter(None, os.environ.get("DLX_INIT_DIRS", "").split(os.pathsep))
+    dirs = [*search_dirs, *_SEARCH_DIRS, *env]
     for directory in dirs:
         path = Path(directory).expanduser() / f"{digest}.safetensors"
         if path.is_file():
             return path, digest
-    raise HFImportError(f"model.init_weights {spec[:23]}...: the run's initial weights are not here (looked in "
-                        f"{[str(d) for d in dirs] or 'no directory'}): fetch them from a peer of the run")
+    raise HFImportError(f"model.init_weights {spec[:23]}...: the run's initial weights are not here "
+                        f"(looked in {[str(d) for d in dirs] or 'no directory'}): fetch them from a peer "
+                        "of the run")
 
 
 def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (), names=None) -> dict:
@@ -481,8 +485,9 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
         with SafetensorsReader(path) as handle:
             keys = set(handle.keys())
             if keys != set(shapes):
-                raise HFImportError(f"{path}: its tensors are not this model's: missing "
-                                    f"{sorted(set(shapes) - keys)[:3]}, extra {sorted(keys - set(shapes))[:3]}")
+                missing, extra = sorted(set(shapes) - keys)[:3], sorted(keys - set(shapes))[:3]
+                raise HFImportError(f"{path}: its tensors are not this model's: missing {missing}, "
+                                    f"extra {extra}")
             state = {}
             for name, shape in shapes.items():
                 tensor = handle.get_tensor(name)
@@ -504,7 +509,8 @@ def exported_files(cfg: ModelConfig) -> dict[str, dict]:
     settings as they were."""
     source = json.loads(cfg.hf_source)
     files = {name: source[name] for name in SOURCE_FILES if name in source}
-    config = {k: v for k, v in files["config.json"].items() if k not in ("_name_or_path", "transformers_version")}
+    dropped = ("_name_or_path", "transformers_version")
+    config = {k: v for k, v in files["config.json"].items() if k not in dropped}
     config["tie_word_embeddings"] = False
     config["torch_dtype"] = "float32"
     if "dtype" in config:

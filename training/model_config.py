@@ -211,7 +211,8 @@ class ModelConfig:
                 parsed = json.loads(self.hf_source)
             except ValueError:
                 parsed = None
-            _require(isinstance(parsed, dict), "model.hf_source: must be a JSON object (the source directory's config files by name)")
+            _require(isinstance(parsed, dict),
+                     "model.hf_source: must be a JSON object (the source directory's config files by name)")
 
     @property
     def norm_eps(self) -> float:

@@ -153,8 +153,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(a column; needs pyarrow)")
     p.add_argument("--out", required=True, help="the dataset directory to create (new or empty)")
     p.add_argument("--tokenizer", default="bytes",
-                   help="'bytes' (token id = byte value), a Hugging Face tokenizer.json, or a model directory "
-                        "holding one (the tokenizer of a run started with --init-from DIR; default: bytes)")
+                   help="'bytes' (token id = byte value), a Hugging Face tokenizer.json, or a model "
+                        "directory holding one (a run started with --init-from DIR; default: bytes)")
     p.add_argument("--train-tokenizer", action="store_true",
                    help="train a byte-level BPE on the inputs first (with --vocab-size)")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary of the trained tokenizer, e.g. 8192")

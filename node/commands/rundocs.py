@@ -74,7 +74,7 @@ def initial_weights(document: dict, data_dir: Path, peers: tuple[str, ...],
     if not spec:
         return ""
     digest = spec.removeprefix("sha256:")
-    if not spec.startswith("sha256:") or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not spec.startswith("sha256:") or len(digest) != 64 or set(digest) - set("0123456789abcdef"):
         raise ConfigError(f"the run document's model.init_weights={spec[:80]!r}: not sha256:<64 hex digits>")
     kept = data_dir / INIT_DIR / f"{digest}.safetensors"
     if kept.is_file():
