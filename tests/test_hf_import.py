@@ -149,3 +149,30 @@ def test_a_corrupt_copy_of_the_initial_weights_is_refused(tmp_path, tokenizer_fi
         load_init_weights(cfg, [tmp_path])
     with pytest.raises(ExportError):
         export_hf({}, cfg, tmp_path / "x")
+
+
+def test_a_joiner_fetches_the_initial_weights_from_a_peer_and_refuses_a_corrupt_copy(tmp_path, tokenizer_file):
+    """Over a real libp2p host: the run document names the weights by hash; a joiner with none fetches them
+    (checked) into initial/<hash>.safetensors; a wrong local copy is refused in one line."""
+    from node.commands.rundocs import initial_weights
+    from node.errors import ConfigError
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    _source("llama", tmp_path / "src", tokenizer_file)
+    imported = import_hf(tmp_path / "src", tmp_path / "organizer" / "initial")
+    digest = imported.weights.stem
+    document = {"model": {"init_weights": f"sha256:{digest}"}}
+    joiner = tmp_path / "joiner"
+    with P2PHost.start(P2PConfig(), Identity.generate(), data_dir=tmp_path / "peer") as peer:
+        peer.provide_file(imported.weights, digest)
+        path = initial_weights(document, joiner, tuple(peer.listen_addrs[:1]))
+    assert Path(path) == (joiner / "initial" / f"{digest}.safetensors").resolve()
+    assert Path(path).read_bytes() == imported.weights.read_bytes()
+    assert initial_weights(document, joiner, ()) == path  # kept: no peer needed again
+    Path(path).write_bytes(Path(path).read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(ConfigError, match="not the run's initial weights") as refused:
+        initial_weights(document, joiner, ())
+    assert "\n" not in str(refused.value)
+    assert initial_weights({"model": {}}, joiner, ()) == ""
