@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document, initial_weights
 from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -296,10 +296,7 @@ def run_join(args: argparse.Namespace) -> int:
     table = node_config_from_run(document, **settings).to_dict()
     table["training"]["data_path"] = data_path
     table["model"]["tokenizer"] = tokenizer  # a local file hashes to the document's sha256:<hex>
-    if document.get("model", {}).get("init_weights"):  # an imported model: its weights from the run's peers
-        from node.commands.rundocs import initial_weights
-
-        table["model"]["init_weights"] = initial_weights(document, data_dir, link.peers)
+    table["model"]["init_weights"] = initial_weights(document, data_dir, link.peers)  # an imported model's
     table = merge_tables(table, parse_overrides(args.overrides))
     cfg = config_from_dict(table)
     if config_hash(run_document(cfg)) != info.config_hash:
