@@ -6,12 +6,13 @@ of TinyLlama 1.1B's shape by default, tensor by tensor; then, each in a fresh pr
 
 * ``import``: ``training.hf_import.import_hf`` (read the directory, stream every tensor into the project's
   float32 initial-weights file, hash it);
-* ``export``: load those initial weights (the model in memory, as a node holds it) and
-  ``training.export.export_hf`` them back into a LlamaForCausalLM directory.
+* ``export``: ``training.export.export_hf`` of those initial weights back into a LlamaForCausalLM directory,
+  from a mapping that reads each tensor from the file when asked, so the step's peak is the export's own
+  (``pull`` holds the checkpoint's weights besides it: the model's bytes).
 
 Each reports the process's peak RSS (VmHWM) and its RSS before the step (imports done), so the step's own
-peak is their difference, compared with the model's float32 bytes: a streaming import holds about one
-tensor, an export about nothing besides the weights it was given.
+peak is their difference, compared with the model's float32 bytes: a streaming import and export each hold
+about one tensor (the largest: the embedding or the head).
 
     python bench/bench_hf_import.py                         # bench/results/hf_import.json
     python bench/bench_hf_import.py --layers 2 --out /tmp/x.json   # a quick look
@@ -91,25 +92,34 @@ def phase_import(source: Path, work: Path) -> dict:
             "written_bytes": imported.weights.stat().st_size}
 
 
+class LazyWeights(dict):
+    """The initial weights file as a mapping that reads each tensor when asked (nothing held): the export's
+    own memory is then all the step adds (a node's pull holds the weights besides: the model's bytes)."""
+
+    def __init__(self, reader) -> None:
+        super().__init__({name: None for name in reader.keys()})
+        self.reader = reader
+
+    def __getitem__(self, name):
+        return self.reader.get_tensor(name)
+
+
 def phase_export(work: Path) -> dict:
+    import torch  # noqa: F401 (imported before the baseline)
+
     from training.config import ModelConfig
     from training.export import export_hf
-    from training.hf_import import load_init_weights
+    from training.hf_import import SafetensorsReader
     from training.tokenizer import load_tokenizer
 
     cfg = ModelConfig(**json.loads((work / "fields.json").read_text()))
-    _reset_peak()
-    before_load = _status("VmRSS")
-    state = load_init_weights(cfg)
-    load_peak = _status("VmHWM")
+    state = LazyWeights(SafetensorsReader(Path(cfg.init_weights)))
     _reset_peak()
     before = _status("VmRSS")
     start = time.perf_counter()
     out = export_hf(state, cfg, work / "export", tokenizer=load_tokenizer(cfg.tokenizer))
     seconds = time.perf_counter() - start
-    return {"rss_before_load_bytes": before_load, "load_peak_rss_bytes": load_peak,
-            "rss_before_bytes": before,
-            "peak_rss_bytes": _status("VmHWM"),
+    return {"rss_before_bytes": before, "peak_rss_bytes": _status("VmHWM"),
             "seconds": round(seconds, 1), "written_bytes": (out / "model.safetensors").stat().st_size,
             "architecture": json.loads((out / "config.json").read_text())["architectures"][0]}
 
@@ -128,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="", help="scratch directory (default: a temporary one, removed)")
     parser.add_argument("--out", default=default_out(__file__))
     parser.add_argument("--phase", choices=["import", "export"], help=argparse.SUPPRESS)
-    parser.add_argument("--source", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--source", default="", help="an existing source directory written by this script "
+                                                      "before (default: write one)")
     args = parser.parse_args(argv)
     if args.phase == "import":
         print(json.dumps(phase_import(Path(args.source), Path(args.work))))
@@ -139,8 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     load = list(os.getloadavg())
     work = Path(args.work or tempfile.mkdtemp(prefix="dlx-hf-bench-"))
     try:
-        model_bytes = make_source(work / "source", args.layers)
-        imported = _child("import", "--source", str(work / "source"), "--work", str(work))
+        source = Path(args.source) if args.source else work / "source"
+        if args.source:
+            model_bytes = (source / "model.safetensors").stat().st_size
+            args.layers = json.loads((source / "config.json").read_text())["num_hidden_layers"]
+        else:
+            model_bytes = make_source(source, args.layers)
+        imported = _child("import", "--source", str(source), "--work", str(work))
         exported = _child("export", "--work", str(work))
     finally:
         if not args.work:

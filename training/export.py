@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ def hf_config(model_cfg: ModelConfig, tokenizer: Tokenizer | None = None) -> dic
     return family_of(model_cfg).hf_config(model_cfg, special, special)
 
 
-def _check_state_dict(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _check_state_dict(state_dict: Mapping[str, torch.Tensor], model_cfg: ModelConfig) -> dict[str, tuple]:
+    """The shapes to write, every tensor checked first (nothing is written for a bad state dict). No tensor is
+    kept: ``state_dict`` may be a mapping that reads each from a file when asked."""
     expected = param_shapes(model_cfg)
     missing = [name for name in expected if name not in state_dict]
     extra = [name for name in state_dict if name not in expected]
@@ -67,15 +70,14 @@ def _check_state_dict(state_dict: dict[str, torch.Tensor], model_cfg: ModelConfi
         raise ExportError(
             f"state dict does not match the model config: missing {missing[:5]}, extra {extra[:5]}"
         )
-    tensors = {}
     for name, shape in expected.items():
         tensor = state_dict[name]
         if tuple(tensor.shape) != shape:
             raise ExportError(f"{name}: shape {tuple(tensor.shape)} != {shape} of the model config")
         if not all_finite(tensor):  # in pieces: no temporaries the model's size
             raise ExportError(f"{name}: contains NaN or infinite values")
-        tensors[name] = tensor  # written one by one (training.hf_import.stream_safetensors): no copy here
-    return tensors
+        del tensor
+    return expected
 
 
 def _write_file(path: Path, value: dict | bytes) -> None:
@@ -89,7 +91,7 @@ def _write_file(path: Path, value: dict | bytes) -> None:
 
 
 def export_hf(
-    full_state_dict: dict[str, torch.Tensor],
+    full_state_dict: Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
     out_dir: str | os.PathLike,
     overwrite: bool = False,
@@ -107,7 +109,7 @@ def export_hf(
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists: choose a new directory or pass overwrite=True")
-    tensors = _check_state_dict(full_state_dict, model_cfg)
+    shapes = _check_state_dict(full_state_dict, model_cfg)
     try:
         tokenizer = tokenizer or load_tokenizer(model_cfg.tokenizer)
         check_vocab(tokenizer, model_cfg.vocab_size)
@@ -125,8 +127,8 @@ def export_hf(
             for name, content in exported_files(model_cfg).items():
                 _write_file(tmp / name, content)
         with open(tmp / "model.safetensors", "wb") as handle:
-            shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-            stream_safetensors(handle, shapes, tensors.__getitem__)
+            # tensor by tensor (training.hf_import.stream_safetensors): no second copy of the weights
+            stream_safetensors(handle, shapes, full_state_dict.__getitem__)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o755)
@@ -144,5 +146,5 @@ def export_hf(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("exported %d tensors to %s", len(tensors), out)
+    logger.info("exported %d tensors to %s", len(shapes), out)
     return out
