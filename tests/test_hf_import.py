@@ -151,7 +151,8 @@ def test_a_corrupt_copy_of_the_initial_weights_is_refused(tmp_path, tokenizer_fi
         export_hf({}, cfg, tmp_path / "x")
 
 
-def test_a_joiner_fetches_the_initial_weights_from_a_peer_and_refuses_a_corrupt_copy(tmp_path, tokenizer_file):
+def test_a_joiner_fetches_the_initial_weights_from_a_peer_and_refuses_a_corrupt_copy(tmp_path,
+                                                                                   tokenizer_file):
     """Over a real libp2p host: the run document names the weights by hash; a joiner with none fetches them
     (checked) into initial/<hash>.safetensors; a wrong local copy is refused in one line."""
     from node.commands.rundocs import initial_weights

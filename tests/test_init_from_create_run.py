@@ -64,18 +64,20 @@ def deployed(request, tmp_path):
 def source(tmp_path):
     directory = tmp_path / "llama"
     (tmp_path / "tok.json").write_bytes(train_bpe(iter([generated_text(seed=2, n_bytes=20_000)]), 300))
-    config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=48,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json")).save_pretrained(directory)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"))
+    fast.save_pretrained(directory)
     return directory
 
 
 def _create(tmp_path, deployment, directory, text=RUN_FILE):
     (tmp_path / "run.toml").write_text(text)
     return main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(deployment), "--data-dir",
-                 str(tmp_path / "org"), "--listen-port", "24998", "--confirmations", "1", "--dev-account", "4",
-                 "--init-from", str(directory), "--yes"])
+                 str(tmp_path / "org"), "--listen-port", "24998", "--confirmations", "1",
+                 "--dev-account", "4", "--init-from", str(directory), "--yes"])
 
 
 def test_an_unsupported_model_is_refused_before_anything_is_sent(deployed, source, tmp_path, capsys):

@@ -489,7 +489,10 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
                 raise HFImportError(f"{path}: its tensors are not this model's: missing {missing}, "
                                     f"extra {extra}")
             state = {}
+            wanted = set(shapes) if names is None else set(names)
             for name, shape in shapes.items():
+                if name not in wanted:
+                    continue
                 tensor = handle.get_tensor(name)
                 if tuple(tensor.shape) != shape or tensor.dtype != torch.float32:
                     raise HFImportError(f"{path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, the model "
@@ -500,7 +503,7 @@ def load_init_weights(cfg: ModelConfig, search_dirs: list[str | os.PathLike] = (
     for name, tensor in state.items():
         if not all_finite(tensor):
             raise HFImportError(f"{path}: {name} holds NaN or infinite values")
-    return state if names is None else {name: state[name] for name in shapes if name in set(names)}
+    return state
 
 
 def exported_files(cfg: ModelConfig) -> dict[str, dict]:
