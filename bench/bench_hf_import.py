@@ -77,6 +77,12 @@ def make_source(directory: Path, layers: int) -> int:
     return (directory / "model.safetensors").stat().st_size
 
 
+def header_bytes(source: Path) -> int:
+    """The safetensors header's size (8 + its length) of the source's weights file."""
+    with open(source / "model.safetensors", "rb") as handle:
+        return 8 + int.from_bytes(handle.read(8), "little")
+
+
 def phase_import(source: Path, work: Path) -> dict:
     import torch  # noqa: F401 (imported before the baseline: the step's peak is its own)
 
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return {**step, "step_peak_bytes": own, "step_peak_over_model": round(own / model_bytes, 4)}
 
     result = {"model": {"architecture": "LlamaForCausalLM", "layers": args.layers, **SHAPE,
-                        "params": model_bytes // 4, "float32_bytes": model_bytes,
+                        "params": (model_bytes - header_bytes(source)) // 4, "float32_bytes": model_bytes,
                         "float32_gib": round(model_bytes / gib, 2)},
               "import": summary(imported), "export": summary(exported)}
     path = write_result(args.out, result, load)

@@ -36,6 +36,7 @@ from results_convergence import ablation, convergence, diloco_goal
 from results_emulator import churn_memory, netlab, soak
 from results_headline import BEGIN, END, README, PageError, headline_table, with_headline  # noqa: F401
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
+from results_models import hf_import
 from results_scale import scale_model, scale_system
 from results_network import (
     butterfly,
@@ -297,6 +298,8 @@ SECTIONS = (
             "bench/bench_scale_system.py", scale_system),
     Section("scale_model.json", "A calibrated model of a large run", "bench/scale_model.py", scale_model,
             "docs/SCALE.md says what the model assumes and what a GPU must confirm."),
+    Section("hf_import.json", "Starting from a model: import and export memory", "bench/bench_hf_import.py",
+            hf_import),
     Section("butterfly.json", "Traffic per node to 1024 replicas: the sliced exchange in simulation",
             "bench/bench_butterfly.py", butterfly),
     Section("ledger.json", "Ledger gas and history", "bench/bench_ledger.py", ledger),
