@@ -133,13 +133,16 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
         sys.stderr.write("\n")
     if node.reenter_after is not None and not stopping:
         _reenter(node.reenter_after)
-    if progress.last_finished < 0:
-        logger.info("stopped before finishing a round (last committed %s)",
-                    progress.last_commit if progress.last_commit >= 0 else "none")
-    else:
-        logger.info("stopped after round %d (last committed %s)", progress.last_finished,
-                    progress.last_commit if progress.last_commit >= 0 else "none")
+    _log_stopped(progress)
     return 0
+
+
+def _log_stopped(progress) -> None:
+    committed = progress.last_commit if progress.last_commit >= 0 else "none"
+    if progress.last_finished < 0:
+        logger.info("stopped before finishing a round (last committed %s)", committed)
+    else:
+        logger.info("stopped after round %d (last committed %s)", progress.last_finished, committed)
 
 
 def _reenter(outer_round: int) -> None:
