@@ -517,24 +517,29 @@ def after_training(workdir: Path, args, demo_log: Path) -> dict:
     extra["audit"]["counts"] = report.get("counts") or report.get("summary")
     pulled = workdir / "pulled"
     shutil.rmtree(pulled, ignore_errors=True)
-    extra["pull"] = _run_measured(
-        DLX
-        + [
-            "pull",
-            "--rpc",
-            deployment["rpc_url"],
-            "--run",
-            str(deployment["run_id"]),
-            "--deployment",
-            str(workdir / "deployment.json"),
-            "--archive",
-            str(workdir / "r0n0"),
-            str(pulled),
-        ],
-        workdir / "pull.log",
-        args.timeout,
-        env,
-    )
+    pull = DLX + [
+        "pull",
+        "--rpc",
+        deployment["rpc_url"],
+        "--run",
+        str(deployment["run_id"]),
+        "--deployment",
+        str(workdir / "deployment.json"),
+        "--archive",
+        str(workdir / "r0n0"),
+        str(pulled),
+    ]
+    extra["pull"] = _run_measured(pull, workdir / "pull.log", args.timeout, env)
+    if extra["pull"]["exit"] != 0 and "--pending" in extra["pull"]["log_tail"]:
+        # A demo's last rounds are not final on chain yet (their proof windows are open): take them as
+        # pending, and say so.
+        shutil.rmtree(pulled, ignore_errors=True)
+        refused = extra["pull"]["log_tail"]
+        extra["pull"] = _run_measured(
+            pull[:-1] + ["--pending", str(pulled)], workdir / "pull.log", args.timeout, env
+        )
+        extra["pull"]["pending"] = True
+        extra["pull"]["refused_without_pending"] = refused
     if extra["pull"]["exit"] == 0:
         try:
             extra["pull"]["transformers"] = pulled_model(pulled)
