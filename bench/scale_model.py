@@ -2,7 +2,7 @@
 extrapolated to llama-1b, 7B and a 107B layout (issue 75; docs/SCALE.md).
 
     python bench/scale_model.py [--system bench/results/scale_system.json]
-        [--fit llama-tiny,llama-mini,llama-20m] [--check llama-124m]
+        [--fit llama-tiny,llama-mini,llama-20m] [--check llama-mini-64,llama-124m]
         [--check llama-124m] [--out bench/results/scale_model.json]
 
 Reads the runs of bench/bench_scale_system.py (one entry per model size). For every measured quantity q and
@@ -281,7 +281,7 @@ def main() -> int:
     parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
     parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
-    parser.add_argument("--check", default="llama-124m", help="sizes the fit is checked at")
+    parser.add_argument("--check", default="llama-mini-64,llama-124m", help="sizes the fit is checked at")
     parser.add_argument("--out", default=str(RESULTS / "scale_model.json"))
     args = parser.parse_args()
     runs = json.loads(Path(args.system).read_text())["runs"]
