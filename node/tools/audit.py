@@ -269,6 +269,7 @@ def audit_run(
     timings["chain_total_s"] = time.perf_counter() - started
 
     sources: list = [ArchiveSource(d, run_id) for d in archives]
+    _imported_starts(archives)
     if fetcher is not None:
         sources.append(PeerSource(fetcher, run_id))
     report.sources = [s.name for s in sources]
@@ -388,3 +389,12 @@ def _check_rounds(
             progress(index + 1, total, f"round {commit.round}")
 
 
+def _imported_starts(archives: Iterable[str | Path]) -> None:
+    """A run started from an imported model (training/hf_import.py) replays round 0 from its initial
+    weights: looked up by their hash in each archive's ``initial/`` (a node's data directory) and in the
+    archive itself."""
+    from training.hf_import import INIT_DIR, add_search_dir
+
+    for directory in archives:
+        add_search_dir(Path(directory).expanduser() / INIT_DIR)
+        add_search_dir(Path(directory).expanduser())
