@@ -36,6 +36,28 @@ COMPONENTS = (
 )
 
 
+def _pulled(pull: dict) -> str:
+    """What the pull gave: the transformers class and parameters, or why not."""
+    loaded = pull.get("transformers") or {}
+    if "parameters" in loaded:
+        return f"{loaded.get('class', '')} {loaded['parameters']:,}" + (
+            " (--pending)" if pull.get("pending") else ""
+        )
+    if loaded.get("error"):
+        return f"pulled, not loaded: {loaded['error'][:80]}"
+    if "exit" in pull:
+        tail = pull.get("log_tail", "")
+        why = (
+            "not final on chain"
+            if "not final" in tail
+            else tail.strip().splitlines()[-1][:80]
+            if tail
+            else ""
+        )
+        return f"refused (exit {pull['exit']}: {why})"
+    return "not run"
+
+
 def scale_system(r: dict) -> list[str]:
     lines = [
         "Real `dlx-node demo` runs (2 replicas x 2 stages on a local anvil, normed commitments, every "
@@ -51,7 +73,6 @@ def scale_system(r: dict) -> list[str]:
     for label, run in ordered:
         s = run["summary"]
         audit = run.get("audit") or {}
-        pull = (run.get("pull") or {}).get("transformers") or {}
         rows.append(
             [
                 label,
@@ -60,17 +81,13 @@ def scale_system(r: dict) -> list[str]:
                 _s(s.get("wall_s_per_round")),
                 _s(s.get("inner_s_per_round")),
                 _s(s.get("process_cpu_s_per_round")),
-                _mb(s.get("bytes_sent_per_round")),
+                "-" if run["args"].get("partial") else _mb(s.get("bytes_sent_per_round")),
                 f"{_gb(s.get('peak_rss_bytes'))} / {_gb(s.get('child_peak_rss_bytes'))}",
                 _gb(s.get("disk_bytes")),
                 ("exit " + str(audit["exit"]) + (f", {audit['seconds']:.0f} s" if "seconds" in audit else ""))
                 if audit
                 else "not run",
-                (
-                    f"{pull.get('class', '')} {pull.get('parameters', 0):,}"
-                    if "parameters" in pull
-                    else pull.get("error", "not run")
-                ),
+                _pulled(run.get("pull") or {}),
                 load_text((run.get("recorded") or {}).get("load_average", {}).get("end")),
             ]
         )
