@@ -35,6 +35,7 @@ class Round:
     factors: list  # per stage, encoded factors
     listed: list  # per stage, [(member index, steps or None)]
     attesters: tuple[str, ...]
+    tx: str = ""  # the commit's transaction hash
 
 
 @dataclasses.dataclass
@@ -84,10 +85,10 @@ class RewardRun:
         hashlib.sha256(f).digest())
                   for s, f in enumerate(factors)]
         record = dataclasses.replace(self.run.next_record(label), weights_root=chunked_weights_root(leaves))
-        self.run.client(signers[0]).commit_round(record, self.run.sign(record, signers))
+        tx = self.run.client(signers[0]).commit_round(record, self.run.sign(record, signers))
         attesters = self.run.reader.commit_record(self.run_id, round_).attesters
         entry = Round(record, [leaf.encode() for leaf in leaves], factors, [list(x) for x in listed_by_stage],
-                      attesters)
+                      attesters, tx)
         self.rounds.append(entry)
         return entry
 
@@ -164,10 +165,12 @@ class RewardRun:
 
 
 def reward_run(deployment: Deployment, members=(1, 2, 3, 4, 5), pool: PoolParams | None = None,
-               funding: int | None = None, **run_params) -> RewardRun:
+               funding: int | None = None, max_contributions: int = MAX_CONTRIBUTIONS,
+               **run_params) -> RewardRun:
     """A normed 2-stage run of ``members`` (k = 2, short windows, maxContributions 4) created by member
     ``members[0]``, with a pool of ``pool`` (None: no pool; a RewardPool is deployed either way)."""
-    run_params = {**SHORT_WINDOWS, "values": {"max_contributions": MAX_CONTRIBUTIONS}, **run_params}
+    run_params = {**SHORT_WINDOWS, "values": {"max_contributions": max_contributions, "max_rank": 1},
+    **run_params}
     run_params.setdefault("commitments", 3)
     run = deployment.member_run(members, quorum=2, **run_params)
     pool_address = RewardPoolClient.deploy(deployment.w3, dev_account(0, deployment.w3.eth.chain_id),
