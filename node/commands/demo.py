@@ -198,7 +198,8 @@ def _headline(args: argparse.Namespace, data: str, cpu_limits: dict[int, float])
               if getattr(args, "round_budget", 0) else "")
     slowed = (f"; replica {args.replicas - 1} limited to {args.throttle:g} CPU (cgroup cpu quota)"
               if cpu_limits else "")
-    return (f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model '{args.preset}', "
+    model = f"from {args.init_from}" if getattr(args, "init_from", "") else f"'{args.preset}'"
+    return (f"dlx-node demo: {args.replicas} replicas x {args.stages} stages, model {model}, "
             f"{args.rounds} outer rounds of H={args.inner_steps}{budget}, data: "
             f"{data or 'generated corpus'}{slowed}")
 
