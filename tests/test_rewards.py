@@ -4,6 +4,8 @@ re-entrant receiver get."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import contracts
@@ -11,6 +13,7 @@ from ledger import errors
 from ledger.account import dev_account
 from ledger.chain import connect_pyevm
 from ledger.reverts import revert_from_data
+from ledger.rewardbooks import check_events, check_pool
 from ledger.rewards import RewardPoolClient, contribution_share, stage_claim_args
 from ledger.tx import TransactionSender
 from tests.ledger_fixtures import FAST_RETRY, deploy, fresh_anvil_w3, mine
@@ -63,6 +66,7 @@ def test_a_final_round_pays_its_listed_contributions_and_attesters_once(chain_w3
     with pytest.raises(errors.RewardAlreadyClaimed):
         rr.claim_attestation(1, 0)
     assert_books(rr)
+    assert check_pool(rr.pool(0), rr.run.reader, rr.run_id) == []
     paid = rr.pool(0).round_of(rr.run_id, 0)["paid"]
     assert paid == 4 * (AMOUNT * 8_000 // 10_000 // 8) + 3 * (AMOUNT // 20)
 
@@ -221,6 +225,16 @@ def test_an_overturned_round_pays_nothing_and_a_convicted_member_forfeits(chain_
     pool.sweep(rr.run_id, 0)
     assert pool.pool_of(rr.run_id)["free"] == free + AMOUNT - rr.expected_share(0, 0, 1)
     assert_books(rr)
+    assert check_pool(pool, rr.run.reader, rr.run_id) == []
+    # the audit catches books that do not hold: a claim shown twice, an attester paid another share
+    events = pool.pool_events(rr.run_id)
+    claim = next(e for e in events if e.name == "RewardClaimed")
+    views = pool.pool_of(rr.run_id)
+    forged = [*events, dataclasses.replace(claim, log_index=claim.log_index + 1000)]
+    problems = check_events(forged, views, pool.balance(), {}, {})
+    assert any("paid twice" in p for p in problems) and any("claimed: events say" in p for p in problems)
+    convicted = check_events(events, views, pool.balance(), {}, {claim.args["account"]: 1})
+    assert any("after its conviction" in p for p in convicted)
 
 
 def test_an_unfunded_round_waits_for_a_top_up_by_anyone(chain_w3):

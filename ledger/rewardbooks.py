@@ -1,0 +1,96 @@
+"""The reward pool's books recomputed from the chain's events and the record (issue 77; docs/REWARDS.md):
+what an auditor checks of a pool without trusting its views.
+
+:func:`check_pool` reads the pool's events (PoolCreated, PoolFunded, RoundOpened, RewardClaimed,
+RoundClosed), the ledger's RoundCommitted attesters and its slashings, and returns every mismatch as a line:
+the funded and claimed totals against ``poolOf`` and the pool's balance; each round's claims against its
+budget; each attester claim against the rule's share of its round; each claim against finality (its round
+opened), a conviction before it, and a second claim of the same share.
+"""
+
+from __future__ import annotations
+
+from ledger.rewards import ATTESTER, PoolParams, attester_share
+
+
+def check_pool(pool, ledger, run_id: int) -> list[str]:
+    """Mismatches between ``pool``'s (a RewardPoolClient) events and views and the record of ``ledger`` (a
+    LedgerClient) for run ``run_id``; empty when the books hold."""
+    events = pool.pool_events(run_id)
+    return check_events(events, pool.pool_of(run_id), pool.balance(), _attesters(ledger, run_id, events),
+                        _slashed_at(ledger, run_id))
+
+
+def check_events(events: list, views: dict, balance: int, attesters: dict[int, tuple[str, ...]],
+                 slashed_at: dict[str, int]) -> list[str]:
+    """:func:`check_pool` on given inputs: the pool's decoded events in chain order, its ``poolOf`` fields,
+    its balance, each round's attesters and the block each convicted account was slashed in."""
+    problems: list[str] = []
+    created = [e for e in events if e.name == "PoolCreated"]
+    if len(created) != 1:
+        return [f"the run has {len(created)} PoolCreated events (one expected)"]
+    params = PoolParams.from_fields(created[0].args["params"])
+    funded = created[0].args["funding"] + sum(e.args["amount"] for e in events if e.name == "PoolFunded")
+    claims = [e for e in events if e.name == "RewardClaimed"]
+    claimed = sum(e.args["amount"] for e in claims)
+    if funded != views["funded"]:
+        problems.append(f"funded: events say {funded} wei, poolOf {views['funded']}")
+    if claimed != views["claimed"]:
+        problems.append(f"claimed: events say {claimed} wei, poolOf {views['claimed']}")
+    if balance < funded - claimed:
+        problems.append(f"balance {balance} wei is below funded - claimed = {funded - claimed}")
+    opened = {e.args["round"]: e for e in events if e.name == "RoundOpened"}
+    closed = {e.args["round"]: e for e in events if e.name == "RoundClosed"}
+    seen: set[tuple] = set()
+    paid: dict[int, int] = {}
+    for claim in claims:
+        r, stage, account, amount = (claim.args["round"], claim.args["stage"], claim.args["account"],
+                                     claim.args["amount"])
+        key = (r, stage, account)
+        if key in seen:
+            problems.append(f"round {r} stage {stage}: {account} was paid twice")
+        seen.add(key)
+        paid[r] = paid.get(r, 0) + amount
+        start = opened.get(r)
+        if start is None or (start.block_number, start.log_index) > (claim.block_number, claim.log_index):
+            problems.append(f"round {r}: {account} was paid before the round opened (final)")
+        end = closed.get(r)
+        if end is not None and (end.block_number, end.log_index) < (claim.block_number, claim.log_index):
+            problems.append(f"round {r}: {account} was paid after the round was swept")
+        if account in slashed_at and slashed_at[account] <= claim.block_number:
+            problems.append(f"round {r}: {account} was paid after its conviction "
+                            f"(block {slashed_at[account]})")
+        if stage == ATTESTER:
+            listed = attesters.get(r, ())
+            if account not in listed:
+                problems.append(f"round {r}: {account} was paid as an attester it is not")
+            elif amount != attester_share(params, len(listed)):
+                problems.append(f"round {r}: attester {account} paid {amount} wei, the rule gives "
+                                f"{attester_share(params, len(listed))}")
+    for r, total in sorted(paid.items()):
+        budget = opened[r].args["budget"] if r in opened else 0
+        if total > budget:
+            problems.append(f"round {r}: paid {total} wei past its budget {budget}")
+    for r, event in sorted(closed.items()):
+        budget = opened[r].args["budget"] if r in opened else 0
+        if event.args["returned"] != budget - paid.get(r, 0):
+            problems.append(f"round {r}: swept {event.args['returned']} wei, budget - paid is "
+                            f"{budget - paid.get(r, 0)}")
+    return problems
+
+
+def _attesters(ledger, run_id: int, events: list) -> dict[int, tuple[str, ...]]:
+    rounds = {e.args["round"] for e in events if e.name == "RewardClaimed" and e.args["stage"] == ATTESTER}
+    out = {}
+    for r in rounds:
+        record = ledger.commit_record(run_id, r)
+        out[r] = record.attesters if record is not None else ()
+    return out
+
+
+def _slashed_at(ledger, run_id: int) -> dict[str, int]:
+    slashed = {}
+    for membership in ledger.memberships(run_id):
+        if membership.slashed is not None:
+            slashed[membership.account] = membership.slashed[0]
+    return slashed
