@@ -256,7 +256,8 @@ class RunCalls:
         joined/withdrew)."""
         address = to_checksum_address(address)
         (node_key, stake, active_round, open_accusations, status, join_round, left_round, join_block,
-         unbonding_end, counted_block) = self.sender.call(self.ledger_contract, "memberOf", (run_id, address))
+         unbonding_end, counted_block, _past_join, _past_until) = self.sender.call(
+            self.ledger_contract, "memberOf", (run_id, address))
         if status == 0:
             return None
         return Member(

@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 from web3 import Web3
 
+from ledger.account import dev_account
 from ledger.chain import connect_pyevm
 from tests.ledger_fixtures import fresh_anvil_w3
 
 BACKENDS = ("pyevm", "anvil")
+GAS = 2_000_000  # per transaction of a hand-mined block (a commit of seven signatures takes ~0.4M)
 
 
 def chain(request, backend: str) -> Web3:
@@ -70,3 +72,38 @@ def assert_paid(deployment, run_id: int, prover, receipt_of, *, stake: int, slas
             assert member.status == "active" and member.stake == stake, (index, member)
         assert w3.eth.get_balance(address) == balances[index]  # no transaction of theirs, nothing paid out
     return receipt
+
+
+def in_one_block(w3, sends) -> int:
+    """Send ``sends`` (``(dev index, data, value)``, one per sender) unmined and mine them in one block, in
+    the given order (descending tips: anvil orders a block by tip, py-evm by arrival); every one must
+    succeed. Returns the block's number."""
+    senders = [index for index, _, _ in sends]
+    assert len(set(senders)) == len(senders), "one transaction per sender: each takes the next nonce"
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        tester.disable_auto_mine_transactions()
+    else:
+        w3.provider.make_request("evm_setAutomine", [False])
+    hashes = []
+    try:
+        base = w3.eth.get_block("latest")["baseFeePerGas"]
+        for position, (index, data, value) in enumerate(sends):
+            account = dev_account(index, w3.eth.chain_id)
+            tip = (len(sends) - position) * 10**9
+            tx = {"to": data[0], "data": data[1], "value": value, "gas": GAS, "chainId": w3.eth.chain_id,
+                  "nonce": w3.eth.get_transaction_count(account.address), "maxPriorityFeePerGas": tip,
+                  "maxFeePerGas": 2 * base + tip, "type": 2}
+            hashes.append(w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction))
+        if tester is None:
+            w3.provider.make_request("evm_mine", [])
+    finally:
+        if tester is not None:
+            tester.enable_auto_mine_transactions()  # mines the pending transactions in one block
+        else:
+            w3.provider.make_request("evm_setAutomine", [True])
+    receipts = [w3.eth.get_transaction_receipt(h) for h in hashes]
+    assert [r["status"] for r in receipts] == [1] * len(sends), receipts
+    assert len({r["blockNumber"] for r in receipts}) == 1, "not one block"
+    assert [r["transactionIndex"] for r in receipts] == sorted(r["transactionIndex"] for r in receipts)
+    return receipts[0]["blockNumber"]

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ledger.account import dev_account, fund_accounts
+from ledger.attest import order_signatures, pack_signatures
 from ledger.chunkproof import Norms, StageState, build_proof, chunked_weights_root
 from ledger.contribution_binding import ContributionClaim
 from ledger.normproof import SumTree, scale_proof, sum_proof
@@ -163,7 +164,8 @@ def bound(state: StageState, clients, run_id: int, outer_round: int, stage: int 
 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
            commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
-           max_contributions: int | None = None, gap: int | None = None, **run_params) -> Committed:
+           max_contributions: int | None = None, gap: int | None = None, leaving: tuple[int, ...] = (),
+           between=None, **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
@@ -173,7 +175,9 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     (:func:`bound`): contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]``
     (member or not). ``gap``: the blocks mined between the two commits (None: round 0's dispute window, so a
     proof of round 1 never waits for its parent; 0: round 1 in the block after round 0's). ``run_params``:
-    further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``)."""
+    further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``). ``leaving``: members
+    that send ``leaveRun`` in round 1's commit block, mined ahead of the commit (higher tips; issue 79);
+    ``between``: called with the run once round 0 is committed, before the gap."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(getattr(new.factors, "payload_roots", ()))  # junk factors list none
@@ -191,15 +195,36 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
+        if records and between is not None:
+            between(run)
         if records and gap != 0:  # by default round 0's window closes first (a proof of round 1 never waits)
             mine(deployment.w3, run.client(1).run_struct(run.run_id)["disputeBlocks"] if gap is None else gap)
         leaves = [state.leaf(), round_.other.leaf()]
         record = dataclasses.replace(run.next_record(), weights_root=chunked_weights_root(leaves))
-        run.client(1).commit_round(record, run.sign(record, (1, 2)))
+        if leaving and records:
+            _leave_in_the_commit_block(deployment.w3, run, record, leaving)
+        else:
+            run.client(1).commit_round(record, run.sign(record, (1, 2)))
         records.append(record)
         stages.append(leaves)
     return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index,
                      schedule)
+
+
+def _leave_in_the_commit_block(w3, run, record, leaving: tuple[int, ...]) -> None:
+    """Members ``leaving`` leave in one block with the commit of ``record`` (signed by 1 and 2), ahead of it."""
+    from tests.chain_backends import in_one_block
+
+    reader = run.client(1)
+    ledger = reader.ledger_contract
+
+    def call(name: str, args: tuple) -> tuple[str, bytes]:
+        return ledger.address, bytes.fromhex(ledger.encode_abi(name, args=args)[2:])
+
+    packed = pack_signatures(order_signatures(reader.record_digest(record), run.sign(record, (1, 2))))
+    sends = [(index, call("leaveRun", (run.run_id,)), 0) for index in leaving]
+    block = in_one_block(w3, [*sends, (1, call("commitRound", (record.fields(), packed)), 0)])
+    assert reader.commit_block_of(run.run_id, record.round) == block
 
 
 def normed_start(weights, momentum, diloco: DilocoConfig) -> StageState:

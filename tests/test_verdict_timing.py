@@ -19,53 +19,14 @@ from dataclasses import replace
 import pytest
 
 from ledger import errors
-from ledger.account import dev_account
 from ledger.attest import order_signatures, pack_signatures
 from ledger.hashchain import next_head
 from ledger.records import Verdict
-from tests.chain_backends import chain, each_on_both
+from tests.chain_backends import chain, each_on_both, in_one_block
 from tests.ledger_fixtures import deploy, digest, make_record, mine
 from tests.test_trust_attacks import BOND, STAKE, six_member_run
 
 JOINER = 8
-GAS = 2_000_000  # per transaction of a hand-mined block (a commit of seven signatures takes ~0.4M)
-
-
-def in_one_block(w3, sends) -> int:
-    """Send ``sends`` (``(dev index, data, value)``, one per sender) unmined and mine them in one block, in
-    the given order (descending tips: anvil orders a block by tip, py-evm by arrival); every one must
-    succeed. Returns the block's number."""
-    senders = [index for index, _, _ in sends]
-    assert len(set(senders)) == len(senders), "one transaction per sender: each takes the next nonce"
-    tester = getattr(w3.provider, "ethereum_tester", None)
-    if tester is not None:
-        tester.disable_auto_mine_transactions()
-    else:
-        w3.provider.make_request("evm_setAutomine", [False])
-    hashes = []
-    try:
-        base = w3.eth.get_block("latest")["baseFeePerGas"]
-        for position, (index, data, value) in enumerate(sends):
-            account = dev_account(index, w3.eth.chain_id)
-            tip = (len(sends) - position) * 10**9
-            tx = {"to": data[0], "data": data[1], "value": value, "gas": GAS, "chainId": w3.eth.chain_id,
-                  "nonce": w3.eth.get_transaction_count(account.address), "maxPriorityFeePerGas": tip,
-                  "maxFeePerGas": 2 * base + tip, "type": 2}
-            hashes.append(w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction))
-        if tester is None:
-            w3.provider.make_request("evm_mine", [])
-    finally:
-        if tester is not None:
-            tester.enable_auto_mine_transactions()  # mines the pending transactions in one block
-        else:
-            w3.provider.make_request("evm_setAutomine", [True])
-    receipts = [w3.eth.get_transaction_receipt(h) for h in hashes]
-    assert [r["status"] for r in receipts] == [1] * len(sends), receipts
-    assert len({r["blockNumber"] for r in receipts}) == 1, "not one block"
-    assert [r["transactionIndex"] for r in receipts] == sorted(r["transactionIndex"] for r in receipts)
-    return receipts[0]["blockNumber"]
-
-
 class Block:
     """The calldata of a run's transactions, built ahead of the chain (records on a head not yet mined)."""
 

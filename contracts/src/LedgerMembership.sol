@@ -96,7 +96,7 @@ library LedgerMembership {
 
     /// @notice TrainingLedger.withdrawStake.
     function withdrawStake(TrainingLedger.LedgerState storage s, uint256 runId) external {
-        LedgerCore.existingRun(s, runId);
+        TrainingLedger.Run storage run = LedgerCore.existingRun(s, runId);
         TrainingLedger.Member storage member = s.members[runId][msg.sender];
         if (member.status != TrainingLedger.MemberStatus.Unbonding) {
             revert TrainingLedger.LedgerNotUnbonding(runId, msg.sender);
@@ -109,8 +109,12 @@ library LedgerMembership {
         }
         uint256 stake = member.stake;
 
-        // Effects before the refund call, so a re-entrant call finds the seat already gone.
+        // Effects before the refund call, so a re-entrant call finds the seat already gone. The seat's rounds
+        // stay on record (issue 79): a contribution it signed while its stake was held stays bound to it.
+        uint64 joinRound = member.joinRound;
         delete s.members[runId][msg.sender];
+        member.pastJoinRound = joinRound;
+        member.pastUntil = run.commitCount + 1;
         emit TrainingLedger.StakeWithdrawn(runId, msg.sender, stake);
 
         if (stake > 0) {

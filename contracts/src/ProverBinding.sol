@@ -12,8 +12,8 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 /// the ledger) over the run, round, stage, payload root, norm root and declared steps, and the factors carry the
 /// contributor's address and signature. A round is wrong if it lists more than `maxContributions`, if a signature
 /// does not recover to its listed contributor, if one contributor is listed twice, or (until `unbondingBlocks` after
-/// the round's commit, which outlasts its whole proof window: no seat in force in the round is withdrawn before) if a
-/// contributor was not a member in force in the round.
+/// the round's commit, which outlasts its whole proof window) if a contributor held no seat in force in the round:
+/// joined at or before it, and not withdrawn before it was the round open (issue 79; `_inForce`).
 /// Linked into AggregationProver and run in its context (DELEGATECALL): both proofs ask it once their own check
 /// finds the round right.
 library ProverBinding {
@@ -42,19 +42,18 @@ library ProverBinding {
         (AggregationProver.Norms memory norms, bool ok) = ProverCommon.normCommitment(factors);
         if (!ok) return true;
         if (run.commitments != _NORMED) return true; // version-3 factors in another run: no honest node's
-        // The seats are read for as long as none in force in the round can be gone (`_inForce` cannot tell a
-        // withdrawn seat, deleted, from a non-member's). A seat in force in round t left after t's commit
-        // (leftRound = commitCount > t; a slashed seat is never deleted, a rejoin needs a withdrawal first), so
-        // it withdraws at unbondingEnd = its leaving block + unbondingBlocks >= commit(t) + unbondingBlocks. And
-        // every proof of t lands before then: its window closes (TrainingLedger.proofWindowOf) at
+        // The seats are read for as long as none in force in the round can be gone. A seat in force in round t
+        // is never deleted (a slashed seat stays; a withdrawal keeps the withdrawn seat's rounds, pastJoinRound ..
+        // pastUntil - 1, across a rejoin) until its account withdraws a later seat, which it joined after the
+        // withdrawal, at least unbondingBlocks after that rejoin: after commit(t) + unbondingBlocks where t was
+        // committed before the rejoin (a round committed later is the rejoined seat's). And every proof of t lands
+        // before then: its window closes (TrainingLedger.proofWindowOf) at
         // max(end(t), end(t - 1) + accusationBlocks), where a round's own end is at most disputeBlocks +
         // (2 maxGameSteps + 1) accusationBlocks after its commit (a game's steps open within the dispute window
         // or within accusationBlocks of an answer, each answered within accusationBlocks, expired within
         // accusationBlocks more; a dispute's deadline is accusationBlocks after one opened in the window) and
         // commit(t - 1) <= commit(t): so before commit(t) + proofWindowBound <= commit(t) + unbondingBlocks
-        // (createRun, LedgerUnbondingBelowProofWindow). The dispute window alone was not enough: a proof of t
-        // waits for t - 1's window, which leaves only the blocks between the two commits inside t's dispute
-        // window (none when t follows t - 1 at once, or while a game or a dispute keeps t - 1 open).
+        // (createRun, LedgerUnbondingBelowProofWindow).
         Signed memory signed = Signed(
             record.runId, record.round, stage, LedgerCore.domainSeparator(address(ledger)),
             block.number < ledger.commitBlockOf(record.runId, record.round) + run.unbondingBlocks
@@ -81,7 +80,7 @@ library ProverBinding {
         uint64 round;
         uint32 stage;
         bytes32 separator; // the ledger's EIP-712 domain separator
-        bool seatsKept; // before commit + unbondingBlocks: no seat in force in the round has been withdrawn
+        bool seatsKept; // before commit + unbondingBlocks: no seat in force in the round has been overwritten
     }
 
     function _anyUnbound(
@@ -130,10 +129,14 @@ library ProverBinding {
         return ecrecover(LedgerCore.typedDigest(signed.separator, structHash), uint8(27 + (vs >> 255)), r, bytes32(s));
     }
 
-    /// @dev Whether `account` held a seat in force in `round`: joined at or before it and not gone before it.
+    /// @dev Whether `account` held a seat in force in `round` (issue 79): a seat joined at or before it whose stake
+    /// is still held (active, unbonding) or was taken for cause (slashed), or its last withdrawn seat, which was in
+    /// force up to the round open at its withdrawal. Leaving never unbinds: a member that contributes and then
+    /// leaves, even in the commit's own block ahead of it, leaves a right round right; a withdrawal comes at least
+    /// unbondingBlocks after leaving and keeps the round open then, and a rejoin keeps the withdrawn seat's rounds.
     function _inForce(TrainingLedger ledger, uint256 runId, uint64 round, address account) private view returns (bool) {
         TrainingLedger.Member memory member = ledger.memberOf(runId, account);
-        if (member.status == TrainingLedger.MemberStatus.None || member.joinRound > round) return false;
-        return member.status == TrainingLedger.MemberStatus.Active || member.leftRound > round;
+        if (member.pastUntil > round && member.pastJoinRound <= round) return true;
+        return member.status != TrainingLedger.MemberStatus.None && member.joinRound <= round;
     }
 }

@@ -147,6 +147,11 @@ contract TrainingLedger {
         uint64 joinBlock;
         uint64 unbondingEnd; // first block at which withdrawStake succeeds (set on leaving); left at end - unbonding
         uint64 countedBlock; // block from which its signatures count toward quorums; 0: not (yet) counted
+        // issue 79: its last withdrawn seat, in force in rounds pastJoinRound .. pastUntil - 1 (pastUntil: 1 + the
+        // commitCount at the withdrawal; 0: none). Kept across a rejoin, so a withdrawal or a rejoin never
+        // unbinds a contribution a round listed (ProverBinding).
+        uint64 pastJoinRound;
+        uint64 pastUntil;
     }
 
     enum AccusationStatus {
