@@ -18,6 +18,13 @@ from ledger.errors import LedgerInputError
 from ledger.normproof import SCALES, NormProof
 
 
+def challenge_id(run_id: int, outer_round: int, stage: int, which: int, chunk: int, challenger: str) -> bytes:
+    """An availability challenge's id as ``ProverAvailability.challengeAvailability`` makes it: its challenger
+    is part of it (issue 79), so nobody's challenge blocks another's."""
+    return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64", "address"],
+                         [run_id, outer_round, stage, which, chunk, to_checksum_address(challenger)]))
+
+
 class ProofCalls:
     """The AggregationProver calls of :class:`ledger.client.LedgerClient`."""
 
@@ -118,8 +125,7 @@ class ProofCalls:
         self.sender.transact(self._prover, "challengeAvailability", (target,),
                               f"challengeAvailability(run {record[0]}, round {record[1]}, stage {stage})",
                              bond)
-        return keccak(encode(["uint256", "uint64", "uint32", "uint256", "uint64"],
-                             [record[0], record[1], stage, which, chunk]))
+        return challenge_id(record[0], record[1], stage, which, chunk, self.address)
 
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
         """Publish the challenged leaf with its path (``ledger.availability.availability_answer``; a sum

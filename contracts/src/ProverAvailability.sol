@@ -23,7 +23,9 @@ library ProverAvailability {
     /// (answerChallenge, by anyone): the bond goes to the game's escrow. Unanswered by the deadline
     /// (expireChallenge): the round and every later one are invalid, its attesters slashed, the challenger paid
     /// half of the slash, its bond and its game's escrow.
-    /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk).
+    /// @return id The challenge's id, keccak256(runId, round, stage, which, chunk, challenger): one challenger's
+    /// challenge never blocks another's (issue 79), so a squatter that opens an honest walker's next target first
+    /// (or copies it from the mempool) spends only its own game's clock.
     function challengeAvailability(
         AggregationProver.ProverState storage p,
         TrainingLedger ledger,
@@ -36,7 +38,7 @@ library ProverAvailability {
         if (msg.value != run.bond) revert AggregationProver.ProverBondMismatch(run.bond, msg.value);
         uint64 deadline = _step(p, ledger, run, record.runId, record.round, target.stage); // the clock first
         (bytes32 root, uint32 numChunks, bool sums) = _targetTree(target, run.numStages);
-        id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk));
+        id = keccak256(abi.encode(record.runId, record.round, target.stage, target.which, target.chunk, msg.sender));
         if (p.challenges[id].challenger != address(0)) revert AggregationProver.ProverChallengeExists(id);
         p.challenges[id] = AggregationProver.Challenge(
             msg.sender, deadline, numChunks, false, sums, record.round, target.chunk, root, record.runId, msg.value,
