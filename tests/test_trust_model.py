@@ -167,3 +167,41 @@ def test_the_game_moves_leave_the_walker_its_reward():
     assert GameMoves.copies == copies + 1
     assert case.copier_gain == 0 and case.copier_checked
     machine.the_model_holds()
+
+
+class _First:
+    """A stand-in for hypothesis' ``data``: the first element of a sampled_from, the empty list of a lists."""
+
+    def draw(self, strategy):
+        inner = getattr(strategy, "wrapped_strategy", strategy)
+        elements = getattr(inner, "elements", None)
+        return elements[0] if isinstance(elements, (list, tuple)) else []  # st.lists: the empty list
+
+
+def test_a_listed_contributor_leaving_before_the_commit_leaves_the_round_right():
+    """The fuzzer's issue-79 move, step by step: a member whose contribution the honest record lists leaves
+    before the honest commit lands; the scales' proof of that round (the binding's) is refused, no honest
+    member is slashed and the model holds (fails on the old binding rule: the round was proven wrong)."""
+    from ledger.normproof import scale_proof
+    from tests.trust_params import OUTSIDER, REFUSED
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    races = TrustMachine.leave_races
+    machine.honest_commit(_First())
+    machine.contributor_leaves_before_the_commit(_First())
+    assert TrustMachine.leave_races == races + 1
+    round_ = max(machine.records)
+    state = machine.state_of(round_)
+    reader = machine.client(OUTSIDER)
+    listed = {a.lower() for a in state.factors.norms.contributors}
+    gone = [a for a in listed if reader.member(machine.run_id, a).status != "active"]
+    assert gone, "a listed contributor left before the commit"
+    proof = scale_proof(machine.records[round_], [state.leaf().encode()], 0, state.factors.encode())
+    try:
+        reader.prove_wrong_norm(proof, attesters=machine.attesters_of(round_), commit=False)
+    except REFUSED:
+        pass
+    else:
+        raise AssertionError(f"I7: round {round_} proven wrong after its listed contributor {gone} left")
+    machine.the_model_holds()

@@ -72,6 +72,7 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
     chain = staticmethod(connect_pyevm)
     examples = 0  # examples started in this process (the bench reports them)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
+    leave_races = 0  # honest rounds committed after a listed contributor left (issue 79)
 
     @initialize()
     def deploy_run(self) -> None:
@@ -199,6 +200,32 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         client = self.client(index)
         client.leave_run(self.run_id)
         self.left_at[index] = client.member(self.run_id, client.address).unbonding_end
+
+    @rule(data=st.data())
+    def contributor_leaves_before_the_commit(self, data) -> None:
+        """Issue 79: the round's honest record binds two active members' contributions; one of them (the
+        coalition's or an honest one) leaves after the close and before the honest commit lands (on a real chain
+        in its very block, by a higher tip: tests/test_leave_race.py). The round stays right: I2 and I7."""
+        if len(self.active(self.honest_group())) < 2:
+            return
+        record = self.honest_record()  # binds the round's contributions to members active now (state_of)
+        listed = {a.lower() for a in self.bound_states[record.round].factors.norms.contributors}
+        leavers = [i for i in (*self.honest_group(), *self.coalition_group())
+                   if self.status(i) == "active" and self.client(i).address.lower() in listed]
+        if not leavers:
+            return
+        index = data.draw(st.sampled_from(leavers))
+        honest = index in self.honest_group()
+        if honest and not self.assumption_holds(self.honest_counted(leaving=index),
+                                                len(self.active(self.coalition_group()))):
+            return
+        client = self.client(index)
+        client.leave_run(self.run_id)
+        if honest:
+            self.left_at[index] = client.member(self.run_id, client.address).unbonding_end
+        signers = self.active(self.honest_group())
+        if signers and self.commit(signers[0], record, signers):
+            TrustMachine.leave_races += 1
 
     @rule()
     def honest_joiner_joins(self) -> None:

@@ -212,6 +212,7 @@ contract AggregationProver {
     error ProverNotLedger(address caller);
     error ProverBondMismatch(uint256 required, uint256 sent);
     error ProverChallengeExists(bytes32 id);
+    error ProverNoAnswerer(uint256 runId);
     error ProverNoChallenge(bytes32 id);
     error ProverChallengeSettled(bytes32 id);
     error ProverChallengeDue(bytes32 id, uint64 deadline);

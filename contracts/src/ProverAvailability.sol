@@ -34,6 +34,9 @@ library ProverAvailability {
         TrainingLedger.Record calldata record = target.record;
         ProverCommon.requireCommitted(ledger, record);
         TrainingLedger.Run memory run = ledger.runOf(record.runId);
+        // issue 79: no node of a hashed run answers a challenge (node/live/fraud/answerer.py serves chunked runs):
+        // one there would only let an outsider slash a right round's attesters by waiting.
+        if (run.commitments < 2) revert AggregationProver.ProverNoAnswerer(record.runId);
         if (target.stage >= run.numStages) revert AggregationProver.ProverBadStage(target.stage, run.numStages);
         if (msg.value != run.bond) revert AggregationProver.ProverBondMismatch(run.bond, msg.value);
         uint64 deadline = _step(p, ledger, run, record.runId, record.round, target.stage); // the clock first

@@ -123,6 +123,7 @@ from ledger.errors.prover import (
     ProverBadTarget as ProverBadTarget,
     ProverBondMismatch as ProverBondMismatch,
     ProverChallengeExists as ProverChallengeExists,
+    ProverNoAnswerer as ProverNoAnswerer,
     ProverNoChallenge as ProverNoChallenge,
     ProverChallengeSettled as ProverChallengeSettled,
     ProverChallengeDue as ProverChallengeDue,

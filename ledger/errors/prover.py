@@ -73,7 +73,12 @@ class ProverBondMismatch(ProverError):
 
 
 class ProverChallengeExists(ProverError):
-    """That leaf of that round is already challenged."""
+    """That challenger already challenged that leaf of that round."""
+
+
+class ProverNoAnswerer(ProverError):
+    """The run is hashed (version 1): no node of it answers availability challenges, so none is taken
+    (issue 79)."""
 
 
 class ProverNoChallenge(ProverError):
