@@ -39,6 +39,10 @@ class NotRegistered(NodeError):
     """The node's account is not registered on chain, or is registered to another key."""
 
 
+class RunOver(NotRegistered):
+    """The run's last round is committed: nothing a node trains for it could ever commit (exit 6)."""
+
+
 class PortBusy(NodeError):
     """A port the node must listen on is taken by another process."""
 

@@ -144,6 +144,25 @@ def test_audit_of_the_run_link_passes_through_the_seeder_alone(kept, tmp_path):
         assert statuses["contributions root"] == statuses["weights root (replay)"] == "ok", verdict
 
 
+def test_a_reexecute_through_the_link_alone_that_reruns_nothing_is_not_passed(kept, tmp_path):
+    import json
+
+    _run, printed, _out = kept
+    # Issue 80 point 1: through the seeder link alone (no --archive) no contribution can be rerun; the audit
+    # printed PASSED with no rerun line and "reexecuted": {} in its JSON. Now it says how many it was asked to
+    # rerun, how many it did and why not the rest, and is not PASSED.
+    done = run_cli("audit", _link(printed), "--reexecute", "2", "--json", str(tmp_path / "a.json"))
+    assert done.returncode == 13, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "PASSED" not in done.stdout and "INCOMPLETE" in done.stdout, done.stdout[-4000:]
+    assert "re-executed 0 of 0 sampled contributions (asked: 2)" in done.stdout, done.stdout[-4000:]
+    assert "re-execution: unverifiable (asked to rerun 2 contribution(s), reran 0: no --archive was given" \
+        in done.stdout, done.stdout[-4000:]
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["verdict"] == "INCOMPLETE" and not report["ok"]
+    assert report["reexecution"]["asked"] == 2 and report["reexecution"]["rerun"] == 0
+    assert report["reexecution"]["why_not"].startswith("no --archive was given"), report["reexecution"]
+
+
 def test_the_audit_command_of_the_pulled_models_readme_passes(pulled):
     _run, _output, model = pulled
     card = (model / "README.md").read_text()
@@ -187,7 +206,8 @@ def test_audit_reexecute_all_shows_its_progress_on_a_terminal_and_counts_its_rer
     assert re.search(r"1/2 contributions re-executed \(round \d replica 0\), about \d+ (s|min)", bar), bar
     assert "2/2 contributions re-executed" in bar and "done in" in bar, bar[-3000:]
     # One replica on this machine's CPU: both reruns are bit-exact here.
-    assert "re-executed 2 of 2 sampled contributions: 2 exact, 0 emulated, 0 tolerance" in stdout, stdout
+    rerun = "re-executed 2 of 2 sampled contributions (asked: all): 2 exact, 0 emulated, 0 tolerance"
+    assert rerun in stdout, stdout
 
 
 def test_the_llama_runs_summary_reads_the_llama_benchmark_and_names_each_replicas_steps(kept):

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.errors import ConfigError, NotRegistered
+from node.errors import ConfigError, NotRegistered, RunOver  # noqa: F401 (RunOver: the commands' name)
 
 #: Blocks a command waits on top of its transactions' own before it counts them final (--confirmations).
 DEFAULT_CONFIRMATIONS = 2
@@ -254,8 +254,6 @@ def eta(blocks: int, per_block: float | None) -> str:
 JOIN_GAS = 300_000
 
 
-class RunOver(NotRegistered):
-    """The run's last round is committed: nothing a node trains for it could ever commit."""
 
 
 # ---------------------------------------------------------------------- the seat
@@ -294,6 +292,44 @@ def seat_plan(client, info, identity, platform: bytes) -> list:
                       f"leaving and {info.unbonding_blocks} blocks, unless slashed)", gas, fee,
                       info.min_stake))
     return plan
+
+
+def rounds_left_line(client, info) -> tuple[str, bool]:
+    """Before a seat is staked (issue 80): how many of the run's rounds are left, in one line, and whether a
+    joiner's seat would be too short to be of use: fewer rounds left than the run's minimum useful tenure
+    (``tenure_rounds`` + 1: a joiner's signature counts only after ``tenure_rounds`` rounds in force, so it
+    would never count toward a quorum before the run ends). A founder (no round committed yet) counts at
+    once; an open-ended run never ends."""
+    if not info.max_rounds:
+        return f"run {info.run_id} is open-ended (no last round)", False
+    committed = client.commit_count(info.run_id)
+    left = max(info.max_rounds - committed, 0)
+    line = f"run {info.run_id}: {left} of its {info.max_rounds} rounds left ({committed} committed)"
+    useful = info.tenure_rounds + 1
+    if committed and left < useful:
+        return (line + "; a joiner's signature counts only after tenure_rounds = "
+                f"{info.tenure_rounds} rounds in force, so a seat taken now needs at least {useful} rounds "
+                "left to count once"), True
+    return line, False
+
+
+def check_rounds_left(client, info, yes: bool) -> None:
+    """Say how many rounds are left before staking; with fewer than the run's minimum useful tenure left
+    (:func:`rounds_left_line`), ask on a terminal, and refuse (RunOver, exit 6, nothing sent) without one or
+    with ``--yes`` (which agrees to transactions, not to a seat that would never count)."""
+    line, short = rounds_left_line(client, info)
+    print(line, flush=True)
+    if not short:
+        return
+    if not yes and sys.stdin.isatty():
+        try:
+            answer = input("stake a seat that would never count toward a quorum? [y/N] ").strip().lower()
+        except EOFError:
+            answer = ""
+        if answer in ("y", "yes"):
+            return
+    raise RunOver(f"{line}: not staking (nothing was sent); join a run with more rounds left, or pull this "
+                  "one's model when it ends")
 
 
 def refuse_finished(client, info) -> None:

@@ -255,7 +255,7 @@ def _refuse_another_runs(config_path: Path, link: RunLink, force: bool, load_con
 
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
-    from node.commands.chainops import agree, check_funds, refuse_finished, seat_plan
+    from node.commands.chainops import agree, check_funds, check_rounds_left, refuse_finished, seat_plan
     from node.config import config_from_dict, dump_toml, load_config, merge_tables, parse_overrides
     from node.fsutil import atomic_write_bytes
     from node.live.chain.onchain import NodeChain
@@ -274,6 +274,9 @@ def run_join(args: argparse.Namespace) -> int:
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
     refuse_finished(chain.client, info)  # before anything is fetched, written or sent
+    seat = chain.client.member(info.run_id, chain.client.address)
+    if seat is None or not seat.active:  # issue 80: how many rounds are left, before a seat is staked
+        check_rounds_left(chain.client, info, args.yes)
     # An account that cannot pay for its seat learns it now, before anything is fetched or written (the
     # estimate with no platform declared: the seat's own is known once node.toml is).
     check_funds(chain.client.balance(), chain.client.address,

@@ -191,7 +191,7 @@ def settings_problems(cfg, chain, info, digest: bytes) -> list[str]:
 def preflight(cfg, yes: bool) -> None:
     """Before ``start`` builds its node (see module docstring): the data directory claimed for the run, the
     run not over, the seat's transactions agreed and affordable, and sent."""
-    from node.commands.chainops import agree, check_funds, refuse_finished, seat_plan
+    from node.commands.chainops import agree, check_funds, check_rounds_left, refuse_finished, seat_plan
     from node.live.chain.onchain import NodeChain
     from node.live.state.status import StateFile
     from node.platforms import own_platforms
@@ -228,6 +228,7 @@ def preflight(cfg, yes: bool) -> None:
         plan = seat_plan(client, info, identity, platform)
         if not plan:
             return
+        check_rounds_left(client, info, yes)  # issue 80: how many rounds are left, before staking
         unpaid = joining_warning(info, w3)  # about to stake in a run whose proofs may not pay their prover
         if unpaid:
             print(unpaid, flush=True)

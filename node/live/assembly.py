@@ -50,7 +50,7 @@ from node.live.worker.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
 from node.live.parts.round import build_coordinator, build_ending, build_lifecycle, build_pace
-from node.live.round.ending import RunEnd
+from node.live.round.ending import RunEnd, RunOverWatch
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange
 from node.live.exchange.pool import serve_blob
@@ -249,6 +249,7 @@ class NodeParts:
             base, messenger=messenger, host=host, membership=membership, charges=charges, binder=binder)
         self.coordinator = coordinator = build_coordinator(base, kind=kinds.coordinator, messenger=messenger,
                                                            membership=membership, exchange=exchange)
+        coordinator.run_over = RunOverWatch(chain, self.run_id)  # issue 80: a run that ended stops the node
         self.lifecycle = lifecycle = build_lifecycle(base, membership=membership)
         self.spot_checks = spot_checks = build_spot_checks(
             base, chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from ledger.errors import ChainWaitStopped, LedgerError
 from node.config import NodeConfig
-from node.errors import NotRegistered
+from node.errors import NotRegistered, RunOver
 from node.live.assembly import HONEST, Kinds, NodeParts
 from node.live.worker.contributor import PipelineBroken, RoundAbandoned
 from node.live.exchange.coordination import RoundStopped
@@ -103,6 +103,12 @@ class Node:
         if self.reenter_after is not None:  # what this life sealed from the forked round on is not the record
             aside = self.parts.archive.set_aside_from(self.reenter_after)
             logger.warning("rounds %s of the archive set aside (sealed off the record); re-entering", aside)
+        coordinator = self.parts.coordinator
+        if coordinator is not None and coordinator.run_over_seen:
+            raise RunOver(
+                f"run {self.run_id} is over: its last round was committed on chain while this node still "
+                "waited for a round's close (it entered too late, or its replicas finished without it); "
+                "stopped (its model: dlx-node pull <run link> OUT; its stake: dlx-node leave, then withdraw)")
         if self.ejected:
             raise NotRegistered(
                 f"this node was found guilty on a spot check by run {self.run_id}'s quorum: its "

@@ -123,7 +123,7 @@ def run_audit(args: Any) -> int:
         + (f", replay {t['replay_mean_s_per_round']:.3f}s/round" if "replay_mean_s_per_round" in t else "")
     )
     print(report.summary())
-    if report.reexecuted:
+    if report.reexecution:
         print(report.reexecution_line())
     if report.failed:
         first, bad = report.first_bad_round, report.first_failure()

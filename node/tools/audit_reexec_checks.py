@@ -62,8 +62,12 @@ def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[i
 def reexec_checks(report, history, replayer, archives, count: int, progress=None) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring), count the reruns by how they
     were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun."""
+    asked = "all" if count < 0 else count
+    report.reexecution = {"asked": asked, "recorded": 0, "sampled": 0, "rerun": 0, "why_not": ""}
     if replayer is None:
-        report.general.append(Check("re-execution", UNVERIFIABLE, "the run document is not available"))
+        report.reexecution["why_not"] = "the run document is not available"
+        report.general.append(Check("re-execution", UNVERIFIABLE, f"asked to rerun {asked} contribution(s), "
+                                    "reran 0: the run document is not available"))
         return
     auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds, history)
     guilty = [a for a in history.accusations if a.guilty]
@@ -76,6 +80,7 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
             "committed on chain (the run stopped before their commit, or the chain never took them) "
             "are not judged: no record binds their contributions")
     sample = sample_contributions(pairs, history.head_hash, count)
+    report.reexecution.update(recorded=len(pairs), sampled=len(sample))
     report.reexecuted = judged = {}  # how each sampled contribution was judged -> how many
     if progress is not None:
         progress(0, len(sample), "")
@@ -113,8 +118,35 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
                 f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
                 + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
                 round_index))
+    _account_for_the_rest(report, archives, asked, len(pairs), len(sample))
     proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
     report.general.extend(ejection_check(accusation, auditor, proofs, account_of) for accusation in guilty)
+
+
+def _account_for_the_rest(report, archives, asked, recorded: int, sampled: int) -> None:
+    """How many of the ``asked`` reruns were done and why not the rest (issue 80): in ``report.reexecution``
+    and, when nothing was rerun, an unverifiable item (a ``--reexecute`` that reruns nothing is not
+    PASSED)."""
+    rules = ("exact", "emulated", "tolerance")
+    rerun = sum(report.reexecuted.get(rule, 0) for rule in rules)
+    report.reexecution["rerun"] = rerun
+    why = ""
+    if not recorded:
+        why = ("no archive holds the run's sealed rounds and their contributions" if archives else
+               "no --archive was given: through a seeder link or --bootstrap only the chain, the run "
+               "document and checkpoints are read, never the contributions a rerun needs; pass --archive DIR "
+               "(a member's data directory, or a copy of its archive)")
+    elif isinstance(asked, int) and sampled < asked:
+        why = f"the archives record {recorded} contribution(s) of committed rounds, fewer than asked"
+    if sampled > rerun:
+        not_rerun = report.reexecuted.get("not rerun", 0)
+        why = "; ".join(w for w in (why, f"{sampled - rerun} sampled not rerun ({not_rerun} without their "
+                                          "inputs, the rest undecided or unparsable: see their items)") if w)
+    report.reexecution["why_not"] = why
+    if not rerun:
+        why = why or "none sampled"
+        report.general.append(Check("re-execution", UNVERIFIABLE,
+                                    f"asked to rerun {asked} contribution(s), reran 0: {why}"))
 
 
 def ejection_check(accusation, auditor: ReexecAuditor, proofs: SlicedProofAuditor,

@@ -151,6 +151,9 @@ class AuditReport:
     notes: list[str] = field(default_factory=list)  # findings that are not items: slashings, accusations
     # --reexecute: the contributions rerun, by how each was judged (exact, emulated, tolerance, not rerun)
     reexecuted: dict[str, int] = field(default_factory=dict)
+    # --reexecute (issue 80): how many contributions it was asked to rerun ("all" or N), how many the archives
+    # record of committed rounds, how many were sampled and rerun, and why not the rest ({}: not asked)
+    reexecution: dict[str, Any] = field(default_factory=dict)
     # issue 79: whether a wrong round of this run could be proven wrong (None: a hashed run, or not known)
     # and, when not, the parameters that make it unprovable, one message each
     fraud_provable: bool | None = None
@@ -234,8 +237,10 @@ class AuditReport:
         sampled = sum(self.reexecuted.values())
         how = ", ".join(f"{self.reexecuted.get(rule, 0)} {rule}" for rule in rules)
         others = ", ".join(f"{n} {what}" for what, n in sorted(self.reexecuted.items()) if what not in rules)
-        return (f"re-executed {rerun} of {sampled} sampled contributions: {how}"
-                + (f"; {others}" if others else ""))
+        asked = self.reexecution.get("asked", sampled)
+        why = self.reexecution.get("why_not", "")
+        return (f"re-executed {rerun} of {sampled} sampled contributions (asked: {asked}): {how}"
+                + (f"; {others}" if others else "") + (f"; not rerun: {why}" if why else ""))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

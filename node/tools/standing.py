@@ -43,8 +43,15 @@ def chain_finality(client: Any, run_id: int) -> Callable[[int], bool]:
 def last_final_on_chain(client: Any, history: Any) -> int:
     """The highest committed round of ``history`` the chain calls final now (-1: none), for ``audit`` and
     the explorer (issue 79: final is the contract's ``isFinal``, never a count of blocks)."""
-    rounds = [record.commit.round for record in history.commits]
-    return last_final_round(rounds, chain_finality(client, history.run.run_id))
+    return last_final_round(maybe_final(history), chain_finality(client, history.run.run_id))
+
+
+def maybe_final(history: Any) -> list[int]:
+    """The committed rounds whose dispute window had closed when ``history`` was read (ascending): no other
+    can be final (``isFinal`` needs at least that), so only these are asked of the chain."""
+    now = getattr(history, "block_number", 0)
+    return [record.commit.round for record in history.commits
+            if not now or record.block_number + history.run.dispute_blocks <= now]
 
 
 def round_standing(history: Any, chain_id: int, ledger_address: str,
@@ -88,7 +95,7 @@ def round_standing(history: Any, chain_id: int, ledger_address: str,
     overturned = min((r for r, o in outcomes.items() if o in ("overturned", "proven wrong")), default=None)
     last_final = None
     if final_only and is_final is not None:
-        last_final = last_final_round([r.commit.round for r in history.commits], is_final)
+        last_final = last_final_round(maybe_final(history), is_final)
     standing: dict[int, RoundNotTrusted | None] = {}
     for record, link, attesters in zip(history.commits, links, attested):
         round_index = record.commit.round

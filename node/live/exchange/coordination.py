@@ -116,6 +116,11 @@ class RoundCoordinator(CloseJudging, TakingOver):
         #: While set and true, a wait for a close gives up with CloseInterrupted (a split cluster's
         #: pipeline came back while this node sat rounds out: it must re-enter with its partner).
         self.interrupt: Callable[[], bool] | None = None
+        #: issue 80: true once the chain holds the run's last round (node.live.round.ending.RunOverWatch): a
+        #: close still waited for then can never matter, so the node stops (RunOver, exit 6) instead of
+        #: waiting for replicas forever; ``run_over_seen`` says it did.
+        self.run_over: Callable[[], bool] | None = None
+        self.run_over_seen = False
 
     # -- what the node tells it -------------------------------------------------------------
     @contextmanager
@@ -297,6 +302,12 @@ class RoundCoordinator(CloseJudging, TakingOver):
             raise RoundStopped(f"round {outer_round} stage {stage}: stopped while waiting for its close")
         if self.interrupt is not None and self.interrupt():
             raise CloseInterrupted(f"round {outer_round} stage {stage}: no longer waited for here")
+        if self.run_over is not None and self.run_over():
+            self.run_over_seen = True
+            if self.stop is not None:
+                self.stop.set()
+            raise RoundStopped(f"round {outer_round} stage {stage}: the run is over on chain (its last "
+                               "round is committed) while this close was still waited for here: stopping")
 
     def _warn_overdue(self, outer_round: int, stage: int, deadline: float, coordinators: int) -> bool:
         """Say so if (round, stage) is past its deadline and every fallback without a close; whether it is."""

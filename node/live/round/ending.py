@@ -47,6 +47,29 @@ REPORT_EVERY_S = 60.0
 POLL_S = 2.0
 
 
+class RunOverWatch:
+    """Whether the chain holds run ``run_id``'s last round (issue 80: a node still waiting for a close then
+    stops with the run-over code instead of waiting forever), read at most every ``every`` seconds; never for
+    an open-ended run, and not while the chain does not answer."""
+
+    def __init__(self, chain: NodeChain, run_id: int, every: float = 15.0, clock=time.monotonic) -> None:
+        self.chain, self.run_id, self.every, self.clock = chain, run_id, every, clock
+        self._read_at: float | None = None
+        self.over = False
+
+    def __call__(self) -> bool:
+        now = self.clock()
+        if self.over or (self._read_at is not None and now - self._read_at < self.every):
+            return self.over
+        self._read_at = now
+        try:
+            last = self.chain.run_info(self.run_id).max_rounds
+            self.over = bool(last) and self.chain.last_round(self.run_id) >= last - 1
+        except DLX_ERRORS as exc:
+            logger.debug("the run's last round was not read (%s)", exc)
+        return self.over
+
+
 class RunEnd:
     """See module docstring."""
 
