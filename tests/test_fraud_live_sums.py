@@ -233,3 +233,31 @@ def test_an_honest_quorum_answering_a_mistaken_walk_keeps_its_stake(tmp_path):
         assert client.invalid_from(run.run_id) is None
         for index in COLLUDERS:
             assert client.member(run.run_id, deployment.client(index).address).status == "active"
+
+
+def test_the_cheapest_proof_that_holds_is_sent_before_a_walk(tmp_path, caplog):
+    """Issue 79 ("Also"): the colluders lie low about a contribution's sum, serve nothing, and list that
+    contribution bound to an account that holds no seat in the run. Both a sum proof (after a walk of the
+    tree through availability challenges) and the scales' proof (the seat, seen on chain only) hold: the
+    node sends the cheapest, the scales' proof, once the factors are published, and walks nothing."""
+    with _normed_world(tmp_path, BLOBS) as (world, _chunked, _colluded):
+        def commit(colluders):
+            _record(world, colluders, world.aggregation.new_global)
+            probe = deploy(connect_pyevm(), min_stake=STAKE)  # the ledger of every fresh deployment
+            signers = [probe.client(j + 1) for j in range(len(BLOBS))]
+            signers[LIED] = probe.client(8)  # registered nowhere, no seat in the run
+            colluders.replace(1, 0, bound(lied_sum(colluders.state(1, 0), LIED, CHUNK, -LIE), signers, 1, 1))
+
+        deployment, run, records, prover, answerer, mine_record, colluders = _colluding(world, tmp_path,
+                                                                                        commit)
+        assert colluders.state(1, 0).factors.scale_bits == prover.states.state(1, 0).factors.scale_bits
+        with caplog.at_level("ERROR", logger="node.live.fraud.prover"):
+            prover.check(1, records[1], mine_record)
+            _walk(prover, answerer, lambda: prover.log.proofs or prover.log.unprovable)
+        assert set(prover.log.proofs) == {1}, prover.log.unprovable
+        assert "factors list a contributor that held no seat in the round" in caplog.text, caplog.text
+        assert set(answerer.answered.values()) == {f"answered with leaf 0 of tree {FACTORS}"}  # no walk
+        kept = NormProof.from_json(
+            json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())["proof"])
+        assert kept.contribution == SCALES
+        _assert_overturned(deployment, run)

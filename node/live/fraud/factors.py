@@ -12,7 +12,7 @@ import logging
 
 from ledger.availability import FACTORS, availability_target
 from ledger.chunkproof import StageLeaf, StageState
-from ledger.normproof import scale_proof
+from ledger.normproof import SCALES, scale_proof
 from ledger.records import RoundRecord
 from node.errors import DLX_ERRORS
 from node.fraudproof import norm_proof_of_difference, parse_stage_leaf, wrong_sum_contribution
@@ -154,6 +154,16 @@ class FactorProofs:
             return None if fetched is None else fetched[0]
 
         proof, why = norm_proof_of_difference(record, leaves, stage, factors, trees, own, committed_weights)
+        if proof is None or proof.contribution != SCALES:
+            # issue 79: the cheapest proof that holds. The scales' proof (the contract checks the count, the
+            # clip, the steps, the binding and every listed seat from the factors alone, ~1.2M gas at 128
+            # contributions) goes before a sum proof, a walk of availability challenges or "not provable"
+            scales = self._scales_proof_holding(outer_round, stage, record, leaves, encoded)
+            if scales is not None:  # none found here: what only the chain sees, a listed account's seat
+                return self._send_norm(outer_round, stage, scales, (
+                    "factors list a contributor that held no seat in the round" if proof is None else
+                    f"factors break a rule the contract checks from them alone (the scales' proof holds, "
+                    f"cheaper than the one found here: {why})"))
         if proof is None and trees is None and (found := wrong_sum_contribution(factors, own)) is not None:
             walk = SumWalk(outer_round, stage, record, list(leaves), factors, own, *found)
             logger.error("round %d stage %d: contribution %d's committed sum tree is not this "
@@ -163,9 +173,9 @@ class FactorProofs:
             self._found_wrong(outer_round, f"stage {stage}: a committed sum tree differs from this node's")
             self._challenge_sums(walk)
             return True
-        if proof is None:  # a listed contributor without a seat is seen on chain only
-            return self._unbound_contributor(outer_round, stage, record, leaves, encoded,
-                                             f"stage {stage}: {why}")
+        if proof is None:  # and the scales' proof does not hold either (tried above)
+            self._unprovable(outer_round, f"stage {stage}: {why}")
+            return False
         return self._send_norm(outer_round, stage, proof, why)
 
     def _prove_rank(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
@@ -204,19 +214,26 @@ class FactorProofs:
         self._send(outer_round, stage, proof, why)
         return True
 
-    def _unbound_contributor(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
-                             factors: bytes, why_not: str) -> bool:
-        """Committed contributions other than this node's, whose factors keep the run's values and whose
-        signatures recover, or factors no other proof applies to: a listed account that held no seat in the
-        round is seen only on chain (the binding's ``memberOf``), so the scales' proof is sent if the
-        contract's view holds it; else the round is logged unprovable (``why_not``)."""
+    def _scales_proof_holding(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                              factors: bytes):
+        """The scales' proof of the committed ``factors`` (bytes) if the contract's view (``isWrongNorm``)
+        says it holds now, else None (logged where the view refuses it)."""
         proof = scale_proof(record, leaves, stage, factors)
         try:
             holds = self.chain.norm_proof_holds(proof)
         except DLX_ERRORS as exc:
             holds = False
             logger.info("round %d stage %d: the scales' proof does not check: %s", outer_round, stage, exc)
-        if holds:
+        return proof if holds else None
+
+    def _unbound_contributor(self, outer_round: int, stage: int, record: RoundRecord, leaves: list[bytes],
+                             factors: bytes, why_not: str) -> bool:
+        """Committed contributions other than this node's, whose factors keep the run's values and whose
+        signatures recover, or factors no other proof applies to: a listed account that held no seat in the
+        round is seen only on chain (the binding's ``memberOf``), so the scales' proof is sent if the
+        contract's view holds it; else the round is logged unprovable (``why_not``)."""
+        proof = self._scales_proof_holding(outer_round, stage, record, leaves, factors)
+        if proof is not None:
             return self._send_norm(outer_round, stage, proof,
                                    "factors list a contributor that held no seat in the round")
         self._unprovable(outer_round, why_not)
