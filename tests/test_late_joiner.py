@@ -47,7 +47,8 @@ def late_run(tmp_path_factory):
             from ledger.client import LedgerClient
             from tests.ledger_fixtures import node_key, raw_public_key
 
-            member = LedgerClient(client.w3, dev_account(slot.account, run.chain_id), run.registry, run.ledger)
+            member = LedgerClient(client.w3, dev_account(slot.account, run.chain_id), run.registry,
+                                  run.ledger)
             key = node_key(slot.account + 100)
             member.register(raw_public_key(key), key.sign(member.my_binding_message()))
             member.join_run(run.run_id)
