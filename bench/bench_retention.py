@@ -217,7 +217,10 @@ def main() -> int:
             time.sleep(0.5)
         if args.audit and samples:
             run.stop_nodes()  # their files as they left them; the chain stays up for the audit
-            audit.update(audit_figures(run, args.audit))
+            try:
+                audit.update(audit_figures(run, args.audit))
+            except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
+                audit["error"] = f"{type(exc).__name__}: {exc}"
             print("audit:", json.dumps({k: v for k, v in audit.items() if k != "unverifiable_reasons"}))
     except KeyboardInterrupt:
         stopped = "interrupted (SIGINT)"
@@ -249,7 +252,8 @@ def audit_figures(run: LocalRun, reexecute: int) -> dict:
         "reexecuted": dict(report.reexecuted),
         "rounds": len(report.rounds),
         "rounds_ok": sum(r.status == OK for r in report.rounds),
-        "first_unverified_round": report.first_unverified_round(),
+        "first_unverified_round": report.first_unverified_round,
+        "summary": report.summary(),
         "unverifiable_reasons": dict(reasons.most_common(20)),
         "wall_s": round(time.monotonic() - started, 1),
     }
