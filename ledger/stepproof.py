@@ -20,7 +20,7 @@ from ledger.chunkproof import tree_path, tree_root
 
 CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
-PHASES = ("None", "Open", "Sums", "Final", "Done")
+PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy")
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,9 @@ class StepProverClient:
         return bytes(self.contract.functions.gameIdOf(claim_id, challenger).call())
 
     def game(self, game_id: bytes) -> dict:
-        names = ("claimId", "challenger", "phase", "defenderTurn", "midPosted", "elem", "lo", "hi", "loSum",
-                 "hiSum", "midSum", "defenderLeft", "challengerLeft", "turnSince", "moves")
+        names = ("claimId", "challenger", "phase", "defenderTurn", "midPosted", "elem", "lo", "hi",
+                 "loSum", "hiSum", "midSum", "defenderLeft", "challengerLeft", "turnSince", "moves", "loRoot",
+                 "hiRoot", "midRoot", "copyLeaf", "op")
         return dict(zip(names, self.contract.functions.gameOf(game_id).call()))
 
     def wrong(self, claim_id: bytes) -> bool:
@@ -112,6 +113,12 @@ def play(client: StepProverClient, claim_id: bytes, defender: Defender, challeng
     """Challenge element ``elem`` and play the game to its end; ``judge(point, posted bits)`` is the
     challenger's answer (agree?). Returns (defender won, moves)."""
     game_id = client.challenge(claim_id, elem, challenger)
+    return element_game(client, claim_id, game_id, defender, challenger, elem, judge)
+
+
+def element_game(client: StepProverClient, claim_id: bytes, game_id: bytes, defender: Defender,
+                 challenger: str, elem: int, judge: Callable[[int, int], bool]) -> tuple[bool, int]:
+    """The element game of ``game_id`` from its ``Open`` phase (element ``elem``) to its end."""
     op = defender.op
     if op.kind == MATMUL:
         client._send("openOutput", defender.account, game_id, opening(op.out, elem), EMPTY, EMPTY)
@@ -130,3 +137,139 @@ def play(client: StepProverClient, claim_id: bytes, defender: Defender, challeng
         state = client.game(game_id)
     assert state["phase"] == PHASES.index("Done"), state
     return not client.wrong(claim_id), state["moves"]
+
+
+# ------------------------------------------------------------------ one inner step (StepClaim)
+
+ZERO = bytes(32)
+
+
+def spec_leaf(kind: int, rows: int, inner: int, cols: int, a_len: int, b_len: int, a_index: int,
+              b_index: int) -> bytes:
+    """Program leaf of an op: eight 32-byte big-endian words (abi.encode of eight uint256)."""
+    return b"".join(v.to_bytes(32, "big") for v in (kind, rows, inner, cols, a_len, b_len, a_index, b_index))
+
+
+def copy_leaf(source: int) -> bytes:
+    """Program leaf of a state tensor's next value: the trace leaf it is copied from."""
+    return source.to_bytes(32, "big")
+
+
+@dataclass
+class StepTrace:
+    """One side's trace of a program step: ``tensors[i]`` the chunk leaves of trace leaf ``i`` (the state's
+    tensors, then each op's output), ``specs`` the program's ops (``spec_leaf`` arguments), ``copies`` the
+    state's next values' trace leaves, ``depth`` the trace tree's."""
+
+    tensors: list[list[bytes]]
+    specs: list[tuple]
+    copies: list[int]
+    depth: int
+    end: list[bytes] | None = None  # a state tree other than the copies' (a cheat's)
+
+    @property
+    def state_leaves(self) -> int:
+        return len(self.copies)
+
+    def program(self) -> list[bytes]:
+        return [spec_leaf(*spec) for spec in self.specs] + [copy_leaf(c) for c in self.copies]
+
+    def roots(self) -> list[bytes]:
+        return [tree_root(leaves) for leaves in self.tensors]
+
+    def tree(self, ops_done: int) -> list[bytes]:
+        """The trace tree's leaves after ``ops_done`` ops."""
+        filled = self.roots()[: self.state_leaves + ops_done]
+        return filled + [ZERO] * ((1 << self.depth) - len(filled))
+
+    def end_tree(self) -> list[bytes]:
+        if self.end is not None:
+            return self.end
+        roots = self.roots()
+        return [roots[c] for c in self.copies] + [ZERO] * ((1 << self.depth) - self.state_leaves)
+
+    def claim(self) -> tuple:
+        return (tree_root(self.program()), self.state_leaves, len(self.specs), self.depth,
+                tree_root(self.tree(0)), tree_root(self.end_tree()))
+
+    def operation(self, j: int) -> Operation:
+        kind, rows, inner, cols, a_len, b_len, a_index, b_index = self.specs[j]
+        return Operation(kind, rows, inner, cols, self.tensors[a_index], self.tensors[b_index],
+                         self.tensors[self.state_leaves + j], a_len, b_len)
+
+    def op_opening(self, j: int) -> tuple:
+        program, before, out = self.program(), self.tree(j), self.state_leaves + j
+        spec = self.specs[j]
+        return (program[j], tree_path(program, j), self.roots()[out],
+                tree_path(before, out), before[spec[6]], tree_path(before, spec[6]), before[spec[7]],
+                tree_path(before, spec[7]))
+
+
+def step_game(client: StepProverClient, trace: StepTrace, defender: str, challenger: str, *,
+              dispute: Callable[[bytes], tuple[str, int]], judge_root: Callable[[int, bytes], bool],
+              pick: Callable[[Operation], int], judge: Callable[[int, int, int], bool],
+              sums: Callable[[int, int, int], int], post_root: Callable[[int], bytes] | None = None,
+              claimed: bool = False) -> tuple[bool, int]:
+    """Claim ``trace``'s step as ``defender`` and play a challenger's game on it to its end.
+
+    The defender posts its own trace (``post_root(j)`` overrides the tree root it posts after op ``j``).
+    The challenger: ``dispute(defender's last trace root)`` is ("copy", leaf) or ("trace", 0);
+    ``judge_root(j, root)``; ``pick(defender's op)`` the element; ``judge(op index, point, bits)``.
+    ``sums(op index, elem, point)``: the partial sums the defender posts; ``claimed``: the defender's claim is
+    on chain already (another game on it). Returns (defender won, moves)."""
+    claim = trace.claim()
+    if not claimed:
+        client._send("claimStep", defender, claim, value=client.bond)
+    claim_id = bytes(client.w3.keccak(_abi_encode_step(claim, defender)))
+    client._send("challengeStep", challenger, claim_id, value=client.bond)
+    game_id = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
+    ops = len(trace.specs)
+    root_after = post_root or (lambda j: tree_root(trace.tree(j)))
+    last = root_after(ops)
+    client._send("postTrace", defender, game_id, last)
+    kind, leaf = dispute(last)
+    if kind == "copy":
+        client._send("disputeCopy", challenger, game_id, leaf)
+        end, program = trace.end_tree(), trace.program()
+        source = trace.copies[leaf] if leaf < trace.state_leaves else 0
+        try:
+            client._send("proveCopy", defender, game_id, end[leaf], tree_path(end, leaf),
+                         program[ops + leaf] if leaf < trace.state_leaves else b"",
+                         tree_path(program, ops + leaf) if leaf < trace.state_leaves else [],
+                         tree_path(trace.tree(ops), source) if leaf < trace.state_leaves else [])
+        except Exception:  # noqa: BLE001 - a defender that cannot prove lets its clock run out
+            return _run_out(client, claim_id, game_id, challenger)
+        state = client.game(game_id)
+        return not client.wrong(claim_id), state["moves"]
+    client._send("disputeTrace", challenger, game_id)
+    while (state := client.game(game_id))["phase"] == PHASES.index("Ops"):
+        mid = (state["lo"] + state["hi"]) // 2
+        posted = root_after(mid)
+        client._send("postRoot", defender, game_id, posted)
+        client._send("judgeRoot", challenger, game_id, bool(judge_root(mid, posted)))
+    j = client.game(game_id)["lo"]
+    try:
+        client._send("openOp", defender, game_id, trace.op_opening(j))
+    except Exception:  # noqa: BLE001 - its trees do not open: the clock decides
+        return _run_out(client, claim_id, game_id, challenger)
+    op = trace.operation(j)
+    elem = pick(op)
+    client._send("pickElement", challenger, game_id, elem)
+    return element_game(client, claim_id, game_id, Defender(op, defender, lambda e, p: sums(j, e, p)),
+                        challenger, elem, lambda p, bits: judge(j, p, bits))
+
+
+
+def _run_out(client: StepProverClient, claim_id: bytes, game_id: bytes, caller: str) -> tuple[bool, int]:
+    """Mine past the defender's clock and call ``timeout``."""
+    state = client.game(game_id)
+    for _ in range(int(state["defenderLeft"]) + 1):
+        client.w3.provider.make_request("evm_mine", [])
+    client._send("timeout", caller, game_id)
+    return not client.wrong(claim_id), client.game(game_id)["moves"]
+
+
+def _abi_encode_step(claim: tuple, defender: str) -> bytes:
+    from eth_abi import encode
+
+    return encode(["(bytes32,uint32,uint32,uint8,bytes32,bytes32)", "address"], [claim, defender])

@@ -228,3 +228,122 @@ def test_fuzz_honest_never_loses(product):
         claim = client.claim(cheat.op, defender)
         won, _ = play(client, claim, cheat, challenger, elem, _honest_judge(a, b, cols, elem))
         assert not won
+
+
+# ------------------------------------------------------------------ one step of a program (StepClaim)
+
+from ledger.stepproof import StepTrace, step_game  # noqa: E402
+from training.step_trace import SUB, run_op  # noqa: E402
+
+#: A toy step in the documented op kinds: state x (3x4), W (4x8), bias (8); h = x W, y = h + bias,
+#: z = y * y, W' = W - z, bias' = bias * y. Trace leaves: 0-2 the state, 3-7 the ops' outputs.
+PROGRAM = [(MATMUL, 3, 4, 8, 12, 32, 0, 1), (ADD, 24, 0, 1, 24, 8, 3, 2), (MUL, 24, 0, 1, 24, 24, 4, 4),
+           (SUB, 32, 0, 1, 32, 24, 1, 5), (MUL, 8, 0, 1, 8, 24, 2, 4)]
+COPIES = [0, 6, 7]
+
+
+def _run_program(state, cheat_op=None, cheat_elem=0):
+    tensors = [t.reshape(-1) for t in state]
+    for j, (kind, rows, inner, cols, _al, _bl, ai, bi) in enumerate(PROGRAM):
+        out = run_op(kind, rows, inner, cols, tensors[ai], tensors[bi])
+        if j == cheat_op:
+            out = _bump(out, cheat_elem)
+        tensors.append(out)
+    return tensors
+
+
+def _trace(tensors, end=None):
+    return StepTrace([element_leaves(t) for t in tensors], PROGRAM, COPIES, 3, end)
+
+
+def _state():
+    generator = torch.Generator().manual_seed(3)
+    return [_spread(generator, 3, 4), _spread(generator, 4, 8), _spread(generator, 8)]
+
+
+def _honest_challenger(truth_tensors, mine_tensors, mine_trace):
+    truth = _trace(truth_tensors)
+
+    def dispute(last):
+        if last != tree_root(truth.tree(len(PROGRAM))):
+            return "trace", 0
+        mine_end, true_end = mine_trace.end_tree(), truth.end_tree()
+        return "copy", next(q for q in range(len(true_end)) if mine_end[q] != true_end[q])
+
+    def pick(op):
+        j = next(j for j in range(len(PROGRAM)) if not torch.equal(
+            mine_tensors[3 + j].view(torch.int32), truth_tensors[3 + j].view(torch.int32)))
+        mine, true = mine_tensors[3 + j].view(torch.int32), truth_tensors[3 + j].view(torch.int32)
+        return int((mine != true).nonzero()[0])
+
+    def judge(j, point, bits):
+        kind, rows, inner, cols, _al, _bl, ai, bi = PROGRAM[j]
+        a, b = truth_tensors[ai].view(rows, inner), truth_tensors[bi].view(inner, cols)
+        return lambda elem: partial_sums(a, b, elem // cols, elem % cols)[point] == bits
+
+    return dict(dispute=dispute, judge_root=lambda j, root: root == tree_root(truth.tree(j)), pick=pick,
+                judge_factory=judge)
+
+
+def _sums_of(tensors):
+    def sums(j, elem, point):
+        kind, rows, inner, cols, _al, _bl, ai, bi = PROGRAM[j]
+        return partial_sums(tensors[ai].view(rows, inner), tensors[bi].view(inner, cols),
+                            elem // cols, elem % cols)[point]
+    return sums
+
+
+def _play_honest_challenger(client, w3, mine_tensors, mine_trace, truth_tensors):
+    c = _honest_challenger(truth_tensors, mine_tensors, mine_trace)
+    elem_of = {}
+
+    def pick(op):
+        elem_of["e"] = c["pick"](op)
+        return elem_of["e"]
+
+    return step_game(client, mine_trace, w3.eth.accounts[1], w3.eth.accounts[2], dispute=c["dispute"],
+                     judge_root=c["judge_root"], pick=pick,
+                     judge=lambda j, p, bits: c["judge_factory"](j, p, bits)(elem_of["e"]),
+                     sums=_sums_of(mine_tensors))
+
+
+#: The forward product, an add, the "update" on py-evm; the product on anvil too (the same code path).
+@pytest.mark.parametrize("backend, cheat_op", [("pyevm", 0), ("pyevm", 1), ("pyevm", 3), ("anvil", 0)])
+def test_a_one_ulp_cheat_in_any_op_of_a_step_is_proven(request, backend, cheat_op):
+    w3 = _backend(request, backend)
+    client = _setup(w3)
+    state = _state()
+    truth = _run_program(state)
+    mine = _run_program(state, cheat_op, 5)
+    won, moves = _play_honest_challenger(client, w3, mine, _trace(mine), truth)
+    assert not won
+    assert moves <= 2 + 2 * 3 + 2 + 2 + 2 * 2 + 1  # claim..postTrace, ops halvings, open, pick, sums, final
+
+
+def test_a_state_root_that_is_not_the_traces_copy_is_proven():
+    w3 = connect_pyevm()
+    client = _setup(w3)
+    state = _state()
+    truth = _run_program(state)
+    honest = _trace(truth)
+    end = list(honest.end_tree())
+    end[1] = honest.roots()[1]  # W' claimed as the old W: the update skipped
+    won, _ = _play_honest_challenger(client, w3, truth, _trace(truth, end), truth)
+    assert not won
+
+
+def test_fuzz_an_honest_step_never_loses_to_any_challenger():
+    w3 = connect_pyevm()
+    client = _setup(w3)
+    state = _state()
+    truth = _run_program(state)
+    trace = _trace(truth)
+    rng = random.Random(780)
+    for game in range(6):
+        won, _ = step_game(
+            client, trace, w3.eth.accounts[1], w3.eth.accounts[2],
+            dispute=lambda last: ("copy", rng.randrange(8)) if rng.random() < 0.3 else ("trace", 0),
+            judge_root=lambda j, root: rng.random() < 0.5,
+            pick=lambda op: rng.randrange(op.rows * op.cols),
+            judge=lambda j, p, bits: rng.random() < 0.5, sums=_sums_of(truth), claimed=game > 0)
+        assert won

@@ -165,3 +165,25 @@ def partial_sums(a: torch.Tensor, b: torch.Tensor, row: int, col: int) -> list[i
             total = np.float32(total + np.float32(left * right))
             sums.append(float32_bits(total))
     return sums
+
+
+#: The operations StepProver recomputes (contracts/src/StepProver.sol): elementwise (the second operand
+#: broadcast as ``e % len``) and the ordered product.
+ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
+
+
+def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
+    (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
+    b[e % len(b)]``, one IEEE operation each."""
+    from training import exact_kernel
+
+    a, b = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
+    if kind == MATMUL:
+        return exact_kernel.ordered_matmul(a.view(rows, inner), b.view(inner, cols)).reshape(-1)
+    index = torch.arange(rows)
+    x, y = a[index % a.numel()], b[index % b.numel()]
+    ops = {ADD: torch.add, SUB: torch.sub, MUL: torch.mul, DIV: torch.div}
+    if kind not in ops:
+        raise ValueError(f"run_op: unknown op kind {kind}")
+    return ops[kind](x, y)

@@ -46,7 +46,34 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy }
+
+    /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
+    /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
+    /// `2**depth` leaves of 32 bytes: the state's tensors, then op `j`'s output at `stateLeaves + j`. The program's
+    /// leaf `j < ops` is abi.encode(kind, rows, inner, cols, aLen, bLen, aIndex, bIndex) (the inputs' trace leaves,
+    /// before `stateLeaves + j`), leaf `ops + q` abi.encode(source): the trace leaf that is state tensor `q` after.
+    struct StepClaim {
+        bytes32 programRoot;
+        uint32 stateLeaves;
+        uint32 ops;
+        uint8 depth;
+        bytes32 startRoot;
+        bytes32 endRoot;
+    }
+
+    /// @notice The defender's opening of the op where the trace splits: its program leaf, its output's root (the
+    /// leaf that is empty in the agreed tree and set in the disputed one, one path for both), its inputs' roots.
+    struct OpOpening {
+        bytes spec;
+        bytes32[] specPath;
+        bytes32 outRoot;
+        bytes32[] outPath;
+        bytes32 aRoot;
+        bytes32[] aPath;
+        bytes32 bRoot;
+        bytes32[] bPath;
+    }
 
     struct Game {
         bytes32 claimId;
@@ -64,6 +91,11 @@ contract StepProver {
         uint64 challengerLeft;
         uint64 turnSince;
         uint32 moves;
+        bytes32 loRoot;
+        bytes32 hiRoot;
+        bytes32 midRoot;
+        uint32 copyLeaf;
+        Op op;
     }
 
     struct Claim {
@@ -79,12 +111,13 @@ contract StepProver {
     uint64 public immutable clockBlocks;
     mapping(bytes32 => Claim) internal _claims;
     mapping(bytes32 => Game) internal _games;
+    mapping(bytes32 => StepClaim) internal _steps;
     /// @notice What each account won and has not withdrawn.
     mapping(address => uint256) public balanceOf;
 
     event Claimed(bytes32 indexed claimId, address defender);
     event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
-    event SumPosted(bytes32 indexed gameId, uint32 at, uint32 sum);
+    event SumPosted(bytes32 indexed gameId, uint32 point, uint32 sum);
     event Judged(bytes32 indexed gameId, bool agree, uint32 lo, uint32 hi);
     event Decided(bytes32 indexed gameId, bytes32 indexed claimId, bool defenderWon, uint32 moves);
     event ClaimRefuted(bytes32 indexed claimId, address challenger);
@@ -152,20 +185,158 @@ contract StepProver {
         if (c.defender == address(0)) revert ProverStepUnknownClaim();
         if (c.wrong || c.busy) revert ProverStepClaimClosed();
         if (elem >= uint256(c.op.rows) * c.op.cols) revert ProverStepBadElement(elem);
-        c.busy = true;
+        Game storage g = _start(claimId, Phase.Open);
+        g.elem = elem;
+        g.op = c.op;
         gameId = gameIdOf(claimId, msg.sender);
-        Game storage g = _games[gameId];
-        g.claimId = claimId;
-        g.challenger = msg.sender;
+        emit Challenged(gameId, claimId, msg.sender, elem);
+    }
+
+    /// @notice Bond `bond` on one inner step (`StepClaim`): that its program takes `startRoot` to `endRoot`.
+    function claimStep(StepClaim calldata step) external payable returns (bytes32 claimId) {
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
+        if (step.ops == 0 || step.depth > 32 || uint256(step.stateLeaves) + step.ops > (uint256(1) << step.depth)) {
+            revert ProverStepBadOp();
+        }
+        claimId = keccak256(abi.encode(step, msg.sender));
+        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
+        _claims[claimId].defender = msg.sender;
+        _steps[claimId] = step;
+        emit Claimed(claimId, msg.sender);
+    }
+
+    /// @notice Bond `bond` against a step claim: the defender answers with its whole trace's root.
+    function challengeStep(bytes32 claimId) external payable returns (bytes32 gameId) {
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
+        if (_steps[claimId].ops == 0) revert ProverStepUnknownClaim();
+        Claim storage c = _claims[claimId];
+        if (c.wrong || c.busy) revert ProverStepClaimClosed();
+        _start(claimId, Phase.Trace);
+        gameId = gameIdOf(claimId, msg.sender);
+        emit Challenged(gameId, claimId, msg.sender, 0);
+    }
+
+    /// @notice Defender: the root of its trace tree after the step's last op.
+    function postTrace(bytes32 gameId, bytes32 traceRoot) external {
+        (Game storage g,) = _move(gameId, true, Phase.Trace);
+        StepClaim storage step = _steps[g.claimId];
+        g.loRoot = step.startRoot;
+        g.hiRoot = traceRoot;
+        g.lo = 0;
+        g.hi = step.ops;
+        g.phase = Phase.TraceEnd;
+        g.defenderTurn = false;
+    }
+
+    /// @notice Challenger: state leaf `leaf` of `endRoot` is not what the trace's last tree says it is.
+    function disputeCopy(bytes32 gameId, uint32 leaf) external {
+        (Game storage g,) = _move(gameId, false, Phase.TraceEnd);
+        if (leaf >= uint256(1) << _steps[g.claimId].depth) revert ProverStepBadElement(leaf);
+        g.copyLeaf = leaf;
+        g.phase = Phase.Copy;
+        g.defenderTurn = true;
+    }
+
+    /// @notice Challenger: the trace itself is wrong; the bisection over the ops starts.
+    function disputeTrace(bytes32 gameId) external {
+        (Game storage g,) = _move(gameId, false, Phase.TraceEnd);
+        g.phase = g.hi == 1 ? Phase.OpOpen : Phase.Ops;
+        g.defenderTurn = true;
+    }
+
+    /// @notice Defender: its trace tree after the op at the interval's midpoint.
+    function postRoot(bytes32 gameId, bytes32 root) external {
+        (Game storage g,) = _move(gameId, true, Phase.Ops);
+        g.midRoot = root;
+        g.midPosted = true;
+        g.defenderTurn = false;
+    }
+
+    /// @notice Challenger: whether it agrees with the posted trace tree.
+    function judgeRoot(bytes32 gameId, bool agree) external {
+        (Game storage g,) = _move(gameId, false, Phase.Ops);
+        if (!g.midPosted) revert ProverStepWrongPhase();
+        uint32 mid = (g.lo + g.hi) / 2;
+        if (agree) {
+            g.lo = mid;
+            g.loRoot = g.midRoot;
+        } else {
+            g.hi = mid;
+            g.hiRoot = g.midRoot;
+        }
+        g.midPosted = false;
+        g.defenderTurn = true;
+        if (g.hi == g.lo + 1) g.phase = Phase.OpOpen;
+        emit Judged(gameId, agree, g.lo, g.hi);
+    }
+
+    /// @notice Defender: open op `lo`, the one whose output the trees disagree on; its claim becomes the game's.
+    function openOp(bytes32 gameId, OpOpening calldata o) external {
+        (Game storage g,) = _move(gameId, true, Phase.OpOpen);
+        StepClaim storage step = _steps[g.claimId];
+        uint256 out = uint256(step.stateLeaves) + g.lo;
+        if (!_verify(o.spec, g.lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
+            revert ProverStepBadOpening(3);
+        }
+        if (!_verifyWord(bytes32(0), out, step.depth, o.outPath, g.loRoot)) revert ProverStepBadOpening(0);
+        if (!_verifyWord(o.outRoot, out, step.depth, o.outPath, g.hiRoot)) revert ProverStepBadOpening(0);
+        g.op = _inputs(o, step.depth, g.loRoot, out);
+        g.phase = Phase.Pick;
+        g.defenderTurn = false;
+    }
+
+    /// @dev The op of program leaf `o.spec`, its inputs' roots opened in the agreed tree `agreed` (before `out`).
+    function _inputs(OpOpening calldata o, uint256 depth, bytes32 agreed, uint256 out)
+        private
+        pure
+        returns (Op memory op)
+    {
+        if (o.spec.length != 256) revert ProverStepBadOp();
+        uint256[8] memory f = abi.decode(o.spec, (uint256[8]));
+        if (f[6] >= out || f[7] >= out || f[0] > type(uint8).max) revert ProverStepBadOp();
+        for (uint256 i = 1; i < 6; ++i) {
+            if (f[i] > type(uint32).max) revert ProverStepBadOp();
+        }
+        if (!_verifyWord(o.aRoot, f[6], depth, o.aPath, agreed)) revert ProverStepBadOpening(1);
+        if (!_verifyWord(o.bRoot, f[7], depth, o.bPath, agreed)) revert ProverStepBadOpening(2);
+        op = Op(uint8(f[0]), uint32(f[1]), uint32(f[2]), uint32(f[3]), uint32(f[4]), uint32(f[5]), o.aRoot, o.bRoot,
+            o.outRoot);
+    }
+
+    /// @notice Challenger: the element of the split op's output it disputes; the element game follows.
+    function pickElement(bytes32 gameId, uint64 elem) external {
+        (Game storage g, Op storage op) = _move(gameId, false, Phase.Pick);
+        if (elem >= uint256(op.rows) * op.cols) revert ProverStepBadElement(elem);
+        g.elem = elem;
         g.phase = Phase.Open;
         g.defenderTurn = true;
-        g.elem = elem;
-        g.midPosted = false;
-        g.defenderLeft = clockBlocks;
-        g.challengerLeft = clockBlocks;
-        g.turnSince = uint64(block.number);
-        g.moves = 1;
-        emit Challenged(gameId, claimId, msg.sender, elem);
+    }
+
+    /// @notice Defender: state leaf `copyLeaf` of `endRoot` is `value`, the trace's leaf `source` (the program's
+    /// copy entry), or zero past the state's leaves; decides the game.
+    function proveCopy(
+        bytes32 gameId,
+        bytes32 value,
+        bytes32[] calldata endPath,
+        bytes calldata copy,
+        bytes32[] calldata copyPath,
+        bytes32[] calldata sourcePath
+    ) external {
+        (Game storage g,) = _move(gameId, true, Phase.Copy);
+        StepClaim storage step = _steps[g.claimId];
+        uint256 q = g.copyLeaf;
+        if (!_verifyWord(value, q, step.depth, endPath, step.endRoot)) revert ProverStepBadOpening(0);
+        if (q >= step.stateLeaves) {
+            if (value != bytes32(0)) revert ProverStepBadOpening(0);
+        } else {
+            uint256 leaves = uint256(step.ops) + step.stateLeaves;
+            if (!_verify(copy, uint256(step.ops) + q, leaves, copyPath, step.programRoot)) {
+                revert ProverStepBadOpening(3);
+            }
+            uint256 source = abi.decode(copy, (uint256));
+            if (!_verifyWord(value, source, step.depth, sourcePath, g.hiRoot)) revert ProverStepBadOpening(1);
+        }
+        _decide(gameId, g, true);
     }
 
     /// @notice Defender: open the challenged output element; for an elementwise operation also its inputs
@@ -246,6 +417,20 @@ contract StepProver {
         require(ok);
     }
 
+    function _start(bytes32 claimId, Phase phase) private returns (Game storage g) {
+        _claims[claimId].busy = true;
+        g = _games[gameIdOf(claimId, msg.sender)];
+        g.claimId = claimId;
+        g.challenger = msg.sender;
+        g.phase = phase;
+        g.defenderTurn = true;
+        g.midPosted = false;
+        g.defenderLeft = clockBlocks;
+        g.challengerLeft = clockBlocks;
+        g.turnSince = uint64(block.number);
+        g.moves = 1;
+    }
+
     function _move(bytes32 gameId, bool byDefender, Phase phase) private returns (Game storage g, Op storage op) {
         g = _games[gameId];
         if (g.phase != phase) revert ProverStepWrongPhase();
@@ -263,7 +448,7 @@ contract StepProver {
         }
         g.turnSince = uint64(block.number);
         ++g.moves;
-        op = c.op;
+        op = g.op;
     }
 
     function _decide(bytes32 gameId, Game storage g, bool defenderWon) private {
@@ -289,8 +474,8 @@ contract StepProver {
         uint256 chunk = index / CHUNK;
         if (!_header(e.leaf, chunk, numel)) revert ProverStepBadOpening(which);
         if (!_verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) revert ProverStepBadOpening(which);
-        uint256 at = HEADER + 4 * (index - chunk * CHUNK);
-        return uint32(bytes4(e.leaf[at:at + 4]));
+        uint256 pos = HEADER + 4 * (index - chunk * CHUNK);
+        return uint32(bytes4(e.leaf[pos:pos + 4]));
     }
 
     /// @dev Whether `leaf` is chunk `chunk`'s leaf of a lone tensor of `numel` elements: u32 tensor 0, u64 offset,
@@ -301,6 +486,22 @@ contract StepProver {
         if (leaf.length != HEADER + 4 * count) return false;
         uint256 head = uint256(bytes32(leaf[0:32]));
         return head >> 224 == 0 && (head >> 160) & type(uint64).max == chunk * CHUNK && uint32(head >> 64) == count;
+    }
+
+    /// @dev Whether the 32-byte leaf `value` is at `index` of a full ledger/merkle.py tree of `2**depth` leaves.
+    function _verifyWord(bytes32 value, uint256 index, uint256 depth, bytes32[] calldata path, bytes32 root)
+        private
+        pure
+        returns (bool)
+    {
+        if (path.length != depth || index >> depth != 0) return false;
+        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), value));
+        for (uint256 d = 0; d < depth; ++d) {
+            node = (index >> d) & 1 == 1
+                ? sha256(abi.encodePacked(bytes1(0x01), path[d], node))
+                : sha256(abi.encodePacked(bytes1(0x01), node, path[d]));
+        }
+        return node == root;
     }
 
     /// @dev ProverCommon.verifyLeaf: `leaf` at `index` of a ledger/merkle.py tree of `count` leaves.
