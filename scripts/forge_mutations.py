@@ -118,6 +118,19 @@ MUTATIONS = (
              "block.number < ledger.commitBlockOf(record.runId, record.round) + run.disputeBlocks",
              "read a listed contributor's seat only within the round's dispute window: a non-member's own "
              "signature in a round committed right after its parent stands"),
+    # issue 79, one per fix
+    Mutation("leave-unbinds", "ProverBinding.sol",
+             "return member.status != TrainingLedger.MemberStatus.None && member.joinRound <= round;",
+             "return member.status == TrainingLedger.MemberStatus.Active && member.joinRound <= round;",
+             "a listed contributor that left before the commit (in its block, by a higher tip) unbinds its "
+             "contribution: a right round proven wrong, its honest attesters slashed"),
+    Mutation("challenge-id-without-challenger", "ProverAvailability.sol",
+             "target.which, target.chunk, msg.sender));", "target.which, target.chunk));",
+             "challenge ids omit the challenger: a squatter's copy blocks the walker's step"),
+    Mutation("hashed-run-challenged", "ProverAvailability.sol",
+             "if (run.commitments < 2) revert AggregationProver.ProverNoAnswerer(record.runId);", "",
+             "a hashed run, whose nodes answer nothing, takes availability challenges: an outsider's expiry "
+             "slashes a right round"),
 )
 
 
