@@ -175,7 +175,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     (:func:`bound`): contribution ``j`` signed by member ``j + 1``, or by dev account ``contributors[j]``
     (member or not). ``gap``: the blocks mined between the two commits (None: round 0's dispute window, so a
     proof of round 1 never waits for its parent; 0: round 1 in the block after round 0's). ``run_params``:
-    further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``). ``leaving``: members
+    further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``).
+    ``leaving``: members
     that send ``leaveRun`` in round 1's commit block, mined ahead of the commit (higher tips; issue 79);
     ``between``: called with the run once round 0 is committed, before the gap."""
     if commitments is None:
@@ -212,7 +213,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
 
 
 def _leave_in_the_commit_block(w3, run, record, leaving: tuple[int, ...]) -> None:
-    """Members ``leaving`` leave in one block with the commit of ``record`` (signed by 1 and 2), ahead of it."""
+    """Members ``leaving`` leave in one block with the commit of ``record`` (signed by 1 and 2), ahead of
+    it."""
     from tests.chain_backends import in_one_block
 
     reader = run.client(1)

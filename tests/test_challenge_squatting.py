@@ -60,4 +60,5 @@ def test_a_squatter_copying_the_walkers_step_in_its_block_cannot_stop_the_walk(c
     for index in committed.attesters:
         assert walker.member(run_id, committed.deployment.client(index).address).stake == 0
     gas = fees_since(w3, walker.address, start)
-    assert walker.balance() - before + gas == len(committed.attesters) * STAKE // 2  # its bond back, half the slash
+    # its bond back, half the slash
+    assert walker.balance() - before + gas == len(committed.attesters) * STAKE // 2

@@ -29,7 +29,8 @@ def _recorded(slot) -> set[int]:
 
 @pytest.mark.timeout(600)
 def test_a_node_whose_disk_fills_pauses_then_catches_up_and_every_round_commits_once(make_run, tmp_path):
-    run = make_run(replicas=2, stages=2, split=False, settings=TINY + KEEP_ALL + ["rounds=0", "join_timeout=60"])
+    run = make_run(replicas=2, stages=2, split=False,
+                   settings=TINY + KEEP_ALL + ["rounds=0", "join_timeout=60"])
     slot = run.nodes[1]
     kept = tmp_path / "r1-setup"
     shutil.copytree(slot.data_dir, kept)  # what setup wrote (identity key, node.toml), hidden by the mount

@@ -36,7 +36,8 @@ def _log(slot) -> str:
 def test_a_fork_found_too_late_re_enters_from_the_chain_and_contributes_again(make_run):
     rounds = 12
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2,
-                   settings=[*TINY, *KEEP_ALL, "join_timeout=60", f"rounds={rounds}", "diloco.inner_steps=40"])
+                   settings=[*TINY, *KEEP_ALL, "join_timeout=60", f"rounds={rounds}",
+                             "diloco.inner_steps=40"])
     forked = run.nodes[-1]
     forked.command = [*ADVERSARY, "diverge-late"]
     run.start()

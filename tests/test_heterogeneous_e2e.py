@@ -131,7 +131,8 @@ def test_a_throttled_replica_contributes_to_every_round_of_a_time_bounded_sliced
     # round_timeout: a close waits for every expected replica up to it; the throttled one is expected.
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, cpu_limits={2: THROTTLED_CPUS},
                    settings=[
-        *TINY, *KEEP_ALL, "join_timeout=180", "diloco.exchange=sliced", "p2p.transfer_timeout=30", "round_timeout=600",
+        *TINY, *KEEP_ALL, "join_timeout=180", "diloco.exchange=sliced", "p2p.transfer_timeout=30",
+        "round_timeout=600",
         f"rounds={rounds}", f"diloco.inner_steps={MAX_STEPS}", "diloco.round_budget_s=0.3",
         f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0"])
     run.start()
@@ -176,7 +177,8 @@ def test_a_replica_that_declares_more_steps_than_it_trained_is_convicted_by_a_sp
     commitment agrees with the declaration): every aggregation check lets it through; the honest members'
     reruns of its declared steps do not reproduce it, they accuse it and the run's quorum convicts it."""
     run = make_run(replicas=3, stages=1, split=False, attest_quorum=2, settings=[
-        *TINY, *KEEP_ALL, "join_timeout=120", "rounds=100", "spot_checks=8", f"diloco.inner_steps={MAX_STEPS}",
+        *TINY, *KEEP_ALL, "join_timeout=120", "rounds=100", "spot_checks=8",
+        f"diloco.inner_steps={MAX_STEPS}",
         "diloco.round_budget_s=0.05", f"diloco.min_inner_steps={MIN_STEPS}", "diloco.overlap_steps=0"])
     cheater = run.nodes[-1]
     cheater.command = [*ADVERSARY, "over-declare"]

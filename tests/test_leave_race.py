@@ -54,7 +54,8 @@ def test_a_contributor_leaving_in_the_commit_block_ahead_of_it_leaves_the_round_
     seat = prover.member(run_id, deployment.client(LEAVER).address)
     # it left before the commit, in its block: round 1 was still the open round
     assert seat.status == "unbonding" and seat.left_round == 1
-    assert seat.unbonding_end - prover.run_struct(run_id)["unbondingBlocks"] == prover.commit_block_of(run_id, 1)
+    unbonding = prover.run_struct(run_id)["unbondingBlocks"]
+    assert seat.unbonding_end - unbonding == prover.commit_block_of(run_id, 1)
     assert committed.states[1].factors.norms.contributors[2] == deployment.client(LEAVER).address
     opens_at, closes_at = prover.proof_window_of(run_id, 1)
     for latest in (opens_at, closes_at - 2):  # the window's first blocks and its last
@@ -88,7 +89,8 @@ def test_a_contributor_withdrawing_and_rejoining_within_the_window_leaves_the_ro
 
 def test_an_outsider_is_still_unbound_after_the_change(chain_w3, honest):
     """The rule still binds: account 7, which never joined, signs contribution 2 (the old rule's case)."""
-    committed = commit(deploy(chain_w3, min_stake=STAKE), honest, honest.honest, stake=STAKE, contributors=(1, 2, 7))
+    committed = commit(deploy(chain_w3, min_stake=STAKE), honest, honest.honest, stake=STAKE,
+                       contributors=(1, 2, 7))
     prover = committed.prover()
     assert prover.norm_proof_holds(committed.scale_proof())
     prover.prove_wrong_norm(committed.scale_proof())

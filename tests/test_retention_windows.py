@@ -73,7 +73,8 @@ def _retain(retention, store, host, archive, states, ckpt, newest, committed):
     floor = retention.rounds_floor(newest, committed, held)
     prune_archive_before(archive, floor, committed, host.remove_blob)
     states.forget_before(floor)
-    prune_checkpoints_except(ckpt, retention.checkpoints_kept(ckpt, committed, floor), committed, host.remove_blob)
+    prune_checkpoints_except(ckpt, retention.checkpoints_kept(ckpt, committed, floor), committed,
+                             host.remove_blob)
     return floor
 
 

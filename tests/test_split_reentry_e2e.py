@@ -22,7 +22,8 @@ from node_fixtures import KEEP_ALL, TINY, node_log, run_logs, wait_for
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_reexecutes(make_run):
-    run = make_run(replicas=2, stages=2, split=True, settings=[*TINY, *KEEP_ALL, "rounds=0", "join_timeout=60"])
+    run = make_run(replicas=2, stages=2, split=True,
+                   settings=[*TINY, *KEEP_ALL, "rounds=0", "join_timeout=60"])
     run.start()
     client = run.client()
 

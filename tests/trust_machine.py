@@ -204,8 +204,9 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
     @rule(data=st.data())
     def contributor_leaves_before_the_commit(self, data) -> None:
         """Issue 79: the round's honest record binds two active members' contributions; one of them (the
-        coalition's or an honest one) leaves after the close and before the honest commit lands (on a real chain
-        in its very block, by a higher tip: tests/test_leave_race.py). The round stays right: I2 and I7."""
+        coalition's or an honest one) leaves after the close and before the honest commit lands (on a real
+        chain in its very block, by a higher tip: tests/test_leave_race.py). The round stays right: I2 and
+        I7."""
         if len(self.active(self.honest_group())) < 2:
             return
         record = self.honest_record()  # binds the round's contributions to members active now (state_of)

@@ -138,6 +138,18 @@ from ledger.errors.prover import (
     ProverNotLedger as ProverNotLedger,
 )
 
+from ledger.errors.step_prover import (
+    ProverStepBondMismatch as ProverStepBondMismatch,
+    ProverStepBadOp as ProverStepBadOp,
+    ProverStepUnknownClaim as ProverStepUnknownClaim,
+    ProverStepClaimClosed as ProverStepClaimClosed,
+    ProverStepBadElement as ProverStepBadElement,
+    ProverStepNotYourMove as ProverStepNotYourMove,
+    ProverStepWrongPhase as ProverStepWrongPhase,
+    ProverStepClockOut as ProverStepClockOut,
+    ProverStepClockRunning as ProverStepClockRunning,
+    ProverStepBadOpening as ProverStepBadOpening,
+)
 from ledger.errors.rewards import (
     RewardError as RewardError,
     RewardAlreadyClaimed as RewardAlreadyClaimed,

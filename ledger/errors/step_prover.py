@@ -1,0 +1,46 @@
+"""The StepProver contract's custom errors (the contribution proof's games: docs/FRAUD_PROOF.md, "The
+contribution proof"), one Python class each; all are :class:`ProverError`\\ s."""
+
+from __future__ import annotations
+
+from ledger.errors.prover import ProverError
+
+
+class ProverStepBondMismatch(ProverError):
+    """The value sent is not the claim's or the challenge's bond."""
+
+
+class ProverStepBadOp(ProverError):
+    """The op kind is not one the contract recomputes (or its operands do not fit it)."""
+
+
+class ProverStepUnknownClaim(ProverError):
+    """No claim (or game) with this id."""
+
+
+class ProverStepClaimClosed(ProverError):
+    """The claim's game has ended."""
+
+
+class ProverStepBadElement(ProverError):
+    """The element index is not inside the disputed tensor."""
+
+
+class ProverStepNotYourMove(ProverError):
+    """The sender is not the side whose move it is."""
+
+
+class ProverStepWrongPhase(ProverError):
+    """The move does not belong to the game's current phase."""
+
+
+class ProverStepClockOut(ProverError):
+    """The mover's clock has run out: only ``timeout`` is left."""
+
+
+class ProverStepClockRunning(ProverError):
+    """``timeout`` before the side to move has used up its clock."""
+
+
+class ProverStepBadOpening(ProverError):
+    """An opening's Merkle path does not lead to its committed root (``which`` names the opening)."""
