@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from results_cluster import cluster_memory
+from results_retention import retention
 from results_contracts import (
     binding_gas,
     chunk_state,
@@ -258,6 +259,11 @@ SECTIONS = (
             "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, "
             "web3, libp2p; torch.optim's first optimizer imports torch._dynamo), at the "
             "load's share of a core."),
+    Section("retention.json", "Disk and memory per node over a long run (default retention)",
+            "bench/bench_retention.py", retention,
+            "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
+            "state is kept for every round still inside a window, and this local chain mines about one "
+            "block a round (docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "

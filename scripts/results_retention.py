@@ -1,0 +1,38 @@
+"""The results page's section of a node's disk and memory over a long run (issue 75:
+bench/bench_retention.py)."""
+
+from __future__ import annotations
+
+from results_sections import table
+
+
+def retention(r: dict) -> list[str]:
+    """bench/bench_retention.py: disk and RSS per node under the default retention, round by round."""
+    mb = 1e6
+    out = [f"{r['reached_rounds']} of {r['target_rounds']} rounds of `{r['preset']}` ({r['replicas']} "
+           f"replicas x {r['stages']} stage, H = {r['inner_steps']}, a checkpoint every "
+           f"{r['checkpoint_every']} round, "
+           f"dispute and accusation windows of {r['dispute_blocks']} blocks) under the default retention "
+           f"(`storage.retention = \"windows\"`), {r['wall_s']:.0f} s on {r['cpu_count']} cores of "
+           f"{r['cpu']}. The stage's float32 weights: {r['stage_bytes']:,} bytes.", ""]
+    rows = []
+    for node, s in r["summary"].items():
+        low, high = s["disk_from_round_50"]
+        rows.append([node, f"{s['disk_max_bytes'] / mb:.1f} MB", f"{low / mb:.1f} to {high / mb:.1f} MB",
+                     f"{s['disk_max_over_stage_bytes']:.0f}x", f"{s['disk_max_over_start_state']:.1f}",
+                     f"{s['peak_rss_mib']:.0f} MiB"])
+    out += table(["node", "disk at most", "disk from round 50", "over the stage's weights",
+                  "in start states", "peak RSS"], rows)
+    last = r["samples"][-1]["nodes"]
+    parts = ", ".join(f"{k} {v / mb:.1f} MB" for k, v in next(iter(last.values()))["disk"].items()
+                      if k != "total")
+    audit = r["audit"]
+    serve = r["serve_checkpoint"]
+    out += [f"At the last round, one node's disk: {parts}. The audit with every rerun asked, against "
+            f"what the retention kept: {audit['verdict']} ({audit['counts']['ok']} items ok, "
+            f"{audit['counts']['FAIL']} failed, {audit['counts']['unverifiable']} unverifiable, each named). "
+            f"Serving a {serve['file_mib']} MiB checkpoint: peak RSS growth "
+            f"{serve['copy']['peak_rss_growth_mib']} MiB and {serve['copy']['copies_on_disk']} copies on disk "
+            "before, "
+            f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
+    return out
