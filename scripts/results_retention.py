@@ -32,7 +32,7 @@ def retention(r: dict) -> list[str]:
             f"what the retention kept: {audit['verdict']} ({audit['counts']['ok']} items ok, "
             f"{audit['counts']['FAIL']} failed, {audit['counts']['unverifiable']} unverifiable, each named). "
             f"Serving a {serve['file_mib']} MiB checkpoint: peak RSS growth "
-            f"{serve['copy']['peak_rss_growth_mib']} MiB and {serve['copy']['copies_on_disk']} copies on disk "
-            "before, "
+            f"{serve['copy']['peak_rss_growth_mib']} MiB and {serve['copy']['copies_on_disk']} copies on "
+            "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
