@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from results_cluster import cluster_memory
-from results_retention import retention
+from results_retention import retention, rewards_gas
 from results_contracts import (
     binding_gas,
     chunk_state,
@@ -259,6 +259,9 @@ SECTIONS = (
             "On a loaded 2-core machine a restarted process's start is mostly CPU its imports need (torch, "
             "web3, libp2p; torch.optim's first optimizer imports torch._dynamo), at the "
             "load's share of a core."),
+    Section("rewards_gas.json", "The reward pool's gas", "bench/bench_rewards_gas.py", rewards_gas,
+            "Credits are not written at a commit, so a commit's gas does not grow with the members; each "
+            "claim proves its listing against the record (docs/REWARDS.md)."),
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "

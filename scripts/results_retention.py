@@ -1,5 +1,5 @@
-"""The results page's section of a node's disk and memory over a long run (issue 75:
-bench/bench_retention.py)."""
+"""The results page's sections of issue 75's disk and memory over a long run (bench/bench_retention.py)
+and issue 77's reward pool gas (bench/bench_rewards_gas.py)."""
 
 from __future__ import annotations
 
@@ -35,4 +35,22 @@ def retention(r: dict) -> list[str]:
             f"{serve['copy']['peak_rss_growth_mib']} MiB and {serve['copy']['copies_on_disk']} copies on "
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
+    return out
+
+
+def rewards_gas(r: dict) -> list[str]:
+    """bench/bench_rewards_gas.py: what the reward pool costs (issue 77; docs/REWARDS.md)."""
+    rows = [[f"commit, {c['signers']} signers", f"{c['commit_gas_without_pool']:,}",
+             f"{c['commit_gas_with_pool']:,}"] for c in r["commits"]]
+    out = ["Gas on anvil. A commit writes nothing for the pool (its cost with and without a pool differs "
+           "only by the record's calldata bytes); members claim against the record, paying for their own "
+           "proof.", ""]
+    out += table(["call", "without a pool", "with a pool"], rows)
+    claims = [[f"contribution claim, {n} listed", f"{v.get('later_claim', v['first_claim_of_the_round']):,}",
+               f"{v['first_claim_of_the_round']:,}"]
+              for n, v in r["claim_contribution_gas"].items() if n != "note"]
+    claims += [[f"attester claim, {n} attesters", f"{gas:,}", ""]
+               for n, gas in r["claim_attestation_gas"].items()]
+    out += [""] + table(["claim", "gas", "first claim of its round (opens it)"], claims)
+    out += ["", f"createPool {r['create_pool_gas']:,}, fund {r['fund_gas']:,}, sweep {r['sweep_gas']:,} gas."]
     return out
