@@ -219,7 +219,7 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert create(tmp_path, path, "--yes") == 0
     assert "created by" in capsys.readouterr().out and client.run_count() == 1
     # Another directory holds another node key, which this account is not registered with.
-    assert create(tmp_path, path, "--yes", data_dir="org2") == 2
+    assert create(tmp_path, path, "--yes", data_dir="org2") == 6  # ExitCode.ACCOUNT, as README says
     assert "registered with another node key" in capsys.readouterr().err
     # run-info reads it from the link.
     assert main(["run-info", link, "--json"]) == 0

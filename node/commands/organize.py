@@ -35,7 +35,7 @@ from node.commands.chainops import (
     verify_deployment,
 )
 from node.commands.runfile import read_run_file, run_params
-from node.errors import DLX_ERRORS, ConfigError, NodeError
+from node.errors import DLX_ERRORS, ConfigError, NodeError, NotRegistered
 from node.provergas import check_reward
 
 logger = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
                   f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
-        raise ConfigError(f"account {client.address} is registered with another node key: use that node's "
+        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
                           "directory (its identity.key) as --data-dir, or another account")
     if key is None:
         stake = client.min_stake()
