@@ -62,7 +62,9 @@ def test_the_audit_judges_no_contribution_of_a_round_past_the_chain(tmp_path):
     cfg.pipeline.num_stages = 1
     replayer = SimpleNamespace(cfg=cfg, _corpus=lambda: None, corpus_problem="not in this test")
     reexec_checks(report, _history([12, 13]), replayer, dirs, -1)
-    judged = sorted(check.round for check in report.general)
+    judged = sorted(check.round for check in report.general if check.round is not None)
     assert judged == [12, 12, 13, 13], [(c.name, c.status, c.reason) for c in report.general]
+    # nothing was rerun (no corpus here): one more item says so, with no round (issue 80 point 1)
+    assert [c.name for c in report.general if c.round is None] == ["re-execution"]
     assert any("round(s) 14 sealed in the archives but not committed" in note for note in report.notes), \
         report.notes

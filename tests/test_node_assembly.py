@@ -40,7 +40,7 @@ class FakeHost:
         self.announcements: list[tuple[str, str]] = []  # ("announce" | "stop", digest), in order
         self._lock = threading.Lock()
 
-    def provide_blob(self, source, announce: bool = True, timeout: float = 30.0) -> str:
+    def provide_blob(self, source, announce: bool = True, timeout: float = 30.0, link: bool = False) -> str:
         data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) \
             else Path(source).read_bytes()
         digest = hashlib.sha256(data).hexdigest()

@@ -60,7 +60,7 @@ class _HeldAnnouncing:
 
         self.host, self.started, self.release = host, threading.Event(), threading.Event()
 
-    def provide_blob(self, source, announce: bool = True, timeout: float = 30.0) -> str:
+    def provide_blob(self, source, announce: bool = True, timeout: float = 30.0, link: bool = False) -> str:
         if announce:
             self.started.set()
             assert self.release.wait(60)

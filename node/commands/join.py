@@ -253,6 +253,19 @@ def _refuse_another_runs(config_path: Path, link: RunLink, force: bool, load_con
                           "--data-dir, or pass --force (the other run's state is then set aside)")
 
 
+def _print_run(chain, info) -> None:
+    """What the run is, and the prover-pay warning a member would want before it stakes."""
+    from node.provergas import joining_warning
+
+    print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
+          f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
+          f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
+          f"{'open-ended' if not info.max_rounds else f'{info.max_rounds} rounds'}")
+    unpaid = joining_warning(info, chain.w3)  # a member would be the one to prove: say so before it stakes
+    if unpaid:
+        print(unpaid)
+
+
 def run_join(args: argparse.Namespace) -> int:
     """``dlx-node join`` (see module docstring)."""
     from node.commands.chainops import agree, check_funds, check_rounds_left, refuse_finished, seat_plan
@@ -261,7 +274,6 @@ def run_join(args: argparse.Namespace) -> int:
     from node.live.chain.onchain import NodeChain
     from node.platforms import own_platforms
     from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
-    from node.provergas import joining_warning
     from node.runconfig import run_document
     from p2p.identity import Identity
 
@@ -281,13 +293,7 @@ def run_join(args: argparse.Namespace) -> int:
     # estimate with no platform declared: the seat's own is known once node.toml is).
     check_funds(chain.client.balance(), chain.client.address,
                 seat_plan(chain.client, info, identity, bytes(32)))
-    print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
-          f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
-          f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
-          f"{'open-ended' if not info.max_rounds else f'{info.max_rounds} rounds'}")
-    unpaid = joining_warning(info, chain.w3)  # a member would be the one to prove: say so before it stakes
-    if unpaid:
-        print(unpaid)
+    _print_run(chain, info)
     data = fetch_run_document(link.peers, info.config_hash, data_dir)
     document = parse_run_document(data, info.config_hash)
     check_document_against_run(document, info)
