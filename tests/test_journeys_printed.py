@@ -93,7 +93,9 @@ def test_keep_closes_the_dispute_windows_so_the_printed_pull_is_plain_and_final(
     # Issue 65 point 11: the plain pull was refused ("not final until block 88", a block an idle chain never
     # mines); the demo mines the blocks that close the windows and prints a pull without --pending.
     assert "rounds are final" in printed and "--pending" not in printed.split("pull the latest")[1], printed
-    assert re.search(r"round 1 is final \(its dispute window closed at block \d+\)", output), output
+    # Issue 79 point 6: final is the chain's isFinal (dispute and proof windows), which the demo mines to.
+    assert re.search(r"round 1 is final \(the chain's isFinal; its proof window closed at block \d+\)",
+                     output), output
 
 
 def test_the_printed_pull_of_a_llama_run_takes_the_runs_tokenizer_from_the_seeder(pulled):

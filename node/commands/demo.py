@@ -259,10 +259,10 @@ def _keep_serving(run: LocalRun, out: Path):
     print(f"\nthe chain stays up at {run.url}, and a seeder serves the nodes' checkpoints and archives at "
           f"{seeder.multiaddr}; Ctrl-C (or SIGTERM) stops both", flush=True)
     mined = _close_dispute_windows(run)
-    if mined:
+    if mined is not None:
         print(f"the demo's chain mines a block only per transaction: mined {mined} empty blocks, so every "
-              "round's dispute window (which a public chain closes as blocks pass) is over and its "
-              "rounds are final", flush=True)
+              "round's dispute and proof windows (which a public chain closes as blocks pass) are over and "
+              "its rounds are final (the chain's isFinal)", flush=True)
         print(f"pull the latest checkpoint the chain vouches for:\n  dlx-node pull '{link}' {out / 'model'}",
               flush=True)
     else:  # its rounds stay inside their dispute window: pull takes only final rounds unless --pending
@@ -274,19 +274,27 @@ def _keep_serving(run: LocalRun, out: Path):
     return seeder
 
 
-def _close_dispute_windows(run: LocalRun) -> int:
-    """On a chain that mines only on demand (the demo's anvil), mine the blocks that close the last round's
-    dispute window (``anvil_mine``), so a plain ``pull`` takes its rounds as final; return how many (0: not
-    such a chain, or it refused)."""
+def _close_dispute_windows(run: LocalRun) -> int | None:
+    """On a chain that mines only on demand (the demo's anvil), mine the blocks that close the last committed
+    round's windows (``anvil_mine``) until the chain calls it final (``isFinal``: its dispute and proof
+    windows closed, issue 79), so a plain ``pull`` takes its rounds as final; return how many blocks, None
+    where the rounds are not final (not such a chain, nothing committed, or it refused)."""
     from ledger.chain import connect_rpc
     from node.commands.chainops import mines_on_demand
 
     w3 = connect_rpc(run.url, wait=5)
-    if not mines_on_demand(w3):
-        return 0
-    blocks = run.client().run_info(run.run_id).dispute_blocks + 2
-    reply = w3.provider.make_request("anvil_mine", [hex(blocks)])
-    return 0 if "error" in reply else blocks
+    client = run.client()
+    last = client.last_round(run.run_id)
+    if not mines_on_demand(w3) or last is None:
+        return None
+    step, mined = client.run_info(run.run_id).dispute_blocks + 2, 0
+    for _ in range(64):  # a proof window is a few dispute windows (ledger.runparams.proof_window_bound)
+        if client.is_final(run.run_id, last):
+            return mined
+        if "error" in w3.provider.make_request("anvil_mine", [hex(step)]):
+            return None
+        mined += step
+    return None
 
 
 def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: LiveView) -> bool:
