@@ -201,8 +201,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         fill_seats(deployment, run.run_id, extra, stake)
         run = dataclasses.replace(run, members=members + extra)
     if getattr(new.factors, "norms", None) is not None and not new.factors.norms.bound:
-        signers = contributors if contributors is not None else members
-        new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
+        binders = contributors if contributors is not None else members
+        new = bound(new, [deployment.client(index) for index in binders], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
         if records and between is not None:
