@@ -445,11 +445,14 @@ def import_hf(directory: str | os.PathLike, dest_dir: str | os.PathLike, block_s
 _SEARCH_DIRS: list[Path] = []
 
 
-def add_search_dir(directory: str | os.PathLike) -> None:
-    """Look for ``sha256:`` initial weights in ``directory`` too (a node adds ``<data_dir>/initial``)."""
+def add_search_dir(directory: str | os.PathLike, first: bool = False) -> None:
+    """Look for ``sha256:`` initial weights in ``directory`` too (a node adds ``<data_dir>/initial``);
+    ``first``: before the others (a directory whose copy was just checked against the hash)."""
     path = Path(directory)
+    if path in _SEARCH_DIRS and first:
+        _SEARCH_DIRS.remove(path)
     if path not in _SEARCH_DIRS:
-        _SEARCH_DIRS.append(path)
+        _SEARCH_DIRS.insert(0 if first else len(_SEARCH_DIRS), path)
 
 
 def init_weights_path(spec: str, search_dirs: list[str | os.PathLike] = ()) -> tuple[Path, str | None]:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document, initial_weights
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.initfetch import initial_weights
 from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -268,13 +268,14 @@ def audit_run(
     timings["chain_checks_s"] = time.perf_counter() - mark
     timings["chain_total_s"] = time.perf_counter() - started
 
+    archives = list(archives)
     sources: list = [ArchiveSource(d, run_id) for d in archives]
-    _imported_starts(archives)
     if fetcher is not None:
         sources.append(PeerSource(fetcher, run_id))
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
     document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id)
+    _replay_inputs(report, document, replayer, archives, fetcher)
     _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress, client)
     timings["rounds_s"] = time.perf_counter() - mark
     if reexecute:
@@ -389,12 +390,15 @@ def _check_rounds(
             progress(index + 1, total, f"round {commit.round}")
 
 
-def _imported_starts(archives: Iterable[str | Path]) -> None:
-    """A run started from an imported model (training/hf_import.py) replays round 0 from its initial
-    weights: looked up by their hash in each archive's ``initial/`` (a node's data directory) and in the
-    archive itself."""
-    from training.hf_import import INIT_DIR, add_search_dir
+def _replay_inputs(report: AuditReport, document: dict | None, replayer: Any, archives: list,
+                   fetcher: Any) -> None:
+    """An imported model's initial weights and the run's tokenizer, from the archives or the run's peers
+    (node/tools/audit_inputs.py): an item for the weights, and where the replay finds the tokenizer."""
+    from node.tools.audit_inputs import initial_weights_check, tokenizer_dirs
 
-    for directory in archives:
-        add_search_dir(Path(directory).expanduser() / INIT_DIR)
-        add_search_dir(Path(directory).expanduser())
+    if document is None or replayer is None:
+        return
+    check = initial_weights_check(document, archives, fetcher)
+    if check is not None:
+        report.general.append(check)
+    replayer.tokenizer_dirs = tokenizer_dirs(document, archives, fetcher)
