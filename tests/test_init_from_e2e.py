@@ -156,7 +156,8 @@ def test_through_the_seeder_alone_round_0_replays_from_the_fetched_weights_and_p
     item = next(c for c in report.general if c.name == INITIAL_WEIGHTS)
     assert item.status == OK and "fetched from the run's peers" in item.reason, item.line()
     first = report.rounds[0]
-    assert first.round == 0 and any(c.name == "weights root (replay)" and c.status == OK for c in first.checks)
+    assert first.round == 0
+    assert any(c.name == "weights root (replay)" and c.status == OK for c in first.checks), first.line()
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert type(back).__name__ == "Qwen2ForCausalLM"
     tokenizer = (tmp_path / "model" / "tokenizer.json").read_bytes()
