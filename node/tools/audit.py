@@ -274,8 +274,8 @@ def audit_run(
         sources.append(PeerSource(fetcher, run_id))
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
-    document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id)
-    _replay_inputs(report, document, replayer, archives, fetcher)
+    document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id,
+                                               (archives, fetcher))
     _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress, client)
     timings["rounds_s"] = time.perf_counter() - mark
     if reexecute:
@@ -330,14 +330,25 @@ def _new_report(client: Any, run_id: int, history: Any, replay: bool) -> AuditRe
     return report
 
 
-def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, run_id: int) -> tuple:
-    """The run document (checked against the configHash), a replayer and the checkpoint layout, or Nones."""
-    document = check_run_document(report, history, sources)
+def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, run_id: int,
+                  local: tuple = ((), None)) -> tuple:
+    """The run document (checked against the configHash), a replayer and the checkpoint layout, or Nones;
+    ``local``: (archives, fetcher), where an imported model's initial weights and the run's tokenizer are
+    (node/tools/audit_inputs.py)."""
+    from node.tools.audit_inputs import initial_weights_check, tokenizer_dirs
+
+    def inputs(document: dict) -> None:  # before the document's values (genesis root) are derived
+        check = initial_weights_check(document, *local)
+        if check is not None:
+            report.general.append(check)
+
+    document = check_run_document(report, history, sources, inputs)
     replayer = layout = None
     if document is not None:
         try:
             replayer = Replayer(document, data_path)
             replayer.sources, replayer.run_id = sources, run_id
+            replayer.tokenizer_dirs = tokenizer_dirs(document, *local)
             from node.store.checkpoint import RunLayout
 
             layout = RunLayout.of_document(run_id, history.run.config_hash, document)
@@ -388,17 +399,3 @@ def _check_rounds(
         previous_block, previous_round = record.block_number, commit.round
         if progress is not None:
             progress(index + 1, total, f"round {commit.round}")
-
-
-def _replay_inputs(report: AuditReport, document: dict | None, replayer: Any, archives: list,
-                   fetcher: Any) -> None:
-    """An imported model's initial weights and the run's tokenizer, from the archives or the run's peers
-    (node/tools/audit_inputs.py): an item for the weights, and where the replay finds the tokenizer."""
-    from node.tools.audit_inputs import initial_weights_check, tokenizer_dirs
-
-    if document is None or replayer is None:
-        return
-    check = initial_weights_check(document, archives, fetcher)
-    if check is not None:
-        report.general.append(check)
-    replayer.tokenizer_dirs = tokenizer_dirs(document, archives, fetcher)
