@@ -229,3 +229,48 @@ def import_hf(directory: str | os.PathLike, dest_dir: str | os.PathLike, block_s
     fields["init_weights"] = str(weights.resolve())
     return Imported(fields, weights, source.tokenizer, source.architecture)
 
+
+
+# ---------------------------------------------------------------------- the run's data
+def check_source_vocab(directory: str | os.PathLike, tokenizer: Any) -> None:
+    """``dlx-node data prepare --tokenizer DIR`` of a model directory: the ids the tokenizer emits must all be
+    in the model's vocabulary (``config.json``'s ``vocab_size``); refused before anything is written."""
+    path = Path(directory).expanduser()
+    if not (path / "config.json").is_file():
+        return
+    config = _read_json(path / "config.json")
+    vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise HFImportError(f"{path / 'config.json'}: vocab_size={vocab!r}: expected a positive integer")
+    if tokenizer.vocab_size > vocab:
+        raise HFImportError(f"{path}: its tokenizer.json has {tokenizer.vocab_size} tokens, more than its "
+                            f"model's vocabulary (config.json vocab_size={vocab}): the tokenizer and the "
+                            "model disagree (a tokenizer of another model?); prepare with the model's own")
+
+
+def check_prepared_data(data_path: str | os.PathLike, directory: str | os.PathLike) -> None:
+    """A run started from the model ``directory`` trains on a prepared dataset (``data_path``) only if it was
+    prepared with the model's own tokenizer and its ids fit the model's vocabulary (``create-run --init-from``
+    refuses it before anything is imported or sent); a text file is tokenized by the nodes with that
+    tokenizer (nothing to check)."""
+    from training.errors import ShardError
+    from training.sharded_corpus import is_dataset, read_manifest
+
+    if not data_path or not is_dataset(data_path):
+        return
+    source = read_source(directory)
+    vocab_size, tokenizer_sha256 = model_fields(source)["vocab_size"], sha256_file(source.tokenizer)
+    try:
+        manifest = read_manifest(data_path)[1]
+    except ShardError as exc:
+        raise HFImportError(f"training.data_path={str(data_path)!r}: {exc}") from None
+    prepare = f"dlx-node data prepare TEXT... --tokenizer {source.path} --out DIR"
+    if manifest.tokenizer != f"sha256:{tokenizer_sha256}":
+        raise HFImportError(f"training.data_path={str(data_path)!r} was prepared with tokenizer "
+                            f"{manifest.tokenizer[:23]}, not the model's own "
+                            f"(sha256:{tokenizer_sha256[:16]}...): its ids mean other tokens to this model; "
+                            f"prepare it with `{prepare}`")
+    if manifest.vocab_size > vocab_size:
+        raise HFImportError(f"training.data_path={str(data_path)!r} holds ids up to "
+                            f"{manifest.vocab_size - 1}, beyond the model's vocabulary ({vocab_size}): the "
+                            f"tokenizer and the model disagree; prepare it with `{prepare}`")

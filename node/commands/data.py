@@ -78,9 +78,17 @@ def run_prepare(args: argparse.Namespace) -> int:
         tokenizer = train_tokenizer(args.inputs, args.vocab_size, args.text_field)
     else:
         spec = args.tokenizer
-        if spec != "bytes" and Path(spec).expanduser().is_dir():  # a model directory: its own tokenizer
-            spec = str(Path(spec).expanduser() / "tokenizer.json")
+        model_dir = Path(spec).expanduser() if spec != "bytes" and Path(spec).expanduser().is_dir() else None
+        if model_dir is not None:  # a model directory: its own tokenizer, which must fit its vocabulary
+            spec = str(model_dir / "tokenizer.json")
         tokenizer = load_tokenizer(spec)
+        if model_dir is not None:
+            from training.hf_import import HFImportError, check_source_vocab
+
+            try:
+                check_source_vocab(model_dir, tokenizer)
+            except HFImportError as exc:
+                raise ConfigError(str(exc)) from None
     progress = _Progress(f"preparing {out.name}", interactive)
     try:
         manifest = prepare_dataset(

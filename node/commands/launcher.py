@@ -122,9 +122,10 @@ def init_from_settings(directory: str, workdir: Path, settings: list[str]) -> li
     from node.commands.runfile import INIT_FROM_KEYS, import_model
     from node.config import parse_overrides
 
-    model = {key: value for key, value in parse_overrides(settings).get("model", {}).items()
-             if key in INIT_FROM_KEYS}
-    fields = import_model(directory, model, workdir, f"--init-from {directory}")
+    overrides = parse_overrides(settings)
+    model = {key: value for key, value in overrides.get("model", {}).items() if key in INIT_FROM_KEYS}
+    data_path = str(overrides.get("training", {}).get("data_path", "") or "")  # prepared with its tokenizer?
+    fields = import_model(directory, model, workdir, f"--init-from {directory}", data_path)
     return [f"model.{key}={str(value).lower() if isinstance(value, bool) else value}"
             for key, value in fields.items()]
 
