@@ -30,10 +30,13 @@ def model_dir(tmp_path):
     return tmp_path / "qwen"
 
 
-def test_data_prepared_with_the_model_directory_uses_its_own_tokenizer(model_dir, tmp_path):
+def test_data_prepared_with_the_model_directory_uses_its_own_tokenizer(model_dir, tmp_path, capsys):
     out = tmp_path / "ds"
     assert main(["data", "prepare", str(tmp_path / "text.txt"), "--out", str(out), "--tokenizer",
                  str(model_dir), "--no-progress"]) == 0
+    printed = capsys.readouterr().out  # the run's [model] comes from the model: only its data_path is printed
+    assert f"--init-from {model_dir}" in printed and "vocab_size =" not in printed
+    assert f'data_path = "{out.resolve()}"' in printed
     manifest = read_manifest(out)[1]
     tokenizer = load_tokenizer(str(model_dir / "tokenizer.json"))
     assert manifest.tokenizer == f"sha256:{tokenizer.sha256}" and manifest.vocab_size == tokenizer.vocab_size
