@@ -321,7 +321,7 @@ def run_join(args: argparse.Namespace) -> int:
         atomic_write_bytes(data_dir / "run.json", canonical_json(document))
         print(f"wrote {config_path}")
     cfg = load_config(config_path)
-    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training)[0])
+    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training, cfg.compute.processes)[0])
     if plan:  # nothing is sent that the account cannot pay for, nor without a yes
         check_funds(chain.client.balance(), chain.client.address, plan)
         agree(plan, args.yes, "joining")
@@ -330,7 +330,7 @@ def run_join(args: argparse.Namespace) -> int:
         node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments,
                              cfg=cfg)
         node_chain.ensure_registered(identity)
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         node_chain.ensure_member(info.run_id, platform, also=(legacy,))
     finally:
         node_chain.close()

@@ -311,7 +311,7 @@ class LocalRun:
             chain = NodeChain.connect(cfg)
             try:
                 chain.ensure_registered(Identity.load_or_create(cfg.path(cfg.p2p.key_file)))
-                chain.ensure_member(self.run_id, own_platform(cfg.training))
+                chain.ensure_member(self.run_id, own_platform(cfg.training, cfg.compute.processes))
             finally:
                 chain.close()
 

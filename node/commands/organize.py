@@ -301,7 +301,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
         chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds,
                         commitments=cfg.diloco.commitments, cfg=cfg)
         chain.ensure_registered(identity)
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         chain.ensure_member(run_id, platform, also=(legacy,))
     finally:
         chain.close()
