@@ -87,3 +87,33 @@ def test_a_cluster_node_of_two_processes_commits_audits_and_pulls(make_run, tmp_
     assert result.round == ROUNDS - 1
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.config.n_layer == cfg.model.n_layer
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_ctrl_c_stops_a_cluster_node_and_its_worker_rank_mid_run(make_run):
+    """SIGINT (a terminal's Ctrl-C) to a cluster node in the middle of its run: it exits, and so does its
+    worker rank (told to stop by rank 0's close, which every exit path of the node runs)."""
+    import signal
+
+    from node_fixtures import wait_for
+
+    run = make_run(replicas=2, stages=1, split=False, settings=[*TINY, "rounds=200", "join_timeout=120"])
+    cluster = run.nodes[0]
+    cfg = load_config(cluster.config_path, ["compute.processes=2"])
+    cluster.config_path.write_text("# a cluster node of 2 processes\n" + dump_toml(cfg.to_dict()))
+    run.start()
+
+    def logs() -> str:
+        return "\n".join(p.read_text(errors="replace") for p in cluster.data_dir.glob("node-*.log"))
+
+    wait_for(lambda: "round 1 stage 0: contribution" in logs(), 900, "the cluster node's round 1", run)
+    worker = int(WORKERS.search(logs()).group(1))
+    assert _alive(worker)
+    cluster.process.send_signal(signal.SIGINT)
+    cluster.process.wait(timeout=120)
+    deadline = time.monotonic() + 60
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(worker), f"cluster worker rank {worker} outlived its node\n" + run_logs(run)
+    run.stop_nodes()
