@@ -47,19 +47,24 @@ class HeldStates:
         self.evidence_dir = evidence_dir
         self.num_stages = num_stages
         self._linkable_dir = work_dir / "linkable"
+        #: Where this node's own start states are written before they are served (StartStateCapture.write).
+        self.writing_dir = work_dir / "start-states"
         self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
         self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
 
-    def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
+    def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
-        binds).
+        binds). A part is its bytes or a file written under :attr:`writing_dir` (hard-linked into the blob
+        store, then its name here removed: the state is never read whole into memory).
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
-            self._part_bytes[stage] = len(data)
+            self._part_bytes[stage] = data.stat().st_size if isinstance(data, Path) else len(data)
             digest = serve_when_space(self.host, data,
                                       what=f"round {outer_round}'s start state of stage {stage}",
                                       stop=self.stop)
+            if isinstance(data, Path):
+                data.unlink(missing_ok=True)  # the blob store holds its own link (or copy)
             self._served.setdefault(outer_round, []).append(digest)
             hashes[stage] = bytes.fromhex(digest)
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs

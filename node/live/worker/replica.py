@@ -27,7 +27,7 @@ from training.errors import PipelineError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_capture import start_state_bytes
+from training.replica_capture import StartStateCapture
 from training.pipeline import LocalReplicaTrainer
 from training.pipeline_group import close_pipeline_group, init_pipeline_group
 from training.pipeline_stage import PipelineStageTrainer
@@ -274,7 +274,8 @@ class ReplicaWorker(StageAggregation):
     def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
         """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
         a function that adds the engines' state and serialises, to call (on any thread) before the
-        engines change (the next encode or apply) and after the previous encode finished."""
+        engines change (the next encode or apply) and after the previous encode finished (a
+        :class:`~training.replica_capture.StartStateCapture`, whose ``write`` puts them in files instead)."""
         meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco,
                           run_rounds=self.cfg.rounds, num_stages=self.cfg.pipeline.num_stages,
                           micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0,
@@ -285,8 +286,7 @@ class ReplicaWorker(StageAggregation):
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
         parts = {stage: cluster.trainer_part(self.trainer, *held[stage]) for stage in self.stages}
-        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage])
-                            for stage in self.stages}
+        return StartStateCapture(meta, lambda stage: self.engines[stage], parts)
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
