@@ -117,3 +117,47 @@ def test_ctrl_c_stops_a_cluster_node_and_its_worker_rank_mid_run(make_run):
         time.sleep(0.5)
     assert not _alive(worker), f"cluster worker rank {worker} outlived its node\n" + run_logs(run)
     run.stop_nodes()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_killed_cluster_node_leaves_no_rank_and_rejoins_from_its_checkpoint(make_run):
+    """SIGKILL of a cluster node mid-run (no clean-up runs): its worker rank leaves by itself; restarted, the
+    node starts a new worker, enters from the chain-verified checkpoint (every rank's inner optimizer
+    fresh) and contributes again; the other node's spot checks of it find no mismatch across the
+    restart."""
+    import json
+    import signal
+
+    from node_fixtures import wait_for
+
+    rounds = 10
+    run = make_run(replicas=2, stages=1, split=False, settings=[
+        *TINY, f"rounds={rounds}", "join_timeout=120", "diloco.inner_steps=40", "spot_checks=8"])
+    cluster = run.nodes[0]
+    cfg = load_config(cluster.config_path, ["compute.processes=2"])
+    cluster.config_path.write_text("# a cluster node of 2 processes\n" + dump_toml(cfg.to_dict()))
+    run.start()
+
+    def log(start: int) -> str:
+        path = cluster.data_dir / f"node-{start}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    wait_for(lambda: "round 1 stage 0: contribution" in log(1), 900, "the cluster node's round 1", run)
+    first = int(WORKERS.search(log(1)).group(1))
+    run.kill(cluster, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while _alive(first) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(first), f"the killed node's worker rank {first} is still running"
+    run.start_node(cluster)
+    assert run.wait(1200, progress=False), run_logs(run)
+    assert "from the chain-verified checkpoint of round" in log(2), run_logs(run)
+    second = int(WORKERS.search(log(2)).group(1))
+    assert second != first and not _alive(second)
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == list(range(rounds)), run_logs(run)
+    assert history.commits[-1].commit.num_contributors == 2, run_logs(run)
+    assert not history.accusations and not history.disputes, run_logs(run)
+    other = json.loads((run.nodes[1].data_dir / "status.json").read_text())
+    assert other["spot_checks"] >= 2 and other["spot_check_mismatches"] == 0, other
