@@ -21,19 +21,22 @@ clock. Round ``t``'s archive and start states are kept while any of these holds:
 * ``t`` is among the newest ``keep_rounds`` (0: no more).
 
 What a fraud proof of ``t`` and its availability games read, the chunked run's published stage states, is
-kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: those of the rounds
-still kept (an auditor checks them), the newest *final* committed full checkpoint (its proof window closed:
-nothing can overturn it, so a joiner can always start from it), the newest committed one, every round not
-committed yet and the newest ``keep_checkpoints``; everything while no full checkpoint is final.
+kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: the newest *final*
+committed full checkpoint (its proof window closed: nothing can overturn it, so a joiner can always start
+from it), the newest committed one, every round not committed yet and the newest ``keep_checkpoints``;
+everything while no full checkpoint is final.
 
 So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
 :data:`SPOT_CHECK_ROUNDS` committed ones, and those whose own window is open (``disputeBlocks`` over the
 blocks a round takes, longer only while a dispute or an availability game runs), plus two checkpoints.
 Per round that is the node's start state of each held stage (what a rerun starts from: weights, AdamW
-state and outer state), its signed contributions and the round's checkpoint files, and in a chunked run
-its published stage state (over the longer proof window): so its disk is bounded by about ``W`` start
-states of its stages plus a few checkpoints however many rounds run (docs/PROTOCOL.md, "Archive and
-retention", gives the measured figures).
+state and outer state, about 10 x the stage's parameter bytes) and its signed contributions, and in a
+chunked run, over the longer proof window ``P`` rounds, its published stage state (weights and momentum,
+2 x) with the version-3 factors and sum trees beside it and its spilled chunk leaves: so its disk is about
+``W`` start states plus ``P`` published states plus two checkpoints, however many rounds run, where ``W``
+and ``P`` are the chain's windows in blocks over the blocks a round takes (a few rounds for rounds of
+minutes; tens in the retention bench, whose rounds take a block or two). docs/PROTOCOL.md, "Archive and
+retention", gives the measured figures.
 
 ``storage.retention = "all"`` keeps every round (0 and 0 of the older settings): what an audit of the whole
 run from this node's files needs; it grows by about one start state of each held stage a round.
@@ -165,11 +168,16 @@ class Retention:
         return max(0, floor)
 
     def checkpoints_kept(self, checkpoint_dir: Path, committed_through: int, rounds_floor: int) -> set[int]:
-        """The checkpoint rounds kept: those from ``rounds_floor`` on (the rounds still inside a window: an
-        auditor checks their checkpoints), the newest final committed full checkpoint (nothing overturns it:
-        a joiner can always start from it), the newest committed full one (what the chain names now), every
-        round not committed yet and the newest ``keep_checkpoints``. Everything while no full checkpoint is
-        final."""
+        """The checkpoint rounds kept: the newest final committed full checkpoint (nothing overturns it: a
+        joiner can always start from it), the newest committed full one (what the chain names now), every
+        round not committed yet (a restart, and the assembly of a round's full checkpoint from its holders'
+        shards, read them) and the newest ``keep_checkpoints``. Everything while no full checkpoint is final.
+
+        Not the checkpoints of every round still inside a window (``rounds_floor``, kept until issue 75's
+        measurement: 18 of each at 25 rounds of the retention bench, 2 x the stage's bytes each): nothing on
+        chain reads a checkpoint inside a window (a fraud proof and its games read the published stage
+        states, node/live/fraud/chunkstate.py; a spot check the start states), and an auditor reads older
+        ones from the seeders' and archives' copies (docs/AUDIT.md)."""
         files = checkpoint_files(checkpoint_dir)
         if self.keeps_all:
             return set(files)
@@ -178,7 +186,7 @@ class Retention:
         final = next((r for r in reversed(full) if self.proof_open is None or not self.proof_open(r)), None)
         if final is None:
             return set(files)
-        keep = {r for r in files if r >= rounds_floor or r > committed_through} | {final, full[-1]}
+        keep = {r for r in files if r > committed_through} | {final, full[-1]}
         if self.storage.keep_checkpoints > 0:
             keep |= set(committed[-self.storage.keep_checkpoints:])
         return keep
