@@ -67,6 +67,10 @@ def test_a_cluster_node_of_two_processes_commits_audits_and_pulls(make_run, tmp_
     verdicts = SPOT_LINE.findall(ordinary)  # the one-process node reran the cluster's rounds
     assert verdicts and "mismatch" not in {v for _t, v in verdicts}, run_logs(run)
     print("spot checks of the cluster:", verdicts)
+    import json
+
+    own = json.loads((cluster.data_dir / "status.json").read_text())  # the cluster checked the other node
+    assert own["spot_checks"] >= 1 and own["spot_check_mismatches"] == 0, own
 
     client = run.client()
     history = client.history(run.run_id)
