@@ -199,3 +199,43 @@ def test_a_pruned_node_still_serves_what_an_open_window_asks(tmp_path):
     finally:
         client.close()
         server.close()
+
+
+def test_a_restarted_node_still_prunes_the_start_states_it_served_before(tmp_path):
+    """The start states served before a restart are listed on disk (node/store/retention.py
+    SERVED_STATES_FILE): a new HeldStates on the same work directory (the restarted node) forgets them when
+    their rounds leave the span, and the store keeps exactly the rounds still inside it."""
+    store, host, archive, states, ckpt = _node(tmp_path, 30)
+    served = {r: hashlib.sha256(b"start state of round %d" % r * 50).hexdigest() for r in range(30)}
+    assert set(served.values()) <= set(store.list())
+    restarted = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    assert restarted.served_rounds() == list(range(30))
+    chain = Windows(committed_through=29, closes={r: 0 for r in range(30)}, head=100)
+    floor = _retain(Retention(StorageConfig(), chain.open), store, host, archive, restarted, ckpt, 29, 29)
+    assert floor == 29 - SPOT_CHECK_ROUNDS + 1
+    left = set(store.list())
+    assert {r for r, d in served.items() if d in left} == set(range(floor, 30))
+    # and a third start sees only what is left
+    again = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    assert again.served_rounds() == list(range(floor, 30))
+    # a round re-served after a restart (the node re-applies it) is listed once more, and goes once
+    again.serve(floor, {0: b"start state of round %d" % floor * 50}, 0)
+    assert again.forget_before(floor + 1) == [floor] and served[floor] not in set(store.list())
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"v": 2, "rounds": {}}', b'{"v": 1, "rounds": [1]}',
+                                     b'{"v": 1, "rounds": {"3": ["not a hash"]}}',
+                                     b'{"v": 1, "rounds": {"-1": []}}'])
+def test_a_damaged_served_list_is_refused_with_a_warning_and_the_node_goes_on(tmp_path, caplog, content):
+    from node.store.retention import SERVED_STATES_FILE
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / SERVED_STATES_FILE).write_bytes(content)
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+    with caplog.at_level("WARNING"):
+        states = HeldStates(StoreHost(store), work, tmp_path / "evidence", num_stages=1, stop=None)
+    assert states.served_rounds() == [] and SERVED_STATES_FILE in caplog.text
+    digest = states.serve(4, {0: b"state"}, 0)[0].hex()
+    assert HeldStates(StoreHost(store), work, tmp_path / "evidence", 1, None).served_rounds() == [4]
+    assert digest in store.list()

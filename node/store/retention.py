@@ -20,6 +20,9 @@ clock. Round ``t``'s archive and start states are kept while any of these holds:
   oldest first, so what is kept is always one span of rounds;
 * ``t`` is among the newest ``keep_rounds`` (0: no more).
 
+A node's own start states are listed by round on disk (:data:`SERVED_STATES_FILE`), so a restarted node
+prunes those it served before the restart as well.
+
 What a fraud proof of ``t`` and its availability games read, the chunked run's published stage states, is
 kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: the newest *final*
 committed full checkpoint (its proof window closed: nothing can overturn it, so a joiner can always start
@@ -49,11 +52,13 @@ and leftovers of an interrupted removal are swept the next time.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+from node.fsutil import atomic_write_bytes
 from node.store.archive import Archive
 from p2p.blobstore import hash_file
 
@@ -63,6 +68,10 @@ logger = logging.getLogger(__name__)
 #: draws its spot checks of a round once it is on chain and fetches the claimant's start state then
 #: (node/live/checks/heldstates.py serves them; its chain check of round t comes with round t + 1).
 SPOT_CHECK_ROUNDS = 8
+
+#: The file (in the spot checker's work directory) listing the blobs of this node's own start states by round
+#: (node/live/checks/heldstates.py): a restarted node still forgets them when their rounds leave the span.
+SERVED_STATES_FILE = "served-start-states.json"
 
 _CHECKPOINT_FILE = re.compile(r"^(?:round-(\d{8})|shard-(\d{8})-stage\d+)\.safetensors$")
 
@@ -216,3 +225,34 @@ def prune_checkpoints_except(checkpoint_dir: Path, keep: set[int], committed_thr
     if doomed:
         logger.info("retention: pruned checkpoints of rounds %s (%d rounds kept)", _span(doomed), len(keep))
     return doomed
+
+
+def load_served_states(path: Path) -> dict[int, list[str]]:
+    """The start-state blobs a node served before (round -> sha256 hex), as :func:`save_served_states` left
+    them; {} when there is no file. A damaged or foreign file is refused with a warning and read as {} (the
+    node goes on; those blobs then stay until deleted by hand: the warning names the file)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        logger.warning("retention: %s unreadable (%s): start states served before this start are not "
+                       "pruned", path, exc)
+        return {}
+    try:
+        out = {int(r): [str(d) for d in digests] for r, digests in raw["rounds"].items()}
+        if raw.get("v") != 1 or any(int(r) < 0 for r in out) or any(
+                not re.fullmatch(r"[0-9a-f]{64}", d) for ds in out.values() for d in ds):
+            raise ValueError("not a list of rounds and sha256 hashes, version 1")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning("retention: %s is not a served-states list (%s): start states served before this "
+                       "start are not pruned", path, exc)
+        return {}
+    return out
+
+
+def save_served_states(path: Path, served: dict[int, list[str]]) -> None:
+    """Record ``served`` (round -> sha256 hex of this node's start-state blobs) at ``path``, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"v": 1, "rounds": {str(r): list(d) for r, d in sorted(served.items())}}
+    atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode() + b"\n")

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
-from node.store.retention import SPOT_CHECK_ROUNDS
+from node.store.retention import SERVED_STATES_FILE, SPOT_CHECK_ROUNDS, load_served_states, save_served_states
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 
@@ -49,7 +49,11 @@ class HeldStates:
         self._linkable_dir = work_dir / "linkable"
         #: Where this node's own start states are written before they are served (StartStateCapture.write).
         self.writing_dir = work_dir / "start-states"
-        self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+        # round -> blob hashes of this node's start states; on disk too, so that a restarted node still
+        # forgets those it served before (node/store/retention.py)
+        self._served_file = work_dir / SERVED_STATES_FILE
+        self._served: dict[int, list[str]] = load_served_states(self._served_file)
+        self._served_lock = threading.Lock()
         self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
 
     def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
@@ -65,28 +69,42 @@ class HeldStates:
                                       stop=self.stop)
             if isinstance(data, Path):
                 data.unlink(missing_ok=True)  # the blob store holds its own link (or copy)
-            self._served.setdefault(outer_round, []).append(digest)
+            with self._served_lock:
+                self._served.setdefault(outer_round, []).append(digest)
+                self._save_served()
             hashes[stage] = bytes.fromhex(digest)
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
         # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
         if keep_rounds > 0:
-            for old in [r for r in self._served if r < outer_round - max(keep_rounds, STATE_ROUNDS_KEPT)]:
-                for digest in self._served.pop(old):
-                    self.host.remove_blob(digest)
+            self.forget_before(outer_round - max(keep_rounds, STATE_ROUNDS_KEPT))
         return hashes
+
+    def _save_served(self) -> None:
+        """Write the served list (under ``_served_lock``); a failed write only costs the pruning of these
+        blobs after a restart."""
+        try:
+            save_served_states(self._served_file, self._served)
+        except OSError as exc:
+            logger.warning("list of served start states not written (%s): after a restart they are not "
+                           "pruned", exc)
 
     def forget_before(self, floor: int) -> list[int]:
         """Stop serving (and delete) this node's start states of rounds before ``floor`` (the retention's:
         node/store/retention.py); the rounds dropped."""
-        old = sorted(r for r in list(self._served) if r < floor)
-        for outer_round in old:
-            for digest in self._served.pop(outer_round, []):
-                self.host.remove_blob(digest)
+        with self._served_lock:
+            old = sorted(r for r in list(self._served) if r < floor)
+            for outer_round in old:
+                for digest in self._served[outer_round]:
+                    self.host.remove_blob(digest)  # a blob already gone (a crash after it) is no error
+                del self._served[outer_round]
+            if old:
+                self._save_served()
         return old
 
     def served_rounds(self) -> list[int]:
-        """The rounds whose start states this node serves."""
-        return sorted(self._served)
+        """The rounds whose start states this node serves (those served before a restart too)."""
+        with self._served_lock:
+            return sorted(self._served)
 
     def fetch(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
         """The start-state part each envelope binds, fetched from its signer (stage order)."""
@@ -107,7 +125,8 @@ class HeldStates:
         """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
         1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
         # training thread adds
-        own = {digest for digests in list(self._served.values()) for digest in list(digests)}
+        with self._served_lock:
+            own = {digest for digests in self._served.values() for digest in digests}
         for state_hash in hashes:
             if state_hash.hex() not in own:
                 try:
