@@ -301,3 +301,26 @@ def test_create_run_refuses_kernel_versions_whose_roots_follow_the_cpu(w3, tmp_p
     out = capsys.readouterr().out
     assert f"warning: weak run (--weak-run): training.reproducible_kernels={kernels}" in out
     assert run_count(w3, ledger, registry) == 1
+
+
+@pytest.mark.parametrize("scheme", ["hashed", "chunked"])
+def test_create_run_refuses_commitment_versions_that_leave_wrong_rounds_unprovable(w3, tmp_path, deployed,
+                                                                                    capsys, scheme):
+    """Issue 79: versions 1 (no fraud proof) and 2 (no contribution binding, no norm commitment) are no longer
+    made by default ("auto" gives version 3); a new run of either is refused, naming what it gives up, before
+    anything is sent; --weak-run creates it with a warning (an honest node still joins it, logging the same)."""
+    path, registry, ledger = deployed
+    run_file(tmp_path, RUN_FILE.replace("[diloco]\n", f"[diloco]\ncommitments = \"{scheme}\"\n"))
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"diloco.commitments={scheme} (version " in err
+    assert ("no fraud proof opens its roots" if scheme == "hashed" else "cannot be proven wrong") in err
+    assert run_count(w3, ledger, registry) == 0
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes", "--weak-run", "--listen-port", "24998",
+                 "--confirmations", "1"])
+    assert code == 0, capsys.readouterr().err
+    assert f"warning: weak run (--weak-run): diloco.commitments={scheme}" in capsys.readouterr().out
+    assert run_count(w3, ledger, registry) == 1

@@ -181,6 +181,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     run = read_run_file(args.run_file, getattr(args, "init_from", ""), data_dir)
     params = run_params(run)
     weak = params.weaknesses() + training_weaknesses(run.cfg.training)
+    weak += [run.cfg.commitment_scheme.weakness] if run.cfg.commitment_scheme.weakness else []
     if weak and not getattr(args, "weak_run", False):
         raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: "
                           + "; ".join(weak)
