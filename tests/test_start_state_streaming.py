@@ -135,3 +135,21 @@ def test_held_states_serve_a_written_file_by_link(tmp_path) -> None:
     assert not path.exists()  # served from the store's own link
     assert store.path(hashes[1].hex()).read_bytes() == b"state of stage 1" * 1000
     assert states.expected_part_bytes(1) == 16000
+
+
+def test_held_states_hold_a_rerun_file_for_the_chain_check(tmp_path) -> None:
+    """A spot check's state parts stay in its job's files while the child reruns them; an exact rerun's are
+    held for round t+1's chain check by copying those files (node/live/checks/rerun.py)."""
+    states = HeldStates(None, tmp_path / "work", tmp_path / "evidence", num_stages=2, stop=None)
+    job = tmp_path / "job"
+    job.mkdir()
+    files = [job / "state-0.bin", job / "state-1.bin"]
+    files[0].write_bytes(b"stage 0" * 500)
+    files[1].write_bytes(b"stage 1" * 700)
+    states.hold_linkable(4, 1, files)
+    for path in files:
+        path.unlink()  # the job's directory goes after the check
+    assert states.linkable(4, 1) == [b"stage 0" * 500, b"stage 1" * 700]
+    states.hold_linkable(5, 1, [b"bytes 0", b"bytes 1"])  # bytes as before
+    assert states.linkable(5, 1) == [b"bytes 0", b"bytes 1"]
+    assert not list((tmp_path / "work" / "linkable").glob(".*.tmp"))

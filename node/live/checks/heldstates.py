@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -142,12 +144,20 @@ class HeldStates:
     def _linkable_path(self, outer_round: int, replica: int, stage: int) -> Path:
         return self._linkable_dir / f"round-{outer_round:08d}-replica{replica}-{stage}.part"
 
-    def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes]) -> None:
+    def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes | Path]) -> None:
         """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
-        replica's round t+1 state does not follow, this is the other half of the evidence."""
+        replica's round t+1 state does not follow, this is the other half of the evidence. A part is its
+        bytes or a file (copied in chunks, through a temporary name)."""
         try:
             for stage, data in enumerate(parts):
-                atomic_write_bytes(self._linkable_path(outer_round, replica, stage), data)
+                target = self._linkable_path(outer_round, replica, stage)
+                if isinstance(data, Path):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    staged = target.with_name(f".{target.name}.tmp")
+                    shutil.copyfile(data, staged)
+                    os.replace(staged, target)
+                else:
+                    atomic_write_bytes(target, data)
         except OSError as exc:
             logger.warning("start state of replica %d round %d not held for its chain check: %s", replica,
                            outer_round, exc)
