@@ -308,7 +308,7 @@ def test_create_run_refuses_commitment_versions_that_leave_wrong_rounds_unprovab
                                                                                     capsys, scheme):
     """Issue 79: versions 1 (no fraud proof) and 2 (no contribution binding, no norm commitment) are no longer
     made by default ("auto" gives version 3); a new run of either is refused, naming what it gives up, before
-    anything is sent; --weak-run creates it with a warning (an honest node still joins it, logging the same)."""
+    anything is sent; --weak-run creates it with a warning (an honest node still joins it, logging it)."""
     path, registry, ledger = deployed
     run_file(tmp_path, RUN_FILE.replace("[diloco]\n", f"[diloco]\ncommitments = \"{scheme}\"\n"))
     code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
