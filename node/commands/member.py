@@ -13,11 +13,36 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from node.commands.chainops import Spend, add_fee_args, agree, ask_yes, check_funds, eta, seconds_per_block
 from node.commitments import version_name
 from node.errors import ConfigError, NotYet
 
+
+
+def node_identity(data_dir: Path, reuse: str = ""):
+    """The node key (a :class:`p2p.identity.Identity`) of node directory ``data_dir``: its ``identity.key``,
+    made if it has none. ``reuse``: another node directory's key file to use instead, copied in (mode 0600):
+    an account registers one node key, so the node of its next run (create-run, join) needs that key."""
+    from p2p.errors import IdentityError
+    from p2p.identity import Identity
+
+    path = data_dir / "identity.key"
+    if not reuse:
+        return Identity.load_or_create(path)
+    try:
+        identity = Identity.load(Path(reuse).expanduser())
+    except IdentityError as exc:
+        raise ConfigError(f"--identity {reuse}: {exc}") from None
+    if path.exists():
+        own = Identity.load(path)
+        if own.public_key_bytes != identity.public_key_bytes:
+            raise ConfigError(f"--identity {reuse}: {path} already holds another node key ({own.peer_id}, "
+                              f"not {identity.peer_id}): pick a new --data-dir")
+        return own
+    identity.save(path)
+    return identity
 
 def add_parsers(sub) -> None:
     for name, helptext in (
