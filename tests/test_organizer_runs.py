@@ -3,7 +3,8 @@
 A run file makes one run: ``create-run`` of it again after every round is committed says the run is over and
 how to make the next one (exit 6, nothing sent), not "finishing it". An account registers one node key, so
 the next run's node directory takes it with ``--identity OLD/identity.key``; without it the refusal says so.
-The real ``dlx-node create-run`` (a process of its own) makes the second run; the organizer is its member.
+The real ``dlx-node create-run`` (a process of its own) makes the second run; the organizer is its member. A
+contributor's account registered with the key of another node directory joins with ``--identity`` too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from ledger_fixtures import FAST_RETRY, fresh_anvil_w3
 
 from ledger.account import dev_account
+from ledger.binding import binding_message
 from ledger.client import LedgerClient
 from ledger.records import RoundRecord
 from node.cli import main
@@ -128,3 +130,29 @@ def test_an_organizers_second_run_after_the_first_ended(chain, tmp_path, capsys)
                                 str(tmp_path / "org" / "identity.key"))
     assert main(other) == 2
     assert "already holds another node key" in capsys.readouterr().err and client.run_count() == 2
+
+
+def test_a_contributors_next_run_takes_its_node_key_with_identity(chain, tmp_path, capsys):
+    """An account that holds a seat elsewhere (its key in ``old/identity.key``) joins another run from a new
+    directory: refused naming --identity (6, nothing sent); with it the key is taken and the join goes on to
+    fetch the run document (from the link's peer, not running here: exit 10, the network)."""
+    w3, deployment, registry, ledger = chain
+    assert main(_create_run_command(tmp_path, deployment, "open", "org")) == 0
+    link = (tmp_path / "org" / "run-link.txt").read_text().strip()
+    capsys.readouterr()
+    key = Identity.generate()
+    key.save(tmp_path / "old" / "identity.key")
+    account = dev_account(5, w3.eth.chain_id)
+    member = LedgerClient(w3, account, registry, ledger)
+    binding = key.sign(binding_message(w3.eth.chain_id, registry, account.address))
+    member.register(key.public_key_bytes, binding)
+    join = ["join", link, "--data-dir", str(tmp_path / "new"), "--dev-account", "5", "--yes", "--no-start",
+            "--no-progress"]
+    assert main(join) == 6
+    assert "--identity OLD_DIR/identity.key" in capsys.readouterr().err
+    assert LedgerClient(w3, None, registry, ledger).member(1, account.address) is None
+    proc = _dlx_node([*join, "--data-dir", str(tmp_path / "new2"), "--identity",
+                      str(tmp_path / "old" / "identity.key")])
+    assert proc.returncode == 10, proc.stdout + proc.stderr
+    assert "no peer of the run is reachable" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert Identity.load(tmp_path / "new2" / "identity.key").peer_id == key.peer_id

@@ -276,14 +276,14 @@ def run_join(args: argparse.Namespace) -> int:
     from node.platforms import own_platforms
     from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
     from node.runconfig import run_document
-    from p2p.identity import Identity
+    from node.commands.member import node_identity
 
     link = link_from_args(args)
     data_dir = Path(args.data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "node.toml"
     _refuse_another_runs(config_path, link, args.force, load_config)
-    identity = Identity.load_or_create(data_dir / "identity.key")
+    identity = node_identity(data_dir, getattr(args, "identity", ""))
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
     refuse_finished(chain.client, info)  # before anything is fetched, written or sent
