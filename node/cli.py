@@ -201,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except DLX_ERRORS as exc:
         logger.debug("command failed after %.1fs", time.monotonic() - started, exc_info=True)
+        full = exc.__cause__
+        if isinstance(full, OSError) and is_disk_full(full):  # a package's error over a full disk (pull's
+            if not full.filename:                              # export, an archive): state, 4, not its own
+                full.filename = _destination(args)
+            print(f"dlx-node {args.command}: error: {exc}; "
+                  f"{disk_full_message(full, 'free space and run it again')}", file=sys.stderr)
+            return int(ExitCode.STATE)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     except OSError as exc:
