@@ -227,6 +227,14 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert summary["members"][0]["account"] == organizer and summary["members"][0]["status"] == "active"
     assert summary["rounds_committed"] == 0 and summary["last_record"] is None
     assert summary["commitments"] == info.commitments
+    # (issue 80 point 7) and, as audit and pull, from --rpc, --run and --deployment (it took only a link)
+    assert main(["run-info", "--rpc", w3.provider.endpoint_uri, "--run", "1", "--deployment", str(path),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == summary
+    assert main(["run-info", link, "--run", "2"]) == 2
+    assert "--run 2 and the link's run 1 differ" in capsys.readouterr().err
+    assert main(["run-info", "--run", "1"]) == 2 and "pass the run link, or --rpc and --run" in (
+        capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------------- leave / withdraw / run-info / links

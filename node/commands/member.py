@@ -59,8 +59,14 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("run-info",
                        help="a run's members, stakes, rounds, last record, accusations and disputes "
                                         "(read-only)")
-    p.add_argument("link", help="the run link (dlx://<chain_id>/<ledger>/<run_id>?rpc=...)")
+    p.add_argument("link", nargs="?", default="",
+                   help="the run link (dlx://<chain_id>/<ledger>/<run_id>?rpc=...); or give --rpc, --run and "
+                        "--deployment (or --registry and --ledger), as for audit and pull")
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (overrides the link's)")
+    p.add_argument("--run", type=int, default=None, help="run id")
+    p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
+    p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
+    p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo' or deploy")
     p.add_argument("--json", action="store_true", help="print it as JSON")
 
 
@@ -267,10 +273,20 @@ def format_run_info(s: dict) -> str:
 def run_run_info(args: argparse.Namespace) -> int:
     """``dlx-node run-info``."""
     from node.commands.link import parse_run_link
+    from node.tools.evidence import reader_client
 
-    link = parse_run_link(args.link)
-    client, _ = reader_for_link(link, args.rpc)
-    summary = run_info_summary(client, link.run_id)
+    if args.link:
+        link = parse_run_link(args.link)
+        if args.run is not None and args.run != link.run_id:
+            raise ConfigError(f"--run {args.run} and the link's run {link.run_id} differ: give one")
+        client, _ = reader_for_link(link, args.rpc)
+        run_id = link.run_id
+    else:  # as audit and pull: --rpc, --run and the deployment's addresses
+        if not args.rpc or args.run is None:
+            raise ConfigError("pass the run link, or --rpc and --run (with --deployment or "
+                              "--registry/--ledger)")
+        client, run_id = reader_client(args), args.run
+    summary = run_info_summary(client, run_id)
     print(json.dumps(summary, indent=1) if args.json else format_run_info(summary))
     return 0
 
