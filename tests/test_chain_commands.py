@@ -332,3 +332,17 @@ def test_create_run_refuses_commitment_versions_that_leave_wrong_rounds_unprovab
     assert code == 0, capsys.readouterr().err
     assert f"warning: weak run (--weak-run): diloco.commitments={scheme}" in capsys.readouterr().out
     assert run_count(w3, ledger, registry) == 1
+
+
+def test_mine_advances_a_dev_chain_and_the_hint_names_it_not_cast(w3, capsys):
+    """(issue 80 point 7) the no-estimate hint named `cast`, which setup installs nowhere: it names the
+    project's own `dlx-node mine`, and that mines on the real anvil; a non-positive count is refused."""
+    from node.commands.chainops import ON_DEMAND
+
+    assert "cast" not in ON_DEMAND and "dlx-node mine N --rpc URL" in ON_DEMAND
+    before = w3.eth.block_number
+    assert main(["mine", "3", "--rpc", w3.provider.endpoint_uri]) == 0
+    assert w3.eth.block_number == before + 3
+    assert f"the head is block {before + 3}" in capsys.readouterr().out
+    assert main(["mine", "0", "--rpc", w3.provider.endpoint_uri]) == 2
+    assert "at least 1" in capsys.readouterr().err

@@ -235,7 +235,7 @@ def seconds_per_block(w3, sample: int = 20) -> float | None:
 
 #: What :func:`eta` says of a chain that mines only on demand.
 ON_DEMAND = ("no time estimate: this chain mines a block only when a transaction comes (a dev chain; "
-             "`cast rpc anvil_mine N` mines N)")
+             "`dlx-node mine N --rpc URL` mines N)")
 
 
 def eta(blocks: int, per_block: float | None) -> str:

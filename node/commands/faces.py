@@ -229,6 +229,12 @@ def cmd_run_info(args: argparse.Namespace) -> int:
     return run_run_info(args)
 
 
+def cmd_mine(args: argparse.Namespace) -> int:
+    from node.commands.member import run_mine
+
+    return run_mine(args)
+
+
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
 COMMANDS = {
     "data": cmd_data,
@@ -244,5 +250,6 @@ COMMANDS = {
     "leave": cmd_leave,
     "withdraw": cmd_withdraw,
     "run-info": cmd_run_info,
+    "mine": cmd_mine,
     "explorer": cmd_explorer,
 }

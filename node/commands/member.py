@@ -68,6 +68,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
     p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo' or deploy")
     p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("mine", help="mine N empty blocks on a local dev chain (anvil) that mines only on "
+                                    "transactions, e.g. to end an unbonding period or a dispute window")
+    p.add_argument("blocks", type=int, help="how many blocks")
+    p.add_argument("--rpc", default="http://127.0.0.1:8545", help="the dev chain's JSON-RPC URL")
 
 
 def _member(args: argparse.Namespace):
@@ -288,6 +292,25 @@ def run_run_info(args: argparse.Namespace) -> int:
         client, run_id = reader_client(args), args.run
     summary = run_info_summary(client, run_id)
     print(json.dumps(summary, indent=1) if args.json else format_run_info(summary))
+    return 0
+
+
+def run_mine(args: argparse.Namespace) -> int:
+    """``dlx-node mine N``: anvil's ``anvil_mine`` on a chain that mines only on demand; refused elsewhere."""
+    from ledger.chain import connect_rpc
+    from node.commands.chainops import mines_on_demand
+
+    if args.blocks < 1:
+        raise ConfigError(f"mine {args.blocks}: give a number of blocks of at least 1")
+    w3 = connect_rpc(args.rpc, wait=5)
+    if not mines_on_demand(w3):
+        raise ConfigError(f"{args.rpc} is not a local dev chain that mines only on transactions (anvil's "
+                          "automine): its blocks come by themselves, nothing to mine")
+    before = w3.eth.block_number
+    reply = w3.provider.make_request("anvil_mine", [hex(args.blocks)])
+    if "error" in reply:
+        raise ConfigError(f"{args.rpc} refused anvil_mine: {reply['error']}")
+    print(f"mined {w3.eth.block_number - before} blocks: the head is block {w3.eth.block_number}")
     return 0
 
 
