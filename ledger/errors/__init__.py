@@ -102,7 +102,6 @@ from ledger.errors.training_ledger import (
     LedgerProofTooCostly as LedgerProofTooCostly,
     LedgerBadGameSteps as LedgerBadGameSteps,
     LedgerUnbondingBelowProofWindow as LedgerUnbondingBelowProofWindow,
-    LedgerRunFull as LedgerRunFull,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,

@@ -4,7 +4,6 @@ docs/AUDIT.md.
 """
 
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 from node.errors import DLX_ERRORS
@@ -12,11 +11,9 @@ from node.tools.evidence import PeerSource, first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check
 
 
-def check_run_document(report: AuditReport, history: Any, sources: list,
-                       prepare: Callable[[dict], None] | None = None) -> dict | None:
+def check_run_document(report: AuditReport, history: Any, sources: list) -> dict | None:
     """The run document whose sha256 is the chain's ``configHash``, checked against the run's shape; None
-    (and a FAIL or unverifiable item in the report) if no source has a usable copy. ``prepare(document)``
-    runs before its values are derived (an imported model's initial weights: node/tools/audit_inputs.py)."""
+    (and a FAIL or unverifiable item in the report) if no source has a usable copy."""
     from node.runconfig import parse_run_document
 
     expected = history.run.config_hash.hex()
@@ -61,8 +58,6 @@ def check_run_document(report: AuditReport, history: Any, sources: list,
         return None
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
-    if prepare is not None:
-        prepare(document)
     report.general.append(commitments_check(document, history.run.commitments))
     provable, report.unprovable = provable_check(document, history.run)
     if provable is not None:
