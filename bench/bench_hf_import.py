@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             args.layers = json.loads((source / "config.json").read_text())["num_hidden_layers"]
         else:
             model_bytes = make_source(source, args.layers)
+        params = (model_bytes - header_bytes(source)) // 4  # before a temporary source is removed
         imported = _child("import", "--source", str(source), "--work", str(work))
         exported = _child("export", "--work", str(work))
     finally:
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return {**step, "step_peak_bytes": own, "step_peak_over_model": round(own / model_bytes, 4)}
 
     result = {"model": {"architecture": "LlamaForCausalLM", "layers": args.layers, **SHAPE,
-                        "params": (model_bytes - header_bytes(source)) // 4, "float32_bytes": model_bytes,
+                        "params": params, "float32_bytes": model_bytes,
                         "float32_gib": round(model_bytes / gib, 2)},
               "import": summary(imported), "export": summary(exported)}
     path = write_result(args.out, result, load)

@@ -8,7 +8,9 @@ trains until the chain holds ``--rounds`` committed rounds, with ``storage.reten
 default (``"windows"``) unless ``--set`` says otherwise. After every committed round it reads, per node:
 
 * the bytes on disk of its data directory (each file once: a checkpoint hard-linked into the blob store is
-  one copy), and of ``archive/``, ``checkpoints/``, ``blobs/``, ``chunk-states/``;
+  one copy), and of ``archive/``, ``checkpoints/``, ``blobs/``, ``chunk-states/``, and per kind of file
+  (start states, checkpoints, published stage states, spilled chunk states, archive, other blobs, other:
+  :func:`file_kind`) its files and bytes (the summary gives the last sample's as multiples of the stage);
 * resident memory now (``VmRSS``) and the peak so far (``VmHWM``) from ``/proc/PID/status``.
 
 It writes ONE JSON, ``bench/results/retention.json`` (rewritten after every sample, so a run cut short
@@ -44,11 +46,40 @@ PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
 START_STATE_MAGIC = b"dlx-replica-state-v1"
 
 
+def file_kind(part: str, path: str, st: os.stat_result) -> str:
+    """What a file of a node's data directory is (``part``: its top-level folder): ``checkpoint`` (a full
+    checkpoint or a shard, in ``checkpoints/`` and linked into the store), ``start_state`` (a start state the
+    node serves), ``published_state`` (a chunked run's stage state it serves: a safetensors blob not linked),
+    ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
+    ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
+    ``other`` (logs, the node's state files)."""
+    if part in ("checkpoints", "archive"):
+        return "checkpoint" if part == "checkpoints" else "archive"
+    if part == "chunk-states":
+        return "chunk_spill"
+    if part != "blobs":
+        return "other"
+    if st.st_nlink > 1:
+        return "checkpoint"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(START_STATE_MAGIC))
+    except OSError:
+        return "other_blob"
+    if head == START_STATE_MAGIC:
+        return "start_state"
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < st.st_size:
+        return "published_state"
+    return "other_blob"
+
+
 def disk_bytes(data_dir: Path) -> dict:
-    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, plus the newest start state's."""
+    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, and per
+    kind of file (:func:`file_kind`) its files and bytes."""
     seen: set[tuple[int, int]] = set()
     total = 0
     parts = dict.fromkeys(PARTS, 0)
+    kinds: dict[str, list[int]] = {}
     start_state = 0
     for root, _dirs, names in os.walk(data_dir):
         for name in names:
@@ -64,14 +95,14 @@ def disk_bytes(data_dir: Path) -> dict:
             rel = os.path.relpath(path, data_dir).split(os.sep)[0]
             if rel in parts:
                 parts[rel] += st.st_size
-            if rel == "blobs" and st.st_size > 1024:
-                try:
-                    with open(path, "rb") as handle:
-                        if handle.read(len(START_STATE_MAGIC)) == START_STATE_MAGIC:
-                            start_state = max(start_state, st.st_size)
-                except OSError:
-                    pass
-    return {"total": total, **parts, "start_state": start_state}
+            kind = file_kind(rel, path, st)
+            count = kinds.setdefault(kind, [0, 0])
+            count[0] += 1
+            count[1] += st.st_size
+            if kind == "start_state":
+                start_state = max(start_state, st.st_size)
+    return {"total": total, **parts, "start_state": start_state,
+            "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
 
 
 def memory_kib(pid: int | None) -> dict:
@@ -111,8 +142,17 @@ def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
             f"disk_from_round_{flat_from}": [min(after), max(after)] if after else None,
             "start_state_bytes": start_state,
             "peak_rss_mib": round(peak / 1024, 1),
+            "last_by_kind": _kinds_over_stage(series[-1][1].get("disk", {}), stage) if series else None,
         }
     return out
+
+
+def _kinds_over_stage(disk: dict, stage: int) -> dict | None:
+    """A sample's kinds of files: files, bytes and bytes over the stage's bytes (None for older samples)."""
+    kinds = disk.get("kinds")
+    if not kinds:
+        return None
+    return {k: {**v, "over_stage_bytes": round(v["bytes"] / stage, 2)} for k, v in kinds.items()}
 
 
 def main() -> int:

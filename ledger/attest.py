@@ -163,9 +163,15 @@ def typed_data(message: RoundRecord | Verdict, chain_id: int, ledger_address: st
         name, fields = "Verdict", _VERDICT_FIELDS
     else:
         raise LedgerInputError(f"typed_data needs a RoundRecord or a Verdict, got {type(message).__name__}")
+    return typed_message(name, fields, message.fields(), chain_id, ledger_address)
+
+
+def typed_message(name: str, fields, field_values, chain_id: int, ledger_address: str) -> dict:
+    """The ``eth_signTypedData_v4`` typed data of a message of type ``name`` (``fields``: ``(key, type)``
+    pairs in order, ``field_values`` their values) under the ledger's domain."""
     values = {
         key: "0x" + value.hex() if isinstance(value, bytes) else value
-        for (key, _), value in zip(fields, message.fields(), strict=True)
+        for (key, _), value in zip(fields, field_values, strict=True)
     }
     return {
         "types": {

@@ -22,7 +22,13 @@ from typing import Any
 from eth_abi import encode
 from eth_utils import keccak, to_checksum_address
 
-from ledger.attest import SIGNATURE_LENGTH, domain_separator, recover_digest_signer, sign_digest
+from ledger.attest import (
+    SIGNATURE_LENGTH,
+    domain_separator,
+    recover_digest_signer,
+    sign_digest,
+    typed_message,
+)
 from ledger.errors import LedgerInputError
 from ledger.records import check_bytes32, check_uint
 
@@ -30,6 +36,9 @@ CONTRIBUTION_TYPE = (
     "Contribution(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,bytes32 normRoot,uint32 steps)"
 )
 _FIELD_TYPES = ("bytes32", "uint256", "uint64", "uint32", "bytes32", "bytes32", "uint32")
+#: The message's fields as EIP-712 typed data names them (:data:`CONTRIBUTION_TYPE`'s order).
+_TYPED_FIELDS = (("runId", "uint256"), ("round", "uint64"), ("stage", "uint32"), ("payloadRoot", "bytes32"),
+                 ("normRoot", "bytes32"), ("steps", "uint32"))
 _HIGH_BIT = 1 << 255
 
 
@@ -60,6 +69,11 @@ class ContributionClaim:
     def digest(self, chain_id: int, ledger_address: str) -> bytes:
         """The 32-byte EIP-712 digest the contributor signs."""
         return keccak(b"\x19\x01" + domain_separator(chain_id, ledger_address) + self.struct_hash())
+
+    def typed_data(self, chain_id: int, ledger_address: str) -> dict:
+        """The message as ``eth_signTypedData_v4`` typed data (what a wallet or another client signs)."""
+        values = (self.run_id, self.round, self.stage, self.payload_root, self.norm_root, self.steps)
+        return typed_message("Contribution", _TYPED_FIELDS, values, chain_id, ledger_address)
 
 
 def sign_contribution(account: Any, claim: ContributionClaim, chain_id: int, ledger_address: str) -> bytes:

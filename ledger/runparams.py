@@ -37,6 +37,13 @@ PROOF_MAX_CALLDATA = 131_072
 MAX_RANK = 64
 PROOF_GAS_BASE, PROOF_GAS_PER_PIECE, PROOF_GAS_PER_RANK = 2_200_000, 430_000, 13_200
 PROOF_BYTES_BASE, PROOF_BYTES_PER_PIECE, PROOF_BYTES_PER_RANK = 16_000, 1_700, 134
+#: issue 79 (point 4): the most active members a run holds (TrainingLedger.maxSeats(); joinRun refuses more:
+#: LedgerRunFull). A proof slashes every attester of its round: proof_cost counts PROOF_BASE_ATTESTERS, each
+#: further seat adds at most PROOF_GAS_PER_ATTESTER (LedgerCore; tests/test_proof_at_full_seats.py measures
+#: it).
+MAX_SEATS = 256
+PROOF_BASE_ATTESTERS, PROOF_GAS_PER_ATTESTER = 32, 32_000
+PROOF_SEATS_GAS = (MAX_SEATS - PROOF_BASE_ATTESTERS) * PROOF_GAS_PER_ATTESTER
 #: ``RunParams.max_rank`` when a creator names none: the decoder's (training/codec_wire.py MAX_RANK), the
 #: only one safe while the decoder accepts any rank up to it (a lower one would make an honest round that
 #: accepted a higher-rank contribution provably wrong).
@@ -48,6 +55,13 @@ def proof_cost(max_contributions: int, max_rank: int) -> tuple[int, int]:
     gas = PROOF_GAS_BASE + max_contributions * (PROOF_GAS_PER_PIECE + max_rank * PROOF_GAS_PER_RANK)
     size = PROOF_BYTES_BASE + max_contributions * (PROOF_BYTES_PER_PIECE + max_rank * PROOF_BYTES_PER_RANK)
     return gas, size
+
+
+def proof_gas_bound(max_contributions: int, max_rank: int) -> int:
+    """The gas of a run's worst proof at its largest quorum (:data:`MAX_SEATS` attesters slashed): the
+    contract's ``proofCost`` bound (at most :data:`PROOF_MAX_GAS` at createRun) and the seats beyond the
+    :data:`PROOF_BASE_ATTESTERS` it counts."""
+    return proof_cost(max_contributions, max_rank)[0] + PROOF_SEATS_GAS
 
 
 def most_contributions(max_rank: int) -> int:

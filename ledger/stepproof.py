@@ -20,7 +20,8 @@ from ledger.chunkproof import tree_path, tree_root
 
 CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
-PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy")
+PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
+          "Steps")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class StepProverClient:
     def game(self, game_id: bytes) -> dict:
         names = ("claimId", "challenger", "phase", "defenderTurn", "midPosted", "elem", "lo", "hi",
                  "loSum", "hiSum", "midSum", "defenderLeft", "challengerLeft", "turnSince", "moves", "loRoot",
-                 "hiRoot", "midRoot", "copyLeaf", "op")
+                 "hiRoot", "midRoot", "copyLeaf", "stepKey", "op")
         return dict(zip(names, self.contract.functions.gameOf(game_id).call()))
 
     def wrong(self, claim_id: bytes) -> bool:
@@ -223,6 +224,13 @@ def step_game(client: StepProverClient, trace: StepTrace, defender: str, challen
     claim_id = bytes(client.w3.keccak(_abi_encode_step(claim, defender)))
     client._send("challengeStep", challenger, claim_id, value=client.bond)
     game_id = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
+    return play_step(client, claim_id, game_id, trace, defender, challenger, dispute=dispute,
+                     judge_root=judge_root, pick=pick, judge=judge, sums=sums, post_root=post_root)
+
+
+def play_step(client: StepProverClient, claim_id: bytes, game_id: bytes, trace: StepTrace, defender: str,
+              challenger: str, *, dispute, judge_root, pick, judge, sums, post_root=None) -> tuple[bool, int]:
+    """The step game of ``game_id`` (phase ``Trace``) on ``trace`` to its end (``step_game``'s policies)."""
     ops = len(trace.specs)
     root_after = post_root or (lambda j: tree_root(trace.tree(j)))
     last = root_after(ops)
@@ -259,7 +267,6 @@ def step_game(client: StepProverClient, trace: StepTrace, defender: str, challen
                         challenger, elem, lambda p, bits: judge(j, p, bits))
 
 
-
 def _run_out(client: StepProverClient, claim_id: bytes, game_id: bytes, caller: str) -> tuple[bool, int]:
     """Mine past the defender's clock and call ``timeout``."""
     state = client.game(game_id)
@@ -273,3 +280,45 @@ def _abi_encode_step(claim: tuple, defender: str) -> bytes:
     from eth_abi import encode
 
     return encode(["(bytes32,uint32,uint32,uint8,bytes32,bytes32)", "address"], [claim, defender])
+
+
+# ------------------------------------------------------------------ a contribution's H inner steps (RunClaim)
+
+
+def run_claim(traces: list[StepTrace]) -> tuple:
+    """The contract's ``RunClaim`` of one side's traces of H steps of one program: the state root before the
+    first step and the state root its last step ends in."""
+    first = traces[0]
+    return (tree_root(first.program()), first.state_leaves, len(first.specs), first.depth,
+            tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces))
+
+
+def state_roots(traces: list[StepTrace]) -> list[bytes]:
+    """The state roots ``S_0 .. S_H`` of one side's traces (``S_i``: the state tree before step ``i``)."""
+    return [tree_root(t.tree(0)) for t in traces] + [tree_root(traces[-1].end_tree())]
+
+
+def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, challenger: str, *,
+             judge_state: Callable[[int, bytes], bool], step_policy: Callable[[int], dict],
+             post_state: Callable[[int], bytes] | None = None, claimed: bool = False) -> tuple[bool, int]:
+    """Claim ``traces`` (H steps) as ``defender`` and play a challenger's game on them to the end.
+
+    The defender posts the state roots of its own traces (``post_state(i)`` overrides the root after step
+    ``i``); the challenger answers ``judge_state(i, root)`` (agree?) and, once the split step ``i`` is found,
+    plays its step game with ``step_policy(i)`` (``step_game``'s keywords: dispute, judge_root, pick, judge,
+    sums). Returns (defender won, moves)."""
+    claim = run_claim(traces)
+    if not claimed:
+        client._send("claimRun", defender, claim, value=client.bond)
+    claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
+    client._send("challengeRun", challenger, claim_id, value=client.bond)
+    game_id = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
+    roots = state_roots(traces)
+    posted_after = post_state or (lambda i: roots[i])
+    while (state := client.game(game_id))["phase"] == PHASES.index("Steps"):
+        mid = (state["lo"] + state["hi"]) // 2
+        posted = posted_after(mid)
+        client._send("postStateRoot", defender, game_id, posted)
+        client._send("judgeStateRoot", challenger, game_id, bool(judge_state(mid, posted)))
+    step = state["lo"]
+    return play_step(client, claim_id, game_id, traces[step], defender, challenger, **step_policy(step))

@@ -165,6 +165,15 @@ def parse_command_line(parser, argv: list[str] | None):
     return args
 
 
+def _destination(args) -> str | None:
+    """Where the command writes (its output, else its data directory), to name a full disk by."""
+    for key in ("out_dir", "out", "dir", "data_dir"):
+        value = getattr(args, key, None)
+        if isinstance(value, str) and value:
+            return os.path.abspath(os.path.expanduser(value))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_command_line(parser, argv)
@@ -192,16 +201,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except DLX_ERRORS as exc:
         logger.debug("command failed after %.1fs", time.monotonic() - started, exc_info=True)
+        full = exc.__cause__
+        if isinstance(full, OSError) and is_disk_full(full):  # a package's error over a full disk (pull's
+            if not full.filename:                              # export, an archive): state, 4, not its own
+                full.filename = _destination(args)
+            print(f"dlx-node {args.command}: error: {exc}; "
+                  f"{disk_full_message(full, 'free space and run it again')}", file=sys.stderr)
+            return int(ExitCode.STATE)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)
     except OSError as exc:
         if os.environ.get("DLX_DEBUG"):
             raise
         if is_disk_full(exc):  # every write is atomic: what is on disk loads on the next start
+            if not exc.filename:  # a write() names no file: the command's own output or data directory
+                exc.filename = _destination(args)
             print(f"dlx-node {args.command}: error: "
-                  f"{disk_full_message(exc, 'stopped; free space and start again')}",
+                  f"{disk_full_message(exc, 'stopped; free space and run it again')}",
                   file=sys.stderr)
-            return int(ExitCode.UNEXPECTED)
+            return int(ExitCode.STATE)
         print(f"dlx-node {args.command}: error: {exc}", file=sys.stderr)
         return int(ExitCode.UNEXPECTED)
 

@@ -2,7 +2,7 @@
 
 The TOML file has one table per component (``[model]``, ``[training]``,
 ``[diloco]``, ``[compression]``, ``[pipeline]``, ``[p2p]``, ``[ledger]``,
-``[storage]``) plus
+``[storage]``, ``[compute]``) plus
 node-level keys at the top. CLI flags override single values with dotted keys
 (``--set diloco.inner_steps=50``). Validation happens at load time; every error
 names the field and how to fix it.
@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 
 from ledger.config import LedgerConfig
 from node.commitments import CommitmentScheme, scheme_of
+from node.config_compute import ComputeConfig, check_compute
 from node.errors import ConfigError
 from p2p.config import P2PConfig
 from training.config import (
@@ -82,6 +83,7 @@ _SECTIONS: dict[str, type] = {
     "p2p": P2PConfig,
     "ledger": LedgerConfig,
     "storage": StorageConfig,
+    "compute": ComputeConfig,
 }
 
 
@@ -125,6 +127,7 @@ class NodeConfig:
     p2p: P2PConfig = field(default_factory=P2PConfig)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
 
     def __post_init__(self) -> None:
         if not self.cluster or not self.cluster.replace("-", "").replace("_", "").isalnum():
@@ -192,6 +195,7 @@ class NodeConfig:
                 "one-step delay needs to commit)")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port={self.metrics_port}: must be in [0, 65535]")
+        check_compute(self)  # [compute] processes > 1: a whole replica, float32 on the CPU
 
     @property
     def commitment_scheme(self) -> CommitmentScheme:

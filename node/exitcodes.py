@@ -1,9 +1,10 @@
 """The exit codes of ``dlx-node``: one meaning each, in one table.
 
 :class:`ExitCode` names every code a ``dlx-node`` command exits with and says what it means; README.md's
-"Exit codes" paragraph lists the same codes (tests/test_exit_codes.py checks the two against each other).
+"Exit codes" table is rendered from it (tests/test_exit_codes.py checks that README holds that table).
 :data:`EXIT_CODES` maps the packages' error classes to them, most specific first: :func:`exit_code_for`
 returns the code of the first class an error is an instance of, 1 (an unexpected error) for any other.
+:func:`readme_table` renders the table README.md holds (``python -m node.exitcodes`` prints it).
 Only light modules are imported here (no torch, libp2p, web3).
 """
 
@@ -47,6 +48,7 @@ class ExitCode(enum.IntEnum):
     TRAINING = 12
     AUDIT_INCOMPLETE = 13
     NOT_YET = 14
+    NOT_RUNNING = 15
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -64,21 +66,23 @@ MEANINGS: dict[ExitCode, str] = {
                     "unaffordable transaction)",
     ExitCode.PROTOCOL: "node/protocol (the round protocol could not go on: a peer set that did not form, "
                        "contributions that did not arrive)",
-    ExitCode.STATE: "the data directory's state (corrupt state or checkpoint, or a node stopped while a "
-                    "full disk held back a write: free space and start again)",
+    ExitCode.STATE: "state on disk (a corrupt state or checkpoint in the data directory, or a full disk: "
+                    "a write it refused, or a node stopped while one waited; free space and run it again)",
     ExitCode.CHAIN_UNREACHABLE: "chain unreachable",
     ExitCode.ACCOUNT: "the account cannot take part (not registered, registered to another key, cannot "
                       "join, or the run is over)",
     ExitCode.PORT_BUSY: "port busy",
     ExitCode.AUDIT_FAILED: "audit FAILED",
-    ExitCode.PULL_REFUSED: "checkpoint refused by pull (nothing installed: its bytes or round fail a check, "
-                           "or it or its tokenizer is found nowhere)",
+    ExitCode.PULL_REFUSED: "checkpoint refused by pull (nothing installed: the round asked publishes no "
+                           "checkpoint, its bytes or round fail a check, or it or its tokenizer is found "
+                           "nowhere)",
     ExitCode.NETWORK: "network (peers; a dataset's server, unreachable or sending other bytes than the "
                       "pinned ones)",
     ExitCode.LEDGER: "ledger (a contract's refusal, decoded)",
     ExitCode.TRAINING: "training",
     ExitCode.AUDIT_INCOMPLETE: "audit INCOMPLETE (nothing failed, something could not be checked)",
     ExitCode.NOT_YET: "not yet (e.g. withdraw while the stake unbonds: run it again later)",
+    ExitCode.NOT_RUNNING: "not running (status of a node that is stopped: its last status is printed)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
     ExitCode.TERMINATED: "the demo stopped by SIGTERM",
 }
@@ -108,3 +112,14 @@ def exit_code_for(exc: BaseException) -> int:
         if isinstance(exc, classes):
             return int(code)
     return int(ExitCode.UNEXPECTED)
+
+
+def readme_table() -> str:
+    """README.md's table of exit codes, one row per :class:`ExitCode`, as markdown."""
+    rows = ["| code | meaning |", "| ---: | --- |"]
+    rows += [f"| {int(code)} | {meaning} |" for code, meaning in MEANINGS.items()]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(readme_table(), end="")

@@ -10,11 +10,12 @@ from __future__ import annotations
 from training.declaration import declared_platform_problem, platform_declaration, platform_hash
 from training.errors import TrainingError
 from training.claimant_kernels import native_cpu_capability
+from training.cluster_plan import cluster_identity
 from training.platform import prepare_platform
 from training.replica_state import parse_stage_state
 
 
-def own_platforms(training_cfg) -> tuple[bytes, bytes]:
+def own_platforms(training_cfg, processes: int = 1) -> tuple[bytes, bytes]:
     """(what this node declares when it joins a run, the version-1 form of the same platform).
 
     The first is :func:`training.declaration.platform_declaration` of the fingerprint of training on
@@ -24,16 +25,18 @@ def own_platforms(training_cfg) -> tuple[bytes, bytes]:
     (:func:`training.claimant_kernels.native_cpu_capability`: the kernels it can rerun a claim under). The
     second is :func:`training.declaration.platform_hash` of that fingerprint: what a node of this platform
     declared before version 2, accepted as its seat's declaration (``NodeChain.ensure_member``'s ``also``).
+    ``processes``: ``compute.processes``; a node of N > 1 declares ``cluster = "fsdp2;ranks=N"``
+    (training/cluster_replica.py).
     """
-    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision,
-                                   training_cfg.compile).fingerprint()
+    fingerprint = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile,
+                                   cluster=cluster_identity(processes)).fingerprint()
     native = native_cpu_capability() if fingerprint.device_type == "cpu" else None
     return platform_declaration(fingerprint, native), platform_hash(fingerprint)
 
 
-def own_platform(training_cfg) -> bytes:
+def own_platform(training_cfg, processes: int = 1) -> bytes:
     """The platform this node declares when it joins a run (the first of :func:`own_platforms`)."""
-    return own_platforms(training_cfg)[0]
+    return own_platforms(training_cfg, processes)[0]
 
 
 def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, bytes]) -> tuple[int,

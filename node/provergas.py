@@ -3,7 +3,9 @@
 A member that proves a wrong round is paid ``slashed / 2``, at least ``quorum x minStake / 2`` (every wrong
 round has at least ``quorum`` attesters, each slashed whole), and gets back the bonds it escrowed; it pays
 the gas of at most ``maxGameSteps`` availability challenges, one expiry, the proof's commitment and the
-proof, whose gas the contract bounds at ``createRun`` (``LedgerCore.proofCost``, at most 10M). Proving is a
+proof, whose gas the contract bounds at ``createRun`` (``LedgerCore.proofCost``, at most 10M, counting 32
+slashed attesters; each further one adds at most ``PROOF_GAS_PER_ATTESTER`` and pays ``stake / 2``, and a run
+holds at most ``MAX_SEATS`` = 256 members: issue 79, point 4). Proving is a
 gain only while the reward exceeds that gas at the price of the day the prover sends it; the contract does
 not check it (the stake and the quorum are the creator's), so the node does: ``create-run`` and the demo
 refuse a run whose reward would not cover the prover's worst-case gas at today's price times
@@ -20,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 
-from ledger.runparams import PROOF_MAX_GAS, proof_cost
+from ledger.runparams import PROOF_BASE_ATTESTERS, PROOF_GAS_PER_ATTESTER, PROOF_MAX_GAS, proof_cost
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +82,20 @@ class ProverCost:
         return self.quorum * self.stake // 2
 
     @property
+    def seat_cost(self) -> int:
+        """What one more attester adds to the proof's gas (its slash; issue 79) at :attr:`spike_price`: a
+        round signed by more than the quorum pays the prover ``stake / 2`` more per attester, and must cost it
+        less than that."""
+        return PROOF_GAS_PER_ATTESTER * self.spike_price
+
+    @property
     def covered(self) -> bool:
-        return self.reward >= self.cost
+        return self.reward >= self.cost and self.stake // 2 >= self.seat_cost
 
     @property
     def stake_needed(self) -> int:
         """The least ``minStake`` (wei, rounded up to a micro-ETH) whose reward covers :attr:`cost`."""
-        least = -(-2 * self.cost // max(self.quorum, 1))
+        least = max(-(-2 * self.cost // max(self.quorum, 1)), 2 * self.seat_cost)
         return -(-least // 10**12) * 10**12
 
     @property
@@ -138,8 +147,10 @@ def prover_cost(run, price: int) -> ProverCost | None:
             return None
     except ConfigError:
         return None  # a version this node does not know: its check_run refuses the run with that reason
+    # the proof's bound counts PROOF_BASE_ATTESTERS slashed attesters; a larger quorum adds its slashes
+    extra = max(0, run.quorum - PROOF_BASE_ATTESTERS) * PROOF_GAS_PER_ATTESTER
     return ProverCost(steps=run.max_game_steps,
-                      proof_gas=prover_gas(run.max_contributions, run.max_rank),
+                      proof_gas=prover_gas(run.max_contributions, run.max_rank) + extra,
                       price=price, quorum=run.quorum, stake=run.min_stake, bond=run.bond)
 
 

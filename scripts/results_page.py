@@ -265,8 +265,10 @@ SECTIONS = (
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
-            "state is kept for every round still inside a window, and this local chain mines about one "
-            "block a round (docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
+            "state (10.2x) is kept for every round of the spot checks and dispute window, a chunked run's "
+            "stage state (8.8x with what is published beside it) for every round of the proof window, and "
+            "this local chain mines about one block a round, so the windows span tens of rounds "
+            "(docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "

@@ -25,7 +25,8 @@ def retention(r: dict) -> list[str]:
                   "in start states", "peak RSS"], rows)
     last = r["samples"][-1]["nodes"]
     parts = ", ".join(f"{k} {v / mb:.1f} MB" for k, v in next(iter(last.values()))["disk"].items()
-                      if k != "total")
+                      if k not in ("total", "kinds"))
+    out += _kinds(r)
     audit = r["audit"]
     serve = r["serve_checkpoint"]
     out += [f"At the last round, one node's disk: {parts}. The audit with every rerun asked, against "
@@ -36,6 +37,18 @@ def retention(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _kinds(r: dict) -> list[str]:
+    """The last sample's disk of each node by kind of file, in files and multiples of the stage's bytes."""
+    by_node = {node: s.get("last_by_kind") for node, s in r["summary"].items() if s.get("last_by_kind")}
+    if not by_node:
+        return []
+    kinds = sorted({k for v in by_node.values() for k in v})
+    rows = [[kind] + [f"{v[kind]['files']} files, {v[kind]['over_stage_bytes']:.1f}x" if kind in v else ""
+                      for v in by_node.values()] for kind in kinds]
+    return ["At the last round, by kind of file (files kept, bytes over the stage's weights):", ""] + table(
+        ["kind", *by_node], rows)
 
 
 def rewards_gas(r: dict) -> list[str]:

@@ -107,3 +107,55 @@ def in_one_block(w3, sends) -> int:
     assert len({r["blockNumber"] for r in receipts}) == 1, "not one block"
     assert [r["transactionIndex"] for r in receipts] == sorted(r["transactionIndex"] for r in receipts)
     return receipts[0]["blockNumber"]
+
+
+def batched(w3, sends, *, per_block: int = 40, gas: int = 600_000) -> list:
+    """Send ``sends`` (``(dev index, (to, data), value)``, several per sender allowed) unmined, ``per_block``
+    at a time, each batch mined in one block; every one must succeed. Returns the receipts. Fills a run's
+    seats in seconds where one transaction a block took minutes (tests/test_proof_at_full_seats.py). py-evm
+    validates a pending transaction's nonce against the last block: there a sender's second transaction
+    starts the next block."""
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    nonces: dict[int, int] = {}
+    receipts = []
+    for batch_sends in _blocks(sends, per_block, one_per_sender=tester is not None):
+        if tester is not None:
+            tester.disable_auto_mine_transactions()
+        else:
+            w3.provider.make_request("evm_setAutomine", [False])
+        hashes = []
+        try:
+            base = w3.eth.get_block("latest")["baseFeePerGas"]
+            for index, (to, data), value in batch_sends:
+                account = dev_account(index, w3.eth.chain_id)
+                if index not in nonces:
+                    nonces[index] = w3.eth.get_transaction_count(account.address)
+                tx = {"to": to, "data": data, "value": value, "gas": gas, "chainId": w3.eth.chain_id,
+                      "nonce": nonces[index], "maxPriorityFeePerGas": 10**9, "maxFeePerGas": 4 * base + 10**9,
+                      "type": 2}
+                nonces[index] += 1
+                hashes.append(w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction))
+            if tester is None:
+                w3.provider.make_request("evm_mine", [])
+        finally:
+            if tester is not None:
+                tester.enable_auto_mine_transactions()
+            else:
+                w3.provider.make_request("evm_setAutomine", [True])
+        batch = [w3.eth.get_transaction_receipt(h) for h in hashes]
+        assert [r["status"] for r in batch] == [1] * len(batch), batch
+        receipts.extend(batch)
+    return receipts
+
+
+def _blocks(sends, per_block: int, *, one_per_sender: bool):
+    """``sends`` cut into blocks of at most ``per_block``, with ``one_per_sender``: no sender twice in one."""
+    block, senders = [], set()
+    for send in sends:
+        if len(block) == per_block or (one_per_sender and send[0] in senders):
+            yield block
+            block, senders = [], set()
+        block.append(send)
+        senders.add(send[0])
+    if block:
+        yield block

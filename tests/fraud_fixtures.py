@@ -165,7 +165,8 @@ def bound(state: StageState, clients, run_id: int, outer_round: int, stage: int 
 def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_index: int = 6,
            commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
            max_contributions: int | None = None, gap: int | None = None, leaving: tuple[int, ...] = (),
-           between=None, **run_params) -> Committed:
+           between=None, seats: int | None = None, signers: tuple[int, ...] = (1, 2),
+           **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
@@ -178,7 +179,9 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     further ``create_run`` keywords (the windows, ``max_game_steps``, ``unbonding_blocks``).
     ``leaving``: members
     that send ``leaveRun`` in round 1's commit block, mined ahead of the commit (higher tips; issue 79);
-    ``between``: called with the run once round 0 is committed, before the gap."""
+    ``between``: called with the run once round 0 is committed, before the gap. ``seats``: dev accounts
+    4 .. ``seats`` join the run too, as founders (issue 79: a run at its largest quorum, :func:`fill_seats`);
+    ``signers``: who signs both rounds (the rounds' attesters)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(getattr(new.factors, "payload_roots", ()))  # junk factors list none
@@ -189,11 +192,17 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         fund_accounts(deployment.w3, funder, unfunded, 2 * stake + 10**18)  # registry and run stakes, gas
     if max_contributions is not None:
         values = {**(values or {}), "max_contributions": max_contributions}
+    extra = tuple(range(len(members) + 1, seats + 1)) if seats else ()
+    if extra:
+        _register(deployment, extra, stake)
     run = deployment.member_run(members, quorum=2, min_stake=stake, commitments=commitments, values=values,
                                 **run_params)
+    if extra:
+        fill_seats(deployment, run.run_id, extra, stake)
+        run = dataclasses.replace(run, members=members + extra)
     if getattr(new.factors, "norms", None) is not None and not new.factors.norms.bound:
-        signers = contributors if contributors is not None else members
-        new = bound(new, [deployment.client(index) for index in signers], run.run_id, 1)
+        binders = contributors if contributors is not None else members
+        new = bound(new, [deployment.client(index) for index in binders], run.run_id, 1)
     records, stages = [], []
     for state in (round_.prev, new):
         if records and between is not None:
@@ -205,11 +214,40 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
         if leaving and records:
             _leave_in_the_commit_block(deployment.w3, run, record, leaving)
         else:
-            run.client(1).commit_round(record, run.sign(record, (1, 2)))
+            run.client(1).commit_round(record, run.sign(record, signers))
         records.append(record)
         stages.append(leaves)
-    return Committed(deployment, run.run_id, records, stages, [round_.prev, new], (1, 2), prover_index,
-                     schedule)
+    return Committed(deployment, run.run_id, records, stages, [round_.prev, new], tuple(signers),
+                     prover_index, schedule)
+
+
+def _register(deployment, accounts: tuple[int, ...], stake: int) -> None:
+    """Fund and register dev accounts ``accounts`` (from 10 on: generated keys holding nothing), a few dozen
+    transactions a block."""
+    from tests.chain_backends import batched
+    from tests.ledger_fixtures import node_key, raw_public_key
+
+    w3 = deployment.w3
+    funder = [(0, (deployment.client(index).address, b""), 2 * stake + 10**18)
+              for index in accounts if index >= FUNDED_DEV_ACCOUNTS]
+    batched(w3, funder, gas=21_000)
+    registry = deployment.client(0).registry_contract
+    sends = []
+    for index in accounts:
+        client, key = deployment.client(index), node_key(index + 1)
+        args = (raw_public_key(key), key.sign(client.my_binding_message()))
+        data = bytes.fromhex(registry.encode_abi("register", args=args)[2:])
+        sends.append((index, (registry.address, data), deployment.min_stake))
+    batched(w3, sends)
+
+
+def fill_seats(deployment, run_id: int, accounts: tuple[int, ...], stake: int) -> None:
+    """Registered dev accounts ``accounts`` join run ``run_id`` with ``stake`` each, a few dozen a block."""
+    from tests.chain_backends import batched
+
+    ledger = deployment.client(0).ledger_contract
+    data = bytes.fromhex(ledger.encode_abi("joinRun", args=(run_id, bytes(32)))[2:])
+    batched(deployment.w3, [(index, (ledger.address, data), stake) for index in accounts])
 
 
 def _leave_in_the_commit_block(w3, run, record, leaving: tuple[int, ...]) -> None:

@@ -227,6 +227,14 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert summary["members"][0]["account"] == organizer and summary["members"][0]["status"] == "active"
     assert summary["rounds_committed"] == 0 and summary["last_record"] is None
     assert summary["commitments"] == info.commitments
+    # (issue 80 point 7) and, as audit and pull, from --rpc, --run and --deployment (it took only a link)
+    assert main(["run-info", "--rpc", w3.provider.endpoint_uri, "--run", "1", "--deployment", str(path),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == summary
+    assert main(["run-info", link, "--run", "2"]) == 2
+    assert "--run 2 and the link's run 1 differ" in capsys.readouterr().err
+    assert main(["run-info", "--run", "1"]) == 2 and "pass the run link, or --rpc and --run" in (
+        capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------------- leave / withdraw / run-info / links
@@ -301,3 +309,40 @@ def test_create_run_refuses_kernel_versions_whose_roots_follow_the_cpu(w3, tmp_p
     out = capsys.readouterr().out
     assert f"warning: weak run (--weak-run): training.reproducible_kernels={kernels}" in out
     assert run_count(w3, ledger, registry) == 1
+
+
+@pytest.mark.parametrize("scheme", ["hashed", "chunked"])
+def test_create_run_refuses_commitment_versions_that_leave_wrong_rounds_unprovable(w3, tmp_path, deployed,
+                                                                                    capsys, scheme):
+    """Issue 79: versions 1 (no fraud proof) and 2 (no contribution binding, no norm commitment) are no longer
+    made by default ("auto" gives version 3); a new run of either is refused, naming what it gives up, before
+    anything is sent; --weak-run creates it with a warning (an honest node still joins it, logging it)."""
+    path, registry, ledger = deployed
+    run_file(tmp_path, RUN_FILE.replace("[diloco]\n", f"[diloco]\ncommitments = \"{scheme}\"\n"))
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"diloco.commitments={scheme} (version " in err
+    assert ("no fraud proof opens its roots" if scheme == "hashed" else "cannot be proven wrong") in err
+    assert run_count(w3, ledger, registry) == 0
+    code = main(["create-run", str(tmp_path / "run.toml"), "--deployment", str(path), "--data-dir",
+                 str(tmp_path / "org"), "--dev-account", "3", "--yes", "--weak-run", "--listen-port", "24998",
+                 "--confirmations", "1"])
+    assert code == 0, capsys.readouterr().err
+    assert f"warning: weak run (--weak-run): diloco.commitments={scheme}" in capsys.readouterr().out
+    assert run_count(w3, ledger, registry) == 1
+
+
+def test_mine_advances_a_dev_chain_and_the_hint_names_it_not_cast(w3, capsys):
+    """(issue 80 point 7) the no-estimate hint named `cast`, which setup installs nowhere: it names the
+    project's own `dlx-node mine`, and that mines on the real anvil; a non-positive count is refused."""
+    from node.commands.chainops import ON_DEMAND
+
+    assert "cast" not in ON_DEMAND and "dlx-node mine N --rpc URL" in ON_DEMAND
+    before = w3.eth.block_number
+    assert main(["mine", "3", "--rpc", w3.provider.endpoint_uri]) == 0
+    assert w3.eth.block_number == before + 3
+    assert f"the head is block {before + 3}" in capsys.readouterr().out
+    assert main(["mine", "0", "--rpc", w3.provider.endpoint_uri]) == 2
+    assert "at least 1" in capsys.readouterr().err

@@ -129,3 +129,22 @@ def test_the_committed_results_give_the_strongest_ddp_of_the_benchmark_tokens():
            and run["settings"]["model"].get("preset") == figure["preset"]
            and run["settings"].get("training", {}).get("seed", 0) == 0]
     assert best["loss"] == min(ddp) and best["loss_vs"] == figure["loss"] / min(ddp) - 1
+
+
+def test_a_centralized_reference_says_how_far_it_has_got_and_how_long_is_left():
+    """Issue 80: the references ran for 40-65 minutes with no line. One line per round at most every
+    ``every_s`` seconds (the last always), with the time left at the pace so far."""
+    from node.commands.demosummary import ReferenceProgress
+
+    said: list[str] = []
+    now = [100.0]
+    progress = ReferenceProgress("Muon", said.append, every_s=5.0, clock=lambda: now[0])
+    for done, at in ((1, 110.0), (2, 112.0), (3, 130.0), (4, 190.0)):
+        now[0] = at
+        progress(done, 4)
+    assert said == [
+        "  centralized Muon: round 1/4, 10s so far, about 30s left",
+        # round 2 came 2 s after round 1's line: not said
+        "  centralized Muon: round 3/4, 30s so far, about 10s left",
+        "  centralized Muon: round 4/4, 1m30s so far, done",
+    ]

@@ -1,14 +1,17 @@
-"""One meaning per exit code (issue 65 point 14): node/exitcodes.py is the one table, README.md lists it.
+"""One meaning per exit code (issues 65 point 14, 80 point 6): node/exitcodes.py is the one table, README.md
+holds it as :func:`node.exitcodes.readme_table` renders it.
 
-README's "Exit codes" paragraph must say what :data:`node.exitcodes.MEANINGS` says, code for code; every
-error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run: usage
-(2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), a join whose
-peers answer nothing against a real anvil (10), a start whose run's checkpoint no peer serves (10) and a demo
-stopped by SIGTERM (143).
+Every error class maps to exactly one code and no two codes share a meaning. The real ``dlx-node`` is run:
+usage (2), README's fetch-then-prepare offline (10, then no prepare), an interrupted fetch (130), ``status``
+of a missing or never-used directory (2) and of a stopped node (15, figures rounded), a full disk (4, naming
+the destination), a join whose peers answer nothing against a real anvil (10), a start whose run's checkpoint
+no peer serves (10), ``pull --round`` of a round without a checkpoint (9) and a demo stopped by SIGTERM (143).
+``create-run`` by an account registered with another node key (6) is run in tests/test_chain_commands.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,7 +43,8 @@ from node.errors import (
     RoundPending,
     StateError,
 )
-from node.exitcodes import EXIT_CODES, MEANINGS, ExitCode, exit_code_for
+from node.exitcodes import EXIT_CODES, MEANINGS, ExitCode, exit_code_for, readme_table
+from node.tools.pull import NoCheckpoint
 from p2p.errors import P2PError
 from training.errors import TrainingError
 
@@ -48,21 +52,14 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "node.cli"]
 
 
-def _readme_paragraph() -> str:
+def test_the_readme_holds_the_table_rendered_from_node_exitcodes_and_no_other():
     text = (REPO / "README.md").read_text()
-    start = text.index("Exit codes, one meaning each")
-    end = text.index("\n\n", start)
-    return " ".join(text[start:end].replace("`", "").split())
-
-
-def test_the_readme_lists_every_code_with_the_tables_meaning_and_no_other():
-    paragraph = _readme_paragraph()
-    expected = ("Exit codes, one meaning each (node/exitcodes.py): "
-                + ", ".join(f"{int(code)} {meaning}" for code, meaning in MEANINGS.items())
-                + ". Every error is one line saying what to fix.")
-    assert paragraph == expected
+    table = readme_table()
+    assert text.count("| code | meaning |") == 1 and table in text
+    rows = table.splitlines()[2:]
+    assert [int(row.split("|")[1]) for row in rows] == [int(code) for code in ExitCode]
     for code in (1, 130, 143):  # the codes of no error class are listed too
-        assert f" {code} " in paragraph
+        assert f"| {code} | {MEANINGS[ExitCode(code)]} |" in text
 
 
 def test_one_meaning_per_code_and_one_code_per_error_class():
@@ -78,8 +75,8 @@ def test_one_meaning_per_code_and_one_code_per_error_class():
 @pytest.mark.parametrize(("error", "code"), [
     (ConfigError("x"), 2), (NodeError("x"), 3), (StateError("x"), 4), (DiskFull("x"), 4),
     (ChainUnavailable("x"), 5), (NotRegistered("x"), 6), (AccountError("x"), 6), (PortBusy("x"), 7),
-    (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (P2PError("x"), 10),
-    (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (DataFetchError("x"), 10),
+    (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (NoCheckpoint("x"), 9),
+    (P2PError("x"), 10), (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (DataFetchError("x"), 10),
     (DataMismatch("x"), 10), (DataFetchUsage("x"), 2), (LedgerError("x"), 11),
     (TrainingError("x"), 12), (AuditIncomplete("x"), 13), (NotYet("x"), 14), (RuntimeError("x"), 1),
 ])
@@ -162,6 +159,61 @@ def test_the_readmes_prepare_one_liner_stops_when_the_fetch_fails(tmp_path):
     assert proc.returncode == 2 and "not a file" in proc.stderr, proc.stderr
 
 
+def test_status_of_a_missing_or_unused_directory_is_usage_2_and_of_a_stopped_node_15(tmp_path):
+    """``status`` names what is wrong with --data-dir (2, was 3); a stopped node's last status is printed,
+    figures rounded and "-" for what it had none of (no "None"), and it exits 15, not running (was 1, the
+    code of a bug)."""
+    proc = subprocess.run([*CLI, "status", "--data-dir", str(tmp_path / "nowhere")], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "no such directory" in proc.stderr, proc.stderr
+    proc = subprocess.run([*CLI, "status", "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and "no node has run with this data directory" in proc.stderr, proc.stderr
+    gone = subprocess.Popen(["true"])  # a pid that is no process: a child that exited and was reaped
+    gone.wait()
+    status = {"peer_id": "12D3KooWstopped", "pid": gone.pid, "run_id": 1, "state": "stopped", "round": 7,
+              "step": 40, "inner_steps": 40, "loss": 3.456789123, "eval_loss": None, "peers": 2,
+              "bytes_sent": 12345678, "bytes_received": 987, "last_finished": 7, "last_commit": 6}
+    (tmp_path / "status.json").write_text(json.dumps(status))
+    proc = subprocess.run([*CLI, "status", "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 15, proc.stdout + proc.stderr
+    assert "not running" in proc.stdout and "None" not in proc.stdout, proc.stdout
+    assert "loss 3.457  held-out -" in proc.stdout and "sent 12.3 MB  received 987 B" in proc.stdout
+    (tmp_path / "status.json").write_text("{not json")
+    proc = subprocess.run([*CLI, "status", "--data-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 4 and "unreadable" in proc.stderr, proc.stderr
+
+
+def _small_disk_command(mount: Path, command: list[str]) -> list[str]:
+    """``command`` in a mount namespace of its own where ``mount`` is a 64 KiB tmpfs (gone with it)."""
+    userns = [] if os.geteuid() == 0 else ["-r"]
+    script = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
+    return ["unshare", *userns, "-m", "sh", "-c", script, str(mount), *command]
+
+
+def test_a_full_disk_is_state_4_naming_the_destination(tmp_path):
+    """A write the disk has no room for (``data prepare --out`` on a 64 KiB filesystem) exits 4, as README
+    and docs/P2P.md say (was 1), naming the output's disk, not a source or "(unnamed file)"."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 6000)  # 264 KB: its tokens do not fit
+    mount = tmp_path / "small"
+    mount.mkdir()
+    probe = subprocess.run(_small_disk_command(mount, ["true"]), capture_output=True, text=True, timeout=60,
+                           check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace for a small tmpfs here: {probe.stderr.strip()}")
+    out = mount / "out"
+    command = _small_disk_command(mount, [*CLI, "data", "prepare", str(corpus), "--out", str(out)])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"disk of {out} is full" in last and "free space and run it again" in last, last
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def unserved_run(tmp_path_factory):
     """A run on a real anvil whose one node is never started: its link names a peer nobody answers for."""
@@ -218,6 +270,45 @@ def test_a_start_whose_runs_checkpoint_no_peer_serves_is_a_network_failure_10(un
     assert proc.returncode == 10, proc.stdout + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "no published checkpoint of the run could be fetched" in last and "bootstrap" in last, last
+
+
+def _commit_next(run, checkpoint_hash: bytes) -> int:
+    """Commit the next round of ``run`` (its first node's account, seated once), as a quorum of one would."""
+    from ledger.chain import connect_rpc
+    from ledger.client import LedgerClient
+    from ledger.records import RoundRecord
+
+    slot = run.nodes[0]
+    if not getattr(run, "seated_for_tests", False):
+        run.seat([slot])
+        run.seated_for_tests = True
+    w3 = connect_rpc(run.url, wait=5)
+    member = LedgerClient(w3, dev_account(slot.account, w3.eth.chain_id), run.registry, run.ledger)
+    last = member.last_round(run.run_id)
+    index = 0 if last is None else last + 1
+    record = RoundRecord(run_id=run.run_id, round=index, prev_head=member.head_of(run.run_id),
+                         weights_root=b"\x01" * 32, contributions_root=b"\x02" * 32,
+                         train_loss_micro=3_500_000, eval_loss_micro=3_600_000, tokens=4096,
+                         num_contributors=1, checkpoint_hash=checkpoint_hash)
+    member.commit_round(record, [member.sign_record(record)])
+    return index
+
+
+def test_a_pull_of_a_round_without_a_checkpoint_is_a_refusal_9(unserved_run, tmp_path):
+    """``pull --round N`` of a round committed without a checkpoint, or not committed, installs nothing and
+    exits 9 (was 3), saying which and what to pass instead; nothing is fetched (after the start test: the
+    module's run has round 0 committed)."""
+    index = _commit_next(unserved_run, b"\x00" * 32)  # not a checkpoint round
+    reader = ["--rpc", unserved_run.url, "--registry", unserved_run.registry, "--ledger", unserved_run.ledger,
+              "--run", str(unserved_run.run_id), "--pending"]
+    for round_index, why in ((index, "committed without one"), (index + 5, "it is not committed")):
+        out = tmp_path / f"model-{round_index}"
+        proc = subprocess.run([*CLI, "pull", *reader, "--round", str(round_index), str(out)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 9, proc.stdout + proc.stderr[-3000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert f"no checkpoint published for round {round_index}" in last and why in last, last
+        assert "pass one of them to --round" in last and not out.exists(), last
 
 
 @pytest.mark.timeout(240)

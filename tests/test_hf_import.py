@@ -155,7 +155,7 @@ def test_a_joiner_fetches_the_initial_weights_from_a_peer_and_refuses_a_corrupt_
                                                                                    tokenizer_file):
     """Over a real libp2p host: the run document names the weights by hash; a joiner with none fetches them
     (checked) into initial/<hash>.safetensors; a wrong local copy is refused in one line."""
-    from node.commands.rundocs import initial_weights
+    from node.initfetch import initial_weights
     from node.errors import ConfigError
     from p2p.config import P2PConfig
     from p2p.host import P2PHost

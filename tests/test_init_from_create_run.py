@@ -19,7 +19,8 @@ from node.config import load_config
 from training.data import generated_text
 from training.hf_import import add_search_dir
 from training.model import init_state_dict
-from training.tokenizer import train_bpe
+from training.prepare import prepare_dataset
+from training.tokenizer import ByteTokenizer, train_bpe
 
 transformers = pytest.importorskip("transformers")
 
@@ -70,6 +71,7 @@ def source(tmp_path):
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tok.json"))
     fast.save_pretrained(directory)
+    (tmp_path / "text.txt").write_text(generated_text(seed=4, n_bytes=20_000))
     return directory
 
 
@@ -91,6 +93,14 @@ def test_an_unsupported_model_is_refused_before_anything_is_sent(deployed, sourc
     (source / "config.json").write_text(json.dumps(config))
     assert _create(tmp_path, path, source, RUN_FILE.replace("block_size = 32", "n_layer = 3")) == 2
     assert "--init-from takes the model from" in capsys.readouterr().err and client.run_count() == 0
+    # data prepared with another tokenizer (bytes): its ids mean other tokens to the model
+    prepare_dataset([tmp_path / "text.txt"], tmp_path / "bytes-ds", ByteTokenizer(), shard_tokens=4096)
+    with_data = RUN_FILE.replace("[diloco]", f'[training]\ndata_path = "{tmp_path / "bytes-ds"}"\n\n[diloco]')
+    capsys.readouterr()
+    assert _create(tmp_path, path, source, with_data) == 2
+    err = capsys.readouterr().err
+    assert "prepared with tokenizer bytes, not the model's own" in err and len(err.splitlines()) == 1
+    assert client.run_count() == 0 and not (tmp_path / "org" / "initial").exists()
 
 
 def test_the_run_names_the_imported_weights_and_its_genesis_root_is_theirs(deployed, source, tmp_path):

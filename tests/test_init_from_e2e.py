@@ -2,7 +2,9 @@
 random Qwen2 locally, with a BPE trained here as its tokenizer). 2 replicas x 2 stages of real nodes on anvil,
 the data prepared with the source's own tokenizer; the run document names the imported weights and the
 tokenizer by content hash, the genesis root on chain is that of the imported weights, ``audit`` (with reruns)
-verifies every round, and ``pull`` writes a Qwen2ForCausalLM whose logits equal the project's.
+verifies every round, and ``pull`` writes a Qwen2ForCausalLM whose logits equal the project's. Through the
+demo's seeder alone (a run link, no archive, no local copy of anything), ``audit`` fetches the initial weights
+and replays round 0 from them, and ``pull`` fetches the tokenizer and writes the source's class.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from node.commands.launcher import LocalRun
 from node.commitments.values import genesis_root
 from node.runconfig import node_config_from_run
 from node.store.checkpoint import read_checkpoint
+from node.commands.seeder import ArchiveSeeder
 from node.tools.audit import audit_run
+from node.tools.audit_inputs import INITIAL_WEIGHTS
+from node.tools.evidence import PeerFetcher
 from node.tools.pull import pull_checkpoint
 from node.tools.report import OK
 from training.config import ModelConfig
@@ -129,3 +134,31 @@ def test_pulled_back_into_the_source_class_its_logits_are_ours(run, source, tmp_
     text = "the quick brown fox"
     assert transformers.AutoTokenizer.from_pretrained(out)(text)["input_ids"] == \
         list(load_tokenizer(ours.cfg.tokenizer, [slot.data_dir / "tokenizers"]).encode(text))
+
+
+def test_through_the_seeder_alone_round_0_replays_from_the_fetched_weights_and_pull_writes_the_source_class(
+        run, source, tmp_path):
+    from training import hf_import
+
+    root, _ = source
+    hf_import._SEARCH_DIRS.clear()  # nothing local: the weights come through the link or not at all
+    seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id, datasets=[root / "ds"])
+    try:
+        fetcher = PeerFetcher.start([seeder.multiaddr])
+        try:
+            report = audit_run(run.client(), run.run_id, fetcher=fetcher)
+            pull_checkpoint(run.client(), run.run_id, tmp_path / "model", fetcher=fetcher, final_only=False)
+        finally:
+            fetcher.close()
+    finally:
+        seeder.close()
+    assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
+    item = next(c for c in report.general if c.name == INITIAL_WEIGHTS)
+    assert item.status == OK and "fetched from the run's peers" in item.reason, item.line()
+    first = report.rounds[0]
+    assert first.round == 0
+    assert any(c.name == "weights root (replay)" and c.status == OK for c in first.checks), first.line()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert type(back).__name__ == "Qwen2ForCausalLM"
+    tokenizer = (tmp_path / "model" / "tokenizer.json").read_bytes()
+    assert tokenizer == (root / "model" / "tokenizer.json").read_bytes()

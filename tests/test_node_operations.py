@@ -70,7 +70,7 @@ def test_status_metrics_and_graceful_sigterm(tmp_path):
             assert state["last_finished"] >= 1
             assert json.loads((s.data_dir / "status.json").read_text())["state"] == "stopped"
         stopped = cli("status", "--data-dir", str(slot.data_dir))
-        assert stopped.returncode == 1 and "not running" in stopped.stdout
+        assert stopped.returncode == 15 and "not running" in stopped.stdout  # ExitCode.NOT_RUNNING
         rounds = [c.commit.round for c in client.history(run.run_id).commits]
         assert rounds == list(range(len(rounds))) and len(rounds) >= 2
     finally:
@@ -82,7 +82,7 @@ def test_status_prints_the_compute_utilization_of_the_node_clock(tmp_path):
               "timing": {"periods": 4, "inner_s": 99.0, "wall_s": 100.0, "utilization": 0.99}}
     (tmp_path / "status.json").write_text(json.dumps(status))
     shown = cli("status", "--data-dir", str(tmp_path))
-    assert shown.returncode == 1 and "not running" in shown.stdout  # pid -1: no such process
+    assert shown.returncode == 15 and "not running" in shown.stdout  # pid -1: no such process
     assert "utilization 99.0% over 4 period(s)" in shown.stdout, shown.stdout
     (tmp_path / "status.json").write_text(json.dumps({**status, "timing": {}}))  # no period yet: no line
     assert "utilization" not in cli("status", "--data-dir", str(tmp_path)).stdout

@@ -162,7 +162,8 @@ def test_pull_refuses_a_tampered_checkpoint(run, client, tmp_path, capsys):
 @pytest.mark.timeout(60, func_only=True)
 def test_pull_names_what_is_missing_and_never_overwrites(run, client, tmp_path):
     with pytest.raises(
-        NoCheckpoint, match=r"no checkpoint published for round 99; published rounds: \[0, 1, 2\]"
+        NoCheckpoint,
+        match=r"no checkpoint published for round 99 \(it is not committed\); published rounds: \[0, 1, 2\]",
     ):
         pull_checkpoint(client, run.run_id, tmp_path / "out", round_index=99, archives=node_archives(run),
                         final_only=False)

@@ -88,15 +88,17 @@ def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_fi
     # the spot checks' span would allow 28 (35 - 8 + 1); the windows open from 27 keep 27 too
     assert SPOT_CHECK_ROUNDS == 8 and floor == 27
     assert archive.rounds() == list(range(27, 40)) and states.served_rounds() == list(range(27, 40))
-    # checkpoints: the kept rounds', and the newest final full one (round 26: a joiner can start from it)
-    assert sorted(checkpoint_files(ckpt)) == list(range(26, 40))
+    # checkpoints: the newest final full one (round 26: a joiner can start from it), the newest committed (35)
+    # and the rounds not committed yet; not those of every round inside a window (issue 75: nothing on chain
+    # reads them there; an auditor takes the seeders' copies)
+    assert sorted(checkpoint_files(ckpt)) == [26, 35, 36, 37, 38, 39]
     # the store serves exactly what is kept: every kept round's envelope, start state and checkpoint files
     kept = {hashlib.sha256(b"contribution of round %d" % r).hexdigest() for r in range(27, 40)}
     kept |= {hashlib.sha256(b"start state of round %d" % r * 50).hexdigest() for r in range(27, 40)}
     kept |= {hashlib.sha256(p.read_bytes()).hexdigest() for ps in checkpoint_files(ckpt).values() for p in ps}
     assert set(store.list()) == kept
     # the linked checkpoint files are one copy on disk (the store holds the same inode)
-    shard = ckpt / "shard-00000030-stage0.safetensors"
+    shard = ckpt / "shard-00000035-stage0.safetensors"
     assert shard.stat().st_nlink == 2
 
     # The windows move on (head 500: every committed round closed): the spot checks' 8 rounds stay, and so
@@ -104,7 +106,7 @@ def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_fi
     chain.head = 500
     floor = _retain(retention, store, host, archive, states, ckpt, newest=39, committed=35)
     assert floor == 28 and archive.rounds() == list(range(28, 40))
-    assert sorted(checkpoint_files(ckpt)) == list(range(28, 40))
+    assert sorted(checkpoint_files(ckpt)) == [35, 36, 37, 38, 39]  # 35: final and newest committed
     # a dispute on an old round (its window extended) holds that round and every newer one
     store2, host2, archive2, states2, ckpt2 = _node(tmp_path / "b", 40)
     chain2 = Windows(committed_through=35, closes={r: 0 for r in range(36)} | {12: 10_000}, head=500)
@@ -119,8 +121,9 @@ def test_the_newest_final_checkpoint_outlives_the_span_while_the_newer_ones_can_
     retention = Retention(StorageConfig(), own.open, proofs.open)
     floor = _retain(retention, store, host, archive, states, ckpt, 39, 39)
     assert floor == 32 and archive.rounds() == list(range(32, 40))
-    # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall)
-    assert sorted(checkpoint_files(ckpt)) == [20, *range(32, 40)]
+    # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall); 39: the
+    # newest committed
+    assert sorted(checkpoint_files(ckpt)) == [20, 39]
     assert proofs.asked[:3] == [39, 38, 37]  # asked newest first, down to the first final one
 
 
@@ -196,3 +199,43 @@ def test_a_pruned_node_still_serves_what_an_open_window_asks(tmp_path):
     finally:
         client.close()
         server.close()
+
+
+def test_a_restarted_node_still_prunes_the_start_states_it_served_before(tmp_path):
+    """The start states served before a restart are listed on disk (node/store/retention.py
+    SERVED_STATES_FILE): a new HeldStates on the same work directory (the restarted node) forgets them when
+    their rounds leave the span, and the store keeps exactly the rounds still inside it."""
+    store, host, archive, states, ckpt = _node(tmp_path, 30)
+    served = {r: hashlib.sha256(b"start state of round %d" % r * 50).hexdigest() for r in range(30)}
+    assert set(served.values()) <= set(store.list())
+    restarted = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    assert restarted.served_rounds() == list(range(30))
+    chain = Windows(committed_through=29, closes={r: 0 for r in range(30)}, head=100)
+    floor = _retain(Retention(StorageConfig(), chain.open), store, host, archive, restarted, ckpt, 29, 29)
+    assert floor == 29 - SPOT_CHECK_ROUNDS + 1
+    left = set(store.list())
+    assert {r for r, d in served.items() if d in left} == set(range(floor, 30))
+    # and a third start sees only what is left
+    again = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    assert again.served_rounds() == list(range(floor, 30))
+    # a round re-served after a restart (the node re-applies it) is listed once more, and goes once
+    again.serve(floor, {0: b"start state of round %d" % floor * 50}, 0)
+    assert again.forget_before(floor + 1) == [floor] and served[floor] not in set(store.list())
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"v": 2, "rounds": {}}', b'{"v": 1, "rounds": [1]}',
+                                     b'{"v": 1, "rounds": {"3": ["not a hash"]}}',
+                                     b'{"v": 1, "rounds": {"-1": []}}'])
+def test_a_damaged_served_list_is_refused_with_a_warning_and_the_node_goes_on(tmp_path, caplog, content):
+    from node.store.retention import SERVED_STATES_FILE
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / SERVED_STATES_FILE).write_bytes(content)
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+    with caplog.at_level("WARNING"):
+        states = HeldStates(StoreHost(store), work, tmp_path / "evidence", num_stages=1, stop=None)
+    assert states.served_rounds() == [] and SERVED_STATES_FILE in caplog.text
+    digest = states.serve(4, {0: b"state"}, 0)[0].hex()
+    assert HeldStates(StoreHost(store), work, tmp_path / "evidence", 1, None).served_rounds() == [4]
+    assert digest in store.list()

@@ -87,9 +87,12 @@ def test_centralized_reference_is_the_ddp_mode(corpus):
     from training.simulate import centralized_reference
 
     cfg = DilocoConfig(inner_steps=3, num_replicas=2)
-    reference = centralized_reference(corpus, MODEL, TRAINING, cfg, PIPELINE, 2)
+    calls: list[tuple[int, int]] = []
+    reference = centralized_reference(corpus, MODEL, TRAINING, cfg, PIPELINE, 2,
+                                      progress=lambda *done: calls.append(done))
     ddp = simulate("ddp", corpus, MODEL, TRAINING, cfg, CompressionConfig(), PIPELINE, 2)
     assert reference == ddp.final_eval_loss
+    assert calls == [(1, 2), (2, 2)]  # after each round (the demo's progress lines)
 
 
 def test_partial_overlap_runs_and_differs_from_the_whole_round_delay(corpus):

@@ -120,11 +120,13 @@ def test_big_integers_are_strings_for_javascript():
     assert large["inputs"]["run_id"] == {"int": str((1 << 64) - 1)}
 
 
-def test_partial_envelope_payload_is_the_sliced_layout():
+@pytest.mark.parametrize("name", ["partial", "partial_with_codec_blob"])
+def test_partial_envelope_payload_is_the_sliced_layout(name):
     from ledger.merkle import merkle_root
+    from training.codec_wire import decode_contribution
     from training.slicemessages import PARTIAL_PREFIX, parse_partial
 
-    vector = by_name(VECTORS["envelopes"])["partial"]
+    vector = by_name(VECTORS["envelopes"])[name]
     payload = bytes.fromhex(vector["inputs"]["payload_hex"])
     assert payload.startswith(PARTIAL_PREFIX) and PARTIAL_PREFIX == b"dlx-partial/2"
     partial = parse_partial(payload)
@@ -138,6 +140,13 @@ def test_partial_envelope_payload_is_the_sliced_layout():
     assert [bytes.fromhex(h) for h in body["input_hashes_hex"]] == hashes
     assert len(hashes) == partial.num_inputs
     assert partial.inputs_root == merkle_root(hashes) == bytes.fromhex(body["inputs_root_hex"])
+    if "codec" in body:  # issue 80 point 11: the partial blob's own format is a codec blob of the slice
+        codec = body["codec"]
+        shapes = {key: tuple(shape) for key, shape in codec["shapes"].items()}
+        decoded = decode_contribution(partial.blob, shapes, stage_index=codec["stage"],
+                                      outer_round=codec["round"], refuse_raw=False)
+        for key, tensor in decoded.items():
+            assert tensor.numpy().astype("<f4").tobytes().hex() == codec["decoded"][key]["f32le_hex"], key
 
 
 def test_envelope_payloads_are_the_payload_vectors():
@@ -177,6 +186,40 @@ def test_contribution_vector_carries_a_real_codec_blob():
         "lowrank", "quant", "raw"}
     for name, tensor in decoded.items():
         assert tensor.numpy().astype("<f4").tobytes().hex() == codec["decoded"][name]["f32le_hex"], name
+
+
+def test_the_bound_contribution_vector_is_the_default_body_of_a_version_3_run():
+    """Issue 80 point 11: ``dlx-contribution/4`` (docs/PROTOCOL.md's second form), its member and the EIP-712
+    ``Contribution`` it signs; the message's roots are derived from the codec blob again here, and the
+    signature recovers to the vectors' account."""
+    from eth_account import Account
+    from eth_account.messages import encode_typed_data
+
+    from node.fraudproof import contribution_claim
+    from training.config import DilocoConfig
+
+    vector = by_name(VECTORS["envelopes"])["bound_contribution"]
+    payload = bytes.fromhex(vector["inputs"]["payload_hex"])
+    assert payload.startswith(b"dlx-contribution/4")
+    body = msg.decode_contribution_body(payload)
+    described = vector["contribution_body"]
+    assert described["magic"] == "dlx-contribution/4"
+    assert payload[18 + 96:18 + 96 + 20].hex() == body.contributor.hex() == described["contributor_hex"]
+    assert payload[18 + 116:18 + 181].hex() == body.binding.hex() == described["binding_hex"]
+    assert payload[18 + 181:] == body.blob and body.blob.hex() == described["codec"]["blob_hex"]
+    assert "0x" + body.contributor.hex() == VECTORS["eip712"]["key"]["address"].lower()
+    message = by_name(VECTORS["eip712"]["messages"])["contribution"]
+    assert message["signature_hex"] == described["binding_hex"]
+    shapes = {name: tuple(shape) for name, shape in described["codec"]["shapes"].items()}
+    claim = contribution_claim(body.blob, shapes, DilocoConfig(commitments="normed"),
+                               run_id=vector["inputs"]["run_id"], outer_round=3, stage=0,
+                               decode_args={"stage_index": 0, "outer_round": 3})
+    typed = message["typed_data"]["message"]
+    assert (typed["runId"], typed["round"], typed["stage"], typed["steps"]) == (7, 3, 0, 0)
+    assert typed["payloadRoot"] == "0x" + claim.payload_root.hex()
+    assert typed["normRoot"] == "0x" + claim.norm_root.hex()
+    signable = encode_typed_data(full_message=message["typed_data"])
+    assert Account.recover_message(signable, signature=body.binding) == VECTORS["eip712"]["key"]["address"]
 
 
 def test_the_file_is_strict_json_infinities_included():
@@ -287,6 +330,11 @@ def test_eip712_known_answer(vector):
         == eip712["key"]["address"]
     assert int.from_bytes(signature[32:64],
                           "big") <= 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+    if vector["name"] == "contribution":  # carried by the bound contribution envelope's body
+        body = by_name(VECTORS["envelopes"])["bound_contribution"]["contribution_body"]
+        assert body["binding_hex"] == vector["signature_hex"]
+        assert "0x" + body["contributor_hex"] == eip712["key"]["address"].lower()
+        return
     # The gossip payload of the same kind carries exactly this signature and signer.
     payload = untag(by_name(VECTORS["payloads"])[vector["name"]]["fields"])
     assert payload["signature"] == signature

@@ -84,8 +84,17 @@ class Rebase(DelayCorrection):
             progress = torch.sub(host_float32(param), round_end[name])
             param.copy_(torch.add(new_global[name], progress))
 
+        # A snapshot held twice (the round start is the pending round's end once that round is encoded) is
+        # re-based once and stays one copy: the same values, 4 bytes per parameter less held.
+        rebased: dict[int, torch.Tensor] = {}
+
         def rebase(snapshot: Weights) -> Weights:
-            return {n: torch.add(new_global[n], torch.sub(snapshot[n], round_end[n])) for n in snapshot}
+            out = {}
+            for n, tensor in snapshot.items():
+                if id(tensor) not in rebased:
+                    rebased[id(tensor)] = torch.add(new_global[n], torch.sub(tensor, round_end[n]))
+                out[n] = rebased[id(tensor)]
+            return out
 
         return rebase(round_start), {r: rebase(snapshot) for r, snapshot in pending.items()}
 

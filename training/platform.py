@@ -113,6 +113,8 @@ class Platform:
     reproducible: bool = False
     #: ``training.reproducible_kernels``: the version of its matrix products (training/exact_kernel.py).
     kernels: int = 1
+    #: A node of N processes' ``fsdp2;ranks=N`` (training/cluster_replica.py), "" for one process.
+    cluster: str = ""
 
     def autocast(self):
         """The context of the forward pass: bfloat16 autocast, the fixed-order kernels of the reproducible
@@ -122,14 +124,15 @@ class Platform:
         return autocast(self.device, self.precision)
 
     def fingerprint(self) -> PlatformFingerprint:
-        return fingerprint(self.device, self.precision, self.compiled)
+        return fingerprint(self.device, self.precision, self.compiled, self.cluster)
 
 
 _PROCESS_PLATFORM: Platform | None = None
 
 
 def prepare_platform(
-    device: str, precision: str, compiled: bool = False, reproducible: bool = False, kernels: int = 1
+    device: str, precision: str, compiled: bool = False, reproducible: bool = False, kernels: int = 1,
+    cluster: str = "",
 ) -> Platform:
     """Resolve ``training.device``/``training.precision``/``training.compile`` and set the process up for it
     (call at the edge).
@@ -141,13 +144,15 @@ def prepare_platform(
     here (:func:`compile_problem`), and sets inductor's deterministic mode (no on-device benchmarking, whose
     pick of a kernel could differ between two processes and so break a same-platform rerun).
     ``reproducible``: the forward pass runs the fixed-order kernels (:meth:`Platform.autocast`; float32 only),
-    of version ``kernels`` (``training.reproducible_kernels``).
+    of version ``kernels`` (``training.reproducible_kernels``). ``cluster``: the inner steps run on N
+    processes (``fsdp2;ranks=N``, training/cluster_replica.py; "" for one).
     """
     global _PROCESS_PLATFORM
     if reproducible and (precision != "fp32" or compiled):
         raise PlatformError("training.reproducible computes float32 eagerly: not in bf16, not compiled")
     resolved = Platform(
-        resolve_device(device), check_precision(precision), bool(compiled), bool(reproducible), int(kernels))
+        resolve_device(device), check_precision(precision), bool(compiled), bool(reproducible), int(kernels),
+        cluster)
     set_deterministic(resolved.device)
     if resolved.compiled:
         problem = compile_problem(resolved.device.type)

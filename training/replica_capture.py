@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -64,6 +65,46 @@ def start_state_bytes(meta: RoundMeta, engine: StageEngine, trainer_part: dict[s
     """``capture_engine_part(...).to_bytes()`` without copying the engine's tensors first: the engine must
     not change until this returns (the node serialises a start state before the next encode or apply)."""
     return _engine_part(meta, engine, trainer_part, copy=False).to_bytes()
+
+
+def write_start_state(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor],
+                      path: Path) -> bytes:
+    """:func:`start_state_bytes` written to the file ``path`` as they are made, returning their sha256: the
+    same bytes, never held whole in memory (a stage's start state is about 40 bytes per parameter it holds).
+    The engine must not change until this returns, as for :func:`start_state_bytes`."""
+    state = _engine_part(meta, engine, trainer_part, copy=False)
+    try:
+        with open(path, "wb") as out:
+            return state.write_to(out)
+    except BaseException:
+        path.unlink(missing_ok=True)  # a full disk: no partial state left behind
+        raise
+
+
+class StartStateCapture:
+    """A round's start states, captured in two parts: the copies of what the inner steps change (taken when
+    this is made), and the engines' state, added when it is called (bytes per stage, as
+    :func:`start_state_bytes`) or written (:meth:`write`: files, as :func:`write_start_state`). Either runs
+    once, before the engines change and after the previous encode finished; ``engine_of(stage)`` reads
+    the stage's engine then."""
+
+    def __init__(self, meta: RoundMeta, engine_of: Callable[[int], StageEngine],
+                 parts: dict[int, dict[str, torch.Tensor]]) -> None:
+        self.meta, self.engine_of, self.parts = meta, engine_of, parts
+
+    def __call__(self) -> dict[int, bytes]:
+        return {stage: start_state_bytes(self.meta, self.engine_of(stage), part)
+                for stage, part in self.parts.items()}
+
+    def write(self, directory: Path) -> dict[int, Path]:
+        """Stage -> the file in ``directory`` holding its start state's bytes (never whole in memory)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for stage, part in self.parts.items():
+            path = directory / f"start-state-{self.meta.outer_round:08d}-stage{stage}.part"
+            write_start_state(self.meta, self.engine_of(stage), part, path)
+            out[stage] = path
+        return out
 
 
 def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor], *,

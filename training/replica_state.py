@@ -58,6 +58,7 @@ import json
 import logging
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from typing import BinaryIO
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -146,6 +147,15 @@ class StageStartState:
         yield from (STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors)))
         for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
             yield from _tensor_record(name, self.tensors[name])
+
+    def write_to(self, out: BinaryIO) -> bytes:
+        """Write :meth:`to_bytes` to the binary file ``out`` piece by piece and return their sha256: the same
+        bytes and hash without holding them whole (each tensor's data goes out as a view of its array)."""
+        digest = hashlib.sha256()
+        for piece in self._pieces():
+            digest.update(piece)
+            out.write(piece)
+        return digest.digest()
 
     def state_hash(self) -> bytes:
         """sha256 of :meth:`to_bytes` (what the stage's contribution envelope binds), without building them.

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -90,6 +91,7 @@ def simulate(
     eval_every: int = 1,
     num_eval_batches: int | None = None,
     tamper: Tamper | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimulationResult:
     """Run ``outer_rounds`` rounds of H = ``diloco_cfg.inner_steps`` steps of ``mode``.
 
@@ -98,7 +100,8 @@ def simulate(
     replica r trains in round t on ``round_batches(corpus, seed, r, t, ...)``.
     Held-out loss is measured on the global weights every ``eval_every`` rounds
     and after the last one. ``tamper`` (DiLoCo modes) replaces what the
-    replicas send (module docstring).
+    replicas send (module docstring). ``progress(done, outer_rounds)`` (the DDP mode) is called after
+    each round, for a caller that shows how far a long run has got.
     """
     if outer_rounds < 1:
         raise TrainingError(f"outer_rounds={outer_rounds}: must be >= 1")
@@ -133,6 +136,7 @@ def simulate(
             replicas,
             outer_rounds,
             eval_every,
+            progress,
         )
     else:
         rounds, trainer_root, final_loss = DilocoSimulation(
@@ -154,7 +158,8 @@ def simulate(
 
 
 def _simulate_ddp(
-    initial, batches, held_out, model_cfg, training_cfg, pipeline_cfg, replicas, outer_rounds, eval_every
+    initial, batches, held_out, model_cfg, training_cfg, pipeline_cfg, replicas, outer_rounds, eval_every,
+    progress=None,
 ):
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, pipeline_cfg.num_stages, state_dict=initial)
     num_params = count_params(model_cfg)
@@ -191,6 +196,8 @@ def _simulate_ddp(
         logger.info(
             "ddp round %d: train %.4f eval %s", outer_round, records[-1].train_loss, records[-1].eval_loss
         )
+        if progress is not None:
+            progress(outer_round + 1, outer_rounds)
     root = weights_root([stage_weights_hash(m.state_dict()) for m in trainer.stage_modules]).hex()
     return records, root, records[-1].eval_loss
 
@@ -202,6 +209,7 @@ def centralized_reference(
     diloco_cfg: DilocoConfig,
     pipeline_cfg: PipelineConfig,
     outer_rounds: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> float:
     """Held-out loss of the centralized baseline on the same tokens as a DiLoCoX run of ``outer_rounds``.
 
@@ -212,6 +220,6 @@ def centralized_reference(
     """
     result = simulate(
         "ddp", corpus, model_cfg, training_cfg, diloco_cfg, CompressionConfig(enabled=False), pipeline_cfg,
-        outer_rounds, eval_every=outer_rounds,
+        outer_rounds, eval_every=outer_rounds, progress=progress,
     )
     return result.final_eval_loss

@@ -57,6 +57,20 @@ library LedgerCore {
     // per rank of a low-rank piece: w (2), a row of Q per element (128), rows of P (64 / rank + 2 rows: 4 + 128 / r)
     uint256 internal constant PROOF_BYTES_PER_RANK = 134;
 
+    // issue 79 (point 4): a proof slashes every attester of its round (LedgerDisputes._overturn), and a round's
+    // attesters are members Active at its commit, so the proof's gas grows with the seats a run has. proofCost
+    // counts PROOF_BASE_ATTESTERS of them; a run holds at most MAX_SEATS Active members (joinRun:
+    // LedgerRunFull), so its worst proof is proofCost + PROOF_SEATS_GAS, at most PROOF_MAX_GAS + PROOF_SEATS_GAS
+    // = 10M + 224 x 32k = 17.2M gas, under 60% of a 30M block (tests/test_proof_at_full_seats.py measures it
+    // at 256 attesters on py-evm and anvil). Without the cap ~1,234 seats made a commit that fits a block
+    // (~17.3M) and a proof that does not (~30M).
+    uint32 internal constant MAX_SEATS = 256;
+    uint256 internal constant PROOF_BASE_ATTESTERS = 32;
+    // one more attester slashed by a proof: its calldata word, its seat's slash and MemberSlashed (measured
+    // 18,233 on py-evm and anvil at 256 attesters, rounded up)
+    uint256 internal constant PROOF_GAS_PER_ATTESTER = 32_000;
+    uint256 internal constant PROOF_SEATS_GAS = (MAX_SEATS - PROOF_BASE_ATTESTERS) * PROOF_GAS_PER_ATTESTER;
+
     /// @dev The worst proof's gas and calldata at `contributions` listed pieces of rank at most `rank`.
     function proofCost(uint256 contributions, uint256 rank) internal pure returns (uint256 gas, uint256 size) {
         gas = PROOF_GAS_BASE + contributions * (PROOF_GAS_PER_PIECE + rank * PROOF_GAS_PER_RANK);

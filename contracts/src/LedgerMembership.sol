@@ -57,6 +57,9 @@ library LedgerMembership {
             revert TrainingLedger.LedgerAlreadyMember(runId, msg.sender);
         }
 
+        // issue 79 (point 4): a round's attesters are Active members, and a proof slashes each of them; the cap
+        // keeps the largest quorum's proof inside a block (LedgerCore.PROOF_SEATS_GAS).
+        if (run.memberCount >= LedgerCore.MAX_SEATS) revert TrainingLedger.LedgerRunFull(runId, LedgerCore.MAX_SEATS);
         uint64 round = run.commitCount;
         member.nodeKey = nodeKey;
         member.stake = uint128(msg.value);

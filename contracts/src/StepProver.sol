@@ -11,7 +11,9 @@ import {Float32} from "./Float32.sol";
 /// input elements and the contract recomputes it in soft-float; for a matrix product it is a clocked bisection
 /// over the partial sums of the element's fixed k-order (`s_0 = +0`, `s_{k+1} = s_k + a[r,k] * b[k,c]`, one
 /// float32 multiply and one float32 add, as `ordered_matmul` computes it), down to one step recomputed here.
-/// The loser's bond goes to the winner; a claim proven wrong stays wrong (`wrongClaim`).
+/// Above it: a step claim (`claimStep`) bisects the ops of one traced step to the op where the sides split; a run
+/// claim (`claimRun`, a contribution's H inner steps) first bisects the steps over posted state roots.
+/// The loser's bond goes to the winner; a claim proven wrong stays wrong (`claimOf(..).wrong`).
 /// @dev Tensors are committed as ledger/merkle.py trees over training/chunks.py tensor leaves of the tensor alone
 /// (tensor index 0; the element order is the tensor's contiguous order). A chess clock (each side `clockBlocks`
 /// blocks for all its moves) ends a game whose mover stalls: `timeout` gives it to the other side.
@@ -46,7 +48,7 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps }
 
     /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
     /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
@@ -60,6 +62,21 @@ contract StepProver {
         uint8 depth;
         bytes32 startRoot;
         bytes32 endRoot;
+    }
+
+    /// @notice A contribution's claim: `steps` inner steps, each the program `programRoot` (as in `StepClaim`),
+    /// take the state tree `startRoot` to the state tree `endRoot`. A state tree is a trace tree whose first
+    /// `stateLeaves` leaves are the state's tensor roots (each tensor's own chunk tree) and the rest zero, so one
+    /// element of the state after any step is provable against its root. A game bisects the steps over the
+    /// state roots the defender posts, then plays the step game on the one step where the sides split.
+    struct RunClaim {
+        bytes32 programRoot;
+        uint32 stateLeaves;
+        uint32 ops;
+        uint8 depth;
+        bytes32 startRoot;
+        bytes32 endRoot;
+        uint32 steps;
     }
 
     /// @notice The defender's opening of the op where the trace splits: its program leaf, its output's root (the
@@ -95,6 +112,7 @@ contract StepProver {
         bytes32 hiRoot;
         bytes32 midRoot;
         uint32 copyLeaf;
+        bytes32 stepKey; // the StepClaim the step game plays: the claim's own, or the split step of a run
         Op op;
     }
 
@@ -112,6 +130,7 @@ contract StepProver {
     mapping(bytes32 => Claim) internal _claims;
     mapping(bytes32 => Game) internal _games;
     mapping(bytes32 => StepClaim) internal _steps;
+    mapping(bytes32 => RunClaim) internal _runs;
     /// @notice What each account won and has not withdrawn.
     mapping(address => uint256) public balanceOf;
 
@@ -121,6 +140,8 @@ contract StepProver {
     event Judged(bytes32 indexed gameId, bool agree, uint32 lo, uint32 hi);
     event Decided(bytes32 indexed gameId, bytes32 indexed claimId, bool defenderWon, uint32 moves);
     event ClaimRefuted(bytes32 indexed claimId, address challenger);
+    event StateRootPosted(bytes32 indexed gameId, uint32 step, bytes32 root);
+    event StepSplit(bytes32 indexed gameId, uint32 step);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -211,15 +232,94 @@ contract StepProver {
         if (_steps[claimId].ops == 0) revert ProverStepUnknownClaim();
         Claim storage c = _claims[claimId];
         if (c.wrong || c.busy) revert ProverStepClaimClosed();
-        _start(claimId, Phase.Trace);
+        _start(claimId, Phase.Trace).stepKey = claimId;
         gameId = gameIdOf(claimId, msg.sender);
         emit Challenged(gameId, claimId, msg.sender, 0);
+    }
+
+    /// @notice Bond `bond` on a contribution's `run.steps` inner steps (`RunClaim`).
+    function claimRun(RunClaim calldata run) external payable returns (bytes32 claimId) {
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
+        if (run.steps == 0 || run.ops == 0 || run.depth > 32
+            || uint256(run.stateLeaves) + run.ops > (uint256(1) << run.depth)) {
+            revert ProverStepBadOp();
+        }
+        claimId = runIdOf(run, msg.sender);
+        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
+        _claims[claimId].defender = msg.sender;
+        _runs[claimId] = run;
+        emit Claimed(claimId, msg.sender);
+    }
+
+    /// @notice The id of `defender`'s claim on `run`.
+    function runIdOf(RunClaim calldata run, address defender) public pure returns (bytes32) {
+        return keccak256(abi.encode(run, defender));
+    }
+
+    /// @notice Bond `bond` against a run claim: the bisection over its steps starts (the defender posts first).
+    function challengeRun(bytes32 claimId) external payable returns (bytes32 gameId) {
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
+        RunClaim storage run = _runs[claimId];
+        if (run.steps == 0) revert ProverStepUnknownClaim();
+        Claim storage c = _claims[claimId];
+        if (c.wrong || c.busy) revert ProverStepClaimClosed();
+        Game storage g = _start(claimId, Phase.Steps);
+        gameId = gameIdOf(claimId, msg.sender);
+        g.lo = 0;
+        g.hi = run.steps;
+        g.loRoot = run.startRoot;
+        g.hiRoot = run.endRoot;
+        emit Challenged(gameId, claimId, msg.sender, 0);
+        if (run.steps == 1) _enterStep(gameId, g);
+    }
+
+    /// @notice Defender: the state root after step `(lo + hi) / 2` of the interval in dispute.
+    function postStateRoot(bytes32 gameId, bytes32 root) external {
+        (Game storage g,) = _move(gameId, true, Phase.Steps);
+        g.midRoot = root;
+        g.midPosted = true;
+        g.defenderTurn = false;
+        emit StateRootPosted(gameId, (g.lo + g.hi) / 2, root);
+    }
+
+    /// @notice Challenger: whether it agrees with the posted state root; at one step apart the step game of that
+    /// step starts (from the agreed root to the disputed one).
+    function judgeStateRoot(bytes32 gameId, bool agree) external {
+        (Game storage g,) = _move(gameId, false, Phase.Steps);
+        if (!g.midPosted) revert ProverStepWrongPhase();
+        _halve(gameId, g, agree);
+        if (g.hi == g.lo + 1) _enterStep(gameId, g);
+    }
+
+    /// @dev The step game of step `lo` of a run: its claim is the run's program from `loRoot` to `hiRoot`.
+    function _enterStep(bytes32 gameId, Game storage g) private {
+        RunClaim storage run = _runs[g.claimId];
+        _steps[gameId] = StepClaim(run.programRoot, run.stateLeaves, run.ops, run.depth, g.loRoot, g.hiRoot);
+        g.stepKey = gameId;
+        g.phase = Phase.Trace;
+        g.defenderTurn = true;
+        emit StepSplit(gameId, g.lo);
+    }
+
+    /// @dev The interval moves to the half in dispute: past the midpoint if agreed, up to it if not.
+    function _halve(bytes32 gameId, Game storage g, bool agree) private {
+        uint32 mid = (g.lo + g.hi) / 2;
+        if (agree) {
+            g.lo = mid;
+            g.loRoot = g.midRoot;
+        } else {
+            g.hi = mid;
+            g.hiRoot = g.midRoot;
+        }
+        g.midPosted = false;
+        g.defenderTurn = true;
+        emit Judged(gameId, agree, g.lo, g.hi);
     }
 
     /// @notice Defender: the root of its trace tree after the step's last op.
     function postTrace(bytes32 gameId, bytes32 traceRoot) external {
         (Game storage g,) = _move(gameId, true, Phase.Trace);
-        StepClaim storage step = _steps[g.claimId];
+        StepClaim storage step = _steps[g.stepKey];
         g.loRoot = step.startRoot;
         g.hiRoot = traceRoot;
         g.lo = 0;
@@ -231,7 +331,7 @@ contract StepProver {
     /// @notice Challenger: state leaf `leaf` of `endRoot` is not what the trace's last tree says it is.
     function disputeCopy(bytes32 gameId, uint32 leaf) external {
         (Game storage g,) = _move(gameId, false, Phase.TraceEnd);
-        if (leaf >= uint256(1) << _steps[g.claimId].depth) revert ProverStepBadElement(leaf);
+        if (leaf >= uint256(1) << _steps[g.stepKey].depth) revert ProverStepBadElement(leaf);
         g.copyLeaf = leaf;
         g.phase = Phase.Copy;
         g.defenderTurn = true;
@@ -256,24 +356,14 @@ contract StepProver {
     function judgeRoot(bytes32 gameId, bool agree) external {
         (Game storage g,) = _move(gameId, false, Phase.Ops);
         if (!g.midPosted) revert ProverStepWrongPhase();
-        uint32 mid = (g.lo + g.hi) / 2;
-        if (agree) {
-            g.lo = mid;
-            g.loRoot = g.midRoot;
-        } else {
-            g.hi = mid;
-            g.hiRoot = g.midRoot;
-        }
-        g.midPosted = false;
-        g.defenderTurn = true;
+        _halve(gameId, g, agree);
         if (g.hi == g.lo + 1) g.phase = Phase.OpOpen;
-        emit Judged(gameId, agree, g.lo, g.hi);
     }
 
     /// @notice Defender: open op `lo`, the one whose output the trees disagree on; its claim becomes the game's.
     function openOp(bytes32 gameId, OpOpening calldata o) external {
         (Game storage g,) = _move(gameId, true, Phase.OpOpen);
-        StepClaim storage step = _steps[g.claimId];
+        StepClaim storage step = _steps[g.stepKey];
         uint256 out = uint256(step.stateLeaves) + g.lo;
         if (!_verify(o.spec, g.lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
             revert ProverStepBadOpening(3);
@@ -323,7 +413,7 @@ contract StepProver {
         bytes32[] calldata sourcePath
     ) external {
         (Game storage g,) = _move(gameId, true, Phase.Copy);
-        StepClaim storage step = _steps[g.claimId];
+        StepClaim storage step = _steps[g.stepKey];
         uint256 q = g.copyLeaf;
         if (!_verifyWord(value, q, step.depth, endPath, step.endRoot)) revert ProverStepBadOpening(0);
         if (q >= step.stateLeaves) {

@@ -366,6 +366,7 @@ contract TrainingLedger {
     error LedgerProofTooCostly(uint256 gas, uint256 calldataBytes, uint256 maxGas, uint256 maxCalldata);
     error LedgerBadGameSteps(uint16 maxGameSteps);
     error LedgerUnbondingBelowProofWindow(uint64 unbondingBlocks, uint64 minimum);
+    error LedgerRunFull(uint256 runId, uint32 seats);
     /// @param registry_ The NodeRegistry whose nodes may join runs.
     constructor(NodeRegistry registry_) {
         _registry = registry_;
@@ -397,7 +398,9 @@ contract TrainingLedger {
     /// @param platform The hash of the platform fingerprint the member trains on, only emitted: every
     /// contribution's claimed platform is held to it off-chain (docs/DILOCOX.md section 11).
     /// @dev The caller must be registered in the NodeRegistry; its node key is copied into the seat, so the
-    /// membership does not depend on later registry changes. A slashed account can never join again.
+    /// membership does not depend on later registry changes. A slashed account can never join again. A run holds
+    /// at most maxSeats() active members (LedgerRunFull): a proof slashes every attester of a round, and the cap
+    /// keeps that proof inside a block at the largest quorum (issue 79).
     function joinRun(uint256 runId, bytes32 platform) external payable {
         LedgerMembership.joinRun(_s, _registry, runId, platform);
     }
@@ -661,6 +664,12 @@ contract TrainingLedger {
     /// @return The maximum.
     function maxUnbondingBlocks() external pure returns (uint64) {
         return LedgerCore.MAX_UNBONDING_BLOCKS;
+    }
+
+    /// @notice The most active members (seats) a run may hold: a round's attesters are at most that many.
+    /// @return The maximum.
+    function maxSeats() external pure returns (uint32) {
+        return LedgerCore.MAX_SEATS;
     }
 
     /// @notice The number of runs created so far (the latest run id).

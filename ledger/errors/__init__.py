@@ -102,6 +102,7 @@ from ledger.errors.training_ledger import (
     LedgerProofTooCostly as LedgerProofTooCostly,
     LedgerBadGameSteps as LedgerBadGameSteps,
     LedgerUnbondingBelowProofWindow as LedgerUnbondingBelowProofWindow,
+    LedgerRunFull as LedgerRunFull,
 )
 from ledger.errors.prover import (
     ProverError as ProverError,

@@ -237,6 +237,8 @@ class LedgerBadRunValues(LedgerRevert):
 class LedgerProofTooCostly(LedgerRevert):
     """At the run's ``maxContributions`` and ``maxRank`` a fraud proof could need more gas or calldata than
     the contract's bounds (``LedgerCore.proofCost``; docs/FRAUD_PROOF.md, "Bounded proofs")."""
+
+
 class LedgerBadGameSteps(LedgerRevert):
     """``maxGameSteps`` is 0: an availability game needs at least one step."""
 
@@ -244,3 +246,9 @@ class LedgerBadGameSteps(LedgerRevert):
 class LedgerUnbondingBelowProofWindow(LedgerRevert):
     """``unbonding_blocks`` is shorter than the longest proof window, ``dispute_blocks + (2 max_game_steps +
     2) accusation_blocks``: a coalition could withdraw before it is proven wrong."""
+
+
+class LedgerRunFull(LedgerRevert):
+    """The run holds ``seats`` active members already (``TrainingLedger.maxSeats``): a fraud proof slashes
+    every attester of its round, and the cap keeps the largest quorum's proof inside a block (issue 79;
+    docs/FRAUD_PROOF.md, "Bounded proofs"). A seat frees when a member leaves."""

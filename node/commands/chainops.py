@@ -235,7 +235,7 @@ def seconds_per_block(w3, sample: int = 20) -> float | None:
 
 #: What :func:`eta` says of a chain that mines only on demand.
 ON_DEMAND = ("no time estimate: this chain mines a block only when a transaction comes (a dev chain; "
-             "`cast rpc anvil_mine N` mines N)")
+             "`dlx-node mine N --rpc URL` mines N)")
 
 
 def eta(blocks: int, per_block: float | None) -> str:
@@ -265,8 +265,9 @@ def seat_plan(client, info, identity, platform: bytes) -> list:
     plan = []
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
-        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
-                            "data directory (its identity.key) or another account")
+        raise NotRegistered(f"account {client.address} is registered with another node key: an account has "
+                            "one node key; pass --identity OLD_DIR/identity.key (the node directory of its "
+                            "other run) to use it here, or use another account")
     fee = None
     if key is None:
         stake = client.min_stake()

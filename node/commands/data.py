@@ -67,6 +67,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     interactive = sys.stderr.isatty() and not args.no_progress
     started = time.monotonic()
+    model_dir = None
     if args.train_tokenizer:
         if args.tokenizer != "bytes":
             raise ConfigError("--train-tokenizer and --tokenizer exclude each other: give one")
@@ -78,9 +79,17 @@ def run_prepare(args: argparse.Namespace) -> int:
         tokenizer = train_tokenizer(args.inputs, args.vocab_size, args.text_field)
     else:
         spec = args.tokenizer
-        if spec != "bytes" and Path(spec).expanduser().is_dir():  # a model directory: its own tokenizer
-            spec = str(Path(spec).expanduser() / "tokenizer.json")
+        model_dir = Path(spec).expanduser() if spec != "bytes" and Path(spec).expanduser().is_dir() else None
+        if model_dir is not None:  # a model directory: its own tokenizer, which must fit its vocabulary
+            spec = str(model_dir / "tokenizer.json")
         tokenizer = load_tokenizer(spec)
+        if model_dir is not None:
+            from training.hf_import import HFImportError, check_source_vocab
+
+            try:
+                check_source_vocab(model_dir, tokenizer)
+            except HFImportError as exc:
+                raise ConfigError(str(exc)) from None
     progress = _Progress(f"preparing {out.name}", interactive)
     try:
         manifest = prepare_dataset(
@@ -95,14 +104,23 @@ def run_prepare(args: argparse.Namespace) -> int:
           f"{manifest.dtype} ids, {manifest.num_tokens:,} tokens ({held_out:,} held out), vocabulary "
           f"{manifest.vocab_size:,}")
     print(f"dataset root {manifest.root} (the run document names it as manifest:<root>)")
-    print("train on it with these node.toml settings:")
-    print("[model]")
-    if manifest.tokenizer != "bytes":
-        print(f'tokenizer = "{(out / "tokenizer.json").resolve()}"')
-    print(f"vocab_size = {manifest.vocab_size}")
+    _print_settings(out, manifest, model_dir)
+    return 0
+
+
+def _print_settings(out: Path, manifest, model_dir: Path | None) -> None:
+    """The settings that train on the dataset: a model directory's run takes its [model] from the model."""
+    if model_dir is not None:  # README "Start from a model"
+        print(f"start a run from {model_dir} on it (create-run or demo --init-from {model_dir}: [model] "
+              "comes from the model) with these run file settings:")
+    else:
+        print("train on it with these node.toml settings:")
+        print("[model]")
+        if manifest.tokenizer != "bytes":
+            print(f'tokenizer = "{(out / "tokenizer.json").resolve()}"')
+        print(f"vocab_size = {manifest.vocab_size}")
     print("[training]")
     print(f'data_path = "{out.resolve()}"')
-    return 0
 
 
 def run_fetch(args: argparse.Namespace) -> int:

@@ -318,7 +318,8 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
         print("training the centralized references on the same tokens, AdamW and Muon (skip with "
               "--no-reference) ...",
               flush=True)
-        losses = centralized_reference_losses(run, len(summary["rounds"]))
+        losses = centralized_reference_losses(run, len(summary["rounds"]),
+                                              say=lambda line: print(line, flush=True))
         summary["centralized_reference_eval_losses"] = losses
         summary["centralized_reference_eval_loss"] = losses[summary["optimizer"]]
         best, loss = strongest(losses)

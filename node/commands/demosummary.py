@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from node.commands.launcher import LocalRun
@@ -33,16 +35,55 @@ def benchmark_result(family: str) -> Path:
 CONVERGENCE_RESULT = BENCHMARK_RESULT.with_name("convergence.json")
 
 
-def centralized_reference_losses(run: LocalRun, rounds: int) -> dict[str, float]:
+def centralized_reference_losses(
+    run: LocalRun, rounds: int, say: Callable[[str], None] | None = None
+) -> dict[str, float]:
     """Held-out loss of data-parallel training with each inner optimizer (``OPTIMIZER_NAMES``, the run's
     first) on the same tokens, schedule and eval batches as the run: ``{optimizer: loss}``.
 
     The strongest of them is what the demo's DiLoCoX loss is read against (issue 66): with the
     default AdamW run, centralized Muon on the same tokens is the stronger baseline at the demo's size.
+    Each trains in one intra-op thread (issue 80: with torch's default of one thread per core, a
+    loaded 2-core machine made them 2-3x slower than one thread, and 40-65 minutes in all);
+    ``say`` gets a progress line per round with the time left at that pace.
     """
+    import torch
+
     cfg = load_config(run.nodes[0].config_path)
     optimizers = [cfg.training.optimizer, *(o for o in OPTIMIZER_NAMES if o != cfg.training.optimizer)]
-    return {optimizer: centralized_reference_loss(run, rounds, optimizer) for optimizer in optimizers}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {optimizer: centralized_reference_loss(run, rounds, optimizer, ReferenceProgress(
+            OPTIMIZER_NAMES[optimizer], say) if say else None) for optimizer in optimizers}
+    finally:
+        torch.set_num_threads(threads)
+
+
+class ReferenceProgress:
+    """``progress(done, total)`` of one centralized reference, said as one line per round (at most one
+    every ``every_s`` seconds, and always the last), with the time left at the pace so far."""
+
+    def __init__(self, name: str, say: Callable[[str], None], every_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.say, self.every_s, self.clock = name, say, every_s, clock
+        self.started = clock()
+        self.last_said: float | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if done < total and self.last_said is not None and now - self.last_said < self.every_s:
+            return
+        self.last_said = now
+        elapsed = now - self.started
+        left = elapsed / done * (total - done) if done else 0.0
+        tail = "done" if done == total else f"about {_duration(left)} left"
+        self.say(f"  centralized {self.name}: round {done}/{total}, {_duration(elapsed)} so far, {tail}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def strongest(losses: dict[str, float]) -> tuple[str, float]:
@@ -51,7 +92,10 @@ def strongest(losses: dict[str, float]) -> tuple[str, float]:
     return best, losses[best]
 
 
-def centralized_reference_loss(run: LocalRun, rounds: int, optimizer: str | None = None) -> float:
+def centralized_reference_loss(
+    run: LocalRun, rounds: int, optimizer: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> float:
     """Held-out loss of data-parallel training (the run's inner optimizer, or ``optimizer``) on the same
     tokens, schedule and eval batches as the run.
 
@@ -73,7 +117,8 @@ def centralized_reference_loss(run: LocalRun, rounds: int, optimizer: str | None
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        return centralized_reference(corpus, cfg.model, reference_cfg, cfg.diloco, cfg.pipeline, rounds)
+        return centralized_reference(corpus, cfg.model, reference_cfg, cfg.diloco, cfg.pipeline, rounds,
+                                     progress=progress)
     finally:
         quiet.setLevel(level)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from node.config import load_config
-from node.errors import ConfigError, NodeError
+from node.errors import ConfigError, StateError
 
 logger = logging.getLogger(__name__)
 
@@ -68,41 +68,77 @@ def cmd_start(args: argparse.Namespace, kinds=None) -> int:
 
 # ---------------------------------------------------------------------- status
 def cmd_status(args: argparse.Namespace) -> int:
-    path = Path(args.data_dir).expanduser() / "status.json"
+    """``dlx-node status``: 0 with a running node's status, 15 (not running) with a stopped one's last."""
+    from node.exitcodes import ExitCode
+
+    data_dir = Path(args.data_dir).expanduser()
+    path = data_dir / "status.json"
+    if not data_dir.is_dir():
+        raise ConfigError(f"--data-dir {args.data_dir}: no such directory (a node's data directory, as its "
+                          "node.toml's data_dir names it)")
     try:
         status = json.loads(path.read_text())
     except FileNotFoundError:
-        raise NodeError(
-            f"no node status at {path}: is a node running with data_dir={args.data_dir}?") from None
+        raise ConfigError(f"no node status in {data_dir} (no status.json): no node has run with this data "
+                          "directory; pass the data_dir of a node's node.toml") from None
     except ValueError as exc:
-        raise NodeError(f"status file {path} is unreadable: {exc}") from None
+        raise StateError(f"status file {path} is unreadable: {exc}") from None
     alive = _pid_alive(status.get("pid", -1))
+    code = 0 if alive else int(ExitCode.NOT_RUNNING)
     if args.json:
         print(json.dumps({**status, "alive": alive}, indent=1))
-        return 0 if alive else 1
-    age = time.time() - status.get("updated_at", 0)
-    placement = status.get("placement") or {}
-    print(f"node     {status.get('peer_id')}  ({'running' if alive else 'not running'}, pid "
-          f"{status.get('pid')}, updated {age:.0f}s ago)")
-    print(f"run      {status.get('run_id')}  state {status.get('state')}  cluster {placement.get('cluster')} "
-          f"replica {placement.get('replica')} stages {placement.get('stages')}")
+        return code
+    for line in status_lines(status, alive):
+        print(line)
+    return code
+
+
+def _figure(value: object, digits: int = 4) -> str:
+    """A float rounded to ``digits`` significant digits; "-" for a value not there yet (None, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return "-"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _bytes(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def status_lines(status: dict, alive: bool) -> list[str]:
+    """What ``dlx-node status`` prints of a node's ``status.json``: figures rounded, "-" for none yet."""
+    updated = status.get("updated_at")
+    age = f"updated {time.time() - updated:.0f}s ago" if isinstance(updated, (int, float)) else "not updated"
+    placement = {key: value for key, value in (status.get("placement") or {}).items() if value is not None}
+
     def index(key: str) -> str:  # -1 while joining: nothing yet
         value = status.get(key)
         return str(value) if isinstance(value, int) and value >= 0 else "-"
 
-    print(f"round    {index('round')} step {status.get('step')}/{status.get('inner_steps')}  "
-          f"loss {status.get('loss')}  held-out {status.get('eval_loss')}")
-    print(f"network  peers {status.get('peers')}  sent {status.get('bytes_sent')} B  "
-          f"received {status.get('bytes_received')} B")
-    print(f"chain    last finished round {index('last_finished')}  last commit {index('last_commit')}  "
-          f"weights root {status.get('weights_root') or '-'}")
+    lines = [
+        f"node     {status.get('peer_id')}  ({'running' if alive else 'not running'}, pid "
+        f"{status.get('pid')}, {age})",
+        f"run      {status.get('run_id')}  state {status.get('state')}  "
+        f"cluster {placement.get('cluster', '-')} replica {placement.get('replica', '-')} "
+        f"stages {placement.get('stages', '-')}",
+        f"round    {index('round')} step {_figure(status.get('step'))}/{_figure(status.get('inner_steps'))}  "
+        f"loss {_figure(status.get('loss'))}  held-out {_figure(status.get('eval_loss'))}",
+        f"network  peers {_figure(status.get('peers'))}  sent {_bytes(status.get('bytes_sent'))}  "
+        f"received {_bytes(status.get('bytes_received'))}",
+        f"chain    last finished round {index('last_finished')}  last commit {index('last_commit')}  "
+        f"weights root {status.get('weights_root') or '-'}",
+    ]
     timing = status.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("utilization"), (int, float)):
         # From the node's own per-round clock (timing.jsonl): time in inner steps / wall time.
-        print(
+        lines.append(
             f"compute  utilization {100 * timing['utilization']:.1f}% over {timing.get('periods')} period(s) "
-            f"({timing.get('inner_s')} s in inner steps of {timing.get('wall_s')} s)")
-    return 0 if alive else 1
+            f"({_figure(timing.get('inner_s'))} s in inner steps of {_figure(timing.get('wall_s'))} s)")
+    return lines
 
 
 def _pid_alive(pid: int) -> bool:
@@ -193,6 +229,12 @@ def cmd_run_info(args: argparse.Namespace) -> int:
     return run_run_info(args)
 
 
+def cmd_mine(args: argparse.Namespace) -> int:
+    from node.commands.member import run_mine
+
+    return run_mine(args)
+
+
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
 COMMANDS = {
     "data": cmd_data,
@@ -208,5 +250,6 @@ COMMANDS = {
     "leave": cmd_leave,
     "withdraw": cmd_withdraw,
     "run-info": cmd_run_info,
+    "mine": cmd_mine,
     "explorer": cmd_explorer,
 }

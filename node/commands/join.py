@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document, initial_weights
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.initfetch import initial_weights
 from node.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -275,14 +276,14 @@ def run_join(args: argparse.Namespace) -> int:
     from node.platforms import own_platforms
     from node.runconfig import canonical_json, config_hash, node_config_from_run, parse_run_document
     from node.runconfig import run_document
-    from p2p.identity import Identity
+    from node.commands.member import node_identity
 
     link = link_from_args(args)
     data_dir = Path(args.data_dir).expanduser()
     data_dir.mkdir(parents=True, exist_ok=True)
     config_path = data_dir / "node.toml"
     _refuse_another_runs(config_path, link, args.force, load_config)
-    identity = Identity.load_or_create(data_dir / "identity.key")
+    identity = node_identity(data_dir, getattr(args, "identity", ""))
     chain, ledger_cfg = _connect(link, data_dir, args)
     info = chain.info
     refuse_finished(chain.client, info)  # before anything is fetched, written or sent
@@ -320,7 +321,7 @@ def run_join(args: argparse.Namespace) -> int:
         atomic_write_bytes(data_dir / "run.json", canonical_json(document))
         print(f"wrote {config_path}")
     cfg = load_config(config_path)
-    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training)[0])
+    plan = seat_plan(chain.client, info, identity, own_platforms(cfg.training, cfg.compute.processes)[0])
     if plan:  # nothing is sent that the account cannot pay for, nor without a yes
         check_funds(chain.client.balance(), chain.client.address, plan)
         agree(plan, args.yes, "joining")
@@ -329,7 +330,7 @@ def run_join(args: argparse.Namespace) -> int:
         node_chain.check_run(info.run_id, config_hash(run_document(cfg)), commitments=cfg.diloco.commitments,
                              cfg=cfg)
         node_chain.ensure_registered(identity)
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         node_chain.ensure_member(info.run_id, platform, also=(legacy,))
     finally:
         node_chain.close()

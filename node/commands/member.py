@@ -13,11 +13,36 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from node.commands.chainops import Spend, add_fee_args, agree, ask_yes, check_funds, eta, seconds_per_block
 from node.commitments import version_name
 from node.errors import ConfigError, NotYet
 
+
+
+def node_identity(data_dir: Path, reuse: str = ""):
+    """The node key (a :class:`p2p.identity.Identity`) of node directory ``data_dir``: its ``identity.key``,
+    made if it has none. ``reuse``: another node directory's key file to use instead, copied in (mode 0600):
+    an account registers one node key, so the node of its next run (create-run, join) needs that key."""
+    from p2p.errors import IdentityError
+    from p2p.identity import Identity
+
+    path = data_dir / "identity.key"
+    if not reuse:
+        return Identity.load_or_create(path)
+    try:
+        identity = Identity.load(Path(reuse).expanduser())
+    except IdentityError as exc:
+        raise ConfigError(f"--identity {reuse}: {exc}") from None
+    if path.exists():
+        own = Identity.load(path)
+        if own.public_key_bytes != identity.public_key_bytes:
+            raise ConfigError(f"--identity {reuse}: {path} already holds another node key ({own.peer_id}, "
+                              f"not {identity.peer_id}): pick a new --data-dir")
+        return own
+    identity.save(path)
+    return identity
 
 def add_parsers(sub) -> None:
     for name, helptext in (
@@ -34,9 +59,19 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("run-info",
                        help="a run's members, stakes, rounds, last record, accusations and disputes "
                                         "(read-only)")
-    p.add_argument("link", help="the run link (dlx://<chain_id>/<ledger>/<run_id>?rpc=...)")
+    p.add_argument("link", nargs="?", default="",
+                   help="the run link (dlx://<chain_id>/<ledger>/<run_id>?rpc=...); or give --rpc, --run and "
+                        "--deployment (or --registry and --ledger), as for audit and pull")
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (overrides the link's)")
+    p.add_argument("--run", type=int, default=None, help="run id")
+    p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
+    p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
+    p.add_argument("--deployment", default="", help="deployment.json written by 'dlx-node demo' or deploy")
     p.add_argument("--json", action="store_true", help="print it as JSON")
+    p = sub.add_parser("mine", help="mine N empty blocks on a local dev chain (anvil) that mines only on "
+                                    "transactions, e.g. to end an unbonding period or a dispute window")
+    p.add_argument("blocks", type=int, help="how many blocks")
+    p.add_argument("--rpc", default="http://127.0.0.1:8545", help="the dev chain's JSON-RPC URL")
 
 
 def _member(args: argparse.Namespace):
@@ -242,11 +277,40 @@ def format_run_info(s: dict) -> str:
 def run_run_info(args: argparse.Namespace) -> int:
     """``dlx-node run-info``."""
     from node.commands.link import parse_run_link
+    from node.tools.evidence import reader_client
 
-    link = parse_run_link(args.link)
-    client, _ = reader_for_link(link, args.rpc)
-    summary = run_info_summary(client, link.run_id)
+    if args.link:
+        link = parse_run_link(args.link)
+        if args.run is not None and args.run != link.run_id:
+            raise ConfigError(f"--run {args.run} and the link's run {link.run_id} differ: give one")
+        client, _ = reader_for_link(link, args.rpc)
+        run_id = link.run_id
+    else:  # as audit and pull: --rpc, --run and the deployment's addresses
+        if not args.rpc or args.run is None:
+            raise ConfigError("pass the run link, or --rpc and --run (with --deployment or "
+                              "--registry/--ledger)")
+        client, run_id = reader_client(args), args.run
+    summary = run_info_summary(client, run_id)
     print(json.dumps(summary, indent=1) if args.json else format_run_info(summary))
+    return 0
+
+
+def run_mine(args: argparse.Namespace) -> int:
+    """``dlx-node mine N``: anvil's ``anvil_mine`` on a chain that mines only on demand; refused elsewhere."""
+    from ledger.chain import connect_rpc
+    from node.commands.chainops import mines_on_demand
+
+    if args.blocks < 1:
+        raise ConfigError(f"mine {args.blocks}: give a number of blocks of at least 1")
+    w3 = connect_rpc(args.rpc, wait=5)
+    if not mines_on_demand(w3):
+        raise ConfigError(f"{args.rpc} is not a local dev chain that mines only on transactions (anvil's "
+                          "automine): its blocks come by themselves, nothing to mine")
+    before = w3.eth.block_number
+    reply = w3.provider.make_request("anvil_mine", [hex(args.blocks)])
+    if "error" in reply:
+        raise ConfigError(f"{args.rpc} refused anvil_mine: {reply['error']}")
+    print(f"mined {w3.eth.block_number - before} blocks: the head is block {w3.eth.block_number}")
     return 0
 
 

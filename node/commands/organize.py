@@ -34,8 +34,9 @@ from node.commands.chainops import (
     read_deployment,
     verify_deployment,
 )
+from node.commands.member import node_identity
 from node.commands.runfile import read_run_file, run_params
-from node.errors import DLX_ERRORS, ConfigError, NodeError, NotRegistered
+from node.errors import DLX_ERRORS, ConfigError, NodeError, NotRegistered, RunOver
 from node.provergas import check_reward
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--deployment", required=True, help="deployment.json written by 'dlx-node deploy'")
     p.add_argument("--rpc", default="", help="chain JSON-RPC URL (default: the deployment's)")
     p.add_argument("--data-dir", default="dlx-organizer", help="the organizer's node directory (created)")
+    p.add_argument("--identity", default="", metavar="KEY_FILE",
+                   help="the node key to use (copied into --data-dir): the identity.key of this account's "
+                        "node directory of an earlier run, for a second run (an account registers one key)")
     p.add_argument("--announce", default="127.0.0.1",
                    help="public IP address or DNS name joiners reach the organizer's node "
                         "at (in the run link)")
@@ -173,7 +177,6 @@ def run_create_run(args: argparse.Namespace) -> int:
     from node.config import config_from_dict, dump_toml, merge_tables
     from node.fsutil import atomic_write_bytes
     from node.runconfig import canonical_json, run_document
-    from p2p.identity import Identity
     from training.config_training import weaknesses as training_weaknesses
 
     data_dir = Path(args.data_dir).expanduser().resolve()
@@ -181,6 +184,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     run = read_run_file(args.run_file, getattr(args, "init_from", ""), data_dir)
     params = run_params(run)
     weak = params.weaknesses() + training_weaknesses(run.cfg.training)
+    weak += [run.cfg.commitment_scheme.weakness] if run.cfg.commitment_scheme.weakness else []
     if weak and not getattr(args, "weak_run", False):
         raise ConfigError(f"run file {args.run_file}: [run] is below the security model's floor: "
                           + "; ".join(weak)
@@ -201,12 +205,14 @@ def run_create_run(args: argparse.Namespace) -> int:
     client = LedgerClient.from_config(w3, load_account(ledger_cfg, chain_id), ledger_cfg)
     existing = [r for r in client.find_runs(params.config_hash)
                 if r.creator.lower() == client.address.lower()]
+    if existing:
+        _refuse_ended(client, existing[-1], args.run_file, data_dir)
     if not existing:  # the contract does not check that a proof pays its prover: the node does, first
         for line in check_reward(params, w3, allow=getattr(args, "allow_unpaid_proofs", False),
                                  where=f"run file {args.run_file}"):
             print(line)
     data_dir.mkdir(parents=True, exist_ok=True)
-    identity = Identity.load_or_create(data_dir / "identity.key")
+    identity = node_identity(data_dir, getattr(args, "identity", ""))
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
     check_funds(client.balance(), client.address, spends)
@@ -244,6 +250,19 @@ def run_create_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_ended(client, run, run_file: str, data_dir: Path) -> None:
+    """RunOver when the run this account created from ``run_file`` has every round committed: the same
+    command would only "finish" a run that is over. A run file makes one run; what makes the next one."""
+    if not run.max_rounds or client.commit_count(run.run_id) < run.max_rounds:
+        return
+    raise RunOver(
+        f"run {run.run_id}, which {client.address} created from {run_file}, is over: all its "
+        f"{run.max_rounds} rounds are committed (its model: dlx-node pull <run link> OUT). A run file makes "
+        "one run; for a new run give the run file another run_name (a new configHash) and create it in a new "
+        "node directory with this account's node key: dlx-node create-run RUN2.toml --data-dir NEW_DIR "
+        f"--identity {data_dir / 'identity.key'} (nothing was sent)")
+
+
 def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list) -> None:
     """A node directory holds one run: its node.toml may only be that of the run being finished."""
     from node.config import load_config
@@ -273,8 +292,9 @@ def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
                   f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
-        raise NotRegistered(f"account {client.address} is registered with another node key: use that node's "
-                          "directory (its identity.key) as --data-dir, or another account")
+        raise NotRegistered(f"account {client.address} is registered with another node key: an account has "
+                            "one node key; pass --identity OLD_DIR/identity.key (the node directory of its "
+                            "earlier run) to create this run's node with it, or use another account")
     if key is None:
         stake = client.min_stake()
         message = binding_message(client.chain_id, client.registry_address, client.address)
@@ -301,7 +321,7 @@ def _take_seat(config_path: Path, identity, run_id: int) -> None:
         chain.check_run(run_id, config_hash(run_document(cfg)), cfg.rounds,
                         commitments=cfg.diloco.commitments, cfg=cfg)
         chain.ensure_registered(identity)
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         chain.ensure_member(run_id, platform, also=(legacy,))
     finally:
         chain.close()

@@ -99,6 +99,9 @@ def _add_join(sub) -> None:
     p.add_argument("--run", type=int, default=None, help="run id (without a link)")
     p.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr of the run (repeatable)")
     p.add_argument("--data-dir", default="dlx-node", help="directory for keys, state and node.toml (created)")
+    p.add_argument("--identity", default="", metavar="KEY_FILE",
+                   help="the node key to use (copied into --data-dir): the identity.key of this account's "
+                        "node directory of another run (an account registers one key)")
     acct = p.add_mutually_exclusive_group()
     acct.add_argument("--password-file", default=None,
                       help="password of the account's keystore (created in the data directory if --keystore "

@@ -224,7 +224,7 @@ def preflight(cfg, yes: bool) -> None:
         claim_data_dir(data_dir, run_scope(client.chain_id, genesis, lc.ledger_address, lc.run_id), digest)
         StateFile(data_dir / "state.json", lc.run_id)  # a corrupt one: exit 4, before anything is sent
         identity = Identity.load_or_create(cfg.path(cfg.p2p.key_file))
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         plan = seat_plan(client, info, identity, platform)
         if not plan:
             return

@@ -64,8 +64,9 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
     if isinstance(model, dict) and model.get("tokenizer") not in (None, "bytes"):
         model["tokenizer"] = str((base / Path(model["tokenizer"]).expanduser()).resolve())
     if init_from:
+        data_path = training.get("data_path", "") if isinstance(training, dict) else ""
         table["model"] = import_model(init_from, model if isinstance(model, dict) else {},
-                                      init_dir or Path.cwd(), path)
+                                      init_dir or Path.cwd(), path, data_path)
     try:
         cfg = config_from_dict(table)
     except ConfigError as exc:
@@ -93,19 +94,22 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
 INIT_FROM_KEYS = ("block_size", "dropout")
 
 
-def import_model(directory: str, model: dict[str, Any], node_dir: Path, path: str) -> dict[str, Any]:
+def import_model(directory: str, model: dict[str, Any], node_dir: Path, path: str,
+                 data_path: str = "") -> dict[str, Any]:
     """The [model] table of a run started from the Hugging Face model ``directory`` (training/hf_import.py):
     the source's settings, its initial weights written as ``node_dir/initial/<sha256>.safetensors`` and its
-    tokenizer kept as ``node_dir/tokenizers/<sha256>.json`` (the node serves both by those hashes)."""
+    tokenizer kept as ``node_dir/tokenizers/<sha256>.json`` (the node serves both by those hashes). A
+    prepared dataset ``data_path`` must have been prepared with the source's tokenizer (checked first)."""
     import shutil
 
-    from training.hf_import import INIT_DIR, HFImportError, import_hf, sha256_file
+    from training.hf_import import INIT_DIR, HFImportError, check_prepared_data, import_hf, sha256_file
 
     other = sorted(set(model) - set(INIT_FROM_KEYS))
     if other:
         raise ConfigError(f"run file {path}: [model] {', '.join(other)}: --init-from takes the model from "
                           f"{directory}; the run file may set only {', '.join(INIT_FROM_KEYS)}")
     try:
+        check_prepared_data(data_path, directory)
         imported = import_hf(directory, node_dir / INIT_DIR, block_size=int(model.get("block_size", 0) or 0))
     except HFImportError as exc:
         raise ConfigError(str(exc)) from None

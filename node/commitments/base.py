@@ -39,6 +39,9 @@ class CommitmentScheme:
     proves_factors: ClassVar[bool] = False
     #: What the audit says opens a committed root of this scheme (node/tools/audit_replay.py).
     audit_note: ClassVar[str] = ""
+    #: What a run of this scheme gives up against the trust model (issue 79), "" for none: ``create-run``
+    #: refuses a new run of it without ``--weak-run``, and a node joining one logs it once (docs/TRUST.md).
+    weakness: ClassVar[str] = ""
 
     # -- the configuration -------------------------------------------------------------------------------
     def check_config(self, diloco: DilocoConfig) -> None:

@@ -26,6 +26,10 @@ class ChunkedScheme(CommitmentScheme):
     version = 2
     chunked = True
     audit_note = "chunk proofs open its roots"
+    weakness = ("diloco.commitments=chunked (version 2): its rounds bind no contribution to a member and its "
+                "factors carry no norm commitment, so a fabricated contribution, a wrong clip scale or a "
+                "non-finite piece a quorum lists cannot be proven wrong (safe: \"normed\", what \"auto\" "
+                "gives)")
 
     def check_config(self, diloco) -> None:
         if not diloco.contract_outer_step:

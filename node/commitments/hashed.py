@@ -18,6 +18,8 @@ class HashedScheme(CommitmentScheme):
     name = "hashed"
     version = 1
     audit_note = "no fraud proof opens its roots"
+    weakness = ("diloco.commitments=hashed (version 1): no fraud proof opens its roots, so a wrong round a "
+                "quorum commits stands (safe: \"normed\", what \"auto\" gives)")
 
     def weights_root(self, stage_hashes: Sequence[bytes], stage_leaves: Sequence[bytes]) -> bytes:
         from training.hashing import weights_root

@@ -19,6 +19,7 @@ class NormedScheme(ChunkedScheme):
     version = 3
     proves_factors = True
     audit_note = "chunk and norm proofs open its roots; factors of another version are proven wrong"
+    weakness = ""  # version 2's is what this version closes
 
     def stage_norms(self, accepted: Sequence[bytes], shapes: Mapping[str, tuple[int, ...]], diloco,
                     decode_args: Mapping | None = None):

@@ -210,7 +210,7 @@ class NodeParts:
         chain.check_run(self.run_id, self.config_hash, rounds=cfg.rounds, commitments=cfg.diloco.commitments,
                         cfg=cfg)
         chain.ensure_registered(self.identity)
-        platform, legacy = own_platforms(cfg.training)
+        platform, legacy = own_platforms(cfg.training, cfg.compute.processes)
         chain.ensure_member(self.run_id, platform, also=(legacy,))
         # Before the first message arrives: the validator's window starts where this node can
         # enter (after the chain's latest checkpoint). Left at round 0, every message of a round

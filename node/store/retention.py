@@ -20,20 +20,26 @@ clock. Round ``t``'s archive and start states are kept while any of these holds:
   oldest first, so what is kept is always one span of rounds;
 * ``t`` is among the newest ``keep_rounds`` (0: no more).
 
+A node's own start states are listed by round on disk (:data:`SERVED_STATES_FILE`), so a restarted node
+prunes those it served before the restart as well.
+
 What a fraud proof of ``t`` and its availability games read, the chunked run's published stage states, is
-kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: those of the rounds
-still kept (an auditor checks them), the newest *final* committed full checkpoint (its proof window closed:
-nothing can overturn it, so a joiner can always start from it), the newest committed one, every round not
-committed yet and the newest ``keep_checkpoints``; everything while no full checkpoint is final.
+kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: the newest *final*
+committed full checkpoint (its proof window closed: nothing can overturn it, so a joiner can always start
+from it), the newest committed one, every round not committed yet and the newest ``keep_checkpoints``;
+everything while no full checkpoint is final.
 
 So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
 :data:`SPOT_CHECK_ROUNDS` committed ones, and those whose own window is open (``disputeBlocks`` over the
 blocks a round takes, longer only while a dispute or an availability game runs), plus two checkpoints.
 Per round that is the node's start state of each held stage (what a rerun starts from: weights, AdamW
-state and outer state), its signed contributions and the round's checkpoint files, and in a chunked run
-its published stage state (over the longer proof window): so its disk is bounded by about ``W`` start
-states of its stages plus a few checkpoints however many rounds run (docs/PROTOCOL.md, "Archive and
-retention", gives the measured figures).
+state and outer state, about 10 x the stage's parameter bytes) and its signed contributions, and in a
+chunked run, over the longer proof window ``P`` rounds, its published stage state (weights and momentum,
+2 x) with the version-3 factors and sum trees beside it and its spilled chunk leaves: so its disk is about
+``W`` start states plus ``P`` published states plus two checkpoints, however many rounds run, where ``W``
+and ``P`` are the chain's windows in blocks over the blocks a round takes (a few rounds for rounds of
+minutes; tens in the retention bench, whose rounds take a block or two). docs/PROTOCOL.md, "Archive and
+retention", gives the measured figures.
 
 ``storage.retention = "all"`` keeps every round (0 and 0 of the older settings): what an audit of the whole
 run from this node's files needs; it grows by about one start state of each held stage a round.
@@ -46,11 +52,13 @@ and leftovers of an interrupted removal are swept the next time.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+from node.fsutil import atomic_write_bytes
 from node.store.archive import Archive
 from p2p.blobstore import hash_file
 
@@ -60,6 +68,10 @@ logger = logging.getLogger(__name__)
 #: draws its spot checks of a round once it is on chain and fetches the claimant's start state then
 #: (node/live/checks/heldstates.py serves them; its chain check of round t comes with round t + 1).
 SPOT_CHECK_ROUNDS = 8
+
+#: The file (in the spot checker's work directory) listing the blobs of this node's own start states by round
+#: (node/live/checks/heldstates.py): a restarted node still forgets them when their rounds leave the span.
+SERVED_STATES_FILE = "served-start-states.json"
 
 _CHECKPOINT_FILE = re.compile(r"^(?:round-(\d{8})|shard-(\d{8})-stage\d+)\.safetensors$")
 
@@ -165,11 +177,16 @@ class Retention:
         return max(0, floor)
 
     def checkpoints_kept(self, checkpoint_dir: Path, committed_through: int, rounds_floor: int) -> set[int]:
-        """The checkpoint rounds kept: those from ``rounds_floor`` on (the rounds still inside a window: an
-        auditor checks their checkpoints), the newest final committed full checkpoint (nothing overturns it:
-        a joiner can always start from it), the newest committed full one (what the chain names now), every
-        round not committed yet and the newest ``keep_checkpoints``. Everything while no full checkpoint is
-        final."""
+        """The checkpoint rounds kept: the newest final committed full checkpoint (nothing overturns it: a
+        joiner can always start from it), the newest committed full one (what the chain names now), every
+        round not committed yet (a restart, and the assembly of a round's full checkpoint from its holders'
+        shards, read them) and the newest ``keep_checkpoints``. Everything while no full checkpoint is final.
+
+        Not the checkpoints of every round still inside a window (``rounds_floor``, kept until issue 75's
+        measurement: 18 of each at 25 rounds of the retention bench, 2 x the stage's bytes each): nothing on
+        chain reads a checkpoint inside a window (a fraud proof and its games read the published stage
+        states, node/live/fraud/chunkstate.py; a spot check the start states), and an auditor reads older
+        ones from the seeders' and archives' copies (docs/AUDIT.md)."""
         files = checkpoint_files(checkpoint_dir)
         if self.keeps_all:
             return set(files)
@@ -178,7 +195,7 @@ class Retention:
         final = next((r for r in reversed(full) if self.proof_open is None or not self.proof_open(r)), None)
         if final is None:
             return set(files)
-        keep = {r for r in files if r >= rounds_floor or r > committed_through} | {final, full[-1]}
+        keep = {r for r in files if r > committed_through} | {final, full[-1]}
         if self.storage.keep_checkpoints > 0:
             keep |= set(committed[-self.storage.keep_checkpoints:])
         return keep
@@ -208,3 +225,34 @@ def prune_checkpoints_except(checkpoint_dir: Path, keep: set[int], committed_thr
     if doomed:
         logger.info("retention: pruned checkpoints of rounds %s (%d rounds kept)", _span(doomed), len(keep))
     return doomed
+
+
+def load_served_states(path: Path) -> dict[int, list[str]]:
+    """The start-state blobs a node served before (round -> sha256 hex), as :func:`save_served_states` left
+    them; {} when there is no file. A damaged or foreign file is refused with a warning and read as {} (the
+    node goes on; those blobs then stay until deleted by hand: the warning names the file)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        logger.warning("retention: %s unreadable (%s): start states served before this start are not "
+                       "pruned", path, exc)
+        return {}
+    try:
+        out = {int(r): [str(d) for d in digests] for r, digests in raw["rounds"].items()}
+        if raw.get("v") != 1 or any(int(r) < 0 for r in out) or any(
+                not re.fullmatch(r"[0-9a-f]{64}", d) for ds in out.values() for d in ds):
+            raise ValueError("not a list of rounds and sha256 hashes, version 1")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning("retention: %s is not a served-states list (%s): start states served before this "
+                       "start are not pruned", path, exc)
+        return {}
+    return out
+
+
+def save_served_states(path: Path, served: dict[int, list[str]]) -> None:
+    """Record ``served`` (round -> sha256 hex of this node's start-state blobs) at ``path``, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"v": 1, "rounds": {str(r): list(d) for r, d in sorted(served.items())}}
+    atomic_write_bytes(path, json.dumps(body, sort_keys=True).encode() + b"\n")

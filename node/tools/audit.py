@@ -268,13 +268,14 @@ def audit_run(
     timings["chain_checks_s"] = time.perf_counter() - mark
     timings["chain_total_s"] = time.perf_counter() - started
 
+    archives = list(archives)
     sources: list = [ArchiveSource(d, run_id) for d in archives]
-    _imported_starts(archives)
     if fetcher is not None:
         sources.append(PeerSource(fetcher, run_id))
     report.sources = [s.name for s in sources]
     mark = time.perf_counter()
-    document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id)
+    document, replayer, layout = _replay_setup(report, history, sources, data_path, run_id,
+                                               (archives, fetcher))
     _check_rounds(report, history, chain, sources, (document, replayer, layout), replay, progress, client)
     timings["rounds_s"] = time.perf_counter() - mark
     if reexecute:
@@ -329,14 +330,25 @@ def _new_report(client: Any, run_id: int, history: Any, replay: bool) -> AuditRe
     return report
 
 
-def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, run_id: int) -> tuple:
-    """The run document (checked against the configHash), a replayer and the checkpoint layout, or Nones."""
-    document = check_run_document(report, history, sources)
+def _replay_setup(report: AuditReport, history: Any, sources: list, data_path, run_id: int,
+                  local: tuple = ((), None)) -> tuple:
+    """The run document (checked against the configHash), a replayer and the checkpoint layout, or Nones;
+    ``local``: (archives, fetcher), where an imported model's initial weights and the run's tokenizer are
+    (node/tools/audit_inputs.py)."""
+    from node.tools.audit_inputs import initial_weights_check, tokenizer_dirs
+
+    def inputs(document: dict) -> None:  # before the document's values (genesis root) are derived
+        check = initial_weights_check(document, *local)
+        if check is not None:
+            report.general.append(check)
+
+    document = check_run_document(report, history, sources, inputs)
     replayer = layout = None
     if document is not None:
         try:
             replayer = Replayer(document, data_path)
             replayer.sources, replayer.run_id = sources, run_id
+            replayer.tokenizer_dirs = tokenizer_dirs(document, *local)
             from node.store.checkpoint import RunLayout
 
             layout = RunLayout.of_document(run_id, history.run.config_hash, document)
@@ -387,14 +399,3 @@ def _check_rounds(
         previous_block, previous_round = record.block_number, commit.round
         if progress is not None:
             progress(index + 1, total, f"round {commit.round}")
-
-
-def _imported_starts(archives: Iterable[str | Path]) -> None:
-    """A run started from an imported model (training/hf_import.py) replays round 0 from its initial
-    weights: looked up by their hash in each archive's ``initial/`` (a node's data directory) and in the
-    archive itself."""
-    from training.hf_import import INIT_DIR, add_search_dir
-
-    for directory in archives:
-        add_search_dir(Path(directory).expanduser() / INIT_DIR)
-        add_search_dir(Path(directory).expanduser())

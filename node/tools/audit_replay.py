@@ -36,6 +36,8 @@ class Replayer:
         self.weights: list[dict] | None = None
         self.momentum: list[dict] | None = None
         self.base = ""  # where the current state came from
+        self.base_problem = ""  # why there is no starting state (an imported model's weights are missing)
+        self.tokenizer_dirs: list = []  # where the run's sha256: tokenizer is (node/tools/audit_inputs.py)
         self.last_excluded: list[tuple[int, int, str, str]] = []
         self._corpus_cache = None
         self.data_path = data_path
@@ -49,9 +51,16 @@ class Replayer:
 
     def start_from_initial(self) -> None:
         from training.diloco import zero_outer_state
+        from training.errors import TrainingError
         from training.model import init_state_dict
 
-        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        try:
+            full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+        except TrainingError as exc:  # an imported model's weights, not here or not the run's
+            self.drop()
+            self.base_problem = f"the run's initial weights: {exc}"
+            return
+        self.base_problem = ""
         self.weights = [{n: full[n] for n in names} for names in self.names]
         self.momentum = [zero_outer_state(self.cfg.diloco, {n: full[n] for n in names})
                          for names in self.names]
@@ -123,7 +132,7 @@ class Replayer:
                                      f"{self.data_sha256[:16]}...")
                 else:
                     training = replace(self.cfg.training, data_path=str(self.data_path))
-                self._corpus_cache = corpus_from_config(training, self.cfg.model)
+                self._corpus_cache = corpus_from_config(training, self.cfg.model, self.tokenizer_dirs)
             except (*DLX_ERRORS, OSError, ValueError) as exc:
                 self._corpus_cache = exc
         return None if isinstance(self._corpus_cache, Exception) else self._corpus_cache
@@ -272,7 +281,7 @@ def check_replay(
             Check(
                 "weights root (replay)",
                 UNVERIFIABLE,
-                "no starting state: an earlier round "
+                replayer.base_problem or "no starting state: an earlier round "
                 "could not be replayed and no checkpoint of the previous round was verified",
             )
         )

@@ -4,6 +4,7 @@ docs/AUDIT.md.
 """
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from node.errors import DLX_ERRORS
@@ -11,9 +12,11 @@ from node.tools.evidence import PeerSource, first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check
 
 
-def check_run_document(report: AuditReport, history: Any, sources: list) -> dict | None:
+def check_run_document(report: AuditReport, history: Any, sources: list,
+                       prepare: Callable[[dict], None] | None = None) -> dict | None:
     """The run document whose sha256 is the chain's ``configHash``, checked against the run's shape; None
-    (and a FAIL or unverifiable item in the report) if no source has a usable copy."""
+    (and a FAIL or unverifiable item in the report) if no source has a usable copy. ``prepare(document)``
+    runs before its values are derived (an imported model's initial weights: node/tools/audit_inputs.py)."""
     from node.runconfig import parse_run_document
 
     expected = history.run.config_hash.hex()
@@ -58,6 +61,8 @@ def check_run_document(report: AuditReport, history: Any, sources: list) -> dict
         return None
     note = f" (corrupt copies ignored: {'; '.join(copy.bad)})" if copy.bad else ""
     report.general.append(Check("run document", OK, f"sha256 = configHash{note}" if note else ""))
+    if prepare is not None:
+        prepare(document)
     report.general.append(commitments_check(document, history.run.commitments))
     provable, report.unprovable = provable_check(document, history.run)
     if provable is not None:

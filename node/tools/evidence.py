@@ -51,10 +51,14 @@ def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_
 class PeerFetcher:
     """A short-lived libp2p host that fetches blobs by hash from the bootstrap peers and the DHT."""
 
-    def __init__(self, host: Any, workdir: Path, bootstrap_peers: list[str]) -> None:
+    def __init__(self, host: Any, workdir: Path, bootstrap_peers: list[str],
+                 addrs: Iterable[str] = ()) -> None:
         self.host = host
         self.workdir = workdir
         self.bootstrap_peers = bootstrap_peers
+        # the multiaddrs dialed: a fetch over a host of its own dials them again (an imported model's
+        # initial weights, over this host's max_blob_bytes: node/tools/audit_inputs.py)
+        self.addrs = tuple(addrs)
         self.errors: dict[str, str] = {}  # hash -> why the last fetch failed
         self.dht_misses = 0  # consecutive DHT lookups that found nobody
 
@@ -82,7 +86,7 @@ class PeerFetcher:
                 logger.warning("bootstrap peer %s unreachable: %s", addr, exc)
         if bootstrap and not peers:
             logger.warning("no bootstrap peer reachable; only the DHT of this host can be asked")
-        return cls(host, workdir, peers)
+        return cls(host, workdir, peers, bootstrap)
 
     def close(self) -> None:
         self.host.close()

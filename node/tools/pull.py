@@ -41,7 +41,6 @@ from node.errors import (
     DLX_ERRORS,
     CheckpointInconsistent,
     ConfigError,
-    NodeError,
     PullRefused,
     PullUnavailable,
     RoundNotTrusted,
@@ -54,8 +53,10 @@ from node.tools.standing import chain_finality, round_standing
 logger = logging.getLogger(__name__)
 
 
-class NoCheckpoint(NodeError):
-    """The run has no published checkpoint (for the round asked)."""
+class NoCheckpoint(PullRefused):
+    """The run has no published checkpoint (for the round asked): nothing to install (exit 9, a refusal)."""
+
+    check = "published"
 
 
 # ---------------------------------------------------------------------- pulling
@@ -95,9 +96,12 @@ def _candidates(
         chosen = [record for record in published if record.commit.round == round_index]
         if not chosen:
             rounds = [record.commit.round for record in published]
+            committed = any(record.commit.round == round_index for record in history.commits)
+            why = "it was committed without one (not a checkpoint round)" if committed else \
+                "it is not committed"
             raise NoCheckpoint(
-                f"run {run_id} has no checkpoint published for round {round_index}; published rounds: "
-                f"{rounds or 'none'}"
+                f"run {run_id} has no checkpoint published for round {round_index} ({why}); published "
+                f"rounds: {rounds or 'none'}: pass one of them to --round, or none for the latest"
             )
         if standing.get(round_index) is not None:
             raise standing[round_index]

@@ -27,6 +27,9 @@ if __name__ == "__main__":  # run as a script: the repository root holds the pac
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vectors_common import (  # noqa: E402
+    CHAIN_ID,
+    EIP712_KEY,
+    LEDGER_ADDRESS,
     RUN_ID,
     SEED,
     TIMESTAMP_MS,
@@ -99,6 +102,31 @@ def codec_vector() -> dict[str, Any]:
                         for name, tensor in decoded.items()}}
 
 
+def binding_claim():
+    """The ``Contribution`` message (EIP-712, ledger/contribution_binding.py) of the bound contribution
+    vector: run RUN_ID, round 3, stage 0, the payload-piece root and sum-tree root of :func:`codec_blob` as
+    a version-3 run's factors list them, 0 steps (a fixed-H run)."""
+    from node.fraudproof import contribution_claim
+    from training.config import DilocoConfig
+
+    shapes = {k: tuple(v) for k, v in CODEC_SHAPES.items()}
+    return contribution_claim(codec_blob(), shapes, DilocoConfig(commitments="normed"), run_id=RUN_ID,
+                              outer_round=3, stage=0, decode_args={"stage_index": 0, "outer_round": 3})
+
+
+def bound_contribution_body() -> msg.ContributionBody:
+    """The default body of a version-3 run (``dlx-contribution/4``): the contribution vector's fields, the
+    EIP-712 vectors' account as contributor and its signature of :func:`binding_claim`."""
+    from eth_account import Account
+
+    from ledger.contribution_binding import sign_contribution
+
+    signer = Account.from_key(EIP712_KEY)
+    binding = sign_contribution(signer, binding_claim(), CHAIN_ID, LEDGER_ADDRESS)
+    return msg.ContributionBody(fixed_hash(11), fixed_hash(12), codec_blob(), fixed_hash(14),
+                                bytes.fromhex(signer.address[2:]), binding)
+
+
 def envelope_cases() -> list[dict[str, Any]]:
     """Envelope inputs: one per payload kind, a contribution, and integer-width edge cases."""
     cases = []
@@ -115,6 +143,11 @@ def envelope_cases() -> list[dict[str, Any]]:
                       replica=1, timestamp_ms=TIMESTAMP_MS,
                       payload=msg.encode_contribution_body(msg.ContributionBody(
                           fixed_hash(11), fixed_hash(12), codec_blob(), fixed_hash(14)))))
+    # A version-3 run's contribution (the default of new runs: diloco.commitments "normed"), bound to its
+    # member: docs/PROTOCOL.md's second ContributionBody form.
+    cases.append(dict(name="bound_contribution", run_id=RUN_ID, round=3, kind=msg.CONTRIBUTION, stage=0,
+                      replica=1, timestamp_ms=TIMESTAMP_MS,
+                      payload=msg.encode_contribution_body(bound_contribution_body())))
     # The sliced exchange's partial: a blob (never gossiped), fixed layout like a contribution
     # (docs/PROTOCOL.md, "Sliced exchange"): b"dlx-partial/2"
     # || u32 j || u32 A || u32 n || inputs_root (32) || blob. Its inputs are the `close` payload vector's
@@ -123,11 +156,24 @@ def envelope_cases() -> list[dict[str, Any]]:
                       timestamp_ms=TIMESTAMP_MS,
                       payload=partial_payload(1, 2, merkle_root(_close_hashes()), len(_close_hashes()),
                                               bytes(range(64)))))
+    # The same with a real partial blob: a slice blob is a contribution of the slice's sub-tensor shapes
+    # (docs/SLICED.md, "Bit-exact replay"), here the contribution vector's codec blob (stage 0, round 3).
+    cases.append(dict(name="partial_with_codec_blob", run_id=RUN_ID, round=3, kind=msg.PARTIAL, stage=0,
+                      replica=0, timestamp_ms=TIMESTAMP_MS,
+                      payload=partial_payload(1, 2, merkle_root(_close_hashes()), len(_close_hashes()),
+                                              codec_blob())))
     cases.append(dict(name="integer_widths", run_id=(1 << 32), round=300, kind="widths", stage=128,
                       replica=65_536, timestamp_ms=TIMESTAMP_MS + 1, payload=b""))
     cases.append(dict(name="large_indices", run_id=(1 << 64) - 1, round=255, kind="x_1", stage=127,
                       replica=32, timestamp_ms=0, payload=b"\x00"))
     return cases
+
+
+def msg_partial_blob(payload: bytes) -> bytes:
+    """The partial blob a partial payload carries (training/slicemessages.py's strict parse)."""
+    from training.slicemessages import parse_partial
+
+    return parse_partial(payload).blob
 
 
 def _close_hashes() -> list[bytes]:
@@ -162,14 +208,23 @@ def envelope_vectors() -> list[dict[str, Any]]:
         if case["kind"] == msg.CONTRIBUTION:  # the fixed layout's parts, and the codec blob decoded
             body = msg.decode_contribution_body(case["payload"])
             out[-1]["contribution_body"] = {
+                "magic": (msg.BOUND_CONTRIBUTION_MAGIC if body.binding else msg.CONTRIBUTION_MAGIC).decode(),
                 "state_hash_hex": body.state_hash.hex(), "data_commitment_hex": body.data_commitment.hex(),
                 "applied_hash_hex": body.applied_hash.hex(), "codec": codec_vector()}
+            if body.binding:  # the member and its signature of the EIP-712 message named here
+                out[-1]["contribution_body"].update(
+                    contributor_hex=body.contributor.hex(), binding_hex=body.binding.hex(),
+                    binding_message="eip712.messages['contribution']: its payloadRoot and normRoot are the "
+                                    "codec blob's payload-piece root and sum-tree root (docs/PROTOCOL.md)")
         if case["kind"] == msg.PARTIAL:  # the fixed layout's parts, the root derived from the close vector
             out[-1]["partial_body"] = {
                 "slice_index": 1, "num_slices": 2, "num_inputs": len(_close_hashes()),
                 "inputs_from": "the payload vector 'close': its entries' envelope hashes, in its order",
                 "input_hashes_hex": [h.hex() for h in _close_hashes()],
-                "inputs_root_hex": merkle_root(_close_hashes()).hex(), "blob_hex": bytes(range(64)).hex()}
+                "inputs_root_hex": merkle_root(_close_hashes()).hex(),
+                "blob_hex": msg_partial_blob(case["payload"]).hex()}
+            if case["name"] == "partial_with_codec_blob":  # the blob decoded for the slice's shapes
+                out[-1]["partial_body"]["codec"] = codec_vector()
     return out
 
 
@@ -198,7 +253,7 @@ def build() -> dict[str, Any]:
         "rejected_payloads": rejected_payload_vectors(),
         "reordered_payloads": reordered_payload_vectors(),
         "merkle": merkle_vectors(),
-        "eip712": eip712_vectors(),
+        "eip712": eip712_vectors(binding_claim()),
         "blob": {"protocol": str(BLOB_PROTOCOL), "frames": blob_vectors()},
         "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL),
                  "frames": sync_vectors()},

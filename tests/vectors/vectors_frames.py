@@ -70,9 +70,12 @@ def merkle_vectors() -> dict[str, Any]:
             "empty": "sha256(b'')", "roots": roots, "proofs": proofs}
 
 
-def eip712_vectors() -> dict[str, Any]:
-    """EIP-712 known answers for the two types members sign (docs/LEDGER.md): the ``record`` and ``verdict``
-    payload vectors carry these signatures."""
+def eip712_vectors(claim) -> dict[str, Any]:
+    """EIP-712 known answers for the three types members sign (docs/LEDGER.md): the ``record`` and ``verdict``
+    payload vectors carry these signatures, the ``bound_contribution`` envelope the ``contribution``'s
+    (``claim``: a ledger.contribution_binding.ContributionClaim)."""
+    from ledger.contribution_binding import CONTRIBUTION_TYPE, sign_contribution
+
     from eth_utils import keccak
 
     signer = Account.from_key(EIP712_KEY)
@@ -101,6 +104,15 @@ def eip712_vectors() -> dict[str, Any]:
             "digest_hex": digest.hex(),
             "signature_hex": sign(signer, message, CHAIN_ID, LEDGER_ADDRESS).hex(),
         })
+    out["messages"].append({
+        "name": "contribution",
+        "type": CONTRIBUTION_TYPE,
+        "type_hash_hex": keccak(text=CONTRIBUTION_TYPE).hex(),
+        "typed_data": claim.typed_data(CHAIN_ID, LEDGER_ADDRESS),
+        "struct_hash_hex": claim.struct_hash().hex(),
+        "digest_hex": claim.digest(CHAIN_ID, LEDGER_ADDRESS).hex(),
+        "signature_hex": sign_contribution(signer, claim, CHAIN_ID, LEDGER_ADDRESS).hex(),
+    })
     return out
 
 

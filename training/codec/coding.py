@@ -101,14 +101,33 @@ class ColumnQuantizer:
 
     def _search(self, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(column limits, squared errors)`` of the best fraction per column (elementwise float32 and one
-        sum per column: a fixed tree under training.exact_codec)."""
+        sum per column: a fixed tree under training.exact_codec).
+
+        Each fraction's error is computed in one work array, written in place (``out=``): the same IEEE
+        operations on the same values as ``_round`` then ``matrix - reconstruct_quant(...)``, squared and
+        summed over the same layout, so the same bits, without the six whole-matrix temporaries per
+        fraction (fresh pages to fault in and zero, at 12 passes over the stage per bit width). The
+        ``+ 0.0`` that ``_round`` adds for the packed integers is left out: a ``-0.0`` integer decodes to a
+        signed zero whose difference from any value squares to the same number.
+        """
         if bits not in self._clipped:
-            best_limit = best_error = None
+            limit = qmax(bits)
+            tiny = torch.finfo(torch.float32).tiny
+            best_limit = best_error = work = None
             for fraction in CLIP_FRACTIONS:
                 column_limit = self.column_max * fraction
-                q_float, scales = self._round(column_limit, bits)
-                residual = self.matrix - reconstruct_quant(q_float, scales)
-                error = torch.sum(residual * residual, dim=0)
+                scales = column_limit / limit
+                safe = scales.clamp_min(tiny)
+                if work is None:  # the layout the whole-matrix operations give (the sum's order follows it)
+                    work = torch.div(self.matrix, safe)
+                else:
+                    torch.div(self.matrix, safe, out=work)
+                torch.round(work, out=work)
+                torch.clamp(work, -limit, limit, out=work)
+                torch.mul(work, scales.reshape(1, -1), out=work)
+                torch.sub(self.matrix, work, out=work)
+                torch.mul(work, work, out=work)
+                error = torch.sum(work, dim=0)
                 if best_limit is None:
                     best_limit, best_error = column_limit, error
                     continue

@@ -157,6 +157,8 @@ class NodeChain(ChainSeats, ChainDisputes):
         document gives (node/commitments/values.py), before round 0."""
         from node.commitments.values import other_values, unprovable_values, values_of
 
+        if cfg.commitment_scheme.weakness:  # joined, as the run's members chose, but said (issue 79)
+            logger.warning("run %d: %s", run_id, cfg.commitment_scheme.weakness)
         on_chain = values_of(info)
         problems = unprovable_values(cfg, on_chain)
         if problems:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
 import threading
 from pathlib import Path
 
 from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
-from node.store.retention import SPOT_CHECK_ROUNDS
+from node.store.retention import SERVED_STATES_FILE, SPOT_CHECK_ROUNDS, load_served_states, save_served_states
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
 
@@ -47,41 +49,64 @@ class HeldStates:
         self.evidence_dir = evidence_dir
         self.num_stages = num_stages
         self._linkable_dir = work_dir / "linkable"
-        self._served: dict[int, list[str]] = {}  # round -> blob hashes of this node's start states
+        #: Where this node's own start states are written before they are served (StartStateCapture.write).
+        self.writing_dir = work_dir / "start-states"
+        # round -> blob hashes of this node's start states; on disk too, so that a restarted node still
+        # forgets those it served before (node/store/retention.py)
+        self._served_file = work_dir / SERVED_STATES_FILE
+        self._served: dict[int, list[str]] = load_served_states(self._served_file)
+        self._served_lock = threading.Lock()
         self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
 
-    def serve(self, outer_round: int, parts: dict[int, bytes], keep_rounds: int) -> dict[int, bytes]:
+    def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
-        binds).
+        binds). A part is its bytes or a file written under :attr:`writing_dir` (hard-linked into the blob
+        store, then its name here removed: the state is never read whole into memory).
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
-            self._part_bytes[stage] = len(data)
+            self._part_bytes[stage] = data.stat().st_size if isinstance(data, Path) else len(data)
             digest = serve_when_space(self.host, data,
                                       what=f"round {outer_round}'s start state of stage {stage}",
                                       stop=self.stop)
-            self._served.setdefault(outer_round, []).append(digest)
+            if isinstance(data, Path):
+                data.unlink(missing_ok=True)  # the blob store holds its own link (or copy)
+            with self._served_lock:
+                self._served.setdefault(outer_round, []).append(digest)
+                self._save_served()
             hashes[stage] = bytes.fromhex(digest)
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
         # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
         if keep_rounds > 0:
-            for old in [r for r in self._served if r < outer_round - max(keep_rounds, STATE_ROUNDS_KEPT)]:
-                for digest in self._served.pop(old):
-                    self.host.remove_blob(digest)
+            self.forget_before(outer_round - max(keep_rounds, STATE_ROUNDS_KEPT))
         return hashes
+
+    def _save_served(self) -> None:
+        """Write the served list (under ``_served_lock``); a failed write only costs the pruning of these
+        blobs after a restart."""
+        try:
+            save_served_states(self._served_file, self._served)
+        except OSError as exc:
+            logger.warning("list of served start states not written (%s): after a restart they are not "
+                           "pruned", exc)
 
     def forget_before(self, floor: int) -> list[int]:
         """Stop serving (and delete) this node's start states of rounds before ``floor`` (the retention's:
         node/store/retention.py); the rounds dropped."""
-        old = sorted(r for r in list(self._served) if r < floor)
-        for outer_round in old:
-            for digest in self._served.pop(outer_round, []):
-                self.host.remove_blob(digest)
+        with self._served_lock:
+            old = sorted(r for r in list(self._served) if r < floor)
+            for outer_round in old:
+                for digest in self._served[outer_round]:
+                    self.host.remove_blob(digest)  # a blob already gone (a crash after it) is no error
+                del self._served[outer_round]
+            if old:
+                self._save_served()
         return old
 
     def served_rounds(self) -> list[int]:
-        """The rounds whose start states this node serves."""
-        return sorted(self._served)
+        """The rounds whose start states this node serves (those served before a restart too)."""
+        with self._served_lock:
+            return sorted(self._served)
 
     def fetch(self, envs: list[Envelope], state_hashes: list[bytes], job_dir: Path) -> list[bytes]:
         """The start-state part each envelope binds, fetched from its signer (stage order)."""
@@ -102,7 +127,8 @@ class HeldStates:
         """Remove other replicas' start states from the blob store once checked (a fetch keeps a copy there;
         1000 rounds of spot checks grew it by 75 MB). Never this node's own, which it serves."""
         # training thread adds
-        own = {digest for digests in list(self._served.values()) for digest in list(digests)}
+        with self._served_lock:
+            own = {digest for digests in self._served.values() for digest in digests}
         for state_hash in hashes:
             if state_hash.hex() not in own:
                 try:
@@ -118,12 +144,20 @@ class HeldStates:
     def _linkable_path(self, outer_round: int, replica: int, stage: int) -> Path:
         return self._linkable_dir / f"round-{outer_round:08d}-replica{replica}-{stage}.part"
 
-    def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes]) -> None:
+    def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes | Path]) -> None:
         """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
-        replica's round t+1 state does not follow, this is the other half of the evidence."""
+        replica's round t+1 state does not follow, this is the other half of the evidence. A part is its
+        bytes or a file (copied in chunks, through a temporary name)."""
         try:
             for stage, data in enumerate(parts):
-                atomic_write_bytes(self._linkable_path(outer_round, replica, stage), data)
+                target = self._linkable_path(outer_round, replica, stage)
+                if isinstance(data, Path):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    staged = target.with_name(f".{target.name}.tmp")
+                    shutil.copyfile(data, staged)
+                    os.replace(staged, target)
+                else:
+                    atomic_write_bytes(target, data)
         except OSError as exc:
             logger.warning("start state of replica %d round %d not held for its chain check: %s", replica,
                            outer_round, exc)

@@ -112,12 +112,17 @@ class ContributionRerun:
                                previous_excluded, committed, previous_dropped=dropped,
                                previous_partials=partials)
             job.write(job_dir)
+            # The parts are in the job's files now: not held here while the child reruns them (issue 75:
+            # the claimant's whole start state, about 40 bytes per parameter of the model, beside a child
+            # of about a node's size).
+            state_files = job.state_paths(job_dir)
+            del job, claimed, parts
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
             if not result.honest and not result.undecided:
                 # the start state the failed rerun used is part of the evidence
-                self.states.keep_evidence(parts)
+                self.states.keep_evidence([path.read_bytes() for path in state_files])
             elif result.next_state_hashes is not None:
-                self.states.hold_linkable(outer_round, replica, parts)
+                self.states.hold_linkable(outer_round, replica, state_files)
             return result
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)

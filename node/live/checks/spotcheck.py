@@ -65,6 +65,10 @@ class SpotCheckJob:
     # stays empty; the claims' payloads are the claimant's slice blobs, packed: training.reexec).
     previous_partials: dict[int, list[bytes]] = field(default_factory=dict)
 
+    def state_paths(self, directory: Path) -> list[Path]:
+        """Where :meth:`write` puts the start-state parts (stage order)."""
+        return [directory / f"state-{i}.bin" for i in range(len(self.state_parts))]
+
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -78,7 +82,8 @@ class SpotCheckJob:
             "replica": self.replica,
             "claims": [[stage, state.hex(), data.hex(), put(f"payload-{stage}.bin", payload), applied.hex()]
                        for stage, state, data, payload, applied in self.claims],
-            "states": [put(f"state-{i}.bin", part) for i, part in enumerate(self.state_parts)],
+            "states": [put(path.name, part)
+                       for path, part in zip(self.state_paths(directory), self.state_parts)],
             "previous": {str(stage): [put(f"previous-{stage}-{i}.bin", p) for i, p in enumerate(payloads)]
                          for stage, payloads in self.previous.items()},
             "previous_excluded": {str(s): {str(i): r for i, r in ex.items()}

@@ -126,8 +126,15 @@ class Contributor:
 
         def serve() -> None:
             with self.clock.lane("start_state"):
-                self.rounds.start_states[outer_round] = self.spot_checks.serve_start_states(outer_round,
-                                                                                            serialise())
+                # Written to files and linked into the blob store (training.replica_capture.
+                # StartStateCapture), not built whole in memory: about 40 bytes per parameter held (issue
+                # 75); a worker whose capture is a plain function (tests' adversaries) gives bytes.
+                write = getattr(serialise, "write", None)
+                parts = serialise() if write is None else retry_on_full_disk(
+                    lambda: write(self.spot_checks.states.writing_dir), stop=self.stop,
+                    what=f"round {outer_round}'s start state", kind="served blob")
+                served = self.spot_checks.serve_start_states(outer_round, parts)
+                self.rounds.start_states[outer_round] = served
 
         self._capture_done = self.lane.submit(serve)
 

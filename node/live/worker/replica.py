@@ -27,7 +27,7 @@ from training.errors import PipelineError
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
-from training.replica_capture import capture_trainer_part, start_state_bytes
+from training.replica_capture import StartStateCapture
 from training.pipeline import LocalReplicaTrainer
 from training.pipeline_group import close_pipeline_group, init_pipeline_group
 from training.pipeline_stage import PipelineStageTrainer
@@ -35,6 +35,7 @@ from training.schedule import inner_lr, set_lr, takes_another_step, trainer_opti
 from training.stage_engine import StageEngine
 from training.stages import split_stages, stage_param_names
 from node.live.worker.aggregation import StageAggregation
+from node.live.worker import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +100,8 @@ class ReplicaWorker(StageAggregation):
             )
             modules = {spec.index: self.trainer.module}
         else:
-            self.trainer = LocalReplicaTrainer(self.cfg.model, self.cfg.training,
-                                               self.cfg.pipeline.num_stages, state_dict=full)
+            # one process, or rank 0 of a cluster of compute.processes (node/live/worker/cluster.py)
+            self.trainer = cluster.replica_trainer(self.cfg, full, max(rendezvous_timeout, op_timeout))
             modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
@@ -125,6 +126,8 @@ class ReplicaWorker(StageAggregation):
         if isinstance(self.trainer, PipelineStageTrainer):
             self.trainer.close()
             close_pipeline_group()
+        elif cluster.is_cluster(self.trainer):
+            self.trainer.close()  # the worker ranks stopped, the group left
         self.trainer = None
 
     def agree_on_round(self, proposal: int) -> int:
@@ -171,7 +174,7 @@ class ReplicaWorker(StageAggregation):
             optimizers = {self.stages[0]: self.trainer.optimizer}
         else:
             optimizers = {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
-        optimizers[stage].state.clear()  # AdamW keeps nothing else between steps: as freshly built
+        cluster.reset_inner_state(self.trainer, optimizers[stage])  # AdamW keeps nothing else: as new
 
     def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
                     momentum: dict[str, torch.Tensor]) -> None:
@@ -217,18 +220,19 @@ class ReplicaWorker(StageAggregation):
         # simulation does (training.schedule.inner_lr; open-ended runs have no decay horizon).
         total_steps = self.cfg.rounds * h if self.cfg.rounds > 0 else None
         optimizers = trainer_optimizers(self.trainer)
-        for step, (x, y) in zip(range(first_step, end_step),
-                                self._batches(outer_round, first_step, end_step)):
-            if budgeted and not self._another_step(step, elapsed if budget_elapsed is None
-                                                   else budget_elapsed()):
-                break
-            step_started = time.perf_counter()
-            set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
-            losses.append(self.trainer.train_step(x, y))
-            elapsed += time.perf_counter() - step_started
-            done = step + 1
-            if on_step is not None:
-                on_step(step + 1, losses[-1])
+        with cluster.inner_steps(self.trainer):
+            for step, (x, y) in zip(range(first_step, end_step),
+                                    self._batches(outer_round, first_step, end_step)):
+                if budgeted and not self._another_step(step, elapsed if budget_elapsed is None
+                                                       else budget_elapsed()):
+                    break
+                step_started = time.perf_counter()
+                set_lr(optimizers, inner_lr(self.cfg.training, outer_round * h + step, total_steps))
+                losses.append(self.trainer.train_step(x, y))
+                elapsed += time.perf_counter() - step_started
+                done = step + 1
+                if on_step is not None:
+                    on_step(step + 1, losses[-1])
         self._trained[outer_round] = (done, elapsed)
         self._trained = {r: v for r, v in self._trained.items() if r >= outer_round - 2}
         tokens = len(losses) * self.cfg.training.batch_size * self.cfg.model.block_size
@@ -270,18 +274,19 @@ class ReplicaWorker(StageAggregation):
     def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
         """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
         a function that adds the engines' state and serialises, to call (on any thread) before the
-        engines change (the next encode or apply) and after the previous encode finished."""
+        engines change (the next encode or apply) and after the previous encode finished (a
+        :class:`~training.replica_capture.StartStateCapture`, whose ``write`` puts them in files instead)."""
         meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco,
                           run_rounds=self.cfg.rounds, num_stages=self.cfg.pipeline.num_stages,
-                          micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0)
+                          micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0,
+                          platform=cluster.platform_of(self.trainer))
         if self.pipelined:
             held = {self.stages[0]: (self.trainer.module, self.trainer.optimizer)}
         else:
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
-        parts = {stage: capture_trainer_part(*held[stage]) for stage in self.stages}
-        return lambda: {stage: start_state_bytes(meta, self.engines[stage], parts[stage])
-                            for stage in self.stages}
+        parts = {stage: cluster.trainer_part(self.trainer, *held[stage]) for stage in self.stages}
+        return StartStateCapture(meta, lambda stage: self.engines[stage], parts)
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""

@@ -1,0 +1,315 @@
+"""A node's whole replica whose inner steps run on N processes under FSDP2 (issue 75; docs/CLUSTER.md).
+
+The node process is rank 0: :class:`ClusterReplicaTrainer` starts ranks 1..N-1 as child processes
+(``python -m training.cluster_replica``, each handed the model and training settings on its stdin), joins
+one gloo group with them, and from then on drives them: before each call it broadcasts a command, which
+every rank then carries out together (a collective), in the order rank 0 issued them. A worker does
+
+
+
+What the node sees is a :class:`training.pipeline.LocalReplicaTrainer` of one stage (the *mirror*): a
+plain module holding the whole replica's weights, which the node's :class:`training.stage_engine.
+StageEngine` reads (encode) and writes (apply) exactly as for a one-process node, and which evaluation
+uses. The inner steps run on the FSDP2-sharded module instead (:class:`training.cluster_engine.
+ClusterTrainer`: each rank the rank-th of N equal slices of the batch; parameters, gradients and AdamW
+state 1/N per rank). :meth:`begin_steps` copies the mirror's weights into the shards (the node may have
+applied a round since), :meth:`end_steps` gathers the trained weights back into the mirror. The inner
+optimizer's state stays sharded for the whole run; :meth:`capture_part` gathers it (and the weights)
+for the start state a contribution binds, :meth:`reset_inner_state` clears it on every rank.
+
+Not here (docs/CLUSTER.md, "What is left"): the outer state (global weights, momentum, error-feedback
+residual) is the node's one-process StageEngine on rank 0, not the sharded :class:`training.
+cluster_engine.ClusterStageEngine`; the contribution is encoded by that one engine, so it does not depend
+on N, while the inner steps do (their float sums), which the fingerprint's ``cluster`` field records.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from training.cluster_launch import free_port
+from training.cluster_plan import cluster_identity
+from training.errors import EngineStateError
+from training.host_tensors import host_float32_copy
+from training.muon import state_kind
+
+#: Seconds a worker gets to leave after "stop" before it is terminated, then killed.
+STOP_GRACE_S = 20.0
+
+
+def _stage_module(model_cfg):
+    from training.stages import StageModule, split_stages
+
+    return StageModule(model_cfg, split_stages(model_cfg.n_layer, 1)[0], seed=None)
+
+
+class _Rank:
+    """What every rank holds: the FSDP2-sharded replica and its data-parallel trainer."""
+
+    def __init__(self, model_cfg, training_cfg) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from training.cluster_engine import ClusterTrainer, shard_stage_module
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        self.module = shard_stage_module(_stage_module(model_cfg), mesh)
+        self.trainer = ClusterTrainer(self.module, training_cfg)
+
+    def run(self, command: tuple, mirror=None):
+        """Carry out ``command`` (the same on every rank); ``mirror``: rank 0's plain module."""
+        kind = command[0]
+        if kind == "step":
+            x, y = command[2], command[3]
+            for group in self.trainer.optimizer.param_groups:
+                group["lr"] = command[1]
+            return self.trainer.train_step(x, y)
+        if kind == "push":
+            return self._push(mirror)
+        if kind == "pull":
+            return self._pull(mirror)
+        if kind == "capture":
+            return self._capture(mirror)
+        if kind == "reset":
+            self.trainer.optimizer.state.clear()
+            return None
+        raise EngineStateError(f"cluster command {kind!r}: unknown")
+
+    def _push(self, mirror) -> None:
+        """Rank 0's mirror weights into every rank's shards, one tensor at a time."""
+        from torch.distributed.tensor import distribute_tensor
+
+        plain = dict(mirror.named_parameters()) if mirror is not None else {}
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                source = (plain[name].detach() if mirror is not None
+                          else torch.empty(tuple(param.shape), dtype=param.dtype))
+                placed = distribute_tensor(source.to(param.dtype), param.device_mesh, param.placements,
+                                           src_data_rank=0)
+                param.to_local().copy_(placed.to_local())
+
+    def _pull(self, mirror) -> None:
+        """The shards' weights gathered into rank 0's mirror (every rank takes part in each gather)."""
+        plain = dict(mirror.named_parameters()) if mirror is not None else {}
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                full = param.full_tensor()
+                if mirror is not None:
+                    plain[name].copy_(full)
+
+    def _capture(self, mirror) -> dict[str, torch.Tensor] | None:
+        """:func:`training.replica_capture.capture_trainer_part` of the whole replica, on rank 0: the
+        weights from the mirror (the node's, which the next :meth:`_push` puts into the shards), each
+        inner-optimizer state tensor gathered from the shards (None elsewhere)."""
+        optimizer = self.trainer.optimizer
+        plain = dict(mirror.named_parameters()) if mirror is not None else {}
+        live: dict[str, torch.Tensor] = {}
+        for name, param in self.module.named_parameters():
+            if mirror is not None:
+                live[f"param/{name}"] = plain[name].detach()
+            state = optimizer.state.get(param, {})
+            prefix, _fields = state_kind(optimizer, param)
+            for field_name, value in state.items():
+                gathered = value.full_tensor() if hasattr(value, "full_tensor") else torch.as_tensor(value)
+                live[f"{prefix}.{field_name}/{name}"] = gathered
+        return host_float32_copy(live) if dist.get_rank() == 0 else None
+
+
+def _watch_parent(parent: int) -> None:
+    """Leave at once when the parent (rank 0, the node) is gone, however it ended (SIGKILL included): its
+    children are then re-parented. (Not Linux's parent-death signal: that follows the thread that started
+    the child, and the node builds its trainer on a thread that may end.)"""
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def worker_main() -> int:
+    """A worker rank: read its settings from stdin, join the group, follow rank 0's commands."""
+    settings = pickle.load(sys.stdin.buffer)
+    parent = settings["parent"]
+    # Ctrl-C in a terminal reaches the whole process group: rank 0 (the node) decides when a worker stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() != parent:  # the parent died already
+        return 3
+    _watch_parent(parent)
+    if settings["threads"] > 0:
+        torch.set_num_threads(settings["threads"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{settings['port']}",
+                            rank=settings["rank"], world_size=settings["world"],
+                            timeout=timedelta(seconds=settings["timeout_s"]))
+    try:
+        rank = _Rank(settings["model"], settings["training"])
+        while True:
+            box: list = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0][0] == "stop":
+                return 0
+            rank.run(box[0])
+    finally:
+        dist.destroy_process_group()
+
+
+class ClusterReplicaTrainer:
+    """Rank 0 of a cluster node's replica (module docstring): the node's trainer for ``world`` processes."""
+
+    def __init__(self, model_cfg, training_cfg, world: int, state_dict: dict[str, torch.Tensor], *,
+                 timeout_s: float = 300.0, threads: int = 0) -> None:
+        from training.pipeline import LocalReplicaTrainer
+        from training.platform import prepare_platform
+
+        if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+            raise EngineStateError(f"a cluster replica of {world!r} processes: must be at least 2")
+        if dist.is_initialized():
+            raise EngineStateError("a cluster replica needs this process's torch.distributed group to itself")
+        self.world = world
+        self.mirror = LocalReplicaTrainer(model_cfg, training_cfg, 1, state_dict=state_dict)
+        self.platform = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile,
+                                         cluster=cluster_identity(world))
+        self.mirror.platform = self.platform
+        self.model_cfg, self.training_cfg = model_cfg, training_cfg
+        self._lock = threading.RLock()
+        self._workers: list[subprocess.Popen] = []
+        self._closed = False
+        self._in_steps = False
+        port = free_port()
+        try:
+            self._spawn(port, timeout_s, threads)
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
+                                    timeout=timedelta(seconds=timeout_s))
+            self._rank = _Rank(model_cfg, training_cfg)
+            self._command(("push",))  # the shards start as the node's weights (a module is built empty)
+        except BaseException:
+            self.close()
+            raise
+        self.optimizer = self._rank.trainer.optimizer  # set_lr sets rank 0's; each step sends it along
+
+    def _spawn(self, port: int, timeout_s: float, threads: int) -> None:
+        env = dict(os.environ)
+        for rank in range(1, self.world):
+            settings = {"rank": rank, "world": self.world, "port": port, "timeout_s": timeout_s,
+                        "threads": threads, "parent": os.getpid(), "model": self.model_cfg,
+                        "training": self.training_cfg}
+            worker = subprocess.Popen([sys.executable, "-m", "training.cluster_replica"],
+                                      stdin=subprocess.PIPE, env=env)
+            self._workers.append(worker)
+            worker.stdin.write(pickle.dumps(settings))
+            worker.stdin.close()
+
+    # -- what the node calls (LocalReplicaTrainer's surface) --------------------------------------------
+    @property
+    def stage_modules(self) -> list:
+        return self.mirror.stage_modules
+
+    @property
+    def optimizers(self) -> list:
+        return [self.optimizer]
+
+    @property
+    def identity(self) -> str:
+        return cluster_identity(self.world)
+
+    def worker_pids(self) -> list[int]:
+        return [worker.pid for worker in self._workers]
+
+    def _command(self, command: tuple):
+        with self._lock:
+            if self._closed:
+                raise EngineStateError("the cluster's worker ranks were stopped")
+            self._check_workers()
+            try:
+                dist.broadcast_object_list([command], src=0)
+                return self._rank.run(command, mirror=self.mirror.stage_modules[0])
+            except (RuntimeError, ValueError) as exc:  # gloo: a rank left ("Connection reset by peer")
+                self._check_workers(wait_s=5.0)
+                raise EngineStateError(
+                    f"the cluster's process group failed in {command[0]!r}: {exc}") from exc
+
+    def _check_workers(self, wait_s: float = 0.0) -> None:
+        """Raise EngineStateError naming the worker ranks that exited (waiting up to ``wait_s`` for one)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [w.pid for w in self._workers if w.poll() is not None]
+            if dead:
+                raise EngineStateError(f"cluster worker process(es) {dead} exited")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.2)
+
+    def begin_steps(self) -> None:
+        """Before a run of inner steps: the mirror's weights (the node's) into the shards."""
+        self._command(("push",))
+        self._in_steps = True
+
+    def end_steps(self) -> None:
+        """After a run of inner steps: the trained weights back into the mirror."""
+        self._in_steps = False
+        self._command(("pull",))
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        if not self._in_steps:
+            raise EngineStateError("cluster inner steps run between begin_steps() and end_steps()")
+        return self._command(("step", float(self.optimizer.param_groups[0]["lr"]), x, y))
+
+    def capture_part(self) -> dict[str, torch.Tensor]:
+        """The whole replica's weights and inner-optimizer state, gathered (the start state's trainer
+        part)."""
+        return self._command(("capture",))
+
+    def reset_inner_state(self) -> None:
+        """A fresh inner optimizer on every rank (a restart from a checkpoint)."""
+        self._command(("reset",))
+
+    def eval_loss(self, batches) -> float:
+        return self.mirror.eval_loss(batches)
+
+    def eval_snapshot(self):
+        return self.mirror.eval_snapshot()
+
+    def close(self) -> None:
+        """Stop the worker ranks (told to, then terminated, then killed) and leave the group; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if dist.is_initialized():
+                try:
+                    if all(w.poll() is None for w in self._workers):
+                        dist.broadcast_object_list([("stop",)], src=0)
+                except (RuntimeError, ValueError):  # a broken group: the workers are ended below
+                    pass
+                dist.destroy_process_group()
+            stop_workers(self._workers)
+
+
+def stop_workers(workers: list[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """Wait up to ``grace_s`` for ``workers`` to leave, then terminate, then kill what is left."""
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        try:
+            worker.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
