@@ -11,10 +11,15 @@ Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
   own initial weight: an honest claim against a challenger that disputes everything, and a one-ulp cheat
   against an honest challenger, on py-evm; each move's gas and calldata bytes, and the move count against
   ``2 + 2 ceil(log2 k) + 1``;
-* an elementwise game (a one-ulp cheat in an add).
+* an elementwise game (a one-ulp cheat in an add);
+* the level over the H steps (``run_case``, once, not per model): tests/test_step_proof.py's five-op toy
+  program run H = 100 times, a one-ulp cheat in step 70's update of W (carried on) against an honest
+  challenger, and the honest run against a challenger that disputes everything: each move's gas and calldata,
+  the moves.
 
 The move bound of the whole game (issue 78) is ``log2(H) + log2(ops per step) + log2(k) + c`` halvings: the
-ops per step measured here give it; only the last leg (``log2(k)``) is on chain (docs/FRAUD_PROOF.md).
+ops per step measured here give it; the three levels are on chain, but a model's step is not mapped to a
+program of on-chain ops yet, so the whole game is measured on the toy program only (docs/FRAUD_PROOF.md).
 
     python bench/bench_step_proof.py [--models mini llama-20m] [--out bench/results/step_proof.json]
 """
@@ -35,10 +40,22 @@ import torch  # noqa: E402
 from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.chain import connect_pyevm  # noqa: E402
 from ledger.chunkproof import tree_root  # noqa: E402
-from ledger.stepproof import ADD, MATMUL, Defender, Operation, StepProverClient, deploy, play  # noqa: E402
+from ledger.stepproof import (  # noqa: E402
+    ADD,
+    MATMUL,
+    MUL,
+    Defender,
+    Operation,
+    StepProverClient,
+    StepTrace,
+    deploy,
+    play,
+    run_game,
+    state_roots,
+)
 from training import exact_kernel  # noqa: E402
 from training.exact_probe import trainer_for  # noqa: E402
-from training.step_trace import element_leaves, partial_sums, state_tensors, trace_steps  # noqa: E402
+from training.step_trace import SUB, element_leaves, partial_sums, run_op, state_tensors, trace_steps  # noqa: E402
 
 BATCH = 2
 
@@ -150,6 +167,95 @@ def game_case(cfg, trainer) -> dict:
     }
 
 
+#: tests/test_step_proof.py's toy step: state x (3x4), W (4x8), bias (8); h = x W, y = h + bias, z = y * y,
+#: W' = W - z, bias' = bias * y.
+TOY = [(MATMUL, 3, 4, 8, 12, 32, 0, 1), (ADD, 24, 0, 1, 24, 8, 3, 2), (MUL, 24, 0, 1, 24, 24, 4, 4),
+       (SUB, 32, 0, 1, 32, 24, 1, 5), (MUL, 8, 0, 1, 8, 24, 2, 4)]
+TOY_COPIES = [0, 6, 7]
+
+
+def _toy_steps(steps: int, cheat_step: int | None = None) -> list[list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(4)
+    state = [torch.randn(n, generator=generator) * 0.01 for n in (12, 32, 8)]  # stays finite for 100 steps
+    out = []
+    for i in range(steps):
+        tensors = list(state)
+        for j, (kind, rows, inner, cols, _al, _bl, ai, bi) in enumerate(TOY):
+            result = run_op(kind, rows, inner, cols, tensors[ai], tensors[bi])
+            tensors.append(_bump(result, 5) if (i, j) == (cheat_step, 3) else result)
+        out.append(tensors)
+        state = [tensors[c] for c in TOY_COPIES]
+    return out
+
+
+def _toy_trace(tensors) -> StepTrace:
+    return StepTrace([element_leaves(t) for t in tensors], TOY, TOY_COPIES, 3)
+
+
+def _toy_policy(truth_steps, mine_steps):
+    """An honest challenger's step game at the split step (it sees the defender's tensors)."""
+    def policy(i):
+        truth, mine = truth_steps[i], mine_steps[i]
+        true_trace = _toy_trace(truth)
+        j = next(j for j in range(len(TOY)) if not torch.equal(mine[3 + j].view(torch.int32),
+                                                                truth[3 + j].view(torch.int32)))
+        elem = int((mine[3 + j].view(torch.int32) != truth[3 + j].view(torch.int32)).nonzero()[0])
+
+        def sums_of(tensors, j_, e, point):
+            _k, rows, inner, cols, _al, _bl, ai, bi = TOY[j_]
+            return partial_sums(tensors[ai].view(rows, inner), tensors[bi].view(inner, cols), e // cols,
+                                e % cols)[point]
+
+        return dict(dispute=lambda last: ("trace", 0),
+                    judge_root=lambda j_, root: root == tree_root(true_trace.tree(j_)),
+                    pick=lambda op: elem, judge=lambda j_, p, bits: bits == sums_of(truth, j_, elem, p),
+                    sums=lambda j_, e, p: sums_of(mine, j_, e, p))
+    return policy
+
+
+def run_case(steps: int = 100, cheat_step: int = 70) -> dict:
+    """The level over the H steps on the toy program (module docstring)."""
+    truth, mine = _toy_steps(steps), _toy_steps(steps, cheat_step)
+    true_roots = state_roots([_toy_trace(t) for t in truth])
+    w3 = connect_pyevm()
+    client = StepProverClient(w3, deploy(w3, 10**15, 1000))
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    won, cheat_moves = run_game(client, [_toy_trace(t) for t in mine], defender, challenger,
+                                judge_state=lambda i, root: root == true_roots[i],
+                                step_policy=_toy_policy(truth, mine))
+    cheat_log = list(client.gas_log)
+    client.gas_log.clear()
+    honest_won, honest_moves = run_game(
+        client, [_toy_trace(t) for t in truth], defender, challenger, judge_state=lambda i, root: False,
+        step_policy=lambda i: dict(dispute=lambda last: ("trace", 0), judge_root=lambda j, root: False,
+                                   pick=lambda op: 0, judge=lambda j, p, bits: False,
+                                   sums=lambda j, e, p: partial_sums(*_operands(truth[i], j), e // TOY[j][3],
+                                                                     e % TOY[j][3])[p]))
+    everything = cheat_log + client.gas_log
+    return {"program": "tests/test_step_proof.py's five-op toy step", "steps": steps,
+            "cheat_step": cheat_step,
+            "one_ulp_cheat_proven": not won, "cheat_game_moves": cheat_moves, "honest_upheld": honest_won,
+            "honest_game_moves": honest_moves, "step_halvings": math.ceil(math.log2(steps)),
+            "max_gas_any_move": max(gas for _, gas, _ in everything),
+            "max_calldata_bytes_any_move": max(size for _, _, size in everything),
+            "moves": _per_move(everything)}
+
+
+def _operands(tensors, j):
+    _k, rows, inner, cols, _al, _bl, ai, bi = TOY[j]
+    return tensors[ai].view(rows, inner), tensors[bi].view(inner, cols)
+
+
+def _per_move(log):
+    moves: dict[str, dict] = {}
+    for name, gas, size in log:
+        entry = moves.setdefault(name, {"count": 0, "max_gas": 0, "max_calldata_bytes": 0})
+        entry["count"] += 1
+        entry["max_gas"] = max(entry["max_gas"], gas)
+        entry["max_calldata_bytes"] = max(entry["max_calldata_bytes"], size)
+    return moves
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["mini"])
@@ -165,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                                          + math.ceil(math.log2(game["product"]["k"])) for h in (30, 100, 500)}
         result["models"][preset] = {"trace": trace, "games": game}
         print(preset, trace, game["max_gas_any_move"], game["max_calldata_bytes_any_move"], flush=True)
+    result["steps_level"] = run_case()
+    print("steps level", {k: v for k, v in result["steps_level"].items() if k != "moves"}, flush=True)
     write_result(args.out, result, load)
     return 0
 

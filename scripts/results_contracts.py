@@ -138,5 +138,16 @@ def step_proof(r: dict) -> list[str]:
     lines += ["", "StepProver on py-evm: one element of the model's widest product (`k` its inner width), an "
               "honest claim against a challenger that disputes everything, and one-ulp cheats (product and "
               "add) against an honest challenger.", ""]
-    return lines + table(["model", "k", "moves (honest game)", "bound 2+2ceil(log2 k)+1", "honest upheld",
-                          "cheats proven", "max gas / move", "max calldata B / move"], games)
+    lines += table(["model", "k", "moves (honest game)", "bound 2+2ceil(log2 k)+1", "honest upheld",
+                    "cheats proven", "max gas / move", "max calldata B / move"], games)
+    level = r.get("steps_level")
+    if level:
+        lines += ["", f"All three levels on py-evm on {level['program']} run H = {level['steps']} times "
+                  f"(a model's step is not mapped to a program yet): a one-ulp cheat in step "
+                  f"{level['cheat_step']} proven: {'yes' if level['one_ulp_cheat_proven'] else 'NO'} "
+                  f"({level['cheat_game_moves']} moves); the honest run upheld against a challenger that "
+                  f"disputes everything: {'yes' if level['honest_upheld'] else 'NO'} "
+                  f"({level['honest_game_moves']} moves, {level['step_halvings']} halvings over the steps); "
+                  f"at most {level['max_gas_any_move']:,} gas and {level['max_calldata_bytes_any_move']:,} "
+                  "bytes of calldata a move."]
+    return lines
