@@ -5,6 +5,8 @@ how to make the next one (exit 6, nothing sent), not "finishing it". An account 
 the next run's node directory takes it with ``--identity OLD/identity.key``; without it the refusal says so.
 The real ``dlx-node create-run`` (a process of its own) makes the second run; the organizer is its member. A
 contributor's account registered with the key of another node directory joins with ``--identity`` too.
+Also (point 7): ``run-info`` takes ``--run``/``--deployment`` as a real command, and the hint of a chain that
+mines on demand names a command the machine has (``dlx-node mine``, not ``cast``): run as printed, it mines.
 """
 
 from __future__ import annotations
@@ -156,3 +158,26 @@ def test_a_contributors_next_run_takes_its_node_key_with_identity(chain, tmp_pat
     assert proc.returncode == 10, proc.stdout + proc.stderr
     assert "no peer of the run is reachable" in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert Identity.load(tmp_path / "new2" / "identity.key").peer_id == key.peer_id
+
+
+def test_run_info_by_run_and_deployment_and_a_mining_hint_that_runs(chain, tmp_path, capsys):
+    w3, deployment, registry, ledger = chain
+    assert main(_create_run_command(tmp_path, deployment, "info", "org")) == 0
+    capsys.readouterr()
+    url = w3.provider.endpoint_uri
+    proc = _dlx_node(["run-info", "--rpc", url, "--run", "1", "--deployment", str(deployment), "--json"])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["members"][0]["account"] == dev_account(3, w3.eth.chain_id).address
+    assert _dlx_node(["run-info", "--rpc", url, "--deployment", str(deployment)]).returncode == 2  # no --run
+    config = str(tmp_path / "org" / "node.toml")
+    assert main(["leave", "--config", config, "--yes", "--confirmations", "1"]) == 0
+    capsys.readouterr()
+    proc = _dlx_node(["withdraw", "--config", config, "--yes"])
+    assert proc.returncode == 14, proc.stdout + proc.stderr  # not yet: unbonding
+    hint = proc.stderr.strip().splitlines()[-1]
+    assert "no time estimate" in hint and "cast" not in hint and "`dlx-node mine N --rpc URL`" in hint, hint
+    head = w3.eth.block_number
+    mined = _dlx_node(["mine", "100", "--rpc", url])  # as the hint says
+    assert mined.returncode == 0, mined.stdout + mined.stderr
+    assert w3.eth.block_number == head + 100
