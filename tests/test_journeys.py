@@ -384,6 +384,10 @@ def test_pull_takes_an_option_between_its_positionals(finished, tmp_path):
     assert "unrecognized arguments" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert any(out.iterdir())
+    # (issue 80 point 7) the archive holds the document, checkpoint and tokenizer: the link's peer (the
+    # node, gone since the run ended) is never dialed, so no dial failure is logged
+    assert "SwarmDialAllFailedError" not in proc.stderr and "unreachable" not in proc.stderr, proc.stderr
+    assert f"from {slot.data_dir}" in proc.stdout, proc.stdout
 
 
 def test_pull_into_a_full_disk_exits_4_naming_the_destination(finished, tmp_path):

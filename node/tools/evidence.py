@@ -48,6 +48,27 @@ def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_
     return found
 
 
+class LazyPeerFetcher:
+    """A :class:`PeerFetcher` started on its first use: a command whose --archive holds everything (pull)
+    dials no peer of the link, dead or alive (issue 80 point 7: it logged SwarmDialAllFailedError)."""
+
+    def __init__(self, bootstrap: list[str]) -> None:
+        self.bootstrap = bootstrap
+        self._fetcher: PeerFetcher | None = None
+
+    def _started(self) -> PeerFetcher:
+        if self._fetcher is None:
+            self._fetcher = PeerFetcher.start(self.bootstrap)
+        return self._fetcher
+
+    def __getattr__(self, name: str) -> Any:  # host, fetch, fetch_to, errors...: the started fetcher's
+        return getattr(self._started(), name)
+
+    def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+
+
 class PeerFetcher:
     """A short-lived libp2p host that fetches blobs by hash from the bootstrap peers and the DHT."""
 

@@ -173,8 +173,8 @@ def run_layout(history: Any, archives: Iterable[str | Path], fetcher: PeerFetche
     run = history.run
     expected = run.config_hash
     copies = [d for a in archives for d in ArchiveSource(a, run.run_id).run_documents()]
-    if fetcher is not None:
-        fetched = fetcher.fetch(expected.hex())
+    if fetcher is not None and expected not in {hashlib.sha256(d).digest() for d in copies}:
+        fetched = fetcher.fetch(expected.hex())  # peers only when no archive holds the document
         if fetched is not None:
             copies.append(fetched)
     problems = []

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.tools.evidence import PeerFetcher, reader_client
+from node.tools.evidence import LazyPeerFetcher, reader_client
 from node.tools.pull import pull_checkpoint
 
 
 def run_pull(args: Any) -> int:
     """``dlx-node pull``: exit 0 with the model written, 9 if the round or the bytes were refused."""
     client = reader_client(args)
-    fetcher = PeerFetcher.start(args.bootstrap) if args.bootstrap else None
+    fetcher = LazyPeerFetcher(args.bootstrap) if args.bootstrap else None  # dialed only if needed
     try:
         result = pull_checkpoint(
             client,
