@@ -26,7 +26,7 @@ from node.errors import (
     PullRefused,
     StateError,
 )
-from p2p.errors import P2PError
+from p2p.errors import BlobStoreFull, P2PError
 from training.errors import TrainingError
 
 
@@ -91,7 +91,7 @@ MEANINGS: dict[ExitCode, str] = {
 #: 0, 1, 130 and 143 belong to no error class: success, anything else, SIGINT and the demo's SIGTERM.
 EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], ExitCode], ...] = (
     (CONFIG_ERRORS, ExitCode.USAGE),
-    ((StateError,), ExitCode.STATE),
+    ((StateError, BlobStoreFull), ExitCode.STATE),  # a fetch's full disk too
     ((ChainUnavailable,), ExitCode.CHAIN_UNREACHABLE),
     ((NotRegistered, AccountError), ExitCode.ACCOUNT),
     ((PortBusy,), ExitCode.PORT_BUSY),

@@ -232,7 +232,8 @@ class BlobPieces:
                         self._piece_worker, peer, worker_early, queue, digest, total, staging, hasher, errors
                     )
         if queue.disk_full is not None:
-            raise BlobStoreFull(f"disk of {self.store.root} is full ({queue.disk_full.strerror}): blob "
+            where = queue.disk_full.filename or staging.path  # the file that found no room (its disk)
+            raise BlobStoreFull(f"disk of {where} is full ({queue.disk_full.strerror}): blob "
                                 f"{digest.hex()[:16]} not fetched")
         if queue.waiting:
             raise BlobUnavailable(

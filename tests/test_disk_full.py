@@ -15,6 +15,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
+
+from node.exitcodes import exit_code_for
 from tinyfs import fill, tiny_filesystem
 from waiting import wait_until
 
@@ -195,8 +197,11 @@ def test_a_fetch_onto_a_full_disk_blames_no_provider_and_succeeds_once_space_is_
         data = bytes(range(256)) * 2048  # 512 KiB: more than the full disk takes
         digest = provider.provide_blob(data, announce=False)
         filler = fill(full_disk)
-        with pytest.raises(BlobStoreFull, match=f"disk of {full_disk / 'fetcher'}.* is full"):
+        with pytest.raises(BlobStoreFull, match=f"disk of {full_disk / 'fetcher'}.* is full") as refused:
             fetcher.fetch_blob(digest, tmp_path / "out.bin", providers=[provider.peer_id], timeout=60)
+        # the file that found no room, on the full disk; a full disk is state, 4 (it was network, 10)
+        assert f"disk of {fetcher.store.staging}" in str(refused.value), refused.value
+        assert exit_code_for(refused.value) == 4
         assert not fetcher.store.has(digest)
         assert [p for p in fetcher.store.staging.iterdir()] == []  # nothing half-fetched eats the space
         filler.unlink()

@@ -45,7 +45,7 @@ from node.errors import (
 )
 from node.exitcodes import EXIT_CODES, MEANINGS, ExitCode, exit_code_for, readme_table
 from node.tools.pull import NoCheckpoint
-from p2p.errors import P2PError
+from p2p.errors import BlobStoreFull, P2PError
 from training.errors import TrainingError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def test_one_meaning_per_code_and_one_code_per_error_class():
     (ChainUnavailable("x"), 5), (NotRegistered("x"), 6), (AccountError("x"), 6), (PortBusy("x"), 7),
     (AuditFailed("x"), 8), (RoundPending("x"), 9), (PullUnavailable("x"), 9), (NoCheckpoint("x"), 9),
     (P2PError("x"), 10), (NetworkUnreachable("x"), 10), (DataUnreachable("x"), 10), (DataFetchError("x"), 10),
-    (DataMismatch("x"), 10), (DataFetchUsage("x"), 2), (LedgerError("x"), 11),
+    (DataMismatch("x"), 10), (DataFetchUsage("x"), 2), (LedgerError("x"), 11), (BlobStoreFull("x"), 4),
     (TrainingError("x"), 12), (AuditIncomplete("x"), 13), (NotYet("x"), 14), (RuntimeError("x"), 1),
 ])
 def test_each_kind_of_failure_has_its_code(error, code):
