@@ -240,3 +240,17 @@ class DisputeCalls:
     def forfeited_total(self) -> int:
         """Wei of accusation bonds forfeited so far over all runs (kept by the ledger for good)."""
         return self.sender.call(self.ledger_contract, "forfeitedTotal")
+
+    def fund_proofs(self, run_id: int, wei: int) -> str:
+        """Add ``wei`` to run ``run_id``'s proof fund (issue 79: what a fraud proof's reward is paid from);
+        return the tx hash."""
+        return self.sender.transact(self.ledger_contract, "fundProofs", (run_id,), "fundProofs",
+                                    wei)["transactionHash"].to_0x_hex()
+
+    def proof_fund_of(self, run_id: int) -> int:
+        """Run ``run_id``'s proof fund in wei (the next fraud proof's reward is at most this)."""
+        return self.sender.call(self.ledger_contract, "proofFundOf", (run_id,))
+
+    def proof_fund_total(self) -> int:
+        """Wei held in proof funds over all runs."""
+        return self.sender.call(self.ledger_contract, "proofFundTotal")

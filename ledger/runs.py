@@ -74,6 +74,7 @@ class RunCalls:
         allow_weak_quorum: bool = False,
         values: dict | None = None,
         max_game_steps: int = DEFAULT_MAX_GAME_STEPS,
+        proof_fund: int = 0,
     ) -> int:
         """Create a run; return its id. Its parameters never change (:class:`ledger.runparams.RunParams`).
 
@@ -113,6 +114,8 @@ class RunCalls:
                 rounds, Nesterov, the norm clip's bits, the genesis root, the most contributions and the
                 largest rank; node/commitments/values.py derives them from a run document); None: RunParams'
                 defaults.
+            proof_fund: Wei sent with createRun into the run's proof fund (issue 79): a fraud proof's reward,
+                min(fund, half the stake slashed), is paid from it, never from the slash (burned whole).
 
         Raises:
             LedgerWeakParams: k < 2 or quorum_bps < 5000 without ``allow_weak_quorum``.
@@ -138,11 +141,13 @@ class RunCalls:
             **dict(values or {}),
             max_game_steps=max_game_steps,
         )
-        return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum)
+        return self.create_run_with(params, config_uri, allow_weak_quorum=allow_weak_quorum,
+                                    proof_fund=proof_fund)
 
     def create_run_with(self, params: RunParams, config_uri: str = "", *,
-                        allow_weak_quorum: bool = False) -> int:
-        """Create a run with ``params``; return its id (see :meth:`create_run`)."""
+                        allow_weak_quorum: bool = False, proof_fund: int = 0) -> int:
+        """Create a run with ``params`` and ``proof_fund`` wei in its proof fund; return its id (see
+        :meth:`create_run`)."""
         if not isinstance(params, RunParams):
             raise LedgerInputError(f"create_run_with needs RunParams, got {type(params).__name__}")
         weak = [w for w in params.weaknesses() if not w.startswith("min_stake")]
@@ -152,7 +157,7 @@ class RunCalls:
         for what in weak:
             logger.warning("creating a weak run: %s", what)
         receipt = self.sender.transact(self.ledger_contract, "createRun", (params.fields(), config_uri),
-                                       "createRun")
+                                       "createRun", check_uint("proof_fund", proof_fund, 2**256 - 1))
         for log in receipt["logs"]:
             event = self.ledger_events.decode(log)
             if event is not None and event.name == "RunCreated":

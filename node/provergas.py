@@ -1,7 +1,9 @@
 """The prover's reward against its gas (docs/FRAUD_PROOF.md, "The reward against the gas"; docs/TRUST.md).
 
-A member that proves a wrong round is paid ``slashed / 2``, at least ``quorum x minStake / 2`` (every wrong
-round has at least ``quorum`` attesters, each slashed whole), and gets back the bonds it escrowed; it pays
+A member that proves a wrong round is paid ``min(fund, slashed / 2)`` from the run's proof fund (issue 79: the
+slash is burned whole, so a coalition proving itself loses all of it), at least ``min(fund, quorum x minStake
+/ 2)`` (every wrong round has at least ``quorum`` attesters, each slashed whole); create-run deposits the fund
+(:func:`proof_fund_for`). It gets back the bonds it escrowed; it pays
 the gas of at most ``maxGameSteps`` availability challenges, one expiry, the proof's commitment and the
 proof, whose gas the contract bounds at ``createRun`` (``LedgerCore.proofCost``, at most 10M, counting 32
 slashed attesters; each further one adds at most ``PROOF_GAS_PER_ATTESTER`` and pays ``stake / 2``, and a run
@@ -60,6 +62,7 @@ class ProverCost:
     quorum: int  # k: the fewest attesters a wrong round has, each slashed whole
     stake: int  # minStake
     bond: int  # a challenge's bond, escrowed and returned to the winner
+    fund: int | None = None  # the run's proof fund (issue 79); None: what create-run deposits, :attr:`cost`
 
     @property
     def gas(self) -> int:
@@ -78,8 +81,10 @@ class ProverCost:
 
     @property
     def reward(self) -> int:
-        """The least a proof pays: half the stakes of ``quorum`` slashed attesters."""
-        return self.quorum * self.stake // 2
+        """The least a proof pays: half the stakes of ``quorum`` slashed attesters, at most the run's proof
+        fund, which pays it (issue 79: the slash is burned whole)."""
+        fund = self.cost if self.fund is None else self.fund
+        return min(self.quorum * self.stake // 2, fund)
 
     @property
     def seat_cost(self) -> int:
@@ -105,12 +110,15 @@ class ProverCost:
 
     def shortfall(self) -> str:
         """Why the reward does not cover the gas, with every number."""
-        return (f"a member that proves a wrong round is paid at least quorum x stake / 2 = {self.quorum} x "
-                f"{eth(self.stake)} / 2 = {eth(self.reward)}, but may pay {self.gas:,} gas ({self.steps} "
-                f"challenges x {CHALLENGE_GAS:,}, one expiry {EXPIRE_GAS:,}, the commitment {COMMIT_GAS:,} "
-                f"and the proof {self.proof_gas:,}) = {eth(self.cost)} at {gwei(self.price)} today x "
-                f"{PRICE_SPIKE_FACTOR} (price spikes) = {gwei(self.spike_price)}; the stake needed at k="
-                f"{self.quorum} is {exact_eth(self.stake_needed)}")
+        half = self.quorum * self.stake // 2
+        paid = (f"at least quorum x stake / 2 = {self.quorum} x {eth(self.stake)} / 2 = {eth(half)}"
+                if self.reward == half else
+                f"at most the run's proof fund, {eth(self.reward)} (issue 79: not the slash, which burns)")
+        return (f"a member that proves a wrong round is paid {paid}, but may pay {self.gas:,} gas "
+                f"({self.steps} challenges x {CHALLENGE_GAS:,}, one expiry {EXPIRE_GAS:,}, the commitment "
+                f"{COMMIT_GAS:,} and the proof {self.proof_gas:,}) = {eth(self.cost)} at {gwei(self.price)} "
+                f"today x {PRICE_SPIKE_FACTOR} (price spikes) = {gwei(self.spike_price)}; the stake needed "
+                f"at k={self.quorum} is {exact_eth(self.stake_needed)}")
 
     def liquidity(self) -> str:
         """The escrow a prover must hold, in one line."""
@@ -154,6 +162,15 @@ def prover_cost(run, price: int) -> ProverCost | None:
                       price=price, quorum=run.quorum, stake=run.min_stake, bond=run.bond)
 
 
+def proof_fund_for(run, w3) -> int:
+    """The wei create-run deposits into a new run's proof fund (issue 79): the prover's worst case at today's
+    price times :data:`PRICE_SPIKE_FACTOR` (:attr:`ProverCost.cost`), so an honest finder's gas is paid,
+    and no more, so that a coalition proving its own wrong round recovers little of what it loses (its
+    slashed stakes are burned whole); 0 for a hashed run."""
+    cost = prover_cost(run, gas_price(w3))
+    return 0 if cost is None else cost.cost
+
+
 def gas_price(w3) -> int:
     """Wei per gas a transaction pays on ``w3``'s chain now: the latest base fee plus the suggested tip, or
     ``eth_gasPrice`` where that is more (a chain without EIP-1559: ``eth_gasPrice`` alone)."""
@@ -189,13 +206,18 @@ def check_reward(run, w3, *, allow: bool, where: str) -> list[str]:
     return lines
 
 
-def joining_warning(info, w3) -> str:
+def joining_warning(info, w3, fund: int | None = None) -> str:
     """For a contributor taking a seat in run ``info``: a warning when its reward does not cover a proof at
-    today's price ("" when it does, for a hashed run, or when the price cannot be read: logged)."""
+    today's price ("" when it does, for a hashed run, or when the price cannot be read: logged). ``fund``: the
+    run's proof fund on chain (issue 79: the reward is paid from it); None: not read."""
+    import dataclasses
+
     from web3.exceptions import Web3Exception
 
     try:
         cost = prover_cost(info, gas_price(w3))
+        if cost is not None and fund is not None:
+            cost = dataclasses.replace(cost, fund=fund)
     except (Web3Exception, OSError, ValueError) as exc:
         logger.info("the gas price was not read (%s): the prover's reward is not checked", exc)
         return ""

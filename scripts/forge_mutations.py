@@ -131,6 +131,16 @@ MUTATIONS = (
              "if (run.commitments < 2) revert AggregationProver.ProverNoAnswerer(record.runId);", "",
              "a hashed run, whose nodes answer nothing, takes availability challenges: an outsider's expiry "
              "slashes a right round"),
+    Mutation("seats-uncapped", "LedgerMembership.sol",
+             "if (run.memberCount >= LedgerCore.MAX_SEATS) revert TrainingLedger.LedgerRunFull(runId, "
+             "LedgerCore.MAX_SEATS);", "",
+             "no seat cap: a run of ~1,234 seats commits a round whose proof does not fit a block"),
+    Mutation("reward-from-slash", "LedgerDisputes.sol",
+             "if (reward > fund) reward = fund;\n        s.proofFunds[runId] = fund - reward;\n"
+             "        s.proofFundTotal -= reward;",
+             "s.slashedTotal -= reward;",
+             "pay the prover half the slash out of the slash (the old rule): a coalition proving its own "
+             "round recovers half its stake"),
 )
 
 

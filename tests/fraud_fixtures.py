@@ -166,7 +166,7 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
            commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
            max_contributions: int | None = None, gap: int | None = None, leaving: tuple[int, ...] = (),
            between=None, seats: int | None = None, signers: tuple[int, ...] = (1, 2),
-           **run_params) -> Committed:
+           proof_fund: int | None = None, **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
@@ -181,7 +181,9 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     that send ``leaveRun`` in round 1's commit block, mined ahead of the commit (higher tips; issue 79);
     ``between``: called with the run once round 0 is committed, before the gap. ``seats``: dev accounts
     4 .. ``seats`` join the run too, as founders (issue 79: a run at its largest quorum, :func:`fill_seats`);
-    ``signers``: who signs both rounds (the rounds' attesters)."""
+    ``signers``: who signs both rounds (the rounds' attesters). ``proof_fund``: wei the creator puts in the
+    run's proof fund, which pays a proof's reward (issue 79); None: a stake per member, so a proof is paid
+    its full half of the slash of up to every member."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(getattr(new.factors, "payload_roots", ()))  # junk factors list none
@@ -195,8 +197,10 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     extra = tuple(range(len(members) + 1, seats + 1)) if seats else ()
     if extra:
         _register(deployment, extra, stake)
+    if proof_fund is None:
+        proof_fund = len(members) * stake
     run = deployment.member_run(members, quorum=2, min_stake=stake, commitments=commitments, values=values,
-                                **run_params)
+                                proof_fund=proof_fund, **run_params)
     if extra:
         fill_seats(deployment, run.run_id, extra, stake)
         run = dataclasses.replace(run, members=members + extra)

@@ -87,6 +87,7 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
             accusation_blocks=WINDOW, dispute_blocks=WINDOW, inactivity_rounds=INACTIVITY,
             tenure_rounds=TENURE,
             commitments=scheme_named("normed").version,  # its honest records carry version-3 factors
+            proof_fund=(len(HONEST) + len(COALITION)) * STAKE,  # a proof's reward (issue 79)
         )
         for index in (*HONEST, *COALITION):
             self.client(index).join_run(self.run_id)

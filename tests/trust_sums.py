@@ -240,7 +240,8 @@ class SumWalks:
         run_id = creator.create_run(
             digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=CAPTURED_STAKE, bond=BOND,
             quorum=2, quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS,
-            dispute_blocks=CAPTURED_DISPUTE_BLOCKS, commitments=scheme_named("normed").version)
+            dispute_blocks=CAPTURED_DISPUTE_BLOCKS, commitments=scheme_named("normed").version,
+            proof_fund=len(COALITION) * CAPTURED_STAKE)  # pays half the slash (issue 79: not from it)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
         # its contributions bound to the run's members (issue 62): the coalition signs its own lie

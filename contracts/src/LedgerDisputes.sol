@@ -94,12 +94,20 @@ library LedgerDisputes {
         }
         uint256 before = s.slashedTotal;
         _overturn(s, runId, round, attesters);
+        // issue 79: the slash is burned whole; the reward, half of it at most, comes from the run's proof fund,
+        // which no attester paid into: a coalition proving its own round recovers none of its stakes.
         reward = (s.slashedTotal - before) / 2;
-        s.slashedTotal -= reward;
+        uint256 fund = s.proofFunds[runId];
+        if (reward > fund) reward = fund;
+        s.proofFunds[runId] = fund - reward;
+        s.proofFundTotal -= reward;
         emit TrainingLedger.ProverRewarded(runId, round, recipient, reward);
-        // Last: every effect is done. A prover that refuses the payment leaves it burned.
+        // Last: every effect is done. A prover that refuses the payment leaves it in the fund.
         (bool ok,) = payable(recipient).call{value: reward}("");
-        if (!ok) s.slashedTotal += reward;
+        if (!ok) {
+            s.proofFunds[runId] += reward;
+            s.proofFundTotal += reward;
+        }
     }
 
     /// @notice TrainingLedger.expireDispute.

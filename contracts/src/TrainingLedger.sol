@@ -215,6 +215,9 @@ contract TrainingLedger {
         mapping(uint256 runId => mapping(address accused => mapping(bytes32 evidenceHash => Accusation)))
             accusations;
         mapping(uint256 runId => RunValues) values; // issue 62: per-round values
+        // issue 79: each run's proof fund, what a fraud proof's reward is paid from (never the slash)
+        mapping(uint256 runId => uint256) proofFunds;
+        uint256 proofFundTotal; // the sum of proofFunds
     }
 
     NodeRegistry private immutable _registry;
@@ -254,7 +257,10 @@ contract TrainingLedger {
     /// @notice A verdict overturned round `round` of run `runId`: it and every later round are invalid and the
     /// run commits nothing more.
     event RunHalted(uint256 indexed runId, uint64 round);
-    /// @notice A fraud proof overturned round `round` of run `runId`; `prover` was paid `reward` wei of the slash.
+    /// @notice `funder` added `amount` wei to run `runId`'s proof fund (createRun's value, or fundProofs).
+    event ProofFunded(uint256 indexed runId, address indexed funder, uint256 amount);
+    /// @notice A fraud proof overturned round `round` of run `runId`; `prover` was paid `reward` wei from the run's
+    /// proof fund (issue 79: the slash itself is burned whole).
     event ProverRewarded(uint256 indexed runId, uint64 indexed round, address indexed prover, uint256 reward);
     /// @notice `account` took back its `stake` wei from run `runId`.
     event StakeWithdrawn(uint256 indexed runId, address indexed account, uint256 stake);
@@ -387,8 +393,31 @@ contract TrainingLedger {
     /// >= 1.
     /// @param configUri Where to fetch the configuration whose hash is `configHash` (emitted, not stored).
     /// @return runId The new run's id (ids start at 1).
-    function createRun(RunParams calldata params, string calldata configUri) external returns (uint256 runId) {
+    /// @dev `msg.value` opens the run's proof fund (fundProofs): a fraud proof's reward is paid from it.
+    function createRun(RunParams calldata params, string calldata configUri)
+        external
+        payable
+        returns (uint256 runId)
+    {
         runId = LedgerMembership.createRun(_s, params, configUri);
+        if (msg.value > 0) _fundProofs(runId, msg.value);
+    }
+
+    /// @notice Add `msg.value` to run `runId`'s proof fund. A fraud proof of one of its rounds is paid from the
+    /// fund, min(fund, half the stake it slashed), and never from the slash, which is burned whole (issue 79):
+    /// a coalition that proves its own wrong round loses every slashed wei and recovers at most the bounty, which
+    /// is not its money. Nobody withdraws a fund: what no proof takes stays here.
+    /// @param runId The run.
+    function fundProofs(uint256 runId) external payable {
+        LedgerCore.existingRun(_s, runId);
+        _fundProofs(runId, msg.value);
+    }
+
+    /// @notice Run `runId`'s proof fund in wei: what the next fraud proof's reward is paid from.
+    /// @param runId The run.
+    /// @return The fund.
+    function proofFundOf(uint256 runId) external view returns (uint256) {
+        return _s.proofFunds[runId];
     }
 
     // ------------------------------------------------------------------------------------------- membership
@@ -538,8 +567,9 @@ contract TrainingLedger {
     /// @notice Overturn round `round` of run `runId` on a fraud proof: only this ledger's AggregationProver
     /// calls it, once it has recomputed a chunk of the round and found it differs. The round and every later
     /// one are invalid, every attester still holding a stake is slashed, open disputes of the round are
-    /// returned their bonds, and `recipient` (the prover) is paid half of the stake slashed (the rest stays burned, so an
-    /// attester proving its own round still loses at least half of what its round's attesters held).
+    /// returned their bonds, and `recipient` (the prover) is paid min(the run's proof fund, half the stake
+    /// slashed) from the fund (issue 79). The slash is burned whole, so an attester proving its own round loses
+    /// all of what its round's attesters held and recovers at most the bounty, someone else's money.
     /// @param attesters The round's attesters as RoundCommitted gave them (checked against the commit).
     /// @return reward The wei paid to `recipient`.
     function invalidateByProof(uint256 runId, uint64 round, address[] calldata attesters, address recipient)
@@ -858,6 +888,12 @@ contract TrainingLedger {
     function forfeitedTotal() external view returns (uint256) {
         return _s.forfeitedTotal;
     }
+
+    /// @notice Wei held in proof funds over all runs (issue 79: fundProofs; paid out only as provers' rewards).
+    /// @return The total.
+    function proofFundTotal() external view returns (uint256) {
+        return _s.proofFundTotal;
+    }
     // ------------------------------------------------------------------------------------------- internals
 
     /// @dev The signers of `signatures` over `digest`, strictly ascending, each a current member of `runId`;
@@ -898,6 +934,12 @@ contract TrainingLedger {
         if (live > end) end = live;
         DisputeCase storage case_ = _s.disputeCases[runId][round];
         if (case_.status == DisputeStatus.Open && case_.deadline > end) end = case_.deadline;
+    }
+
+    function _fundProofs(uint256 runId, uint256 amount) private {
+        _s.proofFunds[runId] += amount;
+        _s.proofFundTotal += amount;
+        emit ProofFunded(runId, msg.sender, amount);
     }
 
     function _domainSeparator() private view returns (bytes32) {

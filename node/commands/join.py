@@ -256,13 +256,15 @@ def _refuse_another_runs(config_path: Path, link: RunLink, force: bool, load_con
 
 def _print_run(chain, info) -> None:
     """What the run is, and the prover-pay warning a member would want before it stakes."""
+    from node.commands.preflight import proof_fund_on_chain
     from node.provergas import joining_warning
 
     print(f"run {info.run_id} on chain {chain.client.chain_id}: ledger {chain.client.ledger_address}, "
           f"registry {chain.registry}, configHash {info.config_hash.hex()[:16]}, {info.num_stages} stage(s), "
           f"H={info.inner_steps}, k={info.quorum}, stake {info.min_stake / 1e18:g} ETH, "
           f"{'open-ended' if not info.max_rounds else f'{info.max_rounds} rounds'}")
-    unpaid = joining_warning(info, chain.w3)  # a member would be the one to prove: say so before it stakes
+    # a member would be the one to prove: say so before it stakes (issue 79: paid from the run's proof fund)
+    unpaid = joining_warning(info, chain.w3, proof_fund_on_chain(chain.client, info.run_id))
     if unpaid:
         print(unpaid)
 

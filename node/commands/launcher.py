@@ -38,7 +38,7 @@ from node.config import dump_toml, load_config
 from node.errors import NodeError
 from node.live.chain.onchain import NodeChain
 from node.platforms import own_platform
-from node.provergas import check_reward
+from node.provergas import check_reward, proof_fund_for
 from node.runconfig import canonical_json, config_hash, run_document
 from p2p.identity import Identity
 
@@ -202,7 +202,8 @@ class LocalRun:
                            **run_values(cfg))
         self.reward_notes = check_reward(params, w3, allow=self.allow_unpaid_proofs, where="the local run")
         self.run_id = client.create_run_with(params, f"dlx://blob/{config_hash(document).hex()}",
-                                             allow_weak_quorum=self.allow_weak_quorum)
+                                             allow_weak_quorum=self.allow_weak_quorum,
+                                             proof_fund=proof_fund_for(params, w3))
         (self.workdir / "run.json").write_bytes(canonical_json(document))
         (self.workdir / "deployment.json").write_text(json.dumps({
             "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,

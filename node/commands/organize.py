@@ -37,7 +37,7 @@ from node.commands.chainops import (
 from node.commands.member import node_identity
 from node.commands.runfile import read_run_file, run_params
 from node.errors import DLX_ERRORS, ConfigError, NodeError, NotRegistered, RunOver
-from node.provergas import check_reward
+from node.provergas import check_reward, proof_fund_for
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,8 @@ def run_create_run(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     identity = node_identity(data_dir, getattr(args, "identity", ""))
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
-    spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)))
+    fund = 0 if existing else proof_fund_for(params, w3)  # the prover's reward (issue 79), with createRun
+    spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)), fund)
     check_funds(client.balance(), client.address, spends)
     agree(spends, args.yes, "creating the run")
     document = run_document(run.cfg)
@@ -224,7 +225,7 @@ def run_create_run(args: argparse.Namespace) -> int:
         print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
     else:
         run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
-                                        allow_weak_quorum=bool(weak))
+                                        allow_weak_quorum=bool(weak), proof_fund=fund)
         print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
@@ -277,19 +278,20 @@ def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list)
             f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
 
 
-def _create_plan(client, params, identity, existing, fee: int) -> list[Spend]:
+def _create_plan(client, params, identity, existing, fee: int, fund: int = 0) -> list[Spend]:
     """The transactions create-run still needs, estimated (a bad parameter is refused by the contract
-    here)."""
+    here); ``fund``: the proof fund sent with createRun."""
     from ledger.binding import binding_message
 
     spends = []
     if not existing:
         gas, fees = client.estimate("ledger", "createRun",
-                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()))
+                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()), fund)
         spends.append(
             Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
                   f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
-                  f"{params.max_rounds} rounds)", gas, fees["maxFeePerGas"]))
+                  f"{params.max_rounds} rounds, proof fund {fund / 1e18:g} ETH: the fraud prover's reward)",
+                  gas, fees["maxFeePerGas"], fund))
     key = client.key_of(client.address)
     if key is not None and key != identity.public_key_bytes:
         raise NotRegistered(f"account {client.address} is registered with another node key: an account has "

@@ -229,7 +229,8 @@ def preflight(cfg, yes: bool) -> None:
         if not plan:
             return
         check_rounds_left(client, info, yes)  # issue 80: how many rounds are left, before staking
-        unpaid = joining_warning(info, w3)  # about to stake in a run whose proofs may not pay their prover
+        # about to stake in a run whose proofs may not pay their prover (issue 79: paid from its proof fund)
+        unpaid = joining_warning(info, w3, proof_fund_on_chain(client, info.run_id))
         if unpaid:
             print(unpaid, flush=True)
         check_funds(client.balance(), client.address, plan)
@@ -238,3 +239,16 @@ def preflight(cfg, yes: bool) -> None:
         chain.ensure_member(lc.run_id, platform, also=(legacy,))
     finally:
         chain.close()
+
+
+def proof_fund_on_chain(client, run_id: int) -> int | None:
+    """Run ``run_id``'s proof fund on chain (issue 79), or None where it cannot be read (then the reward
+    check assumes the fund create-run deposits)."""
+    from web3.exceptions import Web3Exception
+
+    from ledger.errors import LedgerError
+
+    try:
+        return client.proof_fund_of(run_id)
+    except (LedgerError, Web3Exception, OSError, ValueError, AttributeError):
+        return None

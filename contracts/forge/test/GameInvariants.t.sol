@@ -55,6 +55,9 @@ contract GameInvariantsTest is TrustBase, InvariantTargets {
                 );
             }
             vm.assertEq(got, spent + slashed / 2, "G7: the prover did not get its bonds back and half the slash");
+            vm.assertEq(
+                ledger_.proofFundOf(run), GAME_FUND - slashed / 2, "G7: the reward was not paid from the proof fund"
+            );
             vm.assertEq(copierGain, 0, "G7: a copier of the proof was paid");
         }
         uint256 n = handler.violationCount();

@@ -10,6 +10,8 @@ import {WithVm} from "./Vm.sol";
 abstract contract TrustBase is WithVm {
     uint256 internal constant STAKE = 10 ** 15;
     uint256 internal constant BOND = 10 ** 14;
+    /// @dev What a game run's creator puts in its proof fund (issue 79): pays the reward, half the slash (2.5 STAKE).
+    uint256 internal constant GAME_FUND = 3 * STAKE;
     uint64 internal constant WINDOW = 8; // accusation and dispute windows, in blocks
     uint16 internal constant GAME_STEPS = 4; // RunParams.maxGameSteps
     uint32 internal constant INACTIVITY = 2;

@@ -229,7 +229,7 @@ abstract contract TrustGame is TrustBase {
 
     function _openGameRun() internal returns (uint256 run) {
         vm.prank(who(5));
-        run = ledger.createRun(runParams(keccak256(abi.encode("game", calls))), "game");
+        run = ledger.createRun{value: GAME_FUND}(runParams(keccak256(abi.encode("game", calls))), "game");
         for (uint256 key = 5; key <= 6; ++key) {
             vm.prank(who(key));
             ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));

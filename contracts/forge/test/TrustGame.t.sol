@@ -36,6 +36,8 @@ contract TrustGameTest is TrustSetup {
         }
         vm.assertEq(spent, expectedSpent, "bonds sent");
         vm.assertEq(got, spent + slashed / 2, "bonds back and half the slash");
+        vm.assertEq(ledger.proofFundOf(run_), GAME_FUND - slashed / 2, "the reward not paid from the proof fund");
+        vm.assertGe(ledger.slashedTotal(), slashed, "the slash not burned whole");
         vm.assertEq(copierGain, 0, "the copier was paid");
         return (run_, round_);
     }

@@ -135,10 +135,10 @@ contract TrustInvariantsTest is TrustSetup, InvariantTargets {
 
     // ------------------------------------------------------------------------------------------- G6 solvency
 
-    /// @notice G6, exactly: the ledger holds every bonded stake, every open bond, and what it slashed or forfeited
-    /// (less what it paid provers), to the wei.
+    /// @notice G6, exactly: the ledger holds every bonded stake, every open bond, what it slashed or forfeited
+    /// (burned whole: issue 79) and the runs' proof funds (less what they paid provers), to the wei.
     function check_G6_solvency() internal view {
-        uint256 owed = ledger.slashedTotal() + ledger.forfeitedTotal();
+        uint256 owed = ledger.slashedTotal() + ledger.forfeitedTotal() + ledger.proofFundTotal();
         uint256[] memory games = handler.gameRuns();
         for (uint256 g = 0; g <= games.length; ++g) {
             uint256 run = g == games.length ? runId : games[g];
@@ -190,6 +190,9 @@ contract TrustInvariantsTest is TrustSetup, InvariantTargets {
                 );
             }
             vm.assertEq(got, spent + slashed / 2, "G7: the prover did not get its bonds back and half the slash");
+            vm.assertEq(
+                ledger.proofFundOf(run), GAME_FUND - slashed / 2, "G7: the reward was not paid from the proof fund"
+            );
             vm.assertEq(copierGain, 0, "G7: a copier of the proof was paid");
         }
     }
