@@ -409,7 +409,7 @@ contract TrainingLedger {
     /// is not its money. Nobody withdraws a fund: what no proof takes stays here.
     /// @param runId The run.
     function fundProofs(uint256 runId) external payable {
-        LedgerCore.existingRun(_s, runId);
+        if (_s.runs[runId].headHash == bytes32(0)) revert LedgerUnknownRun(runId);
         _fundProofs(runId, msg.value);
     }
 
