@@ -207,10 +207,8 @@ def run_create_run(args: argparse.Namespace) -> int:
                 if r.creator.lower() == client.address.lower()]
     if existing:
         _refuse_ended(client, existing[-1], args.run_file, data_dir)
-    if not existing:  # the contract does not check that a proof pays its prover: the node does, first
-        for line in check_reward(params, w3, allow=getattr(args, "allow_unpaid_proofs", False),
-                                 where=f"run file {args.run_file}"):
-            print(line)
+    else:  # the contract does not check that a proof pays its prover: the node does, first
+        _print_reward_check(params, w3, args)
     data_dir.mkdir(parents=True, exist_ok=True)
     identity = node_identity(data_dir, getattr(args, "identity", ""))
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
@@ -276,6 +274,13 @@ def _refuse_other_runs_directory(config_path: Path, ledger: str, existing: list)
     if not finishing:
         raise ConfigError(
             f"{config_path} exists for another run: pick a new --data-dir (one run per node directory)")
+
+
+def _print_reward_check(params, w3, args) -> None:
+    """node.provergas.check_reward's lines for a new run (ConfigError when its proofs would not pay)."""
+    for line in check_reward(params, w3, allow=getattr(args, "allow_unpaid_proofs", False),
+                             where=f"run file {args.run_file}"):
+        print(line)
 
 
 def _create_plan(client, params, identity, existing, fee: int, fund: int = 0) -> list[Spend]:
