@@ -188,3 +188,47 @@ def test_a_run_of_one_step_starts_in_the_step_game():
                           judge_state=lambda i, root: pytest.fail("no steps to bisect"),
                           step_policy=_honest_policy(truth, mine_steps))
     assert not won and moves > 3
+
+
+def _refused(client, name: str, sender: str, *args, value: int = 0) -> str:
+    """Send move ``name``: the transaction must revert; the error it reverts with, named by the same call made
+    right after (a failed receipt carries no revert data)."""
+    from ledger.reverts import decode_revert
+
+    with pytest.raises(Exception):
+        client._send(name, sender, *args, value=value)
+    with pytest.raises(Exception) as info:
+        getattr(client.contract.functions, name)(*args).call({"from": sender, "value": value})
+    revert = decode_revert(info.value, name)
+    return type(revert).__name__ if revert is not None else repr(info.value)
+
+
+@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+def test_a_judgment_one_block_past_the_clock_is_refused_and_outsiders_by_name(request, backend):
+    """On both backends, each refusal named: an outsider's or the wrong side's move (NotYourMove), a second
+    challenge of a busy run claim (ClaimClosed), a judgment one block past the challenger's time (ClockOut,
+    the game unchanged); then ``timeout`` gives the game to the defender."""
+    w3 = _backend(request, backend)
+    client = _setup(w3)
+    defender, challenger, outsider = w3.eth.accounts[1:4]
+    traces = _traces(_run(_start_state()))
+    roots = state_roots(traces)
+    claim = run_claim(traces)
+    client._send("claimRun", defender, claim, value=BOND)
+    claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
+    client._send("challengeRun", challenger, claim_id, value=BOND)
+    game = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
+    assert _refused(client, "postStateRoot", outsider, game, roots[3]) == "ProverStepNotYourMove"
+    assert _refused(client, "postStateRoot", challenger, game, roots[3]) == "ProverStepNotYourMove"
+    assert _refused(client, "challengeRun", outsider, claim_id, value=BOND) == "ProverStepClaimClosed"
+    client._send("postStateRoot", defender, game, roots[3])
+    assert _refused(client, "judgeStateRoot", outsider, game, True) == "ProverStepNotYourMove"
+    before = client.game(game)
+    mine(w3, before["turnSince"] + before["challengerLeft"] - w3.eth.block_number)  # its tx lands one past
+    assert _refused(client, "judgeStateRoot", challenger, game, True) == "ProverStepClockOut"
+    after = client.game(game)
+    assert (after["lo"], after["hi"], after["moves"], after["midPosted"]) == (0, STEPS, before["moves"], True)
+    client._send("timeout", outsider, game)
+    assert client.game(game)["phase"] == PHASES.index("Done")
+    assert not client.wrong(claim_id)
+    assert client.contract.functions.balanceOf(defender).call() == BOND
