@@ -134,8 +134,9 @@ def _setup(world: World, tmp_path, states: ChunkedStates, committed_leaf: bytes,
     if round_zero:
         values = {**(values or run_values(world.cfg)),
                   "genesis_root": chunked_weights_root([start_state.leaf(), world.other.leaf()])}
-    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE,
-                                commitments=world.cfg.commitment_scheme.version, values=values)
+    run = deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE,  # a proof's reward: the fund (issue 79)
+                                commitments=world.cfg.commitment_scheme.version, values=values,
+                                proof_fund=3 * STAKE)
     # what _bindings signed for: run 1 of the ledger every fresh deployment gets
     assert run.run_id == 1 and all(ledger == deployment.ledger for ledger in _LEDGERS)
     start = start_state.leaf().encode()
