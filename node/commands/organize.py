@@ -290,8 +290,11 @@ def _create_plan(client, params, identity, existing, fee: int, fund: int = 0) ->
 
     spends = []
     if not existing:
+        # An account that cannot pay the fund makes the chain refuse the estimate itself ("insufficient
+        # funds", exit 11); estimated without it, check_funds then refuses the plan first, nothing sent (2).
+        value = fund if client.balance() >= fund else 0
         gas, fees = client.estimate("ledger", "createRun",
-                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()), fund)
+                                    (params.fields(), "dlx://blob/" + params.config_hash.hex()), value)
         spends.append(
             Spend(f"create run ({params.num_stages} stage(s), H={params.inner_steps}, k={params.quorum}, "
                   f"stake {params.min_stake / 1e18:g} ETH, unbonding {params.unbonding_blocks} blocks, "
