@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from small_disk import check_small_disk, small_disk_command
 
 from ledger.account import dev_account
 from ledger.errors import AccountError, ChainUnavailable, LedgerError
@@ -186,13 +187,6 @@ def test_status_of_a_missing_or_unused_directory_is_usage_2_and_of_a_stopped_nod
     assert proc.returncode == 4 and "unreadable" in proc.stderr, proc.stderr
 
 
-def _small_disk_command(mount: Path, command: list[str]) -> list[str]:
-    """``command`` in a mount namespace of its own where ``mount`` is a 64 KiB tmpfs (gone with it)."""
-    userns = [] if os.geteuid() == 0 else ["-r"]
-    script = 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"'
-    return ["unshare", *userns, "-m", "sh", "-c", script, str(mount), *command]
-
-
 def test_a_full_disk_is_state_4_naming_the_destination(tmp_path):
     """A write the disk has no room for (``data prepare --out`` on a 64 KiB filesystem) exits 4, as README
     and docs/P2P.md say (was 1), naming the output's disk, not a source or "(unnamed file)"."""
@@ -200,12 +194,9 @@ def test_a_full_disk_is_state_4_naming_the_destination(tmp_path):
     corpus.write_text("To be, or not to be, that is the question. " * 6000)  # 264 KB: its tokens do not fit
     mount = tmp_path / "small"
     mount.mkdir()
-    probe = subprocess.run(_small_disk_command(mount, ["true"]), capture_output=True, text=True, timeout=60,
-                           check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"no mount namespace for a small tmpfs here: {probe.stderr.strip()}")
+    check_small_disk(mount)
     out = mount / "out"
-    command = _small_disk_command(mount, [*CLI, "data", "prepare", str(corpus), "--out", str(out)])
+    command = small_disk_command(mount, [*CLI, "data", "prepare", str(corpus), "--out", str(out)])
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 4, proc.stdout + proc.stderr

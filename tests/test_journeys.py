@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from node_fixtures import TINY, node_log, run_logs
+from small_disk import check_small_disk, small_disk_command
 
 from ledger.account import dev_account
 from ledger.chain import connect_rpc
@@ -393,19 +394,12 @@ def test_pull_takes_an_option_between_its_positionals(finished, tmp_path):
 def test_pull_into_a_full_disk_exits_4_naming_the_destination(finished, tmp_path):
     """The export's write refused by a full destination (a 64 KiB tmpfs in a mount namespace of its own)
     is a full disk, 4, naming that disk (issue 80 points 5 and 6: it was the export's own error, 12)."""
-    import os
-
     (slot,) = finished.nodes
     mount = tmp_path / "small"
     mount.mkdir()
-    userns = [] if os.geteuid() == 0 else ["-r"]
-    wrap = ["unshare", *userns, "-m", "sh", "-c", 'mount -t tmpfs -o size=64k tmpfs "$0" && exec "$@"',
-            str(mount)]
-    probe = subprocess.run([*wrap, "true"], capture_output=True, text=True, timeout=60, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"no mount namespace for a small tmpfs here: {probe.stderr.strip()}")
-    proc = subprocess.run([*wrap, *CLI, "pull", finished.link(), str(mount / "model"), "--pending",
-                           "--archive", str(slot.data_dir)], capture_output=True, text=True, timeout=600,
+    check_small_disk(mount)
+    pull = [*CLI, "pull", finished.link(), str(mount / "model"), "--pending", "--archive", str(slot.data_dir)]
+    proc = subprocess.run(small_disk_command(mount, pull), capture_output=True, text=True, timeout=600,
                           check=False)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
