@@ -10,6 +10,8 @@ one (``anvil_resettable``), reset to its genesis for each test.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 from web3 import Web3
 
@@ -86,13 +88,8 @@ def in_one_block(w3, sends) -> int:
     succeed. Returns the block's number."""
     senders = [index for index, _, _ in sends]
     assert len(set(senders)) == len(senders), "one transaction per sender: each takes the next nonce"
-    tester = getattr(w3.provider, "ethereum_tester", None)
-    if tester is not None:
-        tester.disable_auto_mine_transactions()
-    else:
-        w3.provider.make_request("evm_setAutomine", [False])
     hashes = []
-    try:
+    with one_block(w3):
         base = w3.eth.get_block("latest")["baseFeePerGas"]
         for position, (index, data, value) in enumerate(sends):
             account = dev_account(index, w3.eth.chain_id)
@@ -101,13 +98,6 @@ def in_one_block(w3, sends) -> int:
                   "nonce": w3.eth.get_transaction_count(account.address), "maxPriorityFeePerGas": tip,
                   "maxFeePerGas": 2 * base + tip, "type": 2}
             hashes.append(w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction))
-        if tester is None:
-            w3.provider.make_request("evm_mine", [])
-    finally:
-        if tester is not None:
-            tester.enable_auto_mine_transactions()  # mines the pending transactions in one block
-        else:
-            w3.provider.make_request("evm_setAutomine", [True])
     receipts = [w3.eth.get_transaction_receipt(h) for h in hashes]
     assert [r["status"] for r in receipts] == [1] * len(sends), receipts
     assert len({r["blockNumber"] for r in receipts}) == 1, "not one block"
@@ -125,12 +115,8 @@ def batched(w3, sends, *, per_block: int = 40, gas: int = 600_000) -> list:
     nonces: dict[int, int] = {}
     receipts = []
     for batch_sends in _blocks(sends, per_block, one_per_sender=tester is not None):
-        if tester is not None:
-            tester.disable_auto_mine_transactions()
-        else:
-            w3.provider.make_request("evm_setAutomine", [False])
         hashes = []
-        try:
+        with one_block(w3):
             base = w3.eth.get_block("latest")["baseFeePerGas"]
             for index, (to, data), value in batch_sends:
                 account = dev_account(index, w3.eth.chain_id)
@@ -141,17 +127,30 @@ def batched(w3, sends, *, per_block: int = 40, gas: int = 600_000) -> list:
                       "type": 2}
                 nonces[index] += 1
                 hashes.append(w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction))
-            if tester is None:
-                w3.provider.make_request("evm_mine", [])
-        finally:
-            if tester is not None:
-                tester.enable_auto_mine_transactions()
-            else:
-                w3.provider.make_request("evm_setAutomine", [True])
         batch = [w3.eth.get_transaction_receipt(h) for h in hashes]
         assert [r["status"] for r in batch] == [1] * len(batch), batch
         receipts.extend(batch)
     return receipts
+
+
+@contextmanager
+def one_block(w3):
+    """Automining off while the block runs; the transactions sent meanwhile are mined in one block at its end
+    (``evm_mine`` on anvil; py-evm mines the pending ones when automining comes back)."""
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        tester.disable_auto_mine_transactions()
+    else:
+        w3.provider.make_request("evm_setAutomine", [False])
+    try:
+        yield
+        if tester is None:
+            w3.provider.make_request("evm_mine", [])
+    finally:
+        if tester is not None:
+            tester.enable_auto_mine_transactions()
+        else:
+            w3.provider.make_request("evm_setAutomine", [True])
 
 
 def _blocks(sends, per_block: int, *, one_per_sender: bool):
