@@ -12,7 +12,6 @@ mines on demand names a command the machine has (``dlx-node mine``, not ``cast``
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -52,13 +51,6 @@ quorum = 1
 accusation_blocks = 8
 dispute_blocks = 8
 """
-
-
-@pytest.fixture(autouse=True)
-def _fresh_log_handlers():
-    """main() points the root logger at this test's captured stderr: forget it afterwards."""
-    yield
-    logging.getLogger().handlers[:] = []
 
 
 @pytest.fixture
