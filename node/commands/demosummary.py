@@ -47,17 +47,13 @@ def centralized_reference_losses(
     loaded 2-core machine made them 2-3x slower than one thread, and 40-65 minutes in all);
     ``say`` gets a progress line per round with the time left at that pace.
     """
-    import torch
+    from training.exact_linalg import one_thread
 
     cfg = load_config(run.nodes[0].config_path)
     optimizers = [cfg.training.optimizer, *(o for o in OPTIMIZER_NAMES if o != cfg.training.optimizer)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return {optimizer: centralized_reference_loss(run, rounds, optimizer, ReferenceProgress(
             OPTIMIZER_NAMES[optimizer], say) if say else None) for optimizer in optimizers}
-    finally:
-        torch.set_num_threads(threads)
 
 
 class ReferenceProgress:
