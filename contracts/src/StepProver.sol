@@ -141,7 +141,7 @@ contract StepProver {
     event Decided(bytes32 indexed gameId, bytes32 indexed claimId, bool defenderWon, uint32 moves);
     event ClaimRefuted(bytes32 indexed claimId, address challenger);
     event StateRootPosted(bytes32 indexed gameId, uint32 step, bytes32 root);
-    event StepSplit(bytes32 indexed gameId, uint32 step);
+    event StepNarrowed(bytes32 indexed gameId, uint32 step);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -298,7 +298,7 @@ contract StepProver {
         g.stepKey = gameId;
         g.phase = Phase.Trace;
         g.defenderTurn = true;
-        emit StepSplit(gameId, g.lo);
+        emit StepNarrowed(gameId, g.lo);
     }
 
     /// @dev The interval moves to the half in dispute: past the midpoint if agreed, up to it if not.
