@@ -53,14 +53,15 @@ LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_
 #: ``*_e2e.py`` module, the newcomer's journeys, the demo, a fresh node joining a running run, two sites
 #: behind NATs in network namespaces), the live node's whole fraud-proof games (real libp2p hosts and
 #: py-evm, one to two minutes a module: :data:`LIVE_GAME_MODULES`) and the contracts' tools (forge's
-#: campaign, slither, halmos, the solcjs rebuild that .ci/run also checks with ``build.js --check``).
+#: campaign, slither, halmos, and tests/test_contracts_build.py's solcjs rebuild, marked ``e2e`` by itself:
+#: .ci/run also checks it with ``build.js --check``, and the module's fast checks stay in the default tier).
 #: README's test command leaves them out (pyproject.toml's addopts: ``-m 'not slow and not e2e'``) so that
 #: a contributor's run of it takes about 12 minutes on 2 cores; ``pytest -m 'e2e and not slow'`` runs them,
 #: and .ci/run runs both.
 LIVE_GAME_MODULES = ("test_fraud_live.py", "test_fraud_live_sums.py", "test_fraud_live_values.py",
                      "test_fraud_live_normed.py", "test_fraud_live_rank.py", "test_reentry_hold.py")
 E2E_MODULES = ("test_journeys.py", "test_journeys_printed.py", "test_demo.py", "test_forge_invariants.py",
-               "test_static_analysis.py", "test_halmos.py", "test_contracts_build.py", "test_join.py",
+               "test_static_analysis.py", "test_halmos.py", "test_join.py",
                "test_p2p_nat.py", *LIVE_GAME_MODULES)
 
 

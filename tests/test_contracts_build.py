@@ -26,6 +26,7 @@ def run_check(directory: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e  # a full solcjs compile (about a minute); .ci/run's `build.js --check` runs it first too
 def test_rebuild_gives_the_committed_bytes(contracts_build_check):
     result = contracts_build_check  # the session's one compile (tests/conftest.py)
     assert result.returncode == 0, result.stderr
