@@ -1,6 +1,6 @@
 """A chain that is not anvil's default: blocks on a timer, a fee market that rises, a reorg.
 
-Each test starts its own real anvil: ``--block-time`` for blocks on a timer, ``--no-mining`` where the test
+Each test starts its own real anvil: blocks on a one-second timer (``evm_setIntervalMining``, after the deployment), ``--no-mining`` where the test
 mines by hand (``evm_mine``) with the base fee it chooses (``anvil_setNextBlockBaseFeePerGas``), and
 ``anvil_reorg`` to drop the blocks holding a commit.
 """
@@ -37,11 +37,16 @@ def manual_anvil():
 
 @pytest.fixture
 def timed_anvil():
-    """An anvil with a block every second, as a real chain has them on a timer."""
-    anvil = AnvilProcess(extra_args=("--block-time", "1"))
+    """An anvil that mines a block per transaction until :func:`blocks_on_a_timer` puts its blocks on a
+    one-second timer, as a real chain has them (the deployment before it then costs no waiting)."""
+    anvil = AnvilProcess()
     anvil.start()
     yield anvil
     anvil.stop()
+
+
+def blocks_on_a_timer(w3: Web3) -> None:
+    w3.provider.make_request("evm_setIntervalMining", [1])
 
 
 def mine_with_base_fee(w3: Web3, base_fee: int) -> None:
@@ -161,9 +166,12 @@ def test_reorg_dropping_a_commit_resubmits_it_once(timed_anvil, caplog):
     deployment = deploy(w3)
     run = deployment.member_run((1,), quorum=1)
     committer = LedgerClient(w3, dev_account(1, w3.eth.chain_id), deployment.registry, deployment.ledger,
-                             retry=FAST_RETRY, fees=FeePolicy(confirmations=6))
+                             retry=FAST_RETRY, fees=FeePolicy(confirmations=6, replace_after=4.0))
     record = run.next_record()
     signatures = run.sign(record)
+    blocks_on_a_timer(w3)
+    # After anvil_reorg, anvil mines the dropped transaction's re-sent bytes only once they are replaced
+    # with higher fees (replace_after, 20 s by default): 4 s here.
     with caplog.at_level(logging.WARNING, logger="ledger.tx"):
         thread, box = in_thread(lambda: committer.commit_round(record, signatures))
         deadline = time.monotonic() + 60
