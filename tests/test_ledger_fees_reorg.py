@@ -1,8 +1,8 @@
 """A chain that is not anvil's default: blocks on a timer, a fee market that rises, a reorg.
 
-Each test starts its own real anvil: blocks on a one-second timer (``evm_setIntervalMining``, after the deployment), ``--no-mining`` where the test
-mines by hand (``evm_mine``) with the base fee it chooses (``anvil_setNextBlockBaseFeePerGas``), and
-``anvil_reorg`` to drop the blocks holding a commit.
+Each test starts its own real anvil: blocks on a one-second timer (``evm_setIntervalMining``, once the
+contracts are deployed), ``--no-mining`` where the test mines by hand (``evm_mine``) with the base fee it
+chooses (``anvil_setNextBlockBaseFeePerGas``), and ``anvil_reorg`` to drop the blocks holding a commit.
 """
 
 from __future__ import annotations
