@@ -102,7 +102,7 @@ def _port(host: P2PHost) -> int:
 def two_hosts(tmp_path):
     # Short intervals so that the test sees several discovery passes and sweeps.
     config = dict(gossip_resync_interval=0, discovery_interval=1.0, forget_after_failures=3,
-                  forget_after_s=15.0)
+                  forget_after_s=6.0)
     a = P2PHost.start(P2PConfig(**config), Identity.generate(), data_dir=tmp_path / "a")
     b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, **config), Identity.generate(),
                       data_dir=tmp_path / "b")
@@ -128,7 +128,7 @@ def test_a_host_that_connected_and_went_away_is_dialled_a_bounded_number_of_time
         forgotten_at = counter.count
         assert all(host.known_addrs(gone.peer_id) == [] for host in (a, b))
         # Several discovery passes (1 s apart) and forget sweeps later: not one dial more.
-        time.sleep(8)
+        time.sleep(5)
         assert counter.count == forgotten_at, \
             f"dialled {counter.count - forgotten_at} more time(s) once forgotten"
         # Before it was forgotten, each host dialled it a few times at most (libp2p's auto-connector
