@@ -214,11 +214,16 @@ class EventReads:
         """The RoundCommitted event of ``round`` of ``run_id`` (record, submitter, attesters), or None."""
         if self.record_hash_of(run_id, round) is None:
             return None
-        logs = self._scan(
-            self.ledger_contract, [self.ledger_events.topic("RoundCommitted"), topic_uint(run_id),
-                                   topic_uint(round)]
-        )
-        return commit_record_from(self.ledger_events.decode(logs[0])) if logs else None
+        topics = [self.ledger_events.topic("RoundCommitted"), topic_uint(run_id), topic_uint(round)]
+        # The commit's own block (commitBlockOf) first: one block, not the deployment's whole history (an RPC
+        # provider caps eth_getLogs' range, and py-evm's scan is linear in the chain); the whole range only if
+        # a reorg moved the commit between the two reads. The latest event: a round overturned and committed
+        # again has two.
+        block = self.sender.call(self.ledger_contract, "commitBlockOf", (run_id, round))
+        logs = self._scan(self.ledger_contract, topics, block, block) if block else []
+        if not logs:
+            logs = self._scan(self.ledger_contract, topics)
+        return commit_record_from(self.ledger_events.decode(logs[-1])) if logs else None
 
     def memberships(self, run_id: int, to_block: int | None = None) -> list[Membership]:
         """Every membership period of ``run_id`` up to ``to_block`` (default: latest), in join order."""
@@ -320,14 +325,15 @@ class EventReads:
         ChainUnavailable (never the HTTP library's own exception)."""
         return self.sender.rpc(lambda: self.w3.eth.block_number, "eth_blockNumber")
 
-    def _scan(self, contract, topics: list, to_block: int | None = None) -> list[dict]:
+    def _scan(self, contract, topics: list, to_block: int | None = None,
+              from_block: int | None = None) -> list[dict]:
         if to_block is None:
             to_block = self.head_block()
         return scan_logs(
             self.w3,
             contract.address,
             topics,
-            self.from_block,
+            self.from_block if from_block is None else max(from_block, self.from_block),
             to_block,
             self.log_page_blocks,
             self.sender.rpc,
