@@ -4,6 +4,7 @@ print.
 
     python tests/repro_probe.py RUN.pkl THREADS     # prints one JSON object
     python tests/repro_probe.py - THREADS           # the fresh inner steps only
+    python tests/repro_probe.py RUN.pkl THREADS --reruns-only   # the spot checks only
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
@@ -31,7 +32,7 @@ import torch  # noqa: E402
 from training.exact_probe import ENCODERS, FRESH, codec_bytes, fresh_steps  # noqa: E402
 
 
-def main(run_path: str, threads: int) -> dict:
+def main(run_path: str, threads: int, fresh: bool = True) -> dict:
     torch.set_num_threads(threads)
     from node.config import load_config
     from training.data import corpus_from_config
@@ -39,13 +40,15 @@ def main(run_path: str, threads: int) -> dict:
     from training.reexec import check_state_chain
 
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-                 "fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
-                 "fresh_v2": {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH},
-                 "fresh_v3": {f"{p}/{o}": fresh_steps(p, o, kernels=3) for p, o in FRESH},
-                 "normal": fresh_steps("tiny", "adamw", reproducible=False),
-                 "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS},
-                 "codec_v2": {encoder: codec_bytes(encoder, kernels=2) for encoder in ENCODERS},
-                 "codec_normal": codec_bytes("v2", exact=False), "checks": []}
+                 "checks": []}
+    if fresh:
+        out.update({"fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
+                    "fresh_v2": {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH},
+                    "fresh_v3": {f"{p}/{o}": fresh_steps(p, o, kernels=3) for p, o in FRESH},
+                    "normal": fresh_steps("tiny", "adamw", reproducible=False),
+                    "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS},
+                    "codec_v2": {encoder: codec_bytes(encoder, kernels=2) for encoder in ENCODERS},
+                    "codec_normal": codec_bytes("v2", exact=False)})
     if run_path == "-":
         return out
     run = pickle.loads(Path(run_path).read_bytes())
@@ -71,4 +74,4 @@ def main(run_path: str, threads: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), fresh="--reruns-only" not in sys.argv[3:])))
