@@ -38,7 +38,7 @@ from results_emulator import churn_memory, netlab, soak
 from results_headline import BEGIN, END, README, PageError, headline_table, with_headline  # noqa: F401
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_models import hf_import
-from results_scale import scale_model, scale_system
+from results_scale import components, scale_model, scale_system
 from results_network import (
     butterfly,
     join,
@@ -307,6 +307,8 @@ SECTIONS = (
             "bench/bench_scale.py", scale_curve),
     Section("scale_system.json", "The whole system at size: where a round goes",
             "bench/bench_scale_system.py", scale_system),
+    Section("components.json", "A node's own work per round, component by component",
+            "bench/bench_components.py", components),
     Section("scale_model.json", "A calibrated model of a large run", "bench/scale_model.py", scale_model,
             "docs/SCALE.md says what the model assumes and what a GPU must confirm."),
     Section("hf_import.json", "Starting from a model: import and export memory", "bench/bench_hf_import.py",

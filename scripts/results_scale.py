@@ -190,3 +190,26 @@ def scale_model(r: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def components(r: dict) -> list[str]:
+    """bench/bench_components.py: a node's own work per round in CPU seconds, fitted and checked."""
+    shapes = r["shapes"]
+    lines = [
+        f"One node's work per round measured alone (one thread, a fresh process per stage; vocabulary "
+        f"{shapes['vocab_size']:,}, {shapes['block_size']} tokens x batch {shapes['batch_size']}, "
+        f"{shapes['stages']} stages, the mean of the two), fitted `q = a + b x` on "
+        f"{', '.join(r['fit_sizes'])} (x: parameters per node) and checked at {', '.join(r['check_sizes'])}:",
+        "",
+    ]
+    rows = [[size, f"{m['node']['parameters']:,.0f}", *(f"{m['node'][q]:.3f} s" for q in
+                                                      ("inner_step", "encode", "apply", "weights_hash")),
+             _gb(m["node"]["peak_rss"])] for size, m in r["measured"].items()]
+    lines += table(["size", "per node", "inner step", "encode", "apply", "weights hash", "peak RSS"], rows)
+    rows = [[size, q, f"{row['predicted']:.4g}", f"{row['measured']:.4g}",
+             "-" if row["error"] is None else f"{100 * row['error']:+.1f}%"]
+            for size, checked in r["check"].items() for q, row in checked.items()]
+    lines += table(["size", "quantity", "predicted", "measured", "error"], rows)
+    verdict = "met" if r["met"] else "NOT met"
+    worst = f"Worst error {100 * r['worst_error']:.1f}% (goal {100 * r['goal']:.0f}%): {verdict}."
+    return lines + [worst, ""]
