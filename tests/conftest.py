@@ -51,7 +51,7 @@ LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_
 
 #: The end-to-end tier (marker ``e2e``, issue 80 point 10): real multi-process runs and commands (every
 #: ``*_e2e.py`` module, the newcomer's journeys, the demo, a fresh node joining a running run, two sites
-#: behind NATs in network namespaces), the live node's whole fraud-proof games (real libp2p hosts and
+#: behind NATs in network namespaces, :data:`PROCESS_MODULES`), the live node's whole fraud-proof games (real libp2p hosts and
 #: py-evm, one to two minutes a module: :data:`LIVE_GAME_MODULES`) and the contracts' tools (forge's
 #: campaign, slither, halmos, and tests/test_contracts_build.py's solcjs rebuild, marked ``e2e`` by itself:
 #: .ci/run also checks it with ``build.js --check``, and the module's fast checks stay in the default tier).
@@ -60,9 +60,16 @@ LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_
 #: and .ci/run runs both.
 LIVE_GAME_MODULES = ("test_fraud_live.py", "test_fraud_live_sums.py", "test_fraud_live_values.py",
                      "test_fraud_live_normed.py", "test_fraud_live_rank.py", "test_reentry_hold.py")
+#: Commands and processes started as a user starts them: the CLI's exit codes (a demo, a join, a full disk),
+#: start and status with SIGTERM, the launcher past the dev accounts, demos stopped by signals, a late
+#: joiner, an organizer's second run, a replica's stages in 2 gloo processes, and the network emulator's
+#: hosts in namespaces.
+PROCESS_MODULES = ("test_exit_codes.py", "test_node_operations.py", "test_launcher.py", "test_signals.py",
+                   "test_late_joiner.py", "test_organizer_runs.py", "test_training_pipeline.py",
+                   "test_netlab.py", "test_netlab_p2p.py")
 E2E_MODULES = ("test_journeys.py", "test_journeys_printed.py", "test_demo.py", "test_forge_invariants.py",
                "test_static_analysis.py", "test_halmos.py", "test_join.py",
-               "test_p2p_nat.py", *LIVE_GAME_MODULES)
+               "test_p2p_nat.py", *LIVE_GAME_MODULES, *PROCESS_MODULES)
 
 
 def is_e2e_module(name: str) -> bool:
