@@ -51,8 +51,9 @@ LONG_MODULES = ("test_journeys.py", "test_contribution_binding.py", "test_fraud_
 
 #: The end-to-end tier (marker ``e2e``, issue 80 point 10): real multi-process runs and commands (every
 #: ``*_e2e.py`` module, the newcomer's journeys, the demo, a fresh node joining a running run, two sites
-#: behind NATs in network namespaces, :data:`PROCESS_MODULES`), the live node's whole fraud-proof games (real libp2p hosts and
-#: py-evm, one to two minutes a module: :data:`LIVE_GAME_MODULES`) and the contracts' tools (forge's
+#: behind NATs in network namespaces, :data:`PROCESS_MODULES`), the live node's whole fraud-proof games
+#: (real libp2p hosts and py-evm, one to two minutes a module: :data:`LIVE_GAME_MODULES`) and the
+#: contracts' tools (forge's
 #: campaign, slither, halmos, and tests/test_contracts_build.py's solcjs rebuild, marked ``e2e`` by itself:
 #: .ci/run also checks it with ``build.js --check``, and the module's fast checks stay in the default tier).
 #: README's test command leaves them out (pyproject.toml's addopts: ``-m 'not slow and not e2e'``) so that
