@@ -141,6 +141,12 @@ MUTATIONS = (
              "s.slashedTotal -= reward;",
              "pay the prover half the slash out of the slash (the old rule): a coalition proving its own "
              "round recovers half its stake"),
+    Mutation("withdraw-forgets-seat", "LedgerMembership.sol", "member.pastUntil = run.commitCount + 1;", "",
+             "a withdrawal forgets the withdrawn seat's rounds (issue 79 point 1): a contributor that left, "
+             "withdrew and rejoined while its round was open unbinds its contribution"),
+    Mutation("reward-beyond-fund", "LedgerDisputes.sol", "if (reward > fund) reward = fund;", "",
+             "the reward is not capped by the run's proof fund (issue 79, the self-proof): a proof of a run "
+             "whose fund is short reverts and its wrong round stands"),
 )
 
 

@@ -50,6 +50,13 @@ abstract contract TrustGame is TrustBase {
         uint256 got; // what came back to it: bonds and reward
         uint256 slashed; // stake the overturn slashed
         uint256 copierGain; // what a copy of its proof paid the copier
+        uint256 fundBefore; // the run's proof fund as its deposits left it when the round fell (ghost)
+        uint256 burned; // what the overturn added to the ledger's slashedTotal (burned whole: issue 79)
+        bool squat; // a coalition squatter opens each of the prover's steps in its own game first (issue 79)
+        bool selfProof; // the coalition commits the proof of its own round at once and reveals it first
+        uint64 selfCommittedAt;
+        bool selfProved; // its own proof overturned the round
+        uint256 selfGain; // what its proof paid the coalition
         bytes stageLeaf; // as the answers published them (read from AvailabilityAnswered)
         bytes factors;
     }
@@ -61,6 +68,16 @@ abstract contract TrustGame is TrustBase {
     mapping(uint256 run => mapping(uint64 round => bool)) internal _gameWrong;
     mapping(uint256 run => address[]) internal _gameAttesters; // both founders sign every round
     mapping(uint256 run => bool) internal _hasCase;
+    mapping(uint256 run => uint256) public funded; // every deposit into the run's proof fund (ghost)
+    uint256 internal constant SELF_PROVER = 6; // the coalition's attester that proves its own round
+    uint256 internal constant CONTRIBUTOR = 4; // contributes to a game run's right rounds, then leaves (issue 79)
+    uint64 internal constant ONE = 0x3FF0000000000000; // binary64 1.0
+    bytes32 internal constant CONTRIBUTION_TYPEHASH = keccak256(
+        "Contribution(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,bytes32 normRoot,uint32 steps)"
+    );
+    TrainingLedger.Record internal _listedRecord; // the last right round listing the contributor's contribution
+    bytes internal _listedFactors;
+    uint256 public listedRounds;
 
     constructor(TrainingLedger ledger_) {
         ledger = ledger_;
@@ -91,6 +108,17 @@ abstract contract TrustGame is TrustBase {
     {
         Case storage c = _cases[i];
         return (c.run, c.round, c.ended, c.spent, c.got, c.slashed, c.copierGain);
+    }
+
+    /// @notice Case `i`'s proof-fund accounts (issue 79): the fund when the round fell, what the overturn burned,
+    /// whether the coalition's own proof overturned it and what that proof paid the coalition.
+    function caseFunds(uint256 i)
+        external
+        view
+        returns (uint256 fundBefore, uint256 burned, bool selfProved, uint256 selfGain)
+    {
+        Case storage c = _cases[i];
+        return (c.fundBefore, c.burned, c.selfProved, c.selfGain);
     }
 
     function gameAttesters(uint256 run) external view returns (address[] memory) {
@@ -202,7 +230,7 @@ abstract contract TrustGame is TrustBase {
         uint256 run = gameRun;
         if (run == 0 || ledger.runOf(run).memberCount < 2 || ledger.runOf(run).invalidFrom != 0) {
             if (_cases.length != 0 && !_cases[_cases.length - 1].ended) return; // one game at a time
-            run = _openGameRun();
+            run = _openGameRun(seed);
         }
         uint64 round = ledger.commitCount(run);
         bool wrong = seed % 2 == 0;
@@ -222,14 +250,19 @@ abstract contract TrustGame is TrustBase {
             c.run = run;
             c.round = round;
             c.copierArmed = (seed >> 1) % 4 != 0; // most often: its proof is the game's last move
+            c.squat = (seed >> 6) % 2 == 0;
+            if ((seed >> 7) % 3 == 0) _commitOwnProof(c);
             if ((seed >> 3) % 2 == 0) _leave(run); // the coalition leaves at once (and withdraws when it can)
             _tick();
         }
     }
 
-    function _openGameRun() internal returns (uint256 run) {
+    function _openGameRun(uint256 seed) internal returns (uint256 run) {
+        // The creator's proof fund (issue 79): enough for the reward, none, or less than half the slash.
+        uint256 fund = [GAME_FUND, 0, STAKE / 2][(seed >> 4) % 3];
         vm.prank(who(5));
-        run = ledger.createRun{value: GAME_FUND}(runParams(keccak256(abi.encode("game", calls))), "game");
+        run = ledger.createRun{value: fund}(runParams(keccak256(abi.encode("game", calls))), "game");
+        funded[run] = fund;
         for (uint256 key = 5; key <= 6; ++key) {
             vm.prank(who(key));
             ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));
@@ -237,6 +270,171 @@ abstract contract TrustGame is TrustBase {
         gameRun = run;
         _gameRuns.push(run);
         _gameAttesters[run] = _addresses(_pair(5, 6));
+    }
+
+    /// @notice Anyone tops up a game run's proof fund (fundProofs), or the honest run's, by 0-1 STAKE.
+    function anyoneFundsProofs(uint256 seed) external {
+        ++calls;
+        uint256 run = seed % 2 == 0 && gameRun != 0 ? gameRun : _fundedRun();
+        if (run == 0) return;
+        uint256 amount = ((seed >> 1) % 3) * (STAKE / 2);
+        vm.prank(who(OUTSIDER));
+        ledger.fundProofs{value: amount}(run);
+        funded[run] += amount;
+    }
+
+    /// @dev The run anyoneFundsProofs tops up when it is not the game run (TrustHandler: the honest run).
+    function _fundedRun() internal view virtual returns (uint256) {
+        return gameRun;
+    }
+
+    /// @dev The coalition's proof of its own wrong round (the self-proof of issue 79): it holds the truth.
+    function _ownProof(Case storage c) internal view returns (AggregationProver.NormProof memory) {
+        bytes memory factors = _factors(true);
+        return _normProof(_gameRecords[c.run][c.round], _stageLeaf(c.round, factors), factors, _gameAttesters[c.run]);
+    }
+
+    function _commitOwnProof(Case storage c) internal {
+        bytes32 proofHash = keccak256(abi.encodeCall(AggregationProver.proveWrongNorm, (_ownProof(c))));
+        vm.prank(who(SELF_PROVER));
+        _prover.commitProof(keccak256(abi.encode(who(SELF_PROVER), proofHash)));
+        c.selfProof = true;
+        c.selfCommittedAt = uint64(block.number);
+    }
+
+    /// @dev The coalition reveals its own proof in the proof window's first block, before the prover moves.
+    function _selfProve(Case storage c) internal {
+        (uint64 opensAt,) = ledger.proofWindowOf(c.run, c.round);
+        if (block.number <= c.selfCommittedAt || block.number < opensAt || !_stands(c.run, c.round)) return;
+        c.selfProof = false; // one try
+        uint256 slashable = _slashable(c.run);
+        uint256 burnedBefore = ledger.slashedTotal();
+        AggregationProver.NormProof memory proof = _ownProof(c); // (sha256, a call: before the prank)
+        uint256 before = who(SELF_PROVER).balance;
+        vm.prank(who(SELF_PROVER));
+        try _prover.proveWrongNorm(proof) {} catch {
+            return;
+        }
+        c.selfProved = true;
+        c.selfGain = who(SELF_PROVER).balance - before;
+        c.slashed = slashable;
+        c.burned = ledger.slashedTotal() - burnedBefore;
+        c.fundBefore = funded[c.run];
+    }
+
+    /// @dev The round fell to another's proof (the coalition's own): the prover's open step expires (its bonds
+    /// back, no reward), or it takes its escrowed bonds back, and its case ends.
+    function _afterAnothersProof(Case storage c) internal {
+        if (c.open != 0) {
+            AggregationProver.Challenge memory challenge = _prover.challengeOf(c.open);
+            if (!challenge.settled) {
+                if (block.number >= challenge.deadline) _expire(c);
+                return;
+            }
+            c.open = 0;
+        }
+        uint256 before = who(PROVER).balance;
+        vm.prank(who(PROVER));
+        try _prover.reclaimBonds(c.run, c.round, 0) {} catch {
+            _violation("G7: the prover could not take its bonds back from a round another proved");
+        }
+        _end(c, 0, before);
+    }
+
+    /// @notice Issue 79 point 1, leave racing the commit: a member of the coalition's run contributes to its next
+    /// round and leaves before the commit (`seed % 4`: 0, 1 in the commit's block ahead of it, by a higher tip, having
+    /// joined a block before or in that block; 2 at once, the round staying open until it withdrew; 3 as 2, then it
+    /// rejoins after the commit). The round lists its signed contribution at the right scale (1.0) and is right, so
+    /// the outsider's proof of it (the scales' proof, whose binding reads the contributor's seat) must be refused,
+    /// now and later (`outsiderProvesAListedRound`).
+    function gameContributorLeavesBeforeTheCommit(uint256 seed) external {
+        ++calls;
+        uint256 run = gameRun;
+        if (run == 0 || ledger.runOf(run).invalidFrom != 0 || ledger.commitCount(run) == 0) return;
+        if (ledger.memberOf(run, who(CONTRIBUTOR)).status != TrainingLedger.MemberStatus.None) return;
+        uint256 how = seed % 4;
+        vm.prank(who(CONTRIBUTOR));
+        ledger.joinRun{value: STAKE}(run, bytes32("cpu"));
+        if (how == 0) _roll(1); // it joined a block before
+        uint64 round = ledger.commitCount(run);
+        bytes memory factors = _listedFactorsOf(run, round);
+        vm.prank(who(CONTRIBUTOR));
+        ledger.leaveRun(run);
+        if (how >= 2) { // the round stays open until the leaver's stake is out
+            _roll(ledger.memberOf(run, who(CONTRIBUTOR)).unbondingEnd - block.number);
+            vm.prank(who(CONTRIBUTOR));
+            ledger.withdrawStake(run);
+        }
+        bytes memory leaf = _stageLeaf(round, factors);
+        TrainingLedger.Record memory record = TrainingLedger.Record(
+            run, round, ledger.headOf(run), _leafHash(leaf), keccak256("c"), 1, 1, 1, 1, 0
+        );
+        bytes memory signatures = signAll(_pair(5, 6), recordDigest(ledger, record));
+        vm.prank(who(5));
+        try ledger.commitRound(record, signatures) {} catch {
+            return;
+        }
+        _gameRecords[run][round] = record;
+        _listedRecord = record;
+        _listedFactors = factors;
+        ++listedRounds;
+        _proveListed();
+        if (how == 3) { // a rejoined seat keeps the withdrawn seat's rounds
+            vm.prank(who(CONTRIBUTOR));
+            ledger.joinRun{value: STAKE}(run, bytes32("cpu"));
+            _proveListed();
+        }
+    }
+
+    /// @notice The contributor of the last listed round withdraws once due, and the outsider tries its proof again.
+    function outsiderProvesAListedRound() external {
+        ++calls;
+        if (listedRounds == 0) return;
+        uint256 run = _listedRecord.runId;
+        TrainingLedger.Member memory seat = ledger.memberOf(run, who(CONTRIBUTOR));
+        if (seat.status == TrainingLedger.MemberStatus.Unbonding && block.number >= seat.unbondingEnd) {
+            vm.prank(who(CONTRIBUTOR));
+            try ledger.withdrawStake(run) {} catch {}
+        }
+        _proveListed();
+    }
+
+    function _proveListed() internal {
+        TrainingLedger.Record memory record = _listedRecord;
+        if (!_stands(record.runId, record.round)) return; // (the run fell at an earlier wrong round)
+        (, uint64 closesAt) = ledger.proofWindowOf(record.runId, record.round);
+        if (block.number >= closesAt) return;
+        AggregationProver.NormProof memory proof = _normProof(
+            record, _stageLeaf(record.round, _listedFactors), _listedFactors, _gameAttesters[record.runId]
+        );
+        try _prover.isWrongNorm(proof) returns (bool wrong) {
+            if (wrong) _violation("G7: a right round whose contributor left before its commit would be proven wrong");
+        } catch {}
+        vm.prank(who(OUTSIDER));
+        try _prover.proveWrongNorm(proof) {
+            _violation("G7: a right round whose contributor left before its commit was proven wrong");
+        } catch {}
+    }
+
+    /// @dev Version-3 factors listing CONTRIBUTOR's signed contribution to `round` of `run` at scale 1.0, what the
+    /// norm rule of its committed sum (zero, clip off) gives: a right round.
+    function _listedFactorsOf(uint256 run, uint64 round) internal view returns (bytes memory) {
+        bytes32[] memory roots = new bytes32[](1);
+        uint64[] memory scales = new uint64[](1);
+        scales[0] = ONE;
+        address[] memory contributors = new address[](1);
+        contributors[0] = who(CONTRIBUTOR);
+        bytes32 digest = typed(
+            ledger, keccak256(abi.encode(CONTRIBUTION_TYPEHASH, run, round, uint32(0), bytes32(0), bytes32(0), uint32(0)))
+        );
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(CONTRIBUTOR, digest);
+        bytes32[] memory signature = new bytes32[](2);
+        signature[0] = r;
+        signature[1] = bytes32(uint256(s) | (uint256(v - 27) << 255)); // EIP-2098
+        return abi.encode(
+            uint32(0), uint32(0), false, roots, roots, scales, uint64(0), new uint32[](0), roots, new uint256[](3),
+            contributors, signature
+        );
     }
 
     function _pair(uint256 a, uint256 b) internal pure returns (uint256[] memory keys) {
@@ -363,6 +561,8 @@ abstract contract TrustGame is TrustBase {
         if (_cases.length == 0) return;
         Case storage c = _cases[_cases.length - 1];
         if (c.ended) return;
+        if (c.selfProof) _selfProve(c);
+        if (c.selfProved) return _afterAnothersProof(c);
         if (c.open != 0) {
             AggregationProver.Challenge memory challenge = _prover.challengeOf(c.open);
             if (!challenge.settled) {
@@ -391,6 +591,10 @@ abstract contract TrustGame is TrustBase {
         target.stageLeaf = c.stageLeaf;
         target.factors = c.factors;
         (target.which, target.chunk) = _stepTarget(c.steps, c.round);
+        if (c.squat) { // seen in the mempool, the squatter's copy of the step is mined first, in its own game
+            vm.prank(who(COPIER));
+            try _prover.challengeAvailability{value: BOND}(target) {} catch {}
+        }
         vm.prank(who(PROVER));
         try _prover.challengeAvailability{value: BOND}(target) returns (bytes32 id) {
             c.open = id;
@@ -405,10 +609,12 @@ abstract contract TrustGame is TrustBase {
     function _expire(Case storage c) internal {
         uint256 slashable = _slashable(c.run);
         uint256 before = who(PROVER).balance;
+        uint256 burnedBefore = ledger.slashedTotal();
         vm.prank(who(PROVER));
         try _prover.expireChallenge(c.open, _gameAttesters[c.run]) {} catch {
             _violation("G7: the live prover could not expire an unanswered step");
         }
+        if (!c.selfProved) c.burned = ledger.slashedTotal() - burnedBefore;
         c.open = 0;
         _end(c, slashable, before);
     }
@@ -417,6 +623,7 @@ abstract contract TrustGame is TrustBase {
         uint256 slashable = _slashable(c.run);
         uint256 before = who(PROVER).balance;
         uint256 copierBefore = who(COPIER).balance;
+        uint256 burnedBefore = ledger.slashedTotal();
         if (c.copierArmed) { // the copy, with a higher tip, is mined first
             vm.prank(who(COPIER));
             try _prover.proveWrongNorm(proof) {} catch {}
@@ -437,6 +644,7 @@ abstract contract TrustGame is TrustBase {
             try _prover.claimReward(c.run, c.round) {} catch {}
             c.copierGain = who(COPIER).balance - copierBefore;
         }
+        c.burned = ledger.slashedTotal() - burnedBefore;
         vm.prank(who(PROVER));
         try _prover.reclaimBonds(c.run, c.round, 0) {} catch {}
         _end(c, slashable, before);
@@ -445,7 +653,60 @@ abstract contract TrustGame is TrustBase {
     function _end(Case storage c, uint256 slashable, uint256 before) internal {
         c.ended = true;
         c.got += who(PROVER).balance - before;
-        if (!_stands(c.run, c.round)) c.slashed = slashable;
+        if (!c.selfProved && !_stands(c.run, c.round)) {
+            c.slashed = slashable;
+            c.fundBefore = funded[c.run];
+        }
         if (gameRun == c.run) gameRun = 0;
+    }
+}
+
+/// @notice G7 over TrustGame's cases (TrustInvariants.t.sol and GameInvariants.t.sol): every wrong round overturned
+/// within its proof window, every attester slashed and the slash burned whole; whoever proved it (the prover, or the
+/// coalition itself: the self-proof of issue 79) paid min(the run's proof fund, half the slash) from the fund; the
+/// prover at no net cost (every bond back); a copier of its proof paid nothing.
+abstract contract GameCheck is TrustBase {
+    function checkGameCases(TrustGame game, TrainingLedger ledger_) internal view {
+        uint256 cases = game.caseCount();
+        for (uint256 i = 0; i < cases; ++i) {
+            (uint256 run, uint64 round, bool ended, uint256 spent, uint256 got, uint256 slashed, uint256 copierGain) =
+                game.caseOf(i);
+            if (!ended) {
+                (, uint64 closesAt) = ledger_.proofWindowOf(run, round);
+                vm.assertTrue(block.number < closesAt, "G7: a wrong round outlived its proof window");
+                continue;
+            }
+            uint64 invalidFrom = ledger_.runOf(run).invalidFrom;
+            vm.assertTrue(invalidFrom != 0 && invalidFrom <= round + 1, "G7: a wrong round stands after its game");
+            address[] memory attesters = game.gameAttesters(run);
+            for (uint256 a = 0; a < attesters.length; ++a) {
+                vm.assertTrue(
+                    ledger_.memberOf(run, attesters[a]).status == TrainingLedger.MemberStatus.Slashed,
+                    "G7: an attester of a wrong round kept its stake"
+                );
+            }
+            _checkPaid(game, ledger_, i, run, spent, got, slashed);
+            vm.assertEq(copierGain, 0, "G7: a copier of the proof was paid");
+        }
+    }
+
+    /// @dev Case `i`'s money: the slash burned whole, the reward min(fund, half the slash) from the fund.
+    function _checkPaid(
+        TrustGame game,
+        TrainingLedger ledger_,
+        uint256 i,
+        uint256 run,
+        uint256 spent,
+        uint256 got,
+        uint256 slashed
+    ) private view {
+        (uint256 fundBefore, uint256 burned, bool selfProved, uint256 selfGain) = game.caseFunds(i);
+        uint256 reward = slashed / 2 < fundBefore ? slashed / 2 : fundBefore;
+        vm.assertEq(burned, slashed, "G7: the slash was not burned whole");
+        vm.assertEq(got, spent + (selfProved ? 0 : reward), "G7: the prover did not get its bonds back and its reward");
+        vm.assertEq(selfGain, selfProved ? reward : 0, "G7: a self-proof paid other than min(fund, half the slash)");
+        vm.assertEq(
+            ledger_.proofFundOf(run), game.funded(run) - reward, "G7: the reward was not paid from the proof fund"
+        );
     }
 }

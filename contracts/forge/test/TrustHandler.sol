@@ -29,6 +29,14 @@ contract TrustHandler is TrustGame {
     address[] internal _accused;
     uint256 public commits;
     uint256 public refusedProofs;
+    // issue 79: the seat cap's run (fresh accounts fill it), the hashed run (honest founders 1 and 2), and the
+    // stakes both hold (G6)
+    uint256 public seatRun;
+    uint256 public seatKeys; // accounts made so far: keys SEAT_KEY0 + 0 .. seatKeys - 1
+    address[] internal _seated; // their accounts while seated
+    uint256 public hashedRun;
+    uint256 public sideStakes;
+    uint256 internal constant SEAT_KEY0 = 1000;
 
     constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_) TrustGame(ledger_) {
         registry = registry_;
@@ -47,6 +55,10 @@ contract TrustHandler is TrustGame {
 
     function accusations() external view returns (address[] memory, bytes32[] memory) {
         return (_accused, _evidence);
+    }
+
+    function _fundedRun() internal view override returns (uint256) {
+        return runId;
     }
 
     function status(uint256 run, uint256 key) public view returns (TrainingLedger.MemberStatus) {
@@ -381,6 +393,91 @@ contract TrustHandler is TrustGame {
     function blocksPass(uint256 blocks) external {
         ++calls;
         _roll(1 + blocks % (2 * WINDOW));
+    }
+
+    // ------------------------------------------------------------------------------------------- issue 79
+
+    /// @notice The seat cap (issue 79 point 4): fresh accounts fill a run up to maxSeats (every join below it
+    /// succeeds), the next join is refused (LedgerRunFull), a seat leaves and a fresh account takes its place.
+    function seatsFillAndTurn(uint256 seed) external {
+        ++calls;
+        uint32 most = ledger.maxSeats();
+        if (seatRun == 0) {
+            vm.prank(who(OUTSIDER));
+            seatRun = ledger.createRun(runParams(keccak256("seats")), "seats");
+        }
+        while (ledger.runOf(seatRun).memberCount < most) {
+            if (!_seatJoins()) return _violation("G1: a join below the seat cap was refused");
+        }
+        if (_seatJoins()) _violation("G1: a run seated more than maxSeats");
+        uint256 i = seed % _seated.length;
+        vm.prank(_seated[i]);
+        ledger.leaveRun(seatRun);
+        _seated[i] = _seated[_seated.length - 1];
+        _seated.pop();
+        if (!_seatJoins()) _violation("G1: a seat that left was not freed");
+    }
+
+    /// @dev A fresh account registers and joins the seat run; whether the join went through.
+    function _seatJoins() internal returns (bool) {
+        uint256 key = SEAT_KEY0 + seatKeys++;
+        address account = vm.addr(key);
+        vm.deal(account, 2 * STAKE);
+        vm.prank(account);
+        registry.register(keccak256(abi.encode("seat", key)), new bytes(64));
+        vm.prank(account);
+        try ledger.joinRun{value: STAKE}(seatRun, bytes32("cpu")) {
+            _seated.push(account);
+            sideStakes += STAKE;
+            return true;
+        } catch (bytes memory reason) {
+            if (bytes4(reason) != TrainingLedger.LedgerRunFull.selector) _violation("a join refused for another reason");
+            return false;
+        }
+    }
+
+    /// @notice Issue 79 point 5: an outsider challenges a right round of a hashed (version-1) run, whose nodes
+    /// answer nothing, and lets the challenge run out: refused, or the honest attesters are slashed (G3).
+    function outsiderChallengesAHashedRun(uint256 seed) external {
+        ++calls;
+        if (hashedRun == 0) _openHashedRun();
+        TrainingLedger.Record memory record = TrainingLedger.Record(
+            hashedRun, ledger.commitCount(hashedRun), ledger.headOf(hashedRun), keccak256("hashed"), keccak256("c"), 1,
+            1, 1, 1, 0
+        );
+        vm.prank(who(1));
+        try ledger.commitRound(record, signAll(_pair(1, 2), recordDigest(ledger, record))) {} catch {
+            return;
+        }
+        AggregationProver.Target memory target;
+        target.record = record;
+        target.which = STAGE_LEAF; // what the issue's outsider challenged (~188k gas)
+        target.stage = uint32(seed % 2); // (the run's one stage, or one past it: refused either way)
+        vm.prank(who(OUTSIDER));
+        try _prover.challengeAvailability{value: BOND}(target) returns (bytes32 id) {
+            _roll(_prover.challengeOf(id).deadline - block.number); // nobody answers
+            vm.prank(who(OUTSIDER));
+            try _prover.expireChallenge(id, _addresses(_pair(1, 2))) {} catch {}
+            for (uint256 key = 1; key <= 2; ++key) {
+                if (status(hashedRun, key) == TrainingLedger.MemberStatus.Slashed) {
+                    _violation("G3: an honest member was slashed (a challenge of a hashed run nobody answers)");
+                    sideStakes -= STAKE;
+                }
+            }
+        } catch {}
+    }
+
+    function _openHashedRun() internal {
+        TrainingLedger.RunParams memory params = runParams(keccak256("hashed"));
+        params.commitments = 1;
+        params.maxContributions = 0;
+        vm.prank(who(1));
+        hashedRun = ledger.createRun(params, "hashed");
+        for (uint256 key = 1; key <= 2; ++key) {
+            vm.prank(who(key));
+            ledger.joinRun{value: STAKE}(hashedRun, bytes32("cpu"));
+        }
+        sideStakes += 2 * STAKE;
     }
 
     // ------------------------------------------------------------------------------------------- fraud proofs

@@ -4,6 +4,7 @@ pragma solidity 0.8.37;
 import {NodeRegistry} from "../src/NodeRegistry.sol";
 import {TrainingLedger} from "../src/TrainingLedger.sol";
 import {TrustBase} from "./TrustBase.sol";
+import {GameCheck} from "./TrustGame.sol";
 import {TrustHandler} from "./TrustHandler.sol";
 import {InvariantTargets} from "./Vm.sol";
 
@@ -33,7 +34,7 @@ abstract contract TrustSetup is TrustBase {
     }
 }
 
-contract TrustInvariantsTest is TrustSetup, InvariantTargets {
+contract TrustInvariantsTest is TrustSetup, GameCheck, InvariantTargets {
     function setUp() public {
         _deploy();
         targetContract(address(handler));
@@ -136,14 +137,15 @@ contract TrustInvariantsTest is TrustSetup, InvariantTargets {
     // ------------------------------------------------------------------------------------------- G6 solvency
 
     /// @notice G6, exactly: the ledger holds every bonded stake, every open bond, what it slashed or forfeited
-    /// (burned whole: issue 79) and the runs' proof funds (less what they paid provers), to the wei.
+    /// (burned whole: issue 79), the runs' proof funds (less what they paid provers) and the stakes of the seat cap's
+    /// and the hashed run's seats (issue 79), to the wei.
     function check_G6_solvency() internal view {
-        uint256 owed = ledger.slashedTotal() + ledger.forfeitedTotal() + ledger.proofFundTotal();
+        uint256 owed = ledger.slashedTotal() + ledger.forfeitedTotal() + ledger.proofFundTotal() + handler.sideStakes();
         uint256[] memory games = handler.gameRuns();
         for (uint256 g = 0; g <= games.length; ++g) {
             uint256 run = g == games.length ? runId : games[g];
-            // The game runs seat the coalition's founders only.
-            for (uint256 key = run == runId ? 1 : 5; key <= (run == runId ? COALITION_JOINER : 6); ++key) {
+            // The game runs seat the coalition's founders and, for a while, the contributor (4).
+            for (uint256 key = run == runId ? 1 : 4; key <= (run == runId ? COALITION_JOINER : 6); ++key) {
                 TrainingLedger.Member memory seat = ledger.memberOf(run, who(key));
                 if (
                     seat.status == TrainingLedger.MemberStatus.Active
@@ -166,35 +168,9 @@ contract TrustInvariantsTest is TrustSetup, InvariantTargets {
 
     // ------------------------------------------------------------------------------------------- G7 and the rest
 
-    /// @notice G7, the game (issue 62): every wrong round of the coalition's runs is overturned by the one live
-    /// prover within its proof window, whatever the coalition does with its clock, its answers and its stakes; at
-    /// no net cost to the prover (every bond back, the reward exactly half the slash); every attester slashed; a
-    /// copier of the proof paid nothing.
+    /// @notice G7, the game (issue 62, issue 79): GameCheck over the handler's cases.
     function check_G7_every_wrong_round_overturned() internal view {
-        uint256 cases = handler.caseCount();
-        for (uint256 i = 0; i < cases; ++i) {
-            (uint256 run, uint64 round, bool ended, uint256 spent, uint256 got, uint256 slashed, uint256 copierGain) =
-                handler.caseOf(i);
-            if (!ended) {
-                (, uint64 closesAt) = ledger.proofWindowOf(run, round);
-                vm.assertTrue(block.number < closesAt, "G7: a wrong round outlived its proof window");
-                continue;
-            }
-            uint64 invalidFrom = ledger.runOf(run).invalidFrom;
-            vm.assertTrue(invalidFrom != 0 && invalidFrom <= round + 1, "G7: a wrong round stands after its game");
-            address[] memory attesters = handler.gameAttesters(run);
-            for (uint256 a = 0; a < attesters.length; ++a) {
-                vm.assertTrue(
-                    ledger.memberOf(run, attesters[a]).status == TrainingLedger.MemberStatus.Slashed,
-                    "G7: an attester of a wrong round kept its stake"
-                );
-            }
-            vm.assertEq(got, spent + slashed / 2, "G7: the prover did not get its bonds back and half the slash");
-            vm.assertEq(
-                ledger.proofFundOf(run), GAME_FUND - slashed / 2, "G7: the reward was not paid from the proof fund"
-            );
-            vm.assertEq(copierGain, 0, "G7: a copier of the proof was paid");
-        }
+        checkGameCases(handler, ledger);
     }
 
     /// @notice Whatever a handler saw break (a back door committed, an honest member ejected or unable to attest or
