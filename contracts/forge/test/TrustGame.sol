@@ -250,8 +250,8 @@ abstract contract TrustGame is TrustBase {
             c.run = run;
             c.round = round;
             c.copierArmed = (seed >> 1) % 4 != 0; // most often: its proof is the game's last move
-            c.squat = (seed >> 6) % 2 == 0;
-            if ((seed >> 7) % 3 == 0) _commitOwnProof(c);
+            c.squat = (seed >> 6) % 2 == 1; // (seeds below 64: none, nor a self-proof below 256)
+            if ((seed >> 7) % 3 == 2) _commitOwnProof(c);
             if ((seed >> 3) % 2 == 0) _leave(run); // the coalition leaves at once (and withdraws when it can)
             _tick();
         }
