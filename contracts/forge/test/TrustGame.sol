@@ -53,6 +53,7 @@ abstract contract TrustGame is TrustBase {
         uint256 fundBefore; // the run's proof fund as its deposits left it when the round fell (ghost)
         uint256 burned; // what the overturn added to the ledger's slashedTotal (burned whole: issue 79)
         bool squat; // a coalition squatter opens each of the prover's steps in its own game first (issue 79)
+        bytes32 squatOpen; // its copy of the step in flight, which the coalition answers with the step
         bool selfProof; // the coalition commits the proof of its own round at once and reveals it first
         uint64 selfCommittedAt;
         bool selfProved; // its own proof overturned the round
@@ -463,6 +464,11 @@ abstract contract TrustGame is TrustBase {
             (bytes memory leaf, bytes32[] memory path) = _answerOf(c.run, c.round, which, chunk);
             if (how == 3) _junk(c.open, which, leaf, path);
             _answer(c, which, leaf, path, how == 2);
+            if (c.squatOpen != 0) { // and the squatter's copy, keeping its game's clock going
+                vm.prank(who(ANSWERER));
+                try _prover.answerChallenge(c.squatOpen, leaf, path) {} catch {}
+                c.squatOpen = 0;
+            }
             _tryWithdraw(c.run, 5); // a coalition that left tries to withdraw at every turn
             _tryWithdraw(c.run, 6);
             _tick();
@@ -593,7 +599,9 @@ abstract contract TrustGame is TrustBase {
         (target.which, target.chunk) = _stepTarget(c.steps, c.round);
         if (c.squat) { // seen in the mempool, the squatter's copy of the step is mined first, in its own game
             vm.prank(who(COPIER));
-            try _prover.challengeAvailability{value: BOND}(target) {} catch {}
+            try _prover.challengeAvailability{value: BOND}(target) returns (bytes32 id) {
+                c.squatOpen = id;
+            } catch {}
         }
         vm.prank(who(PROVER));
         try _prover.challengeAvailability{value: BOND}(target) returns (bytes32 id) {
