@@ -81,7 +81,9 @@ def forge_invariants(r: dict) -> list[str]:
                   f"campaigns run a chunk at a time on the handlers of {r['campaigns_ran_on']}, "
                   f"{r['campaign_seconds']:.0f} s of campaigns, {r['calls_per_second']} calls/s each), every "
                   f"invariant checked after every call: {'; '.join(r['invariants'])}. "
-                  f"**{r['violations']} violations.**"), ""]
+                  f"**{r['violations']} violations.**"
+                  + (f" Short of the {r['target_calls']:,}-call target: at this rate it takes about "
+                     f"{projected / 3600:.1f} h of one process's campaign time." if projected else "")), ""]
         return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
     lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
               f"({r['runs']} sequences of {r['depth']}, {r['jobs']} process(es)) in {r['seconds']:.0f} s "

@@ -327,7 +327,7 @@ SECTIONS = (
             "the "
             "quorum fraction, outsiders, a prover and the fraud-proof game as forge handlers; the invariants "
             "read the chain and the handlers' ghost state after every call. scripts/forge_mutations.py seeds "
-            "15 bugs, 14 caught by the quick run (docs/TRUST.md)."),
+            "30 bugs (docs/TRUST.md, \"Mutations the invariants catch\")."),
     Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py",
             float32_fuzz,
             "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and "

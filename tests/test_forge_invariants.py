@@ -43,9 +43,13 @@ def test_a_long_invariant_campaign_finds_no_violation():
 def test_the_fraud_proof_game_moves_step_by_step():
     """TrustGame.t.sol (issue 62): last-block, relayed and junk-first answers, silence, a copier of the proof
     and a coalition that leaves at once each end with the wrong round overturned by the one prover, every
-    attester slashed, its bonds back and half the slash; right rounds stand."""
+    attester slashed, its bonds back and half the slash from the run's proof fund; right rounds stand. Issue
+    79's moves: the coalition's own proof pays it only from the fund (funding its own run, it loses more than
+    its whole stake), a short fund pays what it holds, a squatter opening every step first blocks none, a
+    contributor that left before the commit (in its block, withdrawn, rejoined) leaves the round right, a run
+    fills to its seat cap and a leave frees a seat, a hashed run takes no challenge."""
     out = forge_test("TrustGameTest")
-    assert out.count("[PASS]") == 5, out[-3000:]
+    assert out.count("[PASS]") == 12, out[-3000:]
 
 
 def test_a_member_counted_later_in_a_commits_block_cannot_sign_its_verdict():

@@ -425,16 +425,21 @@ abstract contract TrustGame is TrustBase {
         scales[0] = ONE;
         address[] memory contributors = new address[](1);
         contributors[0] = who(CONTRIBUTOR);
-        bytes32 digest = typed(
-            ledger, keccak256(abi.encode(CONTRIBUTION_TYPEHASH, run, round, uint32(0), bytes32(0), bytes32(0), uint32(0)))
-        );
-        (uint8 v, bytes32 r, bytes32 s) = vm.sign(CONTRIBUTOR, digest);
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(CONTRIBUTOR, _contributionDigest(run, round));
         bytes32[] memory signature = new bytes32[](2);
         signature[0] = r;
         signature[1] = bytes32(uint256(s) | (uint256(v - 27) << 255)); // EIP-2098
         return abi.encode(
             uint32(0), uint32(0), false, roots, roots, scales, uint64(0), new uint32[](0), roots, new uint256[](3),
             contributors, signature
+        );
+    }
+
+    /// @dev The EIP-712 digest of CONTRIBUTOR's contribution to stage 0 of `round` (zero roots, steps 0).
+    function _contributionDigest(uint256 run, uint64 round) internal view returns (bytes32) {
+        return typed(
+            ledger,
+            keccak256(abi.encode(CONTRIBUTION_TYPEHASH, run, round, uint32(0), bytes32(0), bytes32(0), uint32(0)))
         );
     }
 

@@ -431,7 +431,9 @@ contract TrustHandler is TrustGame {
             sideStakes += STAKE;
             return true;
         } catch (bytes memory reason) {
-            if (bytes4(reason) != TrainingLedger.LedgerRunFull.selector) _violation("a join refused for another reason");
+            if (bytes4(reason) != TrainingLedger.LedgerRunFull.selector) {
+                _violation("G1: a join refused for another reason than a full run");
+            }
             return false;
         }
     }
