@@ -142,3 +142,92 @@ def test_a_spilled_file_changed_on_disk_is_refused_before_it_is_read(tmp_path):
     assert states.state(3, 0) is None
     path.write_bytes(original)
     assert states.state(3, 0) == run["made"][3, 0]
+
+
+class _BlobHost:
+    """The p2p host's blob store as the states use it: blobs in files named by their sha256."""
+
+    def __init__(self, root) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def provide_blob(self, blob: bytes, announce: bool = True) -> str:
+        digest = hashlib.sha256(blob).hexdigest()
+        (self.root / digest).write_bytes(blob)
+        return digest
+
+    def provide_alias(self, alias: str, digest: str) -> None:
+        pass
+
+    def has_blob(self, digest: str) -> bool:
+        return (self.root / digest).is_file()
+
+    def blob_path(self, digest: str):
+        return self.root / digest
+
+    def remove_blob(self, digest: str) -> bool:
+        existed = self.has_blob(digest)
+        (self.root / digest).unlink(missing_ok=True)
+        return existed
+
+
+def _published_run(tmp_path, window=None, publish=True):
+    """Like :func:`_run`, each state also published as the finisher does (ChunkedStates.publish)."""
+    host = _BlobHost(tmp_path / "blobs")
+    cfg = SimpleNamespace(commitment_scheme=scheme_named("chunked"))
+    layout = SimpleNamespace(run_id=7, model_config={"preset": "test"})
+    states = ChunkedStates(cfg=cfg, host=host, layout=layout, config_hash=b"\x01" * 32,
+                           window=window or _Window(), spill_dir=tmp_path / "chunk-states")
+    made = {}
+    for outer_round in range(ROUNDS):
+        for stage in (0, 1):
+            generator = torch.Generator().manual_seed(1000 * outer_round + stage)
+            weights = {"w": torch.randn(48, 40, generator=generator),
+                       "b": torch.randn(40, generator=generator)}
+            momentum = {name: tensor * 0.5 for name, tensor in weights.items()}
+            made[outer_round, stage] = _state(outer_round, stage)
+            states.replace(outer_round, stage, made[outer_round, stage])
+            if publish:
+                states.publish(outer_round, stage, made[outer_round, stage].leaf().encode(), weights,
+                               momentum)
+        states.forget_before(outer_round)
+    return states, host, made
+
+
+def test_a_spilled_state_refers_to_its_published_state_instead_of_repeating_weights_and_momentum(tmp_path):
+    """The weights and momentum a node publishes of a round are on disk once: the spilled state names the
+    published blob, and is whole again when a challenge reads it (every chunk answerable)."""
+    _published_run(tmp_path / "whole", publish=False)  # the same states, not published: spilled whole
+    whole_sizes = {p.name: p.stat().st_size for p in (tmp_path / "whole" / "chunk-states").glob("*.state")}
+    states, _host, made = _published_run(tmp_path / "thin")
+    thin_sizes = {p.name: p.stat().st_size for p in (tmp_path / "thin" / "chunk-states").glob("*.state")}
+    assert len(thin_sizes) == 2 * (ROUNDS - PUBLISHED_ROUNDS - 1)
+    leaves = sum(len(leaf) for leaf in made[3, 0].weight_leaves) * 2  # weights and momentum
+    for name, size in thin_sizes.items():
+        assert size < whole_sizes[name] - leaves + 1024, (name, size, whole_sizes[name], leaves)
+    for (outer_round, stage), state in made.items():
+        back = states.state(outer_round, stage)
+        assert back == state and back.leaf() == state.leaf(), (outer_round, stage)
+
+
+def test_the_last_open_round_is_answered_after_older_ones_close_and_a_lost_published_state_is_not_served(
+        tmp_path):
+    """A challenge in the last block of round 9's window: rounds before it are pruned, round 9 is still whole;
+    a published blob gone or changed is answered as a state not held (never wrong leaves)."""
+    window = _Window()
+    states, host, made = _published_run(tmp_path, window)
+    window.closed_through = 8
+    states.forget_before(ROUNDS)
+    assert states.state(8, 0) is None and states.state(9, 0) == made[9, 0]
+    assert states.state(9, 0).weight_leaves[-1] == made[9, 0].weight_leaves[-1]
+    digest = states._published[10][0]
+    path = host.blob_path(digest)
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-4] + bytes(4))  # changed on disk
+    assert states.state(10, 0) is None
+    host.remove_blob(digest)
+    assert states.state(10, 0) is None
+    published_9 = states._published[9][0]
+    window.closed_through = 9
+    states.forget_before(ROUNDS)  # round 9's window closed: its spilled state and its published blob go
+    assert states.state(9, 0) is None and not host.has_blob(published_9)

@@ -31,6 +31,7 @@ they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -132,6 +133,9 @@ class ChunkedStates:
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
         self._served: dict[int, list[str]] = {}  # round -> blobs published
+        # round -> stage -> the blob of its published state (weights and momentum): a spilled state refers to
+        # it instead of repeating its leaves (:meth:`_spill`)
+        self._published: dict[int, dict[int, str]] = {}
         # round -> stage -> payload root -> pieces of the contributions this node closed but left out
         self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
@@ -188,6 +192,7 @@ class ChunkedStates:
             return
         with self._lock:
             self._served.setdefault(outer_round, []).append(digest)
+            self._published.setdefault(outer_round, {})[stage] = digest
 
     def state(self, outer_round: int, stage: int) -> StageState | None:
         """This node's state of ``stage`` after ``outer_round``, if still held (in memory, or spilled)."""
@@ -198,7 +203,8 @@ class ChunkedStates:
             return held
         path = self._spill_path(outer_round, stage)
         try:
-            return _decode_state(path.read_bytes())
+            spilled = _decode_state(path.read_bytes())
+            return spilled if isinstance(spilled, StageState) else self._rejoin(outer_round, spilled)
         except FileNotFoundError:  # dropped meanwhile: its window closed
             return None
         except (OSError, SpilledStateError) as exc:  # the state is lost: answer as for a state not held
@@ -245,7 +251,8 @@ class ChunkedStates:
             with self._lock:
                 states = dict(self._states.get(outer_round, {}))
             for stage, state in states.items():
-                atomic_write_bytes(self._spill_path(outer_round, stage), _encode_state(state), durable=False)
+                thin = self._thin(outer_round, state)
+                atomic_write_bytes(self._spill_path(outer_round, stage), _encode_state(thin), durable=False)
             with self._lock:
                 held = self._states.get(outer_round, {})
                 for stage, state in states.items():
@@ -254,6 +261,46 @@ class ChunkedStates:
                         self._spilled.setdefault(outer_round, set()).add(stage)
                 if not held:
                     self._states.pop(outer_round, None)
+
+    def _published_leaves(self, digest: str) -> tuple[list[bytes], list[bytes]]:
+        """The weight and momentum leaves of the published state ``digest`` (read from the blob store)."""
+        shard = parse_checkpoint(self.host.blob_path(digest).read_bytes())
+        return tensor_leaves(shard.weights), tensor_leaves(shard.momentum)
+
+    def _thin(self, outer_round: int, state: StageState) -> StageState | _ThinState:
+        """What is spilled of ``state``: without its weight and momentum leaves when the blob this node
+        publishes of it holds them (checked here, leaf by leaf), which then stays as long as the spilled file
+        (both go when the round's window closes: :meth:`forget_before`); the whole state otherwise."""
+        with self._lock:
+            digest = self._published.get(outer_round, {}).get(state.stage)
+        if digest is None or not self.host.has_blob(digest):
+            return state
+        try:
+            weights, momentum = self._published_leaves(digest)
+        except (*DLX_ERRORS, OSError, ValueError) as exc:
+            logger.debug("round %d stage %d: published state unreadable, spilled whole: %s", outer_round,
+                         state.stage, exc)
+            return state
+        if list(state.weight_leaves) != weights or list(state.momentum_leaves) != momentum:
+            return state
+        bare = dataclasses.replace(state, weight_leaves=[], momentum_leaves=[])
+        return _ThinState(digest, state.leaf(), bare)
+
+    def _rejoin(self, outer_round: int, thin: _ThinState) -> StageState | None:
+        """The whole state of a thin spilled one (:meth:`_thin`): its leaves read back from the published blob
+        and checked against the stage leaf; None (with a warning) if that blob is gone or is not it."""
+        try:
+            weights, momentum = self._published_leaves(thin.published)
+        except (*DLX_ERRORS, ValueError) as exc:  # OSError: caller's
+            logger.warning("round %d stage %d: published state %s unreadable (%s): not served", outer_round,
+                           thin.state.stage, thin.published[:12], exc)
+            return None
+        state = dataclasses.replace(thin.state, weight_leaves=weights, momentum_leaves=momentum)
+        if state.leaf() != thin.leaf:
+            logger.warning("round %d stage %d: published state %s is not the spilled state's: not served",
+                           outer_round, thin.state.stage, thin.published[:12])
+            return None
+        return state
 
     def forget_before(self, outer_round: int) -> None:
         """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose
@@ -269,6 +316,7 @@ class ChunkedStates:
             spilled = {r: self._spilled.pop(r, set()) for r in done}
             for r in done:
                 self._states.pop(r, None)
+                self._published.pop(r, None)
             blobs = [d for r in done for d in self._served.pop(r, [])]
         for r in done:
             if self.window is not None:
@@ -349,12 +397,22 @@ _SPILL_KEY = secrets.token_bytes(32)
 _TAG_BYTES = 32
 
 
+@dataclasses.dataclass(frozen=True)
+class _ThinState:
+    """A spilled state without its weight and momentum leaves: they are those of the published blob
+    ``published`` (a stage shard), whose leaves' roots are ``leaf``'s."""
+
+    published: str
+    leaf: StageLeaf
+    state: StageState
+
+
 class SpilledStateError(ValueError):
     """A spilled state file that this process did not write as it is (changed, truncated, an earlier
     life's)."""
 
 
-def _encode_state(state: StageState) -> bytes:
+def _encode_state(state: StageState | _ThinState) -> bytes:
     # pickle: this node's own file, read back only by this process, and only once the tag below shows this
     # process wrote it (never a peer's bytes); every field of the dataclass survives (a version-3 state's sum
     # trees and norm factors too).
@@ -362,7 +420,7 @@ def _encode_state(state: StageState) -> bytes:
     return hmac.new(_SPILL_KEY, body, hashlib.sha256).digest() + body
 
 
-def _decode_state(data: bytes) -> StageState:
+def _decode_state(data: bytes) -> StageState | _ThinState:
     """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything
     else."""
     tag, body = data[:_TAG_BYTES], data[_TAG_BYTES:]
