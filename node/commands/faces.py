@@ -235,6 +235,12 @@ def cmd_mine(args: argparse.Namespace) -> int:
     return run_mine(args)
 
 
+def cmd_rewards(args: argparse.Namespace) -> int:
+    from node.commands.rewards import run_rewards
+
+    return run_rewards(args)
+
+
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
 COMMANDS = {
     "data": cmd_data,
@@ -251,5 +257,6 @@ COMMANDS = {
     "withdraw": cmd_withdraw,
     "run-info": cmd_run_info,
     "mine": cmd_mine,
+    "rewards": cmd_rewards,
     "explorer": cmd_explorer,
 }

@@ -74,7 +74,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--rpc", default="http://127.0.0.1:8545", help="the dev chain's JSON-RPC URL")
 
 
-def _member(args: argparse.Namespace):
+def member_chain(args: argparse.Namespace):
     """(NodeChain, run id, seat or None) of the node.toml named by --config, the fee options applied."""
     from node.config import load_config
     from node.live.chain.onchain import NodeChain
@@ -100,7 +100,7 @@ def _fee(client) -> int:
 
 def run_leave(args: argparse.Namespace) -> int:
     """``dlx-node leave``."""
-    chain, run_id, seat = _member(args)
+    chain, run_id, seat = member_chain(args)
     try:
         client = chain.client
         if seat is None or seat.status != "active":
@@ -129,7 +129,7 @@ def run_leave(args: argparse.Namespace) -> int:
 
 def run_withdraw(args: argparse.Namespace) -> int:
     """``dlx-node withdraw``."""
-    chain, run_id, seat = _member(args)
+    chain, run_id, seat = member_chain(args)
     try:
         client = chain.client
         if seat is None or seat.status != "unbonding":

@@ -1,0 +1,134 @@
+"""``dlx-node rewards``: what a member (or any account) earned from its run's reward pool, round by round,
+what is claimable now, and ``--claim`` to claim it (issue 77; docs/REWARDS.md, "dlx-node rewards").
+
+The member is the account of a node directory's ``node.toml`` (its chain and run too); ``--account`` shows
+another account's credits (read-only). The pool is a RewardPool contract beside the run's ledger:
+``--pool``. Credits come from ledger.rewardstatement: attestations from the chain alone, listed contributions
+once claimed (their factors are not on chain: claiming them is ``RewardPoolClient.claim_contribution``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from node.commands.chainops import Spend, add_fee_args, agree, check_funds
+from node.errors import ConfigError
+
+_STAGE_LABEL = "attestation"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("rewards", help="a member's credits in its run's reward pool per round, what is "
+                                       "claimable, and --claim to claim it")
+    p.add_argument("--config", "-c", default="node.toml",
+                   help="the member's node.toml (its account, chain and run), written by join or create-run")
+    p.add_argument("--pool", required=True, metavar="ADDRESS", help="the run's RewardPool contract")
+    p.add_argument("--account", default="", metavar="ADDRESS",
+                   help="show this account's credits instead of the member's (read-only: no --claim)")
+    p.add_argument("--json", action="store_true", help="print the statement as JSON")
+    p.add_argument("--claim", action="store_true",
+                   help="claim every claimable credit (one transaction each; listed and agreed first)")
+    add_fee_args(p)
+
+
+def _pool_client(client, address: str):
+    from eth_utils import is_address
+
+    from ledger.rewards import RewardPoolClient
+
+    if not is_address(address):
+        raise ConfigError(f"--pool {address!r}: not an address (0x and 40 hex digits)")
+    w3 = client.w3
+    address = w3.to_checksum_address(address)
+    if not w3.eth.get_code(address):
+        raise ConfigError(f"--pool {address}: no contract there on chain {w3.eth.chain_id}")
+    pool = RewardPoolClient(w3, client.account, address, from_block=client.from_block)
+    pool.sender = client.sender  # the member's: its fee options, confirmations and nonces
+    try:
+        ledger = pool.sender.call(pool.contract, "ledger")
+    except Exception as exc:  # noqa: BLE001 - any failure means: not a RewardPool
+        raise ConfigError(f"--pool {address}: not a RewardPool ({type(exc).__name__})") from None
+    if w3.to_checksum_address(ledger) != w3.to_checksum_address(client.ledger_address):
+        raise ConfigError(f"--pool {address}: a pool of ledger {ledger}, not of this run's "
+                          f"{client.ledger_address}")
+    return pool
+
+
+def run_rewards(args: argparse.Namespace) -> int:
+    """``dlx-node rewards``."""
+    from ledger.rewardstatement import statement
+    from node.commands.member import member_chain
+
+    if args.claim and args.account:
+        raise ConfigError("--claim claims the member's own credits: drop --account (nothing was sent)")
+    chain, run_id, _seat = member_chain(args)
+    try:
+        client = chain.client
+        pool = _pool_client(client, args.pool)
+        if not pool.has_pool(run_id):
+            raise ConfigError(f"run {run_id} has no reward pool at {pool.address} (its creator opens one: "
+                              "docs/REWARDS.md)")
+        account = args.account or client.address
+        if args.account and not client.w3.is_address(args.account):
+            raise ConfigError(f"--account {args.account!r}: not an address")
+        result = statement(pool, client, run_id, account)
+        if args.json and not args.claim:
+            print(json.dumps(result.to_json(), indent=2))
+        else:
+            _print_statement(result)
+        if args.claim:
+            sent = _claim(pool, client, run_id, result, args.yes)
+            result = statement(pool, client, run_id, account)
+            if args.json:
+                print(json.dumps({**result.to_json(), "claims_sent": sent}, indent=2))
+    finally:
+        chain.close()
+    return 0
+
+
+def _eth(wei: int) -> str:
+    return f"{wei / 1e18:.9f} ETH"
+
+
+def _print_statement(result) -> None:
+    print(f"run {result.run_id}, pool {result.pool}, account {result.account}"
+          + (" (convicted: its unclaimed credits are forfeited)" if result.convicted else ""))
+    if not result.credits:
+        print("no credits: the account attested no committed round and no claim of a contribution of it "
+              "is recorded")
+    for credit in result.credits:
+        what = _STAGE_LABEL if credit.stage is None else f"contribution, stage {credit.stage}"
+        print(f"  round {credit.round:>4}  {what:<24} {_eth(credit.amount):>18}  {credit.state}")
+    data = result.to_json()
+    print(f"earned {_eth(data['earned_wei'])} (final {_eth(data['final_wei'])}), claimable "
+          f"{_eth(data['claimable_wei'])}, claimed {_eth(data['claimed_wei'])}, forfeited "
+          f"{_eth(data['forfeited_wei'])}")
+    unclaimed = [c for c in result.credits if c.state == "claimable"]
+    if unclaimed:
+        print("claim them: dlx-node rewards --claim (same options)")
+
+
+def _claim(pool, client, run_id: int, result, yes: bool) -> int:
+    """Send a claim for each claimable credit after listing them (gas and balance checked); the claims
+    sent."""
+    from ledger.rewardstatement import claim_call
+
+    calls = [(credit, claim_call(client, run_id, credit)) for credit in result.credits]
+    calls = [(credit, call) for credit, call in calls if call is not None]
+    if not calls:
+        print("nothing to claim now")
+        return 0
+    plan = []
+    for credit, (name, call_args) in calls:
+        what = f"claim round {credit.round}'s {_STAGE_LABEL if credit.stage is None else 'contribution'} " \
+               f"({_eth(credit.amount)})"
+        data = pool.contract.encode_abi(name, args=list(call_args))
+        gas, fees = pool.sender.estimate({"to": pool.address, "value": 0, "data": data}, what)
+        plan.append(Spend(what, gas, fees["maxFeePerGas"]))
+    check_funds(client.balance(), client.address, plan)
+    agree(plan, yes, "claiming")
+    for (credit, (name, call_args)), step in zip(calls, plan, strict=True):
+        pool.sender.transact(pool.contract, name, call_args, step.what)
+        print(f"claimed round {credit.round}: {_eth(credit.amount)} to {client.address}")
+    return len(calls)

@@ -1,0 +1,125 @@
+"""``dlx-node rewards`` (issue 77; docs/REWARDS.md, "dlx-node rewards"): an account's credits per round from
+the record and the pool's events (py-evm and anvil), and the command on a real anvil: its statement, --json,
+--claim with its gas and balance check, and bad input refused with one line before anything is sent."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from ledger.rewards import attester_share
+from ledger.rewardstatement import claim_call, statement
+from node.cli import main
+from tests.ledger_fixtures import deploy, fresh_anvil_w3
+from tests.reward_fixtures import params, reward_run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_handlers():
+    yield
+    logging.getLogger().handlers[:] = []
+
+
+def _send(rr, index: int, call) -> dict:
+    name, args = call
+    pool = rr.pool(index)
+    return pool.sender.transact(pool.contract, name, args, name)
+
+
+def test_a_statement_follows_each_credit_from_pending_to_claimed(chain_w3):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    sources = {0: (entry.leaves, entry.factors)}
+    reader = rr.run.reader
+    pending = statement(rr.pool(1), reader, rr.run_id, rr.address(1), sources)
+    assert [(c.stage, c.state) for c in pending.credits] == [(None, "pending"), (0, "pending")]
+    assert claim_call(reader, rr.run_id, pending.credits[0]) is None  # not final: nothing to send
+    rr.mine_to_final(0)
+    now = statement(rr.pool(1), reader, rr.run_id, rr.address(1), sources)
+    attest, contribution = now.credits
+    assert (attest.state, attest.amount) == ("claimable", attester_share(rr.params, 2))
+    assert (contribution.state, contribution.amount) == ("claimable", rr.expected_share(0, 0, 1))
+    assert now.to_json()["claimable_wei"] == attest.amount + contribution.amount
+    for credit in now.credits:
+        _send(rr, 1, claim_call(reader, rr.run_id, credit, sources))
+    done = statement(rr.pool(1), reader, rr.run_id, rr.address(1))  # no sources: claims say it
+    assert [(c.stage, c.state, c.amount) for c in done.credits] == [
+        (None, "claimed", attest.amount), (0, "claimed", contribution.amount)]
+    assert done.to_json()["claimed_wei"] == attest.amount + contribution.amount
+    outsider = statement(rr.pool(5), reader, rr.run_id, rr.address(5), sources)
+    assert outsider.credits == []  # listed nowhere: no credit
+    member3 = statement(rr.pool(3), reader, rr.run_id, rr.address(3))
+    assert member3.credits == []  # unclaimed contributions need the round's factors (not on chain)
+
+
+def test_a_convicted_members_unclaimed_credits_are_forfeited(chain_w3):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    before = statement(rr.pool(2), rr.run.reader, rr.run_id, rr.address(2))
+    assert [c.state for c in before.credits] == ["claimable"]
+    second = rr.commit([[(1, None)], []], signers=(1, 2))  # member 2 signs two records of round 1
+    other = rr.run.next_record("other")
+    other = type(other)(**{**other.__dict__, "round": 1, "prev_head": second.record.prev_head})
+    client2 = rr.deployment.client(2)
+    rr.deployment.client(5).report_equivocation(second.record, client2.sign_record(second.record), other,
+                                                client2.sign_record(other))
+    after = statement(rr.pool(2), rr.run.reader, rr.run_id, rr.address(2))
+    assert after.convicted and {c.state for c in after.credits} == {"forfeited"}
+    assert after.to_json()["claimable_wei"] == 0
+    assert claim_call(rr.run.reader, rr.run_id, after.credits[0]) is None
+
+
+@pytest.fixture
+def anvil_run(request, tmp_path):
+    """A normed run with a funded pool on a fresh anvil, round 0 committed by members 1 and 2 and final, and
+    member 1's node.toml."""
+    w3 = fresh_anvil_w3(request, timeout=10.0)
+    rr = reward_run(deploy(w3), pool=params())
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[ledger]\nbackend = "rpc"\nrpc_url = "{w3.provider.endpoint_uri}"\ndev_account = 1\n'
+                      f'registry_address = "{rr.deployment.registry}"\n'
+                      f'ledger_address = "{rr.deployment.ledger}"\n'
+                      f"run_id = {rr.run_id}\nchain_id = {w3.eth.chain_id}\n")
+    return rr, str(config)
+
+
+def test_rewards_command_shows_and_claims_a_members_credits(anvil_run, capsys):
+    rr, config = anvil_run
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    share = attester_share(rr.params, 2)
+    assert shown["claimable_wei"] == share and shown["claimed_wei"] == 0
+    place = list(rr.rounds[0].attesters).index(rr.address(1))
+    assert shown["credits"] == [{"round": 0, "stage": None, "amount": share, "state": "claimable",
+                                 "index": place}]
+    before = rr.w3.eth.get_balance(rr.address(1))
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--claim", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "claim round 0's attestation" in out and "claimed round 0" in out
+    paid = rr.pool(0).pool_of(rr.run_id)["claimed"]
+    assert paid == share and rr.w3.eth.get_balance(rr.address(1)) > before - 10**15
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--claim", "--yes"]) == 0
+    assert "nothing to claim now" in capsys.readouterr().out
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--account", rr.address(2),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["claimable_wei"] == share  # member 2's, unclaimed
+
+
+def test_rewards_command_refuses_bad_input_and_a_poor_account_before_sending(anvil_run, capsys):
+    rr, config = anvil_run
+    cases = [(["--pool", "0x1234"], "not an address"),
+             (["--pool", rr.deployment.registry], "not a RewardPool"),
+             (["--pool", "0x" + "11" * 20], "no contract there"),
+             (["--pool", rr.pool_address, "--account", rr.address(2), "--claim"], "drop --account")]
+    for extra, says in cases:
+        assert main(["rewards", "--config", config, *extra]) == 2
+        assert says in capsys.readouterr().err
+    rr.w3.provider.make_request("anvil_setBalance", [rr.address(1), hex(1000)])
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--claim", "--yes"]) == 2
+    assert "fund it first (nothing was sent)" in capsys.readouterr().err
+    assert rr.pool(0).pool_of(rr.run_id)["claimed"] == 0
