@@ -12,6 +12,9 @@ import pytest
 from ledger.rewards import attester_share
 from ledger.rewardstatement import claim_call, statement
 from node.cli import main
+from node.errors import ConfigError
+from node.tools.audit_pool import POOL_BOOKS, pool_check
+from node.tools.report import FAIL, OK
 from tests.ledger_fixtures import deploy, fresh_anvil_w3
 from tests.reward_fixtures import params, reward_run
 
@@ -123,3 +126,41 @@ def test_rewards_command_refuses_bad_input_and_a_poor_account_before_sending(anv
     assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--claim", "--yes"]) == 2
     assert "fund it first (nothing was sent)" in capsys.readouterr().err
     assert rr.pool(0).pool_of(rr.run_id)["claimed"] == 0
+
+
+def test_the_audits_pool_item_recomputes_the_books(chain_w3):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    rr.claim(1, 0, 0)
+    rr.claim_attestation(2, 0)
+    reader = rr.run.reader
+    item = pool_check(reader, rr.run_id, rr.pool_address)
+    assert item.status == OK and item.name == POOL_BOOKS
+    claimed = rr.expected_share(0, 0, 1) + rr.expected_attester_share(0)
+    assert f"claimed {claimed} wei" in item.reason
+    other = reward_run(rr.deployment, pool=None)  # a run without a pool, audited against this pool
+    other.pool_address = rr.pool_address
+    missing = pool_check(other.run.reader, other.run_id, rr.pool_address)
+    assert missing.status == FAIL and "0 PoolCreated events" in missing.reason
+    with pytest.raises(ConfigError, match="not a pool of|not a RewardPool|a pool of ledger"):
+        pool_check(deploy(chain_w3).client(0), rr.run_id, rr.pool_address)  # another deployment's ledger
+
+
+def test_audit_reports_the_pool_item_in_its_json(anvil_run, tmp_path, capsys):
+    rr, _config = anvil_run
+    rr.claim_attestation(1, 0)
+    out = tmp_path / "audit.json"
+    code = main(["audit", "--rpc", rr.w3.provider.endpoint_uri, "--run", str(rr.run_id), "--registry",
+                 rr.deployment.registry, "--ledger", rr.deployment.ledger, "--no-replay", "--pool",
+                 rr.pool_address, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "reward pool books: ok" in printed
+    items = [c for c in json.loads(out.read_text())["general"] if c["name"] == POOL_BOOKS]
+    assert len(items) == 1 and items[0]["status"] == OK, items
+    assert code in (0, 8, 13)  # the fixture's rounds carry no run document: other items decide the exit
+    other = reward_run(rr.deployment, pool=None)  # a run the pool holds nothing of: its books fail
+    code = main(["audit", "--rpc", rr.w3.provider.endpoint_uri, "--run", str(other.run_id), "--registry",
+                 rr.deployment.registry, "--ledger", rr.deployment.ledger, "--no-replay", "--pool",
+                 rr.pool_address])
+    assert code == 8 and "reward pool books: FAIL" in capsys.readouterr().out

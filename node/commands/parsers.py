@@ -205,6 +205,9 @@ def _add_audit_and_pull(sub) -> None:
             p.add_argument("--json", dest="json_out", default="", help="write the report as JSON here")
             p.add_argument("--html", dest="html_out", default="", help="write an HTML report here")
             p.add_argument("--no-replay", action="store_true", help="skip the bit-exact weights replay")
+            p.add_argument("--pool", default="", metavar="ADDRESS",
+                           help="the run's RewardPool: recompute its books from its events and the record "
+                                "(default: deployment.json's reward_pool, if any)")
             p.add_argument("--reexecute", default="0", metavar="N",
                            help="rerun N sampled contributions (or 'all') and every ejection's evidence from "
                                 "the archives' start states (docs/PROTOCOL.md, 'Spot checks')")

@@ -32,40 +32,18 @@ def add_parser(sub) -> None:
     add_fee_args(p)
 
 
-def _pool_client(client, address: str):
-    from eth_utils import is_address
-
-    from ledger.rewards import RewardPoolClient
-
-    if not is_address(address):
-        raise ConfigError(f"--pool {address!r}: not an address (0x and 40 hex digits)")
-    w3 = client.w3
-    address = w3.to_checksum_address(address)
-    if not w3.eth.get_code(address):
-        raise ConfigError(f"--pool {address}: no contract there on chain {w3.eth.chain_id}")
-    pool = RewardPoolClient(w3, client.account, address, from_block=client.from_block)
-    pool.sender = client.sender  # the member's: its fee options, confirmations and nonces
-    try:
-        ledger = pool.sender.call(pool.contract, "ledger")
-    except Exception as exc:  # noqa: BLE001 - any failure means: not a RewardPool
-        raise ConfigError(f"--pool {address}: not a RewardPool ({type(exc).__name__})") from None
-    if w3.to_checksum_address(ledger) != w3.to_checksum_address(client.ledger_address):
-        raise ConfigError(f"--pool {address}: a pool of ledger {ledger}, not of this run's "
-                          f"{client.ledger_address}")
-    return pool
-
-
 def run_rewards(args: argparse.Namespace) -> int:
     """``dlx-node rewards``."""
     from ledger.rewardstatement import statement
     from node.commands.member import member_chain
+    from node.tools.audit_pool import pool_client
 
     if args.claim and args.account:
         raise ConfigError("--claim claims the member's own credits: drop --account (nothing was sent)")
     chain, run_id, _seat = member_chain(args)
     try:
         client = chain.client
-        pool = _pool_client(client, args.pool)
+        pool = pool_client(client, args.pool)
         if not pool.has_pool(run_id):
             raise ConfigError(f"run {run_id} has no reward pool at {pool.address} (its creator opens one: "
                               "docs/REWARDS.md)")

@@ -74,6 +74,21 @@ def _reexecute_count(value: str) -> int:
     return count
 
 
+def _pool_address(args: Any) -> str:
+    """The reward pool to audit: --pool, else deployment.json's ``reward_pool`` (empty: none)."""
+    if getattr(args, "pool", ""):
+        return args.pool
+    if getattr(args, "deployment", ""):
+        import json
+        from pathlib import Path
+
+        try:
+            return str(json.loads(Path(args.deployment).read_text()).get("reward_pool", "") or "")
+        except (OSError, ValueError, AttributeError):
+            return ""  # reader_client has named the unreadable file already
+    return ""
+
+
 def run_audit(args: Any) -> int:
     """``dlx-node audit``: print per-round verdicts and the summary, write --json/--html.
 
@@ -100,8 +115,13 @@ def run_audit(args: Any) -> int:
     finally:
         if fetcher is not None:
             fetcher.close()
+    pool = _pool_address(args)
+    if pool:
+        from node.tools.audit_pool import pool_check
+
+        report.general.append(pool_check(client, args.run, pool))
     for check in report.general:
-        if check.status != OK or len(report.general) <= 12:
+        if check.status != OK or len(report.general) <= 12 or (pool and check is report.general[-1]):
             print(check.line())
     for verdict in report.rounds:
         print(verdict.line())

@@ -1,0 +1,58 @@
+"""The audit's reward pool item (issue 77; docs/REWARDS.md, "The books, recomputed"): a run's pool books
+recomputed from its events and the record by :func:`ledger.rewardbooks.check_pool` (funded and claimed
+against ``poolOf`` and the pool's balance, i.e. solvency; each round's claims against its budget; each claim
+after its round became final, by no convicted account, once; each attester's amount by the rule; each sweep's
+return), reported as one general item of the audit: FAIL naming the mismatches, else OK with the totals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.errors import ConfigError
+from node.tools.report import FAIL, OK, Check
+
+POOL_BOOKS = "reward pool books"
+#: Mismatches named in the item's reason (the rest counted).
+SHOWN = 5
+
+
+def pool_check(client: Any, run_id: int, address: str) -> Check:
+    """The item for run ``run_id``'s pool at ``address`` (``client``: the audit's LedgerClient); ConfigError
+    when ``address`` is no RewardPool of this ledger."""
+    from ledger.rewardbooks import check_pool
+
+    pool = pool_client(client, address)
+    problems = check_pool(pool, client, run_id)
+    if problems:
+        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+        return Check(POOL_BOOKS, FAIL, "; ".join(problems[:SHOWN]) + more)
+    view = pool.pool_of(run_id)
+    return Check(POOL_BOOKS, OK, f"pool {pool.address}: funded {view['funded']} wei, claimed "
+                                 f"{view['claimed']} wei, balance {pool.balance()} wei, rounds "
+                                 f"{view['firstRound']}..{view['nextRound'] - 1} opened; every claim and "
+                                 "sweep matches the record")
+
+
+def pool_client(client, address: str):
+    """A RewardPoolClient of ``address`` sending as ``client`` (a LedgerClient): ConfigError when it is not an
+    address, holds no contract, is not a RewardPool or is the pool of another ledger."""
+    from eth_utils import is_address
+
+    from ledger.rewards import RewardPoolClient
+
+    if not is_address(address):
+        raise ConfigError(f"--pool {address!r}: not an address (0x and 40 hex digits)")
+    w3 = client.w3
+    address = w3.to_checksum_address(address)
+    if not w3.eth.get_code(address):
+        raise ConfigError(f"--pool {address}: no contract there on chain {w3.eth.chain_id}")
+    pool = RewardPoolClient(w3, client.account, address, from_block=client.from_block)
+    pool.sender = client.sender  # the member's: its fee options, confirmations and nonces
+    try:
+        ledger = pool.sender.call(pool.contract, "ledger")
+    except Exception as exc:  # noqa: BLE001 - any failure means: not a RewardPool
+        raise ConfigError(f"--pool {address}: not a RewardPool ({type(exc).__name__})") from None
+    if w3.to_checksum_address(ledger) != w3.to_checksum_address(client.ledger_address):
+        raise ConfigError(f"--pool {address}: a pool of ledger {ledger}, not of this run's "
+                          f"{client.ledger_address}")
+    return pool
