@@ -164,3 +164,20 @@ def test_audit_reports_the_pool_item_in_its_json(anvil_run, tmp_path, capsys):
                  rr.deployment.registry, "--ledger", rr.deployment.ledger, "--no-replay", "--pool",
                  rr.pool_address])
     assert code == 8 and "reward pool books: FAIL" in capsys.readouterr().out
+
+
+def test_anyone_funds_a_pool_through_the_command_and_bad_amounts_are_refused(anvil_run, capsys):
+    rr, config = anvil_run
+    before = rr.pool(0).pool_of(rr.run_id)
+    for amount, says in (("-1", "a positive amount"), ("abc", "not a number"), ("1e-19", "18 decimals")):
+        assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--fund", amount]) == 2
+        assert says in capsys.readouterr().err
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--fund", "0.25", "--yes"]) == 0
+    assert "funded the pool of run" in capsys.readouterr().out
+    after = rr.pool(0).pool_of(rr.run_id)
+    assert after["funded"] - before["funded"] == after["free"] - before["free"] == 25 * 10**16
+    assert rr.pool(0).balance() == after["funded"] - after["claimed"]
+    rr.w3.provider.make_request("anvil_setBalance", [rr.address(1), hex(10**17)])
+    assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--fund", "0.25", "--yes"]) == 2
+    assert "fund it first (nothing was sent)" in capsys.readouterr().err
+    assert rr.pool(0).pool_of(rr.run_id)["funded"] == after["funded"]

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the statement as JSON")
     p.add_argument("--claim", action="store_true",
                    help="claim every claimable credit (one transaction each; listed and agreed first)")
+    p.add_argument("--fund", default="", metavar="ETH",
+                   help="top the run's pool up by ETH from this account first (anyone may; listed and agreed "
+                        "first)")
     add_fee_args(p)
 
 
@@ -40,6 +43,7 @@ def run_rewards(args: argparse.Namespace) -> int:
 
     if args.claim and args.account:
         raise ConfigError("--claim claims the member's own credits: drop --account (nothing was sent)")
+    amount = _fund_amount(args.fund) if args.fund else 0
     chain, run_id, _seat = member_chain(args)
     try:
         client = chain.client
@@ -47,6 +51,8 @@ def run_rewards(args: argparse.Namespace) -> int:
         if not pool.has_pool(run_id):
             raise ConfigError(f"run {run_id} has no reward pool at {pool.address} (its creator opens one: "
                               "docs/REWARDS.md)")
+        if amount:
+            _fund(pool, client, run_id, amount, args.yes)
         account = args.account or client.address
         if args.account and not client.w3.is_address(args.account):
             raise ConfigError(f"--account {args.account!r}: not an address")
@@ -63,6 +69,33 @@ def run_rewards(args: argparse.Namespace) -> int:
     finally:
         chain.close()
     return 0
+
+
+def _fund_amount(text: str) -> int:
+    """--fund ETH in wei: ConfigError unless a positive number of ETH (at most 18 decimals)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        value = Decimal(text) * 10**18
+    except InvalidOperation:
+        raise ConfigError(f"--fund {text!r}: not a number of ETH") from None
+    if not value.is_finite() or value <= 0 or value != value.to_integral_value():
+        raise ConfigError(f"--fund {text!r}: a positive amount of ETH, at most 18 decimals")
+    return int(value)
+
+
+def _fund(pool, client, run_id: int, amount: int, yes: bool) -> None:
+    """Top the pool of ``run_id`` up by ``amount`` wei after listing it (gas and balance checked)."""
+    what = f"fund the reward pool of run {run_id}"
+    check_funds(client.balance(), client.address, [Spend(what, 0, 0, amount)])  # before the chain's estimate
+    data = pool.contract.encode_abi("fund", args=[run_id])
+    gas, fees = pool.sender.estimate({"to": pool.address, "value": amount, "data": data}, what)
+    plan = [Spend(what, gas, fees["maxFeePerGas"], amount)]
+    check_funds(client.balance(), client.address, plan)
+    agree(plan, yes, "funding")
+    pool.sender.transact(pool.contract, "fund", (run_id,), what, amount)
+    free = pool.pool_of(run_id)["free"]
+    print(f"funded the pool of run {run_id} with {_eth(amount)}; it holds {_eth(free)} free")
 
 
 def _eth(wei: int) -> str:
