@@ -97,6 +97,7 @@ def test_key_registered_to_another_node_exits_6(deployed):
                     other.sign(binding_message(w3.eth.chain_id, deployed.registry, account.address)))
     proc = run_cli("start", "--config", str(slot.config_path))
     _one_line_error(proc, 6, "registered with another node key")
+    assert "--identity OLD_DIR/identity.key" in proc.stderr  # what fixes it (issue 80 point 3)
 
 
 def test_busy_port_exits_7(deployed):

@@ -183,8 +183,11 @@ class NodeChain(ChainSeats, ChainDisputes):
             if key == identity.public_key_bytes:
                 return
             if key is not None:
-                raise NotRegistered(f"account {self.client.address} is registered with another node key; "
-                                    "use that key's identity file or another account")
+                raise NotRegistered(f"account {self.client.address} is registered with another node key: an "
+                                    "account has one node key; make this node with it (`dlx-node join ... "
+                                    "--identity OLD_DIR/identity.key` or `create-run ... --identity "
+                                    "OLD_DIR/identity.key`, OLD_DIR the node directory that registered it) "
+                                    "or use another account")
             message = binding_message(self.client.chain_id, self.client.registry_address, self.client.address)
             try:
                 self.client.register(identity.public_key_bytes, identity.sign(message))
