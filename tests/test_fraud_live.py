@@ -321,11 +321,12 @@ def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path
 
 
 def test_a_spilled_state_answers_a_challenge_in_the_last_block_of_its_proof_window(world, tmp_path):
-    """Retention (issue 75): a spilled state keeps only what the published state does not hold (its weights
-    and momentum are read back from the blob this node publishes of the round). A challenge of a right round
+    """Retention (issue 75): a spilled state keeps only what the published state and the contributions' codec
+    blobs do not hold (its weights and momentum are read back from the blob this node publishes of the round,
+    its payload pieces cut again from the blobs). A challenge of a right round
     in the last block of its proof window, after the node has pruned every older round and spilled this one,
     is still answered: every chunk of it is served from the spilled file and the published blob."""
-    from ledger.availability import MOMENTUM, WEIGHTS, availability_target
+    from ledger.availability import MOMENTUM, PAYLOAD, WEIGHTS, availability_target
     from node.live.fraud.answerer import ChallengeAnswerer
     from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow, _encode_state
 
@@ -342,22 +343,26 @@ def test_a_spilled_state_answers_a_challenge_in_the_last_block_of_its_proof_wind
     assert honest.in_memory() == [] and honest.state(0, 0) is None
     spilled = honest.spill_dir / "round-00000001-stage-0.state"
     stage_leaves = sum(len(leaf) for leaf in (*whole.weight_leaves, *whole.momentum_leaves))
-    spilled_whole = len(_encode_state(whole))  # what was spilled before
-    assert spilled.stat().st_size < spilled_whole - stage_leaves + 1024, (spilled, spilled_whole)
+    pieces = sum(len(piece) for leaves in whole.payload_leaves for piece in leaves)
+    spilled_whole = len(_encode_state(whole))  # what was spilled before: now neither leaves nor pieces
+    blobs = sum(map(len, world.blobs))
+    assert spilled.stat().st_size < spilled_whole - stage_leaves - pieces + blobs + 1024, \
+        (spilled.stat().st_size, spilled_whole, stage_leaves, pieces, blobs)
     griefer = deployment.client(6)
     _opens, closes = griefer.proof_window_of(run.run_id, 1)
     mine(deployment.w3, closes - 2 - deployment.w3.eth.block_number)  # the challenge is mined in closes - 1
     leaves = [StageLeaf.decode(own_leaf), world.other.leaf()]
     last = len(whole.weight_leaves) - 1
     targets = [availability_target(records[1], leaves, whole.factors, 0, WEIGHTS, last),
-               availability_target(records[1], leaves, whole.factors, 0, MOMENTUM, 0)]
+               availability_target(records[1], leaves, whole.factors, 0, MOMENTUM, 0),
+               availability_target(records[1], leaves, whole.factors, 0, PAYLOAD + 1, 0)]
     challenges = [griefer.challenge_availability(targets[0])]
     assert deployment.w3.eth.block_number == closes - 1
     answerer = ChallengeAnswerer(run_id=run.run_id, chain=prover.chain, states=honest, prover=prover,
                                  stop=world.stop)
     answerer.poll()
     assert answerer.answered[challenges[0]].startswith("answered"), answerer.answered
-    challenges.append(griefer.challenge_availability(targets[1]))  # the game's fresh window: still open
+    challenges += [griefer.challenge_availability(t) for t in targets[1:]]  # the game's fresh window: open
     answerer.poll()
     assert all(answerer.answered[c].startswith("answered") for c in challenges), answerer.answered
     assert honest.state(1, 0) == whole

@@ -50,10 +50,10 @@ from node.commitments.chunked import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
-from node.live.fraud.leftout import left_out_pieces, rejected_pieces
+from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
 from p2p.host import P2PHost
-from training.chunks import tensor_leaves
+from training.chunks import cut_payload, tensor_leaves
 from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,8 @@ class ChunkedStates:
         # round -> stage -> the blob of its published state (weights and momentum): a spilled state refers to
         # it instead of repeating its leaves (:meth:`_spill`)
         self._published: dict[int, dict[int, str]] = {}
+        # round -> stage -> the accepted contributions' codec blobs, until the round is spilled (_thin)
+        self._payloads: dict[int, dict[int, list[bytes]]] = {}
         # round -> stage -> payload root -> pieces of the contributions this node closed but left out
         self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
@@ -164,6 +166,9 @@ class ChunkedStates:
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
             self._left_out.setdefault(outer_round, {})[stage] = left_out
+            if self.spill_dir is not None:
+                self._payloads.setdefault(outer_round, {})[stage] = [payloads[r.index] for r in reports
+                                                                     if r.accepted]
         self.publish(outer_round, stage, leaf, weights, momentum)
         for alias, blob in self.scheme.published_parts(leaf, state):
             self.publish_part(outer_round, stage, alias, blob)
@@ -271,36 +276,79 @@ class ChunkedStates:
 
     def _thin(self, outer_round: int, state: StageState) -> StageState | _ThinState:
         """What is spilled of ``state``: without its weight and momentum leaves when the blob this node
-        publishes of it holds them (checked here, leaf by leaf), which then stays as long as the spilled file
-        (both go when the round's window closes: :meth:`forget_before`); the whole state otherwise."""
+        publishes of it holds them, which then stays as long as the spilled file (both go when the round's
+        window closes: :meth:`forget_before`), and without its payload pieces when the contributions' codec
+        blobs cut to them (training.chunks.cut_payload: a low-rank piece carries a row of ``Q`` per element,
+        the blob only the factors); each checked here leaf by leaf; the whole state when neither holds."""
         with self._lock:
             digest = self._published.get(outer_round, {}).get(state.stage)
-        if digest is None or not self.host.has_blob(digest):
+            blobs = self._payloads.get(outer_round, {}).get(state.stage)
+        published = digest if digest is not None and self._holds_leaves(outer_round, digest, state) else None
+        payloads = self._payload_blobs(state, blobs) if blobs is not None else None
+        if published is None and payloads is None:
             return state
+        bare = dataclasses.replace(state, weight_leaves=[] if published else state.weight_leaves,
+                                   momentum_leaves=[] if published else state.momentum_leaves,
+                                   payload_leaves=[] if payloads is not None else state.payload_leaves)
+        return _ThinState(published, state.leaf(), bare, payloads, self._shapes(state.stage))
+
+    def _holds_leaves(self, outer_round: int, digest: str, state: StageState) -> bool:
+        """Whether the published blob ``digest`` is stored and holds ``state``'s weights and momentum."""
+        if not self.host.has_blob(digest):
+            return False
         try:
             weights, momentum = self._published_leaves(digest)
         except (*DLX_ERRORS, OSError, ValueError) as exc:
             logger.debug("round %d stage %d: published state unreadable, spilled whole: %s", outer_round,
                          state.stage, exc)
-            return state
-        if list(state.weight_leaves) != weights or list(state.momentum_leaves) != momentum:
-            return state
-        bare = dataclasses.replace(state, weight_leaves=[], momentum_leaves=[])
-        return _ThinState(digest, state.leaf(), bare)
+            return False
+        return list(state.weight_leaves) == weights and list(state.momentum_leaves) == momentum
+
+    def _shapes(self, stage: int) -> dict | None:
+        shapes = getattr(self.layout, "stage_shapes", None)
+        return dict(shapes[stage]) if shapes is not None and stage < len(shapes) else None
+
+    def _payload_blobs(self, state: StageState, blobs: Sequence[bytes]) -> list[bytes] | None:
+        """The codec blobs of ``state``'s payload pieces in the factors' order, each cut back to its pieces
+        exactly; None if one is not among ``blobs`` (the state's pieces are spilled as they are then)."""
+        shapes = self._shapes(state.stage)
+        if shapes is None:
+            return None
+        cut = {}
+        for blob in blobs:
+            try:
+                pieces = cut_payload(blob, shapes)
+            except CUT_ERRORS:
+                continue
+            cut[tree_root(pieces)] = (blob, pieces)
+        out = []
+        for root, pieces in zip(state.factors.payload_roots, state.payload_leaves, strict=True):
+            if root not in cut or cut[root][1] != list(pieces):
+                return None
+            out.append(cut[root][0])
+        return out
 
     def _rejoin(self, outer_round: int, thin: _ThinState) -> StageState | None:
         """The whole state of a thin spilled one (:meth:`_thin`): its leaves read back from the published blob
-        and checked against the stage leaf; None (with a warning) if that blob is gone or is not it."""
+        and its pieces cut from the blobs, checked against the stage leaf and the payload roots; None (with a
+        warning) if that blob is gone or is not it."""
+        state = thin.state
         try:
-            weights, momentum = self._published_leaves(thin.published)
-        except (*DLX_ERRORS, ValueError) as exc:  # OSError: caller's
-            logger.warning("round %d stage %d: published state %s unreadable (%s): not served", outer_round,
-                           thin.state.stage, thin.published[:12], exc)
+            if thin.published is not None:
+                weights, momentum = self._published_leaves(thin.published)
+                state = dataclasses.replace(state, weight_leaves=weights, momentum_leaves=momentum)
+            if thin.payloads is not None:
+                pieces = [cut_payload(blob, thin.shapes) for blob in thin.payloads]
+                state = dataclasses.replace(state, payload_leaves=pieces)
+        except (*DLX_ERRORS, *CUT_ERRORS) as exc:  # OSError: caller's
+            logger.warning("round %d stage %d: spilled state not rebuilt (%s): not served", outer_round,
+                           state.stage, exc)
             return None
-        state = dataclasses.replace(thin.state, weight_leaves=weights, momentum_leaves=momentum)
-        if state.leaf() != thin.leaf:
+        cut_wrong = thin.payloads is not None and tuple(
+            tree_root(list(p)) for p in state.payload_leaves) != tuple(state.factors.payload_roots)
+        if state.leaf() != thin.leaf or cut_wrong:
             logger.warning("round %d stage %d: published state %s is not the spilled state's: not served",
-                           outer_round, thin.state.stage, thin.published[:12])
+                           outer_round, state.stage, str(thin.published)[:12])
             return None
         return state
 
@@ -319,6 +367,7 @@ class ChunkedStates:
             for r in done:
                 self._states.pop(r, None)
                 self._published.pop(r, None)
+                self._payloads.pop(r, None)
             blobs = [d for r in done for d in self._served.pop(r, [])]
         for r in done:
             if self.window is not None:
@@ -336,6 +385,9 @@ class ChunkedStates:
                 else:
                     logger.warning("chunked states not spilled to %s (kept in memory): %s", self.spill_dir,
                                    exc)
+            with self._lock:
+                for r in old:  # spilled (their pieces in their files) or still in memory, whole
+                    self._payloads.pop(r, None)
         for digest in blobs:
             try:
                 self.host.remove_blob(digest)
@@ -401,12 +453,14 @@ _TAG_BYTES = 32
 
 @dataclasses.dataclass(frozen=True)
 class _ThinState:
-    """A spilled state without its weight and momentum leaves: they are those of the published blob
-    ``published`` (a stage shard), whose leaves' roots are ``leaf``'s."""
+    """A spilled state without its weight and momentum leaves (those of the published blob ``published``, a
+    stage shard, whose leaves' roots are ``leaf``'s) or its payload pieces (those cut from ``payloads``)."""
 
-    published: str
+    published: str | None  # None: the state's own weight and momentum leaves
     leaf: StageLeaf
     state: StageState
+    payloads: list[bytes] | None = None  # the accepted contributions' codec blobs; None: the state's pieces
+    shapes: dict | None = None  # the stage's parameter shapes, to cut them
 
 
 class SpilledStateError(ValueError):
