@@ -266,8 +266,9 @@ SECTIONS = (
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
             "state (10.2x) is kept for every round of the spot checks and dispute window, a chunked run's "
-            "stage state (6.5x with what is published beside it, its spilled file no longer repeating the "
-            "published weights and momentum) for every round of the proof window, and "
+            "stage state (4.9x with what is published beside it, its spilled file no longer repeating the "
+            "published weights and momentum or the expanded payload pieces) for every round of the proof "
+            "window, and "
             "this local chain mines about one block a round, so the windows span tens of rounds "
             "(docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,

@@ -24,7 +24,8 @@ stage to :meth:`ChunkedStates.record`, which
 Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
 an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
 challenge asks for it; without its weights and momentum when the published state holds them (the spilled
-file names that blob, which lives exactly as long: issue 75's retention). A state holds its stage's weights
+file names that blob, which lives exactly as long: issue 75's retention), and with the contributions' codec
+blobs in place of their payload pieces when those cut back to them. A state holds its stage's weights
 and momentum chunked and every accepted
 contribution's payload pieces (about 1.4 MiB a round for a one-node replica of the soak's `tiny`): held in
 memory for the whole window (64 blocks: 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks)
