@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.benchio import default_out, write_result  # noqa: E402
+from bench.benchio import default_out, peak_rss_bytes, write_result  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
@@ -68,16 +67,6 @@ def others(shapes: dict, comp: CompressionConfig) -> list[bytes]:
             tensors[name] = torch.mul(torch.randn(shape, generator=generator), 1e-3)
         out.append(encode_contribution(tensors, comp, stage_index=0, outer_round=0)[0])
     return out
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM): ``ru_maxrss`` survives the exec of a spawned rank, so it
-    would report the launcher's peak."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def nbytes(tensors) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.benchio import default_out, write_result  # noqa: E402
+from bench.benchio import default_out, least_cpu_seconds, peak_rss_bytes, write_result  # noqa: E402
 
 VOCAB, SEQ, BATCH, STAGES = 32000, 128, 2, 2
 QUANTITIES = ("inner_step", "encode", "apply", "weights_hash", "peak_rss")
@@ -54,24 +54,6 @@ X_OF = {"inner_step": ("matmul_parameters",), "encode": ("parameters", "gram_flo
 #: Sizes that are a preset with other settings (bench/bench_scale_system.py's ``--set``).
 VARIANTS = {"llama-mini-64": ("llama-mini", {"n_embd": 64})}
 GOAL = 0.20
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _cpu(function, repeats: int) -> float:
-    """The least thread CPU seconds of ``repeats`` calls of ``function``."""
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.thread_time()
-        function()
-        best = min(best, time.thread_time() - started)
-    return best
 
 
 def measure_stage(preset: str, stage: int, repeats: int) -> dict:
@@ -107,21 +89,22 @@ def measure_stage(preset: str, stage: int, repeats: int) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    inner = _cpu(inner_step, repeats)
+    inner = least_cpu_seconds(inner_step, repeats, time.thread_time)
     shapes = {name: tuple(p.shape) for name, p in params.items()}
     other_tensors = {name: torch.randn(shape, generator=generator) * 1e-3 for name, shape in shapes.items()}
     other = encode_contribution(other_tensors, compression, stage_index=stage, outer_round=0)[0]
     del other_tensors
     own: list[bytes] = []
-    encode = _cpu(lambda: own.append(engine.encode_contribution(0)[0]), 1)  # the encoder keeps a memo
-    apply = _cpu(lambda: engine.apply_round(0, [own[0], other]), 1)  # one round: the outer state moves
-    weights_hash = _cpu(engine.weights_hash, repeats)
+    # Once each: the encoder keeps a memo, and an apply moves the outer state.
+    encode = least_cpu_seconds(lambda: own.append(engine.encode_contribution(0)[0]), 1, time.thread_time)
+    apply = least_cpu_seconds(lambda: engine.apply_round(0, [own[0], other]), 1, time.thread_time)
+    weights_hash = least_cpu_seconds(engine.weights_hash, repeats, time.thread_time)
     matmul = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
     gram = sum(p.numel() * min(p.shape) for p in params.values() if p.dim() == 2)
     return {"parameters": sum(p.numel() for p in params.values()), "matmul_parameters": matmul,
             "gram_flops": gram,
             "inner_step": inner, "encode": encode,
-            "apply": apply, "weights_hash": weights_hash, "peak_rss": _peak_rss()}
+            "apply": apply, "weights_hash": weights_hash, "peak_rss": peak_rss_bytes()}
 
 
 def measure_size(preset: str, repeats: int) -> dict:

@@ -13,8 +13,10 @@ import datetime
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,3 +112,23 @@ def scrub_paths(text: str) -> str:
         if len(prefix.parts) > 1:  # never "/" itself
             text = text.replace(f"{prefix}/", f"{name}/").replace(f'"{prefix}"', f'"{name}"')
     return text
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM): ``ru_maxrss`` survives the exec of a spawned process, so it
+    would report the launcher's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def least_cpu_seconds(function, repeats: int, clock=time.process_time) -> float:
+    """The least CPU seconds (``clock``: the process's, or ``time.thread_time``) of ``repeats`` calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = clock()
+        function()
+        best = min(best, clock() - started)
+    return best

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.benchio import default_corpus  # noqa: E402
+from bench.benchio import default_corpus, least_cpu_seconds  # noqa: E402
 from training import compression  # noqa: E402
 from training.codec.registry import encoder_for  # noqa: E402
 from training.codec.reselect import RESELECT_ROUNDS  # noqa: E402
@@ -85,15 +84,6 @@ def capture(args) -> None:
     print(f"captured {len(targets)} stage targets, {len(blobs)} rounds x stages of blobs -> {args.out}")
 
 
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.process_time()
-        fn()
-        best = min(best, time.process_time() - started)
-    return best
-
-
 def profile(args) -> None:
     from training.codec_wire import decode_contribution
     from training.diloco import average_contributions, outer_step
@@ -122,7 +112,7 @@ def profile(args) -> None:
                 def run():
                     return encode_within_bandwidth(item["target"], cfg, item["budget"],
                                                    stage_index=item["stage"], outer_round=args.round)
-            seconds = _best(run, args.repeat)
+            seconds = least_cpu_seconds(run, args.repeat)
             total += seconds
             print(f"encode {encoder} stage {item['stage']}: {1000 * seconds:.1f} ms")
         print(f"encode {encoder} both stages: {1000 * total:.1f} ms")
@@ -149,7 +139,7 @@ def profile(args) -> None:
         }
         stage_total = 0.0
         for label, fn in parts.items():
-            seconds = _best(fn, args.repeat)
+            seconds = least_cpu_seconds(fn, args.repeat)
             stage_total += seconds * (2 if label == "norm one" else 1)
             print(f"apply stage {stage}: {label}: {1000 * seconds:.2f} ms")
         apply_total += stage_total
