@@ -219,8 +219,8 @@ class EventReads:
         # provider caps eth_getLogs' range, and py-evm's scan is linear in the chain); the whole range only if
         # a reorg moved the commit between the two reads. The latest event: a round overturned and committed
         # again has two.
-        block = self.sender.call(self.ledger_contract, "commitBlockOf", (run_id, round))
-        logs = self._scan(self.ledger_contract, topics, block, block) if block else []
+        block = self.commit_block_of(run_id, round)  # ledger.disputes.DisputeCalls, beside this in the client
+        logs = self._scan(self.ledger_contract, topics, block, block) if block is not None else []
         if not logs:
             logs = self._scan(self.ledger_contract, topics)
         return commit_record_from(self.ledger_events.decode(logs[-1])) if logs else None
