@@ -231,9 +231,15 @@ def test_create_run_creates_joins_and_a_rerun_finishes_without_a_second_run(w3, 
     assert main(["run-info", "--rpc", w3.provider.endpoint_uri, "--run", "1", "--deployment", str(path),
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == summary
+    # (issue 80) the deployment names its chain's RPC: --rpc is needed only for another one, and the
+    # command says where the URL it used came from
+    assert main(["run-info", "--run", "1", "--deployment", str(path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == summary
+    assert f"chain RPC {w3.provider.endpoint_uri}: the rpc_url of --deployment {path}" in err
     assert main(["run-info", link, "--run", "2"]) == 2
     assert "--run 2 and the link's run 1 differ" in capsys.readouterr().err
-    assert main(["run-info", "--run", "1"]) == 2 and "pass the run link, or --rpc and --run" in (
+    assert main(["run-info", "--run", "1"]) == 2 and "pass the run link, or --run with --deployment" in (
         capsys.readouterr().err)
 
 

@@ -51,6 +51,10 @@ def build_wheel(tmp_path: Path) -> Path:
 
 def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
     wheel = build_wheel(tmp_path)
+    # pip builds in the source tree: setuptools' build/ and egg-info went there and stayed (dlx_build.py)
+    tree = tmp_path / "src"
+    left = sorted(p.name for p in tree.iterdir() if p.name == "build" or p.suffix == ".egg-info")
+    assert not left, f"the wheel's build left {left} in the source tree"
     names = set(zipfile.ZipFile(wheel).namelist())
     tracked = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *PACKAGES], cwd=REPO,
                              check=True, capture_output=True, text=True).stdout.split()

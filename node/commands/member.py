@@ -286,9 +286,7 @@ def run_run_info(args: argparse.Namespace) -> int:
         client, _ = reader_for_link(link, args.rpc)
         run_id = link.run_id
     else:  # as audit and pull: --rpc, --run and the deployment's addresses
-        if not args.rpc or args.run is None:
-            raise ConfigError("pass the run link, or --rpc and --run (with --deployment or "
-                              "--registry/--ledger)")
+        _rpc_and_run_given(args)
         client, run_id = reader_client(args), args.run
     summary = run_info_summary(client, run_id)
     print(json.dumps(summary, indent=1) if args.json else format_run_info(summary))
@@ -314,14 +312,33 @@ def run_mine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deployment_rpc(path: str) -> str:
+    """The rpc_url of deployment.json ``path`` ("" when it names none), said on stderr as the --rpc used."""
+    try:
+        url = json.loads(Path(path).read_text()).get("rpc_url") or ""
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"--deployment {path}: cannot read it ({exc})") from None
+    if url:
+        print(f"chain RPC {url}: the rpc_url of --deployment {path} (--rpc URL to use another)",
+              file=sys.stderr)
+    return url
+
+
+def _rpc_and_run_given(args: argparse.Namespace) -> None:
+    """--run and an RPC URL, without a link: --rpc, else the rpc_url of --deployment; ConfigError if not."""
+    if not args.rpc and args.deployment:
+        args.rpc = _deployment_rpc(args.deployment)
+    if not args.rpc or args.run is None:
+        raise ConfigError("pass the run link, or --run with --deployment (its rpc_url is the default --rpc) "
+                          "or with --rpc and --registry/--ledger")
+
+
 def apply_link(args: argparse.Namespace) -> None:
     """Fill ``audit``'s and ``pull``'s --rpc, --run, --ledger, --registry and --bootstrap from a run link."""
     from node.commands.link import parse_run_link
 
     if not args.link:
-        if not args.rpc or args.run is None:
-            raise ConfigError(
-                "pass the run link, or --rpc and --run (with --deployment or --registry/--ledger)")
+        _rpc_and_run_given(args)
         return
     link = parse_run_link(args.link)
     if args.run is not None and args.run != link.run_id:
