@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -65,6 +66,29 @@ def test_the_wheel_holds_every_module_and_the_package_data(tmp_path):
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "dlx-node = node.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not [n for n in names if "node_modules" in n or n.startswith(("tests/", "bench/"))]
+
+
+def test_a_wheel_builds_from_the_sdist(tmp_path):
+    """`python -m build` makes the sdist, then the wheel from it: the sdist must hold the build backend
+    (dlx_build.py, MANIFEST.in), else building from it fails with "Cannot import 'dlx_build'"."""
+    tree = _tracked_tree(tmp_path / "src")
+    sdist_dir, wheel_dir = tmp_path / "sdist", tmp_path / "dist"
+    build_sdist = f"import dlx_build; dlx_build.build_sdist({str(sdist_dir)!r})"
+    done = subprocess.run([sys.executable, "-c", build_sdist], cwd=tree, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [sdist] = sdist_dir.glob("dlx_node-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    [unpacked] = (tmp_path / "unpacked").iterdir()
+    assert (unpacked / "dlx_build.py").is_file(), sorted(p.name for p in unpacked.iterdir())
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", str(unpacked), "--no-deps",
+                           "--no-build-isolation", "-w", str(wheel_dir), "-q"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [wheel] = wheel_dir.glob("dlx_node-*.whl")
+    assert "node/cli.py" in zipfile.ZipFile(wheel).namelist()
+    assert not [p.name for p in unpacked.iterdir() if p.name == "build"], "the build left build/ in the sdist"
 
 
 _OUTSIDE = r"""
