@@ -56,6 +56,41 @@ class PoolParams:
         return cls(*(int(value) for value in values))
 
 
+#: RunParams.commitments of a run whose factors bind contributions to members (RewardPool._NORMED).
+NORMED_COMMITMENTS = 3
+
+
+def pool_param_problems(params: PoolParams, funding: int, *, commitments: int, max_contributions: int,
+                        unbonding_blocks: int) -> list[str]:
+    """Why ``createPool`` would refuse ``params`` with ``funding`` wei for a run of these values: the
+    contract's rules (RewardPool._checkParams), each as one line, so a command refuses them all at once before
+    any transaction; empty when it would take them. No parameter can pay before finality (a round opens only
+    when the ledger says it is final), so none is checked for it."""
+    problems = []
+    if params.amount_per_round == 0:
+        problems.append("the amount per round is zero")
+    elif funding < params.amount_per_round:
+        problems.append(f"the funding ({funding} wei) does not cover one round's amount "
+                        f"({params.amount_per_round} wei): a round's rewards would exceed what the pool "
+                        "holds")
+    if params.attester_bps > BPS:
+        problems.append(f"attester_bps={params.attester_bps} is above 10000")
+    elif params.attester_bps < BPS:
+        if commitments != NORMED_COMMITMENTS:
+            problems.append(f"contributions are paid only in a normed run (commitments {NORMED_COMMITMENTS}; "
+                            f"this run's is {commitments}): set attester_bps=10000 (attesters only)")
+        elif params.contribution_slots == 0 or params.contribution_slots < max_contributions:
+            problems.append(f"contribution_slots={params.contribution_slots} is below the run's "
+                            f"max_contributions ({max_contributions}): dropping contributions would raise "
+                            "the others' shares")
+    if params.attester_bps > 0 and params.attester_slots == 0:
+        problems.append("attester_slots is zero with an attesters' part")
+    if params.claim_blocks < unbonding_blocks:
+        problems.append(f"claim_blocks={params.claim_blocks} is shorter than the run's unbonding "
+                        f"({unbonding_blocks} blocks)")
+    return problems
+
+
 def contribution_share(params: PoolParams, num_stages: int, inner_steps: int, listed: int,
                        steps: int | None) -> int:
     """What one listed contribution of a stage earns: the stage's contributor budget over

@@ -17,6 +17,7 @@ from ledger.client import LedgerClient
 from ledger.runparams import game_steps_for, proof_window_bound
 from node.cli import main
 from node.commands.runfile import read_run_file
+from node.commands.runpool import verify_pool
 from node.commitments import UNNAMED, scheme_named
 from node.config import config_from_dict
 from node.errors import ConfigError
@@ -131,6 +132,7 @@ def test_deploy_writes_a_checked_deployment_and_never_overwrites_it(w3, tmp_path
     client = LedgerClient(w3, None, deployment["registry"], deployment["ledger"])
     client.check_deployment()
     assert deployment["chain_id"] == w3.eth.chain_id and client.run_count() == 0
+    verify_pool(w3, deployment["reward_pool"], deployment["ledger"])  # the runs' reward pools (issue 77)
     assert "matches the committed artifacts" in capsys.readouterr().out
     assert main(["deploy", "--rpc", w3.provider.endpoint_uri, "--dev-account", "8", "--yes", "--out",
                  str(out)]) == 2

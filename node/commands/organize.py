@@ -1,8 +1,8 @@
 """``dlx-node deploy`` and ``dlx-node create-run``: an organizer's commands (docs/DEPLOY.md).
 
-``deploy`` puts a NodeRegistry and a TrainingLedger on any JSON-RPC chain from an encrypted keystore,
-waits for its confirmations, checks the code now at both addresses against the committed artifacts
-(immutables masked) and writes ``deployment.json``.
+``deploy`` puts a NodeRegistry, a TrainingLedger and a RewardPool (the runs' reward pools, issue 77) on any
+JSON-RPC chain from an encrypted keystore, waits for its confirmations, checks the code now at each address
+against the committed artifacts (immutables masked) and writes ``deployment.json``.
 
 ``create-run`` reads a run file (a node.toml's run settings plus a ``[run]`` table of the on-chain parameters:
 node/commands/runfile.py), checks every value, and makes the organizer's node directory (``--data-dir``): its
@@ -11,7 +11,9 @@ document (and tokenizer) to joiners once it runs (``dlx-node start --config <dir
 does; the run link printed names it as the peer to fetch from. The order makes a failure harmless: everything
 is checked and written before the ``createRun`` transaction; after it only registering and joining remain, and
 running the same command again finds the run it created (by creator and configHash) instead of creating a
-second one. Before ``createRun``, a run whose ``quorum x stake / 2`` would not pay a prover's worst-case gas
+second one. A run file's ``[pool]`` opens the run's reward pool with ``createPool`` right after ``createRun``
+(node/commands/runpool.py; its parameters checked against every rule of the pool first). Before
+``createRun``, a run whose ``quorum x stake / 2`` would not pay a prover's worst-case gas
 at ten times the chain's gas price is refused (node/provergas.py; ``--allow-unpaid-proofs`` creates it,
 warned).
 """
@@ -36,6 +38,7 @@ from node.commands.chainops import (
 )
 from node.commands.member import node_identity
 from node.commands.runfile import read_run_file, run_params
+from node.commands.runpool import deployment_pool, open_pool, pool_plan, pool_spends, verify_pool
 from node.errors import DLX_ERRORS, ConfigError, NodeError, NotRegistered, RunOver
 from node.provergas import check_reward, proof_fund_for
 
@@ -98,6 +101,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     from ledger.account import load_account
     from ledger.client import LedgerClient
     from ledger.config import LedgerConfig, fee_policy
+    from ledger.rewards import RewardPoolClient
 
     out = Path(args.out).expanduser()
     if out.exists():
@@ -115,7 +119,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     # estimate), then the registry and the ledger, whose constructor creates the prover.
     stand_ins = {name: account.address for name in contracts.LIBRARIES}
     steps = [(name, [], []) for name in contracts.LIBRARIES]
-    steps += [("NodeRegistry", ["uint256"], [min_stake]), ("TrainingLedger", ["address"], [account.address])]
+    steps += [("NodeRegistry", ["uint256"], [min_stake]), ("TrainingLedger", ["address"], [account.address]),
+              ("RewardPool", ["address"], [account.address])]  # the runs' reward pools (issue 77)
     for name, ctor_args, value in steps:
         data = contracts.link(contracts.artifact(name), stand_ins) + encode(ctor_args, value).hex()
         gas = w3.eth.estimate_gas({"from": account.address, "data": data})
@@ -130,15 +135,17 @@ def run_deploy(args: argparse.Namespace) -> int:
     registry, ledger = LedgerClient.deploy(w3, account, min_stake, fees=fees,
                                            receipt_timeout=ledger_cfg.receipt_timeout, libraries=libraries)
     verify_deployment(w3, registry, ledger)
+    pool = RewardPoolClient.deploy(w3, account, ledger, fees=fees, receipt_timeout=ledger_cfg.receipt_timeout)
+    verify_pool(w3, pool, ledger)
     deployment = {"chain_id": chain_id, "rpc_url": args.rpc, "registry": registry, "ledger": ledger,
-                  "from_block": from_block, "deployer": account.address,
+                  "reward_pool": pool, "from_block": from_block, "deployer": account.address,
                   "confirmations": max(1, args.confirmations), "libraries": libraries}
     from node.fsutil import atomic_write_bytes
 
     atomic_write_bytes(out, (json.dumps(deployment, indent=1) + "\n").encode())
-    print(f"deployed NodeRegistry {registry} and TrainingLedger {ledger} on chain {chain_id} "
-          f"({max(1, args.confirmations)} confirmation(s)), with {len(libraries)} linked libraries; their "
-          "code matches the committed artifacts")
+    print(f"deployed NodeRegistry {registry}, TrainingLedger {ledger} and RewardPool {pool} on chain "
+          f"{chain_id} ({max(1, args.confirmations)} confirmation(s)), with {len(libraries)} linked "
+          "libraries; their code matches the committed artifacts")
     print(f"wrote {out}; next: dlx-node create-run RUN.toml --deployment {out}")
     return 0
 
@@ -198,6 +205,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     w3 = connect_checked(rpc, deployment["chain_id"])
     chain_id = w3.eth.chain_id
     verify_deployment(w3, deployment["registry"], deployment["ledger"])
+    pool = pool_plan(run, params, f"run file {args.run_file}")  # its every rule, before anything is sent
     config_path = data_dir / "node.toml"
     ledger_table = {**ledger_settings(args, rpc, chain_id, w3), "registry_address": deployment["registry"],
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}
@@ -213,7 +221,10 @@ def run_create_run(args: argparse.Namespace) -> int:
     identity = node_identity(data_dir, getattr(args, "identity", ""))
     _refuse_other_runs_directory(config_path, deployment["ledger"], existing)
     fund = 0 if existing else proof_fund_for(params, w3)  # the prover's reward (issue 79), with createRun
-    spends = _create_plan(client, params, identity, existing, _max_fee(w3, fee_policy(ledger_cfg)), fund)
+    fee = _max_fee(w3, fee_policy(ledger_cfg))
+    pool_client = _pool_client(w3, client, deployment, pool, args.run_file)
+    spends = _create_plan(client, params, identity, existing, fee, fund)
+    spends[1:1] = pool_spends(pool, pool_client, existing[-1].run_id if existing else None, fee)
     check_funds(client.balance(), client.address, spends)
     agree(spends, args.yes, "creating the run")
     document = run_document(run.cfg)
@@ -225,6 +236,7 @@ def run_create_run(args: argparse.Namespace) -> int:
         run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
                                         allow_weak_quorum=bool(weak), proof_fund=fund)
         print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
+    _open_pool(pool, pool_client, run_id)
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
         "p2p": {"listen_host": "127.0.0.1" if args.announce.startswith("127.") else "0.0.0.0",
@@ -239,14 +251,40 @@ def run_create_run(args: argparse.Namespace) -> int:
         raise NodeError(
             f"run {run_id} is on chain but its organizer's node is not ready ({exc}): run the same "
             "command again to finish (it finds the run and creates no second one)") from exc
-    link = run_link(chain_id, deployment["ledger"], run_id, rpc,
-                    [peer_multiaddr(args.announce, args.listen_port, identity.peer_id)],
-                    checkpoint_every=cfg.checkpoint_every)
+    _write_link(run_link(chain_id, deployment["ledger"], run_id, rpc,
+                         [peer_multiaddr(args.announce, args.listen_port, identity.peer_id)],
+                         checkpoint_every=cfg.checkpoint_every), data_dir, config_path)
+    return 0
+
+
+def _write_link(link: str, data_dir: Path, config_path: Path) -> None:
+    """Write the run link beside the organizer's node.toml and print both."""
+    from node.fsutil import atomic_write_bytes
+
     atomic_write_bytes(data_dir / "run-link.txt", (link + "\n").encode())
     print(f"wrote {config_path}; the organizer's node serves the run document once started:\n"
           f"  dlx-node start --config {config_path}")
     print(f"run link (dlx-node join, run-info, audit, pull):\n{link}")
-    return 0
+
+
+def _pool_client(w3, client, deployment: dict, plan, run_file: str):
+    """The deployment's RewardPool as the organizer, checked, where the run file has a ``[pool]``."""
+    if plan is None:
+        return None
+    from ledger.rewards import RewardPoolClient
+
+    address = deployment_pool(w3, deployment, f"run file {run_file}")
+    return RewardPoolClient(w3, client.sender.account, address, fees=client.sender.fees,
+                            receipt_timeout=client.sender.receipt_timeout)
+
+
+def _open_pool(plan, pool_client, run_id: int) -> None:
+    """runpool.open_pool; a failure leaves the run on chain, finished by the same command again."""
+    try:
+        open_pool(plan, pool_client, run_id)
+    except DLX_ERRORS as exc:
+        raise NodeError(f"run {run_id} is on chain but its reward pool was not opened ({exc}): run the same "
+                        "command again to finish (it finds the run and creates no second one)") from exc
 
 
 def _refuse_ended(client, run, run_file: str, data_dir: Path) -> None:

@@ -26,6 +26,17 @@ RUN_KEYS: dict[str, tuple[type, float, str]] = {
     "inactivity_rounds": (int, 1, "committed rounds a member may leave unsigned before it can be ejected"),
 }
 
+#: The optional ``[pool]`` table of a run file: the run's reward pool (docs/REWARDS.md), opened by create-run
+#: right after createRun. key -> (type, minimum, what it is); node/commands/runpool.py fills the defaults.
+POOL_KEYS: dict[str, tuple[type, float, str]] = {
+    "per_round_eth": (float, 0, "ETH a final round reserves for its contributors and attesters (required)"),
+    "funding_eth": (float, 0, "ETH sent with createPool (default: per_round_eth x rounds)"),
+    "attester_bps": (int, 0, "the attesters' part of a round's amount, basis points (default 1000)"),
+    "contribution_slots": (int, 0, "equal slots of a stage's contributor budget (default: the run's cap)"),
+    "attester_slots": (int, 0, "equal attester shares (default: replicas x stages)"),
+    "claim_blocks": (int, 0, "blocks a round's credits can be claimed after it opens (default: unbonding)"),
+}
+
 
 @dataclass
 class RunFile:
@@ -34,6 +45,7 @@ class RunFile:
     table: dict[str, Any]  # node settings; paths made absolute
     chain: dict[str, Any]  # the [run] table with defaults filled in
     cfg: Any  # NodeConfig of ``table``
+    pool: dict[str, Any] | None = None  # the [pool] table, its values' types checked (None: no pool)
 
 
 def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) -> RunFile:
@@ -57,6 +69,9 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
             raise ConfigError(f"run file {path}: [{section}] is the organizer's machine's, not the run's: "
                               "drop it (create-run writes it from the deployment and its options)")
     chain = _check_run_table(chain, path)
+    pool = table.pop("pool", None)
+    if pool is not None:
+        pool = _check_table(pool, path, "pool", POOL_KEYS, {}, required=("per_round_eth",))
     base = file.resolve().parent
     training, model = table.get("training", {}), table.get("model", {})
     if isinstance(training, dict) and training.get("data_path"):
@@ -87,7 +102,7 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
             f"run file {path}: [run] unbonding_blocks={chain['unbonding_blocks']}: must be at least the "
             f"longest proof window, dispute_blocks + (2 x {steps} game steps + 2) x accusation_blocks = "
             f"{floor} (or 0 for exactly that)")
-    return RunFile(table, chain, cfg)
+    return RunFile(table, chain, cfg, pool)
 
 
 #: What a run file's [model] may still set beside --init-from (the rest is the source's).
@@ -132,26 +147,38 @@ def _check_run_table(chain: dict, path: str) -> dict:
         SAFE_MIN_QUORUM_BPS,
     )
 
-    problems = []  # every bad value at once, not one per attempt
-    unknown = sorted(set(chain) - set(RUN_KEYS))
-    if unknown:
-        problems.append(f"unknown [run] key(s) {unknown}; known: {', '.join(RUN_KEYS)}")
     out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
            "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
            "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
            "tenure_rounds": DEFAULT_TENURE_ROUNDS}
-    for key, value in chain.items():
-        if key not in RUN_KEYS:
+    return _check_table(chain, path, "run", RUN_KEYS, out, maxima={"quorum_bps": 10_000})
+
+
+def _check_table(table, path: str, name: str, keys: dict, out: dict, required: tuple = (),
+                 maxima: dict | None = None) -> dict:
+    """``out`` updated with ``table``'s values, each checked against ``keys`` (and ``maxima``); ConfigError
+    naming every bad, unknown or missing one at once."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"run file {path}: [{name}] must be a table ({', '.join(keys)})")
+    problems = []  # every bad value at once, not one per attempt
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        problems.append(f"unknown [{name}] key(s) {unknown}; known: {', '.join(keys)}")
+    problems += [f"[{name}] needs {key} ({keys[key][2]})" for key in required if key not in table]
+    out = dict(out)
+    for key, value in table.items():
+        if key not in keys:
             continue
-        kind, minimum, what = RUN_KEYS[key]
+        kind, minimum, what = keys[key]
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
         if isinstance(value, bool) or not good or value < minimum:
-            problems.append(f"[run] {key}={value!r}: must be "
+            problems.append(f"[{name}] {key}={value!r}: must be "
                             f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
             continue
+        if value > (maxima or {}).get(key, value):
+            problems.append(f"[{name}] {key}={value!r}: must be <= {maxima[key]}")
+            continue
         out[key] = value
-    if out["quorum_bps"] > 10_000:
-        problems.append(f"[run] quorum_bps={out['quorum_bps']}: must be <= 10000")
     if problems:
         raise ConfigError(f"run file {path}: " + "; ".join(problems))
     return out
