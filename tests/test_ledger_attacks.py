@@ -167,8 +167,10 @@ def test_disputes_need_the_bond_the_window_and_a_replayable_field(deployment):
     leaver.leave_run(run.run_id)  # left before round 0 was committed: not in force at it
     committed, _ = run.commit(signers=(1, 2))
     mine_ = replace(committed, checkpoint_hash=digest("the checkpoint I assembled"))
-    with pytest.raises(errors.LedgerBondMismatch):
-        disputer.dispute(mine_, disputer.sign_record(mine_), bond=0)
+    for bond in (0, BOND - 1, BOND + 1):  # the run's bond only: a wei over refused too (dispute-bond-short)
+        with pytest.raises(errors.LedgerBondMismatch) as raised:
+            disputer.dispute(mine_, disputer.sign_record(mine_), bond=bond)
+        assert raised.value.values == {"required": BOND, "sent": bond}
     with pytest.raises(errors.LedgerNotInForce):
         leaver.dispute(mine_, leaver.sign_record(mine_))
     with pytest.raises(errors.LedgerNotCommittedRecord):  # the comparison is against the committed record

@@ -21,6 +21,7 @@ contract VerdictHandler is TrustBase {
     uint256 public disputes; // cases the coalition opened
     uint256 public accusationCount; // accusations the coalition filed
     uint256 public verdictTries; // verdicts the coalition sent (each subset of its seats is one)
+    uint256 public wrongBondsAccepted; // disputes opened with a bond other than the run's (G5: never)
 
     uint256[] internal _honest = [uint256(1), 2, 3, 4];
     uint256[] internal _coalition = [uint256(5), 6, COALITION_JOINER];
@@ -166,7 +167,8 @@ contract VerdictHandler is TrustBase {
 
     /// @notice The coalition disputes every round still in its dispute window (up to six, the latest first) that
     /// a seat of it can (bonded and in the run at the round, with the run's bond and its own signature), and tries
-    /// to overturn each.
+    /// to overturn each. Each seat first tries a bond one wei short of the run's and one wei over: counted in
+    /// `wrongBondsAccepted` if taken.
     function coalitionDisputes() external {
         ++calls;
         uint64 count = ledger.commitCount(runId);
@@ -184,8 +186,18 @@ contract VerdictHandler is TrustBase {
         disputed.weightsRoot = keccak256(abi.encode("other", round));
         for (uint256 i = 0; i < _coalition.length; ++i) {
             uint256 key = _coalition[i];
+            bytes memory signature = sign(key, recordDigest(ledger, disputed));
+            // first a bond a wei short and a wei over the run's: each must be refused (LedgerBondMismatch);
+            // one accepted opens the case (G5's price of a dispute, and G6's books, would be off)
+            for (uint256 wrong = BOND - 1; wrong <= BOND + 1; wrong += 2) {
+                vm.prank(who(key));
+                try ledger.dispute{value: wrong}(committed, disputed, signature) {
+                    ++wrongBondsAccepted;
+                    return;
+                } catch {}
+            }
             vm.prank(who(key));
-            try ledger.dispute{value: BOND}(committed, disputed, sign(key, recordDigest(ledger, disputed))) {
+            try ledger.dispute{value: BOND}(committed, disputed, signature) {
                 ++disputes;
                 return;
             } catch {}

@@ -37,7 +37,8 @@ contract VerdictInvariantsTest is TrustBase, InvariantTargets {
     }
 
     /// @notice G3 after every call: no honest member slashed, no (honest) round overturned, no accusation of an
-    /// honest member found guilty.
+    /// honest member found guilty; and G5's price of a dispute: no case opened with a bond other than the run's
+    /// (the handler tries one wei short and one wei over before each dispute).
     function invariant_verdicts_need_the_quorum_in_force() public view {
         uint256[] memory honest = handler.honestKeys();
         for (uint256 i = 0; i < honest.length; ++i) {
@@ -47,5 +48,6 @@ contract VerdictInvariantsTest is TrustBase, InvariantTargets {
             );
         }
         vm.assertEq(ledger.runOf(runId).invalidFrom, 0, "G3: a coalition verdict overturned an honest round");
+        vm.assertEq(handler.wrongBondsAccepted(), 0, "G5: a dispute with a bond other than the run's was accepted");
     }
 }
