@@ -20,7 +20,7 @@ from typing import Any, get_type_hints
 from ledger.config import LedgerConfig
 from node.commitments import CommitmentScheme, scheme_of
 from node.config_compute import ComputeConfig, check_compute
-from node.errors import ConfigError
+from node.errors import CONFIG_ERRORS, ConfigError
 from p2p.config import P2PConfig
 from training.config import (
     DilocoConfig,
@@ -272,21 +272,79 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
+class ConfigProblems(ConfigError):
+    """Several settings are wrong at once: ``problems`` holds each one's error (the message joins them)."""
+
+    def __init__(self, problems: list[Exception]) -> None:
+        self.problems = list(problems)
+        super().__init__(settings_wrong(self.problems))
+
+
+def settings_wrong(problems: list) -> str:
+    """One message for several bad settings (errors or messages): each one's, after how many there are."""
+    if len(problems) == 1:
+        return str(problems[0])
+    return f"{len(problems)} settings are wrong: " + "; ".join(map(str, problems))
+
+
+def _named_key(message: str, prefix: str, keys: list[str]) -> str | None:
+    """The key of ``keys`` a validation message is about ("training.batch_size=-3: ..." names batch_size)."""
+    for key in sorted(keys, key=len, reverse=True):
+        if message.startswith(tuple(f"{prefix}{key}{end}" for end in ("=", ":", " "))):
+            return key
+    return None
+
+
 def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
+    """``cls`` built from ``table``; its one error as it was raised, or a ConfigProblems that names every bad
+    setting at once (issue 80)."""
+    built, problems = _build_all(cls, table, prefix)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigProblems(problems)
+    return built
+
+
+def _build_all(cls: type, table: dict[str, Any], prefix: str) -> tuple[Any, list[Exception]]:
+    """``cls`` built from ``table`` without its bad settings (None if that cannot be done), and every bad
+    setting's error: each value of the wrong type, and each value a section's checks refuse (the setting a
+    refusal names is set back to its default and the checks run again, so one bad value does not hide the
+    next). A section built without its bad settings still takes part in the checks across sections."""
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
+    problems: list[Exception] = []
+    broken = False  # a section that could not be built: the checks across sections would judge its default
     for key, value in table.items():
         where = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"{where}: unknown setting; known ones are {sorted(names)}")
-        if key in _SECTIONS and cls is NodeConfig:
+            problems.append(ConfigError(f"{where}: unknown setting; known ones are {sorted(names)}"))
+        elif key in _SECTIONS and cls is NodeConfig:
             if not isinstance(value, dict):
-                raise ConfigError(f"[{key}] must be a table")
-            kwargs[key] = _build(_SECTIONS[key], value, f"{key}.")
+                problems.append(ConfigError(f"[{key}] must be a table"))
+                continue
+            section, found = _build_all(_SECTIONS[key], value, f"{key}.")
+            problems += found
+            broken |= section is None
+            if section is not None:
+                kwargs[key] = section
         else:
-            kwargs[key] = _coerce(value, hints[key], where)
-    return cls(**kwargs)
+            try:
+                kwargs[key] = _coerce(value, hints[key], where)
+            except CONFIG_ERRORS as exc:
+                problems.append(exc)
+    while not broken:
+        try:
+            return cls(**kwargs), problems
+        except CONFIG_ERRORS as exc:
+            problems.append(exc)
+            # a check across fields that names no one value of this table: what follows might come from it
+            key = _named_key(str(exc), prefix, [k for k in kwargs if k not in _SECTIONS])
+            if key is None:
+                break
+            del kwargs[key]
+    return None, problems
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:

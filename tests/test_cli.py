@@ -1,7 +1,10 @@
 """CLI surface: --help is fast and torch-free; errors are one line with an exit code."""
 
+import socket
 import subprocess
 import sys
+
+import pytest
 
 
 def run_cli(*args, timeout=240, **kw):
@@ -35,10 +38,36 @@ def test_start_with_bad_value_is_a_config_error(tmp_path):
     assert "diloco.inner_steps=-1" in proc.stderr
 
 
-# ---------------------------------------------------------------------- errors against a real chain
-import socket  # noqa: E402
+def test_every_bad_value_of_a_node_toml_is_named_at_once(tmp_path):
+    """Issue 80: rounds="four" and batch_size=-3 (and more, in three tables): one message names each, not
+    only the first; a value's type and its range alike, a bad value's neighbours still checked."""
+    (tmp_path / "node.toml").write_text('rounds = "four"\nquorum = 3\n[training]\nbatch_size = -3\n'
+                                        'inner_lr = -1.0\n[diloco]\nnum_replicas = 3\ninner_steps = "x"\n'
+                                        '[p2p]\nlisten_port = 70000\n')
+    proc = run_cli("start", "--config", str(tmp_path / "node.toml"))
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "5 settings are wrong" in line, line
+    for needle in ("rounds='four': must be an integer", "training.batch_size=-3", "training.inner_lr=-1.0",
+                   "diloco.inner_steps='x'", "p2p.listen_port=70000"):
+        assert needle in line, (needle, line)
+    assert "quorum" not in line  # 3 of diloco.num_replicas = 3 is fine: the bad inner_steps hides nothing
 
-import pytest  # noqa: E402
+
+def test_every_bad_value_of_a_run_file_is_named_at_once(tmp_path):
+    """The same through create-run: [run]'s bad values and the training settings' in one message, before
+    the deployment or the chain is looked at."""
+    (tmp_path / "run.toml").write_text('rounds = "four"\n[run]\nquorum = 0\n[training]\nbatch_size = -3\n')
+    proc = run_cli("create-run", str(tmp_path / "run.toml"), "--deployment", str(tmp_path / "none.json"),
+                   "--data-dir", str(tmp_path / "org"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "3 settings are wrong" in line, line
+    for needle in ("[run] quorum=0", "rounds='four': must be an integer", "training.batch_size=-3"):
+        assert needle in line, (needle, line)
+
+
+# ---------------------------------------------------------------------- errors against a real chain
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from node.commitments.values import max_game_steps  # noqa: F401 (create-run's, re-exported)
-from node.errors import ConfigError
+from node.errors import CONFIG_ERRORS, ConfigError
 
 #: The ``[run]`` table of a run file: key -> (type, minimum, what it is).
 RUN_KEYS: dict[str, tuple[type, float, str]] = {
@@ -52,7 +52,7 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
     """Parse and check a run file; ConfigError naming the bad values (every one of the [run] table at
     once). ``init_from``: a Hugging Face model directory the run starts from (:func:`import_model`, its
     files written under ``init_dir``)."""
-    from node.config import config_from_dict
+    from node.config import ConfigProblems, config_from_dict, settings_wrong
 
     file = Path(path).expanduser()
     try:
@@ -68,10 +68,11 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
         if section in table:
             raise ConfigError(f"run file {path}: [{section}] is the organizer's machine's, not the run's: "
                               "drop it (create-run writes it from the deployment and its options)")
-    chain = _check_run_table(chain, path)
+    problems: list[str] = []  # every bad value at once: [run]'s, [pool]'s and the node settings' (issue 80)
+    chain = _check_run_table(chain, path, problems)
     pool = table.pop("pool", None)
     if pool is not None:
-        pool = _check_table(pool, path, "pool", POOL_KEYS, {}, required=("per_round_eth",))
+        pool = _check_table(pool, path, "pool", POOL_KEYS, {}, required=("per_round_eth",), problems=problems)
     base = file.resolve().parent
     training, model = table.get("training", {}), table.get("model", {})
     if isinstance(training, dict) and training.get("data_path"):
@@ -79,13 +80,20 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
     if isinstance(model, dict) and model.get("tokenizer") not in (None, "bytes"):
         model["tokenizer"] = str((base / Path(model["tokenizer"]).expanduser()).resolve())
     if init_from:
+        if problems:  # before the import writes anything
+            raise ConfigError(f"run file {path}: {settings_wrong(problems)}")
         data_path = training.get("data_path", "") if isinstance(training, dict) else ""
         table["model"] = import_model(init_from, model if isinstance(model, dict) else {},
                                       init_dir or Path.cwd(), path, data_path)
     try:
         cfg = config_from_dict(table)
-    except ConfigError as exc:
-        raise ConfigError(f"run file {path}: {exc}") from None
+    except CONFIG_ERRORS as exc:
+        errors = [*problems, *(exc.problems if isinstance(exc, ConfigProblems) else [exc])]
+        if len(errors) == 1 and not isinstance(exc, ConfigError):
+            raise  # a package's own error, as it was raised
+        raise ConfigError(f"run file {path}: {settings_wrong(errors)}") from None
+    if problems:
+        raise ConfigError(f"run file {path}: {settings_wrong(problems)}")
     if cfg.rounds < 1:
         raise ConfigError(f"run file {path}: rounds={cfg.rounds}: a created run needs rounds >= 1")
     most = cfg.diloco.num_replicas * cfg.pipeline.num_stages
@@ -137,7 +145,7 @@ def import_model(directory: str, model: dict[str, Any], node_dir: Path, path: st
     return {**imported.fields, **model, "tokenizer": str(kept)}
 
 
-def _check_run_table(chain: dict, path: str) -> dict:
+def _check_run_table(chain: dict, path: str, problems: list[str] | None = None) -> dict:
     from ledger.runparams import (
         DEFAULT_ACCUSATION_BLOCKS,
         DEFAULT_DISPUTE_BLOCKS,
@@ -151,20 +159,20 @@ def _check_run_table(chain: dict, path: str) -> dict:
            "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
            "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
            "tenure_rounds": DEFAULT_TENURE_ROUNDS}
-    return _check_table(chain, path, "run", RUN_KEYS, out, maxima={"quorum_bps": 10_000})
+    return _check_table(chain, path, "run", RUN_KEYS, out, maxima={"quorum_bps": 10_000}, problems=problems)
 
 
 def _check_table(table, path: str, name: str, keys: dict, out: dict, required: tuple = (),
-                 maxima: dict | None = None) -> dict:
-    """``out`` updated with ``table``'s values, each checked against ``keys`` (and ``maxima``); ConfigError
-    naming every bad, unknown or missing one at once."""
+                 maxima: dict | None = None, problems: list[str] | None = None) -> dict:
+    """``out`` updated with ``table``'s good values, each checked against ``keys`` (and ``maxima``); every
+    bad, unknown or missing one at once: added to ``problems``, or (None) a ConfigError naming them."""
     if not isinstance(table, dict):
         raise ConfigError(f"run file {path}: [{name}] must be a table ({', '.join(keys)})")
-    problems = []  # every bad value at once, not one per attempt
+    found = problems if problems is not None else []  # every bad value at once, not one per attempt
     unknown = sorted(set(table) - set(keys))
     if unknown:
-        problems.append(f"unknown [{name}] key(s) {unknown}; known: {', '.join(keys)}")
-    problems += [f"[{name}] needs {key} ({keys[key][2]})" for key in required if key not in table]
+        found.append(f"unknown [{name}] key(s) {unknown}; known: {', '.join(keys)}")
+    found += [f"[{name}] needs {key} ({keys[key][2]})" for key in required if key not in table]
     out = dict(out)
     for key, value in table.items():
         if key not in keys:
@@ -172,15 +180,15 @@ def _check_table(table, path: str, name: str, keys: dict, out: dict, required: t
         kind, minimum, what = keys[key]
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
         if isinstance(value, bool) or not good or value < minimum:
-            problems.append(f"[{name}] {key}={value!r}: must be "
-                            f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
+            found.append(f"[{name}] {key}={value!r}: must be "
+                         f"{'a number' if kind is float else 'an integer'} >= {minimum:g} ({what})")
             continue
         if value > (maxima or {}).get(key, value):
-            problems.append(f"[{name}] {key}={value!r}: must be <= {maxima[key]}")
+            found.append(f"[{name}] {key}={value!r}: must be <= {maxima[key]}")
             continue
         out[key] = value
-    if problems:
-        raise ConfigError(f"run file {path}: " + "; ".join(problems))
+    if found and problems is None:
+        raise ConfigError(f"run file {path}: " + "; ".join(found))
     return out
 
 
