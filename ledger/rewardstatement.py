@@ -57,22 +57,55 @@ class Statement:
                 "credits": [asdict(c) for c in self.credits]}
 
 
-def statement(pool, ledger, run_id: int, account: str, sources: dict | None = None) -> Statement:
+class RunBooks:
+    """What every account's statement of one run reads alike, read once: the pool's view and events, each
+    round's attesters (``attesters``: round -> list, where the caller has them, e.g. from a history) and each
+    round's state for an unconvicted account."""
+
+    def __init__(self, pool, ledger, run_id: int, attesters: dict | None = None):
+        self.pool, self.ledger, self.run_id = pool, ledger, run_id
+        self.view = pool.pool_of(run_id)
+        self.events = pool.pool_events(run_id)
+        self.rounds = ledger.commit_count(run_id)
+        self._attesters = {r: [to_checksum_address(a) for a in v] for r, v in (attesters or {}).items()}
+        self._states: dict[int, str] = {}
+
+    def attesters(self, r: int) -> list[str]:
+        if r not in self._attesters:
+            record = self.ledger.commit_record(self.run_id, r)
+            self._attesters[r] = [] if record is None else [to_checksum_address(a) for a in record.attesters]
+        return self._attesters[r]
+
+    def state(self, r: int, convicted: bool) -> str:
+        """The state of an unclaimed credit of round ``r``."""
+        if r not in self._states:
+            self._states[r] = _round_state(self.pool, self.ledger, self.view, self.run_id, r, False)
+        state = self._states[r]
+        return "forfeited" if convicted and state != "before-pool" else state
+
+
+def statement(pool, ledger, run_id: int, account: str, sources: dict | None = None,
+              books: RunBooks | None = None) -> Statement:
     """``account``'s credits in run ``run_id``'s pool: ``pool`` a ledger.rewards.RewardPoolClient, ``ledger``
-    a LedgerClient (the record), ``sources``: round -> (stage leaves, factors per stage) where known."""
+    a LedgerClient (the record), ``sources``: round -> (stage leaves, factors per stage, None where not known)
+    where known (node/store/rewardsources.py reads them from node directories); ``books``: what several
+    accounts' statements share (read here when not given)."""
     account = to_checksum_address(account)
-    view = pool.pool_of(run_id)
+    books = books or RunBooks(pool, ledger, run_id)
+    view = books.view
     params = view["params"]
     seat = ledger.member(run_id, account)
     result = Statement(run_id, account, pool.address, seat is not None and seat.status == "slashed")
-    claimed_events = {(e.args["round"], e.args["stage"]): e.args["amount"] for e in pool.pool_events(run_id)
+    claimed_events = {(e.args["round"], e.args["stage"]): e.args["amount"] for e in books.events
                       if e.name == "RewardClaimed" and e.args["account"] == account}
-    for r in range(ledger.commit_count(run_id)):
-        shares = _attester_credit(ledger, params, run_id, r, account)
+    for r in range(books.rounds):
+        attesters = books.attesters(r)
+        shares = [(None, attester_share(params, len(attesters)), attesters.index(account))] \
+            if account in attesters else []
         shares += _contribution_credits(view, r, account, (sources or {}).get(r), claimed_events)
         if not shares:
             continue
-        state = _round_state(pool, ledger, view, run_id, r, result.convicted)
+        state = books.state(r, result.convicted)
         for stage, amount, index in shares:
             key = ATTESTER if stage is None else stage
             if (r, key) in claimed_events:
@@ -83,14 +116,6 @@ def statement(pool, ledger, run_id: int, account: str, sources: dict | None = No
     return result
 
 
-def _attester_credit(ledger, params, run_id: int, r: int, account: str) -> list:
-    record = ledger.commit_record(run_id, r)
-    attesters = [] if record is None else [to_checksum_address(a) for a in record.attesters]
-    if account not in attesters:
-        return []
-    return [(None, attester_share(params, len(attesters)), attesters.index(account))]
-
-
 def _contribution_credits(view: dict, r: int, account: str, source, claimed_events: dict) -> list:
     """(stage, amount, index) of each listed contribution of ``account`` in round ``r``: from the round's
     factors where known, else from its claims."""
@@ -98,6 +123,8 @@ def _contribution_credits(view: dict, r: int, account: str, source, claimed_even
     if source is not None:
         _leaves, factors = source
         for stage, stage_factors in enumerate(factors):
+            if stage_factors is None:  # a stage whose factors are not known here
+                continue
             listed = listed_contributions(stage_factors)
             for index, (member, steps) in enumerate(listed):
                 if to_checksum_address(member) == account:

@@ -28,6 +28,14 @@ def _check_summary(stdout: str, out) -> None:
     assert all(r["contributors"] >= 2 for r in summary["rounds"])
     assert summary["checkpoints"] and summary["latest_checkpoint_file"]
     assert summary["disputes"] == 0
+    # (issue 77) the demo opens a small reward pool; each member's earnings come from the chain, its
+    # contributions proven by the stage leaves and factors the nodes kept for every committed round
+    rewards = summary["rewards"]
+    assert rewards["per_round_wei"] == 10**16 and rewards["funded_wei"] == 2 * 10**16
+    assert rewards["rounds_with_factors"] == [0, 1], rewards
+    assert len(rewards["members"]) == 4 and all(m["contributions"] >= 1 for m in rewards["members"]), rewards
+    assert 0 < sum(m["earned_wei"] for m in rewards["members"]) <= rewards["funded_wei"]
+    assert f"reward pool {rewards['pool']}" in stdout
     assert 0 < summary["pseudo_gradient_bytes"] < summary["allreduce_bytes_equivalent"]
     # The centralized reference on the same tokens is trained and printed beside the run's loss.
     reference = summary["centralized_reference_eval_loss"]
@@ -90,6 +98,9 @@ def test_demo_runs_reports_from_the_chain_and_keep_serves_the_printed_pull_comma
         assert "round 1" in done.stdout + done.stderr
         # The demo closed the dispute windows on its idle chain: the plain pull takes round 1 as final.
         assert "--pending" not in pull and "mined" in text and "rounds are final" in text, text[-3000:]
+        # ... and the members' earnings are final and claimable then
+        final = text[text.index("now that its rounds are final"):]
+        assert "reward pool" in final and "not final yet" not in final, final
         assert "NOT final" not in done.stdout, done.stdout[-2000:]
     finally:
         demo.send_signal(signal.SIGINT)

@@ -164,3 +164,58 @@ def test_a_chain_that_goes_away_leaves_the_last_snapshot_marked_not_live_at_once
             assert code == 200 and "not live" in page
         finally:
             explorer.close()
+
+
+def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_path):
+    """(issue 77) A normed run with a pool: round 0 final, member 1's contribution and member 2's attestation
+    claimed; the explorer (the CLI, its pool from deployment.json's reward_pool) shows the pool's books and
+    each member's credits, in its JSON and on the page."""
+    from ledger_fixtures import fresh_anvil_w3
+    from reward_fixtures import params, reward_run
+
+    w3 = fresh_anvil_w3(request, timeout=10.0)
+    rr = reward_run(deploy(w3), pool=params())
+    rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2), label="pending")  # round 1: not final
+    rr.mine_to_final(0)
+    rr.claim(1, 0, 0)
+    rr.claim_attestation(2, 0)
+    deployment_file = tmp_path / "deployment.json"
+    deployment_file.write_text(json.dumps({"registry": rr.deployment.registry, "ledger": rr.deployment.ledger,
+                                           "reward_pool": rr.pool_address}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "explorer", "--rpc", w3.provider.endpoint_uri, "--run",
+         str(rr.run_id), "--deployment", str(deployment_file), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        line = process.stdout.readline()
+        assert "explorer of run" in line, line + process.stderr.read()
+        base = line.split(" at ")[1].split(" ")[0]
+        code, pool = _get(base + "api/pool")
+        assert code == 200 and pool["address"] == rr.pool_address
+        contribution, attestation = rr.expected_share(0, 0, 1), rr.expected_attester_share(0)
+        assert pool["claimed_wei"] == contribution + attestation
+        assert pool["funded_wei"] == 10 * params().amount_per_round
+        assert pool["balance_wei"] == pool["funded_wei"] - pool["claimed_wei"]
+        members = {m["account"]: m for m in pool["members"]}
+        one, two = members[rr.address(1)], members[rr.address(2)]
+        # member 1: its claimed contribution and its attestation of round 0 (claimable), its attestation of
+        # round 1 (pending); its round-1 contribution is known only once claimed
+        assert one["claimed_wei"] == contribution and one["claimable_wei"] == attestation
+        assert one["pending_wei"] == attestation and one["final_wei"] == contribution + attestation
+        assert two["claimed_wei"] == attestation and two["earned_wei"] == 2 * attestation
+        assert members[rr.address(3)]["earned_wei"] == 0  # listed, unclaimed: its factors are the nodes'
+        chromium = shutil.which("chromium")
+        if chromium is None:
+            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
+        dom = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
+             "--virtual-time-budget=10000", "--dump-dom", base],
+            check=False, capture_output=True, text=True, timeout=120).stdout
+        assert dom.count('<tr class="credit"') == len(pool["members"]) >= 3, dom[:2000]
+        assert rr.pool_address in dom
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

@@ -144,6 +144,9 @@ def run_demo(args: argparse.Namespace) -> int:
                           "accept that one member commits and slashes alone (docs/TRUST.md)")
     if args.stake < 0:
         raise ConfigError(f"--stake={args.stake}: must be >= 0")
+    pool_eth = getattr(args, "pool_eth", 0.0)
+    if not pool_eth >= 0:
+        raise ConfigError(f"--pool={pool_eth}: must be >= 0 ETH a round (0: no reward pool)")
     from node.anvil import locate_anvil
 
     locate_anvil(required=True)  # the demo's chain: say how to get anvil before anything starts
@@ -155,7 +158,7 @@ def run_demo(args: argparse.Namespace) -> int:
                    attest_quorum=args.attest_quorum, attest_quorum_bps=DEMO_QUORUM_BPS,
                    stake_wei=int(args.stake * 10**18), allow_weak_quorum=weak, cpu_limits=cpu_limits,
                    allow_unpaid_proofs=getattr(args, "allow_unpaid_proofs", False),
-                   init_from=getattr(args, "init_from", "") or "")
+                   init_from=getattr(args, "init_from", "") or "", pool_per_round_wei=int(pool_eth * 10**18))
     print(_headline(args, data, cpu_limits))
     view = LiveView()
 
@@ -265,6 +268,7 @@ def _keep_serving(run: LocalRun, out: Path):
               "its rounds are final (the chain's isFinal)", flush=True)
         print(f"pull the latest checkpoint the chain vouches for:\n  dlx-node pull '{link}' {out / 'model'}",
               flush=True)
+        _print_final_rewards(run)
     else:  # its rounds stay inside their dispute window: pull takes only final rounds unless --pending
         print("pull the latest checkpoint the chain vouches for (--pending: the demo's last rounds are still "
               f"inside their dispute window, which the chain closes as blocks pass):\n"
@@ -272,6 +276,20 @@ def _keep_serving(run: LocalRun, out: Path):
     print(f"watch the run in a browser:\n  dlx-node explorer --rpc {run.url} --run {run.run_id} --deployment "
           f"{out / 'deployment.json'}", flush=True)
     return seeder
+
+
+def _print_final_rewards(run: LocalRun) -> None:
+    """The members' earnings again once the rounds are final (claimable now: ``dlx-node rewards --claim``)."""
+    from node.commands.demorewards import rewards_lines, rewards_summary
+    from node.errors import DLX_ERRORS
+
+    try:
+        rewards = rewards_summary(run)
+    except DLX_ERRORS as exc:  # the run and its model are fine; only this report is missing
+        print(f"the reward pool could not be read: {exc}", flush=True)
+        return
+    if rewards is not None:
+        print("\n".join(["now that its rounds are final:", *rewards_lines(rewards)]), flush=True)
 
 
 def _close_dispute_windows(run: LocalRun) -> int | None:

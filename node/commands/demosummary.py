@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from node.commands.demorewards import rewards_lines, rewards_summary
 from node.commands.launcher import LocalRun
 from node.config import load_config
 from training.config import LEGACY_OPTIMIZER
@@ -242,6 +243,7 @@ def summarize(run: LocalRun) -> dict:
         "allreduce_bytes_equivalent": allreduce, "checkpoints": checkpoints,
         "latest_checkpoint_file": ckpt_path, "disputes": len(history.disputes), "workdir": str(run.workdir),
         "node_dirs": [str(slot.data_dir) for slot in run.nodes],
+        "rewards": rewards_summary(run),  # the run's reward pool and each member's earnings (issue 77)
     }
 
 
@@ -354,6 +356,8 @@ def format_summary(s: dict) -> str:
                            for name, c in s["spot_checks"].items())
         lines.append(f"spot checks (another replica's round re-executed): {checks}; accusations: "
                      f"{s.get('accusations', 0)}")
+    if s.get("rewards"):
+        lines.extend(rewards_lines(s["rewards"]))
     lines.append(f"disputes: {s['disputes']}; node data, logs and deployment.json in {s['workdir']}")
     archives = " ".join(f"--archive {p}" for p in s.get("node_dirs", []))
     lines.append(f"audit it (with --keep, while the chain runs):\n  dlx-node audit --rpc {s['rpc_url']} "

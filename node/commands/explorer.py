@@ -10,7 +10,9 @@ endpoints the page polls:
   checkpoint, disputes and equivocations, and whether the round's hash-chain link and attesters verify;
 * ``/api/accusations`` -- every accusation (open, guilty, cleared, expired), disputes, equivocations,
   slashings;
-* ``/api/checks`` -- the audit's chain checks (:func:`ledger.checks.check_chain_record`) item by item.
+* ``/api/checks`` -- the audit's chain checks (:func:`ledger.checks.check_chain_record`) item by item;
+* ``/api/pool`` -- the run's reward pool (``--pool``, or deployment.json's ``reward_pool``; null without one):
+  its schedule and books and each member's credits (node/commands/explorerpool.py; issue 77).
 
 It sends no transaction and holds no key. The chain is read at most once per ``refresh`` seconds, however
 many browsers poll; a chain that stops answering gives ``503`` with the reason (the page says so and keeps
@@ -105,10 +107,11 @@ def check_rows(checks) -> dict:
             "notes": list(checks.notes), "contracts_checked": checks.contracts is not None}
 
 
-def read_snapshot(client, run_id: int) -> dict:
+def read_snapshot(client, run_id: int, pool=None) -> dict:
     """Everything the page shows, read from the chain now: one history read, the audit's chain checks on
-    it."""
+    it, and the run's reward pool where ``pool`` (a RewardPoolClient) is given (issue 77)."""
     from ledger.checks import check_chain_record
+    from node.commands.explorerpool import pool_snapshot
     from node.commands.member import run_info_summary
     from node.tools.standing import last_final_on_chain
 
@@ -122,6 +125,7 @@ def read_snapshot(client, run_id: int) -> dict:
         "slashings": [{"account": s.account, "stake_wei": s.stake, "block": s.block_number, "tx": s.tx_hash}
                       for s in history.slashings],
         "checks": check_rows(checks),
+        "pool": None if pool is None else pool_snapshot(pool, client, run_id, history),
         "read_at": time.time(),
     }
 
@@ -246,8 +250,11 @@ def api_routes(cache: SnapshotCache) -> dict[str, Callable[[dict], Any]]:
     def checks(query):
         return cache.get()["checks"]
 
+    def pool(query):
+        return cache.get()["pool"]
+
     return {"/api/snapshot": snapshot, "/api/run": run, "/api/rounds": rounds,
-            "/api/accusations": accusations, "/api/checks": checks}
+            "/api/accusations": accusations, "/api/checks": checks, "/api/pool": pool}
 
 
 def make_handler(cache: SnapshotCache, page: bytes) -> type[BaseHTTPRequestHandler]:
@@ -347,8 +354,8 @@ class Explorer:
 
 
 def explorer_for_client(client, run_id: int, host: str = "127.0.0.1", port: int = 0,
-                        refresh: float = 2.0) -> Explorer:
-    return Explorer(lambda: read_snapshot(client, run_id), host, port, refresh)
+                        refresh: float = 2.0, pool=None) -> Explorer:
+    return Explorer(lambda: read_snapshot(client, run_id, pool), host, port, refresh)
 
 
 def run_explorer(args: argparse.Namespace) -> int:
@@ -368,13 +375,23 @@ def run_explorer(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("explorer: listening on %s, reachable from other machines (it is read-only)",
                        args.host)
-    explorer = explorer_for_client(client, args.run, args.host, args.port, args.refresh)
+    pool = _pool(client, args)
+    explorer = explorer_for_client(client, args.run, args.host, args.port, args.refresh, pool)
     print(f"explorer of run {args.run} at {explorer.url} (read-only; Ctrl-C stops it)", flush=True)
     try:
         explorer.serve_forever()
     finally:
         explorer.close()
     return 0
+
+
+def _pool(client, args: argparse.Namespace):
+    """The run's RewardPool to show (--pool, else deployment.json's ``reward_pool``), checked; None: none."""
+    from node.tools.audit_cli import pool_address
+    from node.tools.audit_pool import pool_client
+
+    address = pool_address(args)
+    return pool_client(client, address) if address else None
 
 
 def add_parser(sub) -> None:
@@ -387,6 +404,9 @@ def add_parser(sub) -> None:
     p.add_argument("--deployment", default="", help="deployment.json (the contract addresses)")
     p.add_argument("--ledger", default="", help="TrainingLedger address (default: from --deployment)")
     p.add_argument("--registry", default="", help="NodeRegistry address (default: from --deployment)")
+    p.add_argument("--pool", default="", metavar="ADDRESS",
+                   help="the run's RewardPool: show the pool and each member's credits (default: "
+                        "deployment.json's reward_pool, if any)")
     p.add_argument("--bootstrap", action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only)")

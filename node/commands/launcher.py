@@ -161,6 +161,10 @@ class LocalRun:
     # harness creates the runs its tests ask for; the demo refuses one unless --allow-unpaid-proofs.
     allow_unpaid_proofs: bool = True
     reward_notes: list[str] = field(default_factory=list)  # what setup's check says (the demo prints it)
+    # wei a final round of the run pays its contributors and attesters from a reward pool the deployer opens
+    # right after createRun (issue 77; node/commands/runpool.py's defaults); 0: no pool, no RewardPool
+    pool_per_round_wei: int = 0
+    reward_pool: str = ""  # the RewardPool's address once set up ("" without a pool)
     # Replica -> the CPUs its node processes may use together (a cgroup v1 cpu quota,
     # node/commands/throttle.py): a slow contributor on this machine (issue 44). Needs root; empty: no limit.
     cpu_limits: dict[int, float] = field(default_factory=dict)
@@ -205,10 +209,12 @@ class LocalRun:
                                              allow_weak_quorum=self.allow_weak_quorum,
                                              proof_fund=proof_fund_for(params, w3))
         (self.workdir / "run.json").write_bytes(canonical_json(document))
-        (self.workdir / "deployment.json").write_text(json.dumps({
-            "rpc_url": self.url, "registry": self.registry, "ledger": self.ledger, "run_id": self.run_id,
-            "chain_id": w3.eth.chain_id,
-        }, indent=1))
+        deployment = {"rpc_url": self.url, "registry": self.registry, "ledger": self.ledger,
+                      "run_id": self.run_id, "chain_id": w3.eth.chain_id}
+        if self.pool_per_round_wei:
+            self.reward_pool = self._open_pool(w3, deployer, params)
+            deployment["reward_pool"] = self.reward_pool
+        (self.workdir / "deployment.json").write_text(json.dumps(deployment, indent=1))
         index = 0
         for replica in range(self.replicas):
             master_port = free_port()
@@ -241,6 +247,18 @@ class LocalRun:
         deployment = json.loads((self.workdir / "deployment.json").read_text())
         deployment["run_link"] = self.link()
         (self.workdir / "deployment.json").write_text(json.dumps(deployment, indent=1))
+
+    def _open_pool(self, w3, deployer, params: RunParams) -> str:
+        """Deploy a RewardPool and open the run's pool of ``pool_per_round_wei`` a round, funded for every
+        round (the deployer created the run); its address."""
+        from ledger.rewards import RewardPoolClient
+        from node.commands.runpool import open_pool, plan_for
+
+        nodes = self.replicas * (self.stages if self.split else 1)
+        plan = plan_for(params, nodes, self.pool_per_round_wei, "the local run")
+        address = RewardPoolClient.deploy(w3, deployer, self.ledger)
+        open_pool(plan, RewardPoolClient(w3, deployer, address), self.run_id)
+        return address
 
     def _fund_generated_accounts(self, w3, deployer) -> None:
         """Give the nodes past the chain's own funded dev accounts their stake and gas, from the deployer."""

@@ -150,6 +150,9 @@ def _add_demo(sub) -> None:
                         "chain's gas price: a wrong round may then stand with nobody paid to prove it")
     p.add_argument("--stake", type=float, default=1.0, metavar="ETH",
                    help="stake each member puts into the run (slashed for equivocation)")
+    p.add_argument("--pool", type=float, default=0.01, metavar="ETH", dest="pool_eth",
+                   help="the run's reward pool pays ETH a final round to its contributors and attesters, "
+                        "funded for every round (0: no pool; docs/REWARDS.md)")
     p.add_argument("--inner-steps", type=int, default=20,
                    help="H: the inner steps of a round (with --round-budget, the most a round may train)")
     p.add_argument("--round-budget", type=float, default=0.0, metavar="S",

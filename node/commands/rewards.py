@@ -4,7 +4,8 @@ what is claimable now, and ``--claim`` to claim it (issue 77; docs/REWARDS.md, "
 The member is the account of a node directory's ``node.toml`` (its chain and run too); ``--account`` shows
 another account's credits (read-only). The pool is a RewardPool contract beside the run's ledger:
 ``--pool``. Credits come from ledger.rewardstatement: attestations from the chain alone, listed contributions
-once claimed (their factors are not on chain: claiming them is ``RewardPoolClient.claim_contribution``'s).
+from the stage leaves and factors the node directory kept (node/store/rewardsources.py; checked against the
+chain), else once claimed.
 """
 
 from __future__ import annotations
@@ -56,19 +57,29 @@ def run_rewards(args: argparse.Namespace) -> int:
         account = args.account or client.address
         if args.account and not client.w3.is_address(args.account):
             raise ConfigError(f"--account {args.account!r}: not an address")
-        result = statement(pool, client, run_id, account)
+        sources = _sources(args.config, client, run_id)
+        result = statement(pool, client, run_id, account, sources)
         if args.json and not args.claim:
             print(json.dumps(result.to_json(), indent=2))
         else:
             _print_statement(result)
         if args.claim:
-            sent = _claim(pool, client, run_id, result, args.yes)
-            result = statement(pool, client, run_id, account)
+            sent = _claim(pool, client, run_id, result, args.yes, sources)
+            result = statement(pool, client, run_id, account, sources)
             if args.json:
                 print(json.dumps({**result.to_json(), "claims_sent": sent}, indent=2))
     finally:
         chain.close()
     return 0
+
+
+def _sources(config: str, client, run_id: int) -> dict:
+    """The stage leaves and factors the node directory of ``config`` kept (node/store/rewardsources.py),
+    those the chain vouches for: what proves its listed contributions."""
+    from node.config import load_config
+    from node.store.rewardsources import read_sources
+
+    return read_sources([load_config(config).path(".")], client, run_id)
 
 
 def _fund_amount(text: str) -> int:
@@ -120,12 +131,12 @@ def _print_statement(result) -> None:
         print("claim them: dlx-node rewards --claim (same options)")
 
 
-def _claim(pool, client, run_id: int, result, yes: bool) -> int:
+def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = None) -> int:
     """Send a claim for each claimable credit after listing them (gas and balance checked); the claims
     sent."""
     from ledger.rewardstatement import claim_call
 
-    calls = [(credit, claim_call(client, run_id, credit)) for credit in result.credits]
+    calls = [(credit, claim_call(client, run_id, credit, sources)) for credit in result.credits]
     calls = [(credit, call) for credit, call in calls if call is not None]
     if not calls:
         print("nothing to claim now")

@@ -49,23 +49,33 @@ def pool_plan(run, params, where: str) -> PoolPlan | None:
     """The pool of a checked run file ``run`` (node.commands.runfile.RunFile) for a run created with
     ``params`` (RunParams), its defaults filled in; None when the run file has no ``[pool]``. ConfigError
     naming every reason createPool would refuse it, before anything is sent."""
+    if run.pool is None:
+        return None
+    table = dict(run.pool)
+    per_round = _wei(table.pop("per_round_eth"))
+    funding = _wei(table.pop("funding_eth")) if "funding_eth" in table else None
+    return plan_for(params, run.cfg.diloco.num_replicas * params.num_stages, per_round, where, funding,
+                    **table)
+
+
+def plan_for(params, nodes: int, per_round: int, where: str, funding: int | None = None,
+             **settings) -> PoolPlan:
+    """The pool of ``per_round`` wei a round for a run created with ``params`` (RunParams) placing at most
+    ``nodes`` nodes, ``settings`` (PoolParams' fields) over the defaults: the attesters' tenth (all of it in a
+    run that is not normed), the run's maxContributions slots a stage, one attester share a node, a claim
+    window of the unbonding; funded with ``funding`` (default one round's amount a round of the run).
+    ConfigError naming every reason createPool would refuse it."""
     from ledger.errors import LedgerInputError
     from ledger.rewards import BPS, NORMED_COMMITMENTS, PoolParams, pool_param_problems
 
-    if run.pool is None:
-        return None
-    table = run.pool
-    per_round = _wei(table["per_round_eth"])
     normed = params.commitments == NORMED_COMMITMENTS
+    defaults = {"attester_bps": 1_000 if normed else BPS, "contribution_slots": params.max_contributions,
+                "attester_slots": nodes, "claim_blocks": params.unbonding_blocks}
     try:
-        pool = PoolParams(
-            per_round, attester_bps=table.get("attester_bps", 1_000 if normed else BPS),
-            contribution_slots=table.get("contribution_slots", params.max_contributions),
-            attester_slots=table.get("attester_slots", run.cfg.diloco.num_replicas * params.num_stages),
-            claim_blocks=table.get("claim_blocks", params.unbonding_blocks))
+        pool = PoolParams(per_round, **{**defaults, **settings})
     except LedgerInputError as exc:
         raise ConfigError(f"{where}: [pool] {exc} (nothing was sent)") from None
-    funding = _wei(table["funding_eth"]) if "funding_eth" in table else per_round * max(1, params.max_rounds)
+    funding = per_round * max(1, params.max_rounds) if funding is None else funding
     problems = pool_param_problems(pool, funding, commitments=params.commitments,
                                    max_contributions=params.max_contributions,
                                    unbonding_blocks=params.unbonding_blocks)

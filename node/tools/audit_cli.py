@@ -74,7 +74,7 @@ def _reexecute_count(value: str) -> int:
     return count
 
 
-def _pool_address(args: Any) -> str:
+def pool_address(args: Any) -> str:
     """The reward pool to audit: --pool, else deployment.json's ``reward_pool`` (empty: none)."""
     if getattr(args, "pool", ""):
         return args.pool
@@ -115,7 +115,7 @@ def run_audit(args: Any) -> int:
     finally:
         if fetcher is not None:
             fetcher.close()
-    pool = _pool_address(args)
+    pool = pool_address(args)
     if pool:
         from node.tools.audit_pool import pool_check
 

@@ -53,6 +53,7 @@ from node.errors import DLX_ERRORS
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
+from node.store.rewardsources import write_stage
 from p2p.host import P2PHost
 from training.chunks import cut_payload, tensor_leaves
 from training.robust import ContributionReport
@@ -121,7 +122,7 @@ class ChunkedStates:
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
                  window: DisputeWindow | None = None, spill_dir: Path | None = None,
-                 evidence_dir: Path | None = None) -> None:
+                 evidence_dir: Path | None = None, sources_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
@@ -132,6 +133,9 @@ class ChunkedStates:
         # where the exchange keeps the signed envelopes it rejected (a payload that does not decode is never
         # closed here, but a quorum may list it: pieces_of cuts it from there); None: not looked at
         self.evidence_dir = evidence_dir
+        # where a version-3 stage's leaf and factors are kept for its contributors' reward claims (issue 77:
+        # node/store/rewardsources.py); None: not kept
+        self.sources_dir = sources_dir
         self._lock = threading.Lock()
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
@@ -163,6 +167,8 @@ class ChunkedStates:
                                            decode_args={"stage_index": stage, "outer_round": outer_round,
                                                         "refuse_raw": self.cfg.compression.enabled})
         leaf = state.leaf().encode()
+        if self.sources_dir is not None and state.factors.norms is not None:
+            write_stage(self.sources_dir, outer_round, stage, leaf, state.factors.encode())
         left_out = left_out_pieces(reports, payloads, weights)
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
@@ -247,6 +253,8 @@ class ChunkedStates:
         with self._lock:
             self._states.setdefault(outer_round, {})[stage] = state
             self._spilled.get(outer_round, set()).discard(stage)
+        if self.sources_dir is not None and state.factors.norms is not None:  # the record's, for claims
+            write_stage(self.sources_dir, outer_round, stage, state.leaf().encode(), state.factors.encode())
 
     def _spill_path(self, outer_round: int, stage: int) -> Path:
         assert self.spill_dir is not None

@@ -8,6 +8,7 @@ from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeW
 from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.state.base import NodeBase
+from node.store.rewardsources import REWARD_SOURCES_DIR
 from p2p.host import P2PHost
 
 
@@ -25,7 +26,7 @@ def build_chunked_states(base: NodeBase, *, chain: NodeChain, host: P2PHost) -> 
         return None
     return ChunkedStates(cfg=base.cfg, host=host, layout=base.layout, config_hash=base.config_hash,
                          window=DisputeWindow(chain, base.run_id), spill_dir=base.data_dir / CHUNK_STATES_DIR,
-                         evidence_dir=base.evidence_dir)
+                         evidence_dir=base.evidence_dir, sources_dir=base.data_dir / REWARD_SOURCES_DIR)
 
 
 def build_fraud_prover(base: NodeBase, *, chain: NodeChain,

@@ -58,6 +58,7 @@ from node.live.state.roundbook import RoundBook
 from node.live.state.status import Progress, StateFile
 from node.live.checks.verifier import SpotChecker
 from node.store.checkpoint import RunLayout
+from node.store.rewardsources import REWARD_SOURCES_DIR, write_leaves
 from p2p.host import P2PHost
 from node.live.fraud.prover import FraudProver
 from node.live.chain.readback import EquivocationReports, ReadBack
@@ -332,6 +333,8 @@ class Committer(QuorumCommit):
             return
         if derived is None:
             return
+        if stage_leaves and node.cfg.commitment_scheme.proves_factors:  # its contributors' reward claims
+            write_leaves(node.cfg.path(REWARD_SOURCES_DIR), outer_round, stage_leaves)
         checkpoint_hash = None
         if (outer_round + 1) % node.cfg.checkpoint_every == 0:
             checkpoint_hash = self.checkpoints.assemble(outer_round, atts, stage_hashes, stage_leaves)

@@ -1,0 +1,118 @@
+"""What a node keeps so that its contributions can be paid (issue 77; docs/REWARDS.md, "Where a contribution's
+proof comes from").
+
+A listed contribution is claimed from a run's reward pool with the round's stage leaves (its stage's leaf and
+the Merkle path to the record's ``weightsRoot``) and the stage's version-3 factors, which list it. Neither is
+on chain, and the node's published stage states (node/live/fraud/chunkstate.py) are dropped once the round's
+proof window closes, before the round can pay (a round pays only once final). So a node writes them here, in
+``<data_dir>/rewards/``, as it derives them, and keeps them (about 1 KB a round and held stage):
+
+* ``round-<t>-stage-<s>.json``: its stage leaf and factors of each held stage (``ChunkedStates.record``);
+* ``round-<t>-leaves.json``: every stage's leaf of the record it derived (the committer), so a node holding
+  one stage of several still has the path.
+
+:func:`read_sources` reads them back from any node directories and keeps only what the chain's record of the
+round vouches for (the leaves' root is its ``weightsRoot``, the factors' sha256 its stage leaf's
+``factorsHash``): ``round -> (stage leaves, factors per stage or None)``, what ``ledger.rewardstatement``
+takes as ``sources``. A file that does not parse, or that the chain does not vouch for, is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from pathlib import Path
+
+from node.fsutil import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+
+REWARD_SOURCES_DIR = "rewards"
+_STAGE_FILE = re.compile(r"round-(\d{8})-stage-(\d{1,6})\.json")
+_LEAVES_FILE = re.compile(r"round-(\d{8})-leaves\.json")
+
+
+def _write(directory: Path, name: str, value: dict, what: str) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(directory / name, json.dumps(value).encode())
+    except OSError as exc:  # never stops the round: the contribution is then claimable only from a peer's
+        logger.warning("%s not kept for its reward claim: %s", what, exc)
+
+
+def write_stage(directory: Path, outer_round: int, stage: int, leaf: bytes, factors: bytes) -> None:
+    """Keep this node's stage leaf and factors of ``stage`` after ``outer_round``."""
+    _write(directory, f"round-{outer_round:08d}-stage-{stage}.json",
+           {"round": outer_round, "stage": stage, "leaf": leaf.hex(), "factors": factors.hex()},
+           f"round {outer_round} stage {stage}'s factors")
+
+
+def write_leaves(directory: Path, outer_round: int, leaves: list[bytes]) -> None:
+    """Keep every stage's leaf of the record this node derived for ``outer_round``."""
+    _write(directory, f"round-{outer_round:08d}-leaves.json",
+           {"round": outer_round, "leaves": [leaf.hex() for leaf in leaves]},
+           f"round {outer_round}'s stage leaves")
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _scan(directories) -> tuple[dict, dict]:
+    """(round -> [candidate leaf lists], round -> stage -> {leaf bytes: factors bytes}) from the files."""
+    lists: dict[int, list[list[bytes]]] = {}
+    stages: dict[int, dict[int, dict[bytes, bytes]]] = {}
+    for directory in directories:
+        folder = Path(directory) / REWARD_SOURCES_DIR
+        for path in sorted(folder.glob("round-*.json")) if folder.is_dir() else []:
+            value = _load(path)
+            try:
+                if (match := _STAGE_FILE.fullmatch(path.name)) and value is not None:
+                    by_leaf = stages.setdefault(int(match[1]), {}).setdefault(int(match[2]), {})
+                    by_leaf[bytes.fromhex(value["leaf"])] = bytes.fromhex(value["factors"])
+                elif (match := _LEAVES_FILE.fullmatch(path.name)) and value is not None:
+                    lists.setdefault(int(match[1]), []).append([bytes.fromhex(h) for h in value["leaves"]])
+            except (KeyError, TypeError, ValueError):
+                logger.warning("%s: not a reward source; skipped", path)
+    return lists, stages
+
+
+def read_sources(directories, reader, run_id: int) -> dict[int, tuple[list[bytes], list[bytes | None]]]:
+    """What node ``directories`` kept, checked against the chain (``reader``: a LedgerClient): round ->
+    (every stage leaf, each stage's factors or None where none kept matches its leaf)."""
+    from eth_abi.exceptions import DecodingError
+
+    from ledger.chunkproof import StageLeaf, chunked_weights_root
+    from ledger.errors import LedgerError
+
+    lists, stages = _scan(directories)
+    sources = {}
+    for r in sorted(set(lists) | set(stages)):
+        commit = reader.commit_of(run_id, r)
+        if commit is None:
+            continue
+        held = stages.get(r, {})
+        candidates = list(lists.get(r, []))
+        if held and all(len(held.get(s, {})) == 1 for s in range(max(held) + 1)):
+            candidates.append([next(iter(held[s])) for s in range(max(held) + 1)])
+        for leaves in candidates:
+            try:
+                parsed = [StageLeaf.decode(leaf) for leaf in leaves]
+                if chunked_weights_root(parsed) != commit.weights_root:
+                    continue
+            except (LedgerError, DecodingError, ValueError, OverflowError):
+                continue
+            factors = []
+            for s, leaf in enumerate(parsed):
+                kept = held.get(s, {}).get(leaves[s])
+                factors.append(kept if kept is not None and hashlib.sha256(kept).digest() == leaf.factors_hash
+                               else None)
+            sources[r] = (leaves, factors)
+            break
+    return sources

@@ -1,0 +1,123 @@
+"""What a node keeps so its contributions can be paid (issue 77; node/store/rewardsources.py): its stage
+leaves and factors, read back from node directories and kept only where the chain's record vouches for them;
+the statement, ``dlx-node rewards --claim`` and the demo's summary then show and claim contribution credits.
+py-evm and anvil; the command on anvil."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from ledger.rewardstatement import claim_call, statement
+from node.cli import main
+from node.commands.demorewards import rewards_lines, rewards_summary
+from node.store.rewardsources import REWARD_SOURCES_DIR, read_sources, write_leaves, write_stage
+from tests.ledger_fixtures import deploy, fresh_anvil_w3
+from tests.reward_fixtures import params, reward_run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_handlers():
+    yield
+    logging.getLogger().handlers[:] = []
+
+
+def _keep(rr, entry, directory, stages, leaves: bool = False) -> None:
+    """Write what a node holding ``stages`` of ``entry``'s round keeps into ``directory``."""
+    for stage in stages:
+        write_stage(directory / REWARD_SOURCES_DIR, entry.record.round, stage, entry.leaves[stage],
+                    entry.factors[stage])
+    if leaves:
+        write_leaves(directory / REWARD_SOURCES_DIR, entry.record.round, entry.leaves)
+
+
+def test_kept_leaves_and_factors_prove_and_pay_contributions(chain_w3, tmp_path):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    node_a, node_b = tmp_path / "a", tmp_path / "b"
+    _keep(rr, entry, node_a, [0])  # one node a stage: together they hold every leaf
+    _keep(rr, entry, node_b, [1])
+    reader = rr.run.reader
+    sources = read_sources([node_a, node_b], reader, rr.run_id)
+    assert sources == {0: (entry.leaves, entry.factors)}
+    # a node holding one stage of two, with the record's leaves kept by its committer: its own stage proven
+    _keep(rr, entry, tmp_path / "c", [0], leaves=True)
+    alone = read_sources([tmp_path / "c"], reader, rr.run_id)
+    assert alone == {0: (entry.leaves, [entry.factors[0], None])}
+    rr.mine_to_final(0)
+    mine = statement(rr.pool(1), reader, rr.run_id, rr.address(1), alone)
+    credit = next(c for c in mine.credits if c.stage == 0)
+    assert (credit.state, credit.amount) == ("claimable", rr.expected_share(0, 0, 1))
+    name, args = claim_call(reader, rr.run_id, credit, alone)
+    pool = rr.pool(1)
+    pool.sender.transact(pool.contract, name, args, name)
+    assert pool.claimed_of(rr.run_id, 0, 0, rr.address(1))
+    # member 2 is listed in stage 1, whose factors node c did not keep: its credit is not known from there
+    assert [c.stage for c in statement(rr.pool(2), reader, rr.run_id, rr.address(2), alone).credits] == [None]
+
+
+def test_kept_files_the_chain_does_not_vouch_for_are_skipped(chain_w3, tmp_path):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    entry = rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    other = rr.commit([[(2, None)], [(1, None)]], signers=(1, 2), label="other")
+    reader = rr.run.reader
+    node = tmp_path / "n"
+    # round 1's leaves and factors filed as round 0's, a forged factors file, garbage, a round not committed
+    write_leaves(node / REWARD_SOURCES_DIR, 0, other.leaves)
+    write_stage(node / REWARD_SOURCES_DIR, 0, 0, entry.leaves[0], other.factors[0])
+    (node / REWARD_SOURCES_DIR / "round-00000000-stage-1.json").write_text("{not json")
+    (node / REWARD_SOURCES_DIR / "round-00000005-leaves.json").write_text(json.dumps({"leaves": ["00"]}))
+    (node / REWARD_SOURCES_DIR / "round-00000001-leaves.json").write_text(json.dumps({"leaves": "zz"}))
+    assert read_sources([node], reader, rr.run_id) == {}
+    write_leaves(node / REWARD_SOURCES_DIR, 1, other.leaves)  # round 1's own leaves, no factors kept
+    assert read_sources([node], reader, rr.run_id) == {1: (other.leaves, [None, None])}
+
+
+def test_the_demo_summary_shows_each_members_earnings_from_the_chain(chain_w3, tmp_path):
+    rr = reward_run(deploy(chain_w3), pool=params())
+    entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    slots = [SimpleNamespace(name=f"r{i}", data_dir=tmp_path / f"r{i}", account=i) for i in (1, 2, 3)]
+    _keep(rr, entry, slots[0].data_dir, [0])
+    _keep(rr, entry, slots[1].data_dir, [1])
+    run = SimpleNamespace(reward_pool=rr.pool_address, client=lambda: rr.run.reader, run_id=rr.run_id,
+                          nodes=slots, chain_id=chain_w3.eth.chain_id)
+    pending = rewards_summary(run)
+    by_node = {m["node"]: m for m in pending["members"]}
+    one = rr.expected_share(0, 0, 1) + rr.expected_attester_share(0)
+    assert (by_node["r1"]["earned_wei"], by_node["r1"]["final_wei"]) == (one, 0)
+    assert (by_node["r1"]["attestations"], by_node["r1"]["contributions"]) == (1, 1)
+    assert (by_node["r3"]["earned_wei"], by_node["r3"]["attestations"]) == (rr.expected_share(0, 0, 3), 0)
+    assert pending["rounds_with_factors"] == [0] and pending["funded_wei"] == 10 * params().amount_per_round
+    assert "not final yet" in "\n".join(rewards_lines(pending))
+    rr.mine_to_final(0)
+    final = {m["node"]: m for m in rewards_summary(run)["members"]}
+    assert final["r1"]["final_wei"] == final["r1"]["claimable_wei"] == one
+    lines = rewards_lines(rewards_summary(run))
+    assert any(line.split()[:1] == ["r1"] and f"{one / 1e18:.6f}" in line for line in lines), lines
+    assert rewards_summary(SimpleNamespace(reward_pool="")) is None  # a run without a pool: no lines
+
+
+def test_rewards_command_claims_a_contribution_from_the_node_directory(request, tmp_path, capsys):
+    w3 = fresh_anvil_w3(request, timeout=10.0)
+    rr = reward_run(deploy(w3), pool=params())
+    entry = rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    _keep(rr, entry, tmp_path, [0], leaves=True)  # member 1's node: stage 0, and the record's leaves
+    config = tmp_path / "node.toml"
+    config.write_text(f'data_dir = "{tmp_path}"\n[ledger]\nbackend = "rpc"\n'
+                      f'rpc_url = "{w3.provider.endpoint_uri}"\ndev_account = 1\n'
+                      f'registry_address = "{rr.deployment.registry}"\n'
+                      f'ledger_address = "{rr.deployment.ledger}"\n'
+                      f"run_id = {rr.run_id}\nchain_id = {w3.eth.chain_id}\n")
+    assert main(["rewards", "--config", str(config), "--pool", rr.pool_address, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    share = rr.expected_share(0, 0, 1)
+    assert {(c["stage"], c["state"]) for c in shown["credits"]} == {(None, "claimable"), (0, "claimable")}
+    assert shown["claimable_wei"] == share + rr.expected_attester_share(0)
+    assert main(["rewards", "--config", str(config), "--pool", rr.pool_address, "--claim", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "claim round 0's contribution" in out and "claim round 0's attestation" in out
+    assert rr.pool(0).pool_of(rr.run_id)["claimed"] == share + rr.expected_attester_share(0)
