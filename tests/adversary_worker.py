@@ -89,8 +89,8 @@ def claiming_another_platform():
     from training.replica_state import parse_stage_state
 
     class OtherPlatformWorker(ReplicaWorker):
-        def start_state_capture(self, outer_round):
-            serialise = super().start_state_capture(outer_round)
+        def start_state_capture(self, outer_round, spill_dir=None):
+            serialise = super().start_state_capture(outer_round, spill_dir)
 
             def relabelled():
                 # What a cheater would do to be judged by the tolerance: claim a CPU no verifier has.
@@ -114,8 +114,8 @@ def forged_start_state():
     from node.live.worker.replica import ReplicaWorker
 
     class StateForgingWorker(ReplicaWorker):
-        def start_state_capture(self, outer_round):
-            serialise = super().start_state_capture(outer_round)
+        def start_state_capture(self, outer_round, spill_dir=None):
+            serialise = super().start_state_capture(outer_round, spill_dir)
 
             def forged():
                 # Where the node reads the engines for the start state (on its lane, after the previous

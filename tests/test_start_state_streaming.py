@@ -153,3 +153,87 @@ def test_held_states_hold_a_rerun_file_for_the_chain_check(tmp_path) -> None:
     states.hold_linkable(5, 1, [b"bytes 0", b"bytes 1"])  # bytes as before
     assert states.linkable(5, 1) == [b"bytes 0", b"bytes 1"]
     assert not list((tmp_path / "work" / "linkable").glob(".*.tmp"))
+
+
+def test_spilled_trainer_part_is_the_same_state_out_of_ram(tmp_path, caplog) -> None:
+    """The copies a start state waits with (weights and both AdamW moments) go to a nameless file, not RAM
+    (training/spilled.py): the same bytes once written, even after training went on, and nothing left on
+    disk; where the file cannot be written they stay in RAM, with a warning, and nothing changes."""
+    from training.spilled import SpilledTensors
+
+    cfg, trainer, module, optimizer, engine = _stage()
+    blobs: dict[int, bytes] = {}
+    for outer_round in range(2):
+        _round(cfg, trainer, engine, outer_round, blobs)
+    meta = round_meta(2, 0, cfg.model, cfg.diloco, run_rounds=3, num_stages=1, micro_batches=0)
+    in_ram = capture_trainer_part(module, optimizer)
+    spill_dir = tmp_path / "spill"
+    spilled = capture_trainer_part(module, optimizer, spill_dir=spill_dir)
+    assert isinstance(spilled, SpilledTensors) and list(spill_dir.iterdir()) == []
+    assert spilled.nbytes == sum(t.numel() * 4 for t in in_ram.values())
+    assert set(spilled) == set(in_ram)
+    x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.block_size), generator=torch.Generator())
+    trainer.train_step(x, x.roll(1, 1))  # the live weights and moments move on; the captures do not
+    assert any(not torch.equal(p, in_ram[f"param/{n}"]) for n, p in module.named_parameters())
+    for name, tensor in in_ram.items():
+        assert torch.equal(spilled[name], tensor), name
+
+    want = start_state_bytes(meta, engine, in_ram)
+    tracemalloc.start()
+    try:
+        paths = StartStateCapture(meta, lambda stage: engine, {0: spilled}).write(tmp_path / "states")
+        _, write_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert paths[0].read_bytes() == want
+    largest = max(t.numel() * 4 for t in in_ram.values())  # read back one tensor at a time
+    assert write_peak <= WRITE_FIXED_BYTES + 2 * largest < len(want) // 4, write_peak
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    with caplog.at_level("WARNING"):
+        kept = capture_trainer_part(module, optimizer, spill_dir=blocked / "spill")
+    assert not isinstance(kept, SpilledTensors) and "kept in RAM" in caplog.text
+    assert start_state_bytes(meta, engine, kept) == start_state_bytes(meta, engine, capture_trainer_part(
+        module, optimizer))
+
+
+def test_header_only_parse_refuses_what_the_full_parse_refuses(tmp_path) -> None:
+    """A spot check reads a fetched start state's platform without reading its tensors
+    (``parse_stage_state(tensors=False)``, ``check_stage_state_file``): it must refuse exactly what the full
+    parse refuses, or a cheater's malformed state would be judged by its header alone."""
+    import pytest
+
+    from node.live.checks.spotcheck import SpotCheckJob
+    from training.errors import ReplicaStateError
+    from training.replica_state import check_stage_state_file
+
+    cfg, trainer, module, optimizer, engine = _stage()
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=3, num_stages=1, micro_batches=0)
+    data = start_state_bytes(meta, engine, capture_trainer_part(module, optimizer))
+    full = parse_stage_state(data)
+    light = parse_stage_state(data, tensors=False)
+    path = tmp_path / "state.part"
+    path.write_bytes(data)
+    assert light.meta == full.meta == check_stage_state_file(path).meta and not light.tensors
+    assert light.engine_counters == full.engine_counters and light.stage_index == full.stage_index
+    bad = [data[:n] for n in (0, 3, 40, len(data) // 2, len(data) - 1)] + [data + b"\0", b"X" + data[1:]]
+    first = data.index(b"param/")  # a tensor's name: out of order once its first byte is raised
+    bad.append(data[:first] + b"z" + data[first + 1:])
+    for case in bad:
+        with pytest.raises(ReplicaStateError):
+            parse_stage_state(case)
+        with pytest.raises(ReplicaStateError):
+            parse_stage_state(case, tensors=False)
+        path.write_bytes(case)
+        with pytest.raises(ReplicaStateError):
+            check_stage_state_file(path)
+
+    # A fetched part handed to a job as its file is moved in, not read: the same file the bytes would give.
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    fetched = job_dir / "fetch-0.part"
+    fetched.write_bytes(data)
+    job = SpotCheckJob(cfg.to_dict(), 0, 0, [], [fetched])
+    job.write(job_dir)
+    assert job.state_paths(job_dir)[0].read_bytes() == data and not fetched.exists()

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -17,7 +18,10 @@ from training.host_tensors import host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
+from training.spilled import MergedTensors, SpilledTensors, spill_float32
 from training.stage_engine import StageEngine
+
+logger = logging.getLogger(__name__)
 
 
 def capture_stage_state(
@@ -34,11 +38,15 @@ def capture_stage_state(
     return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
 
 
-def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer,
+                         spill_dir: Path | None = None) -> Mapping[str, torch.Tensor]:
     """The part of :func:`capture_stage_state` the inner steps change (weights, AdamW state), copied.
 
     Take it before the round's first inner step; :func:`capture_engine_part` may follow later
-    (on another thread), as long as the engine has not changed in between.
+    (on another thread), as long as the engine has not changed in between. With ``spill_dir`` the copies
+    go to a file there instead of RAM (:mod:`training.spilled`: three times the stage's weights, held until
+    the start state is written), each read back when the state is written; where the file cannot be
+    written (a full disk) they stay in RAM, with a warning.
     """
     live: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
@@ -51,23 +59,30 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer) ->
         for field_name, value in state.items():
             live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
     # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+    if spill_dir is not None:
+        try:
+            return spill_float32(live, spill_dir)
+        except OSError as exc:
+            logger.warning("start state's weights and optimizer state kept in RAM: not written to %s (%s)",
+                           spill_dir, exc)
     return host_float32_copy(live)
 
 
 def capture_engine_part(
-    meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]
+    meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor]
 ) -> StageStartState:
     """:func:`capture_stage_state` from its trainer part and the engine's current state (copied)."""
     return _engine_part(meta, engine, trainer_part, copy=True)
 
 
-def start_state_bytes(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor]) -> bytes:
+def start_state_bytes(meta: RoundMeta, engine: StageEngine,
+                      trainer_part: Mapping[str, torch.Tensor]) -> bytes:
     """``capture_engine_part(...).to_bytes()`` without copying the engine's tensors first: the engine must
     not change until this returns (the node serialises a start state before the next encode or apply)."""
     return _engine_part(meta, engine, trainer_part, copy=False).to_bytes()
 
 
-def write_start_state(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor],
+def write_start_state(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor],
                       path: Path) -> bytes:
     """:func:`start_state_bytes` written to the file ``path`` as they are made, returning their sha256: the
     same bytes, never held whole in memory (a stage's start state is about 40 bytes per parameter it holds).
@@ -89,7 +104,7 @@ class StartStateCapture:
     the stage's engine then."""
 
     def __init__(self, meta: RoundMeta, engine_of: Callable[[int], StageEngine],
-                 parts: dict[int, dict[str, torch.Tensor]]) -> None:
+                 parts: dict[int, Mapping[str, torch.Tensor]]) -> None:
         self.meta, self.engine_of, self.parts = meta, engine_of, parts
 
     def __call__(self) -> dict[int, bytes]:
@@ -107,9 +122,9 @@ class StartStateCapture:
         return out
 
 
-def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, torch.Tensor], *,
+def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor], *,
                  copy: bool) -> StageStartState:
-    tensors = dict(trainer_part)
+    tensors: dict[str, torch.Tensor] = {}
     engine_state = engine.state_dict(copy=copy)
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
@@ -127,8 +142,11 @@ def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: dict[str, t
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
-    return StageStartState(meta, engine.stage_index, counters,
-                           {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()})
+    engine_part = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+    # A spilled trainer part stays in its file: each tensor is read when the state is written.
+    held = trainer_part if isinstance(trainer_part, SpilledTensors) else \
+        {n: t.detach().to(torch.float32).contiguous() for n, t in trainer_part.items()}
+    return StageStartState(meta, engine.stage_index, counters, MergedTensors(held, engine_part))
 
 
 def capture_replica_state(

@@ -53,10 +53,12 @@ def inner_steps(trainer):
     return session()
 
 
-def trainer_part(trainer, module, optimizer) -> dict:
+def trainer_part(trainer, module, optimizer, spill_dir=None):
     """The start state's trainer part (weights and inner-optimizer state): for a cluster, gathered from the
-    ranks' shards."""
-    return trainer.capture_part() if is_cluster(trainer) else capture_trainer_part(module, optimizer)
+    ranks' shards (held in RAM); for one process, in a file under ``spill_dir`` when given."""
+    if is_cluster(trainer):
+        return trainer.capture_part()
+    return capture_trainer_part(module, optimizer, spill_dir=spill_dir)
 
 
 def platform_of(trainer):

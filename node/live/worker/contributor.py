@@ -122,7 +122,8 @@ class Contributor:
         # Copies of the weights and AdamW state now; the engines' part, the bytes, the hash and
         # serving them on the lane, after the previous round's encode and before the next
         # change to the engines (encode and the finisher's apply join it first).
-        serialise = self.worker.start_state_capture(outer_round)
+        # (the copies wait in a file beside the start states, not in RAM: training/spilled.py)
+        serialise = self.worker.start_state_capture(outer_round, self.spot_checks.states.writing_dir)
 
         def serve() -> None:
             with self.clock.lane("start_state"):

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -271,11 +272,13 @@ class ReplicaWorker(StageAggregation):
         step)."""
         return self.start_state_capture(outer_round)()
 
-    def start_state_capture(self, outer_round: int) -> Callable[[], dict[int, bytes]]:
+    def start_state_capture(self, outer_round: int,
+                            spill_dir: Path | None = None) -> Callable[[], dict[int, bytes]]:
         """:meth:`capture_start_states` in two parts: copies of what the inner steps change now, and
         a function that adds the engines' state and serialises, to call (on any thread) before the
         engines change (the next encode or apply) and after the previous encode finished (a
-        :class:`~training.replica_capture.StartStateCapture`, whose ``write`` puts them in files instead)."""
+        :class:`~training.replica_capture.StartStateCapture`, whose ``write`` puts them in files instead).
+        ``spill_dir``: the copies wait in a file there rather than in RAM (training/spilled.py)."""
         meta = round_meta(outer_round, self.replica, self.cfg.model, self.cfg.diloco,
                           run_rounds=self.cfg.rounds, num_stages=self.cfg.pipeline.num_stages,
                           micro_batches=self.cfg.pipeline.micro_batches if self.pipelined else 0,
@@ -285,7 +288,8 @@ class ReplicaWorker(StageAggregation):
         else:
             held = {spec.index: (module, optimizer) for spec, module, optimizer in
                     zip(self.specs, self.trainer.stage_modules, self.trainer.optimizers)}
-        parts = {stage: cluster.trainer_part(self.trainer, *held[stage]) for stage in self.stages}
+        parts = {stage: cluster.trainer_part(self.trainer, *held[stage], spill_dir=spill_dir)
+                 for stage in self.stages}
         return StartStateCapture(meta, lambda stage: self.engines[stage], parts)
 
     def data_commitment(self, outer_round: int) -> bytes:

@@ -1,0 +1,117 @@
+"""Float32 tensors kept in a file instead of RAM until they are read once (issue 75: RAM per node).
+
+A round's start state is captured in two parts (training/replica_capture.py): what the inner steps change
+(the weights and the inner optimizer's two moments, three times the stage's weights) is copied before the
+first inner step, and the engine's part is added when the state is written, after the previous round's
+encode. Held as tensors, the copies stayed in RAM for most of a round, and two rounds' copies at once where
+a round's start state waited for the previous encode: up to six times a stage's weights, 1.5 GB for a stage
+of llama-124m.
+
+:func:`spill_float32` writes them to a file instead, one tensor at a time (for CPU float32 tensors without
+any copy: the array's own bytes), and :class:`SpilledTensors` reads each back only when it is asked for (one
+``pread`` into a fresh buffer), so the start state's writer holds one tensor at a time. The file is
+unlinked as soon as it is open: its blocks live as long as the open descriptor (the mapping's owner), and
+nothing is left on disk by a crash. The values are the same bits (float32, the host's byte order).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from training.host_tensors import host_float32
+
+
+class SpilledTensors(Mapping):
+    """name -> float32 CPU tensor, each read from the (unlinked) file when asked for; read-only."""
+
+    def __init__(self, fd: int, index: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+        self._fd, self._index = fd, index
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        offset, shape = self._index[name]
+        size = 4 * math.prod(shape)
+        buffer = bytearray(size)
+        view, done = memoryview(buffer), 0
+        while done < size:
+            read = os.preadv(self._fd, [view[done:]], offset + done)
+            if read <= 0:
+                raise OSError(f"spilled tensor {name!r}: the file ended at byte {offset + done}")
+            done += read
+        return torch.frombuffer(buffer, dtype=torch.float32).view(shape) if size else \
+            torch.zeros(shape, dtype=torch.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(4 * math.prod(shape) for _, shape in self._index.values())
+
+    def close(self) -> None:
+        """Let the file's blocks go (also done when this is garbage collected)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def spill_float32(tensors: Mapping[str, torch.Tensor], directory: Path) -> SpilledTensors:
+    """float32 CPU copies of ``tensors``, kept in a file under ``directory`` (see the module docstring).
+
+    Raises OSError (a full disk, say) with nothing left behind; the caller then keeps copies in RAM.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    try:  # a file without a name (Linux): nothing to remove, whatever happens
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):  # no O_TMPFILE here, or not on this file system: unlinked at once
+        path = directory / f"spill-{os.getpid()}-{id(tensors):x}.f32"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path.unlink()
+    index: dict[str, tuple[int, tuple[int, ...]]] = {}
+    offset = 0
+    try:
+        with os.fdopen(os.dup(fd), "wb", buffering=0) as out:
+            for name, value in tensors.items():
+                host = host_float32(value).contiguous()  # no copy for a CPU float32 tensor
+                index[name] = (offset, tuple(host.shape))
+                if host.numel():
+                    data = memoryview(host.numpy()).cast("B")
+                    written = 0
+                    while written < len(data):
+                        written += out.write(data[written:])
+                offset += 4 * host.numel()
+    except BaseException:
+        os.close(fd)
+        raise
+    return SpilledTensors(fd, index)
+
+
+class MergedTensors(Mapping):
+    """Two mappings of tensors with disjoint names seen as one (a start state's trainer and engine parts),
+    without building a third: a spilled part stays in its file until each tensor is read."""
+
+    def __init__(self, first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor]) -> None:
+        both = set(first) & set(second)
+        if both:
+            raise ValueError(f"tensors named twice: {sorted(both)[:3]}")
+        self._first, self._second = first, second
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._first[name] if name in self._first else self._second[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._first
+        yield from self._second
+
+    def __len__(self) -> int:
+        return len(self._first) + len(self._second)
