@@ -7,12 +7,14 @@ Shared by the live spot checks (:mod:`node.live.checks.verifier`), the commands 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from training.declaration import declared_platform_problem, platform_declaration, platform_hash
 from training.errors import TrainingError
 from training.claimant_kernels import native_cpu_capability
 from training.cluster_plan import cluster_identity
 from training.platform import prepare_platform
-from training.replica_state import parse_stage_state
+from training.replica_state import check_stage_state_file, parse_stage_state
 
 
 def own_platforms(training_cfg, processes: int = 1) -> tuple[bytes, bytes]:
@@ -39,8 +41,8 @@ def own_platform(training_cfg, processes: int = 1) -> bytes:
     return own_platforms(training_cfg, processes)[0]
 
 
-def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, bytes]) -> tuple[int,
-                                                                                                str] | None:
+def undeclared_claim(claims: list[tuple[int, str, bytes | Path]], declared: dict[str, bytes]) -> tuple[
+        int, str] | None:
     """(stage, why) of the first claim whose platform is not the one its signer declared when it joined, or
     None.
 
@@ -48,11 +50,14 @@ def undeclared_claim(claims: list[tuple[int, str, bytes]], declared: dict[str, b
     peer id -> declared platform (a signer absent from it has no declaration to be held to). The claimed
     platform is the fingerprint the start state records
     (:func:`training.declaration.declared_platform_problem`). A part that does not parse is left to the rerun,
-    which judges it (a state mismatch).
+    which judges it (a state mismatch). A part is its bytes or the file holding them: either is checked
+    whole without reading its tensors into memory (``parse_stage_state(tensors=False)``).
     """
     for stage, peer, part in claims:
         try:
-            claimed = parse_stage_state(part).meta.platform
+            parsed = check_stage_state_file(part) if isinstance(part, Path) else \
+                parse_stage_state(part, tensors=False)
+            claimed = parsed.meta.platform
         except (TrainingError, ValueError):
             return None
         why = declared_platform_problem(claimed, declared.get(peer))

@@ -56,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
@@ -231,63 +232,91 @@ def replica_state_root(stage_hashes: Sequence[bytes]) -> bytes:
 # ----------------------------------------------------------------------------- bytes
 
 
-def parse_stage_state(data: bytes) -> StageStartState:
-    """Parse :meth:`StageStartState.to_bytes` strictly; raise :class:`ReplicaStateError` on anything else."""
-    view = memoryview(data)
+def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True) -> StageStartState:
+    """Parse :meth:`StageStartState.to_bytes` strictly; raise :class:`ReplicaStateError` on anything else.
+
+    ``tensors=False`` checks all of it the same way but reads no tensor's data (the state's ``tensors`` is
+    then empty): what a caller that needs only the header (its platform, its round) uses to refuse what
+    the full parse refuses, without a copy of a state that is about 40 bytes per parameter
+    (:func:`check_stage_state_file` for a file). Each tensor read is one copy of its bytes.
+    """
+    view = memoryview(data).cast("B")
     position = 0
 
-    def take(count: int, what: str) -> bytes:
+    def take(count: int, what: str, copy: bool = True) -> bytes | memoryview:
         nonlocal position
         if count < 0 or position + count > len(view):
             raise ReplicaStateError(f"replica state truncated in {what} (at byte {position} of {len(view)})")
-        chunk = bytes(view[position:position + count])
+        chunk = view[position:position + count]
         position += count
-        return chunk
+        return bytes(chunk) if copy else chunk
 
     def u32(what: str) -> int:
         return struct.unpack("<I", take(4, what))[0]
 
-    if take(len(STATE_MAGIC), "magic") != STATE_MAGIC:
-        raise ReplicaStateError("not a replica state (bad magic)")
-    meta_len = u32("meta length")
-    if meta_len > _MAX_META_BYTES:
-        raise ReplicaStateError(f"replica state meta of {meta_len} bytes is too large")
-    raw_meta = take(meta_len, "meta")
-    meta, stage_index, counters = _parse_header(raw_meta)
-    count = u32("tensor count")
-    if count > _MAX_TENSORS:
-        raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
-    tensors: dict[str, torch.Tensor] = {}
-    previous = b""
-    for _ in range(count):
-        name_bytes = take(u32("name length"), "name")
-        if tensors and name_bytes <= previous:
-            raise ReplicaStateError("replica state tensors are not in ascending name order")
-        previous = name_bytes
-        try:
-            name = name_bytes.decode("utf-8", errors="strict")
-        except UnicodeDecodeError:
-            raise ReplicaStateError("replica state tensor name is not UTF-8") from None
-        tag = take(struct.unpack("<B", take(1, "dtype length"))[0], "dtype")
-        if tag != b"float32":
-            raise ReplicaStateError(f"{name!r}: dtype {tag!r}, only float32 is stored")
-        ndim = u32("ndim")
-        if ndim > 8:
-            raise ReplicaStateError(f"{name!r}: {ndim} dimensions")
-        shape = struct.unpack(f"<{ndim}Q", take(8 * ndim, "dims"))
-        if any(dim >= 2**31 for dim in shape):  # torch takes int64 sizes; no real tensor is that long
-            raise ReplicaStateError(f"{name!r}: dimension out of range in {shape}")
-        size = struct.unpack("<Q", take(8, "data length"))[0]
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        if size != 4 * numel:
-            raise ReplicaStateError(f"{name!r}: {size} data bytes for shape {shape}")
-        array = np.frombuffer(take(size, name), dtype="<f4").astype(np.float32)
-        tensors[name] = torch.from_numpy(array.copy()).reshape(shape)
-    if position != len(view):
-        raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
-    return StageStartState(meta, stage_index, counters, tensors)
+    try:  # the views of ``data`` are let go whatever happens (a mapped file can then be closed)
+        if take(len(STATE_MAGIC), "magic") != STATE_MAGIC:
+            raise ReplicaStateError("not a replica state (bad magic)")
+        meta_len = u32("meta length")
+        if meta_len > _MAX_META_BYTES:
+            raise ReplicaStateError(f"replica state meta of {meta_len} bytes is too large")
+        raw_meta = take(meta_len, "meta")
+        meta, stage_index, counters = _parse_header(raw_meta)
+        count = u32("tensor count")
+        if count > _MAX_TENSORS:
+            raise ReplicaStateError(f"replica state holds {count} tensors, more than {_MAX_TENSORS}")
+        read: dict[str, torch.Tensor] = {}
+        previous = None
+        for _ in range(count):
+            name_bytes = take(u32("name length"), "name")
+            if previous is not None and name_bytes <= previous:
+                raise ReplicaStateError("replica state tensors are not in ascending name order")
+            previous = name_bytes
+            try:
+                name = name_bytes.decode("utf-8", errors="strict")
+            except UnicodeDecodeError:
+                raise ReplicaStateError("replica state tensor name is not UTF-8") from None
+            tag = take(struct.unpack("<B", take(1, "dtype length"))[0], "dtype")
+            if tag != b"float32":
+                raise ReplicaStateError(f"{name!r}: dtype {tag!r}, only float32 is stored")
+            ndim = u32("ndim")
+            if ndim > 8:
+                raise ReplicaStateError(f"{name!r}: {ndim} dimensions")
+            shape = struct.unpack(f"<{ndim}Q", take(8 * ndim, "dims"))
+            if any(dim >= 2**31 for dim in shape):  # torch takes int64 sizes; no real tensor is that long
+                raise ReplicaStateError(f"{name!r}: dimension out of range in {shape}")
+            size = struct.unpack("<Q", take(8, "data length"))[0]
+            numel = 1
+            for dim in shape:
+                numel *= dim
+            if size != 4 * numel:
+                raise ReplicaStateError(f"{name!r}: {size} data bytes for shape {shape}")
+            data_view = take(size, name, copy=False)
+            if tensors:  # one copy: from the (little-endian) bytes into a native float32 array
+                array = np.frombuffer(data_view, dtype="<f4").astype(np.float32)
+                read[name] = torch.from_numpy(array).reshape(shape)
+            del data_view
+        if position != len(view):
+            raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
+    finally:
+        view.release()
+    return StageStartState(meta, stage_index, counters, read)
+
+
+def check_stage_state_file(path) -> StageStartState:
+    """:func:`parse_stage_state` of the file at ``path`` with ``tensors=False``: every check, through a
+    read-only map of the file (no copy of it in memory); OSError if it cannot be read."""
+    import mmap
+
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return parse_stage_state(b"", tensors=False)
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                return parse_stage_state(view, tensors=False)
+            finally:
+                view.release()
 
 
 def _parse_header(raw_meta: bytes) -> tuple[RoundMeta, int, tuple[int, ...]]:

@@ -86,7 +86,7 @@ class ContributionRerun:
         try:
             sliced = self.ctx.rerun_inputs
             payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
-            parts = self.states.fetch(envs, [b.state_hash for b in bodies], job_dir)
+            parts = self.states.fetch_files(envs, [b.state_hash for b in bodies], job_dir)
             claimed = [(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)]
             try:
                 undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))
@@ -96,7 +96,7 @@ class ContributionRerun:
             except LedgerError as exc:
                 raise NodeError(f"the signers' declared platforms are not readable: {exc}") from exc
             if undeclared is not None:  # refused whatever a rerun would give: the evidence is the state
-                self.states.keep_evidence(parts)
+                self.states.keep_evidence([path.read_bytes() for path in parts])
                 return SpotCheckResult("mismatch", undeclared[1], {}, 0.0, failed_stages=(undeclared[0],))
             if sliced is None:
                 (previous, previous_excluded), partials = self._previous_round(outer_round - 1), {}
@@ -112,9 +112,9 @@ class ContributionRerun:
                                previous_excluded, committed, previous_dropped=dropped,
                                previous_partials=partials)
             job.write(job_dir)
-            # The parts are in the job's files now: not held here while the child reruns them (issue 75:
-            # the claimant's whole start state, about 40 bytes per parameter of the model, beside a child
-            # of about a node's size).
+            # The parts were never read here: fetched into files, moved into the job's (issue 75: the
+            # claimant's whole start state, about 40 bytes per parameter of the model, beside a child of
+            # about a node's size).
             state_files = job.state_paths(job_dir)
             del job, claimed, parts
             result = self._worker.run(job_dir, RERUN_TIMEOUT_S)

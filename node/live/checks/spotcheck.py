@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -54,7 +55,7 @@ class SpotCheckJob:
     replica: int
     # (stage, state_hash, data_commitment, codec payload, applied_hash)
     claims: list[tuple[int, bytes, bytes, bytes, bytes]]
-    state_parts: list[bytes]  # per stage, stage order
+    state_parts: list[bytes | Path]  # per stage, stage order: bytes, or a file that write() moves in
     # stage -> round t-1 payloads, canonical order
     previous: dict[int, list[bytes]] = field(default_factory=dict)
     previous_excluded: dict[int, dict[int, str]] = field(default_factory=dict)  # stage -> screened indices
@@ -72,8 +73,16 @@ class SpotCheckJob:
     def write(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
 
-        def put(name: str, data: bytes) -> str:
-            atomic_write_bytes(directory / name, data)
+        def put(name: str, data: bytes | Path) -> str:
+            if isinstance(data, Path):  # a fetched part: moved (or copied) in, never read here
+                if data.parent.resolve() == directory.resolve():
+                    os.replace(data, directory / name)
+                else:
+                    staged = directory / f".{name}.tmp"
+                    shutil.copyfile(data, staged)
+                    os.replace(staged, directory / name)
+            else:
+                atomic_write_bytes(directory / name, data)
             return name
 
         doc = {
