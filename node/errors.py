@@ -137,6 +137,10 @@ class NetworkUnreachable(NodeError):
     a network failure, exit 10, whatever the command."""
 
 
+class NoPeerReachable(NetworkUnreachable):
+    """None of the run's peers a command dialled answered (they may still be starting): exit 10."""
+
+
 class DataUnreachable(DataFetchError, NetworkUnreachable):
     """The dataset's server could not be reached, or the connection broke (offline, DNS, a reset): a network
     failure, exit 10 (``--from`` takes a copy made elsewhere, ``--url`` another mirror)."""

@@ -1,8 +1,10 @@
 """CLI surface: --help is fast and torch-free; errors are one line with an exit code."""
 
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,6 +69,55 @@ def test_every_bad_value_of_a_run_file_is_named_at_once(tmp_path):
         assert needle in line, (needle, line)
 
 
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_toml(tmp_path, rpc_url: str):
+    """A node.toml of a run whose chain is at ``rpc_url`` (nothing answers there: no deployment needed)."""
+    (tmp_path / "node.toml").write_text(
+        f'data_dir = "{tmp_path}"\n[ledger]\nbackend = "rpc"\nrpc_url = "{rpc_url}"\nrun_id = 1\n'
+        'registry_address = "0x1111111111111111111111111111111111111111"\n'
+        'ledger_address = "0x2222222222222222222222222222222222222222"\n')
+    return tmp_path / "node.toml"
+
+
+def test_a_first_start_against_no_chain_says_so_with_the_url_at_once_and_every_few_seconds(tmp_path):
+    """Issue 80 (was a 600 s wait with one line): a node's first start waits 30 s for a chain that does not
+    answer, says so at once with the URL and again every few seconds; a SIGTERM ends the wait (exit 0).
+    Past the wait, exit 5: test_rpc_unreachable_past_the_chain_wait_exits_5."""
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--config",
+                                 str(_node_toml(tmp_path, url))], stdout=subprocess.DEVNULL, stderr=err)
+    said = lambda: (tmp_path / "stderr").read_text()  # noqa: E731
+    try:
+        deadline = time.monotonic() + 180  # the imports, on a loaded machine
+        while f"no chain answers at {url} yet: waited 5s of up to 30s" not in said():
+            assert proc.poll() is None and time.monotonic() < deadline, said()
+            time.sleep(0.2)
+        assert (f"no chain answers at {url}: waiting up to 30s for it (a first start; --chain-wait SECONDS "
+                "waits longer") in said()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, said()
+    finally:
+        proc.kill()
+
+
+def test_how_long_a_start_waits_for_its_chain(tmp_path):
+    from ledger.config import LedgerConfig
+    from node.commands.chainwait import chain_wait_for
+
+    assert chain_wait_for(LedgerConfig(), tmp_path, None)[0] == 30.0  # a first start
+    assert chain_wait_for(LedgerConfig(startup_wait=4.0), tmp_path, None)[0] == 4.0
+    assert chain_wait_for(LedgerConfig(), tmp_path, 90.0) == (90.0, "--chain-wait")
+    (tmp_path / "state.json").write_text("{}")  # a restart
+    assert chain_wait_for(LedgerConfig(), tmp_path, None) == (600.0, "a restart: ledger.startup_wait")
+    assert chain_wait_for(LedgerConfig(), tmp_path, 0.0)[0] == 0.0
+
+
 # ---------------------------------------------------------------------- errors against a real chain
 
 
@@ -90,16 +141,14 @@ def _one_line_error(proc, code, *needles):
         assert needle in lines[-1], lines[-1]
 
 
-def test_rpc_unreachable_past_the_startup_wait_exits_5(deployed):
-    # A starting node waits ledger.startup_wait for its chain
-    # (tests/test_chain_startup_e2e.py); past it, exit 5.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set",
-                   f"ledger.rpc_url=http://127.0.0.1:{closed}", "--set", "ledger.request_timeout=1",
-                   "--set", "ledger.startup_wait=1")
-    _one_line_error(proc, 5, f"127.0.0.1:{closed}")
+def test_rpc_unreachable_past_the_chain_wait_exits_5(deployed):
+    # A starting node waits for its chain (--chain-wait; tests/test_chain_startup_e2e.py), saying so with the
+    # URL; past the wait, exit 5 naming the URL and what to check.
+    url = f"http://127.0.0.1:{_closed_port()}"
+    proc = run_cli("start", "--config", str(deployed.nodes[0].config_path), "--set", f"ledger.rpc_url={url}",
+                   "--set", "ledger.request_timeout=1", "--chain-wait", "2")
+    assert f"no chain answers at {url}: waiting up to 2s for it (--chain-wait)" in proc.stderr, proc.stderr
+    _one_line_error(proc, 5, f"chain RPC {url} unreachable", "waited 2s", "--chain-wait SECONDS")
 
 
 def test_settings_that_differ_from_the_run_exit_2(deployed):

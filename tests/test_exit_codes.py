@@ -222,13 +222,16 @@ def unserved_run(tmp_path_factory):
 
 def test_a_join_whose_peers_cannot_be_reached_is_a_network_failure_10(unserved_run, tmp_path):
     """The run document comes from the link's peers: none answers, so nothing can be joined (exit 10, the
-    network; was 3), and nothing is sent."""
+    network; was 3), and nothing is sent. Issue 80: join dials them again for --peer-wait seconds first (a
+    join right after the organizer's start failed at once), saying so at each try."""
     command = [*CLI, "join", unserved_run.link(), "--data-dir", str(tmp_path / "n"), "--dev-account", "6",
-               "--yes", "--no-progress", "--no-start"]
+               "--yes", "--no-progress", "--no-start", "--peer-wait", "4"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 10, proc.stdout + proc.stderr
+    assert "dialling again for up to 4s (its nodes may be starting)" in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "no peer of the run is reachable" in last and "check the peer multiaddrs" in last, last
+    assert "dialled for" in last and "--peer-wait SECONDS" in last, last
     client = unserved_run.client()
     assert client.member(unserved_run.run_id, dev_account(6, unserved_run.chain_id).address) is None
 

@@ -4,6 +4,7 @@ tokenizer fetched from a peer by its hash; the node.toml then hashes to the run'
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,42 @@ def test_the_tokenizer_comes_from_a_peer_that_serves_it(run, tmp_path):
         data_path, tokenizer_path = run_inputs(generated, "", "", tmp_path / "joiner",
                                                tuple(peer.listen_addrs[:1]))
     assert data_path == "" and Path(tokenizer_path).read_bytes() == tokenizer.data
+
+
+def test_the_run_document_is_fetched_from_a_peer_that_comes_up_while_join_dials(tmp_path, caplog):
+    """Issue 80: a join right after the organizer's start found no node listening and failed at once (exit
+    10). It dials again for up to its peer wait, saying so, and gets the document once the peer is up (a real
+    libp2p host that starts listening 3 s later on the port the link names)."""
+    import socket
+    import threading
+
+    from node.commands.rundocs import fetch_run_document
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    identity, document = Identity.generate(), b'{"format": "a run document"}'
+    hosts = []
+
+    def come_up_late():
+        time.sleep(3)
+        host = P2PHost.start(P2PConfig(listen_port=port), identity, data_dir=tmp_path / "peer")
+        host.provide_blob(document, announce=False)
+        hosts.append(host)
+
+    late = threading.Thread(target=come_up_late)
+    late.start()
+    try:
+        with caplog.at_level("WARNING"):
+            got = fetch_run_document((f"/ip4/127.0.0.1/tcp/{port}/p2p/{identity.peer_id}",),
+                                     hashlib.sha256(document).digest(), tmp_path / "joiner", peer_wait=120)
+        assert got == document
+        assert "no peer of the run is reachable" in caplog.text
+        assert "dialling again for up to 120s" in caplog.text
+    finally:
+        late.join()
+        for host in hosts:
+            host.close()

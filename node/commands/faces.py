@@ -63,7 +63,8 @@ def cmd_start(args: argparse.Namespace, kinds=None) -> int:
     faults)."""
     from node.commands.start import start
 
-    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds, yes=args.yes)
+    return start(args.config, args.overrides, show_progress=not args.no_progress, kinds=kinds, yes=args.yes,
+                 chain_wait=getattr(args, "chain_wait", None))
 
 
 # ---------------------------------------------------------------------- status

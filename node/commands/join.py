@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.commands.link import RunLink, check_address, check_multiaddr, parse_run_link, relays_of
-from node.commands.rundocs import MAX_TOKENIZER_BYTES, fetch_blob, fetch_run_document
+from node.commands.rundocs import MAX_TOKENIZER_BYTES, PEER_WAIT_S, fetch_blob, fetch_run_document
 from node.initfetch import initial_weights
 from node.errors import ConfigError
 
@@ -297,7 +297,8 @@ def run_join(args: argparse.Namespace) -> int:
     check_funds(chain.client.balance(), chain.client.address,
                 seat_plan(chain.client, info, identity, bytes(32)))
     _print_run(chain, info)
-    data = fetch_run_document(link.peers, info.config_hash, data_dir)
+    data = fetch_run_document(link.peers, info.config_hash, data_dir,
+                              peer_wait=getattr(args, "peer_wait", PEER_WAIT_S))
     document = parse_run_document(data, info.config_hash)
     check_document_against_run(document, info)
     print(f"run document {info.config_hash.hex()[:16]} fetched from the run's peers and checked against the "

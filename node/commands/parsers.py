@@ -6,6 +6,19 @@ from __future__ import annotations
 
 import argparse
 
+from node.commands.rundocs import PEER_WAIT_S
+
+
+def _seconds(text: str) -> float:
+    """A command line's duration: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds >= 0")
+    return value
+
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default="node.toml", help="node configuration file (TOML)")
@@ -88,6 +101,9 @@ def _add_init_and_start(sub) -> None:
     p.add_argument("--yes", "-y", action="store_true",
                    help="agree beforehand to registering and staking if the node holds no seat yet (else "
                         "asked on the terminal; without one, refused)")
+    p.add_argument("--chain-wait", type=_seconds, default=None, metavar="SECONDS",
+                   help="how long to wait for a chain that does not answer (default: 30 s on a node's first "
+                        "start, ledger.startup_wait on a restart); a line says so every few seconds")
 
 
 def _add_join(sub) -> None:
@@ -127,6 +143,9 @@ def _add_join(sub) -> None:
     p.add_argument("--force", action="store_true", help="rewrite an existing node.toml of another run")
     p.add_argument("--no-start", action="store_true",
                    help="stop after writing node.toml and joining on chain")
+    p.add_argument("--peer-wait", type=_seconds, default=PEER_WAIT_S, metavar="SECONDS",
+                   help="how long to dial the run's peers again while none answers, e.g. right after the "
+                        f"organizer's start (default {PEER_WAIT_S:.0f}; a line says so at each try)")
     p.add_argument("--no-progress", action="store_true",
                    help="no live progress line once started (logs only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

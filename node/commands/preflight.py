@@ -188,9 +188,11 @@ def settings_problems(cfg, chain, info, digest: bytes) -> list[str]:
     return problems
 
 
-def preflight(cfg, yes: bool) -> None:
+def preflight(cfg, yes: bool, chain_wait: float | None = None) -> None:
     """Before ``start`` builds its node (see module docstring): the data directory claimed for the run, the
-    run not over, the seat's transactions agreed and affordable, and sent."""
+    run not over, the seat's transactions agreed and affordable, and sent. ``chain_wait``: ``--chain-wait``'s
+    seconds (node/commands/chainwait.py)."""
+    from node.commands.chainwait import chain_wait_for, wait_for_chain
     from node.commands.chainops import agree, check_funds, check_rounds_left, refuse_finished, seat_plan
     from node.live.chain.onchain import NodeChain
     from node.live.state.status import StateFile
@@ -209,6 +211,7 @@ def preflight(cfg, yes: bool) -> None:
     if lc.backend != "rpc":  # a managed anvil: the node's own local chain, started with the node
         claim_data_dir(data_dir, run_scope(lc.chain_id, "", lc.ledger_address, lc.run_id), digest)
         return
+    wait_for_chain(lc.rpc_url, *chain_wait_for(lc, data_dir, chain_wait), lc.request_timeout)
     chain = NodeChain.connect(cfg)
     try:
         w3, client = chain.client.w3, chain.client

@@ -58,15 +58,17 @@ class _StoppedLoading(BaseException):
 
 
 def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool = True, kinds=None,
-          yes: bool | None = None) -> int:
+          yes: bool | None = None, chain_wait: float | None = None) -> int:
     """Run a node from the TOML file ``config`` (with ``KEY=VALUE`` ``overrides``) until its run ends or a
     signal.
 
     ``show_progress``: a progress line on stderr when it is a terminal. ``kinds``: the node's part
     classes (node.live.assembly.Kinds; tests inject faults). ``yes``: run the command's pre-flight
     (node/commands/preflight.py: the data directory claimed for the run, a finished run refused, a seat's
-    transactions asked for, ``True`` agreeing beforehand); None: none (a caller that seated the node). A node
-    whose weights left the run's record starts again in this process (:func:`_reenter`).
+    transactions asked for, ``True`` agreeing beforehand); None: none (a caller that seated the node).
+    ``chain_wait``: how long the pre-flight waits for a chain that does not answer (None: its default,
+    node/commands/chainwait.py). A node whose weights left the run's record starts again in this process
+    (:func:`_reenter`).
     """
     # SIGINT/SIGTERM are caught from the first line: one that arrives while torch, libp2p and web3
     # load (seconds, a minute on a busy machine) ends the loading at once, exit 0, instead of the
@@ -97,7 +99,7 @@ def start(config: str | Path, overrides: list[str] = (), *, show_progress: bool 
         if yes is not None:
             from node.commands.preflight import preflight
 
-            preflight(cfg, yes)
+            preflight(cfg, yes, chain_wait)
         # Logged once the settings are good: a refused start prints its one error line and nothing else.
         startup.mark("interpreter and command line", at=command_line_read)
         from node.live.node import Node
