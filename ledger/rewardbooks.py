@@ -10,21 +10,30 @@ opened), a conviction before it, and a second claim of the same share.
 
 from __future__ import annotations
 
-from ledger.rewards import ATTESTER, PoolParams, attester_share
+from ledger.rewards import ATTESTER, PoolParams, attester_share, contribution_share, listed_contributions
 
 
-def check_pool(pool, ledger, run_id: int) -> list[str]:
+def check_pool(pool, ledger, run_id: int, sources: dict | None = None) -> list[str]:
     """Mismatches between ``pool``'s (a RewardPoolClient) events and views and the record of ``ledger`` (a
-    LedgerClient) for run ``run_id``; empty when the books hold."""
+    LedgerClient) for run ``run_id``; empty when the books hold. ``sources``: round -> (stage leaves, factors
+    per stage or None), checked against the chain (node/store/rewardsources.py): each contribution claim of a
+    stage whose factors are given is checked against them (listed, and its share by the rule)."""
     events = pool.pool_events(run_id)
     return check_events(events, pool.pool_of(run_id), pool.balance(), _attesters(ledger, run_id, events),
-                        _slashed_at(ledger, run_id))
+                        _slashed_at(ledger, run_id), _listed(sources))
+
+
+def _listed(sources: dict | None) -> dict[tuple[int, int], list]:
+    """(round, stage) -> [(contributor, steps)] of each stage whose factors ``sources`` hold."""
+    return {(r, stage): listed_contributions(factors) for r, (_leaves, all_factors) in (sources or {}).items()
+            for stage, factors in enumerate(all_factors) if factors is not None}
 
 
 def check_events(events: list, views: dict, balance: int, attesters: dict[int, tuple[str, ...]],
-                 slashed_at: dict[str, int]) -> list[str]:
+                 slashed_at: dict[str, int], contributions: dict | None = None) -> list[str]:
     """:func:`check_pool` on given inputs: the pool's decoded events in chain order, its ``poolOf`` fields,
-    its balance, each round's attesters and the block each convicted account was slashed in."""
+    its balance, each round's attesters, the block each convicted account was slashed in and the listed
+    contributions of the stages whose factors are known."""
     problems: list[str] = []
     created = [e for e in events if e.name == "PoolCreated"]
     if len(created) != 1:
@@ -67,6 +76,8 @@ def check_events(events: list, views: dict, balance: int, attesters: dict[int, t
             elif amount != attester_share(params, len(listed)):
                 problems.append(f"round {r}: attester {account} paid {amount} wei, the rule gives "
                                 f"{attester_share(params, len(listed))}")
+        elif (r, stage) in (contributions or {}):
+            problems += _contribution_claim(contributions[r, stage], params, views, r, stage, account, amount)
     for r, total in sorted(paid.items()):
         budget = opened[r].args["budget"] if r in opened else 0
         if total > budget:
@@ -77,6 +88,18 @@ def check_events(events: list, views: dict, balance: int, attesters: dict[int, t
             problems.append(f"round {r}: swept {event.args['returned']} wei, budget - paid is "
                             f"{budget - paid.get(r, 0)}")
     return problems
+
+
+def _contribution_claim(entries: list, params, views: dict, r: int, stage: int, account: str,
+                        amount: int) -> list[str]:
+    """A contribution claim against its stage's listed contributions: listed, and its share by the rule."""
+    steps = [s for member, s in entries if member.lower() == account.lower()]
+    if not steps:
+        return [f"round {r} stage {stage}: {account} was paid for a contribution its factors do not list"]
+    share = contribution_share(params, views["numStages"], views["innerSteps"], len(entries), steps[0])
+    if amount != share:
+        return [f"round {r} stage {stage}: contributor {account} paid {amount} wei, the rule gives {share}"]
+    return []
 
 
 def _attesters(ledger, run_id: int, events: list) -> dict[int, tuple[str, ...]]:

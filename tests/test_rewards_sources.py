@@ -121,3 +121,36 @@ def test_rewards_command_claims_a_contribution_from_the_node_directory(request, 
     out = capsys.readouterr().out
     assert "claim round 0's contribution" in out and "claim round 0's attestation" in out
     assert rr.pool(0).pool_of(rr.run_id)["claimed"] == share + rr.expected_attester_share(0)
+
+
+def test_the_audit_checks_contribution_claims_against_the_kept_factors(chain_w3, tmp_path):
+    """audit --pool with --archive node directories: each contribution claim of a round whose factors they
+    kept is checked (listed, its share by the rule); a claim the factors do not list, or of another amount,
+    is a mismatch (forged events: the contract itself pays none)."""
+    import dataclasses
+
+    from ledger.rewardbooks import check_events
+    from node.tools.audit_pool import pool_check
+    from node.tools.report import OK
+
+    rr = reward_run(deploy(chain_w3), pool=params())
+    entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    _keep(rr, entry, tmp_path / "a", [0, 1])
+    rr.mine_to_final(0)
+    rr.claim(1, 0, 0)
+    rr.claim(2, 0, 1)
+    reader = rr.run.reader
+    item = pool_check(reader, rr.run_id, rr.pool_address, [tmp_path / "a"])
+    assert item.status == OK and "factors of 1 rounds" in item.reason, item.reason
+    pool = rr.pool(0)
+    events, views = pool.pool_events(rr.run_id), pool.pool_of(rr.run_id)
+    listed = {(0, 0): [(rr.address(1), None), (rr.address(3), None)], (0, 1): [(rr.address(2), None)]}
+    assert check_events(events, views, pool.balance(), {}, {}, listed) == []
+    claim = next(e for e in events if e.name == "RewardClaimed" and e.args["stage"] == 0)
+    wrong = dataclasses.replace(claim, args={**claim.args, "amount": claim.args["amount"] + 1})
+    unlisted = dataclasses.replace(claim, args={**claim.args, "account": rr.address(4)})
+    for forged, says in ((wrong, "the rule gives"), (unlisted, "its factors do not list")):
+        others = [e for e in events if e is not claim]
+        problems = check_events([*others, forged], {**views, "claimed": views["claimed"]}, pool.balance(),
+                                {}, {}, listed)
+        assert any(says in p for p in problems), problems

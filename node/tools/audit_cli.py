@@ -119,7 +119,7 @@ def run_audit(args: Any) -> int:
     if pool:
         from node.tools.audit_pool import pool_check
 
-        report.general.append(pool_check(client, args.run, pool))
+        report.general.append(pool_check(client, args.run, pool, args.archive))
     for check in report.general:
         if check.status != OK or len(report.general) <= 12 or (pool and check is report.general[-1]):
             print(check.line())

@@ -16,13 +16,16 @@ POOL_BOOKS = "reward pool books"
 SHOWN = 5
 
 
-def pool_check(client: Any, run_id: int, address: str) -> Check:
+def pool_check(client: Any, run_id: int, address: str, archives=()) -> Check:
     """The item for run ``run_id``'s pool at ``address`` (``client``: the audit's LedgerClient); ConfigError
-    when ``address`` is no RewardPool of this ledger."""
+    when ``address`` is no RewardPool of this ledger. ``archives``: node directories whose kept stage leaves
+    and factors (node/store/rewardsources.py) check the contribution claims of their rounds."""
     from ledger.rewardbooks import check_pool
+    from node.store.rewardsources import read_sources
 
     pool = pool_client(client, address)
-    problems = check_pool(pool, client, run_id)
+    sources = read_sources(archives, client, run_id) if archives else {}
+    problems = check_pool(pool, client, run_id, sources)
     if problems:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
         return Check(POOL_BOOKS, FAIL, "; ".join(problems[:SHOWN]) + more)
@@ -30,7 +33,8 @@ def pool_check(client: Any, run_id: int, address: str) -> Check:
     return Check(POOL_BOOKS, OK, f"pool {pool.address}: funded {view['funded']} wei, claimed "
                                  f"{view['claimed']} wei, balance {pool.balance()} wei, rounds "
                                  f"{view['firstRound']}..{view['nextRound'] - 1} opened; every claim and "
-                                 "sweep matches the record")
+                                 "sweep matches the record" + (f" (contribution claims checked against the "
+                                 f"factors of {len(sources)} rounds the archives kept)" if sources else ""))
 
 
 def pool_client(client, address: str):
