@@ -68,6 +68,7 @@ NODE_WORK = (
 LAYOUTS = (
     {
         "label": "llama-1b",
+        "d_model": 2048,
         "parameters": 1_100_048_384,
         "replicas": 2,
         "stages": 2,
@@ -78,6 +79,7 @@ LAYOUTS = (
     },
     {
         "label": "7B",
+        "d_model": 4096,
         "parameters": 6_738_415_616,
         "replicas": 4,
         "stages": 2,
@@ -88,6 +90,7 @@ LAYOUTS = (
     },
     {
         "label": "107B (2 x 10)",
+        "d_model": 8192,
         "parameters": 107_000_000_000,
         "replicas": 2,
         "stages": 10,
@@ -98,6 +101,7 @@ LAYOUTS = (
     },
     {
         "label": "107B (4 x 5)",
+        "d_model": 8192,
         "parameters": 107_000_000_000,
         "replicas": 4,
         "stages": 5,
@@ -236,7 +240,20 @@ def fraud_proof_gas(per_node: float, replicas: int) -> dict:
     return {"chunks": chunks, "game_steps": steps, "proof_gas": cost.proof_gas, "worst_gas": cost.gas}
 
 
-def large(model: dict, layout: dict, ledger: dict) -> dict:
+def components_seconds(components: dict, per_node: float, d_model: int) -> dict[str, float]:
+    """The node's own codec and weights-root CPU seconds per round on one core of this CPU, from
+    bench/bench_components.py's fit (checked within 20% at a size it did not see): encode and apply grow with
+    the parameters held and with sum(numel x min dimension) over the matrices, which for a transformer's
+    matrices (every one at least ``d_model`` wide) is about the parameters held times ``d_model``."""
+    x = {"parameters": per_node, "matmul_parameters": per_node, "gram_flops": per_node * d_model}
+    out = {}
+    for quantity in ("encode", "apply", "weights_hash"):
+        fitted = components["model"][quantity]
+        out[quantity] = fitted["intercept"] + sum(b * x[name] for name, b in fitted["slopes"].items())
+    return out
+
+
+def large(model: dict, layout: dict, ledger: dict, components: dict | None = None) -> dict:
     n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
     per_node = n / s
     point = {"parameters": n, "per_node": per_node}
@@ -255,8 +272,10 @@ def large(model: dict, layout: dict, ledger: dict) -> dict:
     # Data-parallel AllReduce of bf16 gradients every step over the same links (ring: 2 (M-1)/M of them).
     allreduce_s = 2 * (m - 1) / m * 2 * per_node * 8 / layout["link_bps"]
     allreduce_tokens_s = m * layout["tokens_per_step"] / (step_s + allreduce_s)
+    calibrated = components_seconds(components, per_node, layout["d_model"]) if components else None
     return {
         **layout,
+        "components_s_per_round": calibrated,
         "per_node": per_node,
         "step_s": step_s,
         "compute_s_per_round": compute_s,
@@ -282,10 +301,14 @@ def main() -> int:
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
     parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
     parser.add_argument("--check", default="llama-mini-64,llama-124m", help="sizes the fit is checked at")
+    parser.add_argument("--components", default=str(RESULTS / "components.json"),
+                        help="bench/bench_components.py's fit (the codec's and weights root's CPU)")
     parser.add_argument("--out", default=str(RESULTS / "scale_model.json"))
     args = parser.parse_args()
     runs = json.loads(Path(args.system).read_text())["runs"]
     ledger = json.loads(Path(args.ledger).read_text())
+    components_path = Path(args.components)
+    components = json.loads(components_path.read_text()) if components_path.exists() else None
     points = {label: measured(run) for label, run in runs.items()}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
@@ -299,7 +322,7 @@ def main() -> int:
         "model": model,
         "check": checked,
         "refit": refit,
-        "large": [large(refit, layout, ledger) for layout in LAYOUTS],
+        "large": [large(refit, layout, ledger, components) for layout in LAYOUTS],
         "paper": PAPER,
         "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
     }
@@ -318,6 +341,10 @@ def main() -> int:
             f"fraud proof {row['fraud_proof']['worst_gas']:,} gas, "
             f"{row['speedup_over_allreduce']:.0f}x AllReduce"
         )
+        calibrated = row["components_s_per_round"]
+        if calibrated:
+            print(f"{'':16s} calibrated on one core: encode {calibrated['encode']:.0f} s, apply "
+                  f"{calibrated['apply']:.0f} s, weights root {calibrated['weights_hash']:.0f} s a round")
     return 0
 
 

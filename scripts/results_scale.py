@@ -183,6 +183,19 @@ def scale_model(r: dict) -> list[str]:
         ],
         rows,
     )
+    calibrated = [(row["label"], row["d_model"], row["components_s_per_round"]) for row in r["large"]
+                  if row.get("components_s_per_round")]
+    if calibrated:
+        lines += [
+            "The node's codec and weights root per round from bench/bench_components.py's fit (one core of "
+            "this CPU, checked within 20% at a size it did not see; the matrices' cubic term taken as the "
+            "parameters held x d_model): what the node's host CPU would pay unless that work moves to the "
+            "GPU or to more cores.",
+            "",
+        ]
+        lines += table(["model", "d_model", "encode", "apply", "weights root"],
+                       [[label, str(d), _s(c["encode"]), _s(c["apply"]), _s(c["weights_hash"])]
+                        for label, d, c in calibrated])
     paper = r["paper"]
     lines += [
         f"The DiLoCoX paper ({paper['source']}): {paper['model']} on {paper['hardware']} over "
