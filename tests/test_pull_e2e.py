@@ -93,11 +93,12 @@ def test_pull_from_peers_gives_a_transformers_model_with_our_logits(run, client,
     assert generated.shape[1] == ids["input_ids"].shape[1] + 12
     assert tokenizer.decode(generated[0]).startswith("To be, or not")
     assert generated[0].tolist() == ours.generate(ids["input_ids"], 12)[0].tolist()
-    # Past the context: plain transformers has no position left (documented in the model card); loaded
-    # with trust_remote_code the directory's custom_generate slides the window as nanoGPT does.
-    block = model.config.n_positions
-    with pytest.raises(IndexError):
-        model.generate(**ids, max_new_tokens=block, do_sample=False)
+    # Past the context: plain transformers runs on the export's grown position table (issue 80: was an
+    # IndexError); loaded with trust_remote_code the directory's custom_generate slides the window as nanoGPT
+    # does.
+    block = model.config.dlx_context
+    assert model.generate(**ids, max_new_tokens=block, do_sample=False).shape[1] == \
+        ids["input_ids"].shape[1] + block
     sliding = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     longer = sliding.generate(**ids, max_new_tokens=block, do_sample=False)
     assert longer.shape[1] == ids["input_ids"].shape[1] + block

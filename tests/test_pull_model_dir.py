@@ -66,8 +66,12 @@ def test_generate_stays_within_the_context(model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
     # Without a length, generate stops at the context (no prompt: it starts from the bos byte).
     assert model.generate().shape[1] <= 32
-    # max_new_tokens beyond the context (IndexError in the position table with transformers' own generate)
-    # works with the sliding window the card documents (loaded only with trust_remote_code).
+    # max_new_tokens beyond the context: transformers' own generate ran past the 32-row position table
+    # (IndexError in wpe, issue 80); the export's table goes on to 1024 rows, the last trained one's copies.
+    assert json.loads((model_dir / "config.json").read_text())["dlx_context"] == 32
+    assert model.config.n_positions == 1024
+    assert model.generate(max_new_tokens=200, do_sample=False).shape == (1, 201)
+    # The sliding window the card documents (loaded only with trust_remote_code) slides at the 32 trained.
     windowed = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).eval()
     assert windowed.generate(max_new_tokens=100).shape == (1, 101)
     # Within the context the window changes nothing: the same tokens as transformers' own greedy search.
@@ -75,3 +79,20 @@ def test_generate_stays_within_the_context(model_dir):
     with torch.no_grad():
         assert windowed.generate(**prompt, max_new_tokens=8).tolist() == \
             model.generate(**prompt, max_new_tokens=8, do_sample=False).tolist()
+
+
+def test_a_pulled_gpt2_model_imports_back_at_its_trained_context(model_dir, tmp_path):
+    """--init-from a pulled model: the context is dlx_context (32), not the grown table's 1024 rows, and the
+    weights are the checkpoint's, the table's copied rows dropped."""
+    import torch
+
+    from training.hf_import import import_hf
+    from training.hf_import_weights import load_init_weights
+
+    imported = import_hf(model_dir, tmp_path / "initial")
+    cfg = ModelConfig(**imported.fields)
+    assert cfg.block_size == 32
+    want = init_state_dict(ModelConfig(preset="tiny"), 0)
+    got = load_init_weights(cfg)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[name], want[name]) for name in want)

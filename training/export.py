@@ -7,8 +7,9 @@ dependency on ``transformers`` at export time:
 
 ``config.json``
     The family's config (:meth:`training.family.ModelFamily.hf_config`): for
-    GPT-2 ``n_positions = n_ctx = block_size``, ``gelu_new``, LayerNorm eps
-    1e-5; for Llama the sizes, ``n_kv_head``, RMSNorm eps, ``rope_theta``, no
+    GPT-2 ``n_positions = n_ctx`` = at least 1024 (``dlx_context`` = ``block_size``: the position table's
+    rows past it are copies of the last trained one, so ``generate`` past the context runs),
+    ``gelu_new``, LayerNorm eps 1e-5; for Llama the sizes, ``n_kv_head``, RMSNorm eps, ``rope_theta``, no
     biases. Always ``tie_word_embeddings = false`` (our ``lm_head`` is its own
     matrix). bos/eos ids are the tokenizer's end-of-text token; the byte
     vocabulary has no free id, so there byte 0 (NUL, which text never contains)
@@ -80,6 +81,27 @@ def _check_state_dict(state_dict: Mapping[str, torch.Tensor], model_cfg: ModelCo
     return expected
 
 
+#: GPT-2's learned position table.
+POSITIONS = "transformer.wpe.weight"
+
+
+def _position_table(config: dict, model_cfg: ModelConfig, shapes: dict[str, tuple],
+                    state_dict: Mapping[str, torch.Tensor]):
+    """(shapes, tensor getter) of the export: a GPT-2 position table grown to the config's ``n_positions``
+    with copies of its last trained row (training.gpt2.HF_POSITIONS), every other tensor as it is."""
+    positions = int(config.get("n_positions") or 0) if POSITIONS in shapes else 0
+    if positions <= model_cfg.block_size:
+        return shapes, state_dict.__getitem__
+
+    def tensor_of(name: str) -> torch.Tensor:
+        tensor = state_dict[name]
+        if name != POSITIONS:
+            return tensor
+        return torch.cat([tensor, tensor[-1:].expand(positions - tensor.shape[0], -1)])
+
+    return {**shapes, POSITIONS: (positions, shapes[POSITIONS][1])}, tensor_of
+
+
 def _write_file(path: Path, value: dict | bytes) -> None:
     with open(path, "wb") as handle:
         if isinstance(value, bytes):
@@ -118,17 +140,18 @@ def export_hf(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_file(tmp / "config.json", hf_config(model_cfg, tokenizer))
-        for name, content in tokenizer.hf_files(model_cfg.block_size).items():
-            _write_file(tmp / name, content)
+        files: dict[str, Any] = {"config.json": hf_config(model_cfg, tokenizer),
+                                 **tokenizer.hf_files(model_cfg.block_size)}
         if model_cfg.hf_source:  # an imported model: the source's class, generation and tokenizer settings
             from training.hf_import import exported_files
 
-            for name, content in exported_files(model_cfg).items():
-                _write_file(tmp / name, content)
+            files.update(exported_files(model_cfg))
+        for name, content in files.items():
+            _write_file(tmp / name, content)
+        shapes, tensor_of = _position_table(files["config.json"], model_cfg, shapes, full_state_dict)
         with open(tmp / "model.safetensors", "wb") as handle:
             # tensor by tensor (training.hf_import.stream_safetensors): no second copy of the weights
-            stream_safetensors(handle, shapes, full_state_dict.__getitem__)
+            stream_safetensors(handle, shapes, tensor_of)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o755)

@@ -37,6 +37,11 @@ from training.config import ModelConfig
 from training.family import INIT_STD, Embedding, ModelFamily
 
 LAYER_NORM_EPS = 1e-5
+#: The position table a Hugging Face export holds at least (GPT-2's own n_positions): its rows past the
+#: trained context (``block_size``, written as ``dlx_context``) are copies of the last trained one, so that
+#: transformers' own ``generate`` past the context does not index past the table (IndexError in ``wpe``;
+#: issue 80). training/hf_import_families.py reads such an export back at its trained context.
+HF_POSITIONS = 1024
 
 # Per-block parameter suffixes in the order of HF's GPT2Block state_dict.
 BLOCK_PARAMS = (
@@ -200,13 +205,15 @@ class GPT2Family(ModelFamily):
         return LayerNorm(cfg.n_embd)
 
     def hf_config(self, cfg: ModelConfig, bos_token_id: int, eos_token_id: int) -> dict[str, Any]:
-        """``GPT2LMHeadModel``: ``n_positions = n_ctx = block_size``, gelu_new, untied head."""
+        """``GPT2LMHeadModel``: ``n_positions = n_ctx`` = at least :data:`HF_POSITIONS` (``dlx_context`` =
+        ``block_size``), gelu_new, untied head."""
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
             "vocab_size": cfg.vocab_size,
-            "n_positions": cfg.block_size,
-            "n_ctx": cfg.block_size,
+            "n_positions": max(cfg.block_size, HF_POSITIONS),
+            "n_ctx": max(cfg.block_size, HF_POSITIONS),
+            "dlx_context": cfg.block_size,  # the positions trained (HF_POSITIONS)
             "n_embd": cfg.n_embd,
             "n_layer": cfg.n_layer,
             "n_head": cfg.n_head,

@@ -169,7 +169,10 @@ def write_init_weights(source: HFSource, cfg: ModelConfig, dest_dir: str | os.Pa
             handles[path] = SafetensorsReader(path)
         if names[name] not in handles[path].entries:
             raise HFImportError(f"{path.name}: {names[name]} is not in it (the index says it is)")
-        return handles[path].get_tensor(names[name])
+        tensor = handles[path].get_tensor(names[name])
+        if name == "transformer.wpe.weight" and tensor.shape[0] > shapes[name][0]:
+            tensor = tensor[:shapes[name][0]]  # an export's rows past its dlx_context (training/export.py)
+        return tensor
 
     try:
         with os.fdopen(fd, "wb") as out:

@@ -77,12 +77,18 @@ def model_fields(source: HFSource, block_size: int = 0) -> dict[str, Any]:
             if value not in allowed:
                 raise HFImportError(f"GPT2LMHeadModel with {key}={value!r}: only {list(allowed)} map to this "
                                     "project's GPT-2")
-        if block_size not in (0, positions):
+        # an export of this project: the positions it trained (the table's rows past them are copies)
+        context = config.get("dlx_context", positions)
+        if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= positions:
+            raise HFImportError(f"GPT2LMHeadModel with dlx_context={context!r}: must be an integer in "
+                                f"[1, n_positions={positions}] (the positions trained)")
+        if block_size not in (0, context):
+            key = "dlx_context" if "dlx_context" in config else "n_positions"
             raise HFImportError(f"model.block_size={block_size}: a GPT-2 source's context is its "
-                                f"n_positions={positions} (its position table); leave block_size unset")
+                                f"{key}={context} (its position table); leave block_size unset")
         return {"family": "gpt2", "preset": "tiny", "vocab_size": _need(config, "vocab_size"),
                 "n_layer": _need(config, "n_layer"), "n_head": _need(config, "n_head"), "n_embd": n_embd,
-                "block_size": positions}
+                "block_size": context}
     hidden, heads = _need(config, "hidden_size"), _need(config, "num_attention_heads")
     name = LLAMA_LIKE[arch]
     if config.get("hidden_act", "silu") != "silu":

@@ -6,9 +6,10 @@ run, round, weights root, checkpoint content hash, the members whose signatures 
 and the commands that audit the run and pull the same checkpoint again.
 
 ``generation_config.json`` pins the special token ids (the tokenizer's end of text; byte 0 for the byte
-tokenizer) and ``max_length`` to the model's context (``n_positions``): GPT-2 has one learned position
-embedding per position, and a sequence longer than the context indexes past that table (``IndexError``
-in ``wpe``); Llama's rotary positions have no table, but it never trained beyond its context. With this file
+tokenizer) and ``max_length`` to the model's context (``dlx_context``): GPT-2 has one learned position
+embedding per position, and its export's table goes on to 1024 positions with copies of the last trained
+row (training/export.py; a sequence longer than the table would index past it, ``IndexError`` in ``wpe``);
+Llama's rotary positions have no table, but it never trained beyond its context. With this file
 ``generate()`` called without a length stops at the context. An explicit ``max_new_tokens`` still takes
 precedence in transformers (``GenerationMixin._prepare_generated_length``), and beside the file's
 ``max_length`` it makes transformers warn that both are set: the card's and pull's snippets pass
@@ -32,7 +33,8 @@ BYTE_TOKENIZER = "byte-level tokenizer, token id = byte value"
 SLIDING_GENERATE = '''"""Greedy or sampled generation that never feeds the model more than its context (written by dlx-node pull).
 
 Load with AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True) and call model.generate as
-usual: every step feeds only the last n_positions (max_position_embeddings) tokens, so any max_new_tokens works.
+usual: every step feeds only the last dlx_context (the context trained; else n_positions, max_position_embeddings)
+tokens, so any max_new_tokens works.
 """
 
 import torch
@@ -40,7 +42,8 @@ import torch
 
 def generate(model, input_ids=None, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=None,
              attention_mask=None, **kwargs):
-    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    context = (getattr(model.config, "dlx_context", None) or getattr(model.config, "n_positions", None)
+               or model.config.max_position_embeddings)
     if input_ids is None:
         input_ids = torch.full((1, 1), model.config.bos_token_id, dtype=torch.long, device=model.device)
     ids = input_ids
@@ -78,9 +81,12 @@ _FAMILY_NAMES = {"gpt2": "GPT-2-shaped", "llama": "Llama-architecture (RMSNorm, 
 
 def _context_note(family: str, block: int) -> str:
     if family == "gpt2":
+        from training.gpt2 import HF_POSITIONS
+
         limit = (
-            f"The model has one learned position embedding per position, {block} in all: a prompt plus new "
-            f"tokens longer than {block} does not fit.")
+            f"The model learned one position embedding per position, {block} in all; its table goes on to "
+            f"{max(block, HF_POSITIONS)} positions (as GPT-2's), the rows past {block} copies of the last "
+            f"trained one, so `generate()` runs past the context, but what it writes there is untrained.")
     else:
         limit = (f"The model was trained on windows of {block} tokens; its rotary positions go further, but "
                  "what it writes beyond them is untrained.")
