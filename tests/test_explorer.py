@@ -168,8 +168,8 @@ def test_a_chain_that_goes_away_leaves_the_last_snapshot_marked_not_live_at_once
 
 def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_path):
     """(issue 77) A normed run with a pool: round 0 final, member 1's contribution and member 2's attestation
-    claimed; the explorer (the CLI, its pool from deployment.json's reward_pool) shows the pool's books and
-    each member's credits, in its JSON and on the page."""
+    claimed; the explorer (its pool from deployment.json's reward_pool, as the command finds it) shows the
+    pool's books and each member's credits, in its JSON and on the page."""
     from ledger_fixtures import fresh_anvil_w3
     from reward_fixtures import params, reward_run
 
@@ -183,15 +183,16 @@ def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_pa
     deployment_file = tmp_path / "deployment.json"
     deployment_file.write_text(json.dumps({"registry": rr.deployment.registry, "ledger": rr.deployment.ledger,
                                            "reward_pool": rr.pool_address}))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "explorer", "--rpc", w3.provider.endpoint_uri, "--run",
-         str(rr.run_id), "--deployment", str(deployment_file), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    from argparse import Namespace
+
+    from node.commands.explorer import _pool
+
+    reader = rr.run.reader
+    pool_of_run = _pool(reader, Namespace(pool="", deployment=str(deployment_file)))
+    assert pool_of_run.address == rr.pool_address  # the command's default: deployment.json's reward_pool
+    explorer = explorer_for_client(reader, rr.run_id, pool=pool_of_run).start()
     try:
-        line = process.stdout.readline()
-        assert "explorer of run" in line, line + process.stderr.read()
-        base = line.split(" at ")[1].split(" ")[0]
+        base = explorer.url
         code, pool = _get(base + "api/pool")
         assert code == 200 and pool["address"] == rr.pool_address
         contribution, attestation = rr.expected_share(0, 0, 1), rr.expected_attester_share(0)
@@ -217,5 +218,4 @@ def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_pa
         assert dom.count('<tr class="credit"') == len(pool["members"]) >= 3, dom[:2000]
         assert rr.pool_address in dom
     finally:
-        process.terminate()
-        process.wait(timeout=20)
+        explorer.close()

@@ -17,17 +17,18 @@ def rewards_summary(run) -> dict | None:
         return None
     from ledger.account import dev_account
     from ledger.rewards import RewardPoolClient
-    from ledger.rewardstatement import statement
+    from ledger.rewardstatement import RunBooks, statement
     from node.store.rewardsources import read_sources
 
     client = run.client()
     pool = RewardPoolClient(client.w3, None, run.reward_pool)
-    view = pool.pool_of(run.run_id)
+    books = RunBooks(pool, client, run.run_id)  # read once for every member
+    view = books.view
     sources = read_sources([slot.data_dir for slot in run.nodes], client, run.run_id)
     members = []
     for slot in run.nodes:
         account = dev_account(slot.account, run.chain_id).address
-        data = statement(pool, client, run.run_id, account, sources).to_json()
+        data = statement(pool, client, run.run_id, account, sources, books).to_json()
         kinds = [c["stage"] for c in data["credits"]]
         members.append({"node": slot.name, "account": account, **{key: data[key] for key in TOTALS},
                         "attestations": kinds.count(None), "contributions": len(kinds) - kinds.count(None)})
