@@ -5,7 +5,8 @@ solc (``contracts/package.json``) into ``contracts/artifacts/<Name>.json`` and C
 ``node contracts/build.js --check`` that a rebuild gives the same bytes. Python reads only the artifacts, so
 running a node needs no Node.js.
 
-TrainingLedger and AggregationProver keep their concerns in linked libraries (``LIBRARIES``, docs/LEDGER.md):
+TrainingLedger and AggregationProver keep their concerns in linked libraries (``LIBRARIES``, docs/LEDGER.md),
+StepProver its pure pieces (``STEP_LIBRARIES``):
 a deployment deploys each library first and writes its address into the bytecode that calls it
 (:func:`link`), as the artifact's ``linkReferences`` place it.
 """
@@ -23,7 +24,8 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
-    "StepProver", "Float32Harness", "NormHarness", "AnswerRelay", "RewardPool", "ReentrantClaimer",
+    "StepProver", "StepProverMath", "Float32Harness", "NormHarness", "AnswerRelay", "RewardPool",
+    "ReentrantClaimer",
 )
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
 #: constructor creates the prover, so the ledger's creation code links both sets). None links another.
@@ -31,6 +33,8 @@ LIBRARIES = (
     "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
 )
+#: StepProver's linked library (ledger.stepproof.deploy deploys it first; StepProver is deployed on its own).
+STEP_LIBRARIES = ("StepProverMath",)
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576
 

@@ -23,7 +23,7 @@ const SOURCES = [
   "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
-  "src/StepProver.sol",
+  "src/StepProver.sol", "src/StepProverMath.sol",
   "src/RewardPool.sol", "src/test/ReentrantClaimer.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
@@ -39,6 +39,7 @@ const CONTRACTS = {
   "src/ProverAvailability.sol": "ProverAvailability",
   "src/ProverBinding.sol": "ProverBinding",
   "src/StepProver.sol": "StepProver",
+  "src/StepProverMath.sol": "StepProverMath",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
   "src/test/AnswerRelay.sol": "AnswerRelay",

@@ -54,11 +54,18 @@ EMPTY = (b"", [])
 
 
 def deploy(w3, bond: int, clock_blocks: int, sender: str | None = None) -> str:
-    """Deploy StepProver from its committed artifact; its address."""
+    """Deploy StepProver's library (``contracts.STEP_LIBRARIES``), then StepProver linked to it, from the
+    committed artifacts; StepProver's address."""
+    sender = sender or w3.eth.accounts[0]
+
+    def create(bytecode: str, abi: list, *args) -> str:
+        tx = w3.eth.contract(abi=abi, bytecode=bytecode).constructor(*args).transact({"from": sender})
+        return w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
+
+    libraries = {name: create(contracts.artifact(name)["bytecode"], contracts.artifact(name)["abi"])
+                 for name in contracts.STEP_LIBRARIES}
     artifact = contracts.artifact("StepProver")
-    factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    tx = factory.constructor(bond, clock_blocks).transact({"from": sender or w3.eth.accounts[0]})
-    return w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
+    return create(contracts.link(artifact, libraries), artifact["abi"], bond, clock_blocks)
 
 
 class StepProverClient:
@@ -91,8 +98,8 @@ class StepProverClient:
 
     def game(self, game_id: bytes) -> dict:
         names = ("claimId", "challenger", "phase", "defenderTurn", "midPosted", "elem", "lo", "hi",
-                 "loSum", "hiSum", "midSum", "defenderLeft", "challengerLeft", "turnSince", "moves", "loRoot",
-                 "hiRoot", "midRoot", "copyLeaf", "stepKey", "op")
+                 "defenderLeft", "challengerLeft", "turnSince", "moves", "copyLeaf", "loRoot", "hiRoot",
+                 "midRoot", "stepKey")
         return dict(zip(names, self.contract.functions.gameOf(game_id).call()))
 
     def wrong(self, claim_id: bytes) -> bool:

@@ -91,7 +91,8 @@ def test_contract_conventions():
         functions = [entry for entry in artifact["abi"] if entry["type"] == "function"]
         for function in functions:
             signature = f"{function['name']}({','.join(canonical_type(item) for item in function['inputs'])})"
-            if name in contracts.LIBRARIES:  # a library's NatSpec keys name its types (Contract.Struct)
+            # a library's NatSpec keys name its types (Contract.Struct)
+            if name in (*contracts.LIBRARIES, *contracts.STEP_LIBRARIES):
                 keyed = [key for key in notices if key.startswith(function["name"] + "(")]
                 assert any("notice" in notices[key] for key in keyed), f"{name}.{signature} lacks a @notice"
                 continue
@@ -118,7 +119,8 @@ SIZE_TARGET = contracts.CODE_SIZE_LIMIT * 3 // 4  # 18,432 bytes
 
 
 def test_every_deployed_contract_and_library_keeps_a_quarter_of_eip_170_free():
-    deployed = ("NodeRegistry", "TrainingLedger", "AggregationProver", *contracts.LIBRARIES)
+    deployed = ("NodeRegistry", "TrainingLedger", "AggregationProver", *contracts.LIBRARIES, "StepProver",
+                *contracts.STEP_LIBRARIES)
     for name in deployed:
         size = (len(contracts.artifact(name)["deployedBytecode"]) - 2) // 2
         assert size <= SIZE_TARGET, f"{name}: {size} bytes deployed, over 75% of {contracts.CODE_SIZE_LIMIT}"
@@ -128,8 +130,9 @@ def test_every_deployed_contract_and_library_keeps_a_quarter_of_eip_170_free():
     linked = {name for contract in ("TrainingLedger", "AggregationProver")
               for name in contracts.linked_libraries(contracts.artifact(contract))}
     assert linked == set(contracts.LIBRARIES)
-    for name in contracts.LIBRARIES:
+    for name in (*contracts.LIBRARIES, *contracts.STEP_LIBRARIES):
         assert not contracts.linked_libraries(contracts.artifact(name)), f"{name} links another library"
+    assert set(contracts.linked_libraries(contracts.artifact("StepProver"))) == set(contracts.STEP_LIBRARIES)
 
 
 def test_the_build_fails_past_90_percent_of_eip_170():

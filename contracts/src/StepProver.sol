@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.37;
 
-import {Float32} from "./Float32.sol";
+import {StepProverMath} from "./StepProverMath.sol";
 
 /// @title StepProver
 /// @notice The innermost legs of the contribution proof (issue 78, docs/FRAUD_PROOF.md "The contribution proof"):
@@ -18,15 +18,11 @@ import {Float32} from "./Float32.sol";
 /// (tensor index 0; the element order is the tensor's contiguous order). A chess clock (each side `clockBlocks`
 /// blocks for all its moves) ends a game whose mover stalls: `timeout` gives it to the other side.
 contract StepProver {
-    using Float32 for uint32;
-
     uint8 internal constant ADD = 1;
     uint8 internal constant SUB = 2;
     uint8 internal constant MUL = 3;
     uint8 internal constant DIV = 4;
     uint8 internal constant MATMUL = 5;
-    uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
-    uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
 
     /// @notice An operation's shape and commitments. Elementwise: `rows` output elements (`cols` 1, `inner` 0),
     /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
@@ -101,26 +97,23 @@ contract StepProver {
         uint64 elem;
         uint32 lo;
         uint32 hi;
-        uint32 loSum;
-        uint32 hiSum;
-        uint32 midSum;
         uint64 defenderLeft;
         uint64 challengerLeft;
         uint64 turnSince;
         uint32 moves;
+        uint32 copyLeaf;
         bytes32 loRoot;
         bytes32 hiRoot;
         bytes32 midRoot;
-        uint32 copyLeaf;
-        bytes32 stepKey; // the StepClaim the step game plays: the claim's own, or the split step of a run
-        Op op;
+        // The StepClaim the step game plays: the claim's own, or the split step of a run; zero in an op claim's
+        // game, whose element game plays the claim's op (`_ops[claimId]`; a step game's is `_ops[gameId]`).
+        bytes32 stepKey;
     }
 
     struct Claim {
         address defender;
         bool wrong;
         bool busy;
-        Op op;
     }
 
     /// @notice The bond of a claim and of a challenge (the loser's goes to the winner).
@@ -128,6 +121,8 @@ contract StepProver {
     /// @notice Each side's blocks for all its moves of one game (a chess clock).
     uint64 public immutable clockBlocks;
     mapping(bytes32 => Claim) internal _claims;
+    /// @dev An op claim's op (by its claim id), or the split op of a step game (by its game id: `Game.stepKey`).
+    mapping(bytes32 => Op) internal _ops;
     mapping(bytes32 => Game) internal _games;
     mapping(bytes32 => StepClaim) internal _steps;
     mapping(bytes32 => RunClaim) internal _runs;
@@ -195,7 +190,8 @@ contract StepProver {
         if (out == 0) revert ProverStepBadOp();
         claimId = claimIdOf(op, msg.sender);
         if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
-        _claims[claimId] = Claim(msg.sender, false, false, op);
+        _claims[claimId].defender = msg.sender;
+        _ops[claimId] = op;
         emit Claimed(claimId, msg.sender);
     }
 
@@ -205,10 +201,10 @@ contract StepProver {
         Claim storage c = _claims[claimId];
         if (c.defender == address(0)) revert ProverStepUnknownClaim();
         if (c.wrong || c.busy) revert ProverStepClaimClosed();
-        if (elem >= uint256(c.op.rows) * c.op.cols) revert ProverStepBadElement(elem);
+        Op storage op = _ops[claimId];
+        if (elem >= uint256(op.rows) * op.cols) revert ProverStepBadElement(elem);
         Game storage g = _start(claimId, Phase.Open);
         g.elem = elem;
-        g.op = c.op;
         gameId = gameIdOf(claimId, msg.sender);
         emit Challenged(gameId, claimId, msg.sender, elem);
     }
@@ -275,19 +271,14 @@ contract StepProver {
 
     /// @notice Defender: the state root after step `(lo + hi) / 2` of the interval in dispute.
     function postStateRoot(bytes32 gameId, bytes32 root) external {
-        (Game storage g,) = _move(gameId, true, Phase.Steps);
-        g.midRoot = root;
-        g.midPosted = true;
-        g.defenderTurn = false;
+        Game storage g = _post(gameId, Phase.Steps, root);
         emit StateRootPosted(gameId, (g.lo + g.hi) / 2, root);
     }
 
     /// @notice Challenger: whether it agrees with the posted state root; at one step apart the step game of that
     /// step starts (from the agreed root to the disputed one).
     function judgeStateRoot(bytes32 gameId, bool agree) external {
-        (Game storage g,) = _move(gameId, false, Phase.Steps);
-        if (!g.midPosted) revert ProverStepWrongPhase();
-        _halve(gameId, g, agree);
+        Game storage g = _judge(gameId, Phase.Steps, agree);
         if (g.hi == g.lo + 1) _enterStep(gameId, g);
     }
 
@@ -301,8 +292,20 @@ contract StepProver {
         emit StepNarrowed(gameId, g.lo);
     }
 
-    /// @dev The interval moves to the half in dispute: past the midpoint if agreed, up to it if not.
-    function _halve(bytes32 gameId, Game storage g, bool agree) private {
+    /// @dev The defender's move in a bisection (`phase`): `value` at the interval's midpoint (a root, or a sum's
+    /// bits).
+    function _post(bytes32 gameId, Phase phase, bytes32 value) private returns (Game storage g) {
+        (g,) = _move(gameId, true, phase);
+        g.midRoot = value;
+        g.midPosted = true;
+        g.defenderTurn = false;
+    }
+
+    /// @dev The challenger's move in a bisection (`phase`): the interval moves to the half in dispute, past the
+    /// midpoint if it agrees with the posted value, up to it if not.
+    function _judge(bytes32 gameId, Phase phase, bool agree) private returns (Game storage g) {
+        (g,) = _move(gameId, false, phase);
+        if (!g.midPosted) revert ProverStepWrongPhase();
         uint32 mid = (g.lo + g.hi) / 2;
         if (agree) {
             g.lo = mid;
@@ -346,17 +349,12 @@ contract StepProver {
 
     /// @notice Defender: its trace tree after the op at the interval's midpoint.
     function postRoot(bytes32 gameId, bytes32 root) external {
-        (Game storage g,) = _move(gameId, true, Phase.Ops);
-        g.midRoot = root;
-        g.midPosted = true;
-        g.defenderTurn = false;
+        _post(gameId, Phase.Ops, root);
     }
 
     /// @notice Challenger: whether it agrees with the posted trace tree.
     function judgeRoot(bytes32 gameId, bool agree) external {
-        (Game storage g,) = _move(gameId, false, Phase.Ops);
-        if (!g.midPosted) revert ProverStepWrongPhase();
-        _halve(gameId, g, agree);
+        Game storage g = _judge(gameId, Phase.Ops, agree);
         if (g.hi == g.lo + 1) g.phase = Phase.OpOpen;
     }
 
@@ -365,33 +363,16 @@ contract StepProver {
         (Game storage g,) = _move(gameId, true, Phase.OpOpen);
         StepClaim storage step = _steps[g.stepKey];
         uint256 out = uint256(step.stateLeaves) + g.lo;
-        if (!_verify(o.spec, g.lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
+        if (!StepProverMath.verify(o.spec, g.lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
             revert ProverStepBadOpening(3);
         }
-        if (!_verifyWord(bytes32(0), out, step.depth, o.outPath, g.loRoot)) revert ProverStepBadOpening(0);
-        if (!_verifyWord(o.outRoot, out, step.depth, o.outPath, g.hiRoot)) revert ProverStepBadOpening(0);
-        g.op = _inputs(o, step.depth, g.loRoot, out);
+        if (!StepProverMath.verifyWord(bytes32(0), out, step.depth, o.outPath, g.loRoot)) revert ProverStepBadOpening(0);
+        if (!StepProverMath.verifyWord(o.outRoot, out, step.depth, o.outPath, g.hiRoot)) revert ProverStepBadOpening(0);
+        _ops[gameId] = StepProverMath.inputs(o, step.depth, g.loRoot, out);
         g.phase = Phase.Pick;
         g.defenderTurn = false;
     }
 
-    /// @dev The op of program leaf `o.spec`, its inputs' roots opened in the agreed tree `agreed` (before `out`).
-    function _inputs(OpOpening calldata o, uint256 depth, bytes32 agreed, uint256 out)
-        private
-        pure
-        returns (Op memory op)
-    {
-        if (o.spec.length != 256) revert ProverStepBadOp();
-        uint256[8] memory f = abi.decode(o.spec, (uint256[8]));
-        if (f[6] >= out || f[7] >= out || f[0] > type(uint8).max) revert ProverStepBadOp();
-        for (uint256 i = 1; i < 6; ++i) {
-            if (f[i] > type(uint32).max) revert ProverStepBadOp();
-        }
-        if (!_verifyWord(o.aRoot, f[6], depth, o.aPath, agreed)) revert ProverStepBadOpening(1);
-        if (!_verifyWord(o.bRoot, f[7], depth, o.bPath, agreed)) revert ProverStepBadOpening(2);
-        op = Op(uint8(f[0]), uint32(f[1]), uint32(f[2]), uint32(f[3]), uint32(f[4]), uint32(f[5]), o.aRoot, o.bRoot,
-            o.outRoot);
-    }
 
     /// @notice Challenger: the element of the split op's output it disputes; the element game follows.
     function pickElement(bytes32 gameId, uint64 elem) external {
@@ -415,16 +396,16 @@ contract StepProver {
         (Game storage g,) = _move(gameId, true, Phase.Copy);
         StepClaim storage step = _steps[g.stepKey];
         uint256 q = g.copyLeaf;
-        if (!_verifyWord(value, q, step.depth, endPath, step.endRoot)) revert ProverStepBadOpening(0);
+        if (!StepProverMath.verifyWord(value, q, step.depth, endPath, step.endRoot)) revert ProverStepBadOpening(0);
         if (q >= step.stateLeaves) {
             if (value != bytes32(0)) revert ProverStepBadOpening(0);
         } else {
             uint256 leaves = uint256(step.ops) + step.stateLeaves;
-            if (!_verify(copy, uint256(step.ops) + q, leaves, copyPath, step.programRoot)) {
+            if (!StepProverMath.verify(copy, uint256(step.ops) + q, leaves, copyPath, step.programRoot)) {
                 revert ProverStepBadOpening(3);
             }
             uint256 source = abi.decode(copy, (uint256));
-            if (!_verifyWord(value, source, step.depth, sourcePath, g.hiRoot)) revert ProverStepBadOpening(1);
+            if (!StepProverMath.verifyWord(value, source, step.depth, sourcePath, g.hiRoot)) revert ProverStepBadOpening(1);
         }
         _decide(gameId, g, true);
     }
@@ -433,51 +414,31 @@ contract StepProver {
     /// (`a`, `b`), which decides the game; for a product `a` and `b` are empty and the partial sums' bisection starts.
     function openOutput(bytes32 gameId, Element calldata out, Element calldata a, Element calldata b) external {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Open);
-        uint32 v = _open(out, op.outRoot, uint256(op.rows) * op.cols, g.elem, 0);
+        uint32 v = StepProverMath.open(out, op.outRoot, uint256(op.rows) * op.cols, g.elem, 0);
         if (op.kind == MATMUL) {
             g.phase = op.inner == 1 ? Phase.Final : Phase.Sums;
             g.lo = 0;
             g.hi = op.inner;
-            g.loSum = 0;
-            g.hiSum = v;
+            g.loRoot = 0;
+            g.hiRoot = bytes32(uint256(v));
             g.defenderTurn = true; // the defender posts the first midpoint (or the final step)
             return;
         }
-        uint32 x = _open(a, op.aRoot, op.aLen, g.elem % op.aLen, 1);
-        uint32 y = _open(b, op.bRoot, op.bLen, g.elem % op.bLen, 2);
-        uint32 r;
-        if (op.kind == ADD) r = x.add(y);
-        else if (op.kind == SUB) r = x.sub(y);
-        else if (op.kind == MUL) r = x.mul(y);
-        else r = x.div(y);
-        _decide(gameId, g, r.same32(v));
+        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, g.elem % op.aLen, 1);
+        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, g.elem % op.bLen, 2);
+        _decide(gameId, g, StepProverMath.elementHolds(op.kind, x, y, v));
     }
 
     /// @notice Defender: its partial sum at the interval's midpoint.
     function postSum(bytes32 gameId, uint32 sum) external {
-        (Game storage g,) = _move(gameId, true, Phase.Sums);
-        g.midSum = sum;
-        g.midPosted = true;
-        g.defenderTurn = false;
+        Game storage g = _post(gameId, Phase.Sums, bytes32(uint256(sum)));
         emit SumPosted(gameId, (g.lo + g.hi) / 2, sum);
     }
 
     /// @notice Challenger: whether it agrees with the posted midpoint (the interval moves to the half in dispute).
     function judge(bytes32 gameId, bool agree) external {
-        (Game storage g,) = _move(gameId, false, Phase.Sums);
-        if (!g.midPosted) revert ProverStepWrongPhase();
-        uint32 mid = (g.lo + g.hi) / 2;
-        if (agree) {
-            g.lo = mid;
-            g.loSum = g.midSum;
-        } else {
-            g.hi = mid;
-            g.hiSum = g.midSum;
-        }
-        g.midPosted = false;
-        g.defenderTurn = true;
+        Game storage g = _judge(gameId, Phase.Sums, agree);
         if (g.hi == g.lo + 1) g.phase = Phase.Final;
-        emit Judged(gameId, agree, g.lo, g.hi);
     }
 
     /// @notice Defender: the one step `s_hi = s_lo + a[r,lo] * b[lo,c]`, its two inputs opened; decides the game.
@@ -485,9 +446,9 @@ contract StepProver {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Final);
         uint256 r = g.elem / op.cols;
         uint256 c = g.elem % op.cols;
-        uint32 x = _open(a, op.aRoot, op.aLen, r * op.inner + g.lo, 1);
-        uint32 y = _open(b, op.bRoot, op.bLen, uint256(g.lo) * op.cols + c, 2);
-        _decide(gameId, g, g.loSum.add(x.mul(y)).same32(g.hiSum));
+        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, r * op.inner + g.lo, 1);
+        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, uint256(g.lo) * op.cols + c, 2);
+        _decide(gameId, g, StepProverMath.sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot))));
     }
 
     /// @notice Anyone: the side to move let its clock run out; the other side wins.
@@ -538,7 +499,7 @@ contract StepProver {
         }
         g.turnSince = uint64(block.number);
         ++g.moves;
-        op = g.op;
+        op = _ops[g.stepKey == bytes32(0) ? g.claimId : gameId];
     }
 
     function _decide(bytes32 gameId, Game storage g, bool defenderWon) private {
@@ -555,65 +516,7 @@ contract StepProver {
         emit Decided(gameId, g.claimId, defenderWon, g.moves);
     }
 
-    /// @dev Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening.
-    function _open(Element calldata e, bytes32 root, uint256 numel, uint256 index, uint8 which)
-        private
-        pure
-        returns (uint32)
-    {
-        uint256 chunk = index / CHUNK;
-        if (!_header(e.leaf, chunk, numel)) revert ProverStepBadOpening(which);
-        if (!_verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) revert ProverStepBadOpening(which);
-        uint256 pos = HEADER + 4 * (index - chunk * CHUNK);
-        return uint32(bytes4(e.leaf[pos:pos + 4]));
-    }
 
-    /// @dev Whether `leaf` is chunk `chunk`'s leaf of a lone tensor of `numel` elements: u32 tensor 0, u64 offset,
-    /// u64 cols (not checked: the flat order is the same for any matrix view), u32 count, count values.
-    function _header(bytes calldata leaf, uint256 chunk, uint256 numel) private pure returns (bool) {
-        uint256 count = numel - chunk * CHUNK;
-        if (count > CHUNK) count = CHUNK;
-        if (leaf.length != HEADER + 4 * count) return false;
-        uint256 head = uint256(bytes32(leaf[0:32]));
-        return head >> 224 == 0 && (head >> 160) & type(uint64).max == chunk * CHUNK && uint32(head >> 64) == count;
-    }
 
-    /// @dev Whether the 32-byte leaf `value` is at `index` of a full ledger/merkle.py tree of `2**depth` leaves.
-    function _verifyWord(bytes32 value, uint256 index, uint256 depth, bytes32[] calldata path, bytes32 root)
-        private
-        pure
-        returns (bool)
-    {
-        if (path.length != depth || index >> depth != 0) return false;
-        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), value));
-        for (uint256 d = 0; d < depth; ++d) {
-            node = (index >> d) & 1 == 1
-                ? sha256(abi.encodePacked(bytes1(0x01), path[d], node))
-                : sha256(abi.encodePacked(bytes1(0x01), node, path[d]));
-        }
-        return node == root;
-    }
 
-    /// @dev ProverCommon.verifyLeaf: `leaf` at `index` of a ledger/merkle.py tree of `count` leaves.
-    function _verify(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, bytes32 root)
-        private
-        pure
-        returns (bool)
-    {
-        if (index >= count) return false;
-        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), leaf));
-        uint256 used = 0;
-        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
-            uint256 sibling = index ^ 1;
-            if (sibling < size) {
-                if (used == path.length) return false;
-                node = sibling < index
-                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], node))
-                    : sha256(abi.encodePacked(bytes1(0x01), node, path[used]));
-                ++used;
-            }
-            index >>= 1;
-        }
-        return used == path.length && node == root;
-    }
 }

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.37;
+
+import {Float32} from "./Float32.sol";
+import {StepProver} from "./StepProver.sol";
+
+/// @title StepProverMath
+/// @notice StepProver's pure pieces (issue 78): the openings of one element against a tensor's chunk tree, of one
+/// word against a trace or state tree, of the op the trace splits at, and the float32 arithmetic that decides an
+/// element game. A linked library (deployed once, called by DELEGATECALL), so that StepProver's own code keeps
+/// room under EIP-170 for the game's next levels.
+/// @dev Reverts with StepProver's errors (declared there).
+library StepProverMath {
+    using Float32 for uint32;
+
+    uint8 internal constant ADD = 1;
+    uint8 internal constant SUB = 2;
+    uint8 internal constant MUL = 3;
+    uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
+    uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
+
+    /// @notice Whether `out` is `kind(x, y)` (ADD, SUB, MUL, else DIV) in float32, bit for bit (any NaNs agree).
+    function elementHolds(uint8 kind, uint32 x, uint32 y, uint32 out) external pure returns (bool) {
+        uint32 r;
+        if (kind == ADD) r = x.add(y);
+        else if (kind == SUB) r = x.sub(y);
+        else if (kind == MUL) r = x.mul(y);
+        else r = x.div(y);
+        return r.same32(out);
+    }
+
+    /// @notice Whether `hi` is `lo + x * y` in float32 (one multiply, then one add), bit for bit.
+    function sumStepHolds(uint32 lo, uint32 x, uint32 y, uint32 hi) external pure returns (bool) {
+        return lo.add(x.mul(y)).same32(hi);
+    }
+
+    /// @notice Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening
+    /// (`ProverStepBadOpening(which)`).
+    function open(StepProver.Element calldata e, bytes32 root, uint256 numel, uint256 index, uint8 which)
+        external
+        pure
+        returns (uint32)
+    {
+        uint256 chunk = index / CHUNK;
+        if (!_header(e.leaf, chunk, numel)) revert StepProver.ProverStepBadOpening(which);
+        if (!verify(e.leaf, chunk, (numel + CHUNK - 1) / CHUNK, e.path, root)) {
+            revert StepProver.ProverStepBadOpening(which);
+        }
+        uint256 pos = HEADER + 4 * (index % CHUNK);
+        return uint32(bytes4(e.leaf[pos:pos + 4]));
+    }
+
+    /// @notice The op of program leaf `o.spec`, its inputs' roots opened in the agreed tree `agreed` (before
+    /// `out`), its output `o.outRoot`.
+    function inputs(StepProver.OpOpening calldata o, uint256 depth, bytes32 agreed, uint256 out)
+        external
+        pure
+        returns (StepProver.Op memory op)
+    {
+        if (o.spec.length != 256) revert StepProver.ProverStepBadOp();
+        uint256[8] memory f = abi.decode(o.spec, (uint256[8]));
+        if (f[6] >= out || f[7] >= out || f[0] > type(uint8).max) revert StepProver.ProverStepBadOp();
+        for (uint256 i = 1; i < 6; ++i) {
+            if (f[i] > type(uint32).max) revert StepProver.ProverStepBadOp();
+        }
+        if (!verifyWord(o.aRoot, f[6], depth, o.aPath, agreed)) revert StepProver.ProverStepBadOpening(1);
+        if (!verifyWord(o.bRoot, f[7], depth, o.bPath, agreed)) revert StepProver.ProverStepBadOpening(2);
+        op = StepProver.Op(uint8(f[0]), uint32(f[1]), uint32(f[2]), uint32(f[3]), uint32(f[4]), uint32(f[5]),
+            o.aRoot, o.bRoot, o.outRoot);
+    }
+
+    /// @notice Whether the 32-byte leaf `value` is at `index` of a full ledger/merkle.py tree of `2**depth` leaves.
+    function verifyWord(bytes32 value, uint256 index, uint256 depth, bytes32[] calldata path, bytes32 root)
+        public
+        pure
+        returns (bool)
+    {
+        if (path.length != depth || index >> depth != 0) return false;
+        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), value));
+        for (uint256 d = 0; d < depth; ++d) {
+            node = (index >> d) & 1 == 1
+                ? sha256(abi.encodePacked(bytes1(0x01), path[d], node))
+                : sha256(abi.encodePacked(bytes1(0x01), node, path[d]));
+        }
+        return node == root;
+    }
+
+    /// @notice ProverCommon.verifyLeaf: `leaf` at `index` of a ledger/merkle.py tree of `count` leaves.
+    function verify(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, bytes32 root)
+        public
+        pure
+        returns (bool)
+    {
+        if (index >= count) return false;
+        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), leaf));
+        uint256 used = 0;
+        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
+            uint256 sibling = index ^ 1;
+            if (sibling < size) {
+                if (used == path.length) return false;
+                node = sibling < index
+                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], node))
+                    : sha256(abi.encodePacked(bytes1(0x01), node, path[used]));
+                ++used;
+            }
+            index >>= 1;
+        }
+        return used == path.length && node == root;
+    }
+
+    /// @dev Whether `leaf` is chunk `chunk`'s leaf of a lone tensor of `numel` elements: u32 tensor 0, u64 offset,
+    /// u64 cols (not checked: the flat order is the same for any matrix view), u32 count, count values.
+    function _header(bytes calldata leaf, uint256 chunk, uint256 numel) private pure returns (bool) {
+        uint256 count = numel - chunk * CHUNK;
+        if (count > CHUNK) count = CHUNK;
+        if (leaf.length != HEADER + 4 * count) return false;
+        uint256 head = uint256(bytes32(leaf[0:32]));
+        return head >> 224 == 0 && (head >> 160) & type(uint64).max == chunk * CHUNK && uint32(head >> 64) == count;
+    }
+}
