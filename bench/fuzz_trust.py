@@ -41,10 +41,17 @@ def main() -> int:
     parser.add_argument("--no-shrink", action="store_true",
                         help="report a counterexample as found, unshrunk (hypothesis may shrink one for many "
                              "minutes; with this, a run under a wall-clock limit still writes its result)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed hypothesis (batch i draws with seed + i), so that runs are comparable; "
+                             "default: random")
+    parser.add_argument("--no-log-index", action="store_true",
+                        help="let py-evm's getLogs read its whole range at every query (tests/pyevm_logs.py: "
+                             "by default each block's logs are read once), to compare")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
     # The walker is the live node's prover: it logs each step of a walk at ERROR, thousands of times here.
     logging.basicConfig(level=logging.CRITICAL)
+    TrustMachine.log_index = not args.no_log_index
     load = list(os.getloadavg())
     anvil = None
     if args.backend == "anvil":
@@ -54,8 +61,9 @@ def main() -> int:
         anvil = AnvilProcess()
         url = anvil.start()
         TrustMachine.chain = staticmethod(lambda: connect_rpc(url, timeout=30.0))
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     counterexample = ""
+    batches = 0
     try:
         while time.monotonic() - started < args.seconds \
                 and (not args.examples or TrustMachine.examples < args.examples):
@@ -64,6 +72,9 @@ def main() -> int:
                 suppress_health_check=list(HealthCheck),
                 phases=[p for p in Phase if p not in ((Phase.shrink, Phase.explain) if args.no_shrink
                                                       else ())])
+            # a fixed seed per batch (hypothesis' @seed): the same examples in every run with this seed
+            TrustMachine._hypothesis_internal_use_seed = None if args.seed is None else args.seed + batches
+            batches += 1
             try:
                 TrustMachine.TestCase().runTest()
             except Exception as exc:  # a counterexample: hypothesis shrank it and printed the steps
@@ -72,16 +83,20 @@ def main() -> int:
     finally:
         if anvil is not None:
             anvil.stop()
-    seconds = time.monotonic() - started
+    seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
     steps = TrustMachine.checks - TrustMachine.examples
     result = {
-        "backend": args.backend, "examples": TrustMachine.examples, "steps": steps,
-        "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
+        "backend": args.backend, "log_index": not args.no_log_index, "seed": args.seed, "batches": batches,
+        "examples": TrustMachine.examples,
+        "steps": steps, "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu_seconds, 1),  # this process's: comparable across loads, where seconds is not
         "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
         "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
         "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
                        "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
-                       "S3 the walker's reward"],
+                       "S3 the walker's reward", "G1-G3 the walk's game (issue 62)",
+                       "H no honest attester slashed", "F nothing final before the chain's isFinal",
+                       "W an honest walk completes within its proof window"],
         "proofs_refused": TrustMachine.proofs_refused,
         "norm_proofs_refused": TrustMachine.norm_proofs_refused,
         "challenges_answered": TrustMachine.challenges_answered,
@@ -90,6 +105,13 @@ def main() -> int:
         "sum_walks_expired": TrustMachine.sum_walks_expired, "sum_walks_cut": TrustMachine.sum_walks_cut,
         "junk_answers_refused": TrustMachine.junk_answers_refused,
         "mistaken_walks": TrustMachine.mistaken_walks,
+        # issue 79's moves: a contributor's leave racing the commit, a squatter copying the walk's challenges,
+        # pull's and audit's finality read while a challenge is open
+        "leave_races": TrustMachine.leave_races, "squats": TrustMachine.squats,
+        "squats_refused": TrustMachine.squats_refused,
+        "squats_answered_in_the_last_block": TrustMachine.squats_answered_late,
+        "finality_reads": TrustMachine.finality_reads,
+        "finality_reads_open": TrustMachine.finality_reads_open,
     }
     path = write_result(args.out, result, load)
     print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}"

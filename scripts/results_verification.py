@@ -160,7 +160,14 @@ def trust_fuzz(r: dict) -> list[str]:
                 f"{r['sum_walks_expired']} expired, {r.get('sum_walks_cut', 0)} cut by the dispute window, "
                 f"{r['junk_answers_refused']} junk answers refused, {r['mistaken_walks']} mistaken "
                 "walks (nobody slashed)."
-                if "sum_walks_proven" in r else "")), ""]
+                if "sum_walks_proven" in r else "")
+             + (f" Issue 79's moves: {r['leave_races']} leave races with the commit, {r['squats']} walk "
+                f"challenges squatted ({r['squats_answered_in_the_last_block']} copies answered in their "
+                f"last block), {r['finality_reads']} finality reads of pull and audit "
+                f"({r['finality_reads_open']} with a challenge open)." if "squats" in r else "")
+             + (f" Seed {r['seed']} ({r['batches']} batches), {r['cpu_seconds']:.0f} CPU s, getLogs "
+                f"{'indexed' if r['log_index'] else 'unindexed'} (tests/pyevm_logs.py)."
+                if r.get("seed") is not None else "")), ""]
 
 
 def fraud_proof(r: dict) -> list[str]:

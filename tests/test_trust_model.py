@@ -205,3 +205,47 @@ def test_a_listed_contributor_leaving_before_the_commit_leaves_the_round_right()
     else:
         raise AssertionError(f"I7: round {round_} proven wrong after its listed contributor {gone} left")
     machine.the_model_holds()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_squatter_copying_every_challenge_of_the_walk_spends_none_of_its_clock():
+    """The fuzzer's issue-79 squatter, step by step: the coalition copies each challenge of the walker's walk
+    into a game of its own ahead of it and answers each copy in the last block of its window; the walker's own
+    steps still open (ids name the challenger), its walk completes within the proof window and proves the lied
+    round, and the model (H, W, G1-G3, S1-S3) holds."""
+    from tests.trust_game import GameMoves
+    from tests.trust_machine import HONEST
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    squats, late = GameMoves.squats, GameMoves.squats_answered_late
+    machine.coalition_commits_a_lied_sum(("chunk", 1, 5, 1), ["truthful"] * 12, moves=(False, False, True))
+    case = machine.lied_rounds[-1]
+    assert case.ended() and case.prover.log.proofs and not case.prover.log.unprovable, case.prover.log
+    assert machine.client(HONEST[0]).invalid_from(case.run_id) == 1
+    assert GameMoves.squats - squats == len(case.squats) >= 2  # every step of the walk was copied
+    assert GameMoves.squats_answered_late > late
+    machine.the_model_holds()
+
+
+def test_pull_and_audit_call_nothing_final_before_the_chain_while_a_challenge_is_open():
+    """The fuzzer's issue-79 finality read (F), step by step: with an availability challenge of the latest
+    round open, and blocks passing to the end of its answer window, pull's standing and audit's last final
+    round never run ahead of the chain's isFinal; the honest answer closes it."""
+    from tests.trust_machine import COALITION, HONEST, WINDOW
+    from tests.trust_proofs import RightRoundProofs
+
+    machine = TrustMachine()
+    machine.deploy_run()
+    assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    reads, answered = RightRoundProofs.finality_reads_open, RightRoundProofs.challenges_answered
+    machine.anyone_reads_finality_while_a_challenge_is_open(True, [WINDOW - 2])  # to its last block
+    assert RightRoundProofs.finality_reads_open == reads + 2  # two reads with the challenge open
+    assert RightRoundProofs.challenges_answered == answered + 1
+    reader = machine.client(HONEST[0])
+    assert not reader.is_final(machine.run_id, 0)
+    machine.blocks_pass(2 * WINDOW)
+    assert reader.is_final(machine.run_id, 0)  # the read compares a final round too
+    machine.finality_agrees()
+    machine.the_model_holds()

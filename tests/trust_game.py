@@ -14,12 +14,15 @@ The coalition's moves:
   the proof's calldata (a higher tip) is mined first; the round falls all the same, the walker's earlier
   commitment claims the held reward, and the copier gains nothing;
 * it **leaves** the captured run right after committing and tries to withdraw at every step: no stake of an
-  attester of a standing wrong round ever leaves (unbonding >= proof window + the longest game).
+  attester of a standing wrong round ever leaves (unbonding >= proof window + the longest game);
+* (issue 79) a **squatter** copies each challenge of the walk from the mempool into a game of its own (its
+  copy mined first) and answers each copy in the last block of its window: challenge ids name the challenger,
+  so the walker's own steps still open and its clock is its own.
 
 Invariants (``game_bounds_hold``, from ``sum_walks_hold`` after every step), G1 of issue 62:
 
-* G1 (bound): a lied round whose walk has not ended is inside its proof window (the live walker overturns it
-  before the window closes), and no walk gives up;
+* G1 and W (bound): a lied round whose walk has not ended is inside its proof window (the live walker
+  overturns it before the window closes, squatted or not), and no walk gives up;
 * G2 (no net cost): once overturned, the walker's reward and returned bonds exceed what the walk cost it (its
   gas and bonds); every attester is slashed (S1);
 * G3 (front-running): a copier's gas and claims net it nothing.
@@ -32,10 +35,12 @@ from hypothesis.stateful import precondition, rule
 
 import contracts
 from ledger.account import dev_account
+from ledger.availability import availability_answer
 from tests.ledger_fixtures import mine
-from tests.trust_params import BOND, CAPTURED_STAKE, COALITION, HONEST, REFUSED
+from tests.trust_params import BOND, CAPTURED_REWARD, COALITION, COALITION_JOINER, HONEST, REFUSED
 
 COPIER = COALITION[0]  # the coalition's front-runner (its wallet: its stake is slashed all the same)
+SQUATTER = COALITION_JOINER  # the coalition's squatter (issue 79): a wallet of no captured run's
 
 
 def send_raw(w3, index: int, to: str, data: bytes, tip: int):
@@ -84,6 +89,28 @@ class CopiedClient:
         return send(proof, attesters)
 
 
+class SquattedClient:
+    """The walker's LedgerClient as a squatter meets it (issue 79 point 2): the coalition copies each
+    challenge the walker sends (from the mempool: its copy, with a higher tip, is mined first) into a game of
+    its own, from a wallet of its own, and answers its copy in the last block of the copy's window
+    (``GameMoves.squatter_answers``). Challenge ids name the challenger, so the walker's own challenge must
+    still open and its clock must not be spent by the squatter's moves. Everything else is the client's."""
+
+    def __init__(self, client, machine, case) -> None:
+        self._client, self._machine, self._case = client, machine, case
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def challenge_availability(self, target):
+        try:
+            self._case.squats.append(self._machine.client(SQUATTER).challenge_availability(target))
+            GameMoves.squats += 1
+        except REFUSED:  # its own game's rules (its first step only within the dispute window)
+            GameMoves.squats_refused += 1
+        return self._client.challenge_availability(target)
+
+
 class GameMoves:
     """The coalition's issue-62 moves and their invariants (see the module docstring)."""
 
@@ -91,6 +118,9 @@ class GameMoves:
     relayed_answers = 0  # answers sent through the relay contract
     copies = 0  # proofs a copier sent first
     withdrawals_refused = 0  # withdrawals of a lied round's attesters refused while it stood
+    squats = 0  # the walker's challenges a squatter copied into its own game first (issue 79)
+    squats_refused = 0  # copies the contract refused (the squatter's game past the dispute window)
+    squats_answered_late = 0  # squatted challenges the coalition answered in their window's last block
 
     def answer_as_coalition(self, event: dict, leaf: bytes, path, how: str) -> None:
         """Answer the challenge ``event`` truthfully: at once, in the last block of its window (``late``) or
@@ -113,9 +143,27 @@ class GameMoves:
         GameMoves.relayed_answers += 1
 
     def walker_client(self, case):
-        """The client the walker's chain uses on ``case``: copied by a front-runner where the case says so."""
+        """The client the walker's chain uses on ``case``: its challenges squatted, its proof copied by a
+        front-runner, where the case says so."""
         client = self.client(0)  # WALKER
+        if case is not None and case.squatter:
+            client = SquattedClient(client, self, case)
         return CopiedClient(client, self, case) if case is not None and case.copier else client
+
+    def squatter_answers(self, case) -> None:
+        """The squatter answers each open copy of the walker's challenges truthfully in the last block of the
+        copy's window (the blocks pass meanwhile for the walker's challenge too)."""
+        answerer = self.client(SQUATTER)
+        for challenge in case.squats:
+            state = answerer.challenge_of(challenge)
+            if state["settled"] or self.w3.eth.block_number + 1 >= state["deadline"]:
+                continue
+            (event,) = [e for e in self.challenges_since(case.run_id, case.commit_block)
+                        if bytes(e["id"]) == challenge]
+            mine(self.w3, max(0, state["deadline"] - 2 - self.w3.eth.block_number))
+            answerer.answer_challenge(challenge, *availability_answer(case.committed, event["which"],
+                                                                      event["chunk"]))
+            GameMoves.squats_answered_late += 1
 
     def coalition_leaves(self, case) -> None:
         """The lied round's attesters leave the captured run at once."""
@@ -172,18 +220,20 @@ class GameMoves:
         block = self.w3.eth.block_number
         for case in self.lied_rounds:
             log = case.prover.log if case.prover is not None else None
+            # W (issue 79): the honest walk completes within the window, whoever squats its challenges
             assert log is None or not log.unprovable, \
-                f"G1: the walk of run {case.run_id} gave up: {log.unprovable}"
+                f"W/G1: the honest walk of run {case.run_id} gave up: {log.unprovable}"
             invalid = reader.invalid_from(case.run_id)
             if invalid is None:
                 _opens, closes = reader.proof_window_of(case.run_id, 1)
                 assert block < closes, \
-                    f"G1: run {case.run_id}'s lied round outlived its proof window ({closes})"
+                    (f"W/G1: the honest walk of run {case.run_id} did not complete within its proof window "
+                     f"(closed at {closes}; squatted {len(case.squats)} times)")
                 continue
             walker = self.client(0).address
-            challenges = reader.availability_challenges(case.run_id, from_block=case.commit_block)
+            challenges = self.challenges_since(case.run_id, case.commit_block)
             bonds = BOND * sum(1 for event in challenges if event["challenger"] == walker)
-            got = CAPTURED_STAKE * len(COALITION) // 2 + bonds
+            got = CAPTURED_REWARD + bonds
             assert got > case.paid, \
                 f"G2: the walk of run {case.run_id} cost {case.paid} wei (gas and bonds) and paid back {got}"
             assert case.copier_gain == 0, \

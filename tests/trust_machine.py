@@ -20,8 +20,14 @@ invariant of the model is checked after every step:
   of its own, where it is the quorum, and the live prover walks them (tests/trust_sums.py, mixed in: S1-S3
   below); tests/test_fraud_proof.py proves other committed wrong rounds.
 * S1-S3 (sum-tree walks, tests/trust_sums.py): a lied sum never stands once its walk completes or a challenge
-  of it expires; no honest round or stake is harmed by a walk; the walker's reward is exactly half the stake
-  slashed.
+  of it expires; no honest round or stake is harmed by a walk; the walker's reward is G7's, min(the run's
+  proof fund, half the stake slashed), paid from the fund (the slash burned whole).
+* Issue 79: H, no honest attester of a committed round is ever slashed (a listed contributor's leave racing
+  the commit, ``contributor_leaves_before_the_commit``, included); F, nothing counts as final before the
+  chain's ``isFinal`` (pull's ``round_standing`` and audit's ``last_final_on_chain``, node/tools/standing.py,
+  read while an availability challenge is open: ``anyone_reads_finality_while_a_challenge_is_open``); W, an
+  honest walk completes within its proof window although a squatter copies each of its challenges into a game
+  of its own and answers the copies in their last block (tests/trust_game.py).
 
 Honest records commit chunked weights roots with the norm commitment (version 3) of a real aggregation chain
 (two raw contributions per round on one 2 x 40 stage) in a run created as version 3
@@ -46,6 +52,7 @@ from ledger.records import RoundRecord
 from node.commitments import scheme_named
 from tests.fraud_fixtures import bound, honest_chain
 from tests.ledger_fixtures import deploy, mine, node_key, raw_public_key
+from tests.pyevm_logs import index_logs
 from tests.trust_params import (
     BOND,
     COALITION,
@@ -73,11 +80,14 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
     examples = 0  # examples started in this process (the bench reports them)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
     leave_races = 0  # honest rounds committed after a listed contributor left (issue 79)
+    log_index = True  # answer getLogs from tests/pyevm_logs.py's index (bench/fuzz_trust.py --no-log-index)
 
     @initialize()
     def deploy_run(self) -> None:
         self.deployment = deploy(self.chain())
         self.w3 = self.deployment.w3
+        if self.log_index:  # each block's logs read once (tests/pyevm_logs.py; py-evm only)
+            index_logs(self.w3)
         for index in (*HONEST, *COALITION, HONEST_JOINER, COALITION_JOINER):
             client = self.deployment.client(index)
             key = node_key(index + 1)
@@ -97,6 +107,7 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         self.records: dict[int, RoundRecord] = {}  # committed rounds' records
         self.bound_states: dict[int, object] = {}  # round -> its honest state, bound (state_of)
         self.challenges: list[bytes] = []
+        self.attesters_read: dict[int, list[int]] = {}  # round -> its honest attesters (H)
         self.verified_rounds = 0  # rounds whose committed record I1 has checked
         self.steps = 0
         self.setup_sum_walks()
@@ -283,6 +294,19 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         self.walker_stays_live()  # the walker is live: it acts once blocks passed (tests/trust_game.py)
 
     # ------------------------------------------------------------------ invariants
+    def honest_attesters_unslashed(self, seats) -> None:
+        """H (issue 79): no honest attester of a committed round is ever slashed, whoever left, raced the
+        commit, challenged or proved (the attesters of a round are read once, at the first check after it)."""
+        honest = {self.client(i).address.lower(): i for i in self.honest_group()}
+        for round_ in sorted(self.records):
+            if round_ not in self.attesters_read:
+                self.attesters_read[round_] = [honest[a.lower()] for a in self.attesters_of(round_)
+                                               if a.lower() in honest]
+            for index in self.attesters_read[round_]:
+                seat = seats[index]
+                assert seat is None or seat.status != "slashed", \
+                    f"H: honest attester {index} of round {round_} was slashed"
+
     @invariant()
     def the_model_holds(self) -> None:
         if not hasattr(self, "run_id"):
@@ -298,10 +322,11 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
                 f"I1: round {round_} holds a record the honest members did not sign"
         self.verified_rounds = count
         # I2, I5: no honest member ejected or slashed; no honest round overturned.
-        assert not self.ejected_honest, f"I2/I3: honest member(s) {self.ejected_honest} ejected"
-        assert run["invalidFrom"] == 0, "I5: an honest round was overturned"
         seats = {i: reader.member(self.run_id, self.client(i).address)
                  for i in (*self.honest_group(), *self.coalition_group())}
+        self.honest_attesters_unslashed(seats)  # H, named first where an attester is the one slashed
+        assert not self.ejected_honest, f"I2/I3: honest member(s) {self.ejected_honest} ejected"
+        assert run["invalidFrom"] == 0, "I5: an honest round was overturned"
         for index in self.honest_group():
             seat = seats[index]
             assert seat is None or seat.status != "slashed", f"I2: honest member {index} slashed"

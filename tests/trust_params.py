@@ -17,6 +17,11 @@ OUTSIDER = 9  # proves and challenges: no member, no stake
 #: walker's reward, which must cover the walk's gas (1.1e15 wei on py-evm for a walk of four steps and its
 #: proof) and bonds (tests/trust_game.py, G2).
 CAPTURED_STAKE = 10**17
+#: A captured run's proof fund, deposited by its creator (issue 79): a proof's reward is min(fund, half the
+#: slash), paid from it; the slash itself is burned whole.
+CAPTURED_FUND = len(COALITION) * CAPTURED_STAKE
+#: The reward of a walk that overturns a captured round: min(the fund, half the slash of its two attesters).
+CAPTURED_REWARD = min(CAPTURED_FUND, len(COALITION) * CAPTURED_STAKE // 2)
 WINDOW = 8  # accusation and dispute windows, in blocks
 INACTIVITY = 2
 TENURE = 2

@@ -16,7 +16,8 @@ from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availabili
 from ledger.chunkproof import build_proof
 from ledger.normproof import scale_proof, sum_proof
 from tests.fraud_fixtures import changed, lied_sum, with_scale
-from tests.trust_params import HONEST, OUTSIDER, REFUSED
+from tests.ledger_fixtures import mine
+from tests.trust_params import HONEST, OUTSIDER, REFUSED, WINDOW
 from training.chunks import float64_bits
 
 
@@ -26,6 +27,8 @@ class RightRoundProofs:
     proofs_refused = 0  # fraud proofs against right rounds the prover refused (I7)
     norm_proofs_refused = 0  # norm proofs (clip scales, sum trees) against right rounds refused (I7)
     challenges_answered = 0  # availability challenges the honest members answered (I7)
+    finality_reads = 0  # times pull's and audit's finality were read against isFinal (F)
+    finality_reads_open = 0  # of those, with a challenge of the latest round open
 
     def proof_of(self, round_: int, chunk: int, *, tampered: bool):
         """The proof of ``chunk`` of ``round_`` with its real leaves, or over a tampered twin of the state."""
@@ -111,3 +114,50 @@ class RightRoundProofs:
             return
         raise AssertionError("I7: an answered challenge was expired")
 
+
+    # ------------------------------------------------------------------ F (issue 79 point 6)
+    @precondition(lambda self: len(getattr(self, "records", {})) >= 1)
+    @rule(challenge=st.booleans(), waits=st.lists(st.integers(0, WINDOW - 2), max_size=2))
+    def anyone_reads_finality_while_a_challenge_is_open(self, challenge: bool, waits) -> None:
+        """An outsider challenges the latest committed round's weights leaf (or not), and a reader reads what
+        ``pull`` and ``audit`` call final while the challenge is open, blocks passing between reads; a live
+        honest member answers before its deadline. F: nothing counts as final before the chain's isFinal."""
+        round_ = max(self.records)
+        state = self.state_of(round_)
+        opened = None
+        if challenge:
+            target = availability_target(self.records[round_], [state.leaf()], state.factors, 0, WEIGHTS, 0)
+            try:
+                opened = self.client(OUTSIDER).challenge_availability(target)
+            except REFUSED:  # the same leaf challenged before, or the round's dispute window closed
+                opened = None
+        for blocks in (0, *waits):
+            mine(self.w3, blocks) if blocks else None
+            self.finality_agrees()
+            RightRoundProofs.finality_reads_open += opened is not None
+        if opened is not None:
+            self.client(HONEST[0]).answer_challenge(opened, *availability_answer(state, WEIGHTS, 0))
+            self.challenges.append(opened)
+            RightRoundProofs.challenges_answered += 1
+        self.finality_agrees()
+
+    def finality_agrees(self) -> None:
+        """F: every round ``pull`` would install as final (node/tools/standing.py's ``round_standing``, final
+        only) and every round ``audit`` and the explorer call final (``last_final_on_chain``) is final by the
+        chain's ``isFinal`` at the same block."""
+        from node.tools.pull import cleared_disputes
+        from node.tools.standing import chain_finality, last_final_on_chain, round_standing
+
+        reader = self.client(HONEST[0])
+        history = reader.history(self.run_id, with_registrations=False)
+        standing = round_standing(history, reader.chain_id, reader.ledger_address,
+                                  cleared_disputes(reader, history, []), final_only=True,
+                                  is_final=chain_finality(reader, self.run_id))
+        for round_, problem in standing.items():
+            assert problem is not None or reader.is_final(self.run_id, round_), \
+                f"F: pull would install round {round_} as final while the chain's isFinal is false"
+        last = last_final_on_chain(reader, history)
+        for round_ in range(last + 1):
+            assert reader.is_final(self.run_id, round_), \
+                f"F: audit calls round {round_} final (up to {last}) while the chain's isFinal is false"
+        RightRoundProofs.finality_reads += 1

@@ -29,9 +29,10 @@ Invariants (checked by ``the_model_holds`` after every step):
   and no captured run is ever invalidated by anything but its walk.
 * S2: the honest round 0 of a captured run is never invalidated and its honest member never slashed (the
   machine's I2, I5 and I7 cover the mistaken walks of the machine's run).
-* S3: the walker's reward comes only from slashed stake: what it received (its balance's change plus its gas
-  and the bonds it sent) is exactly half the stake slashed in the captured rounds it overturned, plus the
-  bonds of its expired challenges.
+* S3: the walker's reward is G7's (issue 79): what it received (its balance's change plus its gas and the
+  bonds it sent) is exactly min(the run's proof fund, half the stake slashed) for each captured round it
+  overturned, paid from that run's proof fund (the fund is down by exactly that; the slash itself is burned
+  whole), plus every bond of its walk.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ from node.live.fraud.prover import FraudProver
 from node.live.state.roundbook import RoundBook
 from tests.fraud_fixtures import DILOCO, bound, contribution, lied_sum, normed_start, tensors
 from tests.ledger_fixtures import mine
-from tests.trust_params import BOND, CAPTURED_STAKE, COALITION, HONEST, REFUSED, digest
+from tests.trust_params import (BOND, CAPTURED_FUND, CAPTURED_REWARD, CAPTURED_STAKE, COALITION, HONEST,
+                                REFUSED, digest)
 from training.chunks import float64_bits
 from training.diloco import aggregate_with_report
 
@@ -156,6 +158,8 @@ class LiedRound:
     prover: FraudProver | None = None  # the walker's, once it walks
     counted: bool = False  # its end counted in SumWalks' tallies
     copier: bool = False  # issue 62 (tests/trust_game.py): a front-runner copies the walker's proof
+    squatter: bool = False  # issue 79: a squatter copies the walker's challenges into its own game first
+    squats: list[bytes] = dataclasses.field(default_factory=list)  # the squatter's copies' ids
     left: bool = False  # its attesters left the run at once
     copier_checked: bool = False
     copier_gain: int = 0  # what the copier's copy and claims netted it (gas counted)
@@ -180,6 +184,7 @@ class SumWalks:
         self.lied_rounds: list[LiedRound] = []
         self.walker_start = self.w3.eth.get_balance(self.client(WALKER).address)
         self.walker_paid = 0  # gas and bonds the walker's transactions cost it
+        self.challenge_logs: dict[int, list] = {}  # run id -> [first, next block, events] (challenges_since)
 
     # ------------------------------------------------------------------ helpers
     def walker(self, run_id: int, attested: dict[int, list[bytes]],
@@ -220,8 +225,23 @@ class SumWalks:
         challenge_id = prover.log.challenges.get(outer_round)
         if challenge_id is None or self.client(WALKER).challenge_of(challenge_id)["settled"]:
             return None
-        events = self.client(WALKER).availability_challenges(run_id, since)
-        return next(event for event in events if bytes(event["id"]) == challenge_id)
+        return next(event for event in self.challenges_since(run_id, since)
+                    if bytes(event["id"]) == challenge_id)
+
+    def challenges_since(self, run_id: int, since: int) -> list[dict]:
+        """The availability challenges of ``run_id`` opened from block ``since`` on, read incrementally: each
+        block's logs once per run. eth-tester's getLogs reads every block of its range and its receipts, so a
+        scan from the round's commit at every step made a long example quadratic in its chain (most of a
+        batch's time at the default five examples of 100 steps)."""
+        scanned = self.challenge_logs.get(run_id)
+        if scanned is None or since < scanned[0]:
+            scanned = self.challenge_logs[run_id] = [since, since, []]  # [first, next block, events]
+        head = self.w3.eth.block_number
+        if scanned[1] <= head:
+            found = self.client(WALKER).availability_challenges(run_id, scanned[1])
+            scanned[2].extend(event for event in found if event["block"] <= head)
+            scanned[1] = head + 1
+        return [event for event in scanned[2] if event["block"] >= since]
 
     def lied_in_flight(self) -> LiedRound | None:
         case = self.lied_rounds[-1] if getattr(self, "lied_rounds", None) else None
@@ -229,8 +249,8 @@ class SumWalks:
 
     # ------------------------------------------------------------------ the coalition and the walker
     @precondition(lambda self: hasattr(self, "lied_rounds") and self.lied_in_flight() is None)
-    @rule(lie=lies(), answers=walk_levels(), moves=st.tuples(st.booleans(), st.booleans()))
-    def coalition_commits_a_lied_sum(self, lie, answers, moves=(False, False)) -> None:
+    @rule(lie=lies(), answers=walk_levels(), moves=st.tuples(st.booleans(), st.booleans(), st.booleans()))
+    def coalition_commits_a_lied_sum(self, lie, answers, moves=(False, False, False)) -> None:
         """The coalition, the quorum of a run of its own, commits a round whose sum tree lies and serves
         nothing; the walker reads it back and starts its walk, and its first levels follow
         (``the_walk_goes_on``)."""
@@ -241,7 +261,7 @@ class SumWalks:
             digest(f"captured {len(self.lied_rounds)}"), 1, 10, min_stake=CAPTURED_STAKE, bond=BOND,
             quorum=2, quorum_bps=5000, accusation_blocks=CAPTURED_ANSWER_BLOCKS,
             dispute_blocks=CAPTURED_DISPUTE_BLOCKS, commitments=scheme_named("normed").version,
-            proof_fund=len(COALITION) * CAPTURED_STAKE)  # pays half the slash (issue 79: not from it)
+            proof_fund=CAPTURED_FUND)  # pays the reward (issue 79: the slash is burned whole)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
         # its contributions bound to the run's members (issue 62): the coalition signs its own lie
@@ -257,7 +277,7 @@ class SumWalks:
             creator.commit_round(record, [self.client(i).sign_record(record) for i in COALITION])
             records.append(record)
         self.lied_rounds.append(LiedRound(run_id, records, committed, self.w3.eth.block_number,
-                                          copier=moves[1]))
+                                          copier=moves[1], squatter=len(moves) > 2 and moves[2]))
         if moves[0]:
             self.coalition_leaves(self.lied_rounds[-1])
         self.walker_checks(self.lied_rounds[-1])
@@ -285,6 +305,7 @@ class SumWalks:
         for how in answers:
             if case.ended():
                 break
+            self.squatter_answers(case)  # issue 79: the squatter's copies, in their last block
             event = self.open_challenge(case.prover, case.run_id, 1, case.commit_block)
             if event is not None and how != "silent":
                 self.coalition_answers(case, event, how)
@@ -380,14 +401,16 @@ class SumWalks:
                        if reader.member(case.run_id, self.client(i).address).status == "slashed"]
             assert len(slashed) == len(COALITION), \
                 f"S1: only {slashed} of the lied round's attesters were slashed"
-            rewards += CAPTURED_STAKE * len(slashed) // 2
+            rewards += CAPTURED_REWARD
+            assert reader.proof_fund_of(case.run_id) == CAPTURED_FUND - CAPTURED_REWARD, \
+                f"S3/G7: run {case.run_id}'s reward was not paid from its proof fund"
             # (issue 62) every bond of the walk comes back once the round falls: the answered steps' from the
             # game's escrow (with the expiry, or reclaimed after the proof), the expired step's with it
             walker = self.client(WALKER).address
-            challenges = reader.availability_challenges(case.run_id, from_block=case.commit_block)
+            challenges = self.challenges_since(case.run_id, case.commit_block)
             returned += BOND * sum(1 for event in challenges if event["challenger"] == walker)
         received = self.w3.eth.get_balance(self.client(WALKER).address) - self.walker_start + self.walker_paid
         assert received == rewards + returned, \
-            (f"S3: the walker received {received} wei; half the stake slashed is {rewards}, all its "
+            (f"S3: the walker received {received} wei; min(fund, half the slash) is {rewards}, all its "
              f"bonds back {returned}")
         self.game_bounds_hold()  # issue 62 (tests/trust_game.py)
