@@ -110,7 +110,7 @@ def game_case(cfg, trainer) -> dict:
     a = torch.randn(BATCH * cfg.block_size, k, generator=generator)
     out = exact_kernel.ordered_matmul(a, b)
     w3 = connect_pyevm()
-    client = StepProverClient(w3, deploy(w3, 10**15, 1000))
+    client = StepProverClient(w3, deploy(w3, 10**15, 1000, "0x" + "00" * 20))  # op claims only: no ledger
     defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
     rows, cols = a.shape[0], b.shape[1]
     cache: dict[int, list[int]] = {}
@@ -217,16 +217,19 @@ def run_case(steps: int = 100, cheat_step: int = 70) -> dict:
     """The level over the H steps on the toy program (module docstring)."""
     truth, mine = _toy_steps(steps), _toy_steps(steps, cheat_step)
     true_roots = state_roots([_toy_trace(t) for t in truth])
-    w3 = connect_pyevm()
-    client = StepProverClient(w3, deploy(w3, 10**15, 1000))
-    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
-    won, cheat_moves = run_game(client, [_toy_trace(t) for t in mine], defender, challenger,
+    from tests.step_binding_fixtures import bound_prover, subject_of  # a ledger listing the claim's
+
+    client, committed = bound_prover(connect_pyevm(), 10**15, 1000)
+    subject = subject_of(committed)
+    defender, challenger = client.w3.eth.accounts[1], client.w3.eth.accounts[2]
+    won, cheat_moves = run_game(client, [_toy_trace(t) for t in mine], defender, challenger, subject=subject,
                                 judge_state=lambda i, root: root == true_roots[i],
                                 step_policy=_toy_policy(truth, mine))
     cheat_log = list(client.gas_log)
     client.gas_log.clear()
     honest_won, honest_moves = run_game(
-        client, [_toy_trace(t) for t in truth], defender, challenger, judge_state=lambda i, root: False,
+        client, [_toy_trace(t) for t in truth], defender, challenger, subject=subject,
+        judge_state=lambda i, root: False,
         step_policy=lambda i: dict(dispute=lambda last: ("trace", 0), judge_root=lambda j, root: False,
                                    pick=lambda op: 0, judge=lambda j, p, bits: False,
                                    sums=lambda j, e, p: partial_sums(*_operands(truth[i], j), e // TOY[j][3],

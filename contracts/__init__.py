@@ -24,7 +24,8 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
-    "StepProver", "StepProverMath", "Float32Harness", "NormHarness", "AnswerRelay", "RewardPool",
+    "StepProver", "StepProverMath", "StepProverBinding", "Float32Harness", "NormHarness", "AnswerRelay",
+    "RewardPool",
     "ReentrantClaimer",
 )
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
@@ -33,8 +34,8 @@ LIBRARIES = (
     "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
 )
-#: StepProver's linked library (ledger.stepproof.deploy deploys it first; StepProver is deployed on its own).
-STEP_LIBRARIES = ("StepProverMath",)
+#: StepProver's linked libraries (ledger.stepproof.deploy deploys them first; StepProver is deployed alone).
+STEP_LIBRARIES = ("StepProverMath", "StepProverBinding")
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576
 

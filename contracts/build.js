@@ -23,7 +23,7 @@ const SOURCES = [
   "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
-  "src/StepProver.sol", "src/StepProverMath.sol",
+  "src/StepProver.sol", "src/StepProverMath.sol", "src/StepProverBinding.sol",
   "src/RewardPool.sol", "src/test/ReentrantClaimer.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
@@ -40,6 +40,7 @@ const CONTRACTS = {
   "src/ProverBinding.sol": "ProverBinding",
   "src/StepProver.sol": "StepProver",
   "src/StepProverMath.sol": "StepProverMath",
+  "src/StepProverBinding.sol": "StepProverBinding",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",
   "src/test/AnswerRelay.sol": "AnswerRelay",

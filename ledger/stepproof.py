@@ -53,9 +53,10 @@ def opening(leaves: list[bytes], index: int) -> tuple[bytes, list[bytes]]:
 EMPTY = (b"", [])
 
 
-def deploy(w3, bond: int, clock_blocks: int, sender: str | None = None) -> str:
-    """Deploy StepProver's library (``contracts.STEP_LIBRARIES``), then StepProver linked to it, from the
-    committed artifacts; StepProver's address."""
+def deploy(w3, bond: int, clock_blocks: int, ledger: str, sender: str | None = None) -> str:
+    """Deploy StepProver's libraries (``contracts.STEP_LIBRARIES``), then StepProver linked to them and bound
+    to the TrainingLedger at ``ledger`` (run claims are about its records), from the committed artifacts;
+    StepProver's address."""
     sender = sender or w3.eth.accounts[0]
 
     def create(bytecode: str, abi: list, *args) -> str:
@@ -65,7 +66,7 @@ def deploy(w3, bond: int, clock_blocks: int, sender: str | None = None) -> str:
     libraries = {name: create(contracts.artifact(name)["bytecode"], contracts.artifact(name)["abi"])
                  for name in contracts.STEP_LIBRARIES}
     artifact = contracts.artifact("StepProver")
-    return create(contracts.link(artifact, libraries), artifact["abi"], bond, clock_blocks)
+    return create(contracts.link(artifact, libraries), artifact["abi"], bond, clock_blocks, ledger)
 
 
 class StepProverClient:
@@ -292,12 +293,13 @@ def _abi_encode_step(claim: tuple, defender: str) -> bytes:
 # ------------------------------------------------------------------ a contribution's H inner steps (RunClaim)
 
 
-def run_claim(traces: list[StepTrace]) -> tuple:
+def run_claim(traces: list[StepTrace], subject) -> tuple:
     """The contract's ``RunClaim`` of one side's traces of H steps of one program: the state root before the
-    first step and the state root its last step ends in."""
+    first step and the state root its last step ends in, about ``subject`` (``ledger.stepbinding.RunSubject``:
+    the contribution and the round's start on the ledger's record)."""
     first = traces[0]
     return (tree_root(first.program()), first.state_leaves, len(first.specs), first.depth,
-            tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces))
+            tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces), *subject.fields())
 
 
 def state_roots(traces: list[StepTrace]) -> list[bytes]:
@@ -305,18 +307,19 @@ def state_roots(traces: list[StepTrace]) -> list[bytes]:
     return [tree_root(t.tree(0)) for t in traces] + [tree_root(traces[-1].end_tree())]
 
 
-def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, challenger: str, *,
+def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, challenger: str, *, subject,
              judge_state: Callable[[int, bytes], bool], step_policy: Callable[[int], dict],
              post_state: Callable[[int], bytes] | None = None, claimed: bool = False) -> tuple[bool, int]:
-    """Claim ``traces`` (H steps) as ``defender`` and play a challenger's game on them to the end.
+    """Claim ``traces`` (H steps) about ``subject`` (``ledger.stepbinding.RunSubject``) as ``defender`` and
+    play a challenger's game on them to the end.
 
     The defender posts the state roots of its own traces (``post_state(i)`` overrides the root after step
     ``i``); the challenger answers ``judge_state(i, root)`` (agree?) and, once the split step ``i`` is found,
     plays its step game with ``step_policy(i)`` (``step_game``'s keywords: dispute, judge_root, pick, judge,
     sums). Returns (defender won, moves)."""
-    claim = run_claim(traces)
+    claim = run_claim(traces, subject)
     if not claimed:
-        client._send("claimRun", defender, claim, value=client.bond)
+        client._send("claimRun", defender, claim, subject.binding, value=client.bond)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
     client._send("challengeRun", challenger, claim_id, value=client.bond)
     game_id = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())

@@ -27,6 +27,7 @@ from training.step_trace import element_leaves, partial_sums, state_tensors, tra
 
 BOND = 10**15
 CLOCK = 20
+NO_LEDGER = "0x" + "00" * 20
 
 
 def _spread(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -118,7 +119,7 @@ def test_partial_sums_end_in_ordered_matmuls_bits(product):
 
 
 def _setup(w3):
-    address = deploy(w3, BOND, CLOCK)
+    address = deploy(w3, BOND, CLOCK, NO_LEDGER)  # op and step claims only: no run claim here
     return StepProverClient(w3, address)
 
 

@@ -22,7 +22,9 @@ import torch
 
 from ledger.chain import connect_pyevm
 from ledger.chunkproof import tree_root
+from ledger.stepbinding import RunSubject
 from ledger.stepproof import PHASES, run_claim, run_game, state_roots
+from tests.step_binding_fixtures import bound_prover, subject_of
 from tests.ledger_fixtures import mine
 from tests.test_step_proof import (
     BOND,
@@ -31,7 +33,6 @@ from tests.test_step_proof import (
     _backend,
     _honest_challenger,
     _run_program,
-    _setup,
     _sums_of,
     _trace,
 )
@@ -92,15 +93,18 @@ def test_the_state_roots_chain_and_open_one_element():
     assert len(roots) == STEPS + 1 and len(set(roots)) == STEPS + 1
     for i in range(STEPS - 1):  # the state tree after step i is the one step i + 1 starts from
         assert tree_root(traces[i].end_tree()) == roots[i + 1] == tree_root(traces[i + 1].tree(0))
-    claim = run_claim(traces)
+    subject = RunSubject(7, 1, 0, b"\x01" * 32, b"\x02" * 32, ())
+    claim = run_claim(traces, subject)
     assert claim[4] == roots[0] and claim[5] == roots[-1] and claim[6] == STEPS
+    assert claim[7:] == (7, 1, 0, b"\x01" * 32, b"\x02" * 32)
 
 
 @pytest.mark.parametrize("backend, cheat_step, cheat_op", [("pyevm", 0, 0), ("pyevm", 3, 1), ("pyevm", 5, 3),
                                                             ("anvil", 2, 0)])
 def test_an_honest_challenger_proves_a_one_ulp_cheat_in_any_step(request, backend, cheat_step, cheat_op):
     w3 = _backend(request, backend)
-    client = _setup(w3)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    subject = subject_of(committed)
     defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
     truth = _run(_start_state())
     mine_steps = _run(_start_state(), cheat_step, cheat_op)
@@ -111,8 +115,8 @@ def test_an_honest_challenger_proves_a_one_ulp_cheat_in_any_step(request, backen
         splits.append(i)
         return root == truth_roots[i]
 
-    won, moves = run_game(client, _traces(mine_steps), defender, challenger, judge_state=judge_state,
-                          step_policy=_honest_policy(truth, mine_steps))
+    won, moves = run_game(client, _traces(mine_steps), defender, challenger, subject=subject,
+                          judge_state=judge_state, step_policy=_honest_policy(truth, mine_steps))
     assert not won
     halvings = math.ceil(math.log2(STEPS))
     assert len(splits) <= halvings
@@ -127,14 +131,15 @@ def test_an_honest_challenger_proves_a_one_ulp_cheat_in_any_step(request, backen
 def test_an_honest_defender_beats_every_lying_challenger():
     """Disagree with everything, agree with everything, then random answers at every level (py-evm)."""
     w3 = connect_pyevm()
-    client = _setup(w3)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    subject = subject_of(committed)
     defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
     honest = _run(_start_state())
     traces = _traces(honest)
     rng = random.Random(7801)
     judges = [lambda i, root: False, lambda i, root: True] + [lambda i, root: rng.random() < 0.5] * 3
     for game, judge_state in enumerate(judges):
-        won, _ = run_game(client, traces, defender, challenger, judge_state=judge_state,
+        won, _ = run_game(client, traces, defender, challenger, subject=subject, judge_state=judge_state,
                           step_policy=_random_policy(rng, honest), claimed=game > 0)
         assert won
     assert client.contract.functions.balanceOf(defender).call() == len(judges) * BOND
@@ -142,12 +147,13 @@ def test_an_honest_defender_beats_every_lying_challenger():
 
 def test_the_clock_in_the_steps_bisection_and_who_may_move():
     w3 = connect_pyevm()
-    client = _setup(w3)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    subject = subject_of(committed)
     defender, challenger, outsider = w3.eth.accounts[1:4]
     traces = _traces(_run(_start_state()))
     roots = state_roots(traces)
-    claim = run_claim(traces)
-    client._send("claimRun", defender, claim, value=BOND)
+    claim = run_claim(traces, subject)
+    client._send("claimRun", defender, claim, subject.binding, value=BOND)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
     client._send("challengeRun", challenger, claim_id, value=BOND)
     game = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
@@ -180,11 +186,12 @@ def test_the_clock_in_the_steps_bisection_and_who_may_move():
 
 def test_a_run_of_one_step_starts_in_the_step_game():
     w3 = connect_pyevm()
-    client = _setup(w3)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    subject = subject_of(committed)
     defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
     truth = _run(_start_state())[:1]
     mine_steps = [_run_program([truth[0][c] for c in (0, 1, 2)], 2, 9)]
-    won, moves = run_game(client, _traces(mine_steps), defender, challenger,
+    won, moves = run_game(client, _traces(mine_steps), defender, challenger, subject=subject,
                           judge_state=lambda i, root: pytest.fail("no steps to bisect"),
                           step_policy=_honest_policy(truth, mine_steps))
     assert not won and moves > 3
@@ -209,12 +216,13 @@ def test_a_judgment_one_block_past_the_clock_is_refused_and_outsiders_by_name(re
     challenge of a busy run claim (ClaimClosed), a judgment one block past the challenger's time (ClockOut,
     the game unchanged); then ``timeout`` gives the game to the defender."""
     w3 = _backend(request, backend)
-    client = _setup(w3)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    subject = subject_of(committed)
     defender, challenger, outsider = w3.eth.accounts[1:4]
     traces = _traces(_run(_start_state()))
     roots = state_roots(traces)
-    claim = run_claim(traces)
-    client._send("claimRun", defender, claim, value=BOND)
+    claim = run_claim(traces, subject)
+    client._send("claimRun", defender, claim, subject.binding, value=BOND)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
     client._send("challengeRun", challenger, claim_id, value=BOND)
     game = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.37;
 
+import {StepProverBinding} from "./StepProverBinding.sol";
 import {StepProverMath} from "./StepProverMath.sol";
+import {TrainingLedger} from "./TrainingLedger.sol";
 
 /// @title StepProver
 /// @notice The innermost legs of the contribution proof (issue 78, docs/FRAUD_PROOF.md "The contribution proof"):
@@ -65,6 +67,8 @@ contract StepProver {
     /// `stateLeaves` leaves are the state's tensor roots (each tensor's own chunk tree) and the rest zero, so one
     /// element of the state after any step is provable against its root. A game bisects the steps over the
     /// state roots the defender posts, then plays the step game on the one step where the sides split.
+    /// The claim is about contribution `payloadRoot` of stage `stage` in round `round` of run `runId` of the
+    /// ledger, from the stage's committed start `startWeights` (StepProverBinding checks both on the record).
     struct RunClaim {
         bytes32 programRoot;
         uint32 stateLeaves;
@@ -73,6 +77,26 @@ contract StepProver {
         bytes32 startRoot;
         bytes32 endRoot;
         uint32 steps;
+        uint256 runId;
+        uint64 round;
+        uint32 stage;
+        bytes32 payloadRoot;
+        bytes32 startWeights;
+    }
+
+    /// @notice The openings that bind a run claim to the ledger's record: round `round`'s committed record, its
+    /// stage leaf and path, the factors hashing to the leaf's factorsHash, the index of the claim's payload root
+    /// in their payloadRoots; round - 1's committed record (ignored for round 0, whose start is the run's
+    /// genesisRoot) and its stage leaf and path, whose weightsRoot is the claim's startWeights.
+    struct RunBinding {
+        TrainingLedger.Record record;
+        bytes stageLeaf;
+        bytes32[] stagePath;
+        bytes factors;
+        uint256 index;
+        TrainingLedger.Record prevRecord;
+        bytes prevStageLeaf;
+        bytes32[] prevStagePath;
     }
 
     /// @notice The defender's opening of the op where the trace splits: its program leaf, its output's root (the
@@ -120,6 +144,8 @@ contract StepProver {
     uint256 public immutable bond;
     /// @notice Each side's blocks for all its moves of one game (a chess clock).
     uint64 public immutable clockBlocks;
+    /// @notice The ledger whose records a run claim is bound to.
+    TrainingLedger public immutable ledger;
     mapping(bytes32 => Claim) internal _claims;
     /// @dev An op claim's op (by its claim id), or the split op of a step game (by its game id: `Game.stepKey`).
     mapping(bytes32 => Op) internal _ops;
@@ -137,6 +163,9 @@ contract StepProver {
     event ClaimRefuted(bytes32 indexed claimId, address challenger);
     event StateRootPosted(bytes32 indexed gameId, uint32 step, bytes32 root);
     event StepNarrowed(bytes32 indexed gameId, uint32 step);
+    event RunClaimed(
+        bytes32 indexed claimId, uint256 indexed runId, uint64 round, uint32 stage, bytes32 payloadRoot, address defender
+    );
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -148,10 +177,13 @@ contract StepProver {
     error ProverStepClockOut();
     error ProverStepClockRunning();
     error ProverStepBadOpening(uint8 which);
+    error ProverStepNotListed(uint256 runId, uint64 round, uint32 stage, bytes32 payloadRoot);
+    error ProverStepWrongStart(uint256 runId, uint64 round, uint32 stage, bytes32 startWeights);
 
-    constructor(uint256 bond_, uint64 clockBlocks_) {
+    constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
         clockBlocks = clockBlocks_;
+        ledger = ledger_;
     }
 
     /// @notice The id of `defender`'s claim on `op`.
@@ -233,18 +265,21 @@ contract StepProver {
         emit Challenged(gameId, claimId, msg.sender, 0);
     }
 
-    /// @notice Bond `bond` on a contribution's `run.steps` inner steps (`RunClaim`).
-    function claimRun(RunClaim calldata run) external payable returns (bytes32 claimId) {
+    /// @notice Bond `bond` on a contribution's `run.steps` inner steps (`RunClaim`): anyone may defend a
+    /// contribution the ledger's record lists, from the start the record holds (`b` opens both; refused
+    /// otherwise: `ProverStepNotListed`, `ProverStepWrongStart`, or the record openings' AggregationProver errors).
+    function claimRun(RunClaim calldata run, RunBinding calldata b) external payable returns (bytes32 claimId) {
         if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
         if (run.steps == 0 || run.ops == 0 || run.depth > 32
             || uint256(run.stateLeaves) + run.ops > (uint256(1) << run.depth)) {
             revert ProverStepBadOp();
         }
+        StepProverBinding.check(ledger, run, b);
         claimId = runIdOf(run, msg.sender);
         if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
         _claims[claimId].defender = msg.sender;
         _runs[claimId] = run;
-        emit Claimed(claimId, msg.sender);
+        emit RunClaimed(claimId, run.runId, run.round, run.stage, run.payloadRoot, msg.sender);
     }
 
     /// @notice The id of `defender`'s claim on `run`.

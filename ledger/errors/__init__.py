@@ -150,6 +150,8 @@ from ledger.errors.step_prover import (
     ProverStepClockOut as ProverStepClockOut,
     ProverStepClockRunning as ProverStepClockRunning,
     ProverStepBadOpening as ProverStepBadOpening,
+    ProverStepNotListed as ProverStepNotListed,
+    ProverStepWrongStart as ProverStepWrongStart,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

@@ -44,3 +44,13 @@ class ProverStepClockRunning(ProverError):
 
 class ProverStepBadOpening(ProverError):
     """An opening's Merkle path does not lead to its committed root (``which`` names the opening)."""
+
+
+class ProverStepNotListed(ProverError):
+    """A run claim names a payload root that its round's committed record does not list for its stage (or the
+    index given does not point at it): a claim about a contribution the ledger never accepted."""
+
+
+class ProverStepWrongStart(ProverError):
+    """A run claim's start weights are not the stage's weights root the ledger committed for the round's start
+    (round - 1's stage leaf, or the run's genesis)."""
