@@ -309,7 +309,8 @@ def state_roots(traces: list[StepTrace]) -> list[bytes]:
 
 def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, challenger: str, *, subject,
              judge_state: Callable[[int, bytes], bool], step_policy: Callable[[int], dict],
-             post_state: Callable[[int], bytes] | None = None, claimed: bool = False) -> tuple[bool, int]:
+             post_state: Callable[[int], bytes] | None = None, claimed: bool = False,
+             challenged: bool = False) -> tuple[bool, int]:
     """Claim ``traces`` (H steps) about ``subject`` (``ledger.stepbinding.RunSubject``) as ``defender`` and
     play a challenger's game on them to the end.
 
@@ -321,7 +322,8 @@ def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, c
     if not claimed:
         client._send("claimRun", defender, claim, subject.binding, value=client.bond)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
-    client._send("challengeRun", challenger, claim_id, value=client.bond)
+    if not challenged:  # else ``challenger``'s game on the claim is open already
+        client._send("challengeRun", challenger, claim_id, value=client.bond)
     game_id = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
     roots = state_roots(traces)
     posted_after = post_state or (lambda i: roots[i])

@@ -354,8 +354,10 @@ SECTIONS = (
     Section("step_proof.json", "The contribution proof's bottom legs: one op, one float32 step",
             "bench/bench_step_proof.py", step_proof,
             "Issue 78: a wrong element of one operation of a reproducible inner step is proven on chain by "
-            "bisecting its k-order partial sums down to one float32 multiply and add; the levels above (the "
-            "H inner steps, the ops of a step) are not on chain yet (docs/FRAUD_PROOF.md)."),
+            "bisecting its k-order partial sums down to one float32 multiply and add, under the levels over "
+            "the ops of a step and over the H inner steps (a run claim bound to a contribution the ledger's "
+            "record lists); a model's step is not mapped to a program of those ops yet "
+            "(docs/FRAUD_PROOF.md)."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "

@@ -4,8 +4,8 @@ root the round starts from (contracts/src/StepProverBinding.sol). An outsider's 
 contribution, a wrong index, a start state the record does not hold, or a record never committed is refused
 by name; anyone may defend a contribution the record lists. A front-runner that copies a challenge from the
 mempool takes the game (the copied challenge reverts, its sender keeps its bond) and its bond goes to
-whoever wins: if it walks away, the defender takes it one block past its clock (not in the clock's last
-block) and the claim is open to the honest challenger again.
+whoever wins: playing the honest moves it is paid both bonds; if it walks away, the defender takes it one
+block past its clock (not in the clock's last block) and the claim is open to the honest challenger again.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import dataclasses
 import pytest
 
 from ledger.account import dev_account
-from ledger.stepproof import PHASES, run_claim, state_roots
+from ledger.stepproof import PHASES, run_claim, run_game, state_roots
 from tests.chain_backends import GAS, one_block
 from tests.ledger_fixtures import mine
 from tests.step_binding_fixtures import bound_prover, subject_of
 from tests.test_step_proof import BOND, CLOCK, _backend
-from tests.test_step_proof_run import _refused, _run, _start_state, _traces
+from tests.test_step_proof_run import _honest_policy, _refused, _run, _start_state, _traces
 
 OUTSIDER = 8  # a dev account that never joins the run
 
@@ -119,3 +119,28 @@ def test_a_front_runner_takes_the_game_and_loses_its_bond_when_it_walks_away(req
     client._send("challengeRun", honest_address, claim_id, value=BOND)
     mine_game = bytes(client.contract.functions.gameIdOf(claim_id, honest_address).call())
     assert client.game(mine_game)["phase"] == PHASES.index("Steps")
+
+
+@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+def test_a_front_runner_that_plays_the_honest_moves_is_paid_as_an_honest_challenger(request, backend):
+    w3 = _backend(request, backend)
+    client, committed = bound_prover(w3, BOND, CLOCK)
+    defender = dev_account(1, w3.eth.chain_id).address
+    honest, front = 4, 5
+    honest_address, front_address = (dev_account(i, w3.eth.chain_id).address for i in (honest, front))
+    truth, cheat = _run(_start_state()), _run(_start_state(), 3, 1)  # a one-ulp cheat in step 3's add
+    subject = subject_of(committed, 2)
+    claim = run_claim(_traces(cheat), subject)
+    client._send("claimRun", defender, claim, subject.binding, value=BOND)
+    claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
+    assert _copied_in_one_block(w3, client, claim_id, front, honest) == [1, 0]
+    truth_roots = state_roots(_traces(truth))
+    won, _moves = run_game(client, _traces(cheat), defender, front_address, subject=subject, claimed=True,
+                           challenged=True, judge_state=lambda i, root: root == truth_roots[i],
+                           step_policy=_honest_policy(truth, cheat))
+    assert not won and client.wrong(claim_id)
+    assert client.contract.functions.balanceOf(front_address).call() == 2 * BOND
+    assert client.contract.functions.balanceOf(honest_address).call() == 0
+    assert client.contract.functions.balanceOf(defender).call() == 0
+    # a claim proven wrong stays wrong: the honest challenger's late copy is refused
+    assert _refused(client, "challengeRun", honest_address, claim_id, value=BOND) == "ProverStepClaimClosed"
