@@ -237,3 +237,10 @@ def test_header_only_parse_refuses_what_the_full_parse_refuses(tmp_path) -> None
     job = SpotCheckJob(cfg.to_dict(), 0, 0, [], [fetched])
     job.write(job_dir)
     assert job.state_paths(job_dir)[0].read_bytes() == data and not fetched.exists()
+    # The worker reads the claimant's platform from the job's file the same way (no tensor read), and a
+    # state that does not parse leaves the verdict to the child.
+    from node.live.checks.spotcheck import RerunWorker
+
+    assert RerunWorker.kernels_for(job_dir) is None  # this state records no platform: nothing to emulate
+    job.state_paths(job_dir)[0].write_bytes(data[:-1])
+    assert RerunWorker.kernels_for(job_dir) is None

@@ -234,11 +234,12 @@ class RerunWorker:
         from training.errors import TrainingError
         from training.fingerprint import fingerprint
         from training.claimant_kernels import kernels_to_emulate, native_cpu_capability
-        from training.replica_state import parse_stage_state
+        from training.replica_state import check_stage_state_file
 
         try:
             doc = json.loads((directory / JOB_FILE).read_text())
-            meta = parse_stage_state((directory / doc["states"][0]).read_bytes()).meta
+            # its header only, every check made, no tensor read: the state is the claimant's whole stage
+            meta = check_stage_state_file(directory / doc["states"][0]).meta
         except (OSError, ValueError, KeyError, IndexError, TypeError, TrainingError):
             return None  # the child reads the job again and gives the verdict its problems deserve
         if meta.platform is None:
