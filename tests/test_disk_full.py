@@ -385,3 +385,29 @@ def test_what_a_node_serves_onto_a_full_disk_waits_for_space_then_is_served(tmp_
         pool.close()
         fetcher.close()
         host.close()
+
+
+def test_a_checkpoint_on_a_full_disk_is_enospc_naming_it_and_leaves_nothing(full_disk):
+    """write_checkpoint streams the file through safetensors (never the whole checkpoint in memory, issue 75):
+    a full disk must still be the ENOSPC the node's retry waits on, naming the checkpoint, with the old file
+    kept and no temporary left; once space is freed the same call writes the bytes to_bytes() gives."""
+    import hashlib
+
+    import torch
+
+    from node.store.checkpoint import Checkpoint, write_checkpoint
+
+    checkpoint = Checkpoint(run_id=1, round=2, model_config={"preset": "tiny"}, config_hash=b"\1" * 32,
+                            stage_hashes={0: b"\2" * 32}, weights={"w": torch.ones(300, 300)},
+                            momentum={"w": torch.zeros(300, 300)})
+    path = full_disk / "round-00000002.safetensors"
+    path.write_bytes(b"old")
+    filler = fill(full_disk)
+    with pytest.raises(OSError) as raised:
+        write_checkpoint(path, checkpoint)
+    assert raised.value.errno == errno.ENOSPC and is_disk_full(raised.value), raised.value
+    assert raised.value.filename == str(path)
+    assert path.read_bytes() == b"old" and _leftovers(full_disk) == []
+    filler.unlink()
+    digest = write_checkpoint(path, checkpoint)
+    assert path.read_bytes() == checkpoint.to_bytes() and digest == hashlib.sha256(path.read_bytes()).digest()

@@ -16,9 +16,13 @@ shards of all stages.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+from safetensors.torch import save_file as st_save_file
 
 from node.errors import StateError
-from node.fsutil import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,10 @@ class Checkpoint:
     stage_leaves: dict[int, bytes] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
+        return st_save(*self._serializable())
+
+    def _serializable(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The tensors and the metadata safetensors writes (:meth:`to_bytes`, :func:`write_checkpoint`)."""
         tensors = {f"weights.{k}": v.detach().contiguous() for k, v in self.weights.items()}
         tensors.update({f"momentum.{k}": v.detach().contiguous() for k, v in self.momentum.items()})
         # One metadata key holding canonical JSON: safetensors writes its metadata
@@ -66,7 +74,7 @@ class Checkpoint:
         }
         if self.stage_leaves:
             meta["stage_leaves"] = {str(s): leaf.hex() for s, leaf in sorted(self.stage_leaves.items())}
-        return st_save(tensors, metadata={"dlx": json.dumps(meta, sort_keys=True, separators=(",", ":"))})
+        return tensors, {"dlx": json.dumps(meta, sort_keys=True, separators=(",", ":"))}
 
     def stage_state(self, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The (weights, momentum) of one stage, by its parameter names."""
@@ -125,10 +133,45 @@ def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Che
 
 
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
-    """Write atomically; return the content hash (sha256 of the file)."""
-    data = checkpoint.to_bytes()
-    atomic_write_bytes(path, data)
-    return hashlib.sha256(data).digest()
+    """Write atomically (durably, through a temporary name); return the content hash (sha256 of the file).
+
+    The bytes of :meth:`Checkpoint.to_bytes`, never whole in memory (issue 75): safetensors writes the file
+    from the tensors' own memory (``save_file``), then it is hashed in 4 MiB reads. ``to_bytes`` held the
+    whole file in one buffer beside the tensors: 8 bytes per parameter of the model, 1 GB at llama-124m.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        tensors, metadata = checkpoint._serializable()
+        try:
+            st_save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as exc:  # its I/O errors come as its own type: a full disk stays ENOSPC
+            code = errno.ENOSPC if re.search(r"os error 28\b|code: 28\b|StorageFull", str(exc)) else errno.EIO
+            raise OSError(code, os.strerror(code) if code == errno.ENOSPC else str(exc), str(path)) from None
+        del tensors
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(4 << 20):
+                digest.update(chunk)
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return digest.digest()
 
 
 # ---------------------------------------------------------------------- checked against the run
