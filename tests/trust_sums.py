@@ -302,6 +302,8 @@ class SumWalks:
         junk, or not at all), then the walker follows: the next challenge, the proof, or the unanswered one
         expired."""
         case = self.lied_in_flight()
+        if case is None:  # its walk ended at its first step (or gave up there: W/G1 reports that)
+            return
         for how in answers:
             if case.ended():
                 break
