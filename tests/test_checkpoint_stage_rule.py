@@ -174,3 +174,35 @@ def test_a_holders_own_shard_off_the_agreed_weights_is_dropped_like_any_other(tm
     reference = tmp_path / "reference.safetensors"
     expected = build_checkpoint(layout(False), ROUND, {0: (WEIGHTS, HONEST)})
     assert digest == write_checkpoint(reference, expected)
+
+
+def test_read_checkpoint_from_its_file_is_parse_checkpoint(tmp_path):
+    """read_checkpoint reads a file without holding it whole (hashed in reads, tensors through safetensors'
+    map): the same checkpoint as parse_checkpoint of its bytes, and the same refusals."""
+    import hashlib
+
+    import pytest
+    import torch
+
+    from node.errors import StateError
+    from node.store.checkpoint import Checkpoint, parse_checkpoint, read_checkpoint, write_checkpoint
+
+    checkpoint = Checkpoint(run_id=1, round=2, model_config={"preset": "tiny"}, config_hash=b"\1" * 32,
+                            stage_hashes={0: b"\2" * 32},
+                            weights={"w": torch.randn(30, 7), "e": torch.zeros(0, 3)},
+                            momentum={"w": torch.randn(30, 7)}, stage_leaves={0: b"\3" * 40})
+    path = tmp_path / "c.safetensors"
+    digest = write_checkpoint(path, checkpoint)
+    data = path.read_bytes()
+    assert read_checkpoint(path, digest).to_bytes() == parse_checkpoint(data, digest).to_bytes() == data
+    for bad in (b"", data[:7], data[:-1], b"\xff" * 8 + data[8:]):
+        path.write_bytes(bad)
+        with pytest.raises(StateError):
+            parse_checkpoint(bad)
+        with pytest.raises(StateError):
+            read_checkpoint(path)
+    path.write_bytes(data)
+    with pytest.raises(StateError, match="hash mismatch"):
+        read_checkpoint(path, hashlib.sha256(b"other").digest())
+    with pytest.raises(StateError, match="cannot read"):
+        read_checkpoint(tmp_path / "missing.safetensors")

@@ -411,3 +411,4 @@ def test_a_checkpoint_on_a_full_disk_is_enospc_naming_it_and_leaves_nothing(full
     filler.unlink()
     digest = write_checkpoint(path, checkpoint)
     assert path.read_bytes() == checkpoint.to_bytes() and digest == hashlib.sha256(path.read_bytes()).digest()
+

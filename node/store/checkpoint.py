@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from safetensors.torch import save_file as st_save_file
@@ -104,6 +104,11 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
     except (SafetensorError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
         raise StateError(
             f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
+    return _checkpoint_of(tensors, meta)
+
+
+def _checkpoint_of(tensors: dict[str, torch.Tensor], meta: dict) -> Checkpoint:
+    """The checkpoint of a safetensors file's tensors and its ``dlx`` metadata (already parsed)."""
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint format {meta.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
     try:
@@ -125,11 +130,30 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
 
 
 def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Checkpoint:
+    """:func:`parse_checkpoint` of the file at ``path``, never whole in memory (issue 75): hashed in 4 MiB
+    reads, then each tensor read once through safetensors' map of the file (its checks are the same)."""
     try:
-        data = Path(path).read_bytes()
+        if expected_hash is not None:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(4 << 20):
+                    digest.update(chunk)
+            if digest.digest() != expected_hash:
+                raise StateError(f"checkpoint content hash mismatch: expected {expected_hash.hex()}, "
+                                 f"got {digest.hexdigest()}")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                metadata = f.metadata() or {}  # safetensors allows a null map
+                tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+            meta = json.loads(metadata.get("dlx", "{}"))
+            if not isinstance(meta, dict):
+                raise ValueError("metadata is not an object")
+        except (SafetensorError, ValueError, RecursionError) as exc:
+            raise StateError(
+                f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
     except OSError as exc:
-        raise StateError(f"cannot read checkpoint {path}: {exc.strerror}") from None
-    return parse_checkpoint(data, expected_hash)
+        raise StateError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
+    return _checkpoint_of(tensors, meta)
 
 
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:

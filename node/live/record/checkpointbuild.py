@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from pathlib import Path
 
 from ledger.errors import LedgerInputError
-from node.errors import DLX_ERRORS
+from node.errors import DLX_ERRORS, StateError
 from node.live.exchange.pool import serve_blob
-from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, parse_checkpoint,
+from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
 from node.fraudproof import parse_stage_leaf
 from training.hashing import stage_weights_hash
@@ -95,8 +96,7 @@ class CheckpointBuilder:
         momentum_root = self._leaf_momentum_root(outer_round, stage, stage_leaf)
         judged: set[bytes] = set()
         verified = {}
-        own = self._local(outer_round, stage)
-        own_hash = hashlib.sha256(own).digest() if own is not None else None
+        own_hash = self._own_hash(outer_round, stage)
         for wait in ((False, True) if momentum_root is not None else (True,)):
             if wait:
                 self._wait_for_holders(outer_round, stage)
@@ -171,17 +171,31 @@ class CheckpointBuilder:
                            exc)
             return None
 
-    def _local(self, outer_round: int, stage: int) -> bytes | None:
-        """This node's own shard of ``stage`` (the bytes it attested, if it holds the stage), else None."""
-        local = self.node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-        return local.read_bytes() if local.exists() else None
+    def _local(self, outer_round: int, stage: int) -> Path:
+        """Where this node's own shard of ``stage`` is (the bytes it attested, if it holds the stage)."""
+        return self.node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
+
+    def _own_hash(self, outer_round: int, stage: int) -> bytes | None:
+        """sha256 of this node's own shard of ``stage`` (4 MiB reads), None if it holds none."""
+        digest = hashlib.sha256()
+        try:
+            with open(self._local(outer_round, stage), "rb") as f:
+                while chunk := f.read(4 << 20):
+                    digest.update(chunk)
+        except FileNotFoundError:
+            return None
+        return digest.digest()
 
     def _shard(self, outer_round: int, stage: int, shard_hash: bytes, holders: str):
         """The attested shard ``shard_hash`` of ``stage``: this node's own from its disk (the same bytes it
-        attested), any other fetched from its holders; None if not fetched."""
-        data = self._local(outer_round, stage)
-        if data is not None and hashlib.sha256(data).digest() == shard_hash:
-            return parse_checkpoint(data, shard_hash)
+        attested), any other fetched from its holders; None if not fetched. Read from the file, never whole
+        in memory (read_checkpoint)."""
+        local = self._local(outer_round, stage)
+        if local.exists():
+            try:
+                return read_checkpoint(local, shard_hash)
+            except StateError:
+                pass  # not the attested bytes (or unreadable): fetched from the holders instead
         try:
             return self._fetch_checkpoint_file(shard_hash)
         except DLX_ERRORS as exc:
@@ -210,7 +224,7 @@ class CheckpointBuilder:
         held = node.host.has_blob(content_hash.hex())  # this node serves it already (its own): kept
         try:
             node.host.fetch_blob(content_hash.hex(), dest, timeout=node.cfg.p2p.transfer_timeout)
-            return parse_checkpoint(dest.read_bytes(), content_hash)
+            return read_checkpoint(dest, content_hash)
         finally:
             dest.unlink(missing_ok=True)
             if not held:  # the fetch kept a copy in the blob store: never pruned with the checkpoints, so
@@ -233,7 +247,7 @@ class CheckpointBuilder:
             local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
             if problems or not local.exists():
                 continue
-            own = parse_checkpoint(local.read_bytes())
+            own = read_checkpoint(local)
             names = node.layout.stage_names(stage)
             if stage_weights_hash({n: ckpt.momentum[n] for n in names}) != stage_weights_hash(own.momentum):
                 problems.append(f"its stage {stage} momentum is not this node's")
