@@ -15,20 +15,18 @@ over a newer one), and train it from start states a restart would have
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from pathlib import Path
+import os
 
 from node.live.state.base import NodeBase
 from node.live.rooms import Rooms
 from node.errors import DLX_ERRORS, NetworkUnreachable, StateError
-from node.fsutil import atomic_write_bytes
 from node.live.worker.contributor import Contributor, PipelineBroken
 from node.live.exchange.coordination import CloseInterrupted, RoundStopped
 from node.live.round.finisher import RoundFinisher
 from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
-from node.store.checkpoint import Checkpoint, checkpoint_problems, parse_checkpoint
+from node.store.checkpoint import Checkpoint, checkpoint_problems, read_checkpoint
 from p2p.errors import P2PError
 from training.errors import PipelineError
 from training.schedule import pending_after_round
@@ -232,8 +230,11 @@ class RunEntry:
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:
         path = self.checkpoint_dir / f"round-{round_index:08d}.safetensors"
-        if path.exists() and hashlib.sha256(path.read_bytes()).digest() == content_hash:
-            return parse_checkpoint(path.read_bytes(), content_hash)
+        if path.exists():
+            try:  # read from the file, never whole in memory (issue 75)
+                return read_checkpoint(path, content_hash)
+            except StateError:
+                pass  # not the chain's bytes: fetched again
         staged = self.incoming_dir / f"{content_hash.hex()}.part"
         staged.parent.mkdir(parents=True, exist_ok=True)
         # Every node assembles and serves the checkpoint: ask the live peers first (parallel
@@ -247,10 +248,14 @@ class RunEntry:
             except P2PError as exc:
                 logger.info("checkpoint not fetched from live peers (%s); asking the DHT", exc)
                 self.host.fetch_blob(content_hash.hex(), staged, timeout=self.cfg.p2p.transfer_timeout)
-        data = Path(staged).read_bytes()
-        staged.unlink(missing_ok=True)
-        ckpt = parse_checkpoint(data, content_hash)  # refuses anything but the chain's bytes
-        atomic_write_bytes(path, data)
+        try:
+            ckpt = read_checkpoint(staged, content_hash)  # refuses anything but the chain's bytes
+            with open(staged, "rb") as f:
+                os.fsync(f.fileno())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, path)  # the checked file itself, not a copy of its bytes held in memory
+        finally:
+            staged.unlink(missing_ok=True)
         return ckpt
 
     # -- after the pipeline broke ----------------------------------------------------------
