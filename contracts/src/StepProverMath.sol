@@ -2,6 +2,7 @@
 pragma solidity 0.8.37;
 
 import {Float32} from "./Float32.sol";
+import {ProverCommon} from "./ProverCommon.sol";
 import {StepProver} from "./StepProver.sol";
 
 /// @title StepProverMath
@@ -85,27 +86,14 @@ library StepProverMath {
         return node == root;
     }
 
-    /// @notice ProverCommon.verifyLeaf: `leaf` at `index` of a ledger/merkle.py tree of `count` leaves.
+    /// @notice ProverCommon.verifyLeaf (the one implementation): `leaf` at `index` of a ledger/merkle.py tree of
+    /// `count` leaves, callable by StepProver through this linked library.
     function verify(bytes calldata leaf, uint256 index, uint256 count, bytes32[] calldata path, bytes32 root)
         public
         pure
         returns (bool)
     {
-        if (index >= count) return false;
-        bytes32 node = sha256(abi.encodePacked(bytes1(0x00), leaf));
-        uint256 used = 0;
-        for (uint256 size = count; size > 1; size = (size + 1) / 2) {
-            uint256 sibling = index ^ 1;
-            if (sibling < size) {
-                if (used == path.length) return false;
-                node = sibling < index
-                    ? sha256(abi.encodePacked(bytes1(0x01), path[used], node))
-                    : sha256(abi.encodePacked(bytes1(0x01), node, path[used]));
-                ++used;
-            }
-            index >>= 1;
-        }
-        return used == path.length && node == root;
+        return ProverCommon.verifyLeaf(leaf, index, count, path, root);
     }
 
     /// @dev Whether `leaf` is chunk `chunk`'s leaf of a lone tensor of `numel` elements: u32 tensor 0, u64 offset,
