@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import rendered_dom
 from short_run_fixtures import ROUNDS, cli_args, client, node_archives, run  # noqa: F401 (client, run: fixtures)
 
 from ledger.account import dev_account
@@ -234,26 +235,7 @@ def test_cli_writes_json_and_an_html_report_chromium_renders(run, tmp_path):
     assert data["ok"] is True and data["first_bad_round"] is None and len(data["rounds"]) == ROUNDS
     assert data["verdict"] == "PASSED" and all(r["attesters"] for r in data["rounds"])
 
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian package 'chromium' is required (apt-get install -y chromium)"
-    dom = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'chromium'}",
-            "--dump-dom",
-            out_html.resolve().as_uri(),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    ).stdout
+    dom = rendered_dom(out_html.resolve().as_uri(), tmp_path / "chromium", virtual_time_ms=None, timeout=90)
     assert "Audit of run" in dom and 'data-verdict="PASSED"' in dom
     assert '<svg class="loss-curve"' in dom and 'class="unverified"' not in dom
     for series in ("eval-loss", "train-loss"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from browser import rendered_dom
 from ledger_fixtures import deploy, digest
 
 from ledger.chain import connect_rpc
@@ -125,14 +125,7 @@ def test_explorer_shows_the_run_live_and_refuses_bad_requests(watched_run, tmp_p
         run.commit("d")
         _wait_for(lambda: _get(base + "api/snapshot")[1]["rounds_total"] == 4, 60, "round 3 on the page")
 
-        chromium = shutil.which("chromium")
-        if chromium is None:
-            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
-        dom = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
-             "--virtual-time-budget=10000", "--dump-dom", base],
-            check=False, capture_output=True, text=True, timeout=120).stdout
+        dom = rendered_dom(base, tmp_path / "chromium")
         assert dom.count('<tr class="round"') == 4, dom[:2000]
         assert 'id="verdict" data-ok="true"' in dom
         assert dom.count('<tr class="member"') == 4 and dom.count('<tr class="accusation"') == 1
@@ -207,14 +200,7 @@ def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_pa
         assert one["pending_wei"] == attestation and one["final_wei"] == contribution + attestation
         assert two["claimed_wei"] == attestation and two["earned_wei"] == 2 * attestation
         assert members[rr.address(3)]["earned_wei"] == 0  # listed, unclaimed: its factors are the nodes'
-        chromium = shutil.which("chromium")
-        if chromium is None:
-            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
-        dom = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
-             "--virtual-time-budget=10000", "--dump-dom", base],
-            check=False, capture_output=True, text=True, timeout=120).stdout
+        dom = rendered_dom(base, tmp_path / "chromium")
         assert dom.count('<tr class="credit"') == len(pool["members"]) >= 3, dom[:2000]
         assert rr.pool_address in dom
     finally:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from browser import rendered_dom
 from node_fixtures import TINY, run_logs
 
 from training.data import generated_text
@@ -236,7 +237,6 @@ def test_the_llama_runs_summary_reads_the_llama_benchmark_and_names_each_replica
 
 def test_the_printed_explorer_serves_at_once_and_its_loss_chart_has_axis_values(kept, tmp_path):
     import json
-    import shutil
     import time
     import urllib.request
 
@@ -254,14 +254,7 @@ def test_the_printed_explorer_serves_at_once_and_its_loss_chart_has_axis_values(
         with urllib.request.urlopen(base + "api/snapshot", timeout=30) as reply:
             snapshot = json.loads(reply.read())
         assert time.monotonic() - started < 10 and [r["round"] for r in snapshot["rounds"]] == [0, 1]
-        chromium = shutil.which("chromium")
-        if chromium is None:
-            pytest.fail("Debian package 'chromium' is absent (a test dependency): run scripts/setup.sh")
-        dom = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
-             "--virtual-time-budget=10000", "--dump-dom", base],
-            check=False, capture_output=True, text=True, timeout=120).stdout
+        dom = rendered_dom(base, tmp_path / "chromium")
         # ... and the loss chart has its values: the loss axis from the lowest to the highest recorded loss
         # (2 decimals), the round axis at rounds 0 and 1.
         losses = [v for r in snapshot["rounds"] for v in (r["eval_loss"], r["train_loss"])]
