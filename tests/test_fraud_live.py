@@ -279,13 +279,14 @@ def test_the_challenges_of_a_right_round_are_answered_and_it_stands(world, tmp_p
 
 def test_a_right_rounds_state_is_kept_while_it_can_be_challenged(world, tmp_path):
     """A late challenge of a right round, many rounds after it, is still answered: a node keeps its state of a
-    round until the round's dispute window closes on chain (node/live/fraud/chunkstate.py, DisputeWindow), not
+    round until the round's dispute window closes on chain (node/live/fraud/window.py, DisputeWindow), not
     a fixed number of rounds, or a griefer's late challenge would overturn a right round and slash its honest
     attesters. Once the window has closed the state is dropped (and no challenge can be opened any more)."""
     from ledger.availability import WEIGHTS, availability_target
     from ledger.errors import ProverChallengeTooLate
     from node.live.fraud.answerer import ChallengeAnswerer
-    from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
+    from node.live.fraud.chunkstate import PUBLISHED_ROUNDS
+    from node.live.fraud.window import DisputeWindow
 
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)

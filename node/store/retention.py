@@ -146,7 +146,7 @@ class Retention:
     delete, from the chain's windows.
 
     ``own_open(t)``: whether round ``t`` itself can still be disputed or have an availability game on it
-    (node.live.fraud.chunkstate.DisputeWindow.own_open); ``proof_open(t)``: whether a fraud proof of ``t`` can
+    (node.live.fraud.window.DisputeWindow.own_open); ``proof_open(t)``: whether a fraud proof of ``t`` can
     still be taken (DisputeWindow.open: once closed, ``t`` is final). Both answer True when the chain cannot
     be asked. None: no chain (every committed round older than the spot checks' goes; no checkpoint is final).
     """

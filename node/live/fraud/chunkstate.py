@@ -45,11 +45,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ledger.chunkproof import StageLeaf, StageState, tree_root
-from ledger.errors import LedgerError
 from ledger.normproof import SUM_BYTES, parse_norm_state
 from node.commitments.chunked import norms_key
 from node.config import NodeConfig
 from node.errors import DLX_ERRORS
+from node.live.fraud.window import DisputeWindow
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
@@ -61,7 +61,7 @@ from training.robust import ContributionReport
 logger = logging.getLogger(__name__)
 
 #: Rounds of published state kept behind the oldest round the committer has not handled yet, at least; a round
-#: whose availability can still be challenged on chain is kept beyond (:class:`DisputeWindow`).
+#: whose availability can still be challenged on chain is kept beyond (node/live/fraud/window.py).
 PUBLISHED_ROUNDS = 4
 #: The directory under the node's data directory where
 #: states older than PUBLISHED_ROUNDS wait for their window.
@@ -74,46 +74,6 @@ STATE_SLACK_BYTES = 1 << 20
 def state_key(stage_leaf: bytes) -> str:
     """The alias a stage's published state is served under: ``sha256(stage leaf)`` (hex)."""
     return hashlib.sha256(stage_leaf).hexdigest()
-
-
-class DisputeWindow:
-    """Whether a round of the run can still be challenged or proven on chain: until its proof window closes
-    (TrainingLedger.proofWindowOf: its dispute window, extended while an availability game on it can go on,
-    issue 62). Until then a node keeps its state of the round, or a late step of a game on a right round
-    would go unanswered and overturn it, slashing honest attesters (docs/FRAUD_PROOF.md, "The node"). A round
-    not committed yet, or one the chain could not be asked about, is open: keeping a state longer costs
-    memory, dropping it early can cost a right round."""
-
-    def __init__(self, chain, run_id: int) -> None:
-        self.chain = chain
-        self.run_id = run_id
-
-    def open(self, outer_round: int) -> bool:
-        try:
-            if self.chain.commit_record(self.run_id, outer_round) is None:
-                return True
-            _opens, closes = self.chain.proof_window_of(self.run_id, outer_round)
-            return self.chain.block_number() < closes
-        except (*DLX_ERRORS, LedgerError) as exc:
-            logger.debug("round %d: proof window not read (its state is kept): %s", outer_round, exc)
-            return True
-
-    def own_open(self, outer_round: int) -> bool:
-        """Whether round ``outer_round`` itself can still be disputed or have an availability game on it: its
-        own window (its dispute window, its open disputes' deadline, its games), which ends where the next
-        round's proof window opens (TrainingLedger.proofWindowOf). Open while the next round is not committed,
-        or the chain could not be asked (node/store/retention.py keeps the round's archive until then)."""
-        try:
-            if self.chain.commit_record(self.run_id, outer_round + 1) is None:
-                return True
-            opens, _closes = self.chain.proof_window_of(self.run_id, outer_round + 1)
-            return self.chain.block_number() < opens
-        except (*DLX_ERRORS, LedgerError) as exc:
-            logger.debug("round %d: its window not read (its files are kept): %s", outer_round, exc)
-            return True
-
-    def forget(self, outer_round: int) -> None:
-        """Nothing is cached: a game can extend a round's window at any time until it closes."""
 
 
 class ChunkedStates:
@@ -363,7 +323,7 @@ class ChunkedStates:
 
     def forget_before(self, outer_round: int) -> None:
         """Drop (and stop serving) the states of rounds before ``outer_round - PUBLISHED_ROUNDS`` whose
-        dispute window has closed (:class:`DisputeWindow`)."""
+        dispute window has closed (:class:`node.live.fraud.window.DisputeWindow`)."""
         with self._lock:
             candidates = sorted({*self._states, *self._spilled, *self._served})
         old = [r for r in candidates if r < outer_round - PUBLISHED_ROUNDS]

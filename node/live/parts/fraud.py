@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from node.live.chain.onchain import NodeChain
-from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates, DisputeWindow
+from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates
+from node.live.fraud.window import DisputeWindow
 from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.state.base import NodeBase

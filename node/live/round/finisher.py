@@ -34,7 +34,7 @@ from node.live.round.resume import RestartRecovery
 from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution
 from node.store.checkpoint import Checkpoint, write_checkpoint
-from node.live.fraud.chunkstate import DisputeWindow
+from node.live.fraud.window import DisputeWindow
 from node.store.retention import Retention, prune_archive_before, prune_checkpoints_except
 from node.live.round.prefetch import ApplyPrefetch
 
