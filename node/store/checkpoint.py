@@ -34,6 +34,7 @@ from safetensors.torch import save as st_save
 from safetensors.torch import save_file as st_save_file
 
 from node.errors import StateError
+from p2p.blobstore import hash_file
 
 logger = logging.getLogger(__name__)
 
@@ -130,17 +131,15 @@ def _checkpoint_of(tensors: dict[str, torch.Tensor], meta: dict) -> Checkpoint:
 
 
 def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Checkpoint:
-    """:func:`parse_checkpoint` of the file at ``path``, never whole in memory (issue 75): hashed in 4 MiB
-    reads, then each tensor read once through safetensors' map of the file (its checks are the same)."""
+    """:func:`parse_checkpoint` of the file at ``path``, never whole in memory (issue 75): hashed in reads
+    (p2p.blobstore.hash_file), then each tensor read once through safetensors' map of the file (the same
+    checks)."""
     try:
         if expected_hash is not None:
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(4 << 20):
-                    digest.update(chunk)
-            if digest.digest() != expected_hash:
-                raise StateError(f"checkpoint content hash mismatch: expected {expected_hash.hex()}, "
-                                 f"got {digest.hexdigest()}")
+            got = hash_file(Path(path))
+            if bytes.fromhex(got) != expected_hash:
+                raise StateError(
+                    f"checkpoint content hash mismatch: expected {expected_hash.hex()}, got {got}")
         try:
             with safe_open(str(path), framework="pt") as f:
                 metadata = f.metadata() or {}  # safetensors allows a null map
@@ -178,10 +177,8 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
             code = errno.ENOSPC if re.search(r"os error 28\b|code: 28\b|StorageFull", str(exc)) else errno.EIO
             raise OSError(code, os.strerror(code) if code == errno.ENOSPC else str(exc), str(path)) from None
         del tensors
-        digest = hashlib.sha256()
+        digest = bytes.fromhex(hash_file(Path(tmp)))
         with open(tmp, "rb") as f:
-            while chunk := f.read(4 << 20):
-                digest.update(chunk)
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
@@ -195,7 +192,7 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return digest.digest()
+    return digest
 
 
 # ---------------------------------------------------------------------- checked against the run

@@ -13,7 +13,6 @@ against the run and the record instead (:meth:`CheckpointBuilder.committed_probl
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from node.live.exchange.pool import serve_blob
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
 from node.fraudproof import parse_stage_leaf
+from p2p.blobstore import hash_file
 from training.hashing import stage_weights_hash
 
 logger = logging.getLogger(__name__)
@@ -176,15 +176,11 @@ class CheckpointBuilder:
         return self.node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
 
     def _own_hash(self, outer_round: int, stage: int) -> bytes | None:
-        """sha256 of this node's own shard of ``stage`` (4 MiB reads), None if it holds none."""
-        digest = hashlib.sha256()
+        """sha256 of this node's own shard of ``stage`` (hashed in reads), None if it holds none."""
         try:
-            with open(self._local(outer_round, stage), "rb") as f:
-                while chunk := f.read(4 << 20):
-                    digest.update(chunk)
+            return bytes.fromhex(hash_file(self._local(outer_round, stage)))
         except FileNotFoundError:
             return None
-        return digest.digest()
 
     def _shard(self, outer_round: int, stage: int, shard_hash: bytes, holders: str):
         """The attested shard ``shard_hash`` of ``stage``: this node's own from its disk (the same bytes it
