@@ -166,6 +166,12 @@ def test_a_withheld_state_answered_leaf_by_leaf_is_still_proven(world, tmp_path,
     kept = json.loads((tmp_path / "proofs" / "round-00000001-stage0.json").read_text())
     assert AggregationProof.from_json(kept["proof"]).chunk == 4
     assert not prover.settle_challenges()  # nothing left pending
+    # Each answer was looked for from the block before its challenge was opened, not from the run's start
+    # (issue 79: the look-up's cost grew with the run): that block is never after the challenge's own.
+    opened = {bytes(c["id"]): c["block"] for c in client.availability_challenges(run.run_id, 0)}
+    looked_from = prover.chain._challenge_opened
+    assert set(prover.log.challenges.values()) <= set(looked_from)
+    assert all(0 < looked_from[cid] <= opened[cid] for cid in looked_from), (looked_from, opened)
     prover.stop.set()
 
 

@@ -60,8 +60,13 @@ class ChainDisputes:
             return self.client.proof_window_of(run_id, round)
 
     def challenge_availability(self, target: tuple) -> bytes:
+        """Open an availability challenge; the head before it was sent is kept as where its answer is looked
+        for (:meth:`availability_answer`): an answer cannot be mined before its challenge."""
         with self._lock:
-            return self.client.challenge_availability(target)
+            opened_after = self.client.head_block()
+            challenge_id = self.client.challenge_availability(target)
+            self._challenge_opened[challenge_id] = opened_after
+            return challenge_id
 
     def expire_challenge(self, challenge_id: bytes, attesters=None) -> dict:
         with self._lock:
@@ -72,8 +77,11 @@ class ChainDisputes:
             return self.client.challenge_of(challenge_id)
 
     def availability_answer(self, challenge_id: bytes) -> tuple[bytes, list[bytes]] | None:
+        """The answer to a challenge, read from the block before this node opened it (a challenge an earlier
+        life opened: from the client's start block). Read from the start block every time, each answer's
+        look-up cost grew with the run (issue 79)."""
         with self._lock:
-            return self.client.availability_answer(challenge_id)
+            return self.client.availability_answer(challenge_id, self._challenge_opened.get(challenge_id))
 
     def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
         """(the availability challenges of ``run_id`` opened in [from_block, head], head)."""

@@ -45,6 +45,7 @@ class NodeChain(ChainSeats, ChainDisputes):
         self._run_info: dict[int, RunInfo] = {}
         self._counted: dict[str, tuple[bool, float]] = {}  # account -> (counted, when read)
         self._declared: dict[bytes, bytes] = {}  # node key -> the platform its latest seat declared
+        self._challenge_opened: dict[bytes, int] = {}  # own availability challenge -> the head before it
         self._lock = threading.Lock()  # web3 HTTP sessions and nonces are not shared across threads safely
 
     @classmethod
