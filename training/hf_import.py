@@ -17,19 +17,22 @@ source's files.
 
 Supported (:data:`SUPPORTED`), each mapped to the project's families:
 
-* ``LlamaForCausalLM``: grouped-query attention, rope scaling "linear" and Llama 3's "llama3", tied or
+* ``LlamaForCausalLM``: grouped-query attention, rope scaling "linear" and Llama 3's "llama3" (from
+  ``rope_parameters``, or ``rope_scaling`` beside ``rope_theta`` as Llama 3.x writes it), tied or
   untied embeddings; refused: attention or MLP biases, a head size other than hidden / heads, an
   activation other than silu.
 * ``Qwen2ForCausalLM``: the Llama blocks with biases on q, k and v (``model.attention_bias``), its own
   RMSNorm eps.
 * ``MistralForCausalLM``: the Llama blocks. Sliding-window attention is supported only where it changes
   nothing: a run's context (``block_size``) no longer than the window (every token then sees every earlier
-  one, as in full causal attention); a longer context is refused (so is Qwen2's ``use_sliding_window``).
+  one, as in full causal attention); a longer context is refused (so is one longer than a Qwen2's window
+  when its ``use_sliding_window`` is true).
 * ``GPT2LMHeadModel``: gelu_new, LayerNorm eps 1e-5, ``block_size`` = ``n_positions``.
 
-A tied head (``tie_word_embeddings``, or no ``lm_head.weight`` in the files) starts as a copy of the
-embedding: pipeline stages keep the embedding in the first stage and the head in the last, so they train
-untied, and the export (:func:`exported_files`) writes ``tie_word_embeddings: false`` in the source's
+A tied head (``tie_word_embeddings``, or where config.json does not say, the class's default: GPT-2's
+only) starts as a copy of the embedding (an untied source without ``lm_head.weight`` is refused):
+pipeline stages keep the embedding in the first stage and the head in the last, so they train untied,
+and the export (:func:`exported_files`) writes ``tie_word_embeddings: false`` in the source's
 architecture class. Anything else is refused with :class:`HFImportError` naming the architecture.
 """
 

@@ -35,12 +35,16 @@ def _need(config: dict, key: str, kind: type = int) -> Any:
     return value
 
 
-def _rope(config: dict) -> tuple[float, str]:
-    """(rope_theta, rope_scaling as canonical JSON or "") from transformers 4's or 5's keys."""
+def _rope(config: dict, arch: str) -> tuple[float, str]:
+    """(rope_theta, rope_scaling as canonical JSON or "") from transformers 5's ``rope_parameters`` or, as
+    Llama 3's config.json writes them, ``rope_scaling`` beside a top-level ``rope_theta``."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise HFImportError(f"config.json: rope parameters {params!r}: expected an object")
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    theta = params.get("rope_theta") or config.get("rope_theta") or 10000.0
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise HFImportError(f"{arch} with rope_theta={theta!r}: expected a positive number")
+    theta = float(theta)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, ""
@@ -50,10 +54,10 @@ def _rope(config: dict) -> tuple[float, str]:
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         missing = [key for key in keys if key not in params]
         if missing:
-            raise HFImportError(f"config.json: llama3 rope scaling lacks {missing}")
+            raise HFImportError(f"{arch}: config.json's llama3 rope scaling lacks {missing}")
         scaling = {key: params[key] for key in keys}
         return theta, json.dumps({**scaling, "rope_type": "llama3"}, sort_keys=True)
-    raise HFImportError(f"config.json: rope scaling {kind!r} is not supported (supported: default, linear, "
+    raise HFImportError(f"{arch} with rope scaling {kind!r}: not supported (supported: default, linear, "
                         "llama3)")
 
 
@@ -112,7 +116,7 @@ def model_fields(source: HFSource, block_size: int = 0) -> dict[str, Any]:
         raise HFImportError(f"{arch} with sliding_window={window} and model.block_size={block}: "
                             "sliding-window attention is supported only for a context within the window; "
                             f"set model.block_size <= {window}")
-    theta, scaling = _rope(config)
+    theta, scaling = _rope(config, arch)
     fields = {"family": "llama", "preset": "llama-tiny", "vocab_size": _need(config, "vocab_size"),
               "n_layer": _need(config, "num_hidden_layers"), "n_head": heads, "n_embd": hidden,
               "block_size": block, "n_kv_head": int(config.get("num_key_value_heads") or heads),
@@ -126,9 +130,12 @@ def model_fields(source: HFSource, block_size: int = 0) -> dict[str, Any]:
 
 
 def tied(source: HFSource) -> bool:
-    """Whether the source's head is its embedding (``tie_word_embeddings``, or no ``lm_head.weight``)."""
-    default = source.architecture in ("GPT2LMHeadModel", "Qwen2ForCausalLM")
-    return bool(source.config.get("tie_word_embeddings", default)) or "lm_head.weight" not in source.key_files
+    """Whether the source's head is its embedding: ``tie_word_embeddings``, or where config.json does not
+    say, the default of its transformers class (GPT-2's head is tied, Llama's, Mistral's and Qwen2's are
+    not). An untied source must hold ``lm_head.weight`` (:func:`source_names` refuses one that does not:
+    transformers would start that head from random values)."""
+    default = source.architecture == "GPT2LMHeadModel"
+    return bool(source.config.get("tie_word_embeddings", default))
 
 
 def source_names(source: HFSource, cfg: ModelConfig) -> dict[str, str]:
@@ -144,6 +151,12 @@ def source_names(source: HFSource, cfg: ModelConfig) -> dict[str, str]:
         src = embedding if name == "lm_head.weight" and is_tied else name
         if gpt2_bare and src.startswith("transformer."):
             src = src[len("transformer."):]
+        if src == "lm_head.weight" and src not in keys:
+            said = source.config.get("tie_word_embeddings")
+            raise HFImportError(f"{source.path}: tensor lm_head.weight is missing and config.json does not "
+                                f"tie the head (tie_word_embeddings={said}): "
+                                f"transformers would start this {source.architecture}'s head from random "
+                                "values")
         if src not in keys:
             raise HFImportError(f"{source.path}: tensor {src} is missing (the config describes a "
                                 f"{source.architecture} that has it)")
