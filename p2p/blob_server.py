@@ -125,8 +125,9 @@ class BlobServer:
             return
         sha256_hex = digest.hex()
         path = self.store.served_path(sha256_hex)
+        packed = None if path.is_file() else self.store.packed(sha256_hex)  # kept as pieces (blobpack.py)
         try:
-            total = path.stat().st_size
+            total = packed.size if packed is not None else path.stat().st_size
         except FileNotFoundError:
             await write_frame(stream, not_found_reply())
             await stream.close()
@@ -148,6 +149,9 @@ class BlobServer:
             return
         try:
             await write_frame(stream, header)
+            if packed is not None:
+                await self._send_packed(stream, peer, packed, offset, length)
+                return
             handle = await self._run_blocking(open, path, "rb", buffering=0)
             buffer = self._take_read_buffer(length)
             try:
@@ -163,17 +167,34 @@ class BlobServer:
                     if not block:
                         raise BlobError(f"blob {sha256_hex} shrank while being served")
                     position += len(block)
-                    view = memoryview(block)  # slices of it go to the stream without a copy
-                    for start in range(0, len(block), CHUNK_BYTES):
-                        chunk = view[start : start + CHUNK_BYTES]
-                        await self._limiter.consume(peer, "out", len(chunk))
-                        with trio.fail_after(self.stall_timeout):
-                            await stream.write(chunk)
-                        self._stats.add(BLOB_PROTOCOL, sent=len(chunk))
-                        self._stats.add_peer(peer, sent=len(chunk))
+                    await self._send_block(stream, peer, block)
             finally:
                 handle.close()
                 self._give_back_read_buffer(buffer)  # stream.write has consumed every slice of it
             await stream.close()
         finally:
             self._serve_slots.release()
+
+    async def _send_block(self, stream: Any, peer: str, block: bytes | memoryview) -> None:
+        """Send ``block`` in CHUNK_BYTES slices, each counted by the rate limiter and the stats."""
+        view = memoryview(block)  # slices of it go to the stream without a copy
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            await self._limiter.consume(peer, "out", len(chunk))
+            with trio.fail_after(self.stall_timeout):
+                await stream.write(chunk)
+            self._stats.add(BLOB_PROTOCOL, sent=len(chunk))
+            self._stats.add_peer(peer, sent=len(chunk))
+
+    async def _send_packed(self, stream: Any, peer: str, packed: Any, offset: int, length: int) -> None:
+        """Bytes ``[offset, offset + length)`` of a packed blob (p2p/blobpack.py), read from its pieces on the
+        thread pool, FILE_IO_BYTES at a time. A piece gone since (its blob removed) ends the stream: the
+        fetcher tries another provider."""
+        position, end = offset, offset + length
+        while position < end:
+            block = await self._run_blocking(packed.pread, position, min(FILE_IO_BYTES, end - position))
+            if not block:
+                raise BlobError(f"packed blob {packed.sha256_hex[:16]} shorter than its manifest")
+            position += len(block)
+            await self._send_block(stream, peer, block)
+        await stream.close()

@@ -6,7 +6,9 @@ a staging file that is hashed, fsynced and then ``os.replace``d into place, so
 a crash never leaves a file under a name that does not match its content.
 Besides the stored blobs, a store answers for files served from where they are
 (:meth:`BlobStore.serve_file`, a dataset's shards) and for aliases (another hash
-that names a stored blob, :meth:`BlobStore.alias`), both held in memory only.
+that names a stored blob, :meth:`BlobStore.alias`), both held in memory only, and for
+*packed* blobs (:meth:`BlobStore.put_packed`, p2p/blobpack.py): a blob kept as
+pieces shared by content with other packed blobs, served like any other.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from p2p.blobpack import (MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, PackedBlob, check_pieces, pack_file,
+                          parse_manifest)
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge
 
 logger = logging.getLogger(__name__)
@@ -127,6 +131,12 @@ class BlobStore:
         self._files: dict[str, Path] = {}
         for leftover in self.staging.iterdir():  # interrupted writes of a previous run
             leftover.unlink(missing_ok=True)
+        self.pieces_dir, self.packed_dir = self.root / PIECES_DIR, self.root / PACKED_DIR
+        #: sha256 -> a blob kept as pieces (:meth:`put_packed`), on disk under ``.packed/``
+        self._packed: dict[str, PackedBlob] = {}
+        self._pack_lock = threading.Lock()  # a sweep never takes a piece a manifest being written names
+        if self.packed_dir.is_dir():
+            self._load_packed()
 
     def path(self, sha256_hex: str) -> Path:
         return self.root / check_sha256_hex(sha256_hex)
@@ -236,6 +246,72 @@ class BlobStore:
             )
         self._files[check_sha256_hex(sha256_hex)] = path
 
+    def put_packed(self, source: str | os.PathLike[str], cuts: list[tuple[int, int]]) -> str:
+        """Keep the file at ``source`` as a packed blob (p2p/blobpack.py): its ``cuts`` (``(offset, length)``
+        runs, ascending) as pieces shared with every packed blob holding the same bytes, the rest literally.
+        Served under its sha256 (returned) like a stored blob, though :meth:`has` stays False (no file holds
+        it: :meth:`packed` gives it). The source is left where it is. A failed write (a full disk) leaves
+        nothing behind: pieces no manifest names are swept."""
+        source = Path(source)
+        try:
+            size = source.stat().st_size
+        except OSError as exc:
+            raise BlobError(f"cannot read blob source {source}: {exc}") from None
+        if size > self.max_blob_bytes:
+            raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        with self._pack_lock:
+            self.pieces_dir.mkdir(exist_ok=True)
+            self.packed_dir.mkdir(exist_ok=True)
+            try:
+                sha256_hex, manifest, _named = pack_file(source, cuts, self.pieces_dir, self.staging)
+                if sha256_hex in self._packed or self.has(sha256_hex):
+                    self._sweep()  # pieces only this copy wrote
+                    return sha256_hex
+                staged = self.new_staging_file(MANIFEST_SUFFIX)
+                with open(staged, "wb") as handle:
+                    handle.write(manifest)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(staged, self.packed_dir / f"{sha256_hex}{MANIFEST_SUFFIX}")
+                _fsync_dir(self.packed_dir)
+            except BaseException:
+                for leftover in self.staging.glob(f"*{MANIFEST_SUFFIX}"):
+                    leftover.unlink(missing_ok=True)
+                self._sweep()
+                raise
+            self._packed[sha256_hex] = parse_manifest(manifest, sha256_hex, self.pieces_dir)
+        return sha256_hex
+
+    def packed(self, sha256_hex: str) -> PackedBlob | None:
+        """The packed blob of that sha256, or None."""
+        return self._packed.get(sha256_hex)
+
+    def _load_packed(self) -> None:
+        """Read the manifests a previous run left (a damaged one, or one naming a missing piece, is not
+        served: the warning names it), then sweep the pieces none names (a write a crash cut short)."""
+        with self._pack_lock:
+            for manifest in sorted(self.packed_dir.iterdir()):
+                name = manifest.name.removesuffix(MANIFEST_SUFFIX)
+                if not _HEX64.match(name) or manifest.suffix != MANIFEST_SUFFIX:
+                    continue
+                try:
+                    blob = parse_manifest(manifest.read_bytes(), name, self.pieces_dir)
+                    check_pieces(blob)
+                except (OSError, BlobError) as exc:
+                    logger.warning("packed blob %s not served: %s", manifest, exc)
+                    continue
+                self._packed[name] = blob
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Delete the pieces no packed blob names (under ``_pack_lock``)."""
+        if not self.pieces_dir.is_dir():
+            return
+        named = set().union(*(blob.pieces() for blob in self._packed.values()))
+        for piece in self.pieces_dir.iterdir():
+            if piece.name not in named:
+                piece.unlink(missing_ok=True)
+
     def alias(self, key_hex: str, sha256_hex: str) -> None:
         """Serve the stored blob ``sha256_hex`` also under ``key_hex`` (another 32-byte hash that names it,
         e.g. a Merkle root). A fetcher cannot check such a blob by its sha256: it reads it by range
@@ -287,6 +363,11 @@ class BlobStore:
         path = self.path(sha256_hex)
         existed = path.is_file()
         path.unlink(missing_ok=True)
+        with self._pack_lock:
+            if self._packed.pop(sha256_hex, None) is not None:
+                existed = True
+                (self.packed_dir / f"{sha256_hex}{MANIFEST_SUFFIX}").unlink(missing_ok=True)
+                self._sweep()
         # An alias of a removed blob serves nothing; kept, one stayed in memory for every chunked state a run
         # published and dropped (two a round and stage, issue 45). list(): alias() may run on another thread.
         for key, target in list(self._aliases.items()):

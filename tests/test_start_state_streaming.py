@@ -113,28 +113,38 @@ def test_engine_holds_a_bounded_number_of_copies() -> None:
     assert held == ENGINE_BYTES_PER_PARAM * numel  # the bound is what it holds: no slack to hide a copy
 
 
-def test_held_states_serve_a_written_file_by_link(tmp_path) -> None:
+def test_held_states_serve_a_written_file_packed(tmp_path) -> None:
+    """A start state written to a file is kept as a packed blob (its tensors' data as shared pieces:
+    tests/test_packed_states.py), never read whole; bytes (a caller's in-memory state) are stored as they
+    are."""
     store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    cfg, trainer, module, optimizer, engine = _stage()
+    meta = round_meta(3, 0, cfg.model, cfg.diloco, run_rounds=5, num_stages=2, micro_batches=0)
 
     class StoreHost:
-        links: list[bool] = []
+        calls: list[str] = []
 
         def provide_blob(self, data, announce: bool = True, link: bool = False) -> str:
-            self.links.append(link)
+            self.calls.append("blob")
             return store.put_bytes(data) if isinstance(data, bytes) else store.put_file(data, link=link)
+
+        def provide_packed(self, path, cuts) -> str:
+            self.calls.append(f"packed {len(cuts)} cuts")
+            return store.put_packed(path, cuts)
 
     host = StoreHost()
     states = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=2, stop=None)
-    states.writing_dir.mkdir(parents=True)
-    path = states.writing_dir / "start-state-00000003-stage1.part"
-    path.write_bytes(b"state of stage 1" * 1000)
+    capture = StartStateCapture(meta, lambda stage: engine, {1: capture_trainer_part(module, optimizer)})
+    path = capture.write(states.writing_dir)[1]
+    data = path.read_bytes()
     hashes = states.serve(3, {1: path, 0: b"state of stage 0"}, 0)
-    assert hashes[1] == hashlib.sha256(b"state of stage 1" * 1000).digest()
+    assert hashes[1] == hashlib.sha256(data).digest()
     assert hashes[0] == hashlib.sha256(b"state of stage 0").digest()
-    assert host.links == [True, False]
-    assert not path.exists()  # served from the store's own link
-    assert store.path(hashes[1].hex()).read_bytes() == b"state of stage 1" * 1000
-    assert states.expected_part_bytes(1) == 16000
+    tensors = len(parse_stage_state(data).tensors)  # a cut per tensor's data
+    assert host.calls == [f"packed {tensors} cuts", "blob"] and tensors > 10, host.calls
+    assert not path.exists()  # the blob store holds its pieces
+    assert store.packed(hashes[1].hex()).pread(0, len(data)) == data
+    assert states.expected_part_bytes(1) == len(data)
 
 
 def test_held_states_hold_a_rerun_file_for_the_chain_check(tmp_path) -> None:

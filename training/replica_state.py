@@ -232,13 +232,15 @@ def replica_state_root(stage_hashes: Sequence[bytes]) -> bytes:
 # ----------------------------------------------------------------------------- bytes
 
 
-def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True) -> StageStartState:
+def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True,
+                      data_ranges: list[tuple[int, int]] | None = None) -> StageStartState:
     """Parse :meth:`StageStartState.to_bytes` strictly; raise :class:`ReplicaStateError` on anything else.
 
     ``tensors=False`` checks all of it the same way but reads no tensor's data (the state's ``tensors`` is
     then empty): what a caller that needs only the header (its platform, its round) uses to refuse what
     the full parse refuses, without a copy of a state that is about 40 bytes per parameter
     (:func:`check_stage_state_file` for a file). Each tensor read is one copy of its bytes.
+    ``data_ranges``: a list each tensor's data gets appended to as ``(offset, length)`` in ``data``.
     """
     view = memoryview(data).cast("B")
     position = 0
@@ -291,6 +293,8 @@ def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True) -> Stag
                 numel *= dim
             if size != 4 * numel:
                 raise ReplicaStateError(f"{name!r}: {size} data bytes for shape {shape}")
+            if data_ranges is not None:
+                data_ranges.append((position, size))
             data_view = take(size, name, copy=False)
             if tensors:  # one copy: from the (little-endian) bytes into a native float32 array
                 array = np.frombuffer(data_view, dtype="<f4").astype(np.float32)
@@ -303,9 +307,10 @@ def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True) -> Stag
     return StageStartState(meta, stage_index, counters, read)
 
 
-def check_stage_state_file(path) -> StageStartState:
+def check_stage_state_file(path, data_ranges: list[tuple[int, int]] | None = None) -> StageStartState:
     """:func:`parse_stage_state` of the file at ``path`` with ``tensors=False``: every check, through a
-    read-only map of the file (no copy of it in memory); OSError if it cannot be read."""
+    read-only map of the file (no copy of it in memory); OSError if it cannot be read. ``data_ranges``: as
+    for :func:`parse_stage_state` (where each tensor's data lies in the file)."""
     import mmap
 
     with open(path, "rb") as file:
@@ -314,7 +319,7 @@ def check_stage_state_file(path) -> StageStartState:
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                return parse_stage_state(view, tensors=False)
+                return parse_stage_state(view, tensors=False, data_ranges=data_ranges)
             finally:
                 view.release()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from p2p.blobpack import read_packed
 from training.jsonbound import loads_bounded
 
 
@@ -121,12 +122,17 @@ class AuditArchives:
                         d / "evidence" / f"state-{hash_hex}.part")
 
     def blob(self, hash_hex: str) -> bytes | None:
-        """A blob by content hash from any archive's blob store or evidence directory (checked)."""
+        """A blob by content hash from any archive's blob store (a file, or a packed blob: a node's own start
+        states, p2p/blobpack.py) or evidence directory (checked)."""
         for candidate in self._named(hash_hex):
             if candidate.is_file():
                 data = candidate.read_bytes()
                 if hashlib.sha256(data).hexdigest() == hash_hex:
                     return data
+        for d in self.dirs:
+            data = read_packed(d / "blobs", hash_hex)
+            if data is not None:
+                return data
         return None
 
     def refused(self, hash_hex: str) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
 from node.store.retention import SERVED_STATES_FILE, SPOT_CHECK_ROUNDS, load_served_states, save_served_states
 from p2p.envelope import Envelope
+from training.replica_state import check_stage_state_file
 from p2p.errors import P2PError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,16 @@ STATE_FETCH_MIN_RATE = 2 << 20
 def state_fetch_timeout(expected_bytes: int) -> float:
     """Seconds to wait for a start state of about ``expected_bytes`` (0: unknown)."""
     return max(STATE_FETCH_TIMEOUT_S, expected_bytes / STATE_FETCH_MIN_RATE)
+
+
+def state_cuts(path: Path) -> list[tuple[int, int]]:
+    """Where each tensor's data lies in the start-state file ``path``: what the blob store keeps as pieces
+    shared with this node's other start states (p2p/blobpack.py; issue 75: of a state's eleven copies of the
+    stage, the round-start and last-encode snapshots are the live weights, and the decoded update of round
+    ``r - 1`` is the previous state's). The file was written by this node: a parse error is a bug, raised."""
+    ranges: list[tuple[int, int]] = []
+    check_stage_state_file(path, data_ranges=ranges)
+    return ranges
 
 
 class HeldStates:
@@ -60,17 +71,19 @@ class HeldStates:
 
     def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
-        binds). A part is its bytes or a file written under :attr:`writing_dir` (hard-linked into the blob
-        store, then its name here removed: the state is never read whole into memory).
+        binds). A part is its bytes or a file written under :attr:`writing_dir`, kept as a packed blob (its
+        tensors' data as pieces shared with this node's other start states: p2p/blobpack.py), then its name
+        here removed: the state is never read whole into memory.
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
             self._part_bytes[stage] = data.stat().st_size if isinstance(data, Path) else len(data)
+            cuts = state_cuts(data) if isinstance(data, Path) else None
             digest = serve_when_space(self.host, data,
                                       what=f"round {outer_round}'s start state of stage {stage}",
-                                      stop=self.stop)
+                                      stop=self.stop, cuts=cuts)
             if isinstance(data, Path):
-                data.unlink(missing_ok=True)  # the blob store holds its own link (or copy)
+                data.unlink(missing_ok=True)  # the blob store holds its pieces
             with self._served_lock:
                 self._served.setdefault(outer_round, []).append(digest)
                 self._save_served()

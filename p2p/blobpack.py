@@ -1,0 +1,265 @@
+"""Blobs kept as pieces: one served blob stored as runs of bytes, its large runs shared by content (issue 75).
+
+A node serves a start state every round (weights, both AdamW moments and the outer state: about 10 x its
+stage's parameter bytes), and keeps a few rounds' worth while the chain's windows are open. Many of their
+runs are the same bytes: the round-start snapshot is the live weights, the last encode's snapshot too, the
+decoded update a state holds for round ``r - 1`` is the one the state before held for it, a zero residual is
+zeros. Stored as files, each copy costs its bytes again.
+
+A *packed* blob is the same blob (same sha256, same bytes served) stored as a *manifest*: the blob's bytes
+as a list of parts, each either literal bytes (the small runs between) or a *piece*, a file
+``<store>/.pieces/<sha256 of its bytes>`` that every packed blob holding those bytes shares. The caller
+says where the large runs are (``cuts``: what a start state's tensors' data are); everything else is kept
+literally. A manifest is ``<store>/.packed/<blob sha256>.pack``, binary (integers little-endian)::
+
+    b"dlx-packed-v1"  u64 size  u32 number of parts
+    per part:  b"b" u32 length, the literal bytes  |  b"p" the piece's 32-byte sha256, u64 length
+
+Writing goes pieces first, then the manifest (staged, fsynced, renamed): a crash leaves at worst pieces no
+manifest names, which the next sweep deletes. A manifest is read as if an adversary wrote it (a damaged
+disk, a hand edit): any structural problem, or a piece it names that is missing or of another length, and
+the blob is not served (a warning names the file). Its bytes are never trusted either: a fetcher checks the
+blob's sha256 as for any blob, and :func:`read_packed` (an auditor reading a node's directory) checks it.
+
+Nothing here knows what a start state is: ``p2p/`` knows nothing of torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from p2p.errors import BlobError
+
+logger = logging.getLogger(__name__)
+
+PIECES_DIR = ".pieces"
+PACKED_DIR = ".packed"
+MANIFEST_SUFFIX = ".pack"
+MANIFEST_MAGIC = b"dlx-packed-v1"
+#: Runs shorter than this are kept literally in the manifest (a piece file per small tensor would cost more
+#: in inodes and opens than it saves).
+MIN_PIECE_BYTES = 4096
+#: A manifest larger than this is refused unread (a start state of 65,536 tensors, the most its format
+#: allows, needs about 12 MB).
+MAX_MANIFEST_BYTES = 64 << 20
+_COPY_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class PackedBlob:
+    """One packed blob: its size and parts (``(kind, start, length, literal bytes or piece sha256)``)."""
+
+    sha256_hex: str
+    size: int
+    parts: tuple[tuple[str, int, int, bytes | str], ...]
+    pieces_dir: Path
+
+    @property
+    def starts(self) -> list[int]:
+        return [part[1] for part in self.parts]
+
+    def pieces(self) -> set[str]:
+        """The sha256 hex of every piece it names."""
+        return {value for kind, _start, _length, value in self.parts if kind == "p"}
+
+    def pread(self, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of the blob (fewer at its end). BlobError if a piece is gone or
+        shorter than its manifest says (the blob then cannot be served)."""
+        end = min(self.size, offset + length)
+        out = bytearray()
+        index = bisect.bisect_right(self.starts, offset) - 1
+        position = offset
+        while position < end and 0 <= index < len(self.parts):
+            kind, start, part_length, value = self.parts[index]
+            inner = position - start
+            take = min(part_length - inner, end - position)
+            if kind == "b":
+                out += value[inner:inner + take]
+            else:
+                out += self._read_piece(value, inner, take)
+            position += take
+            index += 1
+        return bytes(out)
+
+    def _read_piece(self, piece_hex: str, offset: int, length: int) -> bytes:
+        try:
+            with open(self.pieces_dir / piece_hex, "rb") as handle:
+                data = os.pread(handle.fileno(), length, offset)
+        except OSError as exc:
+            raise BlobError(f"packed blob {self.sha256_hex[:16]}: piece {piece_hex[:16]} unreadable: {exc}"
+                            ) from None
+        if len(data) != length:
+            raise BlobError(f"packed blob {self.sha256_hex[:16]}: piece {piece_hex[:16]} is short")
+        return data
+
+    def write_to(self, out: BinaryIO) -> None:
+        """Write the whole blob to ``out``, one part (or 4 MiB of one) at a time."""
+        position = 0
+        while position < self.size:
+            block = self.pread(position, _COPY_BYTES)
+            out.write(block)
+            position += len(block)
+
+
+def parse_manifest(data: bytes, sha256_hex: str, pieces_dir: Path) -> PackedBlob:
+    """A manifest's :class:`PackedBlob`, every field checked; BlobError saying what is wrong otherwise. The
+    pieces are not opened here (:func:`check_pieces`)."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise BlobError(f"packed blob manifest of {len(data)} bytes, over {MAX_MANIFEST_BYTES}")
+    view, position = memoryview(data), 0
+
+    def take(count: int) -> bytes:
+        nonlocal position
+        if position + count > len(view):
+            raise BlobError(f"packed blob manifest truncated at byte {position} of {len(view)}")
+        position += count
+        return bytes(view[position - count:position])
+
+    if take(len(MANIFEST_MAGIC)) != MANIFEST_MAGIC:
+        raise BlobError("not a packed blob manifest (bad magic or version)")
+    size, count = struct.unpack("<QI", take(12))
+    parts, start = [], 0
+    for _ in range(count):
+        kind = take(1)
+        if kind == b"b":
+            literal = take(struct.unpack("<I", take(4))[0])
+            if not literal:
+                raise BlobError("packed blob manifest: an empty literal part")
+            parts.append(("b", start, len(literal), literal))
+        elif kind == b"p":
+            piece_hex, length = take(32).hex(), struct.unpack("<Q", take(8))[0]
+            if length == 0:
+                raise BlobError("packed blob manifest: an empty piece")
+            parts.append(("p", start, length, piece_hex))
+        else:
+            raise BlobError(f"packed blob manifest: part kind {kind!r} unknown")
+        start += parts[-1][2]
+    if position != len(view):
+        raise BlobError(f"packed blob manifest has {len(view) - position} trailing bytes")
+    if start != size:
+        raise BlobError(f"packed blob manifest: parts of {start} bytes for a blob of {size}")
+    return PackedBlob(sha256_hex, size, tuple(parts), pieces_dir)
+
+
+def _encode_manifest(size: int, parts: list[tuple[str, bytes | str, int]]) -> bytes:
+    out = [MANIFEST_MAGIC, struct.pack("<QI", size, len(parts))]
+    for kind, value, length in parts:
+        if kind == "b":
+            out += [b"b", struct.pack("<I", length), value]
+        else:
+            out += [b"p", bytes.fromhex(value), struct.pack("<Q", length)]
+    return b"".join(out)
+
+
+def check_pieces(blob: PackedBlob) -> None:
+    """BlobError if a piece ``blob`` names is missing or of another length than its parts say."""
+    for kind, _start, length, value in blob.parts:
+        if kind != "p":
+            continue
+        try:
+            actual = (blob.pieces_dir / value).stat().st_size
+        except OSError:
+            raise BlobError(f"packed blob {blob.sha256_hex[:16]}: piece {value[:16]} is missing") from None
+        if actual != length:
+            raise BlobError(f"packed blob {blob.sha256_hex[:16]}: piece {value[:16]} holds {actual} bytes, "
+                            f"its manifest says {length}")
+
+
+def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, staging: Path
+              ) -> tuple[str, bytes, set[str]]:
+    """Store the file ``source`` as pieces: ``(its sha256 hex, its manifest's bytes, the pieces it names)``.
+
+    ``cuts``: ``(offset, length)`` of the runs to keep as pieces (ascending, not overlapping, inside the
+    file); those under :data:`MIN_PIECE_BYTES` and every byte between them are kept literally. Each piece
+    is written (staged, then renamed to its content's sha256) unless one of its bytes is there already. The
+    caller holds the store's lock (a sweep must not take a piece before its manifest names it)."""
+    size = source.stat().st_size
+    runs, position = [], 0
+    for offset, length in cuts:
+        if offset < position or length < 0 or offset + length > size:
+            raise BlobError(f"{source}: cut {offset}+{length} out of order or past the file's end ({size})")
+        if length >= MIN_PIECE_BYTES:
+            if offset > position:
+                runs.append(("b", position, offset - position))
+            runs.append(("p", offset, length))
+            position = offset + length
+    if position < size:
+        runs.append(("b", position, size - position))
+    digest, parts, named = hashlib.sha256(), [], set()
+    with open(source, "rb") as handle:
+        for kind, offset, length in runs:
+            if kind == "b":
+                literal = os.pread(handle.fileno(), length, offset)
+                if len(literal) != length:
+                    raise BlobError(f"{source} shrank while being packed")
+                digest.update(literal)
+                if parts and parts[-1][0] == "b":  # two literal runs in a row (a short cut between): one part
+                    joined = parts[-1][1] + literal
+                    parts[-1] = ("b", joined, len(joined))
+                else:
+                    parts.append(("b", literal, length))
+                continue
+            piece_hex = _write_piece(handle, offset, length, digest, pieces_dir, staging)
+            parts.append(("p", piece_hex, length))
+            named.add(piece_hex)
+    if any(kind == "b" and length >= 1 << 32 for kind, _value, length in parts):
+        raise BlobError(f"{source}: a literal run of 4 GiB or more (cut it)")
+    return digest.hexdigest(), _encode_manifest(size, parts), named
+
+
+def _write_piece(handle: BinaryIO, offset: int, length: int, blob_digest, pieces_dir: Path,
+                 staging: Path) -> str:
+    """Copy ``length`` bytes at ``offset`` of ``handle`` into a staged piece (hashing them into the blob's
+    digest and the piece's), then rename it to its sha256 (or drop it: the same piece is there)."""
+    piece_digest = hashlib.sha256()
+    fd, name = tempfile.mkstemp(prefix="piece-", dir=staging)
+    staged = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            position, end = offset, offset + length
+            while position < end:
+                block = os.pread(handle.fileno(), min(_COPY_BYTES, end - position), position)
+                if not block:
+                    raise BlobError(f"{handle.name} shrank while being packed")
+                blob_digest.update(block)
+                piece_digest.update(block)
+                out.write(block)
+                position += len(block)
+            out.flush()
+            os.fsync(out.fileno())
+        piece_hex = piece_digest.hexdigest()
+        target = pieces_dir / piece_hex
+        if target.is_file() and target.stat().st_size == length:
+            staged.unlink()
+        else:
+            os.chmod(staged, 0o444)
+            os.replace(staged, target)
+        return piece_hex
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+
+
+def read_packed(blobs_dir: Path, sha256_hex: str) -> bytes | None:
+    """The bytes of the packed blob ``sha256_hex`` of the blob store at ``blobs_dir`` (an auditor reading a
+    node's directory), checked against the hash; None if it is not packed there, is damaged or does not
+    hash to its name."""
+    if len(sha256_hex) != 64 or any(c not in "0123456789abcdef" for c in sha256_hex):
+        return None  # not a name a manifest can have (never a path of its own)
+    manifest = blobs_dir / PACKED_DIR / f"{sha256_hex}{MANIFEST_SUFFIX}"
+    try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        blob = parse_manifest(manifest.read_bytes(), sha256_hex, blobs_dir / PIECES_DIR)
+        data = blob.pread(0, blob.size)
+    except (OSError, BlobError):
+        return None
+    return data if hashlib.sha256(data).hexdigest() == sha256_hex else None

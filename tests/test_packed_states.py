@@ -1,0 +1,221 @@
+"""Start states kept as packed blobs: shared runs stored once, the same bytes served (issue 75,
+p2p/blobpack.py).
+
+A node serves its start state every round and keeps a few rounds' worth while the chain's windows are open;
+about half of a state's bytes are runs it or an earlier state holds already. The blob store keeps such a
+file as pieces shared by content. These tests check that what is served is byte for byte the file (also to
+a real py-libp2p peer on 127.0.0.1), that the disk holds each shared run once, that removing a blob frees
+only what no other blob names, that a restart serves the same blobs, and that a damaged manifest or piece
+is refused rather than served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import struct
+
+import pytest
+from waiting import wait_until
+
+from node.live.checks.heldstates import HeldStates, state_cuts
+from p2p.blobpack import MANIFEST_MAGIC, MANIFEST_SUFFIX, MIN_PIECE_BYTES, PACKED_DIR, PIECES_DIR, read_packed
+from p2p.blobstore import BlobStore
+from p2p.errors import BlobError
+from training.reexec import round_meta
+from training.replica_capture import StartStateCapture, capture_trainer_part
+
+from tests.test_start_state_streaming import _round, _stage
+
+
+def _disk(root) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and ".staging" not in p.parts)
+
+
+def _pieces(store: BlobStore) -> set[str]:
+    return {p.name for p in store.pieces_dir.iterdir()} if store.pieces_dir.is_dir() else set()
+
+
+def _file(tmp_path, name: str, runs: list[bytes]):
+    path = tmp_path / name
+    path.write_bytes(b"".join(runs))
+    cuts, offset = [], 0
+    for run in runs:
+        cuts.append((offset, len(run)))
+        offset += len(run)
+    return path, cuts
+
+
+def test_a_packed_blob_is_its_file_byte_for_byte_and_shares_its_runs(tmp_path):
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    rng = random.Random(7)
+    shared, small = rng.randbytes(3 * MIN_PIECE_BYTES + 5), rng.randbytes(100)
+    a, cuts_a = _file(tmp_path, "a", [b"head-a", shared, small, rng.randbytes(2 * MIN_PIECE_BYTES), shared])
+    b, cuts_b = _file(tmp_path, "b", [b"head-b", shared, rng.randbytes(MIN_PIECE_BYTES)])
+    digest_a, digest_b = store.put_packed(a, cuts_a), store.put_packed(b, cuts_b)
+    assert digest_a == hashlib.sha256(a.read_bytes()).hexdigest()
+    assert digest_b == hashlib.sha256(b.read_bytes()).hexdigest()
+    assert not store.has(digest_a) and store.packed(digest_a) is not None  # no file holds it
+    for path, digest in ((a, digest_a), (b, digest_b)):
+        data, packed = path.read_bytes(), store.packed(digest)
+        assert packed.size == len(data) and packed.pread(0, len(data) + 99) == data
+        for _ in range(200):  # any range, across parts and pieces
+            offset = rng.randrange(len(data))
+            length = rng.randrange(1, len(data) - offset + 1)
+            assert packed.pread(offset, length) == data[offset:offset + length]
+        assert read_packed(store.root, digest) == data
+    # the shared run is one piece, named three times; the 100-byte run is literal
+    assert len(_pieces(store)) == 3
+    pieces_bytes = sum(p.stat().st_size for p in store.pieces_dir.iterdir())
+    assert pieces_bytes == len(shared) + 2 * MIN_PIECE_BYTES + MIN_PIECE_BYTES
+    assert pieces_bytes < a.stat().st_size + b.stat().st_size - len(shared) * 2
+    # removing a frees its own piece, not the shared one; removing b frees everything
+    assert store.remove(digest_a) and store.packed(digest_a) is None
+    assert len(_pieces(store)) == 2 and read_packed(store.root, digest_b) == b.read_bytes()
+    assert not (store.packed_dir / f"{digest_a}{MANIFEST_SUFFIX}").exists()
+    assert store.remove(digest_b) and _pieces(store) == set() and list(store.packed_dir.iterdir()) == []
+    assert not store.remove(digest_b)
+
+
+def test_a_restart_serves_the_same_blobs_and_sweeps_what_no_manifest_names(tmp_path):
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    path, cuts = _file(tmp_path, "a", [b"x" * 10, os.urandom(2 * MIN_PIECE_BYTES)])
+    digest = store.put_packed(path, cuts)
+    (store.pieces_dir / ("0" * 64)).write_bytes(b"a piece a crash left before its manifest")
+    again = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    assert again.packed(digest).pread(0, 1 << 20) == path.read_bytes()
+    assert ("0" * 64) not in _pieces(again) and len(_pieces(again)) == 1
+
+
+@pytest.mark.parametrize("damage", ["other magic", "size off by one", "unknown part", "truncated",
+                                    "trailing bytes", "piece missing", "piece short", "empty piece"])
+def test_a_damaged_manifest_or_piece_is_not_served(tmp_path, damage, caplog):
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    path, cuts = _file(tmp_path, "a", [b"head", os.urandom(2 * MIN_PIECE_BYTES), b"tail"])
+    digest = store.put_packed(path, cuts)
+    manifest = store.packed_dir / f"{digest}{MANIFEST_SUFFIX}"
+    data = bytearray(manifest.read_bytes())
+    head = len(MANIFEST_MAGIC)
+    piece_at = head + 12 + 1 + 4 + 4  # the second part: after the first, a 4-byte literal
+    piece = store.pieces_dir / bytes(data[piece_at + 1:piece_at + 33]).hex()
+    assert data[piece_at:piece_at + 1] == b"p" and piece.is_file()
+    if damage == "other magic":
+        data[head - 1:head] = b"2"
+    elif damage == "size off by one":
+        data[head:head + 8] = struct.pack("<Q", struct.unpack("<Q", data[head:head + 8])[0] + 1)
+    elif damage == "unknown part":
+        data[piece_at:piece_at + 1] = b"x"
+    elif damage == "truncated":
+        del data[-3:]
+    elif damage == "trailing bytes":
+        data += b"\0"
+    elif damage == "piece missing":
+        piece.unlink()
+    elif damage == "piece short":
+        piece.chmod(0o644)
+        piece.write_bytes(piece.read_bytes()[:-1])
+    else:
+        data[piece_at + 33:piece_at + 41] = struct.pack("<Q", 0)
+    manifest.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        again = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    assert again.packed(digest) is None and f"packed blob {manifest} not served" in caplog.text
+    assert read_packed(again.root, digest) is None
+
+
+def test_a_bad_cut_or_an_oversized_file_is_refused_and_leaves_nothing(tmp_path):
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=3 * MIN_PIECE_BYTES)
+    path, _ = _file(tmp_path, "a", [os.urandom(2 * MIN_PIECE_BYTES)])
+    with pytest.raises(BlobError, match="out of order or past the file's end"):
+        store.put_packed(path, [(MIN_PIECE_BYTES, MIN_PIECE_BYTES), (0, MIN_PIECE_BYTES)])
+    with pytest.raises(BlobError, match="out of order or past the file's end"):
+        store.put_packed(path, [(MIN_PIECE_BYTES, 2 * MIN_PIECE_BYTES)])
+    big, cuts = _file(tmp_path, "big", [os.urandom(4 * MIN_PIECE_BYTES)])
+    with pytest.raises(BlobError, match="exceeds max_blob_bytes"):
+        store.put_packed(big, cuts)
+    assert _pieces(store) == set() and not list(store.staging.iterdir())
+
+
+class PackingHost:
+    """A node's blob side on a real :class:`BlobStore` (what P2PHost's provide_blob / provide_packed /
+    remove_blob do to it, without the DHT)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def provide_blob(self, data, announce: bool = True, link: bool = False) -> str:
+        return self.store.put_bytes(data) if isinstance(data, bytes) else self.store.put_file(data, link=link)
+
+    def provide_packed(self, path, cuts) -> str:
+        return self.store.put_packed(path, cuts)
+
+    def remove_blob(self, digest: str) -> bool:
+        return self.store.remove(digest)
+
+
+def _served_states(tmp_path, rounds: int):
+    """A node's own start states of ``rounds`` real rounds of the ``tiny`` stage, served as the node serves
+    them (StartStateCapture.write, then HeldStates.serve); (store, states, {round: the file's bytes})."""
+    cfg, trainer, module, optimizer, engine = _stage()
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 26)
+    states = HeldStates(PackingHost(store), tmp_path / "work", tmp_path / "evidence", num_stages=1,
+                        stop=None)
+    blobs, written = {}, {}
+    for outer_round in range(rounds):
+        meta = round_meta(outer_round, 0, cfg.model, cfg.diloco, run_rounds=rounds, num_stages=1,
+                          micro_batches=0)
+        capture = StartStateCapture(meta, lambda stage: engine, {0: capture_trainer_part(module, optimizer)})
+        path = capture.write(states.writing_dir)[0]
+        written[outer_round] = path.read_bytes()
+        digest = states.serve(outer_round, {0: path}, 0)[0]
+        assert digest == hashlib.sha256(written[outer_round]).digest() and not path.exists()
+        _round(cfg, trainer, engine, outer_round, blobs)
+    return store, states, written
+
+
+def test_a_nodes_start_states_are_served_packed_at_about_half_their_bytes(tmp_path):
+    store, states, written = _served_states(tmp_path, 5)
+    for data in written.values():
+        digest = hashlib.sha256(data).hexdigest()
+        assert store.packed(digest).pread(0, len(data)) == data == read_packed(store.root, digest)
+    files = sum(len(data) for data in written.values())
+    held = _disk(store.root)
+    # Of a state's copies of the stage, the round-start and last-encode snapshots are the live weights and
+    # the decoded update of round r - 1 is the previous state's: about half is stored once.
+    assert held < 0.7 * files, (held, files)
+    # What a retention drops frees its own pieces and no other state's
+    states.forget_before(3)
+    for outer_round, data in written.items():
+        digest = hashlib.sha256(data).hexdigest()
+        assert (store.packed(digest) is None) == (outer_round < 3)
+        if outer_round >= 3:
+            assert store.packed(digest).pread(0, len(data)) == data
+    assert _disk(store.root) < held
+    states.forget_before(99)
+    assert _pieces(store) == set() and _disk(store.root) == 0
+
+
+def test_a_packed_start_state_is_fetched_whole_by_a_real_peer(tmp_path):
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    _, _, written = _served_states(tmp_path / "states", 3)
+    a = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "a")
+    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, gossip_resync_interval=0), Identity.generate(),
+                      data_dir=tmp_path / "b")
+    try:
+        wait_until(lambda: b.peer_id in a.peers() and a.peer_id in b.peers(), 60, "a and b connected")
+        for outer_round, data in written.items():
+            path = tmp_path / f"state-{outer_round}"
+            path.write_bytes(data)
+            digest = a.provide_packed(path, state_cuts(path))
+            got = b.fetch_blob(digest, tmp_path / f"got-{outer_round}", providers=[a.peer_id], timeout=60)
+            assert got.read_bytes() == data
+            assert b.fetch_blob_range(digest, 100, 5000, a.peer_id, timeout=60) == data[100:5100]
+        assert (a.store.root / PIECES_DIR).is_dir() and (a.store.root / PACKED_DIR).is_dir()
+    finally:
+        b.close()
+        a.close()
