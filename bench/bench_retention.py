@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
+from p2p.blobpack import MANIFEST_MAGIC, PACKED_DIR, PIECES_DIR  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
@@ -52,13 +53,18 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     node serves), ``published_state`` (a chunked run's stage state it serves: a safetensors blob not linked),
     ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
     ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
-    ``other`` (logs, the node's state files)."""
+    ``packed_piece`` and ``packed_manifest`` (the node's own start states kept as packed blobs, each
+    tensor's data a piece shared by content: p2p/blobpack.py), ``other`` (logs, the node's state files)."""
     if part in ("checkpoints", "archive"):
         return "checkpoint" if part == "checkpoints" else "archive"
     if part == "chunk-states":
         return "chunk_spill"
     if part != "blobs":
         return "other"
+    if f"{os.sep}{PIECES_DIR}{os.sep}" in path:
+        return "packed_piece"
+    if f"{os.sep}{PACKED_DIR}{os.sep}" in path:
+        return "packed_manifest"
     if st.st_nlink > 1:
         return "checkpoint"
     try:
@@ -71,6 +77,18 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < st.st_size:
         return "published_state"
     return "other_blob"
+
+
+def packed_size(path: str) -> int:
+    """The size of the blob a packed manifest (p2p/blobpack.py) stands for; 0 if it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(MANIFEST_MAGIC) + 8)
+    except OSError:
+        return 0
+    if not head.startswith(MANIFEST_MAGIC) or len(head) < len(MANIFEST_MAGIC) + 8:
+        return 0
+    return int.from_bytes(head[len(MANIFEST_MAGIC):], "little")
 
 
 def disk_bytes(data_dir: Path) -> dict:
@@ -101,6 +119,8 @@ def disk_bytes(data_dir: Path) -> dict:
             count[1] += st.st_size
             if kind == "start_state":
                 start_state = max(start_state, st.st_size)
+            elif kind == "packed_manifest":  # a start state kept as pieces: its own size is in the manifest
+                start_state = max(start_state, packed_size(path))
     return {"total": total, **parts, "start_state": start_state,
             "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
 

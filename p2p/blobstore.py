@@ -363,9 +363,9 @@ class BlobStore:
         path = self.path(sha256_hex)
         existed = path.is_file()
         path.unlink(missing_ok=True)
-        with self._pack_lock:
-            if self._packed.pop(sha256_hex, None) is not None:
-                existed = True
+        if sha256_hex in self._packed:  # no wait on a pack being written for any other blob
+            with self._pack_lock:
+                existed = self._packed.pop(sha256_hex, None) is not None or existed
                 (self.packed_dir / f"{sha256_hex}{MANIFEST_SUFFIX}").unlink(missing_ok=True)
                 self._sweep()
         # An alias of a removed blob serves nothing; kept, one stayed in memory for every chunked state a run

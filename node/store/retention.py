@@ -33,7 +33,10 @@ So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most 
 :data:`SPOT_CHECK_ROUNDS` committed ones, and those whose own window is open (``disputeBlocks`` over the
 blocks a round takes, longer only while a dispute or an availability game runs), plus two checkpoints.
 Per round that is the node's start state of each held stage (what a rerun starts from: weights, AdamW
-state and outer state, about 10 x the stage's parameter bytes) and its signed contributions, and in a
+state and outer state, about 10 x the stage's parameter bytes; kept as a packed blob whose tensors' data
+are pieces shared with the node's other start states, p2p/blobpack.py: the round-start and last-encode
+snapshots are the live weights, the decoded update of round ``r - 1`` is the previous state's, so about
+7 x of new bytes a round) and its signed contributions, and in a
 chunked run, over the longer proof window ``P`` rounds, its published stage state (weights and momentum,
 2 x) with the version-3 factors and sum trees beside it and its spilled chunk leaves: so its disk is about
 ``W`` start states plus ``P`` published states plus two checkpoints, however many rounds run, where ``W``
