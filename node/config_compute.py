@@ -52,6 +52,9 @@ def check_compute(cfg) -> None:
     if cfg.training.optimizer != "adamw":
         problems.append(f"training.optimizer={cfg.training.optimizer!r}: a cluster node's inner optimizer is "
                         "\"adamw\"")
+    if cfg.diloco.sliced:
+        problems.append("diloco.exchange=\"sliced\": a cluster node aggregates its rounds shard by shard on "
+                        "its ranks; the sliced exchange is not wired for it (\"full\")")
     if cfg.training.batch_size % n:
         problems.append(f"training.batch_size={cfg.training.batch_size} does not split into {n} equal "
                         "slices (each rank trains one)")

@@ -173,3 +173,111 @@ def test_a_killed_node_leaves_no_worker_rank_behind():
     finally:
         if node.poll() is None:
             node.kill()
+
+
+def _same(a, b) -> bool:
+    """Bitwise equality of nested engine states (dicts in any order: the start state sorts its names)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("budget", ["auto", pytest.param(0, marks=pytest.mark.slow)])
+def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(budget):
+    """Behind a cluster node the outer state lives on the ranks (training/cluster_outer.py): rank 0 holds
+    only its shard's global weights, momentum, round start, residual and snapshots (tensor accounting), the
+    ranks together exactly one process's. Given the same live weights, three rounds (one-step delay, the
+    "auto" byte budget with encoder v4's memo (rank 0 encodes the gathered targets) or coded to the error
+    budget (each rank its shard), a contribution that does not decode) give the one-process engine's
+    bits: the contribution bytes, the reports, the weights hash, the global weights and momentum gathered,
+    the live weights after each apply, the engine state a start state records, and a re-base."""
+    from training.cluster_replica import ClusterReplicaTrainer
+    from training.cluster_outer import outer_state_bytes
+    from training.compression import encode_contribution
+    from training.config import DilocoConfig, ModelConfig
+    from training.config_compression import CompressionConfig
+    from training.config_training import TrainingConfig
+    from training.errors import RoundOrderError
+    from training.model import init_state_dict
+    from training.pipeline import LocalReplicaTrainer
+    from training.replica_capture import start_state_bytes
+    from training.reexec_rules import round_meta
+    from training.stage_engine import StageEngine
+
+    model, training = ModelConfig(), TrainingConfig(device="cpu", batch_size=4)
+    diloco, compression = DilocoConfig(inner_steps=2), CompressionConfig(bandwidth_budget=budget)
+    full = init_state_dict(model, 0)
+    cluster = ClusterReplicaTrainer(model, training, 2, full, timeout_s=300, threads=1)
+    try:
+        engine = cluster.outer_engine(0, diloco, compression)
+        plain = LocalReplicaTrainer(model, training, 1, state_dict=full)
+        live = dict(plain.stage_modules[0].named_parameters())
+        ref = StageEngine(0, live, diloco, compression)
+        mirror = dict(cluster.stage_modules[0].named_parameters())
+        plan = engine.plan
+        assert list(engine.shapes) == list(ref.shapes)
+        assert engine.compressor.bandwidth_budget == ref.compressor.bandwidth_budget
+        assert (ref.compressor.bandwidth_budget > 0) == (budget == "auto")
+        # rank 0's engine holds its own tensors only; the ranks together hold one process's outer state
+        assert set(engine.shard.engine.global_weights) == set(plan.names[0]) and 0 < len(plan.names[0]) \
+            < len(ref.shapes)
+        per_rank = engine.rank_outer_bytes()
+        whole = outer_state_bytes(ref)
+        assert {k: sum(r[k] for r in per_rank) for k in whole} == whole
+        assert per_rank[0]["global"] == 4 * plan.numel(0) < whole["global"]
+        assert sum(per_rank[0].values()) < 0.75 * sum(whole.values())
+        generator = torch.Generator().manual_seed(1)
+        pending = None
+        for outer_round in range(3):
+            cluster.begin_steps()
+            for _ in range(2):
+                tokens = torch.randint(0, model.vocab_size, (4, model.block_size + 1), generator=generator)
+                cluster.train_step(tokens[:, :-1], tokens[:, 1:])
+            cluster.end_steps()
+            with torch.no_grad():
+                for name, param in live.items():
+                    param.copy_(mirror[name])
+            ours, stats = engine.encode_contribution(outer_round)
+            theirs, ref_stats = ref.encode_contribution(outer_round)
+            assert ours == theirs and stats.encoded_bytes == ref_stats.encoded_bytes == len(ours)
+            noise = {n: torch.randn(s, generator=generator) * 1e-3 for n, s in ref.shapes.items()}
+            other = encode_contribution(noise, compression, stage_index=0, outer_round=outer_round)[0]
+            if pending is not None:  # the one-step delay: round t-1 applied after round t was encoded
+                _check_apply(engine, ref, mirror, live, *pending)
+            pending = (outer_round, [ours, other, b"\x93junk"])
+        _check_apply(engine, ref, mirror, live, *pending)
+        assert _same(engine.momentum, ref.momentum)
+        assert any(float(m.abs().max()) > 0 for m in ref.momentum.values())
+        assert _same(engine.state_dict(), ref.state_dict())
+        meta = round_meta(3, 0, model, diloco, run_rounds=4, num_stages=1)
+        part = {f"param/{n}": p.detach() for n, p in live.items()}
+        assert start_state_bytes(meta, engine, part) == start_state_bytes(meta, ref, part)
+        per_rank = engine.rank_outer_bytes()
+        whole = outer_state_bytes(ref)
+        assert {k: sum(r[k] for r in per_rank) for k in whole} == whole and whole["residual"] > 0
+        # a re-base (a checkpoint's entry) on every rank, and the live weights follow
+        weights = {n: t + 0.5 for n, t in ref.global_weights.items()}
+        engine.rebase(weights, ref.momentum, 2)
+        ref.rebase(weights, ref.momentum, 2)
+        assert engine.weights_hash() == ref.weights_hash()
+        assert all(torch.equal(mirror[n], live[n]) for n in live)
+        with pytest.raises(RoundOrderError, match="encode round 5, expected 3"):
+            engine.encode_contribution(5)  # refused alike on every rank: the cluster carries on
+        assert engine.weights_hash() == ref.weights_hash()
+    finally:
+        cluster.close()
+
+
+def _check_apply(engine, ref, mirror, live, outer_round, contributions):
+    ours = engine.finish_round(outer_round, contributions, excluded={})
+    theirs = ref.finish_round(outer_round, contributions, excluded={})
+    assert ours.weights_hash == theirs.weights_hash == engine.weights_hash() == ref.weights_hash()
+    assert [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in ours.contributions] == \
+        [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in theirs.contributions]
+    assert [r.accepted for r in ours.contributions] == [True, True, False]
+    assert _same(engine.global_weights, ref.global_weights)
+    assert all(torch.equal(mirror[n], live[n]) for n in live)  # the delay correction's live weights

@@ -4,23 +4,24 @@ The node process is rank 0: :class:`ClusterReplicaTrainer` starts ranks 1..N-1 a
 (``python -m training.cluster_replica``, each handed the model and training settings on its stdin), joins
 one gloo group with them, and from then on drives them: before each call it broadcasts a command, which
 every rank then carries out together (a collective), in the order rank 0 issued them. A worker does
-
-
+nothing else.
 
 What the node sees is a :class:`training.pipeline.LocalReplicaTrainer` of one stage (the *mirror*): a
-plain module holding the whole replica's weights, which the node's :class:`training.stage_engine.
-StageEngine` reads (encode) and writes (apply) exactly as for a one-process node, and which evaluation
-uses. The inner steps run on the FSDP2-sharded module instead (:class:`training.cluster_engine.
-ClusterTrainer`: each rank the rank-th of N equal slices of the batch; parameters, gradients and AdamW
-state 1/N per rank). :meth:`begin_steps` copies the mirror's weights into the shards (the node may have
-applied a round since), :meth:`end_steps` gathers the trained weights back into the mirror. The inner
-optimizer's state stays sharded for the whole run; :meth:`capture_part` gathers it (and the weights)
-for the start state a contribution binds, :meth:`reset_inner_state` clears it on every rank.
+plain module holding the whole replica's live weights, which the node's engine reads (encode) and writes
+(apply) and which evaluation uses. The inner steps run on the FSDP2-sharded module instead
+(:class:`training.cluster_engine.ClusterTrainer`: each rank the rank-th of N equal slices of the batch;
+parameters, gradients and AdamW state 1/N per rank). :meth:`begin_steps` copies the mirror's weights into
+the shards (the node may have applied a round since), :meth:`end_steps` gathers the trained weights back
+into the mirror. The inner optimizer's state stays sharded for the whole run; :meth:`capture_part` gathers
+it (and the weights) for the start state a contribution binds, :meth:`reset_inner_state` clears it on
+every rank.
 
-Not here (docs/CLUSTER.md, "What is left"): the outer state (global weights, momentum, error-feedback
-residual) is the node's one-process StageEngine on rank 0, not the sharded :class:`training.
-cluster_engine.ClusterStageEngine`; the contribution is encoded by that one engine, so it does not depend
-on N, while the inner steps do (their float sums), which the fingerprint's ``cluster`` field records.
+The outer state (global weights, momentum, round start, error-feedback residual, the delay correction's
+snapshots) is sharded over the same ranks: :meth:`ClusterReplicaTrainer.outer_engine` sets up each rank's
+:class:`training.cluster_outer.OuterShard` and gives the node a :class:`training.cluster_node_engine.
+ShardedStageEngine`, whose calls are ``outer`` commands. The contribution is the one-process contribution
+byte for byte (training/cluster_outer.py), so it does not depend on N, while the inner steps do (their float
+sums), which the fingerprint's ``cluster`` field records.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 from training.cluster_launch import free_port
 from training.cluster_plan import cluster_identity
-from training.errors import EngineStateError
+from training.errors import EngineStateError, TrainingError
 from training.host_tensors import host_float32_copy
 from training.muon import state_kind
 
@@ -64,10 +65,22 @@ class _Rank:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         self.module = shard_stage_module(_stage_module(model_cfg), mesh)
         self.trainer = ClusterTrainer(self.module, training_cfg)
+        self.outer = None  # the rank's OuterShard (training/cluster_outer.py), once "outer_init" ran
 
-    def run(self, command: tuple, mirror=None):
-        """Carry out ``command`` (the same on every rank); ``mirror``: rank 0's plain module."""
+    def run(self, command: tuple, mirror=None, private=None):
+        """Carry out ``command`` (the same on every rank); ``mirror``: rank 0's plain module; ``private``:
+        rank 0's whole-stage inputs of an outer command."""
         kind = command[0]
+        if kind == "outer":
+            if self.outer is None:
+                raise EngineStateError("cluster outer command before the outer state was set up")
+            return self.outer.run(command[1], command[2:], private)
+        if kind == "outer_init":
+            from training.cluster_outer import OuterShard
+
+            live = dict(mirror.named_parameters()) if mirror is not None else None
+            self.outer = OuterShard(*command[1:], live)
+            return self.outer
         if kind == "step":
             x, y = command[2], command[3]
             for group in self.trainer.optimizer.param_groups:
@@ -158,7 +171,11 @@ def worker_main() -> int:
             dist.broadcast_object_list(box, src=0)
             if box[0][0] == "stop":
                 return 0
-            rank.run(box[0])
+            try:
+                rank.run(box[0])
+            except TrainingError:  # an outer command refused on every rank alike (rank 0 reports it)
+                if box[0][0] != "outer":
+                    raise
     finally:
         dist.destroy_process_group()
 
@@ -225,14 +242,16 @@ class ClusterReplicaTrainer:
     def worker_pids(self) -> list[int]:
         return [worker.pid for worker in self._workers]
 
-    def _command(self, command: tuple):
+    def _command(self, command: tuple, private=None):
         with self._lock:
             if self._closed:
                 raise EngineStateError("the cluster's worker ranks were stopped")
             self._check_workers()
             try:
                 dist.broadcast_object_list([command], src=0)
-                return self._rank.run(command, mirror=self.mirror.stage_modules[0])
+                return self._rank.run(command, mirror=self.mirror.stage_modules[0], private=private)
+            except TrainingError:  # the engine's own refusal (a round out of order): the same on every rank
+                raise
             except (RuntimeError, ValueError) as exc:  # gloo: a rank left ("Connection reset by peer")
                 self._check_workers(wait_s=5.0)
                 raise EngineStateError(
@@ -268,6 +287,19 @@ class ClusterReplicaTrainer:
         """The whole replica's weights and inner-optimizer state, gathered (the start state's trainer
         part)."""
         return self._command(("capture",))
+
+    def outer_engine(self, stage_index: int, diloco_cfg, compression_cfg, exact: int = 0):
+        """The node's engine of the replica's one stage, its outer state sharded over the ranks
+        (:class:`training.cluster_node_engine.ShardedStageEngine`; every rank sets up its shard now)."""
+        from training.cluster_node_engine import ShardedStageEngine
+
+        shapes = {name: tuple(p.shape) for name, p in self.mirror.stage_modules[0].named_parameters()}
+        shard = self._command(("outer_init", stage_index, shapes, diloco_cfg, compression_cfg, int(exact)))
+        return ShardedStageEngine(self, shard)
+
+    def outer(self, command: tuple, private=None):
+        """One outer command (training/cluster_outer.py) on every rank; rank 0's result."""
+        return self._command(("outer", *command), private=private)
 
     def reset_inner_state(self) -> None:
         """A fresh inner optimizer on every rank (a restart from a checkpoint)."""

@@ -3,9 +3,10 @@
 :class:`node.live.worker.replica.ReplicaWorker` asks :func:`replica_trainer` for its trainer: for one
 process the plain :class:`training.pipeline.LocalReplicaTrainer`; for N it starts the cluster
 (:class:`training.cluster_replica.ClusterReplicaTrainer`: this process is rank 0 and spawns ranks 1..N-1).
-The node's StageEngine, exchange, record and checks see the cluster as a one-stage replica whose weights
-live in the trainer's mirror module; the helpers here are the few places where the worker treats it
-differently (the inner steps' session, the start state's trainer part, a restart's fresh optimizer).
+The node's exchange, record and checks see the cluster as a one-stage replica whose live weights are in the
+trainer's mirror module and whose engine (:func:`stage_engine`) keeps the outer state sharded over the
+ranks; the helpers here are the few places where the worker treats it differently (the engine, the inner
+steps' session, the start state's trainer part, a restart's fresh optimizer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from training.cluster_replica import ClusterReplicaTrainer
 from training.pipeline import LocalReplicaTrainer
 from training.replica_capture import capture_trainer_part
+from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,14 @@ def replica_trainer(cfg, full: dict, timeout_s: float):
     logger.info("cluster of %d processes: rank 0 is this node, ranks 1..%d are processes %s", processes,
                 processes - 1, trainer.worker_pids())
     return trainer
+
+
+def stage_engine(trainer, stage: int, params: dict, cfg):
+    """The engine of a held stage: a one-process StageEngine, or for a cluster its outer state sharded over
+    the ranks (training.cluster_node_engine.ShardedStageEngine: rank 0 holds its shard only)."""
+    if is_cluster(trainer):
+        return trainer.outer_engine(stage, cfg.diloco, cfg.compression, cfg.training.codec_kernels)
+    return StageEngine(stage, params, cfg.diloco, cfg.compression, exact=cfg.training.codec_kernels)
 
 
 def is_cluster(trainer) -> bool:

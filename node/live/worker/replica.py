@@ -106,8 +106,8 @@ class ReplicaWorker(StageAggregation):
             modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
         for stage in self.stages:
             params = dict(modules[stage].named_parameters())
-            self.engines[stage] = StageEngine(stage, params, self.cfg.diloco, self.cfg.compression,
-                                              exact=self.cfg.training.codec_kernels)
+            # a cluster's: its outer state sharded over the ranks (node/live/worker/cluster.py)
+            self.engines[stage] = cluster.stage_engine(self.trainer, stage, params, self.cfg)
             # docs/PROTOCOL.md, "Sliced exchange"
             plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)
             if plan is not None:
@@ -158,7 +158,7 @@ class ReplicaWorker(StageAggregation):
     def load_global(self, stage: int, weights: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
                     last_round: int) -> None:
         """Enter at ``last_round + 1`` from global state (a checkpoint): local = global, no pending rounds."""
-        names = self.engines[stage].global_weights
+        names = self.engines[stage].shapes
         self.engines[stage].rebase({n: weights[n].to(torch.float32) for n in names},
                                    {n: momentum[n].to(torch.float32) for n in names}, last_round)
 
@@ -328,7 +328,7 @@ class ReplicaWorker(StageAggregation):
 
     def stage_shapes(self, stage: int) -> dict[str, tuple[int, ...]]:
         """Each tensor's shape of a held stage."""
-        return {name: tuple(t.shape) for name, t in self.engines[stage].global_weights.items()}
+        return {name: tuple(shape) for name, shape in self.engines[stage].shapes.items()}
 
     def check_contribution(self, stage: int, outer_round: int, payload: bytes) -> None:
         """Raise ContributionDecodeError unless ``payload`` decodes strictly for (stage, round)."""

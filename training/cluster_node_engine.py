@@ -1,0 +1,181 @@
+"""Rank 0's view of a cluster node's sharded outer state: one engine for the node (issue 75; docs/CLUSTER.md).
+
+:class:`ShardedStageEngine` has the surface of :class:`training.stage_engine.StageEngine` that the node's
+worker uses (node/live/worker/replica.py, aggregation.py); each call is a command every rank of the cluster
+carries out on its :class:`training.cluster_outer.OuterShard` (:meth:`training.cluster_replica.
+ClusterReplicaTrainer.outer`). Rank 0 holds its own shard only; the whole-stage readers
+(:attr:`~ShardedStageEngine.global_weights`, :attr:`~ShardedStageEngine.momentum`,
+:meth:`~ShardedStageEngine.state_dict`) gather the shards when called (training/cluster_outer.py says
+when and what).
+
+Not supported behind a cluster node (refused at config load, node/config_compute.py): the sliced exchange
+(its slice aggregates step a whole-stage average). :meth:`prepare_aggregation` computes nothing ahead
+(None: the node then aggregates at the apply, on the ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from training.errors import EngineStateError
+from training.stage_results import RoundResult
+
+
+class _CompressorView:
+    """What the node reads and calls of a stage engine's compressor, for the sharded engine."""
+
+    def __init__(self, engine: ShardedStageEngine) -> None:
+        self._engine = engine
+
+    @property
+    def bandwidth_budget(self) -> int:
+        return self._engine.shard.engine.compressor.bandwidth_budget  # the stage's (ShardCompressor)
+
+    @property
+    def last_slices(self) -> list[bytes]:
+        raise EngineStateError("a cluster node does not slice its contributions (diloco.exchange = \"full\")")
+
+    def reset_feedback(self) -> None:
+        self._engine._call("reset_feedback", changes=False)
+
+
+class ShardedStageEngine:
+    """The node's engine of a stage whose outer state is sharded over a cluster's ranks (module docstring).
+    ``trainer``: the :class:`training.cluster_replica.ClusterReplicaTrainer`; ``shard``: rank 0's
+    :class:`training.cluster_outer.OuterShard`."""
+
+    def __init__(self, trainer, shard) -> None:
+        self.trainer, self.shard = trainer, shard
+        self.stage_index = shard.engine.stage_index
+        self.shapes = {name: shard.plan.shapes[name] for name in shard.order}
+        self.plan = shard.plan
+        self.diloco_cfg = shard.engine.diloco_cfg
+        self.compression_cfg = shard.engine.compression_cfg
+        self.compressor = _CompressorView(self)
+        self._hash: bytes | None = None  # the global weights' hash, until they change
+
+    def _call(self, op: str, *args, private=None, changes: bool = True):
+        if changes:
+            self._hash = None
+        return self.trainer.outer((op, *args), private=private)
+
+    # -- the round counters and modes (the same on every rank: rank 0's shard engine) -----------------
+    @property
+    def last_encoded(self) -> int:
+        return self.shard.engine.last_encoded
+
+    @property
+    def last_applied(self) -> int:
+        return self.shard.engine.last_applied
+
+    @property
+    def delayed(self) -> bool:
+        return self.shard.engine.delayed
+
+    @property
+    def lookahead(self) -> bool:
+        return self.shard.engine.lookahead
+
+    @property
+    def can_prepare(self) -> bool:
+        return self.shard.engine.can_prepare
+
+    def can_apply(self, outer_round: int) -> bool:
+        return self.shard.engine.can_apply(outer_round)
+
+    def transmitted(self, outer_round: int) -> bool:
+        return self.shard.engine.transmitted(outer_round)
+
+    # -- a round -------------------------------------------------------------------------------------
+    def prepare_encode(self, outer_round: int) -> None:
+        self._call("prepare_encode", outer_round, changes=False)
+
+    def encode_contribution(self, outer_round: int, declared_steps: int | None = None):
+        """(the stage's contribution, its stats): the ranks' parts joined on rank 0."""
+        return self._call("encode", outer_round, declared_steps, changes=False)
+
+    def prepare_aggregation(self, outer_round: int, contributions: Sequence[bytes], *,
+                            excluded: Mapping[int, str] | None = None) -> None:
+        return None  # aggregated at the apply, on the ranks (module docstring)
+
+    def prepared_valid(self, prepared, outer_round: int) -> bool:
+        return False
+
+    def _finish(self, outer_round: int, contributions: Sequence[bytes], excluded, aggregation,
+                absorb: bool) -> RoundResult:
+        if aggregation is not None:
+            if not absorb:
+                raise EngineStateError("a cluster node aggregates its rounds on its ranks: no aggregation "
+                                       "computed elsewhere (the sliced exchange) is applied")
+            result = self._call("absorb", outer_round, private=(aggregation.new_global,
+                                                                aggregation.new_momentum))
+        else:
+            result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
+                                private=list(contributions))
+        self._hash = result.weights_hash
+        return result
+
+    def finish_round(self, outer_round: int, contributions: Sequence[bytes], *,
+                     excluded: Mapping[int, str] | None = None, prepared=None,
+                     aggregation=None) -> RoundResult:
+        return self._finish(outer_round, contributions, excluded, aggregation, absorb=False)
+
+    def apply_round(self, outer_round: int, contributions: Sequence[bytes], *,
+                    excluded: Mapping[int, str] | None = None, prepared=None,
+                     aggregation=None) -> RoundResult:
+        if not self.can_apply(outer_round):
+            raise EngineStateError(f"stage {self.stage_index}: round {outer_round} is not the next to apply")
+        return self._finish(outer_round, contributions, excluded, aggregation, absorb=False)
+
+    def absorb_round(self, outer_round: int, contributions: Sequence[bytes], *,
+                     excluded: Mapping[int, str] | None = None, prepared=None,
+                     aggregation=None) -> RoundResult:
+        return self._finish(outer_round, contributions, excluded, aggregation, absorb=True)
+
+    def contribution_dropped(self, outer_round: int) -> bool:
+        return bool(self._call("dropped", outer_round, changes=False))
+
+    # -- joining and re-basing -----------------------------------------------------------------------
+    def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
+               last_round: int) -> None:
+        self._call("rebase", last_round, private=(dict(global_weights), dict(momentum)))
+
+    def move_global(self, global_weights: Mapping[str, torch.Tensor],
+                    momentum: Mapping[str, torch.Tensor]) -> None:
+        self._call("move_global", private=(dict(global_weights), dict(momentum)))
+
+    def skip_to(self, next_round: int) -> None:
+        if self.shard.engine.last_encoded >= next_round - 1:
+            return  # nothing to do on any rank (StageEngine.skip_to's own test): no command
+        self._call("skip_to", next_round, changes=False)
+
+    # -- the record and the state, from the shards ---------------------------------------------------
+    def weights_hash(self) -> bytes:
+        """The stage's ``stage_weights_hash``: streamed from the ranks (cached until the weights change)."""
+        if self._hash is None:
+            self._hash = self._call("hash", changes=False)
+        return self._hash
+
+    @property
+    def global_weights(self) -> dict[str, torch.Tensor]:
+        """The whole global weights, gathered from the ranks now (a copy: the caller's to drop)."""
+        return self._call("global", "weights", changes=False)
+
+    @property
+    def momentum(self) -> dict[str, torch.Tensor]:
+        """The whole outer momentum, gathered from the ranks now (a copy)."""
+        return self._call("global", "momentum", changes=False)
+
+    def state_dict(self, *, copy: bool = True) -> dict:
+        """:meth:`StageEngine.state_dict` of the whole stage, the ranks' shards gathered (always copies)."""
+        return self._call("state", changes=False)
+
+    def load_state_dict(self, state) -> None:
+        raise EngineStateError("a cluster node's engine state is restored with rebase (a checkpoint), not "
+                               "loaded whole")
+
+    def rank_outer_bytes(self) -> list[dict[str, int]]:
+        """Each rank's outer state in bytes (tensor accounting: training.cluster_outer.outer_state_bytes)."""
+        return self._call("bytes", changes=False)

@@ -1,0 +1,376 @@
+"""A cluster node's outer state, sharded over its ranks behind the node (issue 75; docs/CLUSTER.md).
+
+A node of ``compute.processes`` = N > 1 (:mod:`training.cluster_replica`) keeps its DiLoCoX outer state the
+way :class:`training.cluster_engine.ClusterStageEngine` does: the stage's tensors are cut by
+:func:`training.cluster_plan.plan_shards` (whole tensors, contiguous in chunk order) and rank r holds, in an
+:class:`OuterShard`, a :class:`training.stage_engine.StageEngine` of its tensors only (global weights, outer
+momentum, round-start weights, error-feedback residual, the delay correction's snapshots). Rank 0 (the node)
+sees one engine, :class:`ShardedStageEngine`, with the surface the node's worker uses
+(node/live/worker/replica.py, aggregation.py); each of its calls is a command that every rank carries out
+together (:meth:`training.cluster_replica.ClusterReplicaTrainer.outer`).
+
+The live weights stay where the node wiring keeps them: the whole replica in rank 0's *mirror* module
+(evaluation, screening's model, the start state's trainer part read it). Rank 0's shard engine works on the
+mirror's own tensors in place; a worker rank keeps a copy of its tensors' live weights, refreshed from the
+mirror before a command that reads them and copied back after one that writes them (one tensor at a time,
+point to point).
+
+What rank 0 gathers, and when (each a transient copy, dropped when its reader is done):
+
+* **The encode under a byte budget.** The codec's byte allocation is joint over the stage's tensors
+  (:mod:`training.codec.allocation`), so rank 0 gathers the ranks' feedback targets (the pseudo-gradient
+  plus residual), encodes the whole stage as one process would (with the encoder's memo, which it keeps:
+  per tensor a few numbers) and hands each rank its part of the contribution, which the rank decodes for its
+  residual. Coded to the error budget (``bandwidth_budget = 0``) every tensor's entry is independent and
+  each rank encodes its own shard. Either way the contribution is the one-process contribution byte for
+  byte: the wire, the record and every verifier are unchanged, and the bytes do not depend on N.
+* **Whole-stage readers**: :attr:`ShardedStageEngine.global_weights` / :attr:`~ShardedStageEngine.momentum`
+  (a checkpoint, the fraud proof's chunk states, screening's base) and :meth:`~ShardedStageEngine.
+  state_dict` (the start state a verifier loads, complete: every rank's shard merged into the one-process
+  layout) gather the shards on demand.
+
+The aggregation runs sharded (:mod:`training.cluster_robust`: each rank decodes its part of every
+contribution, exact square sums exchanged, every rank the same reports, each rank steps its own tensors)
+and the weights hash is streamed to rank 0 a tensor at a time. The outer step is elementwise float32 per
+tensor, so weights, momentum, hash and reports are the one-process engine's bits
+(tests/test_cluster_node.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
+from training.cluster_robust import round_reports, shard_aggregation, shard_facts
+from training.codec.stats import CompressionStats
+from training.codec_wire import decode_declared
+from training.compression import ErrorFeedbackCompressor
+from training.diloco import Aggregation, outer_state_shape
+from training.errors import ContributionDecodeError, EngineStateError
+from training.hashing import hash_tensor_into, weights_digest
+from training.stage_engine import StageEngine
+from training.stage_results import RoundResult
+
+
+class ShardCompressor(ErrorFeedbackCompressor):
+    """A rank's error-feedback compressor of its shard whose encode matches the whole stage's (module
+    docstring): ``bandwidth_budget`` is the stage's; under it rank 0 encodes the gathered targets."""
+
+    def __init__(self, plan: ShardPlan, rank: int, cfg, *, bandwidth_budget: int, exact: int) -> None:
+        super().__init__(plan.shard_shapes(rank), cfg, bandwidth_budget=bandwidth_budget, exact=exact)
+        self.plan, self.rank = plan, rank
+
+    def _encode(self, target, stage_index: int, outer_round: int):
+        if not (self.cfg.enabled and self.bandwidth_budget > 0):
+            return super()._encode(target, stage_index, outer_round)  # per tensor: the shard alone
+        whole = _gather_to_zero(self.plan, self.rank, target, lambda name: self.plan.shapes[name])
+        parts = None
+        stats = CompressionStats(outer_round=outer_round, stage_index=stage_index)
+        if self.rank == 0:
+            ordered = {name: whole[name] for name in self.plan.order}
+            whole_shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # the memo is the stage's
+            try:
+                blob, _decoded, stats = super()._encode(ordered, stage_index, outer_round)
+            finally:
+                self.shapes = whole_shapes
+            del ordered, whole, _decoded
+            parts = split_contribution(blob, self.plan, stage_index=stage_index, outer_round=outer_round)
+        received: list = [None]
+        dist.scatter_object_list(received, parts, src=0)
+        part = received[0]
+        _steps, decoded = decode_declared(part, self.shapes, stage_index=stage_index, outer_round=outer_round)
+        return part, decoded, stats
+
+    def load_encoder_state(self, state) -> None:
+        shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # rank 0 keeps the stage's memo
+        try:
+            super().load_encoder_state(state)
+        finally:
+            self.shapes = shapes
+
+
+def _gather_to_zero(plan: ShardPlan, rank: int, own: Mapping[str, torch.Tensor], shape_of) -> dict | None:
+    """Every rank's ``own`` tensors sent to rank 0, one at a time in chunk order: the whole dict on rank 0."""
+    whole: dict[str, torch.Tensor] | None = {} if rank == 0 else None
+    for name in plan.order:
+        owner = plan.owner(name)
+        if rank == 0:
+            if owner == 0:
+                whole[name] = own[name]
+            else:
+                tensor = torch.empty(shape_of(name), dtype=torch.float32)
+                dist.recv(tensor, src=owner)
+                whole[name] = tensor
+        elif owner == rank:
+            dist.send(own[name].detach().to(torch.float32).contiguous(), dst=0)
+    return whole
+
+
+def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Tensor] | None,
+                       shape_of) -> dict[str, torch.Tensor]:
+    """Rank 0's ``whole`` dict cut along the plan: each rank gets its tensors (float32 copies)."""
+    own: dict[str, torch.Tensor] = {}
+    for name in plan.order:
+        owner = plan.owner(name)
+        if rank == 0:
+            tensor = whole[name].detach().to(torch.float32).contiguous()
+            if owner == 0:
+                own[name] = tensor.clone()
+            else:
+                dist.send(tensor, dst=owner)
+        elif owner == rank:
+            own[name] = torch.empty(shape_of(name), dtype=torch.float32)
+            dist.recv(own[name], src=0)
+    return own
+
+
+class OuterShard:
+    """One rank's outer state (module docstring): a StageEngine of its tensors, driven by :meth:`run`.
+
+    ``mirror``: rank 0's live parameters (the whole replica's, by name); None on a worker rank, which keeps
+    its tensors' live weights itself. Every method is collective: every rank runs the same, in order.
+    """
+
+    def __init__(self, stage_index: int, shapes: Mapping[str, tuple[int, ...]], diloco_cfg, compression_cfg,
+                 exact: int, mirror: Mapping[str, torch.Tensor] | None) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.plan = plan_shards(shapes, self.world)
+        self.own = self.plan.names[self.rank]
+        self.order = list(shapes)  # the one-process engine's order (the mirror's parameters)
+        self.diloco_cfg = diloco_cfg
+        if self.rank == 0:
+            self.live = {name: mirror[name] for name in self.order if name in self.own}
+        else:
+            self.live = {name: torch.zeros(self.plan.shapes[name], dtype=torch.float32)
+                         for name in self.order if name in self.own}
+        self.mirror = mirror
+        self.live_in()
+        self.engine = StageEngine(stage_index, self.live, diloco_cfg, compression_cfg, exact=exact)
+        stage_budget = compression_cfg.stage_bandwidth_budget(
+            self.plan.numel(), diloco_cfg.inner_steps, diloco_cfg.num_replicas)
+        self.engine.compressor = ShardCompressor(self.plan, self.rank, compression_cfg,
+                                                 bandwidth_budget=stage_budget, exact=exact)
+
+    # ------------------------------------------------------------------ live weights: mirror <-> ranks
+
+    def live_in(self) -> None:
+        """The mirror's weights of every worker's tensors into that worker's live copy."""
+        for name in self.plan.order:
+            owner = self.plan.owner(name)
+            if owner == 0:
+                continue
+            if self.rank == 0:
+                dist.send(self.mirror[name].detach().to(torch.float32).contiguous(), dst=owner)
+            elif self.rank == owner:
+                dist.recv(self.live[name], src=0)
+
+    def live_out(self) -> None:
+        """Every worker's live tensors back into rank 0's mirror."""
+        for name in self.plan.order:
+            owner = self.plan.owner(name)
+            if owner == 0:
+                continue
+            if self.rank == 0:
+                tensor = torch.empty(self.plan.shapes[name], dtype=torch.float32)
+                dist.recv(tensor, src=owner)
+                with torch.no_grad():
+                    self.mirror[name].copy_(tensor)
+            elif self.rank == owner:
+                dist.send(self.live[name].contiguous(), dst=0)
+
+    def _momentum_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(outer_state_shape(self.diloco_cfg, self.plan.shapes[name]))
+
+    def _weights_shape(self, name: str) -> tuple[int, ...]:
+        return self.plan.shapes[name]
+
+    # ------------------------------------------------------------------ the commands
+
+    def run(self, op: str, args: tuple, private=None):
+        """Carry out ``op`` (the same ``args`` on every rank; ``private``: rank 0's whole-stage inputs)."""
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            raise EngineStateError(f"cluster outer command {op!r}: unknown")
+        return handler(*args, private=private)
+
+    def _op_prepare_encode(self, outer_round: int, *, private=None) -> None:
+        self.live_in()
+        self.engine.prepare_encode(outer_round)
+
+    def _op_encode(self, outer_round: int, declared: int | None, *, private=None):
+        prepared = self.engine._prepared is not None
+        if not prepared:
+            self.live_in()
+        part, stats = self.engine.encode_contribution(outer_round, declared)
+        if not prepared and self.engine.lookahead:
+            self.live_out()
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object((part, stats), gathered, dst=0)
+        if self.rank != 0:
+            return None
+        blob = join_contribution([p for p, _s in gathered])
+        merged = CompressionStats(outer_round=outer_round, stage_index=self.engine.stage_index)
+        for _p, s in gathered:
+            merged.raw_bytes += s.raw_bytes
+            merged.tensors.extend(s.tensors)
+            merged.encode_seconds = max(merged.encode_seconds, s.encode_seconds)
+        merged.encoded_bytes = len(blob)
+        return blob, merged
+
+    def _split(self, outer_round: int, contributions: Sequence[bytes] | None):
+        bundles = None
+        if self.rank == 0:
+            per_rank: list[list[bytes | None]] = [[] for _ in range(self.world)]
+            errors: dict[int, ContributionDecodeError] = {}
+            for index, blob in enumerate(contributions):
+                try:
+                    parts = split_contribution(blob, self.plan, stage_index=self.engine.stage_index,
+                                               outer_round=outer_round)
+                except ContributionDecodeError as exc:
+                    parts, errors[index] = [None] * self.world, exc
+                for rank in range(self.world):
+                    per_rank[rank].append(parts[rank])
+            bundles = [(per_rank[rank], errors) for rank in range(self.world)]
+        received: list = [None]
+        dist.scatter_object_list(received, bundles, src=0)
+        return received[0]
+
+    def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
+        """The round aggregated per shard (module docstring) and applied: ``finish_round`` (or
+        ``absorb_round`` when ``absorb``) with this rank's aggregation; RoundResult with the stage's hash on
+        rank 0."""
+        parts, errors = self._split(outer_round, private)
+        facts, decoded = shard_facts(
+            parts, self.plan.shard_shapes(self.rank), stage_index=self.engine.stage_index,
+            outer_round=outer_round, refuse_raw=self.engine.compression_cfg.enabled, split_errors=errors)
+        every: list = [None] * self.world
+        dist.all_gather_object(every, facts)
+        reports = round_reports(every, self.diloco_cfg, excluded)
+        engine = self.engine
+        aggregation = shard_aggregation(engine.global_weights, engine.momentum, decoded, reports,
+                                        self.diloco_cfg, outer_round)
+        del decoded
+        blobs = [b""] * count
+        self.live_in()
+        step = engine.absorb_round if absorb else engine.finish_round
+        result = step(outer_round, blobs, aggregation=aggregation)
+        self.live_out()
+        return self._with_hash(result)
+
+    def _with_hash(self, result: RoundResult):
+        digest = self._op_hash()
+        if self.rank == 0:
+            result.weights_hash = digest
+            return result
+        return None
+
+    def _op_absorb(self, outer_round: int, *, private=None):
+        """Absorb ``outer_round`` from a whole new global state (rank 0's ``private``: weights, momentum)."""
+        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
+                                     self._weights_shape)
+        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
+                                      self._momentum_shape)
+        aggregation = Aggregation(weights, momentum, b"", None, [])
+        self.live_in()
+        result = self.engine.absorb_round(outer_round, [], aggregation=aggregation)
+        self.live_out()
+        return self._with_hash(result)
+
+    def _op_rebase(self, last_round: int, *, private=None) -> None:
+        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
+                                     self._weights_shape)
+        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
+                                      self._momentum_shape)
+        self.engine.rebase(weights, momentum, last_round)
+        self.live_out()
+
+    def _op_move_global(self, *, private=None) -> None:
+        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
+                                     self._weights_shape)
+        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
+                                      self._momentum_shape)
+        self.live_in()
+        self.engine.move_global(weights, momentum)
+        self.live_out()
+
+    def _op_skip_to(self, next_round: int, *, private=None) -> None:
+        self.engine.skip_to(next_round)
+
+    def _op_dropped(self, outer_round: int, *, private=None) -> bool:
+        return self.engine.contribution_dropped(outer_round)
+
+    def _op_reset_feedback(self, *, private=None) -> None:
+        self.engine.compressor.reset_feedback()
+
+    def _op_hash(self, *, private=None) -> bytes | None:
+        """The stage's ``stage_weights_hash`` on rank 0: each tensor streamed from its owner in name order."""
+        digest = weights_digest(len(self.plan.order)) if self.rank == 0 else None
+        for name in self.plan.order:
+            owner = self.plan.owner(name)
+            if self.rank == 0:
+                if owner == 0:
+                    tensor = self.engine.global_weights[name]
+                else:
+                    tensor = torch.empty(self.plan.shapes[name], dtype=torch.float32)
+                    dist.recv(tensor, src=owner)
+                hash_tensor_into(digest, name, tensor)
+                del tensor
+            elif owner == self.rank:
+                dist.send(self.engine.global_weights[name].contiguous(), dst=0)
+        return digest.digest() if self.rank == 0 else None
+
+    def _op_global(self, which: str, *, private=None) -> dict | None:
+        """The whole global weights (``which`` "weights") or momentum on rank 0, in the one-process order."""
+        own = self.engine.global_weights if which == "weights" else self.engine.momentum
+        shape_of = self._weights_shape if which == "weights" else self._momentum_shape
+        whole = _gather_to_zero(self.plan, self.rank, own, shape_of)
+        return None if whole is None else {name: whole[name] for name in self.order}
+
+    def _op_state(self, *, private=None) -> dict | None:
+        """The engine's state of the whole stage on rank 0 (:meth:`StageEngine.state_dict`'s layout, the
+        shards merged in the one-process order): the start state a verifier loads."""
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(self.engine.state_dict(copy=True), gathered, dst=0)
+        return None if gathered is None else merge_states(gathered, self.order)
+
+    def _op_bytes(self, *, private=None) -> list | None:
+        """Each rank's outer state in bytes (tensor accounting), on rank 0."""
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(outer_state_bytes(self.engine), gathered, dst=0)
+        return gathered
+
+
+def outer_state_bytes(engine: StageEngine) -> dict[str, int]:
+    """Bytes of an engine's outer state by kind (tensor accounting): global weights, momentum, round-start,
+    error-feedback residual, the delay correction's snapshots (pending round ends, own decoded, sent)."""
+    def size(weights) -> int:
+        return sum(t.numel() * t.element_size() for t in weights.values())
+
+    return {"global": size(engine.global_weights), "momentum": size(engine.momentum),
+            "round_start": size(engine._round_start), "residual": size(engine.compressor.residual),
+            "snapshots": sum(size(w) for group in (engine._round_end, engine._own_decoded, engine._sent)
+                             for w in group.values())}
+
+
+def merge_states(states: Sequence[dict], order: Sequence[str]) -> dict:
+    """The ranks' :meth:`StageEngine.state_dict` shards as one stage's (names in ``order``); the encoder's
+    memo is rank 0's (the stage's, :class:`ShardCompressor`)."""
+    def merged(dicts) -> dict:
+        union = {name: tensor for d in dicts for name, tensor in d.items()}
+        return {name: union[name] for name in order if name in union}
+
+    first = states[0]
+    out = {key: first[key] for key in ("version", "stage_index", "one_step_delay", "last_encoded",
+                                       "last_applied")}
+    for key in ("global_weights", "momentum", "error_feedback", "round_start"):
+        out[key] = merged(s[key] for s in states)
+    for key in ("round_end", "own_decoded", "sent"):
+        out[key] = {r: merged(s[key][r] for s in states) for r in first[key]}
+    others = first["others_previous"]
+    out["others_previous"] = None if others is None else (
+        merged(s["others_previous"][0] for s in states), others[1])
+    out["encoder_memo"] = first["encoder_memo"]
+    return out
