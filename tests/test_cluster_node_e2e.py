@@ -20,6 +20,7 @@ from node.config import dump_toml, load_config
 
 ROUNDS = 3
 SPOT_LINE = re.compile(r"spot check of replica 0 round (\d+): (\w+)")
+SHARDED = re.compile(r"outer state of stage 0 sharded over 2 ranks: rank 0 holds (\d+) of its (\d+) tensors")
 WORKERS = re.compile(r"cluster of 2 processes: rank 0 is this node, ranks 1\.\.1 are processes \[(\d+)\]")
 
 
@@ -56,6 +57,8 @@ def test_a_cluster_node_of_two_processes_commits_audits_and_pulls(make_run, tmp_
     logs = "\n".join(p.read_text(errors="replace") for p in cluster.data_dir.glob("node-*.log"))
     found = WORKERS.search(logs)
     assert found, run_logs(run)
+    sharded = SHARDED.search(logs)  # the outer state lives on the ranks (training/cluster_outer.py)
+    assert sharded and 0 < int(sharded.group(1)) < int(sharded.group(2)), run_logs(run)
     worker = int(found.group(1))
     run.stop_nodes()
     deadline = time.monotonic() + 60

@@ -173,7 +173,7 @@ def worker_main() -> int:
                 return 0
             try:
                 rank.run(box[0])
-            except TrainingError:  # an outer command refused on every rank alike (rank 0 reports it)
+            except Exception:  # noqa: BLE001 - an outer command refused on every rank alike: rank 0 reports it
                 if box[0][0] != "outer":
                     raise
     finally:

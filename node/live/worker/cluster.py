@@ -38,7 +38,11 @@ def stage_engine(trainer, stage: int, params: dict, cfg):
     """The engine of a held stage: a one-process StageEngine, or for a cluster its outer state sharded over
     the ranks (training.cluster_node_engine.ShardedStageEngine: rank 0 holds its shard only)."""
     if is_cluster(trainer):
-        return trainer.outer_engine(stage, cfg.diloco, cfg.compression, cfg.training.codec_kernels)
+        engine = trainer.outer_engine(stage, cfg.diloco, cfg.compression, cfg.training.codec_kernels)
+        logger.info("outer state of stage %d sharded over %d ranks: rank 0 holds %d of its %d tensors (%d of "
+                    "%d elements)", stage, trainer.world, len(engine.plan.names[0]), len(engine.plan.order),
+                    engine.plan.numel(0), engine.plan.numel())
+        return engine
     return StageEngine(stage, params, cfg.diloco, cfg.compression, exact=cfg.training.codec_kernels)
 
 
