@@ -175,8 +175,14 @@ def _served_states(tmp_path, rounds: int):
     return store, states, written
 
 
-def test_a_nodes_start_states_are_served_packed_at_about_half_their_bytes(tmp_path):
-    store, states, written = _served_states(tmp_path, 5)
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Five real rounds' start states served by one node (trained once for this module's tests)."""
+    return _served_states(tmp_path_factory.mktemp("served"), 5)
+
+
+def test_a_nodes_start_states_are_served_packed_at_about_half_their_bytes(served):
+    store, states, written = served
     for data in written.values():
         digest = hashlib.sha256(data).hexdigest()
         assert store.packed(digest).pread(0, len(data)) == data == read_packed(store.root, digest)
@@ -197,12 +203,12 @@ def test_a_nodes_start_states_are_served_packed_at_about_half_their_bytes(tmp_pa
     assert _pieces(store) == set() and _disk(store.root) == 0
 
 
-def test_a_packed_start_state_is_fetched_whole_by_a_real_peer(tmp_path):
+def test_a_packed_start_state_is_fetched_whole_by_a_real_peer(served, tmp_path):
     from p2p.config import P2PConfig
     from p2p.host import P2PHost
     from p2p.identity import Identity
 
-    _, _, written = _served_states(tmp_path / "states", 3)
+    written = {r: data for r, data in served[2].items() if r >= 2}
     a = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "a")
     b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, gossip_resync_interval=0), Identity.generate(),
                       data_dir=tmp_path / "b")
