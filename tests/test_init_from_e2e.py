@@ -3,8 +3,9 @@ random Qwen2 locally, with a BPE trained here as its tokenizer). 2 replicas x 2 
 the data prepared with the source's own tokenizer; the run document names the imported weights and the
 tokenizer by content hash, the genesis root on chain is that of the imported weights, ``audit`` (with reruns)
 verifies every round, and ``pull`` writes a Qwen2ForCausalLM whose logits equal the project's. Through the
-demo's seeder alone (a run link, no archive, no local copy of anything), ``audit`` fetches the initial weights
-and replays round 0 from them, and ``pull`` fetches the tokenizer and writes the source's class.
+demo's seeder alone (a run link, no archive, no local copy of anything), ``audit`` fetches the initial
+weights, replays round 0 from them and reruns every contribution from what the seeder serves, and ``pull``
+fetches the tokenizer and writes the source's class.
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ def test_through_the_seeder_alone_round_0_replays_from_the_fetched_weights_and_p
     try:
         fetcher = PeerFetcher.start([seeder.multiaddr])
         try:
-            report = audit_run(run.client(), run.run_id, fetcher=fetcher)
+            # issue 80 point 1: the reruns too read the seeder alone (start states, envelopes; round 0's
+            # exclusions from the audit's own replay of it)
+            report = audit_run(run.client(), run.run_id, fetcher=fetcher, reexecute=-1)
             pull_checkpoint(run.client(), run.run_id, tmp_path / "model", fetcher=fetcher, final_only=False)
         finally:
             fetcher.close()
@@ -158,6 +161,9 @@ def test_through_the_seeder_alone_round_0_replays_from_the_fetched_weights_and_p
     first = report.rounds[0]
     assert first.round == 0
     assert any(c.name == "weights root (replay)" and c.status == OK for c in first.checks), first.line()
+    reruns = [c for c in report.general if c.name.startswith("re-execution of round")]
+    assert len(reruns) == 2 * ROUNDS and all(c.status == OK for c in reruns), [c.line() for c in reruns]
+    assert report.reexecution["from"] == "peers" and report.reexecution["rerun"] == 2 * ROUNDS
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert type(back).__name__ == "Qwen2ForCausalLM"
     tokenizer = (tmp_path / "model" / "tokenizer.json").read_bytes()

@@ -147,23 +147,36 @@ def test_audit_of_the_run_link_passes_through_the_seeder_alone(kept, tmp_path):
         assert statuses["contributions root"] == statuses["weights root (replay)"] == "ok", verdict
 
 
-def test_a_reexecute_through_the_link_alone_that_reruns_nothing_is_not_passed(kept, tmp_path):
+def test_a_reexecute_through_the_link_alone_reruns_from_the_peers(kept, tmp_path):
     import json
 
     _run, printed, _out = kept
-    # Issue 80 point 1: through the seeder link alone (no --archive) no contribution can be rerun; the audit
-    # printed PASSED with no rerun line and "reexecuted": {} in its JSON. Now it says how many it was asked to
-    # rerun, how many it did and why not the rest, and is not PASSED.
-    done = run_cli("audit", _link(printed), "--reexecute", "2", "--json", str(tmp_path / "a.json"))
-    assert done.returncode == 13, done.stdout[-4000:] + done.stderr[-3000:]
-    assert "PASSED" not in done.stdout and "INCOMPLETE" in done.stdout, done.stdout[-4000:]
-    assert "re-executed 0 of 0 sampled contributions (asked: 2)" in done.stdout, done.stdout[-4000:]
-    assert "re-execution: unverifiable (asked to rerun 2 contribution(s), reran 0: no --archive was given" \
+    # Issue 80 point 1: through the seeder link alone (no --archive) no contribution was rerun: the audit
+    # printed PASSED with no rerun line and "reexecuted": {} in its JSON (then INCOMPLETE, "no --archive was
+    # given"). Now the seeder serves the start states the envelopes bind, the reruns read the run's peers, and
+    # round 1's rerun takes round 0's exclusions from the audit's own replay of round 0.
+    done = run_cli("audit", _link(printed), "--reexecute", "all", "--json", str(tmp_path / "a.json"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "PASSED" in done.stdout and not _not_ok(done.stdout), done.stdout[-4000:]
+    assert "re-executed 2 of 2 sampled contributions (asked: all): 2 exact, 0 emulated, 0 tolerance" \
         in done.stdout, done.stdout[-4000:]
     report = json.loads((tmp_path / "a.json").read_text())
-    assert report["verdict"] == "INCOMPLETE" and not report["ok"]
-    assert report["reexecution"]["asked"] == 2 and report["reexecution"]["rerun"] == 0
-    assert report["reexecution"]["why_not"].startswith("no --archive was given"), report["reexecution"]
+    assert report["verdict"] == "PASSED" and report["ok"]
+    assert report["reexecution"] == {"asked": "all", "recorded": 2, "sampled": 2, "rerun": 2, "why_not": "",
+                                     "from": "peers"}, report["reexecution"]
+    # What it cannot check, said exactly: without the replay (--no-replay) round 0's exclusions are unknown,
+    # so round 1 cannot be rerun; round 0 (no round before it) still is. Not PASSED.
+    done = run_cli("audit", _link(printed), "--no-replay", "--reexecute", "all", "--json",
+                   str(tmp_path / "b.json"))
+    assert done.returncode == 13, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "re-executed 1 of 2 sampled contributions (asked: all): 1 exact, 0 emulated, 0 tolerance; " \
+        "1 not rerun; not rerun: 1 sampled not rerun (1 without their inputs" in done.stdout, \
+        done.stdout[-4000:]
+    assert "re-execution of round 1 replica 0: unverifiable (round 0's exclusions (which the next round's " \
+        "start needs) are known only from the audit's replay of it, and its replay is unverifiable: replay " \
+        "skipped (--no-replay))" in done.stdout, done.stdout[-4000:]
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["reexecution"]["rerun"] == 1 and report["verdict"] == "INCOMPLETE"
 
 
 def test_the_audit_command_of_the_pulled_models_readme_passes(pulled):

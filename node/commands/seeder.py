@@ -2,7 +2,8 @@
 
 After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder
 serves, by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its
-sha256 is the on-chain ``configHash``), every checkpoint file, every archived contribution envelope and the
+sha256 is the on-chain ``configHash``), every checkpoint file, every archived contribution envelope, the start
+state each binds and the evidence of accusations (what ``audit LINK --reexecute`` reruns from) and the
 run's tokenizer. Each round's list of contributions (what the nodes sealed in ``round.json``) is served under
 its Merkle root, the commit's ``contributionsRoot``, the key an auditor knows from the chain (``audit LINK``
 needs the lists: the coordinators' ``close`` gossip that carried them is gone with the nodes). It trains
@@ -31,15 +32,34 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _start_state(envelope: Path) -> str:
+    """The sha256 hex of the start state an archived contribution envelope binds ("" if it is none)."""
+    from node import protocol as msg
+    from p2p.envelope import decode_envelope
+    from p2p.errors import EnvelopeRejected
+
+    try:
+        env = decode_envelope(envelope.read_bytes(), 1 << 32)
+        if env.kind != msg.CONTRIBUTION:
+            return ""
+        return msg.decode_contribution_body(env.payload).state_hash.hex()
+    except (OSError, EnvelopeRejected, msg.ProtocolError, ValueError):
+        return ""
+
+
 def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
-    """sha256 hex -> a file to serve: each node's run document, checkpoints, contribution envelopes, the
-    run's tokenizer and an imported model's initial weights."""
+    """sha256 hex -> a file to serve: each node's run document, checkpoints, contribution envelopes and the
+    start states they bind (the blob store's ``<sha256>``: ``audit LINK --reexecute`` reruns from them), the
+    evidence of its accusations, the run's tokenizer and an imported model's initial weights."""
     found: dict[str, Path] = {}
     for directory in map(Path, node_dirs):
         run_dir = directory / "archive" / f"run-{run_id}"
+        envelopes = sorted(run_dir.glob("round-*/*.env"))
+        states = sorted({directory / "blobs" / state for state in map(_start_state, envelopes) if state})
         # the run's tokenizer too (join and pull fetch it by its sha256: the run document's model.tokenizer)
         paths = [run_dir / "run.json", *sorted((directory / "checkpoints").glob("round-*.safetensors")),
-                 *sorted(run_dir.glob("round-*/*.env")), *sorted((directory / "tokenizers").glob("*.json")),
+                 *envelopes, *states, *sorted((directory / "evidence").glob("*")),
+                 *sorted((directory / "tokenizers").glob("*.json")),
                  *sorted((directory / "initial").glob("*.safetensors"))]  # an imported model's start
         for path in paths:
             if path.is_file():

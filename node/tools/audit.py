@@ -282,7 +282,7 @@ def audit_run(
         from node.tools.audit_reexec_checks import reexec_checks
 
         mark = time.perf_counter()
-        reexec_checks(report, history, replayer, archives, reexecute, reexec_progress)
+        reexec_checks(report, history, replayer, archives, reexecute, reexec_progress, fetcher=fetcher)
         timings["reexecute_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]

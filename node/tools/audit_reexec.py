@@ -62,7 +62,8 @@ class ReexecAuditor:
         # The inner-lr horizon is rounds x H; the run's length is fixed on chain (maxRounds), not in
         # the run document.
         self.run_rounds = run_rounds
-        self.archives = AuditArchives(archives, run_id)
+        # node data directories, or an object that reads like them (the run's peers: audit_peer_archives.py)
+        self.archives = archives if hasattr(archives, "sealed") else AuditArchives(archives, run_id)
         self.sealed = self.archives.sealed()
         self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
         self.history = history  # ledger.records.RunHistory: the declared platforms (declared_platform)
@@ -92,17 +93,24 @@ class ReexecAuditor:
         return envs if [e.stage for e in envs] == list(range(self.cfg.pipeline.num_stages)) else None
 
     def _previous(self, round_index: int):
+        """(payloads by stage, exclusions by stage) of round ``round_index`` as the rerun of the next round
+        needs them; (None, why not) when the sources lack them."""
         if round_index < 0:
             return {}, {}
         entries = self.sealed.get(round_index)
+        where = getattr(self.archives, "where", "the archives")
         if entries is None:
-            return None, None
+            return None, f"round {round_index}'s contributions are not in {where}"
+        unknown = getattr(self.archives, "exclusions_unknown", None)
+        why = unknown(round_index) if unknown is not None else ""
+        if why:
+            return None, why
         previous: dict[int, list[bytes]] = {}
         where: dict[str, tuple[int, int]] = {}
         for stage, _replica, _peer, hash_hex in entries:
             data = self.archives.envelope(round_index, hash_hex)
             if data is None:
-                return None, None
+                return None, f"round {round_index}'s contributions are not in {where}"
             payloads = previous.setdefault(int(stage), [])
             where[hash_hex] = (int(stage), len(payloads))
             payloads.append(msg.decode_contribution_body(decode_envelope(data, MAX_BLOB).payload).blob)
@@ -133,11 +141,13 @@ class ReexecAuditor:
 
         envs = envs or self._envelopes(round_index, replica)
         if envs is None:
-            return None, "its contributions are not in the archives", None
+            why = getattr(self.archives, "no_contributions", "its contributions are not in the archives")
+            return None, why, None
         bodies = [msg.decode_contribution_body(e.payload) for e in envs]
         parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
         if any(p is None for p in parts):
-            return None, "its start state is not in the archives' blob stores", None
+            return None, getattr(self.archives, "no_start_state",
+                                 "its start state is not in the archives' blob stores"), None
         payloads, partials = [b.blob for b in bodies], None
         if self.cfg.diloco.sliced:  # its envelopes carry slice references, not codec blobs
             try:
@@ -155,7 +165,7 @@ class ReexecAuditor:
         else:
             previous, excluded = self._previous(round_index - 1)
             if previous is None:
-                return None, f"round {round_index - 1}'s contributions are not in the archives", None
+                return None, excluded, None
         held = {int(e[0]) for e in self.sealed.get(round_index - 1, []) if int(e[1]) == replica}
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if round_index > 0 else []
         corpus = self.replayer._corpus()

@@ -59,17 +59,32 @@ def recorded_pairs(sealed: dict[int, list[list]], history) -> tuple[list[tuple[i
     return pairs, sorted(r for r in sealed if r not in committed)
 
 
-def reexec_checks(report, history, replayer, archives, count: int, progress=None) -> None:
+def rerun_source(report, history, replayer, archives, fetcher):
+    """What the reruns read: the ``--archive`` directories, or without any, the run's peers through the
+    audit's ``fetcher`` (a run link or --bootstrap: node/tools/audit_peer_archives.py); None: neither."""
+    if archives:
+        return list(archives)
+    if fetcher is None:
+        return None
+    from node.tools.audit_peer_archives import PeerArchives
+
+    return PeerArchives(fetcher, report, replayer, history.run.run_id)
+
+
+def reexec_checks(report, history, replayer, archives, count: int, progress=None, fetcher=None) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring), count the reruns by how they
-    were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun."""
+    were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun. Without
+    ``archives``, the reruns read the run's peers through ``fetcher`` (:func:`rerun_source`)."""
     asked = "all" if count < 0 else count
-    report.reexecution = {"asked": asked, "recorded": 0, "sampled": 0, "rerun": 0, "why_not": ""}
+    source = rerun_source(report, history, replayer, archives, fetcher)
+    report.reexecution = {"asked": asked, "recorded": 0, "sampled": 0, "rerun": 0, "why_not": "",
+                          "from": "archives" if archives else "peers" if source is not None else "nothing"}
     if replayer is None:
         report.reexecution["why_not"] = "the run document is not available"
         report.general.append(Check("re-execution", UNVERIFIABLE, f"asked to rerun {asked} contribution(s), "
                                     "reran 0: the run document is not available"))
         return
-    auditor = ReexecAuditor(replayer, archives, history.run.run_id, history.run.max_rounds, history)
+    auditor = ReexecAuditor(replayer, source or [], history.run.run_id, history.run.max_rounds, history)
     guilty = [a for a in history.accusations if a.guilty]
     guilty_accounts = {a.accused.lower() for a in guilty}
     account_of = _peer_accounts(history)
@@ -118,26 +133,29 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
                 f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
                 + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
                 round_index))
-    _account_for_the_rest(report, archives, asked, len(pairs), len(sample))
+    _account_for_the_rest(report, report.reexecution["from"], asked, len(pairs), len(sample))
     proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
     report.general.extend(ejection_check(accusation, auditor, proofs, account_of) for accusation in guilty)
 
 
-def _account_for_the_rest(report, archives, asked, recorded: int, sampled: int) -> None:
+def _account_for_the_rest(report, source: str, asked, recorded: int, sampled: int) -> None:
     """How many of the ``asked`` reruns were done and why not the rest (issue 80): in ``report.reexecution``
     and, when nothing was rerun, an unverifiable item (a ``--reexecute`` that reruns nothing is not
-    PASSED)."""
+    PASSED). ``source``: "archives", "peers" or "nothing" (what the reruns read)."""
     rules = ("exact", "emulated", "tolerance")
     rerun = sum(report.reexecuted.get(rule, 0) for rule in rules)
     report.reexecution["rerun"] = rerun
     why = ""
     if not recorded:
-        why = ("no archive holds the run's sealed rounds and their contributions" if archives else
-               "no --archive was given: through a seeder link or --bootstrap only the chain, the run "
-               "document and checkpoints are read, never the contributions a rerun needs; pass --archive DIR "
-               "(a member's data directory, or a copy of its archive)")
+        why = {"archives": "no archive holds the run's sealed rounds and their contributions",
+               "peers": "no committed round's contributions came from the run's peers verified against "
+                        "the chain (see the rounds' contributions root items); pass --archive DIR (a "
+                        "member's data directory, or a copy of its archive)",
+               "nothing": "no --archive, run link or --bootstrap was given: nothing holds the contributions "
+                          "a rerun needs"}[source]
     elif isinstance(asked, int) and sampled < asked:
-        why = f"the archives record {recorded} contribution(s) of committed rounds, fewer than asked"
+        where = "the archives record" if source == "archives" else "the run's peers served"
+        why = f"{where} {recorded} contribution(s) of committed rounds, fewer than asked"
     if sampled > rerun:
         not_rerun = report.reexecuted.get("not rerun", 0)
         why = "; ".join(w for w in (why, f"{sampled - rerun} sampled not rerun ({not_rerun} without their "

@@ -39,6 +39,10 @@ class Replayer:
         self.base_problem = ""  # why there is no starting state (an imported model's weights are missing)
         self.tokenizer_dirs: list = []  # where the run's sha256: tokenizer is (node/tools/audit_inputs.py)
         self.last_excluded: list[tuple[int, int, str, str]] = []
+        # round -> [[stage, replica, peer id, envelope hash, reason, detail], ...] of each round whose replay
+        # reproduced the committed weights root: the exclusions the run applied (a rerun of the next round
+        # through the run's peers needs them: node/tools/audit_peer_archives.py)
+        self.exclusions: dict[int, list[list]] = {}
         self._corpus_cache = None
         self.data_path = data_path
         self.data_sha256 = document.get("training", {}).get("data_sha256", "")
@@ -317,6 +321,7 @@ def check_replay(
         verdict.notes.append(f"stage {stage} contribution {index} excluded ({reason}): {detail}")
     if root == commit.weights_root:
         verdict.checks.append(Check("weights root (replay)", OK, f"from {replayer.base}"))
+        replayer.exclusions[commit.round] = _listed_exclusions(verdict, replayer.last_excluded)
     else:
         # Keep the replayed (honest) state: later rounds are checked against what the contributions imply.
         verdict.checks.append(
@@ -327,6 +332,19 @@ def check_replay(
             )
         )
     return root
+
+
+def _listed_exclusions(verdict: RoundVerdict, excluded: list[tuple[int, int, str, str]]) -> list[list]:
+    """The replay's exclusions (stage, index in the stage's list, reason, detail) as round.json's ``excluded``
+    entries: [stage, replica, peer id, envelope hash, reason, detail]."""
+    by_stage: dict[int, list] = {}
+    for contributor in verdict.contributors:
+        by_stage.setdefault(contributor.stage, []).append(contributor)
+    listed = []
+    for stage, index, reason, detail in excluded:
+        contributor = by_stage[stage][index]
+        listed.append([stage, contributor.replica, contributor.peer_id, contributor.envelope, reason, detail])
+    return listed
 
 
 def check_checkpoint(
