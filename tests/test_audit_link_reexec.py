@@ -22,6 +22,7 @@ from node.tools.audit_peer_archives import PeerArchives
 from node.tools.audit_reexec import ReexecAuditor
 from node.tools.evidence import PeerFetcher
 from node.tools.report import OK, UNVERIFIABLE, Check, Contributor, RoundVerdict
+from p2p.blobstore import BlobStore
 from p2p.envelope import Envelope, decode_envelope
 from p2p.identity import Identity
 
@@ -31,7 +32,7 @@ MEMBERS = [Identity.from_seed(bytes([n]) * 32) for n in (1, 2)]
 
 
 def _contribution(replica: int, outer_round: int) -> tuple[bytes, bytes]:
-    state = f"start state of replica {replica} round {outer_round}".encode()
+    state = f"start state of replica {replica} round {outer_round}".encode() * 400
     body = msg.ContributionBody(hashlib.sha256(state).digest(), bytes(32), f"delta {replica}".encode(),
                                 msg.NO_APPLY)
     envelope = Envelope.create(MEMBERS[replica], RUN_ID, outer_round, msg.CONTRIBUTION,
@@ -42,7 +43,8 @@ def _contribution(replica: int, outer_round: int) -> tuple[bytes, bytes]:
 @pytest.fixture
 def node(tmp_path):
     """One node's directory: rounds 0 and 1 of two replicas sealed, their start states in its blob store
-    beside a blob no contribution binds, and one evidence file."""
+    (replica 1's of round 1 packed, as a node keeps its own: p2p/blobpack.py) beside a blob no contribution
+    binds, and one evidence file."""
     root = tmp_path / "node"
     archive = Archive(root / "archive", RUN_ID)
     (root / "blobs").mkdir(parents=True)
@@ -54,6 +56,10 @@ def node(tmp_path):
             envelope, state = _contribution(replica, outer_round)
             archive.put(outer_round, envelope)
             (root / "blobs" / hashlib.sha256(state).hexdigest()).write_bytes(state)
+            if (outer_round, replica) == (1, 1):
+                (tmp_path / "state").write_bytes(state)
+                (root / "blobs" / hashlib.sha256(state).hexdigest()).unlink()
+                BlobStore(root / "blobs", 1 << 24).put_packed(tmp_path / "state", [(64, len(state) - 64)])
             entries.append(ArchivedContribution(0, replica, MEMBERS[replica].peer_id,
                                                 hashlib.sha256(envelope).digest()))
             made[outer_round, replica] = envelope, state
@@ -103,8 +109,9 @@ def test_the_reruns_read_the_seeders_start_states_and_the_replays_exclusions(nod
             assert auditor._previous(1) == (None, "round 1's exclusions (which the next round's start needs) "
                                             "are known only from the audit's replay of it, and its replay is "
                                             "unverifiable: replay skipped (--no-replay)")
-            state = made[1, 0][1]
-            assert peers.blob(hashlib.sha256(state).hexdigest()) == state
+            for replica in (0, 1):  # a file, and a packed blob
+                state = made[1, replica][1]
+                assert peers.blob(hashlib.sha256(state).hexdigest()) == state
             assert [e.replica for e in auditor._envelopes(1, 0)] == [0]
         finally:
             fetcher.close()

@@ -3,12 +3,13 @@
 After ``dlx-node demo --keep`` the nodes have ended (their run is over); only the chain stays. The seeder
 serves, by hash over ``/dlx/blob/1.0.0``, what the nodes left in their data directories: the run document (its
 sha256 is the on-chain ``configHash``), every checkpoint file, every archived contribution envelope, the start
-state each binds and the evidence of accusations (what ``audit LINK --reexecute`` reruns from) and the
-run's tokenizer. Each round's list of contributions (what the nodes sealed in ``round.json``) is served under
-its Merkle root, the commit's ``contributionsRoot``, the key an auditor knows from the chain (``audit LINK``
-needs the lists: the coordinators' ``close`` gossip that carried them is gone with the nodes). It trains
-nothing, holds no stake and signs nothing; every byte a client fetches is checked by that client against the
-chain, so serving a wrong file would only make it refuse the download.
+state each binds (a file of a node's blob store, or a packed blob read back and checked), the evidence of
+accusations (what ``audit LINK --reexecute`` reruns from) and the run's tokenizer. Each round's list of
+contributions (what the nodes sealed in ``round.json``) is served under its Merkle root, the commit's
+``contributionsRoot``, the key an auditor knows from the chain (``audit LINK`` needs the lists: the
+coordinators' ``close`` gossip that carried them is gone with the nodes). It trains nothing, holds no stake
+and signs nothing; every byte a client fetches is checked by that client against the chain, so serving a
+wrong file would only make it refuse the download.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
         run_dir = directory / "archive" / f"run-{run_id}"
         envelopes = sorted(run_dir.glob("round-*/*.env"))
         states = sorted({directory / "blobs" / state for state in map(_start_state, envelopes) if state})
+        # (a state the node kept packed has no such file: packed_states)
         # the run's tokenizer too (join and pull fetch it by its sha256: the run document's model.tokenizer)
         paths = [run_dir / "run.json", *sorted((directory / "checkpoints").glob("round-*.safetensors")),
                  *envelopes, *states, *sorted((directory / "evidence").glob("*")),
@@ -64,6 +66,22 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
         for path in paths:
             if path.is_file():
                 found.setdefault(_sha256(path), path)
+    return found
+
+
+def packed_states(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
+    """sha256 hex -> the blob store holding it, of each start state an archived contribution binds that its
+    node kept packed (p2p/blobpack.py: a node's own start states) rather than as a file of its own."""
+    from p2p.blobpack import MANIFEST_SUFFIX, PACKED_DIR
+
+    found: dict[str, Path] = {}
+    for directory in map(Path, node_dirs):
+        blobs = directory / "blobs"
+        for envelope in sorted((directory / "archive" / f"run-{run_id}").glob("round-*/*.env")):
+            state = _start_state(envelope)
+            if state and not (blobs / state).is_file() and \
+                    (blobs / PACKED_DIR / f"{state}{MANIFEST_SUFFIX}").is_file():
+                found.setdefault(state, blobs)
     return found
 
 
@@ -115,8 +133,11 @@ class ArchiveSeeder:
         from p2p.identity import Identity
         from training.errors import ShardError
 
+        from p2p.blobpack import MANIFEST_SUFFIX, PACKED_DIR, read_packed
+
         node_dirs = list(node_dirs)
         served = archived_files(node_dirs, run_id)
+        packed = packed_states(node_dirs, run_id)
         lists = round_lists(node_dirs, run_id)
         workdir = Path(tempfile.mkdtemp(prefix="dlx-seeder-"))
         host = P2PHost.start(P2PConfig(listen_host=listen_host, listen_port=listen_port,
@@ -125,6 +146,12 @@ class ArchiveSeeder:
         try:
             for sha256_hex, path in served.items():
                 host.provide_file(path, sha256_hex)
+            for sha256_hex, blobs in packed.items():  # a copy in the seeder's own store, one at a time
+                data = read_packed(blobs, sha256_hex)  # checked against its hash (None: damaged)
+                if data is not None and sha256_hex not in served:
+                    served[sha256_hex] = blobs / PACKED_DIR / f"{sha256_hex}{MANIFEST_SUFFIX}"
+                    host.provide_blob(data, announce=False)
+                del data
             for root_hex, data in lists.items():
                 host.provide_alias(root_hex, host.provide_blob(data, announce=False))
             for directory in datasets:
