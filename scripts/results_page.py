@@ -265,7 +265,9 @@ SECTIONS = (
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
-            "state (10.2x) is kept for every round of the spot checks and dispute window, a chunked run's "
+            "state (10.2x; kept packed since issue 75's latest change, 7.3x of its own a round: "
+            "packed_piece and packed_manifest) is kept for every round of the spot checks and dispute "
+            "window, a chunked run's "
             "stage state (4.9x with what is published beside it, its spilled file no longer repeating the "
             "published weights and momentum or the expanded payload pieces) for every round of the proof "
             "window, and "
