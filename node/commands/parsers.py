@@ -232,7 +232,8 @@ def _add_audit_and_pull(sub) -> None:
                                 "(default: deployment.json's reward_pool, if any)")
             p.add_argument("--reexecute", default="0", metavar="N",
                            help="rerun N sampled contributions (or 'all') and every ejection's evidence from "
-                                "the archives' start states (docs/PROTOCOL.md, 'Spot checks')")
+                                "the archives' start states, or without --archive from what the run's peers "
+                                "serve (a run link or --bootstrap; docs/AUDIT.md, 'Re-execution')")
             p.add_argument("--data", default="", metavar="FILE|DIR",
                            help="the run's training text or prepared dataset directory (the run document "
                                 "names its sha256 or manifest root): screened rounds and reruns read their "
