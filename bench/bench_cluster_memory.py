@@ -12,6 +12,13 @@ AdamW state, and the outer state (global weights, outer momentum, round start, e
   rank's state and its share of the one-process state; the goal is at most ``1/N + 10%`` per rank (read
   strictly: ``1.1 / N``).
 
+* ``node[N]``: the same round through a cluster *node's* path (``[compute] processes = N``:
+  :class:`training.cluster_replica.ClusterReplicaTrainer` with its outer state sharded,
+  :class:`training.cluster_node_engine.ShardedStageEngine`; docs/CLUSTER.md "The node wiring"), each N in
+  a fresh process that is rank 0 and spawns the others: each rank's state, where rank 0 also holds the
+  *mirror* (the whole replica's live weights) and a worker a copy of its tensors' live weights. N = 1 is
+  the one-process node (``one_process``).
+
 Each rank's peak RSS (VmHWM) is recorded too: it includes the interpreter and torch (about
 300 MB a process here) and the round's transients (one whole tensor gathered at a time, the encoder's
 work), so it is not the measure of the goal. Writes ONE JSON, bench/results/cluster_memory.json.
@@ -146,6 +153,69 @@ def cluster_rank(rank: int, world: int, preset: str, path: str) -> None:
         Path(path).write_text(json.dumps(rows))
 
 
+NODE_OUTER = ("global", "momentum", "round_start", "residual")  # the kinds one_process counts as "outer"
+
+
+def node_cluster(world: int, preset: str, path: str) -> None:
+    """One round through a cluster node's path (module docstring, ``node[N]``); rank 0 is this process."""
+    from training.cluster_replica import ClusterReplicaTrainer
+    from training.model import init_state_dict
+
+    torch.set_num_threads(1)
+    dcfg, comp, tcfg = configs()
+    model = ModelConfig(preset=preset)
+    trainer = ClusterReplicaTrainer(model, TrainingConfig(batch_size=BATCH), world, init_state_dict(model, 0),
+                                    threads=1)
+    try:
+        engine = trainer.outer_engine(0, dcfg, comp)
+        started = time.perf_counter()
+        trainer.begin_steps()
+        trainer.train_step(*batch(model))
+        trainer.end_steps()
+        trained = time.perf_counter()
+        own, _ = engine.encode_contribution(0)
+        encoded = time.perf_counter()
+        engine.finish_round(0, [own, *others(dict(engine.shapes), comp)])
+        applied = time.perf_counter()
+        weights_hash = engine.weights_hash()
+        rows = trainer.accounting()
+    finally:
+        trainer.close()
+    for rank, row in enumerate(rows):
+        outer = row.pop("outer")
+        row["rank"] = rank
+        row["state_bytes"] = {key: row.pop(key) for key in ("mirror", "params", "grads", "inner_optimizer",
+                                                           "live_copy")}
+        row["state_bytes"]["outer"] = sum(outer[key] for key in NODE_OUTER)
+        row["snapshot_bytes"] = outer["snapshots"]  # the delay correction's (not counted by one_process)
+        row["total_bytes"] = sum(row["state_bytes"].values())
+    rows[0]["seconds"] = {"train": trained - started, "encode_and_join": encoded - trained,
+                          "apply": applied - encoded}
+    rows[0]["weights_hash"] = weights_hash.hex()
+    Path(path).write_text(json.dumps(rows))
+
+
+def node_rows(world: int, preset: str, stage: int) -> dict:
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        process = multiprocessing.get_context("spawn").Process(target=node_cluster, args=(world, preset, out))
+        process.start()
+        process.join()
+        if process.exitcode != 0:
+            raise SystemExit(f"node path at N={world}: exit code {process.exitcode}")
+        rows = json.loads(Path(out).read_text())
+    shares = [row["total_bytes"] / stage for row in rows]
+    print(f"node N={world}: rank 0 share {shares[0]:.4f}, largest worker "
+          f"{max(shares[1:], default=0):.4f} of the one-process state", flush=True)
+    return {"ranks": rows, "shares": shares, "rank0_share": shares[0],
+            "largest_worker_share": max(shares[1:], default=None),
+            "rank0_outer_share": rows[0]["state_bytes"]["outer"] / max(1, sum(
+                row["state_bytes"]["outer"] for row in rows)),
+            "goal_strict": 1.1 / world, "meets_goal_strict": max(shares) <= 1.1 / world}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="llama-20m")
@@ -172,13 +242,19 @@ def main() -> None:
         }
         print(f"N={world}: largest rank share {max(shares):.4f} of the one-process state "
               f"(1/N = {1 / world:.4f}, goal {1.1 / world:.4f})", flush=True)
+    node = {str(world): node_rows(world, args.preset, stage) for world in args.ranks if world > 1}
     result = {
         "what": "training state per rank of one stage trained by N processes (FSDP2 + sharded outer state), "
                 "tensor accounting, against one process",
         "preset": args.preset, "params": base["params"], "batch": [BATCH, SEQ],
         "measure": "bytes of the state tensors (params, grads, inner AdamW state, outer state); "
                    "RSS beside it",
-        "one_process": base, "clusters": clusters,
+        "one_process": base, "clusters": clusters, "node": node,
+        "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); rank 0 "
+                     "also holds the mirror (the whole replica's live weights), a worker a copy of its "
+                     "tensors' live weights; 'outer' counts what one_process counts (global, momentum, "
+                     "round start, residual), the delay correction's snapshots are in snapshot_bytes; "
+                     "N = 1 is one_process",
         "note": "each N's weights hash differs after the round: the inner step's gradients are averaged by "
                 "FSDP's reduce-scatter over N ranks and the byte budget is split N ways (docs/CLUSTER.md, "
                 "Re-execution); the bit-exact comparisons are tests/test_cluster_engine.py's",

@@ -95,6 +95,8 @@ class _Rank:
         if kind == "reset":
             self.trainer.optimizer.state.clear()
             return None
+        if kind == "accounting":
+            return self._accounting(mirror)
         raise EngineStateError(f"cluster command {kind!r}: unknown")
 
     def _push(self, mirror) -> None:
@@ -135,6 +137,46 @@ class _Rank:
                 gathered = value.full_tensor() if hasattr(value, "full_tensor") else torch.as_tensor(value)
                 live[f"{prefix}.{field_name}/{name}"] = gathered
         return host_float32_copy(live) if dist.get_rank() == 0 else None
+
+
+    def _accounting(self, mirror) -> list[dict] | None:
+        """Each rank's training state in bytes (tensor accounting, not RSS), on rank 0: the mirror (rank 0),
+        the FSDP shards of the parameters and gradients, the inner AdamW state, a worker's copy of its
+        tensors' live weights, the outer state by kind (training.cluster_outer.outer_state_bytes), and the
+        process's peak RSS (VmHWM) beside it."""
+        from training.cluster_outer import outer_state_bytes
+
+        def size(tensors) -> int:
+            total = 0
+            for tensor in tensors:
+                tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+                total += tensor.numel() * tensor.element_size()
+            return total
+
+        params = list(self.module.parameters())
+        outer = self.outer
+        row = {"mirror": size(mirror.parameters()) if mirror is not None else 0,
+               "params": size(params), "grads": size(p.grad for p in params if p.grad is not None),
+               "inner_optimizer": size(v for state in self.trainer.optimizer.state.values() for v in
+                                       state.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
+               "live_copy": size(outer.live.values()) if outer is not None and mirror is None else 0,
+               "outer": outer_state_bytes(outer.engine) if outer is not None else {},
+               "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": _peak_rss()}
+        rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(row, rows, dst=0)
+        return rows
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM; 0 where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _watch_parent(parent: int) -> None:
@@ -300,6 +342,10 @@ class ClusterReplicaTrainer:
     def outer(self, command: tuple, private=None):
         """One outer command (training/cluster_outer.py) on every rank; rank 0's result."""
         return self._command(("outer", *command), private=private)
+
+    def accounting(self) -> list[dict]:
+        """Every rank's training state in bytes, rank by rank (:meth:`_Rank._accounting`)."""
+        return self._command(("accounting",))
 
     def reset_inner_state(self) -> None:
         """A fresh inner optimizer on every rank (a restart from a checkpoint)."""
