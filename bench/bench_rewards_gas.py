@@ -4,7 +4,9 @@ written there: a run with a pool and one without commit the same record shape fo
 calls cost: createPool, fund, a claim of a listed contribution at 1, 4 and 8 contributions listed in its stage
 (the first claim of a round also opens it: reads isFinal and writes the round's budget), an attester's
 claim at
-3 and 8 attesters, and a sweep. Figures go to ``bench/results/rewards_gas.json``.
+3 and 8 attesters, and a sweep; and the same calls of a pool in an ERC-20 (a plain test token: its
+transferFrom or transfer and the pool's two balanceOf reads around it). Figures go to
+``bench/results/rewards_gas.json``.
 
     nice -n 10 python bench/bench_rewards_gas.py
 """
@@ -21,7 +23,7 @@ from bench.benchio import default_out, write_result  # noqa: E402
 from ledger.anvil import AnvilProcess  # noqa: E402
 from ledger.chain import connect_rpc  # noqa: E402
 from tests.ledger_fixtures import deploy, mine  # noqa: E402
-from tests.reward_fixtures import params, reward_run  # noqa: E402
+from tests.reward_fixtures import Token, params, reward_run, token_run  # noqa: E402
 
 MEMBERS = tuple(range(1, 10))  # the funded dev accounts
 
@@ -73,6 +75,25 @@ def claim_gas(url: str) -> dict:
     return out
 
 
+def token_gas(url: str) -> dict:
+    """createPool, fund, a contribution's claim (4 listed: the round's first, then a later one) and an
+    attester's claim (3 attesters) of a pool in a plain ERC-20."""
+    rr, token = token_run(deploy(connect_rpc(url, timeout=60.0)), members=MEMBERS)
+    rr.pool(8).approve(token.address, 10**15)
+    out = {"fund_gas": rr.pool(8).fund(rr.run_id, 10**15, token.address)["gasUsed"]}
+    rr.commit([[(m, None) for m in MEMBERS[:4]], []], signers=MEMBERS[:3])
+    rr.mine_to_final(0)
+    out["claim_contribution_gas"] = {"first_claim_of_the_round": rr.claim(1, 0, 0)["gasUsed"],
+                                     "later_claim": rr.claim(2, 0, 0)["gasUsed"]}
+    out["claim_attestation_gas"] = rr.claim_attestation(1, 0)["gasUsed"]
+    fresh = reward_run(rr.deployment, members=MEMBERS[:3], pool=None)
+    Token(rr.w3, token.address).mint(fresh.address(1), 10**16)
+    fresh.pool(1).approve(token.address, 10**16)
+    out["create_pool_gas"] = fresh.pool(1).create_pool(fresh.run_id, params(token=token.address),
+                                                       10**16)["gasUsed"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=default_out(__file__))
@@ -84,6 +105,8 @@ def main() -> int:
         print(commits, flush=True)
         calls = claim_gas(url)
         print(calls, flush=True)
+        calls["token_pool"] = token_gas(url)
+        print(calls["token_pool"], flush=True)
     finally:
         anvil.stop()
     write_result(args.out, {"commits": commits, **calls})

@@ -26,7 +26,7 @@ NAMES = (
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
     "StepProver", "StepProverMath", "StepProverBinding", "Float32Harness", "NormHarness", "AnswerRelay",
     "RewardPool",
-    "ReentrantClaimer",
+    "ReentrantClaimer", "QuirkyToken",
 )
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
 #: constructor creates the prover, so the ledger's creation code links both sets). None links another.

@@ -24,7 +24,7 @@ const SOURCES = [
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
   "src/StepProver.sol", "src/StepProverMath.sol", "src/StepProverBinding.sol",
-  "src/RewardPool.sol", "src/test/ReentrantClaimer.sol",
+  "src/RewardPool.sol", "src/test/ReentrantClaimer.sol", "src/test/QuirkyToken.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
 const CONTRACTS = {
@@ -46,6 +46,7 @@ const CONTRACTS = {
   "src/test/AnswerRelay.sol": "AnswerRelay",
   "src/RewardPool.sol": "RewardPool",
   "src/test/ReentrantClaimer.sol": "ReentrantClaimer",
+  "src/test/QuirkyToken.sol": "QuirkyToken",
 };
 const EXPECTED_COMPILER = "0.8.37";
 // EIP-170: the most bytes of code a contract may deploy. The build fails past SIZE_GATE of it (room for the next

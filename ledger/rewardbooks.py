@@ -19,7 +19,9 @@ def check_pool(pool, ledger, run_id: int, sources: dict | None = None) -> list[s
     per stage or None), checked against the chain (node/store/rewardsources.py): each contribution claim of a
     stage whose factors are given is checked against them (listed, and its share by the rule)."""
     events = pool.pool_events(run_id)
-    return check_events(events, pool.pool_of(run_id), pool.balance(), _attesters(ledger, run_id, events),
+    views = pool.pool_of(run_id)
+    balance = pool.balance(views["params"].token)
+    return check_events(events, views, balance, _attesters(ledger, run_id, events),
                         _slashed_at(ledger, run_id), _listed(sources))
 
 

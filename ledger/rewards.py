@@ -25,6 +25,8 @@ from ledger.tx import DEFAULT_FEES, FeePolicy, TransactionSender
 BPS = 10_000
 #: ``stage`` of an attester's claim (RewardPool.ATTESTER).
 ATTESTER = 2**32 - 1
+#: PoolParams.token of a pool funded and paying in native ETH.
+NATIVE = "0x0000000000000000000000000000000000000000"
 POOL_EVENTS = ("PoolCreated", "PoolFunded", "RoundOpened", "RewardClaimed", "RoundClosed")
 
 
@@ -32,13 +34,15 @@ POOL_EVENTS = ("PoolCreated", "PoolFunded", "RoundOpened", "RewardClaimed", "Rou
 class PoolParams:
     """A pool's schedule (RewardPool.PoolParams): ``amount_per_round`` wei a final round reserves, the
     attesters' part in basis points (the rest is the contributors'), the equal slots a stage's contributor
-    budget is cut into, the attester shares, and the blocks a round's credits can be claimed for."""
+    budget is cut into, the attester shares, the blocks a round's credits can be claimed for, and the ERC-20
+    the pool is funded and pays in (:data:`NATIVE`: ETH; amounts are then the token's smallest units)."""
 
     amount_per_round: int
     attester_bps: int = 1_000
     contribution_slots: int = 16
     attester_slots: int = 16
     claim_blocks: int = 0
+    token: str = NATIVE
 
     def __post_init__(self) -> None:
         check_uint("amount_per_round", self.amount_per_round, 2**128 - 1)
@@ -46,14 +50,22 @@ class PoolParams:
         check_uint("contribution_slots", self.contribution_slots, 2**16 - 1)
         check_uint("attester_slots", self.attester_slots, 2**16 - 1)
         check_uint("claim_blocks", self.claim_blocks, 2**64 - 1)
+        if not Web3.is_address(self.token):
+            raise LedgerInputError(f"token: {self.token!r} is not an address")
+        object.__setattr__(self, "token", to_checksum_address(self.token))
+
+    @property
+    def is_token(self) -> bool:
+        return int(self.token, 16) != 0
 
     def fields(self) -> tuple:
         return (self.amount_per_round, self.attester_bps, self.contribution_slots, self.attester_slots,
-                self.claim_blocks)
+                self.claim_blocks, self.token)
 
     @classmethod
     def from_fields(cls, values) -> PoolParams:
-        return cls(*(int(value) for value in values))
+        *numbers, token = values
+        return cls(*(int(value) for value in numbers), token=str(token))
 
 
 #: RunParams.commitments of a run whose factors bind contributions to members (RewardPool._NORMED).
@@ -128,6 +140,20 @@ def listed_contributions(factors: bytes) -> list[tuple[str, int | None]]:
     return list(zip(decoded.norms.contributors, steps, strict=True))
 
 
+def _erc20_function(name: str, inputs: list[tuple[str, str]], output: str, view: bool) -> dict:
+    return {"type": "function", "name": name, "stateMutability": "view" if view else "nonpayable",
+            "inputs": [{"name": n, "type": t} for n, t in inputs], "outputs": [{"name": "", "type": output}]}
+
+
+#: The ERC-20 calls a token pool needs (EIP-20).
+ERC20_ABI = [
+    _erc20_function("balanceOf", [("account", "address")], "uint256", True),
+    _erc20_function("allowance", [("owner", "address"), ("spender", "address")], "uint256", True),
+    _erc20_function("decimals", [], "uint8", True),
+    _erc20_function("approve", [("spender", "address"), ("amount", "uint256")], "bool", False),
+]
+
+
 class RewardPoolClient:
     """Calls, views and events of one RewardPool as ``account`` (None: read-only)."""
 
@@ -161,11 +187,27 @@ class RewardPoolClient:
 
     # calls ----------------------------------------------------------------------------------------------
     def create_pool(self, run_id: int, params: PoolParams, funding: int) -> dict:
-        return self._send("createPool", (run_id, params.fields()), f"create the pool of run {run_id}",
-        funding)
+        """createPool with ``funding``: sent as wei, or, for a token pool, pulled by the pool from this
+        account (approve it first: :meth:`approve`)."""
+        return self._send("createPool", (run_id, params.fields(), funding),
+                          f"create the pool of run {run_id}", 0 if params.is_token else funding)
 
-    def fund(self, run_id: int, amount: int) -> dict:
-        return self._send("fund", (run_id,), f"fund the pool of run {run_id}", amount)
+    def fund(self, run_id: int, amount: int, token: str | None = None) -> dict:
+        """Top run ``run_id``'s pool up with ``amount`` in its currency (``token``: the pool's, read when
+        None; a token pool pulls it from this account: approve it first)."""
+        if token is None:
+            token = self.pool_of(run_id)["params"].token
+        return self._send("fund", (run_id, amount), f"fund the pool of run {run_id}",
+                          0 if int(token, 16) else amount)
+
+    def token(self, token: str):
+        """The ERC-20 ``token`` (a contract bound to the minimal ERC-20 ABI)."""
+        return self.w3.eth.contract(address=to_checksum_address(token), abi=ERC20_ABI)
+
+    def approve(self, token: str, amount: int) -> dict:
+        """Allow the pool to pull ``amount`` of ``token`` from this account (before createPool or fund)."""
+        return self.sender.transact(self.token(token), "approve", (self.address, amount),
+                                    f"allow the reward pool {amount} of token {token}")
 
     def open(self, run_id: int, round: int) -> dict:
         return self._send("open", (run_id, round), f"open round {round} of run {run_id}'s pool")
@@ -216,8 +258,11 @@ class RewardPoolClient:
         return self._call("attesterShare", (run_id, round, [to_checksum_address(a) for a in attesters], index,
                                             to_checksum_address(account)))
 
-    def balance(self) -> int:
-        return self.w3.eth.get_balance(self.address)
+    def balance(self, token: str = NATIVE) -> int:
+        """What the pool contract holds of ``token`` (NATIVE: wei), every run's pool in it together."""
+        if int(token, 16) == 0:
+            return self.w3.eth.get_balance(self.address)
+        return self.sender.call(self.token(token), "balanceOf", (self.address,), "balanceOf")
 
     def pool_events(self, run_id: int, to_block: int | None = None) -> list:
         """The pool's events of ``run_id`` in chain order (decoded: ``.name``, ``.args``)."""

@@ -66,4 +66,11 @@ def rewards_gas(r: dict) -> list[str]:
                for n, gas in r["claim_attestation_gas"].items()]
     out += [""] + table(["claim", "gas", "first claim of its round (opens it)"], claims)
     out += ["", f"createPool {r['create_pool_gas']:,}, fund {r['fund_gas']:,}, sweep {r['sweep_gas']:,} gas."]
+    token = r.get("token_pool")
+    if token:
+        claim = token["claim_contribution_gas"]
+        out += ["", f"A pool in an ERC-20 (a plain test token): createPool {token['create_pool_gas']:,}, "
+                    f"fund {token['fund_gas']:,}, a contribution's claim "
+                    f"{claim['first_claim_of_the_round']:,} (the round's first) and "
+                    f"{claim['later_claim']:,}, an attester's claim {token['claim_attestation_gas']:,} gas."]
     return out

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+import contracts
 from ledger.account import dev_account
 from ledger.chunkproof import SCALE_ONE, Factors, Norms, StageLeaf, chunked_weights_root
 from ledger.contribution_binding import ContributionClaim
 from ledger.rewards import PoolParams, RewardPoolClient, attester_share, contribution_share, stage_claim_args
+from ledger.tx import TransactionSender
 from tests.ledger_fixtures import FAST_RETRY, SHORT_WINDOWS, Deployment, digest, mine
 
 STAGES = 2
@@ -177,6 +179,56 @@ def reward_run(deployment: Deployment, members=(1, 2, 3, 4, 5), pool: PoolParams
                                            deployment.ledger, retry=FAST_RETRY)
     result = RewardRun(deployment, run, pool_address, pool)
     if pool is not None:
-        result.pool(members[0]).create_pool(run.run_id, pool, 10 * pool.amount_per_round if funding is None
-                                            else funding)
+        funding = 10 * pool.amount_per_round if funding is None else funding
+        if pool.is_token:
+            result.pool(members[0]).approve(pool.token, funding)
+        result.pool(members[0]).create_pool(run.run_id, pool, funding)
     return result
+
+
+#: QuirkyToken.Mode (contracts/src/test/QuirkyToken.sol).
+PLAIN, RETURNS_NOTHING, RETURNS_FALSE, FEE_ON_TRANSFER, SENDER_FEE = range(5)
+
+
+class Token:
+    """A QuirkyToken on ``w3`` deployed by dev account 0: its calls as any dev account, its views."""
+
+    def __init__(self, w3, address: str | None = None):
+        self.w3 = w3
+        abi = contracts.artifact("QuirkyToken")["abi"]
+        if address is None:
+            address = TransactionSender(w3, dev_account(0, w3.eth.chain_id), retry=FAST_RETRY).deploy(
+                contracts.artifact("QuirkyToken"))
+        self.contract = w3.eth.contract(address=address, abi=abi)
+
+    @property
+    def address(self) -> str:
+        return self.contract.address
+
+    def send(self, index: int, name: str, *args) -> dict:
+        sender = TransactionSender(self.w3, dev_account(index, self.w3.eth.chain_id), retry=FAST_RETRY)
+        return sender.transact(self.contract, name, args, f"token {name}")
+
+    def mint(self, to: str, amount: int) -> None:
+        self.send(0, "mint", to, amount)
+
+    def set_mode(self, mode: int, fee_bps: int = 0) -> None:
+        self.send(0, "setMode", mode, fee_bps)
+
+    def balance_of(self, account: str) -> int:
+        return self.contract.functions.balanceOf(account).call()
+
+    def outcome(self) -> tuple:
+        return tuple(self.contract.functions.outcome().call())
+
+
+def token_run(deployment: Deployment, mode: int = PLAIN, fee_bps: int = 0, funding: int | None = None,
+              minted: int = 100 * AMOUNT, members=(1, 2, 3, 4, 5), **overrides) -> tuple[RewardRun, Token]:
+    """:func:`reward_run` with a pool in a fresh QuirkyToken (``mode``), ``minted`` of it to the creator
+    (``members[0]``) and the funders 8 and 9 (a claimer needs none)."""
+    token = Token(deployment.w3)
+    for index in (members[0], 8, 9):
+        token.mint(deployment.client(index).address, minted)
+    token.set_mode(mode, fee_bps)
+    pool = params(token=token.address, **overrides)
+    return reward_run(deployment, members=members, pool=pool, funding=funding), token

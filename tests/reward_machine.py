@@ -1,14 +1,21 @@
 """The reward pool (issue 77) as a stateful fuzzer on py-evm: members commit rounds listing any subset of
 contributions (sybils and a dropping coalition included) with any quorum of signatures, claimers claim (their
 own shares, others' places, twice), funders top up, anyone opens and sweeps, a member is convicted
-(equivocation) or a round overturned (a dispute's verdict), and blocks pass, in any order. After every step:
+(equivocation) or a round overturned (a dispute's verdict), and blocks pass, in any order. The pool is in ETH
+or in an ERC-20 (contracts/src/test/QuirkyToken.sol: plain, fee-on-transfer or returning nothing), whose token
+is an actor too: it turns to returning false for a while, and, armed, re-enters the pool in the middle of its
+next transfer (a fund, a claim, an open or a sweep by the token). After every step:
 
-* P1 (solvency): the pool's balance is what was funded minus what was claimed, and its free funds plus every
-  open round's unpaid budget are exactly that too.
+* P1 (solvency): the pool's balance (in its currency) is what was funded (what arrived) minus what was
+  claimed, and its free funds plus every open round's unpaid budget are exactly that too.
 * P2 (budget): no round pays past its budget (credits never exceed the pool).
 * P3 (finality): no overturned round is ever opened; every paid claim was of a final round.
 * P4 (once): a claim pays once; the contract's claimedOf agrees with the claims that paid.
-* P5 (forfeit): no claim pays a convicted member; each paid claim is its share by the rule (ledger.rewards).
+* P5 (forfeit): no claim pays a convicted member; each paid claim is its share by the rule (ledger.rewards),
+  and the claimer received it (less a fee-on-transfer token's fee).
+* P6 (re-entry): a call the token made into the pool from inside one of its transfers never succeeded.
+
+Each assertion names its property, so scripts/pool_mutations.py can say which one caught a seeded bug.
 """
 
 from __future__ import annotations
@@ -22,21 +29,43 @@ from ledger import errors
 from ledger.chain import connect_pyevm
 from ledger.rewards import ATTESTER
 from tests.ledger_fixtures import deploy, mine
-from tests.reward_fixtures import AMOUNT, params, reward_run
+from ledger.reverts import revert_from_data
+from tests.reward_fixtures import (
+    AMOUNT,
+    FEE_ON_TRANSFER,
+    PLAIN,
+    RETURNS_FALSE,
+    RETURNS_NOTHING,
+    params,
+    reward_run,
+    token_run,
+)
 
 MEMBERS = (1, 2, 3, 4, 5, 6)
 FUNDERS = (8, 9)
 OUTSIDER = 7
 MAX_ROUNDS = 5
+#: The pool's currency: None for ETH, else a QuirkyToken mode.
+CURRENCIES = (None, PLAIN, FEE_ON_TRANSFER, RETURNS_NOTHING)
+FEE_BPS = 1_000  # a fee-on-transfer token's
 
 
 class RewardMachine(RuleBasedStateMachine):
-    @initialize(timed=st.booleans(), funding=st.sampled_from([1, 2, 10]), data=st.data())
-    def start(self, timed: bool, funding: int, data) -> None:
-        self.rr = reward_run(deploy(connect_pyevm()), members=MEMBERS, pool=params(),
-                             funding=funding * AMOUNT)
+    @initialize(timed=st.booleans(), funding=st.sampled_from([1, 2, 10]),
+                currency=st.sampled_from(CURRENCIES), data=st.data())
+    def start(self, timed: bool, funding: int, currency: int | None, data) -> None:
+        deployment = deploy(connect_pyevm())
+        self.mode, self.token = currency, None
+        if currency is None:
+            self.rr = reward_run(deployment, members=MEMBERS, pool=params(), funding=funding * AMOUNT)
+        else:  # sent so that what arrives covers the rounds asked for, a fee or not
+            sent = funding * AMOUNT * 10_000 // (10_000 - self._fee_bps()) + 10
+            self.rr, self.token = token_run(deployment, currency, self._fee_bps(), funding=sent,
+                                            minted=1_000 * AMOUNT, members=MEMBERS)
+        self.token_false = False
         self.timed = timed
-        self.funded = funding * AMOUNT
+        self.funded = self.rr.pool(0).pool_of(self.rr.run_id)["funded"]
+        assert self.funded >= funding * AMOUNT
         self.claimed: dict[tuple, int] = {}  # (round, stage, account) -> wei paid
         self.slashed: set[int] = set()
         self.halted = False
@@ -89,12 +118,14 @@ class RewardMachine(RuleBasedStateMachine):
         except errors.RewardError as exc:
             self._refused(exc, r, stage, claimer, claimer == owner)
             return
-        assert claimer == owner and claimer not in self.slashed
+        assert claimer == owner, "P5 forfeit: a claim paid an account not listed"
+        assert claimer not in self.slashed, "P5 forfeit: a claim paid a convicted member"
         key = (r, stage, self.rr.address(claimer))
-        assert key not in self.claimed, "a claim paid twice"
-        assert final or self.rr.is_final(r)
-        self.claimed[key] = self._paid(receipt)
-        assert self.claimed[key] == self.rr.expected_share(r, stage, claimer)
+        assert key not in self.claimed, "P4 once: a claim paid twice"
+        assert final or self.rr.is_final(r), "P3 finality: a claim paid before its round was final"
+        self.claimed[key] = self._paid(receipt, claimer)
+        assert self.claimed[key] == self.rr.expected_share(r, stage, claimer), \
+            "P5 forfeit: not the rule's share"
         self._refused_again(lambda: client.claim_contribution(entry.record, entry.leaves, stage,
                                                               entry.factors[stage], position), key)
 
@@ -110,16 +141,19 @@ class RewardMachine(RuleBasedStateMachine):
         client = self.rr.pool(claimer)
         if data.draw(st.integers(0, 3)):
             self.rr.mine_to_final(r)
+        final = self.rr.is_final(r)
         try:
             receipt = client.claim_attestation(self.rr.run_id, r, list(entry.attesters), position)
         except errors.RewardError as exc:
             self._refused(exc, r, ATTESTER, claimer, self.rr.address(claimer) == owner)
             return
-        assert self.rr.address(claimer) == owner and claimer not in self.slashed
+        assert self.rr.address(claimer) == owner, "P5 forfeit: an attestation paid an account not listed"
+        assert claimer not in self.slashed, "P5 forfeit: an attestation paid a convicted member"
         key = (r, ATTESTER, owner)
-        assert key not in self.claimed, "an attestation claim paid twice"
-        self.claimed[key] = self._paid(receipt)
-        assert self.claimed[key] == self.rr.expected_attester_share(r)
+        assert key not in self.claimed, "P4 once: an attestation claim paid twice"
+        assert final or self.rr.is_final(r), "P3 finality: an attestation paid before its round was final"
+        self.claimed[key] = self._paid(receipt, claimer)
+        assert self.claimed[key] == self.rr.expected_attester_share(r), "P5 forfeit: not the rule's share"
         self._refused_again(lambda: client.claim_attestation(self.rr.run_id, r, list(entry.attesters),
                                                              position), key)
 
@@ -128,14 +162,16 @@ class RewardMachine(RuleBasedStateMachine):
         """The claim that just paid, sent again at once by its owner: refused as claimed (P4)."""
         try:
             claim()
-        except errors.RewardAlreadyClaimed:
+        except (errors.RewardAlreadyClaimed, errors.RewardTokenFailed):
             return
-        raise AssertionError(f"{key}: a claim paid twice")
+        raise AssertionError(f"P4 once: {key}: a claim paid twice")
 
     def _refused(self, exc, r: int, stage: int, claimer: int, own: bool) -> None:
         """A refused claim is refused for a reason the model knows."""
         key = (r, stage, self.rr.address(claimer))
-        if isinstance(exc, errors.RewardAlreadyClaimed):
+        if isinstance(exc, errors.RewardTokenFailed):
+            assert self.token_false, f"a claim refused by a token that behaves: {exc}"
+        elif isinstance(exc, errors.RewardAlreadyClaimed):
             assert key in self.claimed
         elif isinstance(exc, errors.RewardConvicted):
             assert claimer in self.slashed
@@ -153,12 +189,24 @@ class RewardMachine(RuleBasedStateMachine):
         else:
             raise exc
 
-    def _paid(self, receipt) -> int:
+    def _fee_bps(self) -> int:
+        return FEE_BPS if self.mode == FEE_ON_TRANSFER else 0
+
+    def _paid(self, receipt, claimer: int) -> int:
+        """What the claim's receipt paid (RewardClaimed), checked against what the claimer received."""
         events = self.rr.pool(0).events
-        amounts = [e.args["amount"] for e in map(events.decode, receipt["logs"])
-                   if e is not None and e.name == "RewardClaimed"]
-        assert len(amounts) == 1
-        return amounts[0]
+        claims = [e for e in map(events.decode, receipt["logs"])
+                  if e is not None and e.name == "RewardClaimed"]
+        assert len(claims) == 1, "P4 once: one claim, one payment"
+        amount = claims[0].args["amount"]
+        if self.token is not None:
+            transfer = self.token.contract.events.Transferred()
+            moved = [transfer.process_log(log)["args"] for log in receipt["logs"]
+                     if log["address"] == self.token.address]
+            got = sum(args["amount"] for args in moved if args["to"] == self.rr.address(claimer))
+            assert got == amount - amount * self._fee_bps() // 10_000, \
+                "P5 forfeit: the claimer received another amount"
+        return amount
 
     @precondition(lambda self: self.claimed)
     @rule(data=st.data())
@@ -175,14 +223,48 @@ class RewardMachine(RuleBasedStateMachine):
             else:
                 position = [m for m, _ in entry.listed[stage]].index(index)
                 client.claim_contribution(entry.record, entry.leaves, stage, entry.factors[stage], position)
-        except (errors.RewardAlreadyClaimed, errors.RewardConvicted, errors.RewardClaimClosed):
+        except (errors.RewardAlreadyClaimed, errors.RewardConvicted, errors.RewardClaimClosed,
+                errors.RewardTokenFailed):
             return
-        raise AssertionError(f"round {r} stage {stage}: {account} was paid twice")
+        raise AssertionError(f"P4 once: round {r} stage {stage}: {account} was paid twice")
 
     @rule(funder=st.sampled_from(FUNDERS), amount=st.sampled_from([1, AMOUNT // 3, AMOUNT]))
     def fund(self, funder: int, amount: int) -> None:
-        self.rr.pool(funder).fund(self.rr.run_id, amount)
-        self.funded += amount
+        client = self.rr.pool(funder)
+        if self.token is None:
+            client.fund(self.rr.run_id, amount, self.rr.params.token)
+            self.funded += amount
+            return
+        client.approve(self.token.address, amount)
+        try:
+            client.fund(self.rr.run_id, amount, self.token.address)
+        except errors.RewardTokenFailed:
+            assert self.token_false, "a funding refused by a token that behaves"
+            return
+        self.funded += amount - amount * self._fee_bps() // 10_000
+
+    # the token as an actor ----------------------------------------------------------------------------------
+    @precondition(lambda self: self.token is not None)
+    @rule(fails=st.booleans())
+    def token_turns(self, fails: bool) -> None:
+        """The token returns false (moving nothing) from now on, or behaves again."""
+        self.token.set_mode(RETURNS_FALSE if fails else self.mode, self._fee_bps())
+        self.token_false = fails
+
+    @precondition(lambda self: self.token is not None)
+    @rule(call=st.sampled_from(["fund", "claimAttestation", "open", "sweep"]), data=st.data())
+    def token_reenters(self, call: str, data) -> None:
+        """Armed: the token calls the pool back in the middle of its next transfer."""
+        pool = self.rr.pool(0).contract
+        run_id = self.rr.run_id
+        if call == "fund":
+            args = [run_id, AMOUNT]
+        elif call == "claimAttestation" and self.rr.rounds:
+            entry = self.rr.rounds[data.draw(st.integers(0, len(self.rr.rounds) - 1))]
+            args = [run_id, entry.record.round, list(entry.attesters), 0]
+        else:
+            call, args = ("open", [run_id, 0]) if call == "open" else ("sweep", [run_id, 0])
+        self.token.send(0, "arm", self.rr.pool_address, bytes.fromhex(pool.encode_abi(call, args=args)[2:]))
 
     @precondition(lambda self: self.rr.rounds)
     @rule(data=st.data())
@@ -246,19 +328,26 @@ class RewardMachine(RuleBasedStateMachine):
         pool_client = self.rr.pool(0)
         pool = pool_client.pool_of(self.rr.run_id)
         claimed = sum(self.claimed.values())
-        assert pool["funded"] == self.funded
-        assert pool["claimed"] == claimed
-        assert pool_client.balance() == self.funded - claimed  # P1
+        assert pool["funded"] == self.funded, "P1 solvency: funded is not what arrived"
+        assert pool["claimed"] == claimed, "P1 solvency: claimed is not what the claims paid"
+        balance = pool_client.balance(self.rr.params.token)
+        assert balance == self.funded - claimed, "P1 solvency: balance != funded - claimed"
         held = pool["free"]
         invalid_from = self.rr.run.reader.run_struct(self.rr.run_id)["invalidFrom"]
         for r in range(pool["firstRound"], pool["nextRound"]):
             budget = pool_client.round_of(self.rr.run_id, r)
-            assert budget["paid"] <= budget["budget"] == AMOUNT  # P2
+            assert budget["paid"] <= budget["budget"] == AMOUNT, "P2 budget: a round paid past its budget"
             paid = sum(v for (q, _s, _a), v in self.claimed.items() if q == r)
-            assert budget["paid"] == paid
+            assert budget["paid"] == paid, "P2 budget: a round's paid is not its claims"
             if not budget["swept"]:
                 held += budget["budget"] - budget["paid"]
-            assert invalid_from == 0 or r + 1 < invalid_from  # P3
-        assert held == self.funded - claimed  # P1
-        for (r, stage, account) in self.claimed:  # P4
-            assert pool_client.claimed_of(self.rr.run_id, r, stage, account)
+            assert invalid_from == 0 or r + 1 < invalid_from, "P3 finality: an overturned round was opened"
+        assert held == self.funded - claimed, "P1 solvency: free + open budgets != funded - claimed"
+        for (r, stage, account) in self.claimed:
+            assert pool_client.claimed_of(self.rr.run_id, r, stage, account), "P4 once: claimedOf disagrees"
+        if self.token is not None:
+            _armed, reentered, ok, returned = self.token.outcome()
+            assert not (reentered and ok), "P6 re-entry: the token's call into the pool succeeded"
+            refused = revert_from_data(returned, "re-entry") if reentered else None
+            assert not reentered or isinstance(refused, errors.RewardReentered), \
+                f"P6 re-entry: refused for another reason than RewardReentered ({refused})"

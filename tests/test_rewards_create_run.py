@@ -110,7 +110,7 @@ def test_the_checks_refusals_are_exactly_the_contracts(chain_w3):
     for bad, funding in cases:
         problems = pool_param_problems(bad, funding, commitments=3, max_contributions=MAX_CONTRIBUTIONS,
                                        unbonding_blocks=unbonding)
-        data = pool.contract.encode_abi("createPool", args=[rr.run_id, bad.fields()])
+        data = pool.contract.encode_abi("createPool", args=[rr.run_id, bad.fields(), funding])
         try:
             pool.sender.estimate({"to": pool.address, "value": funding, "data": data}, "createPool")
             refused = False

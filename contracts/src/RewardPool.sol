@@ -8,7 +8,8 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 
 /// @title RewardPool
 /// @notice Pays a run's contributors and attesters from the record (issue 77; docs/REWARDS.md). A run's creator
-/// opens its pool with native ETH and a schedule; anyone tops it up. Each round of the run that the ledger says is
+/// opens its pool with a schedule and its funding, in native ETH or in the ERC-20 its schedule names; anyone tops
+/// it up in the same currency. Each round of the run that the ledger says is
 /// final (`TrainingLedger.isFinal`) is opened in order and reserves `amountPerRound` from the pool's free funds;
 /// its accepted contributions and its attesters then claim fixed shares of it, each proving its own place in the
 /// committed record: a contribution by the round's stage leaf (under the record's weightsRoot) and the stage's
@@ -30,16 +31,17 @@ contract RewardPool {
         uint16 contributionSlots; // equal slots a stage's contributor budget is cut into (>= the run's maxContributions)
         uint16 attesterSlots; // equal shares the attesters' budget is cut into (more attesters: smaller shares)
         uint64 claimBlocks; // blocks from a round's opening during which its credits are claimed (>= unbonding)
+        address token; // the ERC-20 the pool is funded and pays in; zero: native ETH
     }
 
-    /// @notice A run's pool: its schedule and its accounts (wei).
+    /// @notice A run's pool: its schedule and its accounts (wei, or the token's smallest unit).
     struct Pool {
         PoolParams params;
         uint64 firstRound; // the run's commitCount at creation: earlier rounds are not paid
         uint64 nextRound; // the next round to open (rounds open in order)
         uint32 numStages;
         uint32 innerSteps;
-        uint256 funded; // everything paid in, creation included
+        uint256 funded; // everything paid in, creation included (a token's: what arrived)
         uint256 free; // funded, not reserved by an open round, not claimed
         uint256 claimed; // paid out to claimers
     }
@@ -62,9 +64,10 @@ contract RewardPool {
     mapping(uint256 runId => mapping(uint64 round => RoundBudget)) private _rounds;
     mapping(bytes32 key => bool) private _claimed; // keccak256(runId, round, stage, account)
 
-    /// @notice Run `runId`'s pool was opened by its creator with `funding` wei; rounds from `firstRound` are paid.
+    /// @notice Run `runId`'s pool was opened by its creator with `funding` (wei, or the token's units that arrived);
+    /// rounds from `firstRound` are paid.
     event PoolCreated(uint256 indexed runId, address indexed creator, PoolParams params, uint256 funding, uint64 firstRound);
-    /// @notice `funder` added `amount` wei to run `runId`'s pool.
+    /// @notice `funder` added `amount` (wei, or the token's units that arrived) to run `runId`'s pool.
     event PoolFunded(uint256 indexed runId, address indexed funder, uint256 amount);
     /// @notice Final round `round` of run `runId` reserved `budget` wei for its credits.
     event RoundOpened(uint256 indexed runId, uint64 indexed round, uint256 budget);
@@ -92,6 +95,24 @@ contract RewardPool {
     error RewardClaimOpen(uint256 runId, uint64 round, uint64 closesAt);
     error RewardTransferFailed(address account, uint256 amount);
     error RewardNothingToPay(uint256 runId, uint64 round, uint32 stage, address account);
+    /// @notice The ETH sent (`value`) is not the amount named (`amount`), or ETH was sent to a token pool.
+    error RewardBadFunding(uint256 runId, uint256 amount, uint256 value);
+    /// @notice The pool's token failed a call or did not move what it was asked to (`reason` says which).
+    error RewardTokenFailed(address token, string reason);
+    /// @notice The pool was called again from inside one of its token calls (a re-entrant token).
+    error RewardReentered();
+
+    /// @dev Every state-changing entry refuses to run inside a token call (set in transient storage slot 0 around
+    /// each one): a re-entrant token can neither fund twice nor claim or sweep in the middle of a transfer whose
+    /// balance the pool is measuring.
+    modifier unlocked() {
+        uint256 locked;
+        assembly ("memory-safe") {
+            locked := tload(0)
+        }
+        if (locked != 0) revert RewardReentered();
+        _;
+    }
 
     /// @param ledger_ The TrainingLedger whose record the pool pays from.
     constructor(TrainingLedger ledger_) {
@@ -105,50 +126,60 @@ contract RewardPool {
 
     // ------------------------------------------------------------------------------------------- funding
 
-    /// @notice Open run `runId`'s pool with `msg.value` wei and the schedule `params`. Only the run's creator,
-    /// once. Refused (RewardBadParams, one reason) when: a round's amount is zero or more than the funding; the
+    /// @notice Open run `runId`'s pool with the schedule `params` and `funding`: wei sent with the call (msg.value
+    /// must be `funding`), or, for a token pool (`params.token`), the token's units the pool pulls from the caller
+    /// with transferFrom (approve it first; no ETH), credited as what arrived (a fee-on-transfer token's fee is
+    /// not). Only the run's creator, once. Refused (RewardBadParams, one reason) when: the token has no code; a
+    /// round's amount is zero or more than the funding (for a token: than what arrived); the
     /// attesters' part passes 10000 bps; the contributors' part is nonzero in a run that is not normed (no other
     /// record binds a contribution to a member); contributionSlots is below the run's maxContributions (dropping
     /// contributions would raise the others' shares); the attesters' part is nonzero with no attester slot; the
     /// claim window is shorter than the run's unbonding. No parameter pays before finality: a round opens only
     /// when the ledger says it is final.
-    function createPool(uint256 runId, PoolParams calldata params) external payable {
+    function createPool(uint256 runId, PoolParams calldata params, uint256 funding) external payable unlocked {
         TrainingLedger.Run memory run = _ledger.runOf(runId);
         if (run.headHash == bytes32(0)) revert RewardBadParams(runId, "unknown run");
         if (msg.sender != run.creator) revert RewardBadParams(runId, "only the run's creator opens its pool");
         Pool storage pool = _pools[runId];
         if (pool.params.amountPerRound != 0) revert RewardBadParams(runId, "the run has a pool");
-        _checkParams(runId, run, params);
+        _checkParams(runId, run, params, funding);
+        uint256 received = _receive(runId, params.token, funding);
+        if (received < params.amountPerRound) {
+            revert RewardBadParams(runId, "the funding received does not cover one round's amount");
+        }
         uint64 first = run.commitCount;
         pool.params = params;
         pool.firstRound = first;
         pool.nextRound = first;
         pool.numStages = run.numStages;
         pool.innerSteps = run.innerSteps;
-        pool.funded = msg.value;
-        pool.free = msg.value;
-        emit PoolCreated(runId, msg.sender, params, msg.value, first);
+        pool.funded = received;
+        pool.free = received;
+        emit PoolCreated(runId, msg.sender, params, received, first);
     }
 
-    /// @notice Add `msg.value` wei to run `runId`'s pool. Anyone may.
-    function fund(uint256 runId) external payable {
+    /// @notice Add `amount` to run `runId`'s pool, in its currency: wei sent with the call (msg.value must be
+    /// `amount`), or the token's units pulled from the caller with transferFrom (credited as what arrived). Anyone
+    /// may.
+    function fund(uint256 runId, uint256 amount) external payable unlocked {
         Pool storage pool = _existing(runId);
-        pool.funded += msg.value;
-        pool.free += msg.value;
-        emit PoolFunded(runId, msg.sender, msg.value);
+        uint256 received = _receive(runId, pool.params.token, amount);
+        pool.funded += received;
+        pool.free += received;
+        emit PoolFunded(runId, msg.sender, received);
     }
 
     // ------------------------------------------------------------------------------------------- rounds
 
     /// @notice Open every round of run `runId`'s pool up to `round` that is not open yet, in order: each must be
     /// final and reserves amountPerRound of the free funds. Anyone may (a claim opens its round itself).
-    function open(uint256 runId, uint64 round) external {
+    function open(uint256 runId, uint64 round) external unlocked {
         _open(runId, _existing(runId), round);
     }
 
     /// @notice Return what round `round` of run `runId` did not pay out to the free funds, once its claim
     /// window closed. Anyone may.
-    function sweep(uint256 runId, uint64 round) external returns (uint256 returned) {
+    function sweep(uint256 runId, uint64 round) external unlocked returns (uint256 returned) {
         Pool storage pool = _existing(runId);
         RoundBudget storage budget = _rounds[runId][round];
         if (budget.openedAt == 0 || budget.swept) revert RewardClaimClosed(runId, round, budget.openedAt);
@@ -177,7 +208,7 @@ contract RewardPool {
         bytes32[] calldata stagePath,
         bytes calldata factors,
         uint256 index
-    ) external returns (uint256 amount) {
+    ) external unlocked returns (uint256 amount) {
         uint256 runId = record.runId;
         Pool storage pool = _existing(runId);
         amount = contributionShare(record, stage, stageLeaf, stagePath, factors, index, msg.sender);
@@ -190,6 +221,7 @@ contract RewardPool {
     /// @return amount The wei paid.
     function claimAttestation(uint256 runId, uint64 round, address[] calldata attesters, uint256 index)
         external
+        unlocked
         returns (uint256 amount)
     {
         Pool storage pool = _existing(runId);
@@ -258,9 +290,15 @@ contract RewardPool {
 
     // ------------------------------------------------------------------------------------------- internals
 
-    function _checkParams(uint256 runId, TrainingLedger.Run memory run, PoolParams calldata params) private view {
+    function _checkParams(uint256 runId, TrainingLedger.Run memory run, PoolParams calldata params, uint256 funding)
+        private
+        view
+    {
+        if (params.token != address(0) && params.token.code.length == 0) {
+            revert RewardBadParams(runId, "the token has no code");
+        }
         if (params.amountPerRound == 0) revert RewardBadParams(runId, "amountPerRound is zero");
-        if (msg.value < params.amountPerRound) {
+        if (funding < params.amountPerRound) {
             revert RewardBadParams(runId, "the funding does not cover one round's amount");
         }
         if (params.attesterBps > _BPS) revert RewardBadParams(runId, "attesterBps above 10000");
@@ -357,8 +395,59 @@ contract RewardPool {
         budget.paid += uint128(amount);
         pool.claimed += amount;
         emit RewardClaimed(runId, round, msg.sender, stage, amount);
-        (bool ok,) = payable(msg.sender).call{value: amount}("");
-        if (!ok) revert RewardTransferFailed(msg.sender, amount);
+        address token = pool.params.token;
+        if (token == address(0)) {
+            (bool ok,) = payable(msg.sender).call{value: amount}("");
+            if (!ok) revert RewardTransferFailed(msg.sender, amount);
+            return;
+        }
+        uint256 before = _balanceOf(token);
+        _tokenCall(token, abi.encodeWithSelector(0xa9059cbb, msg.sender, amount)); // transfer(address,uint256)
+        uint256 left = _balanceOf(token);
+        if (left > before || before - left != amount) {
+            revert RewardTokenFailed(token, "the pool's balance did not fall by the amount paid");
+        }
+    }
+
+    /// @dev Take `amount` in: the wei sent with the call (an ETH pool: msg.value must be `amount`), or the token's
+    /// units pulled from the caller (no ETH with it), measured as the pool's balance change: what arrived.
+    function _receive(uint256 runId, address token, uint256 amount) private returns (uint256 received) {
+        if (token == address(0)) {
+            if (msg.value != amount) revert RewardBadFunding(runId, amount, msg.value);
+            return amount;
+        }
+        if (msg.value != 0) revert RewardBadFunding(runId, amount, msg.value);
+        uint256 before = _balanceOf(token);
+        // transferFrom(address,address,uint256)
+        _tokenCall(token, abi.encodeWithSelector(0x23b872dd, msg.sender, address(this), amount));
+        uint256 held = _balanceOf(token);
+        if (held <= before || held - before > amount) {
+            revert RewardTokenFailed(token, "the pool's balance did not rise by at most the amount");
+        }
+        received = held - before;
+    }
+
+    /// @dev One call of the pool's token, SafeERC20-style: it must succeed and return nothing or true (a token that
+    /// returns false, or anything else, fails), with the re-entrancy lock held throughout.
+    function _tokenCall(address token, bytes memory data) private {
+        assembly ("memory-safe") {
+            tstore(0, 1)
+        }
+        (bool ok, bytes memory returned) = token.call(data);
+        assembly ("memory-safe") {
+            tstore(0, 0)
+        }
+        if (!ok) revert RewardTokenFailed(token, "the transfer reverted");
+        if (returned.length != 0 && (returned.length < 32 || abi.decode(returned, (uint256)) != 1)) {
+            revert RewardTokenFailed(token, "the transfer did not return true");
+        }
+    }
+
+    /// @dev The pool's balance of `token`; RewardTokenFailed where it does not answer one word.
+    function _balanceOf(address token) private view returns (uint256) {
+        (bool ok, bytes memory returned) = token.staticcall(abi.encodeWithSelector(0x70a08231, address(this)));
+        if (!ok || returned.length < 32) revert RewardTokenFailed(token, "balanceOf did not answer");
+        return abi.decode(returned, (uint256));
     }
 
     function _key(uint256 runId, uint64 round, uint32 stage, address account) private pure returns (bytes32) {

@@ -157,6 +157,7 @@ from ledger.errors.rewards import (
     RewardError as RewardError,
     RewardAlreadyClaimed as RewardAlreadyClaimed,
     RewardBadAttesters as RewardBadAttesters,
+    RewardBadFunding as RewardBadFunding,
     RewardBadParams as RewardBadParams,
     RewardBadRecord as RewardBadRecord,
     RewardBadStage as RewardBadStage,
@@ -167,8 +168,10 @@ from ledger.errors.rewards import (
     RewardNotListed as RewardNotListed,
     RewardNothingToPay as RewardNothingToPay,
     RewardPoolUnfunded as RewardPoolUnfunded,
+    RewardReentered as RewardReentered,
     RewardRoundNotFinal as RewardRoundNotFinal,
     RewardRoundNotPaid as RewardRoundNotPaid,
+    RewardTokenFailed as RewardTokenFailed,
     RewardTransferFailed as RewardTransferFailed,
 )
 

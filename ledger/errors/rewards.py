@@ -67,3 +67,15 @@ class RewardRoundNotPaid(RewardError):
 
 class RewardTransferFailed(RewardError):
     """The payment to the claimer failed: the claim is undone."""
+
+
+class RewardBadFunding(RewardError):
+    """The ETH sent is not the amount named (an ETH pool), or ETH was sent to a token pool."""
+
+
+class RewardTokenFailed(RewardError):
+    """The pool's ERC-20 reverted, returned false, or did not move what it was asked to: nothing changed."""
+
+
+class RewardReentered(RewardError):
+    """The pool was called from inside one of its token's calls (a re-entrant token): refused."""

@@ -32,5 +32,6 @@ def pool_snapshot(pool, client, run_id: int, history) -> dict:
             "attester_bps": params.attester_bps, "contribution_slots": params.contribution_slots,
             "attester_slots": params.attester_slots, "claim_blocks": params.claim_blocks,
             "first_round": view["firstRound"], "next_round": view["nextRound"], "funded_wei": view["funded"],
-            "free_wei": view["free"], "claimed_wei": view["claimed"], "balance_wei": pool.balance(),
+            "free_wei": view["free"], "claimed_wei": view["claimed"],
+            "balance_wei": pool.balance(params.token), "token": params.token if params.is_token else None,
             "members": members}

@@ -205,7 +205,7 @@ def run_create_run(args: argparse.Namespace) -> int:
     w3 = connect_checked(rpc, deployment["chain_id"])
     chain_id = w3.eth.chain_id
     verify_deployment(w3, deployment["registry"], deployment["ledger"])
-    pool = pool_plan(run, params, f"run file {args.run_file}")  # its every rule, before anything is sent
+    pool = pool_plan(run, params, f"run file {args.run_file}", w3)  # its every rule, before anything is sent
     config_path = data_dir / "node.toml"
     ledger_table = {**ledger_settings(args, rpc, chain_id, w3), "registry_address": deployment["registry"],
                     "ledger_address": deployment["ledger"], "from_block": deployment["from_block"]}

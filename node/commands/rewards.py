@@ -30,9 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the statement as JSON")
     p.add_argument("--claim", action="store_true",
                    help="claim every claimable credit (one transaction each; listed and agreed first)")
-    p.add_argument("--fund", default="", metavar="ETH",
-                   help="top the run's pool up by ETH from this account first (anyone may; listed and agreed "
-                        "first)")
+    p.add_argument("--fund", default="", metavar="AMOUNT",
+                   help="top the run's pool up by AMOUNT (ETH, or whole tokens of a token pool) from this "
+                        "account first (anyone may; listed and agreed first)")
     add_fee_args(p)
 
 
@@ -44,7 +44,8 @@ def run_rewards(args: argparse.Namespace) -> int:
 
     if args.claim and args.account:
         raise ConfigError("--claim claims the member's own credits: drop --account (nothing was sent)")
-    amount = _fund_amount(args.fund) if args.fund else 0
+    if args.fund:
+        _fund_amount(args.fund)  # refused before connecting
     chain, run_id, _seat = member_chain(args)
     try:
         client = chain.client
@@ -52,8 +53,8 @@ def run_rewards(args: argparse.Namespace) -> int:
         if not pool.has_pool(run_id):
             raise ConfigError(f"run {run_id} has no reward pool at {pool.address} (its creator opens one: "
                               "docs/REWARDS.md)")
-        if amount:
-            _fund(pool, client, run_id, amount, args.yes)
+        if args.fund:
+            _fund(pool, client, run_id, args.fund, args.yes)
         account = args.account or client.address
         if args.account and not client.w3.is_address(args.account):
             raise ConfigError(f"--account {args.account!r}: not an address")
@@ -82,31 +83,62 @@ def _sources(config: str, client, run_id: int) -> dict:
     return read_sources([load_config(config).path(".")], client, run_id)
 
 
-def _fund_amount(text: str) -> int:
-    """--fund ETH in wei: ConfigError unless a positive number of ETH (at most 18 decimals)."""
+def _fund_amount(text: str, decimals: int = 18, unit: str = "ETH") -> int:
+    """--fund AMOUNT in the smallest unit: ConfigError unless a positive number of ``unit`` with at most
+    ``decimals`` decimals."""
     from decimal import Decimal, InvalidOperation
 
     try:
-        value = Decimal(text) * 10**18
+        value = Decimal(text) * 10**decimals
     except InvalidOperation:
-        raise ConfigError(f"--fund {text!r}: not a number of ETH") from None
+        raise ConfigError(f"--fund {text!r}: not a number of {unit}") from None
     if not value.is_finite() or value <= 0 or value != value.to_integral_value():
-        raise ConfigError(f"--fund {text!r}: a positive amount of ETH, at most 18 decimals")
+        raise ConfigError(f"--fund {text!r}: a positive amount of {unit}, at most {decimals} decimals")
     return int(value)
 
 
-def _fund(pool, client, run_id: int, amount: int, yes: bool) -> None:
-    """Top the pool of ``run_id`` up by ``amount`` wei after listing it (gas and balance checked)."""
+def _fund(pool, client, run_id: int, text: str, yes: bool) -> None:
+    """Top the pool of ``run_id`` up by ``text`` (ETH, or whole tokens of a token pool) after listing it (gas
+    and balance checked; a token pool's approve first)."""
+    token = pool.pool_of(run_id)["params"].token
+    if int(token, 16):
+        _fund_token(pool, client, run_id, token, text, yes)
+        return
+    amount = _fund_amount(text)
     what = f"fund the reward pool of run {run_id}"
     check_funds(client.balance(), client.address, [Spend(what, 0, 0, amount)])  # before the chain's estimate
-    data = pool.contract.encode_abi("fund", args=[run_id])
+    data = pool.contract.encode_abi("fund", args=[run_id, amount])
     gas, fees = pool.sender.estimate({"to": pool.address, "value": amount, "data": data}, what)
     plan = [Spend(what, gas, fees["maxFeePerGas"], amount)]
     check_funds(client.balance(), client.address, plan)
     agree(plan, yes, "funding")
-    pool.sender.transact(pool.contract, "fund", (run_id,), what, amount)
+    pool.sender.transact(pool.contract, "fund", (run_id, amount), what, amount)
     free = pool.pool_of(run_id)["free"]
     print(f"funded the pool of run {run_id} with {_eth(amount)}; it holds {_eth(free)} free")
+
+
+def _fund_token(pool, client, run_id: int, token: str, text: str, yes: bool) -> None:
+    """--fund of a token pool: ``text`` whole tokens (the token's decimals), refused before anything is sent
+    when the account holds fewer; then approve and fund, both listed and agreed."""
+    from node.commands.runpool import POOL_FUND_GAS, token_facts
+
+    decimals, held = token_facts(pool.w3, token, client.address)
+    amount = _fund_amount(text, decimals, f"token {token}")
+    if held < amount:
+        raise ConfigError(f"--fund: {client.address} holds {held} units of token {token}, not the {amount} "
+                          "asked (nothing was sent)")
+    what = f"allow the pool {amount} units of token {token}"
+    data = pool.token(token).encode_abi("approve", args=[pool.address, amount])
+    gas, fees = pool.sender.estimate({"to": pool.token(token).address, "value": 0, "data": data}, what)
+    plan = [Spend(what, gas, fees["maxFeePerGas"]),
+            Spend(f"fund the reward pool of run {run_id} with {amount} units of token {token}",
+                  POOL_FUND_GAS, fees["maxFeePerGas"])]
+    check_funds(client.balance(), client.address, plan)
+    agree(plan, yes, "funding")
+    pool.approve(token, amount)
+    pool.fund(run_id, amount, token)
+    free = pool.pool_of(run_id)["free"]
+    print(f"funded the pool of run {run_id} with {amount} units of token {token}; it holds {free} free")
 
 
 def _eth(wei: int) -> str:

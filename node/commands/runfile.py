@@ -31,6 +31,9 @@ RUN_KEYS: dict[str, tuple[type, float, str]] = {
 POOL_KEYS: dict[str, tuple[type, float, str]] = {
     "per_round_eth": (float, 0, "ETH a final round reserves for its contributors and attesters (required)"),
     "funding_eth": (float, 0, "ETH sent with createPool (default: per_round_eth x rounds)"),
+    "token": (str, 0, "the ERC-20 the pool is funded and pays in (default: none, native ETH)"),
+    "per_round_tokens": (float, 0, "whole tokens a final round reserves (a token pool; required there)"),
+    "funding_tokens": (float, 0, "whole tokens pulled with createPool (default: per_round_tokens x rounds)"),
     "attester_bps": (int, 0, "the attesters' part of a round's amount, basis points (default 1000)"),
     "contribution_slots": (int, 0, "equal slots of a stage's contributor budget (default: the run's cap)"),
     "attester_slots": (int, 0, "equal attester shares (default: replicas x stages)"),
@@ -72,7 +75,10 @@ def read_run_file(path: str, init_from: str = "", init_dir: Path | None = None) 
     chain = _check_run_table(chain, path, problems)
     pool = table.pop("pool", None)
     if pool is not None:
-        pool = _check_table(pool, path, "pool", POOL_KEYS, {}, required=("per_round_eth",), problems=problems)
+        if isinstance(pool, dict) and "per_round_eth" not in pool and "per_round_tokens" not in pool:
+            problems.append(f"[pool] needs per_round_eth ({POOL_KEYS['per_round_eth'][2]}) or, with a token, "
+                            "per_round_tokens")
+        pool = _check_table(pool, path, "pool", POOL_KEYS, {}, problems=problems)
     base = file.resolve().parent
     training, model = table.get("training", {}), table.get("model", {})
     if isinstance(training, dict) and training.get("data_path"):
@@ -178,6 +184,12 @@ def _check_table(table, path: str, name: str, keys: dict, out: dict, required: t
         if key not in keys:
             continue
         kind, minimum, what = keys[key]
+        if kind is str:
+            if not isinstance(value, str):
+                found.append(f"[{name}] {key}={value!r}: must be a string ({what})")
+            else:
+                out[key] = value
+            continue
         good = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
         if isinstance(value, bool) or not good or value < minimum:
             found.append(f"[{name}] {key}={value!r}: must be "

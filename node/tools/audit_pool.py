@@ -30,8 +30,10 @@ def pool_check(client: Any, run_id: int, address: str, archives=()) -> Check:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
         return Check(POOL_BOOKS, FAIL, "; ".join(problems[:SHOWN]) + more)
     view = pool.pool_of(run_id)
-    return Check(POOL_BOOKS, OK, f"pool {pool.address}: funded {view['funded']} wei, claimed "
-                                 f"{view['claimed']} wei, balance {pool.balance()} wei, rounds "
+    token = view["params"].token
+    unit = f"units of token {token}" if view["params"].is_token else "wei"
+    return Check(POOL_BOOKS, OK, f"pool {pool.address}: funded {view['funded']} {unit}, claimed "
+                                 f"{view['claimed']} {unit}, balance {pool.balance(token)} {unit}, rounds "
                                  f"{view['firstRound']}..{view['nextRound'] - 1} opened; every claim and "
                                  "sweep matches the record" + (f" (contribution claims checked against the "
                                  f"factors of {len(sources)} rounds the archives kept)" if sources else ""))
