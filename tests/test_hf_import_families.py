@@ -141,3 +141,24 @@ def test_what_does_not_map_is_refused_naming_the_architecture(tmp_path, tokenize
                                             r"supported: LlamaForCausalLM, MistralForCausalLM, "
                                             r"Qwen2ForCausalLM, GPT2LMHeadModel"):
         import_hf(src, tmp_path / "i")
+
+
+def test_gpt2_as_the_hubs_checkpoint_holds_it(tmp_path, tokenizer_file):  # noqa: F811
+    """openai-community/gpt2's files: tensor names without ``transformer.``, no lm_head.weight (tied: its
+    config.json has no tie key, and GPT-2's default ties), the attention's causal-mask buffers beside the
+    weights. Imported, its logits are transformers'; exported, a GPT2LMHeadModel with ours."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    _source("gpt2", src, tokenizer_file)
+    state = load_file(src / "model.safetensors")
+    bare = {name.removeprefix("transformer."): t for name, t in state.items() if name != "lm_head.weight"}
+    positions = json.loads((src / "config.json").read_text())["n_positions"]
+    for layer in (0, 1):
+        bare[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(positions, positions)).view(1, 1, positions,
+                                                                                         positions)
+    save_file(bare, src / "model.safetensors", metadata={"format": "pt"})
+    _rewrite(src, drop=("tie_word_embeddings",))
+    assert not any(name.startswith("transformer.") for name in bare) and "lm_head.weight" not in bare
+    cfg = _equal_both_ways(src, tmp_path, "GPT2LMHeadModel")
+    assert cfg.family == "gpt2" and cfg.block_size == positions
