@@ -14,6 +14,7 @@ host.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from types import SimpleNamespace
 
@@ -231,3 +232,58 @@ def test_the_last_open_round_is_answered_after_older_ones_close_and_a_lost_publi
     window.closed_through = 9
     states.forget_before(ROUNDS)  # round 9's window closed: its spilled state and its published blob go
     assert states.state(9, 0) is None and not host.has_blob(published_9)
+
+
+def _normed_state(outer_round: int, stage: int) -> StageState:
+    """A version-3 state: :func:`_state` with a norm commitment and a sum tree per accepted contribution."""
+    from ledger.chunkproof import Norms
+    from ledger.normproof import SumTree
+
+    base = _state(outer_round, stage)
+    generator = torch.Generator().manual_seed(7 + 1000 * outer_round + stage)
+    chunks = len(base.weight_leaves)
+    trees = [SumTree.of([int(v) for v in torch.randint(0, 2**62, (chunks,), generator=generator)])
+             for _ in base.factors.envelopes]
+    norms = Norms(0x3FF0000000000000, (), tuple(t.root for t in trees), tuple(t.total for t in trees))
+    factors = dataclasses.replace(base.factors, norms=norms)
+    return dataclasses.replace(base, factors=factors, sum_trees=trees)
+
+
+def test_a_spilled_normed_state_refers_to_its_published_sum_trees_and_refuses_a_changed_copy(tmp_path):
+    """A version-3 stage's sum trees (a hash and a 96-byte sum per node, about two nodes per 64 elements of
+    each accepted contribution) are published beside its state (its norm state, ``norms_key(leaf)``); the
+    spilled state names that blob instead of repeating them, and is whole again when a challenge reads it.
+    A published copy changed on disk is not served as the state's."""
+    from ledger.normproof import encode_norm_state
+    from node.commitments.chunked import norms_key
+
+    files = {}
+    for publish in (False, True):
+        host = _BlobHost(tmp_path / f"blobs-{publish}")
+        cfg = SimpleNamespace(commitment_scheme=scheme_named("normed"))
+        states = ChunkedStates(cfg=cfg, host=host, layout=None, config_hash=b"", window=_Window(),
+                               spill_dir=tmp_path / f"spill-{publish}")
+        made = {}
+        for outer_round in range(12):
+            made[outer_round] = _normed_state(outer_round, 0)
+            states.replace(outer_round, 0, made[outer_round])
+            if publish:
+                leaf = made[outer_round].leaf().encode()
+                states.publish_part(outer_round, 0, norms_key(leaf),
+                                    encode_norm_state(made[outer_round].factors.encode(),
+                                                      made[outer_round].sum_trees))
+            states.forget_before(outer_round)
+        files[publish] = {p.name: p.stat().st_size for p in (tmp_path / f"spill-{publish}").glob("*.state")}
+        for outer_round, state in made.items():
+            back = states.state(outer_round, 0)
+            assert back == state and back.sum_trees == state.sum_trees, outer_round
+    assert files[True].keys() == files[False].keys() and files[True]
+    trees = sum(len(h) + len(s) for tree in made[3].sum_trees for h, s in zip(tree.hashes, tree.sum_levels))
+    for name, size in files[True].items():
+        assert size < files[False][name] - trees + 1024, (name, size, files[False][name], trees)
+    digest = states._published_norms[3][0]
+    path = host.blob_path(digest)
+    blob = bytearray(path.read_bytes())
+    blob[-1] ^= 1  # one sum changed on disk: its tree's root is not the committed one
+    path.write_bytes(bytes(blob))
+    assert states.state(3, 0) is None and states.state(4, 0) == made[4]

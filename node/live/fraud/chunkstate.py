@@ -103,6 +103,9 @@ class ChunkedStates:
         # round -> stage -> the blob of its published state (weights and momentum): a spilled state refers to
         # it instead of repeating its leaves (:meth:`_spill`)
         self._published: dict[int, dict[int, str]] = {}
+        # round -> stage -> the blob of what the scheme published beside it (a version-3 stage's factors and
+        # sum trees, under norms_key(leaf)): a spilled state refers to it instead of repeating its sum trees
+        self._published_norms: dict[int, dict[int, str]] = {}
         # round -> stage -> the accepted contributions' codec blobs, until the round is spilled (_thin)
         self._payloads: dict[int, dict[int, list[bytes]]] = {}
         # round -> stage -> payload root -> pieces of the contributions this node closed but left out
@@ -152,6 +155,7 @@ class ChunkedStates:
             return
         with self._lock:
             self._served.setdefault(outer_round, []).append(digest)
+            self._published_norms.setdefault(outer_round, {})[stage] = digest
 
     def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
         """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
@@ -246,20 +250,43 @@ class ChunkedStates:
     def _thin(self, outer_round: int, state: StageState) -> StageState | _ThinState:
         """What is spilled of ``state``: without its weight and momentum leaves when the blob this node
         publishes of it holds them, which then stays as long as the spilled file (both go when the round's
-        window closes: :meth:`forget_before`), and without its payload pieces when the contributions' codec
+        window closes: :meth:`forget_before`), without its payload pieces when the contributions' codec
         blobs cut to them (training.chunks.cut_payload: a low-rank piece carries a row of ``Q`` per element,
-        the blob only the factors); each checked here leaf by leaf; the whole state when neither holds."""
+        the blob only the factors), and without its sum trees when the norm state it publishes beside them
+        holds them (a version-3 stage: a hash and a 96-byte sum per node, about two nodes per 64 elements of
+        each accepted contribution, 2 x the stage's bytes a round in the retention bench's `tiny`); each
+        checked here; the whole state when none holds."""
         with self._lock:
             digest = self._published.get(outer_round, {}).get(state.stage)
+            norms = self._published_norms.get(outer_round, {}).get(state.stage)
             blobs = self._payloads.get(outer_round, {}).get(state.stage)
         published = digest if digest is not None and self._holds_leaves(outer_round, digest, state) else None
         payloads = self._payload_blobs(state, blobs) if blobs is not None else None
-        if published is None and payloads is None:
+        norms = norms if norms is not None and state.sum_trees and self._holds_trees(norms, state) else None
+        if published is None and payloads is None and norms is None:
             return state
         bare = dataclasses.replace(state, weight_leaves=[] if published else state.weight_leaves,
                                    momentum_leaves=[] if published else state.momentum_leaves,
-                                   payload_leaves=[] if payloads is not None else state.payload_leaves)
-        return _ThinState(published, state.leaf(), bare, payloads, self._shapes(state.stage))
+                                   payload_leaves=[] if payloads is not None else state.payload_leaves,
+                                   sum_trees=[] if norms is not None else state.sum_trees)
+        return _ThinState(published, state.leaf(), bare, payloads, self._shapes(state.stage), norms)
+
+    def _published_trees(self, digest: str, leaf: StageLeaf) -> list:
+        """The sum trees of the published norm state ``digest`` (read from the blob store), checked against
+        ``leaf``'s factors (ledger.normproof.parse_norm_state)."""
+        data = self.host.blob_path(digest).read_bytes()
+        return parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)[1]
+
+    def _holds_trees(self, digest: str, state: StageState) -> bool:
+        """Whether the published norm state ``digest`` is stored and holds ``state``'s sum trees."""
+        if not self.host.has_blob(digest):
+            return False
+        try:
+            return self._published_trees(digest, state.leaf()) == list(state.sum_trees)
+        except (*DLX_ERRORS, OSError, ValueError) as exc:
+            logger.debug("stage %d: published norm state unreadable, its sum trees spilled: %s", state.stage,
+                         exc)
+            return False
 
     def _holds_leaves(self, outer_round: int, digest: str, state: StageState) -> bool:
         """Whether the published blob ``digest`` is stored and holds ``state``'s weights and momentum."""
@@ -309,6 +336,8 @@ class ChunkedStates:
             if thin.payloads is not None:
                 pieces = [cut_payload(blob, thin.shapes) for blob in thin.payloads]
                 state = dataclasses.replace(state, payload_leaves=pieces)
+            if thin.norms is not None:
+                state = dataclasses.replace(state, sum_trees=self._published_trees(thin.norms, thin.leaf))
         except (*DLX_ERRORS, *CUT_ERRORS) as exc:  # OSError: caller's
             logger.warning("round %d stage %d: spilled state not rebuilt (%s): not served", outer_round,
                            state.stage, exc)
@@ -336,6 +365,7 @@ class ChunkedStates:
             for r in done:
                 self._states.pop(r, None)
                 self._published.pop(r, None)
+                self._published_norms.pop(r, None)
                 self._payloads.pop(r, None)
             blobs = [d for r in done for d in self._served.pop(r, [])]
         for r in done:
@@ -430,6 +460,7 @@ class _ThinState:
     state: StageState
     payloads: list[bytes] | None = None  # the accepted contributions' codec blobs; None: the state's pieces
     shapes: dict | None = None  # the stage's parameter shapes, to cut them
+    norms: str | None = None  # the published norm state holding its sum trees; None: the state's own
 
 
 class SpilledStateError(ValueError):
