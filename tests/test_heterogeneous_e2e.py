@@ -233,3 +233,19 @@ def test_a_screened_time_bounded_run_is_audited_bit_for_bit(make_run):
     assert report.ok, [c.line() for c in report.all_checks() if c.status != OK]
     reruns = [c for c in report.general if c.name.startswith("re-execution of round")]
     assert reruns and all(c.status == OK and c.reason.startswith("reproduced (exact") for c in reruns), reruns
+    # issue 80 point 1: through a seeder alone (no archive), the same reruns: round t-1's screening
+    # exclusions from the audit's own replay of it, start states and envelopes from the seeder
+    from node.commands.seeder import ArchiveSeeder
+    from node.tools.evidence import PeerFetcher
+
+    seeder = ArchiveSeeder.start([slot.data_dir for slot in run.nodes], run.run_id)
+    try:
+        fetcher = PeerFetcher.start([seeder.multiaddr])
+        try:
+            linked = audit_run(run.client(), run.run_id, fetcher=fetcher, reexecute=-1)
+        finally:
+            fetcher.close()
+    finally:
+        seeder.close()
+    assert linked.ok, [c.line() for c in linked.all_checks() if c.status != OK]
+    assert linked.reexecution["from"] == "peers" and linked.reexecution["rerun"] == len(reruns) == 3 * rounds
