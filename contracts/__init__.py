@@ -28,14 +28,15 @@ NAMES = (
     "RewardPool",
     "ReentrantClaimer", "QuirkyToken",
 )
-#: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's (the ledger's
-#: constructor creates the prover, so the ledger's creation code links both sets). None links another.
+#: StepProver's linked libraries (ledger.stepproof.deploy deploys them first for a StepProver of its own).
+STEP_LIBRARIES = ("StepProverMath", "StepProverBinding")
+#: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's, then StepProver's
+#: (the ledger's constructor creates the prover, whose constructor creates the ledger's StepProver, so the
+#: ledger's creation code links all three sets). None links another.
 LIBRARIES = (
     "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
-    "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
+    "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding", *STEP_LIBRARIES,
 )
-#: StepProver's linked libraries (ledger.stepproof.deploy deploys them first; StepProver is deployed alone).
-STEP_LIBRARIES = ("StepProverMath", "StepProverBinding")
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576
 

@@ -73,10 +73,12 @@ class StepProverClient:
     """The moves of StepProver at ``address``, each returning its receipt (``gas_log``: (move, gas, calldata
     bytes) of every move sent)."""
 
-    def __init__(self, w3, address: str) -> None:
+    def __init__(self, w3, address: str, bond: int | None = None) -> None:
+        """``bond``: what a claim and a challenge bond (None: the contract's ``bond``; the ledger's
+        StepProver, whose ``bond`` is zero, takes each run's own: ``ledger.stepcase.run_stake``)."""
         self.w3 = w3
         self.contract = w3.eth.contract(address=address, abi=contracts.artifact("StepProver")["abi"])
-        self.bond = self.contract.functions.bond().call()
+        self.bond = self.contract.functions.bond().call() if bond is None else bond
         self.gas_log: list[tuple[str, int, int]] = []
 
     def _send(self, name: str, sender: str, *args, value: int = 0):

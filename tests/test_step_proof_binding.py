@@ -3,9 +3,11 @@ names a contribution's payload root that its round's committed record lists for 
 root the round starts from (contracts/src/StepProverBinding.sol). An outsider's claim about a made-up
 contribution, a wrong index, a start state the record does not hold, or a record never committed is refused
 by name; anyone may defend a contribution the record lists. A front-runner that copies a challenge from the
-mempool takes the game (the copied challenge reverts, its sender keeps its bond) and its bond goes to
-whoever wins: playing the honest moves it is paid both bonds; if it walks away, the defender takes it one
-block past its clock (not in the clock's last block) and the claim is open to the honest challenger again.
+mempool gets a game of its own beside the copied one (a run claim takes any number at once, one per
+challenger): it cannot take the honest challenger's game. If it walks away its bond goes to the defender
+one block past its clock (not in the clock's last block) and the honest game goes on; if it plays the
+honest moves and refutes the claim first it is paid both bonds, and the honest challenger, which refutes it
+too, gets its own bond back (the defender's is spent).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def _copied_in_one_block(w3, client, claim_id: bytes, first: int, second: int) -
 
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
-def test_a_front_runner_takes_the_game_and_loses_its_bond_when_it_walks_away(request, backend):
+def test_a_front_runners_copied_challenge_is_its_own_game_and_it_loses_its_bond_when_it_walks_away(
+        request, backend):
     w3 = _backend(request, backend)
     client, committed = bound_prover(w3, BOND, CLOCK)
     defender = dev_account(1, w3.eth.chain_id).address
@@ -101,11 +104,11 @@ def test_a_front_runner_takes_the_game_and_loses_its_bond_when_it_walks_away(req
     claim = run_claim(traces, subject)
     client._send("claimRun", defender, claim, subject.binding, value=BOND)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
-    before = w3.eth.get_balance(honest_address)
-    assert _copied_in_one_block(w3, client, claim_id, front, honest) == [1, 0]
-    assert before - w3.eth.get_balance(honest_address) < BOND  # the reverted copy cost gas, not its bond
-    game = bytes(client.contract.functions.gameIdOf(claim_id, front_address).call())
-    assert client.game(game)["challenger"] == front_address
+    assert _copied_in_one_block(w3, client, claim_id, front, honest) == [1, 1]
+    games = [bytes(client.contract.functions.gameIdOf(claim_id, a).call())
+             for a in (front_address, honest_address)]
+    assert [client.game(g)["challenger"] for g in games] == [front_address, honest_address]
+    game = games[0]
     client._send("postStateRoot", defender, game, state_roots(traces)[3])
     # the front-runner does not answer: in the last block of its clock the game still runs
     state = client.game(game)
@@ -115,10 +118,8 @@ def test_a_front_runner_takes_the_game_and_loses_its_bond_when_it_walks_away(req
     assert client.game(game)["phase"] == PHASES.index("Done") and not client.wrong(claim_id)
     assert client.contract.functions.balanceOf(defender).call() == BOND
     assert client.contract.functions.balanceOf(front_address).call() == 0
-    # the claim is open again: the honest challenger's own game starts
-    client._send("challengeRun", honest_address, claim_id, value=BOND)
-    mine_game = bytes(client.contract.functions.gameIdOf(claim_id, honest_address).call())
-    assert client.game(mine_game)["phase"] == PHASES.index("Steps")
+    # the honest challenger's own game was never the front-runner's to hold
+    assert client.game(games[1])["phase"] == PHASES.index("Steps")
 
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
@@ -133,14 +134,16 @@ def test_a_front_runner_that_plays_the_honest_moves_is_paid_as_an_honest_challen
     claim = run_claim(_traces(cheat), subject)
     client._send("claimRun", defender, claim, subject.binding, value=BOND)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
-    assert _copied_in_one_block(w3, client, claim_id, front, honest) == [1, 0]
+    assert _copied_in_one_block(w3, client, claim_id, front, honest) == [1, 1]
     truth_roots = state_roots(_traces(truth))
-    won, _moves = run_game(client, _traces(cheat), defender, front_address, subject=subject, claimed=True,
-                           challenged=True, judge_state=lambda i, root: root == truth_roots[i],
-                           step_policy=_honest_policy(truth, cheat))
-    assert not won and client.wrong(claim_id)
+    for challenger in (front_address, honest_address):  # the front-runner's game ends first
+        won, _moves = run_game(client, _traces(cheat), defender, challenger, subject=subject, claimed=True,
+                               challenged=True, judge_state=lambda i, root: root == truth_roots[i],
+                               step_policy=_honest_policy(truth, cheat))
+        assert not won and client.wrong(claim_id)
     assert client.contract.functions.balanceOf(front_address).call() == 2 * BOND
-    assert client.contract.functions.balanceOf(honest_address).call() == 0
+    assert client.contract.functions.balanceOf(honest_address).call() == BOND  # its own bond back
     assert client.contract.functions.balanceOf(defender).call() == 0
-    # a claim proven wrong stays wrong: the honest challenger's late copy is refused
-    assert _refused(client, "challengeRun", honest_address, claim_id, value=BOND) == "ProverStepClaimClosed"
+    # a claim proven wrong stays wrong: a late challenge is refused
+    late = dev_account(6, w3.eth.chain_id).address
+    assert _refused(client, "challengeRun", late, claim_id, value=BOND) == "ProverStepClaimClosed"

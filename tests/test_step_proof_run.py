@@ -9,7 +9,8 @@ step run H = 6 times (its state fed back), on py-evm and on a real anvil.
 What is tested: an honest challenger beats a contributor with a one-ulp cheat in any step (the cheat carried
 on consistently after it) and its bond is paid to the challenger; an honest defender beats challengers that
 disagree with everything, agree with everything, or answer at random; moves in the last block of each side's
-clock are taken and one block later the clock decides; an outsider cannot move in another's game.
+clock are taken and one block later the clock decides; an outsider cannot move in another's game, and a
+challenger has one running game on a claim at a time (others play their own at once: tests/test_step_case.py).
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ def test_the_clock_in_the_steps_bisection_and_who_may_move():
     client._send("challengeRun", challenger, claim_id, value=BOND)
     game = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
     assert client.game(game)["phase"] == PHASES.index("Steps")
-    with pytest.raises(Exception):  # a second game on a busy claim
-        client._send("challengeRun", outsider, claim_id, value=BOND)
+    with pytest.raises(Exception):  # the challenger's second game on the claim while its first runs
+        client._send("challengeRun", challenger, claim_id, value=BOND)
     with pytest.raises(Exception):  # an outsider posts for the defender
         client._send("postStateRoot", outsider, game, roots[3])
     with pytest.raises(Exception):  # the challenger cannot judge before a root is posted
@@ -212,9 +213,9 @@ def _refused(client, name: str, sender: str, *args, value: int = 0) -> str:
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
 def test_a_judgment_one_block_past_the_clock_is_refused_and_outsiders_by_name(request, backend):
-    """On both backends, each refusal named: an outsider's or the wrong side's move (NotYourMove), a second
-    challenge of a busy run claim (ClaimClosed), a judgment one block past the challenger's time (ClockOut,
-    the game unchanged); then ``timeout`` gives the game to the defender."""
+    """On both backends, each refusal named: an outsider's or the wrong side's move (NotYourMove), a
+    challenger's second game on a run claim while its first runs (ClaimClosed), a judgment one block past the
+    challenger's time (ClockOut, the game unchanged); then ``timeout`` gives the game to the defender."""
     w3 = _backend(request, backend)
     client, committed = bound_prover(w3, BOND, CLOCK)
     subject = subject_of(committed)
@@ -228,7 +229,7 @@ def test_a_judgment_one_block_past_the_clock_is_refused_and_outsiders_by_name(re
     game = bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
     assert _refused(client, "postStateRoot", outsider, game, roots[3]) == "ProverStepNotYourMove"
     assert _refused(client, "postStateRoot", challenger, game, roots[3]) == "ProverStepNotYourMove"
-    assert _refused(client, "challengeRun", outsider, claim_id, value=BOND) == "ProverStepClaimClosed"
+    assert _refused(client, "challengeRun", challenger, claim_id, value=BOND) == "ProverStepClaimClosed"
     client._send("postStateRoot", defender, game, roots[3])
     assert _refused(client, "judgeStateRoot", outsider, game, True) == "ProverStepNotYourMove"
     before = client.game(game)

@@ -6,6 +6,7 @@ import {ProverBinding} from "./ProverBinding.sol";
 import {ProverChunks} from "./ProverChunks.sol";
 import {ProverCommon} from "./ProverCommon.sol";
 import {ProverNorms} from "./ProverNorms.sol";
+import {StepProver} from "./StepProver.sol";
 import {TrainingLedger} from "./TrainingLedger.sol";
 
 /// @title AggregationProver
@@ -210,6 +211,7 @@ contract AggregationProver {
     error ProverNotClaimant(uint256 runId, uint64 round, address caller);
     error ProverRoundStands(uint256 runId, uint64 round);
     error ProverNotLedger(address caller);
+    error ProverNotStepProver(address caller);
     error ProverBondMismatch(uint256 required, uint256 sent);
     error ProverChallengeExists(bytes32 id);
     error ProverNoAnswerer(uint256 runId);
@@ -243,11 +245,32 @@ contract AggregationProver {
 
     /// @notice The TrainingLedger that deployed this prover and takes its proofs.
     TrainingLedger public immutable ledger;
+    /// @notice The ledger's contribution proof (issue 78): the StepProver this prover deployed, bonded and clocked
+    /// by each run's own values, whose won contribution cases overturn rounds through `overturnByStep`.
+    StepProver public immutable stepProver;
 
     ProverState private _p;
 
     constructor(TrainingLedger ledger_) {
         ledger = ledger_;
+        stepProver = new StepProver(0, 0, ledger_);
+    }
+
+    /// @notice The StepProver's overturn of round `round` (a contribution it lists proven wrong: every claim on
+    /// it refuted, or none made): within the round's proof window (as a fraud proof's), the ledger pays
+    /// `recipient` (the case's opener) directly. A round already invalid is left as it is (reward 0).
+    function overturnByStep(uint256 runId, uint64 round, address[] calldata attesters, address recipient)
+        external
+        returns (uint256 reward)
+    {
+        if (msg.sender != address(stepProver)) revert ProverNotStepProver(msg.sender);
+        (uint64 opensAt, uint64 closesAt) = ledger.proofWindowOf(runId, round);
+        if (block.number < opensAt) revert ProverParentOpen(runId, round - 1, opensAt);
+        if (block.number >= closesAt) revert ProverProofWindowClosed(runId, round, closesAt);
+        uint64 invalidFrom = ledger.runOf(runId).invalidFrom;
+        if (invalidFrom == 0 || invalidFrom > round + 1) {
+            reward = ledger.invalidateByProof(runId, round, attesters, recipient);
+        }
     }
 
     /// @notice Only the ledger pays this contract: a proof's reward held for its claim window.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity 0.8.37;
 
+import {AggregationProver} from "./AggregationProver.sol";
 import {StepProverBinding} from "./StepProverBinding.sol";
 import {StepProverMath} from "./StepProverMath.sol";
 import {TrainingLedger} from "./TrainingLedger.sol";
@@ -134,15 +135,36 @@ contract StepProver {
         bytes32 stepKey;
     }
 
+    /// @notice A claim: its defender, whether proven wrong, whether a game is open on it (op and step claims:
+    /// one game at a time; a run claim takes any number at once, one per challenger), each side's blocks in a
+    /// game on it (`clock`) and its bond, which each challenge of it matches (`stake`).
     struct Claim {
         address defender;
         bool wrong;
         bool busy;
+        uint64 clock;
+        uint256 stake;
     }
 
-    /// @notice The bond of a claim and of a challenge (the loser's goes to the winner).
+    /// @notice A contribution case (docs/FRAUD_PROOF.md "The contribution case"): `opener` bonded `stake` that
+    /// the contribution is wrong; run claims on it are taken until `deadline`; `claims` and `refuted` count every
+    /// run claim on the contribution and those proven wrong; from `deadline` on, once all are refuted (or none was
+    /// made), the round is overturned; from `ends` on a claim still standing dismisses the case.
+    struct Case {
+        address opener;
+        uint64 deadline;
+        uint32 claims;
+        uint32 refuted;
+        uint64 ends;
+        uint64 round;
+        uint256 runId;
+        uint256 stake;
+    }
+
+    /// @notice The bond of a claim and of a challenge (the loser's goes to the winner); zero: a run's own bond
+    /// (run claims and cases only: the ledger's StepProver, deployed by its AggregationProver).
     uint256 public immutable bond;
-    /// @notice Each side's blocks for all its moves of one game (a chess clock).
+    /// @notice Each side's blocks for all its moves of one game (a chess clock); zero: a run's accusationBlocks.
     uint64 public immutable clockBlocks;
     /// @notice The ledger whose records a run claim is bound to.
     TrainingLedger public immutable ledger;
@@ -152,6 +174,10 @@ contract StepProver {
     mapping(bytes32 => Game) internal _games;
     mapping(bytes32 => StepClaim) internal _steps;
     mapping(bytes32 => RunClaim) internal _runs;
+    /// @dev Each contribution's case and claim counts, by `contributionOf`.
+    mapping(bytes32 => Case) internal _cases;
+    /// @notice The block a case commitment was first made (`commitCase`; 0: never).
+    mapping(bytes32 => uint64) public caseCommittedAt;
     /// @notice What each account won and has not withdrawn.
     mapping(address => uint256) public balanceOf;
 
@@ -166,6 +192,13 @@ contract StepProver {
     event RunClaimed(
         bytes32 indexed claimId, uint256 indexed runId, uint64 round, uint32 stage, bytes32 payloadRoot, address defender
     );
+    event CaseCommitted(bytes32 indexed commitment, address committer);
+    event CaseOpened(
+        bytes32 indexed key, uint256 indexed runId, uint64 round, uint32 stage, bytes32 payloadRoot, address opener,
+        uint64 deadline
+    );
+    event ContributionOverturned(bytes32 indexed key, uint256 indexed runId, uint64 round, address opener);
+    event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -179,6 +212,13 @@ contract StepProver {
     error ProverStepBadOpening(uint8 which);
     error ProverStepNotListed(uint256 runId, uint64 round, uint32 stage, bytes32 payloadRoot);
     error ProverStepWrongStart(uint256 runId, uint64 round, uint32 stage, bytes32 startWeights);
+    error ProverStepWindowClosed(uint256 runId, uint64 round, uint64 closesAt);
+    error ProverStepClaimsClosed(bytes32 key, uint64 deadline);
+    error ProverStepNotCommitted(bytes32 commitment);
+    error ProverStepCaseOpen(bytes32 key);
+    error ProverStepNoCase(bytes32 key);
+    error ProverStepCaseRunning(bytes32 key, uint64 until);
+    error ProverStepClaimStands(bytes32 key, uint32 claims, uint32 refuted);
 
     constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
@@ -208,21 +248,10 @@ contract StepProver {
 
     /// @notice Bond `bond` on `op`: that its output tensor is `kind(a, b)`.
     function claim(Op calldata op) external payable returns (bytes32 claimId) {
-        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
-        uint256 out = uint256(op.rows) * op.cols;
-        if (op.kind == MATMUL) {
-            if (op.inner == 0 || op.aLen != uint256(op.rows) * op.inner || op.bLen != uint256(op.inner) * op.cols) {
-                revert ProverStepBadOp();
-            }
-        } else if (op.kind >= ADD && op.kind <= DIV) {
-            if (op.cols != 1 || op.inner != 0 || op.aLen == 0 || op.bLen == 0) revert ProverStepBadOp();
-        } else {
-            revert ProverStepBadOp();
-        }
-        if (out == 0) revert ProverStepBadOp();
+        _opBond();
+        StepProverMath.checkOp(op);
         claimId = claimIdOf(op, msg.sender);
-        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
-        _claims[claimId].defender = msg.sender;
+        _newClaim(claimId, clockBlocks, bond);
         _ops[claimId] = op;
         emit Claimed(claimId, msg.sender);
     }
@@ -243,13 +272,10 @@ contract StepProver {
 
     /// @notice Bond `bond` on one inner step (`StepClaim`): that its program takes `startRoot` to `endRoot`.
     function claimStep(StepClaim calldata step) external payable returns (bytes32 claimId) {
-        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
-        if (step.ops == 0 || step.depth > 32 || uint256(step.stateLeaves) + step.ops > (uint256(1) << step.depth)) {
-            revert ProverStepBadOp();
-        }
+        _opBond();
+        StepProverMath.checkStep(step);
         claimId = keccak256(abi.encode(step, msg.sender));
-        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
-        _claims[claimId].defender = msg.sender;
+        _newClaim(claimId, clockBlocks, bond);
         _steps[claimId] = step;
         emit Claimed(claimId, msg.sender);
     }
@@ -265,21 +291,67 @@ contract StepProver {
         emit Challenged(gameId, claimId, msg.sender, 0);
     }
 
-    /// @notice Bond `bond` on a contribution's `run.steps` inner steps (`RunClaim`): anyone may defend a
-    /// contribution the ledger's record lists, from the start the record holds (`b` opens both; refused
-    /// otherwise: `ProverStepNotListed`, `ProverStepWrongStart`, or the record openings' AggregationProver errors).
+    /// @notice Bond the run's stake (`StepProverBinding.terms`) on a contribution's `run.steps` inner steps
+    /// (`RunClaim`): anyone may defend a contribution the ledger's record lists, from the start the record holds
+    /// (`b` opens both; refused otherwise: `ProverStepNotListed`, `ProverStepWrongStart`, or the record openings'
+    /// AggregationProver errors), within the round's proof window (`ProverStepWindowClosed`) and, while a case
+    /// on the contribution is open, before its deadline (`ProverStepClaimsClosed`).
     function claimRun(RunClaim calldata run, RunBinding calldata b) external payable returns (bytes32 claimId) {
-        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
-        if (run.steps == 0 || run.ops == 0 || run.depth > 32
-            || uint256(run.stateLeaves) + run.ops > (uint256(1) << run.depth)) {
-            revert ProverStepBadOp();
-        }
-        StepProverBinding.check(ledger, run, b);
+        (uint256 stake, uint64 clock) = StepProverBinding.register(ledger, _cases, run, b, bond, clockBlocks);
         claimId = runIdOf(run, msg.sender);
-        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
-        _claims[claimId].defender = msg.sender;
+        _newClaim(claimId, clock, stake);
         _runs[claimId] = run;
         emit RunClaimed(claimId, run.runId, run.round, run.stage, run.payloadRoot, msg.sender);
+    }
+
+    /// @notice The key of a contribution (its run, round, stage and payload root): its case and claim counts.
+    function contributionOf(uint256 runId, uint64 round, uint32 stage, bytes32 payloadRoot)
+        public
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(runId, round, stage, payloadRoot));
+    }
+
+    /// @notice Contribution `key`'s case (opener zero: none open) and claim counts.
+    function caseOf(bytes32 key) external view returns (Case memory) {
+        return _cases[key];
+    }
+
+    /// @notice Commit to a case before opening it, so that a copy of `openCase` sent by another (a front-runner)
+    /// is refused: `commitment` = keccak256(abi.encode(opener, contributionOf(..), salt)), the salt secret until
+    /// the case opens. The first commitment of a hash counts.
+    function commitCase(bytes32 commitment) external {
+        StepProverBinding.commit(caseCommittedAt, commitment);
+    }
+
+    /// @notice Bond the run's stake that the contribution `run` names (its run, round, stage, payload root and
+    /// start, opened by `b` as for `claimRun`; its other fields are ignored) is not what its inputs give: run
+    /// claims on it are taken for `clock` blocks more; the sender must have committed the case (`commitCase`)
+    /// in an earlier block. One case at a time per contribution; refused unless the case's whole course (claims,
+    /// then a challenge and a full game on the last one: `4 clock + 1` blocks) ends inside the round's proof
+    /// window (`ProverStepWindowClosed`).
+    function openCase(RunClaim calldata run, RunBinding calldata b, bytes32 salt)
+        external
+        payable
+        returns (bytes32 key)
+    {
+        key = StepProverBinding.openCase(ledger, _cases, caseCommittedAt, run, b, salt, bond, clockBlocks);
+    }
+
+    /// @notice Anyone, from the case's deadline on: every run claim on the contribution was proven wrong (or none
+    /// was made), so its round is wrong: it is overturned through the ledger's AggregationProver
+    /// (`overturnByStep`, inside the round's proof window), the attesters slashed; the opener gets its bond back
+    /// here and the ledger's reward (`ProverRewarded`) whoever calls.
+    /// @param attesters The round's attesters as RoundCommitted gave them.
+    function overturnContribution(bytes32 key, address[] calldata attesters) external returns (uint256 reward) {
+        reward = StepProverBinding.overturn(ledger, _cases, balanceOf, key, attesters);
+    }
+
+    /// @notice Anyone, from the case's end on: run claim `claimId` on the contribution stands (not proven wrong);
+    /// the case is closed and its opener's bond paid to that claim's defender.
+    function dismissCase(bytes32 key, bytes32 claimId) external {
+        StepProverBinding.dismiss(_cases, _claims, _runs, balanceOf, key, claimId);
     }
 
     /// @notice The id of `defender`'s claim on `run`.
@@ -287,15 +359,18 @@ contract StepProver {
         return keccak256(abi.encode(run, defender));
     }
 
-    /// @notice Bond `bond` against a run claim: the bisection over its steps starts (the defender posts first).
+    /// @notice Bond the claim's stake against a run claim: the bisection over its steps starts (the defender posts
+    /// first). Any number of challengers play at once, each its own game (so that no one holds the claim by
+    /// squatting a game); one running game per challenger; refused once the claim is proven wrong.
     function challengeRun(bytes32 claimId) external payable returns (bytes32 gameId) {
-        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
         RunClaim storage run = _runs[claimId];
         if (run.steps == 0) revert ProverStepUnknownClaim();
         Claim storage c = _claims[claimId];
-        if (c.wrong || c.busy) revert ProverStepClaimClosed();
-        Game storage g = _start(claimId, Phase.Steps);
+        if (msg.value != c.stake) revert ProverStepBondMismatch(c.stake, msg.value);
         gameId = gameIdOf(claimId, msg.sender);
+        Phase phase = _games[gameId].phase;
+        if (c.wrong || (phase != Phase.None && phase != Phase.Done)) revert ProverStepClaimClosed();
+        Game storage g = _start(claimId, Phase.Steps);
         g.lo = 0;
         g.hi = run.steps;
         g.loRoot = run.startRoot;
@@ -396,14 +471,7 @@ contract StepProver {
     /// @notice Defender: open op `lo`, the one whose output the trees disagree on; its claim becomes the game's.
     function openOp(bytes32 gameId, OpOpening calldata o) external {
         (Game storage g,) = _move(gameId, true, Phase.OpOpen);
-        StepClaim storage step = _steps[g.stepKey];
-        uint256 out = uint256(step.stateLeaves) + g.lo;
-        if (!StepProverMath.verify(o.spec, g.lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
-            revert ProverStepBadOpening(3);
-        }
-        if (!StepProverMath.verifyWord(bytes32(0), out, step.depth, o.outPath, g.loRoot)) revert ProverStepBadOpening(0);
-        if (!StepProverMath.verifyWord(o.outRoot, out, step.depth, o.outPath, g.hiRoot)) revert ProverStepBadOpening(0);
-        _ops[gameId] = StepProverMath.inputs(o, step.depth, g.loRoot, out);
+        _ops[gameId] = StepProverMath.openOp(o, _steps[g.stepKey], g.lo, g.loRoot, g.hiRoot);
         g.phase = Phase.Pick;
         g.defenderTurn = false;
     }
@@ -430,18 +498,10 @@ contract StepProver {
     ) external {
         (Game storage g,) = _move(gameId, true, Phase.Copy);
         StepClaim storage step = _steps[g.stepKey];
-        uint256 q = g.copyLeaf;
-        if (!StepProverMath.verifyWord(value, q, step.depth, endPath, step.endRoot)) revert ProverStepBadOpening(0);
-        if (q >= step.stateLeaves) {
-            if (value != bytes32(0)) revert ProverStepBadOpening(0);
-        } else {
-            uint256 leaves = uint256(step.ops) + step.stateLeaves;
-            if (!StepProverMath.verify(copy, uint256(step.ops) + q, leaves, copyPath, step.programRoot)) {
-                revert ProverStepBadOpening(3);
-            }
-            uint256 source = abi.decode(copy, (uint256));
-            if (!StepProverMath.verifyWord(value, source, step.depth, sourcePath, g.hiRoot)) revert ProverStepBadOpening(1);
+        if (!StepProverMath.verifyWord(value, g.copyLeaf, step.depth, endPath, step.endRoot)) {
+            revert ProverStepBadOpening(0);
         }
+        StepProverMath.proveCopy(step, g.copyLeaf, g.hiRoot, value, copy, copyPath, sourcePath);
         _decide(gameId, g, true);
     }
 
@@ -503,7 +563,19 @@ contract StepProver {
         require(ok);
     }
 
+    /// @dev Op and step claims: the bond is StepProver's own (a ledger's StepProver, bond zero, takes none).
+    function _opBond() private view {
+        if (bond == 0) revert ProverStepBadOp();
+        if (msg.value != bond) revert ProverStepBondMismatch(bond, msg.value);
+    }
+
+    function _newClaim(bytes32 claimId, uint64 clock, uint256 stake) private {
+        if (_claims[claimId].defender != address(0)) revert ProverStepClaimClosed();
+        _claims[claimId] = Claim(msg.sender, false, false, clock, stake);
+    }
+
     function _start(bytes32 claimId, Phase phase) private returns (Game storage g) {
+        uint64 clock = _claims[claimId].clock;
         _claims[claimId].busy = true;
         g = _games[gameIdOf(claimId, msg.sender)];
         g.claimId = claimId;
@@ -511,8 +583,8 @@ contract StepProver {
         g.phase = phase;
         g.defenderTurn = true;
         g.midPosted = false;
-        g.defenderLeft = clockBlocks;
-        g.challengerLeft = clockBlocks;
+        g.defenderLeft = clock;
+        g.challengerLeft = clock;
         g.turnSince = uint64(block.number);
         g.moves = 1;
     }
@@ -537,21 +609,24 @@ contract StepProver {
         op = _ops[g.stepKey == bytes32(0) ? g.claimId : gameId];
     }
 
+    /// @dev The loser's bond to the winner; a claim already refuted (another game on a run claim) has no bond
+    /// left to lose: its challenger's own comes back. A run claim's first refutation counts for its contribution.
     function _decide(bytes32 gameId, Game storage g, bool defenderWon) private {
         Claim storage c = _claims[g.claimId];
+        uint256 stake = c.stake;
         g.phase = Phase.Done;
         c.busy = false;
         if (defenderWon) {
-            balanceOf[c.defender] += bond;
+            balanceOf[c.defender] += stake;
+        } else if (c.wrong) {
+            balanceOf[g.challenger] += stake;
         } else {
             c.wrong = true;
-            balanceOf[g.challenger] += 2 * bond;
+            balanceOf[g.challenger] += 2 * stake;
+            RunClaim storage run = _runs[g.claimId];
+            if (run.steps != 0) ++_cases[contributionOf(run.runId, run.round, run.stage, run.payloadRoot)].refuted;
             emit ClaimRefuted(g.claimId, g.challenger);
         }
         emit Decided(gameId, g.claimId, defenderWon, g.moves);
     }
-
-
-
-
 }

@@ -17,7 +17,7 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 library StepProverBinding {
     /// @notice Reverts unless `run`'s subject is on `ledger`'s record, as `b` opens it.
     function check(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
-        external
+        public
         view
     {
         uint32 numStages = _listed(ledger, run, b);
@@ -27,6 +27,130 @@ library StepProverBinding {
         if (!good || start.weightsRoot != run.startWeights) {
             revert StepProver.ProverStepWrongStart(run.runId, run.round, run.stage, run.startWeights);
         }
+    }
+
+    /// @notice StepProver.claimRun's checks and count (its bond sent, its shape, its round's proof window, the
+    /// binding, an open case's deadline): the claim's stake and clock.
+    function register(
+        TrainingLedger ledger,
+        mapping(bytes32 => StepProver.Case) storage cases,
+        StepProver.RunClaim calldata run,
+        StepProver.RunBinding calldata b,
+        uint256 bond,
+        uint64 clock
+    ) external returns (uint256 stake, uint64) {
+        uint64 closesAt;
+        (stake, clock, closesAt) = _terms(ledger, run, bond, clock);
+        if (run.steps == 0 || run.ops == 0 || run.depth > 32
+            || uint256(run.stateLeaves) + run.ops > (uint256(1) << run.depth)) {
+            revert StepProver.ProverStepBadOp();
+        }
+        if (block.number >= closesAt) revert StepProver.ProverStepWindowClosed(run.runId, run.round, closesAt);
+        check(ledger, run, b);
+        bytes32 key = keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot));
+        StepProver.Case storage k = cases[key];
+        if (k.opener != address(0) && block.number >= k.deadline) {
+            revert StepProver.ProverStepClaimsClosed(key, k.deadline);
+        }
+        ++k.claims;
+        return (stake, clock);
+    }
+
+    /// @notice StepProver.commitCase.
+    function commit(mapping(bytes32 => uint64) storage commits, bytes32 commitment) external {
+        if (commits[commitment] != 0) return;
+        commits[commitment] = uint64(block.number);
+        emit StepProver.CaseCommitted(commitment, msg.sender);
+    }
+
+    /// @notice StepProver.openCase.
+    function openCase(
+        TrainingLedger ledger,
+        mapping(bytes32 => StepProver.Case) storage cases,
+        mapping(bytes32 => uint64) storage commits,
+        StepProver.RunClaim calldata run,
+        StepProver.RunBinding calldata b,
+        bytes32 salt,
+        uint256 bond,
+        uint64 clock
+    ) external returns (bytes32 key) {
+        uint256 stake;
+        uint64 closesAt;
+        (stake, clock, closesAt) = _terms(ledger, run, bond, clock);
+        check(ledger, run, b);
+        key = keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot));
+        bytes32 commitment = keccak256(abi.encode(msg.sender, key, salt));
+        uint64 committedAt = commits[commitment];
+        if (committedAt == 0 || committedAt >= block.number) revert StepProver.ProverStepNotCommitted(commitment);
+        StepProver.Case storage k = cases[key];
+        if (k.opener != address(0)) revert StepProver.ProverStepCaseOpen(key);
+        k.deadline = uint64(block.number) + clock;
+        k.ends = k.deadline + 3 * clock + 1;
+        if (k.ends >= closesAt) revert StepProver.ProverStepWindowClosed(run.runId, run.round, closesAt);
+        k.opener = msg.sender;
+        k.round = run.round;
+        k.runId = run.runId;
+        k.stake = stake;
+        emit StepProver.CaseOpened(key, run.runId, run.round, run.stage, run.payloadRoot, msg.sender, k.deadline);
+    }
+
+    /// @notice StepProver.overturnContribution.
+    function overturn(
+        TrainingLedger ledger,
+        mapping(bytes32 => StepProver.Case) storage cases,
+        mapping(address => uint256) storage balances,
+        bytes32 key,
+        address[] calldata attesters
+    ) external returns (uint256) {
+        StepProver.Case storage k = cases[key];
+        address opener = k.opener;
+        if (opener == address(0)) revert StepProver.ProverStepNoCase(key);
+        if (block.number < k.deadline) revert StepProver.ProverStepCaseRunning(key, k.deadline);
+        if (k.refuted != k.claims) revert StepProver.ProverStepClaimStands(key, k.claims, k.refuted);
+        k.opener = address(0);
+        balances[opener] += k.stake;
+        emit StepProver.ContributionOverturned(key, k.runId, k.round, opener);
+        return ledger.prover().overturnByStep(k.runId, k.round, attesters, opener);
+    }
+
+    /// @notice StepProver.dismissCase.
+    function dismiss(
+        mapping(bytes32 => StepProver.Case) storage cases,
+        mapping(bytes32 => StepProver.Claim) storage claims,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(address => uint256) storage balances,
+        bytes32 key,
+        bytes32 claimId
+    ) external {
+        StepProver.Case storage k = cases[key];
+        if (k.opener == address(0)) revert StepProver.ProverStepNoCase(key);
+        if (block.number < k.ends) revert StepProver.ProverStepCaseRunning(key, k.ends);
+        StepProver.RunClaim storage run = runs[claimId];
+        StepProver.Claim storage c = claims[claimId];
+        if (c.wrong || run.steps == 0 || keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot)) != key) {
+            revert StepProver.ProverStepClaimClosed();
+        }
+        k.opener = address(0);
+        balances[c.defender] += k.stake;
+        emit StepProver.CaseDismissed(key, claimId, c.defender);
+    }
+
+    /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the
+    /// run's (its `bond`, its `accusationBlocks`), and the end of its round's proof window (proofWindowOf); the
+    /// value sent must be the stake.
+    function _terms(TrainingLedger ledger, StepProver.RunClaim calldata run, uint256 bond, uint64 clock)
+        private
+        view
+        returns (uint256, uint64, uint64 closesAt)
+    {
+        if (bond == 0 || clock == 0) {
+            TrainingLedger.Run memory r = ledger.runOf(run.runId);
+            if (bond == 0) bond = r.bond;
+            if (clock == 0) clock = r.accusationBlocks;
+        }
+        if (msg.value != bond) revert StepProver.ProverStepBondMismatch(bond, msg.value);
+        (, closesAt) = ledger.proofWindowOf(run.runId, run.round);
+        return (bond, clock, closesAt);
     }
 
     /// @dev The run's stage count, once the claim's payload root is listed by its round's committed record.

@@ -51,10 +51,79 @@ library StepProverMath {
         return uint32(bytes4(e.leaf[pos:pos + 4]));
     }
 
+    /// @notice Reverts (`ProverStepBadOp`) unless `op` is a shape the contract recomputes (StepProver.claim).
+    function checkOp(StepProver.Op calldata op) external pure {
+        bool ok;
+        if (op.kind == 5) { // MATMUL
+            ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner && op.bLen == uint256(op.inner) * op.cols;
+        } else if (op.kind >= ADD && op.kind <= 4) {
+            ok = op.cols == 1 && op.inner == 0 && op.aLen != 0 && op.bLen != 0;
+        }
+        if (!ok || uint256(op.rows) * op.cols == 0) revert StepProver.ProverStepBadOp();
+    }
+
+    /// @notice Reverts (`ProverStepBadOp`) unless `step`'s ops and state fit its trace tree (StepProver.claimStep).
+    function checkStep(StepProver.StepClaim calldata step) external pure {
+        if (step.ops == 0 || step.depth > 32 || uint256(step.stateLeaves) + step.ops > (uint256(1) << step.depth)) {
+            revert StepProver.ProverStepBadOp();
+        }
+    }
+
+    /// @notice StepProver.openOp's opening of op `lo` of `step`: its program leaf, its output leaf empty in the
+    /// agreed tree `loRoot` and set in the disputed `hiRoot` (one path), its inputs in the agreed tree.
+    function openOp(
+        StepProver.OpOpening calldata o,
+        StepProver.StepClaim storage step,
+        uint256 lo,
+        bytes32 loRoot,
+        bytes32 hiRoot
+    ) external view returns (StepProver.Op memory) {
+        uint256 out = uint256(step.stateLeaves) + lo;
+        uint256 depth = step.depth;
+        if (!verify(o.spec, lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
+            revert StepProver.ProverStepBadOpening(3);
+        }
+        if (!verifyWord(bytes32(0), out, depth, o.outPath, loRoot) || !verifyWord(o.outRoot, out, depth, o.outPath, hiRoot)) {
+            revert StepProver.ProverStepBadOpening(0);
+        }
+        return inputs(o, depth, loRoot, out);
+    }
+
+    /// @notice StepProver.proveCopy's check, state leaf `q` of `step.endRoot` being `value` (checked there): it is
+    /// the trace `hiRoot`'s leaf that the program's copy entry names, or zero past the state's leaves.
+    function proveCopy(
+        StepProver.StepClaim storage step,
+        uint256 q,
+        bytes32 hiRoot,
+        bytes32 value,
+        bytes calldata copy,
+        bytes32[] calldata copyPath,
+        bytes32[] calldata sourcePath
+    ) external view {
+        if (q >= step.stateLeaves) {
+            if (value != bytes32(0)) revert StepProver.ProverStepBadOpening(0);
+            return;
+        }
+        if (!_copyEntry(step, q, copy, copyPath)) revert StepProver.ProverStepBadOpening(3);
+        if (!verifyWord(value, abi.decode(copy, (uint256)), step.depth, sourcePath, hiRoot)) {
+            revert StepProver.ProverStepBadOpening(1);
+        }
+    }
+
+    /// @dev Whether `copy` is `step`'s program leaf `ops + q` (state tensor `q`'s copy entry).
+    function _copyEntry(StepProver.StepClaim storage step, uint256 q, bytes calldata copy, bytes32[] calldata path)
+        private
+        view
+        returns (bool)
+    {
+        uint256 ops = step.ops;
+        return verify(copy, ops + q, ops + step.stateLeaves, path, step.programRoot);
+    }
+
     /// @notice The op of program leaf `o.spec`, its inputs' roots opened in the agreed tree `agreed` (before
     /// `out`), its output `o.outRoot`.
     function inputs(StepProver.OpOpening calldata o, uint256 depth, bytes32 agreed, uint256 out)
-        external
+        public
         pure
         returns (StepProver.Op memory op)
     {

@@ -137,6 +137,7 @@ from ledger.errors.prover import (
     ProverNotClaimant as ProverNotClaimant,
     ProverRoundStands as ProverRoundStands,
     ProverNotLedger as ProverNotLedger,
+    ProverNotStepProver as ProverNotStepProver,
 )
 
 from ledger.errors.step_prover import (
@@ -152,6 +153,13 @@ from ledger.errors.step_prover import (
     ProverStepBadOpening as ProverStepBadOpening,
     ProverStepNotListed as ProverStepNotListed,
     ProverStepWrongStart as ProverStepWrongStart,
+    ProverStepWindowClosed as ProverStepWindowClosed,
+    ProverStepClaimsClosed as ProverStepClaimsClosed,
+    ProverStepNotCommitted as ProverStepNotCommitted,
+    ProverStepCaseOpen as ProverStepCaseOpen,
+    ProverStepNoCase as ProverStepNoCase,
+    ProverStepCaseRunning as ProverStepCaseRunning,
+    ProverStepClaimStands as ProverStepClaimStands,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

@@ -140,3 +140,8 @@ class ProverRoundStands(ProverError):
 
 class ProverNotLedger(ProverError):
     """Only the ledger pays the prover."""
+
+
+class ProverNotStepProver(ProverError):
+    """Only the StepProver this prover deployed overturns a round on a contribution case
+    (``overturnByStep``)."""

@@ -54,3 +54,33 @@ class ProverStepNotListed(ProverError):
 class ProverStepWrongStart(ProverError):
     """A run claim's start weights are not the stage's weights root the ledger committed for the round's start
     (round - 1's stage leaf, or the run's genesis)."""
+
+
+class ProverStepWindowClosed(ProverError):
+    """A run claim after its round's proof window closed, or a case whose course (claims, then a challenge and
+    a full game on the last one: ``4 clock + 1`` blocks) would not end inside that window."""
+
+
+class ProverStepClaimsClosed(ProverError):
+    """A run claim on a contribution whose open case's deadline for claims has passed."""
+
+
+class ProverStepNotCommitted(ProverError):
+    """``openCase`` without the sender's commitment (``commitCase``) made in an earlier block: a copy of
+    another's ``openCase`` (a front-runner's) is refused."""
+
+
+class ProverStepCaseOpen(ProverError):
+    """A case on this contribution is open already (one at a time)."""
+
+
+class ProverStepNoCase(ProverError):
+    """No case is open on this contribution."""
+
+
+class ProverStepCaseRunning(ProverError):
+    """Too early: the case's deadline for claims (overturn) or its end (dismissal) is still ahead."""
+
+
+class ProverStepClaimStands(ProverError):
+    """A run claim on the contribution has not been proven wrong: the round is not overturned."""
