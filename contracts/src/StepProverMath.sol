@@ -53,7 +53,7 @@ library StepProverMath {
 
     /// @notice Reverts (`ProverStepBadOp`) unless `op` is a shape the contract recomputes (StepProver.claim).
     function checkOp(StepProver.Op calldata op) external pure {
-        bool ok;
+        bool ok = false;
         if (op.kind == 5) { // MATMUL
             ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner && op.bLen == uint256(op.inner) * op.cols;
         } else if (op.kind >= ADD && op.kind <= 4) {

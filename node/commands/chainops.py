@@ -97,9 +97,9 @@ def connect_checked(rpc_url: str, chain_id: int = 0):
 
 
 def verify_deployment(w3, registry: str, ledger: str) -> None:
-    """Both addresses and the ledger's prover hold the committed build of the contracts (immutables masked),
-    with their linked libraries', the ledger bound to the registry; ConfigError with what is wrong
-    otherwise."""
+    """Both addresses, the ledger's prover and its StepProver hold the committed build of the contracts
+    (immutables masked), with their linked libraries', the ledger bound to the registry; ConfigError with
+    what is wrong otherwise."""
     import contracts
     from ledger.bytecode import verify_bytecode
     from ledger.errors import AuditError
@@ -119,6 +119,12 @@ def verify_deployment(w3, registry: str, ledger: str) -> None:
         verify_bytecode(w3, prover, contracts.artifact("AggregationProver"))
     except AuditError as exc:
         raise ConfigError(f"the AggregationProver {prover} of TrainingLedger {ledger}: {exc}") from None
+    aggregation = w3.eth.contract(address=prover, abi=contracts.artifact("AggregationProver")["abi"])
+    step = aggregation.functions.stepProver().call()  # the ledger's contribution proof (issue 78)
+    try:
+        verify_bytecode(w3, step, contracts.artifact("StepProver"))
+    except AuditError as exc:
+        raise ConfigError(f"the StepProver {step} of TrainingLedger {ledger}: {exc}") from None
 
 
 def read_deployment(path: str) -> dict:
