@@ -265,14 +265,12 @@ SECTIONS = (
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
-            "state (10.2x; kept packed since issue 75's latest change, 7.3x of its own a round: "
-            "packed_piece and packed_manifest) is kept for every round of the spot checks and dispute "
-            "window, a chunked run's "
-            "stage state (4.9x with what is published beside it, its spilled file no longer repeating the "
-            "published weights and momentum or the expanded payload pieces) for every round of the proof "
-            "window, and "
-            "this local chain mines about one block a round, so the windows span tens of rounds "
-            "(docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
+            "state (10.2x, kept as a packed blob: 7.3x of its own a round, packed_piece and "
+            "packed_manifest) is kept for every round of the spot checks and dispute window, a chunked "
+            "run's stage state (2.9x with what is published beside it, its spilled file naming the "
+            "published weights, momentum and sum trees instead of repeating them) for every round of the "
+            "proof window, and this local chain mines about one block a round, so the windows span tens of "
+            "rounds (docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "
