@@ -11,9 +11,9 @@ together (:meth:`training.cluster_replica.ClusterReplicaTrainer.outer`).
 
 The live weights stay where the node wiring keeps them: the whole replica in rank 0's *mirror* module
 (evaluation, screening's model, the start state's trainer part read it). Rank 0's shard engine works on the
-mirror's own tensors in place; a worker rank keeps a copy of its tensors' live weights, refreshed from the
-mirror before a command that reads them and copied back after one that writes them (one tensor at a time,
-point to point).
+mirror's own tensors in place; a worker rank receives a copy of its tensors' live weights from the mirror for
+a command that reads or writes them, copies them back after one that writes them (one tensor at a time,
+point to point) and drops the copy when the command is done.
 
 What rank 0 gathers, and when (each a transient copy, dropped when its reader is done):
 
@@ -141,14 +141,11 @@ class OuterShard:
         self.own = self.plan.names[self.rank]
         self.order = list(shapes)  # the one-process engine's order (the mirror's parameters)
         self.diloco_cfg = diloco_cfg
-        if self.rank == 0:
-            self.live = {name: mirror[name] for name in self.order if name in self.own}
-        else:
-            self.live = {name: torch.zeros(self.plan.shapes[name], dtype=torch.float32)
-                         for name in self.order if name in self.own}
         self.mirror = mirror
+        self.live: dict[str, torch.Tensor] = {}
         self.live_in()
         self.engine = StageEngine(stage_index, self.live, diloco_cfg, compression_cfg, exact=exact)
+        self.release()
         stage_budget = compression_cfg.stage_bandwidth_budget(
             self.plan.numel(), diloco_cfg.inner_steps, diloco_cfg.num_replicas)
         self.engine.compressor = ShardCompressor(self.plan, self.rank, compression_cfg,
@@ -157,7 +154,14 @@ class OuterShard:
     # ------------------------------------------------------------------ live weights: mirror <-> ranks
 
     def live_in(self) -> None:
-        """The mirror's weights of every worker's tensors into that worker's live copy."""
+        """The engine's live weights for a command that reads or writes them: rank 0's are the mirror's own
+        tensors (in place); a worker receives a copy of its tensors' from the mirror, held until
+        :meth:`release` (so between commands a worker holds no live weights)."""
+        if self.rank == 0:
+            self.live = {name: self.mirror[name] for name in self.order if name in self.own}
+        else:
+            self.live = {name: torch.empty(self.plan.shapes[name], dtype=torch.float32)
+                         for name in self.order if name in self.own}
         for name in self.plan.order:
             owner = self.plan.owner(name)
             if owner == 0:
@@ -166,6 +170,14 @@ class OuterShard:
                 dist.send(self.mirror[name].detach().to(torch.float32).contiguous(), dst=owner)
             elif self.rank == owner:
                 dist.recv(self.live[name], src=0)
+        if hasattr(self, "engine"):
+            self.engine.params = self.live
+
+    def release(self) -> None:
+        """A worker drops its copy of the live weights after a command (rank 0's are the mirror's)."""
+        if self.rank != 0:
+            self.live = {}
+            self.engine.params = {}
 
     def live_out(self) -> None:
         """Every worker's live tensors back into rank 0's mirror."""
@@ -198,15 +210,21 @@ class OuterShard:
 
     def _op_prepare_encode(self, outer_round: int, *, private=None) -> None:
         self.live_in()
-        self.engine.prepare_encode(outer_round)
+        try:
+            self.engine.prepare_encode(outer_round)
+        finally:
+            self.release()
 
     def _op_encode(self, outer_round: int, declared: int | None, *, private=None):
         prepared = self.engine._prepared is not None
         if not prepared:
             self.live_in()
-        part, stats = self.engine.encode_contribution(outer_round, declared)
-        if not prepared and self.engine.lookahead:
-            self.live_out()
+        try:
+            part, stats = self.engine.encode_contribution(outer_round, declared)
+            if not prepared and self.engine.lookahead:
+                self.live_out()
+        finally:
+            self.release()
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object((part, stats), gathered, dst=0)
         if self.rank != 0:
@@ -254,11 +272,19 @@ class OuterShard:
                                         self.diloco_cfg, outer_round)
         del decoded
         blobs = [b""] * count
-        self.live_in()
         step = engine.absorb_round if absorb else engine.finish_round
-        result = step(outer_round, blobs, aggregation=aggregation)
-        self.live_out()
+        result = self._writing(lambda: step(outer_round, blobs, aggregation=aggregation))
         return self._with_hash(result)
+
+    def _writing(self, change):
+        """``change()`` of the live weights: the live weights in, changed, out to the mirror, released."""
+        self.live_in()
+        try:
+            result = change()
+            self.live_out()
+            return result
+        finally:
+            self.release()
 
     def _with_hash(self, result: RoundResult):
         digest = self._op_hash()
@@ -274,9 +300,7 @@ class OuterShard:
         momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
                                       self._momentum_shape)
         aggregation = Aggregation(weights, momentum, b"", None, [])
-        self.live_in()
-        result = self.engine.absorb_round(outer_round, [], aggregation=aggregation)
-        self.live_out()
+        result = self._writing(lambda: self.engine.absorb_round(outer_round, [], aggregation=aggregation))
         return self._with_hash(result)
 
     def _op_rebase(self, last_round: int, *, private=None) -> None:
@@ -284,17 +308,14 @@ class OuterShard:
                                      self._weights_shape)
         momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
                                       self._momentum_shape)
-        self.engine.rebase(weights, momentum, last_round)
-        self.live_out()
+        self._writing(lambda: self.engine.rebase(weights, momentum, last_round))
 
     def _op_move_global(self, *, private=None) -> None:
         weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
                                      self._weights_shape)
         momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
                                       self._momentum_shape)
-        self.live_in()
-        self.engine.move_global(weights, momentum)
-        self.live_out()
+        self._writing(lambda: self.engine.move_global(weights, momentum))
 
     def _op_skip_to(self, next_round: int, *, private=None) -> None:
         self.engine.skip_to(next_round)
