@@ -16,7 +16,8 @@ AdamW state, and the outer state (global weights, outer momentum, round start, e
   :class:`training.cluster_replica.ClusterReplicaTrainer` with its outer state sharded,
   :class:`training.cluster_node_engine.ShardedStageEngine`; docs/CLUSTER.md "The node wiring"), each N in
   a fresh process that is rank 0 and spawns the others: each rank's state, where rank 0 also holds the
-  *mirror* (the whole replica's live weights) and a worker a copy of its tensors' live weights. N = 1 is
+  *mirror* (the whole replica's live weights; a worker holds its tensors' live weights only while a
+  command runs, ``live_copy``, 0 at rest). N = 1 is
   the one-process node (``one_process``).
 
 Each rank's peak RSS (VmHWM) is recorded too: it includes the interpreter and torch (about
@@ -251,10 +252,10 @@ def main() -> None:
                    "RSS beside it",
         "one_process": base, "clusters": clusters, "node": node,
         "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); rank 0 "
-                     "also holds the mirror (the whole replica's live weights), a worker a copy of its "
-                     "tensors' live weights; 'outer' counts what one_process counts (global, momentum, "
-                     "round start, residual), the delay correction's snapshots are in snapshot_bytes; "
-                     "N = 1 is one_process",
+                     "also holds the mirror (the whole replica's live weights), a worker its tensors' live "
+                     "weights only while a command runs (live_copy, 0 at rest); 'outer' counts what "
+                     "one_process counts (global, momentum, round start, residual), the delay correction's "
+                     "snapshots are in snapshot_bytes; N = 1 is one_process",
         "note": "each N's weights hash differs after the round: the inner step's gradients are averaged by "
                 "FSDP's reduce-scatter over N ranks and the byte budget is split N ways (docs/CLUSTER.md, "
                 "Re-execution); the bit-exact comparisons are tests/test_cluster_engine.py's",

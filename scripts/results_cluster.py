@@ -30,8 +30,8 @@ def cluster_memory(r: dict) -> list[str]:
     if node:
         out += ["The same round through a cluster node's path (`[compute] processes = N`: the inner "
                 "steps under FSDP2, the outer state sharded over the ranks; rank 0 also keeps the mirror, "
-                "the whole replica's live weights, and a worker a copy of its tensors' live weights; N = 1 "
-                "is the one process above):", ""]
+                "the whole replica's live weights; a worker holds its tensors' live weights only while a "
+                "command runs; N = 1 is the one process above):", ""]
         rows = []
         for world, c in node.items():
             first = c["ranks"][0]
