@@ -130,8 +130,9 @@ def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Ten
 class OuterShard:
     """One rank's outer state (module docstring): a StageEngine of its tensors, driven by :meth:`run`.
 
-    ``mirror``: rank 0's live parameters (the whole replica's, by name); None on a worker rank, which keeps
-    its tensors' live weights itself. Every method is collective: every rank runs the same, in order.
+    ``mirror``: rank 0's live parameters (the whole replica's, by name); None on a worker rank, which is
+    handed its tensors' live weights for each command (:meth:`live_in`). Every method is collective: every
+    rank runs the same, in order.
     """
 
     def __init__(self, stage_index: int, shapes: Mapping[str, tuple[int, ...]], diloco_cfg, compression_cfg,
