@@ -53,6 +53,7 @@ def test_processes_is_a_table_setting_and_an_override(tmp_path):
     ({"training": {"precision": "bf16"}}, "trains in float32, eagerly"),
     ({"training": {"device": "cuda"}}, "GPUs are not wired into the node yet"),
     ({"training": {"optimizer": "muon"}}, "inner optimizer is \"adamw\""),
+    ({"diloco": {"exchange": "sliced"}}, "the sliced exchange is not wired for it"),
 ])
 def test_a_cluster_node_refuses_what_it_cannot_train(extra, match):
     table = {key: dict(value) for key, value in CLUSTER.items()}
