@@ -51,6 +51,10 @@ class SpilledTensors(Mapping):
     def __len__(self) -> int:
         return len(self._index)
 
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, without reading it."""
+        return self._index[name][1]
+
     @property
     def nbytes(self) -> int:
         return sum(4 * math.prod(shape) for _, shape in self._index.values())
@@ -115,3 +119,31 @@ class MergedTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._first) + len(self._second)
+
+
+class ChainedTensors(Mapping):
+    """Mappings of tensors with disjoint names seen as one (a checkpoint's stages, each perhaps spilled),
+    without building another: each tensor is read from its part when asked for."""
+
+    def __init__(self, parts: list[Mapping[str, torch.Tensor]]) -> None:
+        self._parts = list(parts)
+        self._where: dict[str, int] = {}
+        for index, part in enumerate(self._parts):
+            for name in part:
+                if self._where.setdefault(name, index) != index:
+                    raise ValueError(f"tensor {name!r} named twice")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._parts[self._where[name]][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, read from its part only where the part cannot say it otherwise."""
+        part = self._parts[self._where[name]]
+        known = getattr(part, "shape_of", None)
+        return tuple(known(name)) if known is not None else tuple(part[name].shape)

@@ -16,13 +16,12 @@ shards of all stages.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
-from safetensors.torch import save_file as st_save_file
 
 from node.errors import StateError
+from node.store.safetensors_stream import shape_of, write_safetensors
 from p2p.blobstore import hash_file
 
 logger = logging.getLogger(__name__)
@@ -59,9 +58,12 @@ class Checkpoint:
         return st_save(*self._serializable())
 
     def _serializable(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """The tensors and the metadata safetensors writes (:meth:`to_bytes`, :func:`write_checkpoint`)."""
+        """The tensors and the metadata safetensors writes (:meth:`to_bytes`)."""
         tensors = {f"weights.{k}": v.detach().contiguous() for k, v in self.weights.items()}
         tensors.update({f"momentum.{k}": v.detach().contiguous() for k, v in self.momentum.items()})
+        return tensors, self._metadata()
+
+    def _metadata(self) -> dict[str, str]:
         # One metadata key holding canonical JSON: safetensors writes its metadata
         # map in hash-map order, so several keys would make the bytes vary run to run.
         meta = {
@@ -75,7 +77,7 @@ class Checkpoint:
         }
         if self.stage_leaves:
             meta["stage_leaves"] = {str(s): leaf.hex() for s, leaf in sorted(self.stage_leaves.items())}
-        return tensors, {"dlx": json.dumps(meta, sort_keys=True, separators=(",", ":"))}
+        return {"dlx": json.dumps(meta, sort_keys=True, separators=(",", ":"))}
 
     def stage_state(self, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The (weights, momentum) of one stage, by its parameter names."""
@@ -158,9 +160,11 @@ def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Che
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     """Write atomically (durably, through a temporary name); return the content hash (sha256 of the file).
 
-    The bytes of :meth:`Checkpoint.to_bytes`, never whole in memory (issue 75): safetensors writes the file
-    from the tensors' own memory (``save_file``), then it is hashed in 4 MiB reads. ``to_bytes`` held the
-    whole file in one buffer beside the tensors: 8 bytes per parameter of the model, 1 GB at llama-124m.
+    The bytes of :meth:`Checkpoint.to_bytes`, never whole in memory (issue 75): written one tensor at a time
+    (node/store/safetensors_stream.py, the same bytes as safetensors' ``save_file``), so a checkpoint whose
+    tensors are spilled (an assembled one: node/live/record/checkpointbuild.py) is read a tensor at a time,
+    then hashed in 4 MiB reads. ``to_bytes`` held the whole file in one buffer beside the tensors: 8 bytes
+    per parameter of the model, 1 GB at llama-124m.
     """
     path = Path(path)
     try:
@@ -170,16 +174,11 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
-        tensors, metadata = checkpoint._serializable()
-        try:
-            st_save_file(tensors, tmp, metadata=metadata)
-        except SafetensorError as exc:  # its I/O errors come as its own type: a full disk stays ENOSPC
-            code = errno.ENOSPC if re.search(r"os error 28\b|code: 28\b|StorageFull", str(exc)) else errno.EIO
-            raise OSError(code, os.strerror(code) if code == errno.ENOSPC else str(exc), str(path)) from None
-        del tensors
+        with open(tmp, "wb") as out:
+            write_safetensors(out, _CheckpointTensors(checkpoint), checkpoint._metadata())
+            out.flush()
+            os.fsync(out.fileno())
         digest = bytes.fromhex(hash_file(Path(tmp)))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException as exc:
@@ -193,6 +192,35 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     finally:
         os.close(dir_fd)
     return digest
+
+
+class _CheckpointTensors(Mapping):
+    """A checkpoint's tensors by their names in the file (``weights.<name>``, ``momentum.<name>``), each read
+    from the checkpoint's mappings when written (:func:`write_checkpoint`)."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self._parts = {"weights.": checkpoint.weights, "momentum.": checkpoint.momentum}
+
+    def _split(self, name: str) -> tuple[Mapping[str, torch.Tensor], str]:
+        for prefix, part in self._parts.items():
+            if name.startswith(prefix) and name[len(prefix):] in part:
+                return part, name[len(prefix):]
+        raise KeyError(name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        part, key = self._split(name)
+        return part[key]
+
+    def __iter__(self) -> Iterator[str]:
+        for prefix, part in self._parts.items():
+            yield from (prefix + key for key in part)
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self._parts.values())
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        part, key = self._split(name)
+        return shape_of(part, key)
 
 
 # ---------------------------------------------------------------------- checked against the run
@@ -369,13 +397,11 @@ def build_checkpoint(layout: RunLayout, round_index: int,
     """
     from training.hashing import stage_weights_hash
 
-    weights: dict[str, torch.Tensor] = {}
-    momentum: dict[str, torch.Tensor] = {}
-    hashes = {}
-    for stage in range(layout.num_stages):
-        stage_weights, stage_momentum = states[stage]
-        weights.update(stage_weights)
-        momentum.update(stage_momentum)
-        hashes[stage] = stage_weights_hash(stage_weights)
+    from training.spilled import ChainedTensors
+
+    hashes = {stage: stage_weights_hash(states[stage][0]) for stage in range(layout.num_stages)}
+    # the stages' mappings seen as one, not copied: a spilled stage stays in its file until written
+    weights = ChainedTensors([states[stage][0] for stage in range(layout.num_stages)])
+    momentum = ChainedTensors([states[stage][1] for stage in range(layout.num_stages)])
     return Checkpoint(layout.run_id, round_index, dict(layout.model_config), layout.config_hash, hashes,
                       weights, momentum, dict(stage_leaves or {}))

@@ -25,6 +25,7 @@ from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunke
 from node.fraudproof import parse_stage_leaf
 from p2p.blobstore import hash_file
 from training.hashing import stage_weights_hash
+from training.spilled import spill_float32
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class CheckpointBuilder:
             state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage], leaf)
             if state is None:
                 return None
-            states[stage] = state
+            states[stage] = self._spilled(outer_round, stage, state)
+            del state
         full = build_checkpoint(layout, outer_round, states, dict(enumerate(stage_leaves)))
         # a chunked run's stage leaves commit the momentum too: the whole must be the agreed leaves
         if layout.chunked:
@@ -83,6 +85,18 @@ class CheckpointBuilder:
         serve_blob(node.host, path, link=True)  # one copy on disk: the store links the file
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
+
+    def _spilled(self, outer_round: int, stage: int, state):
+        """A verified stage's (weights, momentum) moved to an unnamed file until the checkpoint is written
+        (training/spilled.py): the node holds one stage at a time, not the whole model (issue 75: 8 bytes per
+        parameter of the model, S times a stage of an S-stage run). A disk that cannot take them keeps them
+        in RAM (said)."""
+        try:
+            return tuple(spill_float32(part, self.node.checkpoint_dir) for part in state)
+        except OSError as exc:
+            logger.warning("round %d: stage %d's verified state kept in RAM for the checkpoint (not "
+                           "spilled: %s)", outer_round, stage, exc)
+            return state
 
     def _verified_stage(self, outer_round: int, stage: int, atts, weights_hash: bytes,
                         stage_leaf: bytes | None = None):
