@@ -267,8 +267,10 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         assert sum(row["params"] for row in rows) == 4 * plan.numel()  # the FSDP shards
         # a re-base (a checkpoint's entry) on every rank, and the live weights follow
         weights = {n: t + 0.5 for n, t in ref.global_weights.items()}
+        before = engine.global_weights
         engine.rebase(weights, ref.momentum, 2)
         ref.rebase(weights, ref.momentum, 2)
+        assert engine.global_weights is not before and _same(engine.global_weights, ref.global_weights)
         assert engine.weights_hash() == ref.weights_hash()
         assert all(torch.equal(mirror[n], live[n]) for n in live)
         with pytest.raises(RoundOrderError, match="encode round 5, expected 3"):
@@ -286,4 +288,5 @@ def _check_apply(engine, ref, mirror, live, outer_round, contributions):
         [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in theirs.contributions]
     assert [r.accepted for r in ours.contributions] == [True, True, False]
     assert _same(engine.global_weights, ref.global_weights)
+    assert engine.global_weights is engine.global_weights  # gathered once per state (the node keeps them)
     assert all(torch.equal(mirror[n], live[n]) for n in live)  # the delay correction's live weights

@@ -55,11 +55,19 @@ class ShardedStageEngine:
         self.compression_cfg = shard.engine.compression_cfg
         self.compressor = _CompressorView(self)
         self._hash: bytes | None = None  # the global weights' hash, until they change
+        # The last gathered global weights and momentum, until they change: the node keeps such states by
+        # reference (the finisher's held states, fork repair's bases), as a one-process engine's objects,
+        # so one gather per applied round serves every reader of that state (the objects are never changed
+        # in place, by the node or here).
+        self._global: dict[str, dict[str, torch.Tensor]] = {}
 
     def _call(self, op: str, *args, private=None, changes: bool = True):
-        if changes:
-            self._hash = None
-        return self.trainer.outer((op, *args), private=private)
+        with self.trainer._lock:  # the command and the caches' invalidation as one (other threads read them)
+            try:
+                return self.trainer.outer((op, *args), private=private)
+            finally:
+                if changes:
+                    self._hash, self._global = None, {}
 
     # -- the round counters and modes (the same on every rank: rank 0's shard engine) -----------------
     @property
@@ -105,16 +113,17 @@ class ShardedStageEngine:
 
     def _finish(self, outer_round: int, contributions: Sequence[bytes], excluded, aggregation,
                 absorb: bool) -> RoundResult:
-        if aggregation is not None:
-            if not absorb:
-                raise EngineStateError("a cluster node aggregates its rounds on its ranks: no aggregation "
-                                       "computed elsewhere (the sliced exchange) is applied")
-            result = self._call("absorb", outer_round, private=(aggregation.new_global,
-                                                                aggregation.new_momentum))
-        else:
-            result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
-                                private=list(contributions))
-        self._hash = result.weights_hash
+        if aggregation is not None and not absorb:
+            raise EngineStateError("a cluster node aggregates its rounds on its ranks: no aggregation "
+                                   "computed elsewhere (the sliced exchange) is applied")
+        with self.trainer._lock:
+            if aggregation is not None:
+                result = self._call("absorb", outer_round, private=(aggregation.new_global,
+                                                                    aggregation.new_momentum))
+            else:
+                result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
+                                    private=list(contributions))
+            self._hash = result.weights_hash  # the new state's, streamed by the command
         return result
 
     def finish_round(self, outer_round: int, contributions: Sequence[bytes], *,
@@ -154,19 +163,28 @@ class ShardedStageEngine:
     # -- the record and the state, from the shards ---------------------------------------------------
     def weights_hash(self) -> bytes:
         """The stage's ``stage_weights_hash``: streamed from the ranks (cached until the weights change)."""
-        if self._hash is None:
-            self._hash = self._call("hash", changes=False)
-        return self._hash
+        with self.trainer._lock:
+            if self._hash is None:
+                self._hash = self._call("hash", changes=False)
+            return self._hash
+
+    def _gathered(self, which: str) -> dict[str, torch.Tensor]:
+        with self.trainer._lock:  # a change and its invalidation are one (_call): read the cache under it
+            state = self._global.get(which)
+            if state is None:
+                state = self._global[which] = self._call("global", which, changes=False)
+            return state
 
     @property
     def global_weights(self) -> dict[str, torch.Tensor]:
-        """The whole global weights, gathered from the ranks now (a copy: the caller's to drop)."""
-        return self._call("global", "weights", changes=False)
+        """The whole global weights, gathered from the ranks (once per state: the same object until they
+        change; never to be changed in place)."""
+        return self._gathered("weights")
 
     @property
     def momentum(self) -> dict[str, torch.Tensor]:
-        """The whole outer momentum, gathered from the ranks now (a copy)."""
-        return self._call("global", "momentum", changes=False)
+        """The whole outer momentum, gathered from the ranks (once per state, as :attr:`global_weights`)."""
+        return self._gathered("momentum")
 
     def state_dict(self, *, copy: bool = True) -> dict:
         """:meth:`StageEngine.state_dict` of the whole stage, the ranks' shards gathered (always copies)."""
