@@ -322,7 +322,8 @@ def _train_and_report(run: LocalRun, args: argparse.Namespace, out: Path, view: 
         print(line, flush=True)
     print(f"chain: anvil (pid {run.anvil.pid}) at {run.url}, registry {run.registry}, ledger {run.ledger}, "
           f"run {run.run_id}", flush=True)
-    print(f"run link (dlx-node join): {run.link(peers=2)}", flush=True)
+    print(f"run link (dlx-node join, while the nodes run; --keep prints a seeder's link for after): "
+          f"{run.link(peers=2)}", flush=True)
     run.start()
     ok = run.wait(args.timeout, on_tick=view.tick)
     view.tick(run, force=True)
