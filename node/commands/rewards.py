@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--fund", default="", metavar="AMOUNT",
                    help="top the run's pool up by AMOUNT (ETH, or whole tokens of a token pool) from this "
                         "account first (anyone may; listed and agreed first)")
+    p.add_argument("--prune", action="store_true",
+                   help="remove the node directory's kept reward sources no claim can use any more (also "
+                        "done after --claim)")
     add_fee_args(p)
 
 
@@ -69,9 +72,21 @@ def run_rewards(args: argparse.Namespace) -> int:
             result = statement(pool, client, run_id, account, sources)
             if args.json:
                 print(json.dumps({**result.to_json(), "claims_sent": sent}, indent=2))
+        if args.prune or args.claim:
+            _prune(args.config, pool, client, run_id, quiet=args.json)
     finally:
         chain.close()
     return 0
+
+
+def _prune(config: str, pool, client, run_id: int, quiet: bool) -> None:
+    """Remove the kept sources no claim can use any more (node/store/rewardsources.py prune_sources)."""
+    from node.config import load_config
+    from node.store.rewardsources import prune_sources
+
+    removed = prune_sources(load_config(config).path("."), pool, client, run_id)
+    if not quiet:
+        print(f"pruned {len(removed)} reward source file(s) no claim can use any more")
 
 
 def _sources(config: str, client, run_id: int) -> dict:

@@ -11,6 +11,10 @@ proof window closes, before the round can pay (a round pays only once final). So
 * ``round-<t>-leaves.json``: every stage's leaf of the record it derived (the committer), so a node holding
   one stage of several still has the path.
 
+:func:`prune_sources` removes a round's files once no claim can use them any more (bounded disk): a stage's
+file once every contribution it lists is claimed, forfeited (its account convicted) or pays nothing, and
+every file of a round the pool will never pay again (before the pool's first round, overturned, or swept).
+
 :func:`read_sources` reads them back from any node directories and keeps only what the chain's record of the
 round vouches for (the leaves' root is its ``weightsRoot``, the factors' sha256 its stage leaf's
 ``factorsHash``): ``round -> (stage leaves, factors per stage or None)``, what ``ledger.rewardstatement``
@@ -116,3 +120,63 @@ def read_sources(directories, reader, run_id: int) -> dict[int, tuple[list[bytes
             sources[r] = (leaves, factors)
             break
     return sources
+
+
+def prune_sources(directory, pool, reader, run_id: int) -> list[str]:
+    """Remove what ``<directory>/rewards/`` keeps that no claim of run ``run_id``'s pool (``pool``: a
+    RewardPoolClient; ``reader``: a LedgerClient) can use any more; the names removed. A round's files all go
+    once the pool will never pay the round again: before its first round, overturned (never final) or swept
+    (its claim window closed and its remainder returned). Before that, a stage's file goes once every
+    contribution its factors list is claimed (``claimedOf``), forfeited (the account convicted) or pays
+    nothing by the rule, and the round's leaves file once the files of every stage of the round were here and
+    all went. A round not committed yet, or a file that does not parse, is kept."""
+    folder = Path(directory) / REWARD_SOURCES_DIR
+    if not folder.is_dir():
+        return []
+    by_round: dict[int, list[tuple[Path, int | None]]] = {}
+    for path in sorted(folder.glob("round-*.json")):
+        if match := _STAGE_FILE.fullmatch(path.name):
+            by_round.setdefault(int(match[1]), []).append((path, int(match[2])))
+        elif match := _LEAVES_FILE.fullmatch(path.name):
+            by_round.setdefault(int(match[1]), []).append((path, None))
+    view = pool.pool_of(run_id)
+    invalid_from = reader.run_struct(run_id)["invalidFrom"]
+    committed = reader.commit_count(run_id)
+    removed = []
+    for r, files in sorted(by_round.items()):
+        if r >= committed:
+            continue
+        over = (r < view["firstRound"] or (invalid_from != 0 and r + 1 >= invalid_from)
+                or pool.round_of(run_id, r)["swept"])
+        stages = {stage: over or _stage_done(path, pool, reader, run_id, r, stage, view)
+                  for path, stage in files if stage is not None}
+        leaves_done = over or (len(stages) == view["numStages"] and all(stages.values()))
+        for path, stage in files:
+            if leaves_done if stage is None else stages[stage]:
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    logger.warning("%s: not pruned: %s", path, exc)
+                    continue
+                removed.append(path.name)
+    return removed
+
+
+def _stage_done(path: Path, pool, reader, run_id: int, r: int, stage: int, view: dict) -> bool:
+    """Whether every contribution the stage file ``path`` lists is claimed, forfeited or worth nothing."""
+    from ledger.errors import LedgerError
+    from ledger.rewards import contribution_share, listed_contributions
+
+    value = _load(path)
+    try:
+        listed = listed_contributions(bytes.fromhex(value["factors"]))
+    except (LedgerError, KeyError, TypeError, ValueError):
+        return False
+    for account, steps in listed:
+        share = contribution_share(view["params"], view["numStages"], view["innerSteps"], len(listed), steps)
+        if share == 0 or pool.claimed_of(run_id, r, stage, account):
+            continue
+        member = reader.member(run_id, account)
+        if member is None or member.status != "slashed":
+            return False
+    return True
