@@ -265,3 +265,40 @@ def test_create_runs_pool_table_takes_a_token_checked_before_anything_is_sent(ch
     assert other.pool(0).pool_of(other.run_id)["funded"] == 10 * AMOUNT
     assert token.balance_of(other.address(1)) == before - 10 * AMOUNT
     assert pool_spends(good, other.pool(1), other.run_id, 10**9) == []  # opened: a rerun sends nothing
+
+
+def test_the_rewards_command_claims_and_funds_a_token_pool(request, tmp_path, capsys):
+    """dlx-node rewards on a token pool (anvil): its credits in the token, --claim paying in it, --fund in
+    whole tokens (approve, then fund) and refused before anything is sent when the account holds fewer."""
+    import json
+
+    from node.cli import main
+    from tests.ledger_fixtures import fresh_anvil_w3
+
+    w3 = fresh_anvil_w3(request, timeout=10.0)
+    rr, token = token_run(deploy(w3))
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    config = tmp_path / "node.toml"
+    config.write_text(f'[ledger]\nbackend = "rpc"\nrpc_url = "{w3.provider.endpoint_uri}"\ndev_account = 1\n'
+                      f'registry_address = "{rr.deployment.registry}"\n'
+                      f'ledger_address = "{rr.deployment.ledger}"\n'
+                      f"run_id = {rr.run_id}\nchain_id = {w3.eth.chain_id}\n")
+    command = ["rewards", "--config", str(config), "--pool", rr.pool_address]
+    assert main([*command, "--json"]) == 0
+    share = rr.expected_attester_share(0)
+    assert json.loads(capsys.readouterr().out)["claimable_wei"] == share  # the token's units
+    before = token.balance_of(rr.address(1))
+    assert main([*command, "--claim", "--yes"]) == 0
+    assert "of token" in capsys.readouterr().out
+    assert token.balance_of(rr.address(1)) == before + share
+    funded = rr.pool(0).pool_of(rr.run_id)["funded"]
+    assert main([*command, "--fund", "0.01", "--yes"]) == 0
+    assert "10000000000000000 units of token" in capsys.readouterr().out
+    assert rr.pool(0).pool_of(rr.run_id)["funded"] == funded + 10**16
+    assert token.balance_of(rr.address(1)) == before + share - 10**16
+    block = w3.eth.block_number
+    assert main([*command, "--fund", "1", "--yes"]) == 2  # holds 0.08 tokens
+    assert "not the 1000000000000000000 asked (nothing was sent)" in capsys.readouterr().err
+    assert w3.eth.block_number == block
+    token_books(rr, token)

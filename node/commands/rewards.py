@@ -63,12 +63,13 @@ def run_rewards(args: argparse.Namespace) -> int:
             raise ConfigError(f"--account {args.account!r}: not an address")
         sources = _sources(args.config, client, run_id)
         result = statement(pool, client, run_id, account, sources)
+        amount = _formatter(pool, run_id)
         if args.json and not args.claim:
             print(json.dumps(result.to_json(), indent=2))
         else:
-            _print_statement(result)
+            _print_statement(result, amount)
         if args.claim:
-            sent = _claim(pool, client, run_id, result, args.yes, sources)
+            sent = _claim(pool, client, run_id, result, args.yes, sources, amount)
             result = statement(pool, client, run_id, account, sources)
             if args.json:
                 print(json.dumps({**result.to_json(), "claims_sent": sent}, indent=2))
@@ -160,7 +161,18 @@ def _eth(wei: int) -> str:
     return f"{wei / 1e18:.9f} ETH"
 
 
-def _print_statement(result) -> None:
+def _formatter(pool, run_id: int):
+    """How the run's pool's amounts print: ETH, or whole tokens of a token pool (its decimals)."""
+    token = pool.pool_of(run_id)["params"].token
+    if not int(token, 16):
+        return _eth
+    from node.commands.runpool import token_facts
+
+    decimals, _held = token_facts(pool.w3, token, None)
+    return lambda units: f"{units / 10**decimals:.9f} of token {token[:10]}"
+
+
+def _print_statement(result, amount=_eth) -> None:
     print(f"run {result.run_id}, pool {result.pool}, account {result.account}"
           + (" (convicted: its unclaimed credits are forfeited)" if result.convicted else ""))
     if not result.credits:
@@ -168,17 +180,17 @@ def _print_statement(result) -> None:
               "is recorded")
     for credit in result.credits:
         what = _STAGE_LABEL if credit.stage is None else f"contribution, stage {credit.stage}"
-        print(f"  round {credit.round:>4}  {what:<24} {_eth(credit.amount):>18}  {credit.state}")
+        print(f"  round {credit.round:>4}  {what:<24} {amount(credit.amount):>18}  {credit.state}")
     data = result.to_json()
-    print(f"earned {_eth(data['earned_wei'])} (final {_eth(data['final_wei'])}), claimable "
-          f"{_eth(data['claimable_wei'])}, claimed {_eth(data['claimed_wei'])}, forfeited "
-          f"{_eth(data['forfeited_wei'])}")
+    print(f"earned {amount(data['earned_wei'])} (final {amount(data['final_wei'])}), claimable "
+          f"{amount(data['claimable_wei'])}, claimed {amount(data['claimed_wei'])}, forfeited "
+          f"{amount(data['forfeited_wei'])}")
     unclaimed = [c for c in result.credits if c.state == "claimable"]
     if unclaimed:
         print("claim them: dlx-node rewards --claim (same options)")
 
 
-def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = None) -> int:
+def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = None, amount=_eth) -> int:
     """Send a claim for each claimable credit after listing them (gas and balance checked); the claims
     sent."""
     from ledger.rewardstatement import claim_call
@@ -191,7 +203,7 @@ def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = 
     plan = []
     for credit, (name, call_args) in calls:
         what = f"claim round {credit.round}'s {_STAGE_LABEL if credit.stage is None else 'contribution'} " \
-               f"({_eth(credit.amount)})"
+               f"({amount(credit.amount)})"
         data = pool.contract.encode_abi(name, args=list(call_args))
         gas, fees = pool.sender.estimate({"to": pool.address, "value": 0, "data": data}, what)
         plan.append(Spend(what, gas, fees["maxFeePerGas"]))
@@ -199,5 +211,5 @@ def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = 
     agree(plan, yes, "claiming")
     for (credit, (name, call_args)), step in zip(calls, plan, strict=True):
         pool.sender.transact(pool.contract, name, call_args, step.what)
-        print(f"claimed round {credit.round}: {_eth(credit.amount)} to {client.address}")
+        print(f"claimed round {credit.round}: {amount(credit.amount)} to {client.address}")
     return len(calls)
