@@ -100,6 +100,15 @@ class RewardMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def claim(self, data) -> None:
         r = data.draw(st.integers(0, len(self.rr.rounds) - 1))
+        self._claim(data, r, wait=data.draw(st.integers(0, 3)) != 0)  # mostly after its finality
+
+    @precondition(lambda self: self.rr.rounds)
+    @rule(data=st.data())
+    def claim_early(self, data) -> None:
+        """An early claimer: the last round's share claimed at once, nobody mining to its finality first."""
+        self._claim(data, len(self.rr.rounds) - 1, wait=False)
+
+    def _claim(self, data, r: int, wait: bool) -> None:
         entry = self.rr.rounds[r]
         stage = data.draw(st.integers(0, 1))
         listed = entry.listed[stage]
@@ -109,7 +118,7 @@ class RewardMachine(RuleBasedStateMachine):
         owner = listed[position][0]
         claimer = data.draw(st.sampled_from([owner] * 14 + [OUTSIDER, *MEMBERS]))  # mostly its own
         client = self.rr.pool(claimer)
-        if data.draw(st.integers(0, 3)):  # mostly wait for its finality (else claims rarely pay)
+        if wait:  # else claims rarely pay
             self.rr.mine_to_final(r)
         final = self.rr.is_final(r)
         try:
@@ -156,6 +165,26 @@ class RewardMachine(RuleBasedStateMachine):
         assert self.claimed[key] == self.rr.expected_attester_share(r), "P5 forfeit: not the rule's share"
         self._refused_again(lambda: client.claim_attestation(self.rr.run_id, r, list(entry.attesters),
                                                              position), key)
+
+    @precondition(lambda self: self.slashed and self.rr.rounds)
+    @rule(data=st.data())
+    def claim_convicted(self, data) -> None:
+        """A convicted member claims an attestation of its own, once final: refused (P5)."""
+        member = data.draw(st.sampled_from(sorted(self.slashed)))
+        address = self.rr.address(member)
+        places = [(r, p) for r, entry in enumerate(self.rr.rounds) for p, a in enumerate(entry.attesters)
+                  if a == address]
+        if not places:
+            return
+        r, position = data.draw(st.sampled_from(places))
+        self.rr.mine_to_final(r)
+        attesters = list(self.rr.rounds[r].attesters)
+        try:
+            receipt = self.rr.pool(member).claim_attestation(self.rr.run_id, r, attesters, position)
+        except errors.RewardError as exc:
+            self._refused(exc, r, ATTESTER, member, True)
+            return
+        raise AssertionError(f"P5 forfeit: convicted member {member} was paid {self._paid(receipt, member)}")
 
     @staticmethod
     def _refused_again(claim, key) -> None:

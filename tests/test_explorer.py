@@ -159,15 +159,16 @@ def test_a_chain_that_goes_away_leaves_the_last_snapshot_marked_not_live_at_once
             explorer.close()
 
 
-def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_path):
-    """(issue 77) A normed run with a pool: round 0 final, member 1's contribution and member 2's attestation
-    claimed; the explorer (its pool from deployment.json's reward_pool, as the command finds it) shows the
-    pool's books and each member's credits, in its JSON and on the page."""
+@pytest.mark.parametrize("in_token", [False, True], ids=["eth", "token"])
+def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_path, in_token):
+    """(issue 77) A normed run with a pool (in ETH, or in an ERC-20): round 0 final, member 1's contribution
+    and member 2's attestation claimed; the explorer (its pool from deployment.json's reward_pool, as the
+    command finds it) shows the pool's books and each member's credits, in its JSON and on the page."""
     from ledger_fixtures import fresh_anvil_w3
-    from reward_fixtures import params, reward_run
+    from reward_fixtures import params, reward_run, token_run
 
     w3 = fresh_anvil_w3(request, timeout=10.0)
-    rr = reward_run(deploy(w3), pool=params())
+    rr, token = token_run(deploy(w3)) if in_token else (reward_run(deploy(w3), pool=params()), None)
     rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
     rr.commit([[(1, None)], [(2, None)]], signers=(1, 2), label="pending")  # round 1: not final
     rr.mine_to_final(0)
@@ -203,5 +204,8 @@ def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_pa
         dom = rendered_dom(base, tmp_path / "chromium")
         assert dom.count('<tr class="credit"') == len(pool["members"]) >= 3, dom[:2000]
         assert rr.pool_address in dom
+        assert pool["token"] == (token.address if in_token else None)
+        assert pool["token_decimals"] == (18 if in_token else None)
+        assert ("of token " + token.address in dom) if in_token else " ETH a final round" in dom
     finally:
         explorer.close()

@@ -34,4 +34,14 @@ def pool_snapshot(pool, client, run_id: int, history) -> dict:
             "first_round": view["firstRound"], "next_round": view["nextRound"], "funded_wei": view["funded"],
             "free_wei": view["free"], "claimed_wei": view["claimed"],
             "balance_wei": pool.balance(params.token), "token": params.token if params.is_token else None,
+            "token_decimals": _decimals(pool, params),
             "members": members}
+
+
+def _decimals(pool, params) -> int | None:
+    """A token pool's token's decimals (its amounts are the token's units); None for ETH."""
+    if not params.is_token:
+        return None
+    from node.commands.runpool import token_facts
+
+    return token_facts(pool.w3, params.token, None)[0]
