@@ -56,7 +56,7 @@ MUTATIONS = (
              "a claim is not counted against its round's budget (credits can exceed the pool)"),
     Mutation("credit-asked", "received = held - before;", "received = amount;", "P1",
              "a token funding is credited as the amount asked, not what arrived (a fee-on-transfer token)"),
-    Mutation("no-lock", "if (locked != 0) revert RewardReentered();", "", "P6",
+    Mutation("no-lock", "if (_locked) revert RewardReentered();", "", "P6",
              "no re-entrancy lock: the token's calls into the pool from inside a transfer go through"),
     Mutation("share-of-listed",
              "uint256 slots = count > params.contributionSlots ? count : params.contributionSlots;",

@@ -63,6 +63,7 @@ contract RewardPool {
     mapping(uint256 runId => Pool) private _pools;
     mapping(uint256 runId => mapping(uint64 round => RoundBudget)) private _rounds;
     mapping(bytes32 key => bool) private _claimed; // keccak256(runId, round, stage, account)
+    bool private transient _locked; // held around each token call (EIP-1153: cleared at the end of the call)
 
     /// @notice Run `runId`'s pool was opened by its creator with `funding` (wei, or the token's units that arrived);
     /// rounds from `firstRound` are paid.
@@ -102,15 +103,11 @@ contract RewardPool {
     /// @notice The pool was called again from inside one of its token calls (a re-entrant token).
     error RewardReentered();
 
-    /// @dev Every state-changing entry refuses to run inside a token call (set in transient storage slot 0 around
-    /// each one): a re-entrant token can neither fund twice nor claim or sweep in the middle of a transfer whose
-    /// balance the pool is measuring.
+    /// @dev Every state-changing entry refuses to run inside a token call (`_locked`, transient, set around each
+    /// one and cleared after it): a re-entrant token can neither fund twice nor claim or sweep in the middle of a
+    /// transfer whose balance the pool is measuring.
     modifier unlocked() {
-        uint256 locked;
-        assembly ("memory-safe") {
-            locked := tload(0)
-        }
-        if (locked != 0) revert RewardReentered();
+        if (_locked) revert RewardReentered();
         _;
     }
 
@@ -430,13 +427,9 @@ contract RewardPool {
     /// @dev One call of the pool's token, SafeERC20-style: it must succeed and return nothing or true (a token that
     /// returns false, or anything else, fails), with the re-entrancy lock held throughout.
     function _tokenCall(address token, bytes memory data) private {
-        assembly ("memory-safe") {
-            tstore(0, 1)
-        }
+        _locked = true;
         (bool ok, bytes memory returned) = token.call(data);
-        assembly ("memory-safe") {
-            tstore(0, 0)
-        }
+        _locked = false;
         if (!ok) revert RewardTokenFailed(token, "the transfer reverted");
         if (returned.length != 0 && (returned.length < 32 || abi.decode(returned, (uint256)) != 1)) {
             revert RewardTokenFailed(token, "the transfer did not return true");

@@ -22,7 +22,7 @@ from node.commands.chainops import Spend
 from node.errors import ConfigError
 
 #: Gas reserved for createPool in create-run's spend plan: it cannot be estimated before the run exists
-#: (bench/results/rewards_gas.json: 158,080 on anvil; 222,675 in a token pool).
+#: (bench/results/rewards_gas.json: 158,081 on anvil; 222,905 in a token pool).
 POOL_GAS = 250_000
 #: Gas reserved for a token pool's approve (an ERC-20's approve is about 46,000) and for fund of a token
 #: pool (its transferFrom and two balanceOf on top of fund's 35,787).
