@@ -230,21 +230,8 @@ class ClusterStageEngine:
 
     def weights_hash(self) -> bytes | None:
         """The stage's :func:`training.hashing.stage_weights_hash` of the global weights, on rank 0 (None
-        elsewhere): each tensor streamed from its owner to rank 0 in name order, never the whole stage."""
-        digest = weights_digest(len(self.plan.order)) if self.rank == 0 else None
-        for name in self.plan.order:
-            owner = self.plan.owner(name)
-            if self.rank == 0:
-                if owner == 0:
-                    tensor = self.engine.global_weights[name]
-                else:
-                    tensor = torch.empty(self.plan.shapes[name], dtype=torch.float32)
-                    dist.recv(tensor, src=owner)
-                hash_tensor_into(digest, name, tensor)
-                del tensor
-            elif owner == self.rank:
-                dist.send(self.engine.global_weights[name].contiguous(), dst=0)
-        return digest.digest() if self.rank == 0 else None
+        elsewhere): :func:`streamed_weights_hash`."""
+        return streamed_weights_hash(self.plan, self.rank, self.engine.global_weights)
 
     def _tree_root(self, leaves: list[bytes]) -> bytes | None:
         counts: list = [None] * self.world
@@ -352,3 +339,23 @@ class ClusterTrainer:
 def peak_share(state: Mapping[str, int], stage_bytes: int) -> float:
     """A rank's training state as a share of a one-process stage's (``stage_bytes``)."""
     return sum(state.values()) / stage_bytes if stage_bytes else math.nan
+
+
+def streamed_weights_hash(plan, rank: int, own: Mapping[str, torch.Tensor]) -> bytes | None:
+    """:func:`training.hashing.stage_weights_hash` of a stage sharded along ``plan`` (``own``: this rank's
+    tensors), on rank 0 (None elsewhere): each tensor streamed from its owner to rank 0 in name order, never
+    the whole stage. Every rank of the group calls it."""
+    digest = weights_digest(len(plan.order)) if rank == 0 else None
+    for name in plan.order:
+        owner = plan.owner(name)
+        if rank == 0:
+            if owner == 0:
+                tensor = own[name]
+            else:
+                tensor = torch.empty(plan.shapes[name], dtype=torch.float32)
+                dist.recv(tensor, src=owner)
+            hash_tensor_into(digest, name, tensor)
+            del tensor
+        elif owner == rank:
+            dist.send(own[name].contiguous(), dst=0)
+    return digest.digest() if rank == 0 else None

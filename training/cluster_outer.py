@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from training.cluster_engine import streamed_weights_hash
 from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
 from training.codec.stats import CompressionStats
@@ -50,7 +51,6 @@ from training.codec_wire import decode_declared
 from training.compression import ErrorFeedbackCompressor
 from training.diloco import Aggregation, outer_state_shape
 from training.errors import ContributionDecodeError, EngineStateError
-from training.hashing import hash_tensor_into, weights_digest
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
 
@@ -329,20 +329,7 @@ class OuterShard:
 
     def _op_hash(self, *, private=None) -> bytes | None:
         """The stage's ``stage_weights_hash`` on rank 0: each tensor streamed from its owner in name order."""
-        digest = weights_digest(len(self.plan.order)) if self.rank == 0 else None
-        for name in self.plan.order:
-            owner = self.plan.owner(name)
-            if self.rank == 0:
-                if owner == 0:
-                    tensor = self.engine.global_weights[name]
-                else:
-                    tensor = torch.empty(self.plan.shapes[name], dtype=torch.float32)
-                    dist.recv(tensor, src=owner)
-                hash_tensor_into(digest, name, tensor)
-                del tensor
-            elif owner == self.rank:
-                dist.send(self.engine.global_weights[name].contiguous(), dst=0)
-        return digest.digest() if self.rank == 0 else None
+        return streamed_weights_hash(self.plan, self.rank, self.engine.global_weights)
 
     def _op_global(self, which: str, *, private=None) -> dict | None:
         """The whole global weights (``which`` "weights") or momentum on rank 0, in the one-process order."""
