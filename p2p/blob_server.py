@@ -125,13 +125,16 @@ class BlobServer:
             return
         sha256_hex = digest.hex()
         path = self.store.served_path(sha256_hex)
-        packed = None if path.is_file() else self.store.packed(sha256_hex)  # kept as pieces (blobpack.py)
+        packed = None
         try:
-            total = packed.size if packed is not None else path.stat().st_size
+            total = path.stat().st_size
         except FileNotFoundError:
-            await write_frame(stream, not_found_reply())
-            await stream.close()
-            return
+            packed = self.store.packed(sha256_hex)  # no file: perhaps kept as pieces (blobpack.py)
+            if packed is None:
+                await write_frame(stream, not_found_reply())
+                await stream.close()
+                return
+            total = packed.size
         if offset + length > total:
             await write_frame(stream, out_of_range_reply(total))
             await stream.close()

@@ -184,13 +184,7 @@ class BlobStore:
         link in 4 MiB reads. The file becomes read-only (the store's blobs are): the caller never edits it in
         place (a checkpoint is replaced whole, never edited). A filesystem without hard links gets a copy.
         """
-        source = Path(source)
-        try:
-            size = source.stat().st_size
-        except OSError as exc:
-            raise BlobError(f"cannot read blob source {source}: {exc}") from None
-        if size > self.max_blob_bytes:
-            raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        source = self._checked_source(source)
         if link:
             staged = self.staging / f"link-{os.getpid()}-{threading.get_ident()}-{source.name}"
             staged.unlink(missing_ok=True)
@@ -246,12 +240,9 @@ class BlobStore:
             )
         self._files[check_sha256_hex(sha256_hex)] = path
 
-    def put_packed(self, source: str | os.PathLike[str], cuts: list[tuple[int, int]]) -> str:
-        """Keep the file at ``source`` as a packed blob (p2p/blobpack.py): its ``cuts`` (``(offset, length)``
-        runs, ascending) as pieces shared with every packed blob holding the same bytes, the rest literally.
-        Served under its sha256 (returned) like a stored blob, though :meth:`has` stays False (no file holds
-        it: :meth:`packed` gives it). The source is left where it is. A failed write (a full disk) leaves
-        nothing behind: pieces no manifest names are swept."""
+    def _checked_source(self, source: str | os.PathLike[str]) -> Path:
+        """``source`` as a path, refused (BlobError, BlobTooLarge) when it cannot be read or is over
+        ``max_blob_bytes``."""
         source = Path(source)
         try:
             size = source.stat().st_size
@@ -259,6 +250,15 @@ class BlobStore:
             raise BlobError(f"cannot read blob source {source}: {exc}") from None
         if size > self.max_blob_bytes:
             raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
+        return source
+
+    def put_packed(self, source: str | os.PathLike[str], cuts: list[tuple[int, int]]) -> str:
+        """Keep the file at ``source`` as a packed blob (p2p/blobpack.py): its ``cuts`` (``(offset, length)``
+        runs, ascending) as pieces shared with every packed blob holding the same bytes, the rest literally.
+        Served under its sha256 (returned) like a stored blob, though :meth:`has` stays False (no file holds
+        it: :meth:`packed` gives it). The source is left where it is. A failed write (a full disk) leaves
+        nothing behind: pieces no manifest names are swept."""
+        source = self._checked_source(source)
         with self._pack_lock:
             self.pieces_dir.mkdir(exist_ok=True)
             self.packed_dir.mkdir(exist_ok=True)
