@@ -85,8 +85,8 @@ def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_fi
     chain = Windows(committed_through=35, closes={r: 10 * r + 40 for r in range(36)}, head=300)
     retention = Retention(StorageConfig(), chain.open)
     floor = _retain(retention, store, host, archive, states, ckpt, newest=39, committed=35)
-    # the spot checks' span would allow 28 (35 - 8 + 1); the windows open from 27 keep 27 too
-    assert SPOT_CHECK_ROUNDS == 8 and floor == 27
+    # the windows open from 27 keep 27 and every newer round
+    assert floor == 27
     assert archive.rounds() == list(range(27, 40)) and states.served_rounds() == list(range(27, 40))
     # checkpoints: the newest final full one (round 26: a joiner can start from it), the newest committed (35)
     # and the rounds not committed yet; not those of every round inside a window (issue 75: nothing on chain
@@ -101,11 +101,14 @@ def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_fi
     shard = ckpt / "shard-00000035-stage0.safetensors"
     assert shard.stat().st_nlink == 2
 
-    # The windows move on (head 500: every committed round closed): the spot checks' 8 rounds stay, and so
-    # does every round not committed, with their checkpoints.
+    # The windows move on (head 500: every committed round closed): the newest committed round stays, and so
+    # does every round not committed, with their checkpoints. No fixed span of committed rounds is kept
+    # beside the windows (issue 75: 8 start states while rounds outlast the windows): a spot check's
+    # accusation counts only inside the round's window.
     chain.head = 500
     floor = _retain(retention, store, host, archive, states, ckpt, newest=39, committed=35)
-    assert floor == 28 and archive.rounds() == list(range(28, 40))
+    assert floor == 35 and archive.rounds() == list(range(35, 40))
+    assert states.served_rounds() == list(range(35, 40))
     assert sorted(checkpoint_files(ckpt)) == [35, 36, 37, 38, 39]  # 35: final and newest committed
     # a dispute on an old round (its window extended) holds that round and every newer one
     store2, host2, archive2, states2, ckpt2 = _node(tmp_path / "b", 40)
@@ -120,7 +123,7 @@ def test_the_newest_final_checkpoint_outlives_the_span_while_the_newer_ones_can_
     proofs = Windows(committed_through=39, closes={r: 50 if r <= 20 else 500 for r in range(40)}, head=100)
     retention = Retention(StorageConfig(), own.open, proofs.open)
     floor = _retain(retention, store, host, archive, states, ckpt, 39, 39)
-    assert floor == 32 and archive.rounds() == list(range(32, 40))
+    assert floor == 39 and archive.rounds() == [39]
     # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall); 39: the
     # newest committed
     assert sorted(checkpoint_files(ckpt)) == [20, 39]
@@ -142,18 +145,32 @@ def test_a_chain_that_cannot_be_asked_keeps_everything_and_all_keeps_everything(
     assert set(store.list()) == before and chain.asked == []
     # keep_checkpoints and keep_rounds keep more than the windows need, never less
     more = Retention(StorageConfig(keep_checkpoints=10), chain.open)
-    assert _retain(more, store, host, archive, states, ckpt, 19, 19) == 12
-    assert sorted(checkpoint_files(ckpt)) == list(range(10, 20)) and archive.rounds() == list(range(12, 20))
+    assert _retain(more, store, host, archive, states, ckpt, 19, 19) == 19
+    assert sorted(checkpoint_files(ckpt)) == list(range(10, 20)) and archive.rounds() == [19]
     store2, host2, archive2, states2, ckpt2 = _node(tmp_path / "b", 20)
     more = Retention(StorageConfig(keep_rounds=15), chain.open)
     assert _retain(more, store2, host2, archive2, states2, ckpt2, 19, 19) == 5
+
+
+def test_a_node_without_a_chain_keeps_the_spot_checks_span_and_a_chain_keeps_only_its_windows(tmp_path):
+    """Without a chain to ask (no windows), the newest SPOT_CHECK_ROUNDS committed rounds stay; with one, a
+    round whose window closed goes at once, however few rounds ago it was committed (rounds that outlast
+    their windows, as a large model's do: issue 75)."""
+    store, host, archive, states, ckpt = _node(tmp_path, 20)
+    assert _retain(Retention(StorageConfig(), None), store, host, archive, states, ckpt, 19, 19) == \
+        19 - SPOT_CHECK_ROUNDS + 1
+    assert archive.rounds() == list(range(12, 20)) and states.served_rounds() == list(range(12, 20))
+    # each round's window closes two blocks after its commit; head 40: round 18's is closed, 19's open
+    chain = Windows(committed_through=19, closes={r: 2 * r + 3 for r in range(20)}, head=40)
+    assert _retain(Retention(StorageConfig(), chain.open), store, host, archive, states, ckpt, 19, 19) == 19
+    assert archive.rounds() == [19] and states.served_rounds() == [19]
 
 
 def test_nothing_uncommitted_goes_whatever_the_windows_say(tmp_path):
     store, host, archive, states, ckpt = _node(tmp_path, 30)
     chain = Windows(committed_through=5, closes={r: 0 for r in range(30)}, head=100)
     floor = _retain(Retention(StorageConfig(), chain.open), store, host, archive, states, ckpt, 29, 5)
-    assert floor == 0 and archive.rounds() == list(range(30))  # 6..29 not committed; 0..5 the spot checks'
+    assert floor == 5 and archive.rounds() == list(range(5, 30))  # 6..29 uncommitted; 5 the newest committed
 
 
 @pytest.mark.timeout(120)
@@ -212,7 +229,7 @@ def test_a_restarted_node_still_prunes_the_start_states_it_served_before(tmp_pat
     assert restarted.served_rounds() == list(range(30))
     chain = Windows(committed_through=29, closes={r: 0 for r in range(30)}, head=100)
     floor = _retain(Retention(StorageConfig(), chain.open), store, host, archive, restarted, ckpt, 29, 29)
-    assert floor == 29 - SPOT_CHECK_ROUNDS + 1
+    assert floor == 29
     left = set(store.list())
     assert {r for r, d in served.items() if d in left} == set(range(floor, 30))
     # and a third start sees only what is left

@@ -12,12 +12,15 @@ The default, ``storage.retention = "windows"`` (:class:`Retention`), decides fro
 clock. Round ``t``'s archive and start states are kept while any of these holds:
 
 * ``t`` is not committed on chain yet (a restart re-applies the rounds it sealed; every round commits once);
-* ``t`` is one of the newest :data:`SPOT_CHECK_ROUNDS` committed rounds: a verifier draws its spot checks
-  of a round once it is on chain and fetches the claimant's start state and the round's envelopes then;
-  its chain check of ``t`` follows with round ``t + 1``;
 * ``t``'s own window on chain is open (its dispute window, its open disputes' deadline, its availability
   games: where ``TrainingLedger.proofWindowOf(t + 1)`` opens), or an older held round's is: rounds go
-  oldest first, so what is kept is always one span of rounds;
+  oldest first, so what is kept is always one span of rounds. A verifier draws its spot checks of a round
+  once it is on chain and fetches the claimant's start state and the round's envelopes then (its chain
+  check of ``t`` follows with round ``t + 1``); what it finds counts only inside ``t``'s window (an
+  accusation after it is refused on chain), so the window is what the spot checks need too;
+* ``t`` is the newest committed round, or, on a node without a chain to ask, one of the newest
+  :data:`SPOT_CHECK_ROUNDS` committed rounds (a fixed span where the windows cannot be read; before issue 75
+  it applied with a chain too, and held 8 rounds' start states on a chain whose rounds outlast its windows);
 * ``t`` is among the newest ``keep_rounds`` (0: no more).
 
 A node's own start states are listed by round on disk (:data:`SERVED_STATES_FILE`), so a restarted node
@@ -30,8 +33,8 @@ from it), the newest committed one, every round not committed yet and the newest
 everything while no full checkpoint is final.
 
 So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
-:data:`SPOT_CHECK_ROUNDS` committed ones, and those whose own window is open (``disputeBlocks`` over the
-blocks a round takes, longer only while a dispute or an availability game runs), plus two checkpoints.
+the newest committed one, and those whose own window is open (``disputeBlocks`` over the blocks a round
+takes, longer only while a dispute or an availability game runs), plus two checkpoints.
 Per round that is the node's start state of each held stage (what a rerun starts from: weights, AdamW
 state and outer state, about 10 x the stage's parameter bytes; kept as a packed blob whose tensors' data
 are pieces shared with the node's other start states, p2p/blobpack.py: the round-start and last-encode
@@ -67,9 +70,10 @@ from p2p.blobstore import hash_file
 
 logger = logging.getLogger(__name__)
 
-#: Committed rounds whose archive and start states are kept whatever the chain's windows say: a verifier
-#: draws its spot checks of a round once it is on chain and fetches the claimant's start state then
-#: (node/live/checks/heldstates.py serves them; its chain check of round t comes with round t + 1).
+#: Committed rounds whose archive and start states a node without a chain to ask keeps: a verifier draws its
+#: spot checks of a round once it is on chain and fetches the claimant's start state then
+#: (node/live/checks/heldstates.py serves them; its chain check of round t comes with round t + 1). With a
+#: chain, the rounds whose own window is open are kept instead (:meth:`Retention.rounds_floor`).
 SPOT_CHECK_ROUNDS = 8
 
 #: The file (in the spot checker's work directory) listing the blobs of this node's own start states by round
@@ -171,7 +175,8 @@ class Retention:
         chain; ``held``: the rounds it holds anything of (the oldest are asked about their windows)."""
         if self.keeps_all:
             return 0
-        floor = min(committed_through + 1, min(newest, committed_through) - SPOT_CHECK_ROUNDS + 1)
+        committed_kept = SPOT_CHECK_ROUNDS if self.own_open is None else 1
+        floor = min(committed_through + 1, min(newest, committed_through) - committed_kept + 1)
         if self.storage.keep_rounds > 0:
             floor = min(floor, newest - self.storage.keep_rounds + 1)
         for outer_round in sorted(r for r in set(held) if r < floor):
