@@ -129,7 +129,7 @@ class BlobServer:
         try:
             total = path.stat().st_size
         except FileNotFoundError:
-            packed = self.store.packed(sha256_hex)  # no file: perhaps kept as pieces (blobpack.py)
+            packed = self.store.served_packed(sha256_hex)  # no file: perhaps pieces (blobpack.py), or aliased
             if packed is None:
                 await write_frame(stream, not_found_reply())
                 await stream.close()

@@ -286,6 +286,20 @@ class BlobStore:
         """The packed blob of that sha256, or None."""
         return self._packed.get(sha256_hex)
 
+    def served_packed(self, key_hex: str) -> PackedBlob | None:
+        """The packed blob served under ``key_hex``: its sha256 or an alias of it (:meth:`alias`); None."""
+        return self._packed.get(key_hex) or self._packed.get(self._aliases.get(key_hex, key_hex))
+
+    def read(self, sha256_hex: str) -> bytes:
+        """The whole blob ``sha256_hex``, a file or packed; BlobNotFound if neither is held."""
+        try:
+            return self.path(sha256_hex).read_bytes()
+        except FileNotFoundError:
+            packed = self._packed.get(sha256_hex)
+            if packed is None:
+                raise BlobNotFound(f"blob {sha256_hex} is not stored locally") from None
+            return packed.pread(0, packed.size)
+
     def _load_packed(self) -> None:
         """Read the manifests a previous run left (a damaged one, or one naming a missing piece, is not
         served: the warning names it), then sweep the pieces none names (a write a crash cut short)."""

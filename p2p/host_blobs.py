@@ -74,7 +74,7 @@ class HostBlobs:
         """Serve the stored blob ``sha256_hex`` also under ``key_hex``, a hash that names it by other means
         (a dataset's Merkle root names its manifest); fetchers read it with :meth:`fetch_alias`."""
         self._check_open()
-        if not self.store.has(sha256_hex):
+        if not self.store.has(sha256_hex) and self.store.packed(sha256_hex) is None:
             raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
         self.store.alias(key_hex, sha256_hex)
 
@@ -121,6 +121,11 @@ class HostBlobs:
 
     def has_blob(self, sha256_hex: str) -> bool:
         return self.store.has(sha256_hex)
+
+    def read_blob(self, sha256_hex: str) -> bytes:
+        """The bytes of a locally held blob, stored as a file or packed (p2p/blobpack.py); BlobNotFound if
+        neither (a packed blob whose piece is gone: BlobError). Read whole: the caller bounds it."""
+        return self.store.read(sha256_hex)
 
     def blob_path(self, sha256_hex: str) -> Path:
         """Path of a locally stored blob (read-only use)."""

@@ -23,6 +23,7 @@ import torch
 from ledger.chunkproof import Factors, StageState
 from node.commitments import scheme_named
 from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, ChunkedStates
+from p2p.errors import BlobNotFound
 from training.chunks import tensor_leaves
 
 ROUNDS = 30
@@ -160,8 +161,16 @@ class _BlobHost:
     def provide_alias(self, alias: str, digest: str) -> None:
         pass
 
+    def provide_packed(self, path, cuts) -> str:
+        return self.provide_blob(path.read_bytes())  # a real store shares the pieces
+
     def has_blob(self, digest: str) -> bool:
         return (self.root / digest).is_file()
+
+    def read_blob(self, digest: str) -> bytes:
+        if not self.has_blob(digest):
+            raise BlobNotFound(digest)
+        return (self.root / digest).read_bytes()
 
     def blob_path(self, digest: str):
         return self.root / digest

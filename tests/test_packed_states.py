@@ -225,3 +225,55 @@ def test_a_packed_start_state_is_fetched_whole_by_a_real_peer(served, tmp_path):
     finally:
         b.close()
         a.close()
+
+
+def test_a_published_state_is_packed_with_the_start_states_global_weights_and_momentum(tmp_path):
+    """A chunked run's published stage state (the global weights and outer momentum after a round) is kept
+    as a packed blob whose tensors are the pieces the node's start state of the next round holds already:
+    the same bytes and sha256 as before, served under its alias to a real py-libp2p peer, and under a tenth
+    of its size of new disk (issue 75: the published states repeated 2 of a start state's copies of the
+    stage for the whole proof window)."""
+    from types import SimpleNamespace
+
+    from node.commitments import scheme_named
+    from node.live.fraud.chunkstate import ChunkedStates, state_key
+    from node.store.checkpoint import Checkpoint
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    cfg, trainer, module, optimizer, engine = _stage()
+    blobs: dict = {}
+    for outer_round in range(3):
+        _round(cfg, trainer, engine, outer_round, blobs)
+    a = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "a")
+    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, gossip_resync_interval=0), Identity.generate(),
+                      data_dir=tmp_path / "b")
+    try:
+        held = HeldStates(a, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+        meta = round_meta(3, 0, cfg.model, cfg.diloco, run_rounds=4, num_stages=1, micro_batches=0)
+        capture = StartStateCapture(meta, lambda stage: engine, {0: capture_trainer_part(module, optimizer)})
+        held.serve(3, capture.write(held.writing_dir), 0)
+        before = _disk(a.store.root)
+        state = engine.state_dict(copy=True)
+        weights, momentum = state["global_weights"], state["momentum"]
+        layout = SimpleNamespace(run_id=7, model_config={"preset": "test"})
+        states = ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("chunked")), host=a,
+                               layout=layout, config_hash=b"\x01" * 32, spill_dir=tmp_path / "chunk-states")
+        leaf = hashlib.sha256(b"a stage leaf").digest()
+        states.publish(2, 0, leaf, weights, momentum)
+        expected = Checkpoint(7, 2, {"preset": "test"}, b"\x01" * 32, {}, weights, momentum).to_bytes()
+        digest = states._published[2][0]
+        assert digest == hashlib.sha256(expected).hexdigest() and not a.store.has(digest)
+        assert a.read_blob(digest) == expected and list((tmp_path / "chunk-states").iterdir()) == []
+        added = _disk(a.store.root) - before
+        assert added < len(expected) / 10, (added, len(expected))  # the manifest only
+        wait_until(lambda: b.peer_id in a.peers() and a.peer_id in b.peers(), 60, "a and b connected")
+        assert b.fetch_alias(state_key(leaf), a.peer_id, len(expected) + 1, timeout=60) == expected
+        # removing the start state keeps every piece the published state names, and the reverse
+        held.forget_before(99)
+        assert a.read_blob(digest) == expected
+        assert a.remove_blob(digest) and _pieces(a.store) == set()
+    finally:
+        b.close()
+        a.close()

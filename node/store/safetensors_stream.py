@@ -68,3 +68,33 @@ def write_safetensors(out: BinaryIO, tensors: Mapping[str, torch.Tensor], metada
             raise ValueError(f"{name!r}: {tensor.dtype} {tuple(tensor.shape)}, not float32 {layout[name]}")
         if tensor.numel():
             out.write(memoryview(tensor_le_array(tensor.detach().contiguous())).cast("B"))
+
+
+def data_ranges(path) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each tensor's data in the safetensors file ``path``, ascending: what a blob
+    store keeps as pieces shared with other packed blobs (p2p/blobpack.py). ValueError if the header is not
+    a safetensors header of that file; only the header is read."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(0)
+        head = handle.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path}: {size} bytes, not a safetensors file")
+        length = struct.unpack("<Q", head)[0]
+        if length > min(size - 8, 100 << 20):
+            raise ValueError(f"{path}: a header of {length} bytes in a file of {size}")
+        header = json.loads(handle.read(length))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: the header is not an object")
+    base, out = 8 + length, []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = entry["data_offsets"]
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= size - base):
+            raise ValueError(f"{path}: {name!r} has data offsets {start}, {end} outside the file")
+        out.append((base + start, end - start))
+    out.sort()
+    if any(a + n > b for (a, n), (b, _m) in zip(out, out[1:])):
+        raise ValueError(f"{path}: tensors' data overlap")
+    return out

@@ -25,11 +25,9 @@ Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the 
 an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
 challenge asks for it; without its weights and momentum when the published state holds them (the spilled
 file names that blob, which lives exactly as long: issue 75's retention), and with the contributions' codec
-blobs in place of their payload pieces when those cut back to them. A state holds its stage's weights
-and momentum chunked and every accepted
-contribution's payload pieces (about 1.4 MiB a round for a one-node replica of the soak's `tiny`): held in
-memory for the whole window (64 blocks: 20-25 rounds on the soak's anvil, where a round took 2.5-3.2 blocks)
-they were the largest growth tracemalloc found in a soak's nodes (docs/P2P.md, "What the soak found").
+blobs in place of their payload pieces when those cut back to them (held in memory for the whole window,
+they were the largest growth tracemalloc found in a soak's nodes: docs/P2P.md, "What the soak found"). The
+published state is kept as a packed blob whose tensors are pieces shared with the start states.
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ from node.errors import DLX_ERRORS
 from node.live.fraud.window import DisputeWindow
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
-from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems
+from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems, write_checkpoint
+from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
 from p2p.host import P2PHost
 from training.chunks import cut_payload, tensor_leaves
@@ -112,7 +111,7 @@ class ChunkedStates:
         self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
             spill_dir.mkdir(parents=True, exist_ok=True)
-            for leftover in spill_dir.glob("*.state"):
+            for leftover in [*spill_dir.glob("*.state"), *spill_dir.glob("*.publish")]:
                 leftover.unlink(missing_ok=True)
 
     def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
@@ -162,15 +161,29 @@ class ChunkedStates:
         shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
                            {}, weights, momentum)
         try:
-            digest = self.host.provide_blob(shard.to_bytes(), announce=False)
+            digest = self._provide(outer_round, stage, shard)
             self.host.provide_alias(state_key(leaf), digest)
-        except DLX_ERRORS as exc:
+        except (*DLX_ERRORS, OSError, ValueError) as exc:
             logger.warning("round %d stage %d: state not published (a prover will challenge it): %s",
                            outer_round, stage, exc)
             return
         with self._lock:
             self._served.setdefault(outer_round, []).append(digest)
             self._published.setdefault(outer_round, {})[stage] = digest
+
+    def _provide(self, outer_round: int, stage: int, shard: Checkpoint) -> str:
+        """Store and serve a published state; its sha256 hex. With a spill directory it is written there one
+        tensor at a time and kept as a packed blob (p2p/blobpack.py): each tensor's data a piece shared by
+        content with this node's start states, which hold the same global weights and momentum (issue 75: 2
+        of a start state's copies of the stage, kept again here for the whole proof window)."""
+        if self.spill_dir is None:
+            return self.host.provide_blob(shard.to_bytes(), announce=False)
+        path = self.spill_dir / f"round-{outer_round:08d}-stage-{stage}.publish"
+        try:
+            write_checkpoint(path, shard)
+            return self.host.provide_packed(path, data_ranges(path))
+        finally:
+            path.unlink(missing_ok=True)
 
     def state(self, outer_round: int, stage: int) -> StageState | None:
         """This node's state of ``stage`` after ``outer_round``, if still held (in memory, or spilled)."""
@@ -244,7 +257,7 @@ class ChunkedStates:
 
     def _published_leaves(self, digest: str) -> tuple[list[bytes], list[bytes]]:
         """The weight and momentum leaves of the published state ``digest`` (read from the blob store)."""
-        shard = parse_checkpoint(self.host.blob_path(digest).read_bytes())
+        shard = parse_checkpoint(self.host.read_blob(digest))
         return tensor_leaves(shard.weights), tensor_leaves(shard.momentum)
 
     def _thin(self, outer_round: int, state: StageState) -> StageState | _ThinState:
@@ -274,13 +287,11 @@ class ChunkedStates:
     def _published_trees(self, digest: str, leaf: StageLeaf) -> list:
         """The sum trees of the published norm state ``digest`` (read from the blob store), checked against
         ``leaf``'s factors (ledger.normproof.parse_norm_state)."""
-        data = self.host.blob_path(digest).read_bytes()
+        data = self.host.read_blob(digest)
         return parse_norm_state(data, leaf.factors_hash, leaf.num_chunks)[1]
 
     def _holds_trees(self, digest: str, state: StageState) -> bool:
         """Whether the published norm state ``digest`` is stored and holds ``state``'s sum trees."""
-        if not self.host.has_blob(digest):
-            return False
         try:
             return self._published_trees(digest, state.leaf()) == list(state.sum_trees)
         except (*DLX_ERRORS, OSError, ValueError) as exc:
@@ -290,8 +301,6 @@ class ChunkedStates:
 
     def _holds_leaves(self, outer_round: int, digest: str, state: StageState) -> bool:
         """Whether the published blob ``digest`` is stored and holds ``state``'s weights and momentum."""
-        if not self.host.has_blob(digest):
-            return False
         try:
             weights, momentum = self._published_leaves(digest)
         except (*DLX_ERRORS, OSError, ValueError) as exc:
