@@ -15,10 +15,10 @@ AdamW state, and the outer state (global weights, outer momentum, round start, e
 * ``node[N]``: the same round through a cluster *node's* path (``[compute] processes = N``:
   :class:`training.cluster_replica.ClusterReplicaTrainer` with its outer state sharded,
   :class:`training.cluster_node_engine.ShardedStageEngine`; docs/CLUSTER.md "The node wiring"), each N in
-  a fresh process that is rank 0 and spawns the others: each rank's state, where rank 0 also holds the
-  *mirror* (the whole replica's live weights; a worker holds its tensors' live weights only while a
-  command runs, ``live_copy``, 0 at rest). N = 1 is
-  the one-process node (``one_process``).
+  a fresh process that is rank 0 and spawns the others: each rank's state (the live weights are the FSDP
+  shards only: a rank gathers its tensors' live weights only while an outer command runs, ``live_copy``,
+  0 at rest; the held-out eval's snapshot is gathered a tensor at a time and dropped after the eval). N = 1
+  is the one-process node (``one_process``).
 
 Each rank's peak RSS (VmHWM) is recorded too: it includes the interpreter and torch (about
 300 MB a process here) and the round's transients (one whole tensor gathered at a time, the encoder's
@@ -179,14 +179,15 @@ def node_cluster(world: int, preset: str, path: str) -> None:
         engine.finish_round(0, [own, *others(dict(engine.shapes), comp)])
         applied = time.perf_counter()
         weights_hash = engine.weights_hash()
+        trainer.eval_loss([batch(model)])  # the node's held-out eval: a snapshot gathered and dropped
         rows = trainer.accounting()
     finally:
         trainer.close()
     for rank, row in enumerate(rows):
         outer = row.pop("outer")
         row["rank"] = rank
-        row["state_bytes"] = {key: row.pop(key) for key in ("mirror", "params", "grads", "inner_optimizer",
-                                                           "live_copy")}
+        row["state_bytes"] = {key: row.pop(key)
+                              for key in ("params", "grads", "inner_optimizer", "live_copy")}
         row["state_bytes"]["outer"] = sum(outer[key] for key in NODE_OUTER)
         row["snapshot_bytes"] = outer["snapshots"]  # the delay correction's (not counted by one_process)
         row["total_bytes"] = sum(row["state_bytes"].values())
@@ -251,9 +252,9 @@ def main() -> None:
         "measure": "bytes of the state tensors (params, grads, inner AdamW state, outer state); "
                    "RSS beside it",
         "one_process": base, "clusters": clusters, "node": node,
-        "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); rank 0 "
-                     "also holds the mirror (the whole replica's live weights), a worker its tensors' live "
-                     "weights only while a command runs (live_copy, 0 at rest); 'outer' counts what "
+        "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); the live "
+                     "weights are the FSDP shards only, a rank gathers its tensors' live weights only while "
+                     "a command runs (live_copy, 0 at rest); 'outer' counts what "
                      "one_process counts (global, momentum, round start, residual), the delay correction's "
                      "snapshots are in snapshot_bytes; N = 1 is one_process",
         "note": "each N's weights hash differs after the round: the inner step's gradients are averaged by "

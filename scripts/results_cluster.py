@@ -29,18 +29,19 @@ def cluster_memory(r: dict) -> list[str]:
     node = r.get("node") or {}
     if node:
         out += ["The same round through a cluster node's path (`[compute] processes = N`: the inner "
-                "steps under FSDP2, the outer state sharded over the ranks; rank 0 also keeps the mirror, "
-                "the whole replica's live weights; a worker holds its tensors' live weights only while a "
-                "command runs; N = 1 is the one process above):", ""]
+                "steps under FSDP2, the outer state sharded over the ranks, the live weights the FSDP "
+                "shards only: a rank holds its tensors' whole live weights only while a command runs; N = 1 "
+                "is the one process above):", ""]
         rows = []
         for world, c in node.items():
             first = c["ranks"][0]
             rows.append([world, f"{first['total_bytes'] / mib:.1f} MiB", f"{c['rank0_share']:.4f}",
-                         f"{first['state_bytes']['mirror'] / mib:.1f} MiB",
+                         f"{first['state_bytes']['params'] / mib:.1f} MiB",
                          f"{first['state_bytes']['outer'] / mib:.1f} MiB ({c['rank0_outer_share']:.3f})",
                          f"{c['largest_worker_share']:.4f}", f"{c['goal_strict']:.4f}",
                          "yes" if c["meets_goal_strict"] else "no",
                          f"{max(row['peak_rss_bytes'] for row in c['ranks']) / mib:.0f} MiB"])
-        out += table(["N", "rank 0's state", "its share", "of which the mirror", "its outer state (share)",
-                      "largest worker's share", "goal 1.1/N", "met", "peak RSS of a rank"], rows)
+        out += table(["N", "rank 0's state", "its share", "its weights (FSDP shard)",
+                      "its outer state (share)", "largest worker's share", "goal 1.1/N", "met",
+                      "peak RSS of a rank"], rows)
     return out

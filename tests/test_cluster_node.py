@@ -98,7 +98,7 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
-def test_two_processes_train_as_one_and_stop_their_worker():
+def test_two_processes_train_as_one_and_stop_their_worker(tmp_path):
     """The cluster's inner steps (FSDP2 over 2 processes) against one process on the same batches: the same
     losses and weights up to float sums; the start state's trainer part gathered whole; close() stops
     the worker rank; a worker that dies makes the next command fail with a clear error."""
@@ -109,6 +109,7 @@ def test_two_processes_train_as_one_and_stop_their_worker():
     from training.model import init_state_dict
     from training.pipeline import LocalReplicaTrainer
     from training.replica_capture import capture_trainer_part
+    from training.spilled import SpilledTensors
 
     model, training = ModelConfig(), TrainingConfig(device="cpu", batch_size=4)
     full = init_state_dict(model, 0)
@@ -123,6 +124,9 @@ def test_two_processes_train_as_one_and_stop_their_worker():
         reference = capture_trainer_part(plain.stage_modules[0], plain.optimizers[0])
         assert sorted(before) == sorted(reference)
         assert all(torch.equal(before[k], reference[k]) for k in reference)
+        spilled = cluster.capture_part(spill_dir=tmp_path)  # written to a file a tensor at a time
+        assert isinstance(spilled, SpilledTensors) and sorted(spilled) == sorted(reference)
+        assert all(torch.equal(spilled[k], reference[k]) for k in reference)
         cluster.begin_steps()
         for _ in range(3):
             tokens = torch.randint(0, model.vocab_size, (4, model.block_size + 1), generator=generator)
@@ -130,9 +134,17 @@ def test_two_processes_train_as_one_and_stop_their_worker():
             losses = cluster.train_step(x, y), plain.train_step(x, y)
             assert abs(losses[0] - losses[1]) < 1e-5
         cluster.end_steps()
-        ours, theirs = (dict(t.stage_modules[0].named_parameters()) for t in (cluster, plain))
+        ours, theirs = cluster.live_weights(), dict(plain.stage_modules[0].named_parameters())
+        assert list(ours) == list(theirs)
         assert max(float((ours[n] - theirs[n]).detach().abs().max()) for n in ours) < 1e-4
         assert any(float((ours[n] - full[n]).detach().abs().max()) > 1e-3 for n in ours)  # it trained
+        # the held-out eval reads the shards: the one-process eval's bits on the same weights
+        evals = [(tokens[:, :-1], tokens[:, 1:]) for tokens in
+                 torch.randint(0, model.vocab_size, (2, 4, model.block_size + 1), generator=generator)]
+        cluster.load_weights(theirs)
+        assert all(torch.equal(t, theirs[n]) for n, t in cluster.live_weights().items())
+        assert cluster.eval_loss(evals) == plain.eval_loss(evals) == cluster.eval_snapshot().eval_loss(evals)
+        cluster.load_weights(ours)
         part = cluster.capture_part()
         reference = capture_trainer_part(plain.stage_modules[0], plain.optimizers[0])
         assert sorted(part) == sorted(reference)
@@ -202,7 +214,7 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
     from training.config import DilocoConfig, ModelConfig
     from training.config_compression import CompressionConfig
     from training.config_training import TrainingConfig
-    from training.errors import RoundOrderError
+    from training.errors import EngineStateError, RoundOrderError
     from training.model import init_state_dict
     from training.pipeline import LocalReplicaTrainer
     from training.replica_capture import start_state_bytes
@@ -218,7 +230,6 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         plain = LocalReplicaTrainer(model, training, 1, state_dict=full)
         live = dict(plain.stage_modules[0].named_parameters())
         ref = StageEngine(0, live, diloco, compression)
-        mirror = dict(cluster.stage_modules[0].named_parameters())
         plan = engine.plan
         assert list(engine.shapes) == list(ref.shapes)
         assert engine.compressor.bandwidth_budget == ref.compressor.bandwidth_budget
@@ -239,32 +250,40 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
                 tokens = torch.randint(0, model.vocab_size, (4, model.block_size + 1), generator=generator)
                 cluster.train_step(tokens[:, :-1], tokens[:, 1:])
             cluster.end_steps()
+            trained = cluster.live_weights()  # gathered from the shards
             with torch.no_grad():
                 for name, param in live.items():
-                    param.copy_(mirror[name])
+                    param.copy_(trained[name])
             ours, stats = engine.encode_contribution(outer_round)
             theirs, ref_stats = ref.encode_contribution(outer_round)
             assert ours == theirs and stats.encoded_bytes == ref_stats.encoded_bytes == len(ours)
             noise = {n: torch.randn(s, generator=generator) * 1e-3 for n, s in ref.shapes.items()}
             other = encode_contribution(noise, compression, stage_index=0, outer_round=outer_round)[0]
             if pending is not None:  # the one-step delay: round t-1 applied after round t was encoded
-                _check_apply(engine, ref, mirror, live, *pending)
+                _check_apply(cluster, engine, ref, live, *pending)
             pending = (outer_round, [ours, other, b"\x93junk"])
-        _check_apply(engine, ref, mirror, live, *pending)
+        _check_apply(cluster, engine, ref, live, *pending)
         assert _same(engine.momentum, ref.momentum)
         assert any(float(m.abs().max()) > 0 for m in ref.momentum.values())
         assert _same(engine.state_dict(), ref.state_dict())
         meta = round_meta(3, 0, model, diloco, run_rounds=4, num_stages=1)
         part = {f"param/{n}": p.detach() for n, p in live.items()}
+        # the engine part streamed from the ranks a tensor at a time (ShardedStageEngine.streamed_state)
         assert start_state_bytes(meta, engine, part) == start_state_bytes(meta, ref, part)
+        counters, tensors = engine.streamed_state()
+        engine.skip_to(4)  # a change of the engine: the streamed state is refused, not torn
+        ref.skip_to(4)
+        with pytest.raises(EngineStateError, match="the engine changed"):
+            tensors[next(iter(tensors))]
         per_rank = engine.rank_outer_bytes()
         whole = outer_state_bytes(ref)
         assert {k: sum(r[k] for r in per_rank) for k in whole} == whole and whole["residual"] > 0
         rows = cluster.accounting()  # each rank's whole training state (bench/bench_cluster_memory.py)
-        assert [row["outer"] for row in rows] == per_rank and rows[0]["mirror"] == 4 * plan.numel()
-        assert (rows[0]["live_copy"], rows[1]["mirror"]) == (0, 0)
-        assert rows[1]["live_copy"] == 0  # a worker's live weights are held only while a command runs
+        assert [row["outer"] for row in rows] == per_rank and "mirror" not in rows[0]
+        # no rank keeps a copy of the live weights between commands: they are the FSDP shards only
+        assert [row["live_copy"] for row in rows] == [0, 0]
         assert sum(row["params"] for row in rows) == 4 * plan.numel()  # the FSDP shards
+        assert rows[0]["params"] < 0.6 * 4 * plan.numel()  # rank 0: about half of them
         # a re-base (a checkpoint's entry) on every rank, and the live weights follow
         weights = {n: t + 0.5 for n, t in ref.global_weights.items()}
         before = engine.global_weights
@@ -272,7 +291,7 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         ref.rebase(weights, ref.momentum, 2)
         assert engine.global_weights is not before and _same(engine.global_weights, ref.global_weights)
         assert engine.weights_hash() == ref.weights_hash()
-        assert all(torch.equal(mirror[n], live[n]) for n in live)
+        assert _same(cluster.live_weights(), {n: p.detach() for n, p in live.items()})
         with pytest.raises(RoundOrderError, match="encode round 5, expected 3"):
             engine.encode_contribution(5)  # refused alike on every rank: the cluster carries on
         assert engine.weights_hash() == ref.weights_hash()
@@ -280,7 +299,10 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         cluster.close()
 
 
-def _check_apply(engine, ref, mirror, live, outer_round, contributions):
+def _check_apply(cluster, engine, ref, live, outer_round, contributions):
+    from ledger.chunkproof import tree_root
+    from training.chunks import tensor_leaves
+
     ours = engine.finish_round(outer_round, contributions, excluded={})
     theirs = ref.finish_round(outer_round, contributions, excluded={})
     assert ours.weights_hash == theirs.weights_hash == engine.weights_hash() == ref.weights_hash()
@@ -289,4 +311,8 @@ def _check_apply(engine, ref, mirror, live, outer_round, contributions):
     assert [r.accepted for r in ours.contributions] == [True, True, False]
     assert _same(engine.global_weights, ref.global_weights)
     assert engine.global_weights is engine.global_weights  # gathered once per state (the node keeps them)
-    assert all(torch.equal(mirror[n], live[n]) for n in live)  # the delay correction's live weights
+    # the fraud proof's chunk roots from the ranks' frontiers: the one-process roots (no tensor gathered)
+    assert engine.chunk_roots() == (tree_root(tensor_leaves(ref.global_weights)),
+                                    tree_root(tensor_leaves(ref.momentum)))
+    # the delay correction's live weights, written into the shards
+    assert _same(cluster.live_weights(), {n: p.detach() for n, p in live.items()})

@@ -234,20 +234,12 @@ class ClusterStageEngine:
         return streamed_weights_hash(self.plan, self.rank, self.engine.global_weights)
 
     def _tree_root(self, leaves: list[bytes]) -> bytes | None:
-        counts: list = [None] * self.world
-        dist.all_gather_object(counts, len(leaves))
-        first, total = sum(counts[:self.rank]), sum(counts)
-        frontiers: list | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(shard_frontier(leaves, first, total), frontiers, dst=0)
-        return root_from_frontiers(frontiers, total) if self.rank == 0 else None
+        return sharded_root(leaves, self.rank, self.world)
 
     def chunk_roots(self) -> tuple[bytes, bytes] | None:
         """``(weightsRoot, momentumRoot)`` of the stage's chunk trees (ledger/chunkproof.py), on rank 0:
-        each rank hashes its own chunks, rank 0 combines the frontiers."""
-        base = self.plan.tensor_base(self.rank)
-        weights = self._tree_root(tensor_leaves(self.engine.global_weights, first_tensor=base))
-        momentum = self._tree_root(tensor_leaves(self.engine.momentum, first_tensor=base))
-        return None if self.rank != 0 else (weights, momentum)
+        :func:`sharded_chunk_roots`."""
+        return sharded_chunk_roots(self.plan, self.rank, self.engine.global_weights, self.engine.momentum)
 
     def payload_root(self, part: bytes) -> bytes | None:
         """The Merkle root over one contribution's payload pieces (the factors' ``payloadRoots``), from this
@@ -359,3 +351,31 @@ def streamed_weights_hash(plan, rank: int, own: Mapping[str, torch.Tensor]) -> b
         elif owner == rank:
             dist.send(own[name].contiguous(), dst=0)
     return digest.digest() if rank == 0 else None
+
+
+def sharded_root(leaves: list[bytes], rank: int, world: int) -> bytes | None:
+    """The Merkle root (``ledger.merkle.merkle_root``) over every rank's ``leaves`` in rank order, on rank 0
+    (None elsewhere): each rank hashes its own leaves into its frontier (:func:`training.cluster_merkle.
+    shard_frontier`, about 2 log2 n hashes), rank 0 combines the frontiers; no leaf moves. Collective."""
+    counts: list = [None] * world
+    dist.all_gather_object(counts, len(leaves))
+    first, total = sum(counts[:rank]), sum(counts)
+    frontiers: list | None = [None] * world if rank == 0 else None
+    dist.gather_object(shard_frontier(leaves, first, total), frontiers, dst=0)
+    return root_from_frontiers(frontiers, total) if rank == 0 else None
+
+
+def sharded_chunk_roots(plan, rank: int, weights: Mapping[str, torch.Tensor],
+                        momentum: Mapping[str, torch.Tensor]) -> tuple[bytes, bytes] | None:
+    """``(weightsRoot, momentumRoot)`` of a stage sharded along ``plan`` (``weights``, ``momentum``: this
+    rank's tensors), on rank 0 (None elsewhere): each rank builds the tensor leaves of its own tensors at
+    their stage-wide chunk indices (``tensor_leaves(..., first_tensor=...)``) and hashes them into its
+    frontier (:func:`sharded_root`): the bits ``merkle_root(tensor_leaves(whole))`` gives, the stage never
+    gathered. Collective over the group."""
+    base, world = plan.tensor_base(rank), len(plan.names)
+    roots = []
+    for tensors in (weights, momentum):
+        leaves = tensor_leaves(tensors, first_tensor=base)
+        roots.append(sharded_root(leaves, rank, world))
+        del leaves
+    return None if rank != 0 else (roots[0], roots[1])

@@ -168,6 +168,12 @@ class ShardedStageEngine:
                 self._hash = self._call("hash", changes=False)
             return self._hash
 
+    def chunk_roots(self) -> tuple[bytes, bytes]:
+        """``(weightsRoot, momentumRoot)`` of the stage's chunk trees (ledger/chunkproof.py: the roots a
+        chunked record's stage leaf holds) of the global weights and momentum, from the ranks' Merkle
+        frontiers: no rank sends a tensor (training.cluster_engine.sharded_chunk_roots)."""
+        return self._call("roots", changes=False)
+
     def _gathered(self, which: str) -> dict[str, torch.Tensor]:
         with self.trainer._lock:  # a change and its invalidation are one (_call): read the cache under it
             state = self._global.get(which)
@@ -190,6 +196,14 @@ class ShardedStageEngine:
         """:meth:`StageEngine.state_dict` of the whole stage, the ranks' shards gathered (always copies)."""
         return self._call("state", changes=False)
 
+    def streamed_state(self) -> tuple[tuple[int, int, int], Mapping[str, torch.Tensor]]:
+        """``(counters, tensors)`` of the start state's engine part (training.replica_capture), the tensors
+        a :class:`RankTensors` view: each fetched from the rank that holds it when read (a start state is
+        written one tensor at a time: rank 0 never holds the stage's engine state). The engine must not
+        change until the state is written (as for a one-process engine); a read after a change is refused."""
+        counters, index = self._call("state_index", changes=False)
+        return tuple(counters), RankTensors(self, index)
+
     def load_state_dict(self, state) -> None:
         raise EngineStateError("a cluster node's engine state is restored with rebase (a checkpoint), not "
                                "loaded whole")
@@ -197,3 +211,21 @@ class ShardedStageEngine:
     def rank_outer_bytes(self) -> list[dict[str, int]]:
         """Each rank's outer state in bytes (tensor accounting: training.cluster_outer.outer_state_bytes)."""
         return self._call("bytes", changes=False)
+
+
+class RankTensors(Mapping):
+    """name -> float32 tensor of a sharded engine's state, each fetched from its rank when read (one
+    ``fetch`` command per read; nothing held here): :meth:`ShardedStageEngine.streamed_state`."""
+
+    def __init__(self, engine: ShardedStageEngine, index: dict[str, tuple[int, tuple[int, ...]]]) -> None:
+        self._engine, self._index = engine, index
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        owner, shape = self._index[name]
+        return self._engine._call("fetch", name, owner, shape, changes=False)
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)

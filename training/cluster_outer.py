@@ -9,11 +9,11 @@ sees one engine, :class:`ShardedStageEngine`, with the surface the node's worker
 (node/live/worker/replica.py, aggregation.py); each of its calls is a command that every rank carries out
 together (:meth:`training.cluster_replica.ClusterReplicaTrainer.outer`).
 
-The live weights stay where the node wiring keeps them: the whole replica in rank 0's *mirror* module
-(evaluation, screening's model, the start state's trainer part read it). Rank 0's shard engine works on the
-mirror's own tensors in place; a worker rank receives a copy of its tensors' live weights from the mirror for
-a command that reads or writes them, copies them back after one that writes them (one tensor at a time,
-point to point) and drops the copy when the command is done.
+The live weights are the FSDP2 shards of the inner steps' module (every rank holds 1/N of every tensor;
+no process holds them whole). For a command that reads or writes them, each rank gathers its own tensors
+whole (``full_tensor``, one tensor at a time: every rank takes part in each gather, only the owner keeps
+it), its engine works on those copies, a command that changes them writes each back into every rank's
+shards from its owner (``distribute_tensor``), and the copies are dropped when the command is done.
 
 What rank 0 gathers, and when (each a transient copy, dropped when its reader is done):
 
@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from training.cluster_engine import streamed_weights_hash
+from training.cluster_engine import sharded_chunk_roots, streamed_weights_hash
 from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
 from training.codec.stats import CompressionStats
@@ -51,6 +51,7 @@ from training.codec_wire import decode_declared
 from training.compression import ErrorFeedbackCompressor
 from training.diloco import Aggregation, outer_state_shape
 from training.errors import ContributionDecodeError, EngineStateError
+from training.replica_capture import engine_state_tensors
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
 
@@ -130,20 +131,23 @@ def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Ten
 class OuterShard:
     """One rank's outer state (module docstring): a StageEngine of its tensors, driven by :meth:`run`.
 
-    ``mirror``: rank 0's live parameters (the whole replica's, by name); None on a worker rank, which is
-    handed its tensors' live weights for each command (:meth:`live_in`). Every method is collective: every
-    rank runs the same, in order.
+    ``live``: the rank's FSDP2-sharded live parameters by name (DTensors; plain tensors in one process);
+    the rank's own tensors are gathered from them for each command (:meth:`live_in`). Every method is
+    collective: every rank runs the same, in order.
     """
 
     def __init__(self, stage_index: int, shapes: Mapping[str, tuple[int, ...]], diloco_cfg, compression_cfg,
-                 exact: int, mirror: Mapping[str, torch.Tensor] | None) -> None:
+                 exact: int, live: Mapping[str, torch.Tensor]) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.plan = plan_shards(shapes, self.world)
         self.own = self.plan.names[self.rank]
-        self.order = list(shapes)  # the one-process engine's order (the mirror's parameters)
+        self.order = list(shapes)  # the one-process engine's order (the module's parameters)
         self.diloco_cfg = diloco_cfg
-        self.mirror = mirror
+        self.sharded = live
         self.live: dict[str, torch.Tensor] = {}
+        # the engine state a start state is being written from, by the start state's names (no copies):
+        # set by "state_index", read by "fetch", dropped by any command that may change the engine
+        self._frozen: dict[str, torch.Tensor] | None = None
         self.live_in()
         self.engine = StageEngine(stage_index, self.live, diloco_cfg, compression_cfg, exact=exact)
         self.release()
@@ -152,47 +156,43 @@ class OuterShard:
         self.engine.compressor = ShardCompressor(self.plan, self.rank, compression_cfg,
                                                  bandwidth_budget=stage_budget, exact=exact)
 
-    # ------------------------------------------------------------------ live weights: mirror <-> ranks
+    # ------------------------------------------------------------------ live weights <-> FSDP shards
 
     def live_in(self) -> None:
-        """The engine's live weights for a command that reads or writes them: rank 0's are the mirror's own
-        tensors (in place); a worker receives a copy of its tensors' from the mirror, held until
-        :meth:`release` (so between commands a worker holds no live weights)."""
-        if self.rank == 0:
-            self.live = {name: self.mirror[name] for name in self.order if name in self.own}
-        else:
-            self.live = {name: torch.empty(self.plan.shapes[name], dtype=torch.float32)
-                         for name in self.order if name in self.own}
-        for name in self.plan.order:
-            owner = self.plan.owner(name)
-            if owner == 0:
-                continue
-            if self.rank == 0:
-                dist.send(self.mirror[name].detach().to(torch.float32).contiguous(), dst=owner)
-            elif self.rank == owner:
-                dist.recv(self.live[name], src=0)
+        """The engine's live weights for a command that reads or writes them: the rank's own tensors
+        gathered whole from the shards, held until :meth:`release` (between commands a rank holds none)."""
+        live: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name in self.plan.order:
+                param = self.sharded[name]
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
+                if name in self.own:
+                    live[name] = full.to(torch.float32).contiguous().clone()
+                del full
+        self.live = {name: live[name] for name in self.order if name in live}  # the engine's order
         if hasattr(self, "engine"):
             self.engine.params = self.live
 
     def release(self) -> None:
-        """A worker drops its copy of the live weights after a command (rank 0's are the mirror's)."""
-        if self.rank != 0:
-            self.live = {}
-            self.engine.params = {}
+        """Drop the rank's copy of its live weights after a command."""
+        self.live = {}
+        self.engine.params = {}
 
     def live_out(self) -> None:
-        """Every worker's live tensors back into rank 0's mirror."""
-        for name in self.plan.order:
-            owner = self.plan.owner(name)
-            if owner == 0:
-                continue
-            if self.rank == 0:
-                tensor = torch.empty(self.plan.shapes[name], dtype=torch.float32)
-                dist.recv(tensor, src=owner)
-                with torch.no_grad():
-                    self.mirror[name].copy_(tensor)
-            elif self.rank == owner:
-                dist.send(self.live[name].contiguous(), dst=0)
+        """The ranks' changed live tensors back into every rank's shards, from their owner, one at a time."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        with torch.no_grad():
+            for name in self.plan.order:
+                param, owner = self.sharded[name], self.plan.owner(name)
+                if not isinstance(param, DTensor):  # one process: a plain parameter
+                    param.copy_(self.live[name])
+                    continue
+                source = (self.live[name] if owner == self.rank
+                          else torch.empty(tuple(param.shape), dtype=torch.float32))
+                source = source.to(param.to_local().device, param.dtype)
+                placed = distribute_tensor(source, param.device_mesh, param.placements, src_data_rank=owner)
+                param.to_local().copy_(placed.to_local())
 
     def _momentum_shape(self, name: str) -> tuple[int, ...]:
         return tuple(outer_state_shape(self.diloco_cfg, self.plan.shapes[name]))
@@ -207,6 +207,8 @@ class OuterShard:
         handler = getattr(self, f"_op_{op}", None)
         if handler is None:
             raise EngineStateError(f"cluster outer command {op!r}: unknown")
+        if op not in READ_ONLY:
+            self._frozen = None  # the engine may change: a start state being written would be torn
         return handler(*args, private=private)
 
     def _op_prepare_encode(self, outer_round: int, *, private=None) -> None:
@@ -278,7 +280,7 @@ class OuterShard:
         return self._with_hash(result)
 
     def _writing(self, change):
-        """``change()`` of the live weights: the live weights in, changed, out to the mirror, released."""
+        """``change()`` of the live weights: the live weights in, changed, back into the shards, released."""
         self.live_in()
         try:
             result = change()
@@ -331,6 +333,11 @@ class OuterShard:
         """The stage's ``stage_weights_hash`` on rank 0: each tensor streamed from its owner in name order."""
         return streamed_weights_hash(self.plan, self.rank, self.engine.global_weights)
 
+    def _op_roots(self, *, private=None) -> tuple[bytes, bytes] | None:
+        """The stage's chunk roots (the fraud proof's weights and momentum roots) on rank 0, from each rank's
+        Merkle frontier of its own chunks (training.cluster_engine.sharded_chunk_roots): no tensor moves."""
+        return sharded_chunk_roots(self.plan, self.rank, self.engine.global_weights, self.engine.momentum)
+
     def _op_global(self, which: str, *, private=None) -> dict | None:
         """The whole global weights (``which`` "weights") or momentum on rank 0, in the one-process order."""
         own = self.engine.global_weights if which == "weights" else self.engine.momentum
@@ -345,11 +352,54 @@ class OuterShard:
         dist.gather_object(self.engine.state_dict(copy=True), gathered, dst=0)
         return None if gathered is None else merge_states(gathered, self.order)
 
+    def _op_state_index(self, *, private=None):
+        """The start state's engine part, to stream (``ShardedStageEngine.streamed_state``): each rank
+        names its shard's tensors as a start state does (``engine_state_tensors``; the encoder memo is rank
+        0's, the stage's) and keeps them by reference; rank 0 gets ``(counters, {name: (owner, shape)})``."""
+        counters, tensors = engine_state_tensors(self.engine.state_dict(copy=False))
+        if self.rank != 0:
+            tensors = {name: t for name, t in tensors.items() if not name.startswith("encoder.")}
+        self._frozen = tensors
+        shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+        gathered: list | None = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(shapes, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        for owner, names in enumerate(gathered):
+            for name, shape in names.items():
+                if name in index:
+                    raise EngineStateError(f"start state tensor {name!r} held by ranks {index[name][0]} and "
+                                           f"{owner}")
+                index[name] = (owner, shape)
+        return counters, index
+
+    def _op_fetch(self, name: str, owner: int, shape: tuple[int, ...], *, private=None):
+        """One tensor of the start state's engine part (``state_index``), sent by its owner to rank 0."""
+        if self._frozen is None:
+            raise EngineStateError(f"start state tensor {name!r}: the engine changed while the state was "
+                                   "written")
+        if self.rank == owner:
+            tensor = self._frozen[name].detach().to(torch.float32).contiguous()
+            if self.rank == 0:
+                return tensor
+            dist.send(tensor, dst=0)
+            return None
+        if self.rank == 0:
+            tensor = torch.empty(shape, dtype=torch.float32)
+            dist.recv(tensor, src=owner)
+            return tensor
+        return None
+
     def _op_bytes(self, *, private=None) -> list | None:
         """Each rank's outer state in bytes (tensor accounting), on rank 0."""
         gathered: list | None = [None] * self.world if self.rank == 0 else None
         dist.gather_object(outer_state_bytes(self.engine), gathered, dst=0)
         return gathered
+
+
+#: The commands that do not change a rank's engine (a start state's streamed write may go on across them).
+READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped"})
 
 
 def outer_state_bytes(engine: StageEngine) -> dict[str, int]:

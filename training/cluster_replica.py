@@ -6,15 +6,13 @@ one gloo group with them, and from then on drives them: before each call it broa
 every rank then carries out together (a collective), in the order rank 0 issued them. A worker does
 nothing else.
 
-What the node sees is a :class:`training.pipeline.LocalReplicaTrainer` of one stage (the *mirror*): a
-plain module holding the whole replica's live weights, which the node's engine reads (encode) and writes
-(apply) and which evaluation uses. The inner steps run on the FSDP2-sharded module instead
+What the node sees is a one-stage replica trainer whose live weights are the FSDP2 shards themselves
 (:class:`training.cluster_engine.ClusterTrainer`: each rank the rank-th of N equal slices of the batch;
-parameters, gradients and AdamW state 1/N per rank). :meth:`begin_steps` copies the mirror's weights into
-the shards (the node may have applied a round since), :meth:`end_steps` gathers the trained weights back
-into the mirror. The inner optimizer's state stays sharded for the whole run; :meth:`capture_part` gathers
-it (and the weights) for the start state a contribution binds, :meth:`reset_inner_state` clears it on
-every rank.
+parameters, gradients and AdamW state 1/N per rank). No process keeps a whole copy of the weights: a reader
+of the whole weights gathers them one tensor at a time (:meth:`ClusterReplicaTrainer.live_weights`: the
+held-out eval's snapshot, the start state's trainer part, :meth:`capture_part`, which also gathers the inner
+optimizer's state), and the outer commands gather and write back only each rank's own tensors. The inner
+optimizer's state stays sharded for the whole run; :meth:`reset_inner_state` clears it on every rank.
 
 The outer state (global weights, momentum, round start, error-feedback residual, the delay correction's
 snapshots) is sharded over the same ranks: :meth:`ClusterReplicaTrainer.outer_engine` sets up each rank's
@@ -26,6 +24,7 @@ sums), which the fingerprint's ``cluster`` field records.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -33,7 +32,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,11 @@ import torch.distributed as dist
 from training.cluster_launch import free_port
 from training.cluster_plan import cluster_identity
 from training.errors import EngineStateError, TrainingError
-from training.host_tensors import host_float32_copy
+from training.host_tensors import host_float32
 from training.muon import state_kind
+from training.spilled import SpillWriter
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a worker gets to leave after "stop" before it is terminated, then killed.
 STOP_GRACE_S = 20.0
@@ -67,9 +71,9 @@ class _Rank:
         self.trainer = ClusterTrainer(self.module, training_cfg)
         self.outer = None  # the rank's OuterShard (training/cluster_outer.py), once "outer_init" ran
 
-    def run(self, command: tuple, mirror=None, private=None):
-        """Carry out ``command`` (the same on every rank); ``mirror``: rank 0's plain module; ``private``:
-        rank 0's whole-stage inputs of an outer command."""
+    def run(self, command: tuple, private=None):
+        """Carry out ``command`` (the same on every rank); ``private``: rank 0's whole-stage inputs (the
+        weights of a ``load``, an outer command's)."""
         kind = command[0]
         if kind == "outer":
             if self.outer is None:
@@ -78,72 +82,72 @@ class _Rank:
         if kind == "outer_init":
             from training.cluster_outer import OuterShard
 
-            live = dict(mirror.named_parameters()) if mirror is not None else None
-            self.outer = OuterShard(*command[1:], live)
+            self.outer = OuterShard(*command[1:], dict(self.module.named_parameters()))
             return self.outer
         if kind == "step":
             x, y = command[2], command[3]
             for group in self.trainer.optimizer.param_groups:
                 group["lr"] = command[1]
             return self.trainer.train_step(x, y)
-        if kind == "push":
-            return self._push(mirror)
-        if kind == "pull":
-            return self._pull(mirror)
+        if kind == "load":
+            return self._load(private)
+        if kind == "weights":
+            return self._weights(private)
         if kind == "capture":
-            return self._capture(mirror)
+            return self._capture(private)
         if kind == "reset":
             self.trainer.optimizer.state.clear()
             return None
         if kind == "accounting":
-            return self._accounting(mirror)
+            return self._accounting()
         raise EngineStateError(f"cluster command {kind!r}: unknown")
 
-    def _push(self, mirror) -> None:
-        """Rank 0's mirror weights into every rank's shards, one tensor at a time."""
+    def _load(self, whole) -> None:
+        """Rank 0's whole weights (``whole``, by name) into every rank's shards, one tensor at a time."""
         from torch.distributed.tensor import distribute_tensor
 
-        plain = dict(mirror.named_parameters()) if mirror is not None else {}
         with torch.no_grad():
             for name, param in self.module.named_parameters():
-                source = (plain[name].detach() if mirror is not None
+                source = (whole[name].detach() if whole is not None
                           else torch.empty(tuple(param.shape), dtype=param.dtype))
                 placed = distribute_tensor(source.to(param.dtype), param.device_mesh, param.placements,
                                            src_data_rank=0)
                 param.to_local().copy_(placed.to_local())
 
-    def _pull(self, mirror) -> None:
-        """The shards' weights gathered into rank 0's mirror (every rank takes part in each gather)."""
-        plain = dict(mirror.named_parameters()) if mirror is not None else {}
+    def _weights(self, sink) -> None:
+        """Each parameter gathered whole from the shards, one at a time (every rank takes part in each
+        gather), handed to rank 0's ``sink(name, tensor)`` (a fresh float32 tensor) and dropped."""
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 full = param.full_tensor()
-                if mirror is not None:
-                    plain[name].copy_(full)
+                if sink is not None:
+                    sink(name, host_float32(full))
+                del full
 
-    def _capture(self, mirror) -> dict[str, torch.Tensor] | None:
-        """:func:`training.replica_capture.capture_trainer_part` of the whole replica, on rank 0: the
-        weights from the mirror (the node's, which the next :meth:`_push` puts into the shards), each
-        inner-optimizer state tensor gathered from the shards (None elsewhere)."""
+    def _capture(self, sink) -> None:
+        """:func:`training.replica_capture.capture_trainer_part` of the whole replica: the weights and each
+        inner-optimizer state tensor gathered from the shards one at a time, each handed to rank 0's
+        ``sink(name, tensor)`` (a fresh float32 tensor) and dropped."""
         optimizer = self.trainer.optimizer
-        plain = dict(mirror.named_parameters()) if mirror is not None else {}
-        live: dict[str, torch.Tensor] = {}
-        for name, param in self.module.named_parameters():
-            if mirror is not None:
-                live[f"param/{name}"] = plain[name].detach()
-            state = optimizer.state.get(param, {})
-            prefix, _fields = state_kind(optimizer, param)
-            for field_name, value in state.items():
-                gathered = value.full_tensor() if hasattr(value, "full_tensor") else torch.as_tensor(value)
-                live[f"{prefix}.{field_name}/{name}"] = gathered
-        return host_float32_copy(live) if dist.get_rank() == 0 else None
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                full = param.full_tensor()
+                if sink is not None:
+                    sink(f"param/{name}", host_float32(full))
+                del full
+                state = optimizer.state.get(param, {})
+                prefix, _fields = state_kind(optimizer, param)
+                for field_name, value in state.items():
+                    full = value.full_tensor() if hasattr(value, "full_tensor") else torch.as_tensor(value)
+                    if sink is not None:
+                        sink(f"{prefix}.{field_name}/{name}", host_float32(full))
+                    del full
 
-
-    def _accounting(self, mirror) -> list[dict] | None:
-        """Each rank's training state in bytes (tensor accounting, not RSS), on rank 0: the mirror (rank 0),
-        the FSDP shards of the parameters and gradients, the inner AdamW state, a worker's copy of its
-        tensors' live weights, the outer state by kind (training.cluster_outer.outer_state_bytes), and the
-        process's peak RSS (VmHWM) beside it."""
+    def _accounting(self) -> list[dict] | None:
+        """Each rank's training state in bytes (tensor accounting, not RSS), on rank 0: the FSDP shards of
+        the parameters and gradients, the inner AdamW state, a rank's copy of its tensors' live weights
+        (held only while an outer command runs: 0 here), the outer state by kind
+        (training.cluster_outer.outer_state_bytes), and the process's peak RSS (VmHWM) beside it."""
         from training.cluster_outer import outer_state_bytes
 
         def size(tensors) -> int:
@@ -155,11 +159,10 @@ class _Rank:
 
         params = list(self.module.parameters())
         outer = self.outer
-        row = {"mirror": size(mirror.parameters()) if mirror is not None else 0,
-               "params": size(params), "grads": size(p.grad for p in params if p.grad is not None),
+        row = {"params": size(params), "grads": size(p.grad for p in params if p.grad is not None),
                "inner_optimizer": size(v for state in self.trainer.optimizer.state.values() for v in
                                        state.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
-               "live_copy": size(outer.live.values()) if outer is not None and mirror is None else 0,
+               "live_copy": size(outer.live.values()) if outer is not None else 0,
                "outer": outer_state_bytes(outer.engine) if outer is not None else {},
                "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": _peak_rss()}
         rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -227,7 +230,6 @@ class ClusterReplicaTrainer:
 
     def __init__(self, model_cfg, training_cfg, world: int, state_dict: dict[str, torch.Tensor], *,
                  timeout_s: float = 300.0, threads: int = 0) -> None:
-        from training.pipeline import LocalReplicaTrainer
         from training.platform import prepare_platform
 
         if not isinstance(world, int) or isinstance(world, bool) or world < 2:
@@ -235,10 +237,8 @@ class ClusterReplicaTrainer:
         if dist.is_initialized():
             raise EngineStateError("a cluster replica needs this process's torch.distributed group to itself")
         self.world = world
-        self.mirror = LocalReplicaTrainer(model_cfg, training_cfg, 1, state_dict=state_dict)
         self.platform = prepare_platform(training_cfg.device, training_cfg.precision, training_cfg.compile,
                                          cluster=cluster_identity(world))
-        self.mirror.platform = self.platform
         self.model_cfg, self.training_cfg = model_cfg, training_cfg
         self._lock = threading.RLock()
         self._workers: list[subprocess.Popen] = []
@@ -250,7 +250,9 @@ class ClusterReplicaTrainer:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world,
                                     timeout=timedelta(seconds=timeout_s))
             self._rank = _Rank(model_cfg, training_cfg)
-            self._command(("push",))  # the shards start as the node's weights (a module is built empty)
+            # the shards start as the node's weights (a module is built empty); ``state_dict`` is the
+            # caller's: this trainer keeps no whole copy of the weights
+            self._command(("load",), private=state_dict)
         except BaseException:
             self.close()
             raise
@@ -271,7 +273,9 @@ class ClusterReplicaTrainer:
     # -- what the node calls (LocalReplicaTrainer's surface) --------------------------------------------
     @property
     def stage_modules(self) -> list:
-        return self.mirror.stage_modules
+        """The replica's one stage module as rank 0 holds it: FSDP2-sharded (its parameters are DTensors
+        whose local part is rank 0's shard). The whole weights are :meth:`live_weights` (gathered)."""
+        return [self._rank.module]
 
     @property
     def optimizers(self) -> list:
@@ -291,7 +295,7 @@ class ClusterReplicaTrainer:
             self._check_workers()
             try:
                 dist.broadcast_object_list([command], src=0)
-                return self._rank.run(command, mirror=self.mirror.stage_modules[0], private=private)
+                return self._rank.run(command, private=private)
             except TrainingError:  # the engine's own refusal (a round out of order): the same on every rank
                 raise
             except (RuntimeError, ValueError) as exc:  # gloo: a rank left ("Connection reset by peer")
@@ -311,31 +315,72 @@ class ClusterReplicaTrainer:
             time.sleep(0.2)
 
     def begin_steps(self) -> None:
-        """Before a run of inner steps: the mirror's weights (the node's) into the shards."""
-        self._command(("push",))
+        """Before a run of inner steps (the live weights are the shards': nothing moves)."""
         self._in_steps = True
 
     def end_steps(self) -> None:
-        """After a run of inner steps: the trained weights back into the mirror."""
+        """After a run of inner steps."""
         self._in_steps = False
-        self._command(("pull",))
+
+    def live_weights(self, sink=None) -> dict[str, torch.Tensor] | None:
+        """The whole live weights gathered from the shards, one tensor at a time: each handed to
+        ``sink(name, tensor)`` as it arrives (rank 0 then never holds more than one), or, without a sink,
+        returned as a dict (a transient whole copy, for a reader that needs it: a test, the eval)."""
+        whole: dict[str, torch.Tensor] = {}
+        self._command(("weights",), private=sink if sink is not None else whole.__setitem__)
+        return None if sink is not None else whole
+
+    def load_weights(self, weights) -> None:
+        """Whole weights (by name, rank 0's) into every rank's shards, one tensor at a time."""
+        self._command(("load",), private=weights)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         if not self._in_steps:
             raise EngineStateError("cluster inner steps run between begin_steps() and end_steps()")
         return self._command(("step", float(self.optimizer.param_groups[0]["lr"]), x, y))
 
-    def capture_part(self) -> dict[str, torch.Tensor]:
-        """The whole replica's weights and inner-optimizer state, gathered (the start state's trainer
-        part)."""
-        return self._command(("capture",))
+    def capture_part(self, spill_dir: Path | None = None) -> Mapping[str, torch.Tensor]:
+        """The whole replica's weights and inner-optimizer state, gathered from the shards a tensor at a
+        time (the start state's trainer part): with ``spill_dir`` each written to a file there as it
+        arrives (:class:`training.spilled.SpillWriter`: rank 0 never holds them whole; read back one at a
+        time when the start state is written), else kept in RAM (also where the file cannot be written)."""
+        if spill_dir is not None:
+            try:
+                return self._capture_spilled(spill_dir)
+            except OSError as exc:
+                logger.warning("start state's weights and optimizer state kept in RAM: not written to %s "
+                               "(%s)", spill_dir, exc)
+        live: dict[str, torch.Tensor] = {}
+        self._command(("capture",), private=live.__setitem__)
+        return live
+
+    def _capture_spilled(self, spill_dir: Path):
+        writer = SpillWriter(spill_dir)
+        failed: list[OSError] = []
+
+        def sink(name: str, tensor: torch.Tensor) -> None:
+            if not failed:  # an error must not break off the ranks' gathers: raised after the command
+                try:
+                    writer.add(name, tensor)
+                except OSError as exc:
+                    failed.append(exc)
+
+        try:
+            self._command(("capture",), private=sink)
+        except BaseException:
+            writer.abandon()
+            raise
+        if failed:
+            writer.abandon()
+            raise failed[0]
+        return writer.done()
 
     def outer_engine(self, stage_index: int, diloco_cfg, compression_cfg, exact: int = 0):
         """The node's engine of the replica's one stage, its outer state sharded over the ranks
         (:class:`training.cluster_node_engine.ShardedStageEngine`; every rank sets up its shard now)."""
         from training.cluster_node_engine import ShardedStageEngine
 
-        shapes = {name: tuple(p.shape) for name, p in self.mirror.stage_modules[0].named_parameters()}
+        shapes = {name: tuple(p.shape) for name, p in self._rank.module.named_parameters()}
         shard = self._command(("outer_init", stage_index, shapes, diloco_cfg, compression_cfg, int(exact)))
         return ShardedStageEngine(self, shard)
 
@@ -352,10 +397,23 @@ class ClusterReplicaTrainer:
         self._command(("reset",))
 
     def eval_loss(self, batches) -> float:
-        return self.mirror.eval_loss(batches)
+        """:meth:`training.pipeline.LocalReplicaTrainer.eval_loss` of the live weights (on a snapshot)."""
+        return self.eval_snapshot().eval_loss(batches)
 
     def eval_snapshot(self):
-        return self.mirror.eval_snapshot()
+        """A :class:`training.pipeline.EvalSnapshot` of the live weights: a plain module on rank 0 filled
+        from the shards a tensor at a time (a transient whole copy, held while the eval runs)."""
+        from training.pipeline import EvalSnapshot
+
+        module = _stage_module(self.model_cfg)
+        params = dict(module.named_parameters())
+
+        def fill(name: str, tensor: torch.Tensor) -> None:
+            with torch.no_grad():
+                params[name].copy_(tensor)
+
+        self.live_weights(fill)
+        return EvalSnapshot.owning(self.model_cfg, [module], self.platform)
 
     def close(self) -> None:
         """Stop the worker ranks (told to, then terminated, then killed) and leave the group; idempotent."""

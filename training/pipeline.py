@@ -258,6 +258,17 @@ class EvalSnapshot:
         if platform.compiled:  # the trainer's eval runs compiled: so does the copy, for the same bits
             compile_modules(self.stage_modules)
 
+    @classmethod
+    def owning(cls, model_cfg: ModelConfig, modules: list[nn.Module], platform: Platform) -> EvalSnapshot:
+        """A snapshot of ``modules`` themselves, no copy (the caller made them for it and lets go of them:
+        a cluster's weights gathered from its shards, training/cluster_replica.py)."""
+        snapshot = cls.__new__(cls)
+        snapshot.model_cfg, snapshot.platform = model_cfg, platform
+        snapshot.stage_modules = [module.to(platform.device).eval() for module in modules]
+        if platform.compiled:
+            compile_modules(snapshot.stage_modules)
+        return snapshot
+
     @torch.no_grad()
     def eval_loss(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """:meth:`LocalReplicaTrainer.eval_loss` of the weights at the snapshot (same operations)."""

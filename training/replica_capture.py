@@ -122,10 +122,11 @@ class StartStateCapture:
         return out
 
 
-def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor], *,
-                 copy: bool) -> StageStartState:
+def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], dict[str, torch.Tensor]]:
+    """``(counters, tensors)`` of a :meth:`StageEngine.state_dict` as a start state names them (the same
+    tensors, not copied): the engine part's layout, which :class:`training.cluster_node_engine.
+    ShardedStageEngine` builds on each rank for its shard."""
     tensors: dict[str, torch.Tensor] = {}
-    engine_state = engine.state_dict(copy=copy)
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
         tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
@@ -142,7 +143,17 @@ def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
-    engine_part = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+    return counters, tensors
+
+
+def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor], *,
+                 copy: bool) -> StageStartState:
+    streamed = getattr(engine, "streamed_state", None)
+    if streamed is not None:  # a cluster's: each tensor fetched from the rank that holds it when written
+        counters, engine_part = streamed()
+    else:
+        counters, tensors = engine_state_tensors(engine.state_dict(copy=copy))
+        engine_part = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
     # A spilled trainer part stays in its file: each tensor is read when the state is written.
     held = trainer_part if isinstance(trainer_part, SpilledTensors) else \
         {n: t.detach().to(torch.float32).contiguous() for n, t in trainer_part.items()}

@@ -74,30 +74,55 @@ def spill_float32(tensors: Mapping[str, torch.Tensor], directory: Path) -> Spill
 
     Raises OSError (a full disk, say) with nothing left behind; the caller then keeps copies in RAM.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    try:  # a file without a name (Linux): nothing to remove, whatever happens
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except (AttributeError, OSError):  # no O_TMPFILE here, or not on this file system: unlinked at once
-        path = directory / f"spill-{os.getpid()}-{id(tensors):x}.f32"
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        path.unlink()
-    index: dict[str, tuple[int, tuple[int, ...]]] = {}
-    offset = 0
+    writer = SpillWriter(directory)
     try:
-        with os.fdopen(os.dup(fd), "wb", buffering=0) as out:
-            for name, value in tensors.items():
-                host = host_float32(value).contiguous()  # no copy for a CPU float32 tensor
-                index[name] = (offset, tuple(host.shape))
-                if host.numel():
-                    data = memoryview(host.numpy()).cast("B")
-                    written = 0
-                    while written < len(data):
-                        written += out.write(data[written:])
-                offset += 4 * host.numel()
+        for name, value in tensors.items():
+            writer.add(name, value)
     except BaseException:
-        os.close(fd)
+        writer.abandon()
         raise
-    return SpilledTensors(fd, index)
+    return writer.done()
+
+
+class SpillWriter:
+    """:func:`spill_float32` one tensor at a time, as each arrives (a cluster's tensors gathered from its
+    ranks one by one: training/cluster_replica.py), so the caller holds none of them whole at once.
+    :meth:`done` gives the :class:`SpilledTensors`; :meth:`abandon` lets the file go (an error)."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:  # a file without a name (Linux): nothing to remove, whatever happens
+            fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+        except (AttributeError, OSError):  # no O_TMPFILE here, or not on this file system: unlinked at once
+            path = directory / f"spill-{os.getpid()}-{id(self):x}.f32"
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            path.unlink()
+        self._fd = fd
+        try:
+            self._out = os.fdopen(os.dup(fd), "wb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._index: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._offset = 0
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        host = host_float32(value).contiguous()  # no copy for a CPU float32 tensor
+        self._index[name] = (self._offset, tuple(host.shape))
+        if host.numel():
+            data = memoryview(host.numpy()).cast("B")
+            written = 0
+            while written < len(data):
+                written += self._out.write(data[written:])
+        self._offset += 4 * host.numel()
+
+    def done(self) -> SpilledTensors:
+        self._out.close()
+        return SpilledTensors(self._fd, self._index)
+
+    def abandon(self) -> None:
+        self._out.close()
+        os.close(self._fd)
 
 
 class MergedTensors(Mapping):

@@ -3,8 +3,9 @@
 :class:`node.live.worker.replica.ReplicaWorker` asks :func:`replica_trainer` for its trainer: for one
 process the plain :class:`training.pipeline.LocalReplicaTrainer`; for N it starts the cluster
 (:class:`training.cluster_replica.ClusterReplicaTrainer`: this process is rank 0 and spawns ranks 1..N-1).
-The node's exchange, record and checks see the cluster as a one-stage replica whose live weights are in the
-trainer's mirror module and whose engine (:func:`stage_engine`) keeps the outer state sharded over the
+The node's exchange, record and checks see the cluster as a one-stage replica whose live weights are the
+ranks' FSDP2 shards (gathered one tensor at a time by a reader of the whole weights: the held-out eval, the
+start state's trainer part) and whose engine (:func:`stage_engine`) keeps the outer state sharded over the
 ranks; the helpers here are the few places where the worker treats it differently (the engine, the inner
 steps' session, the start state's trainer part, a restart's fresh optimizer).
 """
@@ -51,8 +52,8 @@ def is_cluster(trainer) -> bool:
 
 
 def inner_steps(trainer):
-    """The context a run of inner steps takes place in: for a cluster, the node's weights go into the
-    shards before and come back after (ClusterReplicaTrainer.begin_steps / end_steps)."""
+    """The context a run of inner steps takes place in: for a cluster, ClusterReplicaTrainer.begin_steps /
+    end_steps (its train_step is refused outside them)."""
     if not is_cluster(trainer):
         return contextlib.nullcontext()
 
@@ -68,10 +69,10 @@ def inner_steps(trainer):
 
 
 def trainer_part(trainer, module, optimizer, spill_dir=None):
-    """The start state's trainer part (weights and inner-optimizer state): for a cluster, gathered from the
-    ranks' shards (held in RAM); for one process, in a file under ``spill_dir`` when given."""
+    """The start state's trainer part (weights and inner-optimizer state), in a file under ``spill_dir`` when
+    given (else in RAM): for a cluster, gathered from the ranks' shards a tensor at a time."""
     if is_cluster(trainer):
-        return trainer.capture_part()
+        return trainer.capture_part(spill_dir=spill_dir)
     return capture_trainer_part(module, optimizer, spill_dir=spill_dir)
 
 
