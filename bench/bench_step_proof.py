@@ -219,7 +219,7 @@ def run_case(steps: int = 100, cheat_step: int = 70) -> dict:
     true_roots = state_roots([_toy_trace(t) for t in truth])
     from tests.step_binding_fixtures import bound_prover, subject_of  # a ledger listing the claim's
 
-    client, committed = bound_prover(connect_pyevm(), 10**15, 1000)
+    client, committed = bound_prover(connect_pyevm(), 10**15, 1000, steps=steps)
     subject = subject_of(committed)
     defender, challenger = client.w3.eth.accounts[1], client.w3.eth.accounts[2]
     won, cheat_moves = run_game(client, [_toy_trace(t) for t in mine], defender, challenger, subject=subject,

@@ -108,6 +108,15 @@ class StepProverClient:
     def wrong(self, claim_id: bytes) -> bool:
         return bool(self.contract.functions.claimOf(claim_id).call()[1])
 
+    def set_program(self, creator: str, run_id: int, claim: tuple):
+        """Fix run ``run_id``'s step program to ``claim``'s (a ``RunClaim``: :func:`program_hash`); the run's
+        creator, before its first commit."""
+        return self._send("setProgram", creator, run_id, program_hash(claim))
+
+    def program_of(self, run_id: int) -> bytes:
+        """Run ``run_id``'s program hash (zero: none)."""
+        return bytes(self.contract.functions.programOf(run_id).call())
+
 
 @dataclass
 class Defender:
@@ -302,6 +311,15 @@ def run_claim(traces: list[StepTrace], subject) -> tuple:
     first = traces[0]
     return (tree_root(first.program()), first.state_leaves, len(first.specs), first.depth,
             tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces), *subject.fields())
+
+
+def program_hash(claim: tuple) -> bytes:
+    """The hash StepProver.setProgram fixes a run's program by: keccak256(abi.encode(programRoot, stateLeaves,
+    ops, depth)) of a ``RunClaim`` (:func:`run_claim`'s first four fields)."""
+    from eth_abi import encode
+    from eth_utils import keccak
+
+    return keccak(encode(["bytes32", "uint32", "uint32", "uint8"], list(claim[:4])))
 
 
 def state_roots(traces: list[StepTrace]) -> list[bytes]:

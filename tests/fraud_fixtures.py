@@ -166,7 +166,7 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
            commitments: int | None = None, values: dict | None = None, schedule=None, contributors=None,
            max_contributions: int | None = None, gap: int | None = None, leaving: tuple[int, ...] = (),
            between=None, seats: int | None = None, signers: tuple[int, ...] = (1, 2),
-           proof_fund: int | None = None, **run_params) -> Committed:
+           proof_fund: int | None = None, before=None, **run_params) -> Committed:
     """A new run on ``deployment`` (members 1, 2, 3, and as many more as ``new`` lists contributions; k = 2)
     whose round 0 is ``round_.prev`` and round 1 ``new``, both signed by members 1 and 2. ``commitments``: the
     run's version (RunParams); None: that of ``new``'s factors (3 if they carry the norm commitment, else 2).
@@ -183,7 +183,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     4 .. ``seats`` join the run too, as founders (issue 79: a run at its largest quorum, :func:`fill_seats`);
     ``signers``: who signs both rounds (the rounds' attesters). ``proof_fund``: wei the creator puts in the
     run's proof fund, which pays a proof's reward (issue 79); None: a stake per member, so a proof is paid
-    its full half of the slash of up to every member."""
+    its full half of the slash of up to every member. ``before``: called with the run before round 0's commit
+    (a run's step program is fixed then: StepProver.setProgram)."""
     if commitments is None:
         commitments = scheme_named("normed" if new.factors.norms is not None else "chunked").version
     listed = len(getattr(new.factors, "payload_roots", ()))  # junk factors list none
@@ -204,6 +205,8 @@ def commit(deployment, round_: Round, new: StageState, *, stake: int, prover_ind
     if extra:
         fill_seats(deployment, run.run_id, extra, stake)
         run = dataclasses.replace(run, members=members + extra)
+    if before is not None:
+        before(run)
     if getattr(new.factors, "norms", None) is not None and not new.factors.norms.bound:
         binders = contributors if contributors is not None else members
         new = bound(new, [deployment.client(index) for index in binders], run.run_id, 1)

@@ -175,6 +175,7 @@ class Deployment:
         max_rounds: int = 0,
         label: str = "config",
         config_hash: bytes | None = None,
+        inner_steps: int = 50,
         **params,
     ) -> MemberRun:
         """A new run (created by the first member) that dev accounts ``members`` registered for and joined.
@@ -192,7 +193,7 @@ class Deployment:
         run_id = self.client(members[0]).create_run(
             config_hash or digest(label),
             2,
-            50,
+            inner_steps,
             "file:///run.toml",
             min_stake=min_stake,
             quorum=quorum,

@@ -23,12 +23,37 @@ def honest_round():
     return aggregated_round(SHAPES, blobs, NORMED)
 
 
-def bound_prover(w3, bond: int, clock: int) -> tuple[StepProverClient, Committed]:
-    """A ledger on ``w3`` with a normed run whose rounds 0 and 1 are committed (members 1-3), and a StepProver
-    bound to it."""
+#: The toy program's inner steps H (tests/test_step_proof_run.py): the runs' innerSteps.
+TOY_STEPS = 6
+
+
+def toy_program() -> tuple:
+    """The toy step program's ``RunClaim`` fields (root, state leaves, ops, depth): the runs' program."""
+    from ledger.stepproof import run_claim
+    from tests.test_step_proof import _run_program, _trace
+    from tests.test_step_proof_run import _start_state
+
+    subject = RunSubject(0, 0, 0, bytes(32), bytes(32), ())
+    return run_claim([_trace(_run_program(_start_state(), None, 0))], subject)[:4]
+
+
+def fix_program(client: StepProverClient, program: tuple | None = None):
+    """A ``commit`` hook: the run's creator fixes ``program`` (default: the toy's) on ``client``'s prover."""
+    def before(run):
+        creator = run.deployment.client(run.members[0]).address
+        client.set_program(creator, run.run_id, program or toy_program())
+    return before
+
+
+def bound_prover(w3, bond: int, clock: int, steps: int = TOY_STEPS) -> tuple[StepProverClient, Committed]:
+    """A ledger on ``w3`` with a normed run of ``steps`` inner steps whose rounds 0 and 1 are committed
+    (members 1-3), and a StepProver bound to it, where the run's program is the toy's."""
     round_ = honest_round()
-    committed = commit(deploy_ledger(w3, min_stake=STAKE), round_, round_.honest, stake=STAKE)
-    return StepProverClient(w3, deploy(w3, bond, clock, committed.deployment.ledger)), committed
+    deployment = deploy_ledger(w3, min_stake=STAKE)
+    client = StepProverClient(w3, deploy(w3, bond, clock, deployment.ledger))
+    committed = commit(deployment, round_, round_.honest, stake=STAKE, inner_steps=steps,
+                       before=fix_program(client))
+    return client, committed
 
 
 def subject_of(committed: Committed, index: int = 0) -> RunSubject:

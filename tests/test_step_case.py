@@ -29,7 +29,7 @@ from tests.chain_backends import GAS, one_block
 from tests.fraud_fixtures import commit
 from tests.ledger_fixtures import deploy as deploy_ledger
 from tests.ledger_fixtures import mine
-from tests.step_binding_fixtures import STAKE, honest_round, subject_of
+from tests.step_binding_fixtures import STAKE, TOY_STEPS, fix_program, honest_round, subject_of
 from tests.test_step_proof import _backend
 from tests.test_step_proof_run import _honest_policy, _random_policy, _run, _start_state, _traces
 
@@ -42,11 +42,11 @@ SALT = b"\x5a" * 32
 def _setup(w3):
     """The ledger's StepProver over a run whose round 1 (members 1 and 2 attest) lists three contributions."""
     round_ = honest_round()
-    committed = commit(deploy_ledger(w3, min_stake=STAKE), round_, round_.honest, stake=STAKE,
-                       accusation_blocks=CLOCK, dispute_blocks=WINDOW)
-    ledger = committed.deployment.ledger
-    stake = run_stake(w3, ledger, committed.run_id)
-    client = StepProverClient(w3, ledger_step_prover(w3, ledger), bond=stake)
+    deployment = deploy_ledger(w3, min_stake=STAKE)
+    client = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger))
+    committed = commit(deployment, round_, round_.honest, stake=STAKE, accusation_blocks=CLOCK,
+                       dispute_blocks=WINDOW, inner_steps=TOY_STEPS, before=fix_program(client))
+    client.bond = run_stake(w3, deployment.ledger, committed.run_id)
     return client, CaseClient(client), committed
 
 

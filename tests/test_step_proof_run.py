@@ -187,7 +187,7 @@ def test_the_clock_in_the_steps_bisection_and_who_may_move():
 
 def test_a_run_of_one_step_starts_in_the_step_game():
     w3 = connect_pyevm()
-    client, committed = bound_prover(w3, BOND, CLOCK)
+    client, committed = bound_prover(w3, BOND, CLOCK, steps=1)  # a run of H = 1
     subject = subject_of(committed)
     defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
     truth = _run(_start_state())[:1]

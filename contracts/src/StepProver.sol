@@ -180,6 +180,10 @@ contract StepProver {
     mapping(bytes32 => uint64) public caseCommittedAt;
     /// @notice What each account won and has not withdrawn.
     mapping(address => uint256) public balanceOf;
+    /// @notice Run `runId`'s step program: keccak256(abi.encode(programRoot, stateLeaves, ops, depth)), set once
+    /// by the run's creator before its first commit (`setProgram`); zero: none, so the run takes no run claim
+    /// and no case.
+    mapping(uint256 => bytes32) public programOf;
 
     event Claimed(bytes32 indexed claimId, address defender);
     event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
@@ -199,6 +203,7 @@ contract StepProver {
     );
     event ContributionOverturned(bytes32 indexed key, uint256 indexed runId, uint64 round, address opener);
     event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
+    event ProgramRegistered(uint256 indexed runId, bytes32 programHash);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -219,6 +224,10 @@ contract StepProver {
     error ProverStepNoCase(bytes32 key);
     error ProverStepCaseRunning(bytes32 key, uint64 until);
     error ProverStepClaimStands(bytes32 key, uint32 claims, uint32 refuted);
+    error ProverStepNoProgram(uint256 runId);
+    error ProverStepWrongProgram(uint256 runId, bytes32 programHash);
+    error ProverStepWrongSteps(uint256 runId, uint32 innerSteps, uint32 steps);
+    error ProverStepProgramFixed(uint256 runId, address sender);
 
     constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
@@ -297,11 +306,7 @@ contract StepProver {
     /// AggregationProver errors), within the round's proof window (`ProverStepWindowClosed`) and, while a case
     /// on the contribution is open, before its deadline (`ProverStepClaimsClosed`).
     function claimRun(RunClaim calldata run, RunBinding calldata b) external payable returns (bytes32 claimId) {
-        (uint256 stake, uint64 clock) = StepProverBinding.register(ledger, _cases, run, b, bond, clockBlocks);
-        claimId = runIdOf(run, msg.sender);
-        _newClaim(claimId, clock, stake);
-        _runs[claimId] = run;
-        emit RunClaimed(claimId, run.runId, run.round, run.stage, run.payloadRoot, msg.sender);
+        claimId = StepProverBinding.register(ledger, _cases, programOf, _claims, _runs, run, b, bond, clockBlocks);
     }
 
     /// @notice The key of a contribution (its run, round, stage and payload root): its case and claim counts.
@@ -336,7 +341,18 @@ contract StepProver {
         payable
         returns (bytes32 key)
     {
-        key = StepProverBinding.openCase(ledger, _cases, caseCommittedAt, run, b, salt, bond, clockBlocks);
+        key = StepProverBinding.openCase(
+            ledger, _cases, caseCommittedAt, programOf, run, b, salt, bond, clockBlocks
+        );
+    }
+
+    /// @notice The run's creator, once, before the run's first commit: every run claim in run `runId` is about
+    /// `steps` = the run's innerSteps steps of the program `programHash` names (`RunClaim`'s fields of the same names; else
+    /// `ProverStepWrongProgram`, `ProverStepWrongSteps`), and cases are taken in it. Honest members check it
+    /// against the program their run document gives before they join (as the run's other values).
+    /// @param programHash keccak256(abi.encode(programRoot, stateLeaves, ops, depth)).
+    function setProgram(uint256 runId, bytes32 programHash) external {
+        StepProverBinding.setProgram(ledger, programOf, runId, programHash);
     }
 
     /// @notice Anyone, from the case's deadline on: every run claim on the contribution was proven wrong (or none
@@ -557,10 +573,7 @@ contract StepProver {
 
     /// @notice Take out what the caller won.
     function withdraw() external {
-        uint256 amount = balanceOf[msg.sender];
-        balanceOf[msg.sender] = 0;
-        (bool ok,) = msg.sender.call{value: amount}("");
-        require(ok);
+        StepProverBinding.withdraw(balanceOf);
     }
 
     /// @dev Op and step claims: the bond is StepProver's own (a ledger's StepProver, bond zero, takes none).

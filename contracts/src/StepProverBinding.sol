@@ -29,31 +29,40 @@ library StepProverBinding {
         }
     }
 
-    /// @notice StepProver.claimRun's checks and count (its bond sent, its shape, its round's proof window, the
-    /// binding, an open case's deadline): the claim's stake and clock.
+    /// @notice StepProver.claimRun: its checks (its bond sent, its shape, its round's proof window, the run's
+    /// program and step count, the binding, an open case's deadline), its count, and the claim, stored.
     function register(
         TrainingLedger ledger,
         mapping(bytes32 => StepProver.Case) storage cases,
+        mapping(uint256 => bytes32) storage programs,
+        mapping(bytes32 => StepProver.Claim) storage claims,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
         StepProver.RunClaim calldata run,
         StepProver.RunBinding calldata b,
         uint256 bond,
         uint64 clock
-    ) external returns (uint256 stake, uint64) {
+    ) external returns (bytes32 claimId) {
         uint64 closesAt;
-        (stake, clock, closesAt) = _terms(ledger, run, bond, clock);
+        (bond, clock, closesAt) = _terms(ledger, run, bond, clock);
         if (run.steps == 0 || run.ops == 0 || run.depth > 32
             || uint256(run.stateLeaves) + run.ops > (uint256(1) << run.depth)) {
             revert StepProver.ProverStepBadOp();
         }
         if (block.number >= closesAt) revert StepProver.ProverStepWindowClosed(run.runId, run.round, closesAt);
+        _program(ledger, programs, run);
         check(ledger, run, b);
-        bytes32 key = keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot));
-        StepProver.Case storage k = cases[key];
+        StepProver.Case storage k = cases[keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot))];
         if (k.opener != address(0) && block.number >= k.deadline) {
-            revert StepProver.ProverStepClaimsClosed(key, k.deadline);
+            revert StepProver.ProverStepClaimsClosed(
+                keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot)), k.deadline
+            );
         }
         ++k.claims;
-        return (stake, clock);
+        claimId = keccak256(abi.encode(run, msg.sender));
+        if (claims[claimId].defender != address(0)) revert StepProver.ProverStepClaimClosed();
+        claims[claimId] = StepProver.Claim(msg.sender, false, false, clock, bond);
+        runs[claimId] = run;
+        emit StepProver.RunClaimed(claimId, run.runId, run.round, run.stage, run.payloadRoot, msg.sender);
     }
 
     /// @notice StepProver.commitCase.
@@ -63,11 +72,36 @@ library StepProverBinding {
         emit StepProver.CaseCommitted(commitment, msg.sender);
     }
 
+    /// @notice StepProver.setProgram: `programHash` becomes run `runId`'s, if the sender created the run, the run
+    /// has no program yet and no round is committed (else `ProverStepProgramFixed`).
+    function setProgram(
+        TrainingLedger ledger,
+        mapping(uint256 => bytes32) storage programs,
+        uint256 runId,
+        bytes32 programHash
+    ) external {
+        TrainingLedger.Run memory r = ledger.runOf(runId);
+        if (msg.sender != r.creator || r.commitCount != 0 || programs[runId] != bytes32(0)) {
+            revert StepProver.ProverStepProgramFixed(runId, msg.sender);
+        }
+        programs[runId] = programHash;
+        emit StepProver.ProgramRegistered(runId, programHash);
+    }
+
+    /// @notice StepProver.withdraw: the sender's balance, sent.
+    function withdraw(mapping(address => uint256) storage balances) external {
+        uint256 amount = balances[msg.sender];
+        balances[msg.sender] = 0;
+        (bool ok,) = msg.sender.call{value: amount}("");
+        require(ok);
+    }
+
     /// @notice StepProver.openCase.
     function openCase(
         TrainingLedger ledger,
         mapping(bytes32 => StepProver.Case) storage cases,
         mapping(bytes32 => uint64) storage commits,
+        mapping(uint256 => bytes32) storage programs,
         StepProver.RunClaim calldata run,
         StepProver.RunBinding calldata b,
         bytes32 salt,
@@ -77,6 +111,8 @@ library StepProverBinding {
         uint256 stake;
         uint64 closesAt;
         (stake, clock, closesAt) = _terms(ledger, run, bond, clock);
+        // Without the run's program no claim could defend the contribution: a case would overturn any round.
+        if (programs[run.runId] == bytes32(0)) revert StepProver.ProverStepNoProgram(run.runId);
         check(ledger, run, b);
         key = keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot));
         bytes32 commitment = keccak256(abi.encode(msg.sender, key, salt));
@@ -133,6 +169,18 @@ library StepProverBinding {
         k.opener = address(0);
         balances[c.defender] += k.stake;
         emit StepProver.CaseDismissed(key, claimId, c.defender);
+    }
+
+    /// @dev A run claim is about the run's program (`StepProver.setProgram`), run for the run's innerSteps steps:
+    /// a claim about any other computation is refused, so a claim that stands is one about the run's program.
+    function _program(TrainingLedger ledger, mapping(uint256 => bytes32) storage programs,
+                      StepProver.RunClaim calldata run) private view {
+        bytes32 programHash = keccak256(abi.encode(run.programRoot, run.stateLeaves, run.ops, run.depth));
+        bytes32 expected = programs[run.runId];
+        if (expected == bytes32(0)) revert StepProver.ProverStepNoProgram(run.runId);
+        if (programHash != expected) revert StepProver.ProverStepWrongProgram(run.runId, programHash);
+        uint32 innerSteps = ledger.runOf(run.runId).innerSteps;
+        if (run.steps != innerSteps) revert StepProver.ProverStepWrongSteps(run.runId, innerSteps, run.steps);
     }
 
     /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the

@@ -160,6 +160,10 @@ from ledger.errors.step_prover import (
     ProverStepNoCase as ProverStepNoCase,
     ProverStepCaseRunning as ProverStepCaseRunning,
     ProverStepClaimStands as ProverStepClaimStands,
+    ProverStepNoProgram as ProverStepNoProgram,
+    ProverStepWrongProgram as ProverStepWrongProgram,
+    ProverStepWrongSteps as ProverStepWrongSteps,
+    ProverStepProgramFixed as ProverStepProgramFixed,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

@@ -84,3 +84,19 @@ class ProverStepCaseRunning(ProverError):
 
 class ProverStepClaimStands(ProverError):
     """A run claim on the contribution has not been proven wrong: the round is not overturned."""
+
+
+class ProverStepNoProgram(ProverError):
+    """The run has no step program (StepProver.setProgram): it takes no run claim and no case."""
+
+
+class ProverStepWrongProgram(ProverError):
+    """The run claim's program (root, state leaves, ops, depth) is not the run's."""
+
+
+class ProverStepWrongSteps(ProverError):
+    """The run claim's step count is not the run's inner steps H."""
+
+
+class ProverStepProgramFixed(ProverError):
+    """Only the run's creator sets its program, once, before its first commit."""
