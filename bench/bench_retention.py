@@ -13,16 +13,17 @@ default (``"windows"``) unless ``--set`` says otherwise. After every committed r
   :func:`file_kind`) its files and bytes (the summary gives the last sample's as multiples of the stage);
 * resident memory now (``VmRSS``) and the peak so far (``VmHWM``) from ``/proc/PID/status``.
 
-It writes ONE JSON, ``bench/results/retention.json`` (rewritten after every sample, so a run cut short
-keeps its figures): the per-round series, the stage's bytes (fp32 weights of the stage a node holds: here
-the whole ``tiny`` model) and the start state's bytes (what a rerun starts from, one a round), the
-disk as a multiple of each, and whether disk stayed flat after the windows filled (the largest total from
-``--flat-from`` on against the total at that round). Then, with the chain still up, it audits the run from
-the nodes' directories (``audit --reexecute`` of ``--audit`` contributions, -1: all) and records the verdict,
-the counts and every distinct reason an item could not be checked (what the retention dropped). It also
-measures what serving a checkpoint costs in memory and disk (``serve_checkpoint``: a ``--serve-mib`` file
-stored in a blob store the old way, read whole and copied, and the new way, hard-linked and hashed in 4 MiB
-reads; each in a fresh process, its peak RSS growth). Nothing asserts: a person reads the figures.
+It writes ONE JSON, ``bench/results/retention.json`` (with ``--mine-per-second``, whose empty blocks make a
+round outlast its windows as a large model's does, ``retention_ontime.json``; rewritten after every sample,
+so a run cut short keeps its figures): the per-round series, the stage's bytes (fp32 weights of the stage a
+node holds: here the whole ``tiny`` model) and the start state's bytes (what a rerun starts from, one a
+round), the disk as a multiple of each, and whether disk stayed flat after the windows filled (the largest
+total from ``--flat-from`` on against the total at that round). Then, with the chain still up, it audits the
+run from the nodes' directories (``audit --reexecute`` of ``--audit`` contributions, -1: all) and records
+the verdict, the counts and every distinct reason an item could not be checked (what the retention dropped).
+It also measures what serving a checkpoint costs in memory and disk (``serve_checkpoint``: a ``--serve-mib``
+file stored in a blob store the old way, read whole and copied, and the new way, hard-linked and hashed in 4
+MiB reads; each in a fresh process, its peak RSS growth). Nothing asserts: a person reads the figures.
 
     nice -n 5 python bench/bench_retention.py --rounds 100
 """
@@ -183,6 +184,10 @@ def main() -> int:
     parser.add_argument("--dispute-blocks", type=int, default=16,
                         help="the run's dispute window in blocks (the local chain mines ~one block a round)")
     parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
+    parser.add_argument("--mine-per-second", type=float, default=0.0,
+                        help="also mine this many empty blocks a second (anvil_mine), so that blocks go by "
+                             "on time and a round outlasts its windows, as a large model's does (0: only "
+                             "the run's transactions mine)")
     parser.add_argument("--flat-from", type=int, default=50,
                         help="the round from which the windows are full (the flatness is judged from it)")
     parser.add_argument("--serve-mib", type=int, default=400, help="checkpoint size for serve_checkpoint")
@@ -195,8 +200,12 @@ def main() -> int:
     parser.add_argument("--audit", type=int, default=-1,
                         help="contributions the closing audit reruns (-1: all, 0: no audit)")
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
-    parser.add_argument("--out", default=str(RESULTS / "retention.json"))
+    parser.add_argument("--out", default="",
+                        help="default: bench/results/retention.json, or with --mine-per-second "
+                             "bench/results/retention_ontime.json")
     args = parser.parse_args()
+    if not args.out:
+        args.out = str(RESULTS / ("retention_ontime.json" if args.mine_per_second > 0 else "retention.json"))
     if args.serve_only:
         result = json.loads(Path(args.out).read_text())
         result["serve_checkpoint"] = serve_checkpoint(args.serve_mib)
@@ -231,6 +240,7 @@ def main() -> int:
             "preset": "tiny", "replicas": args.replicas, "stages": 1, "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
+            "mine_per_second": args.mine_per_second, "blocks_per_round": _blocks_per_round(samples),
             "stage_bytes": stage,
             "target_rounds": args.rounds,
             "reached_rounds": samples[-1]["round"] if samples else 0,
@@ -248,6 +258,7 @@ def main() -> int:
         run.setup()
         run.start()
         client = run.client()
+        miner = _Miner(run.url, args.mine_per_second) if args.mine_per_second > 0 else None
         last_sampled = 0
         while last_sampled < args.rounds:
             if len(run.running()) < len(run.nodes):
@@ -263,11 +274,16 @@ def main() -> int:
             if committed > last_sampled:
                 last_sampled = committed
                 nodes = {}
+                try:
+                    block = client.w3.eth.block_number
+                except Exception:  # noqa: BLE001 - a figure, not the run
+                    block = None
                 for slot in run.nodes:
                     alive = slot.process is not None and slot.process.poll() is None
                     pid = slot.process.pid if alive else None
                     nodes[slot.name] = {**memory_kib(pid), "disk": disk_bytes(slot.data_dir)}
-                entry = {"round": committed, "elapsed_s": round(time.monotonic() - started, 1),
+                entry = {"round": committed, "block": block,
+                         "elapsed_s": round(time.monotonic() - started, 1),
                          "loadavg1": round(os.getloadavg()[0], 2), "nodes": nodes}
                 samples.append(entry)
                 print(f"round {committed:4d} t={entry['elapsed_s']:6.0f}s " + "  ".join(
@@ -275,6 +291,8 @@ def main() -> int:
                     for k, v in nodes.items()), flush=True)
                 write(False)
             time.sleep(0.5)
+        if miner is not None:
+            miner.stop()
         if args.audit and samples:
             run.stop_nodes()  # their files as they left them; the chain stays up for the audit
             try:
@@ -291,6 +309,41 @@ def main() -> int:
     print(json.dumps(summarise(samples, stage, args.flat_from), indent=1))
     print(f"wrote {args.out}")
     return 0 if not stopped else 1
+
+
+class _Miner:
+    """Mines empty blocks on the run's anvil at a steady rate (``anvil_mine``) on a thread, until stopped."""
+
+    def __init__(self, url: str, per_second: float) -> None:
+        import threading
+
+        from web3 import HTTPProvider, Web3
+
+        self.w3 = Web3(HTTPProvider(url))
+        self.period = 1.0 / per_second
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="miner", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            try:
+                self.w3.provider.make_request("anvil_mine", ["0x1"])
+            except Exception as exc:  # noqa: BLE001 - a missed block only slows the chain
+                print(f"anvil_mine failed: {exc}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+
+def _blocks_per_round(samples: list[dict]) -> float | None:
+    """Blocks the chain went by per committed round over the run's second half (None: not sampled)."""
+    known = [s for s in samples if s.get("block") is not None]
+    half = known[len(known) // 2:]
+    if len(half) < 2 or half[-1]["round"] == half[0]["round"]:
+        return None
+    return round((half[-1]["block"] - half[0]["block"]) / (half[-1]["round"] - half[0]["round"]), 2)
 
 
 def audit_figures(run: LocalRun, reexecute: int) -> dict:

@@ -12,8 +12,8 @@ def retention(r: dict) -> list[str]:
     out = [f"{r['reached_rounds']} of {r['target_rounds']} rounds of `{r['preset']}` ({r['replicas']} "
            f"replicas x {r['stages']} stage, H = {r['inner_steps']}, a checkpoint every "
            f"{r['checkpoint_every']} round, "
-           f"dispute and accusation windows of {r['dispute_blocks']} blocks) under the default retention "
-           f"(`storage.retention = \"windows\"`), {r['wall_s']:.0f} s on {r['cpu_count']} cores of "
+           f"dispute and accusation windows of {r['dispute_blocks']} blocks{_pace(r)}) under the default "
+           f"retention (`storage.retention = \"windows\"`), {r['wall_s']:.0f} s on {r['cpu_count']} cores of "
            f"{r['cpu']}. The stage's float32 weights: {r['stage_bytes']:,} bytes.", ""]
     rows = []
     for node, s in r["summary"].items():
@@ -37,6 +37,14 @@ def retention(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _pace(r: dict) -> str:
+    """How fast the chain went by against the rounds (``--mine-per-second``), where the run says."""
+    per_round = r.get("blocks_per_round")
+    mined = f", {r['mine_per_second']:g} empty blocks a second mined beside the run" if r.get(
+        "mine_per_second") else ""
+    return f"{mined}, {per_round:g} blocks a round" if per_round is not None else mined
 
 
 def _kinds(r: dict) -> list[str]:
