@@ -87,6 +87,12 @@ def test_a_cluster_node_of_two_processes_commits_audits_and_pulls(make_run, tmp_
     assert reruns and not [c for c in reruns if c.status == FAIL], lines
     assert not report.failed, report.summary()
     print("\n".join(lines))
+    assert report.reexecuted.get("tolerance", 0) >= 1, report.reexecuted  # the cluster's, in one process
+    # an auditor allowed 2 processes reruns the cluster's rounds on 2 ranks of its own: bit for bit
+    report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False,
+                       reexecute=2 * ROUNDS, processes=2)
+    assert not report.failed, report.summary()
+    assert report.reexecuted == {"exact": 2 * ROUNDS}, report.reexecuted
 
     out = tmp_path / "model"
     result = pull_checkpoint(client, run.run_id, out, archives=[s.data_dir for s in run.nodes],

@@ -98,6 +98,8 @@ class _Rank:
         if kind == "reset":
             self.trainer.optimizer.state.clear()
             return None
+        if kind == "load_optimizer":
+            return self._load_optimizer(command[1], private)
         if kind == "accounting":
             return self._accounting()
         raise EngineStateError(f"cluster command {kind!r}: unknown")
@@ -113,6 +115,25 @@ class _Rank:
                 placed = distribute_tensor(source.to(param.dtype), param.device_mesh, param.placements,
                                            src_data_rank=0)
                 param.to_local().copy_(placed.to_local())
+
+    def _load_optimizer(self, steps: dict[str, float], whole) -> None:
+        """The inner AdamW state of the parameters in ``steps`` (name -> its step count, on every rank):
+        each moment distributed from rank 0's whole tensor (``whole``: name -> {field: tensor}) into the
+        parameter's shards; the others' state cleared (a rerun from a start state:
+        training/cluster_rerun.py)."""
+        from torch.distributed.tensor import distribute_tensor
+
+        optimizer = self.trainer.optimizer
+        optimizer.state.clear()
+        for name, param in self.module.named_parameters():
+            if name not in steps:
+                continue
+            state = {"step": torch.tensor(float(steps[name]), dtype=torch.float32)}
+            for field in ("exp_avg", "exp_avg_sq"):
+                source = (whole[name][field].detach().to(param.dtype) if whole is not None
+                          else torch.empty(tuple(param.shape), dtype=param.dtype))
+                state[field] = distribute_tensor(source, param.device_mesh, param.placements, src_data_rank=0)
+            optimizer.state[param] = state
 
     def _weights(self, sink) -> None:
         """Each parameter gathered whole from the shards, one at a time (every rank takes part in each
@@ -329,6 +350,12 @@ class ClusterReplicaTrainer:
         whole: dict[str, torch.Tensor] = {}
         self._command(("weights",), private=sink if sink is not None else whole.__setitem__)
         return None if sink is not None else whole
+
+    def load_optimizer(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """The inner AdamW state of a whole replica (name -> {"step", "exp_avg", "exp_avg_sq"}, rank 0's)
+        distributed into every rank's shards; parameters not named start without state."""
+        steps = {name: float(fields["step"]) for name, fields in state.items()}
+        self._command(("load_optimizer", steps), private=state)
 
     def load_weights(self, weights) -> None:
         """Whole weights (by name, rank 0's) into every rank's shards, one tensor at a time."""

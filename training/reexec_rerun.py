@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -61,6 +62,7 @@ def reexecute(
     threads: int | None = None,
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
     declared_steps: int | None = None,
+    processes: int = 1,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state``
     (:mod:`training.reexec`'s module docstring).
@@ -85,6 +87,9 @@ def reexecute(
     ``previous_partials``: in a sliced run (``diloco.exchange = "sliced"``), stage -> the A partial
     blobs of round t-1 in slice order (what every holder applied, docs/PROTOCOL.md "Sliced
     exchange"), in place of ``previous_contributions``.
+    ``processes``: how many processes this verifier may run the inner steps on (its ``compute.processes``): a
+    claim made by a cluster of N <= ``processes`` ranks (its fingerprint's ``cluster``) reruns its inner
+    steps on N ranks of its own, bit for bit (training/cluster_rerun.py); any other in this process.
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
     precision (``state.meta.platform``; float32 for a state that records none), compiled if the claimant's
     were (:func:`rerun_compiled`), whatever the verifier's own ``training.compile``.
@@ -101,7 +106,7 @@ def reexecute(
         previous = PreviousRound(previous_contributions, previous_excluded, previous_dropped,
                                  previous_partials)
         return _rerun(state, corpus, model_cfg, replace(training_cfg, precision=precision, compile=compiled),
-                      diloco_cfg, compression_cfg, previous, trained, declared_steps)
+                      diloco_cfg, compression_cfg, previous, trained, declared_steps, processes)
     finally:
         torch.set_num_threads(previous_threads)
         if compiled:
@@ -110,23 +115,35 @@ def reexecute(
 
 def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, training_cfg: TrainingConfig,
            diloco_cfg: DilocoConfig, compression_cfg: CompressionConfig, previous: PreviousRound,
-           trained: int, declared_steps: int | None) -> Reexecution:
+           trained: int, declared_steps: int | None, processes: int = 1) -> Reexecution:
     """:func:`reexecute`'s round, its threads and compiler already set (``training_cfg``: with the
     claimant's precision)."""
+    from training.cluster_rerun import ClusterSteps, rerun_ranks
+
     meta = state.meta
     trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
     batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
                             training_cfg.batch_size, model_cfg.block_size)
-    rerun = RoundRerun(meta, trainer, engines, batches, training_cfg, diloco_cfg, compression_cfg, previous,
-                       declared_steps)
-    for action in round_actions(diloco_cfg, meta.outer_round, steps=trained):
-        rerun.run(action)
-    next_state = None
-    if rerun.applied_previous:
-        next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer, engines)
+    ranks = rerun_ranks(meta.platform, processes)
+    steps = ClusterSteps(trainer, model_cfg, training_cfg, ranks, torch.get_num_threads()) if ranks > 1 \
+        else None
+    try:
+        rerun = RoundRerun(meta, trainer, engines, batches, training_cfg, diloco_cfg, compression_cfg,
+                           previous, declared_steps, steps=steps)
+        for action in round_actions(diloco_cfg, meta.outer_round, steps=trained):
+            rerun.run(action)
+        next_state = None
+        if rerun.applied_previous:
+            if steps is not None:
+                steps.sync_optimizer()
+            next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer,
+                                               engines)
+        platform = (steps.platform if steps is not None else trainer.platform).fingerprint()
+    finally:
+        if steps is not None:
+            steps.close()
     return Reexecution(meta.outer_round, meta.replica, rerun.payloads, next_state, rerun.train_seconds,
-                       rerun.encode_seconds, torch.get_num_threads(), trainer.platform.fingerprint(),
-                       rerun.applied_hashes)
+                       rerun.encode_seconds, torch.get_num_threads(), platform, rerun.applied_hashes)
 
 
 def _trained_steps(meta, diloco_cfg: DilocoConfig, declared_steps: int | None) -> int:
@@ -176,8 +193,12 @@ class RoundRerun:
         compression_cfg: CompressionConfig,
         previous: PreviousRound,
         declared_steps: int | None,
+        steps=None,
     ) -> None:
+        """``steps``: where the inner steps run when not on ``trainer`` (a cluster's rerun on its N ranks,
+        :class:`training.cluster_rerun.ClusterSteps`)."""
         self.meta, self.trainer, self.engines, self.batches = meta, trainer, engines, batches
+        self.steps = steps
         self.training_cfg, self.diloco_cfg, self.compression_cfg = training_cfg, diloco_cfg, compression_cfg
         self.previous, self.declared_steps = previous, declared_steps
         self.horizon = meta.lr_total_steps or None
@@ -203,12 +224,13 @@ class RoundRerun:
 
     def train(self, action) -> None:
         outer_round, steps = self.meta.outer_round, self.meta.inner_steps
-        for step in range(action.first_step, action.end_step):
-            set_lr(
-                self.trainer.optimizers, inner_lr(self.training_cfg, outer_round * steps + step, self.horizon)
-            )
-            x, y = self.batches[step]
-            self.trainer.train_step(x, y, self.meta.micro_batches or 1)
+        stepper = self.steps if self.steps is not None else self.trainer
+        with self.steps.session() if self.steps is not None else contextlib.nullcontext():
+            for step in range(action.first_step, action.end_step):
+                set_lr(stepper.optimizers,
+                       inner_lr(self.training_cfg, outer_round * steps + step, self.horizon))
+                x, y = self.batches[step]
+                stepper.train_step(x, y, self.meta.micro_batches or 1)
 
     def apply(self, action) -> bool:
         """Apply round t-1 as the node did; False when there was nothing to apply (timed as nothing)."""

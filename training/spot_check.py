@@ -120,6 +120,7 @@ def verify_contribution(
     tolerance: float | None = None,
     threads: int | None = None,
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
+    processes: int = 1,
 ) -> SpotCheck:
     """Check the contributions of ``(replica, outer_round)`` against a rerun (:mod:`training.reexec`'s module
     docstring).
@@ -139,6 +140,8 @@ def verify_contribution(
     The verdict's ``rule`` and ``reason`` say which applied.
     In a sliced run each claim's payload is the msgpack array of the claimant's slice blobs
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
+    ``processes``: the processes this verifier may rerun on (a cluster's claim of N <= ``processes`` ranks is
+    rerun on N ranks, bit for bit: training/cluster_rerun.py).
     """
     claims = _one_claim_per_stage(state_parts, claims)
     state = _served_state(state_parts, claims, diloco_cfg, outer_round, replica, run_rounds,
@@ -158,7 +161,8 @@ def verify_contribution(
         rerun = reexecute(state, corpus, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
                           previous_dropped=previous_dropped, threads=threads,
-                          previous_partials=previous_partials, declared_steps=declared)
+                          previous_partials=previous_partials, declared_steps=declared,
+                          processes=processes)
     except ReplicaStateError as exc:
         return _failed(outer_round, replica, STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     bound = rerun.applied_hashes

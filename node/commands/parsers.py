@@ -234,6 +234,10 @@ def _add_audit_and_pull(sub) -> None:
                            help="rerun N sampled contributions (or 'all') and every ejection's evidence from "
                                 "the archives' start states, or without --archive from what the run's peers "
                                 "serve (a run link or --bootstrap; docs/AUDIT.md, 'Re-execution')")
+            p.add_argument("--processes", default="1", metavar="N",
+                           help="processes a rerun may use: a contribution of a node of N <= this many "
+                                "processes (compute.processes) reruns on N ranks, bit for bit; others in "
+                                "one process (docs/CLUSTER.md, 'Re-execution')")
             p.add_argument("--data", default="", metavar="FILE|DIR",
                            help="the run's training text or prepared dataset directory (the run document "
                                 "names its sha256 or manifest root): screened rounds and reruns read their "

@@ -241,6 +241,7 @@ def audit_run(
     data_path: str | Path | None = None,
     reexecute: int = 0,
     reexec_progress: Progress | None = None,
+    processes: int = 1,
 ) -> AuditReport:
     """Audit run ``run_id`` (module docstring): return an :class:`AuditReport`, never raise on a finding.
 
@@ -256,6 +257,8 @@ def audit_run(
         reexecute: Rerun this many sampled contributions (-1: all) and every ejection's evidence
             (:mod:`node.tools.audit_reexec`); 0: none.
         reexec_progress: Called as ``progress(done, total, what)`` after each of those reruns.
+        processes: The processes a rerun may use: a cluster node's contribution of N <= ``processes`` ranks
+            reruns on N ranks, bit for bit; else in one process, by the tolerance rule (docs/CLUSTER.md).
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -282,7 +285,8 @@ def audit_run(
         from node.tools.audit_reexec_checks import reexec_checks
 
         mark = time.perf_counter()
-        reexec_checks(report, history, replayer, archives, reexecute, reexec_progress, fetcher=fetcher)
+        reexec_checks(report, history, replayer, archives, reexecute, reexec_progress, fetcher=fetcher,
+                      processes=processes)
         timings["reexecute_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]

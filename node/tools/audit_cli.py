@@ -74,6 +74,17 @@ def _reexecute_count(value: str) -> int:
     return count
 
 
+def _processes(value) -> int:
+    """``--processes`` as a count of processes a rerun may use, in [1, 256] (as ``compute.processes``)."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = 0
+    if not 1 <= count <= 256:
+        raise ConfigError(f"--processes {value!r}: give a number of processes from 1 to 256")
+    return count
+
+
 def pool_address(args: Any) -> str:
     """The reward pool to audit: --pool, else deployment.json's ``reward_pool`` (empty: none)."""
     if getattr(args, "pool", ""):
@@ -111,6 +122,7 @@ def run_audit(args: Any) -> int:
             data_path=getattr(args, "data", "") or None,
             reexecute=_reexecute_count(getattr(args, "reexecute", "0")),
             reexec_progress=_ProgressBar(min_total=1, label="contributions re-executed"),
+            processes=_processes(getattr(args, "processes", 1)),
         )
     finally:
         if fetcher is not None:

@@ -56,8 +56,10 @@ def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) 
 class ReexecAuditor:
     """Reruns contributions for the audit (module docstring)."""
 
-    def __init__(self, replayer, archives, run_id: int, run_rounds: int, history=None) -> None:
+    def __init__(self, replayer, archives, run_id: int, run_rounds: int, history=None, *,
+                 processes: int = 1) -> None:
         self.replayer = replayer  # node.tools.audit_replay.Replayer: the run's settings and corpus
+        self.processes = processes  # a cluster's claim of N <= processes reruns on N ranks (cluster_rerun)
         self.cfg = replayer.cfg
         # The inner-lr horizon is rounds x H; the run's length is fixed on chain (maxRounds), not in
         # the run document.
@@ -182,7 +184,7 @@ class ReexecAuditor:
                                self.cfg.compression, outer_round=round_index, replica=replica,
                                run_rounds=self.run_rounds, previous_contributions=previous or None,
                                previous_excluded=excluded, previous_dropped=dropped,
-                               previous_partials=partials or None)
+                               previous_partials=partials or None, processes=self.processes)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 

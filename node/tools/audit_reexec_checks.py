@@ -71,7 +71,8 @@ def rerun_source(report, history, replayer, archives, fetcher):
     return PeerArchives(fetcher, report, replayer, history.run.run_id)
 
 
-def reexec_checks(report, history, replayer, archives, count: int, progress=None, fetcher=None) -> None:
+def reexec_checks(report, history, replayer, archives, count: int, progress=None, fetcher=None,
+                  processes: int = 1) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring), count the reruns by how they
     were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun. Without
     ``archives``, the reruns read the run's peers through ``fetcher`` (:func:`rerun_source`)."""
@@ -84,7 +85,8 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
         report.general.append(Check("re-execution", UNVERIFIABLE, f"asked to rerun {asked} contribution(s), "
                                     "reran 0: the run document is not available"))
         return
-    auditor = ReexecAuditor(replayer, source or [], history.run.run_id, history.run.max_rounds, history)
+    auditor = ReexecAuditor(replayer, source or [], history.run.run_id, history.run.max_rounds, history,
+                            processes=processes)
     guilty = [a for a in history.accusations if a.guilty]
     guilty_accounts = {a.accused.lower() for a in guilty}
     account_of = _peer_accounts(history)

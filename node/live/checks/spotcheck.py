@@ -163,6 +163,8 @@ def run_job(directory: Path) -> dict:
         previous_dropped=[int(s) for s in doc.get("previous_dropped", [])],
         previous_partials={int(s): [read(n) for n in names]
                            for s, names in doc.get("previous_partials", {}).items()} or None,
+        # a cluster's claim of N <= this node's processes reruns on N ranks (training/cluster_rerun.py)
+        processes=cfg.compute.processes,
     )
     return {"verdict": check.verdict, "reason": check.reason,
             "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
