@@ -3,6 +3,7 @@ the cluster trainer against one process, and its worker ranks' shutdown on every
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -209,6 +210,7 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
     bits: the contribution bytes, the reports, the weights hash, the global weights and momentum gathered,
     the live weights after each apply, the engine state a start state records, and a re-base."""
     from training.cluster_replica import ClusterReplicaTrainer
+    from training.cluster_node_engine import KeptState
     from training.cluster_outer import outer_state_bytes
     from training.compression import encode_contribution
     from training.config import DilocoConfig, ModelConfig
@@ -263,7 +265,7 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
                 _check_apply(cluster, engine, ref, live, *pending)
             pending = (outer_round, [ours, other, b"\x93junk"])
         _check_apply(cluster, engine, ref, live, *pending)
-        assert _same(engine.momentum, ref.momentum)
+        assert _same(dict(engine.momentum), ref.momentum)
         assert any(float(m.abs().max()) > 0 for m in ref.momentum.values())
         assert _same(engine.state_dict(), ref.state_dict())
         meta = round_meta(3, 0, model, diloco, run_rounds=4, num_stages=1)
@@ -286,12 +288,24 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         assert rows[0]["params"] < 0.6 * 4 * plan.numel()  # rank 0: about half of them
         # a re-base (a checkpoint's entry) on every rank, and the live weights follow
         weights = {n: t + 0.5 for n, t in ref.global_weights.items()}
-        before = engine.global_weights
+        before, before_momentum = engine.global_weights, engine.momentum
+        held_weights, held_momentum = dict(ref.global_weights), dict(ref.momentum)
+        assert isinstance(before, KeptState) and before.shape_of(next(iter(before))) == \
+            tuple(next(iter(held_weights.values())).shape)
         engine.rebase(weights, ref.momentum, 2)
         ref.rebase(weights, ref.momentum, 2)
-        assert engine.global_weights is not before and _same(engine.global_weights, ref.global_weights)
+        assert engine.global_weights is not before and _same(dict(engine.global_weights), ref.global_weights)
+        # a kept state reads its own round's values after the engine moved on (the ranks keep their shards)
+        assert _same(dict(before), held_weights) and _same(dict(before_momentum), held_momentum)
         assert engine.weights_hash() == ref.weights_hash()
         assert _same(cluster.live_weights(), {n: p.detach() for n, p in live.items()})
+        # a state whose handles are gone is dropped by the ranks at the next state kept
+        kept_id = before.state_id
+        assert kept_id in engine.shard.kept
+        del before, before_momentum
+        gc.collect()
+        engine.move_global(dict(ref.global_weights), dict(ref.momentum))  # a change: a new state
+        assert engine.global_weights.state_id not in (kept_id, None) and kept_id not in engine.shard.kept
         with pytest.raises(RoundOrderError, match="encode round 5, expected 3"):
             engine.encode_contribution(5)  # refused alike on every rank: the cluster carries on
         assert engine.weights_hash() == ref.weights_hash()
@@ -309,8 +323,8 @@ def _check_apply(cluster, engine, ref, live, outer_round, contributions):
     assert [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in ours.contributions] == \
         [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in theirs.contributions]
     assert [r.accepted for r in ours.contributions] == [True, True, False]
-    assert _same(engine.global_weights, ref.global_weights)
-    assert engine.global_weights is engine.global_weights  # gathered once per state (the node keeps them)
+    assert _same(dict(engine.global_weights), ref.global_weights)
+    assert engine.global_weights is engine.global_weights  # one handle per state (the node keeps them)
     # the fraud proof's chunk roots from the ranks' frontiers: the one-process roots (no tensor gathered)
     assert engine.chunk_roots() == (tree_root(tensor_leaves(ref.global_weights)),
                                     tree_root(tensor_leaves(ref.momentum)))

@@ -3,10 +3,11 @@
 :class:`ShardedStageEngine` has the surface of :class:`training.stage_engine.StageEngine` that the node's
 worker uses (node/live/worker/replica.py, aggregation.py); each call is a command every rank of the cluster
 carries out on its :class:`training.cluster_outer.OuterShard` (:meth:`training.cluster_replica.
-ClusterReplicaTrainer.outer`). Rank 0 holds its own shard only; the whole-stage readers
-(:attr:`~ShardedStageEngine.global_weights`, :attr:`~ShardedStageEngine.momentum`,
-:meth:`~ShardedStageEngine.state_dict`) gather the shards when called (training/cluster_outer.py says
-when and what).
+ClusterReplicaTrainer.outer`). Rank 0 holds its own shard only. The global weights and momentum the node
+reads are :class:`KeptState` handles (each rank keeps its shard of the state while a handle lives; a read
+fetches one tensor from its rank); the start state's engine part is streamed a tensor at a time
+(:meth:`~ShardedStageEngine.streamed_state`); :meth:`~ShardedStageEngine.state_dict` gathers the shards
+whole (tests; training/cluster_outer.py says what else moves, and when).
 
 Not supported behind a cluster node (refused at config load, node/config_compute.py): the sliced exchange
 (its slice aggregates step a whole-stage average). :meth:`prepare_aggregation` computes nothing ahead
@@ -15,10 +16,12 @@ Not supported behind a cluster node (refused at config load, node/config_compute
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
 
+from training.diloco import outer_state_shape
 from training.errors import EngineStateError
 from training.stage_results import RoundResult
 
@@ -55,11 +58,12 @@ class ShardedStageEngine:
         self.compression_cfg = shard.engine.compression_cfg
         self.compressor = _CompressorView(self)
         self._hash: bytes | None = None  # the global weights' hash, until they change
-        # The last gathered global weights and momentum, until they change: the node keeps such states by
-        # reference (the finisher's held states, fork repair's bases), as a one-process engine's objects,
-        # so one gather per applied round serves every reader of that state (the objects are never changed
-        # in place, by the node or here).
-        self._global: dict[str, dict[str, torch.Tensor]] = {}
+        # The current global state's handles (KeptState: weights, momentum), until it changes: the node keeps
+        # such states by reference (the finisher's held states, fork repair's bases, a chunked record), as a
+        # one-process engine's objects; each rank keeps its shard of the state while a handle lives.
+        self._global: dict[str, tuple[KeptState, KeptState]] = {}
+        self._next_state = 0
+        self._released: list[int] = []  # states whose handles are gone (appended by finalizers, any thread)
 
     def _call(self, op: str, *args, private=None, changes: bool = True):
         with self.trainer._lock:  # the command and the caches' invalidation as one (other threads read them)
@@ -118,8 +122,8 @@ class ShardedStageEngine:
                                    "computed elsewhere (the sliced exchange) is applied")
         with self.trainer._lock:
             if aggregation is not None:
-                result = self._call("absorb", outer_round, private=(aggregation.new_global,
-                                                                    aggregation.new_momentum))
+                result = self._call("absorb", outer_round, private=(_whole(aggregation.new_global),
+                                                                    _whole(aggregation.new_momentum)))
             else:
                 result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
                                     private=list(contributions))
@@ -149,11 +153,11 @@ class ShardedStageEngine:
     # -- joining and re-basing -----------------------------------------------------------------------
     def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
                last_round: int) -> None:
-        self._call("rebase", last_round, private=(dict(global_weights), dict(momentum)))
+        self._call("rebase", last_round, private=(_whole(global_weights), _whole(momentum)))
 
     def move_global(self, global_weights: Mapping[str, torch.Tensor],
                     momentum: Mapping[str, torch.Tensor]) -> None:
-        self._call("move_global", private=(dict(global_weights), dict(momentum)))
+        self._call("move_global", private=(_whole(global_weights), _whole(momentum)))
 
     def skip_to(self, next_round: int) -> None:
         if self.shard.engine.last_encoded >= next_round - 1:
@@ -174,23 +178,34 @@ class ShardedStageEngine:
         frontiers: no rank sends a tensor (training.cluster_engine.sharded_chunk_roots)."""
         return self._call("roots", changes=False)
 
-    def _gathered(self, which: str) -> dict[str, torch.Tensor]:
+    def _kept(self) -> tuple[KeptState, KeptState]:
         with self.trainer._lock:  # a change and its invalidation are one (_call): read the cache under it
-            state = self._global.get(which)
-            if state is None:
-                state = self._global[which] = self._call("global", which, changes=False)
-            return state
+            pair = self._global.get("state")
+            if pair is None:
+                state_id, self._next_state = self._next_state, self._next_state + 1
+                released = []
+                while self._released:
+                    released.append(self._released.pop())
+                self._call("keep", state_id, released, changes=False)
+                ticket = _Ticket()
+                weakref.finalize(ticket, self._released.append, state_id)
+                shapes = {name: self.plan.shapes[name] for name in self.shard.order}
+                moments = {name: tuple(outer_state_shape(self.diloco_cfg, shape))
+                           for name, shape in shapes.items()}
+                pair = self._global["state"] = (KeptState(self, state_id, "weights", shapes, ticket),
+                                                KeptState(self, state_id, "momentum", moments, ticket))
+            return pair
 
     @property
-    def global_weights(self) -> dict[str, torch.Tensor]:
-        """The whole global weights, gathered from the ranks (once per state: the same object until they
-        change; never to be changed in place)."""
-        return self._gathered("weights")
+    def global_weights(self) -> Mapping[str, torch.Tensor]:
+        """The global weights: a :class:`KeptState`, each tensor fetched from its rank when read (the same
+        object until they change; the ranks keep their shards of it while it lives)."""
+        return self._kept()[0]
 
     @property
-    def momentum(self) -> dict[str, torch.Tensor]:
-        """The whole outer momentum, gathered from the ranks (once per state, as :attr:`global_weights`)."""
-        return self._gathered("momentum")
+    def momentum(self) -> Mapping[str, torch.Tensor]:
+        """The outer momentum: a :class:`KeptState`, as :attr:`global_weights`."""
+        return self._kept()[1]
 
     def state_dict(self, *, copy: bool = True) -> dict:
         """:meth:`StageEngine.state_dict` of the whole stage, the ranks' shards gathered (always copies)."""
@@ -229,3 +244,44 @@ class RankTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._index)
+
+
+class _Ticket:
+    """What a kept state's two handles share: when it is collected, the ranks may drop the state."""
+
+
+class KeptState(Mapping):
+    """name -> float32 tensor of one global state of a cluster's stage (``which``: its weights or momentum),
+    each fetched from the rank that holds it when read (one ``fetch_kept`` command; nothing held here).
+    The ranks keep their shards of the state while a handle to it lives (training/cluster_outer.py,
+    KEPT_STATES): a state the node keeps a few rounds costs each rank its shard, not rank 0 the whole."""
+
+    def __init__(self, engine: ShardedStageEngine, state_id: int, which: str,
+                 shapes: dict[str, tuple[int, ...]], ticket: _Ticket) -> None:
+        self._engine = weakref.ref(engine)  # no cycle through the engine's cache: released by refcount
+        self.state_id, self.which, self._shapes, self._ticket = state_id, which, shapes, ticket
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._shapes:
+            raise KeyError(name)
+        engine = self._engine()
+        if engine is None:
+            raise EngineStateError("the cluster's engine is gone: its kept states with it")
+        return engine._call("fetch_kept", self.state_id, self.which, name, engine.plan.owner(name),
+                            changes=False)
+
+    def __iter__(self):
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, without fetching it."""
+        return self._shapes[name]
+
+
+def _whole(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A plain dict of ``tensors``, fetched now if it is a :class:`KeptState` (before a command: a handle
+    cannot be read while another command runs)."""
+    return dict(tensors)

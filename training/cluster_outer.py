@@ -24,10 +24,11 @@ What rank 0 gathers, and when (each a transient copy, dropped when its reader is
   residual. Coded to the error budget (``bandwidth_budget = 0``) every tensor's entry is independent and
   each rank encodes its own shard. Either way the contribution is the one-process contribution byte for
   byte: the wire, the record and every verifier are unchanged, and the bytes do not depend on N.
-* **Whole-stage readers**: :attr:`ShardedStageEngine.global_weights` / :attr:`~ShardedStageEngine.momentum`
-  (a checkpoint, the fraud proof's chunk states, screening's base) and :meth:`~ShardedStageEngine.
-  state_dict` (the start state a verifier loads, complete: every rank's shard merged into the one-process
-  layout) gather the shards on demand.
+* **Whole-stage readers**: the global weights and momentum the node reads (a checkpoint, the fraud proof's
+  chunk states, screening's base, the states it keeps a few rounds) are handles on states each rank keeps
+  by reference (``keep``), read a tensor at a time (``fetch_kept``); a start state's engine part is
+  streamed (``state_index``, ``fetch``); :meth:`~ShardedStageEngine.state_dict` gathers every rank's shard
+  merged into the one-process layout (tests).
 
 The aggregation runs sharded (:mod:`training.cluster_robust`: each rank decodes its part of every
 contribution, exact square sums exchanged, every rank the same reports, each rank steps its own tensors)
@@ -148,6 +149,9 @@ class OuterShard:
         # the engine state a start state is being written from, by the start state's names (no copies):
         # set by "state_index", read by "fetch", dropped by any command that may change the engine
         self._frozen: dict[str, torch.Tensor] | None = None
+        # id -> this rank's shard of a global state (weights, momentum) the node keeps a handle on
+        # (training.cluster_node_engine.KeptState): the engine's own dicts, which it replaces, never changes
+        self.kept: dict[int, tuple[dict, dict]] = {}
         self.live_in()
         self.engine = StageEngine(stage_index, self.live, diloco_cfg, compression_cfg, exact=exact)
         self.release()
@@ -352,6 +356,35 @@ class OuterShard:
         dist.gather_object(self.engine.state_dict(copy=True), gathered, dst=0)
         return None if gathered is None else merge_states(gathered, self.order)
 
+    def _op_keep(self, state_id: int, released: Sequence[int], *, private=None) -> None:
+        """Keep this rank's shard of the current global state under ``state_id`` (by reference: no copy) and
+        drop the states in ``released`` (their handles on rank 0 are gone); at most KEPT_STATES are kept."""
+        for old in released:
+            self.kept.pop(old, None)
+        self.kept[state_id] = (self.engine.global_weights, self.engine.momentum)
+        while len(self.kept) > KEPT_STATES:
+            self.kept.pop(next(iter(self.kept)))
+
+    def _op_fetch_kept(self, state_id: int, which: str, name: str, owner: int, *, private=None):
+        """One tensor of a kept global state (``which``: "weights" or "momentum"), sent by its owner to rank
+        0 (the tensor on rank 0, None elsewhere)."""
+        state = self.kept.get(state_id)
+        if state is None:
+            raise EngineStateError(f"global state {state_id} of the cluster is no longer kept (at most "
+                                   f"{KEPT_STATES} are)")
+        if self.rank == owner:
+            tensor = state[0 if which == "weights" else 1][name].detach().to(torch.float32).contiguous()
+            if self.rank == 0:
+                return tensor
+            dist.send(tensor, dst=0)
+            return None
+        if self.rank == 0:
+            shape = self._weights_shape(name) if which == "weights" else self._momentum_shape(name)
+            tensor = torch.empty(shape, dtype=torch.float32)
+            dist.recv(tensor, src=owner)
+            return tensor
+        return None
+
     def _op_state_index(self, *, private=None):
         """The start state's engine part, to stream (``ShardedStageEngine.streamed_state``): each rank
         names its shard's tensors as a start state does (``engine_state_tensors``; the encoder memo is rank
@@ -399,7 +432,13 @@ class OuterShard:
 
 
 #: The commands that do not change a rank's engine (a start state's streamed write may go on across them).
-READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped"})
+READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped", "keep",
+                       "fetch_kept"})
+
+#: The most global states a rank keeps for the node's handles (training.cluster_node_engine.KeptState): the
+#: node holds a few rounds' (the finisher's, fork repair's bases, a chunked record's), each released when
+#: its handles are gone; a handle to a state dropped past this bound is refused when read.
+KEPT_STATES = 16
 
 
 def outer_state_bytes(engine: StageEngine) -> dict[str, int]:
