@@ -15,7 +15,9 @@ Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
 * the level over the H steps (``run_case``, once, not per model): tests/test_step_proof.py's five-op toy
   program run H = 100 times, a one-ulp cheat in step 70's update of W (carried on) against an honest
   challenger, and the honest run against a challenger that disputes everything: each move's gas and calldata,
-  the moves.
+  the moves;
+* a claim's start disputed (``start_case``): ``challengeStart`` and ``proveStart`` on the ledger's StepProver,
+  an honest claim upheld and a claim from another start refuted by the clock.
 
 The move bound of the whole game (issue 78) is ``log2(H) + log2(ops per step) + log2(k) + c`` halvings: the
 ops per step measured here give it; the three levels are on chain, but a model's step is not mapped to a
@@ -244,6 +246,44 @@ def run_case(steps: int = 100, cheat_step: int = 70) -> dict:
             "moves": _per_move(everything)}
 
 
+def start_case() -> dict:
+    """A claim's start disputed (StepProver.challengeStart/proveStart) on the ledger's StepProver, py-evm: the
+    toy round (its committed start the toy's state); an honest claim answers a dispute of W's last element, a
+    claim from a start with W[5] changed cannot answer W[5] and the clock refutes it."""
+    from ledger.stepproof import run_claim, start_opening
+    from tests.step_binding_fixtures import subject_of, toy_origins
+    from tests.test_step_proof_run import _run, _start_state, _traces
+    from tests.test_step_start import _challenge_start, _setup
+
+    w3 = connect_pyevm()
+    client, _cases, committed = _setup(w3)
+    origins, leaves = toy_origins(), committed.states[0].weight_leaves
+    defender, challenger, outsider = (w3.eth.accounts[i] for i in (1, 2, 3))
+    honest = _traces(_run(_start_state()))
+    subject = subject_of(committed, 0)
+    client._send("claimRun", defender, run_claim(honest, subject), subject.binding, value=client.bond)
+    claim_id = bytes(client.contract.functions.runIdOf(run_claim(honest, subject), defender).call())
+    game = _challenge_start(client, claim_id, challenger, 1, 31)
+    client._send("proveStart", defender, game, start_opening(honest[0], origins, 1, 31, leaves))
+    upheld = not client.wrong(claim_id)
+    start = _start_state()
+    start[1] = start[1].clone()
+    start[1].view(-1)[5] += 0.25
+    other, other_subject = _traces(_run(start)), subject_of(committed, 1)
+    claim = run_claim(other, other_subject)
+    client._send("claimRun", defender, claim, other_subject.binding, value=client.bond)
+    other_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
+    game = _challenge_start(client, other_id, outsider, 1, 5)
+    state = client.game(game)
+    from tests.ledger_fixtures import mine
+
+    mine(w3, state["defenderLeft"] + 1)
+    client._send("timeout", outsider, game)
+    return {"honest_upheld": upheld, "other_start_refuted": client.wrong(other_id),
+            "max_gas_any_move": max(gas for name, gas, _ in client.gas_log if name != "claimRun"),
+            "moves": _per_move(client.gas_log)}
+
+
 def _operands(tensors, j):
     _k, rows, inner, cols, _al, _bl, ai, bi = TOY[j]
     return tensors[ai].view(rows, inner), tensors[bi].view(inner, cols)
@@ -276,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         print(preset, trace, game["max_gas_any_move"], game["max_calldata_bytes_any_move"], flush=True)
     result["steps_level"] = run_case()
     print("steps level", {k: v for k, v in result["steps_level"].items() if k != "moves"}, flush=True)
+    result["start_dispute"] = start_case()
+    print("start dispute", result["start_dispute"], flush=True)
     write_result(args.out, result, load)
     return 0
 

@@ -108,10 +108,12 @@ class StepProverClient:
     def wrong(self, claim_id: bytes) -> bool:
         return bool(self.contract.functions.claimOf(claim_id).call()[1])
 
-    def set_program(self, creator: str, run_id: int, claim: tuple):
-        """Fix run ``run_id``'s step program to ``claim``'s (a ``RunClaim``: :func:`program_hash`); the run's
-        creator, before its first commit."""
-        return self._send("setProgram", creator, run_id, program_hash(claim))
+    def set_program(self, creator: str, run_id: int, claim: tuple, origins: list[bytes] | None = None):
+        """Fix run ``run_id``'s step program to ``claim``'s (a ``RunClaim``: :func:`program_hash`) and its
+        state tensors' origins (:func:`origin_leaf`, one per state tensor; None: none, so no start is
+        provable); the run's creator, before its first commit."""
+        origin_root = tree_root(origins) if origins else ZERO
+        return self._send("setProgram", creator, run_id, program_hash(claim), origin_root)
 
     def program_of(self, run_id: int) -> bytes:
         """Run ``run_id``'s program hash (zero: none)."""
@@ -320,6 +322,33 @@ def program_hash(claim: tuple) -> bytes:
     from eth_utils import keccak
 
     return keccak(encode(["bytes32", "uint32", "uint32", "uint8"], list(claim[:4])))
+
+
+#: An origin's tensor index for a state tensor that starts at zero (not in the committed start).
+ZERO_START = 2**32 - 1
+
+
+def origin_leaf(tensor: int, numel: int, first_chunk: int, stage_chunks: int) -> bytes:
+    """Where a state tensor of ``numel`` elements lies in the committed start: tensor ``tensor`` of the stage,
+    whose element 0 is in chunk ``first_chunk`` of the stage's ``stage_chunks`` (training/chunks.py layout);
+    ``tensor`` :data:`ZERO_START`: a tensor that starts at zero."""
+    from eth_abi import encode
+
+    return encode(["uint32", "uint64", "uint64", "uint64"], [tensor, numel, first_chunk, stage_chunks])
+
+
+def start_opening(trace: StepTrace, origins: list[bytes], q: int, elem: int, committed: list[bytes]) -> tuple:
+    """The contract's ``StartOpening`` of element ``elem`` of state tensor ``q`` of ``trace``'s first state,
+    and of the chunk of the committed start (``committed``: the stage's weight chunk leaves) that holds it."""
+    from eth_abi import decode
+
+    tensor, numel, first, _chunks = decode(["uint32", "uint64", "uint64", "uint64"], origins[q])
+    start, leaves = trace.tree(0), trace.tensors[q]
+    state = (leaves[elem // 64], tree_path(leaves, elem // 64)) if elem < numel else (b"", [])
+    chunk = first + elem // 64
+    zero = tensor == ZERO_START or elem >= numel
+    held = (b"", []) if zero else (committed[chunk], tree_path(committed, chunk))
+    return (origins[q], tree_path(origins, q), start[q], tree_path(start, q), state, held)
 
 
 def state_roots(traces: list[StepTrace]) -> list[bytes]:

@@ -152,4 +152,14 @@ def step_proof(r: dict) -> list[str]:
                   f"({level['honest_game_moves']} moves, {level['step_halvings']} halvings over the steps); "
                   f"at most {level['max_gas_any_move']:,} gas and {level['max_calldata_bytes_any_move']:,} "
                   "bytes of calldata a move."]
+    start = r.get("start_dispute")
+    if start:
+        moves = start["moves"]
+        upheld, refuted = start["honest_upheld"], start["other_start_refuted"]
+        lines += ["", "A claim's start disputed element by element (the ledger's StepProver, py-evm): an "
+                  f"honest claim upheld: {'yes' if upheld else 'NO'}; a claim from another start refuted by "
+                  f"the clock: {'yes' if refuted else 'NO'}; `challengeStart` "
+                  f"{moves['challengeStart']['max_gas']:,} gas, `proveStart` "
+                  f"{moves['proveStart']['max_gas']:,} gas "
+                  f"({moves['proveStart']['max_calldata_bytes']:,} bytes of calldata)."]
     return lines

@@ -73,9 +73,10 @@ class Round:
     blobs: list[bytes]
 
 
-def aggregated_round(shapes, blobs: list[bytes], diloco: DilocoConfig = DILOCO) -> Round:
-    """Round 1 of stage 0: ``blobs`` aggregated (training/diloco.py) onto seeded weights and momentum."""
-    weights, momentum = tensors(1, shapes), tensors(2, shapes, scale=0.1)
+def aggregated_round(shapes, blobs: list[bytes], diloco: DilocoConfig = DILOCO, weights=None) -> Round:
+    """Round 1 of stage 0: ``blobs`` aggregated (training/diloco.py) onto seeded weights (or ``weights``) and
+    momentum."""
+    weights, momentum = weights or tensors(1, shapes), tensors(2, shapes, scale=0.1)
     aggregation = aggregate_with_report(weights, momentum, blobs, diloco, stage_index=0, outer_round=1)
     honest = stage_state(0, aggregation, blobs, diloco, 1, decode_args={"stage_index": 0, "outer_round": 1})
     other = initial_state(1, tensors(3, OTHER), tensors(4, OTHER, 0.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from ledger.stepbinding import RunSubject, bind_run
 from ledger.stepproof import StepProverClient, deploy
@@ -37,12 +38,39 @@ def toy_program() -> tuple:
     return run_claim([_trace(_run_program(_start_state(), None, 0))], subject)[:4]
 
 
-def fix_program(client: StepProverClient, program: tuple | None = None):
-    """A ``commit`` hook: the run's creator fixes ``program`` (default: the toy's) on ``client``'s prover."""
+def fix_program(client: StepProverClient, program: tuple | None = None, origins: list[bytes] | None = None):
+    """A ``commit`` hook: the run's creator fixes ``program`` (default: the toy's) and the state's ``origins``
+    on ``client``'s prover."""
     def before(run):
         creator = run.deployment.client(run.members[0]).address
-        client.set_program(creator, run.run_id, program or toy_program())
+        client.set_program(creator, run.run_id, program or toy_program(), origins)
     return before
+
+
+#: The toy's state (x, W, bias: tests/test_step_proof.py) as a stage's weights, names in the state's order.
+TOY_SHAPES = {"a": (3, 4), "b": (4, 8), "c": (8,)}
+
+
+@functools.cache
+def toy_round():
+    """Round 1 of three raw contributions aggregated onto a start whose weights are the toy's start state
+    (tests/test_step_proof_run.py ``_start_state``): the committed start of a toy claim's first state."""
+    from tests.test_step_proof_run import _start_state
+
+    weights = dict(zip(TOY_SHAPES, (t.reshape(TOY_SHAPES[n]) for n, t in zip(TOY_SHAPES, _start_state()))))
+    blobs = [contribution(TOY_SHAPES, "raw", 200 + i, scale=1e-2) for i in range(3)]
+    return aggregated_round(TOY_SHAPES, blobs, NORMED, weights=weights)
+
+
+def toy_origins() -> list[bytes]:
+    """The toy state's origins in ``toy_round``'s committed start (state tensor ``q``: stage tensor ``q``)."""
+    from ledger.stepproof import origin_leaf
+    from training.chunks import stage_layout
+
+    places = stage_layout(TOY_SHAPES)
+    firsts = {p.tensor: p.index for p in reversed(places)}
+    return [origin_leaf(q, math.prod(shape), firsts[q], len(places))
+            for q, shape in enumerate(TOY_SHAPES.values())]
 
 
 def bound_prover(w3, bond: int, clock: int, steps: int = TOY_STEPS) -> tuple[StepProverClient, Committed]:

@@ -74,13 +74,13 @@ def test_the_program_is_fixed_once_by_the_creator_before_the_first_commit(reques
     other = program_hash(run_claim(_other_traces(_start_state(), 1), subject_of(committed, 0)))
     # set once: the creator cannot change it, nor anyone else, once a round is committed
     for sender in (creator, outsider):
-        assert _named(client, "setProgram", sender, run_id, other) == "ProverStepProgramFixed"
+        assert _named(client, "setProgram", sender, run_id, other, bytes(32)) == "ProverStepProgramFixed"
     # a run without a program: no claim, no case, and a program is not set after its first commit
     round_ = honest_round()
     bare = commit(committed.deployment, round_, round_.honest, stake=STAKE, inner_steps=TOY_STEPS)
     subject = subject_of(bare, 0)
     assert client.program_of(bare.run_id) == bytes(32)
-    assert _named(client, "setProgram", creator, bare.run_id, other) == "ProverStepProgramFixed"
+    assert _named(client, "setProgram", creator, bare.run_id, other, bytes(32)) == "ProverStepProgramFixed"
     honest = run_claim(_traces(_run(_start_state())), subject)
     assert _named(client, "claimRun", creator, honest, subject.binding,
                   value=client.bond) == "ProverStepNoProgram"
@@ -89,8 +89,10 @@ def test_the_program_is_fixed_once_by_the_creator_before_the_first_commit(reques
                   value=client.bond) == "ProverStepNoProgram"
     # a new run's creator sets it before round 0: ProgramRegistered, then fixed
     run = committed.deployment.member_run((1, 2, 3), quorum=2, min_stake=STAKE, inner_steps=TOY_STEPS)
-    assert _named(client, "setProgram", outsider, run.run_id, other) == "ProverStepProgramFixed"
-    receipt = client._send("setProgram", creator, run.run_id, other)
+    assert _named(client, "setProgram", outsider, run.run_id, other, bytes(32)) == "ProverStepProgramFixed"
+    receipt = client._send("setProgram", creator, run.run_id, other, b"\x07" * 32)
     events = client.contract.events.ProgramRegistered().process_receipt(receipt)
-    assert [(e.args.runId, bytes(e.args.programHash)) for e in events] == [(run.run_id, other)]
-    assert _named(client, "setProgram", creator, run.run_id, other) == "ProverStepProgramFixed"
+    assert [(e.args.runId, bytes(e.args.programHash), bytes(e.args.originRoot)) for e in events] == [
+        (run.run_id, other, b"\x07" * 32)]
+    assert client.contract.functions.originOf(run.run_id).call() == b"\x07" * 32
+    assert _named(client, "setProgram", creator, run.run_id, other, bytes(32)) == "ProverStepProgramFixed"

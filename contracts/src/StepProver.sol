@@ -47,7 +47,7 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start }
 
     /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
     /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
@@ -111,6 +111,20 @@ contract StepProver {
         bytes32[] aPath;
         bytes32 bRoot;
         bytes32[] bPath;
+    }
+
+    /// @notice The defender's answer to a dispute of its claim's start (`challengeStart`): state tensor `q`'s
+    /// origin (the run's `originOf` leaf `q`: abi.encode(uint32 tensor, uint64 numel, uint64 firstChunk,
+    /// uint64 stageChunks), `tensor` all ones for a tensor that starts at zero), its root (leaf `q` of the claim's
+    /// `startRoot`), the disputed element under it, and the committed start's chunk that holds it (chunk
+    /// `firstChunk + elem / 64` of `stageChunks` under the claim's `startWeights`; empty for a zero start).
+    struct StartOpening {
+        bytes origin;
+        bytes32[] originPath;
+        bytes32 tensorRoot;
+        bytes32[] rootPath;
+        Element state;
+        Element committed;
     }
 
     struct Game {
@@ -184,6 +198,9 @@ contract StepProver {
     /// by the run's creator before its first commit (`setProgram`); zero: none, so the run takes no run claim
     /// and no case.
     mapping(uint256 => bytes32) public programOf;
+    /// @notice Run `runId`'s state origins: the ledger/merkle.py root over one leaf per state tensor (`StartOpening`):
+    /// where in the committed start each tensor of a claim's first state is (set with its program).
+    mapping(uint256 => bytes32) public originOf;
 
     event Claimed(bytes32 indexed claimId, address defender);
     event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
@@ -203,7 +220,7 @@ contract StepProver {
     );
     event ContributionOverturned(bytes32 indexed key, uint256 indexed runId, uint64 round, address opener);
     event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
-    event ProgramRegistered(uint256 indexed runId, bytes32 programHash);
+    event ProgramRegistered(uint256 indexed runId, bytes32 programHash, bytes32 originRoot);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -351,8 +368,9 @@ contract StepProver {
     /// `ProverStepWrongProgram`, `ProverStepWrongSteps`), and cases are taken in it. Honest members check it
     /// against the program their run document gives before they join (as the run's other values).
     /// @param programHash keccak256(abi.encode(programRoot, stateLeaves, ops, depth)).
-    function setProgram(uint256 runId, bytes32 programHash) external {
-        StepProverBinding.setProgram(ledger, programOf, runId, programHash);
+    /// @param originRoot the state tensors' origins in the committed start (`originOf`, `StartOpening`).
+    function setProgram(uint256 runId, bytes32 programHash, bytes32 originRoot) external {
+        StepProverBinding.setProgram(ledger, programOf, originOf, runId, programHash, originRoot);
     }
 
     /// @notice Anyone, from the case's deadline on: every run claim on the contribution was proven wrong (or none
@@ -379,20 +397,45 @@ contract StepProver {
     /// first). Any number of challengers play at once, each its own game (so that no one holds the claim by
     /// squatting a game); one running game per challenger; refused once the claim is proven wrong.
     function challengeRun(bytes32 claimId) external payable returns (bytes32 gameId) {
+        Game storage g;
+        (gameId, g) = _challengeRun(claimId, Phase.Steps, 0);
         RunClaim storage run = _runs[claimId];
-        if (run.steps == 0) revert ProverStepUnknownClaim();
-        Claim storage c = _claims[claimId];
-        if (msg.value != c.stake) revert ProverStepBondMismatch(c.stake, msg.value);
-        gameId = gameIdOf(claimId, msg.sender);
-        Phase phase = _games[gameId].phase;
-        if (c.wrong || (phase != Phase.None && phase != Phase.Done)) revert ProverStepClaimClosed();
-        Game storage g = _start(claimId, Phase.Steps);
         g.lo = 0;
         g.hi = run.steps;
         g.loRoot = run.startRoot;
         g.hiRoot = run.endRoot;
-        emit Challenged(gameId, claimId, msg.sender, 0);
         if (run.steps == 1) _enterStep(gameId, g);
+    }
+
+    /// @notice Bond the claim's stake that element `elem` of state tensor `q` of the claim's first state is not
+    /// the committed start's (the run's origin of tensor `q`): the defender must open both (`proveStart`) within
+    /// its clock, or the claim is proven wrong. A claim's start is the round's committed start, element by element.
+    function challengeStart(bytes32 claimId, uint32 q, uint64 elem) external payable returns (bytes32 gameId) {
+        Game storage g;
+        (gameId, g) = _challengeRun(claimId, Phase.Start, elem);
+        if (q >= _runs[claimId].stateLeaves) revert ProverStepBadElement(q);
+        g.copyLeaf = q;
+        g.elem = elem;
+    }
+
+    /// @notice Defender: the disputed start element is the committed start's (`StartOpening`); decides the game.
+    function proveStart(bytes32 gameId, StartOpening calldata o) external {
+        (Game storage g,) = _move(gameId, true, Phase.Start);
+        RunClaim storage run = _runs[g.claimId];
+        StepProverMath.proveStart(o, originOf[run.runId], run, g.copyLeaf, g.elem);
+        _decide(gameId, g, true);
+    }
+
+    /// @dev A challenger's bonded game on run claim `claimId` (one running game per challenger), in `phase`.
+    function _challengeRun(bytes32 claimId, Phase phase, uint64 elem) private returns (bytes32 gameId, Game storage g) {
+        if (_runs[claimId].steps == 0) revert ProverStepUnknownClaim();
+        Claim storage c = _claims[claimId];
+        if (msg.value != c.stake) revert ProverStepBondMismatch(c.stake, msg.value);
+        gameId = gameIdOf(claimId, msg.sender);
+        Phase now_ = _games[gameId].phase;
+        if (c.wrong || (now_ != Phase.None && now_ != Phase.Done)) revert ProverStepClaimClosed();
+        g = _start(claimId, phase);
+        emit Challenged(gameId, claimId, msg.sender, elem);
     }
 
     /// @notice Defender: the state root after step `(lo + hi) / 2` of the interval in dispute.

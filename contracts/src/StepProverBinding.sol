@@ -72,20 +72,23 @@ library StepProverBinding {
         emit StepProver.CaseCommitted(commitment, msg.sender);
     }
 
-    /// @notice StepProver.setProgram: `programHash` becomes run `runId`'s, if the sender created the run, the run
+    /// @notice StepProver.setProgram: `programHash` and `originRoot` become run `runId`'s, if the sender created the run, the run
     /// has no program yet and no round is committed (else `ProverStepProgramFixed`).
     function setProgram(
         TrainingLedger ledger,
         mapping(uint256 => bytes32) storage programs,
+        mapping(uint256 => bytes32) storage origins,
         uint256 runId,
-        bytes32 programHash
+        bytes32 programHash,
+        bytes32 originRoot
     ) external {
         TrainingLedger.Run memory r = ledger.runOf(runId);
-        if (msg.sender != r.creator || r.commitCount != 0 || programs[runId] != bytes32(0)) {
+        if (msg.sender != r.creator || r.commitCount != 0 || programs[runId] != bytes32(0) || programHash == 0) {
             revert StepProver.ProverStepProgramFixed(runId, msg.sender);
         }
         programs[runId] = programHash;
-        emit StepProver.ProgramRegistered(runId, programHash);
+        origins[runId] = originRoot;
+        emit StepProver.ProgramRegistered(runId, programHash, originRoot);
     }
 
     /// @notice StepProver.withdraw: the sender's balance, sent.

@@ -38,7 +38,7 @@ library StepProverMath {
     /// @notice Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening
     /// (`ProverStepBadOpening(which)`).
     function open(StepProver.Element calldata e, bytes32 root, uint256 numel, uint256 index, uint8 which)
-        external
+        public
         pure
         returns (uint32)
     {
@@ -49,6 +49,46 @@ library StepProverMath {
         }
         uint256 pos = HEADER + 4 * (index % CHUNK);
         return uint32(bytes4(e.leaf[pos:pos + 4]));
+    }
+
+    /// @notice StepProver.proveStart's check: reverts (`ProverStepBadOpening`: 3 the origin, 4 the tensor's root
+    /// in the claim's start, 1 the element, 5 the committed chunk or a different value) unless element `elem`
+    /// of state tensor `q` of `run`'s first state tree is the committed start's (its `startWeights`, as the run's
+    /// origin leaf `q` places it; zero bits for a tensor that starts at zero), or `elem` is past the tensor.
+    function proveStart(
+        StepProver.StartOpening calldata o,
+        bytes32 originRoot,
+        StepProver.RunClaim storage run,
+        uint32 q,
+        uint64 elem
+    ) external view {
+        if (!verify(o.origin, q, run.stateLeaves, o.originPath, originRoot)) revert StepProver.ProverStepBadOpening(3);
+        (uint32 tensor, uint64 numel, uint64 first, uint64 chunks) =
+            abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        if (elem >= numel) return; // no such element: nothing differs
+        if (!verifyWord(o.tensorRoot, q, run.depth, o.rootPath, run.startRoot)) {
+            revert StepProver.ProverStepBadOpening(4);
+        }
+        uint32 value = open(o.state, o.tensorRoot, numel, elem, 1);
+        if (tensor != type(uint32).max) {
+            if (!verify(o.committed.leaf, first + elem / CHUNK, chunks, o.committed.path, run.startWeights)) {
+                revert StepProver.ProverStepBadOpening(5);
+            }
+            if (_committedValue(o.committed.leaf, tensor, elem) == value) return;
+        } else if (value == 0) {
+            return;
+        }
+        revert StepProver.ProverStepBadOpening(5);
+    }
+
+    /// @dev Element `elem` of tensor `tensor` in its committed chunk leaf (reverts unless the leaf holds it).
+    function _committedValue(bytes calldata leaf, uint32 tensor, uint64 elem) private pure returns (uint32) {
+        uint256 pos = HEADER + 4 * (elem % CHUNK);
+        if (leaf.length < pos + 4 || uint32(bytes4(leaf[0:4])) != tensor
+            || uint64(bytes8(leaf[4:12])) != elem - elem % CHUNK) {
+            revert StepProver.ProverStepBadOpening(5);
+        }
+        return uint32(bytes4(leaf[pos:pos + 4]));
     }
 
     /// @notice Reverts (`ProverStepBadOp`) unless `op` is a shape the contract recomputes (StepProver.claim).
