@@ -4,7 +4,8 @@ Replica 0 is one node of ``compute.processes = 2`` (the node process is rank 0 a
 the inner steps run under FSDP2 over gloo), replica 1 an ordinary one-process node. The rounds commit with
 both contributions, the run audits with every sampled contribution rerun (the cluster's by a one-process
 auditor: another platform, judged by the tolerance rule, or said to be undecided), ``pull`` gives a model
-transformers loads, and the cluster's worker rank is gone once its node stopped.
+transformers loads, and the cluster's worker rank is gone once its node stopped. With both replicas
+clusters of 2, each node's spot checks rerun the other's rounds on 2 ranks, bit for bit.
 """
 
 from __future__ import annotations
@@ -100,6 +101,33 @@ def test_a_cluster_node_of_two_processes_commits_audits_and_pulls(make_run, tmp_
     assert result.round == ROUNDS - 1
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.config.n_layer == cfg.model.n_layer
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_two_cluster_nodes_spot_check_each_other_bit_exactly(make_run):
+    """Both replicas are nodes of 2 processes: each node's spot checks rerun the other's rounds on 2 ranks of
+    its own (training/cluster_rerun.py, the node's compute.processes): every verdict is exact, none
+    within tolerance; the rounds commit with both contributions."""
+    run = make_run(replicas=2, stages=1, split=False, attest_quorum=2, settings=[
+        *TINY, *KEEP_ALL, "rounds=2", "join_timeout=120", "spot_checks=8"])
+    for node in run.nodes:
+        cfg = load_config(node.config_path, ["compute.processes=2"])
+        node.config_path.write_text("# a cluster node of 2 processes\n" + dump_toml(cfg.to_dict()))
+    run.start()
+    assert run.wait(1500, progress=False), run_logs(run)
+    run.stop_nodes()
+    verdicts = []
+    for replica, node in enumerate(run.nodes):
+        logs = "\n".join(p.read_text(errors="replace") for p in node.data_dir.glob("node-*.log"))
+        other = 1 - replica
+        verdicts += re.findall(rf"spot check of replica {other} round (\d+): (\w+)", logs)
+    assert verdicts and {v for _r, v in verdicts} == {"exact"}, (verdicts, run_logs(run))
+    print("spot checks between the clusters:", verdicts)
+    history = run.client().history(run.run_id)
+    assert [c.commit.round for c in history.commits] == [0, 1], run_logs(run)
+    assert all(c.commit.num_contributors == 2 for c in history.commits), run_logs(run)
+    assert not history.accusations and not history.disputes, run_logs(run)
 
 
 @pytest.mark.slow
