@@ -5,6 +5,7 @@ print.
     python tests/repro_probe.py RUN.pkl THREADS     # prints one JSON object
     python tests/repro_probe.py - THREADS           # the fresh inner steps only
     python tests/repro_probe.py RUN.pkl THREADS --reruns-only   # the spot checks only
+    python tests/repro_probe.py - THREADS --v3-only  # kernel version 3's fresh steps and codec only
 
 ``RUN.pkl`` (written by the test): the run's config overrides and, per round, the start states, claims and
 contributions of the test's claimants. Printed: the capability and threads, the weights hash of two fresh
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 from training.exact_probe import ENCODERS, FRESH, codec_bytes, fresh_steps  # noqa: E402
 
 
-def main(run_path: str, threads: int, fresh: bool = True) -> dict:
+def main(run_path: str, threads: int, fresh: bool = True, v3_only: bool = False) -> dict:
     torch.set_num_threads(threads)
     from node.config import load_config
     from training.data import corpus_from_config
@@ -41,7 +42,10 @@ def main(run_path: str, threads: int, fresh: bool = True) -> dict:
 
     out: dict = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                  "checks": []}
-    if fresh:
+    if fresh and v3_only:  # what a child on another MKL path is compared on (versions 1 and 2 take its root)
+        out.update({"fresh_v3": {f"{p}/{o}": fresh_steps(p, o, kernels=3) for p, o in FRESH},
+                    "codec": {encoder: codec_bytes(encoder) for encoder in ENCODERS}})
+    elif fresh:
         out.update({"fresh": {f"{p}/{o}": fresh_steps(p, o) for p, o in FRESH},
                     "fresh_v2": {f"{p}/{o}": fresh_steps(p, o, kernels=2) for p, o in FRESH},
                     "fresh_v3": {f"{p}/{o}": fresh_steps(p, o, kernels=3) for p, o in FRESH},
@@ -74,4 +78,5 @@ def main(run_path: str, threads: int, fresh: bool = True) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), fresh="--reruns-only" not in sys.argv[3:])))
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), fresh="--reruns-only" not in sys.argv[3:],
+                          v3_only="--v3-only" in sys.argv[3:])))
