@@ -264,3 +264,23 @@ class RunInfo:
     def quorum_for(self, counted: int) -> int:
         """The signatures a commit (or verdict) needs with ``counted`` members able to sign."""
         return required_quorum(self.quorum, self.quorum_bps, counted)
+
+
+def case_course_blocks(accusation_blocks: int) -> int:
+    """Blocks a contribution case (issue 78, StepProver.openCase) takes from its opening to its end: claims
+    for one clock, then a challenge and a full game on the last claim (each side's clock), the clock being the
+    run's ``accusation_blocks``: 4 clocks and a block. A case is refused unless it ends inside the round's
+    proof window, which closes at least ``dispute_blocks`` after the commit."""
+    return 4 * accusation_blocks + 1
+
+
+def case_dispute_blocks(accusation_blocks: int) -> int:
+    """create-run's default ``dispute_blocks`` for a run whose clock is ``accusation_blocks``: a case's course
+    and one clock more to notice a wrong contribution and commit and open its case (320 at the default 64)."""
+    return case_course_blocks(accusation_blocks) + accusation_blocks - 1
+
+
+def case_room(accusation_blocks: int, dispute_blocks: int) -> int:
+    """Blocks after a round's commit in which a contribution case can still be opened (its commitment sent in
+    the commit's block at the earliest, its opening a block later) and end in the proof window; 0: none."""
+    return max(0, dispute_blocks - case_course_blocks(accusation_blocks) - 1)

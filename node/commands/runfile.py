@@ -22,7 +22,8 @@ RUN_KEYS: dict[str, tuple[type, float, str]] = {
     "tenure_rounds": (int, 1, "rounds a member that joined after the first commit waits before it counts"),
     "unbonding_blocks": (int, 0, "blocks between leaving and withdrawing (0: the longest proof window)"),
     "accusation_blocks": (int, 8, "blocks an accusation stays open"),
-    "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed"),
+    "dispute_blocks": (int, 8, "blocks after a commit during which it may be disputed (default: "
+                               "5 x accusation_blocks, room for a contribution case)"),
     "inactivity_rounds": (int, 1, "committed rounds a member may leave unsigned before it can be ejected"),
 }
 
@@ -159,13 +160,17 @@ def _check_run_table(chain: dict, path: str, problems: list[str] | None = None) 
         DEFAULT_TENURE_ROUNDS,
         SAFE_MIN_QUORUM,
         SAFE_MIN_QUORUM_BPS,
+        case_dispute_blocks,
     )
 
     out = {"stake_eth": 0.0, "bond_eth": None, "quorum": SAFE_MIN_QUORUM, "quorum_bps": SAFE_MIN_QUORUM_BPS,
            "unbonding_blocks": 0, "accusation_blocks": DEFAULT_ACCUSATION_BLOCKS,
            "dispute_blocks": DEFAULT_DISPUTE_BLOCKS, "inactivity_rounds": DEFAULT_INACTIVITY_ROUNDS,
            "tenure_rounds": DEFAULT_TENURE_ROUNDS}
-    return _check_table(chain, path, "run", RUN_KEYS, out, maxima={"quorum_bps": 10_000}, problems=problems)
+    out = _check_table(chain, path, "run", RUN_KEYS, out, maxima={"quorum_bps": 10_000}, problems=problems)
+    if "dispute_blocks" not in chain:  # room for a contribution case (issue 78) after each commit
+        out["dispute_blocks"] = case_dispute_blocks(out["accusation_blocks"])
+    return out
 
 
 def _check_table(table, path: str, name: str, keys: dict, out: dict, required: tuple = (),
