@@ -129,3 +129,6 @@ def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path):
     assert rounds == list(range(len(rounds)))
     assert not history.disputes
     assert "from the chain-verified checkpoint of round" in log.read_text(errors="replace")
+    # a chunked run (new runs' scheme): the joiner read its stage of the file by range, checked against the
+    # record's stage leaves, and wrote none of the whole model's file (issue 75)
+    assert "fetched by range from" in log.read_text(errors="replace")

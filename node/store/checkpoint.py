@@ -107,10 +107,10 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
     except (SafetensorError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
         raise StateError(
             f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
-    return _checkpoint_of(tensors, meta)
+    return checkpoint_of(tensors, meta)
 
 
-def _checkpoint_of(tensors: dict[str, torch.Tensor], meta: dict) -> Checkpoint:
+def checkpoint_of(tensors: dict[str, torch.Tensor], meta: dict) -> Checkpoint:
     """The checkpoint of a safetensors file's tensors and its ``dlx`` metadata (already parsed)."""
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint format {meta.get('format')!r} is not {CHECKPOINT_FORMAT!r}")
@@ -154,7 +154,7 @@ def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Che
                 f"checkpoint is not a valid safetensors file: {type(exc).__name__}: {exc}"[:300]) from None
     except OSError as exc:
         raise StateError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
-    return _checkpoint_of(tensors, meta)
+    return checkpoint_of(tensors, meta)
 
 
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
@@ -319,13 +319,7 @@ def checkpoint_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int,
     from training.hashing import stage_weights_hash
     from training.hashing import weights_root as root_of
 
-    problems = []
-    meta = {"run id": (ckpt.run_id, layout.run_id), "round": (ckpt.round, round_index),
-            "config hash": (ckpt.config_hash.hex(), layout.config_hash.hex()),
-            "model config": (ckpt.model_config, layout.model_config)}
-    for field_name, (got, want) in meta.items():
-        if got != want:
-            problems.append(f"its {field_name} is {str(got)[:200]}, the run's is {str(want)[:200]}")
+    problems = metadata_problems(ckpt, layout, round_index)
     known = {n for shapes in layout.stage_shapes for n in shapes}
     for what, tensors in (("weights", ckpt.weights), ("momentum", ckpt.momentum)):
         extra = sorted(set(tensors) - known)
@@ -349,6 +343,16 @@ def checkpoint_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int,
             problems.append(f"its tensors' weights root {root_of(hashes).hex()[:16]} is not the attested "
                             f"record's weightsRoot {weights_root.hex()[:16]}")
     return problems
+
+
+def metadata_problems(ckpt: Checkpoint, layout: RunLayout, round_index: int) -> list[str]:
+    """Why ``ckpt``'s metadata is not the run's of ``round_index``: its run id, round, config hash and model
+    config (empty: they are)."""
+    meta = {"run id": (ckpt.run_id, layout.run_id), "round": (ckpt.round, round_index),
+            "config hash": (ckpt.config_hash.hex(), layout.config_hash.hex()),
+            "model config": (ckpt.model_config, layout.model_config)}
+    return [f"its {field_name} is {str(got)[:200]}, the run's is {str(want)[:200]}"
+            for field_name, (got, want) in meta.items() if got != want]
 
 
 def chunked_problems(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes | None) -> list[str]:

@@ -27,7 +27,8 @@ from node.live.round.finisher import RoundFinisher
 from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, checkpoint_problems, read_checkpoint
-from p2p.errors import P2PError
+from node.store.checkpoint_stage import fetch_checkpoint_stages
+from p2p.errors import BlobError, P2PError
 from training.errors import PipelineError
 from training.schedule import pending_after_round
 
@@ -204,10 +205,7 @@ class RunEntry:
         refused, unfetched = [], 0
         for candidate in undisputed + downstream:
             try:
-                ckpt = self._download_checkpoint(candidate.round, candidate.content_hash)
-                record = self.chain.commit_of(self.run_id, candidate.round)
-                problems = (["its round is not committed"] if record is None else
-                            checkpoint_problems(ckpt, self.layout, candidate.round, record.weights_root))
+                ckpt, problems = self._candidate(candidate)
             except DLX_ERRORS as exc:
                 problems = [str(exc)]
                 unfetched += isinstance(exc, P2PError)
@@ -227,6 +225,48 @@ class RunEntry:
                                      "bootstrap and that a peer serving the run is reachable): "
                                      + " | ".join(refused)[:2000])
         raise StateError("no published checkpoint verifies against the run: " + " | ".join(refused)[:2000])
+
+    def _candidate(self, candidate) -> tuple[Checkpoint | None, list[str]]:
+        """``candidate``'s checkpoint and why it is not the run's (empty: it verifies). In a chunked run only
+        the stages this node holds, fetched by range from a live peer (:meth:`_held_stages`); the whole file
+        in a hashed run (whose momentum only the file's hash vouches for), where it is on disk already (a
+        restart's) or where no live peer is known (the DHT is asked for the file)."""
+        path = self.checkpoint_dir / f"round-{candidate.round:08d}.safetensors"
+        providers = self.membership.live_providers()
+        if providers and not path.exists() and self.layout.chunked:
+            record = self.chain.commit_of(self.run_id, candidate.round)
+            if record is None:
+                return None, ["its round is not committed"]
+            return self._held_stages(candidate, record.weights_root, providers), []  # checked against it
+        ckpt = self._download_checkpoint(candidate.round, candidate.content_hash)
+        record = self.chain.commit_of(self.run_id, candidate.round)
+        return ckpt, (["its round is not committed"] if record is None else
+                      checkpoint_problems(ckpt, self.layout, candidate.round, record.weights_root))
+
+    def _held_stages(self, candidate, weights_root: bytes, providers: list[str]) -> Checkpoint:
+        """The stages this node holds of ``candidate``'s checkpoint in a chunked run, fetched by range from
+        the first of ``providers`` that serves them and checked against the record
+        (node/store/checkpoint_stage.py: its stage leaves commit each stage's weights and momentum), not the
+        whole model's file. StateError if every peer served something else, P2PError if none answered."""
+        digest, refused, wrong = candidate.content_hash.hex(), [], False
+        with host_progress(self.host, f"stages {list(self.worker.stages)} of round {candidate.round}'s "
+                                      "checkpoint"):
+            for peer in providers:
+                def fetch_range(offset: int, length: int, peer: str = peer) -> bytes:
+                    return self.host.fetch_blob_range(digest, offset, length, peer,
+                                                      timeout=self.cfg.p2p.transfer_timeout)
+                try:
+                    ckpt = fetch_checkpoint_stages(fetch_range, self.layout, candidate.round, weights_root,
+                                                   self.worker.stages)
+                except (StateError, P2PError) as exc:
+                    wrong |= isinstance(exc, StateError)
+                    refused.append(f"{peer[-8:]}: {exc}")
+                    continue
+                logger.info("round %d's checkpoint: stages %s fetched by range from %s and checked against "
+                            "the record (not the whole model's file)", candidate.round,
+                            list(self.worker.stages), peer[-8:])
+                return ckpt
+        raise (StateError if wrong else BlobError)(" | ".join(refused)[:2000])
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:
         path = self.checkpoint_dir / f"round-{round_index:08d}.safetensors"
