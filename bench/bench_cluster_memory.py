@@ -176,11 +176,15 @@ def node_cluster(world: int, preset: str, path: str) -> None:
         trained = time.perf_counter()
         own, _ = engine.encode_contribution(0)
         encoded = time.perf_counter()
+        # the node keeps the state before the apply a few rounds (the finisher's held states, fork repair's
+        # bases): handles, whose shards the ranks keep (training.cluster_node_engine.KeptState)
+        kept = (engine.global_weights, engine.momentum)
         engine.finish_round(0, [own, *others(dict(engine.shapes), comp)])
         applied = time.perf_counter()
         weights_hash = engine.weights_hash()
         trainer.eval_loss([batch(model)])  # the node's held-out eval: a snapshot gathered and dropped
         rows = trainer.accounting()
+        del kept
     finally:
         trainer.close()
     for rank, row in enumerate(rows):
@@ -190,6 +194,7 @@ def node_cluster(world: int, preset: str, path: str) -> None:
                               for key in ("params", "grads", "inner_optimizer", "live_copy")}
         row["state_bytes"]["outer"] = sum(outer[key] for key in NODE_OUTER)
         row["snapshot_bytes"] = outer["snapshots"]  # the delay correction's (not counted by one_process)
+        row["kept_bytes"] = row.pop("kept")  # the kept earlier state's shard (one process: that state whole)
         row["total_bytes"] = sum(row["state_bytes"].values())
     rows[0]["seconds"] = {"train": trained - started, "encode_and_join": encoded - trained,
                           "apply": applied - encoded}
@@ -215,6 +220,8 @@ def node_rows(world: int, preset: str, stage: int) -> dict:
             "largest_worker_share": max(shares[1:], default=None),
             "rank0_outer_share": rows[0]["state_bytes"]["outer"] / max(1, sum(
                 row["state_bytes"]["outer"] for row in rows)),
+            "kept_state_bytes": sum(row["kept_bytes"] for row in rows),
+            "rank0_kept_share": rows[0]["kept_bytes"] / max(1, sum(row["kept_bytes"] for row in rows)),
             "goal_strict": 1.1 / world, "meets_goal_strict": max(shares) <= 1.1 / world}
 
 
@@ -256,7 +263,10 @@ def main() -> None:
                      "weights are the FSDP shards only, a rank gathers its tensors' live weights only while "
                      "a command runs (live_copy, 0 at rest); 'outer' counts what "
                      "one_process counts (global, momentum, round start, residual), the delay correction's "
-                     "snapshots are in snapshot_bytes; N = 1 is one_process",
+                     "snapshots are in snapshot_bytes; kept_bytes: a rank's shard of the earlier global "
+                     "state (weights, momentum) the node keeps a handle on, as its finisher and fork repair "
+                     "do (a one-process node keeps that state whole; not in total_bytes); N = 1 is "
+                     "one_process",
         "note": "each N's weights hash differs after the round: the inner step's gradients are averaged by "
                 "FSDP's reduce-scatter over N ranks and the byte budget is split N ways (docs/CLUSTER.md, "
                 "Re-execution); the bit-exact comparisons are tests/test_cluster_engine.py's",

@@ -44,4 +44,11 @@ def cluster_memory(r: dict) -> list[str]:
         out += table(["N", "rank 0's state", "its share", "its weights (FSDP shard)",
                       "its outer state (share)", "largest worker's share", "goal 1.1/N", "met",
                       "peak RSS of a rank"], rows)
+        kept = [(world, c) for world, c in node.items() if c.get("kept_state_bytes")]
+        if kept:
+            out += ["", "The global state before the apply, kept by the node as its finisher and fork repair "
+                    "keep a few rounds' (a one-process node holds each whole): "
+                    + "; ".join(f"N = {world}: rank 0 holds {c['ranks'][0]['kept_bytes'] / mib:.1f} MiB "
+                                f"of its {c['kept_state_bytes'] / mib:.1f} MiB ({c['rank0_kept_share']:.3f})"
+                                for world, c in kept) + "."]
     return out

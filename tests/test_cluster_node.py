@@ -302,6 +302,9 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
         # a state whose handles are gone is dropped by the ranks at the next state kept
         kept_id = before.state_id
         assert kept_id in engine.shard.kept
+        kept = [row["kept"] for row in cluster.accounting()]  # each rank its shard of the kept state
+        whole = sum(t.numel() * 4 for group in (held_weights, held_momentum) for t in group.values())
+        assert sum(kept) == whole and 0 < kept[0] < whole
         del before, before_momentum
         gc.collect()
         engine.move_global(dict(ref.global_weights), dict(ref.momentum))  # a change: a new state

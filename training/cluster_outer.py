@@ -453,6 +453,21 @@ def outer_state_bytes(engine: StageEngine) -> dict[str, int]:
                              for w in group.values())}
 
 
+def kept_state_bytes(shard: OuterShard) -> int:
+    """Bytes of the global states a rank keeps for the node's handles beyond its engine's current ones (the
+    same objects, counted in :func:`outer_state_bytes`): its shards of earlier states' weights, momentum."""
+    current = {id(shard.engine.global_weights), id(shard.engine.momentum)}
+    seen: set[int] = set()
+    total = 0
+    for pair in shard.kept.values():
+        for tensors in pair:
+            if id(tensors) in current or id(tensors) in seen:
+                continue
+            seen.add(id(tensors))
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+    return total
+
+
 def merge_states(states: Sequence[dict], order: Sequence[str]) -> dict:
     """The ranks' :meth:`StageEngine.state_dict` shards as one stage's (names in ``order``); the encoder's
     memo is rank 0's (the stage's, :class:`ShardCompressor`)."""

@@ -168,8 +168,10 @@ class _Rank:
         """Each rank's training state in bytes (tensor accounting, not RSS), on rank 0: the FSDP shards of
         the parameters and gradients, the inner AdamW state, a rank's copy of its tensors' live weights
         (held only while an outer command runs: 0 here), the outer state by kind
-        (training.cluster_outer.outer_state_bytes), and the process's peak RSS (VmHWM) beside it."""
-        from training.cluster_outer import outer_state_bytes
+        (training.cluster_outer.outer_state_bytes), the earlier global states the rank keeps for the node's
+        handles (``kept``: its shards of them, not counting the current state's, which are the engine's), and
+        the process's peak RSS (VmHWM) beside it."""
+        from training.cluster_outer import kept_state_bytes, outer_state_bytes
 
         def size(tensors) -> int:
             total = 0
@@ -185,6 +187,7 @@ class _Rank:
                                        state.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
                "live_copy": size(outer.live.values()) if outer is not None else 0,
                "outer": outer_state_bytes(outer.engine) if outer is not None else {},
+               "kept": kept_state_bytes(outer) if outer is not None else 0,
                "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": _peak_rss()}
         rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(row, rows, dst=0)
