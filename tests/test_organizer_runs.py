@@ -145,7 +145,9 @@ def test_a_contributors_next_run_takes_its_node_key_with_identity(chain, tmp_pat
     assert main(join) == 6
     assert "--identity OLD_DIR/identity.key" in capsys.readouterr().err
     assert LedgerClient(w3, None, registry, ledger).member(1, account.address) is None
-    proc = _dlx_node([*join, "--data-dir", str(tmp_path / "new2"), "--identity",
+    # --peer-wait 2: the link's peer is not running; join's wait for it (120 s by default, tested in
+    # tests/test_exit_codes.py) is not what this test is about, the key taken is.
+    proc = _dlx_node([*join, "--data-dir", str(tmp_path / "new2"), "--peer-wait", "2", "--identity",
                       str(tmp_path / "old" / "identity.key")])
     assert proc.returncode == 10, proc.stdout + proc.stderr
     assert "no peer of the run is reachable" in proc.stderr.strip().splitlines()[-1], proc.stderr
