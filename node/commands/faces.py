@@ -242,6 +242,12 @@ def cmd_rewards(args: argparse.Namespace) -> int:
     return run_rewards(args)
 
 
+def cmd_challenge(args: argparse.Namespace) -> int:
+    from node.commands.challenge import run_challenge
+
+    return run_challenge(args)
+
+
 #: The subcommands by name (node.cli parses the arguments and calls one of these).
 COMMANDS = {
     "data": cmd_data,
@@ -259,5 +265,6 @@ COMMANDS = {
     "run-info": cmd_run_info,
     "mine": cmd_mine,
     "rewards": cmd_rewards,
+    "challenge": cmd_challenge,
     "explorer": cmd_explorer,
 }

@@ -47,12 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     from node.commands.explorer import add_parser as add_explorer_parser
     from node.commands.member import add_parsers as add_member_parsers
     from node.commands.organize import add_parsers as add_organizer_parsers
+    from node.commands.challenge import add_parser as add_challenge_parser
     from node.commands.rewards import add_parser as add_rewards_parser
 
     add_data_parser(sub)
     add_organizer_parsers(sub)
     add_member_parsers(sub)
     add_rewards_parser(sub)
+    add_challenge_parser(sub)
     p = sub.add_parser("status", help="what a running node is doing")
     p.add_argument("--data-dir", default=".", help="the node's data directory")
     p.add_argument("--json", action="store_true", help="print the raw status record")

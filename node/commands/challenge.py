@@ -1,0 +1,182 @@
+"""``dlx-node challenge``: a contribution case (issue 78; docs/FRAUD_PROOF.md "The contribution case") against
+one contribution a committed round lists: show it, open it (``--open``: commit, then open a block later, the
+run's bond sent) and overturn the round once every claim on it is refuted or none was made (``--overturn``).
+
+The contribution is named by its round, stage and index among the stage's listed contributions; the round's
+and the previous round's stage leaves and factors come from what the node directory kept
+(node/store/rewardsources.py, checked against the chain's record): what binds the case to the record
+(ledger.stepbinding.bind_run). The account, chain and run are the node.toml's (``--config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from node.commands.chainops import Spend, add_fee_args, agree, check_funds
+from node.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("challenge", help="a contribution case against one listed contribution: show it, "
+                                         "--open it, --overturn its round once it is won")
+    p.add_argument("--config", "-c", default="node.toml",
+                   help="the node.toml of the account that opens or pays (its chain and run)")
+    p.add_argument("--round", type=int, required=True, help="the round that lists the contribution")
+    p.add_argument("--stage", type=int, default=0, help="its stage (default 0)")
+    p.add_argument("--contribution", type=int, required=True, metavar="INDEX",
+                   help="its index among the stage's listed contributions (the factors' order)")
+    p.add_argument("--open", action="store_true",
+                   help="commit and open a case (bonds the run's bond; listed and agreed first)")
+    p.add_argument("--overturn", action="store_true",
+                   help="overturn the round: the case is won (every claim refuted, or none made, by its "
+                        "deadline)")
+    add_fee_args(p)
+
+
+def run_challenge(args: argparse.Namespace) -> int:
+    """``dlx-node challenge``."""
+    from node.commands.member import member_chain
+
+    if args.round < 1:
+        raise ConfigError(f"--round {args.round}: round 0 starts from the run's genesis, which this command "
+                          "does not open yet: a round >= 1")
+    chain, run_id, _seat = member_chain(args)
+    try:
+        client = chain.client
+        subject = _subject(args.config, client, run_id, args.round, args.stage, args.contribution)
+        prover = _prover(client)
+        if args.open:
+            _open(client, prover, run_id, subject, args.yes)
+        if args.overturn:
+            record = client.commit_record(run_id, args.round)
+            key = prover.functions.contributionOf(*subject.fields()[:4]).call()
+            client.sender.transact(prover, "overturnContribution", (key, list(record.attesters)),
+                                   "overturnContribution")
+            print(f"overturned round {args.round} of run {run_id}: its attesters are slashed")
+        _show(client, prover, run_id, subject)
+    finally:
+        chain.close()
+    return 0
+
+
+def challenge_command(round_: int, stage: int, index: int, config: str = "node.toml") -> str:
+    """The command that opens a case against contribution ``index`` of ``stage`` in round ``round_``."""
+    return (f"dlx-node challenge --config {config} --round {round_} --stage {stage} --contribution {index} "
+            "--open")
+
+
+def _subject(config: str, client, run_id: int, round_: int, stage: int, index: int):
+    """The case's subject (ledger.stepbinding.RunSubject) from the kept stage leaves and factors of rounds
+    ``round_`` and ``round_ - 1``; ConfigError naming what is missing."""
+    from eth_abi import decode
+
+    from ledger.chunkproof import StageLeaf
+    from ledger.errors import LedgerInputError
+    from ledger.stepbinding import bind_run
+    from node.config import load_config
+    from node.store.rewardsources import read_sources
+
+    sources = read_sources([load_config(config).path(".")], client, run_id)
+    for r in (round_ - 1, round_):
+        if r not in sources:
+            raise ConfigError(f"round {r} of run {run_id}: the node directory kept no stage leaves the chain "
+                              "vouches for (a node of the run keeps them: node/store/rewardsources.py)")
+    leaves, factors = sources[round_]
+    if not 0 <= stage < len(leaves) or factors[stage] is None:
+        raise ConfigError(f"round {round_}, stage {stage}: no factors kept for it (of {len(leaves)} stages)")
+    raw = factors[stage]
+    roots = decode(["uint32", "uint32", "bool", "bytes32[]", "bytes32[]"], raw)[4]
+
+    class _Factors:
+        payload_roots = roots
+
+        @staticmethod
+        def encode() -> bytes:
+            return raw
+
+    records = [client.commit_record(run_id, r).commit for r in (round_ - 1, round_)]
+    try:
+        return bind_run(records[1], [StageLeaf.decode(leaf) for leaf in leaves], _Factors, index, records[0],
+                        [StageLeaf.decode(leaf) for leaf in sources[round_ - 1][0]], stage)
+    except LedgerInputError as exc:
+        raise ConfigError(f"--contribution {index}: {exc}") from None
+
+
+def _prover(client):
+    import contracts
+    from ledger.stepcase import ledger_step_prover
+
+    address = ledger_step_prover(client.w3, client.ledger_address)
+    return client.w3.eth.contract(address=address, abi=contracts.artifact("StepProver")["abi"])
+
+
+def _open(client, prover, run_id: int, subject, yes: bool) -> None:
+    """Commit the case, then open it in a later block with the run's bond; listed and agreed first. The salt
+    is the account's own (``_salt``), so a rerun after a commit whose opening did not follow opens it."""
+    from eth_abi import encode
+
+    from ledger.stepcase import case_claim, run_stake
+
+    stake = run_stake(client.w3, client.ledger_address, run_id)
+    key = bytes(prover.functions.contributionOf(*subject.fields()[:4]).call())
+    salt = _salt(client, key)
+    commitment = client.w3.keccak(encode(["address", "bytes32", "bytes32"], [client.address, key, salt]))
+    committed_at = prover.functions.caseCommittedAt(commitment).call()
+    what = f"commit a case against contribution {subject.payload_root.hex()[:12]} of round {subject.round}"
+    data = prover.encode_abi("commitCase", args=[commitment])
+    gas, fees = client.sender.estimate({"to": prover.address, "value": 0, "data": data}, what)
+    plan = ([] if committed_at else [Spend(what, gas, fees["maxFeePerGas"])]) + [
+        Spend("open it (the run's bond)", OPEN_GAS, fees["maxFeePerGas"], stake)]
+    check_funds(client.balance(), client.address, plan)
+    agree(plan, yes, "opening the case")
+    if not committed_at:
+        committed_at = client.sender.transact(prover, "commitCase", (commitment,), what)["blockNumber"]
+    _next_block(client.w3, committed_at)
+    opening = (case_claim(subject), subject.binding, salt)
+    client.sender.transact(prover, "openCase", opening, "openCase", stake)
+    print(f"opened a case against contribution {subject.payload_root.hex()} (round {subject.round}, stage "
+          f"{subject.stage}) of run {run_id}, bond {stake / 1e18:.9f} ETH")
+
+
+#: The most gas an opening takes (the binding's openings of two records; about 400,000 measured).
+OPEN_GAS = 600_000
+#: How long the command waits for the block after its commitment (seconds).
+NEXT_BLOCK_WAIT_S = 120.0
+
+
+def _salt(client, key: bytes) -> bytes:
+    """The case's salt: the hash of the account's signature of the case key (secret until the opening
+    reveals it, and the same on a rerun)."""
+    from eth_account.messages import encode_defunct
+
+    signed = client.account.sign_message(encode_defunct(primitive=b"dlx-node case salt" + key))
+    return bytes(client.w3.keccak(signed.signature))
+
+
+def _next_block(w3, after: int) -> None:
+    """Wait until the chain is past block ``after`` (an opening must come after its commitment's block)."""
+    import time
+
+    deadline = time.monotonic() + NEXT_BLOCK_WAIT_S
+    while w3.eth.block_number <= after:
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the chain made no block after {after} in {NEXT_BLOCK_WAIT_S:.0f} s: the case "
+                              "is committed; run the same command again to open it")
+        time.sleep(0.5)
+
+
+def _show(client, prover, run_id: int, subject) -> None:
+    key = prover.functions.contributionOf(*subject.fields()[:4]).call()
+    names = ("opener", "deadline", "claims", "refuted", "ends", "round", "runId", "stake")
+    case = dict(zip(names, prover.functions.caseOf(key).call()))
+    block = client.w3.eth.block_number
+    print(f"contribution {subject.payload_root.hex()} (run {run_id}, round {subject.round}, stage "
+          f"{subject.stage}): case key 0x{bytes(key).hex()}")
+    if int(case["opener"], 16) == 0:
+        print("no case open")
+        return
+    print(f"case opened by {case['opener']}: claims {case['claims']}, refuted {case['refuted']}; claims "
+          f"taken until block {case['deadline']}, a standing claim dismisses it from block {case['ends']} "
+          f"(now {block})")
+    if block + 1 >= case["deadline"] and case["claims"] == case["refuted"]:
+        print("won: every claim refuted (or none made); overturn: the same command with --overturn")
