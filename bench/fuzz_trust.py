@@ -14,10 +14,12 @@ found (longer, but the result is written at once).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -25,7 +27,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 from bench.benchio import default_out, write_result  # noqa: E402
-from tests.trust_machine import TrustMachine  # noqa: E402
+from tests.trust_machine import MOVE_WEIGHTS, TrustMachine  # noqa: E402
+
+
+def count_moves(machine) -> Counter:
+    """Count every rule hypothesis draws and runs (its name -> times), wrapping each rule's function once:
+    the seeded run's step statistics, which show a move never drawn (issue 79: the leave race and F were not,
+    before their weights)."""
+    drawn: Counter = Counter()
+    # a weighted move is one Rule listed several times (tests/trust_machine.py MOVE_WEIGHTS): wrap it once
+    for rule in {id(rule): rule for rule in machine.setup_state().rules}.values():
+        function = rule.function
+
+        @functools.wraps(function)
+        def counted(self, *args, _function=function, **kwargs):
+            drawn[_function.__name__] += 1
+            return _function(self, *args, **kwargs)
+
+        rule.function = counted
+    return drawn
+
+
+def result_of(args, batches: int, steps: int, seconds: float, cpu_seconds: float, counterexample: str,
+              drawn: Counter) -> dict:
+    """The run's result: its size and speed, counterexample, the machine's tallies and the moves drawn."""
+    return {
+        "backend": args.backend, "log_index": not args.no_log_index, "seed": args.seed, "batches": batches,
+        "examples": TrustMachine.examples,
+        "steps": steps, "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu_seconds, 1),  # this process's: comparable across loads, where seconds is not
+        "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
+        "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
+        "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
+                       "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
+                       "S3 the walker's reward", "G1-G3 the walk's game (issue 62)",
+                       "H no honest attester slashed", "F nothing final before the chain's isFinal",
+                       "W an honest walk completes within its proof window",
+                       "R1 credits within the pool",
+                       "R2 no credit for an overturned round or a convicted member",
+                       "R3 a claim pays once", "R4 the pool's balance is funded minus claimed",
+                       "R5 a re-entrant token's calls refused"],
+        "proofs_refused": TrustMachine.proofs_refused,
+        "norm_proofs_refused": TrustMachine.norm_proofs_refused,
+        "challenges_answered": TrustMachine.challenges_answered,
+        # the sum-tree walks (tests/trust_sums.py, S1-S3)
+        "sum_walks_proven": TrustMachine.sum_walks_proven,
+        "sum_walks_expired": TrustMachine.sum_walks_expired, "sum_walks_cut": TrustMachine.sum_walks_cut,
+        "junk_answers_refused": TrustMachine.junk_answers_refused,
+        "mistaken_walks": TrustMachine.mistaken_walks,
+        # issue 79's moves: a contributor's leave racing the commit, a squatter copying the walk's challenges,
+        # pull's and audit's finality read while a challenge is open
+        "leave_races": TrustMachine.leave_races, "squats": TrustMachine.squats,
+        "squats_refused": TrustMachine.squats_refused,
+        "squats_answered_in_the_last_block": TrustMachine.squats_answered_late,
+        "finality_reads": TrustMachine.finality_reads,
+        "finality_reads_open": TrustMachine.finality_reads_open,
+        # how often hypothesis drew each move (rule), every rule named, 0 included
+        "moves_drawn": {name: drawn[name] for name in
+                        sorted({rule.function.__name__ for rule in TrustMachine.setup_state().rules})},
+        "move_weights": MOVE_WEIGHTS,
+        # the reward pools' actors (tests/trust_pool.py, R1-R5)
+        "pool_claims_paid": TrustMachine.pool_claims_paid,
+        "pool_claims_refused": TrustMachine.pool_claims_refused,
+        "pool_convicted_claims_refused": TrustMachine.pool_convicted_refused,
+        "pool_overturned_claims_refused": TrustMachine.pool_overturned_refused,
+        "pool_reentries_refused": TrustMachine.pool_reentries_refused,
+        "pool_funds": TrustMachine.pool_funds, "pool_sweeps": TrustMachine.pool_sweeps,
+    }
 
 
 def main() -> int:
@@ -61,6 +129,7 @@ def main() -> int:
         anvil = AnvilProcess()
         url = anvil.start()
         TrustMachine.chain = staticmethod(lambda: connect_rpc(url, timeout=30.0))
+    drawn = count_moves(TrustMachine)
     started, cpu_started = time.monotonic(), time.process_time()
     counterexample = ""
     batches = 0
@@ -85,34 +154,7 @@ def main() -> int:
             anvil.stop()
     seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
     steps = TrustMachine.checks - TrustMachine.examples
-    result = {
-        "backend": args.backend, "log_index": not args.no_log_index, "seed": args.seed, "batches": batches,
-        "examples": TrustMachine.examples,
-        "steps": steps, "steps_per_example_max": args.steps, "seconds": round(seconds, 1),
-        "cpu_seconds": round(cpu_seconds, 1),  # this process's: comparable across loads, where seconds is not
-        "steps_per_second": round(steps / seconds, 2) if seconds else 0.0,
-        "counterexamples": [counterexample] if counterexample else [], "shrunk": not args.no_shrink,
-        "invariants": ["I1 safety", "I2 no harm", "I3 credit", "I4 stake back", "I5 finality", "I6 solvency",
-                       "I7 fraud proof", "S1 a lied sum falls once walked", "S2 no harm in a captured run",
-                       "S3 the walker's reward", "G1-G3 the walk's game (issue 62)",
-                       "H no honest attester slashed", "F nothing final before the chain's isFinal",
-                       "W an honest walk completes within its proof window"],
-        "proofs_refused": TrustMachine.proofs_refused,
-        "norm_proofs_refused": TrustMachine.norm_proofs_refused,
-        "challenges_answered": TrustMachine.challenges_answered,
-        # the sum-tree walks (tests/trust_sums.py, S1-S3)
-        "sum_walks_proven": TrustMachine.sum_walks_proven,
-        "sum_walks_expired": TrustMachine.sum_walks_expired, "sum_walks_cut": TrustMachine.sum_walks_cut,
-        "junk_answers_refused": TrustMachine.junk_answers_refused,
-        "mistaken_walks": TrustMachine.mistaken_walks,
-        # issue 79's moves: a contributor's leave racing the commit, a squatter copying the walk's challenges,
-        # pull's and audit's finality read while a challenge is open
-        "leave_races": TrustMachine.leave_races, "squats": TrustMachine.squats,
-        "squats_refused": TrustMachine.squats_refused,
-        "squats_answered_in_the_last_block": TrustMachine.squats_answered_late,
-        "finality_reads": TrustMachine.finality_reads,
-        "finality_reads_open": TrustMachine.finality_reads_open,
-    }
+    result = result_of(args, batches, steps, seconds, cpu_seconds, counterexample, drawn)
     path = write_result(args.out, result, load)
     print(f"{TrustMachine.examples} examples, {steps} steps in {seconds:.0f} s ({result['steps_per_second']}"
           f"/s), {len(result['counterexamples'])} counterexample(s) -> {path}")

@@ -11,6 +11,7 @@ the same run first.
 
     python scripts/pool_mutations.py                     # all, 12 examples x 30 steps each
     python scripts/pool_mutations.py --only claim-twice  # one (names below)
+    python scripts/pool_mutations.py --machine trust --examples 6 --steps 60  # the trust fuzzer's R1-R5
 """
 
 from __future__ import annotations
@@ -37,31 +38,34 @@ class Mutation:
     new: str
     expect: str  # the property meant to catch it
     bug: str
+    trust: str = ""  # the trust fuzzer's invariant meant to catch it (tests/trust_pool.py R1-R5), if any
 
 
 MUTATIONS = (
     Mutation("claim-twice",
              "if (_claimed[key]) revert RewardAlreadyClaimed(runId, round, stage, msg.sender);",
-             "", "P4", "a share can be claimed again"),
+             "", "P4", "a share can be claimed again", "R3"),
     Mutation("open-unfinal",
              "if (!_ledger.isFinal(runId, next)) revert RewardRoundNotFinal(runId, next);", "",
-             "P3", "a round opens (and pays) before it is final, or overturned"),
+             "P3", "a round opens (and pays) before it is final, or overturned", "R2"),
     Mutation("pay-convicted",
              "if (member.status == TrainingLedger.MemberStatus.Slashed) "
              "revert RewardConvicted(runId, msg.sender);",
-             "", "P5", "a convicted member is paid"),
+             "", "P5", "a convicted member is paid", "R2"),
     Mutation("reserve-nothing", "pool.free -= amount;", "", "P1",
-             "a round opens without reserving its budget"),
+             "a round opens without reserving its budget", "R1"),
     Mutation("paid-unrecorded", "budget.paid += uint128(amount);", "", "P2",
-             "a claim is not counted against its round's budget (credits can exceed the pool)"),
+             "a claim is not counted against its round's budget (credits can exceed the pool)", "R1"),
     Mutation("credit-asked", "received = held - before;", "received = amount;", "P1",
-             "a token funding is credited as the amount asked, not what arrived (a fee-on-transfer token)"),
+             "a token funding is credited as the amount asked, not what arrived (a fee-on-transfer token)",
+             "R4"),
     Mutation("no-lock", "if (_locked) revert RewardReentered();", "", "P6",
-             "no re-entrancy lock: the token's calls into the pool from inside a transfer go through"),
+             "no re-entrancy lock: the token's calls into the pool from inside a transfer go through", "R5"),
     Mutation("share-of-listed",
              "uint256 slots = count > params.contributionSlots ? count : params.contributionSlots;",
              "uint256 slots = count;", "P5",
-             "a contribution's share is the stage's budget over those listed (dropping others raises it)"),
+             "a contribution's share is the stage's budget over those listed (dropping others raises it)",
+             "R2"),
 )
 
 #: What the child process runs: the machine against the artifacts of ``sys.argv[1]``.
@@ -77,6 +81,23 @@ RewardMachine.TestCase.settings = settings(
     suppress_health_check=list(HealthCheck), derandomize=True, database=None,
     phases=[Phase.explicit, Phase.generate])
 RewardMachine.TestCase().runTest()
+"""
+
+#: The trust fuzzer (tests/trust_machine.py with its pool actors, tests/trust_pool.py R1-R5) instead.
+CHILD_TRUST = """
+import logging
+import sys
+from pathlib import Path
+import contracts
+contracts.ARTIFACT_DIR = Path(sys.argv[1])
+logging.basicConfig(level=logging.CRITICAL)
+from hypothesis import HealthCheck, Phase, settings
+from tests.trust_machine import TrustMachine
+TrustMachine.TestCase.settings = settings(
+    max_examples=int(sys.argv[2]), stateful_step_count=int(sys.argv[3]), deadline=None,
+    suppress_health_check=list(HealthCheck), derandomize=True, database=None,
+    phases=[Phase.explicit, Phase.generate])
+TrustMachine.TestCase().runTest()
 """
 
 
@@ -98,19 +119,21 @@ def built_copy(workdir: Path, mutation: Mutation | None) -> Path:
     return root / "artifacts"
 
 
-def check(mutation: Mutation | None, examples: int, steps: int) -> dict:
+def check(mutation: Mutation | None, examples: int, steps: int, machine: str = "pool") -> dict:
     start = time.monotonic()
+    child = CHILD_TRUST if machine == "trust" else CHILD
     with tempfile.TemporaryDirectory(prefix="pool-mutation-") as tmp:
         artifacts = built_copy(Path(tmp), mutation)
-        run = subprocess.run([sys.executable, "-c", CHILD, str(artifacts), str(examples), str(steps)],
+        run = subprocess.run([sys.executable, "-c", child, str(artifacts), str(examples), str(steps)],
                              cwd=REPO, capture_output=True, text=True, timeout=3600,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     output = run.stdout + run.stderr
-    caught_by = sorted(set(re.findall(r"AssertionError: (P\d)", output)))
+    caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
     last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
     return {"mutation": mutation.name if mutation else "none",
             "bug": mutation.bug if mutation else "(the contract as it is)",
-            "expected": mutation.expect if mutation else None, "caught": run.returncode != 0,
+            "expected": (mutation.trust if machine == "trust" else mutation.expect) if mutation else None,
+            "caught": run.returncode != 0,
             "caught_by": caught_by, "failure": last[0].strip()[:300] if last else "",
             "seconds": round(time.monotonic() - start, 1)}
 
@@ -122,13 +145,16 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=12)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--machine", choices=("pool", "trust"), default="pool",
+                        help="the pool's own machine (P1-P6) or the trust fuzzer with its pool actors "
+                             "(R1-R5)")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
-    results = [] if args.no_baseline else [check(None, args.examples, args.steps)]
+    results = [] if args.no_baseline else [check(None, args.examples, args.steps, args.machine)]
     for result in results:
         print(json.dumps(result), flush=True)
     for mutation in chosen:
-        results.append(check(mutation, args.examples, args.steps))
+        results.append(check(mutation, args.examples, args.steps, args.machine))
         print(json.dumps(results[-1]), flush=True)
     baseline_ok = args.no_baseline or not results[0]["caught"]
     missed = [r["mutation"] for r in results if r["mutation"] != "none" and not r["caught"]]

@@ -165,6 +165,15 @@ def trust_fuzz(r: dict) -> list[str]:
                 f"challenges squatted ({r['squats_answered_in_the_last_block']} copies answered in their "
                 f"last block), {r['finality_reads']} finality reads of pull and audit "
                 f"({r['finality_reads_open']} with a challenge open)." if "squats" in r else "")
+             + (f" Reward pools (tests/trust_pool.py): {r['pool_claims_paid']} claims paid, "
+                f"{r['pool_claims_refused']} refused ({r['pool_convicted_claims_refused']} of a convicted "
+                f"member, {r['pool_overturned_claims_refused']} of an overturned round), "
+                f"{r['pool_reentries_refused']} re-entries refused, {r['pool_funds']} top-ups, "
+                f"{r['pool_sweeps']} sweeps."
+                if "pool_claims_paid" in r else "")
+             + (" Moves drawn (weights: " + ", ".join(f"{k} x{v}" for k, v in r["move_weights"].items())
+                + "): " + ", ".join(f"{k} {v}" for k, v in r["moves_drawn"].items()) + "."
+                if "moves_drawn" in r else "")
              + (f" Seed {r['seed']} ({r['batches']} batches), {r['cpu_seconds']:.0f} CPU s, getLogs "
                 f"{'indexed' if r['log_index'] else 'unindexed'} (tests/pyevm_logs.py)."
                 if r.get("seed") is not None else "")), ""]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from ledger.records import RoundRecord, Verdict
 from tests.trust_params import COALITION_JOINER, HONEST, REFUSED, digest
@@ -131,6 +131,7 @@ class CoalitionMoves:
         except REFUSED:
             pass
 
+    @precondition(lambda self: self.status(COALITION_JOINER) == "none")
     @rule()
     def coalition_joiner_joins(self) -> None:
         coalition = self.active(self.coalition_group())

@@ -42,7 +42,7 @@ that left them out before anyone can call them silent).
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ledger import errors
 from ledger.attest import record_struct_hash
@@ -68,11 +68,13 @@ from tests.trust_params import (
 )
 from tests.trust_coalition import CoalitionMoves
 from tests.trust_game import GameMoves
+from tests.trust_pool import PoolMoves
 from tests.trust_proofs import RightRoundProofs
 from tests.trust_sums import SumWalks
 
 
-class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBasedStateMachine):
+class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, PoolMoves,
+                   RuleBasedStateMachine):
     """See module docstring. ``chain`` makes the Web3 each example deploys on (py-evm; the bench may use
     anvil)."""
 
@@ -82,8 +84,13 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
     leave_races = 0  # honest rounds committed after a listed contributor left (issue 79)
     log_index = True  # answer getLogs from tests/pyevm_logs.py's index (bench/fuzz_trust.py --no-log-index)
 
-    @initialize()
-    def deploy_run(self) -> None:
+    @initialize(first_round=st.just(True), pools=st.just(True))
+    def deploy_run(self, first_round: bool = False, pools: bool = False) -> None:
+        """Deploy, register and create the run. Every fuzzed example also opens the run's reward pools
+        (``pools``: tests/trust_pool.py; the step-by-step tests of other moves skip their set-up) and commits
+        round 0 at once (``first_round``): else the moves that act on a committed round (the leave race, F,
+        the proofs and challenges, the pools' claims) wait for a commit that a short example rarely drew
+        (issue 79: a seeded run of 396 steps drew none of them)."""
         self.deployment = deploy(self.chain())
         self.w3 = self.deployment.w3
         if self.log_index:  # each block's logs read once (tests/pyevm_logs.py; py-evm only)
@@ -110,8 +117,12 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         self.attesters_read: dict[int, list[int]] = {}  # round -> its honest attesters (H)
         self.verified_rounds = 0  # rounds whose committed record I1 has checked
         self.steps = 0
-        self.setup_sum_walks()
+        if pools:  # the run's reward pools, in ETH and in a token (tests/trust_pool.py, R1-R5)
+            self.setup_pools()
+        self.setup_sum_walks()  # after the deployer's set-up: the walker is the deployer
         TrustMachine.examples += 1
+        if first_round:
+            assert self.commit(HONEST[0], self.honest_record(), list(HONEST))
 
     # ------------------------------------------------------------------ helpers
     def client(self, index: int):
@@ -132,10 +143,14 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
 
     def state_of(self, round_: int):
         """The honest state of ``round_`` as this run commits it: honest_chain's, its contributions bound
-        (issue 62) to two members active when the round was (last) about to be committed."""
+        (issue 62) to two members active when the round was (last) about to be committed (an honest one and a
+        coalition one where both are)."""
         if round_ not in self.records or round_ not in self.bound_states:
-            active = self.active((*self.honest_group(), *self.coalition_group()))
-            signers = [self.client(index) for index in (active + list(HONEST))[:2]]
+            # one honest and one coalition contributor where both are active: a coalition contributor can then
+            # race the commit (contributor_leaves_before_the_commit) without leaving the honest members short
+            honest, coalition = self.active(self.honest_group()), self.active(self.coalition_group())
+            chosen = (honest[:1] + coalition[:1] + honest[1:] + list(HONEST))[:2]
+            signers = [self.client(index) for index in chosen]
             self.bound_states[round_] = bound(honest_chain(round_, normed=True), signers, self.run_id, round_)
         return self.bound_states[round_]
 
@@ -240,11 +255,13 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         if signers and self.commit(signers[0], record, signers):
             TrustMachine.leave_races += 1
 
+    @precondition(lambda self: self.status(HONEST_JOINER) == "none")
     @rule()
     def honest_joiner_joins(self) -> None:
         if self.status(HONEST_JOINER) == "none":
             self.client(HONEST_JOINER).join_run(self.run_id)
 
+    @precondition(lambda self: bool(self.left_at))
     @rule()
     def honest_withdraw_when_due(self) -> None:
         """I4: at unbondingEnd + accusationBlocks an honest leaver's stake comes back, whatever was filed."""
@@ -287,6 +304,13 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
             # The verdict's transaction is mined in the next block, which may be the deadline's: the case
             # lapsed meanwhile (the fuzzer met this once the prover and challenger sent transactions too).
             reader.expire_dispute(self.run_id, round_)
+
+    @rule()
+    def a_block_passes(self) -> None:
+        """One block passes. Hypothesis' first example of every run is its simplest: the first valid rule of
+        its sorted list at every step; this rule (no argument, first by name) makes that example a cheap
+        100 blocks instead of 100 challenges of the same leaf."""
+        self.blocks_pass(1)
 
     @rule(blocks=st.integers(1, 2 * WINDOW))
     def blocks_pass(self, blocks: int) -> None:
@@ -351,3 +375,24 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, RuleBa
         assert self.w3.eth.get_balance(reader.ledger_address) >= staked + open_bonds, "I6: insolvent"
         # S1-S3: the sum-tree walks (tests/trust_sums.py).
         self.sum_walks_hold()
+        # R1-R5: the reward pools (tests/trust_pool.py).
+        self.pools_hold()
+
+
+#: Moves drawn more often than the others (hypothesis draws a rule uniformly among the enabled ones, so a
+#: move listed w times is drawn about w times as often): the honest commit, on which most moves act, issue
+#: 79's leave race and finality read (F), and the pool's claims. A seeded run's counts are
+#: bench/fuzz_trust.py's ``moves_drawn``.
+MOVE_WEIGHTS = {"honest_commit": 3, "contributor_leaves_before_the_commit": 2,
+                "anyone_reads_finality_while_a_challenge_is_open": 2, "member_claims": 2}
+
+
+def _weigh(machine: type, weights: dict[str, int]) -> None:
+    """List each move of ``weights`` w times among ``machine``'s rules (aliases of the same rule: hypothesis
+    collects a rule once per attribute name that holds it)."""
+    for name, weight in weights.items():
+        for copy in range(1, weight):
+            setattr(machine, f"{name}_x{copy + 1}", getattr(machine, name))
+
+
+_weigh(TrustMachine, MOVE_WEIGHTS)

@@ -16,7 +16,6 @@ from ledger.availability import (FACTORS, MOMENTUM, PAYLOAD, WEIGHTS, availabili
 from ledger.chunkproof import build_proof
 from ledger.normproof import scale_proof, sum_proof
 from tests.fraud_fixtures import changed, lied_sum, with_scale
-from tests.ledger_fixtures import mine
 from tests.trust_params import HONEST, OUTSIDER, REFUSED, WINDOW
 from training.chunks import float64_bits
 
@@ -131,8 +130,11 @@ class RightRoundProofs:
                 opened = self.client(OUTSIDER).challenge_availability(target)
             except REFUSED:  # the same leaf challenged before, or the round's dispute window closed
                 opened = None
+        waited = 0
         for blocks in (0, *waits):
-            mine(self.w3, blocks) if blocks else None
+            blocks = min(blocks, WINDOW - 2 - waited)  # the live honest answer comes within its window
+            waited += blocks
+            self.blocks_pass(blocks) if blocks else None  # the walker live meanwhile (W)
             self.finality_agrees()
             RightRoundProofs.finality_reads_open += opened is not None
         if opened is not None:

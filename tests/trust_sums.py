@@ -264,6 +264,7 @@ class SumWalks:
             proof_fund=CAPTURED_FUND)  # pays the reward (issue 79: the slash is burned whole)
         for index in (*COALITION, HONEST[0]):
             self.client(index).join_run(run_id)
+        self.captured_pool(run_id)  # a reward pool the coalition then claims from (tests/trust_pool.py)
         # its contributions bound to the run's members (issue 62): the coalition signs its own lie
         committed = bound(committed, [self.client(index) for index in (*COALITION, HONEST[0])], run_id, 1)
         records = []
