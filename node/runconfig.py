@@ -26,8 +26,12 @@ from node.exchangekinds import EXCHANGE_TRAITS
 from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
 from training.config_training import LEGACY_KERNELS
 from training.config_compression import LEGACY_ERROR_FEEDBACK
+from training.jsonbound import loads_bounded
 
 RUN_FORMAT = "dlx-run-v1"
+#: A run document nests its sections a few levels; deeper is refused before decoding (training/jsonbound.py:
+#: a joiner's process would otherwise die on a creator's document of deep brackets).
+MAX_DOCUMENT_DEPTH = 32
 
 
 def file_sha256(path: str | Path) -> str:
@@ -165,9 +169,9 @@ def parse_run_document(data: bytes, expected_hash: bytes | None = None) -> dict[
             f"configHash {expected_hash.hex()}"
         )
     try:
-        document = json.loads(data)
+        document = loads_bounded(data, MAX_DOCUMENT_DEPTH)
     except (ValueError, RecursionError) as exc:
-        # ValueError: bad UTF-8 or JSON, or an integer of more than 4300 digits; RecursionError: nesting.
+        # ValueError: bad UTF-8 or JSON, an integer of more than 4300 digits, or nesting past the bound
         raise ConfigError(f"run document is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(document, dict) or document.get("format") != RUN_FORMAT:
         raise ConfigError(f"run document has no format {RUN_FORMAT!r}")

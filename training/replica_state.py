@@ -68,6 +68,7 @@ import torch
 from training.errors import PlatformError, ReplicaStateError
 from training.fingerprint import PlatformFingerprint, parse_fingerprint
 from training.hashing import tensor_le_array
+from training.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -327,7 +328,7 @@ def check_stage_state_file(path, data_ranges: list[tuple[int, int]] | None = Non
 def _parse_header(raw_meta: bytes) -> tuple[RoundMeta, int, tuple[int, ...]]:
     """The canonical JSON header of a stage's state: ``(meta, stage index, engine counters)``."""
     try:
-        header = json.loads(raw_meta.decode("ascii"))
+        header = loads_bounded(raw_meta.decode("ascii"), 8)  # nests 3 deep; deeper is a peer's attack
         if _canonical_json(header) != raw_meta:
             raise ReplicaStateError("replica state meta is not canonical JSON")
         keys = {"v", "stage", "meta", "engine"}

@@ -34,10 +34,15 @@ from safetensors.torch import save as st_save
 from node.errors import StateError
 from node.store.safetensors_stream import shape_of, write_safetensors
 from p2p.blobstore import hash_file
+from training.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "dlx-checkpoint-v1"
+#: A checkpoint's header and its ``dlx`` metadata nest a few levels (a model config's sections); deeper is
+#: refused before decoding: in a node's process json.loads of deep nesting overflows the C stack and ends it
+#: (training/jsonbound.py), and a member's shard is parsed by every node that builds the round's checkpoint.
+MAX_JSON_DEPTH = 16
 TOKENIZER = "byte-level-v1"
 
 
@@ -99,9 +104,9 @@ def parse_checkpoint(data: bytes, expected_hash: bytes | None = None) -> Checkpo
     try:
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + header_len])
+        header = loads_bounded(data[8 : 8 + header_len], MAX_JSON_DEPTH)
         # safetensors allows a null map
-        meta = json.loads((header.get("__metadata__") or {}).get("dlx", "{}"))
+        meta = loads_bounded((header.get("__metadata__") or {}).get("dlx", "{}"), MAX_JSON_DEPTH)
         if not isinstance(meta, dict):
             raise ValueError("metadata is not an object")
     except (SafetensorError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested JSON
@@ -146,7 +151,7 @@ def read_checkpoint(path: str | Path, expected_hash: bytes | None = None) -> Che
             with safe_open(str(path), framework="pt") as f:
                 metadata = f.metadata() or {}  # safetensors allows a null map
                 tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-            meta = json.loads(metadata.get("dlx", "{}"))
+            meta = loads_bounded(metadata.get("dlx", "{}"), MAX_JSON_DEPTH)
             if not isinstance(meta, dict):
                 raise ValueError("metadata is not an object")
         except (SafetensorError, ValueError, RecursionError) as exc:

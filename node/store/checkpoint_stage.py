@@ -18,25 +18,19 @@ it.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import struct
 from collections.abc import Callable, Iterable
 
 import torch
 
 from node.errors import StateError
-from node.store.checkpoint import Checkpoint, RunLayout, checkpoint_of, metadata_problems
+from node.store.checkpoint import MAX_JSON_DEPTH, Checkpoint, RunLayout, checkpoint_of, metadata_problems
+from training.jsonbound import loads_bounded
 
 #: A checkpoint header larger than this is refused before it is read (a header names each tensor in about
 #: 100 bytes: a model of 650,000 tensors).
 MAX_HEADER_BYTES = 64 << 20
-
-#: A safetensors header nests 3 deep (the header, a tensor's entry, its shape); more is refused unparsed.
-MAX_NESTING = 8
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 #: ``fetch_range(offset, length) -> bytes``: the checkpoint's bytes at ``offset`` (from a peer).
 FetchRange = Callable[[int, int], bytes]
@@ -52,9 +46,9 @@ def fetch_checkpoint_stages(fetch_range: FetchRange, layout: RunLayout, round_in
         raise StateError("a hashed run's checkpoint is checked whole (its momentum is in no record)")
     header, data_start = _header(fetch_range)
     try:
-        meta = json.loads((header.get("__metadata__") or {}).get("dlx", "{}"))
+        meta = loads_bounded((header.get("__metadata__") or {}).get("dlx", "{}"), MAX_JSON_DEPTH)
     except (AttributeError, TypeError, ValueError, RecursionError) as exc:
-        raise StateError(f"checkpoint metadata unreadable: {type(exc).__name__}") from None
+        raise StateError(f"checkpoint metadata unreadable: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(meta, dict):
         raise StateError("checkpoint metadata is not an object")
     ckpt = checkpoint_of({}, meta)
@@ -81,24 +75,13 @@ def _header(fetch_range: FetchRange) -> tuple[dict, int]:
     raw = fetch_range(8, length)
     if len(raw) != length:
         raise StateError(f"checkpoint header cut short: {len(raw)} of {length} bytes")
-    if _nesting(raw) > MAX_NESTING:  # json.loads of deep nesting can overflow the C stack: the node dies
-        raise StateError(f"checkpoint header is not JSON of a safetensors header (nested over {MAX_NESTING})")
     try:
-        header = json.loads(raw)
+        header = loads_bounded(raw, MAX_JSON_DEPTH)
     except (ValueError, RecursionError) as exc:
-        raise StateError(f"checkpoint header is not JSON: {type(exc).__name__}") from None
+        raise StateError(f"checkpoint header is not JSON: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(header, dict):
         raise StateError("checkpoint header is not an object")
     return header, 8 + length
-
-
-def _nesting(raw: bytes) -> int:
-    """How deep the brackets of the JSON text ``raw`` nest (strings skipped), without parsing it."""
-    depth = deepest = 0
-    for bracket in _STRING.sub(b'""', raw).translate(None, _NOT_BRACKET):
-        depth += 1 if bracket in b"[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
 
 
 def _stage_leaves(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes) -> list:

@@ -1,0 +1,90 @@
+"""A peer's deeply nested JSON is refused, never the end of the node's process.
+
+A node's process imports py_ecc (through web3's signing), which raises the interpreter's recursion limit to
+100,000; ``json.loads`` then recurses in C past the thread's stack on deep nesting and the process dies of a
+segmentation fault, which no ``except`` catches (training/jsonbound.py). A member's stage shard is parsed by
+every node that builds the round's checkpoint, a claimant's start state by its verifiers, a checkpoint's
+header by a joiner and a run document by every joiner: each of them, nested 65,536 deep, killed the process
+before these readers bounded the depth. Each case runs in a child process with the node's imports, so a
+regression is a failed test (exit -11), not a dead test run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PRELUDE = """
+import sys
+sys.path.insert(0, {root!r})
+import node.live.assembly  # the node's imports: py_ecc raises the recursion limit
+assert sys.getrecursionlimit() >= 100_000, sys.getrecursionlimit()
+DEEP = "[" * 65536
+"""
+
+CASES = {
+    "a stage shard's metadata (read_checkpoint)": """
+        import torch
+        from safetensors.torch import save_file
+        from node.errors import StateError
+        from node.store.checkpoint import read_checkpoint, parse_checkpoint
+        save_file({"weights.w": torch.zeros(4)}, "shard.safetensors", metadata={"dlx": DEEP})
+        for read in (lambda: read_checkpoint("shard.safetensors"),
+                     lambda: parse_checkpoint(open("shard.safetensors", "rb").read())):
+            try:
+                read()
+            except StateError as exc:
+                assert "nested" in str(exc), exc
+            else:
+                raise AssertionError("accepted")
+    """,
+    "a checkpoint header read by range (a joiner)": """
+        import struct
+        from node.errors import StateError
+        from node.store.checkpoint import RunLayout
+        from node.store.checkpoint_stage import fetch_checkpoint_stages
+        data = struct.pack("<Q", len(DEEP)) + DEEP.encode()
+        layout = RunLayout(1, b"c" * 32, {}, ({"w": (4,)},), True)
+        try:
+            fetch_checkpoint_stages(lambda o, n: data[o:o + n], layout, 1, b"r" * 32, [0])
+        except StateError as exc:
+            assert "nested" in str(exc), exc
+        else:
+            raise AssertionError("accepted")
+    """,
+    "a start state's header (a verifier)": """
+        import struct
+        from training.errors import ReplicaStateError
+        from training.replica_state import _parse_header
+        try:
+            _parse_header(DEEP.encode())
+        except ReplicaStateError as exc:
+            assert "nested" in str(exc), exc
+        else:
+            raise AssertionError("accepted")
+    """,
+    "a run document (a joiner)": """
+        from node.errors import ConfigError
+        from node.runconfig import parse_run_document
+        try:
+            parse_run_document(DEEP.encode())
+        except ConfigError as exc:
+            assert "nested" in str(exc), exc
+        else:
+            raise AssertionError("accepted")
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_deep_nesting_from_a_peer_is_refused_not_a_segfault(case, tmp_path):
+    code = PRELUDE.format(root=str(ROOT)) + textwrap.dedent(CASES[case])
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
