@@ -43,17 +43,21 @@ class Statement:
     pool: str
     convicted: bool
     credits: list[Credit] = field(default_factory=list)
+    token: str | None = None  # the pool's ERC-20 (amounts in its smallest units); None: ETH (wei)
 
     def total(self, *states: str) -> int:
         return sum(c.amount for c in self.credits if c.state in states)
 
     def to_json(self) -> dict:
+        """The statement as ``dlx-node rewards --json`` prints it: every amount in the pool's ``unit``, wei
+        for an ETH pool, else the smallest units of its ``token`` (docs/REWARDS.md)."""
         earned = self.total("pending", "claimable", "unfunded", "claimed")
         return {"run_id": self.run_id, "account": self.account, "pool": self.pool,
-                "convicted": self.convicted,
-                "earned_wei": earned, "final_wei": self.total("claimable", "unfunded", "claimed"),
-                "claimable_wei": self.total("claimable"), "claimed_wei": self.total("claimed"),
-                "forfeited_wei": self.total("forfeited"), "pending_wei": self.total("pending"),
+                "convicted": self.convicted, "unit": "wei" if self.token is None else "token units",
+                "token": self.token,
+                "earned_amount": earned, "final_amount": self.total("claimable", "unfunded", "claimed"),
+                "claimable_amount": self.total("claimable"), "claimed_amount": self.total("claimed"),
+                "forfeited_amount": self.total("forfeited"), "pending_amount": self.total("pending"),
                 "credits": [asdict(c) for c in self.credits]}
 
 
@@ -95,7 +99,8 @@ def statement(pool, ledger, run_id: int, account: str, sources: dict | None = No
     view = books.view
     params = view["params"]
     seat = ledger.member(run_id, account)
-    result = Statement(run_id, account, pool.address, seat is not None and seat.status == "slashed")
+    result = Statement(run_id, account, pool.address, seat is not None and seat.status == "slashed",
+                       token=params.token if params.is_token else None)
     claimed_events = {(e.args["round"], e.args["stage"]): e.args["amount"] for e in books.events
                       if e.name == "RewardClaimed" and e.args["account"] == account}
     for r in range(books.rounds):

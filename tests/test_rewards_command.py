@@ -44,13 +44,13 @@ def test_a_statement_follows_each_credit_from_pending_to_claimed(chain_w3):
     attest, contribution = now.credits
     assert (attest.state, attest.amount) == ("claimable", attester_share(rr.params, 2))
     assert (contribution.state, contribution.amount) == ("claimable", rr.expected_share(0, 0, 1))
-    assert now.to_json()["claimable_wei"] == attest.amount + contribution.amount
+    assert now.to_json()["claimable_amount"] == attest.amount + contribution.amount
     for credit in now.credits:
         _send(rr, 1, claim_call(reader, rr.run_id, credit, sources))
     done = statement(rr.pool(1), reader, rr.run_id, rr.address(1))  # no sources: claims say it
     assert [(c.stage, c.state, c.amount) for c in done.credits] == [
         (None, "claimed", attest.amount), (0, "claimed", contribution.amount)]
-    assert done.to_json()["claimed_wei"] == attest.amount + contribution.amount
+    assert done.to_json()["claimed_amount"] == attest.amount + contribution.amount
     outsider = statement(rr.pool(5), reader, rr.run_id, rr.address(5), sources)
     assert outsider.credits == []  # listed nowhere: no credit
     member3 = statement(rr.pool(3), reader, rr.run_id, rr.address(3))
@@ -71,7 +71,7 @@ def test_a_convicted_members_unclaimed_credits_are_forfeited(chain_w3):
                                                 client2.sign_record(other))
     after = statement(rr.pool(2), rr.run.reader, rr.run_id, rr.address(2))
     assert after.convicted and {c.state for c in after.credits} == {"forfeited"}
-    assert after.to_json()["claimable_wei"] == 0
+    assert after.to_json()["claimable_amount"] == 0
     assert claim_call(rr.run.reader, rr.run_id, after.credits[0]) is None
 
 
@@ -96,7 +96,7 @@ def test_rewards_command_shows_and_claims_a_members_credits(anvil_run, capsys):
     assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     share = attester_share(rr.params, 2)
-    assert shown["claimable_wei"] == share and shown["claimed_wei"] == 0
+    assert shown["claimable_amount"] == share and shown["claimed_amount"] == 0
     place = list(rr.rounds[0].attesters).index(rr.address(1))
     assert shown["credits"] == [{"round": 0, "stage": None, "amount": share, "state": "claimable",
                                  "index": place}]
@@ -110,7 +110,9 @@ def test_rewards_command_shows_and_claims_a_members_credits(anvil_run, capsys):
     assert "nothing to claim now" in capsys.readouterr().out
     assert main(["rewards", "--config", config, "--pool", rr.pool_address, "--account", rr.address(2),
                  "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["claimable_wei"] == share  # member 2's, unclaimed
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["claimable_amount"] == share  # member 2's, unclaimed
+    assert (shown["unit"], shown["token"]) == ("wei", None)  # an ETH pool
 
 
 def test_rewards_command_refuses_bad_input_and_a_poor_account_before_sending(anvil_run, capsys):

@@ -116,7 +116,7 @@ def test_rewards_command_claims_a_contribution_from_the_node_directory(request, 
     shown = json.loads(capsys.readouterr().out)
     share = rr.expected_share(0, 0, 1)
     assert {(c["stage"], c["state"]) for c in shown["credits"]} == {(None, "claimable"), (0, "claimable")}
-    assert shown["claimable_wei"] == share + rr.expected_attester_share(0)
+    assert shown["claimable_amount"] == share + rr.expected_attester_share(0)
     assert main(["rewards", "--config", str(config), "--pool", rr.pool_address, "--claim", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "claim round 0's contribution" in out and "claim round 0's attestation" in out

@@ -287,7 +287,9 @@ def test_the_rewards_command_claims_and_funds_a_token_pool(request, tmp_path, ca
     command = ["rewards", "--config", str(config), "--pool", rr.pool_address]
     assert main([*command, "--json"]) == 0
     share = rr.expected_attester_share(0)
-    assert json.loads(capsys.readouterr().out)["claimable_wei"] == share  # the token's units
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["claimable_amount"] == share  # the token's units, named so
+    assert (shown["unit"], shown["token"]) == ("token units", token.address) and "claimable_wei" not in shown
     before = token.balance_of(rr.address(1))
     assert main([*command, "--claim", "--yes"]) == 0
     assert "of token" in capsys.readouterr().out

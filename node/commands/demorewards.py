@@ -7,7 +7,8 @@ and final), ``final`` (its rounds final: claimable, waiting for funds, or claime
 
 from __future__ import annotations
 
-#: Each member's totals in the summary (ledger.rewardstatement.Statement.to_json's).
+#: Each member's totals in the summary (ledger.rewardstatement.Statement.to_json's ``*_amount``; the demo's
+#: pool is in ETH, so wei).
 TOTALS = ("earned_wei", "final_wei", "claimable_wei", "claimed_wei", "pending_wei", "forfeited_wei")
 
 
@@ -30,7 +31,8 @@ def rewards_summary(run) -> dict | None:
         account = dev_account(slot.account, run.chain_id).address
         data = statement(pool, client, run.run_id, account, sources, books).to_json()
         kinds = [c["stage"] for c in data["credits"]]
-        members.append({"node": slot.name, "account": account, **{key: data[key] for key in TOTALS},
+        totals = {key: data[key.replace("_wei", "_amount")] for key in TOTALS}
+        members.append({"node": slot.name, "account": account, **totals,
                         "attestations": kinds.count(None), "contributions": len(kinds) - kinds.count(None)})
     return {"pool": pool.address, "per_round_wei": view["params"].amount_per_round,
             "attester_bps": view["params"].attester_bps, "funded_wei": view["funded"],

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ledger.rewardstatement import RunBooks, statement
 
-#: A member's totals in the explorer (ledger.rewardstatement.Statement.to_json's).
+#: A member's totals in the explorer (ledger.rewardstatement.Statement.to_json's ``*_amount``, in the pool's
+#: unit: wei, or a token pool's units, which ``token`` and ``token_decimals`` name).
 TOTALS = ("earned_wei", "final_wei", "claimable_wei", "claimed_wei", "pending_wei", "forfeited_wei")
 
 
@@ -26,7 +27,7 @@ def pool_snapshot(pool, client, run_id: int, history) -> dict:
     for account in dict.fromkeys(m.account for m in history.memberships):
         data = statement(pool, client, run_id, account, books=books).to_json()
         members.append({"account": data["account"], "convicted": data["convicted"],
-                        **{key: data[key] for key in TOTALS},
+                        **{key: data[key.replace("_wei", "_amount")] for key in TOTALS},
                         "credits": len(data["credits"])})
     return {"address": pool.address, "per_round_wei": params.amount_per_round,
             "attester_bps": params.attester_bps, "contribution_slots": params.contribution_slots,

@@ -182,9 +182,9 @@ def _print_statement(result, amount=_eth) -> None:
         what = _STAGE_LABEL if credit.stage is None else f"contribution, stage {credit.stage}"
         print(f"  round {credit.round:>4}  {what:<24} {amount(credit.amount):>18}  {credit.state}")
     data = result.to_json()
-    print(f"earned {amount(data['earned_wei'])} (final {amount(data['final_wei'])}), claimable "
-          f"{amount(data['claimable_wei'])}, claimed {amount(data['claimed_wei'])}, forfeited "
-          f"{amount(data['forfeited_wei'])}")
+    print(f"earned {amount(data['earned_amount'])} (final {amount(data['final_amount'])}), claimable "
+          f"{amount(data['claimable_amount'])}, claimed {amount(data['claimed_amount'])}, forfeited "
+          f"{amount(data['forfeited_amount'])}")
     unclaimed = [c for c in result.credits if c.state == "claimable"]
     if unclaimed:
         print("claim them: dlx-node rewards --claim (same options)")
