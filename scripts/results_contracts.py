@@ -94,6 +94,17 @@ def forge_invariants(r: dict) -> list[str]:
     return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
 
 
+def forge_pool_invariants(r: dict) -> list[str]:
+    """bench/fuzz_forge_pool.py: forge's invariant campaign over contracts/forge's PoolHandler (issue 77)."""
+    actors = ", ".join(f"{name} {calls:,}" for name, calls in r["calls_by_actor"].items())
+    return [(f"forge's invariant campaign of the reward pool (`{r['forge']}`, seed {r['seed']}): "
+             f"**{r['calls']:,} calls** ({r['runs']} sequences of {r['depth']}) in {r['seconds']:.0f} s "
+             f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
+             f"{'; '.join(r['invariants'])}. "
+             f"**{r['violations']} violations**" + (f" ({r['failure']})" if r["failure"] else "")
+             + f". Calls by actor: {actors}."), ""]
+
+
 def fraud_proof_bounds(r: dict) -> list[str]:
     """bench/bench_fraud_proof_bounds.py: the worst chunk proof per codec against createRun's bound."""
     rows = [[row["codec"] + (f" rank {row['rank']}" if "rank" in row else ""), row["contributions"],

@@ -30,6 +30,7 @@ from results_contracts import (
     chunk_state,
     float32_fuzz,
     forge_invariants,
+    forge_pool_invariants,
     fraud_proof_bounds,
     step_proof,
 )
@@ -329,6 +330,12 @@ SECTIONS = (
             "any order against the real contract (docs/TRUST.md, \"The security model\"). Each step sends "
             "several transactions and reads the whole state back, so a loaded shared machine runs "
             "few steps per second."),
+    Section("forge_pool_invariants.json", "The reward pool as forge invariants", "bench/fuzz_forge_pool.py",
+            forge_pool_invariants,
+            "The reward pool (issue 77) inside the EVM: contracts/forge/test/PoolHandler.sol's members, "
+            "claimers, funders, a sweeper, convictions and a re-entrant token against an ETH pool and a "
+            "fee-on-transfer token pool of one run (attestations only: the hypothesis machines claim "
+            "contributions), R1-R5 read after every call (docs/REWARDS.md)."),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
             forge_invariants,
             "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "
