@@ -13,17 +13,18 @@ default (``"windows"``) unless ``--set`` says otherwise. After every committed r
   :func:`file_kind`) its files and bytes (the summary gives the last sample's as multiples of the stage);
 * resident memory now (``VmRSS``) and the peak so far (``VmHWM``) from ``/proc/PID/status``.
 
-It writes ONE JSON, ``bench/results/retention.json`` (with ``--mine-per-second``, whose empty blocks make a
-round outlast its windows as a large model's does, ``retention_ontime.json``; rewritten after every sample,
-so a run cut short keeps its figures): the per-round series, the stage's bytes (fp32 weights of the stage a
-node holds: here the whole ``tiny`` model) and the start state's bytes (what a rerun starts from, one a
-round), the disk as a multiple of each, and whether disk stayed flat after the windows filled (the largest
-total from ``--flat-from`` on against the total at that round). Then, with the chain still up, it audits the
-run from the nodes' directories (``audit --reexecute`` of ``--audit`` contributions, -1: all) and records
-the verdict, the counts and every distinct reason an item could not be checked (what the retention dropped).
-It also measures what serving a checkpoint costs in memory and disk (``serve_checkpoint``: a ``--serve-mib``
-file stored in a blob store the old way, read whole and copied, and the new way, hard-linked and hashed in 4
-MiB reads; each in a fresh process, its peak RSS growth). Nothing asserts: a person reads the figures.
+It writes ONE JSON, ``bench/results/retention.json`` (rewritten after every sample, so a run cut short keeps
+its figures; a run with ``--mine-per-second``, whose empty blocks make a round outlast its windows as a
+large model's does, is written as its ``"ontime"`` part, without the samples): the per-round series, the
+stage's bytes (fp32 weights of the stage a node holds: here the whole ``tiny`` model) and the start state's
+bytes (what a rerun starts from, one a round), the disk as a multiple of each, and whether disk stayed flat
+after the windows filled (the largest total from ``--flat-from`` on against the total at that round). Then,
+with the chain still up, it audits the run from the nodes' directories (``audit --reexecute`` of ``--audit``
+contributions, -1: all) and records the verdict, the counts and every distinct reason an item could not be
+checked (what the retention dropped). It also measures what serving a checkpoint costs in memory and disk
+(``serve_checkpoint``: a ``--serve-mib`` file stored in a blob store the old way, read whole and copied, and
+the new way, hard-linked and hashed in 4 MiB reads; each in a fresh process, its peak RSS growth). Nothing
+asserts: a person reads the figures.
 
     nice -n 5 python bench/bench_retention.py --rounds 100
 """
@@ -200,12 +201,8 @@ def main() -> int:
     parser.add_argument("--audit", type=int, default=-1,
                         help="contributions the closing audit reruns (-1: all, 0: no audit)")
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
-    parser.add_argument("--out", default="",
-                        help="default: bench/results/retention.json, or with --mine-per-second "
-                             "bench/results/retention_ontime.json")
+    parser.add_argument("--out", default=str(RESULTS / "retention.json"))
     args = parser.parse_args()
-    if not args.out:
-        args.out = str(RESULTS / ("retention_ontime.json" if args.mine_per_second > 0 else "retention.json"))
     if args.serve_only:
         result = json.loads(Path(args.out).read_text())
         result["serve_checkpoint"] = serve_checkpoint(args.serve_mib)
@@ -251,8 +248,7 @@ def main() -> int:
             "serve_checkpoint": serve,
             "samples": samples,
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        _write(Path(args.out), result, ontime=args.mine_per_second > 0)
 
     try:
         run.setup()
@@ -309,6 +305,21 @@ def main() -> int:
     print(json.dumps(summarise(samples, stage, args.flat_from), indent=1))
     print(f"wrote {args.out}")
     return 0 if not stopped else 1
+
+
+def _write(out: Path, result: dict, ontime: bool) -> None:
+    """Write ``result`` to ``out``: the run with blocks mined beside it (``ontime``) as the ``"ontime"`` part
+    of the current result, without its samples; the other run as the result, keeping that part."""
+    try:
+        current = json.loads(out.read_text())
+    except (OSError, ValueError):
+        current = {}
+    if ontime:
+        result, current["ontime"] = current, {k: v for k, v in result.items() if k != "samples"}
+    elif "ontime" in current:
+        result["ontime"] = current["ontime"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 class _Miner:

@@ -265,19 +265,9 @@ SECTIONS = (
             "claim proves its listing against the record (docs/REWARDS.md)."),
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
-            "Flat once the windows fill, but far above a small multiple of the stage's weights: a start "
-            "state (10.2x, kept as a packed blob: 7.3x of its own a round) is kept for every round of the "
-            "dispute window, a chunked run's published stage state (packed too, its tensors the start "
-            "states' pieces) and what is published beside it for every round of the proof window, and "
-            "this local chain mines about one block a round, so the windows span tens of rounds "
-            "(docs/PROTOCOL.md, \"Archive and retention\"). Issue 75's disk goal is not met."),
-    Section("retention_ontime.json", "Disk per node when rounds outlast the chain's windows",
-            "bench/bench_retention.py", retention,
-            "`nice -n 5 python bench/bench_retention.py --rounds 100 --mine-per-second 4`: the same run "
-            "with empty blocks mined beside it, so that the chain's windows (in blocks) span a "
-            "round or two, as they do for a large model's rounds of minutes to hours: what the retention "
-            "keeps is then the rounds in flight and the one or two whose windows are open, plus the "
-            "checkpoints."),
+            "Flat once the windows fill, far above a small multiple of the stage: a start state (10.2x; 7.3x "
+            "of its own a round, packed) for every round of the dispute window, which on this local chain (a "
+            "block a round) spans tens of rounds (docs/PROTOCOL.md, \"Archive and retention\")."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "
@@ -331,11 +321,8 @@ SECTIONS = (
             "several transactions and reads the whole state back, so a loaded shared machine runs "
             "few steps per second."),
     Section("forge_pool_invariants.json", "The reward pool as forge invariants", "bench/fuzz_forge_pool.py",
-            forge_pool_invariants,
-            "The reward pool (issue 77) inside the EVM: contracts/forge/test/PoolHandler.sol's members, "
-            "claimers, funders, a sweeper, convictions and a re-entrant token against an ETH pool and a "
-            "fee-on-transfer token pool of one run (attestations only: the hypothesis machines claim "
-            "contributions), R1-R5 read after every call (docs/REWARDS.md)."),
+            forge_pool_invariants, "The reward pool (issue 77) against PoolHandler.sol's actors, an ETH and "
+            "a fee-on-transfer token pool (attestation claims only), R1-R5 after each call (REWARDS.md)."),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
             forge_invariants,
             "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "

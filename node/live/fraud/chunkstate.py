@@ -25,9 +25,8 @@ Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the 
 an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
 challenge asks for it; without its weights and momentum when the published state holds them (the spilled
 file names that blob, which lives exactly as long: issue 75's retention), and with the contributions' codec
-blobs in place of their payload pieces when those cut back to them (held in memory for the whole window,
-they were the largest growth tracemalloc found in a soak's nodes: docs/P2P.md, "What the soak found"). The
-published state is kept as a packed blob whose tensors are pieces shared with the start states.
+blobs in place of their payload pieces when those cut back to them (in memory, they were a soak's largest
+growth: docs/P2P.md). A published state is a packed blob, its tensors pieces shared with the start states.
 """
 
 from __future__ import annotations
@@ -99,11 +98,9 @@ class ChunkedStates:
         self._states: dict[int, dict[int, StageState]] = {}  # round -> stage -> state
         self._spilled: dict[int, set[int]] = {}  # round -> stages whose state is in spill_dir, not in memory
         self._served: dict[int, list[str]] = {}  # round -> blobs published
-        # round -> stage -> the blob of its published state (weights and momentum): a spilled state refers to
-        # it instead of repeating its leaves (:meth:`_spill`)
+        # round -> stage -> the blob of its published state (weights, momentum) and of what the scheme
+        # publishes beside it (a version-3 stage's factors, sum trees): a spilled state names them (_thin)
         self._published: dict[int, dict[int, str]] = {}
-        # round -> stage -> the blob of what the scheme published beside it (a version-3 stage's factors and
-        # sum trees, under norms_key(leaf)): a spilled state refers to it instead of repeating its sum trees
         self._published_norms: dict[int, dict[int, str]] = {}
         # round -> stage -> the accepted contributions' codec blobs, until the round is spilled (_thin)
         self._payloads: dict[int, dict[int, list[bytes]]] = {}
