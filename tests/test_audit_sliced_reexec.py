@@ -90,7 +90,7 @@ def _archive(root, cfg, corpus, slices_by_replica, bundles=True, tampered=(), wh
     return root
 
 
-def _audit(cfg, archive, accusations=(), memberships=(), count=-1):
+def _audit(cfg, archive, accusations=(), memberships=(), count=-1, leads=None):
     history = SimpleNamespace(run=SimpleNamespace(run_id=RUN_ID, max_rounds=cfg.rounds),
                               accusations=list(accusations), head_hash=b"h" * 32,
                               memberships=list(memberships),
@@ -100,6 +100,8 @@ def _audit(cfg, archive, accusations=(), memberships=(), count=-1):
                               members_at=lambda position: [])
     report = SimpleNamespace(general=[], notes=[])  # what reexec_checks appends to (an AuditReport's lists)
     reexec_checks(report, history, Replayer(run_document(cfg), None), [archive], count)
+    if leads is not None:  # the contributions found wrong or not rerun (node/tools/audit_cases.py)
+        leads.extend(report.case_leads)
     return {c.name: c for c in report.general}
 
 
@@ -108,13 +110,17 @@ def test_a_sliced_contribution_is_rerun_from_its_archived_bundle(sliced_round, t
     other replica's) fail the audit. (Before the fix every honest sliced contribution FAILed: its reference
     was compared with a codec blob.)"""
     cfg, corpus, slices = sliced_round
-    checks = _audit(cfg, _archive(tmp_path / "node", cfg, corpus, {0: slices, 1: slices}))
+    leads = []
+    checks = _audit(cfg, _archive(tmp_path / "node", cfg, corpus, {0: slices, 1: slices}), leads=leads)
     honest = checks["re-execution of round 0 replica 0"]
     assert honest.status == OK and "reproduced (exact" in honest.reason, honest.reason
     cheat = checks["re-execution of round 0 replica 1"]
     assert cheat.status == FAIL and "does not reproduce (mismatch" in cheat.reason, cheat.reason
     # the platform rule's line (issue 42): the claims are this process's platform, so rerun here, bit-exact
     assert "judged exact" in honest.reason and "judged exact" in cheat.reason, (honest.reason, cheat.reason)
+    # the cheat alone is a case lead (each of its stages); round 0 starts from the genesis: no case (issue 78)
+    assert {(lead.round, lead.replica, lead.finding) for lead in leads} == {(0, 1, "wrong")}
+    assert all(not lead.command and "genesis" in lead.no_case for lead in leads)
 
 
 def test_a_sliced_contribution_without_its_inputs_is_unverifiable_never_failed(sliced_round, tmp_path):

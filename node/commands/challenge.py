@@ -14,6 +14,7 @@ import argparse
 
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds
 from node.errors import ConfigError
+from node.tools.audit_cases import challenge_command  # noqa: F401 - the command line of a case, here too
 
 
 def add_parser(sub) -> None:
@@ -30,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--overturn", action="store_true",
                    help="overturn the round: the case is won (every claim refuted, or none made, by its "
                         "deadline)")
+    p.add_argument("--archive", action="append", default=[], metavar="DIR",
+                   help="another node directory (or a copy of one) whose rewards/ kept the rounds' stage "
+                        "leaves and factors (as audit --archive; the chain vouches for what is read)")
     add_fee_args(p)
 
 
@@ -43,7 +47,8 @@ def run_challenge(args: argparse.Namespace) -> int:
     chain, run_id, _seat = member_chain(args)
     try:
         client = chain.client
-        subject = _subject(args.config, client, run_id, args.round, args.stage, args.contribution)
+        subject = _subject(args.config, client, run_id, args.round, args.stage, args.contribution,
+                           args.archive)
         prover = _prover(client)
         if args.open:
             _open(client, prover, run_id, subject, args.yes)
@@ -59,15 +64,10 @@ def run_challenge(args: argparse.Namespace) -> int:
     return 0
 
 
-def challenge_command(round_: int, stage: int, index: int, config: str = "node.toml") -> str:
-    """The command that opens a case against contribution ``index`` of ``stage`` in round ``round_``."""
-    return (f"dlx-node challenge --config {config} --round {round_} --stage {stage} --contribution {index} "
-            "--open")
-
-
-def _subject(config: str, client, run_id: int, round_: int, stage: int, index: int):
+def _subject(config: str, client, run_id: int, round_: int, stage: int, index: int, archives=()):
     """The case's subject (ledger.stepbinding.RunSubject) from the kept stage leaves and factors of rounds
-    ``round_`` and ``round_ - 1``; ConfigError naming what is missing."""
+    ``round_`` and ``round_ - 1`` (the node directory's and ``archives``'); ConfigError naming what is
+    missing."""
     from eth_abi import decode
 
     from ledger.chunkproof import StageLeaf
@@ -76,11 +76,12 @@ def _subject(config: str, client, run_id: int, round_: int, stage: int, index: i
     from node.config import load_config
     from node.store.rewardsources import read_sources
 
-    sources = read_sources([load_config(config).path(".")], client, run_id)
+    sources = read_sources([load_config(config).path("."), *archives], client, run_id)
     for r in (round_ - 1, round_):
         if r not in sources:
-            raise ConfigError(f"round {r} of run {run_id}: the node directory kept no stage leaves the chain "
-                              "vouches for (a node of the run keeps them: node/store/rewardsources.py)")
+            raise ConfigError(f"round {r} of run {run_id}: the node directory (and --archive) kept no stage "
+                              "leaves the chain vouches for (a node of the run keeps them: "
+                              "node/store/rewardsources.py)")
     leaves, factors = sources[round_]
     if not 0 <= stage < len(leaves) or factors[stage] is None:
         raise ConfigError(f"round {round_}, stage {stage}: no factors kept for it (of {len(leaves)} stages)")

@@ -286,7 +286,7 @@ def audit_run(
 
         mark = time.perf_counter()
         reexec_checks(report, history, replayer, archives, reexecute, reexec_progress, fetcher=fetcher,
-                      processes=processes)
+                      processes=processes, reader=client)
         timings["reexecute_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     replays = [r.replay_seconds for r in report.rounds if r.replay_seconds is not None]

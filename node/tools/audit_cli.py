@@ -157,6 +157,10 @@ def run_audit(args: Any) -> int:
     print(report.summary())
     if report.reexecution:
         print(report.reexecution_line())
+    if report.case_leads:
+        from node.tools.audit_cases import print_leads
+
+        print_leads(report.case_leads)
     if report.failed:
         first, bad = report.first_bad_round, report.first_failure()
         where = f"first bad round {first}" if first is not None else "a chain-level item"

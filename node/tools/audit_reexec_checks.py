@@ -72,10 +72,13 @@ def rerun_source(report, history, replayer, archives, fetcher):
 
 
 def reexec_checks(report, history, replayer, archives, count: int, progress=None, fetcher=None,
-                  processes: int = 1) -> None:
+                  processes: int = 1, reader=None) -> None:
     """Append the re-execution checks to ``report.general`` (module docstring), count the reruns by how they
     were judged in ``report.reexecuted``; ``progress(done, total, what)`` after each rerun. Without
-    ``archives``, the reruns read the run's peers through ``fetcher`` (:func:`rerun_source`)."""
+    ``archives``, the reruns read the run's peers through ``fetcher`` (:func:`rerun_source`). Every
+    contribution found wrong or not rerun becomes a case lead (``report.case_leads``, with its challenge
+    command where the archives' factors name it: node/tools/audit_cases.py; ``reader`` the chain)."""
+    from node.tools.audit_cases import case_leads
     asked = "all" if count < 0 else count
     source = rerun_source(report, history, replayer, archives, fetcher)
     report.reexecution = {"asked": asked, "recorded": 0, "sampled": 0, "rerun": 0, "why_not": "",
@@ -99,10 +102,10 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
     sample = sample_contributions(pairs, history.head_hash, count)
     report.reexecution.update(recorded=len(pairs), sampled=len(sample))
     report.reexecuted = judged = {}  # how each sampled contribution was judged -> how many
+    pending = []
     if progress is not None:
         progress(0, len(sample), "")
     for done, (round_index, replica) in enumerate(sample, 1):
-        name = f"re-execution of round {round_index} replica {replica}"
         unparsed = None
         try:
             result, reason, distance = auditor.check(round_index, replica)
@@ -112,32 +115,55 @@ def reexec_checks(report, history, replayer, archives, count: int, progress=None
         judged[how] = judged.get(how, 0) + 1
         if progress is not None:
             progress(done, len(sample), f"round {round_index} replica {replica}")
-        if unparsed is not None:
-            report.general.append(Check(name, FAIL, unparsed, round_index))
-            continue
-        if result is None:
-            report.general.append(Check(name, UNVERIFIABLE, reason, round_index))
-        elif result.verdict == "other_result":
-            report.general.append(built_elsewhere_check(name, auditor, round_index, replica,
-                                                              result.failed_stages, reason))
-        elif result.honest:
-            report.general.append(Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
-                                        f"judged {how_judged(result)})", round_index))
-        elif result.undecided:
-            report.general.append(Check(name, UNVERIFIABLE,
-                                        f"undecided (judged {how_judged(result)}: {reason})", round_index))
-        else:
-            envs = auditor._envelopes(round_index, replica) or []
-            account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
-            caught = account.lower() in guilty_accounts
-            report.general.append(Check(
-                name, OK if caught else FAIL,
-                f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
-                + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
-                round_index))
+        check = _rerun_check(auditor, (round_index, replica), (result, reason, distance, unparsed),
+                             account_of, guilty_accounts)
+        report.general.append(check)
+        lead = _pending(check, (round_index, replica), result)
+        if lead is not None:
+            pending.append(lead)
+    report.case_leads = case_leads(pending, auditor.sealed, archives or [], reader, history.run.run_id)
     _account_for_the_rest(report, report.reexecution["from"], asked, len(pairs), len(sample))
     proofs = SlicedProofAuditor(auditor.cfg, history.run.run_id, auditor.archives, auditor.sealed, account_of)
     report.general.extend(ejection_check(accusation, auditor, proofs, account_of) for accusation in guilty)
+
+
+def _rerun_check(auditor, pair: tuple[int, int], outcome: tuple, account_of: dict,
+                 guilty_accounts: set) -> Check:
+    """The item of one rerun of (round, replica): ``outcome`` is (result, reason, distance, unparsed)."""
+    round_index, replica = pair
+    result, reason, distance, unparsed = outcome
+    name = f"re-execution of round {round_index} replica {replica}"
+    if unparsed is not None:
+        return Check(name, FAIL, unparsed, round_index)
+    if result is None:
+        return Check(name, UNVERIFIABLE, reason, round_index)
+    if result.verdict == "other_result":
+        return built_elsewhere_check(name, auditor, round_index, replica, result.failed_stages, reason)
+    if result.honest:
+        return Check(name, OK, f"reproduced ({result.verdict}, distance {distance:.3g}; "
+                     f"judged {how_judged(result)})", round_index)
+    if result.undecided:
+        return Check(name, UNVERIFIABLE, f"undecided (judged {how_judged(result)}: {reason})", round_index)
+    envs = auditor._envelopes(round_index, replica) or []
+    account = account_of.get(envs[0].sender_peer_id, "") if envs else ""
+    caught = account.lower() in guilty_accounts
+    return Check(name, OK if caught else FAIL,
+                 f"does not reproduce ({result.verdict}: {reason}; judged {how_judged(result)})"
+                 + ("; its member was found guilty on chain" if caught else "; the run did not catch it"),
+                 round_index)
+
+
+def _pending(check: Check, pair: tuple[int, int], result):
+    """The case lead of a rerun's item (node/tools/audit_cases.py), None for a contribution that reproduced:
+    wrong where the rerun did not reproduce it (a member caught on chain included: its round still lists
+    it), not rerun where the item is unverifiable; the stages the rerun blames, else all of the replica's."""
+    from node.tools.audit_cases import NOT_RERUN, WRONG, Pending
+
+    wrong = check.status == FAIL or check.reason.startswith("does not reproduce")
+    if not wrong and check.status != UNVERIFIABLE:
+        return None
+    stages = tuple(getattr(result, "failed_stages", ()) or ()) if wrong else ()
+    return Pending(pair[0], pair[1], WRONG if wrong else NOT_RERUN, check.reason, stages)
 
 
 def _account_for_the_rest(report, source: str, asked, recorded: int, sampled: int) -> None:

@@ -158,6 +158,9 @@ class AuditReport:
     # and, when not, the parameters that make it unprovable, one message each
     fraud_provable: bool | None = None
     unprovable: list[str] = field(default_factory=list)
+    # issue 78: each contribution the reruns found wrong or could not rerun, with the challenge command that
+    # opens a case against it or why none (node.tools.audit_cases.CaseLead)
+    case_leads: list[Any] = field(default_factory=list)
 
     def all_checks(self) -> list[Check]:
         return self.general + [c for r in self.rounds for c in r.checks] + self.checkpoints
