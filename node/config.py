@@ -57,6 +57,10 @@ class StorageConfig:
     # With "windows": keep at least the newest N besides what the windows need (0: none more).
     keep_rounds: int = 0  # sealed archive rounds (signed contributions, served start states)
     keep_checkpoints: int = 0  # checkpoint rounds (full checkpoint and stage shards)
+    # "whole": keep each kept checkpoint round's whole file (every stage: S times a stage of an S-stage run);
+    # "stages": in a chunked run keep its header and this node's own stage shards only, the rest served by
+    # the other stages' holders and assembled by whoever needs the file (node/store/checkpoint_split.py)
+    checkpoints: str = "whole"
 
     def __post_init__(self) -> None:
         if self.retention not in RETENTIONS:
@@ -68,10 +72,16 @@ class StorageConfig:
         if self.keep_checkpoints < 0:
             raise ConfigError(f"storage.keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 = no more "
                               "than the windows need)")
+        if self.checkpoints not in CHECKPOINT_KEEPING:
+            raise ConfigError(f"storage.checkpoints={self.checkpoints!r}: must be one of "
+                              f"{', '.join(CHECKPOINT_KEEPING)} (\"whole\": every stage of each kept "
+                              "checkpoint; \"stages\": a chunked run's header and this node's own stages)")
 
 
 #: ``storage.retention``'s values (node/store/retention.py).
 RETENTIONS = ("windows", "all")
+#: ``storage.checkpoints``'s values (node/store/checkpoint_split.py).
+CHECKPOINT_KEEPING = ("whole", "stages")
 
 
 _SECTIONS: dict[str, type] = {

@@ -90,7 +90,8 @@ def member(tmp_path: Path, name: str, chunked: bool, own_shard: bytes | None):
     node = SimpleNamespace(peer_id="peer-a", membership=membership, book=book, stop_event=threading.Event(),
                            layout=layout(chunked), host=peers, incoming_dir=home / "incoming",
                            checkpoint_dir=home / "checkpoints",
-                           cfg=SimpleNamespace(round_timeout=2.0, p2p=SimpleNamespace(transfer_timeout=5)))
+                           cfg=SimpleNamespace(round_timeout=2.0, p2p=SimpleNamespace(transfer_timeout=5),
+                                               storage=SimpleNamespace(checkpoints="whole")))
     book.add_close(ROUND, 0, "peer-b", msg.Close([]), b"envelope")
     return CheckpointBuilder(node), book, peers
 

@@ -221,6 +221,13 @@ def summarize(run: LocalRun) -> dict:
             if p.exists():
                 ckpt_path = str(p)
                 break
+        else:  # the nodes kept it split (storage.checkpoints = "stages"): the whole file from their stages
+            from node.store.checkpoint_split import assemble_in_dirs
+
+            p = Path(run.workdir) / f"checkpoint-round-{latest['round']:08d}.safetensors"
+            if assemble_in_dirs([slot.data_dir for slot in run.nodes], latest["round"],
+                                bytes.fromhex(latest["content_hash"]), p):
+                ckpt_path = str(p)
     # Re-execution spot checks of other replicas' rounds,
     # per node (node/live/checks/verifier.py; status.json).
     spot_checks = {}

@@ -53,7 +53,8 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
     start states they bind (the blob store's ``<sha256>``: ``audit LINK --reexecute`` reruns from them), the
     evidence of its accusations, the run's tokenizer and an imported model's initial weights."""
     found: dict[str, Path] = {}
-    for directory in map(Path, node_dirs):
+    node_dirs = list(map(Path, node_dirs))
+    for directory in node_dirs:
         run_dir = directory / "archive" / f"run-{run_id}"
         envelopes = sorted(run_dir.glob("round-*/*.env"))
         states = sorted({directory / "blobs" / state for state in map(_start_state, envelopes) if state})
@@ -66,7 +67,26 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
         for path in paths:
             if path.is_file():
                 found.setdefault(_sha256(path), path)
+    found.update({digest: path for digest, path in _split_checkpoints(node_dirs) if digest not in found})
     return found
+
+
+def _split_checkpoints(node_dirs: list[Path]) -> list[tuple[str, Path]]:
+    """(sha256 hex, file) of each checkpoint the nodes kept split (storage.checkpoints = "stages": each a
+    header and its own stages, node/store/checkpoint_split.py), assembled whole from all of them."""
+    from node.store.checkpoint_split import read_split
+    from node.tools.evidence import find_checkpoint_files
+
+    wanted = {}
+    for directory in node_dirs:
+        for listing in sorted((directory / "checkpoints").glob("round-*.split.json")):
+            split = read_split(listing)
+            if split is not None:
+                wanted[(split["round"], split["content_hash"].hex())] = True
+    out = []
+    for round_index, digest in sorted(wanted):
+        out += [(digest, path) for path in find_checkpoint_files(node_dirs, round_index, digest)[:1]]
+    return out
 
 
 def packed_states(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:

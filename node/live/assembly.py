@@ -54,6 +54,7 @@ from node.live.round.ending import RunEnd, RunOverWatch
 from node.live.round.entry import RunEntry
 from node.live.exchange.protocol import Exchange
 from node.live.exchange.pool import serve_blob
+from node.store.checkpoint_split import serve_split
 from node.live.exchange.registry import EXCHANGES
 from node.live.round.finisher import RoundFinisher
 from node.live.record.forkrepair import ForkRepair
@@ -228,6 +229,7 @@ class NodeParts:
         self.startup.mark("chain checked")
         self.host = P2PHost.start(cfg.p2p, self.identity, data_dir=self.data_dir)
         self.startup.mark("host started")
+        serve_split(self.host, self.checkpoint_dir)  # kept split checkpoints' keys (the blobs are stored)
         self.reporter.listening(self.host.listen_addrs)
         return chain.seat_of(own_seat)
 

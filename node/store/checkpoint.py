@@ -180,7 +180,7 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
         with open(tmp, "wb") as out:
-            write_safetensors(out, _CheckpointTensors(checkpoint), checkpoint._metadata())
+            write_safetensors(out, CheckpointTensors(checkpoint), checkpoint._metadata())
             out.flush()
             os.fsync(out.fileno())
         digest = bytes.fromhex(hash_file(Path(tmp)))
@@ -199,7 +199,7 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     return digest
 
 
-class _CheckpointTensors(Mapping):
+class CheckpointTensors(Mapping):
     """A checkpoint's tensors by their names in the file (``weights.<name>``, ``momentum.<name>``), each read
     from the checkpoint's mappings when written (:func:`write_checkpoint`)."""
 

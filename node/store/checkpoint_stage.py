@@ -44,7 +44,7 @@ def fetch_checkpoint_stages(fetch_range: FetchRange, layout: RunLayout, round_in
     errors (a peer that does not answer) pass through."""
     if not layout.chunked:
         raise StateError("a hashed run's checkpoint is checked whole (its momentum is in no record)")
-    header, data_start = _header(fetch_range)
+    header, data_start = read_header(fetch_range)
     try:
         meta = loads_bounded((header.get("__metadata__") or {}).get("dlx", "{}"), MAX_JSON_DEPTH)
     except (AttributeError, TypeError, ValueError, RecursionError) as exc:
@@ -55,16 +55,16 @@ def fetch_checkpoint_stages(fetch_range: FetchRange, layout: RunLayout, round_in
     problems = metadata_problems(ckpt, layout, round_index)
     if problems:
         raise StateError("; ".join(problems))
-    leaves = _stage_leaves(ckpt, layout, weights_root)
+    leaves = checked_stage_leaves(ckpt, layout, weights_root)
     for stage in sorted(set(stages)):
-        weights, momentum = _stage_tensors(fetch_range, header, data_start, layout, stage)
-        _check_stage(ckpt, layout, stage, leaves[stage], weights, momentum)
+        weights, momentum = stage_tensors(fetch_range, header, data_start, layout, stage)
+        check_stage(ckpt, layout, stage, leaves[stage], weights, momentum)
         ckpt.weights.update(weights)
         ckpt.momentum.update(momentum)
     return ckpt
 
 
-def _header(fetch_range: FetchRange) -> tuple[dict, int]:
+def read_header(fetch_range: FetchRange) -> tuple[dict, int]:
     """The safetensors header (parsed) and the offset its data starts at."""
     head = fetch_range(0, 8)
     if len(head) != 8:
@@ -84,7 +84,7 @@ def _header(fetch_range: FetchRange) -> tuple[dict, int]:
     return header, 8 + length
 
 
-def _stage_leaves(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes) -> list:
+def checked_stage_leaves(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes) -> list:
     """Every stage's leaf from the metadata, checked to give the record's weights root."""
     from ledger.chunkproof import chunked_weights_root
     from ledger.errors import LedgerInputError
@@ -104,7 +104,7 @@ def _stage_leaves(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes) -> l
     return leaves
 
 
-def _stage_tensors(fetch_range: FetchRange, header: dict, data_start: int, layout: RunLayout,
+def stage_tensors(fetch_range: FetchRange, header: dict, data_start: int, layout: RunLayout,
                    stage: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``stage``'s weights and momentum, each tensor fetched by the range its header entry gives."""
     out: tuple[dict, dict] = ({}, {})
@@ -130,7 +130,7 @@ def _stage_tensors(fetch_range: FetchRange, header: dict, data_start: int, layou
     return out
 
 
-def _check_stage(ckpt: Checkpoint, layout: RunLayout, stage: int, leaf, weights: dict,
+def check_stage(ckpt: Checkpoint, layout: RunLayout, stage: int, leaf, weights: dict,
                  momentum: dict) -> None:
     """The stage's tensors against its leaf's chunk roots and the metadata's stage hash."""
     from ledger.chunkproof import tree_root

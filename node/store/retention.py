@@ -80,11 +80,15 @@ SPOT_CHECK_ROUNDS = 8
 #: (node/live/checks/heldstates.py): a restarted node still forgets them when their rounds leave the span.
 SERVED_STATES_FILE = "served-start-states.json"
 
-_CHECKPOINT_FILE = re.compile(r"^(?:round-(\d{8})|shard-(\d{8})-stage\d+)\.safetensors$")
+# a full checkpoint, a stage shard, or a checkpoint kept split (its header and the list of this node's shards
+# that serve it: node/store/checkpoint_split.py); a "round-" file marks a round with a checkpoint of its own
+_CHECKPOINT_FILE = re.compile(
+    r"^(?:round-(\d{8})(?:\.safetensors|\.head|\.split\.json)|shard-(\d{8})-stage\d+\.safetensors)$")
 
 
 def checkpoint_files(checkpoint_dir: Path) -> dict[int, list[Path]]:
-    """The checkpoint files (full checkpoints and shards) of ``checkpoint_dir``, by round."""
+    """The checkpoint files (full checkpoints, shards, split checkpoints' headers and listings) of
+    ``checkpoint_dir``, by round."""
     out: dict[int, list[Path]] = {}
     if not checkpoint_dir.is_dir():
         return out

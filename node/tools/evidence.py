@@ -37,15 +37,49 @@ MAX_LIST_DEPTH = 8  # round.json's layout nests 3 deep; deeper is not a list (an
 
 def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str) -> list[Path]:
     """Candidate checkpoint files in ``dirs``: by round name or by content hash (unverified)."""
+    dirs = list(map(Path, dirs))
     names = [f"round-{round_index:08d}.safetensors", f"{content_hash_hex}.safetensors", content_hash_hex]
     found = []
-    for directory in map(Path, dirs):
+    for directory in dirs:
         for sub in (directory, directory / "checkpoints", directory / "blobs"):
             for name in names:
                 path = sub / name
                 if path.is_file() and path not in found:
                     found.append(path)
+    if not found:  # kept split by its nodes (storage.checkpoints = "stages"): their headers and shards
+        assembled = _assembled(dirs, round_index, content_hash_hex)
+        found += [assembled] if assembled is not None else []
     return found
+
+
+_ASSEMBLED: dict[tuple, Path] = {}
+
+
+def _assembled(dirs: list[Path], round_index: int, content_hash_hex: str) -> Path | None:
+    """The checkpoint ``content_hash_hex`` assembled from what ``dirs`` kept of it split
+    (node/store/checkpoint_split.py), in a directory of this process removed at its exit; None if they
+    do not hold every stage of it."""
+    import atexit
+
+    from node.store.checkpoint_split import assemble_in_dirs
+
+    key = (tuple(dirs), round_index, content_hash_hex)
+    if key in _ASSEMBLED and _ASSEMBLED[key].is_file():
+        return _ASSEMBLED[key]
+    try:
+        content_hash = bytes.fromhex(content_hash_hex)
+    except ValueError:
+        return None
+    listing = f"round-{round_index:08d}.split.json"
+    if not any((d / sub / listing).is_file() for d in dirs for sub in ("checkpoints", "")):
+        return None
+    workdir = Path(tempfile.mkdtemp(prefix="dlx-assembled-"))
+    atexit.register(shutil.rmtree, workdir, True)
+    dest = workdir / f"round-{round_index:08d}.safetensors"
+    if not assemble_in_dirs(dirs, round_index, content_hash, dest):
+        return None
+    _ASSEMBLED[key] = dest
+    return dest
 
 
 class LazyPeerFetcher:

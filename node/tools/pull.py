@@ -265,8 +265,12 @@ def _fetch_verified(
         except PullRefused as exc:
             refusals.append(type(exc)(f"{exc} (download deleted)"))
         except P2PError as exc:
-            logger.warning("checkpoint %s not downloaded: %s", expected[:16], exc)
+            logger.warning("checkpoint %s not downloaded whole: %s", expected[:16], exc)
             fetch_error = str(exc)
+            split = _split_from_peers(fetcher, layout, commit, staging) if layout.chunked else None
+            if split is not None:
+                return (*_verified_checkpoint(split.read_bytes(), layout, commit, "peers (assembled from its "
+                                              "stages' holders)"), "peers", split.stat().st_size)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # verified bytes are in memory; nothing half-kept
     if refusals:
@@ -277,6 +281,30 @@ def _fetch_verified(
         f"checkpoint {expected[:16]} of run {run.run_id} round {commit.round}: {where}; pass "
         "--bootstrap with a node's multiaddr (status.json 'listen_addrs') or --archive"
     )
+
+
+def _split_from_peers(fetcher: PeerFetcher, layout: Any, commit: Any, staging: Path) -> Path | None:
+    """The checkpoint ``commit`` names, assembled from its header and each stage's shard as the fetcher's
+    peers serve them under their keys (a run whose nodes keep it split: node/store/checkpoint_split.py),
+    each part checked against the record; None (logged) if they do not serve every stage."""
+    from node.store.checkpoint_split import assemble_checkpoint, header_key, stage_key
+
+    host, digest = fetcher.host, commit.checkpoint_hash
+    peers = list(dict.fromkeys([*fetcher.bootstrap_peers, *host.peers()]))
+
+    def remote(key: str) -> list:
+        return [lambda offset, length, peer=peer: host.fetch_blob_range(key, offset, length, peer, timeout=60)
+                for peer in peers]
+
+    dest = staging / f"{digest.hex()}.assembled.safetensors"
+    try:
+        assemble_checkpoint(remote(header_key(digest)), lambda stage: remote(stage_key(digest, stage)),
+                            layout, commit.round, commit.weights_root, digest, dest)
+    except DLX_ERRORS as exc:
+        logger.warning("checkpoint %s not assembled from its stages' holders either: %s", digest.hex()[:16],
+                       exc)
+        return None
+    return dest
 
 
 def pull_checkpoint(

@@ -20,6 +20,8 @@ from pathlib import Path
 from ledger.errors import LedgerInputError
 from node.errors import DLX_ERRORS, StateError
 from node.live.exchange.pool import serve_blob
+from node.store.checkpoint_split import (alias_split, assemble_checkpoint, checkpoint_digest, header_key,
+                                         stage_key, write_split)
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
 from node.fraudproof import parse_stage_leaf
@@ -44,6 +46,7 @@ class CheckpointBuilder:
     def __init__(self, node) -> None:
         # the committer's node.live.record.committer.CommitterContext (not imported: no cycle)
         self.node = node
+        self.chosen: dict[int, bytes] = {}  # stage -> the shard hash its state came from (the last build)
 
     def assemble(self, outer_round: int, atts, stage_hashes: list[bytes],
                  stage_leaves: list[bytes] = ()) -> bytes | None:
@@ -64,6 +67,7 @@ class CheckpointBuilder:
         node = self.node
         layout = node.layout
         states = {}
+        self.chosen = {}
         for stage in range(layout.num_stages):
             leaf = stage_leaves[stage] if layout.chunked and stage < len(stage_leaves) else None
             state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage], leaf)
@@ -80,10 +84,27 @@ class CheckpointBuilder:
                     "round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
                     outer_round, "; ".join(problems))
                 return None
+        if layout.chunked and node.cfg.storage.checkpoints == "stages":
+            return self._keep_split(outer_round, full)
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
         serve_blob(node.host, path, link=True)  # one copy on disk: the store links the file
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
+        return digest
+
+    def _keep_split(self, outer_round: int, full) -> bytes:
+        """``storage.checkpoints = "stages"``: hash the checkpoint as it would be written, keep and serve its
+        header and this node's own shards of the stages whose verified state they are, not the whole file
+        (node/store/checkpoint_split.py). Returns the content hash the record names."""
+        node = self.node
+        digest, header = checkpoint_digest(full)
+        own = {stage: shard.hex() for stage, shard in self.chosen.items()
+               if shard == self._own_hash(outer_round, stage)}
+        head, _listing = write_split(node.checkpoint_dir, outer_round, digest, header, own)
+        header_sha = serve_blob(node.host, head, link=True)
+        alias_split(node.host, digest, header_sha, own)
+        logger.info("round %d: checkpoint %s kept as its header and this node's stage shards %s (not whole)",
+                    outer_round, digest.hex()[:12], sorted(own))
         return digest
 
     def _spilled(self, outer_round: int, stage: int, state):
@@ -121,6 +142,7 @@ class CheckpointBuilder:
                 state = self._judged(outer_round, stage, shard_hash, offered[shard_hash], weights_hash,
                                      momentum_root)
                 if state is not None and momentum_root is not None:
+                    self.chosen[stage] = shard_hash
                     return state
                 if state is not None:
                     verified[stage_weights_hash(state[1])] = state
@@ -240,6 +262,27 @@ class CheckpointBuilder:
             if not held:  # the fetch kept a copy in the blob store: never pruned with the checkpoints, so
                 node.host.remove_blob(content_hash.hex())  # dropped (the holders serve their shards)
 
+    def _fetch_split(self, outer_round: int, content_hash: bytes, weights_root: bytes):
+        """The checkpoint ``content_hash`` assembled from its header and stage shards as the live peers serve
+        them under their keys (node/store/checkpoint_split.py), each checked; nothing kept on disk."""
+        node = self.node
+        peers = node.membership.live_providers()
+        timeout = node.cfg.p2p.transfer_timeout
+
+        def remote(key: str) -> list:
+            return [lambda offset, length, peer=peer: node.host.fetch_blob_range(key, offset, length, peer,
+                                                                                timeout=timeout)
+                    for peer in peers]
+
+        dest = node.incoming_dir / f"{content_hash.hex()}.assembled"
+        try:
+            assemble_checkpoint(remote(header_key(content_hash)),
+                                lambda stage: remote(stage_key(content_hash, stage)),
+                                node.layout, outer_round, weights_root, content_hash, dest)
+            return read_checkpoint(dest, content_hash)
+        finally:
+            dest.unlink(missing_ok=True)
+
     def committed_problems(self, outer_round: int, content_hash: bytes, weights_root: bytes) -> list[str]:
         """Why the committed checkpoint of a round is not the run's (empty: it verifies).
 
@@ -251,7 +294,12 @@ class CheckpointBuilder:
         try:
             ckpt = self._fetch_checkpoint_file(content_hash)
         except DLX_ERRORS as exc:
-            return [f"not fetched: {exc}"]
+            if not node.layout.chunked:
+                return [f"not fetched: {exc}"]
+            try:  # its holders may keep it split (storage.checkpoints = "stages")
+                ckpt = self._fetch_split(outer_round, content_hash, weights_root)
+            except DLX_ERRORS as split_exc:
+                return [f"not fetched: {exc}; nor assembled from its stages' holders: {split_exc}"]
         problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
         for stage in range(node.layout.num_stages):
             local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"

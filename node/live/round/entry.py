@@ -27,6 +27,8 @@ from node.live.round.finisher import RoundFinisher
 from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, checkpoint_problems, read_checkpoint
+from node.store.checkpoint_split import (file_range, head_path, header_key, read_split, shard_path,
+                                         split_path, split_stages, stage_key)
 from node.store.checkpoint_stage import fetch_checkpoint_stages
 from p2p.errors import BlobError, P2PError
 from training.errors import PipelineError
@@ -233,7 +235,8 @@ class RunEntry:
         restart's) or where no live peer is known (the DHT is asked for the file)."""
         path = self.checkpoint_dir / f"round-{candidate.round:08d}.safetensors"
         providers = self.membership.live_providers()
-        if providers and not path.exists() and self.layout.chunked:
+        kept_split = split_path(self.checkpoint_dir, candidate.round).exists()
+        if (providers or kept_split) and not path.exists() and self.layout.chunked:
             record = self.chain.commit_of(self.run_id, candidate.round)
             if record is None:
                 return None, ["its round is not committed"]
@@ -266,7 +269,39 @@ class RunEntry:
                             "the record (not the whole model's file)", candidate.round,
                             list(self.worker.stages), peer[-8:])
                 return ckpt
+        try:  # kept split (storage.checkpoints = "stages"): this node's own copy first, then the holders'
+            ckpt = self._split_stages(candidate, weights_root, providers)
+        except StateError as exc:
+            refused.append(f"split: {exc}")
+        else:
+            return ckpt
         raise (StateError if wrong else BlobError)(" | ".join(refused)[:2000])
+
+    def _split_stages(self, candidate, weights_root: bytes, providers: list[str]) -> Checkpoint:
+        """The held stages of a checkpoint kept split (node/store/checkpoint_split.py): its header and each
+        held stage's shard from this node's directory (a restart's own) or from the peers that serve them
+        under their keys, each checked against the record. StateError if none verifies."""
+        digest, folder, timeout = candidate.content_hash, self.checkpoint_dir, self.cfg.p2p.transfer_timeout
+
+        def remote(key: str) -> list:
+            return [lambda offset, length, peer=peer: self.host.fetch_blob_range(key, offset, length, peer,
+                                                                                timeout=timeout)
+                    for peer in providers]
+
+        listing = split_path(folder, candidate.round)
+        split = read_split(listing) if listing.exists() else None
+        own = split["stages"] if split is not None and split["content_hash"] == digest else {}
+        headers = [file_range(head_path(folder, candidate.round))] if own else []
+        headers += remote(header_key(digest))
+
+        def shards(stage: int) -> list:
+            local = [file_range(shard_path(folder, candidate.round, stage))] if stage in own else []
+            return local + remote(stage_key(digest, stage))
+
+        ckpt = split_stages(headers, shards, self.layout, candidate.round, weights_root, self.worker.stages)
+        logger.info("round %d's checkpoint: stages %s from its header and stage shards (kept split), checked "
+                    "against the record", candidate.round, list(self.worker.stages))
+        return ckpt
 
     def _download_checkpoint(self, round_index: int, content_hash: bytes) -> Checkpoint:
         path = self.checkpoint_dir / f"round-{round_index:08d}.safetensors"

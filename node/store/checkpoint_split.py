@@ -1,0 +1,305 @@
+"""A chunked run's checkpoint kept as its header and each node's own stages, not whole (issue 75: disk).
+
+Every node builds a checkpoint round's full checkpoint (node/live/record/checkpointbuild.py) and kept the
+file: S times its stage's state on every node of an S-stage run (at the 107B layout's 10 stages, 856 GB a
+node for each checkpoint round kept). With ``storage.checkpoints = "stages"`` a node of a chunked run keeps
+only what it can vouch for alone and what names the rest:
+
+* the checkpoint's *header* (the file's first bytes: its length field, the tensors' offsets and the run's
+  metadata with every stage leaf), ``round-<t>.head``, served under :func:`header_key` of the content hash;
+* its own attested stage shards ``shard-<t>-stage<s>.safetensors`` (kept already, for the assembly), each
+  served also under :func:`stage_key` of the content hash and the stage;
+* ``round-<t>.split.json``: which blobs those are (the aliases are the blob store's, in memory: a restart
+  serves them again from it).
+
+The record's content hash is computed as the file is streamed into a hash (:func:`checkpoint_digest`), byte
+for byte what ``write_checkpoint`` would write. Whoever needs the whole file (``pull``, an auditor, a
+seeder, a joiner's own stages) reads the header and each stage's shard from their holders, checks the
+header's metadata against the run and its stage leaves against the record's weights root, checks every
+stage's tensors against its leaf, writes the file with the same streaming writer and compares its sha256
+with the record's (:func:`assemble_checkpoint`). A hashed run's momentum is in no record, so a hashed run
+keeps whole files. Every byte read here is an adversary's until checked (StateError naming it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from node.errors import StateError
+from node.store.checkpoint import (Checkpoint, CheckpointTensors, RunLayout, checkpoint_of,
+                                   metadata_problems, write_checkpoint)
+from node.store.checkpoint_stage import (MAX_JSON_DEPTH, FetchRange, check_stage, checked_stage_leaves,
+                                         read_header, stage_tensors)
+from node.store.safetensors_stream import write_safetensors
+from training.jsonbound import loads_bounded
+
+logger = logging.getLogger(__name__)
+
+SPLIT_FORMAT = 1
+_HEADER_TAG = b"dlx-checkpoint-header/v1"
+_STAGE_TAG = b"dlx-checkpoint-stage/v1"
+
+
+def header_key(content_hash: bytes) -> str:
+    """The blob key a holder serves the checkpoint ``content_hash``'s header under (sha256 hex)."""
+    return hashlib.sha256(_HEADER_TAG + content_hash).hexdigest()
+
+
+def stage_key(content_hash: bytes, stage: int) -> str:
+    """The blob key a holder serves its shard of ``stage`` of the checkpoint ``content_hash`` under."""
+    return hashlib.sha256(_STAGE_TAG + content_hash + stage.to_bytes(4, "big")).hexdigest()
+
+
+def head_path(checkpoint_dir: Path, round_index: int) -> Path:
+    return checkpoint_dir / f"round-{round_index:08d}.head"
+
+
+def split_path(checkpoint_dir: Path, round_index: int) -> Path:
+    return checkpoint_dir / f"round-{round_index:08d}.split.json"
+
+
+def shard_path(checkpoint_dir: Path, round_index: int, stage: int) -> Path:
+    return checkpoint_dir / f"shard-{round_index:08d}-stage{stage}.safetensors"
+
+
+class _HashSink:
+    """A write-only file that hashes what is written and keeps the first write (the safetensors header:
+    :func:`write_safetensors` writes it in one call before any tensor)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.header: bytes | None = None
+
+    def write(self, data) -> int:
+        if self.header is None:
+            self.header = bytes(data)
+        self.sha.update(data)
+        return len(data)
+
+
+def checkpoint_digest(checkpoint: Checkpoint) -> tuple[bytes, bytes]:
+    """``(sha256 of the checkpoint's file, its header bytes)`` without writing the file: the bytes
+    ``write_checkpoint`` writes, streamed into a hash one tensor at a time."""
+    sink = _HashSink()
+    write_safetensors(sink, CheckpointTensors(checkpoint), checkpoint._metadata())
+    header = sink.header or b""
+    if len(header) < 8 or int.from_bytes(header[:8], "little") != len(header) - 8:
+        raise StateError("the checkpoint's header was not written first")  # write_safetensors' contract
+    return sink.sha.digest(), header
+
+
+def bytes_range(data: bytes) -> FetchRange:
+    """A :data:`FetchRange` over bytes in memory (a header read whole)."""
+    return lambda offset, length: data[offset:offset + length]
+
+
+def file_range(path: Path) -> FetchRange:
+    """A :data:`FetchRange` over a local file (a node directory's shard)."""
+    def read(offset: int, length: int) -> bytes:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read(length)
+    return read
+
+
+def checked_header(fetch: FetchRange, layout: RunLayout, round_index: int, weights_root: bytes
+                   ) -> tuple[Checkpoint, list]:
+    """The checkpoint's metadata (tensors empty) and every stage's parsed leaf, from a header read by
+    ``fetch`` and checked: the run's metadata, stage leaves that give ``weights_root``. StateError."""
+    if not layout.chunked:
+        raise StateError("a hashed run's checkpoint is kept and checked whole (its momentum is in no record)")
+    header, _start = read_header(fetch)
+    try:
+        meta = loads_bounded((header.get("__metadata__") or {}).get("dlx", "{}"), MAX_JSON_DEPTH)
+    except (AttributeError, TypeError, ValueError, RecursionError) as exc:
+        raise StateError(f"checkpoint metadata unreadable: {type(exc).__name__}: {exc}"[:300]) from None
+    if not isinstance(meta, dict):
+        raise StateError("checkpoint metadata is not an object")
+    ckpt = checkpoint_of({}, meta)
+    problems = metadata_problems(ckpt, layout, round_index)
+    if problems:
+        raise StateError("; ".join(problems))
+    return ckpt, checked_stage_leaves(ckpt, layout, weights_root)
+
+
+def stage_from_shard(fetch: FetchRange, layout: RunLayout, ckpt: Checkpoint, leaf, stage: int):
+    """``stage``'s (weights, momentum) read by ``fetch`` from a holder's stage shard (a safetensors file
+    of the stage's ``weights.*`` and ``momentum.*``), checked against the stage's leaf and the header's
+    stage hash. StateError naming what is wrong."""
+    header, start = read_header(fetch)
+    weights, momentum = stage_tensors(fetch, header, start, layout, stage)
+    check_stage(ckpt, layout, stage, leaf, weights, momentum)
+    return weights, momentum
+
+
+def split_stages(headers: Iterable[FetchRange], shards: Callable[[int], Iterable[FetchRange]],
+                 layout: RunLayout, round_index: int, weights_root: bytes,
+                 stages: Iterable[int]) -> Checkpoint:
+    """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies,
+    each stage from the first of ``shards(stage)`` that verifies (the others' errors are named if none
+    does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
+    refused: list[str] = []
+    ckpt = leaves = None
+    for fetch in headers:
+        try:
+            ckpt, leaves = checked_header(fetch, layout, round_index, weights_root)
+            break
+        except (StateError, OSError) as exc:
+            refused.append(f"header: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a peer's fetch error (p2p.errors): the next source
+            refused.append(f"header: {type(exc).__name__}: {exc}")
+    if ckpt is None:
+        raise StateError("no checkpoint header verified: " + (" | ".join(refused) or "no source")[:1500])
+    for stage in sorted(set(stages)):
+        state, why = None, []
+        for fetch in shards(stage):
+            try:
+                state = stage_from_shard(fetch, layout, ckpt, leaves[stage], stage)
+                break
+            except (StateError, OSError) as exc:
+                why.append(str(exc))
+            except Exception as exc:  # noqa: BLE001 - a peer's fetch error: the next holder
+                why.append(f"{type(exc).__name__}: {exc}")
+        if state is None:
+            raise StateError(f"no shard of stage {stage} verified against its leaf: "
+                             + (" | ".join(why) or "no holder")[:1500])
+        ckpt.weights.update(state[0])
+        ckpt.momentum.update(state[1])
+    return ckpt
+
+
+def assemble_checkpoint(headers: Iterable[FetchRange], shards: Callable[[int], Iterable[FetchRange]],
+                        layout: RunLayout, round_index: int, weights_root: bytes, content_hash: bytes,
+                        dest: Path) -> Checkpoint:
+    """Write the whole checkpoint of ``round_index`` to ``dest`` from its header and every stage's shard
+    (:func:`split_stages`), and check its sha256 against the record's ``content_hash`` (the file is removed
+    and StateError raised if it differs). Holds the model's tensors in RAM while writing: what ``pull`` and
+    an auditor hold of a checkpoint anyway."""
+    ckpt = split_stages(headers, shards, layout, round_index, weights_root, range(layout.num_stages))
+    digest = write_checkpoint(dest, ckpt)
+    if digest != content_hash:
+        dest.unlink(missing_ok=True)
+        raise StateError(f"the checkpoint assembled from its header and stage shards hashes to "
+                         f"{digest.hex()[:16]}, not the record's {content_hash.hex()[:16]}")
+    return ckpt
+
+
+def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: bytes, dest: Path) -> bool:
+    """Write the whole checkpoint ``content_hash`` to ``dest`` from a kept header and stage shard files (a
+    node directory's, an auditor's or a seeder's): the header's bytes, then each tensor's bytes, in the
+    header's data order, from the shard that names it. True if the file hashes to ``content_hash`` (else
+    nothing is left at ``dest``). Needs no run document: the record's hash checks every byte, a header or
+    shard from a damaged or hostile directory only fails it."""
+    try:
+        head = header.read_bytes()
+        parsed, start = read_header(bytes_range(head))
+        where: dict[str, tuple[Path, int, int]] = {}
+        for path in shards:
+            fetch = file_range(path)
+            shard_header, shard_start = read_header(fetch)
+            for name, entry in shard_header.items():
+                offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+                if name != "__metadata__" and isinstance(offsets, list) and len(offsets) == 2:
+                    begin, end = int(offsets[0]), int(offsets[1])
+                    where.setdefault(name, (path, shard_start + begin, end - begin))
+        order = sorted(((e["data_offsets"][0], n) for n, e in parsed.items() if n != "__metadata__"))
+    except (OSError, StateError, ValueError, TypeError, KeyError, IndexError) as exc:
+        logger.warning("checkpoint %s not assembled from %s: %s", content_hash.hex()[:16], header, exc)
+        return False
+    sha = hashlib.sha256(head)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = dest.with_name(f".{dest.name}.part")
+    try:
+        with open(staged, "wb") as out:
+            out.write(head)
+            for _offset, name in order:
+                path, offset, length = where[name]
+                data = file_range(path)(offset, length)
+                if len(data) != length:
+                    raise ValueError(f"{path}: tensor {name[:80]!r} cut short")
+                sha.update(data)
+                out.write(data)
+        if sha.digest() != content_hash:
+            raise ValueError(f"the assembled file hashes to {sha.hexdigest()[:16]}")
+        staged.replace(dest)
+        return True
+    except (OSError, KeyError, ValueError) as exc:
+        logger.warning("checkpoint %s not assembled from %s: %s", content_hash.hex()[:16], header,
+                       f"no shard holds {exc}" if isinstance(exc, KeyError) else exc)
+        staged.unlink(missing_ok=True)
+        return False
+
+
+def assemble_in_dirs(dirs: Iterable[Path], round_index: int, content_hash: bytes, dest: Path) -> bool:
+    """:func:`assemble_from_files` from what node directories ``dirs`` kept of a split checkpoint (each
+    directory's own stages: together they may hold every stage)."""
+    headers, shards = [], []
+    for directory in map(Path, dirs):
+        for folder in (directory / "checkpoints", directory):
+            listing = split_path(folder, round_index)
+            split = read_split(listing) if listing.is_file() else None
+            if split is None or split["content_hash"] != content_hash:
+                continue
+            headers.append(head_path(folder, round_index))
+            shards += [shard_path(folder, round_index, stage) for stage in split["stages"]]
+    return any(assemble_from_files(head, shards, content_hash, dest) for head in headers[:2])
+
+
+def write_split(checkpoint_dir: Path, round_index: int, content_hash: bytes, header: bytes,
+                stages: Mapping[int, str]) -> tuple[Path, Path]:
+    """Keep round ``round_index``'s header and the list of this node's shards that serve its stages
+    (``stages``: stage -> the shard's sha256 hex). Returns (the header's path, the list's path)."""
+    from node.fsutil import atomic_write_bytes
+
+    head = head_path(checkpoint_dir, round_index)
+    atomic_write_bytes(head, header)
+    body = {"v": SPLIT_FORMAT, "round": round_index, "content_hash": content_hash.hex(),
+            "header": hashlib.sha256(header).hexdigest(),
+            "stages": {str(s): h for s, h in sorted(stages.items())}}
+    listing = split_path(checkpoint_dir, round_index)
+    atomic_write_bytes(listing, json.dumps(body, sort_keys=True).encode() + b"\n")
+    return head, listing
+
+
+def read_split(path: Path) -> dict | None:
+    """A ``round-<t>.split.json`` as :func:`write_split` wrote it, checked; None (logged) if it is not."""
+    try:
+        body = loads_bounded(path.read_bytes(), 4)
+        stages = {int(s): str(h) for s, h in body["stages"].items()}
+        out = {"round": int(body["round"]), "content_hash": bytes.fromhex(body["content_hash"]),
+               "header": str(body["header"]), "stages": stages}
+        hexes = [out["header"], *stages.values()]
+        if body.get("v") != SPLIT_FORMAT or len(out["content_hash"]) != 32 or min(stages, default=0) < 0 \
+                or any(len(h) != 64 or set(h) - set("0123456789abcdef") for h in hexes):
+            raise ValueError(f"not a version-{SPLIT_FORMAT} listing of sha256 hashes")
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        logger.warning("%s: not a checkpoint split listing (%s): its aliases are not served", path, exc)
+        return None
+
+
+def serve_split(host, checkpoint_dir: Path) -> int:
+    """Serve again, after a start, every kept split checkpoint's header and shards under their keys
+    (the blob store keeps the blobs; its aliases live in memory). Returns how many rounds."""
+    served = 0
+    for path in sorted(checkpoint_dir.glob("round-*.split.json")) if checkpoint_dir.is_dir() else []:
+        split = read_split(path)
+        if split is None:
+            continue
+        alias_split(host, split["content_hash"], split["header"], split["stages"])
+        served += 1
+    return served
+
+
+def alias_split(host, content_hash: bytes, header_sha: str, stages: Mapping[int, str]) -> None:
+    """Serve the header and each stage shard (stored blobs) under their keys of ``content_hash``; a blob
+    this node no longer stores is skipped."""
+    if host.has_blob(header_sha):
+        host.provide_alias(header_key(content_hash), header_sha)
+    for stage, shard in stages.items():
+        if host.has_blob(shard):
+            host.provide_alias(stage_key(content_hash, stage), shard)
