@@ -31,10 +31,11 @@ def _check_summary(stdout: str, out) -> None:
     # (issue 77) the demo opens a small reward pool; each member's earnings come from the chain, its
     # contributions proven by the stage leaves and factors the nodes kept for every committed round
     rewards = summary["rewards"]
-    assert rewards["per_round_wei"] == 10**16 and rewards["funded_wei"] == 2 * 10**16
+    assert rewards["per_round_amount"] == 10**16 and rewards["funded_amount"] == 2 * 10**16
+    assert (rewards["unit"], rewards["symbol"]) == ("wei", "ETH")  # the demo's pool is in ETH
     assert rewards["rounds_with_factors"] == [0, 1], rewards
     assert len(rewards["members"]) == 4 and all(m["contributions"] >= 1 for m in rewards["members"]), rewards
-    assert 0 < sum(m["earned_wei"] for m in rewards["members"]) <= rewards["funded_wei"]
+    assert 0 < sum(m["earned_amount"] for m in rewards["members"]) <= rewards["funded_amount"]
     assert f"reward pool {rewards['pool']}" in stdout
     assert 0 < summary["pseudo_gradient_bytes"] < summary["allreduce_bytes_equivalent"]
     # The centralized reference on the same tokens is trained and printed beside the run's loss.

@@ -159,6 +159,13 @@ def test_a_chain_that_goes_away_leaves_the_last_snapshot_marked_not_live_at_once
             explorer.close()
 
 
+def _whole(units: int) -> str:
+    """``units`` (18 decimals) as the page writes them: exact, trailing zeros dropped."""
+    whole, rest = divmod(units, 10**18)
+    fraction = str(rest).rjust(18, "0").rstrip("0")
+    return f"{whole}.{fraction}" if fraction else str(whole)
+
+
 @pytest.mark.parametrize("in_token", [False, True], ids=["eth", "token"])
 def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_path, in_token):
     """(issue 77) A normed run with a pool (in ETH, or in an ERC-20): round 0 final, member 1's contribution
@@ -190,22 +197,28 @@ def test_explorer_shows_the_reward_pool_and_each_members_credits(request, tmp_pa
         code, pool = _get(base + "api/pool")
         assert code == 200 and pool["address"] == rr.pool_address
         contribution, attestation = rr.expected_share(0, 0, 1), rr.expected_attester_share(0)
-        assert pool["claimed_wei"] == contribution + attestation
-        assert pool["funded_wei"] == 10 * params().amount_per_round
-        assert pool["balance_wei"] == pool["funded_wei"] - pool["claimed_wei"]
+        assert pool["claimed_amount"] == contribution + attestation
+        assert pool["funded_amount"] == 10 * params().amount_per_round
+        assert pool["balance_amount"] == pool["funded_amount"] - pool["claimed_amount"]
+        assert not [key for key in pool if key.endswith("_wei")]  # a token pool's amounts are not wei
         members = {m["account"]: m for m in pool["members"]}
         one, two = members[rr.address(1)], members[rr.address(2)]
         # member 1: its claimed contribution and its attestation of round 0 (claimable), its attestation of
         # round 1 (pending); its round-1 contribution is known only once claimed
-        assert one["claimed_wei"] == contribution and one["claimable_wei"] == attestation
-        assert one["pending_wei"] == attestation and one["final_wei"] == contribution + attestation
-        assert two["claimed_wei"] == attestation and two["earned_wei"] == 2 * attestation
-        assert members[rr.address(3)]["earned_wei"] == 0  # listed, unclaimed: its factors are the nodes'
+        assert one["claimed_amount"] == contribution and one["claimable_amount"] == attestation
+        assert one["pending_amount"] == attestation and one["final_amount"] == contribution + attestation
+        assert two["claimed_amount"] == attestation and two["earned_amount"] == 2 * attestation
+        assert members[rr.address(3)]["earned_amount"] == 0  # listed, unclaimed: its factors are the nodes'
         dom = rendered_dom(base, tmp_path / "chromium")
         assert dom.count('<tr class="credit"') == len(pool["members"]) >= 3, dom[:2000]
         assert rr.pool_address in dom
-        assert pool["token"] == (token.address if in_token else None)
-        assert pool["token_decimals"] == (18 if in_token else None)
-        assert ("of token " + token.address in dom) if in_token else " ETH a final round" in dom
+        # named as `dlx-node rewards --json` names them: the unit of the amounts, and how they show whole
+        symbol = "QRK" if in_token else "ETH"
+        assert (pool["unit"], pool["token"], pool["decimals"], pool["symbol"]) == (
+            ("token units", token.address, 18, "QRK") if in_token else ("wei", None, 18, "ETH"))
+        assert f"{_whole(params().amount_per_round)} {symbol} a final round" in dom  # whole tokens or ETH
+        assert f'id="pool-unit">{symbol}<' in dom
+        assert ((f"(token {token.address})" if in_token else "(token 0x") in dom) == in_token
+        assert f"claimed {_whole(contribution + attestation)} {symbol}" in dom
     finally:
         explorer.close()

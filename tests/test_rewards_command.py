@@ -112,7 +112,7 @@ def test_rewards_command_shows_and_claims_a_members_credits(anvil_run, capsys):
                  "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["claimable_amount"] == share  # member 2's, unclaimed
-    assert (shown["unit"], shown["token"]) == ("wei", None)  # an ETH pool
+    assert (shown["unit"], shown["token"], shown["decimals"], shown["symbol"]) == ("wei", None, 18, "ETH")
 
 
 def test_rewards_command_refuses_bad_input_and_a_poor_account_before_sending(anvil_run, capsys):

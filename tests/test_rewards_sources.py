@@ -16,7 +16,7 @@ from node.cli import main
 from node.commands.demorewards import rewards_lines, rewards_summary
 from node.store.rewardsources import REWARD_SOURCES_DIR, read_sources, write_leaves, write_stage
 from tests.ledger_fixtures import deploy, fresh_anvil_w3
-from tests.reward_fixtures import params, reward_run
+from tests.reward_fixtures import params, reward_run, token_run
 
 
 @pytest.fixture(autouse=True)
@@ -76,8 +76,12 @@ def test_kept_files_the_chain_does_not_vouch_for_are_skipped(chain_w3, tmp_path)
     assert read_sources([node], reader, rr.run_id) == {1: (other.leaves, [None, None])}
 
 
-def test_the_demo_summary_shows_each_members_earnings_from_the_chain(chain_w3, tmp_path):
-    rr = reward_run(deploy(chain_w3), pool=params())
+@pytest.mark.parametrize("in_token", [False, True], ids=["eth", "token"])
+def test_the_demo_summary_shows_each_members_earnings_from_the_chain(chain_w3, tmp_path, in_token):
+    """The summary's figures from the chain, named in the pool's unit as ``dlx-node rewards --json`` names
+    them (``*_amount``, ``unit``), and its lines in ETH or the token's symbol (a token pool is not wei)."""
+    deployment = deploy(chain_w3)
+    rr, token = token_run(deployment) if in_token else (reward_run(deployment, pool=params()), None)
     entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
     slots = [SimpleNamespace(name=f"r{i}", data_dir=tmp_path / f"r{i}", account=i) for i in (1, 2, 3)]
     _keep(rr, entry, slots[0].data_dir, [0])
@@ -85,18 +89,27 @@ def test_the_demo_summary_shows_each_members_earnings_from_the_chain(chain_w3, t
     run = SimpleNamespace(reward_pool=rr.pool_address, client=lambda: rr.run.reader, run_id=rr.run_id,
                           nodes=slots, chain_id=chain_w3.eth.chain_id)
     pending = rewards_summary(run)
+    assert (pending["unit"], pending["token"], pending["symbol"]) == (
+        ("token units", token.address, "QRK") if in_token else ("wei", None, "ETH"))
+    assert not [key for key in [*pending, *pending["members"][0]] if key.endswith("_wei")]
     by_node = {m["node"]: m for m in pending["members"]}
     one = rr.expected_share(0, 0, 1) + rr.expected_attester_share(0)
-    assert (by_node["r1"]["earned_wei"], by_node["r1"]["final_wei"]) == (one, 0)
+    assert (by_node["r1"]["earned_amount"], by_node["r1"]["final_amount"]) == (one, 0)
     assert (by_node["r1"]["attestations"], by_node["r1"]["contributions"]) == (1, 1)
-    assert (by_node["r3"]["earned_wei"], by_node["r3"]["attestations"]) == (rr.expected_share(0, 0, 3), 0)
-    assert pending["rounds_with_factors"] == [0] and pending["funded_wei"] == 10 * params().amount_per_round
+    assert (by_node["r3"]["earned_amount"], by_node["r3"]["attestations"]) == (rr.expected_share(0, 0, 3), 0)
+    assert pending["rounds_with_factors"] == [0]
+    assert pending["funded_amount"] == 10 * params().amount_per_round
     assert "not final yet" in "\n".join(rewards_lines(pending))
     rr.mine_to_final(0)
     final = {m["node"]: m for m in rewards_summary(run)["members"]}
-    assert final["r1"]["final_wei"] == final["r1"]["claimable_wei"] == one
+    assert final["r1"]["final_amount"] == final["r1"]["claimable_amount"] == one
     lines = rewards_lines(rewards_summary(run))
-    assert any(line.split()[:1] == ["r1"] and f"{one / 1e18:.6f}" in line for line in lines), lines
+    whole, rest = divmod(one, 10**18)
+    assert any(line.split()[:1] == ["r1"] and f"{whole}.{rest:018d}"[:-12] in line for line in lines), lines
+    symbol = "QRK" if in_token else "ETH"
+    assert f"{params().amount_per_round / 10**18:.6f} {symbol} a final round" in lines[0], lines[0]
+    named = f"(token {token.address})" if in_token else "(token "
+    assert (named in lines[0]) == in_token and "wei" not in "\n".join(lines)
     assert rewards_summary(SimpleNamespace(reward_pool="")) is None  # a run without a pool: no lines
 
 

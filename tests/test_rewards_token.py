@@ -290,9 +290,11 @@ def test_the_rewards_command_claims_and_funds_a_token_pool(request, tmp_path, ca
     shown = json.loads(capsys.readouterr().out)
     assert shown["claimable_amount"] == share  # the token's units, named so
     assert (shown["unit"], shown["token"]) == ("token units", token.address) and "claimable_wei" not in shown
+    assert (shown["decimals"], shown["symbol"]) == (18, "QRK")  # how the explorer and the demo show them too
     before = token.balance_of(rr.address(1))
     assert main([*command, "--claim", "--yes"]) == 0
-    assert "of token" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"claimed round 0: {share // 10**9 / 10**9:.9f} QRK to" in out, out  # (its gas is in ETH)
     assert token.balance_of(rr.address(1)) == before + share
     funded = rr.pool(0).pool_of(rr.run_id)["funded"]
     assert main([*command, "--fund", "0.01", "--yes"]) == 0

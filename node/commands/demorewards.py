@@ -7,9 +7,10 @@ and final), ``final`` (its rounds final: claimable, waiting for funds, or claime
 
 from __future__ import annotations
 
-#: Each member's totals in the summary (ledger.rewardstatement.Statement.to_json's ``*_amount``; the demo's
-#: pool is in ETH, so wei).
-TOTALS = ("earned_wei", "final_wei", "claimable_wei", "claimed_wei", "pending_wei", "forfeited_wei")
+#: Each member's totals in the summary (ledger.rewardstatement.Statement.to_json's, as ``dlx-node rewards
+#: --json`` names them), in the pool's ``unit`` (wei, or a token pool's smallest units: ledger/poolunit.py).
+TOTALS = ("earned_amount", "final_amount", "claimable_amount", "claimed_amount", "pending_amount",
+          "forfeited_amount")
 
 
 def rewards_summary(run) -> dict | None:
@@ -17,6 +18,7 @@ def rewards_summary(run) -> dict | None:
     if not run.reward_pool:
         return None
     from ledger.account import dev_account
+    from ledger.poolunit import pool_unit
     from ledger.rewards import RewardPoolClient
     from ledger.rewardstatement import RunBooks, statement
     from node.store.rewardsources import read_sources
@@ -31,33 +33,35 @@ def rewards_summary(run) -> dict | None:
         account = dev_account(slot.account, run.chain_id).address
         data = statement(pool, client, run.run_id, account, sources, books).to_json()
         kinds = [c["stage"] for c in data["credits"]]
-        totals = {key: data[key.replace("_wei", "_amount")] for key in TOTALS}
+        totals = {key: data[key] for key in TOTALS}
         members.append({"node": slot.name, "account": account, **totals,
                         "attestations": kinds.count(None), "contributions": len(kinds) - kinds.count(None)})
-    return {"pool": pool.address, "per_round_wei": view["params"].amount_per_round,
-            "attester_bps": view["params"].attester_bps, "funded_wei": view["funded"],
-            "free_wei": view["free"], "claimed_wei": view["claimed"],
+    unit = pool_unit(client.w3, view["params"].token)
+    return {"pool": pool.address, **unit.to_json(), "per_round_amount": view["params"].amount_per_round,
+            "attester_bps": view["params"].attester_bps, "funded_amount": view["funded"],
+            "free_amount": view["free"], "claimed_amount": view["claimed"],
             "rounds_opened": view["nextRound"] - view["firstRound"], "rounds_with_factors": sorted(sources),
             "members": members}
 
 
-def _eth(wei: int) -> str:
-    return f"{wei / 1e18:.6f}"
-
-
 def rewards_lines(s: dict) -> list[str]:
-    """The summary's lines of :func:`rewards_summary`'s ``s``."""
-    lines = [f"reward pool {s['pool']}: {s['per_round_wei'] / 1e18:g} ETH a final round "
+    """The summary's lines of :func:`rewards_summary`'s ``s``, its amounts in the pool's unit (ETH or the
+    token's symbol)."""
+    from ledger.poolunit import PoolUnit
+
+    unit = PoolUnit(s["token"], s["decimals"], s["symbol"])
+    token = f" (token {s['token']})" if s["token"] else ""
+    lines = [f"reward pool {s['pool']}{token}: {unit.show(s['per_round_amount'], 6)} a final round "
              f"({s['attester_bps'] / 100:g}% to its attesters, the rest to its listed contributions), "
-             f"{s['funded_wei'] / 1e18:g} ETH funded, {s['claimed_wei'] / 1e18:g} ETH claimed; "
-             f"each member's earnings from the chain (ETH; contributions proven by the factors the nodes "
-             f"kept for {len(s['rounds_with_factors'])} rounds):",
+             f"{unit.show(s['funded_amount'], 6)} funded, {unit.show(s['claimed_amount'], 6)} claimed; "
+             f"each member's earnings from the chain ({unit.symbol}; contributions proven by the factors the "
+             f"nodes kept for {len(s['rounds_with_factors'])} rounds):",
              "  node      account      attested  contributed      earned       final   claimable"]
     for m in s["members"]:
+        earned, final, claimable = (unit.whole(m[key], 6) for key in TOTALS[:3])
         lines.append(f"  {m['node']:<8}  {m['account'][:10]}  {m['attestations']:>8}  "
-                     f"{m['contributions']:>11}  {_eth(m['earned_wei']):>10}  {_eth(m['final_wei']):>10}  "
-                     f"{_eth(m['claimable_wei']):>10}")
-    if not any(m["final_wei"] for m in s["members"]):
+                     f"{m['contributions']:>11}  {earned:>10}  {final:>10}  {claimable:>10}")
+    if not any(m["final_amount"] for m in s["members"]):
         lines.append("  (earned, not final yet: a round pays once its proof window closes on chain; then "
                      "'dlx-node rewards --claim' claims it)")
     return lines

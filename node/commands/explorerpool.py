@@ -7,11 +7,13 @@ chain's: docs/REWARDS.md). The books every statement shares are read once a snap
 
 from __future__ import annotations
 
+from ledger.poolunit import pool_unit
 from ledger.rewardstatement import RunBooks, statement
 
-#: A member's totals in the explorer (ledger.rewardstatement.Statement.to_json's ``*_amount``, in the pool's
-#: unit: wei, or a token pool's units, which ``token`` and ``token_decimals`` name).
-TOTALS = ("earned_wei", "final_wei", "claimable_wei", "claimed_wei", "pending_wei", "forfeited_wei")
+#: A member's totals in the explorer (ledger.rewardstatement.Statement.to_json's, as ``dlx-node rewards
+#: --json`` names them), in the pool's ``unit``: wei, or a token pool's smallest units (ledger/poolunit.py).
+TOTALS = ("earned_amount", "final_amount", "claimable_amount", "claimed_amount", "pending_amount",
+          "forfeited_amount")
 
 
 def pool_snapshot(pool, client, run_id: int, history) -> dict:
@@ -27,22 +29,12 @@ def pool_snapshot(pool, client, run_id: int, history) -> dict:
     for account in dict.fromkeys(m.account for m in history.memberships):
         data = statement(pool, client, run_id, account, books=books).to_json()
         members.append({"account": data["account"], "convicted": data["convicted"],
-                        **{key: data[key.replace("_wei", "_amount")] for key in TOTALS},
+                        **{key: data[key] for key in TOTALS},
                         "credits": len(data["credits"])})
-    return {"address": pool.address, "per_round_wei": params.amount_per_round,
+    unit = pool_unit(pool.w3, params.token)
+    return {"address": pool.address, **unit.to_json(), "per_round_amount": params.amount_per_round,
             "attester_bps": params.attester_bps, "contribution_slots": params.contribution_slots,
             "attester_slots": params.attester_slots, "claim_blocks": params.claim_blocks,
-            "first_round": view["firstRound"], "next_round": view["nextRound"], "funded_wei": view["funded"],
-            "free_wei": view["free"], "claimed_wei": view["claimed"],
-            "balance_wei": pool.balance(params.token), "token": params.token if params.is_token else None,
-            "token_decimals": _decimals(pool, params),
-            "members": members}
-
-
-def _decimals(pool, params) -> int | None:
-    """A token pool's token's decimals (its amounts are the token's units); None for ETH."""
-    if not params.is_token:
-        return None
-    from node.commands.runpool import token_facts
-
-    return token_facts(pool.w3, params.token, None)[0]
+            "first_round": view["firstRound"], "next_round": view["nextRound"],
+            "funded_amount": view["funded"], "free_amount": view["free"], "claimed_amount": view["claimed"],
+            "balance_amount": pool.balance(params.token), "members": members}

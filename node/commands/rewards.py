@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ledger.poolunit import ETH
 from node.commands.chainops import Spend, add_fee_args, agree, check_funds
 from node.errors import ConfigError
 
@@ -63,16 +64,16 @@ def run_rewards(args: argparse.Namespace) -> int:
             raise ConfigError(f"--account {args.account!r}: not an address")
         sources = _sources(args.config, client, run_id)
         result = statement(pool, client, run_id, account, sources)
-        amount = _formatter(pool, run_id)
+        unit = _unit(pool, run_id)
         if args.json and not args.claim:
-            print(json.dumps(result.to_json(), indent=2))
+            print(json.dumps({**result.to_json(), **unit.to_json()}, indent=2))
         else:
-            _print_statement(result, amount)
+            _print_statement(result, unit.show)
         if args.claim:
-            sent = _claim(pool, client, run_id, result, args.yes, sources, amount)
+            sent = _claim(pool, client, run_id, result, args.yes, sources, unit.show)
             result = statement(pool, client, run_id, account, sources)
             if args.json:
-                print(json.dumps({**result.to_json(), "claims_sent": sent}, indent=2))
+                print(json.dumps({**result.to_json(), **unit.to_json(), "claims_sent": sent}, indent=2))
         if args.prune or args.claim:
             _prune(args.config, pool, client, run_id, quiet=args.json)
     finally:
@@ -130,7 +131,7 @@ def _fund(pool, client, run_id: int, text: str, yes: bool) -> None:
     agree(plan, yes, "funding")
     pool.sender.transact(pool.contract, "fund", (run_id, amount), what, amount)
     free = pool.pool_of(run_id)["free"]
-    print(f"funded the pool of run {run_id} with {_eth(amount)}; it holds {_eth(free)} free")
+    print(f"funded the pool of run {run_id} with {ETH.show(amount)}; it holds {ETH.show(free)} free")
 
 
 def _fund_token(pool, client, run_id: int, token: str, text: str, yes: bool) -> None:
@@ -153,26 +154,20 @@ def _fund_token(pool, client, run_id: int, token: str, text: str, yes: bool) -> 
     agree(plan, yes, "funding")
     pool.approve(token, amount)
     pool.fund(run_id, amount, token)
-    free = pool.pool_of(run_id)["free"]
-    print(f"funded the pool of run {run_id} with {amount} units of token {token}; it holds {free} free")
+    free, unit = pool.pool_of(run_id)["free"], _unit(pool, run_id)
+    print(f"funded the pool of run {run_id} with {unit.show(amount)} ({amount} units of token {token}); it "
+          f"holds {unit.show(free)} free")
 
 
-def _eth(wei: int) -> str:
-    return f"{wei / 1e18:.9f} ETH"
+def _unit(pool, run_id: int):
+    """The run's pool's unit (ledger/poolunit.py): its amounts print in ETH, or whole tokens of a token pool
+    named by the token's symbol."""
+    from ledger.poolunit import pool_unit
+
+    return pool_unit(pool.w3, pool.pool_of(run_id)["params"].token)
 
 
-def _formatter(pool, run_id: int):
-    """How the run's pool's amounts print: ETH, or whole tokens of a token pool (its decimals)."""
-    token = pool.pool_of(run_id)["params"].token
-    if not int(token, 16):
-        return _eth
-    from node.commands.runpool import token_facts
-
-    decimals, _held = token_facts(pool.w3, token, None)
-    return lambda units: f"{units / 10**decimals:.9f} of token {token[:10]}"
-
-
-def _print_statement(result, amount=_eth) -> None:
+def _print_statement(result, amount=ETH.show) -> None:
     print(f"run {result.run_id}, pool {result.pool}, account {result.account}"
           + (" (convicted: its unclaimed credits are forfeited)" if result.convicted else ""))
     if not result.credits:
@@ -190,7 +185,7 @@ def _print_statement(result, amount=_eth) -> None:
         print("claim them: dlx-node rewards --claim (same options)")
 
 
-def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = None, amount=_eth) -> int:
+def _claim(pool, client, run_id: int, result, yes: bool, sources: dict | None = None, amount=ETH.show) -> int:
     """Send a claim for each claimable credit after listing them (gas and balance checked); the claims
     sent."""
     from ledger.rewardstatement import claim_call
