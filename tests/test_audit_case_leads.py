@@ -81,6 +81,8 @@ def test_the_audit_names_each_lead_and_its_printed_command_opens_the_case(reques
     assert "left out of the aggregate" in late.no_case and not late.command
     assert "genesis" in first.no_case and not first.command
     assert other_stage.command.split()[6:10] == ["--stage", "1", "--contribution", "0"]
+    # found wrong: the command opens the case; not rerun (not known wrong): it shows the case only
+    assert wrong.command.endswith(" --open") and "--open" not in other_stage.command
     print_leads(leads)
     out = capsys.readouterr().out
     assert wrong.command in out

@@ -9,6 +9,11 @@ against the chain's record): the contribution's envelope digest among the factor
 contribution the factors do not list was left out of the aggregate (it changed nothing on chain), and round 0
 starts from the run's genesis, which the command does not open; a run with no step program takes no case
 (``ProverStepNoProgram``).
+
+A contribution found wrong gets the command with ``--open`` (it bonds the run's bond and opens the case); one
+not rerun is not known wrong, so its command shows the case and opening it is left to the reader: a case
+against an honest contribution that nobody defends in time overturns an honest round (docs/FRAUD_PROOF.md,
+"Not done", 5).
 """
 
 from __future__ import annotations
@@ -124,7 +129,9 @@ def _name(lead: CaseLead, sources: dict, directories: list[str], no_program: str
     elif no_program:
         lead.no_case = no_program
     else:
-        lead.command = challenge_command(lead.round, lead.stage, lead.index, config, directories)
+        # a contribution not rerun is not known wrong: its command shows the case, --open is the reader's call
+        lead.command = challenge_command(lead.round, lead.stage, lead.index, config, directories,
+                                         open_=lead.finding == WRONG)
 
 
 def _no_program(reader, run_id: int) -> str:
@@ -145,7 +152,7 @@ def _no_program(reader, run_id: int) -> str:
 
 
 def challenge_command(round_: int, stage: int, index: int, config: str = "node.toml",
-                      archives: list[str] | tuple = ()) -> str:
+                      archives: list[str] | tuple = (), open_: bool = True) -> str:
     """The command that opens a case against contribution ``index`` of ``stage`` in round ``round_``, reading
     the rounds' factors from the node directory of ``config`` and ``archives`` (quoted for a shell)."""
     import shlex
@@ -154,7 +161,7 @@ def challenge_command(round_: int, stage: int, index: int, config: str = "node.t
              "--contribution", index]
     for directory in archives:
         parts += ["--archive", directory]
-    return " ".join(shlex.quote(str(part)) for part in [*parts, "--open"])
+    return " ".join(shlex.quote(str(part)) for part in [*parts, *(["--open"] if open_ else [])])
 
 
 def print_leads(leads: list[CaseLead]) -> None:
@@ -164,4 +171,5 @@ def print_leads(leads: list[CaseLead]) -> None:
     if leads:
         opened = sum(bool(lead.command) for lead in leads)
         print(f"case leads: {len(leads)} contribution(s) wrong or not rerun, {opened} with a challenge "
-              "command (run it from the directory of your node.toml: it bonds the run's bond)")
+              "command (run it from the directory of your node.toml; --open bonds the run's bond: a "
+              "contribution not rerun is not known wrong)")
