@@ -66,10 +66,44 @@ def test_sources_are_pruned_once_no_claim_can_use_them(chain_w3, tmp_path):
                                 "round-00000002-stage-1.json", "round-00000009-stage-0.json"}
 
 
-def test_a_round_before_the_pool_is_pruned_and_a_missing_folder_is_nothing(chain_w3, tmp_path):
+def test_a_round_before_the_pool_is_pruned_once_no_case_can_read_it(chain_w3, tmp_path):
+    """A round before the pool's first pays nothing, but a contribution case of it or of the next round
+    reads its files (node/commands/challenge.py): they go only once the next round is final."""
     rr = reward_run(deploy(chain_w3), pool=None)
     rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
     assert prune_sources(tmp_path, rr.pool(1), rr.run.reader, rr.run_id) == []  # no rewards/ folder
     _keep(tmp_path, rr, 0)
     rr.pool(1).create_pool(rr.run_id, params(), 10 * params().amount_per_round)  # first round 1: 0 unpaid
+    assert prune_sources(tmp_path, rr.pool(1), rr.run.reader, rr.run_id) == []  # round 1 not committed yet
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2), label="r1")
+    assert not rr.is_final(1) and prune_sources(tmp_path, rr.pool(1), rr.run.reader, rr.run_id) == []
+    rr.mine_to_final(1)
+    mine(chain_w3, 1)
     assert len(prune_sources(tmp_path, rr.pool(1), rr.run.reader, rr.run_id)) == 3
+
+
+def test_a_claimed_round_waits_for_the_next_round_and_every_pool(chain_w3, tmp_path):
+    """Round 0 claimed in full: its files stay while round 1 can still be proven wrong (a case of round 1
+    reads round 0's), and while a second pool of the run (in another RewardPool contract) still owes it."""
+    from ledger.account import dev_account
+    from ledger.rewards import RewardPoolClient
+    from tests.ledger_fixtures import FAST_RETRY
+
+    rr = reward_run(deploy(chain_w3), pool=params())
+    second = RewardPoolClient.deploy(chain_w3, dev_account(0, chain_w3.eth.chain_id), rr.deployment.ledger,
+                                     retry=FAST_RETRY)
+    other = RewardPoolClient(chain_w3, dev_account(1, chain_w3.eth.chain_id), second, retry=FAST_RETRY)
+    other.create_pool(rr.run_id, params(), 10 * params().amount_per_round)
+    rr.commit([[(1, 50)], [(2, 50)]], signers=(1, 2))
+    _keep(tmp_path, rr, 0)
+    rr.mine_to_final(0)
+    rr.claim(1, 0, 0)
+    rr.claim(2, 0, 1)
+    reader = rr.run.reader
+    assert prune_sources(tmp_path, rr.pool(0), reader, rr.run_id) == []  # round 1 not committed
+    rr.commit([[(1, 50)], [(2, 50)]], signers=(1, 2), label="r1")
+    rr.mine_to_final(1)
+    mine(chain_w3, 1)
+    assert prune_sources(tmp_path, [rr.pool(0), other], reader, rr.run_id) == []  # the second pool owes it
+    assert len(_names(tmp_path)) == 3
+    assert len(prune_sources(tmp_path, rr.pool(0), reader, rr.run_id)) == 3  # the first pool alone: done

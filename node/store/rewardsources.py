@@ -13,7 +13,9 @@ proof window closes, before the round can pay (a round pays only once final). So
 
 :func:`prune_sources` removes a round's files once no claim can use them any more (bounded disk): a stage's
 file once every contribution it lists is claimed, forfeited (its account convicted) or pays nothing, and
-every file of a round the pool will never pay again (before the pool's first round, overturned, or swept).
+every file of a round the pool will never pay again (before the pool's first round, overturned, or swept);
+never while a contribution case of the round or the next can still read them. ``dlx-node rewards --prune``
+runs it, and so does a running node whose run has a pool (node/live/record/rewardprune.py).
 
 :func:`read_sources` reads them back from any node directories and keeps only what the chain's record of the
 round vouches for (the leaves' root is its ``weightsRoot``, the factors' sha256 its stage leaf's
@@ -122,15 +124,39 @@ def read_sources(directories, reader, run_id: int) -> dict[int, tuple[list[bytes
     return sources
 
 
-def prune_sources(directory, pool, reader, run_id: int) -> list[str]:
+def prune_sources(directory, pool, reader, run_id: int, rounds=None) -> list[str]:
     """Remove what ``<directory>/rewards/`` keeps that no claim of run ``run_id``'s pool (``pool``: a
-    RewardPoolClient; ``reader``: a LedgerClient) can use any more; the names removed. A round's files all go
-    once the pool will never pay the round again: before its first round, overturned (never final) or swept
-    (its claim window closed and its remainder returned). Before that, a stage's file goes once every
-    contribution its factors list is claimed (``claimedOf``), forfeited (the account convicted) or pays
-    nothing by the rule, and the round's leaves file once the files of every stage of the round were here and
-    all went. A round not committed yet, or a file that does not parse, is kept."""
-    folder = Path(directory) / REWARD_SOURCES_DIR
+    RewardPoolClient, or a list of them: what every one of them is done with; ``reader``: a LedgerClient) and
+    no contribution case can use any more; the names removed. ``rounds``: only those rounds' files (None:
+    all).
+
+    A round's files all go once the pool will never pay the round again: before its first round, overturned
+    (never final) or swept (its claim window closed and its remainder returned). Before that, a stage's file
+    goes once every contribution its factors list is claimed (``claimedOf``), forfeited (the account
+    convicted) or pays nothing by the rule, and the round's leaves file once the files of every stage of the
+    round were here and all went. A round not overturned is kept until the next round is final (or, the
+    run's last round, itself): a contribution case of a round reads the round's and the previous round's
+    files (node/commands/challenge.py) while its proof window is open. A round not committed yet, or a file
+    that does not parse, is kept."""
+    pools = list(pool) if isinstance(pool, list | tuple) else [pool]
+    done = None
+    for one in pools:
+        paths = set(_prunable(Path(directory) / REWARD_SOURCES_DIR, one, reader, run_id, rounds))
+        done = paths if done is None else done & paths
+    removed = []
+    for path in sorted(done or ()):
+        try:
+            path.unlink()
+        except OSError as exc:
+            logger.warning("%s: not pruned: %s", path, exc)
+            continue
+        removed.append(path.name)
+    return removed
+
+
+def _prunable(folder: Path, pool, reader, run_id: int, rounds) -> list[Path]:
+    """The files of ``folder`` no claim of ``pool`` and no contribution case can use
+    (:func:`prune_sources`)."""
     if not folder.is_dir():
         return []
     by_round: dict[int, list[tuple[Path, int | None]]] = {}
@@ -139,27 +165,35 @@ def prune_sources(directory, pool, reader, run_id: int) -> list[str]:
             by_round.setdefault(int(match[1]), []).append((path, int(match[2])))
         elif match := _LEAVES_FILE.fullmatch(path.name):
             by_round.setdefault(int(match[1]), []).append((path, None))
+    if rounds is not None:
+        by_round = {r: files for r, files in by_round.items() if r in rounds}
+    if not by_round:
+        return []
     view = pool.pool_of(run_id)
-    invalid_from = reader.run_struct(run_id)["invalidFrom"]
+    run = reader.run_struct(run_id)
+    invalid_from, max_rounds = run["invalidFrom"], run["maxRounds"]
     committed = reader.commit_count(run_id)
-    removed = []
+    prunable = []
     for r, files in sorted(by_round.items()):
         if r >= committed:
             continue
-        over = (r < view["firstRound"] or (invalid_from != 0 and r + 1 >= invalid_from)
-                or pool.round_of(run_id, r)["swept"])
+        overturned = invalid_from != 0 and r + 1 >= invalid_from
+        if not overturned and not _cases_over(reader, run_id, r, committed, max_rounds):
+            continue
+        over = overturned or r < view["firstRound"] or pool.round_of(run_id, r)["swept"]
         stages = {stage: over or _stage_done(path, pool, reader, run_id, r, stage, view)
                   for path, stage in files if stage is not None}
         leaves_done = over or (len(stages) == view["numStages"] and all(stages.values()))
-        for path, stage in files:
-            if leaves_done if stage is None else stages[stage]:
-                try:
-                    path.unlink()
-                except OSError as exc:
-                    logger.warning("%s: not pruned: %s", path, exc)
-                    continue
-                removed.append(path.name)
-    return removed
+        prunable.extend(path for path, stage in files if (leaves_done if stage is None else stages[stage]))
+    return prunable
+
+
+def _cases_over(reader, run_id: int, r: int, committed: int, max_rounds: int) -> bool:
+    """Whether no contribution case of round ``r`` or ``r + 1`` can still be opened: ``r + 1`` final (it and
+    its parent past their proof windows), or ``r`` final where it is the run's last round."""
+    if max_rounds and r + 1 == max_rounds:
+        return reader.is_final(run_id, r)
+    return r + 1 < committed and reader.is_final(run_id, r + 1)
 
 
 def _stage_done(path: Path, pool, reader, run_id: int, r: int, stage: int, view: dict) -> bool:

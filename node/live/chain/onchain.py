@@ -94,6 +94,11 @@ class NodeChain(ChainSeats, ChainDisputes):
         return cls(client, anvil, confirmations=lc.confirmations)
 
     @property
+    def rpc_lock(self) -> threading.Lock:
+        """The lock each of this chain's calls holds (a reader on another thread takes it per call)."""
+        return self._lock
+
+    @property
     def account_bytes(self) -> bytes:
         return bytes.fromhex(self.client.address[2:])
 

@@ -63,6 +63,7 @@ from p2p.host import P2PHost
 from node.live.fraud.prover import FraudProver
 from node.live.chain.readback import EquivocationReports, ReadBack
 from node.live.record.quorumcommit import QuorumCommit, WAIT_REPORT_S
+from node.live.record.rewardprune import RewardSourcePruner
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,10 @@ class Committer(QuorumCommit):
         self.handled_through = -1
         self.readback = ReadBack(node, self.checkpoints, self._wait)
         self.equivocations = EquivocationReports(node)
+        # a run with a reward pool: its kept reward sources pruned once no claim can use them (issue 77);
+        # built at the first idle moment (it reads the chain), None where the run keeps no sources
+        self.reward_pruner: RewardSourcePruner | None = None
+        self._pruner_built = False
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
         self._thread.start()
 
@@ -174,7 +179,23 @@ class Committer(QuorumCommit):
                 logger.exception("round %d: chain step crashed", item)
             self.handled_through = max(self.handled_through, item)
             if self._queue.empty():
+                self._prune_reward_sources()
                 self._idle.set()
+
+    def _prune_reward_sources(self) -> None:
+        """A bounded pass of the reward sources' pruning while no round waits
+        (node/live/record/rewardprune.py); its failure never stops the committer."""
+        if self.node.stop_event.is_set():
+            return
+        try:
+            if not self._pruner_built:
+                self._pruner_built = True
+                node = self.node
+                self.reward_pruner = RewardSourcePruner.for_node(node.cfg, node.chain, node.run_id)
+            if self.reward_pruner is not None:
+                self.reward_pruner.after_round()
+        except Exception:  # thread boundary: the files stay; the next round's pass tries again
+            logger.exception("reward sources: pruning crashed (kept)")
 
     # ------------------------------------------------------------------ one round
     def _attestations(self, outer_round: int):
