@@ -138,12 +138,18 @@ def memory_kib(pid: int | None) -> dict:
     return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_rss_kib": int(fields["VmHWM"].split()[0])}
 
 
-def stage_bytes() -> int:
-    """fp32 bytes of the ``tiny`` model's weights (a one-node replica holds its one stage: all of them)."""
-    from node.config import load_config
-    from training.model import count_params
+def stage_bytes(stages: int = 1) -> int:
+    """fp32 bytes of the largest stage's weights of the ``tiny`` model cut in ``stages`` (one stage: all of
+    them; a node holds one stage)."""
+    import math
 
-    return 4 * count_params(load_config(None, ["model.preset=tiny"]).model)
+    from node.config import load_config
+    from node.runconfig import run_document
+    from node.store.checkpoint import RunLayout
+
+    cfg = load_config(None, ["model.preset=tiny", f"pipeline.num_stages={stages}"])
+    layout = RunLayout.of_document(0, b"\0" * 32, run_document(cfg))
+    return max(4 * sum(math.prod(s) for s in shapes.values()) for shapes in layout.stage_shapes)
 
 
 def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
@@ -201,6 +207,11 @@ def main() -> int:
     parser.add_argument("--audit", type=int, default=-1,
                         help="contributions the closing audit reruns (-1: all, 0: no audit)")
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
+    parser.add_argument("--stages", type=int, default=1,
+                        help="pipeline stages, one node each (the whole checkpoint is then S times a stage)")
+    parser.add_argument("--part", default="",
+                        help="write the run as this part of --out's result, without its samples (a run with "
+                             "--mine-per-second: 'ontime' unless named)")
     parser.add_argument("--out", default=str(RESULTS / "retention.json"))
     args = parser.parse_args()
     if args.serve_only:
@@ -219,10 +230,12 @@ def main() -> int:
     settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
                 "round_timeout=60", "join_timeout=60", "checkpoint_every=1", "rounds=0", *args.extra]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlx-retention-"))
-    stage = stage_bytes()
-    run = LocalRun(workdir, replicas=args.replicas, stages=1, split=False, settings=settings,
+    stage = stage_bytes(args.stages)
+    run = LocalRun(workdir, replicas=args.replicas, stages=args.stages, split=args.stages > 1,
+                   settings=settings,
                    dispute_blocks=args.dispute_blocks, accusation_blocks=args.accusation_blocks)
-    print(f"retention run: {args.replicas} one-node replicas of 'tiny' ({stage} bytes of fp32 weights), "
+    print(f"retention run: {args.replicas} replicas x {args.stages} stages (one node each) of 'tiny' "
+          f"({stage} bytes of fp32 weights a stage), "
           f"H={args.inner_steps}, a checkpoint every round, {args.rounds} rounds, in {workdir}", flush=True)
     samples: list[dict] = []
     audit: dict = {}
@@ -234,7 +247,8 @@ def main() -> int:
         result = {
             "command": "python " + " ".join(sys.argv),
             "cpu": _cpu(), "cpu_count": os.cpu_count(),
-            "preset": "tiny", "replicas": args.replicas, "stages": 1, "inner_steps": args.inner_steps,
+            "preset": "tiny", "replicas": args.replicas, "stages": args.stages,
+            "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
             "mine_per_second": args.mine_per_second, "blocks_per_round": _blocks_per_round(samples),
@@ -248,7 +262,7 @@ def main() -> int:
             "serve_checkpoint": serve,
             "samples": samples,
         }
-        _write(Path(args.out), result, ontime=args.mine_per_second > 0)
+        _write(Path(args.out), result, args.part or ("ontime" if args.mine_per_second > 0 else ""))
 
     try:
         run.setup()
@@ -307,17 +321,18 @@ def main() -> int:
     return 0 if not stopped else 1
 
 
-def _write(out: Path, result: dict, ontime: bool) -> None:
-    """Write ``result`` to ``out``: the run with blocks mined beside it (``ontime``) as the ``"ontime"`` part
-    of the current result, without its samples; the other run as the result, keeping that part."""
+def _write(out: Path, result: dict, part: str) -> None:
+    """Write ``result`` to ``out``: a named ``part`` (the run with blocks mined beside it, ``"ontime"``; one
+    with more stages) as that part of the current result, without its samples; the main run as the result,
+    keeping the parts."""
     try:
         current = json.loads(out.read_text())
     except (OSError, ValueError):
         current = {}
-    if ontime:
-        result, current["ontime"] = current, {k: v for k, v in result.items() if k != "samples"}
-    elif "ontime" in current:
-        result["ontime"] = current["ontime"]
+    if part:
+        result, current[part] = current, {k: v for k, v in result.items() if k != "samples"}
+    else:
+        result.update({k: v for k, v in current.items() if isinstance(v, dict) and "target_rounds" in v})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -17,6 +17,14 @@ def retention(r: dict) -> list[str]:
                 "minutes to hours; what the retention keeps is then the rounds in flight and those whose "
                 "windows are open, plus the checkpoints.", ""]
         out += _retention_run(ontime)
+    for name in ("stages2_whole", "stages2_split"):  # a pipeline of two stages, checkpoints whole or split
+        part = r.get(name)
+        if part:
+            out += ["", f"`{part['command']}`: " + (
+                "two stages, one node each, every node keeping each checkpoint whole (S x its stage)."
+                if name.endswith("whole") else "the same with `storage.checkpoints = \"stages\"`: a node "
+                "keeps each checkpoint's header and its own stage's shard (docs/PROTOCOL.md)."), ""]
+            out += _retention_run(part)
     return out
 
 
@@ -28,14 +36,17 @@ def _retention_run(r: dict) -> list[str]:
            f"{r['checkpoint_every']} round, "
            f"dispute and accusation windows of {r['dispute_blocks']} blocks{_pace(r)}) under the default "
            f"retention (`storage.retention = \"windows\"`), {r['wall_s']:.0f} s on {r['cpu_count']} cores of "
-           f"{r['cpu']}. The stage's float32 weights: {r['stage_bytes']:,} bytes.", ""]
+           f"{r['cpu']}. The stage's float32 weights: {r['stage_bytes']:,} bytes"
+           f"{_keeping(r)}.", ""]
     rows = []
+    flat = next((k for k in next(iter(r["summary"].values()), {}) if k.startswith("disk_from_round_")),
+                "disk_from_round_50")
     for node, s in r["summary"].items():
-        low, high = s["disk_from_round_50"]
+        low, high = s[flat]
         rows.append([node, f"{s['disk_max_bytes'] / mb:.1f} MB", f"{low / mb:.1f} to {high / mb:.1f} MB",
                      f"{s['disk_max_over_stage_bytes']:.0f}x", f"{s['disk_max_over_start_state']:.1f}",
                      f"{s['peak_rss_mib']:.0f} MiB"])
-    out += table(["node", "disk at most", "disk from round 50", "over the stage's weights",
+    out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
                   "in start states", "peak RSS"], rows)
     out += _kinds(r)
     audit = r["audit"]
@@ -56,6 +67,12 @@ def _retention_run(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _keeping(r: dict) -> str:
+    """How its nodes kept checkpoints, where a setting says (``storage.checkpoints``)."""
+    setting = next((s for s in r.get("settings", []) if s.startswith("storage.checkpoints=")), "")
+    return f"; checkpoints kept `{setting.split('=', 1)[1]}`" if setting else ""
 
 
 def _pace(r: dict) -> str:

@@ -19,7 +19,7 @@ from node.store.checkpoint import Checkpoint, build_checkpoint, read_checkpoint,
 from node.store.checkpoint_split import (assemble_checkpoint, assemble_in_dirs, bytes_range,
                                          checkpoint_digest, file_range, header_key, read_split, split_stages,
                                          stage_key, write_split)
-from node.store.retention import checkpoint_files
+from node.store.retention import checkpoint_files, prune_checkpoints_except
 from tests.test_checkpoint_stage import ROUND, SHAPES, _layout, _leaf, _states
 from ledger.chunkproof import chunked_weights_root
 
@@ -73,6 +73,10 @@ def test_node_directories_each_with_one_stage_assemble_the_record_file(tmp_path)
     # one stage's holder alone cannot: nothing is left behind
     assert not assemble_in_dirs(dirs[:1], ROUND, whole, tmp_path / "out" / "partial.safetensors")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["assembled.safetensors"]
+    # and the retention prunes a split round whole: header, listing and shard, each blob forgotten first
+    forgotten = []
+    assert prune_checkpoints_except(dirs[0] / "checkpoints", set(), ROUND, forgotten.append) == [ROUND]
+    assert not list((dirs[0] / "checkpoints").iterdir()) and len(forgotten) == 3
 
 
 def test_a_damaged_shard_fails_the_records_hash_and_leaves_nothing(tmp_path):

@@ -81,11 +81,14 @@ def _wait_for(predicate, timeout: float, what: str, run, joiner=None) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path):
+@pytest.mark.parametrize("keeping", ["whole", "stages"])
+def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path, keeping):
     # An open-ended run of two replicas of which one is started: the founder trains alone until
     # the joiner, started from an empty directory with nothing but the run link, takes the other seat.
+    # keeping: how the founder keeps its checkpoints (storage.checkpoints; "stages": its header and shards)
     run = make_run(replicas=2, stages=1, split=False, stake_wei=10**18,
-                   settings=TINY + ["rounds=0", "join_timeout=5", "checkpoint_every=2"])
+                   settings=TINY + ["rounds=0", "join_timeout=5", "checkpoint_every=2",
+                                    f"storage.checkpoints={keeping}"])
     founder = run.nodes[0]
     run.start_node(founder)
     client = run.client()
@@ -130,5 +133,10 @@ def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path):
     assert not history.disputes
     assert "from the chain-verified checkpoint of round" in log.read_text(errors="replace")
     # a chunked run (new runs' scheme): the joiner read its stage of the file by range, checked against the
-    # record's stage leaves, and wrote none of the whole model's file (issue 75)
-    assert "fetched by range from" in log.read_text(errors="replace")
+    # record's stage leaves, and wrote none of the whole model's file (issue 75); from a founder that kept it
+    # split, from its header and the founder's stage shard
+    assert ("fetched by range from" if keeping == "whole" else "stage shards (kept split), checked against "
+            "the record") in log.read_text(errors="replace")
+    if keeping == "stages":
+        kept = {p.name.split(".", 1)[1] for p in (founder.data_dir / "checkpoints").glob("round-*")}
+        assert kept == {"head", "split.json"}, kept  # no whole file on the founder

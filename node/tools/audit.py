@@ -272,7 +272,7 @@ def audit_run(
     timings["chain_total_s"] = time.perf_counter() - started
 
     archives = list(archives)
-    sources: list = [ArchiveSource(d, run_id) for d in archives]
+    sources: list = [ArchiveSource(d, run_id, archives) for d in archives]
     if fetcher is not None:
         sources.append(PeerSource(fetcher, run_id))
     report.sources = [s.name for s in sources]

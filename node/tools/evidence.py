@@ -35,8 +35,10 @@ MAX_LIST_BYTES = 1 << 20  # a round's contribution list served under its root (J
 MAX_LIST_DEPTH = 8  # round.json's layout nests 3 deep; deeper is not a list (and could overflow the decoder)
 
 
-def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str) -> list[Path]:
-    """Candidate checkpoint files in ``dirs``: by round name or by content hash (unverified)."""
+def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_hash_hex: str,
+                          split_dirs: Iterable[str | Path] | None = None) -> list[Path]:
+    """Candidate checkpoint files in ``dirs``: by round name or by content hash (unverified); where none is,
+    the checkpoint assembled from what ``split_dirs`` (default ``dirs``) kept of it split."""
     dirs = list(map(Path, dirs))
     names = [f"round-{round_index:08d}.safetensors", f"{content_hash_hex}.safetensors", content_hash_hex]
     found = []
@@ -47,12 +49,13 @@ def find_checkpoint_files(dirs: Iterable[str | Path], round_index: int, content_
                 if path.is_file() and path not in found:
                     found.append(path)
     if not found:  # kept split by its nodes (storage.checkpoints = "stages"): their headers and shards
-        assembled = _assembled(dirs, round_index, content_hash_hex)
+        assembled = _assembled(dirs if split_dirs is None else list(map(Path, split_dirs)), round_index,
+                               content_hash_hex)
         found += [assembled] if assembled is not None else []
     return found
 
 
-_ASSEMBLED: dict[tuple, Path] = {}
+_ASSEMBLED: dict[tuple, Path | None] = {}  # what this process assembled (None: could not), by dirs and round
 
 
 def _assembled(dirs: list[Path], round_index: int, content_hash_hex: str) -> Path | None:
@@ -64,7 +67,7 @@ def _assembled(dirs: list[Path], round_index: int, content_hash_hex: str) -> Pat
     from node.store.checkpoint_split import assemble_in_dirs
 
     key = (tuple(dirs), round_index, content_hash_hex)
-    if key in _ASSEMBLED and _ASSEMBLED[key].is_file():
+    if key in _ASSEMBLED and (_ASSEMBLED[key] is None or _ASSEMBLED[key].is_file()):
         return _ASSEMBLED[key]
     try:
         content_hash = bytes.fromhex(content_hash_hex)
@@ -76,10 +79,8 @@ def _assembled(dirs: list[Path], round_index: int, content_hash_hex: str) -> Pat
     workdir = Path(tempfile.mkdtemp(prefix="dlx-assembled-"))
     atexit.register(shutil.rmtree, workdir, True)
     dest = workdir / f"round-{round_index:08d}.safetensors"
-    if not assemble_in_dirs(dirs, round_index, content_hash, dest):
-        return None
-    _ASSEMBLED[key] = dest
-    return dest
+    _ASSEMBLED[key] = dest if assemble_in_dirs(dirs, round_index, content_hash, dest) else None
+    return _ASSEMBLED[key]
 
 
 class LazyPeerFetcher:
@@ -277,8 +278,10 @@ class ArchiveSource:
     auditor checks every byte against the chain.
     """
 
-    def __init__(self, directory: str | Path, run_id: int) -> None:
+    def __init__(self, directory: str | Path, run_id: int, siblings: Iterable[str | Path] = ()) -> None:
         self.root = Path(directory)
+        # every archive of the audit: a checkpoint their nodes kept split is assembled from all of them
+        self.siblings = [Path(s) for s in siblings] or [self.root]
         self.name = f"archive {self.root}"
         candidates = [self.root / "archive" / f"run-{run_id}", self.root / f"run-{run_id}", self.root]
         self.run_dir = next(
@@ -349,7 +352,7 @@ class ArchiveSource:
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
         """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
         first = None
-        for path in find_checkpoint_files([self.root], round_index, content_hash_hex):
+        for path in find_checkpoint_files([self.root], round_index, content_hash_hex, self.siblings):
             try:
                 data = path.read_bytes()
             except OSError:
