@@ -59,8 +59,9 @@ class StorageConfig:
     keep_checkpoints: int = 0  # checkpoint rounds (full checkpoint and stage shards)
     # "whole": keep each kept checkpoint round's whole file (every stage: S times a stage of an S-stage run);
     # "stages": in a chunked run keep its header and this node's own stage shards only, the rest served by
-    # the other stages' holders and assembled by whoever needs the file (node/store/checkpoint_split.py)
-    checkpoints: str = "whole"
+    # the other stages' holders and assembled by whoever needs the file (node/store/checkpoint_split.py);
+    # "auto" (the default): "stages" where the whole file is 1 GiB or more, else "whole"
+    checkpoints: str = "auto"
 
     def __post_init__(self) -> None:
         if self.retention not in RETENTIONS:
@@ -75,13 +76,14 @@ class StorageConfig:
         if self.checkpoints not in CHECKPOINT_KEEPING:
             raise ConfigError(f"storage.checkpoints={self.checkpoints!r}: must be one of "
                               f"{', '.join(CHECKPOINT_KEEPING)} (\"whole\": every stage of each kept "
-                              "checkpoint; \"stages\": a chunked run's header and this node's own stages)")
+                              "checkpoint; \"stages\": a chunked run's header and this node's own stages; "
+                              "\"auto\": \"stages\" from a 1 GiB checkpoint on)")
 
 
 #: ``storage.retention``'s values (node/store/retention.py).
 RETENTIONS = ("windows", "all")
 #: ``storage.checkpoints``'s values (node/store/checkpoint_split.py).
-CHECKPOINT_KEEPING = ("whole", "stages")
+CHECKPOINT_KEEPING = ("auto", "whole", "stages")
 
 
 _SECTIONS: dict[str, type] = {

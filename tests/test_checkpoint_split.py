@@ -120,6 +120,24 @@ def test_split_stages_takes_the_first_source_that_verifies_and_names_the_others(
     assert not (tmp_path / "other.safetensors").exists()
 
 
+def test_auto_splits_from_a_gib_and_a_hashed_run_never(monkeypatch):
+    from node.config import load_config
+    from node.errors import ConfigError
+    from node.store import checkpoint_split
+
+    small = _layout()
+    params = 256 * 40 + 40 + 40 * 64 + 64
+    assert checkpoint_split.checkpoint_bytes(small) == 4 * 2 * params  # weights and momentum, float32
+    keeps = [checkpoint_split.keeps_split(s, small) for s in ("auto", "whole", "stages")]
+    assert keeps == [False, False, True]
+    monkeypatch.setattr(checkpoint_split, "SPLIT_ABOVE_BYTES", checkpoint_split.checkpoint_bytes(small))
+    assert checkpoint_split.keeps_split("auto", small) and not checkpoint_split.keeps_split("whole", small)
+    assert not checkpoint_split.keeps_split("stages", _layout(chunked=False))
+    assert load_config(None, []).storage.checkpoints == "auto"
+    with pytest.raises(ConfigError, match="storage.checkpoints='some'"):
+        load_config(None, ["storage.checkpoints=some"])
+
+
 def test_a_hashed_runs_checkpoint_is_not_split(tmp_path):
     ckpt, root = _full(_states())
     _digest, header = checkpoint_digest(ckpt)

@@ -40,6 +40,27 @@ from training.jsonbound import loads_bounded
 logger = logging.getLogger(__name__)
 
 SPLIT_FORMAT = 1
+#: ``storage.checkpoints = "auto"`` keeps a chunked run's checkpoint split from this size of the whole file
+#: on (weights and outer momentum, float32): below it every node keeping the whole file costs little and
+#: lets any one node serve it; above it (llama-124m's is 1.0 GB, the 107B layout's 856 GB) the whole file on
+#: every node is S times the node's stage on disk.
+SPLIT_ABOVE_BYTES = 1 << 30
+
+
+def checkpoint_bytes(layout: RunLayout) -> int:
+    """The tensor bytes of the run's whole checkpoint: every stage's weights and outer momentum, float32."""
+    import math
+
+    params = sum(math.prod(shape) for shapes in layout.stage_shapes for shape in shapes.values())
+    return 4 * params * (1 + layout.outer_moments)
+
+
+def keeps_split(setting: str, layout: RunLayout) -> bool:
+    """Whether a node with ``storage.checkpoints = setting`` keeps this run's checkpoints split: never in a
+    hashed run; ``"stages"`` always, ``"whole"`` never, ``"auto"`` from :data:`SPLIT_ABOVE_BYTES` on."""
+    if not layout.chunked or setting == "whole":
+        return False
+    return setting == "stages" or checkpoint_bytes(layout) >= SPLIT_ABOVE_BYTES
 _HEADER_TAG = b"dlx-checkpoint-header/v1"
 _STAGE_TAG = b"dlx-checkpoint-stage/v1"
 

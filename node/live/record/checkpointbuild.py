@@ -21,7 +21,7 @@ from ledger.errors import LedgerInputError
 from node.errors import DLX_ERRORS, StateError
 from node.live.exchange.pool import serve_blob
 from node.store.checkpoint_split import (alias_split, assemble_checkpoint, checkpoint_digest, header_key,
-                                         stage_key, write_split)
+                                         keeps_split, stage_key, write_split)
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
 from node.fraudproof import parse_stage_leaf
@@ -84,7 +84,7 @@ class CheckpointBuilder:
                     "round %d: the verified shards are not the agreed stage leaves (%s); no checkpoint",
                     outer_round, "; ".join(problems))
                 return None
-        if layout.chunked and node.cfg.storage.checkpoints == "stages":
+        if keeps_split(node.cfg.storage.checkpoints, layout):
             return self._keep_split(outer_round, full)
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
