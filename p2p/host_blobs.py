@@ -70,13 +70,19 @@ class HostBlobs:
         self.store.serve_file(sha256_hex, path)
         return sha256_hex
 
-    def provide_alias(self, key_hex: str, sha256_hex: str) -> None:
+    def provide_alias(self, key_hex: str, sha256_hex: str, announce: bool = False, timeout: float = 30.0
+                      ) -> None:
         """Serve the stored blob ``sha256_hex`` also under ``key_hex``, a hash that names it by other means
-        (a dataset's Merkle root names its manifest); fetchers read it with :meth:`fetch_alias`."""
+        (a dataset's Merkle root names its manifest); fetchers read it with :meth:`fetch_alias`.
+        ``announce``: also announce ``key_hex`` on the DHT (P2PTimeout after the alias is in place), so
+        that a fetcher that knows only the key finds this host (:meth:`find_providers`)."""
         self._check_open()
         if not self.store.has(sha256_hex) and self.store.packed(sha256_hex) is None:
             raise BlobNotFound(f"blob {sha256_hex} is not stored locally")
         self.store.alias(key_hex, sha256_hex)
+        if announce:
+            self._call(self._announce, check_sha256_hex(key_hex), timeout=timeout,
+                       what=f"announce key {key_hex[:16]}")
 
     def fetch_alias(self, key_hex: str, provider: str, max_bytes: int, timeout: float | None = None) -> bytes:
         """The whole blob ``provider`` serves under ``key_hex``, unverified: the caller checks it against the

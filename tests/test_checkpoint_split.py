@@ -200,3 +200,47 @@ def test_peers_each_serving_their_own_stage_give_a_joiner_its_stage_and_a_puller
     finally:
         for host in holders:
             host.close()
+
+
+def test_a_puller_that_knows_one_holder_finds_the_other_stages_holder_on_the_dht(tmp_path):
+    """pull's split path (node/tools/pull.py): its link names only stage 0's holder; stage 1's holder is
+    found by its key's DHT provider record, and the file assembled is the record's."""
+    from types import SimpleNamespace
+
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+    from node.store.checkpoint_split import alias_split
+    from node.tools.pull import _split_from_peers
+
+    states = _states()
+    ckpt, root = _full(states)
+    digest, _header = checkpoint_digest(ckpt)
+    hosts = []
+    try:
+        for stage in range(len(SHAPES)):
+            directory, shard = _node_dir(tmp_path, f"n{stage}", stage, states)
+            boot = hosts[0].listen_addrs if hosts else []
+            host = P2PHost.start(P2PConfig(bootstrap=boot, gossip_resync_interval=0), Identity.generate(),
+                                 data_dir=directory / "p2p")
+            hosts.append(host)
+            if stage:
+                wait_until(lambda h=host: hosts[0].peer_id in h.peers(), 60, "holders connected")
+            split = read_split(directory / "checkpoints" / f"round-{ROUND:08d}.split.json")
+            head = host.provide_blob(directory / "checkpoints" / f"round-{ROUND:08d}.head", announce=False)
+            host.provide_blob(shard, announce=False)
+            alias_split(host, digest, head, split["stages"])
+        client = P2PHost.start(P2PConfig(bootstrap=hosts[0].listen_addrs, gossip_resync_interval=0),
+                               Identity.generate(), data_dir=tmp_path / "c")
+        hosts.append(client)
+        wait_until(lambda: hosts[0].peer_id in client.peers(), 60, "client connected")
+        fetcher = SimpleNamespace(host=client, bootstrap_peers=[hosts[0].peer_id])
+        commit = SimpleNamespace(checkpoint_hash=digest, round=ROUND, weights_root=root)
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        path = _split_from_peers(fetcher, _layout(), commit, staging)
+        assert write_checkpoint(tmp_path / "whole.safetensors", ckpt) == digest
+        assert path is not None and path.read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+    finally:
+        for host in hosts:
+            host.close()

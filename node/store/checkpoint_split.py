@@ -317,10 +317,18 @@ def serve_split(host, checkpoint_dir: Path) -> int:
 
 
 def alias_split(host, content_hash: bytes, header_sha: str, stages: Mapping[int, str]) -> None:
-    """Serve the header and each stage shard (stored blobs) under their keys of ``content_hash``; a blob
-    this node no longer stores is skipped."""
-    if host.has_blob(header_sha):
-        host.provide_alias(header_key(content_hash), header_sha)
-    for stage, shard in stages.items():
-        if host.has_blob(shard):
-            host.provide_alias(stage_key(content_hash, stage), shard)
+    """Serve the header and each stage shard (stored blobs) under their keys of ``content_hash``, announced
+    on the DHT (a puller outside the run finds the holders of each stage by its key); a blob this node no
+    longer stores is skipped, an announcement that times out is logged (the keys are served anyway)."""
+    from p2p.errors import P2PTimeout
+
+    keys = [(header_key(content_hash), header_sha)]
+    keys += [(stage_key(content_hash, stage), shard) for stage, shard in stages.items()]
+    for key, blob in keys:
+        if not host.has_blob(blob):
+            continue
+        try:
+            host.provide_alias(key, blob, announce=True)
+        except P2PTimeout as exc:
+            logger.info("checkpoint %s: key %s served; its DHT announcement timed out: %s",
+                        content_hash.hex()[:12], key[:12], exc)

@@ -289,12 +289,19 @@ def _split_from_peers(fetcher: PeerFetcher, layout: Any, commit: Any, staging: P
     each part checked against the record; None (logged) if they do not serve every stage."""
     from node.store.checkpoint_split import assemble_checkpoint, header_key, stage_key
 
+    from p2p.errors import P2PError
+
     host, digest = fetcher.host, commit.checkpoint_hash
-    peers = list(dict.fromkeys([*fetcher.bootstrap_peers, *host.peers()]))
+    known = [*fetcher.bootstrap_peers, *host.peers()]
 
     def remote(key: str) -> list:
+        try:  # the holders announce each key on the DHT: the link's peers may hold some stages only
+            found = host.find_providers(key, timeout=15)
+        except P2PError as exc:
+            logger.info("no DHT lookup of checkpoint key %s: %s", key[:12], exc)
+            found = []
         return [lambda offset, length, peer=peer: host.fetch_blob_range(key, offset, length, peer, timeout=60)
-                for peer in peers]
+                for peer in dict.fromkeys([*known, *found]) if peer != host.peer_id]
 
     dest = staging / f"{digest.hex()}.assembled.safetensors"
     try:
