@@ -49,8 +49,13 @@ library StepProverBinding {
             revert StepProver.ProverStepBadOp();
         }
         if (block.number >= closesAt) revert StepProver.ProverStepWindowClosed(run.runId, run.round, closesAt);
-        _program(ledger, programs, run);
+        _program(programs, run);
         check(ledger, run, b);
+        // The steps: the ones the contribution declares (a run bounded by time: its member signed them and the
+        // factors list them), else the run's innerSteps H.
+        uint32 steps = _declaredSteps(b.factors, b.index);
+        if (steps == 0) steps = ledger.runOf(run.runId).innerSteps;
+        if (run.steps != steps) revert StepProver.ProverStepWrongSteps(run.runId, steps, run.steps);
         StepProver.Case storage k = cases[keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot))];
         if (k.opener != address(0) && block.number >= k.deadline) {
             revert StepProver.ProverStepClaimsClosed(
@@ -174,16 +179,27 @@ library StepProverBinding {
         emit StepProver.CaseDismissed(key, claimId, c.defender);
     }
 
-    /// @dev A run claim is about the run's program (`StepProver.setProgram`), run for the run's innerSteps steps:
-    /// a claim about any other computation is refused, so a claim that stands is one about the run's program.
-    function _program(TrainingLedger ledger, mapping(uint256 => bytes32) storage programs,
-                      StepProver.RunClaim calldata run) private view {
+    /// @dev A run claim is about the run's program (`StepProver.setProgram`), run for the contribution's steps
+    /// (`register`): a claim about any other computation is refused, so a claim that stands is one about the
+    /// run's program.
+    function _program(mapping(uint256 => bytes32) storage programs, StepProver.RunClaim calldata run)
+        private
+        view
+    {
         bytes32 programHash = keccak256(abi.encode(run.programRoot, run.stateLeaves, run.ops, run.depth));
         bytes32 expected = programs[run.runId];
         if (expected == bytes32(0)) revert StepProver.ProverStepNoProgram(run.runId);
         if (programHash != expected) revert StepProver.ProverStepWrongProgram(run.runId, programHash);
-        uint32 innerSteps = ledger.runOf(run.runId).innerSteps;
-        if (run.steps != innerSteps) revert StepProver.ProverStepWrongSteps(run.runId, innerSteps, run.steps);
+    }
+
+    /// @dev The inner steps contribution `index` of version-3 `factors` declares (its signed `Contribution.steps`,
+    /// listed beside its payload root in a run bounded by time); zero where the factors list none (a fixed-H run,
+    /// or version 2, whose first list starts at 192, not at version 3's 384).
+    function _declaredSteps(bytes calldata factors, uint256 index) private pure returns (uint32) {
+        if (factors.length < 128 || uint256(bytes32(factors[96:128])) != 384) return 0;
+        (,,,,,,, uint32[] memory steps) =
+            abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[], uint64, uint32[]));
+        return index < steps.length ? steps[index] : 0;
     }
 
     /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the
