@@ -28,9 +28,10 @@ DECLARED = 4  # contribution 0 of stage 0 declares 4 of the run's H = 6 steps; c
 
 
 def _subject(entry, previous, stage: int, index: int):
-    decode = [StageLeaf.decode(leaf) for leaf in entry.leaves], [StageLeaf.decode(leaf) for leaf in previous.leaves]
-    return bind_run(entry.record, decode[0], Factors.decode(entry.factors[stage]), index, previous.record,
-                    decode[1], stage)
+    leaves = [StageLeaf.decode(leaf) for leaf in entry.leaves]
+    before = [StageLeaf.decode(leaf) for leaf in previous.leaves]
+    return bind_run(entry.record, leaves, Factors.decode(entry.factors[stage]), index, previous.record,
+                    before, stage)
 
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
