@@ -308,6 +308,9 @@ def main() -> int:
             try:
                 audit.update(audit_figures(run, args.audit))
             except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
+                import traceback
+
+                traceback.print_exc()
                 audit["error"] = f"{type(exc).__name__}: {exc}"
             print("audit:", json.dumps({k: v for k, v in audit.items() if k != "unverifiable_reasons"}))
     except KeyboardInterrupt:

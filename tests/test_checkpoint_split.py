@@ -93,6 +93,25 @@ def test_a_damaged_shard_fails_the_records_hash_and_leaves_nothing(tmp_path):
     assert not dest.exists() and not list(tmp_path.glob(".assembled*"))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "trailing", "bad_json", "huge_length"])
+def test_a_damaged_kept_header_assembles_nothing(tmp_path, damage):
+    states = _states()
+    ckpt, _root = _full(states)
+    digest, header = checkpoint_digest(ckpt)
+    dirs = [_node_dir(tmp_path, f"n{s}", s, states)[0] for s in range(len(SHAPES))]
+    head = dirs[0] / "checkpoints" / f"round-{ROUND:08d}.head"
+    bad = {"truncated": header[:-9], "trailing": header + b"x" * 8,
+           "bad_json": header[:8] + b"[" * (len(header) - 8),
+           "huge_length": (1 << 62).to_bytes(8, "little") + header[8:]}[damage]
+    for directory in dirs:  # every copy of the header damaged alike
+        path = directory / "checkpoints" / f"round-{ROUND:08d}.head"
+        path.chmod(0o644)
+        path.write_bytes(bad)
+    assert head.read_bytes() == bad
+    dest = tmp_path / "assembled.safetensors"
+    assert not assemble_in_dirs(dirs, ROUND, digest, dest) and not dest.exists()
+
+
 def test_split_stages_takes_the_first_source_that_verifies_and_names_the_others(tmp_path):
     states, other = _states(), _states(seed=7)
     ckpt, root = _full(states)

@@ -32,8 +32,8 @@ from pathlib import Path
 from node.errors import StateError
 from node.store.checkpoint import (Checkpoint, CheckpointTensors, RunLayout, checkpoint_of,
                                    metadata_problems, write_checkpoint)
-from node.store.checkpoint_stage import (MAX_JSON_DEPTH, FetchRange, check_stage, checked_stage_leaves,
-                                         read_header, stage_tensors)
+from node.store.checkpoint_stage import (MAX_HEADER_BYTES, MAX_JSON_DEPTH, FetchRange, check_stage,
+                                         checked_stage_leaves, read_header, stage_tensors)
 from node.store.safetensors_stream import write_safetensors
 from training.jsonbound import loads_bounded
 
@@ -216,8 +216,13 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
     nothing is left at ``dest``). Needs no run document: the record's hash checks every byte, a header or
     shard from a damaged or hostile directory only fails it."""
     try:
+        size = header.stat().st_size
+        if size > 8 + MAX_HEADER_BYTES:
+            raise ValueError(f"a header file of {size} bytes (at most {8 + MAX_HEADER_BYTES})")
         head = header.read_bytes()
         parsed, start = read_header(bytes_range(head))
+        if start != len(head):
+            raise ValueError(f"{len(head)} bytes where its length field says {start}")
         where: dict[str, tuple[Path, int, int]] = {}
         for path in shards:
             fetch = file_range(path)
