@@ -13,10 +13,12 @@ import pytest
 import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from eth.constants import BLANK_ROOT_HASH
 from web3 import HTTPProvider, Web3
 
+import contracts
 from ledger.account import dev_account
-from ledger.chain import RetryPolicy, connect_pyevm, connect_rpc
+from ledger.chain import RetryPolicy, connect_pyevm, connect_rpc, estimate_gas_from_use
 from ledger.anvil import AnvilProcess
 from ledger.client import LedgerClient
 from ledger.records import ZERO_HASH, RoundRecord
@@ -143,6 +145,8 @@ class Deployment:
     ledger: str
     min_stake: int = 0
     _clients: dict[int, LedgerClient] = field(default_factory=dict)
+    #: (:func:`_genesis_key`, the block its deployment ended at): made by :func:`deploy` on a genesis chain
+    kept_as: tuple | None = None
 
     def client(self, index: int, **kwargs) -> LedgerClient:
         """A LedgerClient acting as dev account ``index`` (cached when no options are given)."""
@@ -187,6 +191,13 @@ class Deployment:
         """
         params.setdefault("quorum_bps", 0)
         params.setdefault("allow_weak_quorum", True)
+        args = (tuple(members), quorum, min_stake, unbonding_blocks, max_rounds, config_hash or digest(label),
+                inner_steps, sorted(params.items()))
+        key = self._kept_key(args)
+        if key in _MEMBER_RUNS:
+            saved, run_id = _MEMBER_RUNS[key]
+            _load_chain(self.w3, saved)
+            return MemberRun(self, run_id, tuple(members), quorum)
         for index in members:
             if not self.client(index).is_registered():
                 self.register(index)
@@ -203,7 +214,17 @@ class Deployment:
         )
         for index in members:
             self.client(index).join_run(run_id)
+        if key is not None:
+            _MEMBER_RUNS[key] = (_saved_chain(self.w3), run_id)
         return MemberRun(self, run_id, tuple(members), quorum)
+
+    def _kept_key(self, args: tuple) -> tuple | None:
+        """What :meth:`member_run` with ``args`` on this deployment is kept under (:data:`_MEMBER_RUNS`), or
+        None: a deployment not kept by :func:`deploy`, a chain a transaction moved on since (its block), an
+        argument not plain data (its repr might not tell it apart)."""
+        if self.kept_as is None or not _plain(args) or self.w3.eth.block_number != self.kept_as[1]:
+            return None
+        return (self.kept_as, repr(args))
 
 
 @dataclass
@@ -246,9 +267,97 @@ class MemberRun:
 
 
 def deploy(w3: Web3, min_stake: int = 0) -> Deployment:
-    """Deploy a fresh NodeRegistry + TrainingLedger from dev account 0."""
-    registry, ledger = LedgerClient.deploy(w3, dev_account(0, w3.eth.chain_id), min_stake, retry=FAST_RETRY)
-    return Deployment(w3, registry, ledger, min_stake)
+    """Deploy a fresh NodeRegistry + TrainingLedger from dev account 0.
+
+    On a chain still at its genesis block (a fresh py-evm chain, the reset session anvil), the first
+    deployment of each ``min_stake`` in this process is made by :meth:`LedgerClient.deploy` and its chain
+    kept; later ones load that chain (:data:`_DEPLOYED`): the same blocks, contracts, addresses and
+    balances as a deployment of their own, without its 11 transactions (issue 80 point 10: 0.3 CPU s on
+    py-evm, 0.6-1 s of waiting on anvil, per test that deploys)."""
+    key = _genesis_key(w3, min_stake)
+    if key in _DEPLOYED:
+        saved, registry, ledger = _DEPLOYED[key]
+        _load_chain(w3, saved)
+        assert w3.eth.get_code(ledger), "the loaded chain holds no ledger"
+    else:
+        registry, ledger = LedgerClient.deploy(w3, dev_account(0, w3.eth.chain_id), min_stake,
+                                               retry=FAST_RETRY)
+        if key is not None:
+            _DEPLOYED[key] = (_saved_chain(w3), registry, ledger)
+    kept_as = None if key is None else (key, w3.eth.block_number)
+    return Deployment(w3, registry, ledger, min_stake, kept_as=kept_as)
+
+
+#: The chain after :func:`deploy`'s first deployment on a genesis chain, by :func:`_genesis_key`: py-evm's
+#: database (a copy of its key-value store) or anvil's ``anvil_dumpState``; the registry and the ledger.
+_DEPLOYED: dict[tuple, tuple[object, str, str]] = {}
+_COMMITTED_ARTIFACT = contracts.artifact
+
+
+#: The chain after :meth:`Deployment.member_run` on a deployment :func:`deploy` had just made, by
+#: :meth:`Deployment._kept_key`: the chain (:func:`_saved_chain`) and the run's id. A test whose run has the
+#: same members and parameters as an earlier one's starts from that run's chain (9 transactions fewer).
+_MEMBER_RUNS: dict[tuple, tuple[object, int]] = {}
+
+
+def _plain(value) -> bool:
+    """Whether ``value`` is plain data (numbers, strings, bytes, None and tuples, lists and dicts of them)."""
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _genesis_key(w3: Web3, min_stake: int) -> tuple | None:
+    """What a deployment on ``w3`` is kept under, or None: a chain past its genesis block (a test's earlier
+    transactions on it), a py-evm chain with pending transactions or a gas estimator of the test's
+    (tests/test_pyevm_gas.py counts the deployment's estimates), or a provider other than py-evm and HTTP.
+    An anvil is told by its URL and its genesis block's settings (gas limit, base fee: another anvil's
+    command line)."""
+    if w3.eth.block_number != 0 or contracts.artifact is not _COMMITTED_ARTIFACT:  # a test's own contracts
+        return None
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        chain = tester.backend.chain
+        if (chain.header.transaction_root != BLANK_ROOT_HASH
+                or chain.gas_estimator is not estimate_gas_from_use):
+            return None  # pending transactions, or a test's own estimator that must see the deployment
+        return ("pyevm", w3.eth.chain_id, min_stake)
+    if not isinstance(w3.provider, HTTPProvider):
+        return None
+    genesis = w3.eth.get_block(0)
+    return ("anvil", w3.provider.endpoint_uri, w3.eth.chain_id, genesis["gasLimit"],
+            genesis.get("baseFeePerGas"), min_stake)
+
+
+def _saved_chain(w3: Web3) -> object:
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        return dict(tester.backend.chain.chaindb.db.wrapped_db.kv_store)
+    reply = w3.provider.make_request("anvil_dumpState", [])
+    assert "error" not in reply, reply
+    return reply["result"]
+
+
+def _load_chain(w3: Web3, saved: object) -> None:
+    """``w3``'s chain (at its genesis) replaced by ``saved`` (:func:`_saved_chain`): py-evm's chain object
+    rebuilt on a copy of the saved database, keeping its class and gas estimator (ledger.chain.connect_pyevm);
+    anvil's through ``anvil_loadState``, which restores the blocks too."""
+    tester = getattr(w3.provider, "ethereum_tester", None)
+    if tester is not None:
+        from eth.db.atomic import AtomicDB
+        from eth.db.backends.memory import MemoryDB
+
+        old = tester.backend.chain
+        chain = type(old)(AtomicDB(MemoryDB(dict(saved))))
+        chain.gas_estimator = old.gas_estimator
+        tester.backend.chain = chain
+        return
+    reply = w3.provider.make_request("anvil_loadState", [saved])
+    assert reply.get("result") is True, reply
 
 
 @pytest.fixture
