@@ -60,7 +60,7 @@ class StorageConfig:
     # "whole": keep each kept checkpoint round's whole file (every stage: S times a stage of an S-stage run);
     # "stages": in a chunked run keep its header and this node's own stage shards only, the rest served by
     # the other stages' holders and assembled by whoever needs the file (node/store/checkpoint_split.py);
-    # "auto" (the default): "stages" where the whole file is 1 GiB or more, else "whole"
+    # "auto" (the default): "stages" where the whole file is 512 MiB or more, else "whole"
     checkpoints: str = "auto"
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class StorageConfig:
             raise ConfigError(f"storage.checkpoints={self.checkpoints!r}: must be one of "
                               f"{', '.join(CHECKPOINT_KEEPING)} (\"whole\": every stage of each kept "
                               "checkpoint; \"stages\": a chunked run's header and this node's own stages; "
-                              "\"auto\": \"stages\" from a 1 GiB checkpoint on)")
+                              "\"auto\": \"stages\" from a 512 MiB checkpoint on)")
 
 
 #: ``storage.retention``'s values (node/store/retention.py).

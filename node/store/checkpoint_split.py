@@ -44,7 +44,7 @@ SPLIT_FORMAT = 1
 #: on (weights and outer momentum, float32): below it every node keeping the whole file costs little and
 #: lets any one node serve it; above it (llama-124m's is 1.0 GB, the 107B layout's 856 GB) the whole file on
 #: every node is S times the node's stage on disk.
-SPLIT_ABOVE_BYTES = 1 << 30
+SPLIT_ABOVE_BYTES = 512 << 20
 
 
 def checkpoint_bytes(layout: RunLayout) -> int:
