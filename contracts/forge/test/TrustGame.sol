@@ -65,6 +65,10 @@ abstract contract TrustGame is TrustBase {
     Case[] internal _cases;
     uint256 public gameRun;
     uint256[] internal _gameRuns;
+    // The game runs where a seat may still be bonded: the current one, and each past one until none of its seats
+    // (4-6) is (nobody joins a past run again, so a seat there never bonds again): what G6 and the leaving
+    // coalition read, instead of every game run ever opened (`_pruneGameRuns`).
+    uint256[] internal _bondedRuns;
     mapping(uint256 run => mapping(uint64 round => TrainingLedger.Record)) internal _gameRecords;
     mapping(uint256 run => mapping(uint64 round => bool)) internal _gameWrong;
     mapping(uint256 run => address[]) internal _gameAttesters; // both founders sign every round
@@ -97,6 +101,10 @@ abstract contract TrustGame is TrustBase {
         return _gameRuns;
     }
 
+    function bondedGameRuns() external view returns (uint256[] memory) {
+        return _bondedRuns;
+    }
+
     function caseCount() external view returns (uint256) {
         return _cases.length;
     }
@@ -120,6 +128,34 @@ abstract contract TrustGame is TrustBase {
     {
         Case storage c = _cases[i];
         return (c.fundBefore, c.burned, c.selfProved, c.selfGain);
+    }
+
+    /// @dev A case as GameCheck reads it: caseOf's and caseFunds' fields and what its run's fund was given.
+    struct CaseView {
+        uint256 run;
+        uint64 round;
+        bool ended;
+        uint256 spent;
+        uint256 got;
+        uint256 slashed;
+        uint256 copierGain;
+        uint256 fundBefore;
+        uint256 burned;
+        bool selfProved;
+        uint256 selfGain;
+        uint256 funded;
+    }
+
+    /// @notice Every case (one call for GameCheck's check of them all after every call).
+    function caseViews() external view returns (CaseView[] memory out) {
+        out = new CaseView[](_cases.length);
+        for (uint256 i = 0; i < out.length; ++i) {
+            Case storage c = _cases[i];
+            out[i] = CaseView(
+                c.run, c.round, c.ended, c.spent, c.got, c.slashed, c.copierGain, c.fundBefore, c.burned,
+                c.selfProved, c.selfGain, funded[c.run]
+            );
+        }
     }
 
     function gameAttesters(uint256 run) external view returns (address[] memory) {
@@ -268,8 +304,10 @@ abstract contract TrustGame is TrustBase {
             vm.prank(who(key));
             ledger.joinRun{value: STAKE * (key - 3)}(run, bytes32("cpu"));
         }
+        _pruneGameRuns();
         gameRun = run;
         _gameRuns.push(run);
+        _bondedRuns.push(run);
         _gameAttesters[run] = _addresses(_pair(5, 6));
     }
 
@@ -527,8 +565,8 @@ abstract contract TrustGame is TrustBase {
     function gameCoalitionLeavesOrWithdraws(uint256 seed) external {
         ++calls;
         uint256 key = 5 + seed % 2;
-        for (uint256 g = 0; g < _gameRuns.length; ++g) {
-            uint256 run = _gameRuns[g];
+        for (uint256 g = 0; g < _bondedRuns.length; ++g) { // (the other game runs hold no seat of its)
+            uint256 run = _bondedRuns[g];
             TrainingLedger.MemberStatus s = ledger.memberOf(run, who(key)).status;
             if (s == TrainingLedger.MemberStatus.Active && run == gameRun && ledger.commitCount(run) > 0) {
                 vm.prank(who(key));
@@ -536,6 +574,20 @@ abstract contract TrustGame is TrustBase {
             } else if (s == TrainingLedger.MemberStatus.Unbonding) {
                 _tryWithdraw(run, key);
             }
+        }
+        _pruneGameRuns();
+    }
+
+    /// @dev Drop from `_bondedRuns` each past game run none of whose seats (4-6) is bonded any more.
+    function _pruneGameRuns() internal {
+        for (uint256 g = _bondedRuns.length; g > 0; --g) {
+            uint256 run = _bondedRuns[g - 1];
+            if (run == gameRun) continue;
+            bool bonded = false;
+            for (uint256 key = 4; key <= 6 && !bonded; ++key) bonded = _isBonded(ledger.memberOf(run, who(key)).status);
+            if (bonded) continue;
+            _bondedRuns[g - 1] = _bondedRuns[_bondedRuns.length - 1];
+            _bondedRuns.pop();
         }
     }
 
@@ -679,47 +731,44 @@ abstract contract TrustGame is TrustBase {
 /// coalition itself: the self-proof of issue 79) paid min(the run's proof fund, half the slash) from the fund; the
 /// prover at no net cost (every bond back); a copier of its proof paid nothing.
 abstract contract GameCheck is TrustBase {
+    /// @dev (Every case read in one call; the assertion cheatcodes called only on a failure: the same checks.)
     function checkGameCases(TrustGame game, TrainingLedger ledger_) internal view {
-        uint256 cases = game.caseCount();
-        for (uint256 i = 0; i < cases; ++i) {
-            (uint256 run, uint64 round, bool ended, uint256 spent, uint256 got, uint256 slashed, uint256 copierGain) =
-                game.caseOf(i);
-            if (!ended) {
-                (, uint64 closesAt) = ledger_.proofWindowOf(run, round);
-                vm.assertTrue(block.number < closesAt, "G7: a wrong round outlived its proof window");
+        TrustGame.CaseView[] memory cases = game.caseViews();
+        for (uint256 i = 0; i < cases.length; ++i) {
+            TrustGame.CaseView memory c = cases[i];
+            if (!c.ended) {
+                (, uint64 closesAt) = ledger_.proofWindowOf(c.run, c.round);
+                if (block.number >= closesAt) vm.assertTrue(false, "G7: a wrong round outlived its proof window");
                 continue;
             }
-            uint64 invalidFrom = ledger_.runOf(run).invalidFrom;
-            vm.assertTrue(invalidFrom != 0 && invalidFrom <= round + 1, "G7: a wrong round stands after its game");
-            address[] memory attesters = game.gameAttesters(run);
-            for (uint256 a = 0; a < attesters.length; ++a) {
-                vm.assertTrue(
-                    ledger_.memberOf(run, attesters[a]).status == TrainingLedger.MemberStatus.Slashed,
-                    "G7: an attester of a wrong round kept its stake"
-                );
+            uint64 invalidFrom = ledger_.runOf(c.run).invalidFrom;
+            if (invalidFrom == 0 || invalidFrom > c.round + 1) {
+                vm.assertTrue(false, "G7: a wrong round stands after its game");
             }
-            _checkPaid(game, ledger_, i, run, spent, got, slashed);
-            vm.assertEq(copierGain, 0, "G7: a copier of the proof was paid");
+            address[] memory attesters = game.gameAttesters(c.run);
+            for (uint256 a = 0; a < attesters.length; ++a) {
+                if (ledger_.memberOf(c.run, attesters[a]).status != TrainingLedger.MemberStatus.Slashed) {
+                    vm.assertTrue(false, "G7: an attester of a wrong round kept its stake");
+                }
+            }
+            _checkPaid(ledger_, c);
+            if (c.copierGain != 0) vm.assertEq(c.copierGain, 0, "G7: a copier of the proof was paid");
         }
     }
 
-    /// @dev Case `i`'s money: the slash burned whole, the reward min(fund, half the slash) from the fund.
-    function _checkPaid(
-        TrustGame game,
-        TrainingLedger ledger_,
-        uint256 i,
-        uint256 run,
-        uint256 spent,
-        uint256 got,
-        uint256 slashed
-    ) private view {
-        (uint256 fundBefore, uint256 burned, bool selfProved, uint256 selfGain) = game.caseFunds(i);
-        uint256 reward = slashed / 2 < fundBefore ? slashed / 2 : fundBefore;
-        vm.assertEq(burned, slashed, "G7: the slash was not burned whole");
-        vm.assertEq(got, spent + (selfProved ? 0 : reward), "G7: the prover did not get its bonds back and its reward");
-        vm.assertEq(selfGain, selfProved ? reward : 0, "G7: a self-proof paid other than min(fund, half the slash)");
-        vm.assertEq(
-            ledger_.proofFundOf(run), game.funded(run) - reward, "G7: the reward was not paid from the proof fund"
-        );
+    /// @dev Case `c`'s money: the slash burned whole, the reward min(fund, half the slash) from the fund.
+    function _checkPaid(TrainingLedger ledger_, TrustGame.CaseView memory c) private view {
+        uint256 reward = c.slashed / 2 < c.fundBefore ? c.slashed / 2 : c.fundBefore;
+        if (c.burned != c.slashed) vm.assertEq(c.burned, c.slashed, "G7: the slash was not burned whole");
+        uint256 owed = c.spent + (c.selfProved ? 0 : reward);
+        if (c.got != owed) vm.assertEq(c.got, owed, "G7: the prover did not get its bonds back and its reward");
+        uint256 gain = c.selfProved ? reward : 0;
+        if (c.selfGain != gain) {
+            vm.assertEq(c.selfGain, gain, "G7: a self-proof paid other than min(fund, half the slash)");
+        }
+        uint256 fund = ledger_.proofFundOf(c.run);
+        if (fund != c.funded - reward) {
+            vm.assertEq(fund, c.funded - reward, "G7: the reward was not paid from the proof fund");
+        }
     }
 }

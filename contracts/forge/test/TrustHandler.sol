@@ -38,15 +38,24 @@ contract TrustHandler is TrustGame {
     uint256 public sideStakes;
     uint256 internal constant SEAT_KEY0 = 1000;
 
-    constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_) TrustGame(ledger_) {
+    /// @param seated Fill the seat cap's run at once (TrustInvariants.t.sol's setUp: forge starts every sequence
+    /// from that state, so the maxSeats joins are made once, not at each sequence's first seatsFillAndTurn).
+    constructor(TrainingLedger ledger_, NodeRegistry registry_, uint256 runId_, bool seated) TrustGame(ledger_) {
         registry = registry_;
         runId = runId_;
+        if (seated) _fillSeats();
     }
 
     // ------------------------------------------------------------------------------------------- views
 
     function honestKeys() external view returns (uint256[] memory) {
         return _honest;
+    }
+
+    /// @notice The honest records' hashes of rounds 0 .. count - 1 (one call for G1's check of every round).
+    function honestHashes(uint64 count) external view returns (bytes32[] memory out) {
+        out = new bytes32[](count);
+        for (uint64 round = 0; round < count; ++round) out[round] = honestHash[round];
     }
 
     function coalitionKeys() external view returns (uint256[] memory) {
@@ -401,14 +410,7 @@ contract TrustHandler is TrustGame {
     /// succeeds), the next join is refused (LedgerRunFull), a seat leaves and a fresh account takes its place.
     function seatsFillAndTurn(uint256 seed) external {
         ++calls;
-        uint32 most = ledger.maxSeats();
-        if (seatRun == 0) {
-            vm.prank(who(OUTSIDER));
-            seatRun = ledger.createRun(runParams(keccak256("seats")), "seats");
-        }
-        while (ledger.runOf(seatRun).memberCount < most) {
-            if (!_seatJoins()) return _violation("G1: a join below the seat cap was refused");
-        }
+        if (!_fillSeats()) return;
         if (_seatJoins()) _violation("G1: a run seated more than maxSeats");
         uint256 i = seed % _seated.length;
         vm.prank(_seated[i]);
@@ -416,6 +418,22 @@ contract TrustHandler is TrustGame {
         _seated[i] = _seated[_seated.length - 1];
         _seated.pop();
         if (!_seatJoins()) _violation("G1: a seat that left was not freed");
+    }
+
+    /// @dev Open the seat run if there is none and fill it to maxSeats: every join below it must succeed.
+    function _fillSeats() internal returns (bool) {
+        uint32 most = ledger.maxSeats();
+        if (seatRun == 0) {
+            vm.prank(who(OUTSIDER));
+            seatRun = ledger.createRun(runParams(keccak256("seats")), "seats");
+        }
+        while (ledger.runOf(seatRun).memberCount < most) {
+            if (!_seatJoins()) {
+                _violation("G1: a join below the seat cap was refused");
+                return false;
+            }
+        }
+        return true;
     }
 
     /// @dev A fresh account registers and joins the seat run; whether the join went through.
