@@ -9,12 +9,18 @@ violation).
     nice -n 10 python bench/fuzz_forge.py --runs 4000 --depth 250 --jobs 16   # 1,000,000 calls
     nice -n 10 python bench/fuzz_forge.py --runs 40 --depth 500                # a shared 2-core machine
     python bench/fuzz_forge.py --merge chunk_*.json --commit REV  # campaigns run apart (each its own --out)
+    python bench/fuzz_forge.py --stale   # which of the sources the recorded campaign ran on changed since
+
+Each result records the sha256 of every source the campaign compiled from (contracts/src and the campaign's
+own handlers and invariants: ``sources``), so a result made on older contracts shows it (``--stale``).
 
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +34,9 @@ from bench.benchio import RESULTS, write_result  # noqa: E402
 from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign  # noqa: E402
 
 TARGET_CALLS = 1_000_000
+REPO = FORGE_ROOT.parent.parent
+# What the trust campaign compiles and runs: the contracts, and its handlers and invariants (its test files).
+CAMPAIGN_TESTS = ("TrustInvariants.t.sol", "TrustHandler.sol", "TrustGame.sol", "TrustBase.sol", "Vm.sol")
 INVARIANTS = ["G1 every committed record is honest",
               "G1 who counts (tenure, counters; at most maxSeats seats, a leave frees one)",
               "G2 a live honest member is never ejectable",
@@ -52,10 +61,15 @@ def main() -> int:
     parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",
                         help="write one result from these results of campaigns run apart (nothing is run)")
     parser.add_argument("--commit", default="", help="with --merge: the commit the campaigns ran on")
+    parser.add_argument("--stale", action="store_true",
+                        help="list the sources that changed since the campaign of --out ran (exit 1 if any)")
     args = parser.parse_args()
+    if args.stale:
+        return stale(args.out)
     if args.merge:
         return merge(args.merge, args.out, args.commit)
     load = list(os.getloadavg())
+    ran_on = sources()
     subprocess.run([str(FORGE), "build"], cwd=FORGE_ROOT, check=True, capture_output=True, timeout=1800)
     shares = [args.runs // args.jobs + (1 if i < args.runs % args.jobs else 0) for i in range(args.jobs)]
     start = time.monotonic()
@@ -78,6 +92,7 @@ def main() -> int:
         "target_calls": TARGET_CALLS,
         "projected_seconds_for_target": round(TARGET_CALLS / rate) if calls < TARGET_CALLS else None,
         "invariants": INVARIANTS,
+        "sources_digest": digest(ran_on), "sources": ran_on,
     }
     print(f"{calls:,} calls in {seconds:.0f} s ({rate:.1f} calls/s), {result['violations']} violation(s)")
     write_result(args.out, result, load)
@@ -87,9 +102,10 @@ def main() -> int:
 def merge(paths: list[str], out: str, commit: str) -> int:
     """One result from the results of campaigns run apart (e.g. in sequence, a chunk at a time): every
     campaign kept with its seed, runs, depth, calls and seconds; the rate: calls over their summed seconds."""
-    import json
-
     parts = [json.loads(Path(p).read_text()) for p in paths]
+    ran_on = {digest(part["sources"]): part["sources"] for part in parts if part.get("sources")}
+    if len(ran_on) > 1 or (ran_on and any(not part.get("sources") for part in parts)):
+        raise SystemExit("the campaigns ran on different sources (or some recorded none): merge one tree's")
     campaigns = [c for part in parts for c in part["campaigns"]]
     calls = sum(c["calls"] for c in campaigns)
     seconds = sum(c["seconds"] for c in campaigns)
@@ -106,9 +122,38 @@ def merge(paths: list[str], out: str, commit: str) -> int:
                                          if 0 < calls < TARGET_CALLS else None),
         "invariants": INVARIANTS,
     }
+    if ran_on:
+        result["sources_digest"], result["sources"] = next(iter(ran_on.items()))
     print(f"{calls:,} calls in {len(campaigns)} campaigns, {result['violations']} violation(s)")
     write_result(out, result)
     return 1 if result["violations"] else 0
+
+
+def sources() -> dict[str, str]:
+    """The sha256 of each source the campaign compiles: contracts/src's and the campaign's test files."""
+    files = sorted((REPO / "contracts" / "src").rglob("*.sol"))
+    files += [FORGE_ROOT / "test" / name for name in CAMPAIGN_TESTS]
+    return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def digest(hashes: dict[str, str]) -> str:
+    """One sha256 over the sources' names and hashes (the tree's fingerprint)."""
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+
+def stale(out: str) -> int:
+    """Print the sources (added, changed or gone) that differ from those the recorded campaign ran on."""
+    recorded = json.loads(Path(out).read_text()).get("sources")
+    if not recorded:
+        print(f"{out} records no sources: its campaign's tree is unknown")
+        return 1
+    now = sources()
+    changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
+    for name in changed:
+        print(f"{'gone' if name not in now else 'new' if name not in recorded else 'changed'}: {name}")
+    print(f"{len(changed)} of {len(now)} sources differ from the campaign's" if changed
+          else "the campaign ran on these sources")
+    return 1 if changed else 0
 
 
 if __name__ == "__main__":

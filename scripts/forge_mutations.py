@@ -156,7 +156,7 @@ def mutated_tree(workdir: Path, mutation: Mutation | None) -> Path:
     # (the suites the invariant campaign does not run are left out: less to compile)
     shutil.copytree(FORGE_ROOT, root, symlinks=False, ignore=shutil.ignore_patterns(
         "out", "cache", "src", "CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "TrustGame.t.sol",
-        "VerdictTiming.t.sol"))
+        "VerdictTiming.t.sol", "Pool*.sol"))
     shutil.copytree(REPO / "contracts" / "src", root / "src")
     (workdir / "node_modules").symlink_to(REPO / "contracts" / "node_modules")  # the solc wrapper's solcjs
     if mutation is not None:

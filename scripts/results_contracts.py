@@ -75,6 +75,10 @@ def forge_invariants(r: dict) -> list[str]:
     rows = [[c["seed"], c["runs"], c["depth"], f"{c['calls']:,}", f"{c['seconds']:.0f}",
              "pass" if c["passed"] else f"FAIL: {c['failure']}"] for c in r["campaigns"]]
     projected = r.get("projected_seconds_for_target")
+    ran_on = ([f"Sources: sha256 `{r['sources_digest'][:16]}` over {len(r['sources'])} files (contracts/src "
+               "and the campaign's handlers and invariants, each hashed in the JSON); `python "
+               "bench/fuzz_forge.py --stale` lists those changed since.", ""]
+              if r.get("sources_digest") else [])
     if "merged_from" in r:  # campaigns run apart, a chunk at a time (bench/fuzz_forge.py --merge)
         lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
                   f"({r['runs']} sequences of {'/'.join(map(str, r['depth']))} in {len(r['campaigns'])} "
@@ -84,14 +88,14 @@ def forge_invariants(r: dict) -> list[str]:
                   f"**{r['violations']} violations.**"
                   + (f" Short of the {r['target_calls']:,}-call target: at this rate it takes about "
                      f"{projected / 3600:.1f} h of one process's campaign time." if projected else "")), ""]
-        return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
+        return lines + ran_on + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
     lines = [(f"forge's invariant campaign (`{r['forge']}`) in the EVM: **{r['calls']:,} calls** "
               f"({r['runs']} sequences of {r['depth']}, {r['jobs']} process(es)) in {r['seconds']:.0f} s "
               f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
               f"{'; '.join(r['invariants'])}. **{r['violations']} violations.**"
               + (f" At this rate {r['target_calls']:,} calls take about {projected / 3600:.1f} h on this "
                  f"machine with {r['jobs']} process(es)." if projected else "")), ""]
-    return lines + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
+    return lines + ran_on + table(["seed", "runs", "depth", "calls", "seconds", "verdict"], rows) + [""]
 
 
 def forge_pool_invariants(r: dict) -> list[str]:
