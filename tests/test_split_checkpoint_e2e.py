@@ -7,7 +7,10 @@ on its disk it enters from its kept split (node/live/round/entry.py, ``_split_st
 re-forms and the run goes on committing. Then ``dlx-node pull``, told of one live node only (which holds one
 stage), assembles the checkpoint from the header and the shards the live nodes serve under the record's keys
 (the other stage's holders found on the DHT), checks it against the chain's hash and writes a model that
-loads in transformers and gives our own model's logits. No node ever kept a whole checkpoint.
+loads in transformers and gives our own model's logits. Then the whole run is stopped and replica 0's two
+nodes started alone: with no other holder of its stage alive, each enters from its own kept split (header
+and stage shard from its own directory); the others come back and the run commits on. No node ever kept a
+whole checkpoint.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _no_whole_checkpoint(run, published) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(make_run, tmp_path):
     run = make_run(replicas=2, stages=2, split=True,
                    settings=[*TINY, "storage.checkpoints=stages", "rounds=0", "join_timeout=60"])
@@ -86,6 +89,31 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
         pulled.stdout
     assert len(run.running()) == len(run.nodes), run_logs(run)  # pulled from live nodes
 
+    # The whole run stopped; replica 0's pair started alone: no live node but itself holds its stage, so
+    # each enters from its own kept split (its header and stage shard, no whole file); then the rest.
+    run.stop_nodes()
+    assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
+    stopped_at = last()
+    pair = [survivor, victim]
+    kept = {s.name: {int(p.name[6:14]) for p in (s.data_dir / "checkpoints").glob("round-*.split.json")}
+            for s in pair}
+    for slot in pair:
+        run.start_node(slot)
+
+    def this_life(slot) -> str:
+        return slot.log_path.read_text(errors="replace")
+
+    wait_for(lambda: all(KEPT_SPLIT in this_life(s) for s in pair), 300,
+             "replica 0's nodes entered from their own kept splits", run)
+    for slot in pair:
+        entered = int(re.search(r"round (\d+)'s checkpoint: stages \[\d+\] " + re.escape(KEPT_SPLIT),
+                                this_life(slot)).group(1))
+        assert entered in kept[slot.name], (slot.name, entered, sorted(kept[slot.name]))
+        assert f"from the chain-verified checkpoint of round {entered}" in this_life(slot)
+    for slot in run.nodes:
+        if slot not in pair:
+            run.start_node(slot)
+    wait_for(lambda: last() >= stopped_at + 2, 400, "two rounds committed after the restart", run)
     run.stop_nodes()
     assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
     logs = "".join(node_log(s) for s in run.nodes)
