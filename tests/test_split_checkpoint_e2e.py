@@ -87,6 +87,8 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr + run_logs(run)
     assert f"sha256 {latest.content_hash.hex()}" in pulled.stdout and "from peers" in pulled.stdout, \
         pulled.stdout
+    assert "not downloaded whole" in pulled.stderr, pulled.stderr[-3000:]  # no node holds the whole file:
+    assert "not assembled" not in pulled.stderr, pulled.stderr[-3000:]  # its header and shards, assembled
     assert len(run.running()) == len(run.nodes), run_logs(run)  # pulled from live nodes
 
     # The whole run stopped; replica 0's pair started alone: no live node but itself holds its stage, so
