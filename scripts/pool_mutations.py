@@ -93,9 +93,13 @@ contracts.ARTIFACT_DIR = Path(sys.argv[1])
 logging.basicConfig(level=logging.CRITICAL)
 from hypothesis import HealthCheck, Phase, settings
 from tests.trust_machine import TrustMachine, _weigh
-# the pool's moves weighted up (its claims x10, the captured run's x4, the token's re-entry x3): a short run
-# of the whole machine otherwise draws few claims that pay, and a bug no claim exercises is not caught
-_weigh(TrustMachine, {"member_claims": 10, "coalition_claims_its_captured_round": 4, "token_reenters": 3})
+# the pool's moves weighted up: a short run of the whole machine otherwise draws few claims that pay, and a
+# bug no claim exercises is not caught. The steered moves (tests/trust_pool.py): a member's own claim once
+# final (pays), a claim of the newest round at once (refused: not final), a coalition attester convicted
+# (equivocation) claiming (refused); then the drawn claims, the captured run's and the token's re-entry
+_weigh(TrustMachine, {"member_claims_once_final": 10, "member_claims_at_once": 3,
+                      "coalition_attester_equivocates_and_claims": 3, "member_claims": 3,
+                      "coalition_claims_its_captured_round": 2, "token_reenters": 3})
 TrustMachine.TestCase.settings = settings(
     max_examples=int(sys.argv[2]), stateful_step_count=int(sys.argv[3]), deadline=None,
     suppress_health_check=list(HealthCheck), derandomize=True, database=None,

@@ -106,7 +106,20 @@ def forge_pool_invariants(r: dict) -> list[str]:
              f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
              f"{'; '.join(r['invariants'])}. "
              f"**{r['violations']} violations**" + (f" ({r['failure']})" if r["failure"] else "")
-             + f". Calls by actor: {actors}."), ""]
+             + f". Calls by actor: {actors}." + _pool_tally(r.get("tally"))), ""]
+
+
+def _pool_tally(tally: dict | None) -> str:
+    """What the pool campaign's calls did (bench/fuzz_forge_pool.py's tally), as a sentence."""
+    if not tally:
+        return ""
+    t = {key: f"{value:,}" for key, value in tally.items()}
+    return (f" What they did: {t['attestations_paid']} attestations and {t['contributions_paid']} "
+            f"contributions paid, {t['contributions_refused']} contribution claims refused (of them "
+            f"{t['forged_refused']} of forged entries), {t['overturned_refused']} claims of an overturned "
+            f"round and {t['convicted_refused']} of convicted members refused, {t['reentries_refused']} "
+            f"token re-entries refused; a round overturned in {t['sequences_overturned']} of "
+            f"{t['sequences']} sequences.")
 
 
 def fraud_proof_bounds(r: dict) -> list[str]:

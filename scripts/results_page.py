@@ -322,7 +322,7 @@ SECTIONS = (
             "few steps per second."),
     Section("forge_pool_invariants.json", "The reward pool as forge invariants", "bench/fuzz_forge_pool.py",
             forge_pool_invariants, "The reward pool (issue 77) against PoolHandler.sol's actors, an ETH and "
-            "a fee-on-transfer token pool (attestation claims only), R1-R5 after each call (REWARDS.md)."),
+            "a fee-on-transfer token pool (attestations, contributions, an overturn), R1-R5 each call."),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
             forge_invariants,
             "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "

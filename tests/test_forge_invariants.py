@@ -67,10 +67,12 @@ def test_calldata_fuzzing_of_every_external_function_finds_no_unexpected_success
 
 
 def test_the_reward_pool_keeps_its_books_in_a_quick_campaign():
-    """PoolInvariants.t.sol (issue 77): R1-R5 after every call of PoolHandler's actors (commits, claims by
-    attesters and others, top-ups of an ETH and a fee-on-transfer token pool, sweeps, a convicted attester's
-    claim, the re-entrant token), 16 sequences of 64 calls (foundry.toml); and the actors step by step (a
-    final round's attestations paid once, a convicted attester's and the armed token's calls refused)."""
+    """PoolInvariants.t.sol (issue 77): R1-R5 after every call of PoolHandler's actors (commits listing signed
+    contributions, claims of attestations and contributions by their accounts and others, top-ups of an ETH
+    and a fee-on-transfer token pool, sweeps, a convicted attester's claim, an overturned round's claims, the
+    re-entrant token), 16 sequences of 64 calls (foundry.toml); and the actors step by step (a final round's
+    attestations and contributions paid once, a copier's, a forged entry's, a convicted attester's, an
+    overturned round's and the armed token's calls refused)."""
     out = forge_test("PoolInvariantsTest")
     assert "[PASS] invariant_pool_books() (runs: 16, calls: 1024" in out, out[-3000:]
     assert "[PASS] test_the_actors_pay_and_refuse()" in out, out[-3000:]

@@ -80,3 +80,30 @@ def test_the_coalition_claims_nothing_of_its_overturned_run():
     after = _counts()
     assert after["pool_claims_paid"] == before["pool_claims_paid"]
     assert after["pool_convicted_refused"] > before["pool_convicted_refused"]
+
+
+@pytest.mark.timeout(900)
+def test_the_steered_claims_pay_once_final_and_refuse_before_and_after_a_conviction():
+    """The moves that draw paying claims (scripts/pool_mutations.py --machine trust weighs them up): a
+    member's own claim once its round is final pays; a claim of the newest round at once is refused as not
+    final; a coalition attester that equivocated is slashed and its claim of the round refused as
+    convicted."""
+    logging.getLogger("node").setLevel(logging.CRITICAL)
+    machine = TrustMachine()
+    machine.deploy_run(pools=True)
+    assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    before = _counts()
+    data = _Seeded(11)
+    machine.member_claims_once_final(data)
+    machine.the_model_holds()
+    assert _counts()["pool_claims_paid"] == before["pool_claims_paid"] + 1
+    assert machine.commit(HONEST[0], machine.honest_record(), list(HONEST) + list(COALITION))
+    refused = PoolMoves.pool_claims_refused
+    machine.member_claims_at_once(data)  # round 1, just committed
+    machine.the_model_holds()
+    assert PoolMoves.pool_claims_refused == refused + 1
+    convicted = PoolMoves.pool_convicted_refused
+    machine.coalition_attester_equivocates_and_claims(data)
+    machine.the_model_holds()
+    assert PoolMoves.pool_convicted_refused == convicted + 1
+    assert any(machine.status(i) == "slashed" for i in COALITION)

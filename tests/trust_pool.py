@@ -42,6 +42,10 @@ from tests.trust_params import COALITION, HONEST, OUTSIDER, WINDOW
 
 AMOUNT = 10**15  # a round's budget, in wei or token units
 FEE_BPS = 1_000  # the token's fee on transfer
+#: Rounds the machine's run's pools are funded for at set-up (as create-run funds one round's amount a round):
+#: with 3, as before, a claim of a round past the third was refused as unfunded until a funder topped up, so
+#: most claims of a short run paid nothing (a claim opens every earlier round first). Funders still top up.
+FUNDING_ROUNDS = 64
 #: Funders, and the sender that arms the receivers and the token: generated dev accounts funded at set-up
 #: (the deployer, 0, is the walker, whose balance S3 counts; 1-9 are the run's cast).
 FUNDERS = (10, 11)
@@ -91,7 +95,7 @@ class PoolMoves:
                                                              retry=FAST_RETRY), held)
                       for name, held in (("eth", None), ("token", token))]
         for book in self.books:
-            self.open_pool(book, self.run_id, HONEST[0], 3 * AMOUNT)
+            self.open_pool(book, self.run_id, HONEST[0], FUNDING_ROUNDS * AMOUNT)
         self.delegate_receivers()
 
     def open_pool(self, book: PoolBook, run_id: int, creator: int, funding: int) -> None:
@@ -191,16 +195,22 @@ class PoolMoves:
         return None
 
     # ------------------------------------------------------------------ claims
-    def claim(self, data, book: PoolBook, run_id: int, round_: int, *, claimer_pool=None) -> None:
+    def claim(self, data, book: PoolBook, run_id: int, round_: int, *, claimer_pool=None, when: str = "",
+              owned_by: str = "") -> None:
+        """A claim of ``round_`` of ``run_id`` in ``book``: a share drawn (``owned_by``: only that account's),
+        by its owner or another (``claimer_pool``: who may claim; the owner itself where ``owned_by``), once
+        the round is final (``when`` "final": mined to it; "now": at once; "": drawn, mostly once final)."""
         claims, record, state, attesters = self.claims_of(run_id, round_)
+        claims = [c for c in claims if not owned_by or c[1].lower() == owned_by.lower()]
         if not claims:
             return
         stage, owner, position, send = data.draw(st.sampled_from(claims))
         owner_index = self.index_of(owner)
-        pool = claimer_pool or [owner_index] * 8 + [OUTSIDER, *HONEST, *COALITION]
+        others = [OUTSIDER, *HONEST, *COALITION]
+        pool = [owner_index] if owned_by else claimer_pool or [owner_index] * 8 + others
         claimer = data.draw(st.sampled_from(pool))
-        if data.draw(st.integers(0, 2)) != 2:  # mostly once final (else claims rarely pay; 0, the draw
-            # hypothesis favours, waits)
+        if when == "final" or (not when and data.draw(st.integers(0, 2)) != 2):  # mostly once final (else
+            # claims rarely pay; 0, the draw hypothesis favours, waits)
             self.mine_to_final(run_id, round_)
         reenter = claimer in RECEIVERS and book.token is None and data.draw(st.integers(0, 3)) == 0
         client = self.pool_client(book, claimer)
@@ -306,6 +316,52 @@ class PoolMoves:
         the machine's run, in ETH or in the token."""
         book = data.draw(st.sampled_from(self.books))
         self.claim(data, book, self.run_id, data.draw(st.sampled_from(sorted(self.records))))
+
+    @precondition(lambda self: hasattr(self, "books") and bool(self.records))
+    @rule(data=st.data())
+    def member_claims_once_final(self, data) -> None:
+        """A member claims its own share (an attestation or a contribution) of a round of the machine's run
+        once the round is final, as a member's node does (``dlx-node rewards --claim``): the claim that pays,
+        drawn as often as the others together (a short run otherwise draws few that pay)."""
+        book = data.draw(st.sampled_from(self.books))
+        round_ = data.draw(st.sampled_from(sorted(self.records)))
+        claims = self.claims_of(self.run_id, round_)[0]
+        if claims:
+            owner = data.draw(st.sampled_from(claims))[1]
+            self.claim(data, book, self.run_id, round_, when="final", owned_by=owner)
+
+    @precondition(lambda self: hasattr(self, "books") and bool(self.records))
+    @rule(data=st.data())
+    def member_claims_at_once(self, data) -> None:
+        """A member claims its share of the machine's newest round at once, before its proof window closed:
+        refused as not final (R2), unless blocks passed enough already."""
+        book = data.draw(st.sampled_from(self.books))
+        self.claim(data, book, self.run_id, max(self.records), when="now")
+
+    @precondition(lambda self: hasattr(self, "books") and bool(self.records))
+    @rule(data=st.data())
+    def coalition_attester_equivocates_and_claims(self, data) -> None:
+        """A coalition member that attested a round of the machine's run (else the next round, committed with
+        the coalition's signatures) signs another record of the same round; an outsider reports it
+        (``reportEquivocation``: slashed) and it claims its attestation of the round once final: refused, R2
+        (no credit for a convicted member)."""
+        active = self.active(self.coalition_group())
+        cases = [(r, i) for r in sorted(self.records) for i in active
+                 if self.client(i).address.lower() in {a.lower() for a in self.attesters_of(r)}]
+        if not cases and active:  # an honest member commits the next round with the coalition's signatures
+            signers = list(self.active(self.honest_group())) + active
+            if not self.commit(HONEST[0], self.honest_record(), signers):
+                return
+            cases = [(max(self.records), i) for i in active]
+        if not cases:
+            return
+        round_, index = data.draw(st.sampled_from(cases))
+        record, client = self.records[round_], self.client(index)
+        other = dataclasses.replace(record, contributions_root=bytes(31) + b"\x01")
+        self.client(OUTSIDER).report_equivocation(record, client.sign_record(record), other,
+                                                  client.sign_record(other))
+        self.claim(data, data.draw(st.sampled_from(self.books)), self.run_id, round_, when="final",
+                   owned_by=client.address)
 
     @precondition(lambda self: hasattr(self, "books")
                   and any(c.run_id in self.books[0].funded for c in self.lied_rounds))

@@ -4,20 +4,25 @@ pragma solidity 0.8.37;
 import {RewardPool} from "../src/RewardPool.sol";
 import {TrainingLedger} from "../src/TrainingLedger.sol";
 import {QuirkyToken} from "../src/test/QuirkyToken.sol";
-import {TrustBase} from "./TrustBase.sol";
+import {PoolRounds} from "./PoolRounds.sol";
 
 /// @notice The reward pool's actors (issue 77) for forge's invariant campaign (PoolInvariants.t.sol), the twin of
-/// tests/trust_pool.py: one run of the six founders with two pools, one in ETH and one in a fee-on-transfer
-/// QuirkyToken (10%), attesters only (a version-3 contribution's factors are not built here: the hypothesis
-/// machines claim contributions). Members commit rounds signed by any quorum, blocks pass, attesters and others
-/// claim (at once or later, a paid share again at once), funders top up, anyone sweeps, an attester of the last
-/// round is convicted (equivocation) and then claims, and the token, armed, calls its pool back from inside a
-/// funder's top-up. What a call sees that breaks R2, R3 or R5 is kept in `violation`; R1 and R4 are read from
-/// the pools by the invariant.
-contract PoolHandler is TrustBase {
+/// tests/trust_pool.py: one normed one-stage run of the six founders with two pools, one in ETH and one in a
+/// fee-on-transfer QuirkyToken (10%), each paying a fifth of a round to its attesters and the rest to its listed
+/// contributions (6 slots). Members commit rounds signed by any quorum, each listing signed contributions
+/// (PoolRounds.sol: any account, steps or none, past the slots, forged signatures); blocks pass; attesters,
+/// contributors and others (a front-runner copying a claim) claim, at once or later, a paid share again at once;
+/// funders top up; anyone sweeps; an attester of the last round is convicted (equivocation) and then claims; a
+/// fresh round is overturned (disputed, a quorum's verdict: the run halts, its attesters are slashed) and its
+/// credits claimed; and the token, armed, calls its pool back from inside a funder's top-up. What a call sees that
+/// breaks R2, R3 or R5 is kept in `violation`; R1 and R4 are read from the pools by the invariant.
+contract PoolHandler is PoolRounds {
     uint128 internal constant AMOUNT = 10 ** 15;
     uint16 internal constant FEE_BPS = 1_000;
-    uint16 internal constant SLOTS = 8;
+    uint16 internal constant ATTESTER_BPS = 2_000;
+    uint16 internal constant SLOTS = 8; // attester shares
+    uint16 internal constant CONTRIBUTION_SLOTS = 6;
+    uint256 internal constant INNER_STEPS = 10;
     uint256 internal constant FOUNDERS = 6;
 
     TrainingLedger public immutable ledger;
@@ -38,6 +43,11 @@ contract PoolHandler is TrustBase {
     uint256 public convictedRefused;
     uint256 public reentriesRefused;
     uint256 public convictions;
+    uint256 public contributionsPaid;
+    uint256 public contributionsRefused;
+    uint256 public forgedRefused;
+    uint256 public overturnedRefused;
+    uint64 public overturned; // the overturned round + 1 (0: none)
 
     constructor(TrainingLedger ledger_, uint256 runId_, RewardPool ethPool, RewardPool tokenPool, QuirkyToken token_) {
         _castAddresses();
@@ -83,22 +93,28 @@ contract PoolHandler is TrustBase {
 
     // ------------------------------------------------------------------------------------------- actors
 
-    /// @notice The next round committed, signed by the unslashed founders of `mask` (at least four of them).
-    function commit(uint256 mask) external {
+    /// @notice The next round committed, signed by the unslashed founders of `mask` (at least four of them), listing
+    /// the contributions drawn from `listSeed` (PoolRounds.sol).
+    function commit(uint256 mask, uint256 listSeed) public returns (bool) {
         uint256[] memory alive = _unslashed();
         uint256 n;
         for (uint256 i = 0; i < alive.length; ++i) if (mask >> i & 1 == 1 || i < 4) ++n;
+        if (n == 0) return false; // every founder convicted
         uint256[] memory signers = new uint256[](n);
         n = 0;
         for (uint256 i = 0; i < alive.length; ++i) if (mask >> i & 1 == 1 || i < 4) signers[n++] = alive[i];
         uint64 round = commits;
-        TrainingLedger.Record memory record = _record(round, keccak256(abi.encode("weights", round)));
+        (, bytes memory leaf) = _drawListing(ledger, runId, round, listSeed);
+        TrainingLedger.Record memory record = _record(round, _leafHash(leaf));
         vm.prank(who(signers[0]));
         try ledger.commitRound(record, signAll(signers, recordDigest(ledger, record))) {
             _records[round] = record;
             _attesters[round] = _addresses(signers);
             ++commits;
-        } catch {}
+            return true;
+        } catch {
+            return false;
+        }
     }
 
     function blocksPass(uint256 blocks) external {
@@ -123,7 +139,10 @@ contract PoolHandler is TrustBase {
             if (!wasFinal && !ledger.isFinal(runId, round)) _violation("R2: an attestation paid before final");
             if (_paid[key]) _violation("R3: an attestation paid twice");
             uint256 slots = attesters.length > SLOTS ? attesters.length : SLOTS;
-            if (amount != AMOUNT / slots) _violation("R2: an attestation paid another amount than its share");
+            if (amount != uint256(AMOUNT) * ATTESTER_BPS / 10_000 / slots) {
+                _violation("R2: an attestation paid another amount than its share");
+            }
+            if (overturned != 0 && round + 1 >= overturned) _violation("R2: an overturned round's attestation paid");
             _paid[key] = true;
             paid[p] += amount;
             paidOfRound[p][round] += amount;
@@ -135,7 +154,100 @@ contract PoolHandler is TrustBase {
         } catch {
             ++claimsRefused;
             if (slashed) ++convictedRefused;
+            if (overturned != 0 && round + 1 >= overturned) ++overturnedRefused;
         }
+    }
+
+    /// @dev One contribution claim as the handler drew it, and what the chain said before it.
+    struct Draw {
+        uint256 p;
+        uint64 round;
+        uint256 index;
+        address claimer;
+        bool slashed;
+        bool wasFinal;
+        bytes32 key;
+    }
+
+    /// @notice Contribution `index` of round `roundSeed`'s listing claimed by its listed account or (one call in
+    /// four) another (a front-runner copying the claim; a forged entry's real signer), then again at once.
+    function claimContribution(uint256 poolSeed, uint256 roundSeed, uint256 index, uint256 claimerSeed) public {
+        if (commits == 0) return;
+        Draw memory d;
+        d.p = poolSeed % 2;
+        d.round = uint64(roundSeed % commits);
+        Listing storage listing = _listings[d.round];
+        if (listing.contributors.length == 0) return;
+        d.index = index % listing.contributors.length;
+        d.claimer = claimerSeed % 4 == 0 ? who(1 + claimerSeed / 4 % OUTSIDER) : listing.contributors[d.index];
+        d.slashed = ledger.memberOf(runId, d.claimer).status == TrainingLedger.MemberStatus.Slashed;
+        d.wasFinal = ledger.isFinal(runId, d.round);
+        d.key = keccak256(abi.encode(d.p, d.round, "contribution", d.claimer));
+        (bool ok, uint256 amount) = _sendContribution(d);
+        if (!ok) {
+            ++contributionsRefused;
+            if (listing.forged[d.index]) ++forgedRefused;
+            if (overturned != 0 && d.round + 1 >= overturned) ++overturnedRefused;
+            return;
+        }
+        _checkContribution(d, amount);
+        (ok,) = _sendContribution(d);
+        if (ok) _violation("R3: a contribution paid twice in a row");
+    }
+
+    function _sendContribution(Draw memory d) internal returns (bool, uint256) {
+        bytes memory factors = _factorsOf[d.round];
+        bytes memory leaf = _leafOf[d.round];
+        vm.prank(d.claimer);
+        try pools[d.p].claimContribution(_records[d.round], 0, leaf, new bytes32[](0), factors, d.index) returns (
+            uint256 amount
+        ) {
+            return (true, amount);
+        } catch {
+            return (false, 0);
+        }
+    }
+
+    /// @dev What a paid contribution claim must have been (R2, R3), and its payment counted.
+    function _checkContribution(Draw memory d, uint256 amount) internal {
+        Listing storage listing = _listings[d.round];
+        if (d.claimer != listing.contributors[d.index]) _violation("R2: a contribution paid an account not listed");
+        if (listing.forged[d.index]) _violation("R2: a contribution paid on a signature not its account's");
+        if (d.slashed) _violation("R2: a contribution paid a convicted member");
+        if (overturned != 0 && d.round + 1 >= overturned) _violation("R2: an overturned round's contribution paid");
+        if (!d.wasFinal && !ledger.isFinal(runId, d.round)) _violation("R2: a contribution paid before final");
+        if (_paid[d.key]) _violation("R3: a contribution paid twice");
+        uint256 budget = uint256(AMOUNT) * (10_000 - ATTESTER_BPS) / 10_000;
+        if (amount != _contributionShare(d.round, d.index, budget, CONTRIBUTION_SLOTS, INNER_STEPS)) {
+            _violation("R2: a contribution paid another amount than its share");
+        }
+        _paid[d.key] = true;
+        paid[d.p] += amount;
+        paidOfRound[d.p][d.round] += amount;
+        ++contributionsPaid;
+    }
+
+    /// @notice A fresh round committed and overturned at once (one call in four, once six rounds stand: it halts the
+    /// run, so not before the pools had rounds to pay): a founder
+    /// disputes it with its own record and a quorum of the unslashed founders' verdict overturns it, slashing its
+    /// attesters and halting the run; then its contributions and an attestation are claimed (all refused).
+    function overturn(uint256 seed) external {
+        if (seed % 4 != 0 || commits < 6 || overturned != 0) return;
+        if (!commit(seed >> 8, seed >> 16)) return;
+        uint64 round = commits - 1;
+        TrainingLedger.Record memory committed = _records[round];
+        TrainingLedger.Record memory disputed = _records[round]; // a copy (memory to memory would alias)
+        disputed.weightsRoot = keccak256(abi.encode("disputed", round));
+        uint256[] memory alive = _unslashed();
+        if (alive.length < ledger.commitQuorumOf(runId, round)) return;
+        vm.prank(who(alive[0]));
+        ledger.dispute{value: BOND}(committed, disputed, sign(alive[0], recordDigest(ledger, disputed)));
+        ledger.resolveDispute(
+            committed, false, signAll(alive, roundVerdictDigest(ledger, committed, false)), _attesters[round]
+        );
+        overturned = round + 1;
+        if (_listings[round].contributors.length != 0) this.claimContribution(seed, round, seed >> 4, 1);
+        this.claim(seed >> 1, round, seed >> 2, 1);
     }
 
     /// @notice A funder (an outsider, a joiner's key or a founder) tops pool `poolSeed` up.
