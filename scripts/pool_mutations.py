@@ -99,7 +99,7 @@ from tests.trust_machine import TrustMachine, _weigh
 # (equivocation) claiming (refused); then the drawn claims, the captured run's and the token's re-entry
 _weigh(TrustMachine, {"member_claims_once_final": 10, "member_claims_at_once": 3,
                       "coalition_attester_equivocates_and_claims": 3, "member_claims": 3,
-                      "coalition_claims_its_captured_round": 2, "token_reenters": 3})
+                      "coalition_claims_its_captured_round": 2, "token_reenters": 10})
 TrustMachine.TestCase.settings = settings(
     max_examples=int(sys.argv[2]), stateful_step_count=int(sys.argv[3]), deadline=None,
     suppress_health_check=list(HealthCheck), derandomize=True, database=None,
