@@ -30,10 +30,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from node.errors import StateError
-from node.store.checkpoint import (Checkpoint, CheckpointTensors, RunLayout, checkpoint_of,
-                                   metadata_problems, write_checkpoint)
-from node.store.checkpoint_stage import (MAX_HEADER_BYTES, MAX_JSON_DEPTH, FetchRange, check_stage,
-                                         checked_stage_leaves, read_header, stage_tensors)
+from node.store.checkpoint import Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint_stage import (MAX_HEADER_BYTES, FetchRange, check_stage, checked_header,
+                                         read_header, stage_tensors)
 from node.store.safetensors_stream import write_safetensors
 from training.jsonbound import loads_bounded
 
@@ -127,26 +126,6 @@ def file_range(path: Path) -> FetchRange:
     return read
 
 
-def checked_header(fetch: FetchRange, layout: RunLayout, round_index: int, weights_root: bytes
-                   ) -> tuple[Checkpoint, list]:
-    """The checkpoint's metadata (tensors empty) and every stage's parsed leaf, from a header read by
-    ``fetch`` and checked: the run's metadata, stage leaves that give ``weights_root``. StateError."""
-    if not layout.chunked:
-        raise StateError("a hashed run's checkpoint is kept and checked whole (its momentum is in no record)")
-    header, _start = read_header(fetch)
-    try:
-        meta = loads_bounded((header.get("__metadata__") or {}).get("dlx", "{}"), MAX_JSON_DEPTH)
-    except (AttributeError, TypeError, ValueError, RecursionError) as exc:
-        raise StateError(f"checkpoint metadata unreadable: {type(exc).__name__}: {exc}"[:300]) from None
-    if not isinstance(meta, dict):
-        raise StateError("checkpoint metadata is not an object")
-    ckpt = checkpoint_of({}, meta)
-    problems = metadata_problems(ckpt, layout, round_index)
-    if problems:
-        raise StateError("; ".join(problems))
-    return ckpt, checked_stage_leaves(ckpt, layout, weights_root)
-
-
 def stage_from_shard(fetch: FetchRange, layout: RunLayout, ckpt: Checkpoint, leaf, stage: int):
     """``stage``'s (weights, momentum) read by ``fetch`` from a holder's stage shard (a safetensors file
     of the stage's ``weights.*`` and ``momentum.*``), checked against the stage's leaf and the header's
@@ -167,7 +146,7 @@ def split_stages(headers: Iterable[FetchRange], shards: Callable[[int], Iterable
     ckpt = leaves = None
     for fetch in headers:
         try:
-            ckpt, leaves = checked_header(fetch, layout, round_index, weights_root)
+            ckpt, leaves, _header, _start = checked_header(fetch, layout, round_index, weights_root)
             break
         except (StateError, OSError) as exc:
             refused.append(f"header: {exc}")

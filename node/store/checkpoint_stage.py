@@ -42,6 +42,20 @@ def fetch_checkpoint_stages(fetch_range: FetchRange, layout: RunLayout, round_in
     docstring): its ``weights`` and ``momentum`` hold those stages' tensors only, its ``stage_leaves`` every
     stage's. ``weights_root``: the attested record's. StateError naming what is wrong; the fetch's own
     errors (a peer that does not answer) pass through."""
+    ckpt, leaves, header, data_start = checked_header(fetch_range, layout, round_index, weights_root)
+    for stage in sorted(set(stages)):
+        weights, momentum = stage_tensors(fetch_range, header, data_start, layout, stage)
+        check_stage(ckpt, layout, stage, leaves[stage], weights, momentum)
+        ckpt.weights.update(weights)
+        ckpt.momentum.update(momentum)
+    return ckpt
+
+
+def checked_header(fetch_range: FetchRange, layout: RunLayout, round_index: int, weights_root: bytes
+                   ) -> tuple[Checkpoint, list, dict, int]:
+    """``(the checkpoint's metadata with no tensors, every stage's parsed leaf, the parsed header, the offset
+    its data starts at)`` from a header read by ``fetch_range``, checked: a chunked run's, the run's metadata,
+    stage leaves that give ``weights_root``. StateError naming what is wrong."""
     if not layout.chunked:
         raise StateError("a hashed run's checkpoint is checked whole (its momentum is in no record)")
     header, data_start = read_header(fetch_range)
@@ -55,13 +69,7 @@ def fetch_checkpoint_stages(fetch_range: FetchRange, layout: RunLayout, round_in
     problems = metadata_problems(ckpt, layout, round_index)
     if problems:
         raise StateError("; ".join(problems))
-    leaves = checked_stage_leaves(ckpt, layout, weights_root)
-    for stage in sorted(set(stages)):
-        weights, momentum = stage_tensors(fetch_range, header, data_start, layout, stage)
-        check_stage(ckpt, layout, stage, leaves[stage], weights, momentum)
-        ckpt.weights.update(weights)
-        ckpt.momentum.update(momentum)
-    return ckpt
+    return ckpt, checked_stage_leaves(ckpt, layout, weights_root), header, data_start
 
 
 def read_header(fetch_range: FetchRange) -> tuple[dict, int]:
