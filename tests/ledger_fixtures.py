@@ -6,7 +6,9 @@ test that uses ``deployment`` runs once on py-evm and once on a real anvil node.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -83,6 +85,24 @@ def mine(w3: Web3, blocks: int) -> None:
     else:
         w3.testing.mine(blocks)
     assert w3.eth.block_number == before + blocks
+
+
+@contextlib.contextmanager
+def mining_meanwhile(w3: Web3, every: float = 0.5):
+    """A block every ``every`` seconds while the ``with`` body runs (anvil mines only on a transaction)."""
+    stop = threading.Event()
+
+    def run():
+        while not stop.wait(every):
+            w3.provider.make_request("evm_mine", [])
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,9 @@ factors list; the leads find each contribution's place in its stage's factors fr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shlex
-import threading
 
 import pytest
 
@@ -25,7 +23,7 @@ from node.tools.audit_cases import NOT_RERUN, WRONG, CaseLead, Pending, case_lea
 from node.tools.audit_reexec_checks import _pending
 from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, write_json
 from node.store.rewardsources import REWARD_SOURCES_DIR, write_leaves, write_stage
-from tests.ledger_fixtures import deploy, digest, fresh_anvil_w3, mine
+from tests.ledger_fixtures import deploy, digest, fresh_anvil_w3, mine, mining_meanwhile
 from tests.reward_fixtures import reward_run
 from tests.step_binding_fixtures import TOY_STEPS, toy_program
 
@@ -98,7 +96,7 @@ def test_the_audit_names_each_lead_and_its_printed_command_opens_the_case(reques
     monkeypatch.chdir(outsider)
     argv = shlex.split(wrong.command)
     assert argv[:2] == ["dlx-node", "challenge"] and "--archive" in argv
-    with _mining(w3):
+    with mining_meanwhile(w3):
         assert main([*argv[1:], "--yes"]) == 0
     assert "opened a case" in capsys.readouterr().out
     prover = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger)).contract
@@ -150,21 +148,3 @@ def _payload_roots(entry, stage: int) -> list[bytes]:
     from ledger.chunkproof import Factors
 
     return list(Factors.decode(entry.factors[stage]).payload_roots)
-
-
-@contextlib.contextmanager
-def _mining(w3):
-    """A block every half second meanwhile (anvil mines only on a transaction here)."""
-    stop = threading.Event()
-
-    def run():
-        while not stop.wait(0.5):
-            w3.provider.make_request("evm_mine", [])
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()

@@ -6,9 +6,7 @@ before anything is sent."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 
 import pytest
 
@@ -18,7 +16,7 @@ from ledger.stepproof import StepProverClient
 from node.cli import main
 from node.commands.challenge import challenge_command
 from node.store.rewardsources import REWARD_SOURCES_DIR, write_leaves, write_stage
-from tests.ledger_fixtures import deploy, fresh_anvil_w3, mine
+from tests.ledger_fixtures import deploy, fresh_anvil_w3, mine, mining_meanwhile
 from tests.reward_fixtures import reward_run
 from tests.step_binding_fixtures import TOY_STEPS, toy_program
 
@@ -55,7 +53,7 @@ def test_the_challenge_command_opens_a_case_and_overturns_an_undefended_round(re
     assert main([*base, "5", "--open", "--yes"]) == 2  # the stage lists two contributions
     assert "--contribution 5" in capsys.readouterr().err
     assert challenge_command(1, 0, 1, str(config)).split()[1:] == [*base, "1", "--open"]
-    with _mining(w3):  # the opening waits for the block after its commitment's
+    with mining_meanwhile(w3):  # the opening waits for the block after its commitment's
         assert main([*base, "1", "--open", "--yes"]) == 0
     out = capsys.readouterr().out
     assert "opened a case" in out and "claims 0, refuted 0" in out
@@ -67,24 +65,6 @@ def test_the_challenge_command_opens_a_case_and_overturns_an_undefended_round(re
     assert main([*base, "1", "--overturn", "--yes"]) == 0
     assert "overturned round 1" in capsys.readouterr().out
     assert rr.run.reader.invalid_from(rr.run_id) == 1
-
-
-@contextlib.contextmanager
-def _mining(w3):
-    """A block every half second meanwhile (anvil mines only on a transaction here)."""
-    stop = threading.Event()
-
-    def run():
-        while not stop.wait(0.5):
-            w3.provider.make_request("evm_mine", [])
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _payload_root(entry) -> bytes:
