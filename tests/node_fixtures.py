@@ -44,6 +44,19 @@ def wait_for(predicate, timeout: float, what: str, run: LocalRun, *, none_exits:
     raise AssertionError(f"{what}: not within {timeout}s\n" + run_logs(run))
 
 
+def stopped_cleanly(run: LocalRun, client) -> tuple[object, list[int]]:
+    """Stop every node and check that each exited 0 with no traceback in any log and that the run's committed
+    rounds are in order, none twice, none missing. Returns (the run's history, its committed rounds)."""
+    run.stop_nodes()
+    assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
+    logs = "".join(node_log(s) for s in run.nodes)
+    assert "Traceback" not in logs, run_logs(run)
+    history = client.history(run.run_id)
+    rounds = [c.commit.round for c in history.commits]
+    assert rounds == list(range(len(rounds))), rounds
+    return history, rounds
+
+
 def node_state(slot) -> dict:
     """A node's state.json."""
     return json.loads((slot.data_dir / "state.json").read_text())

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from node_fixtures import TINY, node_log, run_logs, wait_for
+from node_fixtures import TINY, node_log, run_logs, stopped_cleanly, wait_for
 
 KEPT_SPLIT = "from its header and stage shards (kept split), checked against the record"
 
@@ -116,13 +116,7 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
         if slot not in pair:
             run.start_node(slot)
     wait_for(lambda: last() >= stopped_at + 2, 400, "two rounds committed after the restart", run)
-    run.stop_nodes()
-    assert all(s.process.returncode == 0 for s in run.nodes), run_logs(run)
-    logs = "".join(node_log(s) for s in run.nodes)
-    assert "Traceback" not in logs, run_logs(run)
-    history = client.history(run.run_id)
-    rounds = [c.commit.round for c in history.commits]
-    assert rounds == list(range(len(rounds))), rounds  # in order, none twice, none missing
+    history, rounds = stopped_cleanly(run, client)  # every node exited 0, rounds in order, none missing
     assert rounds[-1] >= reentry + 1
     assert history.checkpoints, rounds
     _no_whole_checkpoint(run, history.checkpoints)
