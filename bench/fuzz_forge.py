@@ -103,9 +103,7 @@ def merge(paths: list[str], out: str, commit: str) -> int:
     """One result from the results of campaigns run apart (e.g. in sequence, a chunk at a time): every
     campaign kept with its seed, runs, depth, calls and seconds; the rate: calls over their summed seconds."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    ran_on = {digest(part["sources"]): part["sources"] for part in parts if part.get("sources")}
-    if len(ran_on) > 1 or (ran_on and any(not part.get("sources") for part in parts)):
-        raise SystemExit("the campaigns ran on different sources (or some recorded none): merge one tree's")
+    ran_on = one_tree(parts)
     campaigns = [c for part in parts for c in part["campaigns"]]
     calls = sum(c["calls"] for c in campaigns)
     seconds = sum(c["seconds"] for c in campaigns)
@@ -123,16 +121,26 @@ def merge(paths: list[str], out: str, commit: str) -> int:
         "invariants": INVARIANTS,
     }
     if ran_on:
-        result["sources_digest"], result["sources"] = next(iter(ran_on.items()))
+        result["sources_digest"], result["sources"] = digest(ran_on), ran_on
     print(f"{calls:,} calls in {len(campaigns)} campaigns, {result['violations']} violation(s)")
     write_result(out, result)
     return 1 if result["violations"] else 0
 
 
-def sources() -> dict[str, str]:
-    """The sha256 of each source the campaign compiles: contracts/src's and the campaign's test files."""
+def one_tree(parts: list[dict]) -> dict[str, str]:
+    """The sources that results of campaigns run apart all ran on ({} where none recorded any); refused
+    (SystemExit) where they differ or only some recorded theirs: a merge is of one tree's campaigns."""
+    ran_on = {digest(part["sources"]): part["sources"] for part in parts if part.get("sources")}
+    if len(ran_on) > 1 or (ran_on and any(not part.get("sources") for part in parts)):
+        raise SystemExit("the campaigns ran on different sources (or some recorded none): merge one tree's")
+    return next(iter(ran_on.values()), {})
+
+
+def sources(tests: tuple[str, ...] = CAMPAIGN_TESTS) -> dict[str, str]:
+    """The sha256 of each source a campaign compiles: contracts/src's and its test files ``tests`` (under
+    contracts/forge/test: the trust campaign's by default)."""
     files = sorted((REPO / "contracts" / "src").rglob("*.sol"))
-    files += [FORGE_ROOT / "test" / name for name in CAMPAIGN_TESTS]
+    files += [FORGE_ROOT / "test" / name for name in tests]
     return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
@@ -141,13 +149,14 @@ def digest(hashes: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
 
 
-def stale(out: str) -> int:
-    """Print the sources (added, changed or gone) that differ from those the recorded campaign ran on."""
+def stale(out: str, tests: tuple[str, ...] = CAMPAIGN_TESTS) -> int:
+    """Print the sources (added, changed or gone) that differ from those the recorded campaign ran on (the
+    campaign whose test files are ``tests``)."""
     recorded = json.loads(Path(out).read_text()).get("sources")
     if not recorded:
         print(f"{out} records no sources: its campaign's tree is unknown")
         return 1
-    now = sources()
+    now = sources(tests)
     changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
     for name in changed:
         print(f"{'gone' if name not in now else 'new' if name not in recorded else 'changed'}: {name}")

@@ -47,11 +47,13 @@ def forge_available() -> bool:
 
 
 def run_campaign(runs: int, depth: int, seed: int, *, root: Path = FORGE_ROOT, timeout: float = 3600,
-                 match: str = INVARIANT, shrink: int | None = None) -> Campaign:
+                 match: str = INVARIANT, shrink: int | None = None,
+                 env: dict[str, str] | None = None) -> Campaign:
     """``forge test`` on the invariants ``match`` (a regex: ``QUICK`` runs three) with ``runs`` sequences of
-    ``depth`` calls each from ``seed``; ``shrink`` bounds forge's shrinking of a counterexample (0: none)."""
-    env = {**os.environ, "FOUNDRY_INVARIANT_RUNS": str(runs), "FOUNDRY_INVARIANT_DEPTH": str(depth),
-           "FOUNDRY_FUZZ_SEED": hex(seed), "NO_COLOR": "1"}
+    ``depth`` calls each from ``seed``; ``shrink`` bounds forge's shrinking of a counterexample (0: none);
+    ``env``: more environment for forge (the pool campaign's ``POOL_TALLY``)."""
+    env = {**os.environ, **(env or {}), "FOUNDRY_INVARIANT_RUNS": str(runs),
+           "FOUNDRY_INVARIANT_DEPTH": str(depth), "FOUNDRY_FUZZ_SEED": hex(seed), "NO_COLOR": "1"}
     if shrink is not None:
         env["FOUNDRY_INVARIANT_SHRINK_RUN_LIMIT"] = str(shrink)
     start = time.monotonic()
