@@ -11,12 +11,14 @@ the same run first.
 
     python scripts/pool_mutations.py                     # all, 12 examples x 30 steps each
     python scripts/pool_mutations.py --only claim-twice  # one (names below)
-    python scripts/pool_mutations.py --machine trust --examples 6 --steps 60  # the trust fuzzer's R1-R5
+    python scripts/pool_mutations.py --machine trust --examples 3 --steps 30 \\
+        --out bench/results/pool_mutations.json   # the trust fuzzer's R1-R5, its one current result
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -25,10 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+#: What a result was measured on (their sha256 in the JSON): the contract and the machines.
+SOURCES = ("contracts/src/RewardPool.sol", "tests/reward_machine.py", "tests/trust_machine.py",
+           "tests/trust_pool.py")
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,19 @@ RewardMachine.TestCase.settings = settings(
 RewardMachine.TestCase().runTest()
 """
 
-#: The trust fuzzer (tests/trust_machine.py with its pool actors, tests/trust_pool.py R1-R5) instead.
+#: The trust machine's moves weighted up for the mutation check (each listed w times among its ~40 rules): a
+#: short run of the whole machine otherwise draws few claims that pay, and a bug no claim exercises is not
+#: caught. The steered moves (tests/trust_pool.py): a member's own claim once final (pays), a claim of the
+#: newest round at once (refused: not final), a coalition attester convicted (equivocation) claiming
+#: (refused); then the drawn claims, the captured run's and the token's re-entry.
+TRUST_WEIGHTS = {"member_claims_once_final": 10, "member_claims_at_once": 3,
+                 "coalition_attester_equivocates_and_claims": 3, "member_claims": 3,
+                 "coalition_claims_its_captured_round": 2, "token_reenters": 10}
+
+#: The trust fuzzer (tests/trust_machine.py with its pool actors, tests/trust_pool.py R1-R5) instead, its
+#: moves weighted by ``sys.argv[4]`` (JSON: :data:`TRUST_WEIGHTS`).
 CHILD_TRUST = """
+import json
 import logging
 import sys
 from pathlib import Path
@@ -93,13 +110,7 @@ contracts.ARTIFACT_DIR = Path(sys.argv[1])
 logging.basicConfig(level=logging.CRITICAL)
 from hypothesis import HealthCheck, Phase, settings
 from tests.trust_machine import TrustMachine, _weigh
-# the pool's moves weighted up: a short run of the whole machine otherwise draws few claims that pay, and a
-# bug no claim exercises is not caught. The steered moves (tests/trust_pool.py): a member's own claim once
-# final (pays), a claim of the newest round at once (refused: not final), a coalition attester convicted
-# (equivocation) claiming (refused); then the drawn claims, the captured run's and the token's re-entry
-_weigh(TrustMachine, {"member_claims_once_final": 10, "member_claims_at_once": 3,
-                      "coalition_attester_equivocates_and_claims": 3, "member_claims": 3,
-                      "coalition_claims_its_captured_round": 2, "token_reenters": 10})
+_weigh(TrustMachine, json.loads(sys.argv[4]))
 TrustMachine.TestCase.settings = settings(
     max_examples=int(sys.argv[2]), stateful_step_count=int(sys.argv[3]), deadline=None,
     suppress_health_check=list(HealthCheck), derandomize=True, database=None,
@@ -131,16 +142,19 @@ def check(mutation: Mutation | None, examples: int, steps: int, machine: str = "
     child = CHILD_TRUST if machine == "trust" else CHILD
     with tempfile.TemporaryDirectory(prefix="pool-mutation-") as tmp:
         artifacts = built_copy(Path(tmp), mutation)
-        run = subprocess.run([sys.executable, "-c", child, str(artifacts), str(examples), str(steps)],
+        run = subprocess.run([sys.executable, "-c", child, str(artifacts), str(examples), str(steps),
+                              json.dumps(TRUST_WEIGHTS)],
                              cwd=REPO, capture_output=True, text=True, timeout=3600,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     output = run.stdout + run.stderr
     caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
     last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
+    # caught: the run failed on an invariant (P1-P6, R1-R5); a failure of anything else is a broken run
+    broken = run.returncode != 0 and not caught_by
     return {"mutation": mutation.name if mutation else "none",
             "bug": mutation.bug if mutation else "(the contract as it is)",
             "expected": (mutation.trust if machine == "trust" else mutation.expect) if mutation else None,
-            "caught": run.returncode != 0,
+            "caught": run.returncode != 0 and not broken, "broken": broken,
             "caught_by": caught_by, "failure": last[0].strip()[:300] if last else "",
             "seconds": round(time.monotonic() - start, 1)}
 
@@ -155,19 +169,45 @@ def main() -> int:
     parser.add_argument("--machine", choices=("pool", "trust"), default="pool",
                         help="the pool's own machine (P1-P6) or the trust fuzzer with its pool actors "
                              "(R1-R5)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each its own process)")
+    parser.add_argument("--out", help="write the result here (bench/results/pool_mutations.json: the "
+                                      "trust machine's check, docs/RESULTS.md)")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
-    results = [] if args.no_baseline else [check(None, args.examples, args.steps, args.machine)]
-    for result in results:
-        print(json.dumps(result), flush=True)
-    for mutation in chosen:
-        results.append(check(mutation, args.examples, args.steps, args.machine))
-        print(json.dumps(results[-1]), flush=True)
-    baseline_ok = args.no_baseline or not results[0]["caught"]
+    load = list(os.getloadavg())
+    chosen = [None] * (not args.no_baseline) + [m for m in MUTATIONS if not args.only or m.name in args.only]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda m: shown(check(m, args.examples, args.steps, args.machine)), chosen))
+    baseline_ok = args.no_baseline or not (results[0]["caught"] or results[0]["broken"])
     missed = [r["mutation"] for r in results if r["mutation"] != "none" and not r["caught"]]
-    print(f"baseline {'passed' if baseline_ok else 'FAILED'}; {len(chosen) - len(missed)} of {len(chosen)} "
+    mutants = len(chosen) - (not args.no_baseline)
+    print(f"baseline {'passed' if baseline_ok else 'FAILED'}; {mutants - len(missed)} of {mutants} "
           f"mutations caught" + (f"; missed: {', '.join(missed)}" if missed else ""))
+    if args.out:
+        sys.path.insert(0, str(REPO))
+        from bench.benchio import write_result
+        trust = args.machine == "trust"
+        write_result(args.out, {
+            "machine": args.machine, "examples": args.examples, "steps": args.steps, "derandomized": True,
+            "weights": TRUST_WEIGHTS if trust else {}, "funding_rounds": _funding_rounds() if trust else None,
+            "baseline": None if args.no_baseline else ("passed" if baseline_ok else "failed"),
+            "mutants": mutants, "caught": mutants - len(missed), "missed": missed,
+            "as_expected": sum(1 for r in results if r["expected"] and r["expected"] in r["caught_by"]),
+            "jobs": args.jobs, "results": results,
+            "sources": {name: hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in SOURCES}},
+            load)
     return 0 if baseline_ok and not missed else 1
+
+
+def shown(result: dict) -> dict:
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _funding_rounds() -> int:
+    """The rounds the trust machine's pools are funded for at set-up (tests/trust_pool.py FUNDING_ROUNDS)."""
+    text = (REPO / "tests" / "trust_pool.py").read_text()
+    found = re.search(r"^FUNDING_ROUNDS = (\d+)", text, re.MULTILINE)
+    return int(found[1]) if found else 0
 
 
 if __name__ == "__main__":
