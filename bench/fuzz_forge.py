@@ -19,7 +19,6 @@ own handlers and invariants: ``sources``), so a result made on older contracts s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -31,10 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import RESULTS, write_result  # noqa: E402
+from bench.forgesources import digest, one_tree, sources, stale  # noqa: E402
 from tests.forge_campaign import FORGE, FORGE_ROOT, run_campaign  # noqa: E402
 
 TARGET_CALLS = 1_000_000
-REPO = FORGE_ROOT.parent.parent
 # What the trust campaign compiles and runs: the contracts, and its handlers and invariants (its test files).
 CAMPAIGN_TESTS = ("TrustInvariants.t.sol", "TrustHandler.sol", "TrustGame.sol", "TrustBase.sol", "Vm.sol")
 INVARIANTS = ["G1 every committed record is honest",
@@ -65,11 +64,11 @@ def main() -> int:
                         help="list the sources that changed since the campaign of --out ran (exit 1 if any)")
     args = parser.parse_args()
     if args.stale:
-        return stale(args.out)
+        return stale(args.out, CAMPAIGN_TESTS)
     if args.merge:
         return merge(args.merge, args.out, args.commit)
     load = list(os.getloadavg())
-    ran_on = sources()
+    ran_on = sources(CAMPAIGN_TESTS)
     subprocess.run([str(FORGE), "build"], cwd=FORGE_ROOT, check=True, capture_output=True, timeout=1800)
     shares = [args.runs // args.jobs + (1 if i < args.runs % args.jobs else 0) for i in range(args.jobs)]
     start = time.monotonic()
@@ -125,44 +124,6 @@ def merge(paths: list[str], out: str, commit: str) -> int:
     print(f"{calls:,} calls in {len(campaigns)} campaigns, {result['violations']} violation(s)")
     write_result(out, result)
     return 1 if result["violations"] else 0
-
-
-def one_tree(parts: list[dict]) -> dict[str, str]:
-    """The sources that results of campaigns run apart all ran on ({} where none recorded any); refused
-    (SystemExit) where they differ or only some recorded theirs: a merge is of one tree's campaigns."""
-    ran_on = {digest(part["sources"]): part["sources"] for part in parts if part.get("sources")}
-    if len(ran_on) > 1 or (ran_on and any(not part.get("sources") for part in parts)):
-        raise SystemExit("the campaigns ran on different sources (or some recorded none): merge one tree's")
-    return next(iter(ran_on.values()), {})
-
-
-def sources(tests: tuple[str, ...] = CAMPAIGN_TESTS) -> dict[str, str]:
-    """The sha256 of each source a campaign compiles: contracts/src's and its test files ``tests`` (under
-    contracts/forge/test: the trust campaign's by default)."""
-    files = sorted((REPO / "contracts" / "src").rglob("*.sol"))
-    files += [FORGE_ROOT / "test" / name for name in tests]
-    return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-
-
-def digest(hashes: dict[str, str]) -> str:
-    """One sha256 over the sources' names and hashes (the tree's fingerprint)."""
-    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
-
-
-def stale(out: str, tests: tuple[str, ...] = CAMPAIGN_TESTS) -> int:
-    """Print the sources (added, changed or gone) that differ from those the recorded campaign ran on (the
-    campaign whose test files are ``tests``)."""
-    recorded = json.loads(Path(out).read_text()).get("sources")
-    if not recorded:
-        print(f"{out} records no sources: its campaign's tree is unknown")
-        return 1
-    now = sources(tests)
-    changed = sorted(name for name in recorded.keys() | now.keys() if recorded.get(name) != now.get(name))
-    for name in changed:
-        print(f"{'gone' if name not in now else 'new' if name not in recorded else 'changed'}: {name}")
-    print(f"{len(changed)} of {len(now)} sources differ from the campaign's" if changed
-          else "the campaign ran on these sources")
-    return 1 if changed else 0
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.benchio import RESULTS, write_result  # noqa: E402
-from bench.fuzz_forge import digest, one_tree, sources, stale  # noqa: E402
+from bench.forgesources import digest, one_tree, sources, stale  # noqa: E402
 from tests.forge_campaign import FORGE, FORGE_ROOT, Campaign, run_campaign  # noqa: E402
 
 POOL_INVARIANT = "invariant_pool_books"

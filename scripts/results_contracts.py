@@ -101,12 +101,19 @@ def forge_invariants(r: dict) -> list[str]:
 def forge_pool_invariants(r: dict) -> list[str]:
     """bench/fuzz_forge_pool.py: forge's invariant campaign over contracts/forge's PoolHandler (issue 77)."""
     actors = ", ".join(f"{name} {calls:,}" for name, calls in r["calls_by_actor"].items())
-    return [(f"forge's invariant campaign of the reward pool (`{r['forge']}`, seed {r['seed']}): "
-             f"**{r['calls']:,} calls** ({r['runs']} sequences of {r['depth']}) in {r['seconds']:.0f} s "
-             f"({r['calls_per_second']} calls/s), every invariant checked after every call: "
-             f"{'; '.join(r['invariants'])}. "
-             f"**{r['violations']} violations**" + (f" ({r['failure']})" if r["failure"] else "")
-             + f". Calls by actor: {actors}." + _pool_tally(r.get("tally"))), ""]
+    seeds = ", ".join(c["seed"] for c in r["campaigns"])
+    how = (f"{len(r['campaigns'])} campaigns run apart on {r['campaigns_ran_on']}, merged"
+           if "merged_from" in r else f"{r['jobs']} process(es) side by side, {r['wall_seconds']:.0f} s wall")
+    ran_on = ([f"Sources: sha256 `{r['sources_digest'][:16]}` over {len(r['sources'])} files (contracts/src "
+               "and the pool campaign's handler, rounds and invariants, each hashed in the JSON); `python "
+               "bench/fuzz_forge_pool.py --stale` lists those changed since.", ""]
+              if r.get("sources_digest") else [])
+    return [(f"forge's invariant campaign of the reward pool (`{r['forge']}`, seeds {seeds}): "
+             f"**{r['calls']:,} calls** ({r['runs']} sequences of {'/'.join(map(str, r['depth']))}; {how}; "
+             f"{r['campaign_seconds']:.0f} s of campaigns, {r['calls_per_second']} calls/s a process), every "
+             f"invariant checked after every call: {'; '.join(r['invariants'])}. "
+             f"**{r['violations']} violations**" + "".join(f" ({f})" for f in r["failures"])
+             + f". Calls by actor: {actors}." + _pool_tally(r.get("tally"))), ""] + ran_on
 
 
 def _pool_tally(tally: dict | None) -> str:
