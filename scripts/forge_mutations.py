@@ -150,13 +150,18 @@ MUTATIONS = (
 )
 
 
-def mutated_tree(workdir: Path, mutation: Mutation | None) -> Path:
-    """A copy of the forge suite whose src/ is a copy of contracts/src with ``mutation`` applied."""
+#: The suites the quick campaign does not run (left out of a mutated tree: less to compile).
+NOT_QUICK = ("CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "TrustGame.t.sol", "VerdictTiming.t.sol",
+             "Pool*.sol")
+
+
+def mutated_tree(workdir: Path, mutation, left_out: tuple[str, ...] = NOT_QUICK) -> Path:
+    """A copy of the forge suite whose src/ is a copy of contracts/src with ``mutation`` applied (its
+    ``source`` under contracts/src, its ``old`` text replaced by ``new``); the test files matching
+    ``left_out`` are not copied."""
     root = workdir / "forge"
-    # (the suites the invariant campaign does not run are left out: less to compile)
-    shutil.copytree(FORGE_ROOT, root, symlinks=False, ignore=shutil.ignore_patterns(
-        "out", "cache", "src", "CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "TrustGame.t.sol",
-        "VerdictTiming.t.sol", "Pool*.sol"))
+    shutil.copytree(FORGE_ROOT, root, symlinks=False,
+                    ignore=shutil.ignore_patterns("out", "cache", "src", *left_out))
     shutil.copytree(REPO / "contracts" / "src", root / "src")
     (workdir / "node_modules").symlink_to(REPO / "contracts" / "node_modules")  # the solc wrapper's solcjs
     if mutation is not None:

@@ -44,7 +44,8 @@ class Mutation:
     new: str
     expect: str  # the property meant to catch it
     bug: str
-    trust: str = ""  # the trust fuzzer's invariant meant to catch it (tests/trust_pool.py R1-R5), if any
+    trust: str = ""  # the trust fuzzer's and the forge campaign's invariant meant to catch it (R1-R5)
+    source: str = "RewardPool.sol"  # under contracts/src (scripts/forge_mutations.mutated_tree reads it)
 
 
 MUTATIONS = (
@@ -73,6 +74,9 @@ MUTATIONS = (
              "a contribution's share is the stage's budget over those listed (dropping others raises it)",
              "R2"),
 )
+
+#: The forge campaign's seed (forge draws from it; the same calls every time).
+FORGE_SEED = 0x5EED
 
 #: What the child process runs: the machine against the artifacts of ``sys.argv[1]``.
 CHILD = """
@@ -138,25 +142,51 @@ def built_copy(workdir: Path, mutation: Mutation | None) -> Path:
 
 
 def check(mutation: Mutation | None, examples: int, steps: int, machine: str = "pool") -> dict:
+    """One run of ``machine`` against RewardPool.sol with ``mutation`` (None: as it is): ``examples`` x
+    ``steps`` (forge: sequences x calls); whether an invariant caught it, and which."""
     start = time.monotonic()
-    child = CHILD_TRUST if machine == "trust" else CHILD
     with tempfile.TemporaryDirectory(prefix="pool-mutation-") as tmp:
-        artifacts = built_copy(Path(tmp), mutation)
-        run = subprocess.run([sys.executable, "-c", child, str(artifacts), str(examples), str(steps),
-                              json.dumps(TRUST_WEIGHTS)],
-                             cwd=REPO, capture_output=True, text=True, timeout=3600,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    output = run.stdout + run.stderr
-    caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
-    last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
+        if machine == "forge":
+            caught_by, failure, failed = _forge(Path(tmp), mutation, examples, steps)
+        else:
+            caught_by, failure, failed = _python(Path(tmp), mutation, examples, steps, machine)
     # caught: the run failed on an invariant (P1-P6, R1-R5); a failure of anything else is a broken run
-    broken = run.returncode != 0 and not caught_by
+    broken = failed and not caught_by
     return {"mutation": mutation.name if mutation else "none",
             "bug": mutation.bug if mutation else "(the contract as it is)",
-            "expected": (mutation.trust if machine == "trust" else mutation.expect) if mutation else None,
-            "caught": run.returncode != 0 and not broken, "broken": broken,
-            "caught_by": caught_by, "failure": last[0].strip()[:300] if last else "",
+            "expected": (mutation.expect if machine == "pool" else mutation.trust) if mutation else None,
+            "caught": failed and not broken, "broken": broken,
+            "caught_by": caught_by, "failure": failure,
             "seconds": round(time.monotonic() - start, 1)}
+
+
+def _python(tmp: Path, mutation: Mutation | None, examples: int, steps: int,
+            machine: str) -> tuple[list[str], str, bool]:
+    """The pool's or the trust machine on py-evm against a built copy: (properties failed, the last error
+    line, whether the run failed)."""
+    artifacts = built_copy(tmp, mutation)
+    run = subprocess.run([sys.executable, "-c", CHILD_TRUST if machine == "trust" else CHILD, str(artifacts),
+                          str(examples), str(steps), json.dumps(TRUST_WEIGHTS)],
+                         cwd=REPO, capture_output=True, text=True, timeout=3600,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    output = run.stdout + run.stderr
+    last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
+    caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
+    return caught_by, last[0].strip()[:300] if last else "", run.returncode != 0
+
+
+def _forge(tmp: Path, mutation: Mutation | None, runs: int, depth: int) -> tuple[list[str], str, bool]:
+    """The forge pool campaign (PoolInvariants.t.sol, R1-R5) on a mutated copy of the forge tree, seed
+    FORGE_SEED, no shrinking: (invariants failed, forge's reason, whether it failed)."""
+    sys.path.insert(0, str(REPO))
+    from scripts.forge_mutations import mutated_tree
+    from tests.forge_campaign import run_campaign
+
+    left_out = ("CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "Game*.sol", "TrustGame*.sol",
+                "TrustHandler.sol", "TrustInvariants.t.sol", "Verdict*.sol")
+    campaign = run_campaign(runs, depth, FORGE_SEED, root=mutated_tree(tmp, mutation, left_out),
+                            timeout=3600, match="invariant_pool_books", shrink=0)
+    return sorted(set(re.findall(r"\b(R\d):", campaign.failure))), campaign.failure[:300], not campaign.passed
 
 
 def main() -> int:
@@ -166,9 +196,9 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=12)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
-    parser.add_argument("--machine", choices=("pool", "trust"), default="pool",
-                        help="the pool's own machine (P1-P6) or the trust fuzzer with its pool actors "
-                             "(R1-R5)")
+    parser.add_argument("--machine", choices=("pool", "trust", "forge"), default="pool",
+                        help="the pool's own machine (P1-P6), the trust fuzzer with its pool actors (R1-R5), "
+                             "or the forge pool campaign (R1-R5: --examples sequences of --steps calls)")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each its own process)")
     parser.add_argument("--out", help="write the result here (bench/results/pool_mutations.json: the "
                                       "trust machine's check, docs/RESULTS.md)")
@@ -192,6 +222,7 @@ def main() -> int:
             "baseline": None if args.no_baseline else ("passed" if baseline_ok else "failed"),
             "mutants": mutants, "caught": mutants - len(missed), "missed": missed,
             "as_expected": sum(1 for r in results if r["expected"] and r["expected"] in r["caught_by"]),
+            "forge_seed": hex(FORGE_SEED) if args.machine == "forge" else None,
             "jobs": args.jobs, "results": results,
             "sources": {name: hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in SOURCES}},
             load)

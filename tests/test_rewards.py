@@ -306,6 +306,34 @@ def test_pool_parameters_that_could_overpay_are_refused_with_one_message(chain_w
     hashed.pool(1).create_pool(hashed.run_id, params(attester_bps=10_000), AMOUNT)
 
 
+def test_a_member_that_left_or_withdrew_its_stake_still_claims(chain_w3):
+    """A claim reads the record, not the seat: member 3 leaves and withdraws its stake once unbonded (its
+    seat deleted), member 2 leaves and is still unbonding; both are paid their round-0 contribution and
+    attestation once the round is final, and a second claim is refused as for anyone."""
+    stake = 10**15
+    rr = reward_run(deploy(chain_w3, min_stake=stake), pool=params(), min_stake=stake)
+    rr.commit([[(2, None), (3, None)], [(1, None)]], signers=(1, 2, 3))
+    rr.commit([[(1, None)], [(4, None)]], signers=(1, 4))  # the run goes on without them
+    withdrawn, leaving = rr.run.client(3), rr.run.client(2)
+    withdrawn.leave_run(rr.run_id)
+    leaving.leave_run(rr.run_id)
+    seat = withdrawn.member(rr.run_id, withdrawn.address)
+    assert seat.status != "slashed" and seat.unbonding_end > chain_w3.eth.block_number
+    mine(chain_w3, seat.unbonding_end - chain_w3.eth.block_number)
+    withdrawn.withdraw_stake(rr.run_id)
+    assert withdrawn.member(rr.run_id, withdrawn.address) is None  # no seat at all
+    assert leaving.member(rr.run_id, leaving.address).unbonding_end > 0  # left, its stake not withdrawn
+    rr.mine_to_final(0)
+    for index in (3, 2):
+        assert paid_to(chain_w3, rr.claim(index, 0, 0), rr.address(index)) == rr.expected_share(0, 0, index)
+        assert paid_to(chain_w3, rr.claim_attestation(index, 0), rr.address(index)) == \
+            rr.expected_attester_share(0)
+        with pytest.raises(errors.RewardAlreadyClaimed):
+            rr.claim(index, 0, 0)
+    assert_books(rr)
+    assert check_pool(rr.pool(0), rr.run.reader, rr.run_id) == []
+
+
 def test_a_run_without_a_pool_commits_as_before_and_pays_nothing(chain_w3):
     """Commit gas with and without a pool: the pool writes nothing at a commit, so they are equal."""
     deployment = deploy(chain_w3)
