@@ -5,7 +5,9 @@ what an auditor checks of a pool without trusting its views.
 RoundClosed), the ledger's RoundCommitted attesters and its slashings, and returns every mismatch as a line:
 the funded and claimed totals against ``poolOf`` and the pool's balance; each round's claims against its
 budget; each attester claim against the rule's share of its round; each claim against finality (its round
-opened), a conviction before it, and a second claim of the same share.
+opened), a conviction before it, and a second claim of the same share. Where node directories' kept factors
+give every stage of an opened round, every credit of that round (each listed contribution's and attester's
+share by the rule, claimed or not) is recomputed, and their sum must fit the round's budget.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ def check_pool(pool, ledger, run_id: int, sources: dict | None = None) -> list[s
     events = pool.pool_events(run_id)
     views = pool.pool_of(run_id)
     balance = pool.balance(views["params"].token)
-    return check_events(events, views, balance, _attesters(ledger, run_id, events),
-                        _slashed_at(ledger, run_id), _listed(sources))
+    listed = _listed(sources)
+    return check_events(events, views, balance, _attesters(ledger, run_id, events, {r for r, _ in listed}),
+                        _slashed_at(ledger, run_id), listed)
 
 
 def _listed(sources: dict | None) -> dict[tuple[int, int], list]:
@@ -84,6 +87,7 @@ def check_events(events: list, views: dict, balance: int, attesters: dict[int, t
         budget = opened[r].args["budget"] if r in opened else 0
         if total > budget:
             problems.append(f"round {r}: paid {total} wei past its budget {budget}")
+    problems += _credits_within_budgets(opened, params, views, attesters, contributions or {})
     for r, event in sorted(closed.items()):
         budget = opened[r].args["budget"] if r in opened else 0
         if event.args["returned"] != budget - paid.get(r, 0):
@@ -104,8 +108,29 @@ def _contribution_claim(entries: list, params, views: dict, r: int, stage: int, 
     return []
 
 
-def _attesters(ledger, run_id: int, events: list) -> dict[int, tuple[str, ...]]:
+def _credits_within_budgets(opened: dict, params, views: dict, attesters: dict,
+                            contributions: dict) -> list[str]:
+    """Every credit of each opened round whose every stage's listed contributions and whose attesters are
+    known, recomputed by the rule (claimed or not); a round whose credits sum past its budget is a
+    mismatch."""
+    problems = []
+    for r, event in sorted(opened.items()):
+        stages = [contributions.get((r, stage)) for stage in range(views["numStages"])]
+        if r not in attesters or any(entries is None for entries in stages):
+            continue
+        credits = sum(contribution_share(params, views["numStages"], views["innerSteps"], len(entries), steps)
+                      for entries in stages for _member, steps in entries)
+        credits += attester_share(params, len(attesters[r])) * len(attesters[r])
+        if credits > event.args["budget"]:
+            problems.append(f"round {r}: its credits by the rule sum to {credits} wei, past its budget "
+                            f"{event.args['budget']}")
+    return problems
+
+
+def _attesters(ledger, run_id: int, events: list, also: set[int] = frozenset()) -> dict[int, tuple[str, ...]]:
+    """Each round's attesters (RoundCommitted) for the rounds with attester claims and the rounds ``also``."""
     rounds = {e.args["round"] for e in events if e.name == "RewardClaimed" and e.args["stage"] == ATTESTER}
+    rounds |= set(also)
     out = {}
     for r in rounds:
         record = ledger.commit_record(run_id, r)

@@ -167,3 +167,12 @@ def test_the_audit_checks_contribution_claims_against_the_kept_factors(chain_w3,
         problems = check_events([*others, forged], {**views, "claimed": views["claimed"]}, pool.balance(),
                                 {}, {}, listed)
         assert any(says in p for p in problems), problems
+    # every credit of round 0 (both stages' factors kept, its attesters from the chain) recomputed: it fits
+    # the round's budget; a RoundOpened reserving less than the rule's credits is a mismatch
+    attesters = {0: entry.attesters}
+    assert check_events(events, views, pool.balance(), attesters, {}, listed) == []
+    opened = next(e for e in events if e.name == "RoundOpened")
+    short = dataclasses.replace(opened, args={**opened.args, "budget": 2 * rr.expected_share(0, 0, 1)})
+    problems = check_events([short if e is opened else e for e in events], views, pool.balance(), attesters,
+                            {}, listed)
+    assert any("its credits by the rule sum to" in p for p in problems), problems

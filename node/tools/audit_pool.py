@@ -2,7 +2,9 @@
 recomputed from its events and the record by :func:`ledger.rewardbooks.check_pool` (funded and claimed
 against ``poolOf`` and the pool's balance, i.e. solvency; each round's claims against its budget; each claim
 after its round became final, by no convicted account, once; each attester's amount by the rule; each sweep's
-return), reported as one general item of the audit: FAIL naming the mismatches, else OK with the totals."""
+return; with archives, each contribution claim against the kept factors and every credit of a round they
+hold whole within its budget), reported as one general item of the audit: FAIL naming the mismatches, else
+OK with the totals."""
 
 from __future__ import annotations
 
@@ -36,7 +38,9 @@ def pool_check(client: Any, run_id: int, address: str, archives=()) -> Check:
                                  f"{view['claimed']} {unit}, balance {pool.balance(token)} {unit}, rounds "
                                  f"{view['firstRound']}..{view['nextRound'] - 1} opened; every claim and "
                                  "sweep matches the record" + (f" (contribution claims checked against the "
-                                 f"factors of {len(sources)} rounds the archives kept)" if sources else ""))
+                                 f"factors of {len(sources)} rounds the archives kept; every credit of each "
+                                 "opened round they hold whole recomputed within its budget)"
+                                 if sources else ""))
 
 
 def pool_client(client, address: str):
