@@ -180,12 +180,17 @@ def _forge(tmp: Path, mutation: Mutation | None, runs: int, depth: int) -> tuple
     FORGE_SEED, no shrinking: (invariants failed, forge's reason, whether it failed)."""
     sys.path.insert(0, str(REPO))
     from scripts.forge_mutations import mutated_tree
-    from tests.forge_campaign import run_campaign
+    from tests.forge_campaign import FORGE_ROOT, run_campaign
 
     left_out = ("CalldataFuzz.t.sol", "MoneySymbolic.t.sol", "Game*.sol", "TrustGame*.sol",
                 "TrustHandler.sol", "TrustInvariants.t.sol", "Verdict*.sol")
-    campaign = run_campaign(runs, depth, FORGE_SEED, root=mutated_tree(tmp, mutation, left_out),
-                            timeout=3600, match="invariant_pool_books", shrink=0)
+    root = mutated_tree(tmp, mutation, left_out)
+    for built in ("out", "cache"):  # the tree's last build: forge recompiles only what the mutation changed
+        if (FORGE_ROOT / built).is_dir():
+            shutil.copytree(FORGE_ROOT / built, root / built, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("pool-tally*"))
+    campaign = run_campaign(runs, depth, FORGE_SEED, root=root, timeout=3600, match="invariant_pool_books",
+                            shrink=0)
     return sorted(set(re.findall(r"\b(R\d):", campaign.failure))), campaign.failure[:300], not campaign.passed
 
 
