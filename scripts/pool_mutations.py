@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Mutation check of the reward pool's invariants (issue 77): seed a real bug into a copy of
-contracts/src/RewardPool.sol and show that the pool's stateful fuzzer (tests/reward_machine.py, P1..P6)
-catches it, naming the property that failed. docs/REWARDS.md ("Mutations the pool's invariants catch") lists
+contracts/src/RewardPool.sol and show that the pool's stateful fuzzer (tests/reward_machine.py, P1..P6), the
+trust fuzzer with its pool actors (R1-R5) or the forge pool campaign (PoolInvariants.t.sol, R1-R5) catches
+it, naming the property that failed. docs/REWARDS.md ("Mutations the pool's invariants catch") lists
 them.
 
 Each mutation edits one line of a copy of contracts/ in a temporary directory, builds it there (node
@@ -13,6 +14,8 @@ the same run first.
     python scripts/pool_mutations.py --only claim-twice  # one (names below)
     python scripts/pool_mutations.py --machine trust --examples 3 --steps 30 \\
         --out bench/results/pool_mutations.json   # the trust fuzzer's R1-R5, its one current result
+    python scripts/pool_mutations.py --machine forge --examples 8 --steps 128 --jobs 2 \\
+        --out bench/results/pool_mutations_forge.json   # the forge pool campaign's R1-R5 (sequences x calls)
 """
 
 from __future__ import annotations
