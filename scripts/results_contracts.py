@@ -198,3 +198,33 @@ def step_proof(r: dict) -> list[str]:
                   f"{moves['proveStart']['max_gas']:,} gas "
                   f"({moves['proveStart']['max_calldata_bytes']:,} bytes of calldata)."]
     return lines
+
+
+_MUTATION_MACHINES = {
+    "trust": "the trust machine (tests/trust_machine.py with the pool's actors, tests/trust_pool.py R1-R5, "
+             "py-evm)",
+    "forge": "the forge pool campaign (contracts/forge PoolInvariants.t.sol, R1-R5)",
+    "pool": "the pool's own machine (tests/reward_machine.py P1-P6, py-evm)",
+}
+
+
+def pool_mutations(r: dict) -> list[str]:
+    """bench/fuzz_pool_mutations.py --out: bugs seeded into RewardPool.sol, each against one configuration."""
+    size = (f"{r['examples']} sequences x {r['steps']} calls from seed {r['forge_seed']}"
+            if r["machine"] == "forge" else f"{r['examples']} examples x {r['steps']} steps, derandomized")
+    weights = ", ".join(f"{name} x{weight}" for name, weight in r["weights"].items())
+    setting = (f"; moves weighted: {weights}" if weights else "") + (
+        f"; pools funded for {r['funding_rounds']} rounds" if r.get("funding_rounds") else "")
+    baseline = {"passed": "the unmutated contract passed first", None: "no baseline in this run",
+                "failed": "**the unmutated contract FAILED**"}[r["baseline"]]
+    verdict = {(True, False): "caught", (False, True): "broken run", (False, False): "**missed**"}
+    rows = [[x["mutation"], x["bug"], x["expected"] or "", ", ".join(x["caught_by"]) or "-",
+             f"{x['seconds']:.0f}", verdict[x["caught"], x["broken"]] if x["mutation"] != "none"
+             else "passed" if verdict[x["caught"], x["broken"]] == "**missed**" else "**FAILED**"]
+            for x in r["results"]]
+    lines = [(f"Bugs seeded one at a time into a copy of contracts/src/RewardPool.sol, each run against "
+              f"{_MUTATION_MACHINES[r['machine']]} in one configuration ({size}{setting}): {baseline}; "
+              f"**{r['caught']} of {r['mutants']} caught**, {r['as_expected']} by the invariant meant to "
+              f"catch it" + (f"; missed: {', '.join(r['missed'])}" if r["missed"] else "") + "."), ""]
+    header = ["mutation", "the bug", "meant to trip", "tripped", "seconds", "verdict"]
+    return lines + table(header, rows) + [""]

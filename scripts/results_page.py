@@ -32,6 +32,7 @@ from results_contracts import (
     forge_invariants,
     forge_pool_invariants,
     fraud_proof_bounds,
+    pool_mutations,
     step_proof,
 )
 from results_convergence import ablation, convergence, diloco_goal
@@ -323,13 +324,13 @@ SECTIONS = (
     Section("forge_pool_invariants.json", "The reward pool as forge invariants", "bench/fuzz_forge_pool.py",
             forge_pool_invariants, "The reward pool (issue 77) against PoolHandler.sol's actors, an ETH and "
             "a fee-on-transfer token pool (attestations, contributions, an overturn), R1-R5 each call."),
+    Section("pool_mutations.json", "Pool bugs: trust", "bench/fuzz_pool_mutations.py", pool_mutations),
+    Section("pool_mutations_forge.json", "Pool bugs: forge", "bench/fuzz_pool_mutations.py", pool_mutations),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
-            forge_invariants,
-            "The same model inside the EVM (contracts/forge, issue 63): honest members, a coalition below "
-            "the "
-            "quorum fraction, outsiders, a prover and the fraud-proof game as forge handlers; the invariants "
-            "read the chain and the handlers' ghost state after every call. scripts/forge_mutations.py seeds "
-            "30 bugs (docs/TRUST.md, \"Mutations the invariants catch\")."),
+            forge_invariants, "The same model inside the EVM (contracts/forge, issue 63): honest members, "
+            "a coalition below the quorum fraction, outsiders, a prover and the fraud-proof game as forge "
+            "handlers; the invariants read the chain and the handlers' ghost state after every call. "
+            "scripts/forge_mutations.py seeds 30 bugs (docs/TRUST.md, \"Mutations the invariants catch\")."),
     Section("float32_fuzz.json", "The on-chain soft-float against torch", "bench/fuzz_float32.py",
             float32_fuzz,
             "What a fraud proof recomputes the outer step with (docs/SOFTFLOAT.md): IEEE-754 binary32 and "

@@ -15,7 +15,7 @@ next transfer (a fund, a claim, an open or a sweep by the token). After every st
   and the claimer received it (less a fee-on-transfer token's fee).
 * P6 (re-entry): a call the token made into the pool from inside one of its transfers never succeeded.
 
-Each assertion names its property, so scripts/pool_mutations.py can say which one caught a seeded bug.
+Each assertion names its property, so bench/fuzz_pool_mutations.py can say which one caught a seeded bug.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def test_the_coalition_claims_nothing_of_its_overturned_run():
 
 @pytest.mark.timeout(900)
 def test_the_steered_claims_pay_once_final_and_refuse_before_and_after_a_conviction():
-    """The moves that draw paying claims (scripts/pool_mutations.py --machine trust weighs them up): a
+    """The moves that draw paying claims (bench/fuzz_pool_mutations.py --machine trust weighs them up): a
     member's own claim once its round is final pays; a claim of the newest round at once is refused as not
     final; a coalition attester that equivocated is slashed and its claim of the round refused as
     convicted."""

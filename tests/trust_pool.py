@@ -19,7 +19,7 @@ inside a funder's transfer; the founders' accounts delegate (EIP-7702) to a re-e
   paid, and each run's funded and claimed are that.
 * R5 (re-entry): a call the token made into its pool from inside one of its transfers never succeeded.
 
-Each assertion names its invariant, so scripts/pool_mutations.py --machine trust says which caught a bug.
+Each assertion names its invariant, so bench/fuzz_pool_mutations.py --machine trust says which caught a bug.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ FEE_BPS = 1_000  # the token's fee on transfer
 #: with 3, as before, a claim of a round past the third was refused as unfunded until a funder topped up, so
 #: most claims of a short run paid nothing (a claim opens every earlier round first). Funders still top up.
 FUNDING_ROUNDS = 64
+SPARE_SLOTS = 2  # contribution slots a pool has past the run's maxContributions (open_pool)
 #: Funders, and the sender that arms the receivers and the token: generated dev accounts funded at set-up
 #: (the deployer, 0, is the walker, whose balance S3 counts; 1-9 are the run's cast).
 FUNDERS = (10, 11)
@@ -101,8 +102,11 @@ class PoolMoves:
     def open_pool(self, book: PoolBook, run_id: int, creator: int, funding: int) -> None:
         run = self.client(creator).run_struct(run_id)
         values = self.client(creator).run_values(run_id)
+        # two slots more than a round may list: a round always leaves some unfilled (the pool's rule pays a
+        # slot, never a share of those listed), so a contract paying a share of the listed is seen on every
+        # paid contribution (bench/fuzz_pool_mutations.py's share-of-listed)
         params = PoolParams(AMOUNT, attester_bps=2_000,
-                            contribution_slots=max(4, values["max_contributions"]),
+                            contribution_slots=max(4, values["max_contributions"]) + SPARE_SLOTS,
                             attester_slots=8, claim_blocks=run["unbondingBlocks"],
                             token=book.token.address if book.token else "0x" + "00" * 20)
         client = self.pool_client(book, creator)

@@ -10,12 +10,14 @@ contracts/build.js), and runs the machine on py-evm against the copy's artifacts
 examples every time) and without shrinking (the first failure ends the run). The unmutated contract must pass
 the same run first.
 
-    python scripts/pool_mutations.py                     # all, 12 examples x 30 steps each
-    python scripts/pool_mutations.py --only claim-twice  # one (names below)
-    python scripts/pool_mutations.py --machine trust --examples 3 --steps 30 \\
-        --out bench/results/pool_mutations.json   # the trust fuzzer's R1-R5, its one current result
-    python scripts/pool_mutations.py --machine forge --examples 8 --steps 128 --jobs 2 \\
-        --out bench/results/pool_mutations_forge.json   # the forge pool campaign's R1-R5 (sequences x calls)
+    python bench/fuzz_pool_mutations.py                     # all, 12 examples x 30 steps each
+    python bench/fuzz_pool_mutations.py --only claim-twice  # one (names below)
+    python bench/fuzz_pool_mutations.py --machine trust --examples 3 --steps 30 --jobs 2   # trust fuzzer
+    python bench/fuzz_pool_mutations.py --machine forge --examples 8 --steps 128 --jobs 2  # forge campaign
+
+The trust fuzzer's and the forge campaign's checks each write one current result (``RESULTS``:
+bench/results/pool_mutations.json and pool_mutations_forge.json, docs/RESULTS.md); the pool machine's are
+printed (docs/REWARDS.md has its table).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+#: Each machine's one current result (the pool machine's is printed only).
+RESULTS = {"trust": "bench/results/pool_mutations.json", "forge": "bench/results/pool_mutations_forge.json"}
 #: What a result was measured on (their sha256 in the JSON): the contract and the machines.
 SOURCES = ("contracts/src/RewardPool.sol", "tests/reward_machine.py", "tests/trust_machine.py",
            "tests/trust_pool.py")
@@ -208,9 +212,11 @@ def main() -> int:
                         help="the pool's own machine (P1-P6), the trust fuzzer with its pool actors (R1-R5), "
                              "or the forge pool campaign (R1-R5: --examples sequences of --steps calls)")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each its own process)")
-    parser.add_argument("--out", help="write the result here (bench/results/pool_mutations.json: the "
-                                      "trust machine's check, docs/RESULTS.md)")
+    parser.add_argument("--out", help="write the result here (default: the machine's one current result, "
+                                      "RESULTS[machine]; the pool machine's: none)")
     args = parser.parse_args()
+    if args.out is None and args.machine in RESULTS:
+        args.out = str(REPO / RESULTS[args.machine])
     load = list(os.getloadavg())
     chosen = [None] * (not args.no_baseline) + [m for m in MUTATIONS if not args.only or m.name in args.only]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -226,7 +232,9 @@ def main() -> int:
         trust = args.machine == "trust"
         write_result(args.out, {
             "machine": args.machine, "examples": args.examples, "steps": args.steps, "derandomized": True,
-            "weights": TRUST_WEIGHTS if trust else {}, "funding_rounds": _funding_rounds() if trust else None,
+            "weights": TRUST_WEIGHTS if trust else {},
+            "funding_rounds": _trust_setting("FUNDING_ROUNDS") if trust else None,
+            "spare_slots": _trust_setting("SPARE_SLOTS") if trust else None,
             "baseline": None if args.no_baseline else ("passed" if baseline_ok else "failed"),
             "mutants": mutants, "caught": mutants - len(missed), "missed": missed,
             "as_expected": sum(1 for r in results if r["expected"] and r["expected"] in r["caught_by"]),
@@ -242,10 +250,11 @@ def shown(result: dict) -> dict:
     return result
 
 
-def _funding_rounds() -> int:
-    """The rounds the trust machine's pools are funded for at set-up (tests/trust_pool.py FUNDING_ROUNDS)."""
+def _trust_setting(name: str) -> int:
+    """A constant of the trust machine's pools (tests/trust_pool.py: FUNDING_ROUNDS, the rounds they are
+    funded for at set-up; SPARE_SLOTS, their contribution slots past the run's maxContributions); 0: none."""
     text = (REPO / "tests" / "trust_pool.py").read_text()
-    found = re.search(r"^FUNDING_ROUNDS = (\d+)", text, re.MULTILINE)
+    found = re.search(rf"^{name} = (\d+)", text, re.MULTILINE)
     return int(found[1]) if found else 0
 
 
