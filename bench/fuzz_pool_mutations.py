@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = {"trust": "bench/results/pool_mutations.json", "forge": "bench/results/pool_mutations_forge.json"}
 #: What a result was measured on (their sha256 in the JSON): the contract and the machines.
 SOURCES = ("contracts/src/RewardPool.sol", "tests/reward_machine.py", "tests/trust_machine.py",
-           "tests/trust_pool.py")
+           "tests/trust_pool.py", "contracts/forge/test/PoolHandler.sol",
+           "contracts/forge/test/PoolRounds.sol", "contracts/forge/test/PoolInvariants.t.sol")
 
 
 @dataclass(frozen=True)
