@@ -68,39 +68,10 @@ def _subject(config: str, client, run_id: int, round_: int, stage: int, index: i
     """The case's subject (ledger.stepbinding.RunSubject) from the kept stage leaves and factors of rounds
     ``round_`` and ``round_ - 1`` (the node directory's and ``archives``'); ConfigError naming what is
     missing."""
-    from eth_abi import decode
-
-    from ledger.chunkproof import StageLeaf
-    from ledger.errors import LedgerInputError
-    from ledger.stepbinding import bind_run
+    from node.casesubject import kept_case
     from node.config import load_config
-    from node.store.rewardsources import read_sources
 
-    sources = read_sources([load_config(config).path("."), *archives], client, run_id)
-    for r in (round_ - 1, round_):
-        if r not in sources:
-            raise ConfigError(f"round {r} of run {run_id}: the node directory (and --archive) kept no stage "
-                              "leaves the chain vouches for (a node of the run keeps them: "
-                              "node/store/rewardsources.py)")
-    leaves, factors = sources[round_]
-    if not 0 <= stage < len(leaves) or factors[stage] is None:
-        raise ConfigError(f"round {round_}, stage {stage}: no factors kept for it (of {len(leaves)} stages)")
-    raw = factors[stage]
-    roots = decode(["uint32", "uint32", "bool", "bytes32[]", "bytes32[]"], raw)[4]
-
-    class _Factors:
-        payload_roots = roots
-
-        @staticmethod
-        def encode() -> bytes:
-            return raw
-
-    records = [client.commit_record(run_id, r).commit for r in (round_ - 1, round_)]
-    try:
-        return bind_run(records[1], [StageLeaf.decode(leaf) for leaf in leaves], _Factors, index, records[0],
-                        [StageLeaf.decode(leaf) for leaf in sources[round_ - 1][0]], stage)
-    except LedgerInputError as exc:
-        raise ConfigError(f"--contribution {index}: {exc}") from None
+    return kept_case([load_config(config).path("."), *archives], client, run_id, round_, stage).subject(index)
 
 
 def _prover(client):

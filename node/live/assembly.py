@@ -45,7 +45,7 @@ from node.live.rooms import Rooms
 from node.live.parts.record import build_committer
 from node.live.record.committer import Committer
 from node.live.parts.checks import build_spot_checks
-from node.live.parts.fraud import build_binder, build_chunked_states, build_fraud_prover
+from node.live.parts.fraud import build_binder, build_case_defender, build_chunked_states, build_fraud_prover
 from node.live.worker.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
@@ -282,6 +282,9 @@ class NodeParts:
         if fraud is not None:  # a chunked run: answer the availability challenges of its right rounds
             self._spawn(ChallengeAnswerer(run_id=self.run_id, chain=chain, states=self.chunked, prover=fraud,
                                           stop=self.stop).run, "challenges")
+        defender = build_case_defender(base, chain=chain, states=self.chunked)
+        if defender is not None:  # a version-3 run: answer the contribution cases on this node's work
+            self._spawn(defender.run, "cases")
         self._meet_peers()
         self.startup.mark("peers met")
 
