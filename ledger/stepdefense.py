@@ -6,8 +6,8 @@ defends its contribution plays one side only, against a challenger it does not c
 as the clock allows: each time it looks, it reads a game's state and sends the one move that is its own, if
 any (:func:`defender_move`), or ends a game whose challenger let its clock run out (:func:`challenger_out`).
 The moves are those of ``run_game``'s honest defender (the same openings: ``StepTrace.op_opening``,
-``copy_proof``, ``output_opening``, ``sum_step_opening``, ``start_opening``), so an honest defender never loses
-for the same reason (docs/FRAUD_PROOF.md "The top level").
+``copy_proof``, ``output_opening``, ``sum_step_opening``, ``start_opening``), so an honest defender never
+loses for the same reason (docs/FRAUD_PROOF.md "The top level").
 
 :func:`cases_opened` and :func:`games_on` read the contract's ``CaseOpened`` and ``Challenged`` logs.
 """
@@ -60,7 +60,8 @@ class GameMemory:
     op: int | None = None
 
 
-def defender_move(game_id: bytes, game: dict, side: DefenseSide, memory: GameMemory) -> tuple[str, tuple] | None:
+def defender_move(game_id: bytes, game: dict, side: DefenseSide,
+                  memory: GameMemory) -> tuple[str, tuple] | None:
     """The move (StepProver function name, arguments) the defender owes in ``game`` (``gameOf``'s fields by
     name, ``StepProverClient.game``), or None when it is not the defender's turn.
 

@@ -62,7 +62,8 @@ def output_opening(op: Operation, elem: int) -> tuple:
 
 
 def sum_step_opening(op: Operation, elem: int, k: int) -> tuple:
-    """``proveStep``'s openings of the product ``op``'s step ``k`` of element ``elem``: ``a[r, k]``, ``b[k, c]``."""
+    """``proveStep``'s openings of the product ``op``'s step ``k`` of element ``elem``: ``a[r, k]``,
+    ``b[k, c]``."""
     row, col = elem // op.cols, elem % op.cols
     return opening(op.a, row * op.inner + k), opening(op.b, k * op.cols + col)
 
@@ -228,8 +229,9 @@ class StepTrace:
                          self.tensors[self.state_leaves + j], a_len, b_len)
 
     def copy_proof(self, leaf: int) -> tuple:
-        """``proveCopy``'s arguments (after the game id) for state leaf ``leaf`` of the end tree: its value and
-        path, and for a state tensor the program's copy entry and its source's path in the last trace tree."""
+        """``proveCopy``'s arguments (after the game id) for state leaf ``leaf`` of the end tree: its value
+        and path, and for a state tensor the program's copy entry and its source's path in the last trace
+        tree."""
         ops, end, program = len(self.specs), self.end_tree(), self.program()
         if leaf >= self.state_leaves:
             return end[leaf], tree_path(end, leaf), b"", [], []

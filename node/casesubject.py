@@ -52,8 +52,9 @@ class KeptCase:
                 return raw
 
         try:
-            return bind_run(self.records[1], [StageLeaf.decode(leaf) for leaf in self.leaves], _Factors, index,
-                            self.records[0], [StageLeaf.decode(leaf) for leaf in self.prev_leaves], self.stage)
+            return bind_run(self.records[1], [StageLeaf.decode(leaf) for leaf in self.leaves], _Factors,
+                            index, self.records[0], [StageLeaf.decode(leaf) for leaf in self.prev_leaves],
+                            self.stage)
         except LedgerInputError as exc:
             raise ConfigError(f"--contribution {index}: {exc}") from None
 
@@ -74,4 +75,5 @@ def kept_case(directories, client, run_id: int, round_: int, stage: int) -> Kept
     if not 0 <= stage < len(leaves) or factors[stage] is None:
         raise ConfigError(f"round {round_}, stage {stage}: no factors kept for it (of {len(leaves)} stages)")
     records = tuple(client.commit_record(run_id, r).commit for r in (round_ - 1, round_))
-    return KeptCase(round_, stage, records, tuple(leaves), tuple(sources[round_ - 1][0]), bytes(factors[stage]))
+    return KeptCase(round_, stage, records, tuple(leaves), tuple(sources[round_ - 1][0]),
+                    bytes(factors[stage]))

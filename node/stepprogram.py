@@ -1,10 +1,10 @@
 """A run's step program as a node holds it (issue 78; docs/FRAUD_PROOF.md "The run's program", "The node
 defends its contributions").
 
-The chain fixes a run's program by a hash (``StepProver.programOf``: its root, state leaves, ops and depth) and
-its state's origins by a root (``originOf``); a node that defends a contribution needs the program itself, to
-run it from the committed start and answer a game's moves. The run's creator publishes it as a JSON file
-(:meth:`StepProgram.load`)::
+The chain fixes a run's program by a hash (``StepProver.programOf``: its root, state leaves, ops and depth)
+and its state's origins by a root (``originOf``); a node that defends a contribution needs the program
+itself, to run it from the committed start and answer a game's moves. The run's creator publishes it as a
+JSON file (:meth:`StepProgram.load`)::
 
     {"ops": [[kind, rows, inner, cols, a_len, b_len, a_index, b_index], ...],
      "copies": [trace leaf of state tensor q after the step, ...],
@@ -59,7 +59,8 @@ class StepProgram:
                 raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5, rows, inner, cols, "
                                   "a_len, b_len, a_index, b_index]")
             if max(spec[6], spec[7]) >= state + j:
-                raise ConfigError(f"step program: op {j} reads trace leaf {max(spec[6], spec[7])}, not before it")
+                raise ConfigError(f"step program: op {j} reads trace leaf {max(spec[6], spec[7])}, not one "
+                                  "before it")
         if any(not 0 <= c < state + ops for c in self.copies):
             raise ConfigError(f"step program: copies {list(self.copies)} past the {state + ops} trace leaves")
         if any(len(o) != 4 or o[1] < 1 for o in self.origins):
@@ -94,8 +95,9 @@ class StepProgram:
         """ConfigError unless this is the program and origins the chain fixed for the run (``programOf``,
         ``originOf``)."""
         if program_hash(self.head()) != chain_program:
-            raise ConfigError(f"the step program file is not the run's: its hash {program_hash(self.head()).hex()}"
-                              f", the chain's 0x{chain_program.hex()} (zero: the run has none)")
+            raise ConfigError(f"the step program file is not the run's: its hash "
+                              f"{program_hash(self.head()).hex()}, the chain's 0x{chain_program.hex()} "
+                              "(zero: the run has none)")
         if tree_root(self.origin_leaves()) != chain_origins:
             raise ConfigError("the step program file's origins are not the run's (StepProver.originOf)")
 
@@ -111,11 +113,12 @@ class StepProgram:
             bits: list[int] = []
             for i in range(math.ceil(numel / CHUNK_ELEMENTS)):
                 if first + i >= len(committed):
-                    raise ConfigError(f"state tensor {q}: chunk {first + i} past the start's {len(committed)}")
+                    raise ConfigError(f"state tensor {q}: chunk {first + i} past the start's "
+                                      f"{len(committed)}")
                 (leaf_tensor, offset, _cols, _count), values = leaf_values(committed[first + i])
                 if leaf_tensor != tensor or offset != i * CHUNK_ELEMENTS:
-                    raise ConfigError(f"state tensor {q}: chunk {first + i} is tensor {leaf_tensor} at {offset}, "
-                                      f"not tensor {tensor} at {i * CHUNK_ELEMENTS}")
+                    raise ConfigError(f"state tensor {q}: chunk {first + i} is tensor {leaf_tensor} at "
+                                      f"{offset}, not tensor {tensor} at {i * CHUNK_ELEMENTS}")
                 bits += values
             state.append(torch.from_numpy(np.array(bits[:numel], dtype=np.uint32).view(np.float32)))
         return state

@@ -78,7 +78,8 @@ def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW):
 RUNS = "the run's"
 
 
-def _defender(committed, states, tmp_path, program: StepProgram | None | str = RUNS, **kwargs) -> CaseDefender:
+def _defender(committed, states, tmp_path, program: StepProgram | None | str = RUNS,
+              **kwargs) -> CaseDefender:
     """Member ``NODE``'s case defender (``program``: its step program file's, None for none)."""
     chain = NodeChain(committed.deployment.client(NODE))
     return CaseDefender(run_id=committed.run_id, chain=chain, states=states,
@@ -224,8 +225,8 @@ def test_a_case_the_node_cannot_answer_is_logged_with_why(request, tmp_path, cap
         assert len(errors) == 1 and "CANNOT DEFEND" in errors[0] and why in errors[0], errors
     # its start dropped (a restart): said so
     caplog.clear()
-    empty = ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=None, layout=None,
-                          config_hash=b"")
+    empty = ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=None,
+                          layout=None, config_hash=b"")
     _defender(committed, empty, tmp_path).poll()
     assert "no longer holds its state of round 0" in caplog.text
     assert cases.case(subject)["claims"] == 0
@@ -284,3 +285,33 @@ def test_the_nodes_thread_under_load_answers_within_the_clock(request, tmp_path)
             thread.join(timeout=30)
     assert not client.wrong(claim_id)
     assert client.contract.functions.balanceOf(node).call() == client.bond
+
+
+class _ClosedThrough:
+    """Proof windows closed for every round up to ``closed`` (the chain's, set by hand)."""
+
+    def __init__(self, closed: int) -> None:
+        self.closed = closed
+
+    def open(self, outer_round: int) -> bool:
+        return outer_round > self.closed
+
+    def forget(self, outer_round: int) -> None:
+        pass
+
+
+def test_a_defending_node_keeps_a_round_while_a_case_on_the_next_round_can_open():
+    """Round 0's state is the start of round 1's contributions: a node that defends them keeps it until round
+    1's proof window closes, not only round 0's; one that does not defend drops it with round 0's window."""
+    state = toy_round().prev
+    for keeps in (False, True):
+        window = _ClosedThrough(0)
+        states = ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=None,
+                               layout=None, config_hash=b"", window=window, keeps_starts=keeps)
+        for outer_round in range(7):
+            states.replace(outer_round, 0, state)
+        states.forget_before(6)  # rounds 0 and 1 are past the published rounds
+        assert (states.state(0, 0) is not None) == keeps
+        window.closed = 1
+        states.forget_before(6)
+        assert states.state(0, 0) is None and states.state(2, 0) is not None

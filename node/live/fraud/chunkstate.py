@@ -80,7 +80,7 @@ class ChunkedStates:
                  evidence_dir: Path | None = None, sources_dir: Path | None = None,
                  keeps_starts: bool = False) -> None:
         self.cfg = cfg
-        self.keeps_starts = keeps_starts  # kept until round r + 1's window closes too: a case disputes its start
+        self.keeps_starts = keeps_starts  # also kept until round r + 1's window closes: a case disputes it
         self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
         self.host = host

@@ -98,9 +98,9 @@ class CaseDefender:
             address = ledger_step_prover(client.w3, client.ledger_address)
         self.prover = StepProverClient(client.w3, address, bond=0)
         self.defenses: dict[bytes, Defense] = {}  # case key -> its defense
-        self.failed: dict[bytes, str] = {}  # case key -> why it is not defended (tried again until its deadline)
+        self.failed: dict[bytes, str] = {}  # case key -> why it is not defended
         self.not_ours: set[bytes] = set()
-        self._retrying: dict[bytes, dict] = {}  # case key -> its CaseOpened, while a failed defense may still be made
+        self._retrying: dict[bytes, dict] = {}  # case key -> its CaseOpened, tried again until its deadline
         self._from_block = client.from_block
 
     def run(self) -> None:
@@ -144,10 +144,11 @@ class CaseDefender:
                 self._retrying.pop(key, None)
             if self.failed.get(key) != why:
                 self.failed[key] = why
-                logger.error("CANNOT DEFEND this node's contribution %s (round %d, stage %d) against the case "
-                             "opened by %s: %s. Unless a holder of its inputs posts a true claim by block %d, "
-                             "round %d is overturned and its attesters slashed", bytes(case["payloadRoot"]).hex(),
-                             case["round"], case["stage"], case["opener"], why, case["deadline"], case["round"])
+                logger.error("CANNOT DEFEND this node's contribution %s (round %d, stage %d) against the "
+                             "case opened by %s: %s. Unless a holder of its inputs posts a true claim by "
+                             "block %d, round %d is overturned and its attesters slashed",
+                             bytes(case["payloadRoot"]).hex(), case["round"], case["stage"], case["opener"],
+                             why, case["deadline"], case["round"])
             return
         self._retrying.pop(key, None)
         if defense is None:
@@ -170,11 +171,12 @@ class CaseDefender:
         norms = factors.norms
         contributors = norms.contributors if norms is not None else ()
         if index >= len(contributors) or contributors[index].lower() != client.address.lower():
-            logger.info("round %d stage %d: a case on contribution %d (not this node's: left to its contributor)",
-                        round_, stage, index)
+            logger.info("round %d stage %d: a case on contribution %d (not this node's: left to its "
+                        "contributor)", round_, stage, index)
             return None
-        logger.warning("round %d stage %d: a case opened by %s against this node's contribution %d; defending it "
-                       "(claims taken until block %d)", round_, stage, case["opener"], index, case["deadline"])
+        logger.warning("round %d stage %d: a case opened by %s against this node's contribution %d; "
+                       "defending it (claims taken until block %d)", round_, stage, case["opener"], index,
+                       case["deadline"])
         if self.program is None:
             raise ConfigError("no step program configured (ledger.step_program: the run's program file)")
         functions = self.prover.contract.functions
@@ -184,8 +186,8 @@ class CaseDefender:
         subject = kept.subject(index)
         start = self.states.state(round_ - 1, stage)
         if start is None:
-            raise ConfigError(f"this node no longer holds its state of round {round_ - 1} (the claim's start): "
-                              "restarted since, or dropped")
+            raise ConfigError(f"this node no longer holds its state of round {round_ - 1} (the claim's "
+                              "start): restarted since, or dropped")
         committed = list(start.weight_leaves)
         if tree_root(committed) != subject.start_weights:
             raise ConfigError(f"this node's state of round {round_ - 1} is not the committed start")
@@ -200,8 +202,8 @@ class CaseDefender:
                 client.sender.transact(self.prover.contract, "claimRun", (claim, subject.binding),
                                        f"claim round {round_} stage {stage}'s contribution {index}", stake)
             ends = int(functions.caseOf(key).call()[4])
-        logger.warning("round %d stage %d: claimed this node's contribution %d (%d steps of the run's program); "
-                       "every game on it is answered", round_, stage, index, steps)
+        logger.warning("round %d stage %d: claimed this node's contribution %d (%d steps of the run's "
+                       "program); every game on it is answered", round_, stage, index, steps)
         return Defense(key, round_, stage, payload, ends, claim_id, side, int(case["block"]))
 
     def _play(self, defense: Defense, head: int) -> None:
@@ -222,15 +224,15 @@ class CaseDefender:
                     won = not functions.claimOf(defense.claim_id).call()[1]
                 defense.decided[game_id] = won
                 log = logger.info if won else logger.error
-                log("round %d stage %d: game %s on this node's claim decided: %s", defense.round, defense.stage,
-                    game_id.hex()[:12], "won" if won else "LOST (the claim is refuted)")
+                log("round %d stage %d: game %s on this node's claim decided: %s", defense.round,
+                    defense.stage, game_id.hex()[:12], "won" if won else "LOST (the claim is refuted)")
                 continue
             move = defender_move(game_id, state, defense.side, memory)
             if move is None and challenger_out(state, head):
                 move = ("timeout", (game_id,))
             if move is not None:
                 with self.chain.rpc_lock:
-                    client.sender.transact(self.prover.contract, move[0], move[1], f"{move[0]} in a case game")
+                    client.sender.transact(self.prover.contract, *move, f"{move[0]} in a case game")
         self._close(defense, head)
 
     def _close(self, defense: Defense, head: int) -> None:

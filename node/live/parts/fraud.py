@@ -52,10 +52,12 @@ def run_schedule(cfg, info):
     return schedule_of(cfg.diloco, info.max_rounds) if getattr(info, "schedule_rounds", 0) else None
 
 
-def build_case_defender(base: NodeBase, *, chain: NodeChain, states: ChunkedStates | None) -> CaseDefender | None:
+def build_case_defender(base: NodeBase, *, chain: NodeChain,
+                        states: ChunkedStates | None) -> CaseDefender | None:
     """The defender of this node's contributions against contribution cases in a version-3 run (its factors
-    name each contribution's signer); None in another run. Its program is ``ledger.step_program`` (none: a case
-    on its work is logged as one it cannot answer; a program file that does not load stops the node here)."""
+    name each contribution's signer); None in another run. Its program is ``ledger.step_program`` (none: a
+    case on its work is logged as one it cannot answer; a program file that does not load stops the node
+    here)."""
     if states is None or not base.cfg.commitment_scheme.proves_factors:
         return None
     path = base.cfg.ledger.step_program
