@@ -1,5 +1,5 @@
-"""What binds a contribution case to the ledger's record, from what node directories kept (issue 78;
-docs/FRAUD_PROOF.md "The command", "The node defends its contributions").
+"""What binds a contribution case to the ledger's record, from what node directories kept, and opening one
+(issue 78; docs/FRAUD_PROOF.md "The command", "The node defends its contributions").
 
 A case or a run claim names a contribution by its round, stage and index among the stage's listed
 contributions; its binding (``ledger.stepbinding.bind_run``) opens the round's and the previous round's
@@ -77,3 +77,65 @@ def kept_case(directories, client, run_id: int, round_: int, stage: int) -> Kept
     records = tuple(client.commit_record(run_id, r).commit for r in (round_ - 1, round_))
     return KeptCase(round_, stage, records, tuple(leaves), tuple(sources[round_ - 1][0]),
                     bytes(factors[stage]))
+
+
+#: The most gas an opening takes (the binding's openings of two records; about 400,000 measured).
+OPEN_GAS = 600_000
+#: How long an opener waits for the block after its commitment (seconds).
+NEXT_BLOCK_WAIT_S = 120.0
+
+
+def case_salt(client, key: bytes) -> bytes:
+    """A case's salt: the hash of the account's signature of the case key (secret until the opening reveals
+    it, and the same on a rerun)."""
+    from eth_account.messages import encode_defunct
+
+    signed = client.account.sign_message(encode_defunct(primitive=b"dlx-node case salt" + key))
+    return bytes(client.w3.keccak(signed.signature))
+
+
+def case_commitment(client, prover, subject) -> bytes:
+    """The commitment ``client``'s account opens a case on ``subject`` with (StepProver ``commitCase``)."""
+    from eth_abi import encode
+
+    key = bytes(prover.functions.contributionOf(*subject.fields()[:4]).call())
+    return bytes(client.w3.keccak(encode(["address", "bytes32", "bytes32"],
+                                         [client.address, key, case_salt(client, key)])))
+
+
+def commit_case(client, prover, subject) -> int:
+    """Commit a case on ``subject`` from ``client``'s account (``prover``: the ledger's StepProver, a web3
+    contract), unless committed already; the commitment's block."""
+    commitment = case_commitment(client, prover, subject)
+    committed_at = prover.functions.caseCommittedAt(commitment).call()
+    if not committed_at:
+        what = f"commit a case on round {subject.round}'s contribution"
+        committed_at = client.sender.transact(prover, "commitCase", (commitment,), what)["blockNumber"]
+    return int(committed_at)
+
+
+def reveal_case(client, prover, subject, stake: int) -> None:
+    """Open the committed case on ``subject`` with the run's bond ``stake`` (a block after its commitment)."""
+    from ledger.stepcase import case_claim
+
+    key = bytes(prover.functions.contributionOf(*subject.fields()[:4]).call())
+    client.sender.transact(prover, "openCase", (case_claim(subject), subject.binding, case_salt(client, key)),
+                           "openCase", stake)
+
+
+def open_case(client, prover, subject, stake: int) -> None:
+    """Commit a case on ``subject``, wait for a later block and open it (``dlx-node challenge --open``)."""
+    _next_block(client.w3, commit_case(client, prover, subject))
+    reveal_case(client, prover, subject, stake)
+
+
+def _next_block(w3, after: int) -> None:
+    """Wait until the chain is past block ``after`` (an opening must come after its commitment's block)."""
+    import time
+
+    deadline = time.monotonic() + NEXT_BLOCK_WAIT_S
+    while w3.eth.block_number <= after:
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the chain made no block after {after} in {NEXT_BLOCK_WAIT_S:.0f} s: the case "
+                              "is committed; run the same command again to open it")
+        time.sleep(0.5)

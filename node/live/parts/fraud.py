@@ -8,6 +8,7 @@ from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates
 from node.live.fraud.window import DisputeWindow
 from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.defender import CaseDefender
+from node.live.fraud.opener import CaseOpener
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.state.base import NodeBase
 from node.stepprogram import StepProgram
@@ -64,3 +65,13 @@ def build_case_defender(base: NodeBase, *, chain: NodeChain,
     program = StepProgram.load(base.cfg.path(path)) if path else None
     return CaseDefender(run_id=base.run_id, chain=chain, states=states, program=program,
                         data_dir=base.data_dir, stop=base.stop)
+
+
+def build_case_opener(base: NodeBase, *, chain: NodeChain) -> CaseOpener | None:
+    """The follow-up of this node's accusations in a version-3 run (``ledger.open_cases``: open a contribution
+    case where one was not convicted; off: log it); None in another run."""
+    if not base.cfg.commitment_scheme.proves_factors:
+        return None
+    return CaseOpener(run_id=base.run_id, chain=chain, data_dir=base.data_dir,
+                      num_stages=base.cfg.pipeline.num_stages, enabled=base.cfg.ledger.open_cases,
+                      stop=base.stop)
