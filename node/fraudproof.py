@@ -134,10 +134,10 @@ def _tensor_square_sums(values: np.ndarray) -> list[int]:
 
 
 def _block_square_sums(values: np.ndarray) -> list[int]:
-    """:func:`_tensor_square_sums` of one block. Each square is ``m**2 2**(2e - 2)``: split as ``(m**2 << (2e - 2) % 8) << 8 q`` (q = (2e - 2) //
-    8), the first factor below 2**55. Per chunk and q, those are added in two 28-bit halves by ``np.bincount``
-    (float64, exact: at most 64 terms below 2**28 each), then each chunk's digits (one per q) are carried in
-    base 256 and read as one integer."""
+    """:func:`_tensor_square_sums` of one block. Each square is ``m**2 2**(2e - 2)``: split as
+    ``(m**2 << (2e - 2) % 8) << 8 q`` (q = (2e - 2) // 8), the first factor below 2**55. Per chunk and q,
+    those are added in two 28-bit halves by ``np.bincount`` (float64, exact: at most 64 terms below 2**28
+    each), then each chunk's digits (one per q) are carried in base 256 and read as one integer."""
     bits = values.astype("<f4", copy=False).view(np.uint32).astype(np.int64)
     biased = bits >> 23 & 0xFF
     if (biased == 0xFF).any():
