@@ -152,7 +152,7 @@ BACKENDS = [pytest.param("pyevm", marks=pytest.mark.slow), "anvil"]
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_node_defends_its_contribution_and_every_challenger_loses_its_bond(request, backend, tmp_path):
     w3 = _backend(request, backend)
-    client, cases, committed, states = _setup(w3, tmp_path)
+    client, cases, committed, states = _setup(w3, tmp_path, window=600)  # room for a second case
     stake, node = client.bond, _address(w3, NODE)
     defender = _defender(committed, states, tmp_path)
     subject, case = _open(cases, committed)
@@ -183,6 +183,20 @@ def test_the_node_defends_its_contribution_and_every_challenger_loses_its_bond(r
     assert client.contract.functions.balanceOf(node).call() == 0
     assert w3.eth.get_balance(node) - before > 4 * stake - 10**16  # four bonds, less two transactions' gas
     reader = committed.deployment.client(0)
+    assert reader.invalid_from(committed.run_id) is None
+    # the same case opened again: the standing claim counts for it, and its bond is the node's too
+    opener, salt = _address(w3, OPENER), b"\x5b" * 32
+    cases.commit(opener, subject, salt)
+    cases.open(opener, subject, salt)
+    again = cases.case(subject)
+    assert (again["claims"], again["refuted"]) == (1, 0)
+    defender.poll()
+    _lands_at(w3, again["deadline"] + 1)
+    assert _named(client, "overturnContribution", opener, cases.key(subject), []) == "ProverStepClaimStands"
+    _lands_at(w3, again["ends"] + 1)
+    defender.poll()
+    assert cases.case(subject)["opener"] == "0x" + "00" * 20
+    assert client.contract.functions.balanceOf(node).call() == 0  # dismissed, paid and withdrawn
     assert reader.invalid_from(committed.run_id) is None
 
 

@@ -123,7 +123,9 @@ class CaseDefender:
         pending = {bytes(case["key"]): case for case in cases}
         pending.update({key: case for key, case in self._retrying.items()})
         for key, case in pending.items():
-            if key not in self.defenses and key not in self.not_ours:
+            if key in self.defenses:  # opened again after a dismissal: the standing claim still counts
+                self._reopened(self.defenses[key])
+            elif key not in self.not_ours:
                 self._take(key, case, head)
         for defense in self.defenses.values():
             try:
@@ -131,6 +133,20 @@ class CaseDefender:
             except (*DLX_ERRORS, LedgerError) as exc:  # the next poll tries again, within the clock
                 logger.warning("round %d stage %d: a move on this node's claim failed (tried again): %s",
                                defense.round, defense.stage, exc)
+
+    def _reopened(self, defense: Defense) -> None:
+        """A new case on a contribution already defended: the claim stands for it too (the contract counts
+        every claim on the contribution); dismiss it again from its own end."""
+        try:
+            with self.chain.rpc_lock:
+                defense.ends = int(self.prover.contract.functions.caseOf(defense.key).call()[4])
+        except (*DLX_ERRORS, LedgerError) as exc:
+            logger.warning("round %d stage %d: a new case on this node's claimed contribution not read: %s",
+                           defense.round, defense.stage, exc)
+            return
+        defense.dismissed = False
+        logger.warning("round %d stage %d: a new case on this node's contribution; its claim stands for it "
+                       "(dismissed from block %d)", defense.round, defense.stage, defense.ends)
 
     def _take(self, key: bytes, case: dict, head: int) -> None:
         """Defend the case's contribution if it is this node's; log why not where it cannot."""
