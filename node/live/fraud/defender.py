@@ -106,7 +106,10 @@ class CaseDefender:
     def run(self) -> None:
         """Poll until the node stops (a thread of its own)."""
         while not self.stop.wait(self.every_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - an RPC's own error (web3, the transport): the thread must live on
+                logger.exception("contribution cases: a poll failed (the next one tries again)")
 
     def poll(self) -> None:
         """Read the run's new cases, take up those on this node's contributions, play every game on its
@@ -130,7 +133,7 @@ class CaseDefender:
         for defense in self.defenses.values():
             try:
                 self._play(defense, head)
-            except (*DLX_ERRORS, LedgerError) as exc:  # the next poll tries again, within the clock
+            except Exception as exc:  # noqa: BLE001 - the next poll tries again, within the clock
                 logger.warning("round %d stage %d: a move on this node's claim failed (tried again): %s",
                                defense.round, defense.stage, exc)
 
@@ -152,7 +155,7 @@ class CaseDefender:
         """Defend the case's contribution if it is this node's; log why not where it cannot."""
         try:
             defense = self._defense(key, case, head)
-        except (*DLX_ERRORS, LedgerError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure (an RPC's own too) is said and tried again
             why = f"{type(exc).__name__}: {exc}"[:400]
             if head + 1 < case["deadline"]:
                 self._retrying[key] = case

@@ -85,7 +85,10 @@ class CaseOpener:
     def run(self) -> None:
         """Poll until the node stops (a thread of its own)."""
         while not self.stop.wait(self.every_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - an RPC's own error (web3, the transport): the thread must live on
+                logger.exception("case opener: a poll failed (the next one tries again)")
 
     def poll(self) -> None:
         """Act on every watched accusation that ended without a conviction, and on every opened case whose
