@@ -127,6 +127,27 @@ def _liar(rng: random.Random):
     return move
 
 
+def _fixed(judgment: bool, dispute: str):
+    """A challenger that gives one judgment everywhere and one kind of dispute at the trace's end (``copy``:
+    a random state leaf of the end tree)."""
+    rng = random.Random(1)
+
+    def move(client, game_id: bytes, state: dict, challenger: str) -> None:
+        phase = PHASES[state["phase"]]
+        if phase == "TraceEnd":
+            if dispute == "copy":
+                client._send("disputeCopy", challenger, game_id, rng.randrange(8))
+            else:
+                client._send("disputeTrace", challenger, game_id)
+        elif phase == "Pick":
+            _kind, rows, _inner, cols, *_ = PROGRAM[state["lo"]]
+            client._send("pickElement", challenger, game_id, rows * cols - 1)
+        else:
+            name = {"Steps": "judgeStateRoot", "Ops": "judgeRoot", "Sums": "judge"}[phase]
+            client._send(name, challenger, game_id, judgment)
+    return move
+
+
 def _play(client, defender: CaseDefender, games: dict, mine_each: bool = False) -> None:
     """Alternate the node's polls and the challengers' moves (``games``: game id -> (challenger, its move
     policy, or None for one that never moves)) until no game waits for a challenger that moves."""
@@ -198,6 +219,31 @@ def test_the_node_defends_its_contribution_and_every_challenger_loses_its_bond(r
     assert cases.case(subject)["opener"] == "0x" + "00" * 20
     assert client.contract.functions.balanceOf(node).call() == 0  # dismissed, paid and withdrawn
     assert reader.invalid_from(committed.run_id) is None
+
+
+def test_every_kind_of_lying_challenger_loses_to_the_node(request, tmp_path):
+    """Five challengers at once on the node's claim: one that agrees with everything, one that disagrees
+    with everything, one that disputes a copy of the end tree, two that answer at random."""
+    w3 = _backend(request, "anvil")
+    # each side's clock 200 blocks: here every transaction is a block of its own, so five games at once
+    # spend five blocks of each game's clock a round of moves (on a chain with timed blocks the node's moves
+    # of one poll share blocks: ledger.tx send_all)
+    client, cases, committed, states = _setup(w3, tmp_path, clock=200, window=1000)
+    stake, node = client.bond, _address(w3, NODE)
+    defender = _defender(committed, states, tmp_path)
+    subject, _case = _open(cases, committed)
+    defender.poll()
+    claim_id = _claim_of(client, cases, subject, node)
+    policies = {4: _fixed(True, "trace"), 5: _fixed(False, "trace"), 6: _fixed(False, "copy"),
+                7: _liar(random.Random(21)), 9: _liar(random.Random(22))}
+    games = {}
+    for index, policy in policies.items():
+        challenger = _address(w3, index)
+        client._send("challengeRun", challenger, claim_id, value=stake)
+        games[bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())] = (challenger, policy)
+    _play(client, defender, games)
+    assert all(client.game(g)["phase"] == PHASES.index("Done") for g in games) and not client.wrong(claim_id)
+    assert client.contract.functions.balanceOf(node).call() == 5 * stake
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

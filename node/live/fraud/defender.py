@@ -233,6 +233,7 @@ class CaseDefender:
         defense.from_block = head + 1
         for game in games:
             defense.games.setdefault(bytes(game["gameId"]), GameMemory())
+        moves = []
         for game_id, memory in defense.games.items():
             if game_id in defense.decided:
                 continue
@@ -250,8 +251,18 @@ class CaseDefender:
             if move is None and challenger_out(state, head):
                 move = ("timeout", (game_id,))
             if move is not None:
-                with self.chain.rpc_lock:
-                    client.sender.transact(self.prover.contract, *move, f"{move[0]} in a case game")
+                moves.append(move)
+        if moves:  # sent together: with timed blocks no game's move waits for another's block
+            contract = self.prover.contract
+            requests = [({"to": contract.address, "value": 0,
+                          "data": contract.encode_abi(name, args=list(args))}, f"{name} in a case game")
+                        for name, args in moves]
+            with self.chain.rpc_lock:
+                results = client.sender.send_all(requests)
+            for (name, _args), result in zip(moves, results):
+                if isinstance(result, Exception):
+                    logger.warning("round %d stage %d: %s on this node's claim failed (tried again): %s",
+                                   defense.round, defense.stage, name, result)
         self._close(defense, head)
 
     def _close(self, defense: Defense, head: int) -> None:
