@@ -375,3 +375,58 @@ def test_a_defending_node_keeps_a_round_while_a_case_on_the_next_round_can_open(
         window.closed = 1
         states.forget_before(6)
         assert states.state(0, 0) is None and states.state(2, 0) is not None
+
+
+class _Unwaited:
+    """A challenger's client that sends a move and does not wait for its block (a chain with timed blocks:
+    several challengers' moves share one)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def _send(self, name: str, sender: str, *args, value: int = 0) -> None:
+        getattr(self.client.contract.functions, name)(*args).transact(
+            {"from": sender, "value": value, "gas": 5_000_000})
+
+
+@pytest.mark.slow
+def test_on_timed_blocks_the_node_answers_six_games_at_once_within_the_clock(request, tmp_path):
+    """Anvil mines a block a second, as a real chain; six challengers (random liars) play at once, their
+    moves sharing blocks; the node's own thread, its clock 32 blocks a game, sends each poll's moves together
+    and wins every game."""
+    w3 = _backend(request, "anvil")
+    client, cases, committed, states = _setup(w3, tmp_path)
+    stake, node = client.bond, _address(w3, NODE)
+    subject, _case = _open(cases, committed)
+    defender = _defender(committed, states, tmp_path, every_s=0.3)
+    defender.poll()
+    claim_id = _claim_of(client, cases, subject, node)
+    games = {}
+    for index in (4, 5, 6, 7, 8, 9):
+        challenger = _address(w3, index)
+        client._send("challengeRun", challenger, claim_id, value=stake)
+        games[bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())] = (
+            challenger, _liar(random.Random(index)))
+    w3.provider.make_request("evm_setIntervalMining", [1])
+    thread = threading.Thread(target=defender.run, daemon=True)
+    thread.start()
+    unwaited, answered = _Unwaited(client), {}
+    try:
+        for _ in range(600):
+            states_now = {g: client.game(g) for g in games}
+            if all(s["phase"] == PHASES.index("Done") for s in states_now.values()):
+                break
+            for game_id, state in states_now.items():
+                if state["phase"] == PHASES.index("Done") or state["defenderTurn"]:
+                    continue
+                if answered.get(game_id) != state["moves"]:  # one move a turn, not again before it is mined
+                    answered[game_id] = state["moves"]
+                    challenger, policy = games[game_id]
+                    policy(unwaited, game_id, state, challenger)
+            defender.stop.wait(0.3)
+    finally:
+        defender.stop.set()
+        thread.join(timeout=30)
+    assert all(client.game(g)["phase"] == PHASES.index("Done") for g in games)
+    assert not client.wrong(claim_id)
+    assert client.contract.functions.balanceOf(node).call() == 6 * stake
