@@ -1,7 +1,8 @@
 """``TransactionSender.send_all`` (ledger/tx.py): independent transactions sent together, as the case
-defender sends its moves of several clocked games (node/live/fraud/defender.py), on an anvil whose blocks come
-on a one-second timer as a real chain's do: every one is broadcast before any receipt is awaited, so they are
-mined in one block; one that reverts in its preflight is not sent and comes back as its error, in its place."""
+defender sends its moves of several clocked games (node/live/fraud/defender.py), on an anvil whose blocks
+come on a one-second timer as a real chain's do: every one is broadcast before any receipt is awaited, so
+they are mined in one block; one that reverts in its preflight is not sent and comes back as its error, in
+its place."""
 
 from __future__ import annotations
 
