@@ -39,14 +39,7 @@ from pathlib import Path
 
 from ledger.chunkproof import tree_root
 from ledger.errors import LedgerError
-from ledger.stepdefense import (
-    DefenseSide,
-    GameMemory,
-    cases_opened,
-    challenger_out,
-    defender_move,
-    games_on,
-)
+from ledger.stepdefense import DefenseSide, GameMemory, challenger_out, defender_move, games_on
 from ledger.stepproof import PHASES, StepProverClient, run_claim
 from node.casesubject import kept_case
 from node.errors import DLX_ERRORS, ConfigError
@@ -91,17 +84,12 @@ class CaseDefender:
         self.data_dir = data_dir
         self.stop = stop
         self.every_s = every_s
-        client = chain.client
-        with chain.rpc_lock:
-            from ledger.stepcase import ledger_step_prover
-
-            address = ledger_step_prover(client.w3, client.ledger_address)
-        self.prover = StepProverClient(client.w3, address, bond=0)
+        self._prover: StepProverClient | None = None  # the ledger's StepProver, read once a case is taken up
         self.defenses: dict[bytes, Defense] = {}  # case key -> its defense
         self.failed: dict[bytes, str] = {}  # case key -> why it is not defended
         self.not_ours: set[bytes] = set()
         self._retrying: dict[bytes, dict] = {}  # case key -> its CaseOpened, tried again until its deadline
-        self._from_block = client.from_block
+        self._from_block = 0
 
     def run(self) -> None:
         """Poll until the node stops (a thread of its own)."""
@@ -115,10 +103,7 @@ class CaseDefender:
         """Read the run's new cases, take up those on this node's contributions, play every game on its
         claims; nothing here raises."""
         try:
-            head = self.chain.block_number()
-            with self.chain.rpc_lock:
-                cases = cases_opened(self.chain.client, self.prover.contract.address, self.run_id,
-                                     self._from_block, head)
+            cases, head = self.chain.contribution_cases(self.run_id, self._from_block)
         except (*DLX_ERRORS, LedgerError) as exc:
             logger.debug("contribution cases not read: %s", exc)
             return
@@ -136,6 +121,18 @@ class CaseDefender:
             except Exception as exc:  # noqa: BLE001 - the next poll tries again, within the clock
                 logger.warning("round %d stage %d: a move on this node's claim failed (tried again): %s",
                                defense.round, defense.stage, exc)
+
+    @property
+    def prover(self) -> StepProverClient:
+        """The ledger's StepProver (its AggregationProver's), read on first use."""
+        if self._prover is None:
+            from ledger.stepcase import ledger_step_prover
+
+            client = self.chain.client
+            with self.chain.rpc_lock:
+                address = ledger_step_prover(client.w3, client.ledger_address)
+            self._prover = StepProverClient(client.w3, address, bond=0)
+        return self._prover
 
     def _reopened(self, defense: Defense) -> None:
         """A new case on a contribution already defended: the claim stands for it too (the contract counts
