@@ -13,11 +13,9 @@ stage to :meth:`ChunkedStates.record`, which
   committed state from an attester of that leaf (:meth:`ChunkedStates.committed_state`) and checks it
   against the leaf's roots before opening any chunk of it. The payload pieces are not published: every
   holder derives them from the contributions it aggregated, and the committed factors name their roots.
-- publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run
-  (node/commitments/normed.py) the factors and each accepted contribution's per-chunk sums of squares under
-  ``norms_key(stage leaf)``: a prover whose own factors differ from the committed ones opens them
-  (:meth:`ChunkedStates.committed_norms`) to prove a wrong clip scale or sum
-  (node.fraudproof.norm_proof_of_difference).
+- publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run the factors and
+  each accepted contribution's per-chunk sums of squares under ``norms_key(stage leaf)``, which a prover
+  whose own factors differ opens (:meth:`ChunkedStates.committed_norms`) to prove a wrong scale or sum.
 
 Only the last ``PUBLISHED_ROUNDS`` rounds' states stay in memory; an older one whose dispute window is open
 (or the next round's, for a node that defends its contributions: a case disputes that round's start) is
