@@ -31,8 +31,9 @@ from pathlib import Path
 
 from node.errors import StateError
 from node.store.checkpoint import Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint_hash import checkpoint_header, file_record_hash, header_hash
 from node.store.checkpoint_stage import (MAX_HEADER_BYTES, FetchRange, check_stage, checked_header,
-                                         read_header, stage_tensors)
+                                         raw_header, read_header, stage_tensors)
 from node.store.safetensors_stream import write_safetensors
 from training.jsonbound import loads_bounded
 
@@ -48,17 +49,25 @@ SPLIT_ABOVE_BYTES = 512 << 20
 
 def checkpoint_bytes(layout: RunLayout) -> int:
     """The tensor bytes of the run's whole checkpoint: every stage's weights and outer momentum, float32."""
+    return tensor_bytes(layout.stage_shapes, layout.outer_moments)
+
+
+def tensor_bytes(stage_shapes: Iterable[Mapping[str, tuple[int, ...]]], outer_moments: int) -> int:
+    """The tensor bytes of a checkpoint of stages of ``stage_shapes``: weights and outer state, float32."""
     import math
 
-    params = sum(math.prod(shape) for shapes in layout.stage_shapes for shape in shapes.values())
-    return 4 * params * (1 + layout.outer_moments)
+    params = sum(math.prod(shape) for shapes in stage_shapes for shape in shapes.values())
+    return 4 * params * (1 + outer_moments)
 
 
 def keeps_split(setting: str, layout: RunLayout) -> bool:
     """Whether a node with ``storage.checkpoints = setting`` keeps this run's checkpoints split: never in a
-    hashed run; ``"stages"`` always, ``"whole"`` never, ``"auto"`` from :data:`SPLIT_ABOVE_BYTES` on."""
-    if not layout.chunked or setting == "whole":
+    hashed run, always in a header-hashed one (its committers hold only their own stages); otherwise
+    ``"stages"`` always, ``"whole"`` never, ``"auto"`` from :data:`SPLIT_ABOVE_BYTES` on."""
+    if not layout.chunked or (setting == "whole" and not layout.header_hashed):
         return False
+    if layout.header_hashed:
+        return True
     return setting == "stages" or checkpoint_bytes(layout) >= SPLIT_ABOVE_BYTES
 _HEADER_TAG = b"dlx-checkpoint-header/v1"
 _STAGE_TAG = b"dlx-checkpoint-stage/v1"
@@ -136,17 +145,39 @@ def stage_from_shard(fetch: FetchRange, layout: RunLayout, ckpt: Checkpoint, lea
     return weights, momentum
 
 
+def verified_header(fetch: FetchRange, layout: RunLayout, round_index: int, weights_root: bytes,
+                    record_hash: bytes | None = None) -> tuple[Checkpoint, list]:
+    """``(the checkpoint's metadata with no tensors, every stage's parsed leaf)`` from a header read by
+    ``fetch``: its metadata the run's, its stage leaves giving ``weights_root``, and its bytes exactly the
+    header the run document gives for that metadata (node/store/checkpoint_hash.py); in a header-hashed run
+    they must also hash to ``record_hash``, the record's checkpointHash. StateError naming what is wrong."""
+    raw = raw_header(fetch)
+    if layout.header_hashed:
+        if record_hash is None:
+            raise StateError("a header-hashed run's checkpoint header is checked against the record's "
+                             "checkpointHash, and none was given")
+        if header_hash(raw) != record_hash:
+            raise StateError(f"its header hashes to {header_hash(raw).hex()[:16]}, not the record's "
+                             f"checkpointHash {record_hash.hex()[:16]}")
+    ckpt, leaves, _header, _start = checked_header(bytes_range(raw), layout, round_index, weights_root)
+    if checkpoint_header(layout, ckpt) != raw:
+        raise StateError("its header is not the one the run document gives for its metadata (tensors, "
+                         "shapes, offsets or metadata written otherwise)")
+    return ckpt, leaves
+
+
 def split_stages(headers: Iterable[FetchRange], shards: Callable[[int], Iterable[FetchRange]],
                  layout: RunLayout, round_index: int, weights_root: bytes,
-                 stages: Iterable[int]) -> Checkpoint:
-    """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies,
-    each stage from the first of ``shards(stage)`` that verifies (the others' errors are named if none
-    does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
+                 stages: Iterable[int], record_hash: bytes | None = None) -> Checkpoint:
+    """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies
+    (:func:`verified_header`; ``record_hash``: the record's checkpointHash, which a header-hashed run's
+    header must give), each stage from the first of ``shards(stage)`` that verifies (the others' errors are
+    named if none does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
     refused: list[str] = []
     ckpt = leaves = None
     for fetch in headers:
         try:
-            ckpt, leaves, _header, _start = checked_header(fetch, layout, round_index, weights_root)
+            ckpt, leaves = verified_header(fetch, layout, round_index, weights_root, record_hash)
             break
         except (StateError, OSError) as exc:
             refused.append(f"header: {exc}")
@@ -176,11 +207,15 @@ def assemble_checkpoint(headers: Iterable[FetchRange], shards: Callable[[int], I
                         layout: RunLayout, round_index: int, weights_root: bytes, content_hash: bytes,
                         dest: Path) -> Checkpoint:
     """Write the whole checkpoint of ``round_index`` to ``dest`` from its header and every stage's shard
-    (:func:`split_stages`), and check its sha256 against the record's ``content_hash`` (the file is removed
-    and StateError raised if it differs). Holds the model's tensors in RAM while writing: what ``pull`` and
+    (:func:`split_stages`), and check it against the record's ``content_hash`` under the run's rule (its
+    sha256, or in a header-hashed run its header's hash: node/store/checkpoint_hash.py); the file is removed
+    and StateError raised if it differs. Holds the model's tensors in RAM while writing: what ``pull`` and
     an auditor hold of a checkpoint anyway."""
-    ckpt = split_stages(headers, shards, layout, round_index, weights_root, range(layout.num_stages))
+    ckpt = split_stages(headers, shards, layout, round_index, weights_root, range(layout.num_stages),
+                        content_hash)
     digest = write_checkpoint(dest, ckpt)
+    if layout.header_hashed:
+        digest = file_record_hash(dest, True)
     if digest != content_hash:
         dest.unlink(missing_ok=True)
         raise StateError(f"the checkpoint assembled from its header and stage shards hashes to "
@@ -191,9 +226,11 @@ def assemble_checkpoint(headers: Iterable[FetchRange], shards: Callable[[int], I
 def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: bytes, dest: Path) -> bool:
     """Write the whole checkpoint ``content_hash`` to ``dest`` from a kept header and stage shard files (a
     node directory's, an auditor's or a seeder's): the header's bytes, then each tensor's bytes, in the
-    header's data order, from the shard that names it. True if the file hashes to ``content_hash`` (else
-    nothing is left at ``dest``). Needs no run document: the record's hash checks every byte, a header or
-    shard from a damaged or hostile directory only fails it."""
+    header's data order, from the shard that names it. True if the file is the record's (else nothing is
+    left at ``dest``). Needs no run document: under the "file" rule the record's hash checks every byte, a
+    header or shard from a damaged or hostile directory only fails it; under the "header" rule (the header
+    hashes to ``content_hash``: node/store/checkpoint_hash.py) the hash checks the header only, and whoever
+    uses the file checks its tensors against the header's stage leaves (``pull``, ``audit``: every chunk)."""
     try:
         size = header.stat().st_size
         if size > 8 + MAX_HEADER_BYTES:
@@ -216,6 +253,7 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
         logger.warning("checkpoint %s not assembled from %s: %s", content_hash.hex()[:16], header, exc)
         return False
     sha = hashlib.sha256(head)
+    header_rule = header_hash(head) == content_hash
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = dest.with_name(f".{dest.name}.part")
     try:
@@ -228,7 +266,7 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
                     raise ValueError(f"{path}: tensor {name[:80]!r} cut short")
                 sha.update(data)
                 out.write(data)
-        if sha.digest() != content_hash:
+        if not header_rule and sha.digest() != content_hash:
             raise ValueError(f"the assembled file hashes to {sha.hexdigest()[:16]}")
         staged.replace(dest)
         return True
