@@ -1,5 +1,6 @@
-"""A header-hashed run's checkpoint: the record's checkpointHash commits the file's header, so a committer signs
-with its own stages checked and never fetches another stage's shard (issue 75; node/store/checkpoint_hash.py).
+"""A header-hashed run's checkpoint: the record's checkpointHash commits the file's header, so a committer
+signs with its own stages checked and never fetches another stage's shard (issue 75;
+node/store/checkpoint_hash.py).
 
 The header is built from the run document and the agreed stage hashes and leaves, byte for byte what
 ``write_checkpoint`` writes first; two committers of a 2-stage run on real py-libp2p hosts, each holding one
@@ -27,9 +28,9 @@ from node.live.state.roundbook import RoundBook
 from node.store.checkpoint import build_checkpoint, checkpoint_problems, parse_checkpoint, write_checkpoint
 from node.store.checkpoint_hash import (HEADER_HASH_TAG, checkpoint_header, file_record_hash, header_hash,
                                         metadata_only, names_record, record_hash)
-from node.store.checkpoint_split import (assemble_checkpoint, assemble_in_dirs, bytes_range, checkpoint_digest,
-                                         header_key, keeps_split, split_stages, stage_key, verified_header,
-                                         write_split)
+from node.store.checkpoint_split import (assemble_checkpoint, assemble_in_dirs, bytes_range,
+                                         checkpoint_digest, header_key, keeps_split, split_stages, stage_key,
+                                         verified_header, write_split)
 from tests.test_checkpoint_split import _shard
 from tests.test_checkpoint_stage import ROUND, SHAPES, _layout, _leaf, _states
 from training.hashing import stage_weights_hash
@@ -61,7 +62,8 @@ def test_the_header_is_built_from_the_run_and_the_agreed_leaves_without_tensors(
     # the record's hash: a domain-separated sha256 of exactly those bytes, never the file's sha256
     assert header_hash(header) == hashlib.sha256(b"dlx-checkpoint-header-hash/v1" + header).digest()
     assert HEADER_HASH_TAG == b"dlx-checkpoint-header-hash/v1"
-    assert record_hash(data, True) == file_record_hash(tmp_path / "whole.safetensors", True) == header_hash(header)
+    assert record_hash(data, True) == header_hash(header)
+    assert file_record_hash(tmp_path / "whole.safetensors", True) == header_hash(header)
     assert record_hash(data, False) == hashlib.sha256(data).digest() != header_hash(header)
     assert names_record(data, header_hash(header)) and names_record(data, hashlib.sha256(data).digest())
     assert not names_record(data[:20], header_hash(header))
@@ -88,7 +90,7 @@ def test_a_header_that_lies_about_a_leaf_metadata_or_layout_is_refused():
     # served in the record's place: its hash is not the record's
     with pytest.raises(StateError, match="not the record's checkpointHash"):
         verified_header(bytes_range(lying(leaves=other_leaf)), layout, ROUND, root, record)
-    # signed as it is (a quorum that lies): its leaves do not give the weights root, its metadata not the run's
+    # signed as it is (a lying quorum): its leaves do not give the weights root, its metadata not the run's
     bad_leaf = lying(leaves=other_leaf)
     with pytest.raises(StateError, match="weights root"):
         verified_header(bytes_range(bad_leaf), layout, ROUND, root, header_hash(bad_leaf))
@@ -110,7 +112,8 @@ def test_a_header_that_lies_about_a_leaf_metadata_or_layout_is_refused():
 
 def test_node_directories_assemble_it_and_a_damaged_shard_fails_its_leaf_not_the_hash(tmp_path):
     """Assembled from node directories with no run document (an auditor's, a seeder's): the header's hash
-    is the record's; a damaged shard's tensors are then caught by their stage leaf, as pull and audit check."""
+    is the record's; a damaged shard's tensors are then caught by their stage leaf, as pull and audit
+    check."""
     layout = _hashed()
     states = _states()
     ckpt, root = _full(states, layout)
@@ -135,8 +138,8 @@ def test_node_directories_assemble_it_and_a_damaged_shard_fails_its_leaf_not_the
     assert assemble_in_dirs([d for d, _ in dirs], ROUND, record, damaged)
     assert record_hash(damaged.read_bytes(), True) == record  # the header is the record's...
     problems = checkpoint_problems(parse_checkpoint(damaged.read_bytes()), layout, ROUND, root)
-    assert any("stage 1 weights or momentum are not the chunks its stage leaf commits" in p for p in problems) \
-        or any("stage hashes" in p for p in problems), problems  # ...its stage 1 is not its leaf's
+    # ...its stage 1 is not its leaf's
+    assert any("not the chunks its stage leaf" in p or "stage hashes" in p for p in problems), problems
     # and split_stages (a joiner, pull) refuses the damaged shard outright
     with pytest.raises(StateError, match="no shard of stage 1 verified"):
         split_stages([bytes_range(header)], lambda s: [lambda o, n, p=shard: p.read_bytes()[o:o + n]],
@@ -247,3 +250,25 @@ def test_committers_sign_the_header_hash_without_fetching_another_stage_and_a_pu
     finally:
         for host in hosts:
             host.close()
+
+
+@pytest.mark.parametrize("overrides, rule", [
+    ([], "file"),  # the default preset: the demo's kind of run, its document and records unchanged
+    (["model.preset=mini"], "file"),
+    (["model.preset=llama-124m"], "header"),  # chunked and 1.0 GB: kept split by default, header-hashed
+    (["model.preset=llama-124m", "diloco.commitments=hashed"], "file"),  # its momentum in no record
+    (["model.preset=llama-124m", "diloco.checkpoint_hash=file"], "file"),
+    (["model.preset=mini", "diloco.checkpoint_hash=header"], "header"),
+])
+def test_the_rule_is_the_run_documents_and_auto_hashes_the_header_where_kept_split(overrides, rule):
+    from node.config import load_config
+    from node.runconfig import config_hash, node_config_from_run, run_document
+    from node.store.checkpoint import RunLayout
+
+    document = run_document(load_config(None, overrides))
+    # named only when "header": every file-hashed document (and its configHash) is what it was
+    assert document["diloco"].get("checkpoint_hash") == (rule if rule == "header" else None)
+    again = node_config_from_run(document)  # as a joiner or an auditor reads it
+    assert again.diloco.checkpoint_hash == rule
+    assert config_hash(run_document(again)) == config_hash(document)
+    assert RunLayout.of_document(1, config_hash(document), document).header_hashed == (rule == "header")

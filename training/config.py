@@ -164,11 +164,12 @@ class DilocoConfig:
     # "chunked" run stays chunked, a document without it stays hashed.
     commitments: str = AUTO
     # What a record's checkpointHash commits (CHECKPOINT_HASHES; docs/PROTOCOL.md, "Archive and retention"):
-    # "file", the sha256 of the whole checkpoint file; "header" (a chunked run's), a hash of the file's header
-    # alone, whose metadata holds every stage leaf (and the leaves every tensor's chunks), so a committer signs
-    # with its own stages checked, never downloading the others'. "auto" is resolved with the model's size
-    # (node.config): "header" where the run is chunked and its checkpoint 512 MiB or more (where its nodes keep
-    # it split by default), else "file". In the run document only when "header" (every other run's hash stays).
+    # "file", the sha256 of the whole checkpoint file; "header" (a chunked run's), a hash of the file's
+    # header alone, whose metadata holds every stage leaf (and the leaves every tensor's chunks), so a
+    # committer signs with its own stages checked, never downloading the others'. "auto" is resolved with the
+    # model's size (node.runconfig.checkpoint_hash_rule): "header" where the run is chunked and its checkpoint
+    # 512 MiB or more (where its nodes keep it split by default), else "file". In the run document only when
+    # "header" (every other run's document and hash stay what they were).
     checkpoint_hash: str = AUTO
 
     def __post_init__(self) -> None:

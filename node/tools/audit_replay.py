@@ -409,7 +409,8 @@ def check_checkpoint(
     if problems:
         add(FAIL, "; ".join(problems))
         return None
-    basis = ("header hash, every stage's chunks against its leaf" if layout.header_hashed else "content hash") \
+    basis = ("header hash, every stage's chunks against its leaf" if layout.header_hashed else
+             "content hash") \
         + ", the run document's config and stages, weights root" + (
         ", replayed state" if replayer is not None and replayer.weights is not None else ""
     )

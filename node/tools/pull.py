@@ -1,24 +1,24 @@
 """``dlx-node pull``: fetch a published checkpoint, verify it against the chain, write a transformers dir.
 
 A checkpoint is published only inside an attested round record (its ``checkpointHash``: the sha256 of the
-file, or in a header-hashed run the hash of the file's header, node/store/checkpoint_hash.py). ``pull`` first judges the round on the chain alone (:func:`node.tools.standing.round_standing`,
-re-exported
-here): its commit links into the
-run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
-within the run's ``maxRounds``, and no member disputed it or any round before it (a checkpoint descends from
-every earlier round), unless a replay of the disputed round from ``--archive`` reproduces its committed
-record (:func:`cleared_disputes`; the output says which). By default it takes the latest checkpoint whose
-round passes; ``--round`` asks for one round, refused with the failed check's error
+file, or in a header-hashed run the hash of the file's header, node/store/checkpoint_hash.py). ``pull``
+first judges the round on the chain alone (:func:`node.tools.standing.round_standing`, re-exported here):
+its commit links into the run's hash chain, its record was attested by ``quorum`` distinct members in force
+at the commit, it lies within the run's ``maxRounds``, and no member disputed it or any round before it (a
+checkpoint descends from every earlier round), unless a replay of the disputed round from ``--archive``
+reproduces its committed record (:func:`cleared_disputes`; the output says which). By default it takes the
+latest checkpoint whose round passes; ``--round`` asks for one round, refused with the failed check's error
 (:class:`node.errors.RoundNotTrusted` and its subclasses) if it does not pass.
 
 Then it takes the bytes from a local directory (``--archive``) or downloads them over libp2p from every
 provider it finds (the ``--bootstrap`` peers and the DHT; :meth:`p2p.host.P2PHost.fetch_blob` fetches ranges
 from several providers at once), and accepts them only if they hash to the record's ``checkpointHash`` (a
 header-hashed run's: assembled from its stages' holders, the header's hash, every stage's tensors then
-checked against the header's leaves), agree with the run document, fetched by the chain's ``configHash`` from the archives or the peers (every
-metadata field, the model config included, and the tensors are exactly the run's stages), and their weights
-hash to the record's ``weightsRoot`` (:class:`node.errors.CheckpointInconsistent` otherwise; by default the
-next older trusted checkpoint is then tried). Without the run document nothing is installed
+checked against the header's leaves), agree with the run document, fetched by the chain's ``configHash``
+from the archives or the peers (every metadata field, the model config included, and the tensors are
+exactly the run's stages), and their weights hash to the record's ``weightsRoot``
+(:class:`node.errors.CheckpointInconsistent` otherwise; by default the next older trusted checkpoint is then
+tried). Without the run document nothing is installed
 (:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's.
 Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message names the
 check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a Hugging Face
@@ -68,7 +68,7 @@ class PullResult:
     out_dir: Path
     run_id: int
     round: int
-    content_hash: str  # the record's checkpointHash (docs/PROTOCOL.md: the file's sha256, or its header's hash)
+    content_hash: str  # the record's checkpointHash (the file's sha256, or its header's: docs/PROTOCOL.md)
     source: str
     size: int
     block_size: int  # the model's context length (generation must fit in it)

@@ -110,7 +110,8 @@ class CheckpointBuilder:
             logger.warning("round %d: %d agreed stage leaves for %d stages; no checkpoint", outer_round,
                            len(stage_leaves), layout.num_stages)
             return None
-        meta = metadata_only(layout, outer_round, dict(enumerate(stage_hashes)), dict(enumerate(stage_leaves)))
+        meta = metadata_only(layout, outer_round, dict(enumerate(stage_hashes)),
+                             dict(enumerate(stage_leaves)))
         held = {s for s in range(layout.num_stages)
                 if node.peer_id in node.membership.holders(s) or self._own_hash(outer_round, s) is not None}
         for stage in sorted(held):
@@ -365,7 +366,8 @@ class CheckpointBuilder:
         if node.layout.chunked:  # its holders may keep it split (storage.checkpoints = "stages")
             split = ("nor assembled from its stages' holders",
                      lambda: self._fetch_split(outer_round, content_hash, weights_root))
-            ways = [split, *ways] if keeps_split(node.cfg.storage.checkpoints, node.layout) else [*ways, split]
+            first = keeps_split(node.cfg.storage.checkpoints, node.layout)
+            ways = [split, *ways] if first else [*ways, split]
         errors = []
         for what, fetch in ways:
             try:

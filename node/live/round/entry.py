@@ -236,7 +236,8 @@ class RunEntry:
         path = self.checkpoint_dir / f"round-{candidate.round:08d}.safetensors"
         providers = self.membership.live_providers()
         kept_split = split_path(self.checkpoint_dir, candidate.round).exists()
-        if self.layout.header_hashed or ((providers or kept_split) and not path.exists() and self.layout.chunked):
+        by_stages = (providers or kept_split) and not path.exists() and self.layout.chunked
+        if by_stages or self.layout.header_hashed:  # a header-hashed record names no whole file
             record = self.chain.commit_of(self.run_id, candidate.round)
             if record is None:
                 return None, ["its round is not committed"]
