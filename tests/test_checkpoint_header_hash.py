@@ -247,6 +247,23 @@ def test_committers_sign_the_header_hash_without_fetching_another_stage_and_a_pu
         with pytest.raises(StateError, match="no checkpoint header verified.*not the record's"):
             split_stages(remote(header_key(record)), lambda s: remote(stage_key(record, s)), layout, ROUND,
                          root, [0], b"\x07" * 32)
+
+        # an auditor told of the two holders (an audit LINK's bootstrap peers): the file from their keys
+        from node.tools.evidence import PeerFetcher, PeerSource
+
+        source = PeerSource(PeerFetcher(client, tmp_path / "auditor", holders), 1)
+        (tmp_path / "auditor").mkdir()
+        assert source.checkpoint(ROUND, record.hex()) == dest.read_bytes()
+
+        # a member of stage 1 that built none checks the committed one: the header and its own stage, by
+        # range under their keys, never a whole file; a committed hash of another header does not verify
+        checker, counted, _sh = _committer(tmp_path, "checker", client, layout, 1, states, holders)
+        assert checker.committed_problems(ROUND, record, root) == []
+        assert {kind for kind, _key in counted.requests} == {"range"}
+        assert {key for _kind, key in counted.requests} == {header_key(record), stage_key(record, 1)}
+        assert counted.bytes == len(header) + shard1.stat().st_size
+        [wrong] = checker.committed_problems(ROUND, b"\x07" * 32, root)
+        assert "not fetched from its stages' holders: no checkpoint header verified" in wrong  # not served
     finally:
         for host in hosts:
             host.close()

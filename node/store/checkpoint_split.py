@@ -18,7 +18,10 @@ seeder, a joiner's own stages) reads the header and each stage's shard from thei
 header's metadata against the run and its stage leaves against the record's weights root, checks every
 stage's tensors against its leaf, writes the file with the same streaming writer and compares its sha256
 with the record's (:func:`assemble_checkpoint`). A hashed run's momentum is in no record, so a hashed run
-keeps whole files. Every byte read here is an adversary's until checked (StateError naming it).
+keeps whole files. In a header-hashed run (node/store/checkpoint_hash.py) the record's hash is the header's:
+nobody hashes the whole file to sign, a header is checked against it and against the run document byte for
+byte (:func:`verified_header`), and every stage against its leaf. Every byte read here is an adversary's
+until checked (StateError naming it).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from node.errors import StateError
-from node.store.checkpoint import Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint import MAX_JSON_DEPTH, Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
 from node.store.checkpoint_hash import checkpoint_header, file_record_hash, header_hash
 from node.store.checkpoint_stage import (MAX_HEADER_BYTES, FetchRange, check_stage, checked_header,
                                          raw_header, read_header, stage_tensors)
@@ -275,6 +278,40 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
                        f"no shard holds {exc}" if isinstance(exc, KeyError) else exc)
         staged.unlink(missing_ok=True)
         return False
+
+
+def assemble_from_blobs(headers: Iterable[bytes], shards: Callable[[int], Iterable[bytes]],
+                        content_hash: bytes, workdir: Path) -> bytes | None:
+    """The whole checkpoint ``content_hash`` from headers and stage shards offered as bytes (what peers serve
+    under its keys: an auditor's link), by :func:`assemble_from_files`: the first header that names its
+    stages (its metadata's stage leaves), every offered shard of each of them. None if they do not make the
+    record's file. ``workdir`` holds the parts meanwhile (emptied after)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="keyed-", dir=workdir))
+    try:
+        head, stages = folder / "header", None
+        for data in headers:
+            try:
+                parsed, _start = read_header(bytes_range(data))
+                meta = loads_bounded(parsed["__metadata__"]["dlx"], MAX_JSON_DEPTH)
+                stages = sorted(int(s) for s in meta["stage_leaves"])
+            except (StateError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+            head.write_bytes(data)
+            break
+        if stages is None:
+            return None
+        parts = []
+        for stage in stages:
+            for index, data in enumerate(shards(stage)):
+                parts.append(folder / f"stage{stage}-{index}.safetensors")
+                parts[-1].write_bytes(data)
+        dest = folder / "assembled.safetensors"
+        return dest.read_bytes() if assemble_from_files(head, parts, content_hash, dest) else None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def assemble_in_dirs(dirs: Iterable[Path], round_index: int, content_hash: bytes, dest: Path) -> bool:

@@ -9,6 +9,11 @@ momentum is dropped, not a lost checkpoint); in a hashed run, where the momentum
 only when every verified shard agrees on it. The metadata comes from the run document, never from a
 peer's shard. A round whose committed checkpoint this node did not build is fetched and checked
 against the run and the record instead (:meth:`CheckpointBuilder.committed_problems`).
+
+In a header-hashed run (``diloco.checkpoint_hash = "header"``, node/store/checkpoint_hash.py) the record names
+the hash of the checkpoint's header, which every node builds from the run document and the agreed stage
+hashes and leaves: a node verifies only the stages it holds, by the same rule, and fetches no other stage's
+shard (:meth:`CheckpointBuilder._header_hashed`).
 """
 
 from __future__ import annotations

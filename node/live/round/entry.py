@@ -261,8 +261,9 @@ class RunEntry:
                 return self._split_stages(candidate, weights_root, providers)
             except StateError as exc:
                 refused.append(f"split: {exc}")
-            if self.layout.header_hashed:
-                raise StateError(" | ".join(refused)[:2000])
+            if self.layout.header_hashed:  # no live peer and no split of its own: the network's fault
+                kept = split_path(self.checkpoint_dir, candidate.round).exists()
+                raise (StateError if providers or kept else BlobError)(" | ".join(refused)[:2000])
         with host_progress(self.host, f"stages {list(self.worker.stages)} of round {candidate.round}'s "
                                       "checkpoint"):
             for peer in providers:
