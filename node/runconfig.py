@@ -165,7 +165,7 @@ def checkpoint_hash_rule(cfg: NodeConfig) -> str:
         return rule
     if not cfg.commitment_scheme.chunked:
         return "file"
-    from node.store.checkpoint_split import SPLIT_ABOVE_BYTES, tensor_bytes
+    from node.store.checkpoint_size import SPLIT_ABOVE_BYTES, tensor_bytes
     from training.stages import split_stages, stage_param_shapes
 
     shapes = [stage_param_shapes(cfg.model, spec)

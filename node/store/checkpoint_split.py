@@ -34,6 +34,7 @@ from pathlib import Path
 
 from node.errors import StateError
 from node.store.checkpoint import MAX_JSON_DEPTH, Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint_size import SPLIT_ABOVE_BYTES, tensor_bytes
 from node.store.checkpoint_hash import checkpoint_header, file_record_hash, header_hash
 from node.store.checkpoint_stage import (MAX_HEADER_BYTES, FetchRange, check_stage, checked_header,
                                          raw_header, read_header, stage_tensors)
@@ -43,24 +44,11 @@ from training.jsonbound import loads_bounded
 logger = logging.getLogger(__name__)
 
 SPLIT_FORMAT = 1
-#: ``storage.checkpoints = "auto"`` keeps a chunked run's checkpoint split from this size of the whole file
-#: on (weights and outer momentum, float32): below it every node keeping the whole file costs little and
-#: lets any one node serve it; above it (llama-124m's is 1.0 GB, the 107B layout's 856 GB) the whole file on
-#: every node is S times the node's stage on disk.
-SPLIT_ABOVE_BYTES = 512 << 20
 
 
 def checkpoint_bytes(layout: RunLayout) -> int:
     """The tensor bytes of the run's whole checkpoint: every stage's weights and outer momentum, float32."""
     return tensor_bytes(layout.stage_shapes, layout.outer_moments)
-
-
-def tensor_bytes(stage_shapes: Iterable[Mapping[str, tuple[int, ...]]], outer_moments: int) -> int:
-    """The tensor bytes of a checkpoint of stages of ``stage_shapes``: weights and outer state, float32."""
-    import math
-
-    params = sum(math.prod(shape) for shapes in stage_shapes for shape in shapes.values())
-    return 4 * params * (1 + outer_moments)
 
 
 def keeps_split(setting: str, layout: RunLayout) -> bool:
