@@ -119,12 +119,7 @@ def test_node_directories_assemble_it_and_a_damaged_shard_fails_its_leaf_not_the
     ckpt, root = _full(states, layout)
     _digest, header = checkpoint_digest(ckpt)
     record = header_hash(header)
-    dirs = []
-    for stage in range(len(SHAPES)):
-        directory = tmp_path / f"n{stage}"
-        path, shard_hash = _shard(directory, stage, states)
-        write_split(directory / "checkpoints", ROUND, record, header, {stage: shard_hash.hex()})
-        dirs.append((directory, path))
+    dirs = _split_dirs(tmp_path, states, record, header)
     dest = tmp_path / "assembled.safetensors"
     assert assemble_in_dirs([d for d, _ in dirs], ROUND, record, dest)
     write_checkpoint(tmp_path / "whole.safetensors", ckpt)
@@ -144,6 +139,42 @@ def test_node_directories_assemble_it_and_a_damaged_shard_fails_its_leaf_not_the
     with pytest.raises(StateError, match="no shard of stage 1 verified"):
         split_stages([bytes_range(header)], lambda s: [lambda o, n, p=shard: p.read_bytes()[o:o + n]],
                      layout, ROUND, root, [1], record)
+
+
+def _split_dirs(tmp_path, states: dict, record: bytes, header: bytes) -> list:
+    """(node directory, its shard) of one node a stage, each keeping the header-hashed checkpoint split."""
+    dirs = []
+    for stage in range(len(SHAPES)):
+        directory = tmp_path / f"n{stage}"
+        path, shard_hash = _shard(directory, stage, states)
+        write_split(directory / "checkpoints", ROUND, record, header, {stage: shard_hash.hex()})
+        dirs.append((directory, path))
+    return dirs
+
+
+def test_a_seeder_serves_its_parts_under_the_keys_and_an_auditor_assembles_it(tmp_path):
+    """A header-hashed record names no whole file: the seeder serves the nodes' header and every stage's
+    shard under the record's keys (node/commands/seeder.py), and an auditor's link to it gets the file."""
+    from node.commands.seeder import ArchiveSeeder
+    from node.tools.evidence import PeerFetcher, PeerSource
+
+    layout = _hashed()
+    ckpt, _root = _full(_states(), layout)
+    _digest, header = checkpoint_digest(ckpt)
+    record = header_hash(header)
+    dirs = _split_dirs(tmp_path, _states(), record, header)
+    write_checkpoint(tmp_path / "whole.safetensors", ckpt)
+    seeder = ArchiveSeeder.start([d for d, _ in dirs], 1)
+    try:
+        assert record.hex() not in seeder.served  # no file is served under the header's hash
+        fetcher = PeerFetcher.start([seeder.multiaddr])
+        try:
+            got = PeerSource(fetcher, 1).checkpoint(ROUND, record.hex())
+        finally:
+            fetcher.close()
+    finally:
+        seeder.close()
+    assert got == (tmp_path / "whole.safetensors").read_bytes()
 
 
 def test_a_header_hashed_run_keeps_its_checkpoints_split_whatever_the_setting():

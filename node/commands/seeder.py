@@ -205,8 +205,10 @@ class ArchiveSeeder:
             for root_hex, data in lists.items():
                 host.provide_alias(root_hex, host.provide_blob(data, announce=False))
             for digest, head, shards in split_parts(node_dirs):  # each part checked by whoever reads it
-                header_sha = host.provide_file(head, _sha256(head))
-                stages = {stage: host.provide_file(path, _sha256(path)) for stage, path in shards.items()}
+                # stored (hard-linked where the file system allows) so that its keys can alias it
+                header_sha = host.provide_blob(head, announce=False, link=True)
+                stages = {stage: host.provide_blob(path, announce=False, link=True)
+                          for stage, path in shards.items()}
                 alias_split(host, digest, header_sha, stages)
             for directory in datasets:
                 serve_dataset(host, directory)
