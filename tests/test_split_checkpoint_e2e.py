@@ -108,7 +108,8 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
     def this_life(slot) -> str:
         return slot.log_path.read_text(errors="replace")
 
-    wait_for(lambda: all(KEPT_SPLIT in this_life(s) for s in pair), 300,
+    restored = "from the chain-verified checkpoint of round"  # logged a moment after KEPT_SPLIT
+    wait_for(lambda: all(KEPT_SPLIT in this_life(s) and restored in this_life(s) for s in pair), 300,
              "replica 0's nodes entered from their own kept splits", run)
     for slot in pair:
         entered = int(re.search(r"round (\d+)'s checkpoint: stages \[\d+\] " + re.escape(KEPT_SPLIT),
