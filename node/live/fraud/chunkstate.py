@@ -53,7 +53,7 @@ from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage
 from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
 from p2p.host import P2PHost
-from training.chunks import cut_payload, tensor_leaves
+from training.chunks import CutPayload, cut_payload, tensor_leaves
 from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class ChunkedStates:
             norms = self._published_norms.get(outer_round, {}).get(state.stage)
             blobs = self._payloads.get(outer_round, {}).get(state.stage)
         published = digest if digest is not None and self._holds_leaves(outer_round, digest, state) else None
-        payloads = self._payload_blobs(state, blobs) if blobs is not None else None
+        payloads = self._payload_blobs(state, blobs)
         norms = norms if norms is not None and state.sum_trees and self._holds_trees(norms, state) else None
         if published is None and payloads is None and norms is None:
             return state
@@ -310,11 +310,13 @@ class ChunkedStates:
         shapes = getattr(self.layout, "stage_shapes", None)
         return dict(shapes[stage]) if shapes is not None and stage < len(shapes) else None
 
-    def _payload_blobs(self, state: StageState, blobs: Sequence[bytes]) -> list[bytes] | None:
+    def _payload_blobs(self, state: StageState, blobs: Sequence[bytes] | None) -> list[bytes] | None:
         """The codec blobs of ``state``'s payload pieces in the factors' order, each cut back to its pieces
         exactly; None if one is not among ``blobs`` (the state's pieces are spilled as they are then)."""
+        if state.payload_leaves and all(isinstance(p, CutPayload) for p in state.payload_leaves):
+            return [pieces.blob for pieces in state.payload_leaves]  # cut from these blobs when read
         shapes = self._shapes(state.stage)
-        if shapes is None:
+        if shapes is None or blobs is None:
             return None
         cut = {}
         for blob in blobs:
@@ -340,7 +342,7 @@ class ChunkedStates:
                 weights, momentum = self._published_leaves(thin.published)
                 state = dataclasses.replace(state, weight_leaves=weights, momentum_leaves=momentum)
             if thin.payloads is not None:
-                pieces = [cut_payload(blob, thin.shapes) for blob in thin.payloads]
+                pieces = [CutPayload(blob, thin.shapes) for blob in thin.payloads]
                 state = dataclasses.replace(state, payload_leaves=pieces)
             if thin.norms is not None:
                 state = dataclasses.replace(state, sum_trees=self._published_trees(thin.norms, thin.leaf))
@@ -349,7 +351,7 @@ class ChunkedStates:
                            state.stage, exc)
             return None
         cut_wrong = thin.payloads is not None and tuple(
-            tree_root(list(p)) for p in state.payload_leaves) != tuple(state.factors.payload_roots)
+            tree_root(p) for p in state.payload_leaves) != tuple(state.factors.payload_roots)
         if state.leaf() != thin.leaf or cut_wrong:
             logger.warning("round %d stage %d: published state %s is not the spilled state's: not served",
                            outer_round, state.stage, str(thin.published)[:12])
