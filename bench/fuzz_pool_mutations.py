@@ -121,21 +121,8 @@ import contracts
 contracts.ARTIFACT_DIR = Path(sys.argv[1])
 logging.basicConfig(level=logging.CRITICAL)
 from hypothesis import HealthCheck, Phase, settings
-import dataclasses
-from hypothesis.stateful import RULE_MARKER
-from tests.trust_machine import TrustMachine
-# Each copy a rule of its own name: hypothesis' swarm testing turns rules off per example by function name, so
-# copies of one function (tests/trust_machine._weigh) all go off together and weigh nothing in that example.
-for name, weight in json.loads(sys.argv[4]).items():
-    rule = getattr(getattr(TrustMachine, name), RULE_MARKER)
-    for copy in range(2, weight + 1):
-        def alias(*args, _function=rule.function, **kwargs):
-            return _function(*args, **kwargs)
-        alias.__name__ = alias.__qualname__ = f"{name}_x{copy}"
-        def holder(self):
-            pass
-        setattr(holder, RULE_MARKER, dataclasses.replace(rule, function=alias))
-        setattr(TrustMachine, f"{name}_x{copy}", holder)
+from tests.trust_machine import TrustMachine, _weigh
+_weigh(TrustMachine, json.loads(sys.argv[4]))
 TrustMachine.TestCase.settings = settings(
     max_examples=int(sys.argv[2]), stateful_step_count=int(sys.argv[3]), deadline=None,
     suppress_health_check=list(HealthCheck), derandomize=True, database=None,
