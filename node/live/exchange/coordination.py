@@ -383,6 +383,11 @@ class RoundCoordinator(CloseJudging, TakingOver):
                 continue
             if peer in alive and peer not in bad_senders and self.expects(peer, outer_round, stage):
                 expected.add(peer)
+        # A replica's stage is closed only with its partner stages (a split cluster's): never a part of a
+        # replica whose other stages will not come (no rerun could check it), and not before they came.
+        waiting, orphaned = self.partial_replicas(outer_round, stage, ready, alive)
+        expected -= orphaned
+        ready = {p: a for p, a in ready.items() if p not in waiting and p not in orphaned}
         replicas = {a.replica for a in ready.values()}
         if not ready or not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):
             return None  # never an empty close: a round without contributions waits for them
@@ -391,6 +396,41 @@ class RoundCoordinator(CloseJudging, TakingOver):
         close = msg.Close(entries, close_steps(entries, have, self.steps_range))
         late = {placements[p].replica for p in expected - set(ready)}
         if log:
-            logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
-                        f" (missing {sorted(late)})" if late else "")
+            logger.info("round %d stage %d closed with replicas %s%s%s", outer_round, stage, sorted(replicas),
+                        f" (missing {sorted(late)})" if late else "",
+                        f" (replica(s) {sorted(placements[p].replica for p in orphaned)} left out: their "
+                        "other stages' contributions will not come)" if orphaned else "")
         return close
+
+    def partial_replicas(self, outer_round: int, stage: int, ready: dict, alive: set[str]) -> tuple[set, set]:
+        """(waiting, orphaned): the peers of ``ready`` (peer -> its announce of (round, stage)) whose replica
+        has not announced its contribution of every other stage of the round: ``waiting`` while a holder of
+        such a stage is still waited for (:meth:`expects`; this node itself if it contributed), else
+        ``orphaned`` (its holders gone or no longer waited for: a split cluster's partner died between the
+        two stages' publishes).
+
+        docs/PROTOCOL.md, "A split cluster that loses a node": a replica is rerun whole (every stage's start
+        state and claim), so a stage aggregated without its partner's contribution could be checked by no
+        spot check and no audit (issue 75: a partner killed after the pipeline's eval and before its
+        publish left round 4 of replica 0 with stage 0 only). A replica's stage waits for its partners'
+        announces like any expected contribution; at the deadline, or once the partner is gone, the
+        replica is left out of the close (its signer keeps the envelope, ``left_out_own``)."""
+        others = [s for s in range(self.membership.num_stages) if s != stage]
+        if not others:
+            return set(), set()
+        announced = {s: {a.replica for a in self.book.snapshot_announces(outer_round, s).values()}
+                     for s in others}
+        placements = self.membership.placements
+        waiting, orphaned = set(), set()
+        for peer, announce in ready.items():
+            missing = [s for s in others if announce.replica not in announced[s]]
+            if not missing:
+                continue
+            holders = [(p, s) for p, pl in placements.items() for s in missing
+                       if pl.replica == announce.replica and s in pl.stages]
+            if any(self.contributed(outer_round) if p == self.peer_id else
+                   p in alive and self.expects(p, outer_round, s) for p, s in holders):
+                waiting.add(peer)
+            else:
+                orphaned.add(peer)
+        return waiting, orphaned
