@@ -44,8 +44,8 @@ def announce(book, outer_round, replica, peer):
     """``peer``'s announces of its replica's contribution to ``outer_round``: of both stages it holds (a close
     of stage 0 takes a replica only with its stage-1 contribution: RoundCoordinator.partial_replicas)."""
     for stage in (0, 1):
-        book.add_announce(outer_round, stage, Announced(peer, replica, digest(peer if stage == 0 else f"{peer}/1"),
-                                                        100))
+        envelope = digest(peer if stage == 0 else f"{peer}/1")
+        book.add_announce(outer_round, stage, Announced(peer, replica, envelope, 100))
 
 
 def closed_replicas(coordinator, outer_round: int) -> list[int] | None:

@@ -3,14 +3,15 @@
 tests/test_split_reentry_e2e.py failed about one run in three: the stage-1 node of replica 0 was killed
 (SIGKILL) after the pipeline's held-out eval of round 4 and before it published its contribution, while its
 partner published stage 0's. The stage-0 close of round 4 took replica 0 at once (every expected replica
-of stage 0 was there), the stage-1 close did not (its contribution never came), and the record held replica 0
-with stage 0 only: a replica is rerun whole (every stage's start state and claim), so neither a spot check
-("replica 0's contributions of every stage are not in the round as recorded here") nor the audit ("re-execution
-of round 4 replica 0: unverifiable (its contributions are not in the archives)") could check that stage-0
-contribution, and a cluster could so escape every check by sending one stage only.
+of stage 0 was there), the stage-1 close did not (its contribution never came), and the record held
+replica 0 with stage 0 only: a replica is rerun whole (every stage's start state and claim), so neither a
+spot check ("replica 0's contributions of every stage are not in the round as recorded here") nor the audit
+("re-execution of round 4 replica 0: unverifiable (its contributions are not in the archives)") could check
+that stage-0 contribution, and a cluster could so escape every check by sending one stage only.
 
-Real RoundBook, Membership and RoundCoordinator, as tests/test_node_rooms.py's rooms, with two split clusters
-of two nodes each: peer-a (this node, stage 0) and peer-d (stage 1) are replica 0, peer-b and peer-c replica 1.
+Real RoundBook, Membership and RoundCoordinator, as tests/test_node_rooms.py's rooms, with two split
+clusters of two nodes each: peer-a (this node, stage 0) and peer-d (stage 1) are replica 0, peer-b and
+peer-c the other (replica index 2: its first seat's).
 """
 
 from __future__ import annotations
