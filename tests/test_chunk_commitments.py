@@ -123,13 +123,18 @@ def test_payload_pieces_and_their_root_are_pinned(what):
     assert _pinned_digest(payload_leaves(blob, PINNED_SHAPES)) == PINNED[what]
 
 
+@pytest.mark.parametrize("block", [None, 128])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed):
-    """node.fraudproof.chunk_square_sums (numpy, a tensor at a time) gives ledger.normproof.square_sum's exact
-    integers for every chunk: values of every exponent, subnormals, signed zeros, the largest finite, short
-    last chunks, tensors in name order; a non-finite value is refused as square_sum refuses it."""
+def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed, block, monkeypatch):
+    """node.fraudproof.chunk_square_sums (numpy, a block of chunks at a time) gives
+    ledger.normproof.square_sum's exact integers for every chunk: values of every exponent, subnormals,
+    signed zeros, the largest finite, short last chunks, tensors in name order, each tensor in one block or
+    (block = 128 elements) in many; a non-finite value is refused as square_sum refuses it."""
     from ledger.normproof import square_sum
     from node.fraudproof import chunk_square_sums
+
+    if block is not None:
+        monkeypatch.setattr("node.fraudproof._BLOCK_ELEMENTS", block)
 
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)

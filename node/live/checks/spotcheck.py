@@ -137,7 +137,8 @@ def run_job(directory: Path) -> dict:
     """Child side: rerun the job in ``directory`` and return the result document."""
     from node.config import config_from_dict
     from training.data import corpus_from_config
-    from training.reexec import ContributionClaim, verify_contribution
+    from training.reexec import ContributionClaim
+    from training.replica_state import mapped_state_files
 
     doc = json.loads((directory / JOB_FILE).read_text())
     cfg = config_from_dict(doc["config"])
@@ -151,8 +152,21 @@ def run_job(directory: Path) -> dict:
     claims = [ContributionClaim(int(stage), bytes.fromhex(state), bytes.fromhex(data), read(payload),
                                 bytes.fromhex(applied))
               for stage, state, data, payload, applied in doc["claims"]]
-    check = verify_contribution(
-        [read(name) for name in doc["states"]], claims, corpus, cfg.model, cfg.training, cfg.diloco,
+    with mapped_state_files([directory / name for name in doc["states"]]) as states:
+        check = _verify_job(doc, cfg, corpus, claims, states, read)
+    return {"verdict": check.verdict, "reason": check.reason,
+            "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
+            "next_state_hashes": None if check.next_state_hashes is None
+                else [h.hex() for h in check.next_state_hashes],
+            "failed_stages": list(check.failed_stages)}
+
+
+def _verify_job(doc: dict, cfg, corpus, claims, states, read):
+    """:func:`training.reexec.verify_contribution` of the job ``doc`` on the mapped ``states``."""
+    from training.reexec import verify_contribution
+
+    return verify_contribution(
+        states, claims, corpus, cfg.model, cfg.training, cfg.diloco,
         cfg.compression, outer_round=int(doc["round"]), replica=int(doc["replica"]), run_rounds=cfg.rounds,
         previous_contributions={int(s): [read(n) for n in names] for s, names in doc["previous"].items()}
         or None,
@@ -166,11 +180,6 @@ def run_job(directory: Path) -> dict:
         # a cluster's claim of N <= this node's processes reruns on N ranks (training/cluster_rerun.py)
         processes=cfg.compute.processes,
     )
-    return {"verdict": check.verdict, "reason": check.reason,
-            "distances": {str(s): d for s, d in check.distances.items()}, "seconds": check.reexec_seconds,
-            "next_state_hashes": None if check.next_state_hashes is None
-                else [h.hex() for h in check.next_state_hashes],
-            "failed_stages": list(check.failed_stages)}
 
 
 def parse_result(data: bytes) -> SpotCheckResult:
