@@ -16,7 +16,7 @@ peer-c the other (replica index 2: its first seat's).
 
 from __future__ import annotations
 
-from test_join_close import HeldPool
+from test_join_close import HeldPool, contribute
 from test_node_rooms import digest, key_of
 
 from node import protocol as msg
@@ -91,3 +91,27 @@ def test_a_replica_that_has_only_a_partial_contribution_never_closes_a_round_alo
     book, pool, coordinator = split_rooms()
     publish(book, pool, "peer-a", 0, 0)
     assert closed(coordinator, final=True, alive=ALL - {"peer-d", "peer-b", "peer-c"}) is None
+
+
+def test_a_round_a_restarted_node_catches_up_takes_the_run_s_close_not_a_new_one_of_its_own():
+    """The restarted node ranks first among its stage's holders (its cluster joined first), entered at round
+    12 and catches up round 4, which the run closed while it was away with replica 1 only: its own round-4
+    contribution, which it announces again (RestartRecovery.reannounce), had not reached anyone. Before, it
+    closed round 4 anew at once, with its own contribution in it: its weights left the committed record."""
+    from types import SimpleNamespace
+
+    from test_node_rooms import PEERS, entry, rooms
+
+    book, membership, pool, coordinator = rooms()
+    membership.set_connected(PEERS)
+    coordinator.contributions = pool = HeldPool()
+    coordinator.station = SimpleNamespace(first_round=12, catching_up=lambda r: 0 <= r < 12)
+    assert coordinator.rotation(ROUND, 0)[0] == "peer-a"
+    for replica, peer in enumerate(PEERS):
+        contribute(book, pool, ROUND, replica, peer)  # both stages announced, stage 0's fetched
+    own = coordinator.ready_close(ROUND, 0, final=False, alive=set(PEERS), log=False)
+    assert sorted(e[0] for e in own.contributions) == [0, 1, 2]  # what it would sign at once (did, before)
+    runs_close = msg.Close([entry(1, "peer-b"), entry(2, "peer-c")])
+    book.add_close(ROUND, 0, "peer-b", runs_close, b"envelope")
+    assert coordinator.await_close(ROUND, 0) == runs_close
+    assert "peer-a" not in book.snapshot_closes(ROUND, 0)  # it signed no close of its own

@@ -19,6 +19,15 @@ its fetches make progress, and refused only after :meth:`RoundCoordinator.stall_
 seconds without any (a slow or CPU-starved machine makes a round slower, not
 its set different); the named contributions are fetched from their senders
 and from the close's coordinator, which held every one of them when it closed.
+
+A round a restarted node catches up (one before the first it contributes to:
+:meth:`Station.catching_up <node.live.state.station.Station.catching_up>`) was
+closed by the run while it was away: it takes the close the others took as soon
+as that is here, whoever signed it, and closes the round itself only at its
+deadline, if none came. Before, a restarted node that ranked first among the
+stage's holders closed such rounds anew at once, with what it held then (its
+own re-announced contribution too, which the run's close may have left out):
+its weights then left the committed record (issue 75).
 """
 
 from __future__ import annotations
@@ -247,12 +256,16 @@ class RoundCoordinator(CloseJudging, TakingOver):
             # once. Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
             ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
+            # A round this node catches up (it entered after it) was closed by the run without it: the
+            # close it took is used as soon as it is here, whoever signed it (module docstring).
+            catching_up = self.station is not None and self.station.catching_up(outer_round)
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
                 # A lower-ranked coordinator's close counts from deadline + rank x fallback (when it
                 # may close), or at once if every coordinator ranked above it is gone or refused.
-                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1]:
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1] \
+                        or catching_up:
                     if verdicts[coordinator] == PENDING:
                         return None  # its contributions are still on their way
                     if coordinator != self.peer_id and \
@@ -262,6 +275,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
             if outer_round > self.previous_life_finished and self.peer_id in ranked:
                 rank = ranked.index(self.peer_id)
                 if rank == 0:
+                    if catching_up and now < deadline:
+                        return None  # the run's close comes with the peers' messages (resync)
                     close = self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
                     if close is None and now >= deadline and self._asked_by_lower(outer_round, stage, order):
                         self._yield(outer_round, stage)  # the answer to a takeover: this node will not close
