@@ -256,16 +256,14 @@ class RoundCoordinator(CloseJudging, TakingOver):
             # once. Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
             ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
-            # A round this node catches up (it entered after it) was closed by the run without it: the
-            # close it took is used as soon as it is here, whoever signed it (module docstring).
             catching_up = self.station is not None and self.station.catching_up(outer_round)
+            at_once = order if catching_up else ranked[:1]  # catching up: the run's close, whoever signed it
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
                 # A lower-ranked coordinator's close counts from deadline + rank x fallback (when it
                 # may close), or at once if every coordinator ranked above it is gone or refused.
-                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1] \
-                        or catching_up:
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in at_once:
                     if verdicts[coordinator] == PENDING:
                         return None  # its contributions are still on their way
                     if coordinator != self.peer_id and \
