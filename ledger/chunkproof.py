@@ -217,7 +217,10 @@ class StageState:
         # thousands of small objects they left the allocator's arenas at their high-water mark (issue 45).
         object.__setattr__(self, "weight_leaves", PackedBytes(self.weight_leaves))
         object.__setattr__(self, "momentum_leaves", PackedBytes(self.momentum_leaves))
-        object.__setattr__(self, "payload_leaves", [PackedBytes(leaves) for leaves in self.payload_leaves])
+        # a list packed; any other sequence kept as it is (training.chunks.CutPayload: pieces cut from their
+        # codec blob as they are read, a thousand times smaller than the pieces of a low-rank contribution)
+        object.__setattr__(self, "payload_leaves", [PackedBytes(leaves) if isinstance(leaves, (list, tuple))
+                                                    else leaves for leaves in self.payload_leaves])
 
     def leaf(self) -> StageLeaf:
         """The stage leaf of this state (computed once: the leaves are not changed after construction; a

@@ -32,6 +32,12 @@ class LedgerConfig:
     from_block: int = 0  # first block to scan for events (the deployment block; 0 = genesis)
     log_page_blocks: int = 10_000  # blocks per eth_getLogs request (public RPCs cap the range)
     anvil_state_interval: int = 1  # seconds between state dumps of a managed anvil with a state file
+    # the run's step program file (node/stepprogram.py), checked against the chain: what this node answers a
+    # contribution case on its own work with (issue 78); empty: such a case is logged as not answerable
+    step_program: str = ""
+    # open a contribution case where this node's accusation was not convicted (node/live/fraud/opener.py); off
+    # until a claim's end is bound (docs/FRAUD_PROOF.md "An honest node that opens a case itself")
+    open_cases: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -16,6 +16,7 @@ Definition (SHA-256, domain-separated so a leaf can never pass for an inner node
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 
 from ledger.errors import LedgerInputError
 
@@ -34,7 +35,7 @@ def inner_hash(left: bytes, right: bytes) -> bytes:
     return hashlib.sha256(_INNER + left + right).digest()
 
 
-def _levels(leaves: list[bytes]) -> list[list[bytes]]:
+def _levels(leaves: Iterable[bytes]) -> list[list[bytes]]:
     # leaf_hash and inner_hash inlined: a chunked stage's trees have ~10^4-10^6 leaves (issue 43).
     sha256 = hashlib.sha256
     level = [sha256(_LEAF + bytes(leaf)).digest() for leaf in leaves]
@@ -54,23 +55,23 @@ def merkle_levels(leaves: list[bytes]) -> list[list[bytes]]:
     span)."""
     if not leaves:
         raise LedgerInputError("a tree of no leaves has no levels")
-    return _levels(list(leaves))
+    return _levels(leaves)
 
 
-def merkle_root(leaves: list[bytes]) -> bytes:
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
     """The 32-byte root over ``leaves`` in the given order (see the module docstring)."""
     if not leaves:
         return EMPTY_ROOT
-    return _levels(list(leaves))[-1][0]
+    return _levels(leaves)[-1][0]  # read once, in order: a lazy sequence is never held whole
 
 
-def merkle_proof(leaves: list[bytes], index: int) -> list[tuple[bytes, bool]]:
+def merkle_proof(leaves: Sequence[bytes], index: int) -> list[tuple[bytes, bool]]:
     """The proof for ``leaves[index]``: (sibling hash, sibling is on the left) from the bottom up."""
     if not 0 <= index < len(leaves):
         raise LedgerInputError(f"merkle proof index {index}: must be in [0, {len(leaves)})")
     proof = []
     position = index
-    for level in _levels(list(leaves))[:-1]:
+    for level in _levels(leaves)[:-1]:
         sibling = position ^ 1
         if sibling < len(level):  # else: the node was the odd one out and is promoted
             proof.append((level[sibling], sibling < position))

@@ -263,8 +263,8 @@ def sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes,
         raise LedgerInputError(f"chunk {chunk} outside the stage's {len(weight_leaves)} chunks")
     return NormProof(record.fields(), stage, stage_leaves[stage], tree_path(list(stage_leaves), stage),
                      factors, contribution, chunk, weight_leaves[chunk],
-                     tree_path(list(weight_leaves), chunk), payload_leaves[chunk],
-                     tree_path(list(payload_leaves), chunk), tree.leaf(chunk), tree.path(chunk))
+                     tree_path(weight_leaves, chunk), payload_leaves[chunk],
+                     tree_path(payload_leaves, chunk), tree.leaf(chunk), tree.path(chunk))
 
 
 def opened_sum_proof(record, stage_leaves: Sequence[bytes], stage: int, factors: bytes, contribution: int,

@@ -21,7 +21,7 @@ from ledger.chunkproof import tree_path, tree_root
 CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
 PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
-          "Steps")
+          "Steps", "Start")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,21 @@ def opening(leaves: list[bytes], index: int) -> tuple[bytes, list[bytes]]:
 
 
 EMPTY = (b"", [])
+
+
+def output_opening(op: Operation, elem: int) -> tuple:
+    """``openOutput``'s openings of element ``elem`` of ``op``'s output: the element, and for an elementwise
+    op its two inputs (a product's are empty: its partial sums are bisected next)."""
+    if op.kind == MATMUL:
+        return opening(op.out, elem), EMPTY, EMPTY
+    return opening(op.out, elem), opening(op.a, elem % op.a_len), opening(op.b, elem % op.b_len)
+
+
+def sum_step_opening(op: Operation, elem: int, k: int) -> tuple:
+    """``proveStep``'s openings of the product ``op``'s step ``k`` of element ``elem``: ``a[r, k]``,
+    ``b[k, c]``."""
+    row, col = elem // op.cols, elem % op.cols
+    return opening(op.a, row * op.inner + k), opening(op.b, k * op.cols + col)
 
 
 def deploy(w3, bond: int, clock_blocks: int, ledger: str, sender: str | None = None) -> str:
@@ -142,20 +157,14 @@ def element_game(client: StepProverClient, claim_id: bytes, game_id: bytes, defe
                  challenger: str, elem: int, judge: Callable[[int, int], bool]) -> tuple[bool, int]:
     """The element game of ``game_id`` from its ``Open`` phase (element ``elem``) to its end."""
     op = defender.op
-    if op.kind == MATMUL:
-        client._send("openOutput", defender.account, game_id, opening(op.out, elem), EMPTY, EMPTY)
-    else:
-        client._send("openOutput", defender.account, game_id, opening(op.out, elem),
-                     opening(op.a, elem % op.a_len), opening(op.b, elem % op.b_len))
+    client._send("openOutput", defender.account, game_id, *output_opening(op, elem))
     while (state := client.game(game_id))["phase"] == PHASES.index("Sums"):
         mid = (state["lo"] + state["hi"]) // 2
         posted = defender.sums(elem, mid)
         client._send("postSum", defender.account, game_id, posted)
         client._send("judge", challenger, game_id, bool(judge(mid, posted)))
     if state["phase"] == PHASES.index("Final"):
-        row, col, k = elem // op.cols, elem % op.cols, state["lo"]
-        client._send("proveStep", defender.account, game_id, opening(op.a, row * op.inner + k),
-                     opening(op.b, k * op.cols + col))
+        client._send("proveStep", defender.account, game_id, *sum_step_opening(op, elem, state["lo"]))
         state = client.game(game_id)
     assert state["phase"] == PHASES.index("Done"), state
     return not client.wrong(claim_id), state["moves"]
@@ -219,6 +228,16 @@ class StepTrace:
         return Operation(kind, rows, inner, cols, self.tensors[a_index], self.tensors[b_index],
                          self.tensors[self.state_leaves + j], a_len, b_len)
 
+    def copy_proof(self, leaf: int) -> tuple:
+        """``proveCopy``'s arguments (after the game id) for state leaf ``leaf`` of the end tree: its value
+        and path, and for a state tensor the program's copy entry and its source's path in the last trace
+        tree."""
+        ops, end, program = len(self.specs), self.end_tree(), self.program()
+        if leaf >= self.state_leaves:
+            return end[leaf], tree_path(end, leaf), b"", [], []
+        return (end[leaf], tree_path(end, leaf), program[ops + leaf], tree_path(program, ops + leaf),
+                tree_path(self.tree(ops), self.copies[leaf]))
+
     def op_opening(self, j: int) -> tuple:
         program, before, out = self.program(), self.tree(j), self.state_leaves + j
         spec = self.specs[j]
@@ -259,13 +278,8 @@ def play_step(client: StepProverClient, claim_id: bytes, game_id: bytes, trace: 
     kind, leaf = dispute(last)
     if kind == "copy":
         client._send("disputeCopy", challenger, game_id, leaf)
-        end, program = trace.end_tree(), trace.program()
-        source = trace.copies[leaf] if leaf < trace.state_leaves else 0
         try:
-            client._send("proveCopy", defender, game_id, end[leaf], tree_path(end, leaf),
-                         program[ops + leaf] if leaf < trace.state_leaves else b"",
-                         tree_path(program, ops + leaf) if leaf < trace.state_leaves else [],
-                         tree_path(trace.tree(ops), source) if leaf < trace.state_leaves else [])
+            client._send("proveCopy", defender, game_id, *trace.copy_proof(leaf))
         except Exception:  # noqa: BLE001 - a defender that cannot prove lets its clock run out
             return _run_out(client, claim_id, game_id, challenger)
         state = client.game(game_id)

@@ -32,6 +32,7 @@ from ledger.errors import (
     AccountError,
     ContractRevert,
     FeeCapTooLow,
+    LedgerError,
     RpcRejected,
     TransactionDropped,
     TransactionTimeout,
@@ -190,6 +191,35 @@ class TransactionSender:
             raise self._explain_failure(request, receipt, what)
         logger.debug("%s: mined in block %d, gas %d", what, receipt["blockNumber"], receipt["gasUsed"])
         return receipt
+
+    def send_all(self, requests: list[tuple[dict, str]]) -> list[dict | Exception]:
+        """Send independent transactions ``requests`` ((to/value/data, what) each) at once: each preflighted,
+        all signed with consecutive pending nonces and broadcast before any receipt is awaited, so that on a
+        chain with timed blocks they share blocks (a player of several clocked games at once: no move waits
+        for another's block). Each one's receipt once final, or the LedgerError that stopped it (a preflight
+        revert: not sent; a mined revert, decoded), in order; :meth:`send`'s replacement and confirmations."""
+        if self.account is None:
+            raise AccountError("this ledger client is read-only (no account): cannot send transactions")
+        results: list[dict | Exception | None] = [None] * len(requests)
+        with self._lock:
+            fees = self._market_fees("transactions sent together")
+            sent = []
+            for index, (request, what) in enumerate(requests):
+                request = {"from": self.account.address, **request}
+                try:
+                    sent.append((index, request, what,
+                                 self._sign_and_send(request, self._gas_limit(request, what), fees, what)))
+                except LedgerError as exc:
+                    results[index] = exc
+            for index, request, what, pending in sent:
+                try:
+                    receipt = self._wait_for_receipt(pending, what)
+                    receipt = self._wait_for_confirmations(pending, receipt, what)
+                    results[index] = receipt if receipt["status"] == 1 else self._explain_failure(
+                        request, receipt, what)
+                except LedgerError as exc:
+                    results[index] = exc
+        return results
 
     def _market_fees(self, what: str, floor: dict | None = None) -> dict:
         """:func:`ledger.fees.market_fees` at the chain's base fee and tip now."""

@@ -177,6 +177,12 @@ class NodeConfig:
             )
         # a name the registry knows, on an outer loop it can commit
         self.commitment_scheme.check_config(self.diloco)
+        if self.diloco.checkpoint_hash == "header" and not self.commitment_scheme.chunked:
+            raise ConfigError(
+                f"diloco.checkpoint_hash = \"header\" needs a chunked commitment scheme (diloco.commitments="
+                f"{self.diloco.commitments!r} is not): a hashed run's outer momentum is in no record, so "
+                "only the whole file's sha256 vouches for it; set diloco.checkpoint_hash = \"file\" or "
+                "\"auto\"")
         if self.retention_rounds < 0:
             raise ConfigError(f"retention_rounds={self.retention_rounds}: must be >= 0 (0 = keep all)")
         if self.retention_rounds and not self.storage.keep_rounds:

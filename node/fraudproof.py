@@ -21,8 +21,8 @@ from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof
 from ledger.contribution_binding import ContributionClaim
 from ledger.errors import LedgerInputError
 from ledger.normproof import SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof
-from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, stage_layout, \
-    tensor_leaves
+from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, payload_pieces, \
+    stage_layout, tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.robust import ContributionReport
@@ -85,7 +85,7 @@ def stage_state_of(
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest()
                                                                for c in contributions]
     accepted = [report for report in reports if report.accepted]
-    pieces = [payload_leaves(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
+    pieces = [payload_pieces(contributions[r.index], shapes, **dict(decode_args or {})) for r in accepted]
     lr, mu = round_factors_bits(diloco_cfg, outer_round)
     committed_norms, trees = norms([contributions[r.index] for r in accepted], shapes, diloco_cfg,
                                    decode_args)

@@ -23,7 +23,7 @@ from node.commitments import UNNAMED
 from node.config import NodeConfig
 from node.errors import ConfigError
 from node.exchangekinds import EXCHANGE_TRAITS
-from training.config import LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
+from training.config import AUTO, LEGACY_ENCODER, LEGACY_OPTIMIZER, LEGACY_RANDOM, OUTER_ADAM_ONLY
 from training.config_training import LEGACY_KERNELS
 from training.config_compression import LEGACY_ERROR_FEEDBACK
 from training.jsonbound import loads_bounded
@@ -149,7 +149,28 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     if cfg.diloco.screen_rule == "one_sided":
         # version 1: every fixed-H run, and every time-bounded run made before version 2
         del diloco["screen_rule"]
+    diloco["checkpoint_hash"] = checkpoint_hash_rule(cfg)
+    if diloco["checkpoint_hash"] == "file":
+        del diloco["checkpoint_hash"]  # every run made before "header" existed, and every small one since
     return diloco
+
+
+def checkpoint_hash_rule(cfg: NodeConfig) -> str:
+    """``diloco.checkpoint_hash`` as the run document names it: "auto" resolved to "header" where the run is
+    chunked and its whole checkpoint (weights and outer state, float32) is ``SPLIT_ABOVE_BYTES`` or more,
+    where its nodes keep checkpoints split by default (node/store/checkpoint_split.py), else "file" (the
+    demo's and every small run's: their documents and checkpoint hashes are what they were)."""
+    rule = cfg.diloco.checkpoint_hash
+    if rule != AUTO:
+        return rule
+    if not cfg.commitment_scheme.chunked:
+        return "file"
+    from node.store.checkpoint_size import SPLIT_ABOVE_BYTES, tensor_bytes
+    from training.stages import split_stages, stage_param_shapes
+
+    shapes = [stage_param_shapes(cfg.model, spec)
+              for spec in split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)]
+    return "header" if tensor_bytes(shapes, cfg.diloco.outer_moments) >= SPLIT_ABOVE_BYTES else "file"
 
 
 def canonical_json(document: dict[str, Any]) -> bytes:
@@ -196,7 +217,9 @@ def node_config_from_run(document: dict[str, Any], **node_fields: Any) -> NodeCo
             "training": training,
             # A run made before chunked commitments names none: its records commit version-1 roots.
             # A run made before screening rules had versions names none: it screened by version 1.
-            "diloco": {"commitments": UNNAMED, "screen_rule": "one_sided", **document["diloco"]},
+            # A run made before diloco.checkpoint_hash names none: its records name the whole file's sha256.
+            "diloco": {"commitments": UNNAMED, "screen_rule": "one_sided", "checkpoint_hash": "file",
+                       **document["diloco"]},
             # A run made before compression.encoder existed names none: it was coded by v1; before
             # compression.sketch, with torch's sketch. Every run document names error_feedback; one without it
             # would be older than new runs' default (off, issue 66), so it reads as on.

@@ -147,3 +147,47 @@ def test_each_refused_codec_payload_vector_has_one_fault():
         steps, _ = decode_declared(msgpack.packb(fixed, use_bin_type=True), shapes,
                                    stage_index=vectors["stage"], outer_round=vectors["round"])
         assert steps == 7, case["name"]
+
+
+def test_the_header_hash_protocol_md_spells_out():
+    """docs/PROTOCOL.md, "What checkpointHash commits": a header written from its description alone (a JSON
+    object, no whitespace, metadata first, the tensors in their names' byte order at consecutive offsets,
+    padded with spaces to 8 bytes) is the code's, and the tag it names gives the code's hash."""
+    import hashlib
+    import math
+    import struct
+
+    from node.store.checkpoint import RunLayout
+    from node.store.checkpoint_hash import HEADER_HASH_TAG, checkpoint_header, header_hash, metadata_only
+
+    text = (REPO / "docs" / "PROTOCOL.md").read_text()
+    found = re.search(r"`T` the (\d+) ASCII bytes `([^`]+)`", text)
+    assert found and len(found.group(2)) == int(found.group(1))
+    tag = found.group(2).encode()
+    assert tag == HEADER_HASH_TAG
+    shapes = ({"wte": (5, 3), "ln": (3,)}, {"h.0.w": (3, 2), "b": (2,)})
+    for moments in (1, 2):
+        layout = RunLayout(7, b"c" * 32, {"n_layer": 1, "rope_theta": 10000.0}, shapes, True, moments, True)
+        hashes, leaves = {0: b"\x01" * 32, 1: b"\x02" * 32}, {0: b"\x03" * 160, 1: b"\x04" * 160}
+        meta = json.dumps({"format": "dlx-checkpoint-v1", "run_id": 7, "round": 9,
+                           "model_config": layout.model_config, "tokenizer": "byte-level-v1",
+                           "config_hash": "63" * 32,
+                           "stage_hashes": {str(s): h.hex() for s, h in hashes.items()},
+                           "stage_leaves": {str(s): v.hex() for s, v in leaves.items()}},
+                          sort_keys=True, separators=(",", ":"))
+        tensors = {}
+        for stage in shapes:
+            for name, shape in stage.items():
+                tensors[f"weights.{name}"] = list(shape)
+                tensors[f"momentum.{name}"] = list(shape) if moments == 1 else [moments, *shape]
+        header: dict = {"__metadata__": {"dlx": meta}}
+        offset = 0
+        for name in sorted(tensors, key=lambda n: n.encode()):
+            size = 4 * math.prod(tensors[name])
+            header[name] = {"dtype": "F32", "shape": tensors[name], "data_offsets": [offset, offset + size]}
+            offset += size
+        body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        body += b" " * (-len(body) % 8)
+        raw = struct.pack("<Q", len(body)) + body
+        assert checkpoint_header(layout, metadata_only(layout, 9, hashes, leaves)) == raw
+        assert header_hash(raw) == hashlib.sha256(tag + raw).digest()

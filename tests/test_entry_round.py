@@ -23,6 +23,8 @@ from node.live.round.entry import RunEntry
 from node.live.round.resume import first_contributed_round
 from node.live.state.roundbook import Announced, RoundBook
 from node.live.state.status import StateFile
+from node.runconfig import config_hash, run_document
+from node.store.checkpoint import RunLayout
 from p2p.errors import P2PError
 from training.schedule import pending_after_round
 
@@ -188,9 +190,11 @@ def test_a_restarted_node_prefers_the_checkpoint_that_lets_it_train_the_open_rou
     cfg = load_config(None, [*TINY, f"data_dir={tmp_path}", "pipeline.num_stages=2"])
     members = Members(7)
     members.live_providers = lambda: []
+    document = run_document(cfg)
+    layout = RunLayout.of_document(cfg.ledger.run_id, config_hash(document), document)  # file-hashed
     base = loose_base(cfg=cfg, book=RoundBook(), state=StateFile(tmp_path / "state.json", cfg.ledger.run_id),
                       checkpoint_dir=tmp_path / "checkpoints", incoming_dir=tmp_path / "incoming",
-                      stop=threading.Event())
+                      stop=threading.Event(), layout=layout)
     rooms = loose_rooms(chain=PublishingChain(6), host=UnreachableHost(), membership=members,
                         coordinator=Coordinator())
     run_entry = RunEntry(base, rooms, worker=Worker(), contributor=None, finisher=None)

@@ -351,7 +351,10 @@ def test_a_spilled_state_answers_a_challenge_in_the_last_block_of_its_proof_wind
     spilled = honest.spill_dir / "round-00000001-stage-0.state"
     stage_leaves = sum(len(leaf) for leaf in (*whole.weight_leaves, *whole.momentum_leaves))
     pieces = sum(len(piece) for leaves in whole.payload_leaves for piece in leaves)
-    spilled_whole = len(_encode_state(whole))  # what was spilled before: now neither leaves nor pieces
+    # what was spilled before (the pieces as bytes, not cut from their blobs when read): now neither
+    # leaves nor pieces
+    spilled_whole = len(_encode_state(dataclasses.replace(
+        whole, payload_leaves=[list(leaves) for leaves in whole.payload_leaves])))
     blobs = sum(map(len, world.blobs))
     assert spilled.stat().st_size < spilled_whole - stage_leaves - pieces + blobs + 1024, \
         (spilled.stat().st_size, spilled_whole, stage_leaves, pieces, blobs)

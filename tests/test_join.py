@@ -81,14 +81,15 @@ def _wait_for(predicate, timeout: float, what: str, run, joiner=None) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("keeping", ["whole", "stages"])
+@pytest.mark.parametrize("keeping", ["whole", "stages", "header"])
 def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path, keeping):
     # An open-ended run of two replicas of which one is started: the founder trains alone until
     # the joiner, started from an empty directory with nothing but the run link, takes the other seat.
-    # keeping: how the founder keeps its checkpoints (storage.checkpoints; "stages": its header and shards)
+    # keeping: how the founder keeps its checkpoints (storage.checkpoints; "stages": its header and shards;
+    # "header": a header-hashed run, diloco.checkpoint_hash = "header", whose nodes keep them split)
+    setting = ["diloco.checkpoint_hash=header"] if keeping == "header" else [f"storage.checkpoints={keeping}"]
     run = make_run(replicas=2, stages=1, split=False, stake_wei=10**18,
-                   settings=TINY + ["rounds=0", "join_timeout=5", "checkpoint_every=2",
-                                    f"storage.checkpoints={keeping}"])
+                   settings=TINY + ["rounds=0", "join_timeout=5", "checkpoint_every=2", *setting])
     founder = run.nodes[0]
     run.start_node(founder)
     client = run.client()
@@ -137,6 +138,31 @@ def test_a_fresh_node_joins_a_running_run_with_one_command(make_run, tmp_path, k
     # split, from its header and the founder's stage shard
     assert ("fetched by range from" if keeping == "whole" else "stage shards (kept split), checked against "
             "the record") in log.read_text(errors="replace")
-    if keeping == "stages":
+    if keeping != "whole":
         kept = {p.name.split(".", 1)[1] for p in (founder.data_dir / "checkpoints").glob("round-*")}
         assert kept == {"head", "split.json"}, kept  # no whole file on the founder
+    if keeping == "header":
+        _header_hashed_records_pull_and_audit(client, run, founder, joiner_dir, tmp_path)
+
+
+def _header_hashed_records_pull_and_audit(client, run, founder, joiner_dir, tmp_path) -> None:
+    """A header-hashed run's records: each names the hash of its checkpoint's header (docs/PROTOCOL.md), kept
+    by the founder; pull and audit assemble the file from the node directories and check it."""
+    from node.store.checkpoint_hash import header_hash
+    from node.tools.audit import audit_run
+    from node.tools.pull import pull_checkpoint
+    from node.tools.report import OK
+
+    assert run_document(load_config(joiner_dir / "node.toml"))["diloco"]["checkpoint_hash"] == "header"
+    history = client.history(run.run_id, with_registrations=False)
+    named = {c.commit.round: c.commit.checkpoint_hash for c in history.commits if c.commit.has_checkpoint}
+    heads = {int(p.name[6:14]): p for p in (founder.data_dir / "checkpoints").glob("round-*.head")
+             if int(p.name[6:14]) in named}  # (a round built at the stop may not be committed)
+    assert heads and all(named[r] == header_hash(p.read_bytes()) for r, p in heads.items()), (heads, named)
+    latest = max(heads)
+    result = pull_checkpoint(client, run.run_id, tmp_path / "pulled", round_index=latest,
+                             archives=[founder.data_dir], final_only=False)
+    assert result.content_hash == named[latest].hex() and result.file_sha256 not in ("", result.content_hash)
+    report = audit_run(client, run.run_id, archives=[founder.data_dir, joiner_dir], replay=False)
+    checked = [c for c in report.checkpoints if c.round == latest]
+    assert checked and checked[0].status == OK and "header hash" in checked[0].reason, report.checkpoints

@@ -137,6 +137,9 @@ class FakeChain:
     def declared_platforms(self, run_id: int, peer_ids, fresh: bool = False) -> dict[str, bytes]:
         return {}  # no seat declared a platform: the spot checks route nothing and hold no claim to one
 
+    def contribution_cases(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        return [], 0  # nobody opens a case (the case defender's poll; a version-3 run's node reads it)
+
     def availability_challenges(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
         # nobody challenges a round (the answerer's poll; a chunked run's node reads it)
         return [], from_block

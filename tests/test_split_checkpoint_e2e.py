@@ -1,4 +1,6 @@
-"""A run whose nodes keep their checkpoints split, end to end (issue 75: ``storage.checkpoints = "stages"``).
+"""A run whose nodes keep their checkpoints split, end to end (issue 75), its records header-hashed
+(``diloco.checkpoint_hash = "header"``: the record names the hash of the checkpoint's header, so each
+committer signs with its own stage only, and every node keeps its checkpoints split).
 
 Real node processes, real anvil, real gloo pipelines: 2 replicas x 2 stages, one node per stage, a checkpoint
 every round, every node keeping a checkpoint round's header and its own stage shards only
@@ -46,7 +48,7 @@ def _no_whole_checkpoint(run, published) -> None:
 @pytest.mark.timeout(2400)
 def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(make_run, tmp_path):
     run = make_run(replicas=2, stages=2, split=True,
-                   settings=[*TINY, "storage.checkpoints=stages", "rounds=0", "join_timeout=60"])
+                   settings=[*TINY, "diloco.checkpoint_hash=header", "rounds=0", "join_timeout=60"])
     run.start()
     client = run.client()
 
@@ -85,10 +87,11 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
          "--pending", str(out)],
         capture_output=True, text=True, timeout=400)
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr + run_logs(run)
-    assert f"sha256 {latest.content_hash.hex()}" in pulled.stdout and "from peers" in pulled.stdout, \
-        pulled.stdout
-    assert "not downloaded whole" in pulled.stderr, pulled.stderr[-3000:]  # no node holds the whole file:
-    assert "not assembled" not in pulled.stderr, pulled.stderr[-3000:]  # its header and shards, assembled
+    assert f"checkpointHash {latest.content_hash.hex()} (its header's), file sha256" in pulled.stdout \
+        and "from peers" in pulled.stdout, pulled.stdout
+    # its record names no whole file: never asked for, its header and shards assembled
+    assert "not downloaded whole" not in pulled.stderr, pulled.stderr[-3000:]
+    assert "not assembled" not in pulled.stderr, pulled.stderr[-3000:]
     assert len(run.running()) == len(run.nodes), run_logs(run)  # pulled from live nodes
 
     # The whole run stopped; replica 0's pair started alone: no live node but itself holds its stage, so
@@ -105,7 +108,8 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
     def this_life(slot) -> str:
         return slot.log_path.read_text(errors="replace")
 
-    wait_for(lambda: all(KEPT_SPLIT in this_life(s) for s in pair), 300,
+    restored = "from the chain-verified checkpoint of round"  # logged a moment after KEPT_SPLIT
+    wait_for(lambda: all(KEPT_SPLIT in this_life(s) and restored in this_life(s) for s in pair), 300,
              "replica 0's nodes entered from their own kept splits", run)
     for slot in pair:
         entered = int(re.search(r"round (\d+)'s checkpoint: stages \[\d+\] " + re.escape(KEPT_SPLIT),
@@ -126,7 +130,10 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from node.store.checkpoint import read_checkpoint
+    from node.config import load_config
+    from node.runconfig import config_hash, run_document
+    from node.store.checkpoint import RunLayout, checkpoint_problems, read_checkpoint
+    from node.store.checkpoint_hash import file_record_hash
     from node.tools.evidence import find_checkpoint_files
     from training.config import ModelConfig
     from training.model import GPT
@@ -134,7 +141,13 @@ def test_a_node_restarts_from_its_kept_split_and_pull_assembles_from_live_nodes(
     # The file the record names, assembled from the node directories' kept headers and shards.
     files = find_checkpoint_files([s.data_dir for s in run.nodes], latest.round, latest.content_hash.hex())
     assert files, [sorted(p.name for p in (s.data_dir / "checkpoints").iterdir()) for s in run.nodes]
-    checkpoint = read_checkpoint(files[0], latest.content_hash)  # refuses any other sha256
+    assert file_record_hash(files[0], True) == latest.content_hash  # the record names its header's hash
+    checkpoint = read_checkpoint(files[0])  # and its header the leaves of every stage's tensors:
+    document = run_document(load_config(run.nodes[0].config_path))
+    layout = RunLayout.of_document(run.run_id, config_hash(document), document)
+    commit = next(c.commit for c in history.commits if c.commit.round == latest.round)
+    assert layout.header_hashed
+    assert checkpoint_problems(checkpoint, layout, latest.round, commit.weights_root) == []
     ours = GPT(ModelConfig(**checkpoint.model_config), seed=None)
     ours.load_state_dict(checkpoint.weights)
     ours.eval()

@@ -34,9 +34,10 @@ product ``float32(q) * s``, ``lowrank`` ``float32(float64(sum_k P_ik w_k Q_jk) *
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgpack
@@ -201,30 +202,44 @@ def _fields(entry: dict, shape: tuple[int, ...], name: str) -> dict:
     return fields
 
 
-def _pieces(fields: dict, numel: int, n: int) -> list[bytes]:
-    """The pieces of one tensor's chunks (module docstring), in chunk order."""
+def _pieces(fields: dict, numel: int, n: int, first: int = 0, last: int | None = None) -> list[bytes]:
+    """The pieces of one tensor's chunks ``first`` to ``last`` (default: all; module docstring), in chunk
+    order."""
     codec = fields["codec"]
     tag = CODEC_TAGS[codec]
     full, rest = _chunk_counts(numel)
+    last = full + bool(rest) if last is None else last
     if codec == "lowrank":  # the rows of P a chunk touches vary: slices of contiguous buffers, joined
-        return _lowrank_pieces(fields, numel, n, tag)
+        return _lowrank_pieces(fields, numel, n, tag, first, last)
     if codec == "raw":
         parts = [fields["values"]]
     else:  # quant: each element's q, then the scale of its column
-        parts = [fields["q"], fields["scales"][np.arange(numel) % n]]
+        parts = [fields["q"], fields["scales"]]
     pieces: list[bytes] = []
-    if full:
+    stop = min(last, full)
+    if first < stop:
         head = np.frombuffer(struct.pack(">BI", tag, CHUNK_ELEMENTS), dtype=np.uint8)
-        table = np.hstack([np.broadcast_to(head, (full, head.size)),
-                           *(_u8(part[:full * CHUNK_ELEMENTS], full) for part in parts)])
+        span = slice(first * CHUNK_ELEMENTS, stop * CHUNK_ELEMENTS)
+        table = np.hstack([np.broadcast_to(head, (stop - first, head.size)),
+                           *(_u8(part, stop - first) for part in _spans(parts, span, n))])
         pieces += _rows(table)
-    if rest:
-        start = full * CHUNK_ELEMENTS
-        pieces.append(struct.pack(">BI", tag, rest) + b"".join(part[start:].tobytes() for part in parts))
+    if rest and last > full:
+        span = slice(full * CHUNK_ELEMENTS, numel)
+        tail = b"".join(part.tobytes() for part in _spans(parts, span, n))
+        pieces.append(struct.pack(">BI", tag, rest) + tail)
     return pieces
 
 
-def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int) -> list[bytes]:
+def _spans(parts: list[np.ndarray], span: slice, n: int) -> list[np.ndarray]:
+    """The elements ``span`` of each of a raw or quant tensor's ``parts``: its values (or q) as they are, the
+    scales (a quant tensor's second part, one per column) repeated for each element's column."""
+    out = [parts[0][span]]
+    if len(parts) > 1:
+        out.append(parts[1][np.arange(span.start, span.stop) % n])
+    return out
+
+
+def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int, first: int, last: int) -> list[bytes]:
     rank = fields["p"].shape[1]
     stride = 2 * rank
     # row i: [stride i, stride (i+1))
@@ -238,19 +253,95 @@ def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int) -> list[bytes]:
             if first <= last:
                 return [q_rows[first * stride:(last + 1) * stride]]
             return [q_rows[first * stride:], q_rows[:(last + 1) * stride]]
-    else:  # many rows per chunk: each element's row of Q gathered once for the tensor
-        q_cols = memoryview(np.ascontiguousarray(fields["q"][np.arange(numel) % n]).view(np.uint8)).cast("B")
+    else:  # many rows per chunk: each element's row of Q gathered for the chunks cut
+        base = first * CHUNK_ELEMENTS
+        q_cols = memoryview(np.ascontiguousarray(
+            fields["q"][np.arange(base, min(numel, last * CHUNK_ELEMENTS)) % n]).view(np.uint8)).cast("B")
 
         def q_part(start: int, stop: int) -> list:
-            return [q_cols[start * stride:stop * stride]]
+            return [q_cols[(start - base) * stride:(stop - base) * stride]]
     head = fields["head"]
     pieces = []
-    for start in range(0, numel, CHUNK_ELEMENTS):
+    for start in range(first * CHUNK_ELEMENTS, min(numel, last * CHUNK_ELEMENTS), CHUNK_ELEMENTS):
         stop = min(start + CHUNK_ELEMENTS, numel)
-        first, last = start // n, (stop - 1) // n + 1
-        pieces.append(b"".join((struct.pack(">BI", tag, stop - start), head, struct.pack(">I", last - first),
-                                p_rows[first * stride:last * stride], *q_part(start, stop))))
+        row0, row1 = start // n, (stop - 1) // n + 1
+        pieces.append(b"".join((struct.pack(">BI", tag, stop - start), head, struct.pack(">I", row1 - row0),
+                                p_rows[row0 * stride:row1 * stride], *q_part(start, stop))))
     return pieces
+
+
+#: Chunks a :class:`CutPayload` cuts at once while it is read in order (a low-rank piece is about 4 KB at rank
+#: 32: 64 MB at most).
+_CUT_CHUNKS = 16384
+
+
+class CutPayload(Sequence[bytes]):
+    """The payload pieces of one contribution, :func:`cut_payload`'s bytes in its order, cut from the codec
+    blob as they are read instead of held: a low-rank piece carries a row of Q per element, so a
+    contribution's pieces are about a thousand times its blob (a llama-20m stage's 1.15 MB blob: 1.2 GB of
+    pieces), and a node holds a round's for every accepted contribution until the round's window closes.
+    Read in order (a Merkle tree over them) it holds ``_CUT_CHUNKS`` pieces at a time; ``pieces[i]`` cuts the
+    one chunk. The blob must cut (``ValueError``, ``KeyError``, ``TypeError``, ``IndexError`` as
+    :func:`cut_payload`, raised here)."""
+
+    __slots__ = ("blob", "shapes", "_order", "_starts")
+
+    def __init__(self, blob: bytes, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self.blob = bytes(blob)
+        self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        self._order = _tensor_order(self.shapes)
+        starts, total = [], 0
+        for _tensor, _name, numel, _cols in self._order:
+            starts.append(total)
+            total += -(-numel // CHUNK_ELEMENTS)
+        self._starts = starts + [total]
+        for k in range(len(self._order)):  # every tensor's fields unpack, as cut_payload's would
+            self._fields(self._entries(), k)
+
+    def _entries(self) -> dict:
+        return {entry["n"]: entry for entry in msgpack.unpackb(self.blob, raw=False)["t"]}
+
+    def _fields(self, entries: dict, k: int) -> dict:
+        _tensor, name, _numel, _cols = self._order[k]
+        return _fields(entries[name], self.shapes[name], name)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __iter__(self) -> Iterator[bytes]:
+        entries = self._entries()
+        for k, (_tensor, _name, numel, cols) in enumerate(self._order):
+            fields, count = self._fields(entries, k), self._starts[k + 1] - self._starts[k]
+            for first in range(0, count, _CUT_CHUNKS):
+                yield from _pieces(fields, numel, cols, first, min(count, first + _CUT_CHUNKS))
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"piece {index} outside {len(self)} chunks")
+        k = bisect.bisect_right(self._starts, index) - 1
+        chunk = index - self._starts[k]
+        _tensor, _name, numel, cols = self._order[k]
+        return _pieces(self._fields(self._entries(), k), numel, cols, chunk, chunk + 1)[0]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes, bytearray)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a list
+
+    def __reduce__(self):
+        return CutPayload, (self.blob, self.shapes)
+
+
+def payload_pieces(blob: bytes, shapes: Mapping[str, tuple[int, ...]], **decode_args) -> CutPayload:
+    """:func:`payload_leaves` as a :class:`CutPayload` (the same strict decode first, the same pieces)."""
+    decode_declared(blob, shapes, **decode_args)
+    return CutPayload(blob, shapes)
 
 
 def float32_bits(value: float) -> int:

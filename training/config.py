@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from training.config_base import (  # re-exported: training.config is these settings' address
     AUTO,
+    CHECKPOINT_HASHES,
     DEFAULT_ENCODER,
     DEFAULT_MIN_SLICE_NUMEL,
     DEFAULT_RANDOM,
@@ -57,7 +58,7 @@ from training.model_config import (
 )
 
 __all__ = [
-    "AUTO", "BYTES_TOKENIZER", "DEFAULT_ENCODER", "DEFAULT_MIN_SLICE_NUMEL",
+    "AUTO", "BYTES_TOKENIZER", "CHECKPOINT_HASHES", "DEFAULT_ENCODER", "DEFAULT_MIN_SLICE_NUMEL",
     "DEFAULT_OPTIMIZER", "DEFAULT_RANDOM", "DEFAULT_ROPE_THETA", "DELAY_CORRECTIONS", "EXCHANGES", "FAMILIES",
     "INNER_OPTIMIZERS", "LEGACY_ENCODER", "LEGACY_OPTIMIZER", "LEGACY_RANDOM", "LLAMA_ONLY",
     "MAX_MIN_SLICE_NUMEL", "MODEL_PRESETS", "MUON_ONLY", "NODE_ONLY_TRAINING", "OUTER_ADAM_ONLY",
@@ -162,6 +163,14 @@ class DilocoConfig:
     # outer step is this run's (contract_outer_step), else "hashed". The document names what "auto" gave: a
     # "chunked" run stays chunked, a document without it stays hashed.
     commitments: str = AUTO
+    # What a record's checkpointHash commits (CHECKPOINT_HASHES; docs/PROTOCOL.md, "Archive and retention"):
+    # "file", the sha256 of the whole checkpoint file; "header" (a chunked run's), a hash of the file's
+    # header alone, whose metadata holds every stage leaf (and the leaves every tensor's chunks), so a
+    # committer signs with its own stages checked, never downloading the others'. "auto" is resolved with the
+    # model's size (node.runconfig.checkpoint_hash_rule): "header" where the run is chunked and its checkpoint
+    # 512 MiB or more (where its nodes keep it split by default), else "file". In the run document only when
+    # "header" (every other run's document and hash stay what they were).
+    checkpoint_hash: str = AUTO
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -300,6 +309,9 @@ class DilocoConfig:
             self.commitments = "normed" if self.contract_outer_step else "hashed"
         _require(isinstance(self.commitments, str) and self.commitments != "",
                  f"diloco.commitments={self.commitments!r}: must name a commitment scheme or be \"auto\"")
+        _require(self.checkpoint_hash in (AUTO, *CHECKPOINT_HASHES),
+                 f"diloco.checkpoint_hash={self.checkpoint_hash!r}: must be one of "
+                 f"{', '.join(CHECKPOINT_HASHES)} or \"auto\"")
 
     @property
     def contract_outer_step(self) -> bool:

@@ -157,6 +157,10 @@ EXCHANGES = ("full", "sliced")
 #: judged per window of the screening batch: a contribution's slope may fall short of the least slope by two
 #: standard errors of its measurement (docs/DILOCOX.md section 13, "Version 3").
 SCREEN_RULES = ("one_sided", "two_sided", "paired")
+#: What a record's checkpointHash commits (docs/PROTOCOL.md, "Archive and retention"): "file", the sha256 of
+#: the whole checkpoint file (every run made before "header" existed); "header", a chunked run's, the hash of
+#: the file's header alone (node/store/checkpoint_hash.py).
+CHECKPOINT_HASHES = ("file", "header")
 #: diloco.exchange = "auto" (the node template's): the sliced exchange from this many replicas, the full one
 #: below. Where the sliced exchange wins: docs/PROTOCOL.md, "Sliced exchange", "Which exchange by default".
 SLICED_FROM_REPLICAS = 8

@@ -63,6 +63,7 @@ def reexecute(
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
     declared_steps: int | None = None,
     processes: int = 1,
+    consume: bool = False,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state``
     (:mod:`training.reexec`'s module docstring).
@@ -90,6 +91,9 @@ def reexecute(
     ``processes``: how many processes this verifier may run the inner steps on (its ``compute.processes``): a
     claim made by a cluster of N <= ``processes`` ranks (its fingerprint's ``cluster``) reruns its inner
     steps on N ranks of its own, bit for bit (training/cluster_rerun.py); any other in this process.
+    ``consume``: the caller no longer needs ``state``'s tensors: each stage's are dropped once the trainer
+    and the engines hold their own copies (a state is about 40 bytes per parameter of the replica; a
+    verifier's rerun held it beside the copies it trains).
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
     precision (``state.meta.platform``; float32 for a state that records none), compiled if the claimant's
     were (:func:`rerun_compiled`), whatever the verifier's own ``training.compile``.
@@ -106,7 +110,7 @@ def reexecute(
         previous = PreviousRound(previous_contributions, previous_excluded, previous_dropped,
                                  previous_partials)
         return _rerun(state, corpus, model_cfg, replace(training_cfg, precision=precision, compile=compiled),
-                      diloco_cfg, compression_cfg, previous, trained, declared_steps, processes)
+                      diloco_cfg, compression_cfg, previous, trained, declared_steps, processes, consume)
     finally:
         torch.set_num_threads(previous_threads)
         if compiled:
@@ -115,13 +119,18 @@ def reexecute(
 
 def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, training_cfg: TrainingConfig,
            diloco_cfg: DilocoConfig, compression_cfg: CompressionConfig, previous: PreviousRound,
-           trained: int, declared_steps: int | None, processes: int = 1) -> Reexecution:
+           trained: int, declared_steps: int | None, processes: int = 1,
+           consume: bool = False) -> Reexecution:
     """:func:`reexecute`'s round, its threads and compiler already set (``training_cfg``: with the
     claimant's precision)."""
     from training.cluster_rerun import ClusterSteps, rerun_ranks
 
     meta = state.meta
     trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
+    if consume:
+        for part in state.stages:
+            if isinstance(part.tensors, dict):
+                part.tensors.clear()
     batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
                             training_cfg.batch_size, model_cfg.block_size)
     ranks = rerun_ranks(meta.platform, processes)

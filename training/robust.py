@@ -134,7 +134,12 @@ _scratch = threading.local()  # per thread: two float64 buffers reused across ca
 
 
 def _buffers(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two float64 work arrays of ``count`` elements (reused: fresh large arrays cost page faults)."""
+    """Two float64 work arrays of ``count`` elements (reused: fresh large arrays cost page faults). Arrays
+    longer than a block (:func:`_levels_norm`'s fallback over a whole contribution) are not kept: kept per
+    thread, they held 16 bytes per element of a stage's largest contribution in every thread that ever fell
+    back (300 MB a thread at a llama-20m stage)."""
+    if count > _CHUNK:
+        return np.empty(count, dtype=np.float64), np.empty(count, dtype=np.float64)
     held = getattr(_scratch, "arrays", None)
     if held is None or held[0].size < count:
         held = _scratch.arrays = (np.empty(count, dtype=np.float64), np.empty(count, dtype=np.float64))

@@ -162,7 +162,7 @@ def verify_contribution(
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
                           previous_dropped=previous_dropped, threads=threads,
                           previous_partials=previous_partials, declared_steps=declared,
-                          processes=processes)
+                          processes=processes, consume=True)  # the state parsed here, for this rerun
     except ReplicaStateError as exc:
         return _failed(outer_round, replica, STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     bound = rerun.applied_hashes

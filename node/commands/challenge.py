@@ -68,39 +68,10 @@ def _subject(config: str, client, run_id: int, round_: int, stage: int, index: i
     """The case's subject (ledger.stepbinding.RunSubject) from the kept stage leaves and factors of rounds
     ``round_`` and ``round_ - 1`` (the node directory's and ``archives``'); ConfigError naming what is
     missing."""
-    from eth_abi import decode
-
-    from ledger.chunkproof import StageLeaf
-    from ledger.errors import LedgerInputError
-    from ledger.stepbinding import bind_run
+    from node.casesubject import kept_case
     from node.config import load_config
-    from node.store.rewardsources import read_sources
 
-    sources = read_sources([load_config(config).path("."), *archives], client, run_id)
-    for r in (round_ - 1, round_):
-        if r not in sources:
-            raise ConfigError(f"round {r} of run {run_id}: the node directory (and --archive) kept no stage "
-                              "leaves the chain vouches for (a node of the run keeps them: "
-                              "node/store/rewardsources.py)")
-    leaves, factors = sources[round_]
-    if not 0 <= stage < len(leaves) or factors[stage] is None:
-        raise ConfigError(f"round {round_}, stage {stage}: no factors kept for it (of {len(leaves)} stages)")
-    raw = factors[stage]
-    roots = decode(["uint32", "uint32", "bool", "bytes32[]", "bytes32[]"], raw)[4]
-
-    class _Factors:
-        payload_roots = roots
-
-        @staticmethod
-        def encode() -> bytes:
-            return raw
-
-    records = [client.commit_record(run_id, r).commit for r in (round_ - 1, round_)]
-    try:
-        return bind_run(records[1], [StageLeaf.decode(leaf) for leaf in leaves], _Factors, index, records[0],
-                        [StageLeaf.decode(leaf) for leaf in sources[round_ - 1][0]], stage)
-    except LedgerInputError as exc:
-        raise ConfigError(f"--contribution {index}: {exc}") from None
+    return kept_case([load_config(config).path("."), *archives], client, run_id, round_, stage).subject(index)
 
 
 def _prover(client):
@@ -113,15 +84,12 @@ def _prover(client):
 
 def _open(client, prover, run_id: int, subject, yes: bool) -> None:
     """Commit the case, then open it in a later block with the run's bond; listed and agreed first. The salt
-    is the account's own (``_salt``), so a rerun after a commit whose opening did not follow opens it."""
-    from eth_abi import encode
-
-    from ledger.stepcase import case_claim, run_stake
+    is the account's own (``case_salt``), so a rerun after a commit whose opening did not follow opens it."""
+    from ledger.stepcase import run_stake
+    from node.casesubject import OPEN_GAS, case_commitment, open_case
 
     stake = run_stake(client.w3, client.ledger_address, run_id)
-    key = bytes(prover.functions.contributionOf(*subject.fields()[:4]).call())
-    salt = _salt(client, key)
-    commitment = client.w3.keccak(encode(["address", "bytes32", "bytes32"], [client.address, key, salt]))
+    commitment = case_commitment(client, prover, subject)
     committed_at = prover.functions.caseCommittedAt(commitment).call()
     what = f"commit a case against contribution {subject.payload_root.hex()[:12]} of round {subject.round}"
     data = prover.encode_abi("commitCase", args=[commitment])
@@ -130,40 +98,9 @@ def _open(client, prover, run_id: int, subject, yes: bool) -> None:
         Spend("open it (the run's bond)", OPEN_GAS, fees["maxFeePerGas"], stake)]
     check_funds(client.balance(), client.address, plan)
     agree(plan, yes, "opening the case")
-    if not committed_at:
-        committed_at = client.sender.transact(prover, "commitCase", (commitment,), what)["blockNumber"]
-    _next_block(client.w3, committed_at)
-    opening = (case_claim(subject), subject.binding, salt)
-    client.sender.transact(prover, "openCase", opening, "openCase", stake)
+    open_case(client, prover, subject, stake)
     print(f"opened a case against contribution {subject.payload_root.hex()} (round {subject.round}, stage "
           f"{subject.stage}) of run {run_id}, bond {stake / 1e18:.9f} ETH")
-
-
-#: The most gas an opening takes (the binding's openings of two records; about 400,000 measured).
-OPEN_GAS = 600_000
-#: How long the command waits for the block after its commitment (seconds).
-NEXT_BLOCK_WAIT_S = 120.0
-
-
-def _salt(client, key: bytes) -> bytes:
-    """The case's salt: the hash of the account's signature of the case key (secret until the opening
-    reveals it, and the same on a rerun)."""
-    from eth_account.messages import encode_defunct
-
-    signed = client.account.sign_message(encode_defunct(primitive=b"dlx-node case salt" + key))
-    return bytes(client.w3.keccak(signed.signature))
-
-
-def _next_block(w3, after: int) -> None:
-    """Wait until the chain is past block ``after`` (an opening must come after its commitment's block)."""
-    import time
-
-    deadline = time.monotonic() + NEXT_BLOCK_WAIT_S
-    while w3.eth.block_number <= after:
-        if time.monotonic() > deadline:
-            raise ConfigError(f"the chain made no block after {after} in {NEXT_BLOCK_WAIT_S:.0f} s: the case "
-                              "is committed; run the same command again to open it")
-        time.sleep(0.5)
 
 
 def _show(client, prover, run_id: int, subject) -> None:

@@ -72,21 +72,50 @@ def archived_files(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
 
 
 def _split_checkpoints(node_dirs: list[Path]) -> list[tuple[str, Path]]:
-    """(sha256 hex, file) of each checkpoint the nodes kept split (storage.checkpoints = "stages": each a
-    header and its own stages, node/store/checkpoint_split.py), assembled whole from all of them."""
-    from node.store.checkpoint_split import read_split
+    """(sha256 hex, file) of each file-hashed checkpoint the nodes kept split (storage.checkpoints = "stages":
+    each a header and its own stages, node/store/checkpoint_split.py), assembled whole from all of them: a
+    puller downloads it by the record's hash. A header-hashed record names no whole file: its parts are
+    served under their keys instead (:func:`split_parts`)."""
     from node.tools.evidence import find_checkpoint_files
 
-    wanted = {}
+    out = []
+    for round_index, digest in sorted({(split["round"], split["content_hash"].hex())
+                                       for _folder, split in _split_listings(node_dirs)}):
+        out += [(digest, path) for path in find_checkpoint_files(node_dirs, round_index, digest)[:1]
+                if _sha256(path) == digest]
+    return out
+
+
+def _split_listings(node_dirs: list[Path]) -> list[tuple[Path, dict]]:
+    """(checkpoints folder, listing) of every split listing the nodes kept, checked (read_split)."""
+    from node.store.checkpoint_split import read_split
+
+    found = []
     for directory in node_dirs:
         for listing in sorted((directory / "checkpoints").glob("round-*.split.json")):
             split = read_split(listing)
             if split is not None:
-                wanted[(split["round"], split["content_hash"].hex())] = True
-    out = []
-    for round_index, digest in sorted(wanted):
-        out += [(digest, path) for path in find_checkpoint_files(node_dirs, round_index, digest)[:1]]
-    return out
+                found.append((listing.parent, split))
+    return found
+
+
+def split_parts(node_dirs: Iterable[Path]) -> list[tuple[bytes, Path, dict[int, Path]]]:
+    """(content hash, header file, stage -> shard file) of each checkpoint round the nodes kept split: what a
+    seeder serves under the checkpoint's header and stage keys (node/store/checkpoint_split.py), so that
+    ``pull`` assembles it from the seeder as from the run's nodes (the only way for a header-hashed one)."""
+    from node.store.checkpoint_split import head_path, shard_path
+
+    parts: dict[bytes, tuple[Path, dict[int, Path]]] = {}
+    for folder, split in _split_listings(list(map(Path, node_dirs))):
+        head = head_path(folder, split["round"])
+        if not head.is_file():
+            continue
+        _header, shards = parts.setdefault(split["content_hash"], (head, {}))
+        for stage in split["stages"]:
+            shard = shard_path(folder, split["round"], stage)
+            if shard.is_file():
+                shards.setdefault(stage, shard)
+    return [(digest, head, shards) for digest, (head, shards) in parts.items()]
 
 
 def packed_states(node_dirs: Iterable[Path], run_id: int) -> dict[str, Path]:
@@ -154,6 +183,7 @@ class ArchiveSeeder:
         from training.errors import ShardError
 
         from p2p.blobpack import MANIFEST_SUFFIX, PACKED_DIR, read_packed
+        from node.store.checkpoint_split import alias_split
 
         node_dirs = list(node_dirs)
         served = archived_files(node_dirs, run_id)
@@ -174,6 +204,12 @@ class ArchiveSeeder:
                 del data
             for root_hex, data in lists.items():
                 host.provide_alias(root_hex, host.provide_blob(data, announce=False))
+            for digest, head, shards in split_parts(node_dirs):  # each part checked by whoever reads it
+                # stored (hard-linked where the file system allows) so that its keys can alias it
+                header_sha = host.provide_blob(head, announce=False, link=True)
+                stages = {stage: host.provide_blob(path, announce=False, link=True)
+                          for stage, path in shards.items()}
+                alias_split(host, digest, header_sha, stages)
             for directory in datasets:
                 serve_dataset(host, directory)
         except (P2PError, OSError, ShardError):

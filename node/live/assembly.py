@@ -45,7 +45,13 @@ from node.live.rooms import Rooms
 from node.live.parts.record import build_committer
 from node.live.record.committer import Committer
 from node.live.parts.checks import build_spot_checks
-from node.live.parts.fraud import build_binder, build_chunked_states, build_fraud_prover
+from node.live.parts.fraud import (
+    build_binder,
+    build_case_defender,
+    build_case_opener,
+    build_chunked_states,
+    build_fraud_prover,
+)
 from node.live.worker.contributor import Contributor
 from node.live.exchange.coordination import RoundCoordinator, RoundStopped
 from node.live.parts.peers import build_heartbeat, build_inbox, build_membership, build_messenger
@@ -253,9 +259,11 @@ class NodeParts:
                                                            membership=membership, exchange=exchange)
         coordinator.run_over = RunOverWatch(chain, self.run_id)  # issue 80: a run that ended stops the node
         self.lifecycle = lifecycle = build_lifecycle(base, membership=membership)
+        opener = build_case_opener(base, chain=chain)  # follows up this node's accusations
         self.spot_checks = spot_checks = build_spot_checks(
             base, chain=chain, host=host, messenger=messenger, membership=membership, exchange=exchange,
-            coordinator=coordinator, lifecycle=lifecycle, charges=charges)
+            coordinator=coordinator, lifecycle=lifecycle, charges=charges,
+            on_accused=opener.accused if opener is not None else None)
         self.ending = build_ending(base, chain=chain, membership=membership)
         self.pace = build_pace(base, chain=chain)
         self.forks = forks = kinds.forks(base, chain=chain, coordinator=coordinator, exchange=exchange,
@@ -282,6 +290,11 @@ class NodeParts:
         if fraud is not None:  # a chunked run: answer the availability challenges of its right rounds
             self._spawn(ChallengeAnswerer(run_id=self.run_id, chain=chain, states=self.chunked, prover=fraud,
                                           stop=self.stop).run, "challenges")
+        defender = build_case_defender(base, chain=chain, states=self.chunked)
+        if defender is not None:  # a version-3 run: answer the contribution cases on this node's work
+            self._spawn(defender.run, "cases")
+        if opener is not None:
+            self._spawn(opener.run, "case-opener")
         self._meet_peers()
         self.startup.mark("peers met")
 

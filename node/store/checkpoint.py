@@ -246,6 +246,9 @@ class RunLayout:
     chunked: bool = False
     # outer state tensors per weight: 2 with outer Adam (diloco.outer_optimizer), stacked
     outer_moments: int = 1
+    # the records' checkpointHash is the hash of the file's header, not of the file (diloco.checkpoint_hash =
+    # "header": node/store/checkpoint_hash.py)
+    header_hashed: bool = False
 
     @classmethod
     def of_document(cls, run_id: int, config_hash: bytes, document: dict[str, Any]) -> RunLayout:
@@ -266,7 +269,7 @@ class RunLayout:
         except TrainingError as exc:
             raise StateError(f"the run document's model does not split into its stages: {exc}") from None
         return cls(run_id, config_hash, dict(document["model"]), shapes, cfg.commitment_scheme.chunked,
-                   cfg.diloco.outer_moments)
+                   cfg.diloco.outer_moments, cfg.diloco.checkpoint_hash == "header")
 
     @property
     def num_stages(self) -> int:

@@ -18,7 +18,10 @@ seeder, a joiner's own stages) reads the header and each stage's shard from thei
 header's metadata against the run and its stage leaves against the record's weights root, checks every
 stage's tensors against its leaf, writes the file with the same streaming writer and compares its sha256
 with the record's (:func:`assemble_checkpoint`). A hashed run's momentum is in no record, so a hashed run
-keeps whole files. Every byte read here is an adversary's until checked (StateError naming it).
+keeps whole files. In a header-hashed run (node/store/checkpoint_hash.py) the record's hash is the header's:
+nobody hashes the whole file to sign, a header is checked against it and against the run document byte for
+byte (:func:`verified_header`), and every stage against its leaf. Every byte read here is an adversary's
+until checked (StateError naming it).
 """
 
 from __future__ import annotations
@@ -30,35 +33,32 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from node.errors import StateError
-from node.store.checkpoint import Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint import MAX_JSON_DEPTH, Checkpoint, CheckpointTensors, RunLayout, write_checkpoint
+from node.store.checkpoint_size import SPLIT_ABOVE_BYTES, tensor_bytes
+from node.store.checkpoint_hash import checkpoint_header, file_record_hash, header_hash
 from node.store.checkpoint_stage import (MAX_HEADER_BYTES, FetchRange, check_stage, checked_header,
-                                         read_header, stage_tensors)
+                                         raw_header, read_header, stage_tensors)
 from node.store.safetensors_stream import write_safetensors
 from training.jsonbound import loads_bounded
 
 logger = logging.getLogger(__name__)
 
 SPLIT_FORMAT = 1
-#: ``storage.checkpoints = "auto"`` keeps a chunked run's checkpoint split from this size of the whole file
-#: on (weights and outer momentum, float32): below it every node keeping the whole file costs little and
-#: lets any one node serve it; above it (llama-124m's is 1.0 GB, the 107B layout's 856 GB) the whole file on
-#: every node is S times the node's stage on disk.
-SPLIT_ABOVE_BYTES = 512 << 20
 
 
 def checkpoint_bytes(layout: RunLayout) -> int:
     """The tensor bytes of the run's whole checkpoint: every stage's weights and outer momentum, float32."""
-    import math
-
-    params = sum(math.prod(shape) for shapes in layout.stage_shapes for shape in shapes.values())
-    return 4 * params * (1 + layout.outer_moments)
+    return tensor_bytes(layout.stage_shapes, layout.outer_moments)
 
 
 def keeps_split(setting: str, layout: RunLayout) -> bool:
     """Whether a node with ``storage.checkpoints = setting`` keeps this run's checkpoints split: never in a
-    hashed run; ``"stages"`` always, ``"whole"`` never, ``"auto"`` from :data:`SPLIT_ABOVE_BYTES` on."""
-    if not layout.chunked or setting == "whole":
+    hashed run, always in a header-hashed one (its committers hold only their own stages); otherwise
+    ``"stages"`` always, ``"whole"`` never, ``"auto"`` from :data:`SPLIT_ABOVE_BYTES` on."""
+    if not layout.chunked or (setting == "whole" and not layout.header_hashed):
         return False
+    if layout.header_hashed:
+        return True
     return setting == "stages" or checkpoint_bytes(layout) >= SPLIT_ABOVE_BYTES
 _HEADER_TAG = b"dlx-checkpoint-header/v1"
 _STAGE_TAG = b"dlx-checkpoint-stage/v1"
@@ -136,17 +136,39 @@ def stage_from_shard(fetch: FetchRange, layout: RunLayout, ckpt: Checkpoint, lea
     return weights, momentum
 
 
+def verified_header(fetch: FetchRange, layout: RunLayout, round_index: int, weights_root: bytes,
+                    record_hash: bytes | None = None) -> tuple[Checkpoint, list]:
+    """``(the checkpoint's metadata with no tensors, every stage's parsed leaf)`` from a header read by
+    ``fetch``: its metadata the run's, its stage leaves giving ``weights_root``, and its bytes exactly the
+    header the run document gives for that metadata (node/store/checkpoint_hash.py); in a header-hashed run
+    they must also hash to ``record_hash``, the record's checkpointHash. StateError naming what is wrong."""
+    raw = raw_header(fetch)
+    if layout.header_hashed:
+        if record_hash is None:
+            raise StateError("a header-hashed run's checkpoint header is checked against the record's "
+                             "checkpointHash, and none was given")
+        if header_hash(raw) != record_hash:
+            raise StateError(f"its header hashes to {header_hash(raw).hex()[:16]}, not the record's "
+                             f"checkpointHash {record_hash.hex()[:16]}")
+    ckpt, leaves, _header, _start = checked_header(bytes_range(raw), layout, round_index, weights_root)
+    if checkpoint_header(layout, ckpt) != raw:
+        raise StateError("its header is not the one the run document gives for its metadata (tensors, "
+                         "shapes, offsets or metadata written otherwise)")
+    return ckpt, leaves
+
+
 def split_stages(headers: Iterable[FetchRange], shards: Callable[[int], Iterable[FetchRange]],
                  layout: RunLayout, round_index: int, weights_root: bytes,
-                 stages: Iterable[int]) -> Checkpoint:
-    """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies,
-    each stage from the first of ``shards(stage)`` that verifies (the others' errors are named if none
-    does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
+                 stages: Iterable[int], record_hash: bytes | None = None) -> Checkpoint:
+    """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies
+    (:func:`verified_header`; ``record_hash``: the record's checkpointHash, which a header-hashed run's
+    header must give), each stage from the first of ``shards(stage)`` that verifies (the others' errors are
+    named if none does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
     refused: list[str] = []
     ckpt = leaves = None
     for fetch in headers:
         try:
-            ckpt, leaves, _header, _start = checked_header(fetch, layout, round_index, weights_root)
+            ckpt, leaves = verified_header(fetch, layout, round_index, weights_root, record_hash)
             break
         except (StateError, OSError) as exc:
             refused.append(f"header: {exc}")
@@ -176,11 +198,15 @@ def assemble_checkpoint(headers: Iterable[FetchRange], shards: Callable[[int], I
                         layout: RunLayout, round_index: int, weights_root: bytes, content_hash: bytes,
                         dest: Path) -> Checkpoint:
     """Write the whole checkpoint of ``round_index`` to ``dest`` from its header and every stage's shard
-    (:func:`split_stages`), and check its sha256 against the record's ``content_hash`` (the file is removed
-    and StateError raised if it differs). Holds the model's tensors in RAM while writing: what ``pull`` and
+    (:func:`split_stages`), and check it against the record's ``content_hash`` under the run's rule (its
+    sha256, or in a header-hashed run its header's hash: node/store/checkpoint_hash.py); the file is removed
+    and StateError raised if it differs. Holds the model's tensors in RAM while writing: what ``pull`` and
     an auditor hold of a checkpoint anyway."""
-    ckpt = split_stages(headers, shards, layout, round_index, weights_root, range(layout.num_stages))
+    ckpt = split_stages(headers, shards, layout, round_index, weights_root, range(layout.num_stages),
+                        content_hash)
     digest = write_checkpoint(dest, ckpt)
+    if layout.header_hashed:
+        digest = file_record_hash(dest, True)
     if digest != content_hash:
         dest.unlink(missing_ok=True)
         raise StateError(f"the checkpoint assembled from its header and stage shards hashes to "
@@ -191,9 +217,11 @@ def assemble_checkpoint(headers: Iterable[FetchRange], shards: Callable[[int], I
 def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: bytes, dest: Path) -> bool:
     """Write the whole checkpoint ``content_hash`` to ``dest`` from a kept header and stage shard files (a
     node directory's, an auditor's or a seeder's): the header's bytes, then each tensor's bytes, in the
-    header's data order, from the shard that names it. True if the file hashes to ``content_hash`` (else
-    nothing is left at ``dest``). Needs no run document: the record's hash checks every byte, a header or
-    shard from a damaged or hostile directory only fails it."""
+    header's data order, from the shard that names it. True if the file is the record's (else nothing is
+    left at ``dest``). Needs no run document: under the "file" rule the record's hash checks every byte, a
+    header or shard from a damaged or hostile directory only fails it; under the "header" rule (the header
+    hashes to ``content_hash``: node/store/checkpoint_hash.py) the hash checks the header only, and whoever
+    uses the file checks its tensors against the header's stage leaves (``pull``, ``audit``: every chunk)."""
     try:
         size = header.stat().st_size
         if size > 8 + MAX_HEADER_BYTES:
@@ -216,6 +244,7 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
         logger.warning("checkpoint %s not assembled from %s: %s", content_hash.hex()[:16], header, exc)
         return False
     sha = hashlib.sha256(head)
+    header_rule = header_hash(head) == content_hash
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = dest.with_name(f".{dest.name}.part")
     try:
@@ -228,7 +257,7 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
                     raise ValueError(f"{path}: tensor {name[:80]!r} cut short")
                 sha.update(data)
                 out.write(data)
-        if sha.digest() != content_hash:
+        if not header_rule and sha.digest() != content_hash:
             raise ValueError(f"the assembled file hashes to {sha.hexdigest()[:16]}")
         staged.replace(dest)
         return True
@@ -237,6 +266,40 @@ def assemble_from_files(header: Path, shards: Iterable[Path], content_hash: byte
                        f"no shard holds {exc}" if isinstance(exc, KeyError) else exc)
         staged.unlink(missing_ok=True)
         return False
+
+
+def assemble_from_blobs(headers: Iterable[bytes], shards: Callable[[int], Iterable[bytes]],
+                        content_hash: bytes, workdir: Path) -> bytes | None:
+    """The whole checkpoint ``content_hash`` from headers and stage shards offered as bytes (what peers serve
+    under its keys: an auditor's link), by :func:`assemble_from_files`: the first header that names its
+    stages (its metadata's stage leaves), every offered shard of each of them. None if they do not make the
+    record's file. ``workdir`` holds the parts meanwhile (emptied after)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="keyed-", dir=workdir))
+    try:
+        head, stages = folder / "header", None
+        for data in headers:
+            try:
+                parsed, _start = read_header(bytes_range(data))
+                meta = loads_bounded(parsed["__metadata__"]["dlx"], MAX_JSON_DEPTH)
+                stages = sorted(int(s) for s in meta["stage_leaves"])
+            except (StateError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+            head.write_bytes(data)
+            break
+        if stages is None:
+            return None
+        parts = []
+        for stage in stages:
+            for index, data in enumerate(shards(stage)):
+                parts.append(folder / f"stage{stage}-{index}.safetensors")
+                parts[-1].write_bytes(data)
+        dest = folder / "assembled.safetensors"
+        return dest.read_bytes() if assemble_from_files(head, parts, content_hash, dest) else None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def assemble_in_dirs(dirs: Iterable[Path], round_index: int, content_hash: bytes, dest: Path) -> bool:

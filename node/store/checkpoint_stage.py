@@ -72,8 +72,8 @@ def checked_header(fetch_range: FetchRange, layout: RunLayout, round_index: int,
     return ckpt, checked_stage_leaves(ckpt, layout, weights_root), header, data_start
 
 
-def read_header(fetch_range: FetchRange) -> tuple[dict, int]:
-    """The safetensors header (parsed) and the offset its data starts at."""
+def raw_header(fetch_range: FetchRange) -> bytes:
+    """The file's first ``8 + n`` bytes: its length field ``n`` and the header's bytes (not parsed)."""
     head = fetch_range(0, 8)
     if len(head) != 8:
         raise StateError("checkpoint shorter than its header's length field")
@@ -83,13 +83,19 @@ def read_header(fetch_range: FetchRange) -> tuple[dict, int]:
     raw = fetch_range(8, length)
     if len(raw) != length:
         raise StateError(f"checkpoint header cut short: {len(raw)} of {length} bytes")
+    return bytes(head) + bytes(raw)
+
+
+def read_header(fetch_range: FetchRange) -> tuple[dict, int]:
+    """The safetensors header (parsed) and the offset its data starts at."""
+    raw = raw_header(fetch_range)
     try:
-        header = loads_bounded(raw, MAX_JSON_DEPTH)
+        header = loads_bounded(raw[8:], MAX_JSON_DEPTH)
     except (ValueError, RecursionError) as exc:
         raise StateError(f"checkpoint header is not JSON: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(header, dict):
         raise StateError("checkpoint header is not an object")
-    return header, 8 + length
+    return header, len(raw)
 
 
 def checked_stage_leaves(ckpt: Checkpoint, layout: RunLayout, weights_root: bytes) -> list:

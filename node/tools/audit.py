@@ -24,7 +24,8 @@ and the two contract addresses are all it needs) and checks, item by item:
    (:func:`training.diloco.aggregate`, DiLoCo Algorithm 1's outer step,
    arXiv 2311.08105) from the initial weights or from a published checkpoint,
    compared with the committed ``weightsRoot``.
-4. **Each published checkpoint** -- the file's sha256 against the chain's content
+4. **Each published checkpoint** -- the file's sha256 (a header-hashed run's: its
+   header's hash, and every stage against its leaf) against the chain's content
    hash, its metadata, its weights against the commit of its round and, when
    the replay reached that round, against the replayed weights and momentum.
 

@@ -32,7 +32,7 @@ import json
 from typing import Any
 
 from node.errors import DLX_ERRORS, StateError
-from node.tools.evidence import first_good_copy
+from node.tools.evidence import checkpoint_digest, first_good_copy
 from node.tools.report import OK, UNVERIFIABLE, Check
 from training.jsonbound import loads_bounded
 
@@ -143,11 +143,12 @@ def _own_proof(commit: Any, prev_commit: Any, replayer: Any, sources: list, layo
             "the round published no checkpoint: its committed state is had only from its attesters "
             "(a node's prover fetches it; see the proofs a node kept)")
     expected = commit.checkpoint_hash.hex()
-    copy = first_good_copy(sources, lambda src: src.checkpoint(commit.round, expected), expected)
+    copy = first_good_copy(sources, lambda src: src.checkpoint(commit.round, expected), expected,
+                           checkpoint_digest(layout, expected))
     if copy.data is None:
         raise _NoProof(f"no source holds the round's checkpoint {expected[:16]}")
     try:
-        ckpt = parse_checkpoint(copy.data, commit.checkpoint_hash)
+        ckpt = parse_checkpoint(copy.data)  # its hash checked (a header-hashed run's: its header's)
     except StateError as exc:
         raise _NoProof(f"the round's checkpoint does not parse: {exc}") from None
     problems = chunked_problems(ckpt, layout, commit.weights_root) if len(ckpt.weights) \

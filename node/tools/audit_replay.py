@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import DLX_ERRORS, StateError
-from node.tools.evidence import first_good_copy
+from node.tools.evidence import checkpoint_digest, first_good_copy
 from node.tools.report import FAIL, OK, UNVERIFIABLE, AuditReport, Check, RoundVerdict
 
 
@@ -372,7 +372,8 @@ def check_checkpoint(
         report.checkpoints.append(Check(name, status, reason, round=record.round))
 
     expected = record.content_hash.hex()
-    copy = first_good_copy(sources, lambda src: src.checkpoint(record.round, expected), expected)
+    copy = first_good_copy(sources, lambda src: src.checkpoint(record.round, expected), expected,
+                           checkpoint_digest(layout, expected))
     if copy.data is None:
         if copy.bad:
             add(FAIL, "no copy has the published content hash: " + "; ".join(copy.bad))
@@ -380,7 +381,7 @@ def check_checkpoint(
             add(UNVERIFIABLE, "file not held by any archive or peer")
         return None
     try:
-        ckpt = parse_checkpoint(copy.data, record.content_hash)
+        ckpt = parse_checkpoint(copy.data)  # its hash checked (a header-hashed run's: its header's)
     except StateError as exc:
         add(FAIL, f"content hash right but not a valid checkpoint: {exc}")
         return None
@@ -408,7 +409,9 @@ def check_checkpoint(
     if problems:
         add(FAIL, "; ".join(problems))
         return None
-    basis = "content hash, the run document's config and stages, weights root" + (
+    basis = ("header hash, every stage's chunks against its leaf" if layout.header_hashed else
+             "content hash") \
+        + ", the run document's config and stages, weights root" + (
         ", replayed state" if replayer is not None and replayer.weights is not None else ""
     )
     add(OK, basis)

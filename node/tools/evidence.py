@@ -350,14 +350,17 @@ class ArchiveSource:
         return found
 
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
-        """The candidate file with the expected content, else the first candidate (reported as corrupt)."""
+        """The candidate file with the expected content (its sha256, or its header's hash: the record's
+        under either rule, node/store/checkpoint_hash.py), else the first candidate (reported as corrupt)."""
+        from node.store.checkpoint_hash import names_record
+
         first = None
         for path in find_checkpoint_files([self.root], round_index, content_hash_hex, self.siblings):
             try:
                 data = path.read_bytes()
             except OSError:
                 continue
-            if hashlib.sha256(data).hexdigest() == content_hash_hex:
+            if names_record(data, bytes.fromhex(content_hash_hex)):
                 return data
             first = data if first is None else first
         return first
@@ -408,7 +411,18 @@ class PeerSource:
         return self.fetcher.fetch(hash_hex)  # a sliced contribution's slice blob, served by its sender
 
     def checkpoint(self, round_index: int, content_hash_hex: str) -> bytes | None:
-        return self.fetcher.fetch(content_hash_hex)
+        """The file by its hash, else assembled from its header and stage shards as the bootstrap peers serve
+        them under their keys (a run whose nodes keep it split; a header-hashed record names no whole file):
+        node/store/checkpoint_split.py."""
+        from node.store.checkpoint_split import assemble_from_blobs, header_key, stage_key
+
+        data = self.fetcher.fetch(content_hash_hex)
+        if data is not None:
+            return data
+        digest, most = bytes.fromhex(content_hash_hex), self.fetcher.host.config.max_blob_bytes
+        return assemble_from_blobs(self.fetcher.fetch_keyed(header_key(digest), most),
+                                   lambda stage: self.fetcher.fetch_keyed(stage_key(digest, stage), most),
+                                   digest, self.fetcher.workdir)
 
 
 @dataclass
@@ -419,8 +433,10 @@ class EvidenceCopy:
     bad: list[str]  # "<source>: bytes hash to <hex>"
 
 
-def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expected_hex: str) -> EvidenceCopy:
-    """The first copy among ``sources`` whose sha256 is ``expected_hex``, noting the corrupt ones."""
+def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expected_hex: str,
+                    digest: Callable[[bytes], str] | None = None) -> EvidenceCopy:
+    """The first copy among ``sources`` whose sha256 (or ``digest``: a header-hashed checkpoint's,
+    :func:`checkpoint_digest`) is ``expected_hex``, noting the corrupt ones."""
     bad = []
     for source in sources:
         try:
@@ -430,11 +446,23 @@ def first_good_copy(sources: list, getter: Callable[[Any], bytes | None], expect
             data = None
         if data is None:
             continue
-        got = hashlib.sha256(data).hexdigest()
+        got = digest(data) if digest is not None else hashlib.sha256(data).hexdigest()
         if got == expected_hex:
             return EvidenceCopy(data, bad)
         bad.append(f"{source.name}: bytes hash to {got}")
     return EvidenceCopy(None, bad)
+
+
+def checkpoint_digest(layout: Any, expected_hex: str) -> Callable[[bytes], str]:
+    """How a checkpoint file is matched with its record's ``checkpointHash`` ``expected_hex``: under the run's
+    rule (``layout``, the run document's :class:`node.store.checkpoint.RunLayout`), or under either where no
+    run document was verified (the item is unverifiable then anyway: node/store/checkpoint_hash.py)."""
+    from node.store.checkpoint_hash import names_record, record_hash
+
+    if layout is not None:
+        return lambda data: record_hash(data, layout.header_hashed).hex()
+    expected = bytes.fromhex(expected_hex)
+    return lambda data: expected_hex if names_record(data, expected) else hashlib.sha256(data).hexdigest()
 
 
 def reader_client(args: Any) -> Any:

@@ -1,23 +1,24 @@
 """``dlx-node pull``: fetch a published checkpoint, verify it against the chain, write a transformers dir.
 
-A checkpoint is published only inside an attested round record (its ``checkpointHash``, the sha256 of the
-file). ``pull`` first judges the round on the chain alone (:func:`node.tools.standing.round_standing`,
-re-exported
-here): its commit links into the
-run's hash chain, its record was attested by ``quorum`` distinct members in force at the commit, it lies
-within the run's ``maxRounds``, and no member disputed it or any round before it (a checkpoint descends from
-every earlier round), unless a replay of the disputed round from ``--archive`` reproduces its committed
-record (:func:`cleared_disputes`; the output says which). By default it takes the latest checkpoint whose
-round passes; ``--round`` asks for one round, refused with the failed check's error
+A checkpoint is published only inside an attested round record (its ``checkpointHash``: the sha256 of the
+file, or in a header-hashed run the hash of the file's header, node/store/checkpoint_hash.py). ``pull``
+first judges the round on the chain alone (:func:`node.tools.standing.round_standing`, re-exported here):
+its commit links into the run's hash chain, its record was attested by ``quorum`` distinct members in force
+at the commit, it lies within the run's ``maxRounds``, and no member disputed it or any round before it (a
+checkpoint descends from every earlier round), unless a replay of the disputed round from ``--archive``
+reproduces its committed record (:func:`cleared_disputes`; the output says which). By default it takes the
+latest checkpoint whose round passes; ``--round`` asks for one round, refused with the failed check's error
 (:class:`node.errors.RoundNotTrusted` and its subclasses) if it does not pass.
 
 Then it takes the bytes from a local directory (``--archive``) or downloads them over libp2p from every
 provider it finds (the ``--bootstrap`` peers and the DHT; :meth:`p2p.host.P2PHost.fetch_blob` fetches ranges
-from several providers at once), and accepts them only if they hash to the record's ``checkpointHash``,
-agree with the run document, fetched by the chain's ``configHash`` from the archives or the peers (every
-metadata field, the model config included, and the tensors are exactly the run's stages), and their weights
-hash to the record's ``weightsRoot`` (:class:`node.errors.CheckpointInconsistent` otherwise; by default the
-next older trusted checkpoint is then tried). Without the run document nothing is installed
+from several providers at once), and accepts them only if they hash to the record's ``checkpointHash`` (a
+header-hashed run's: assembled from its stages' holders, the header's hash, every stage's tensors then
+checked against the header's leaves), agree with the run document, fetched by the chain's ``configHash``
+from the archives or the peers (every metadata field, the model config included, and the tensors are
+exactly the run's stages), and their weights hash to the record's ``weightsRoot``
+(:class:`node.errors.CheckpointInconsistent` otherwise; by default the next older trusted checkpoint is then
+tried). Without the run document nothing is installed
 (:class:`node.errors.RunDocumentMissing`). The exported config is the run document's, never the file's.
 Anything else is refused: a download is deleted, nothing is written to ``OUT_DIR``, and the message names the
 check that failed. The accepted weights are exported with :func:`training.export.export_hf` as a Hugging Face
@@ -67,7 +68,7 @@ class PullResult:
     out_dir: Path
     run_id: int
     round: int
-    content_hash: str
+    content_hash: str  # the record's checkpointHash (the file's sha256, or its header's: docs/PROTOCOL.md)
     source: str
     size: int
     block_size: int  # the model's context length (generation must fit in it)
@@ -79,6 +80,7 @@ class PullResult:
     commit_block: int = 0
     final: bool = True  # the chain's isFinal when pulled (False only with final_only=False)
     final_from: int = 0  # the block its own proof window closes (TrainingLedger.proofWindowOf), as read
+    file_sha256: str = ""  # the verified file's own sha256 (the content hash too, unless header-hashed)
 
 
 def _candidates(
@@ -137,15 +139,18 @@ def _verified_checkpoint(data: bytes, layout: Any, commit: Any, source: str) -> 
     from node.store.checkpoint import checkpoint_problems, parse_checkpoint
     from training.config import ModelConfig
 
+    from node.store.checkpoint_hash import record_hash
+
     round_index, content_hash = commit.round, commit.checkpoint_hash
-    got = hashlib.sha256(data).hexdigest()
+    got = record_hash(data, layout.header_hashed).hex()  # a header-hashed run's: its header's (checked below)
     if got != content_hash.hex():
         raise PullRefused(
             f"checkpoint of round {round_index} from {source} refused: expected content hash "
             f"{content_hash.hex()} (on chain), got {got}"
+            + (" (the run's records hash the checkpoint's header)" if layout.header_hashed else "")
         )
     try:
-        ckpt = parse_checkpoint(data, content_hash)
+        ckpt = parse_checkpoint(data)  # its hash was checked above (the header's, or the whole file's)
         problems = checkpoint_problems(ckpt, layout, round_index, commit.weights_root)
     except (*DLX_ERRORS, KeyError, TypeError) as exc:
         raise CheckpointInconsistent(
@@ -156,7 +161,9 @@ def _verified_checkpoint(data: bytes, layout: Any, commit: Any, source: str) -> 
             f"checkpoint {got[:16]} of round {round_index} from {source} contradicts the run document or its "
             f"record: {'; '.join(problems)}"
         )
-    return ckpt, ModelConfig(**layout.model_config)  # the run document's config, never the file's
+    # the run document's config, never the file's; and the file's own sha256 (a header-hashed record's
+    # checkpointHash is its header's, so the file's is told beside it)
+    return ckpt, ModelConfig(**layout.model_config), hashlib.sha256(data).hexdigest()
 
 
 def run_layout(history: Any, archives: Iterable[str | Path], fetcher: PeerFetcher | None) -> Any:
@@ -228,8 +235,9 @@ def cleared_disputes(client: Any, history: Any, archives: Iterable[str | Path]) 
 
 def _fetch_verified(
     run: Any, layout: Any, commit: Any, out: Path, archives: Iterable[str | Path], fetcher: PeerFetcher | None
-) -> tuple[Any, Any, str, int]:
-    """The checkpoint ``commit`` publishes, from the first archive file or peer download that verifies.
+) -> tuple[Any, Any, str, str, int]:
+    """The checkpoint ``commit`` publishes, from the first archive file or peer download that verifies: (the
+    checkpoint, its model config, the file's sha256, the source, its size).
 
     Raises:
         CheckpointInconsistent: The record's bytes were found but contradict the record.
@@ -252,25 +260,29 @@ def _fetch_verified(
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.download-", dir=out.parent))
         try:
-            # size and rate on a terminal
-            with host_progress(fetcher.host, f"checkpoint of round {commit.round}"):
-                dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
-            data = dest.read_bytes()
-            return (*_verified_checkpoint(data, layout, commit, "peers"), "peers", len(data))
-        except BlobHashMismatch as exc:
-            refusals.append(
-                PullRefused(
-                    f"checkpoint of round {commit.round} downloaded from peers refused and deleted: {exc}")
-            )
-        except PullRefused as exc:
-            refusals.append(type(exc)(f"{exc} (download deleted)"))
-        except P2PError as exc:
-            logger.warning("checkpoint %s not downloaded whole: %s", expected[:16], exc)
-            fetch_error = str(exc)
-            split = _split_from_peers(fetcher, layout, commit, staging) if layout.chunked else None
+            whole_failed = layout.header_hashed  # its record names no whole file: from its stages' holders
+            if not whole_failed:
+                try:
+                    # size and rate on a terminal
+                    with host_progress(fetcher.host, f"checkpoint of round {commit.round}"):
+                        dest = fetcher.fetch_to(expected, staging / f"{expected}.safetensors")
+                    data = dest.read_bytes()
+                    return (*_verified_checkpoint(data, layout, commit, "peers"), "peers", len(data))
+                except BlobHashMismatch as exc:
+                    refusals.append(PullRefused(f"checkpoint of round {commit.round} downloaded from peers "
+                                                f"refused and deleted: {exc}"))
+                except PullRefused as exc:
+                    refusals.append(type(exc)(f"{exc} (download deleted)"))
+                except P2PError as exc:
+                    logger.warning("checkpoint %s not downloaded whole: %s", expected[:16], exc)
+                    fetch_error, whole_failed = str(exc), True
+            split = _split_from_peers(fetcher, layout, commit, staging) if whole_failed and layout.chunked \
+                else None
             if split is not None:
                 return (*_verified_checkpoint(split.read_bytes(), layout, commit, "peers (assembled from its "
                                               "stages' holders)"), "peers", split.stat().st_size)
+            if layout.header_hashed:
+                fetch_error = "its header and stages were not all served by the peers found"
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # verified bytes are in memory; nothing half-kept
     if refusals:
@@ -357,7 +369,7 @@ def pull_checkpoint(
                               is_final=is_final)
     candidates, skipped = _candidates(history, standing, round_index)
     layout = run_layout(history, archives, fetcher)
-    record, (ckpt, model_cfg, source, size) = _first_verified(
+    record, (ckpt, model_cfg, file_sha256, source, size) = _first_verified(
         candidates, history.run, layout, out, archives, fetcher, skipped, insist=round_index is not None)
     commit = record.commit
     expected = commit.checkpoint_hash.hex()
@@ -386,7 +398,7 @@ def pull_checkpoint(
         attesters=tuple(record.attesters), submitter=record.submitter, skipped=skipped,
         members_since=_members_since(history, record), cleared=cleared, commit_block=record.block_number,
         final=is_final(commit.round),
-        final_from=client.proof_window_of(run_id, commit.round)[1],
+        final_from=client.proof_window_of(run_id, commit.round)[1], file_sha256=file_sha256,
     )
 
 

@@ -31,8 +31,10 @@ def run_pull(args: Any) -> int:
     for reason in result.skipped:
         print(f"passed over {reason}")
     print(
-        f"verified checkpoint of run {result.run_id} round {result.round} (sha256 {result.content_hash}, "
-        f"{result.size} bytes, from {result.source}) -> {out}"
+        f"verified checkpoint of run {result.run_id} round {result.round} ("
+        + (f"sha256 {result.content_hash}, " if result.file_sha256 in ("", result.content_hash) else
+           f"checkpointHash {result.content_hash} (its header's), file sha256 {result.file_sha256}, ")
+        + f"{result.size} bytes, from {result.source}) -> {out}"
     )
     for round_index, how in sorted(result.cleared.items()):
         print(f"disputed round {round_index} cleared: {how}")

@@ -89,6 +89,20 @@ class ChainDisputes:
             head = self.client.head_block()
             return self.client.availability_challenges(run_id, from_block) if from_block <= head else [], head
 
+    def contribution_cases(self, run_id: int, from_block: int) -> tuple[list[dict], int]:
+        """(the contribution cases of ``run_id`` opened in [from_block, head] on the ledger's StepProver, its
+        ``CaseOpened`` fields by name and ``block``; head): what a node's case defender reads (issue 78)."""
+        from ledger.stepcase import ledger_step_prover
+        from ledger.stepdefense import cases_opened
+
+        with self._lock:
+            head = self.client.head_block()
+            if from_block > head:
+                return [], head
+            prover = ledger_step_prover(self.client.w3, self.client.ledger_address)
+            start = max(from_block, self.client.from_block)
+            return cases_opened(self.client, prover, run_id, start, head), head
+
     def answer_challenge(self, challenge_id: bytes, leaf: bytes, path: list[bytes]) -> dict:
         with self._lock:
             return self.client.answer_challenge(challenge_id, leaf, path)

@@ -106,6 +106,8 @@ class Tribunal(Verdicts):
         accusation = msg.Accusation(outer_round, account, accused_peer, replica, evidence_hash, len(data))
         with self._lock:
             self._accusations[evidence_hash] = (outer_round, accusation)
+        if self.ctx.on_accused is not None:
+            self.ctx.on_accused(outer_round, account, evidence_hash)
         self.ctx.gossip(self.ctx.current_round(), msg.ACCUSATION, accusation)
         self._sign_verdict(outer_round, account, evidence_hash, True, accused_peer)
 

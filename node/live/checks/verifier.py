@@ -112,6 +112,9 @@ class VerifierContext:
     # Peer ids -> the platform each declared on chain when it joined (NodeChain.declared_platforms; raises
     # LedgerError if unreadable). None: no declarations (no routing, no declared-platform check).
     declared_platforms: Callable[[list[str]], dict[str, bytes]] | None = None
+    # (round, account, evidence hash) of each accusation this node opened on chain (the case opener follows
+    # it up: node/live/fraud/opener.py); None: not followed
+    on_accused: Callable[[int, bytes, bytes], None] | None = None
 
 
 class SpotChecker(ContributionRerun, Tribunal):

@@ -1,5 +1,4 @@
-"""A chunked run's stage states (a commitment scheme whose ``chunked`` is true: node/commitments/; issue 43;
-docs/FRAUD_PROOF.md).
+"""A chunked run's stage states (a scheme whose ``chunked`` is true: node/commitments/; docs/FRAUD_PROOF.md).
 
 In a chunked run the record's weights root is version 2: the Merkle root over one stage leaf per stage
 (ledger.chunkproof), each the roots of the stage's weights and outer momentum cut into chunks and the hash
@@ -12,21 +11,17 @@ stage to :meth:`ChunkedStates.record`, which
 - publishes the state: the stage's weights and momentum, as a stage shard, served to any peer under the
   alias ``sha256(stage leaf)``. A prover that derived another leaf than the committed one fetches the
   committed state from an attester of that leaf (:meth:`ChunkedStates.committed_state`) and checks it
-  against the leaf's roots before opening any chunk of it: what a prover cannot derive itself (the
-  committers' wrong weights) the committers publish. The payload pieces are not published: every holder
-  derives them from the contributions it aggregated, and the committed factors name their roots.
-- publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run
-  (node/commitments/normed.py) the factors and each accepted contribution's per-chunk sums of squares under
-  ``norms_key(stage leaf)``: a prover whose own factors differ from the committed ones opens them
-  (:meth:`ChunkedStates.committed_norms`) to prove a wrong clip scale or sum
-  (node.fraudproof.norm_proof_of_difference).
+  against the leaf's roots before opening any chunk of it. The payload pieces are not published: every
+  holder derives them from the contributions it aggregated, and the committed factors name their roots.
+- publishes what the run's scheme adds beside it (``published_parts``): in a version-3 run the factors and
+  each accepted contribution's per-chunk sums of squares under ``norms_key(stage leaf)``, which a prover
+  whose own factors differ opens (:meth:`ChunkedStates.committed_norms`) to prove a wrong scale or sum.
 
-Only the last ``PUBLISHED_ROUNDS`` rounds' states (what the attestation and the prover read) stay in memory;
-an older state whose dispute window is still open is written to ``spill_dir`` and read back only when a
-challenge asks for it; without its weights and momentum when the published state holds them (the spilled
-file names that blob, which lives exactly as long: issue 75's retention), and with the contributions' codec
-blobs in place of their payload pieces when those cut back to them (in memory, they were a soak's largest
-growth: docs/P2P.md). A published state is a packed blob, its tensors pieces shared with the start states.
+Only the last ``PUBLISHED_ROUNDS`` rounds' states stay in memory; an older one whose dispute window is open
+(or the next round's, for a node that defends its contributions: a case disputes that round's start) is
+written to ``spill_dir``, read back only when a challenge asks; without its weights and momentum when the
+published state holds them (the file names that blob, which lives as long: issue 75), and with the codec
+blobs in place of the payload pieces when those cut back to them (in memory, a soak's largest growth).
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage
 from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
 from p2p.host import P2PHost
-from training.chunks import cut_payload, tensor_leaves
+from training.chunks import CutPayload, cut_payload, tensor_leaves
 from training.robust import ContributionReport
 
 logger = logging.getLogger(__name__)
@@ -80,8 +75,10 @@ class ChunkedStates:
 
     def __init__(self, *, cfg: NodeConfig, host: P2PHost, layout: RunLayout, config_hash: bytes,
                  window: DisputeWindow | None = None, spill_dir: Path | None = None,
-                 evidence_dir: Path | None = None, sources_dir: Path | None = None) -> None:
+                 evidence_dir: Path | None = None, sources_dir: Path | None = None,
+                 keeps_starts: bool = False) -> None:
         self.cfg = cfg
+        self.keeps_starts = keeps_starts  # also kept until round r + 1's window closes: a case disputes it
         self.scheme = cfg.commitment_scheme  # what a state holds and what is published beside it
         self.window = window  # None: rounds are kept PUBLISHED_ROUNDS only (tests without a chain)
         self.host = host
@@ -271,7 +268,7 @@ class ChunkedStates:
             norms = self._published_norms.get(outer_round, {}).get(state.stage)
             blobs = self._payloads.get(outer_round, {}).get(state.stage)
         published = digest if digest is not None and self._holds_leaves(outer_round, digest, state) else None
-        payloads = self._payload_blobs(state, blobs) if blobs is not None else None
+        payloads = self._payload_blobs(state, blobs)
         norms = norms if norms is not None and state.sum_trees and self._holds_trees(norms, state) else None
         if published is None and payloads is None and norms is None:
             return state
@@ -310,11 +307,13 @@ class ChunkedStates:
         shapes = getattr(self.layout, "stage_shapes", None)
         return dict(shapes[stage]) if shapes is not None and stage < len(shapes) else None
 
-    def _payload_blobs(self, state: StageState, blobs: Sequence[bytes]) -> list[bytes] | None:
+    def _payload_blobs(self, state: StageState, blobs: Sequence[bytes] | None) -> list[bytes] | None:
         """The codec blobs of ``state``'s payload pieces in the factors' order, each cut back to its pieces
         exactly; None if one is not among ``blobs`` (the state's pieces are spilled as they are then)."""
+        if state.payload_leaves and all(isinstance(p, CutPayload) for p in state.payload_leaves):
+            return [pieces.blob for pieces in state.payload_leaves]  # cut from these blobs when read
         shapes = self._shapes(state.stage)
-        if shapes is None:
+        if shapes is None or blobs is None:
             return None
         cut = {}
         for blob in blobs:
@@ -340,7 +339,7 @@ class ChunkedStates:
                 weights, momentum = self._published_leaves(thin.published)
                 state = dataclasses.replace(state, weight_leaves=weights, momentum_leaves=momentum)
             if thin.payloads is not None:
-                pieces = [cut_payload(blob, thin.shapes) for blob in thin.payloads]
+                pieces = [CutPayload(blob, thin.shapes) for blob in thin.payloads]
                 state = dataclasses.replace(state, payload_leaves=pieces)
             if thin.norms is not None:
                 state = dataclasses.replace(state, sum_trees=self._published_trees(thin.norms, thin.leaf))
@@ -349,7 +348,7 @@ class ChunkedStates:
                            state.stage, exc)
             return None
         cut_wrong = thin.payloads is not None and tuple(
-            tree_root(list(p)) for p in state.payload_leaves) != tuple(state.factors.payload_roots)
+            tree_root(p) for p in state.payload_leaves) != tuple(state.factors.payload_roots)
         if state.leaf() != thin.leaf or cut_wrong:
             logger.warning("round %d stage %d: published state %s is not the spilled state's: not served",
                            outer_round, state.stage, str(thin.published)[:12])
@@ -365,7 +364,8 @@ class ChunkedStates:
         with self._lock:
             for r in [r for r in self._left_out if r < outer_round - PUBLISHED_ROUNDS]:
                 del self._left_out[r]  # a proof from them is built when the round is checked, not later
-        done = [r for r in old if self.window is None or not self.window.open(r)]
+        done = [r for r in old if self.window is None or not (self.window.open(r) or self.keeps_starts
+                                                               and self.window.open(r + 1))]
         with self._lock:
             spilled = {r: self._spilled.pop(r, set()) for r in done}
             for r in done:

@@ -28,6 +28,7 @@ def build_spot_checks(
     coordinator: RoundCoordinator,
     lifecycle: Lifecycle,
     charges: Queue,
+    on_accused=None,
 ) -> SpotChecker:
     """The spot checker; none are drawn where the exchange's contributions cannot be re-executed. The
     exchange's evidence is judged against the ``coordinator``'s rule whether a close stands."""
@@ -56,5 +57,6 @@ def build_spot_checks(
             charges=charges,
             rerun_inputs=exchange.rerun_inputs(),
             declared_platforms=functools.partial(chain.declared_platforms, base.run_id),
+            on_accused=on_accused,
         )
     )

@@ -9,6 +9,11 @@ momentum is dropped, not a lost checkpoint); in a hashed run, where the momentum
 only when every verified shard agrees on it. The metadata comes from the run document, never from a
 peer's shard. A round whose committed checkpoint this node did not build is fetched and checked
 against the run and the record instead (:meth:`CheckpointBuilder.committed_problems`).
+
+In a header-hashed run (``diloco.checkpoint_hash = "header"``, node/store/checkpoint_hash.py) the record names
+the hash of the checkpoint's header, which every node builds from the run document and the agreed stage
+hashes and leaves: a node verifies only the stages it holds, by the same rule, and fetches no other stage's
+shard (:meth:`CheckpointBuilder._header_hashed`).
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from pathlib import Path
 from ledger.errors import LedgerInputError
 from node.errors import DLX_ERRORS, StateError
 from node.live.exchange.pool import serve_blob
+from node.store.checkpoint_hash import checkpoint_header, header_hash, metadata_only
 from node.store.checkpoint_split import (alias_split, assemble_checkpoint, checkpoint_digest, header_key,
-                                         keeps_split, stage_key, write_split)
+                                         keeps_split, split_stages, stage_key, write_split)
+from node.store.checkpoint_stage import check_stage
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
 from node.fraudproof import parse_stage_leaf
@@ -68,6 +75,8 @@ class CheckpointBuilder:
         layout = node.layout
         states = {}
         self.chosen = {}
+        if layout.header_hashed:
+            return self._header_hashed(outer_round, atts, stage_hashes, list(stage_leaves))
         for stage in range(layout.num_stages):
             leaf = stage_leaves[stage] if layout.chunked and stage < len(stage_leaves) else None
             state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage], leaf)
@@ -85,19 +94,50 @@ class CheckpointBuilder:
                     outer_round, "; ".join(problems))
                 return None
         if keeps_split(node.cfg.storage.checkpoints, layout):
-            return self._keep_split(outer_round, full)
+            return self._keep_split(outer_round, *checkpoint_digest(full))  # hashed as it would be written
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
         serve_blob(node.host, path, link=True)  # one copy on disk: the store links the file
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
 
-    def _keep_split(self, outer_round: int, full) -> bytes:
-        """``storage.checkpoints = "stages"``: hash the checkpoint as it would be written, keep and serve its
-        header and this node's own shards of the stages whose verified state they are, not the whole file
-        (node/store/checkpoint_split.py). Returns the content hash the record names."""
+    def _header_hashed(self, outer_round: int, atts, stage_hashes: list[bytes],
+                       stage_leaves: list[bytes]) -> bytes | None:
+        """A header-hashed run's checkpoint (``diloco.checkpoint_hash = "header"``, node/store/
+        checkpoint_hash.py): only the stages this node holds are verified, each by :meth:`assemble`'s rule
+        (its own shard from its disk first) and against its agreed leaf and weights hash; the header is
+        built from the run document and the round's agreed stage hashes and leaves, and its hash is the
+        record's. No other stage's shard is fetched: its holders vouch for it, its leaf commits it, and
+        whoever reads it checks it against that leaf. Keeps the header and this node's shards (split)."""
         node = self.node
-        digest, header = checkpoint_digest(full)
+        layout = node.layout
+        if len(stage_leaves) != layout.num_stages or len(stage_hashes) != layout.num_stages:
+            logger.warning("round %d: %d agreed stage leaves for %d stages; no checkpoint", outer_round,
+                           len(stage_leaves), layout.num_stages)
+            return None
+        meta = metadata_only(layout, outer_round, dict(enumerate(stage_hashes)),
+                             dict(enumerate(stage_leaves)))
+        held = {s for s in range(layout.num_stages)
+                if node.peer_id in node.membership.holders(s) or self._own_hash(outer_round, s) is not None}
+        for stage in sorted(held):
+            state = self._verified_stage(outer_round, stage, atts, stage_hashes[stage], stage_leaves[stage])
+            try:
+                if state is None:
+                    raise StateError(f"no shard of stage {stage} verified")
+                check_stage(meta, layout, stage, parse_stage_leaf(stage_leaves[stage], stage), *state)
+            except (StateError, LedgerInputError) as exc:
+                logger.warning("round %d: this node's stage %d is not the agreed state (%s); no checkpoint",
+                               outer_round, stage, exc)
+                return None
+            del state
+        header = checkpoint_header(layout, meta)
+        return self._keep_split(outer_round, header_hash(header), header)
+
+    def _keep_split(self, outer_round: int, digest: bytes, header: bytes) -> bytes:
+        """``storage.checkpoints = "stages"`` (always in a header-hashed run): keep and serve the checkpoint's
+        header and this node's own shards of the stages whose verified state they are, not the whole file
+        (node/store/checkpoint_split.py), under the keys of ``digest``, the content hash the record names."""
+        node = self.node
         own = {stage: shard.hex() for stage, shard in self.chosen.items()
                if shard == self._own_hash(outer_round, stage)}
         head, _listing = write_split(node.checkpoint_dir, outer_round, digest, header, own)
@@ -262,9 +302,11 @@ class CheckpointBuilder:
             if not held:  # the fetch kept a copy in the blob store: never pruned with the checkpoints, so
                 node.host.remove_blob(content_hash.hex())  # dropped (the holders serve their shards)
 
-    def _fetch_split(self, outer_round: int, content_hash: bytes, weights_root: bytes):
-        """The checkpoint ``content_hash`` assembled from its header and stage shards as the live peers serve
-        them under their keys (node/store/checkpoint_split.py), each checked; nothing kept on disk."""
+    def _fetch_split(self, outer_round: int, content_hash: bytes, weights_root: bytes, stages=None):
+        """The checkpoint ``content_hash`` from its header and stage shards as the live peers serve them under
+        their keys (node/store/checkpoint_split.py), each checked; nothing kept on disk. Assembled whole and
+        checked against the record's hash in a file-hashed run; in a header-hashed run only ``stages`` are
+        fetched (the header's hash is the record's, each stage is checked against its leaf)."""
         node = self.node
         peers = node.membership.live_providers()
         timeout = node.cfg.p2p.transfer_timeout
@@ -274,11 +316,16 @@ class CheckpointBuilder:
                                                                                 timeout=timeout)
                     for peer in peers]
 
+        def shards(stage: int) -> list:
+            return remote(stage_key(content_hash, stage))
+
+        if node.layout.header_hashed:
+            return split_stages(remote(header_key(content_hash)), shards, node.layout, outer_round,
+                                weights_root, stages or (), content_hash)
         dest = node.incoming_dir / f"{content_hash.hex()}.assembled"
         try:
-            assemble_checkpoint(remote(header_key(content_hash)),
-                                lambda stage: remote(stage_key(content_hash, stage)),
-                                node.layout, outer_round, weights_root, content_hash, dest)
+            assemble_checkpoint(remote(header_key(content_hash)), shards, node.layout, outer_round,
+                                weights_root, content_hash, dest)
             return read_checkpoint(dest, content_hash)
         finally:
             dest.unlink(missing_ok=True)
@@ -288,25 +335,48 @@ class CheckpointBuilder:
 
         For a round this node built no checkpoint of (a momentum disagreement, a shard not
         fetched): fetch the committed one and check it against the run document and the record,
-        and this node's own stages against its own state (momentum included).
+        and this node's own stages against its own state (momentum included). In a header-hashed run
+        only its header and this node's stages are fetched (the header commits every stage's leaf); where
+        the run's nodes keep checkpoints split, the split is tried before the whole file.
         """
         node = self.node
-        try:
-            ckpt = self._fetch_checkpoint_file(content_hash)
-        except DLX_ERRORS as exc:
-            if not node.layout.chunked:
-                return [f"not fetched: {exc}"]
-            try:  # its holders may keep it split (storage.checkpoints = "stages")
-                ckpt = self._fetch_split(outer_round, content_hash, weights_root)
-            except DLX_ERRORS as split_exc:
-                return [f"not fetched: {exc}; nor assembled from its stages' holders: {split_exc}"]
-        problems = checkpoint_problems(ckpt, node.layout, outer_round, weights_root)
-        for stage in range(node.layout.num_stages):
-            local = node.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
-            if problems or not local.exists():
-                continue
-            own = read_checkpoint(local)
-            names = node.layout.stage_names(stage)
+        layout = node.layout
+        held = [s for s in range(layout.num_stages) if self._local(outer_round, s).exists()]
+        if layout.header_hashed:
+            try:
+                ckpt = self._fetch_split(outer_round, content_hash, weights_root, held)
+            except DLX_ERRORS as exc:
+                return [f"not fetched from its stages' holders: {exc}"]
+            problems = []
+        else:
+            ckpt, why = self._fetched_whole_or_split(outer_round, content_hash, weights_root)
+            if ckpt is None:
+                return [why]
+            problems = checkpoint_problems(ckpt, layout, outer_round, weights_root)
+        for stage in held:
+            if problems:
+                break
+            own = read_checkpoint(self._local(outer_round, stage))
+            names = layout.stage_names(stage)
             if stage_weights_hash({n: ckpt.momentum[n] for n in names}) != stage_weights_hash(own.momentum):
                 problems.append(f"its stage {stage} momentum is not this node's")
         return problems
+
+    def _fetched_whole_or_split(self, outer_round: int, content_hash: bytes, weights_root: bytes):
+        """(the file-hashed checkpoint ``content_hash``, "") fetched whole or assembled from its stages'
+        holders, the split first where this node keeps the run's checkpoints split (its peers then hold no
+        whole file to ask each of for); (None, why neither was fetched)."""
+        node = self.node
+        ways = [("not fetched", lambda: self._fetch_checkpoint_file(content_hash))]
+        if node.layout.chunked:  # its holders may keep it split (storage.checkpoints = "stages")
+            split = ("nor assembled from its stages' holders",
+                     lambda: self._fetch_split(outer_round, content_hash, weights_root))
+            first = keeps_split(node.cfg.storage.checkpoints, node.layout)
+            ways = [split, *ways] if first else [*ways, split]
+        errors = []
+        for what, fetch in ways:
+            try:
+                return fetch(), ""
+            except DLX_ERRORS as exc:
+                errors.append(f"{what}: {exc}")
+        return None, "; ".join(errors)

@@ -28,8 +28,8 @@ from node.live.state.station import NOT_CONTRIBUTING
 from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, checkpoint_problems, read_checkpoint
-from node.store.checkpoint_split import (file_range, head_path, header_key, read_split, shard_path,
-                                         split_path, split_stages, stage_key)
+from node.store.checkpoint_split import (file_range, head_path, header_key, keeps_split, read_split,
+                                         shard_path, split_path, split_stages, stage_key)
 from node.store.checkpoint_stage import fetch_checkpoint_stages
 from p2p.errors import BlobError, P2PError
 from training.errors import PipelineError
@@ -233,7 +233,8 @@ class RunEntry:
         path = self.checkpoint_dir / f"round-{candidate.round:08d}.safetensors"
         providers = self.membership.live_providers()
         kept_split = split_path(self.checkpoint_dir, candidate.round).exists()
-        if (providers or kept_split) and not path.exists() and self.layout.chunked:
+        by_stages = (providers or kept_split) and not path.exists() and self.layout.chunked
+        if by_stages or self.layout.header_hashed:  # a header-hashed record names no whole file
             record = self.chain.commit_of(self.run_id, candidate.round)
             if record is None:
                 return None, ["its round is not committed"]
@@ -247,8 +248,19 @@ class RunEntry:
         """The stages this node holds of ``candidate``'s checkpoint in a chunked run, fetched by range from
         the first of ``providers`` that serves them and checked against the record
         (node/store/checkpoint_stage.py: its stage leaves commit each stage's weights and momentum), not the
-        whole model's file. StateError if every peer served something else, P2PError if none answered."""
+        whole model's file. Where the run's checkpoints are kept split (always in a header-hashed run, whose
+        record names no whole file) the split is tried first. StateError if every peer served something else,
+        P2PError if none answered."""
         digest, refused, wrong = candidate.content_hash.hex(), [], False
+        split_first = self.layout.header_hashed or keeps_split(self.cfg.storage.checkpoints, self.layout)
+        if split_first:
+            try:
+                return self._split_stages(candidate, weights_root, providers)
+            except StateError as exc:
+                refused.append(f"split: {exc}")
+            if self.layout.header_hashed:  # no live peer and no split of its own: the network's fault
+                kept = split_path(self.checkpoint_dir, candidate.round).exists()
+                raise (StateError if providers or kept else BlobError)(" | ".join(refused)[:2000])
         with host_progress(self.host, f"stages {list(self.worker.stages)} of round {candidate.round}'s "
                                       "checkpoint"):
             for peer in providers:
@@ -266,12 +278,11 @@ class RunEntry:
                             "the record (not the whole model's file)", candidate.round,
                             list(self.worker.stages), peer[-8:])
                 return ckpt
-        try:  # kept split (storage.checkpoints = "stages"): this node's own copy first, then the holders'
-            ckpt = self._split_stages(candidate, weights_root, providers)
-        except StateError as exc:
-            refused.append(f"split: {exc}")
-        else:
-            return ckpt
+        if not split_first:  # kept split by others (storage.checkpoints = "stages"): the holders' keys
+            try:
+                return self._split_stages(candidate, weights_root, providers)
+            except StateError as exc:
+                refused.append(f"split: {exc}")
         raise (StateError if wrong else BlobError)(" | ".join(refused)[:2000])
 
     def _split_stages(self, candidate, weights_root: bytes, providers: list[str]) -> Checkpoint:
@@ -295,7 +306,8 @@ class RunEntry:
             local = [file_range(shard_path(folder, candidate.round, stage))] if stage in own else []
             return local + remote(stage_key(digest, stage))
 
-        ckpt = split_stages(headers, shards, self.layout, candidate.round, weights_root, self.worker.stages)
+        ckpt = split_stages(headers, shards, self.layout, candidate.round, weights_root, self.worker.stages,
+                            digest)
         logger.info("round %d's checkpoint: stages %s from its header and stage shards (kept split), checked "
                     "against the record", candidate.round, list(self.worker.stages))
         return ckpt

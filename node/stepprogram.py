@@ -1,0 +1,148 @@
+"""A run's step program as a node holds it (issue 78; docs/FRAUD_PROOF.md "The run's program", "The node
+defends its contributions").
+
+The chain fixes a run's program by a hash (``StepProver.programOf``: its root, state leaves, ops and depth)
+and its state's origins by a root (``originOf``); a node that defends a contribution needs the program
+itself, to run it from the committed start and answer a game's moves. The run's creator publishes it as a
+JSON file (:meth:`StepProgram.load`)::
+
+    {"ops": [[kind, rows, inner, cols, a_len, b_len, a_index, b_index], ...],
+     "copies": [trace leaf of state tensor q after the step, ...],
+     "depth": trace tree depth,
+     "origins": [[stage tensor (4294967295: starts at zero), numel, first chunk, stage chunks], ...]}
+
+(the fields of ``ledger.stepproof.spec_leaf``, ``copy_leaf`` and ``origin_leaf``), and the node checks it
+against the chain before it claims anything (:meth:`StepProgram.check_on`). :meth:`StepProgram.defense` runs
+it for a claim's steps from the committed start's weight chunk leaves, in the documented op order
+(``training.step_trace.run_op``), and gives the defender's side of every game.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ledger.chunkproof import tree_root
+from ledger.stepdefense import DefenseSide
+from ledger.stepproof import ZERO_START, StepTrace, origin_leaf, program_hash
+from node.errors import ConfigError
+from training.chunks import CHUNK_ELEMENTS, leaf_values
+from training.step_trace import MATMUL, element_leaves, partial_sums, run_op
+
+#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL).
+KINDS = range(1, MATMUL + 1)
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """A run's step program (module docstring): its ops, the state's copies, the trace depth, the origins."""
+
+    ops: tuple[tuple[int, ...], ...]
+    copies: tuple[int, ...]
+    depth: int
+    origins: tuple[tuple[int, int, int, int], ...]
+
+    def __post_init__(self) -> None:
+        state, ops = len(self.copies), len(self.ops)
+        if not ops or not state or len(self.origins) != state:
+            raise ConfigError(f"step program: {ops} ops, {state} state tensors and {len(self.origins)} "
+                              "origins: needs at least one op and one origin per state tensor")
+        if not 0 <= self.depth <= 32 or (1 << self.depth) < state + ops:
+            raise ConfigError(f"step program: depth {self.depth} holds no {state + ops} trace leaves")
+        for j, spec in enumerate(self.ops):
+            if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec):
+                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5, rows, inner, cols, "
+                                  "a_len, b_len, a_index, b_index]")
+            if max(spec[6], spec[7]) >= state + j:
+                raise ConfigError(f"step program: op {j} reads trace leaf {max(spec[6], spec[7])}, not one "
+                                  "before it")
+        if any(not 0 <= c < state + ops for c in self.copies):
+            raise ConfigError(f"step program: copies {list(self.copies)} past the {state + ops} trace leaves")
+        if any(len(o) != 4 or o[1] < 1 for o in self.origins):
+            raise ConfigError("step program: each origin is [tensor, numel >= 1, first chunk, stage chunks]")
+
+    @classmethod
+    def load(cls, path: str | Path) -> StepProgram:
+        """The program in JSON file ``path``; ConfigError naming what is wrong."""
+        try:
+            value = json.loads(Path(path).read_text())
+            return cls(tuple(tuple(int(v) for v in spec) for spec in value["ops"]),
+                       tuple(int(c) for c in value["copies"]), int(value["depth"]),
+                       tuple(tuple(int(v) for v in o) for o in value["origins"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"step program {path}: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def to_json(self) -> str:
+        return json.dumps({"ops": [list(s) for s in self.ops], "copies": list(self.copies),
+                           "depth": self.depth, "origins": [list(o) for o in self.origins]})
+
+    def origin_leaves(self) -> list[bytes]:
+        return [origin_leaf(*o) for o in self.origins]
+
+    def head(self) -> tuple:
+        """A ``RunClaim``'s program fields: (programRoot, stateLeaves, ops, depth)."""
+        return tree_root(self.trace([]).program()), len(self.copies), len(self.ops), self.depth
+
+    def trace(self, leaves: list[list[bytes]]) -> StepTrace:
+        return StepTrace(leaves, [tuple(s) for s in self.ops], list(self.copies), self.depth)
+
+    def check_on(self, chain_program: bytes, chain_origins: bytes) -> None:
+        """ConfigError unless this is the program and origins the chain fixed for the run (``programOf``,
+        ``originOf``)."""
+        if program_hash(self.head()) != chain_program:
+            raise ConfigError(f"the step program file is not the run's: its hash "
+                              f"{program_hash(self.head()).hex()}, the chain's 0x{chain_program.hex()} "
+                              "(zero: the run has none)")
+        if tree_root(self.origin_leaves()) != chain_origins:
+            raise ConfigError("the step program file's origins are not the run's (StepProver.originOf)")
+
+    def start_state(self, committed: list[bytes]) -> list[torch.Tensor]:
+        """The first state of a claim: each state tensor's elements read from the committed start's weight
+        chunk leaves where its origin lies (zeros for a tensor that starts at zero); ConfigError where the
+        leaves do not hold it."""
+        state = []
+        for q, (tensor, numel, first, _chunks) in enumerate(self.origins):
+            if tensor == ZERO_START:
+                state.append(torch.zeros(numel, dtype=torch.float32))
+                continue
+            bits: list[int] = []
+            for i in range(math.ceil(numel / CHUNK_ELEMENTS)):
+                if first + i >= len(committed):
+                    raise ConfigError(f"state tensor {q}: chunk {first + i} past the start's "
+                                      f"{len(committed)}")
+                (leaf_tensor, offset, _cols, _count), values = leaf_values(committed[first + i])
+                if leaf_tensor != tensor or offset != i * CHUNK_ELEMENTS:
+                    raise ConfigError(f"state tensor {q}: chunk {first + i} is tensor {leaf_tensor} at "
+                                      f"{offset}, not tensor {tensor} at {i * CHUNK_ELEMENTS}")
+                bits += values
+            state.append(torch.from_numpy(np.array(bits[:numel], dtype=np.uint32).view(np.float32)))
+        return state
+
+    def run(self, state: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
+        """Each step's trace tensors (the state, then each op's output) for ``steps`` steps from ``state``."""
+        out = []
+        for _ in range(steps):
+            tensors = [t.reshape(-1) for t in state]
+            for kind, rows, inner, cols, _a_len, _b_len, a_index, b_index in self.ops:
+                tensors.append(run_op(kind, rows, inner, cols, tensors[a_index], tensors[b_index]))
+            out.append(tensors)
+            state = [tensors[c] for c in self.copies]
+        return out
+
+    def defense(self, committed: list[bytes], steps: int) -> DefenseSide:
+        """The honest defender's side of a claim of ``steps`` steps from the committed start ``committed``."""
+        runs = self.run(self.start_state(committed), steps)
+
+        def sums(step: int, op: int, elem: int, point: int) -> int:
+            _kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
+            tensors = runs[step]
+            return partial_sums(tensors[a_index].view(rows, inner), tensors[b_index].view(inner, cols),
+                                elem // cols, elem % cols)[point]
+
+        return DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
+                           self.origin_leaves(), list(committed), sums)

@@ -1,0 +1,97 @@
+"""A real node process defends its contribution (issue 78, docs/FRAUD_PROOF.md "The node defends its
+contributions").
+
+Two node processes on a real anvil, one replica each, a normed run of the tiny model whose step program the
+run's creator fixed before the first commit (a one-op program over the stage's smallest tensor, the weights
+squared element by element each inner step: a documented program of StepProver's operations, not the model's
+step, which no program expresses yet) and which every node is given (``ledger.step_program``). Once round 2
+is committed, an outsider opens a case against round 1's first listed contribution and a challenger answers
+every level at random: the contributor's node notices the case, claims its contribution from what it kept
+and plays the whole game from its own process; the challenger loses its bond to it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from ledger.account import dev_account
+from ledger.client import LedgerClient
+from ledger.stepcase import ledger_step_prover, run_stake
+from ledger.stepproof import MUL, PHASES, StepProverClient
+from node.casesubject import kept_case, open_case
+from node.config import load_config
+from node.runconfig import config_hash, run_document
+from node.stepprogram import StepProgram
+from node.store.checkpoint import RunLayout
+from tests.node_fixtures import TINY, run_logs, wait_for
+from training.chunks import stage_layout
+
+OPENER, LIAR = 8, 5  # dev accounts outside the run
+STAKE = 10**18
+
+
+def _program(run) -> StepProgram:
+    """The run's program: its stage 0's smallest tensor squared, element by element, each step."""
+    cfg = load_config(None, run._base_settings())
+    document = run_document(cfg)
+    shapes = RunLayout.of_document(run.run_id, config_hash(document), document).stage_shapes[0]
+    places = stage_layout(shapes)
+    first = {p.tensor: p.index for p in reversed(places)}
+    sizes = {p.tensor: 0 for p in places}
+    for p in places:
+        sizes[p.tensor] += p.count
+    tensor = min(sizes, key=lambda t: (sizes[t], t))
+    n = sizes[tensor]
+    return StepProgram(((MUL, n, 0, 1, n, n, 0, 0),), (1,), 1, ((tensor, n, first[tensor], len(places)),))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_node_process_defends_its_contribution_against_a_lying_challenger(make_run, tmp_path):
+    program_file = tmp_path / "program.json"
+    run = make_run(replicas=2, stages=1, split=False, stake_wei=STAKE, accusation_blocks=60,
+                   dispute_blocks=1000,
+                   settings=[*TINY, "join_timeout=90", "rounds=40", f"ledger.step_program={program_file}"])
+    program = _program(run)
+    program_file.write_text(program.to_json())
+    w3 = run.client().w3
+    client = StepProverClient(w3, ledger_step_prover(w3, run.ledger))
+    client.set_program(dev_account(0, w3.eth.chain_id).address, run.run_id, program.head(),
+                       program.origin_leaves())
+    run.start()
+    reader = run.client()
+    wait_for(lambda: reader.commit_count(run.run_id) >= 3, 600, "round 2's commit", run)
+    opener_client = LedgerClient(w3, dev_account(OPENER, w3.eth.chain_id), run.registry, run.ledger)
+    kept = kept_case([slot.data_dir for slot in run.nodes], opener_client, run.run_id, 1, 0)
+    subject = kept.subject(0)
+    author = kept.factors_parsed().norms.contributors[0]
+    stake = run_stake(w3, run.ledger, run.run_id)
+    open_case(opener_client, client.contract, subject, stake)
+    key = bytes(client.contract.functions.contributionOf(*subject.fields()[:4]).call())
+    wait_for(lambda: client.contract.functions.caseOf(key).call()[2] >= 1, 120, "the author's claim", run)
+    claimed = client.contract.events.RunClaimed().get_logs(from_block=0)
+    assert [(bytes(e.args.payloadRoot), e.args.defender.lower()) for e in claimed] == [
+        (subject.payload_root, author.lower())]
+    claim_id = bytes(claimed[0].args.claimId)
+    client.bond = stake
+    liar = dev_account(LIAR, w3.eth.chain_id).address
+    client._send("challengeRun", liar, claim_id, value=stake)
+    game_id = bytes(client.contract.functions.gameIdOf(claim_id, liar).call())
+    rng, n = random.Random(3), program.ops[0][1]
+    moves = {"Steps": ("judgeStateRoot", lambda: (rng.random() < 0.5,)),
+             "TraceEnd": ("disputeTrace", tuple), "Ops": ("judgeRoot", lambda: (rng.random() < 0.5,)),
+             "Pick": ("pickElement", lambda: (rng.randrange(n),))}
+    deadline = time.monotonic() + 300
+    while (state := client.game(game_id))["phase"] != PHASES.index("Done"):
+        assert time.monotonic() < deadline, f"the game stalled in {PHASES[state['phase']]}\n{run_logs(run)}"
+        if not state["defenderTurn"]:
+            name, args = moves[PHASES[state["phase"]]]
+            client._send(name, liar, game_id, *args())
+        time.sleep(0.5)
+    assert not client.wrong(claim_id), run_logs(run)
+    assert client.contract.functions.balanceOf(author).call() == stake
+    logs = "\n".join(p.read_text() for slot in run.nodes for p in slot.data_dir.glob("node-*.log"))
+    assert "claimed this node's contribution 0" in logs and "CANNOT DEFEND" not in logs
