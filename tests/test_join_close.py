@@ -36,8 +36,16 @@ def setup(joiner_training: int, joiner_first: int, outer_round: int = 5):
 
 
 def contribute(book, pool, outer_round, replica, peer):
-    book.add_announce(outer_round, 0, Announced(peer, replica, digest(peer), 100))
+    announce(book, outer_round, replica, peer)
     pool.held.add((replica, peer, digest(peer)))
+
+
+def announce(book, outer_round, replica, peer):
+    """``peer``'s announces of its replica's contribution to ``outer_round``: of both stages it holds (a close
+    of stage 0 takes a replica only with its stage-1 contribution: RoundCoordinator.partial_replicas)."""
+    for stage in (0, 1):
+        envelope = digest(peer if stage == 0 else f"{peer}/1")
+        book.add_announce(outer_round, stage, Announced(peer, replica, envelope, 100))
 
 
 def closed_replicas(coordinator, outer_round: int) -> list[int] | None:
@@ -141,7 +149,7 @@ def test_a_round_before_its_first_that_a_member_re_announced_waits_for_that_cont
     timing."""
     book, pool, coordinator = setup(joiner_training=-1, joiner_first=51, outer_round=48)
     took(coordinator, 47, ["peer-a", "peer-b", "peer-c"])
-    book.add_announce(48, 0, Announced("peer-c", 2, digest("peer-c"), 100))  # on its way, not fetched yet
+    announce(book, 48, 2, "peer-c")  # on its way, not fetched yet
     assert coordinator.expects("peer-c", 48, 0)
     assert closed_replicas(coordinator, 48) is None
     pool.held.add((2, "peer-c", digest("peer-c")))

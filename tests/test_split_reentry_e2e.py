@@ -54,7 +54,9 @@ def test_a_re_formed_pipeline_enters_a_round_both_replicas_contribute_to_and_it_
 
     report = audit_run(client, run.run_id, archives=[s.data_dir for s in run.nodes], replay=False,
                        reexecute=-1)
+    # A failing run's directories are kept (pyproject: tmp_path_retention_policy "failed"): named here.
+    kept = f"nodes' logs and archives under {run.workdir}"
     reruns = [c for c in report.general if c.name.startswith("re-execution")]
-    assert reruns, [c.line() for c in report.general]
-    assert all(c.status == OK for c in reruns), [c.line() for c in reruns if c.status != OK]
-    assert not [c for c in report.general if c.status == FAIL], [c.line() for c in report.general]
+    assert reruns, ([c.line() for c in report.general], kept)
+    assert all(c.status == OK for c in reruns), ([c.line() for c in reruns if c.status != OK], kept)
+    assert not [c for c in report.general if c.status == FAIL], ([c.line() for c in report.general], kept)

@@ -19,6 +19,15 @@ its fetches make progress, and refused only after :meth:`RoundCoordinator.stall_
 seconds without any (a slow or CPU-starved machine makes a round slower, not
 its set different); the named contributions are fetched from their senders
 and from the close's coordinator, which held every one of them when it closed.
+
+A round a restarted node catches up (one before the first it contributes to:
+:meth:`Station.catching_up <node.live.state.station.Station.catching_up>`) was
+closed by the run while it was away: it takes the close the others took as soon
+as that is here, whoever signed it, and closes the round itself only at its
+deadline, if none came. Before, a restarted node that ranked first among the
+stage's holders closed such rounds anew at once, with what it held then (its
+own re-announced contribution too, which the run's close may have left out):
+its weights then left the committed record (issue 75).
 """
 
 from __future__ import annotations
@@ -247,12 +256,14 @@ class RoundCoordinator(CloseJudging, TakingOver):
             # once. Not the ejected ones: when a node learns of an ejection is its own timing, and the
             # set it aggregates must not depend on it (an ejected member's close is judged as any).
             ranked = [c for c in order if (c == self.peer_id or c in present) and c not in refused]
+            catching_up = self.station is not None and self.station.catching_up(outer_round)
+            at_once = order if catching_up else ranked[:1]  # catching up: the run's close, whoever signed it
             for rank, coordinator in enumerate(order):
                 if coordinator in refused or coordinator not in closes:
                     continue
                 # A lower-ranked coordinator's close counts from deadline + rank x fallback (when it
                 # may close), or at once if every coordinator ranked above it is gone or refused.
-                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in ranked[:1]:
+                if rank == 0 or now >= deadline + rank * CLOSE_FALLBACK_S or coordinator in at_once:
                     if verdicts[coordinator] == PENDING:
                         return None  # its contributions are still on their way
                     if coordinator != self.peer_id and \
@@ -262,6 +273,8 @@ class RoundCoordinator(CloseJudging, TakingOver):
             if outer_round > self.previous_life_finished and self.peer_id in ranked:
                 rank = ranked.index(self.peer_id)
                 if rank == 0:
+                    if catching_up and now < deadline:
+                        return None  # the run's close comes with the peers' messages (resync)
                     close = self.try_close(outer_round, stage, final=now >= deadline, alive=alive)
                     if close is None and now >= deadline and self._asked_by_lower(outer_round, stage, order):
                         self._yield(outer_round, stage)  # the answer to a takeover: this node will not close
@@ -383,6 +396,11 @@ class RoundCoordinator(CloseJudging, TakingOver):
                 continue
             if peer in alive and peer not in bad_senders and self.expects(peer, outer_round, stage):
                 expected.add(peer)
+        # A replica's stage is closed only with its partner stages (a split cluster's): never a part of a
+        # replica whose other stages will not come (no rerun could check it), and not before they came.
+        waiting, orphaned = self.partial_replicas(outer_round, stage, ready, alive)
+        expected -= orphaned
+        ready = {p: a for p, a in ready.items() if p not in waiting and p not in orphaned}
         replicas = {a.replica for a in ready.values()}
         if not ready or not (expected <= set(ready) or (final and len(replicas) >= self.quorum)):
             return None  # never an empty close: a round without contributions waits for them
@@ -391,6 +409,41 @@ class RoundCoordinator(CloseJudging, TakingOver):
         close = msg.Close(entries, close_steps(entries, have, self.steps_range))
         late = {placements[p].replica for p in expected - set(ready)}
         if log:
-            logger.info("round %d stage %d closed with replicas %s%s", outer_round, stage, sorted(replicas),
-                        f" (missing {sorted(late)})" if late else "")
+            logger.info("round %d stage %d closed with replicas %s%s%s", outer_round, stage, sorted(replicas),
+                        f" (missing {sorted(late)})" if late else "",
+                        f" (replica(s) {sorted(placements[p].replica for p in orphaned)} left out: their "
+                        "other stages' contributions will not come)" if orphaned else "")
         return close
+
+    def partial_replicas(self, outer_round: int, stage: int, ready: dict, alive: set[str]) -> tuple[set, set]:
+        """(waiting, orphaned): the peers of ``ready`` (peer -> its announce of (round, stage)) whose replica
+        has not announced its contribution of every other stage of the round: ``waiting`` while a holder of
+        such a stage is still waited for (:meth:`expects`; this node itself if it contributed), else
+        ``orphaned`` (its holders gone or no longer waited for: a split cluster's partner died between the
+        two stages' publishes).
+
+        docs/PROTOCOL.md, "A split cluster that loses a node": a replica is rerun whole (every stage's start
+        state and claim), so a stage aggregated without its partner's contribution could be checked by no
+        spot check and no audit (issue 75: a partner killed after the pipeline's eval and before its
+        publish left round 4 of replica 0 with stage 0 only). A replica's stage waits for its partners'
+        announces like any expected contribution; at the deadline, or once the partner is gone, the
+        replica is left out of the close (its signer keeps the envelope, ``left_out_own``)."""
+        others = [s for s in range(self.membership.num_stages) if s != stage]
+        if not others:
+            return set(), set()
+        announced = {s: {a.replica for a in self.book.snapshot_announces(outer_round, s).values()}
+                     for s in others}
+        placements = self.membership.placements
+        waiting, orphaned = set(), set()
+        for peer, announce in ready.items():
+            missing = [s for s in others if announce.replica not in announced[s]]
+            if not missing:
+                continue
+            holders = [(p, s) for p, pl in placements.items() for s in missing
+                       if pl.replica == announce.replica and s in pl.stages]
+            if any(self.contributed(outer_round) if p == self.peer_id else
+                   p in alive and self.expects(p, outer_round, s) for p, s in holders):
+                waiting.add(peer)
+            else:
+                orphaned.add(peer)
+        return waiting, orphaned

@@ -24,6 +24,7 @@ from node.errors import DLX_ERRORS, NetworkUnreachable, StateError
 from node.live.worker.contributor import Contributor, PipelineBroken
 from node.live.exchange.coordination import CloseInterrupted, RoundStopped
 from node.live.round.finisher import RoundFinisher
+from node.live.state.station import NOT_CONTRIBUTING
 from node.live.worker.replica import PipelineRejoin, ReplicaWorker
 from node.progress import host_progress
 from node.store.checkpoint import Checkpoint, checkpoint_problems, read_checkpoint
@@ -35,10 +36,6 @@ from training.errors import PipelineError
 from training.schedule import pending_after_round
 
 logger = logging.getLogger(__name__)
-
-#: ``first_round`` in the hellos of a node sitting rounds out while its cluster's pipeline is down:
-#: it contributes to no round until it re-enters, so no coordinator waits for it.
-NOT_CONTRIBUTING = 2**62
 
 
 class RunEntry:

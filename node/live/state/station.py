@@ -16,6 +16,11 @@ import threading
 from node.live.state.topology import Placement
 
 
+#: ``first_round`` of a node sitting rounds out while its split cluster's pipeline is down (node/live/round/
+#: entry.py): it contributes to no round until it re-enters, so no coordinator waits for it.
+NOT_CONTRIBUTING = 2**62
+
+
 class Station:
     """This node's place in the run (see module docstring); empty until :meth:`place`."""
 
@@ -39,6 +44,12 @@ class Station:
     def contribute_from(self, outer_round: int) -> None:
         """Announce ``outer_round`` as the first round this process contributes to."""
         self.first_round = outer_round
+
+    def catching_up(self, outer_round: int) -> bool:
+        """Whether ``outer_round`` is a round this process entered after (it catches it up, contributing
+        nothing: the run closed it, or closes it, without this node), not one it sits out
+        (:data:`NOT_CONTRIBUTING`)."""
+        return 0 <= outer_round < self.first_round < NOT_CONTRIBUTING
 
     def placement(self) -> Placement | None:
         return self._placement
