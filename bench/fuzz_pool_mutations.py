@@ -16,7 +16,7 @@ the same run first.
     python bench/fuzz_pool_mutations.py --machine forge --examples 8 --steps 128 --jobs 2  # forge campaign
 
 The trust fuzzer's and the forge campaign's checks each write one current result (``RESULTS``:
-bench/results/pool_mutations.json and pool_mutations_forge.json, docs/RESULTS.md); the pool machine's are
+bench/results/pool_mutations.json, one entry a machine, docs/RESULTS.md); the pool machine's are
 printed (docs/REWARDS.md has its table).
 """
 
@@ -38,7 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: Each machine's one current result (the pool machine's is printed only).
-RESULTS = {"trust": "bench/results/pool_mutations.json", "forge": "bench/results/pool_mutations_forge.json"}
+#: The one current result: each machine's latest run under ``machines[<machine>]`` (a run replaces its own).
+RESULT = "bench/results/pool_mutations.json"
 #: What a result was measured on (their sha256 in the JSON): the contract and the machines.
 SOURCES = ("contracts/src/RewardPool.sol", "tests/reward_machine.py", "tests/trust_machine.py",
            "tests/trust_pool.py", "contracts/forge/test/PoolHandler.sol",
@@ -214,10 +215,10 @@ def main() -> int:
                              "or the forge pool campaign (R1-R5: --examples sequences of --steps calls)")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each its own process)")
     parser.add_argument("--out", help="write the result here (default: the machine's one current result, "
-                                      "RESULTS[machine]; the pool machine's: none)")
+                                      "RESULT, under machines.<machine>; the pool machine's: none)")
     args = parser.parse_args()
-    if args.out is None and args.machine in RESULTS:
-        args.out = str(REPO / RESULTS[args.machine])
+    if args.out is None and args.machine in ("trust", "forge"):
+        args.out = str(REPO / RESULT)
     load = list(os.getloadavg())
     chosen = [None] * (not args.no_baseline) + [m for m in MUTATIONS if not args.only or m.name in args.only]
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -229,9 +230,8 @@ def main() -> int:
           f"mutations caught" + (f"; missed: {', '.join(missed)}" if missed else ""))
     if args.out:
         sys.path.insert(0, str(REPO))
-        from bench.benchio import write_result
         trust = args.machine == "trust"
-        write_result(args.out, {
+        run = {
             "machine": args.machine, "examples": args.examples, "steps": args.steps, "derandomized": True,
             "weights": TRUST_WEIGHTS if trust else {},
             "funding_rounds": _trust_setting("FUNDING_ROUNDS") if trust else None,
@@ -241,9 +241,22 @@ def main() -> int:
             "as_expected": sum(1 for r in results if r["expected"] and r["expected"] in r["caught_by"]),
             "forge_seed": hex(FORGE_SEED) if args.machine == "forge" else None,
             "jobs": args.jobs, "results": results,
-            "sources": {name: hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in SOURCES}},
-            load)
+            "sources": {name: hashlib.sha256((REPO / name).read_bytes()).hexdigest() for name in SOURCES}}
+        _write_machine(Path(args.out), args.machine, run, load)
     return 0 if baseline_ok and not missed else 1
+
+
+
+def _write_machine(path: Path, machine: str, run: dict, load) -> None:
+    """Put ``run`` (with its ``recorded`` block) under ``machines[machine]`` of the one result at ``path``."""
+    from bench.benchio import recorded, write_result
+
+    try:
+        machines = json.loads(path.read_text()).get("machines", {})
+    except (OSError, ValueError, AttributeError):
+        machines = {}
+    machines[machine] = {**run, "recorded": recorded(load)}
+    write_result(path, {"machines": machines})
 
 
 def shown(result: dict) -> dict:

@@ -208,8 +208,14 @@ _MUTATION_MACHINES = {
 }
 
 
-def pool_mutations(r: dict) -> list[str]:
-    """bench/fuzz_pool_mutations.py --out: bugs seeded into RewardPool.sol, each against one configuration."""
+def pool_mutations(doc: dict) -> list[str]:
+    """bench/fuzz_pool_mutations.py: bugs seeded into RewardPool.sol, each machine's latest run."""
+    machines = doc["machines"]
+    return [line for machine in sorted(machines) for line in _pool_mutation_run(machines[machine])]
+
+
+def _pool_mutation_run(r: dict) -> list[str]:
+    """One machine's run: each bug against one configuration."""
     size = (f"{r['examples']} sequences x {r['steps']} calls from seed {r['forge_seed']}"
             if r["machine"] == "forge" else f"{r['examples']} examples x {r['steps']} steps, derandomized")
     weights = ", ".join(f"{name} x{weight}" for name, weight in r["weights"].items())

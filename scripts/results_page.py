@@ -324,8 +324,7 @@ SECTIONS = (
     Section("forge_pool_invariants.json", "The reward pool as forge invariants", "bench/fuzz_forge_pool.py",
             forge_pool_invariants, "The reward pool (issue 77) against PoolHandler.sol's actors, an ETH and "
             "a fee-on-transfer token pool (attestations, contributions, an overturn), R1-R5 each call."),
-    Section("pool_mutations.json", "Pool bugs: trust", "bench/fuzz_pool_mutations.py", pool_mutations),
-    Section("pool_mutations_forge.json", "Pool bugs: forge", "bench/fuzz_pool_mutations.py", pool_mutations),
+    Section("pool_mutations.json", "Pool bugs", "bench/fuzz_pool_mutations.py", pool_mutations),
     Section("forge_invariants.json", "The security model as forge invariants", "bench/fuzz_forge.py",
             forge_invariants, "The same model inside the EVM (contracts/forge, issue 63): honest members, "
             "a coalition below the quorum fraction, outsiders, a prover and the fraud-proof game as forge "
