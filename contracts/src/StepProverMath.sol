@@ -19,6 +19,7 @@ library StepProverMath {
     uint8 internal constant MUL = 3;
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
     uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
+    uint32 internal constant TINY = 0x00800000; // torch.finfo(torch.float32).tiny
 
     /// @notice Whether `out` is `kind(x, y)` (ADD, SUB, MUL, else DIV) in float32, bit for bit (any NaNs agree).
     function elementHolds(uint8 kind, uint32 x, uint32 y, uint32 out) external pure returns (bool) {
@@ -79,6 +80,98 @@ library StepProverMath {
             return;
         }
         revert StepProver.ProverStepBadOpening(5);
+    }
+
+    /// @notice StepProver.proveEnd's check (a run whose end rule is set, `StepProver.setEndRule`): reverts
+    /// (`ProverStepBadOpening`: 3 the origin, 4 the tensor's root in the claim's end, 1 the end element, 5 the
+    /// committed chunk, 6 the payload piece's path, 7 a piece that does not code the element) unless the
+    /// contribution's payload piece codes element `elem` of state tensor `q` as the run's encoder codes
+    /// `v = fl(S - E)` (`S` the committed start, `E` the claim's end; `endHolds`); a tensor that starts at zero
+    /// (no stage tensor: the payload codes none of it) and an element past the tensor need no opening. Returns
+    /// the bit width the defender named for a quant piece (0 otherwise), which StepProver fixes per tensor.
+    function proveEnd(
+        StepProver.EndOpening calldata o,
+        bytes32 originRoot,
+        StepProver.RunClaim storage run,
+        uint32 q,
+        uint64 elem
+    ) external view returns (uint8) {
+        if (!verify(o.origin, q, run.stateLeaves, o.originPath, originRoot)) revert StepProver.ProverStepBadOpening(3);
+        (uint32 tensor, uint64 numel,,) = abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        if (elem >= numel || tensor == type(uint32).max) return 0; // nothing of the payload to check
+        if (!verifyWord(o.tensorRoot, q, run.depth, o.rootPath, run.endRoot)) {
+            revert StepProver.ProverStepBadOpening(4);
+        }
+        _endPiece(o, run, tensor, elem, open(o.state, o.tensorRoot, numel, elem, 1));
+        return o.piece.leaf[0] == 0x01 ? o.bits : 0;
+    }
+
+    /// @dev proveEnd's openings of the committed start's chunk that holds element `elem` of stage tensor
+    /// `tensor` and of the payload's, and the check that the piece codes the element from its start and its end `e`.
+    function _endPiece(
+        StepProver.EndOpening calldata o,
+        StepProver.RunClaim storage run,
+        uint32 tensor,
+        uint64 elem,
+        uint32 e
+    ) private view {
+        (,, uint64 first, uint64 chunks) = abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        uint256 chunk = first + elem / CHUNK;
+        if (!verify(o.committed.leaf, chunk, chunks, o.committed.path, run.startWeights)) {
+            revert StepProver.ProverStepBadOpening(5);
+        }
+        uint32 s = _committedValue(o.committed.leaf, tensor, elem);
+        if (!verify(o.piece.leaf, chunk, chunks, o.piece.path, run.payloadRoot)) {
+            revert StepProver.ProverStepBadOpening(6);
+        }
+        if (!endHolds(o.piece.leaf, elem % CHUNK, s, e, o.bits)) revert StepProver.ProverStepBadOpening(7);
+    }
+
+    /// @notice Whether payload piece `piece` (training/chunks.py: u8 codec, u32 count, then the elements) codes
+    /// its element `pos` from the start `s` and the end `e` as the run's encoder does with nothing carried
+    /// (training/end_relation.py): the target `v = fl(s - e)`; raw: the element is `v` (`same32`); quant: its
+    /// i16 `q` is `clamp(rne(fl(v / max(x, tiny))), -qmax(bits), qmax(bits))`, `x` the element's column scale
+    /// in the piece, `qmax(b) = 2**(b - 1) - 1`, `bits` 1 to 16; any other piece (a low-rank one) codes nothing.
+    function endHolds(bytes calldata piece, uint256 pos, uint32 s, uint32 e, uint8 bits)
+        public
+        pure
+        returns (bool)
+    {
+        if (piece.length < 5) return false;
+        uint256 count = uint32(bytes4(piece[1:5]));
+        if (pos >= count) return false;
+        uint32 v = s.sub(e);
+        if (piece[0] == 0x00) {
+            if (piece.length != 5 + 4 * count) return false;
+            return uint32(bytes4(piece[5 + 4 * pos:9 + 4 * pos])).same32(v);
+        }
+        if (piece[0] != 0x01 || piece.length != 5 + 6 * count || bits == 0 || bits > 16) return false;
+        int256 q = int16(uint16(bytes2(piece[5 + 2 * pos:7 + 2 * pos])));
+        uint256 where = 5 + 2 * count + 4 * pos;
+        uint32 scale = uint32(bytes4(piece[where:where + 4]));
+        // torch's clamp_min(tiny): a NaN scale stays NaN; a negative, zero or subnormal one becomes tiny
+        if (!scale.isNaN32() && (scale >> 31 == 1 || scale < TINY)) scale = TINY;
+        uint32 x = v.div(scale);
+        if (x.isNaN32()) return false; // an honest encoder codes no NaN (it refuses a non-finite target)
+        return rne(x, int256(uint256(1) << (bits - 1)) - 1) == q;
+    }
+
+    /// @notice `x` (a float32, not a NaN) rounded to the nearest integer, ties to even (torch.round), then
+    /// clamped to `[-limit, limit]` (`limit` below 2**23).
+    function rne(uint32 x, int256 limit) public pure returns (int256 r) {
+        uint256 exp = (x >> 23) & 0xFF;
+        if (exp >= 150) {
+            r = limit; // |x| >= 2**23, or infinite: past any limit
+        } else if (exp >= 126) { // |x| >= 0.5
+            uint256 m = (x & 0x7FFFFF) | 0x800000;
+            uint256 k = 150 - exp; // 1 to 24: |x| = m / 2**k
+            uint256 whole = m >> k;
+            uint256 rest = m & ((uint256(1) << k) - 1);
+            uint256 half = uint256(1) << (k - 1);
+            if (rest > half || (rest == half && whole & 1 == 1)) ++whole;
+            r = int256(whole) < limit ? int256(whole) : limit;
+        }
+        if (x >> 31 == 1) r = -r;
     }
 
     /// @dev Element `elem` of tensor `tensor` in its committed chunk leaf (reverts unless the leaf holds it).
