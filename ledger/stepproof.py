@@ -133,8 +133,8 @@ class StepProverClient:
         return self._send("setProgram", creator, run_id, program_hash(claim), origin_root)
 
     def set_end_rule(self, creator: str, run_id: int, rule: int = PLAIN_END):
-        """Fix run ``run_id``'s end rule (StepProver.setEndRule: its claims' ends disputed element by element);
-        the run's creator, once, before its first commit."""
+        """Fix run ``run_id``'s end rule (StepProver.setEndRule: its claims' ends disputed element by
+        element); the run's creator, once, before its first commit."""
         return self._send("setEndRule", creator, run_id, rule)
 
     def program_of(self, run_id: int) -> bytes:
@@ -374,10 +374,11 @@ def start_opening(trace: StepTrace, origins: list[bytes], q: int, elem: int, com
 
 def end_opening(last: StepTrace, origins: list[bytes], q: int, elem: int, committed: list[bytes],
                 payload: list[bytes], bits: int = 0) -> tuple:
-    """The contract's ``EndOpening`` of element ``elem`` of state tensor ``q`` of the state ``last`` (the trace
-    of a claim's last step) ends in: its origin, the tensor's root in the end tree and the element, the chunk of
-    the committed start and the contribution's payload piece (``payload``: its pieces, training/chunks.py
-    ``payload_leaves``) that hold it, and ``bits``, the tensor's quant bit width (0 for a raw piece)."""
+    """The contract's ``EndOpening`` of element ``elem`` of state tensor ``q`` of the state ``last`` (the
+    trace of a claim's last step) ends in: its origin, the tensor's root in the end tree and the element, the
+    chunk of the committed start and the contribution's payload piece (``payload``: its pieces,
+    training/chunks.py ``payload_leaves``) that hold it, and ``bits``, the tensor's quant bit width (0 for a
+    raw piece)."""
     from eth_abi import decode
 
     tensor, numel, first, _chunks = decode(["uint32", "uint64", "uint64", "uint64"], origins[q])

@@ -1,16 +1,18 @@
 """A run claim's end is the contribution's payload (issue 78, docs/FRAUD_PROOF.md "The claim's end"), on
-py-evm and on anvil, in a run whose end rule is set (StepProver.setEndRule: nothing carried between rounds, no
-low-rank piece): anyone may bond that one element of a claim's end state is not what the contribution's payload
-codes (StepProver.challengeEnd, the state tensor and element named); the defender must open the end element,
-the committed start's and the payload's piece of that chunk within its clock, and the contract recomputes
-``v = fl(S - E)`` and checks the piece (raw: ``v``; quant: ``clamp(rne(fl(v / max(s, tiny))))``), or the claim
-is proven wrong.
+py-evm and on anvil, in a run whose end rule is set (StepProver.setEndRule: nothing carried between rounds,
+no low-rank piece): anyone may bond that one element of a claim's end state is not what the contribution's
+payload codes (StepProver.challengeEnd, the state tensor and element named); the defender must open the end
+element, the committed start's and the payload's piece of that chunk within its clock, and the contract
+recomputes ``v = fl(S - E)`` and checks the piece (raw: ``v``; quant: ``clamp(rne(fl(v / max(s, tiny))))``),
+or the claim is proven wrong.
 
 The round (tests/step_binding_fixtures.py ``toy_end_round``) starts from the toy's state and lists, first, the
 run's encoder's coding of the toy's honest ``S - E``. A coalition that defends a payload one element off with
 the true run from the committed start (every step right, the start right) had its claim stand before the end
 was bound; now the honest challenger names that element, the defender cannot answer, the clock decides and
 the case overturns the round. An honest claim answers every element a challenger names.
+
+Default tier: every test on py-evm and the coalition's on anvil; the other anvil runs are in the slow tier.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ FRONT = 9
 
 
 def _setup(w3, codec: str = "raw", off: int | None = None, end_rule: bool = True):
-    """The ledger's StepProver over a run whose round 0 commits the toy's start and round 1 lists the coding of
-    the toy's S - E (``off``: one element of W off) and two others; the run's program, origins and (with
+    """The ledger's StepProver over a run whose round 0 commits the toy's start and round 1 lists the coding
+    of the toy's S - E (``off``: one element of W off) and two others; the run's program, origins and (with
     ``end_rule``) end rule set by its creator before the first commit."""
     round_, blob = toy_end_round(codec, off)
     deployment = deploy_ledger(w3, min_stake=STAKE)
@@ -76,12 +78,13 @@ def _challenge_end(client, claim_id: bytes, challenger: str, q: int, elem: int) 
 
 
 def _opening(committed, traces, pieces, bits, q: int, elem: int, **changes) -> tuple:
-    opening = end_opening(traces[-1], toy_origins(), q, elem, committed.states[0].weight_leaves, pieces, bits[q])
+    weights = committed.states[0].weight_leaves
+    opening = end_opening(traces[-1], toy_origins(), q, elem, weights, pieces, bits[q])
     return opening if not changes else tuple(changes.get(str(i), v) for i, v in enumerate(opening))
 
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
-def test_a_coalitions_true_run_whose_end_is_not_its_payload_is_refuted_and_the_case_overturns(request, backend):
+def test_a_coalitions_true_run_whose_end_is_not_its_payload_is_refuted_and_overturned(request, backend):
     w3 = _backend(request, backend)
     client, cases, committed, subject, pieces, bits = _setup(w3, off=5)
     stake = client.bond
@@ -145,7 +148,7 @@ def _answers_every(w3, client, committed, subject, pieces, bits, elements) -> tu
 EDGES = ((0, 0), (0, 11), (1, 0), (1, 31), (2, 0), (2, 7), (2, 8))
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_an_honest_raw_claim_answers_every_end_dispute_and_a_wrong_opening_is_refused(request, backend):
     w3 = _backend(request, backend)
     client, _cases, committed, subject, pieces, bits = _setup(w3)
@@ -174,7 +177,7 @@ def _quant_pieces(pieces: list[bytes], first: int, count: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_an_honest_quant_claim_answers_the_clamped_elements_and_keeps_its_bit_width(request, backend):
     w3 = _backend(request, backend)
     client, _cases, committed, subject, pieces, bits = _setup(w3, codec="quant")
@@ -189,7 +192,7 @@ def test_an_honest_quant_claim_answers_the_clamped_elements_and_keeps_its_bit_wi
     assert clamped and zero, (w_q, v)
     claim_id, defender = _answers_every(w3, client, committed, subject, pieces, bits,
                                         (*EDGES, (1, clamped[0]), (1, clamped[-1])))
-    # the bit width is fixed by the first answer on a tensor: another one is refused even where it codes the same
+    # the bit width is fixed by the first answer on a tensor: another is refused even where it codes the same
     traces = _traces(_run(_start_state()))
     game = _challenge_end(client, claim_id, _address(w3, 5), 1, zero[0])
     other = _opening(committed, traces, pieces, bits, 1, zero[0], **{"7": 4})
@@ -216,7 +219,7 @@ def _copied_challenge_in_one_block(w3, client, claim_id: bytes, first: int, seco
     return [r["status"] for r in receipts]
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_a_front_runners_copied_end_challenge_runs_beside_the_honest_one(request, backend):
     w3 = _backend(request, backend)
     client, _cases, _committed, subject, _pieces, _bits = _setup(w3, off=5)
@@ -234,7 +237,7 @@ def test_a_front_runners_copied_end_challenge_runs_beside_the_honest_one(request
     assert (balance(outsider).call(), balance(front).call()) == (2 * stake, stake)
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_an_answer_in_the_clocks_last_block_is_taken_and_one_block_later_refused(request, backend):
     w3 = _backend(request, backend)
     client, _cases, committed, subject, pieces, bits = _setup(w3)
