@@ -23,6 +23,7 @@ import pytest
 from ledger.account import dev_account
 from ledger.chunkproof import tree_path
 from ledger.stepcase import CaseClient, ledger_step_prover, run_stake
+from ledger.stepdefense import DefenseSide, GameMemory, defender_move
 from ledger.stepproof import PHASES, StepProverClient, end_opening, run_claim
 from tests.chain_backends import GAS, one_block
 from tests.fraud_fixtures import commit
@@ -135,9 +136,13 @@ def _answers_every(w3, client, committed, subject, pieces, bits, elements) -> tu
     claim_id, traces = _claim(w3, client, subject, defender)
     assert _named(client, "challengeEnd", _address(w3, 5), claim_id, 3, 0,
                   value=client.bond) == "ProverStepBadElement"
+    # the node's defender's moves (ledger.stepdefense.defender_move), from what it holds
+    side = DefenseSide(traces, toy_origins(), committed.states[0].weight_leaves, lambda *_: 0, pieces, bits)
     for n, (q, elem) in enumerate(elements):
         game = _challenge_end(client, claim_id, _address(w3, 5 + n % 3), q, elem)  # a Done game is replaced
-        client._send("proveEnd", defender, game, _opening(committed, traces, pieces, bits, q, elem))
+        move = defender_move(game, client.game(game), side, GameMemory())
+        assert move == ("proveEnd", (game, _opening(committed, traces, pieces, bits, q, elem)))
+        client._send(move[0], defender, *move[1])
         assert client.game(game)["phase"] == PHASES.index("Done")
     assert not client.wrong(claim_id)
     assert client.contract.functions.balanceOf(defender).call() == len(elements) * client.bond
