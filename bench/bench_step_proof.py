@@ -305,7 +305,7 @@ def end_case() -> dict:
         claim_id, traces = _claim(w3, client, subject, defender)
         for elem in (0, 31, 1, 2):
             game = _challenge_end(client, claim_id, challenger, 1, elem)
-            client._send("proveEnd", defender, game, _opening(committed, traces, pieces, bits, 1, elem))
+            client._send("proveEnd", defender, game, *_opening(committed, traces, pieces, bits, 1, elem))
         out[f"{codec}_honest_upheld"] = not client.wrong(claim_id)
         out[f"{codec}_bits"] = bits
         out["moves"][codec] = _per_move([m for m in client.gas_log if m[0] not in ("claimRun", "setProgram")])

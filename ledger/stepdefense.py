@@ -88,8 +88,8 @@ def defender_move(game_id: bytes, game: dict, side: DefenseSide,
             raise LedgerInputError(f"game {game_id.hex()[:12]}: an end dispute, and this defender holds no "
                                    "payload pieces of the contribution")
         q, bits = game["copyLeaf"], side.bits[game["copyLeaf"]] if side.bits else 0
-        return "proveEnd", (game_id, end_opening(side.traces[-1], side.origins, q, game["elem"],
-                                                 side.committed, side.payload, bits))
+        return "proveEnd", (game_id, *end_opening(side.traces[-1], side.origins, q, game["elem"],
+                                                  side.committed, side.payload, bits))
     if phase == "Trace":  # the steps' bisection ended on step lo (or the claim is of one step)
         memory.step = lo
         trace = _trace(side, memory)

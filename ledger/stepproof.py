@@ -374,11 +374,11 @@ def start_opening(trace: StepTrace, origins: list[bytes], q: int, elem: int, com
 
 def end_opening(last: StepTrace, origins: list[bytes], q: int, elem: int, committed: list[bytes],
                 payload: list[bytes], bits: int = 0) -> tuple:
-    """The contract's ``EndOpening`` of element ``elem`` of state tensor ``q`` of the state ``last`` (the
-    trace of a claim's last step) ends in: its origin, the tensor's root in the end tree and the element, the
-    chunk of the committed start and the contribution's payload piece (``payload``: its pieces,
-    training/chunks.py ``payload_leaves``) that hold it, and ``bits``, the tensor's quant bit width (0 for a
-    raw piece)."""
+    """``proveEnd``'s arguments (after the game id) for element ``elem`` of state tensor ``q`` of the state
+    ``last`` (the trace of a claim's last step) ends in: a ``StartOpening`` of the end (its origin, the
+    tensor's root in the end tree and the element, the chunk of the committed start that holds it), the
+    contribution's payload piece of that chunk (``payload``: its pieces, training/chunks.py
+    ``payload_leaves``) and ``bits``, the tensor's quant bit width (0 for a raw piece)."""
     from eth_abi import decode
 
     tensor, numel, first, _chunks = decode(["uint32", "uint64", "uint64", "uint64"], origins[q])
@@ -388,7 +388,7 @@ def end_opening(last: StepTrace, origins: list[bytes], q: int, elem: int, commit
     chunk = first + elem // 64
     held = (committed[chunk], tree_path(committed, chunk)) if inside else (b"", [])
     piece = (payload[chunk], tree_path(payload, chunk)) if inside else (b"", [])
-    return (origins[q], tree_path(origins, q), end[q], tree_path(end, q), state, held, piece, bits)
+    return (origins[q], tree_path(origins, q), end[q], tree_path(end, q), state, held), piece, bits
 
 
 def state_roots(traces: list[StepTrace]) -> list[bytes]:

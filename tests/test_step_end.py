@@ -78,10 +78,16 @@ def _challenge_end(client, claim_id: bytes, challenger: str, q: int, elem: int) 
     return bytes(client.contract.functions.gameIdOf(claim_id, challenger).call())
 
 
-def _opening(committed, traces, pieces, bits, q: int, elem: int, **changes) -> tuple:
+def _opening(committed, traces, pieces, bits, q: int, elem: int, *, state=None, committed_chunk=None,
+             piece=None, width=None) -> tuple:
+    """``proveEnd``'s arguments after the game id (``state``, ``committed_chunk``, ``piece``, ``width``:
+    another end element, committed chunk, payload piece or bit width than the true one)."""
     weights = committed.states[0].weight_leaves
-    opening = end_opening(traces[-1], toy_origins(), q, elem, weights, pieces, bits[q])
-    return opening if not changes else tuple(changes.get(str(i), v) for i, v in enumerate(opening))
+    opening, true_piece, true_bits = end_opening(traces[-1], toy_origins(), q, elem, weights, pieces, bits[q])
+    opening = list(opening)
+    opening[4] = state or opening[4]
+    opening[5] = committed_chunk or opening[5]
+    return tuple(opening), piece or true_piece, true_bits if width is None else width
 
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
@@ -94,12 +100,12 @@ def test_a_coalitions_true_run_whose_end_is_not_its_payload_is_refuted_and_overt
     claim_id, traces = _claim(w3, client, subject, member)  # the true run from the committed start
     # the payload codes the claim's end everywhere but at W[5]: another element is answered
     game = _challenge_end(client, claim_id, _address(w3, 5), 1, 4)
-    client._send("proveEnd", member, game, _opening(committed, traces, pieces, bits, 1, 4))
+    client._send("proveEnd", member, game, *_opening(committed, traces, pieces, bits, 1, 4))
     assert client.game(game)["phase"] == PHASES.index("Done") and not client.wrong(claim_id)
     # the honest challenger names W[5]: no opening makes the piece the coding of S - E there
     game = _challenge_end(client, claim_id, outsider, 1, 5)
     assert _named(client, "proveEnd", member, game,
-                  _opening(committed, traces, pieces, bits, 1, 5)) == "ProverStepBadOpening"
+                  *_opening(committed, traces, pieces, bits, 1, 5)) == "ProverStepBadOpening"
     state = client.game(game)
     _lands_at(w3, state["turnSince"] + state["defenderLeft"])  # the defender's clock's last block: running
     with pytest.raises(RuntimeError):
@@ -141,7 +147,7 @@ def _answers_every(w3, client, committed, subject, pieces, bits, elements) -> tu
     for n, (q, elem) in enumerate(elements):
         game = _challenge_end(client, claim_id, _address(w3, 5 + n % 3), q, elem)  # a Done game is replaced
         move = defender_move(game, client.game(game), side, GameMemory())
-        assert move == ("proveEnd", (game, _opening(committed, traces, pieces, bits, q, elem)))
+        assert move == ("proveEnd", (game, *_opening(committed, traces, pieces, bits, q, elem)))
         client._send(move[0], defender, *move[1])
         assert client.game(game)["phase"] == PHASES.index("Done")
     assert not client.wrong(claim_id)
@@ -161,13 +167,13 @@ def test_an_honest_raw_claim_answers_every_end_dispute_and_a_wrong_opening_is_re
     traces = _traces(_run(_start_state()))
     game = _challenge_end(client, claim_id, _address(w3, 5), 1, 9)
     weights = committed.states[0].weight_leaves
-    wrong = {"5": (weights[0], []),  # another tensor's committed chunk
-             "6": (pieces[0], tree_path(pieces, 0)),  # another chunk's payload piece
-             "4": _opening(committed, traces, pieces, bits, 0, 9)[4]}  # another tensor's end element
-    for key, value in wrong.items():
-        opening = _opening(committed, traces, pieces, bits, 1, 9, **{key: value})
-        assert _named(client, "proveEnd", defender, game, opening) == "ProverStepBadOpening"
-    client._send("proveEnd", defender, game, _opening(committed, traces, pieces, bits, 1, 9))
+    wrong = ({"committed_chunk": (weights[0], [])},  # another tensor's committed chunk
+             {"piece": (pieces[0], tree_path(pieces, 0))},  # another chunk's payload piece
+             {"state": _opening(committed, traces, pieces, bits, 0, 9)[0][4]})  # another tensor's end element
+    for change in wrong:
+        opening = _opening(committed, traces, pieces, bits, 1, 9, **change)
+        assert _named(client, "proveEnd", defender, game, *opening) == "ProverStepBadOpening"
+    client._send("proveEnd", defender, game, *_opening(committed, traces, pieces, bits, 1, 9))
     assert not client.wrong(claim_id)
 
 
@@ -200,9 +206,9 @@ def test_an_honest_quant_claim_answers_the_clamped_elements_and_keeps_its_bit_wi
     # the bit width is fixed by the first answer on a tensor: another is refused even where it codes the same
     traces = _traces(_run(_start_state()))
     game = _challenge_end(client, claim_id, _address(w3, 5), 1, zero[0])
-    other = _opening(committed, traces, pieces, bits, 1, zero[0], **{"7": 4})
-    assert _named(client, "proveEnd", defender, game, other) == "ProverStepBadOpening"
-    client._send("proveEnd", defender, game, _opening(committed, traces, pieces, bits, 1, zero[0]))
+    other = _opening(committed, traces, pieces, bits, 1, zero[0], width=4)
+    assert _named(client, "proveEnd", defender, game, *other) == "ProverStepBadOpening"
+    client._send("proveEnd", defender, game, *_opening(committed, traces, pieces, bits, 1, zero[0]))
     assert not client.wrong(claim_id)
 
 
@@ -254,9 +260,9 @@ def test_an_answer_in_the_clocks_last_block_is_taken_and_one_block_later_refused
         _lands_at(w3, max(w3.eth.block_number + 1, state["turnSince"] + state["defenderLeft"] + 2 * extra))
         opening = _opening(committed, traces, pieces, bits, 1, 3)
         if extra:
-            assert _named(client, "proveEnd", defender, game, opening) == "ProverStepClockOut"
+            assert _named(client, "proveEnd", defender, game, *opening) == "ProverStepClockOut"
             client._send("timeout", _address(w3, 6), game)
         else:
-            client._send("proveEnd", defender, game, opening)
+            client._send("proveEnd", defender, game, *opening)
     assert client.wrong(claim_id)
     assert client.contract.functions.balanceOf(defender).call() == client.bond

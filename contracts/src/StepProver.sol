@@ -127,21 +127,6 @@ contract StepProver {
         Element committed;
     }
 
-    /// @notice The defender's answer to a dispute of its claim's end (`challengeEnd`): as `StartOpening`, with the
-    /// tensor's root a leaf of the claim's `endRoot` and the element its end value, plus the contribution's payload
-    /// piece of the same chunk (`firstChunk + elem / 64` of `stageChunks`) under the claim's `payloadRoot` and, for
-    /// a quant piece, the tensor's bit width (fixed by the first answer on each tensor of a claim).
-    struct EndOpening {
-        bytes origin;
-        bytes32[] originPath;
-        bytes32 tensorRoot;
-        bytes32[] rootPath;
-        Element state;
-        Element committed;
-        Element piece;
-        uint8 bits;
-    }
-
     struct Game {
         bytes32 claimId;
         address challenger;
@@ -242,7 +227,7 @@ contract StepProver {
     event ContributionOverturned(bytes32 indexed key, uint256 indexed runId, uint64 round, address opener);
     event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
     event ProgramRegistered(uint256 indexed runId, bytes32 programHash, bytes32 originRoot);
-    event EndRuleSet(uint256 indexed runId, uint8 rule);
+    event EndRuleFixed(uint256 indexed runId, uint8 rule);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -454,17 +439,13 @@ contract StepProver {
         if (endRuleOf[runId] == 0) revert ProverStepEndUnbound(runId);
     }
 
-    /// @notice Defender: the disputed end element is what the payload codes (`EndOpening`); decides the game.
-    function proveEnd(bytes32 gameId, EndOpening calldata o) external {
+    /// @notice Defender: the disputed end element is what the payload codes; decides the game. `o` as for
+    /// `proveStart`, but the tensor's root a leaf of the claim's `endRoot` and the element its end value; `piece`
+    /// the contribution's payload piece of the same chunk (`firstChunk + elem / 64` of `stageChunks`) under the
+    /// claim's `payloadRoot`; `bits` a quant piece's bit width (the first answer on a tensor of a claim fixes it).
+    function proveEnd(bytes32 gameId, StartOpening calldata o, Element calldata piece, uint8 bits) external {
         (Game storage g,) = _move(gameId, true, Phase.End);
-        RunClaim storage run = _runs[g.claimId];
-        uint8 bits = StepProverMath.proveEnd(o, originOf[run.runId], run, g.copyLeaf, g.elem);
-        if (bits != 0) {
-            bytes32 key = keccak256(abi.encode(g.claimId, g.copyLeaf));
-            uint8 fixed_ = _endBits[key];
-            if (fixed_ == 0) _endBits[key] = bits;
-            else if (fixed_ != bits) revert ProverStepBadOpening(7);
-        }
+        StepProverMath.proveEnd(o, piece, bits, g, _runs, originOf, _endBits);
         _decide(gameId, g, true);
     }
 
@@ -480,8 +461,7 @@ contract StepProver {
     /// @notice Defender: the disputed start element is the committed start's (`StartOpening`); decides the game.
     function proveStart(bytes32 gameId, StartOpening calldata o) external {
         (Game storage g,) = _move(gameId, true, Phase.Start);
-        RunClaim storage run = _runs[g.claimId];
-        StepProverMath.proveStart(o, originOf[run.runId], run, g.copyLeaf, g.elem);
+        StepProverMath.proveStart(o, g, _runs, originOf);
         _decide(gameId, g, true);
     }
 
@@ -637,9 +617,7 @@ contract StepProver {
             g.defenderTurn = true; // the defender posts the first midpoint (or the final step)
             return;
         }
-        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, g.elem % op.aLen, 1);
-        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, g.elem % op.bLen, 2);
-        _decide(gameId, g, StepProverMath.elementHolds(op.kind, x, y, v));
+        _decide(gameId, g, StepProverMath.elementwiseHolds(op, g.elem, a, b, v));
     }
 
     /// @notice Defender: its partial sum at the interval's midpoint.
@@ -657,11 +635,7 @@ contract StepProver {
     /// @notice Defender: the one step `s_hi = s_lo + a[r,lo] * b[lo,c]`, its two inputs opened; decides the game.
     function proveStep(bytes32 gameId, Element calldata a, Element calldata b) external {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Final);
-        uint256 r = g.elem / op.cols;
-        uint256 c = g.elem % op.cols;
-        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, r * op.inner + g.lo, 1);
-        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, uint256(g.lo) * op.cols + c, 2);
-        _decide(gameId, g, StepProverMath.sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot))));
+        _decide(gameId, g, StepProverMath.productStepHolds(op, g, a, b));
     }
 
     /// @notice Anyone: the side to move let its clock run out; the other side wins.

@@ -106,7 +106,7 @@ library StepProverBinding {
             revert StepProver.ProverStepProgramFixed(runId, msg.sender);
         }
         ends[runId] = rule;
-        emit StepProver.EndRuleSet(runId, rule);
+        emit StepProver.EndRuleFixed(runId, rule);
     }
 
     /// @notice StepProver.withdraw: the sender's balance, sent.
