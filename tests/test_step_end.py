@@ -10,7 +10,8 @@ The round (tests/step_binding_fixtures.py ``toy_end_round``) starts from the toy
 run's encoder's coding of the toy's honest ``S - E``. A coalition that defends a payload one element off with
 the true run from the committed start (every step right, the start right) had its claim stand before the end
 was bound; now the honest challenger names that element, the defender cannot answer, the clock decides and
-the case overturns the round. An honest claim answers every element a challenger names.
+the case overturns the round, also when the claim came in the last block that takes claims. An honest claim
+answers every element a challenger names.
 
 Default tier: every test on py-evm and the coalition's on anvil; the other anvil runs are in the slow tier.
 """
@@ -266,3 +267,25 @@ def test_an_answer_in_the_clocks_last_block_is_taken_and_one_block_later_refused
             client._send("proveEnd", defender, game, *opening)
     assert client.wrong(claim_id)
     assert client.contract.functions.balanceOf(defender).call() == client.bond
+
+
+def test_a_claim_in_the_deadlines_last_block_is_refuted_by_its_end_before_the_case_ends(request):
+    """The case's course (docs/FRAUD_PROOF.md "The contribution case"): a coalition's claim in the last block
+    that takes claims, whose payload is one element off, is challenged at its end and refuted by the clock
+    before the case's end, so the round is overturned and the coalition cannot dismiss the case."""
+    w3 = _backend(request, "pyevm")
+    client, cases, committed, subject, _pieces, _bits = _setup(w3, off=5)
+    outsider, member = _address(w3, OUTSIDER), _address(w3, 1)
+    case = _open(w3, cases, outsider, subject)
+    _lands_at(w3, case["deadline"] - 1)
+    claim_id, _traces_ = _claim(w3, client, subject, member)
+    game = _challenge_end(client, claim_id, outsider, 1, 5)
+    state = client.game(game)
+    _lands_at(w3, state["turnSince"] + state["defenderLeft"] + 1)
+    client._send("timeout", outsider, game)
+    assert client.wrong(claim_id) and w3.eth.block_number < case["ends"]
+    _lands_at(w3, case["ends"] + 1)  # from the case's end a standing claim would dismiss it; not this one
+    assert _named(client, "dismissCase", member, cases.key(subject), claim_id) == "ProverStepClaimClosed"
+    reader, attesters = _ledger_state(committed)
+    cases.overturn(outsider, subject, attesters)
+    assert reader.invalid_from(committed.run_id) == 1
