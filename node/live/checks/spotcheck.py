@@ -19,6 +19,7 @@ than a small model's rerun) and is replaced if it dies or overruns.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.arenas import trim_heap
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live.checks.admission import resident_bytes
@@ -336,10 +338,14 @@ def _serve() -> int:
         try:
             result = run_job(directory)
             atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
-            print("ok", flush=True)
+            reply = "ok"
         # the child's boundary: one bad job costs only itself; the parent logs the line
         except Exception as exc:  # noqa: BLE001
-            print(f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500], flush=True)
+            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+        result = None
+        gc.collect()
+        trim_heap()  # the rerun's freed pages go back to the host before the parent looks (node/arenas.py)
+        print(reply, flush=True)
     return 0
 
 
