@@ -61,10 +61,10 @@ NODE_WORK = (
     "other",
 )
 
-#: A stage's start state (what a spot check fetches from each stage's node: weights, the inner optimizer's two
-#: moments, the outer state; one canonical record) in bytes per parameter: 1,744,455 bytes for a 42,880-
-#: parameter stage (bench/results/retention.json's start_state_bytes at the tiny preset; docs/SCALE.md, "Memory
-#: per held parameter": 40).
+#: A stage's start state (what a spot check fetches from each stage's node: weights, the inner optimizer's
+#: two moments, the outer state; one canonical record) in bytes per parameter: 1,744,455 bytes for a
+#: 42,880-parameter stage (bench/results/retention.json's start_state_bytes at the tiny preset;
+#: docs/SCALE.md, "Memory per held parameter": 40).
 START_STATE_BYTES_PER_PARAM = 40.7
 #: The node's default ``spot_checks`` (node/config.py): expected re-executions of each contribution.
 DEFAULT_SPOT_CHECKS = 0.06

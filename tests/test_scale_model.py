@@ -37,8 +37,8 @@ def test_the_benches_spot_check_traffic_is_taken_out_and_put_back_at_the_layouts
     row = large(model, layout, ledger)
     per_node = 2 * total
     assert row["spot_checks"] == DEFAULT_SPOT_CHECKS
-    assert row["spot_check_bytes_per_round"] == pytest.approx(DEFAULT_SPOT_CHECKS * START_STATE_BYTES_PER_PARAM
-                                                              * per_node)
+    expected = DEFAULT_SPOT_CHECKS * START_STATE_BYTES_PER_PARAM * per_node
+    assert row["spot_check_bytes_per_round"] == pytest.approx(expected)
     assert row["bytes_per_round"] < row["bytes_per_round_at_bench_rate"]
     heavy = large(model, {**layout, "spot_checks": 1.0}, ledger)
     assert heavy["bytes_per_round"] > row["bytes_per_round"]
