@@ -59,7 +59,8 @@ library StepProverMath {
         StepProver.Element calldata b
     ) external view returns (bool) {
         uint256 lo = g.lo;
-        uint32 x = open(a, op.aRoot, op.aLen, (g.elem / op.cols) * op.inner + lo, 1);
+        uint256 row = g.elem / op.cols; // the output element's row: a[row, lo]
+        uint32 x = open(a, op.aRoot, op.aLen, row * op.inner + lo, 1);
         uint32 y = open(b, op.bRoot, op.bLen, lo * op.cols + g.elem % op.cols, 2);
         return sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot)));
     }
@@ -236,7 +237,8 @@ library StepProverMath {
             uint256 rest = m & ((uint256(1) << k) - 1);
             uint256 half = uint256(1) << (k - 1);
             if (rest > half || (rest == half && whole & 1 == 1)) ++whole;
-            r = int256(whole) < limit ? int256(whole) : limit;
+            // forge-lint: disable-next-line(unsafe-typecast)
+            r = int256(whole) < limit ? int256(whole) : limit; // whole < 2**25: the cast is exact
         }
         if (x >> 31 == 1) r = -r;
     }
