@@ -202,8 +202,8 @@ contract StepProver {
     /// where in the committed start each tensor of a claim's first state is (set with its program).
     mapping(uint256 => bytes32) public originOf;
     /// @notice Run `runId`'s end rule (`setEndRule`): 0, a claim's end is not disputed; 1 (`PLAIN_END`), nothing is
-    /// carried between rounds (no error feedback, no undelivered update) and no piece is low-rank, so each
-    /// payload element codes `fl(S - E)` and `challengeEnd` may dispute it.
+    /// carried between rounds (no error feedback, no undelivered update, no inner-optimizer state) and no piece
+    /// is low-rank, so each payload element codes `fl(S - E)` and `challengeEnd` may dispute it.
     mapping(uint256 => uint8) public endRuleOf;
     /// @dev A quant tensor's bit width in an end dispute, by keccak256(abi.encode(claimId, q)): the first answer's.
     mapping(bytes32 => uint8) internal _endBits;
@@ -383,7 +383,8 @@ contract StepProver {
 
     /// @notice The run's creator, once, before the run's first commit: run `runId`'s end rule (`endRuleOf`; 1 the
     /// only one), so that its claims' ends are disputed (`challengeEnd`). Honest members check it against their
-    /// run document (no error feedback, no low-rank coding, no undelivered update carried) before they join.
+    /// run document (no error feedback, no low-rank coding, no undelivered update or optimizer state carried)
+    /// before they join.
     function setEndRule(uint256 runId, uint8 rule) external {
         StepProverBinding.setEndRule(ledger, endRuleOf, runId, rule);
     }
