@@ -277,6 +277,17 @@ def assemble(header: Envelope, parts: Sequence[bytes]) -> Envelope:
     return replace(header, payload=b"".join(parts), _encoded=None)
 
 
+def payload_offset(header: Envelope, size: int) -> int:
+    """Where the payload of ``size`` bytes starts in the bytes of ``header``'s whole envelope: a part of a
+    version-2 envelope is a range of the whole envelope's blob, served by whoever holds the whole."""
+    packer = msgpack.Packer(use_bin_type=True)
+    fields = header.fields
+    before = fields[:fields.index("payload")]
+    return len(packer.pack_map_header(len(fields)) + b"".join(
+        packer.pack(name) + packer.pack(getattr(header, name)) for name in before)
+        + packer.pack("payload")) + (2 if size < 1 << 8 else 3 if size < 1 << 16 else 5)  # bin 8, 16, 32
+
+
 def _signed(envelope: Envelope) -> Envelope:
     if not verify_header(envelope):
         raise EnvelopeRejected("bad_signature", f"from {envelope.sender_peer_id}")

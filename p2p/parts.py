@@ -39,7 +39,8 @@ class PartRejected(P2PError):
     """A part, a manifest or a proof failed its check; ``reason`` is a short code.
 
     Reasons: ``part_index_out_of_range``, ``part_truncated``, ``part_oversized``, ``part_digest_mismatch``,
-    ``part_proof_invalid``, ``manifest_malformed``, ``manifest_root_mismatch``.
+    ``part_proof_invalid``, ``manifest_malformed``, ``manifest_root_mismatch`` (a lying announcement),
+    ``announcement_mismatch`` (node/: an announcement whose header is not the announcer's contribution).
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -229,3 +229,15 @@ def test_a_re_signed_version_2_contribution_is_a_replay_and_another_is_an_equivo
     with pytest.raises(EnvelopeRejected) as caught:
         EnvelopeValidator(7, 1 << 24, min_round=3).check(envelope.to_bytes())
     assert caught.value.reason == "bad_version"  # gossip speaks version 1 unless told otherwise
+
+
+@pytest.mark.parametrize("size", [1, 255, 256, 65535, 65536, 200_000])
+def test_a_part_is_a_range_of_the_whole_envelope_at_every_width_of_its_payload(size):
+    from p2p.envelope import payload_offset
+
+    payload = bytes(i % 251 for i in range(size))
+    sizes = [size] if size < 3 else [size // 3, size // 3, size - 2 * (size // 3)]
+    envelope = Envelope.create(Identity.from_seed(SEED), 7, 3, msg.CONTRIBUTION, payload, timestamp_ms=1,
+                               part_sizes=sizes)
+    at = payload_offset(envelope.header(), size)
+    assert envelope.to_bytes()[at:at + size] == payload
