@@ -241,3 +241,48 @@ def test_a_part_is_a_range_of_the_whole_envelope_at_every_width_of_its_payload(s
                                part_sizes=sizes)
     at = payload_offset(envelope.header(), size)
     assert envelope.to_bytes()[at:at + size] == payload
+
+
+# ---------------------------------------------------------------------- the wire vectors (tests/vectors/wire.json)
+def v2_vectors() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "vectors" / "wire.json").read_text())["envelopes_v2"]
+
+
+def test_the_version_2_vectors_decode_cut_and_verify_as_written():
+    from p2p.envelope import payload_offset
+
+    vector = v2_vectors()
+    data = bytes.fromhex(vector["envelope_hex"])
+    envelope = decode_envelope(data, 1 << 20)
+    parts = [bytes.fromhex(p) for p in vector["parts_hex"]]
+    digests = [bytes.fromhex(d) for d in vector["part_digests_hex"]]
+    assert envelope.domain.decode() == vector["domain"] and envelope.sizes == vector["part_sizes"]
+    assert envelope.parts_root.hex() == vector["parts_root_hex"] == parts_root(digests).hex()
+    assert envelope.signing_bytes().hex() == vector["signing_bytes_hex"]
+    assert hashlib.sha256(data).hexdigest() == vector["envelope_hash_hex"]
+    assert b"".join(parts) == envelope.payload and part_digests(parts) == digests
+    header = decode_header(bytes.fromhex(vector["header_hex"]), 1 << 20)
+    assert assemble(header, parts).to_bytes() == data
+    at = vector["payload_offset"]
+    assert payload_offset(header, sum(vector["part_sizes"])) == at
+    assert data[at:at + len(parts[0])] == parts[0]
+    assert check_manifest(bytes.fromhex(vector["manifest_hex"]), envelope.parts_root, len(parts)) == digests
+    for index, (part, proof) in enumerate(zip(parts, vector["proofs_hex"])):
+        verify_part(envelope.parts_root, envelope.sizes, index, part, [bytes.fromhex(s) for s in proof])
+    # each part's entries are the tensors the plan names (the codec blob's, after part 0's body head)
+    body = msg.decode_contribution_body(envelope.payload)
+    shapes = {name: (1,) for names in vector["parts_plan"] for name in names}
+    assert [list(n) for n in exchange_plan(shapes, vector["exchange_parts"]).names] == vector["parts_plan"]
+    prefix, _ = first_part(parts[0][len(envelope.payload) - len(body.blob):])
+    assert shard_message(prefix, parts[1], len(vector["parts_plan"][1])) == split_contribution(
+        body.blob, exchange_plan(shapes, 2))[1]
+
+
+@pytest.mark.parametrize("vector", v2_vectors()["rejected"], ids=lambda v: v["name"])
+def test_the_refused_version_2_vectors(vector):
+    with pytest.raises(EnvelopeRejected) as caught:
+        decode_envelope(bytes.fromhex(vector["envelope_hex"]), 1 << 20)
+    assert caught.value.reason == vector["reason"]
