@@ -243,7 +243,7 @@ def test_a_part_is_a_range_of_the_whole_envelope_at_every_width_of_its_payload(s
     assert envelope.to_bytes()[at:at + size] == payload
 
 
-# ---------------------------------------------------------------------- the wire vectors (tests/vectors/wire.json)
+# ---------------------------------------------------------------------- the wire vectors (wire.json)
 def v2_vectors() -> dict:
     import json
     from pathlib import Path

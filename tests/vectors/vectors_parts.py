@@ -25,14 +25,14 @@ def parts_announce_header() -> tuple[bytes, bytes]:
 
 
 def envelope_v2_vectors(blob: bytes, shapes: dict) -> dict[str, Any]:
-    """The contribution vector's body (codec ``blob`` of ``shapes``) cut into 2 parts (``exchange_parts`` 2)."""
+    """The contribution vector's body (codec ``blob`` of ``shapes``) in 2 parts (``exchange_parts`` 2)."""
     body = msg.encode_contribution_body(msg.ContributionBody(fixed_hash(11), fixed_hash(12), blob,
                                                              fixed_hash(14)))
     plan = exchange_plan({k: tuple(v) for k, v in shapes.items()}, 2)
     sizes = blob_cuts(blob, plan)
     sizes[0] += len(body) - len(blob)
-    envelope = Envelope.create(Identity.from_seed(SEED), RUN_ID, 3, msg.CONTRIBUTION, body, stage=0, replica=1,
-                               timestamp_ms=TIMESTAMP_MS, part_sizes=sizes)
+    envelope = Envelope.create(Identity.from_seed(SEED), RUN_ID, 3, msg.CONTRIBUTION, body, stage=0,
+                               replica=1, timestamp_ms=TIMESTAMP_MS, part_sizes=sizes)
     parts = cut_at(body, sizes)
     digests = part_digests(parts)
     data = envelope.to_bytes()
@@ -63,11 +63,12 @@ def envelope_v2_vectors(blob: bytes, shapes: dict) -> dict[str, Any]:
              "reason": "parts_size_mismatch"},
             {"name": "payload_byte_flipped", "envelope_hex": packed(payload=flipped),
              "reason": "parts_root_mismatch"},
-            {"name": "part_of_zero_bytes", "envelope_hex": packed(part_sizes=bytes(8) + envelope.part_sizes[8:]),
-             "reason": "malformed"},
+            {"name": "part_of_zero_bytes",
+             "envelope_hex": packed(part_sizes=bytes(8) + envelope.part_sizes[8:]), "reason": "malformed"},
             {"name": "payload_sha256_beside_parts", "envelope_hex": packed(payload_sha256=bytes(32)),
              "reason": "malformed"},
-            {"name": "version_1_domain", "envelope_hex": packed(domain=b"dlx-envelope-v1"), "reason": "bad_domain"},
+            {"name": "version_1_domain", "envelope_hex": packed(domain=b"dlx-envelope-v1"),
+             "reason": "bad_domain"},
             {"name": "version_1_with_parts", "envelope_hex": packed(version=1), "reason": "bad_version"},
             {"name": "tampered_round", "envelope_hex": packed(round=4), "reason": "bad_signature"},
         ],
