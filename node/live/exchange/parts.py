@@ -134,6 +134,9 @@ class ContributionParts:
             logger.warning("round %d stage %d: the parts of %s make another envelope than the one announced",
                            outer_round, stage, a.envelope_hash.hex()[:12])
             return None
+        logger.info("round %d stage %d: contribution %s fetched in %d parts (%d bytes) from %d peer(s)",
+                    outer_round, stage, a.envelope_hash.hex()[:12], len(parts), len(data),
+                    len(set(providers) | set(fallback)))
         return data
 
     def forget_before(self, outer_round: int) -> None:
