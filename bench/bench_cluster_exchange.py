@@ -15,7 +15,9 @@ whole in a file as a node's blob store keeps it. N = ``--ranks`` spawned process
 
 The figure is rank 0's peak of Python allocations over the exchange (``tracemalloc``: bytes objects and
 buffers, which is where contributions live here; the pickled tensors ``scatter_object_list`` builds are
-torch's allocations and are not counted, so ``whole`` is if anything under-counted), beside its peak RSS.
+torch's allocations and are not counted, so ``whole`` is if anything under-counted), beside its peak RSS
+(each path runs in fresh processes; RSS includes the interpreter and torch, ``rss_before_bytes`` before the
+exchange).
 Both paths' messages are checked equal on every rank. Writes ONE JSON, bench/results/cluster_exchange.json.
 
     PYTHONPATH=$PWD python bench/bench_cluster_exchange.py [--preset llama-20m] [--ranks 2] [--parts 16]
@@ -111,32 +113,31 @@ def parts_rank0(items: list[dict], parts_plan, ranks_plan, streams: int) -> list
     return forwarder.shards()[0]
 
 
-def rank_main(rank: int, world: int, preset: str, items: list[dict], parts: int, streams: int,
-              out: str) -> None:
+def rank_main(rank: int, world: int, preset: str, items: list[dict], parts: int, streams: int, out: str,
+              path: str) -> None:
+    """One path (``whole`` or ``parts``) in fresh processes, so that each path's peak RSS is its own."""
     torch.set_num_threads(1)
     shapes = {name: tuple(p.shape) for name, p in module_of(preset).named_parameters()}
     ranks_plan, parts_plan = plan_shards(shapes, world), exchange_plan(shapes, parts)
-    result = {}
-    for path in ("whole", "parts"):
-        dist.barrier()
-        tracemalloc.start()
-        started = time.perf_counter()
-        if rank == 0:
-            got = whole_rank0(items, ranks_plan) if path == "whole" else \
-                parts_rank0(items, parts_plan, ranks_plan, streams)
-        elif path == "whole":
-            box: list = [None]
-            dist.scatter_object_list(box, None, src=0)
-            got = box[0]
-        else:
-            got = receive_shards(parts_plan, ranks_plan, rank, len(items))[0]
-        seconds = time.perf_counter() - started
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        result[path] = {"peak_traced_bytes": peak, "seconds": seconds,
-                        "digest": hashlib.sha256(b"".join(got)).hexdigest(), "rss_bytes": peak_rss_bytes()}
-        del got
-    torch.save(result, f"{out}.{rank}")
+    rss_before = peak_rss_bytes()
+    dist.barrier()
+    tracemalloc.start()
+    started = time.perf_counter()
+    if rank == 0:
+        got = whole_rank0(items, ranks_plan) if path == "whole" else \
+            parts_rank0(items, parts_plan, ranks_plan, streams)
+    elif path == "whole":
+        box: list = [None]
+        dist.scatter_object_list(box, None, src=0)
+        got = box[0]
+    else:
+        got = receive_shards(parts_plan, ranks_plan, rank, len(items))[0]
+    seconds = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    torch.save({"peak_traced_bytes": peak, "seconds": seconds, "rss_before_bytes": rss_before,
+                "digest": hashlib.sha256(b"".join(got)).hexdigest(), "rss_bytes": peak_rss_bytes()},
+               f"{out}.{path}.{rank}")
 
 
 def main() -> None:
@@ -157,9 +158,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             items = prepare(args.preset, args.contributions, args.parts, codec, Path(folder))
             out = str(Path(folder) / "rank")
-            run_cluster(rank_main, args.ranks, args.preset, items, args.parts, args.streams, out,
-                        backend="gloo")
-            ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(args.ranks)]
+            for path in ("whole", "parts"):
+                run_cluster(rank_main, args.ranks, args.preset, items, args.parts, args.streams, out, path,
+                            backend="gloo")
+            ranks = [{path: torch.load(f"{out}.{path}.{rank}", weights_only=False)
+                      for path in ("whole", "parts")} for rank in range(args.ranks)]
         assert all(r["whole"]["digest"] == r["parts"]["digest"] for r in ranks), "the two paths differ"
         first = ranks[0]
         runs[label] = {

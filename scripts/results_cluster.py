@@ -72,6 +72,9 @@ def cluster_exchange(r: dict) -> list[str]:
                      f"{run['largest_part_bytes'] / mib:.2f} MiB",
                      f"{whole['peak_traced_bytes'] / mib:.1f} MiB",
                      f"{parts['peak_traced_bytes'] / mib:.1f} MiB",
-                     f"{run['rank0_ratio']:.3f}", f"{whole['seconds']:.2f} s / {parts['seconds']:.2f} s"])
+                     f"{run['rank0_ratio']:.3f}",
+                     f"{whole['rss_bytes'] / mib:.0f} / {parts['rss_bytes'] / mib:.0f} MiB",
+                     f"{whole['seconds']:.2f} s / {parts['seconds']:.2f} s"])
     return out + table(["contributions", "their envelopes", "largest part", "rank 0 peak, whole",
-                        "rank 0 peak, parts", "parts / whole", "seconds (whole / parts)"], rows)
+                        "rank 0 peak, parts", "parts / whole", "rank 0 peak RSS (whole / parts)",
+                        "seconds (whole / parts)"], rows)

@@ -65,13 +65,15 @@ class _Shards:
 
     def messages(self) -> tuple[list[bytes | None], dict[int, str]]:
         out: list[bytes | None] = []
-        for index, pieces in enumerate(self.pieces):
+        for index in range(len(self.pieces)):
+            pieces, self.pieces[index] = self.pieces[index], {}  # dropped once joined
             if index in self.failed or index not in self.prefix:
                 self.failed.setdefault(index, f"contribution {index}: its start never came")
                 out.append(None)
                 continue
-            entries = b"".join(pieces[part] for part in sorted(pieces))
-            out.append(shard_message(self.prefix[index], entries, self.count))
+            out.append(shard_message(self.prefix[index], b"".join(pieces[part] for part in sorted(pieces)),
+                                     self.count))
+            del pieces
         return out, dict(self.failed)
 
 
