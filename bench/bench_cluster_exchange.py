@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from bench.bench_cluster_memory import module_of  # noqa: E402
 from bench.benchio import default_out, peak_rss_bytes, write_result  # noqa: E402
 from node import protocol as msg  # noqa: E402
 from node.live.exchange.parts import part_sizes  # noqa: E402
@@ -51,9 +50,18 @@ from training.cluster_exchange import PartForwarder, receive_shards  # noqa: E40
 from training.cluster_parts import exchange_plan  # noqa: E402
 from training.cluster_plan import plan_shards, split_contribution  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
+from training.config import ModelConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
+from training.stages import split_stages, stage_param_shapes  # noqa: E402
 
 MAX_BYTES = 1 << 31
+
+
+def stage_shapes(preset: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of a whole ``preset`` replica as one stage (bench/bench_cluster_memory.py's stage)."""
+    cfg = ModelConfig(preset=preset)
+    shapes = stage_param_shapes(cfg, split_stages(cfg.n_layer, 1)[0])
+    return {name: tuple(shape) for name, shape in shapes.items()}
 
 
 def contributions(shapes: dict, count: int, codec: bool) -> list[bytes]:
@@ -68,7 +76,7 @@ def contributions(shapes: dict, count: int, codec: bool) -> list[bytes]:
 
 def prepare(preset: str, count: int, parts: int, codec: bool, folder: Path) -> list[dict]:
     """Each contribution's envelope file and where its parts lie (blob-relative for the forwarder)."""
-    shapes = {name: tuple(p.shape) for name, p in module_of(preset).named_parameters()}
+    shapes = stage_shapes(preset)
     identity = Identity.from_seed(bytes(32))
     out = []
     for index, blob in enumerate(contributions(shapes, count, codec)):
@@ -117,7 +125,7 @@ def rank_main(rank: int, world: int, preset: str, items: list[dict], parts: int,
               path: str) -> None:
     """One path (``whole`` or ``parts``) in fresh processes, so that each path's peak RSS is its own."""
     torch.set_num_threads(1)
-    shapes = {name: tuple(p.shape) for name, p in module_of(preset).named_parameters()}
+    shapes = stage_shapes(preset)
     ranks_plan, parts_plan = plan_shards(shapes, world), exchange_plan(shapes, parts)
     rss_before = peak_rss_bytes()
     dist.barrier()
@@ -152,7 +160,7 @@ def main() -> None:
     from training.cluster_launch import run_cluster
 
     load = list(os.getloadavg())
-    shapes = {name: tuple(p.shape) for name, p in module_of(args.preset).named_parameters()}
+    shapes = stage_shapes(args.preset)
     runs = {}
     for label, codec in (("codec", True), ("raw", False)):
         with tempfile.TemporaryDirectory() as folder:
