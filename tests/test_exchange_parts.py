@@ -5,6 +5,7 @@ part and a lying announcement."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import msgpack
@@ -29,10 +30,16 @@ from training.errors import ContributionDecodeError, TrainingConfigError
 SEED = bytes(range(32))
 
 
-def stage_shapes():
-    return {name: tuple(p.shape) for name, p in workers.make_module().named_parameters()}
+@functools.cache
+def _shapes() -> tuple:
+    return tuple((name, tuple(p.shape)) for name, p in workers.make_module().named_parameters())
 
 
+def stage_shapes() -> dict:
+    return dict(_shapes())
+
+
+@functools.cache
 def contribution(outer_round: int = 0) -> bytes:
     return workers.others(stage_shapes(), outer_round)[0]
 
