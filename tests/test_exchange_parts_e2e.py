@@ -40,6 +40,9 @@ def test_a_run_in_parts_with_a_cluster_node_commits_and_audits(make_run):
         logs = "\n".join(p.read_text(errors="replace") for p in node.data_dir.glob("node-*.log"))
         fetched = IN_PARTS.findall(logs)
         assert fetched and all(int(count) == 4 for _r, count in fetched), run_logs(run)
+        # every round's contribution of the other replica came in parts (none fell back to the whole blob)
+        assert {int(r) for r, _c in fetched} >= set(range(ROUNDS)), run_logs(run)
+        assert "no parts announcement of contribution" not in logs, run_logs(run)
         print(node.data_dir.name, "fetched in parts, by round:", sorted(int(r) for r, _c in fetched))
         assert "parts announcement of" not in logs, run_logs(run)  # the refusal's log line: none refused
     archived = [decode_envelope(p.read_bytes(), 1 << 30) for node in run.nodes

@@ -31,6 +31,10 @@ from training.cluster_parts import blob_cuts, exchange_plan
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a fetch waits for the parts announcement of an announced contribution before it fetches the whole
+#: blob (the sender gossips it just before the announce; another path may deliver the announce first).
+PARTS_ANNOUNCE_WAIT_S = 2.0
+
 
 @dataclass(frozen=True)
 class KnownParts:
@@ -66,7 +70,7 @@ class ContributionParts:
         self.streams = streams
         self.stop = stop
         self._known: dict[bytes, KnownParts] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         #: Announcements and fetches refused, by reason (a lying announcement, a part every peer got wrong).
         self.refused: Counter[str] = Counter()
 
@@ -105,17 +109,22 @@ class ContributionParts:
             return
         with self._lock:
             self._known[announce.envelope_hash] = KnownParts(env.round, header, tuple(digests))
+            self._lock.notify_all()
 
-    def known(self, digest: bytes) -> KnownParts | None:
+    def known(self, digest: bytes, wait: float = 0.0) -> KnownParts | None:
+        """The checked parts announcement of envelope ``digest``, waiting up to ``wait`` seconds for it."""
         with self._lock:
+            self._lock.wait_for(lambda: digest in self._known, timeout=wait)
             return self._known.get(digest)
 
     def fetch(self, outer_round: int, stage: int, a: Announced, providers: list[str],
               fallback: list[str]) -> bytes | None:
         """The whole envelope ``a`` names, fetched as its parts; None where no checked announcement of it is
         here or the parts could not be had (the caller then fetches the whole blob)."""
-        known = self.known(a.envelope_hash)
+        known = self.known(a.envelope_hash, PARTS_ANNOUNCE_WAIT_S)
         if known is None:
+            logger.info("round %d stage %d: no parts announcement of contribution %s: the whole blob is "
+                        "fetched", outer_round, stage, a.envelope_hash.hex()[:12])
             return None
         sizes = known.header.sizes
         layout = PartsLayout.of(a.envelope_hash.hex(), payload_offset(known.header, sum(sizes)), sizes,

@@ -126,7 +126,8 @@ class Exchange:
         return self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
 
     def announced(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
-        """This node's contribution ``envelope`` was announced: its parts are announced too (a parts run)."""
+        """This node's contribution ``envelope`` is about to be announced: a parts run announces its parts
+        first, so that a holder knows them when the announce starts its fetch."""
         if self.parts is not None:
             self.parts.announce(outer_round, stage, digest, envelope)
 

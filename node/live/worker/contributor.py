@@ -262,8 +262,8 @@ class Contributor:
             self.pool.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.worker.replica, digest, len(envelope)))
+            self.exchange.announced(outer_round, stage, digest, envelope)  # before the announce that starts
             self.messenger.gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), stage)
-            self.exchange.announced(outer_round, stage, digest, envelope)
             logger.info("round %d stage %d: contribution %s, %d bytes (ratio %.0fx)", outer_round, stage,
                         digest.hex()[:12], len(envelope), getattr(cstats, "ratio", float("nan")))
         retry_on_full_disk(lambda: self.state.update(last_contributed=outer_round),
