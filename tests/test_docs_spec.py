@@ -191,3 +191,17 @@ def test_the_header_hash_protocol_md_spells_out():
         raw = struct.pack("<Q", len(body)) + body
         assert checkpoint_header(layout, metadata_only(layout, 9, hashes, leaves)) == raw
         assert header_hash(raw) == hashlib.sha256(tag + raw).digest()
+
+
+def test_ledger_md_gives_each_deployed_contracts_size_from_its_artifact():
+    import contracts
+
+    rows = re.findall(r"^\| `(\w+)`[^\n]*\| ([\d,]+) \| ([\d.]+)% \|$", LEDGER_MD, re.M)
+    deployed = {"NodeRegistry", "TrainingLedger", "AggregationProver", *contracts.LIBRARIES, "StepProver",
+                *contracts.STEP_LIBRARIES}
+    assert {name for name, _, _ in rows} == deployed, "LEDGER.md's size table lists other contracts"
+    for name, size, share in rows:
+        actual = (len(contracts.artifact(name)["deployedBytecode"]) - 2) // 2
+        expected = (actual, f"{100 * actual / contracts.CODE_SIZE_LIMIT:.1f}")
+        assert (int(size.replace(",", "")), share) == expected, \
+            f"LEDGER.md gives {name} {size} bytes ({share}%); its artifact deploys {actual}"
