@@ -76,3 +76,13 @@ def test_the_reward_pool_keeps_its_books_in_a_quick_campaign():
     out = forge_test("PoolInvariantsTest")
     assert "[PASS] invariant_pool_books() (runs: 16, calls: 1024" in out, out[-3000:]
     assert "[PASS] test_the_actors_pay_and_refuse()" in out, out[-3000:]
+
+
+def test_the_end_rule_and_the_end_relation_hold_in_the_evm():
+    """StepProverEnd.t.sol (issue 78, the claim's end): setEndRule only by the run's creator, once, only the
+    plain rule (1), and refused after the run's first commit; challengeEnd of an unknown claim refused; rne
+    against float32 addition's own rounding (random words, and the halves and integers with an ulp either
+    side); endHolds of a raw piece (the exact difference, not one ulp off) and of a quant piece (its rounding,
+    not one code off, not at widths 0 or 17), 256 fuzz runs each."""
+    out = forge_test("StepProverEndTest", FOUNDRY_FUZZ_RUNS="256")
+    assert out.count("[PASS]") == 9, out[-3000:]
