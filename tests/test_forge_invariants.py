@@ -80,9 +80,11 @@ def test_the_reward_pool_keeps_its_books_in_a_quick_campaign():
 
 def test_the_end_rule_and_the_end_relation_hold_in_the_evm():
     """StepProverEnd.t.sol (issue 78, the claim's end): setEndRule only by the run's creator, once, only the
-    plain rule (1), and refused after the run's first commit; challengeEnd of an unknown claim refused; rne
-    against float32 addition's own rounding (random words, and the halves and integers with an ulp either
-    side); endHolds of a raw piece (the exact difference, not one ulp off) and of a quant piece (its rounding,
-    not one code off, not at widths 0 or 17), 256 fuzz runs each."""
+    plain rule (1), and refused after the run's first commit; challengeEnd refused without the rule (and of
+    an unknown claim); proveEnd on a claim bound to two committed rounds: the honest raw and quant answers
+    taken, one ulp (raw) or one code (quant) off refused, a later answer's other width refused, the clock's
+    last block taken and the next refused, timeout refuting the silent claim; rne against float32 addition's
+    own rounding (random words, and the halves and integers with an ulp either side); endHolds of a raw piece
+    and of a quant piece, one off refused, 256 fuzz runs each."""
     out = forge_test("StepProverEndTest", FOUNDRY_FUZZ_RUNS="256")
-    assert out.count("[PASS]") == 9, out[-3000:]
+    assert out.count("[PASS]") == 13, out[-3000:]

@@ -9,9 +9,12 @@ import {TrainingLedger} from "../src/TrainingLedger.sol";
 import {TrustBase} from "./TrustBase.sol";
 
 /// @notice The end dispute's rules inside the EVM (issue 78, docs/FRAUD_PROOF.md "The claim's end"): who fixes a
-/// run's plain end rule and when (`setEndRule`), and the relation `proveEnd` decides an element by
-/// (`StepProverMath.endHolds`, `rne`), fuzzed against a reference. tests/test_forge_invariants.py runs them; the
-/// whole game (claims, `challengeEnd`, `proveEnd`, the clock) is tests/test_step_end.py's, on py-evm and anvil.
+/// run's plain end rule and when (`setEndRule`); `challengeEnd` refused without it; `proveEnd` on a claim bound
+/// to two committed rounds (one tensor of two elements, one chunk): honest raw and quant answers taken, one ulp
+/// or one code off refused, the width fixed by the first answer, the clock's last block taken and the next
+/// refused; and the relation `proveEnd` decides an element by (`StepProverMath.endHolds`, `rne`), fuzzed against
+/// a reference. tests/test_forge_invariants.py runs them; tests/test_step_end.py plays the game with the node's
+/// own trees on py-evm and anvil.
 contract StepProverEndTest is TrustBase {
     using Float32 for uint32;
 
@@ -89,6 +92,204 @@ contract StepProverEndTest is TrustBase {
     function test_challenge_end_of_an_unknown_claim_is_refused() public {
         vm.expectRevert(StepProver.ProverStepUnknownClaim.selector);
         prover.challengeEnd{value: BOND}(keccak256("no claim"), 0, 0);
+    }
+
+    // ------------------------------------------------------------------------------------- challengeEnd
+
+    bytes32 internal constant PROGRAM_ROOT = keccak256("program");
+
+    /// @dev What a claim is made on: the run's origin root (setProgram), the committed start (round 0's stage
+    /// leaf's weightsRoot), the claim's end state root and the payload root round 1 lists.
+    struct Trees {
+        bytes32 origin;
+        bytes32 startWeights;
+        bytes32 endRoot;
+        bytes32 payload;
+    }
+
+    function _anyTrees() internal pure returns (Trees memory) {
+        return Trees(keccak256("o"), keccak256("start weights"), keccak256("E"), keccak256("payload"));
+    }
+
+    /// @dev Version-3 factors listing one contribution, `payload` (no declared steps: the run's H counts).
+    function _factorsListing(bytes32 payload) internal pure returns (bytes memory) {
+        bytes32[] memory roots = new bytes32[](1);
+        roots[0] = payload;
+        return abi.encode(
+            uint32(0), uint32(0), false, roots, roots, new uint64[](1), uint64(0), new uint32[](0), roots,
+            new uint256[](3), new address[](1), new bytes32[](2)
+        );
+    }
+
+    function _stageLeafOf(bytes32 weights, bytes memory factors) internal pure returns (bytes memory) {
+        return abi.encode(uint32(0), uint32(2), weights, keccak256("momentum"), sha256(factors));
+    }
+
+    function _leaf(bytes memory leaf) internal pure returns (bytes32) {
+        return sha256(abi.encodePacked(bytes1(0x00), leaf));
+    }
+
+    function _commit(uint256 run, bytes memory stageLeaf) internal returns (TrainingLedger.Record memory record) {
+        record = TrainingLedger.Record(
+            run, ledger.commitCount(run), ledger.headOf(run), _leaf(stageLeaf), keccak256("c"), 1, 1, 1, 1, 0
+        );
+        uint256[] memory keys = new uint256[](2);
+        keys[0] = 1;
+        keys[1] = 2;
+        vm.prank(who(1));
+        ledger.commitRound(record, signAll(keys, recordDigest(ledger, record)));
+        vm.roll(block.number + 1);
+    }
+
+    function _claimed(bool endRule) internal returns (uint256 run, bytes32 claimId) {
+        return _claimed(endRule, _anyTrees());
+    }
+
+    /// @dev A run (its program set, of one state tensor; its plain end rule if `endRule`) with rounds 0 and 1
+    /// committed, round 1 listing `trees.payload` and starting from `trees.startWeights`; outsider 3's run claim
+    /// on that contribution, ending at `trees.endRoot`.
+    function _claimed(bool endRule, Trees memory trees) internal returns (uint256 run, bytes32 claimId) {
+        run = _runWithTwoMembers(string(abi.encode(endRule, trees)));
+        StepProver.RunClaim memory claim = StepProver.RunClaim(
+            PROGRAM_ROOT, 1, 1, 1, keccak256("S"), trees.endRoot, 10, run, 1, 0, trees.payload, trees.startWeights
+        );
+        vm.startPrank(who(1));
+        prover.setProgram(run, keccak256(abi.encode(PROGRAM_ROOT, uint32(1), uint32(1), uint8(1))), trees.origin);
+        if (endRule) prover.setEndRule(run, 1);
+        vm.stopPrank();
+        bytes memory prevLeaf = _stageLeafOf(trees.startWeights, _factorsListing(trees.payload));
+        StepProver.RunBinding memory b;
+        b.prevRecord = _commit(run, prevLeaf);
+        b.prevStageLeaf = prevLeaf;
+        b.factors = _factorsListing(trees.payload);
+        b.stageLeaf = _stageLeafOf(keccak256("end weights"), b.factors);
+        b.record = _commit(run, b.stageLeaf);
+        vm.prank(who(3));
+        claimId = prover.claimRun{value: BOND}(claim, b);
+    }
+
+    function test_challenge_end_is_refused_without_the_end_rule() public {
+        (uint256 run, bytes32 claimId) = _claimed(false);
+        vm.prank(who(2));
+        vm.expectRevert(abi.encodeWithSelector(StepProver.ProverStepEndUnbound.selector, run));
+        prover.challengeEnd{value: BOND}(claimId, 0, 0);
+        vm.prank(who(2)); // its start is disputed all the same
+        prover.challengeStart{value: BOND}(claimId, 0, 0);
+    }
+
+    /// @dev The end game's clock: a defender's answer in its clock's last block is taken (judged on its content:
+    /// a junk opening is refused as one), the next block's is refused (ProverStepClockOut) and `timeout`
+    /// refutes the claim.
+    function test_the_end_games_clock_takes_its_last_block_and_refuses_the_next() public {
+        (, bytes32 claimId) = _claimed(true);
+        vm.prank(who(2));
+        vm.expectRevert(abi.encodeWithSelector(StepProver.ProverStepBadElement.selector, uint64(1)));
+        prover.challengeEnd{value: BOND}(claimId, 1, 0); // the claim's state has one tensor
+        vm.prank(who(2));
+        bytes32 gameId = prover.challengeEnd{value: BOND}(claimId, 0, 0);
+        uint256 start = block.number;
+        StepProver.StartOpening memory junk;
+        StepProver.Element memory piece;
+        vm.roll(start + WINDOW); // the clock's last block
+        vm.expectRevert(StepProver.ProverStepClockRunning.selector);
+        prover.timeout(gameId);
+        vm.prank(who(3));
+        vm.expectRevert(abi.encodeWithSelector(StepProver.ProverStepBadOpening.selector, uint8(3)));
+        prover.proveEnd(gameId, junk, piece, 0);
+        vm.roll(start + WINDOW + 1);
+        vm.prank(who(3));
+        vm.expectRevert(StepProver.ProverStepClockOut.selector);
+        prover.proveEnd(gameId, junk, piece, 0);
+        vm.assertFalse(prover.claimOf(claimId).wrong, "the claim refuted before the timeout");
+        prover.timeout(gameId);
+        vm.assertTrue(prover.claimOf(claimId).wrong, "the silent defender's claim stands");
+    }
+
+    // ------------------------------------------------------------------------------------- proveEnd
+
+    uint32 internal constant S0 = 0x3F800000; // the committed start: 1.0, 0.5
+    uint32 internal constant S1 = 0x3F000000;
+    uint32 internal constant E0 = 0x3E800000; // the claim's end: 0.25, 0.75
+    uint32 internal constant E1 = 0x3F400000;
+
+    /// @dev A two-element tensor's one chunk leaf (u32 tensor 0, u64 offset 0, u64 cols 2, u32 count 2, values).
+    function _chunkLeaf(uint32 a, uint32 b) internal pure returns (bytes memory) {
+        return abi.encodePacked(uint32(0), uint64(0), uint64(2), uint32(2), a, b);
+    }
+
+    /// @dev The end tensor's opening (origin: tensor 0 of 2 elements, chunk 0 of 1; the end state tree of depth 1,
+    /// the tensor's root its leaf 0) and the trees a claim on `piece` is made on.
+    function _endOpening(bytes memory piece) internal pure returns (StepProver.StartOpening memory o, Trees memory t) {
+        o.origin = abi.encode(uint32(0), uint64(2), uint64(0), uint64(1));
+        o.state.leaf = _chunkLeaf(E0, E1);
+        o.tensorRoot = _leaf(o.state.leaf);
+        o.rootPath = new bytes32[](1);
+        o.rootPath[0] = keccak256("the other state leaf");
+        o.committed.leaf = _chunkLeaf(S0, S1);
+        t = Trees(
+            _leaf(o.origin), _leaf(o.committed.leaf),
+            sha256(abi.encodePacked(bytes1(0x01), sha256(abi.encodePacked(bytes1(0x00), o.tensorRoot)), o.rootPath[0])),
+            _leaf(piece)
+        );
+    }
+
+    function _rawPiece(uint32 v0, uint32 v1) internal pure returns (bytes memory) {
+        return abi.encodePacked(bytes1(0x00), uint32(2), v0, v1);
+    }
+
+    /// @dev Scale 0.25 for both: S - E = (0.75, -0.25) codes (3, -1) before the clamp.
+    function _quantPiece(int16 q0, int16 q1) internal pure returns (bytes memory) {
+        return abi.encodePacked(bytes1(0x01), uint32(2), q0, q1, uint32(0x3E800000), uint32(0x3E800000));
+    }
+
+    /// @dev Challenger 2's end game on element `elem` of a claim on `piece`, answered by its defender with
+    /// `answer` at width `bits` (refused with `refusal` where one is given); the claim's id.
+    function _answer(bytes memory piece, bytes memory answer, uint64 elem, uint8 bits, bytes memory refusal)
+        internal
+        returns (bytes32 claimId)
+    {
+        (StepProver.StartOpening memory o, Trees memory trees) = _endOpening(piece);
+        (, claimId) = _claimed(true, trees);
+        vm.prank(who(2));
+        bytes32 gameId = prover.challengeEnd{value: BOND}(claimId, 0, elem);
+        vm.prank(who(3));
+        if (refusal.length != 0) vm.expectRevert(refusal);
+        prover.proveEnd(gameId, o, StepProver.Element(answer, new bytes32[](0)), bits);
+    }
+
+    function _badOpening(uint8 which) internal pure returns (bytes memory) {
+        return abi.encodeWithSelector(StepProver.ProverStepBadOpening.selector, which);
+    }
+
+    function test_prove_end_takes_the_honest_raw_element_and_refuses_one_ulp_off() public {
+        bytes memory honest = _rawPiece(0x3F400000, 0xBE800000); // 0.75, -0.25
+        bytes32 claimId = _answer(honest, honest, 1, 0, "");
+        vm.assertFalse(prover.claimOf(claimId).wrong, "the honest raw answer lost");
+        bytes memory off = _rawPiece(0x3F400000, 0xBE800001); // -0.25 one ulp off
+        _answer(off, off, 1, 0, _badOpening(7));
+        _answer(off, off, 0, 0, ""); // its other element is right
+        _answer(honest, off, 1, 0, _badOpening(6)); // another piece than the payload's
+    }
+
+    function test_prove_end_takes_the_honest_quant_element_refuses_one_off_and_keeps_the_first_width() public {
+        bytes memory honest = _quantPiece(1, -1); // 2 bits: 3 clamped to 1, and -1
+        bytes32 claimId = _answer(honest, honest, 1, 2, "");
+        vm.assertFalse(prover.claimOf(claimId).wrong, "the honest quant answer lost");
+        _answer(_quantPiece(1, 0), _quantPiece(1, 0), 1, 2, _badOpening(7)); // -1 coded 0
+        _answer(_quantPiece(3, -1), _quantPiece(3, -1), 0, 2, _badOpening(7)); // 3 unclamped at 2 bits
+        // The first answer on the tensor fixes its width: 4 bits after 2 refused, where both code -1 the same.
+        (StepProver.StartOpening memory o, Trees memory trees) = _endOpening(honest);
+        (, claimId) = _claimed(true, trees);
+        StepProver.Element memory piece = StepProver.Element(honest, new bytes32[](0));
+        vm.prank(who(2));
+        bytes32 first = prover.challengeEnd{value: BOND}(claimId, 0, 1);
+        vm.prank(who(1));
+        bytes32 second = prover.challengeEnd{value: BOND}(claimId, 0, 1);
+        vm.startPrank(who(3));
+        prover.proveEnd(first, o, piece, 2);
+        vm.expectRevert(_badOpening(7));
+        prover.proveEnd(second, o, piece, 4);
+        vm.stopPrank();
     }
 
     // ------------------------------------------------------------------------------------- rne
