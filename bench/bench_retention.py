@@ -138,8 +138,8 @@ def memory_kib(pid: int | None) -> dict:
     return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_rss_kib": int(fields["VmHWM"].split()[0])}
 
 
-def stage_bytes(stages: int = 1) -> int:
-    """fp32 bytes of the largest stage's weights of the ``tiny`` model cut in ``stages`` (one stage: all of
+def stage_bytes(stages: int = 1, preset: str = "tiny") -> int:
+    """fp32 bytes of the largest stage's weights of the ``preset`` model cut in ``stages`` (one stage: all of
     them; a node holds one stage)."""
     import math
 
@@ -147,7 +147,7 @@ def stage_bytes(stages: int = 1) -> int:
     from node.runconfig import run_document
     from node.store.checkpoint import RunLayout
 
-    cfg = load_config(None, ["model.preset=tiny", f"pipeline.num_stages={stages}"])
+    cfg = load_config(None, [f"model.preset={preset}", f"pipeline.num_stages={stages}"])
     layout = RunLayout.of_document(0, b"\0" * 32, run_document(cfg))
     return max(4 * sum(math.prod(s) for s in shapes.values()) for shapes in layout.stage_shapes)
 
@@ -188,6 +188,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=100, help="committed rounds to reach")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=1)
+    parser.add_argument("--preset", default="tiny", help="the model preset (e.g. mini: fixed per-round files "
+                                                          "weigh less against its stage)")
     parser.add_argument("--dispute-blocks", type=int, default=16,
                         help="the run's dispute window in blocks (the local chain mines ~one block a round)")
     parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
@@ -227,15 +229,16 @@ def main() -> int:
         print(json.dumps(result["summary"], indent=1))
         return 0
 
-    settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
-                "round_timeout=60", "join_timeout=60", "checkpoint_every=1", "rounds=0", *args.extra]
+    settings = [f"model.preset={args.preset}", f"diloco.inner_steps={args.inner_steps}",
+                "training.batch_size=4", "round_timeout=60", "join_timeout=60", "checkpoint_every=1",
+                "rounds=0", *args.extra]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlx-retention-"))
-    stage = stage_bytes(args.stages)
+    stage = stage_bytes(args.stages, args.preset)
     run = LocalRun(workdir, replicas=args.replicas, stages=args.stages, split=args.stages > 1,
                    settings=settings,
                    dispute_blocks=args.dispute_blocks, accusation_blocks=args.accusation_blocks)
-    print(f"retention run: {args.replicas} replicas x {args.stages} stages (one node each) of 'tiny' "
-          f"({stage} bytes of fp32 weights a stage), "
+    print(f"retention run: {args.replicas} replicas x {args.stages} stages (one node each) of "
+          f"{args.preset!r} ({stage} bytes of fp32 weights a stage), "
           f"H={args.inner_steps}, a checkpoint every round, {args.rounds} rounds, in {workdir}", flush=True)
     samples: list[dict] = []
     audit: dict = {}
@@ -247,7 +250,7 @@ def main() -> int:
         result = {
             "command": "python " + " ".join(sys.argv),
             "cpu": _cpu(), "cpu_count": os.cpu_count(),
-            "preset": "tiny", "replicas": args.replicas, "stages": args.stages,
+            "preset": args.preset, "replicas": args.replicas, "stages": args.stages,
             "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
