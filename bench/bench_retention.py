@@ -42,9 +42,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
-from p2p.blobpack import MANIFEST_MAGIC, PACKED_DIR, PIECES_DIR  # noqa: E402
+from p2p.blobpack import MANIFEST_MAGIC, MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, parse_manifest  # noqa: E402
+from p2p.errors import BlobError  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
+MULTIPLE = ("a node's disk multiple: the bytes of its data directory (each file once: a hard link "
+            "counts once) over its stage's bytes, the float32 weights of the stage it holds (stage_bytes); "
+            "also over the stage's training state, its weights, gradients and AdamW's two moments "
+            "(training_state_bytes, 4 x stage_bytes)")
 PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
 START_STATE_MAGIC = b"dlx-replica-state-v1"
 
@@ -55,8 +61,8 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     node serves), ``published_state`` (a chunked run's stage state it serves: a safetensors blob not linked),
     ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
     ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
-    ``packed_piece`` and ``packed_manifest`` (the node's own start states kept as packed blobs, each
-    tensor's data a piece shared by content: p2p/blobpack.py), ``other`` (logs, the node's state files)."""
+    ``packed_piece`` and ``packed_manifest`` (packed blobs, p2p/blobpack.py, that :func:`packed_kinds`
+    does not name), ``other`` (logs, the node's state files)."""
     if part in ("checkpoints", "archive"):
         return "checkpoint" if part == "checkpoints" else "archive"
     if part == "chunk-states":
@@ -81,6 +87,41 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     return "other_blob"
 
 
+#: Which kind a piece shared by packed blobs of several kinds counts as: the first in this order.
+PACKED_ORDER = ("start_state", "published_state", "sum_trees", "packed_other")
+
+
+def packed_kinds(blobs: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """The kind of each packed blob's manifest and pieces in the blob store ``blobs`` (path -> kind), and the
+    blobs of each kind: ``start_state`` (a start state, and every piece one names: its tensors' data),
+    ``published_state`` (a chunked run's published stage state: its weights and momentum, pieces no start
+    state names), ``sum_trees`` (a version-3 stage's factors and sum trees, kept as compressed pieces),
+    ``packed_other``. A manifest that does not parse (being written or removed) is skipped."""
+    kinds: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for manifest in sorted((blobs / PACKED_DIR).glob(f"*{MANIFEST_SUFFIX}")):
+        try:
+            blob = parse_manifest(manifest.read_bytes(), manifest.name[:64], blobs / PIECES_DIR)
+            head = blob.pread(0, 32)
+        except (OSError, BlobError):
+            continue
+        if head.startswith(START_STATE_MAGIC):
+            kind = "start_state"
+        elif any(part[0] == "z" for part in blob.parts):
+            kind = "sum_trees"
+        elif head[8:9] == b"{":
+            kind = "published_state"
+        else:
+            kind = "packed_other"
+        counts[kind] = counts.get(kind, 0) + 1
+        kinds[str(manifest)] = kind
+        for piece in blob.pieces():
+            path = str(blobs / PIECES_DIR / piece)
+            if path not in kinds or PACKED_ORDER.index(kind) < PACKED_ORDER.index(kinds[path]):
+                kinds[path] = kind
+    return kinds, counts
+
+
 def packed_size(path: str) -> int:
     """The size of the blob a packed manifest (p2p/blobpack.py) stands for; 0 if it cannot be read."""
     try:
@@ -94,8 +135,10 @@ def packed_size(path: str) -> int:
 
 
 def disk_bytes(data_dir: Path) -> dict:
-    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, and per
-    kind of file (:func:`file_kind`) its files and bytes."""
+    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, per kind
+    of file (:func:`packed_kinds`, :func:`file_kind`) its files and bytes, and the packed blobs of each
+    kind held (``held``: how many rounds of start states and published states the node keeps)."""
+    packed, held = packed_kinds(data_dir / "blobs")
     seen: set[tuple[int, int]] = set()
     total = 0
     parts = dict.fromkeys(PARTS, 0)
@@ -115,15 +158,15 @@ def disk_bytes(data_dir: Path) -> dict:
             rel = os.path.relpath(path, data_dir).split(os.sep)[0]
             if rel in parts:
                 parts[rel] += st.st_size
-            kind = file_kind(rel, path, st)
+            kind = packed.get(path) or file_kind(rel, path, st)
             count = kinds.setdefault(kind, [0, 0])
             count[0] += 1
             count[1] += st.st_size
-            if kind == "start_state":
+            if kind == "start_state" and path in packed:  # kept as pieces: its size is in its manifest
+                start_state = max(start_state, packed_size(path) if path.endswith(MANIFEST_SUFFIX) else 0)
+            elif kind == "start_state":
                 start_state = max(start_state, st.st_size)
-            elif kind == "packed_manifest":  # a start state kept as pieces: its own size is in the manifest
-                start_state = max(start_state, packed_size(path))
-    return {"total": total, **parts, "start_state": start_state,
+    return {"total": total, **parts, "start_state": start_state, "held": held,
             "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
 
 
@@ -167,6 +210,10 @@ def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
             "disk_max_over_stage_bytes": round(max(t for _r, t in totals) / stage, 2) if totals else None,
             "disk_max_over_start_state": round(max(t for _r, t in totals) / start_state, 2)
             if totals and start_state else None,
+            # the stage's training state: fp32 weights, gradients and AdamW's two moments (4 x the weights)
+            "disk_max_over_training_state": round(max(t for _r, t in totals) / (4 * stage), 2)
+            if totals else None,
+            "held_last": series[-1][1].get("disk", {}).get("held") if series else None,
             f"disk_from_round_{flat_from}": [min(after), max(after)] if after else None,
             "start_state_bytes": start_state,
             "peak_rss_mib": round(peak / 1024, 1),
@@ -256,6 +303,8 @@ def main() -> int:
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
             "mine_per_second": args.mine_per_second, "blocks_per_round": _blocks_per_round(samples),
             "stage_bytes": stage,
+            "training_state_bytes": 4 * stage,
+            "multiple": MULTIPLE,
             "target_rounds": args.rounds,
             "reached_rounds": samples[-1]["round"] if samples else 0,
             "wall_s": round(time.monotonic() - started, 1),
@@ -400,8 +449,36 @@ def audit_figures(run: LocalRun, reexecute: int) -> dict:
         "first_unverified_round": report.first_unverified_round,
         "summary": report.summary(),
         "unverifiable_reasons": dict(reasons.most_common(20)),
+        # each reason's items by name and the rounds they belong to (what exactly went unchecked)
+        "unverifiable_items": _items_by_reason(unverifiable),
+        "reexecution": {k: v for k, v in report.reexecution.items() if not isinstance(v, (list, dict))
+                        or len(json.dumps(v)) < 2000},
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+def _items_by_reason(checks) -> dict:
+    """reason -> item name (rounds collapsed: ``contributions of round *``) -> the rounds, as spans."""
+    import re
+
+    out: dict[str, dict[str, list[int]]] = {}
+    for check in checks:
+        reason = re.sub(r"\d+", "N", " ".join(str(check.reason).split()))[:160]
+        name = re.sub(r"\d+", "N", check.name)
+        out.setdefault(reason, {}).setdefault(name, []).append(-1 if check.round is None else check.round)
+    return {reason: {name: _spans(sorted(set(rounds))) for name, rounds in names.items()}
+            for reason, names in out.items()}
+
+
+def _spans(rounds: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"`` (-1: an item of no round)."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
 
 
 _SERVE = """
