@@ -255,6 +255,12 @@ def main() -> int:
                         help="extra KEY=VALUE node settings (e.g. storage.retention=all)")
     parser.add_argument("--audit", type=int, default=-1,
                         help="contributions the closing audit reruns (-1: all, 0: no audit)")
+    parser.add_argument("--keep-all", action="append", default=[], metavar="NODE",
+                        help="a node (e.g. r1) that keeps every round (storage.retention = \"all\"), as an "
+                             "archive node or a seeder does: the audit is then made twice, from the other "
+                             "nodes' directories alone and with this one's (audit_with_archive)")
+    parser.add_argument("--archive-audit", type=int, default=16,
+                        help="contributions the audit with the --keep-all nodes' directories reruns")
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
     parser.add_argument("--stages", type=int, default=1,
                         help="pipeline stages, one node each (the whole checkpoint is then S times a stage)")
@@ -301,7 +307,7 @@ def main() -> int:
             "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
-            "mine_per_second": args.mine_per_second, "blocks_per_round": _blocks_per_round(samples),
+            "mine_per_second": args.mine_per_second, "keep_all": args.keep_all, "blocks_per_round": _blocks_per_round(samples),
             "stage_bytes": stage,
             "training_state_bytes": 4 * stage,
             "multiple": MULTIPLE,
@@ -318,6 +324,7 @@ def main() -> int:
 
     try:
         run.setup()
+        keep_all(run, args.keep_all)
         run.start()
         client = run.client()
         miner = _Miner(run.url, args.mine_per_second) if args.mine_per_second > 0 else None
@@ -357,13 +364,12 @@ def main() -> int:
             miner.stop()
         if args.audit and samples:
             run.stop_nodes()  # their files as they left them; the chain stays up for the audit
-            try:
-                audit.update(audit_figures(run, args.audit))
-            except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
-                import traceback
-
-                traceback.print_exc()
-                audit["error"] = f"{type(exc).__name__}: {exc}"
+            windows = [slot.data_dir for slot in run.nodes if slot.name not in args.keep_all]
+            audit.update(_audit_or_error(run, windows, args.audit))
+            if args.keep_all:
+                audit["with_archive"] = _audit_or_error(
+                    run, [slot.data_dir for slot in run.nodes], args.archive_audit)
+                audit["with_archive"]["archives"] = sorted(args.keep_all)
             print("audit:", json.dumps({k: v for k, v in audit.items() if k != "unverifiable_reasons"}))
     except KeyboardInterrupt:
         stopped = "interrupted (SIGINT)"
@@ -427,16 +433,41 @@ def _blocks_per_round(samples: list[dict]) -> float | None:
     return round((half[-1]["block"] - half[0]["block"]) / (half[-1]["round"] - half[0]["round"]), 2)
 
 
-def audit_figures(run: LocalRun, reexecute: int) -> dict:
-    """The audit of the run from the nodes' directories: verdict, counts, reruns, why items went unchecked."""
+def keep_all(run: LocalRun, names: list[str]) -> None:
+    """Set ``storage.retention = "all"`` in the configuration of each node named (before it starts)."""
+    from node.config import dump_toml, load_config
+
+    for slot in run.nodes:
+        if slot.name in names:
+            table = load_config(slot.config_path).to_dict()
+            table["storage"]["retention"] = "all"
+            slot.config_path.write_text("# written by dlx-node's local launcher, then bench_retention\n"
+                                        + dump_toml(table))
+            load_config(slot.config_path)
+
+
+def _audit_or_error(run: LocalRun, archives: list[Path], reexecute: int) -> dict:
+    """:func:`audit_figures`, or what it raised (the samples are kept whatever the audit does)."""
+    try:
+        return audit_figures(run, reexecute, archives)
+    except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
+        import traceback
+
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def audit_figures(run: LocalRun, reexecute: int, archives: list[Path] | None = None) -> dict:
+    """The audit of the run from the nodes' directories (``archives``, default every node's): verdict,
+    counts, reruns, why items went unchecked and which."""
     from collections import Counter
 
     from node.tools.audit import audit_run
     from node.tools.report import OK, UNVERIFIABLE
 
     started = time.monotonic()
-    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes],
-                       reexecute=reexecute)
+    archives = archives if archives is not None else [slot.data_dir for slot in run.nodes]
+    report = audit_run(run.client(), run.run_id, archives=archives, reexecute=reexecute)
     unverifiable = [c for c in report.all_checks() if c.status == UNVERIFIABLE]
     reasons = Counter(" ".join(str(c.reason).split())[:160] for c in unverifiable)
     return {
