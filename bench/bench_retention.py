@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -307,7 +308,8 @@ def main() -> int:
             "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
-            "mine_per_second": args.mine_per_second, "keep_all": args.keep_all, "blocks_per_round": _blocks_per_round(samples),
+            "mine_per_second": args.mine_per_second, "keep_all": args.keep_all,
+            "blocks_per_round": _blocks_per_round(samples),
             "stage_bytes": stage,
             "training_state_bytes": 4 * stage,
             "multiple": MULTIPLE,
@@ -481,24 +483,37 @@ def audit_figures(run: LocalRun, reexecute: int, archives: list[Path] | None = N
         "summary": report.summary(),
         "unverifiable_reasons": dict(reasons.most_common(20)),
         # each reason's items by name and the rounds they belong to (what exactly went unchecked)
-        "unverifiable_items": _items_by_reason(unverifiable),
+        "unverifiable_items": _items_by_reason(report),
         "reexecution": {k: v for k, v in report.reexecution.items() if not isinstance(v, (list, dict))
                         or len(json.dumps(v)) < 2000},
         "wall_s": round(time.monotonic() - started, 1),
     }
 
 
-def _items_by_reason(checks) -> dict:
-    """reason -> item name (rounds collapsed: ``contributions of round *``) -> the rounds, as spans."""
-    import re
+def _items_by_reason(report) -> dict:
+    """reason -> item (its name, rounds and hashes left out: ``checkpoint of round N``) -> the rounds its
+    unverifiable checks belong to, as spans; what exactly went unchecked, and why."""
+    from node.tools.report import UNVERIFIABLE
 
+    checks = [(c, c.round) for c in report.general + report.checkpoints]
+    checks += [(c, verdict.round if c.round is None else c.round) for verdict in report.rounds
+               for c in verdict.checks]
     out: dict[str, dict[str, list[int]]] = {}
-    for check in checks:
-        reason = re.sub(r"\d+", "N", " ".join(str(check.reason).split()))[:160]
-        name = re.sub(r"\d+", "N", check.name)
-        out.setdefault(reason, {}).setdefault(name, []).append(-1 if check.round is None else check.round)
+    for check, outer_round in checks:
+        if check.status != UNVERIFIABLE:
+            continue
+        reason, name = (_generic(" ".join(str(text).split()))[:160] for text in (check.reason, check.name))
+        if outer_round is None:
+            found = re.search(r"round (\d+)", check.name)
+            outer_round = int(found.group(1)) if found else -1
+        out.setdefault(reason, {}).setdefault(name, []).append(outer_round)
     return {reason: {name: _spans(sorted(set(rounds))) for name, rounds in names.items()}
             for reason, names in out.items()}
+
+
+def _generic(text: str) -> str:
+    """``text`` with its hashes and numbers left out (``N``), so that the items of every round group."""
+    return re.sub(r"\d+", "N", re.sub(r"\b(?:0x)?[0-9a-f]{8,}\b", "H", text))
 
 
 def _spans(rounds: list[int]) -> str:
