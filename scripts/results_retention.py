@@ -17,6 +17,11 @@ def retention(r: dict) -> list[str]:
                 "minutes to hours; what the retention keeps is then the rounds in flight and those whose "
                 "windows are open, plus the checkpoints.", ""]
         out += _retention_run(ontime)
+    tiny = r.get("tiny")
+    if tiny:
+        out += ["", f"`{tiny['command']}`: the same at `tiny` (the settings recorded before, the fixed "
+                "per-round files weigh more against its stage):", ""]
+        out += _retention_run(tiny)
     for name in sorted(k for k in r if k.startswith("before_")):  # the same runs before a change
         part = r[name]
         out += ["", f"Before issue 75's last cuts, `{part['command']}`:", ""]
