@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from results_cluster import cluster_memory
+from results_cluster import cluster_exchange, cluster_memory
 from results_retention import retention, rewards_gas
 from results_contracts import (
     binding_gas,
@@ -419,6 +419,11 @@ SECTIONS = (
             "The outer state is cut by whole tensors, so the largest rank's share sits above 1/N by what "
             "the tensor boundaries allow; the FSDP2 shards of the parameters, gradients and AdamW state are "
             "even. RSS is not the measure: it holds torch and the round's transients (docs/CLUSTER.md)."),
+    Section("cluster_exchange.json", "A node that is a cluster: rank 0's memory for the exchange in parts",
+            "bench/bench_cluster_exchange.py", cluster_exchange,
+            "Parts forwarded as they arrive keep rank 0 to its own shard of each contribution and a few "
+            "parts in flight; whole contributions put every closed envelope, its payload and its pieces on "
+            "rank 0 at once (docs/SCALE.md, \"The per-shard exchange of a node that is a cluster\")."),
     Section("data_loader.json", "Data loader", "bench/bench_data_loader.py", data_loader,
             "Resident memory does not grow with the dataset because the loader releases the pages each read "
             "maps (`ShardedTokens._release`)."),
