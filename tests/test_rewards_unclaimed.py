@@ -18,8 +18,8 @@ from node.cli import main
 from node.store.rewardsources import REWARD_SOURCES_DIR, write_leaves, write_stage
 from node.tools.audit_pool import POOL_ACCOUNT, POOL_UNCLAIMED, unclaimed_checks
 from node.tools.report import FAIL, OK
-from tests.ledger_fixtures import deploy, fresh_anvil_w3
-from tests.reward_fixtures import params, reward_run
+from tests.ledger_fixtures import SHORT_WINDOWS, deploy, fresh_anvil_w3
+from tests.reward_fixtures import FEE_ON_TRANSFER, MAX_CONTRIBUTIONS, params, reward_run, token_run
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +87,30 @@ def test_an_unfunded_round_is_listed_apart_and_fails_no_check(chain_w3):
     assert (member1.claimable, member1.unfunded) == (one_round, one_round)  # round 1 waits for a fund
     # the pool holds one round's amount, reserved for round 0's opening: round 1's credits are not counted
     assert found.total("unfunded") == found.total("claimable") <= found.held == rr.params.amount_per_round
+
+
+def test_a_token_pools_unclaimed_credits_are_in_its_units_and_a_second_runs_pool_counts(chain_w3):
+    """A pool in a fee-on-transfer token (10%): the books in the token's units, what arrived; a second run's
+    pool in the same contract and token adds to what the contract must hold."""
+    rr, token = token_run(deploy(chain_w3), FEE_ON_TRANSFER, fee_bps=1_000)
+    rr.commit([[(1, None)], [(2, None)]], signers=(1, 2))
+    rr.mine_to_final(0)
+    rr.claim(1, 0, 0)
+    sources = {0: (rr.rounds[0].leaves, rr.rounds[0].factors)}
+    found = unclaimed(rr.pool(0), rr.run.reader, rr.run_id, sources)
+    assert found.problems == [] and found.token == token.address
+    assert found.balance == token.balance_of(rr.pool_address) == found.contract_held == found.held
+    assert found.held == 9 * 10 * rr.params.amount_per_round // 10 - rr.expected_share(0, 0, 1)
+    assert _by_account(found)[rr.address(2)].claimable == rr.expected_share(0, 1, 2) \
+        + rr.expected_attester_share(0)
+    # a second run's pool in the same contract and token: the contract holds both
+    other = rr.deployment.member_run((1, 2, 3), quorum=2, commitments=3, **SHORT_WINDOWS,
+                                     values={"max_contributions": MAX_CONTRIBUTIONS, "max_rank": 1})
+    rr.pool(1).approve(token.address, 10 * rr.params.amount_per_round)
+    rr.pool(1).create_pool(other.run_id, rr.params, 10 * rr.params.amount_per_round)
+    again = unclaimed(rr.pool(0), rr.run.reader, rr.run_id, sources)
+    assert again.problems == [] and again.held == found.held
+    assert again.contract_held == again.balance == found.held + 9 * rr.params.amount_per_round
 
 
 class _Lying:
