@@ -257,7 +257,7 @@ def _write_machine(path: Path, machine: str, run: dict, load) -> None:
     except (OSError, ValueError, AttributeError):
         machines = {}
     machines[machine] = {**run, "recorded": recorded(load)}
-    write_result(path, {"machines": machines})
+    write_result(path, {"machines": machines}, load)  # the file's provenance: this run's
 
 
 def shown(result: dict) -> dict:
