@@ -61,6 +61,14 @@ NODE_WORK = (
     "other",
 )
 
+#: A stage's start state (what a spot check fetches from each stage's node: weights, the inner optimizer's
+#: two moments, the outer state; one canonical record) in bytes per parameter: 1,744,455 bytes for a
+#: 42,880-parameter stage (bench/results/retention.json's start_state_bytes at the tiny preset;
+#: docs/SCALE.md, "Memory per held parameter": 40).
+START_STATE_BYTES_PER_PARAM = 40.7
+#: The node's default ``spot_checks`` (node/config.py): expected re-executions of each contribution.
+DEFAULT_SPOT_CHECKS = 0.06
+
 #: The large layouts: (label, parameters, replicas M, stages S, GPUs per node, tokens per inner step per
 #: replica, H, link bits/s). 107B: the DiLoCoX paper's 20 nodes of 8 A800 on 1 Gbps (arXiv 2506.21263's
 #: abstract and issue 75), laid out as M x S nodes of one stage each; H and the tokens per step are ours
@@ -136,6 +144,14 @@ def measured(run: dict) -> dict:
         return sum(values) / len(values) if values else None
 
     steps = args["inner_steps"]
+    replicas = len(nodes) // stages
+    periods = mean(n.get("periods") for n in nodes)
+    checks = sum((n.get("spot_checks") or {}).get("spot_checks", 0) for n in nodes)
+    # checks per replica per round as run, and what each node served for them: each check fetches the whole
+    # replica's start state, one stage's part from each of its nodes
+    rate = checks / (replicas * periods) if periods else None
+    sent = mean(n.get("bytes_sent_per_round") for n in nodes)
+    spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
     inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
     out = {
         "parameters": total,
@@ -144,7 +160,10 @@ def measured(run: dict) -> dict:
         "tokens_per_step": args["batch_size"] * run["parameters"]["block_size"],
         "inner_s_per_step": None if inner is None else inner / steps,
         "wall_s_per_round": mean(n.get("training_thread", {}).get("wall_s_per_round") for n in nodes),
-        "bytes_sent_per_round": mean(n.get("bytes_sent_per_round") for n in nodes),
+        "bytes_sent_per_round": sent,
+        "spot_check_rate": rate,
+        "spot_check_bytes_per_round": spot_bytes,
+        "exchange_bytes_per_round": None if sent is None or spot_bytes is None else sent - spot_bytes,
         "peak_rss_bytes": mean(n.get("peak_rss_bytes") for n in nodes),
         "disk_bytes_per_round": mean(
             n["disk"]["total_bytes"] / args["rounds"] for n in nodes if n.get("disk")
@@ -160,6 +179,8 @@ def measured(run: dict) -> dict:
     by_component = summary.get("cpu_s_per_round_by_component") or {}
     for k in NODE_WORK:  # CPU seconds: the process's, split by the sampling profile's shares
         out[f"{k}_s_per_round"] = by_component.get(k)
+    spot_s = out.get("spot_checks_s_per_round")
+    out["spot_checks_s_per_rate"] = spot_s / rate if spot_s is not None and rate else None
     if args.get("partial"):  # a run that broke off: only its inner steps and its memory until then count
         out = {k: v for k, v in out.items() if k in PARTIAL_KEEPS or not isinstance(v, (int, float))}
         out["complete"] = False
@@ -175,6 +196,8 @@ QUANTITIES = {  # quantity: the x it is fitted against
     "inner_cpu_s_per_step": "parameters",
     "process_cpu_s_per_round": "per_node",
     "bytes_sent_per_round": "per_node",
+    "exchange_bytes_per_round": "per_node",
+    "spot_checks_s_per_rate": "per_node",
     "peak_rss_bytes": "per_node",
     "disk_bytes_per_round": "per_node",
     **{f"{k}_s_per_round": "per_node" for k in NODE_WORK},
@@ -261,7 +284,13 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
     step_s = 6 * n * layout["tokens_per_step"] / (gpus * A800_BF16_PEAK * GPU_MFU)
     compute_s = layout["inner_steps"] * step_s
     work = {k: max(0.0, predict(model, f"{k}_s_per_round", point) or 0.0) for k in NODE_WORK}
-    sent = max(0.0, predict(model, "bytes_sent_per_round", point) or 0.0)
+    # The benches check every contribution about once (--spot-checks 1); a run at the node's default rate
+    # fetches and serves start states that much less often: the checks' CPU and bytes at the layout's rate.
+    rate = layout.get("spot_checks", DEFAULT_SPOT_CHECKS)
+    work["spot_checks"] = rate * max(0.0, predict(model, "spot_checks_s_per_rate", point) or 0.0)
+    spot_bytes = rate * START_STATE_BYTES_PER_PARAM * per_node
+    sent = max(0.0, predict(model, "exchange_bytes_per_round", point) or 0.0) + spot_bytes
+    sent_every_check = max(0.0, predict(model, "bytes_sent_per_round", point) or 0.0)
     link_s = sent * 8 / layout["link_bps"]
     # One-step delay: the exchange and the node's own work (on the host CPU) overlap the next round's inner
     # steps (on the GPUs); a round lasts the longer of the two.
@@ -281,7 +310,10 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "compute_s_per_round": compute_s,
         "node_work_s_per_round": work,
         "node_work_s": sum(work.values()),
+        "spot_checks": rate,
         "bytes_per_round": sent,
+        "spot_check_bytes_per_round": spot_bytes,
+        "bytes_per_round_at_bench_rate": sent_every_check,
         "link_s_per_round": link_s,
         "round_s": round_s,
         "tokens_per_s": tokens / round_s,

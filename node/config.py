@@ -124,6 +124,11 @@ class NodeConfig:
     # seconds more while it still serves its peers; 0 = none. A stop (SIGINT/SIGTERM) never waits for them.
     # What is left undone is logged and shown in status.json (spot_checks_left_undone).
     spot_check_drain_s: float = 60.0
+    # A spot check's rerun (a child process of about 2.7 times the claimant's start state) starts only when
+    # the host can hold it beside the reruns other nodes of this user on the host have started
+    # (node/live/checks/admission.py); it waits up to this many seconds, then is left undone (nobody is
+    # accused). 0 = start at once, whatever the host holds (several large reruns may exhaust its memory).
+    spot_check_memory_wait_s: float = 600.0
     # A node does not begin training round t while t - (the last committed round) > max_rounds_ahead: it waits
     # ("waiting for commits" in status.json) until the chain catches up. Peers hear a member's round claims
     # only within 8 + 2 * checkpoint_every rounds of the last commit
@@ -201,6 +206,9 @@ class NodeConfig:
         if not 0.0 <= self.spot_checks <= 1024.0:
             raise ConfigError(
                 f"spot_checks={self.spot_checks}: must be in [0, 1024] (expected checks per contribution)")
+        if not 0.0 <= self.spot_check_memory_wait_s <= 86400.0:
+            raise ConfigError(f"spot_check_memory_wait_s={self.spot_check_memory_wait_s}: must be in "
+                              "[0, 86400] seconds (0 = start a rerun at once, whatever the host holds)")
         if not 0.0 <= self.spot_check_drain_s <= 86400.0:
             raise ConfigError(f"spot_check_drain_s={self.spot_check_drain_s}: must be in [0, 86400] seconds "
                               "(0 = stop at the end of the run without finishing queued spot checks)")

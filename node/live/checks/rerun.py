@@ -10,6 +10,7 @@ import time
 from ledger.errors import LedgerError
 from node import protocol as msg
 from node.errors import NodeError
+from node.live.checks.admission import rerun_need
 from node.live.checks.heldstates import STATE_ROUNDS_KEPT
 from node.live.checks.spotcheck import SpotCheckJob, SpotCheckResult
 from node.platforms import undeclared_claim
@@ -117,7 +118,7 @@ class ContributionRerun:
             # about a node's size).
             state_files = job.state_paths(job_dir)
             del job, claimed, parts
-            result = self._worker.run(job_dir, RERUN_TIMEOUT_S)
+            result = self._run_admitted(job_dir, state_files)
             if not result.honest and not result.undecided:
                 # the start state the failed rerun used is part of the evidence
                 self.states.keep_evidence([path.read_bytes() for path in state_files])
@@ -127,6 +128,19 @@ class ContributionRerun:
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
             self.states.drop_fetched([b.state_hash for b in bodies])
+
+    def _run_admitted(self, job_dir, state_files) -> SpotCheckResult:
+        """The job run by the worker once the host can hold its child (node/live/checks/admission.py;
+        ``spot_check_memory_wait_s`` = 0: at once)."""
+        wait_s = self.ctx.cfg.spot_check_memory_wait_s
+        if wait_s <= 0:
+            return self._worker.run(job_dir, RERUN_TIMEOUT_S)
+        need = rerun_need(sum(path.stat().st_size for path in state_files))
+        reservation = self._admission.admit(need, wait_s, self.ctx.stop)
+        try:
+            return self._worker.run(job_dir, RERUN_TIMEOUT_S, on_start=reservation.set_child)
+        finally:
+            reservation.release()
 
     def _previous_round(self, outer_round: int) -> tuple[dict[int, list[bytes]], dict[int, dict[int, str]]]:
         """Round t-1's closed payloads per stage (canonical order) and its screening exclusions."""

@@ -19,6 +19,7 @@ than a small model's rerun) and is replaced if it dies or overruns.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -28,16 +29,22 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.arenas import trim_heap
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
+from node.live.checks.admission import resident_bytes
 
 logger = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
+#: A rerun child that keeps more resident memory than this after a job is ended
+#: (RerunWorker._retire_if_large).
+RETIRE_RSS_BYTES = 1 << 30
 VERDICTS = ("exact", "within_tolerance", "undecided", "mismatch", "state_mismatch", "data_mismatch",
             "other_result")
 
@@ -259,13 +266,17 @@ class RerunWorker:
                                      native_cpu_capability())
         return None if kernels is None else tuple(sorted(kernels.items()))
 
-    def run(self, directory: Path, timeout: float) -> SpotCheckResult:
-        """Run the job in ``directory``; raise SpotCheckFailed unless it gives a verdict."""
+    def run(self, directory: Path, timeout: float,
+            on_start: Callable[[int], None] | None = None) -> SpotCheckResult:
+        """Run the job in ``directory``; raise SpotCheckFailed unless it gives a verdict. ``on_start`` is
+        given the pid of the child that runs it (the host's rerun admission counts its memory as taken)."""
         kernels = self.kernels_for(directory)
         with self._lock:
             proc = self._procs.get(kernels)
             if proc is None or proc.poll() is not None:
                 proc = self._procs[kernels] = self._start(kernels)
+            if on_start is not None:
+                on_start(proc.pid)
             try:
                 proc.stdin.write(f"{directory}\n")
                 proc.stdin.flush()
@@ -281,12 +292,28 @@ class RerunWorker:
                 code = proc.poll()
                 self._kill(kernels)
                 raise SpotCheckFailed(f"spot-check worker died (exit {code}); see {self.log_path}")
+            self._retire_if_large(kernels, proc)
             if not line.startswith("ok"):
                 raise SpotCheckFailed(f"spot check failed: {line.strip()[:300]}")
         try:
             return parse_result((directory / RESULT_FILE).read_bytes())
         except OSError as exc:
             raise SpotCheckFailed(f"spot check wrote no result: {exc}") from None
+
+    def _retire_if_large(self, kernels: tuple | None, proc: subprocess.Popen) -> None:
+        """End a child that kept more than RETIRE_RSS_BYTES after its job: the allocator keeps a large
+        rerun's freed memory, the host gets it back only when the process ends, and a new child costs an
+        import of torch (a few seconds) beside a rerun that large."""
+        rss = resident_bytes(proc.pid)
+        if rss is not None and rss > RETIRE_RSS_BYTES:
+            logger.info("spot-check worker keeps %.2f GiB after its job: ended, to give it back", rss / 2**30)
+            self._procs.pop(kernels, None)
+            try:
+                proc.stdin.close()  # the worker ends at end of input
+                proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait(timeout=10)
 
     def _kill(self, kernels: tuple | None) -> None:
         proc = self._procs.pop(kernels, None)
@@ -311,10 +338,14 @@ def _serve() -> int:
         try:
             result = run_job(directory)
             atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
-            print("ok", flush=True)
+            reply = "ok"
         # the child's boundary: one bad job costs only itself; the parent logs the line
         except Exception as exc:  # noqa: BLE001
-            print(f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500], flush=True)
+            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+        result = None
+        gc.collect()
+        trim_heap()  # the rerun's freed pages go back to the host before the parent looks (node/arenas.py)
+        print(reply, flush=True)
     return 0
 
 

@@ -55,6 +55,7 @@ from node.errors import NodeError
 from node.live.checks.heldstates import HeldStates
 from node.live.checks.jobqueue import JobQueue
 from node.live.checks.routing import draw_checks
+from node.live.checks.admission import RerunAdmission
 from node.live.checks.spotcheck import RerunWorker, SpotCheckResult
 from node.live.checks.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from node.live.checks.tribunal import COURT, Tribunal
@@ -127,6 +128,7 @@ class SpotChecker(ContributionRerun, Tribunal):
                                  ctx.stop)
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
+        self._admission = RerunAdmission()  # host-wide, by memory (spot_check_memory_wait_s)
         self._results: dict[tuple[int, int], SpotCheckResult | None] = {}  # (round, replica) -> result
         # evidence hash -> (round, accusation)
         self._accusations: dict[bytes, tuple[int, msg.Accusation]] = {}
