@@ -37,8 +37,11 @@ PARTIAL_ANNOUNCE = "partial_announce"  # 'my partial of slice j of (round, stage
 # close or a yield ('I will not close this (round, stage)').
 TAKEOVER = "takeover"
 YIELD = "yield"
+# A run whose contributions travel in parts (diloco.exchange_parts > 1; docs/P2P.md, "Envelope version 2"):
+# 'my contribution's version-2 header and its parts' digests are these'.
+PARTS_ANNOUNCE = "parts_announce"
 KINDS = (HELLO, CONTRIBUTION, ANNOUNCE, CLOSE, ATTESTATION, RECORD, ACCUSATION, VERDICT, PARTIAL_ANNOUNCE,
-         TAKEOVER, YIELD)
+         TAKEOVER, YIELD, PARTS_ANNOUNCE)
 
 
 def run_topic(run_id: int) -> str:
@@ -72,6 +75,17 @@ class Announce:
 
     envelope_hash: bytes  # sha256 of the contribution envelope bytes
     size: int
+
+
+@dataclass(frozen=True)
+class PartsAnnounce:
+    """'My contribution to (round, stage), the envelope with this hash and size, is in parts: its header (the
+    version-2 envelope with an empty payload) and the parts' sha256 digests (a manifest, 32 bytes each).'"""
+
+    envelope_hash: bytes
+    size: int
+    header: bytes
+    manifest: bytes
 
 
 @dataclass(frozen=True)
@@ -244,7 +258,7 @@ def decode_contribution_body(payload: bytes) -> ContributionBody:
 
 _TYPES = {HELLO: Hello, ANNOUNCE: Announce, CLOSE: Close, ATTESTATION: Attestation, RECORD: RecordSignature,
           ACCUSATION: Accusation, VERDICT: VerdictSignature, EVIDENCE: Evidence,
-          PARTIAL_ANNOUNCE: PartialAnnounce, TAKEOVER: Takeover, YIELD: Yield}
+          PARTIAL_ANNOUNCE: PartialAnnounce, TAKEOVER: Takeover, YIELD: Yield, PARTS_ANNOUNCE: PartsAnnounce}
 
 
 #: Fields a payload may leave out (then their default): each absent from the wire when empty.
@@ -334,6 +348,11 @@ def _validate(message: Any) -> None:
     elif isinstance(message, Announce):
         if len(message.envelope_hash) != 32 or message.size < 1:
             raise ProtocolError("announce.envelope_hash must be 32 bytes and size >= 1")
+    elif isinstance(message, PartsAnnounce):
+        if len(message.envelope_hash) != 32 or message.size < 1 or not message.header \
+                or not message.manifest or len(message.manifest) % 32:
+            raise ProtocolError("parts_announce.envelope_hash must be 32 bytes, size >= 1, a header and a "
+                                "manifest of 32-byte digests")
     elif isinstance(message, PartialAnnounce):
         if len(message.envelope_hash) != 32 or message.size < 1 or not 0 <= message.slice_index < 1 << 16:
             raise ProtocolError(

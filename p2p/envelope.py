@@ -22,6 +22,21 @@ The signing bytes are the msgpack array of every field but ``payload`` and
 payload is covered through its hash, so a signed *header* alone (without the
 possibly tens-of-MB payload) is verifiable evidence, e.g. of equivocation.
 
+Version 2, a payload in parts (a run whose ``diloco.exchange_parts`` is above 1;
+docs/P2P.md, "Envelope version 2"), has the domain ``b"dlx-envelope-v2"`` and,
+instead of ``payload_sha256``, two fields (the rest as above, in order)::
+
+    parts_root      bin   32 bytes      Merkle root over the parts' sha256 (p2p/parts.py)
+    part_sizes      bin   8 P bytes     the P parts' sizes, uint64 big-endian; P in [1, MAX_PARTS]
+
+The parts are consecutive byte ranges of the payload (their concatenation is the
+payload), so the whole envelope is decoded and checked like a version-1 one (the
+payload cut by ``part_sizes``, the root recomputed), while a holder fetches the
+header (the envelope with an empty payload, :func:`decode_header`) and each part
+alone, checking every part as it arrives. :func:`decode_envelope` accepts both
+versions unless its caller narrows ``versions``; :class:`EnvelopeValidator` (the
+gossip's) accepts version 1 only unless told otherwise.
+
 Decoding is strict: exact key set, exact types, bounded lengths, canonical
 encoding (re-encoding gives the same bytes, so ``envelope_hash`` is unique per
 message), payload hash and signature checked. Every failure raises
@@ -37,17 +52,22 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
 from p2p.errors import EnvelopeRejected
 from p2p.identity import Identity, peer_id_from_public_key, verify_signature
+from p2p.parts import PartRejected, cut_at, pack_sizes, part_digests, parts_root, unpack_sizes
 
 logger = logging.getLogger(__name__)
 
 DOMAIN = b"dlx-envelope-v1"
 VERSION = 1
+#: Envelope version 2: a payload in parts under a signed Merkle root (module docstring).
+DOMAIN_PARTS = b"dlx-envelope-v2"
+VERSION_PARTS = 2
 NO_INDEX = -1
 _KIND_RE = re.compile(r"^[a-z0-9_]{1,32}$")
 _MAX_UINT64 = (1 << 64) - 1
@@ -65,7 +85,7 @@ _FIELDS = (
     "timestamp_ms",
     "signature",
 )
-_SIGNED_FIELDS = tuple(name for name in _FIELDS if name not in ("payload", "signature"))
+_FIELDS_PARTS = (*_FIELDS[:9], "parts_root", "part_sizes", *_FIELDS[10:])
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,8 @@ class Envelope:
     signature: bytes
     domain: bytes = DOMAIN
     version: int = VERSION
+    parts_root: bytes = b""  # version 2 only (a version-1 envelope's wire has neither field)
+    part_sizes: bytes = b""
     _encoded: bytes | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -97,8 +119,10 @@ class Envelope:
         stage: int = NO_INDEX,
         replica: int = NO_INDEX,
         timestamp_ms: int | None = None,
+        part_sizes: Sequence[int] | None = None,
     ) -> Envelope:
-        """Build and sign an envelope with ``identity``'s key."""
+        """Build and sign an envelope with ``identity``'s key; with ``part_sizes`` (the sizes of consecutive
+        parts of ``payload``, summing to its length) a version-2 envelope (module docstring)."""
         payload = bytes(payload)
         fields = {
             "run_id": run_id,
@@ -112,6 +136,13 @@ class Envelope:
             "timestamp_ms": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
             "signature": b"",
         }
+        if part_sizes is not None:
+            try:
+                root = parts_root(part_digests(cut_at(payload, part_sizes)))
+            except PartRejected as exc:
+                raise EnvelopeRejected("malformed", str(exc)) from None
+            fields.update(domain=DOMAIN_PARTS, version=VERSION_PARTS, payload_sha256=b"", parts_root=root,
+                          part_sizes=pack_sizes(part_sizes))
         unsigned = cls(**fields)
         unsigned._check_fields()
         return replace(unsigned, signature=identity.sign(unsigned.signing_bytes()))
@@ -128,7 +159,8 @@ class Envelope:
             need_int(name, NO_INDEX)
         if type(self.kind) is not str or not _KIND_RE.fullmatch(self.kind):  # match() lets "hello\n" through
             raise EnvelopeRejected("bad_kind", f"kind={self.kind!r}: must match [a-z0-9_]{{1,32}}")
-        for name, size in (("domain", len(DOMAIN)), ("sender", 32), ("payload_sha256", 32)):
+        for name, size in (("domain", len(DOMAIN)), ("sender", 32),
+                           ("parts_root" if self.in_parts else "payload_sha256", 32)):
             value = getattr(self, name)
             if type(value) is not bytes or len(value) != size:
                 raise EnvelopeRejected("malformed", f"{name}: must be {size} bytes")
@@ -136,15 +168,45 @@ class Envelope:
             raise EnvelopeRejected("malformed", "payload: must be bytes")
         if type(self.signature) is not bytes or len(self.signature) not in (0, 64):
             raise EnvelopeRejected("malformed", "signature: must be 64 bytes")
+        if self.in_parts:
+            try:
+                unpack_sizes(self.part_sizes)
+            except PartRejected as exc:
+                raise EnvelopeRejected("malformed", exc.detail) from None
+            if self.payload_sha256:
+                raise EnvelopeRejected("malformed", "payload_sha256 in a version-2 envelope")
+        elif self.parts_root or self.part_sizes:
+            raise EnvelopeRejected("malformed", f"parts in a version-{self.version} envelope")
+
+    @property
+    def in_parts(self) -> bool:
+        """Whether it is a version-2 envelope (a payload in parts)."""
+        return self.version == VERSION_PARTS and self.domain == DOMAIN_PARTS
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """This envelope's wire fields, in order (its version's)."""
+        return _FIELDS_PARTS if self.in_parts else _FIELDS
+
+    @property
+    def sizes(self) -> list[int]:
+        """A version-2 envelope's part sizes ([] for version 1)."""
+        return unpack_sizes(self.part_sizes) if self.in_parts else []
+
+    @property
+    def payload_id(self) -> bytes:
+        """What binds the payload: ``payload_sha256`` (version 1), ``parts_root || part_sizes`` (2)."""
+        return self.parts_root + self.part_sizes if self.in_parts else self.payload_sha256
 
     def signing_bytes(self) -> bytes:
         """The exact bytes the sender signed: msgpack array of every field but payload and signature."""
-        return msgpack.packb([getattr(self, name) for name in _SIGNED_FIELDS], use_bin_type=True)
+        signed = [getattr(self, name) for name in self.fields if name not in ("payload", "signature")]
+        return msgpack.packb(signed, use_bin_type=True)
 
     def to_bytes(self) -> bytes:
         """Canonical wire encoding (see module docstring)."""
         if self._encoded is None:
-            encoded = msgpack.packb({name: getattr(self, name) for name in _FIELDS}, use_bin_type=True)
+            encoded = msgpack.packb({name: getattr(self, name) for name in self.fields}, use_bin_type=True)
             object.__setattr__(self, "_encoded", encoded)
         return self._encoded  # type: ignore[return-value]
 
@@ -160,7 +222,7 @@ class Envelope:
 
     @property
     def payload_hash_hex(self) -> str:
-        return self.payload_sha256.hex()
+        return self.payload_id.hex()
 
     def header(self) -> Envelope:
         """This envelope without its payload: still verifiable with :func:`verify_header`."""
@@ -176,13 +238,64 @@ def verify_header(envelope: Envelope) -> bool:
     return verify_signature(envelope.sender, envelope.signing_bytes(), envelope.signature)
 
 
-def decode_envelope(data: bytes, max_size: int) -> Envelope:
+def decode_envelope(data: bytes, max_size: int,
+                    versions: tuple[int, ...] = (VERSION, VERSION_PARTS)) -> Envelope:
     """Strictly decode and verify one envelope (no replay or round checks: see EnvelopeValidator).
 
+    ``versions``: the envelope versions accepted (another is ``bad_version``).
     Raises :class:`EnvelopeRejected` with reason ``oversized``, ``malformed``,
     ``non_canonical``, ``bad_domain``, ``bad_version``, ``bad_kind``,
-    ``payload_hash_mismatch`` or ``bad_signature``.
+    ``payload_hash_mismatch`` (version 2: ``parts_size_mismatch``, ``parts_root_mismatch``)
+    or ``bad_signature``.
     """
+    envelope = _decode(data, max_size, versions)
+    if envelope.in_parts:
+        sizes = envelope.sizes
+        if sum(sizes) != len(envelope.payload):
+            raise EnvelopeRejected("parts_size_mismatch",
+                                   f"{len(envelope.payload)} bytes, parts of {sum(sizes)}")
+        if parts_root(part_digests(cut_at(envelope.payload, sizes))) != envelope.parts_root:
+            raise EnvelopeRejected("parts_root_mismatch")
+    elif hashlib.sha256(envelope.payload).digest() != envelope.payload_sha256:
+        raise EnvelopeRejected("payload_hash_mismatch")
+    return _signed(envelope)
+
+
+def decode_header(data: bytes, max_size: int) -> Envelope:
+    """A version-2 envelope's *header*: the envelope with an empty payload, as a holder of its parts fetches
+    it first (:func:`assemble` then puts the checked parts in). Signature and fields checked as
+    :func:`decode_envelope` checks them; the parts are the caller's to check (p2p/parts.py)."""
+    envelope = _decode(data, max_size, (VERSION_PARTS,))
+    if envelope.payload:
+        raise EnvelopeRejected("malformed", "a header's payload must be empty")
+    return _signed(envelope)
+
+
+def assemble(header: Envelope, parts: Sequence[bytes]) -> Envelope:
+    """The whole envelope of a version-2 ``header`` and its parts, in order (each already checked by the
+    caller; its bytes are the sender's envelope's, so its hash is the one the record and the close name)."""
+    return replace(header, payload=b"".join(parts), _encoded=None)
+
+
+def payload_offset(header: Envelope, size: int) -> int:
+    """Where the payload of ``size`` bytes starts in the bytes of ``header``'s whole envelope: a part of a
+    version-2 envelope is a range of the whole envelope's blob, served by whoever holds the whole."""
+    packer = msgpack.Packer(use_bin_type=True)
+    fields = header.fields
+    before = fields[:fields.index("payload")]
+    return len(packer.pack_map_header(len(fields)) + b"".join(
+        packer.pack(name) + packer.pack(getattr(header, name)) for name in before)
+        + packer.pack("payload")) + (2 if size < 1 << 8 else 3 if size < 1 << 16 else 5)  # bin 8, 16, 32
+
+
+def _signed(envelope: Envelope) -> Envelope:
+    if not verify_header(envelope):
+        raise EnvelopeRejected("bad_signature", f"from {envelope.sender_peer_id}")
+    return envelope
+
+
+def _decode(data: bytes, max_size: int, versions: tuple[int, ...]) -> Envelope:
+    """The strict checks before the payload's (the key set, the domain, the version, the types, canonical)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EnvelopeRejected("malformed", f"expected bytes, got {type(data).__name__}")
     if len(data) > max_size:
@@ -190,12 +303,15 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
     data = bytes(data)
     maps = [0]
 
-    def one_map(value: dict) -> dict:
+    def one_map(pairs: list) -> dict:
         # An envelope is one flat map. Nested maps would be built before any check (~20x their
         # bytes in Python dicts: gigabytes for a contribution-sized blob), so the first one stops decoding.
         maps[0] += 1
         if maps[0] > 1:
             raise ValueError("nested map")
+        value = dict(pairs)
+        if len(value) != len(pairs):
+            raise ValueError("a key twice")
         return value
 
     def no_array(value: list) -> list:
@@ -212,33 +328,38 @@ def decode_envelope(data: bytes, max_size: int) -> Envelope:
             max_bin_len=max_size,
             max_str_len=64,
             max_array_len=0,
-            max_map_len=len(_FIELDS),
+            max_map_len=len(_FIELDS_PARTS),  # version 2's 13 (version 1's 12: the key set says which)
             max_ext_len=0,
-            object_hook=one_map,
+            object_pairs_hook=one_map,
             list_hook=no_array,
         )
     except (ValueError, TypeError, msgpack.UnpackException) as exc:  # msgpack's errors on bad input
         raise EnvelopeRejected("malformed", f"not a msgpack envelope: {type(exc).__name__}: {exc}") from None
     if not isinstance(decoded, dict):
         raise EnvelopeRejected("malformed", "top level must be a map")
-    if set(decoded) != set(_FIELDS):
-        missing = sorted(set(_FIELDS) - set(decoded))
-        unknown = sorted(map(str, set(decoded) - set(_FIELDS)))
+    # The checks' order is the wire's (docs/P2P.md): key set, domain, version. The key set with parts_root is
+    # version 2's; any other is checked as version 1's (as before version 2 existed).
+    version = decoded.get("version")
+    in_parts = "parts_root" in decoded
+    if in_parts and not (version == VERSION_PARTS and type(version) is int and VERSION_PARTS in versions):
+        raise EnvelopeRejected("bad_version",
+                               f"version={version!r} with parts: this node takes {list(versions)}")
+    expected = _FIELDS_PARTS if in_parts else _FIELDS
+    if set(decoded) != set(expected):
+        missing = sorted(set(expected) - set(decoded))
+        unknown = sorted(map(str, set(decoded) - set(expected)))
         raise EnvelopeRejected("malformed", f"missing fields {missing}, unknown fields {unknown}")
-    if decoded["domain"] != DOMAIN:
+    if decoded["domain"] != (DOMAIN_PARTS if in_parts else DOMAIN):
         raise EnvelopeRejected("bad_domain", f"domain={decoded['domain']!r}")
-    if decoded["version"] != VERSION:
-        raise EnvelopeRejected("bad_version", f"version={decoded['version']!r}, this node speaks {VERSION}")
-    envelope = Envelope(**decoded)
+    if not in_parts and (decoded["version"] != VERSION or VERSION not in versions):
+        raise EnvelopeRejected("bad_version",
+                               f"version={decoded['version']!r}, this node speaks {list(versions)}")
+    envelope = Envelope(**decoded) if not in_parts else Envelope(payload_sha256=b"", **decoded)
     envelope._check_fields()
     if len(envelope.signature) != 64:
         raise EnvelopeRejected("malformed", "signature: must be 64 bytes")
     if envelope.to_bytes() != data:
         raise EnvelopeRejected("non_canonical", "re-encoding differs (field order or integer width)")
-    if hashlib.sha256(envelope.payload).digest() != envelope.payload_sha256:
-        raise EnvelopeRejected("payload_hash_mismatch")
-    if not verify_header(envelope):
-        raise EnvelopeRejected("bad_signature", f"from {envelope.sender_peer_id}")
     return envelope
 
 
@@ -279,8 +400,10 @@ class EnvelopeValidator:
         equivocation_exempt_kinds: frozenset[str] | set[str] | tuple[str, ...] = ("hello",),
         allowed_kinds: frozenset[str] | set[str] | tuple[str, ...] | None = None,
         max_clock_skew_s: float | None = None,
+        versions: tuple[int, ...] = (VERSION,),
     ) -> None:
         self.run_id = run_id
+        self.versions = versions  # envelope versions accepted (gossip: version 1 alone)
         self.max_size = max_size
         self.min_round = min_round
         self.max_rounds_ahead = max_rounds_ahead
@@ -296,7 +419,7 @@ class EnvelopeValidator:
     def check(self, data: bytes) -> Envelope:
         """Decode, verify and record ``data``; raise EnvelopeRejected on any failure."""
         try:
-            envelope = decode_envelope(data, self.max_size)
+            envelope = decode_envelope(data, self.max_size, self.versions)
             return self._check_state(envelope)
         except EnvelopeRejected as exc:
             with self._lock:
@@ -336,7 +459,7 @@ class EnvelopeValidator:
                 slot = envelope.slot()
                 previous = self._slots.get(slot)
                 if previous is not None and previous[0] != envelope_hash and (
-                        previous[1].payload_sha256 == envelope.payload_sha256):
+                        previous[1].payload_id == envelope.payload_id):
                     # The same message signed again (a restarted sender re-sends what it said
                     # before): nothing new, and no contradiction either.
                     raise EnvelopeRejected("replayed", "same payload re-signed")

@@ -52,3 +52,29 @@ def cluster_memory(r: dict) -> list[str]:
                                 f"of its {c['kept_state_bytes'] / mib:.1f} MiB ({c['rank0_kept_share']:.3f})"
                                 for world, c in kept) + "."]
     return out
+
+
+def cluster_exchange(r: dict) -> list[str]:
+    """bench/bench_cluster_exchange.py: rank 0's memory for the exchange, whole contributions or parts."""
+    mib = 2 ** 20
+    out = [f"One stage, a whole `{r['preset']}` replica ({r['params']:,} parameters, {r['tensors']} "
+           f"tensors), {r['contributions']} other replicas' contributions, each a version-2 envelope of "
+           f"{r['parts']} parts, on a node of {r['ranks']} processes (gloo). *whole*: rank 0 reads every "
+           "closed envelope, cuts each along the ranks' plan and scatters the pieces (today's path); "
+           f"*parts*: rank 0 takes each part as a range of the envelope's blob, {r['streams']} at once, "
+           "checks it and forwards its pieces to their ranks (training/cluster_exchange.py). Rank 0's peak "
+           "of Python allocations over the exchange (tracemalloc; the whole path's pickled tensors are not "
+           "counted); every rank's messages are the same bits on both paths.", ""]
+    rows = []
+    for label, run in r["runs"].items():
+        whole, parts = run["rank0"]["whole"], run["rank0"]["parts"]
+        rows.append([label, f"{sum(run['envelope_bytes']) / mib:.1f} MiB",
+                     f"{run['largest_part_bytes'] / mib:.2f} MiB",
+                     f"{whole['peak_traced_bytes'] / mib:.1f} MiB",
+                     f"{parts['peak_traced_bytes'] / mib:.1f} MiB",
+                     f"{run['rank0_ratio']:.3f}",
+                     f"{whole['rss_bytes'] / mib:.0f} / {parts['rss_bytes'] / mib:.0f} MiB",
+                     f"{whole['seconds']:.2f} s / {parts['seconds']:.2f} s"])
+    return out + table(["contributions", "their envelopes", "largest part", "rank 0 peak, whole",
+                        "rank 0 peak, parts", "parts / whole", "rank 0 peak RSS (whole / parts)",
+                        "seconds (whole / parts)"], rows)

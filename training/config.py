@@ -21,6 +21,7 @@ from training.config_base import (  # re-exported: training.config is these sett
     EXCHANGES,
     LEGACY_ENCODER,
     LEGACY_RANDOM,
+    MAX_EXCHANGE_PARTS,
     MAX_MIN_SLICE_NUMEL,
     OUTER_ADAM_ONLY,
     OUTER_DECAYS,
@@ -61,7 +62,8 @@ __all__ = [
     "AUTO", "BYTES_TOKENIZER", "CHECKPOINT_HASHES", "DEFAULT_ENCODER", "DEFAULT_MIN_SLICE_NUMEL",
     "DEFAULT_OPTIMIZER", "DEFAULT_RANDOM", "DEFAULT_ROPE_THETA", "DELAY_CORRECTIONS", "EXCHANGES", "FAMILIES",
     "INNER_OPTIMIZERS", "LEGACY_ENCODER", "LEGACY_OPTIMIZER", "LEGACY_RANDOM", "LLAMA_ONLY",
-    "MAX_MIN_SLICE_NUMEL", "MODEL_PRESETS", "MUON_ONLY", "NODE_ONLY_TRAINING", "OUTER_ADAM_ONLY",
+    "MAX_EXCHANGE_PARTS", "MAX_MIN_SLICE_NUMEL", "MODEL_PRESETS", "MUON_ONLY", "NODE_ONLY_TRAINING",
+    "OUTER_ADAM_ONLY",
     "OUTER_DECAYS", "OUTER_NESTEROV_ONLY", "OUTER_OPTIMIZERS", "OUTER_STATE_TENSORS", "PRECISIONS",
     "SCREEN_RULES", "SLICED_FROM_REPLICAS", "DilocoConfig", "EncoderVersion", "ModelConfig", "PipelineConfig",
     "RandomSource", "TrainingConfig", "check_device_spec", "check_precision", "preset_family",
@@ -149,6 +151,13 @@ class DilocoConfig:
     # when "sliced". Small slices code worse (docs/DILOCOX.md section 12, "Minimum slice"); a
     # larger minimum also caps A, so only A of the R holders aggregate a slice each round.
     min_slice_numel: int = 1024
+    # The full exchange's parts (docs/SCALE.md, "The per-shard exchange"): a contribution travels as P parts,
+    # P = min(exchange_parts, the stage's tensors), cut by whole tensors in chunk order
+    # (training.cluster_parts.exchange_plan; the same cut on every node whatever its processes), each part a
+    # blob of its own, verifiable alone against the envelope's parts root (envelope version 2, p2p/parts.py).
+    # 1 (the default): whole contributions in version-1 envelopes, and the setting is not in the run document
+    # (every older hash unchanged). Only the full exchange cuts parts.
+    exchange_parts: int = 1
     # Rounds bounded by time as well as steps (issue 44, docs/DILOCOX.md section 13): with
     # round_budget_s > 0 each replica trains as many inner steps of a round as fit in that many
     # seconds of wall time (the node's: less its waits for peers, node/live/state/roundclock.py), at least
@@ -259,6 +268,17 @@ class DilocoConfig:
             self.exchange == "sliced" or self.min_slice_numel == DEFAULT_MIN_SLICE_NUMEL,
             f"diloco.min_slice_numel={self.min_slice_numel}: only the sliced exchange cuts slices; "
             f"set diloco.exchange = \"sliced\" or leave it at {DEFAULT_MIN_SLICE_NUMEL}",
+        )
+        _require(
+            type(self.exchange_parts) is int and 1 <= self.exchange_parts <= MAX_EXCHANGE_PARTS,
+            f"diloco.exchange_parts={self.exchange_parts!r}: must be a whole number in "
+            f"[1, {MAX_EXCHANGE_PARTS}] (1: whole contributions)",
+        )
+        _require(
+            self.exchange == "full" or self.exchange_parts == 1,
+            f"diloco.exchange_parts={self.exchange_parts}: only the full exchange moves contributions in "
+            "parts; "
+            "set diloco.exchange = \"full\" or leave it at 1",
         )
 
     def _check_screen_rule(self) -> None:

@@ -167,6 +167,8 @@ SLICED_FROM_REPLICAS = 8
 #: diloco.min_slice_numel: its default (the live plan of session 7) and its bound.
 DEFAULT_MIN_SLICE_NUMEL = 1024
 MAX_MIN_SLICE_NUMEL = 1 << 30
+#: The most parts a contribution is cut into (diloco.exchange_parts; p2p.parts.MAX_PARTS is the wire's bound).
+MAX_EXCHANGE_PARTS = 1024
 
 
 #: The most contributions of a stage a round of a fraud-provable run lists (issue 62): create-run's

@@ -84,7 +84,7 @@ class GossipInbox:
     def relay_ok(self, data: bytes, _from: str = "") -> bool:
         """Only well-formed, signed envelopes of this run are relayed."""
         try:
-            env = decode_envelope(data, self.validator.max_size)
+            env = decode_envelope(data, self.validator.max_size, self.validator.versions)
         except EnvelopeRejected:
             return False
         return env.run_id == self.run_id and env.kind in msg.KINDS
@@ -96,7 +96,7 @@ class GossipInbox:
         senders hellos per pull (measured at 8 nodes: sync was 87% of what a node received, most of it
         hellos; docs/PROTOCOL.md). Runs on the network thread."""
         try:
-            env = decode_envelope(data, self.validator.max_size)
+            env = decode_envelope(data, self.validator.max_size, self.validator.versions)
         except EnvelopeRejected:
             return False
         if env.kind != msg.HELLO or env.sender_peer_id == own_peer_id:
@@ -153,7 +153,7 @@ class GossipInbox:
 
     def handle(self, data: bytes) -> None:
         """Parse, check and file one message; raises EnvelopeRejected / ProtocolError for a bad one."""
-        env = decode_envelope(data, self.validator.max_size)
+        env = decode_envelope(data, self.validator.max_size, self.validator.versions)
         if env.kind == msg.HELLO:
             # Hellos repeat every second with the same header: exempt from replay checks, but
             # only fresh ones count. Membership places a sender only once the registry binds
@@ -205,7 +205,7 @@ class GossipInbox:
         timing, so neither may decide the round (docs/PROTOCOL.md, "Closing a round"). A second,
         different announce is filed as one a close may name, for the same reason.
         """
-        env = decode_envelope(data, self.validator.max_size)
+        env = decode_envelope(data, self.validator.max_size, self.validator.versions)
         if env.kind == msg.RECORD:
             self._on_record(env, msg.decode_payload(msg.RECORD, env.payload), data)  # files it as evidence
         # a close of the sliced exchange may name either (RoundCoordinator.judge)

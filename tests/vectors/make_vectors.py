@@ -46,6 +46,7 @@ from vectors_frames import (  # noqa: E402
     merkle_vectors,
     sync_vectors,
 )
+from vectors_parts import envelope_v2_vectors  # noqa: E402
 from vectors_rejected import (  # noqa: E402
     REFUSAL_STEPS,  # noqa: F401 - tests/test_wire_vectors.py reads it from here
     rejected_payload_vectors,
@@ -258,6 +259,7 @@ def build() -> dict[str, Any]:
         "sync": {"protocol": str(SYNC_PROTOCOL), "offer_protocol": str(SYNC_OFFER_PROTOCOL),
                  "frames": sync_vectors()},
         "contribution_payloads": contribution_payload_vectors(),
+        "envelopes_v2": envelope_v2_vectors(codec_blob(), CODEC_SHAPES),
     }
 
 

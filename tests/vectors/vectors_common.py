@@ -79,6 +79,8 @@ def eip712_verdict() -> Verdict:
 
 def payload_messages() -> list[tuple[str, str, Any]]:
     """(name, kind, message) of every gossiped payload kind, with representative values."""
+    from vectors_parts import parts_announce_header  # it builds on this module's values
+
     identity = Identity.from_seed(SEED)
     signer = Account.from_key(EIP712_KEY)
     record = eip712_record()
@@ -131,6 +133,10 @@ def payload_messages() -> list[tuple[str, str, Any]]:
             [0, identity.peer_id, fixed_hash(2), 1000],
             [1, "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN", fixed_hash(3), 70_000],
         ], steps=[12, 0])),
+        # A run whose contributions travel in parts (diloco.exchange_parts > 1): a version-2 header and its
+        # parts' digests (docs/P2P.md, "Envelope version 2").
+        ("parts_announce", msg.PARTS_ANNOUNCE, msg.PartsAnnounce(
+            fixed_hash(15), 8_364, *parts_announce_header())),
     ]
 
 

@@ -16,6 +16,7 @@ import time
 from node import protocol as msg
 from node.binding import other_result_exclusions
 from node.fsutil import is_disk_full, report_disk_full
+from node.live.exchange.parts import ContributionParts
 from node.live.exchange.protocol import Exchange
 from node.live.state.roundstate import StageInputs
 from p2p.envelope import decode_envelope
@@ -24,7 +25,20 @@ logger = logging.getLogger(__name__)
 
 
 class FullExchange(Exchange):
-    """Every closed contribution to every holder (see module docstring)."""
+    """Every closed contribution to every holder (see module docstring); in parts where the run's
+    ``diloco.exchange_parts`` is above 1 (:mod:`node.live.exchange.parts`)."""
+
+    def __init__(self, base, **kwargs) -> None:
+        super().__init__(base, **kwargs)
+        if base.cfg.diloco.exchange_parts > 1:
+            self.parts = ContributionParts(
+                base.cfg.diloco.exchange_parts, messenger=self.messenger, host=self.host,
+                station=self.station,
+                run_id=self.run_id, max_bytes=self.max_blob_bytes, transfer_timeout=self.turn_timeout,
+                streams=max(1, base.cfg.p2p.blob_concurrency), stop=self.stop)
+
+    def gossip_handlers(self) -> dict:
+        return {} if self.parts is None else {msg.PARTS_ANNOUNCE: self.parts.on_announce}
 
     def check_blob(self, stage: int, outer_round: int, blob: bytes) -> None:
         self.station.worker().check_contribution(stage, outer_round, blob)

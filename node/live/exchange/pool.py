@@ -60,7 +60,8 @@ class ContributionPool:
                  evidence_dir: Path | None = None, lazy: bool = False,
                  fallback_providers: Callable[[], list[str]] | None = None,
                  inputs_held: Callable[[int, int, bytes, bytes], bool] | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None,
+                 envelope_fetch: Callable[..., bytes | None] | None = None) -> None:
         self.host = host
         #: The node's: a serve paused by a full disk gives up when it is set (none: waits for space).
         self.stop = stop or threading.Event()
@@ -90,6 +91,9 @@ class ContributionPool:
         #: Whether a coordinator holds what a contribution here needs besides its envelope (round, stage,
         #: envelope hash, envelope): the sliced exchange's whole bundle. None: the envelope is all.
         self.inputs_held = inputs_held
+        #: (round, stage, Announced, holders, fallback peers) -> the envelope's bytes fetched another way (a
+        #: parts run's parallel parts, node.live.exchange.parts), or None: the whole blob is fetched.
+        self.envelope_fetch = envelope_fetch
 
     def serve_own(self, outer_round: int, envelope: bytes) -> bytes:
         """Serve this node's own contribution to ``outer_round`` at once and announce it on the DHT in the
@@ -225,17 +229,7 @@ class ContributionPool:
             dest = self.incoming / f"{a.envelope_hash.hex()}.part"
             dest.parent.mkdir(parents=True, exist_ok=True)
             providers = list(dict.fromkeys(p for p in (a.peer_id, also_from) if p and p != self.host.peer_id))
-            try:
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
-                                     timeout=self.transfer_timeout)
-            except P2PError:  # the sender may be gone: a few live peers that fetched it, else the DHT
-                others = [p for p in self.fallback_providers() if p not in providers
-                          and p != self.host.peer_id]
-                others = random.sample(others, min(FALLBACK_PROVIDERS, len(others)))
-                self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=others or None,
-                                     timeout=self.transfer_timeout)
-            data = dest.read_bytes()
-            dest.unlink(missing_ok=True)
+            data = self._fetch_envelope(outer_round, stage, a, providers, dest)
             env = decode_envelope(data, self.max_bytes)
             if (env.kind, env.run_id, env.round, env.stage, env.replica, env.sender_peer_id) != (
                     msg.CONTRIBUTION, self.run_id, outer_round, stage, a.replica, a.peer_id):
@@ -259,6 +253,30 @@ class ContributionPool:
             with self._lock:
                 self._in_flight.discard(a.envelope_hash)
             self.book.notify()  # wake whoever waits on the book
+
+    def _others(self, providers: list[str]) -> list[str]:
+        """A few live peers besides ``providers`` (they fetched it), at random."""
+        others = [p for p in self.fallback_providers() if p not in providers and p != self.host.peer_id]
+        return random.sample(others, min(FALLBACK_PROVIDERS, len(others)))
+
+    def _fetch_envelope(self, outer_round: int, stage: int, a: Announced, providers: list[str],
+                        dest: Path) -> bytes:
+        """The announced envelope's bytes (unchecked): in parts where the run moves them so
+        (:attr:`envelope_fetch`), else, or where that failed, the whole blob."""
+        if self.envelope_fetch is not None:
+            data = self.envelope_fetch(outer_round, stage, a, providers, self._others(providers))
+            if data is not None:
+                return data
+        try:
+            self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=providers or None,
+                                 timeout=self.transfer_timeout)
+        except P2PError:  # the sender may be gone: a few live peers that fetched it, else the DHT
+            others = self._others(providers)
+            self.host.fetch_blob(a.envelope_hash.hex(), dest, providers=others or None,
+                                 timeout=self.transfer_timeout)
+        data = dest.read_bytes()
+        dest.unlink(missing_ok=True)
+        return data
 
     def _fetch_inputs(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
         """Where this node may close (round, stage) (:meth:`want`), start fetching what a close needs of a

@@ -97,8 +97,11 @@ class Exchange:
         self.incoming = incoming
         self.evidence_dir = evidence_dir
         self.stop = stop
+        #: The parts of this run's contributions (node.live.exchange.parts) where the kind moves them so.
+        self.parts = None
         self.pool = ContributionPool(host, book, run_id, incoming, p2p.max_blob_bytes, p2p.transfer_timeout,
                                      p2p.blob_concurrency, check_payload=self.check_payload,
+                                     envelope_fetch=self._fetch_in_parts,
                                      evidence_dir=evidence_dir, lazy=self.lazy_pool,
                                      fallback_providers=membership.live_providers,
                                      inputs_held=self.close_inputs_held if self.holds_inputs_to_close
@@ -114,6 +117,25 @@ class Exchange:
             peer = self.book.live_peers(float("inf")).get(sender) if sender else None
             self.binder.check(outer_round, stage, body, self.station.worker().stage_shapes(stage),
                               peer.hello.account if peer is not None else None)
+
+    def sign_contribution(self, outer_round: int, stage: int, body: bytes, blob: bytes) -> bytes:
+        """The signed envelope of this node's contribution ``body`` (its codec blob ``blob``): version 2 where
+        the run moves contributions in parts, else version 1."""
+        if self.parts is not None:
+            return self.parts.sign(outer_round, stage, body, blob)
+        return self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
+
+    def announced(self, outer_round: int, stage: int, digest: bytes, envelope: bytes) -> None:
+        """This node's contribution ``envelope`` is about to be announced: a parts run announces its parts
+        first, so that a holder knows them when the announce starts its fetch."""
+        if self.parts is not None:
+            self.parts.announce(outer_round, stage, digest, envelope)
+
+    def _fetch_in_parts(self, outer_round: int, stage: int, a, providers: list[str],
+                        fallback: list[str]) -> bytes | None:
+        if self.parts is None:
+            return None
+        return self.parts.fetch(outer_round, stage, a, providers, fallback)
 
     def gossip_handlers(self) -> dict[str, Callable]:
         """Run-topic message kinds this exchange handles (kind -> handler(envelope, message, bytes))."""
@@ -163,6 +185,8 @@ class Exchange:
     # -- lifecycle -------------------------------------------------------------------
     def forget_before(self, outer_round: int) -> None:
         self.pool.forget_before(outer_round)
+        if self.parts is not None:
+            self.parts.forget_before(outer_round)
 
     def close(self) -> None:
         self.pool.close()

@@ -58,6 +58,7 @@ class RestartRecovery:
     def __init__(self, base: NodeBase, rooms: Rooms, worker: ReplicaWorker) -> None:
         self.archive = base.archive
         self.contributions = rooms.exchange.pool
+        self.announce_parts = rooms.exchange.announced  # a parts run: its parts announced first
         self.host = rooms.host
         self.book = base.book
         self.peer_id = base.peer_id
@@ -91,6 +92,7 @@ class RestartRecovery:
                 self.contributions.add(outer_round, env.stage, digest, envelope)
                 self.book.add_announce(outer_round, env.stage, Announced(self.peer_id, env.replica, digest,
                                                                          len(envelope)))
+                self.announce_parts(outer_round, env.stage, digest, envelope)
                 self.gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), env.stage)
                 done.add(outer_round)
         if done:

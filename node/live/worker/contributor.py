@@ -250,7 +250,7 @@ class Contributor:
                 outer_round, stage, blob, self.worker.stage_shapes(stage))
             body = msg.encode_contribution_body(msg.ContributionBody(states[stage], data_commitment, blob,
                                                                      applied[stage], contributor, binding))
-            envelope = self.messenger.sign(outer_round, msg.CONTRIBUTION, body, stage)
+            envelope = self.exchange.sign_contribution(outer_round, stage, body, blob)
             # Kept even if the close leaves it out: the audit's rerun of this replica needs it
             # (node/store/archive.py). A full disk pauses the contribution
             # until space is freed (it must be archived before it is sent).
@@ -262,6 +262,7 @@ class Contributor:
             self.pool.add(outer_round, stage, digest, envelope)
             self.book.add_announce(outer_round, stage,
                                    Announced(self.peer_id, self.worker.replica, digest, len(envelope)))
+            self.exchange.announced(outer_round, stage, digest, envelope)  # before the announce that starts
             self.messenger.gossip(outer_round, msg.ANNOUNCE, msg.Announce(digest, len(envelope)), stage)
             logger.info("round %d stage %d: contribution %s, %d bytes (ratio %.0fx)", outer_round, stage,
                         digest.hex()[:12], len(envelope), getattr(cstats, "ratio", float("nan")))
