@@ -178,7 +178,7 @@ def _python(tmp: Path, mutation: Mutation | None, examples: int, steps: int,
     run = subprocess.run([sys.executable, "-c", CHILD_TRUST if machine == "trust" else CHILD, str(artifacts),
                           str(examples), str(steps), json.dumps(TRUST_WEIGHTS)],
                          cwd=REPO, capture_output=True, text=True, timeout=3600,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env={**os.environ, "PYTHONPATH": str(REPO), "DLX_TRUST_STRICT_RULES": "1"})
     output = run.stdout + run.stderr
     last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
     caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
