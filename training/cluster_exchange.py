@@ -26,8 +26,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from training.cluster_parts import cut_entries, first_part, part_routes, shard_message
-from training.cluster_plan import ShardPlan
+from training.cluster_parts import (array_header, blob_cuts, cut_entries, first_part, part_routes,
+                                    shard_message)
+from training.cluster_plan import ShardPlan, join_contribution, split_contribution
+from training.codec_wire import decode_declared
 from training.errors import ContributionDecodeError
 
 _PREFIX = -1  # the part index of a blob prefix message
@@ -147,3 +149,81 @@ def receive_shards(parts_plan: ShardPlan, ranks_plan: ShardPlan, rank: int,
             dist.recv(data, src=0)
         shards.take(contribution, part, data.numpy().tobytes())
     return shards.messages()
+
+
+def split_to_ranks(contributions: Sequence[bytes] | None, ranks_plan: ShardPlan, rank: int, *,
+                   stage_index: int, outer_round: int):
+    """Whole contributions cut on rank 0 (``split_contribution``) and scattered (``scatter_object_list``):
+    ``(this rank's message of each contribution, {index: the error of one that does not split})``. The path
+    of a run without parts (``diloco.exchange_parts = 1``)."""
+    bundles = None
+    if rank == 0:
+        world = ranks_plan.world
+        per_rank: list[list[bytes | None]] = [[] for _ in range(world)]
+        errors: dict[int, ContributionDecodeError] = {}
+        for index, blob in enumerate(contributions):
+            try:
+                parts = split_contribution(blob, ranks_plan, stage_index=stage_index, outer_round=outer_round)
+            except ContributionDecodeError as exc:
+                parts, errors[index] = [None] * world, exc
+            for r in range(world):
+                per_rank[r].append(parts[r])
+        bundles = [(per_rank[r], errors) for r in range(world)]
+    received: list = [None]
+    dist.scatter_object_list(received, bundles, src=0)
+    return received[0]
+
+
+def _checked_cut(blob: bytes, parts_plan: ShardPlan, ranks_plan: ShardPlan, stage_index: int,
+                 outer_round: int) -> tuple[bytes, list[int]]:
+    """``(the blob to forward, its parts' sizes)``: the blob itself when it is laid out as a contribution
+    (entries last) and its header passes ``split_contribution``'s checks; otherwise ``split_contribution``
+    decides (its error raised, or the message re-encoded as the join of its pieces, which cuts alike)."""
+    try:
+        sizes = blob_cuts(blob, parts_plan)
+        prefix, _entries = first_part(bytes(blob[:sizes[0]]))
+        decode_declared(prefix + array_header(0), {}, stage_index=stage_index, outer_round=outer_round)
+        return blob, sizes
+    except ContributionDecodeError:
+        pass  # the split's own verdict below: the same error, or a message it takes in another layout
+    pieces = split_contribution(blob, ranks_plan, stage_index=stage_index, outer_round=outer_round)
+    joined = join_contribution(pieces)
+    return joined, blob_cuts(joined, parts_plan)
+
+
+def forward_to_ranks(contributions: Sequence[bytes] | None, parts_plan: ShardPlan, ranks_plan: ShardPlan,
+                     rank: int, count: int, *, stage_index: int, outer_round: int):
+    """:func:`split_to_ranks`'s result, the same on every rank, without the scatter (a run in parts): rank 0
+    checks each contribution as the split does (the errors broadcast: a few objects), then cuts each along
+    ``parts_plan`` and hands its parts one at a time to a :class:`PartForwarder`; the other ranks take their
+    pieces (:func:`receive_shards`). Rank 0 holds one part and its own pieces, never a copy of every
+    contribution nor every rank's pieces at once."""
+    errors: dict[int, ContributionDecodeError] = {}
+    if rank == 0:
+        for index, blob in enumerate(contributions):
+            try:
+                _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
+            except ContributionDecodeError as exc:
+                errors[index] = exc
+    shared: list = [errors]
+    dist.broadcast_object_list(shared, src=0)
+    errors = shared[0]
+    if rank == 0:
+        forwarder = PartForwarder(parts_plan, ranks_plan, count)
+        for index, blob in enumerate(contributions):
+            if index in errors:
+                forwarder.missing(index, len(parts_plan.names))
+                continue
+            blob, sizes = _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
+            view, start = memoryview(blob), 0
+            for part, size in enumerate(sizes):
+                forwarder.forward(index, part, bytes(view[start:start + size]))
+                start += size
+            del view, blob
+        messages, failed = forwarder.shards()
+    else:
+        messages, failed = receive_shards(parts_plan, ranks_plan, rank, count)
+    for index, message in enumerate(messages):  # checked above: a part that does not cut is not expected
+        if message is None and index not in errors:
+            errors[index] = ContributionDecodeError(failed.get(index, f"contribution {index} did not come"))
+    return messages, errors
