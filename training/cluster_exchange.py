@@ -20,6 +20,7 @@ so parts may arrive on several threads. No libp2p here: the node hands the parts
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
@@ -31,6 +32,8 @@ from training.cluster_parts import (array_header, blob_cuts, cut_entries, first_
 from training.cluster_plan import ShardPlan, join_contribution, split_contribution
 from training.codec_wire import decode_declared
 from training.errors import ContributionDecodeError
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = -1  # the part index of a blob prefix message
 _FAILED = -1  # the byte count of a failed part
@@ -199,12 +202,16 @@ def forward_to_ranks(contributions: Sequence[bytes] | None, parts_plan: ShardPla
     pieces (:func:`receive_shards`). Rank 0 holds one part and its own pieces, never a copy of every
     contribution nor every rank's pieces at once."""
     errors: dict[int, ContributionDecodeError] = {}
+    cuts: dict[int, tuple[bytes | None, list[int]]] = {}  # a re-encoded blob kept only where it differs
     if rank == 0:
         for index, blob in enumerate(contributions):
             try:
-                _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
+                checked, sizes = _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
             except ContributionDecodeError as exc:
                 errors[index] = exc
+                continue
+            cuts[index] = (None if checked is blob else checked, sizes)
+            del checked
     shared: list = [errors]
     dist.broadcast_object_list(shared, src=0)
     errors = shared[0]
@@ -214,13 +221,16 @@ def forward_to_ranks(contributions: Sequence[bytes] | None, parts_plan: ShardPla
             if index in errors:
                 forwarder.missing(index, len(parts_plan.names))
                 continue
-            blob, sizes = _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
-            view, start = memoryview(blob), 0
+            joined, sizes = cuts.pop(index)
+            view, start = memoryview(blob if joined is None else joined), 0
             for part, size in enumerate(sizes):
                 forwarder.forward(index, part, bytes(view[start:start + size]))
                 start += size
-            del view, blob
+            del view, joined
         messages, failed = forwarder.shards()
+        logger.info("round %d stage %d: %d contributions forwarded to %d ranks in %d parts (%d bytes sent)",
+                    outer_round, stage_index, count, ranks_plan.world, len(parts_plan.names),
+                    forwarder.sent_bytes)
     else:
         messages, failed = receive_shards(parts_plan, ranks_plan, rank, count)
     for index, message in enumerate(messages):  # checked above: a part that does not cut is not expected
