@@ -18,7 +18,11 @@ buffers, which is where contributions live here; the pickled tensors ``scatter_o
 torch's allocations and are not counted, so ``whole`` is if anything under-counted), beside its peak RSS
 (each path runs in fresh processes; RSS includes the interpreter and torch, ``rss_before_bytes`` before the
 exchange).
-Both paths' messages are checked equal on every rank. Writes ONE JSON, bench/results/cluster_exchange.json.
+Both paths' messages are checked equal on every rank. Then a round's apply of the same contributions in a
+cluster node (``apply``: training/cluster_outer.py's ``finish`` command on FSDP2-sharded replicas, a run
+without parts against one in parts, where rank 0 forwards each contribution a part at a time instead of
+scattering it): rank 0's peak over the distribution step and over the command, the new weights hash checked
+equal. Writes ONE JSON, bench/results/cluster_exchange.json.
 
     PYTHONPATH=$PWD python bench/bench_cluster_exchange.py [--preset llama-20m] [--ranks 2] [--parts 16]
 """

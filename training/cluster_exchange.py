@@ -16,6 +16,12 @@ contribution's shard is None on every rank that owns some of it, with the reason
 
 Sends are serialised by a lock (gloo's point-to-point order between two ranks is the order of the calls),
 so parts may arrive on several threads. No libp2p here: the node hands the parts in.
+
+A cluster node's apply (training/cluster_outer.py, the ``finish`` command) gets each rank its message of
+every closed contribution with :func:`forward_to_ranks` in a run in parts (``diloco.exchange_parts`` > 1):
+rank 0 checks each contribution as ``split_contribution`` does, then forwards it a part at a time from the
+bytes the node holds; without parts, :func:`split_to_ranks` splits each whole and scatters the pieces. Both
+give every rank the same messages and the same errors.
 """
 
 from __future__ import annotations
