@@ -17,7 +17,11 @@ Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
   challenger, and the honest run against a challenger that disputes everything: each move's gas and calldata,
   the moves;
 * a claim's start disputed (``start_case``): ``challengeStart`` and ``proveStart`` on the ledger's StepProver,
-  an honest claim upheld and a claim from another start refuted by the clock.
+  an honest claim upheld and a claim from another start refuted by the clock;
+* a claim's end disputed (``end_case``): ``setEndRule``, ``challengeEnd`` and ``proveEnd`` on the ledger's
+  StepProver in a run with the plain end rule, the toy round's contribution coded raw and quant (2 bits) by
+  the run's encoder: an honest claim upheld on W's first and last elements and on a clamped quant element, and
+  a true run whose payload is one element off refuted by the clock.
 
 The move bound of the whole game (issue 78) is ``log2(H) + log2(ops per step) + log2(k) + c`` halvings: the
 ops per step measured here give it; the three levels are on chain, but a model's step is not mapped to a
@@ -284,6 +288,40 @@ def start_case() -> dict:
             "moves": _per_move(client.gas_log)}
 
 
+def end_case() -> dict:
+    """A claim's end disputed (StepProver.challengeEnd/proveEnd) on the ledger's StepProver, py-evm, in a run
+    with the plain end rule: the toy round whose first contribution is the run's encoder's coding of the
+    toy's S - E, raw and quant; an honest claim answers W's first and last elements (and the quant W's
+    elements one and two), a true run whose raw payload is one element off cannot answer it and the clock
+    refutes it."""
+    from tests.ledger_fixtures import mine
+    from tests.test_step_end import _challenge_end, _claim, _opening, _setup
+
+    out: dict = {"moves": {}}
+    for codec in ("raw", "quant"):
+        w3 = connect_pyevm()
+        client, _cases, committed, subject, pieces, bits = _setup(w3, codec=codec)
+        defender, challenger = w3.eth.accounts[4], w3.eth.accounts[5]
+        claim_id, traces = _claim(w3, client, subject, defender)
+        for elem in (0, 31, 1, 2):
+            game = _challenge_end(client, claim_id, challenger, 1, elem)
+            client._send("proveEnd", defender, game, *_opening(committed, traces, pieces, bits, 1, elem))
+        out[f"{codec}_honest_upheld"] = not client.wrong(claim_id)
+        out[f"{codec}_bits"] = bits
+        out["moves"][codec] = _per_move([m for m in client.gas_log if m[0] not in ("claimRun", "setProgram")])
+    w3 = connect_pyevm()
+    client, _cases, _committed, subject, _pieces, _bits = _setup(w3, off=5)
+    claim_id, _traces = _claim(w3, client, subject, w3.eth.accounts[1])
+    game = _challenge_end(client, claim_id, w3.eth.accounts[8], 1, 5)
+    mine(w3, client.game(game)["defenderLeft"] + 1)
+    client._send("timeout", w3.eth.accounts[8], game)
+    out["payload_one_element_off_refuted"] = client.wrong(claim_id)
+    out["max_gas_any_move"] = max(m["max_gas"] for moves in out["moves"].values() for m in moves.values())
+    out["max_calldata_bytes_any_move"] = max(m["max_calldata_bytes"] for moves in out["moves"].values()
+                                             for m in moves.values())
+    return out
+
+
 def _operands(tensors, j):
     _k, rows, inner, cols, _al, _bl, ai, bi = TOY[j]
     return tensors[ai].view(rows, inner), tensors[bi].view(inner, cols)
@@ -318,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     print("steps level", {k: v for k, v in result["steps_level"].items() if k != "moves"}, flush=True)
     result["start_dispute"] = start_case()
     print("start dispute", result["start_dispute"], flush=True)
+    result["end_dispute"] = end_case()
+    print("end dispute", result["end_dispute"], flush=True)
     write_result(args.out, result, load)
     return 0
 

@@ -24,6 +24,7 @@ from ledger.events import EventDecoder, scan_logs, topic_uint
 from ledger.stepproof import (
     PHASES,
     StepTrace,
+    end_opening,
     output_opening,
     start_opening,
     state_roots,
@@ -39,12 +40,15 @@ class DefenseSide:
     """What an honest defender answers from: its traces of the claim's steps (``traces[i]``: step ``i``), the
     run's state origins and the committed start's weight chunk leaves (for a start dispute), and
     ``sums(step, op, elem, point)``: the bits of a product's partial sum (``training.step_trace.partial_sums``
-    of its own tensors)."""
+    of its own tensors); for an end dispute, the contribution's payload pieces (``payload``; empty: it holds
+    none, so it cannot answer one) and each state tensor's quant bit width (``bits``, 0 for raw)."""
 
     traces: list[StepTrace]
     origins: list[bytes]
     committed: list[bytes]
     sums: Callable[[int, int, int, int], int]
+    payload: list[bytes] = field(default_factory=list)
+    bits: list[int] = field(default_factory=list)
     roots: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +83,13 @@ def defender_move(game_id: bytes, game: dict, side: DefenseSide,
     if phase == "Start":
         return "proveStart", (game_id, start_opening(side.traces[0], side.origins, game["copyLeaf"],
                                                      game["elem"], side.committed))
+    if phase == "End":
+        if not side.payload:
+            raise LedgerInputError(f"game {game_id.hex()[:12]}: an end dispute, and this defender holds no "
+                                   "payload pieces of the contribution")
+        q, bits = game["copyLeaf"], side.bits[game["copyLeaf"]] if side.bits else 0
+        return "proveEnd", (game_id, *end_opening(side.traces[-1], side.origins, q, game["elem"],
+                                                  side.committed, side.payload, bits))
     if phase == "Trace":  # the steps' bisection ended on step lo (or the claim is of one step)
         memory.step = lo
         trace = _trace(side, memory)

@@ -21,7 +21,9 @@ from ledger.chunkproof import tree_path, tree_root
 CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
 PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
-          "Steps", "Start")
+          "Steps", "Start", "End")
+#: StepProver.endRuleOf's plain end: nothing carried between rounds, no low-rank piece (``set_end_rule``).
+PLAIN_END = 1
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,11 @@ class StepProverClient:
         provable); the run's creator, before its first commit."""
         origin_root = tree_root(origins) if origins else ZERO
         return self._send("setProgram", creator, run_id, program_hash(claim), origin_root)
+
+    def set_end_rule(self, creator: str, run_id: int, rule: int = PLAIN_END):
+        """Fix run ``run_id``'s end rule (StepProver.setEndRule: its claims' ends disputed element by
+        element); the run's creator, once, before its first commit."""
+        return self._send("setEndRule", creator, run_id, rule)
 
     def program_of(self, run_id: int) -> bytes:
         """Run ``run_id``'s program hash (zero: none)."""
@@ -363,6 +370,25 @@ def start_opening(trace: StepTrace, origins: list[bytes], q: int, elem: int, com
     zero = tensor == ZERO_START or elem >= numel
     held = (b"", []) if zero else (committed[chunk], tree_path(committed, chunk))
     return (origins[q], tree_path(origins, q), start[q], tree_path(start, q), state, held)
+
+
+def end_opening(last: StepTrace, origins: list[bytes], q: int, elem: int, committed: list[bytes],
+                payload: list[bytes], bits: int = 0) -> tuple:
+    """``proveEnd``'s arguments (after the game id) for element ``elem`` of state tensor ``q`` of the state
+    ``last`` (the trace of a claim's last step) ends in: a ``StartOpening`` of the end (its origin, the
+    tensor's root in the end tree and the element, the chunk of the committed start that holds it), the
+    contribution's payload piece of that chunk (``payload``: its pieces, training/chunks.py
+    ``payload_leaves``) and ``bits``, the tensor's quant bit width (0 for a raw piece)."""
+    from eth_abi import decode
+
+    tensor, numel, first, _chunks = decode(["uint32", "uint64", "uint64", "uint64"], origins[q])
+    end, leaves = last.end_tree(), last.tensors[last.copies[q]]
+    inside = elem < numel and tensor != ZERO_START
+    state = (leaves[elem // 64], tree_path(leaves, elem // 64)) if inside else (b"", [])
+    chunk = first + elem // 64
+    held = (committed[chunk], tree_path(committed, chunk)) if inside else (b"", [])
+    piece = (payload[chunk], tree_path(payload, chunk)) if inside else (b"", [])
+    return (origins[q], tree_path(origins, q), end[q], tree_path(end, q), state, held), piece, bits
 
 
 def state_roots(traces: list[StepTrace]) -> list[bytes]:

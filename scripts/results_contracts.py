@@ -197,7 +197,22 @@ def step_proof(r: dict) -> list[str]:
                   f"{moves['challengeStart']['max_gas']:,} gas, `proveStart` "
                   f"{moves['proveStart']['max_gas']:,} gas "
                   f"({moves['proveStart']['max_calldata_bytes']:,} bytes of calldata)."]
-    return lines
+    return lines + _end_dispute(r.get("end_dispute"))
+
+
+def _end_dispute(end: dict | None) -> list[str]:
+    """The end dispute's line of the step proof's section (absent in a JSON from before it)."""
+    if not end:
+        return []
+    moves = end["moves"]
+    upheld = end["raw_honest_upheld"] and end["quant_honest_upheld"]
+    return ["", "A claim's end disputed element by element in a run with the plain end rule (the ledger's "
+            f"StepProver, py-evm): honest raw and quant ({end['quant_bits'][0]}-bit) claims upheld: "
+            f"{'yes' if upheld else 'NO'}; a true run whose payload is one element off refuted by the clock: "
+            f"{'yes' if end['payload_one_element_off_refuted'] else 'NO'}; `challengeEnd` "
+            f"{moves['raw']['challengeEnd']['max_gas']:,} gas, `proveEnd` "
+            f"{moves['raw']['proveEnd']['max_gas']:,} gas raw and {moves['quant']['proveEnd']['max_gas']:,} "
+            f"quant (at most {end['max_calldata_bytes_any_move']:,} bytes of calldata)."]
 
 
 _MUTATION_MACHINES = {

@@ -88,3 +88,58 @@ def subject_of(committed: Committed, index: int = 0) -> RunSubject:
     """The subject of a run claim about round 1's contribution ``index`` (stage 0), from round 0's start."""
     return bind_run(committed.records[1], committed.stages[1], committed.states[1].factors, index,
                     committed.records[0], committed.stages[0], 0)
+
+
+def toy_start_and_end() -> tuple[dict, dict]:
+    """The toy state before and after ``TOY_STEPS`` honest steps (tests/test_step_proof_run.py ``_run``), as
+    the stage's named tensors: a toy contribution's ``S`` and ``E``."""
+    from tests.test_step_proof import COPIES
+    from tests.test_step_proof_run import _run, _start_state
+
+    start = _start_state()
+    last = _run(start)[-1]
+    named = {n: t.reshape(TOY_SHAPES[n]) for n, t in zip(TOY_SHAPES, start)}
+    return named, {n: last[c].reshape(TOY_SHAPES[n]) for n, c in zip(TOY_SHAPES, COPIES)}
+
+
+def toy_coder(codec: str):
+    """The run's encoder of a plain-end run (no error feedback, no low-rank): ``raw`` with compression off,
+    ``quant`` a new run's codec (v2, "mse" scales, reproducible) with no tensor coded low-rank."""
+    import torch  # noqa: F401  (the codec's tensors)
+
+    from training.compression import ErrorFeedbackCompressor
+    from training.config_compression import NEW_RUN_COMPRESSION, CompressionConfig
+
+    cfg = (CompressionConfig(enabled=False) if codec == "raw"
+           else CompressionConfig(**NEW_RUN_COMPRESSION, min_compress_numel=1 << 30))
+    return ErrorFeedbackCompressor(TOY_SHAPES, cfg, exact=3)
+
+
+@functools.cache
+def toy_end_round(codec: str = "raw", off: int | None = None):
+    """Round 1 whose contribution 0 is the run's encoder's coding (:func:`toy_coder`) of the toy's ``S - E``
+    (``g``), with two random raw ones, aggregated onto the toy's start; ``off``: the payload codes ``g`` with
+    W's element ``off`` one ulp off (what a coalition member's end one element off gives). Returns the round
+    and contribution 0's blob."""
+    import torch
+
+    start, end = toy_start_and_end()
+    g = {n: torch.sub(start[n], end[n]) for n in TOY_SHAPES}
+    if off is not None:
+        g["b"] = g["b"].clone()
+        flat = g["b"].view(-1)
+        flat[off] = torch.nextafter(flat[off], torch.tensor(float("inf")))
+    blob = toy_coder(codec).compress(g, stage_index=0, outer_round=1)[0]
+    others = [contribution(TOY_SHAPES, "raw", 300 + i, scale=1e-2) for i in range(2)]
+    return aggregated_round(TOY_SHAPES, [blob, *others], NORMED, weights=start), blob
+
+
+def end_subject(committed: Committed, blob: bytes):
+    """The run claim's subject about contribution ``blob`` of round 1 (its index among the factors' payload
+    roots) and its payload pieces."""
+    from ledger.chunkproof import tree_root
+    from training.chunks import payload_leaves
+
+    pieces = payload_leaves(blob, TOY_SHAPES, stage_index=0, outer_round=1)
+    index = list(committed.states[1].factors.payload_roots).index(tree_root(pieces))
+    return subject_of(committed, index), pieces

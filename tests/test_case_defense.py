@@ -53,16 +53,23 @@ def toy_program() -> StepProgram:
     return StepProgram(tuple(PROGRAM), tuple(COPIES), 3, origins)
 
 
-def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW):
+def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: bool = False):
     """A run whose round 0 commits the toy's start and round 1 lists three contributions (member ``j + 1``
     signed contribution ``j``), its program the toy's; and the parts of member ``NODE``'s node that a defense
-    reads: its chain, its states (round 0's, the start) and its data directory's reward sources."""
+    reads: its chain, its states (round 0's, the start) and its data directory's reward sources.
+    ``end_rule``: the run's creator sets the plain end rule too (StepProver.setEndRule)."""
     round_ = toy_round()
     deployment = deploy_ledger(w3, min_stake=STAKE)
     client = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger))
+    program = fix_program(client, None, toy_origins())
+
+    def before(run):
+        program(run)
+        if end_rule:
+            client.set_end_rule(run.deployment.client(run.members[0]).address, run.run_id)
+
     committed = commit(deployment, round_, round_.honest, stake=STAKE, accusation_blocks=clock,
-                       dispute_blocks=window, inner_steps=TOY_STEPS,
-                       before=fix_program(client, None, toy_origins()))
+                       dispute_blocks=window, inner_steps=TOY_STEPS, before=before)
     client.bond = run_stake(w3, deployment.ledger, committed.run_id)
     cfg = SimpleNamespace(commitment_scheme=scheme_named("normed"))
     states = ChunkedStates(cfg=cfg, host=None, layout=None, config_hash=b"",
@@ -289,6 +296,19 @@ def test_a_case_the_node_cannot_answer_is_logged_with_why(request, tmp_path, cap
                           layout=None, config_hash=b"")
     _defender(committed, empty, tmp_path).poll()
     assert "no longer holds its state of round 0" in caplog.text
+    assert cases.case(subject)["claims"] == 0
+
+
+def test_in_a_run_whose_end_is_disputed_the_node_posts_no_claim_it_cannot_answer(request, tmp_path, caplog):
+    """The node does not answer an end dispute yet (docs/FRAUD_PROOF.md "Not done"): in a run with an end rule
+    it says so and posts no claim (which would lose its bond to the first end dispute)."""
+    w3 = _backend(request, "pyevm")
+    client, cases, committed, states = _setup(w3, tmp_path, end_rule=True)
+    caplog.set_level(logging.INFO, logger="node.live.fraud.defender")
+    subject, _case = _open(cases, committed)
+    _defender(committed, states, tmp_path).poll()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "CANNOT DEFEND" in errors[0] and "end dispute" in errors[0], errors
     assert cases.case(subject)["claims"] == 0
 
 

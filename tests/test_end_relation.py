@@ -1,6 +1,6 @@
-"""The end relation (training/end_relation.py; docs/FRAUD_PROOF.md "The claim's end and the carried state"):
+"""The end relation (training/end_relation.py; docs/FRAUD_PROOF.md "The claim's end", "The carried state"):
 the run's own encoder (a new run's codec, the reproducible codec of kernel version 3) codes each raw and quant
-element exactly as the design's end dispute would recompute it from the round start and the end weights; a
+element exactly as the end dispute recomputes it from the round start and the end weights; a
 changed end element or a payload not coded from it breaks the relation at that element; with error feedback
 the relation holds only with the carried residual (why the design signs the carried state first)."""
 

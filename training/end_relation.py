@@ -1,5 +1,6 @@
-"""The end relation of a contribution (issue 78; docs/FRAUD_PROOF.md "The claim's end and the carried state",
-designed, not built on chain): what an end dispute would recompute for one element, here for every element.
+"""The end relation of a contribution (issue 78; docs/FRAUD_PROOF.md "The claim's end", built on chain for
+runs with the plain end rule, and "The carried state", designed): what an end dispute recomputes for one
+element (StepProverMath.endHolds, with nothing carried), here for every element.
 
 An honest replica's payload codes, element by element of each stage tensor, the target ``v = fl(S - E)``
 (``S`` its round start, ``E`` its weights after the inner steps) plus its carried residual where it has one
@@ -7,8 +8,9 @@ An honest replica's payload codes, element by element of each stage tensor, the 
 -qmax(b), qmax(b))`` with ``s`` its column's scale (training/codec/coding.py ``ColumnQuantizer._round``) and
 ``b`` the tensor's bit width; a low-rank piece is a factorization of the whole matrix, not checkable element
 by element. :func:`end_relation` checks a payload blob against ``S``, ``E`` (and ``e``) and names the elements
-that break the relation: the reference of the on-chain check the design describes, and the evidence that the
-run's encoder codes by exactly that relation (tests/test_end_relation.py).
+that break the relation: the reference of the on-chain check (tests/test_end_relation_chain.py: the contract
+refuses exactly the elements this names), and the evidence that the run's encoder codes by exactly that
+relation (tests/test_end_relation.py).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start, End }
 
     /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
     /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
@@ -201,6 +201,12 @@ contract StepProver {
     /// @notice Run `runId`'s state origins: the ledger/merkle.py root over one leaf per state tensor (`StartOpening`):
     /// where in the committed start each tensor of a claim's first state is (set with its program).
     mapping(uint256 => bytes32) public originOf;
+    /// @notice Run `runId`'s end rule (`setEndRule`): 0, a claim's end is not disputed; 1 (`PLAIN_END`), nothing is
+    /// carried between rounds (no error feedback, no undelivered update, no inner-optimizer state) and no piece
+    /// is low-rank, so each payload element codes `fl(S - E)` and `challengeEnd` may dispute it.
+    mapping(uint256 => uint8) public endRuleOf;
+    /// @dev A quant tensor's bit width in an end dispute, by keccak256(abi.encode(claimId, q)): the first answer's.
+    mapping(bytes32 => uint8) internal _endBits;
 
     event Claimed(bytes32 indexed claimId, address defender);
     event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
@@ -221,6 +227,7 @@ contract StepProver {
     event ContributionOverturned(bytes32 indexed key, uint256 indexed runId, uint64 round, address opener);
     event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
     event ProgramRegistered(uint256 indexed runId, bytes32 programHash, bytes32 originRoot);
+    event EndRuleFixed(uint256 indexed runId, uint8 rule);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -245,6 +252,7 @@ contract StepProver {
     error ProverStepWrongProgram(uint256 runId, bytes32 programHash);
     error ProverStepWrongSteps(uint256 runId, uint32 innerSteps, uint32 steps);
     error ProverStepProgramFixed(uint256 runId, address sender);
+    error ProverStepEndUnbound(uint256 runId);
 
     constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
@@ -373,6 +381,14 @@ contract StepProver {
         StepProverBinding.setProgram(ledger, programOf, originOf, runId, programHash, originRoot);
     }
 
+    /// @notice The run's creator, once, before the run's first commit: run `runId`'s end rule (`endRuleOf`; 1 the
+    /// only one), so that its claims' ends are disputed (`challengeEnd`). Honest members check it against their
+    /// run document (no error feedback, no low-rank coding, no undelivered update or optimizer state carried)
+    /// before they join.
+    function setEndRule(uint256 runId, uint8 rule) external {
+        StepProverBinding.setEndRule(ledger, endRuleOf, runId, rule);
+    }
+
     /// @notice Anyone, from the case's deadline on: every run claim on the contribution was proven wrong (or none
     /// was made), so its round is wrong: it is overturned through the ledger's AggregationProver
     /// (`overturnByStep`, inside the round's proof window), the attesters slashed; the opener gets its bond back
@@ -411,8 +427,33 @@ contract StepProver {
     /// the committed start's (the run's origin of tensor `q`): the defender must open both (`proveStart`) within
     /// its clock, or the claim is proven wrong. A claim's start is the round's committed start, element by element.
     function challengeStart(bytes32 claimId, uint32 q, uint64 elem) external payable returns (bytes32 gameId) {
+        gameId = _challengeElement(claimId, Phase.Start, q, elem);
+    }
+
+    /// @notice Bond the claim's stake that the contribution's payload does not code element `elem` of state
+    /// tensor `q` of the claim's end as the run's encoder would (a run with an end rule: `endRuleOf`): the
+    /// defender must open it (`proveEnd`) within its clock, or the claim is proven wrong. With the start bound,
+    /// a claim's end is the contribution's payload, element by element.
+    function challengeEnd(bytes32 claimId, uint32 q, uint64 elem) external payable returns (bytes32 gameId) {
+        gameId = _challengeElement(claimId, Phase.End, q, elem);
+        uint256 runId = _runs[claimId].runId;
+        if (endRuleOf[runId] == 0) revert ProverStepEndUnbound(runId);
+    }
+
+    /// @notice Defender: the disputed end element is what the payload codes; decides the game. `o` as for
+    /// `proveStart`, but the tensor's root a leaf of the claim's `endRoot` and the element its end value; `piece`
+    /// the contribution's payload piece of the same chunk (`firstChunk + elem / 64` of `stageChunks`) under the
+    /// claim's `payloadRoot`; `bits` a quant piece's bit width (the first answer on a tensor of a claim fixes it).
+    function proveEnd(bytes32 gameId, StartOpening calldata o, Element calldata piece, uint8 bits) external {
+        (Game storage g,) = _move(gameId, true, Phase.End);
+        StepProverMath.proveEnd(o, piece, bits, g, _runs, originOf, _endBits);
+        _decide(gameId, g, true);
+    }
+
+    /// @dev A challenger's game on element `elem` of state tensor `q` of a run claim (its start or its end).
+    function _challengeElement(bytes32 claimId, Phase phase, uint32 q, uint64 elem) private returns (bytes32 gameId) {
         Game storage g;
-        (gameId, g) = _challengeRun(claimId, Phase.Start, elem);
+        (gameId, g) = _challengeRun(claimId, phase, elem);
         if (q >= _runs[claimId].stateLeaves) revert ProverStepBadElement(q);
         g.copyLeaf = q;
         g.elem = elem;
@@ -421,8 +462,7 @@ contract StepProver {
     /// @notice Defender: the disputed start element is the committed start's (`StartOpening`); decides the game.
     function proveStart(bytes32 gameId, StartOpening calldata o) external {
         (Game storage g,) = _move(gameId, true, Phase.Start);
-        RunClaim storage run = _runs[g.claimId];
-        StepProverMath.proveStart(o, originOf[run.runId], run, g.copyLeaf, g.elem);
+        StepProverMath.proveStart(o, g, _runs, originOf);
         _decide(gameId, g, true);
     }
 
@@ -578,9 +618,7 @@ contract StepProver {
             g.defenderTurn = true; // the defender posts the first midpoint (or the final step)
             return;
         }
-        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, g.elem % op.aLen, 1);
-        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, g.elem % op.bLen, 2);
-        _decide(gameId, g, StepProverMath.elementHolds(op.kind, x, y, v));
+        _decide(gameId, g, StepProverMath.elementwiseHolds(op, g.elem, a, b, v));
     }
 
     /// @notice Defender: its partial sum at the interval's midpoint.
@@ -598,11 +636,7 @@ contract StepProver {
     /// @notice Defender: the one step `s_hi = s_lo + a[r,lo] * b[lo,c]`, its two inputs opened; decides the game.
     function proveStep(bytes32 gameId, Element calldata a, Element calldata b) external {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Final);
-        uint256 r = g.elem / op.cols;
-        uint256 c = g.elem % op.cols;
-        uint32 x = StepProverMath.open(a, op.aRoot, op.aLen, r * op.inner + g.lo, 1);
-        uint32 y = StepProverMath.open(b, op.bRoot, op.bLen, uint256(g.lo) * op.cols + c, 2);
-        _decide(gameId, g, StepProverMath.sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot))));
+        _decide(gameId, g, StepProverMath.productStepHolds(op, g, a, b));
     }
 
     /// @notice Anyone: the side to move let its clock run out; the other side wins.

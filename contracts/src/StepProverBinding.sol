@@ -96,6 +96,19 @@ library StepProverBinding {
         emit StepProver.ProgramRegistered(runId, programHash, originRoot);
     }
 
+    /// @notice StepProver.setEndRule: `rule` (1, the plain end) becomes run `runId`'s, under setProgram's terms
+    /// (its creator, once, before its first commit; else `ProverStepProgramFixed`).
+    function setEndRule(TrainingLedger ledger, mapping(uint256 => uint8) storage ends, uint256 runId, uint8 rule)
+        external
+    {
+        TrainingLedger.Run memory r = ledger.runOf(runId);
+        if (msg.sender != r.creator || r.commitCount != 0 || ends[runId] != 0 || rule != 1) {
+            revert StepProver.ProverStepProgramFixed(runId, msg.sender);
+        }
+        ends[runId] = rule;
+        emit StepProver.EndRuleFixed(runId, rule);
+    }
+
     /// @notice StepProver.withdraw: the sender's balance, sent.
     function withdraw(mapping(address => uint256) storage balances) external {
         uint256 amount = balances[msg.sender];

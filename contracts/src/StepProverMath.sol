@@ -19,9 +19,10 @@ library StepProverMath {
     uint8 internal constant MUL = 3;
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
     uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
+    uint32 internal constant TINY = 0x00800000; // torch.finfo(torch.float32).tiny
 
     /// @notice Whether `out` is `kind(x, y)` (ADD, SUB, MUL, else DIV) in float32, bit for bit (any NaNs agree).
-    function elementHolds(uint8 kind, uint32 x, uint32 y, uint32 out) external pure returns (bool) {
+    function elementHolds(uint8 kind, uint32 x, uint32 y, uint32 out) public pure returns (bool) {
         uint32 r;
         if (kind == ADD) r = x.add(y);
         else if (kind == SUB) r = x.sub(y);
@@ -31,8 +32,37 @@ library StepProverMath {
     }
 
     /// @notice Whether `hi` is `lo + x * y` in float32 (one multiply, then one add), bit for bit.
-    function sumStepHolds(uint32 lo, uint32 x, uint32 y, uint32 hi) external pure returns (bool) {
+    function sumStepHolds(uint32 lo, uint32 x, uint32 y, uint32 hi) public pure returns (bool) {
         return lo.add(x.mul(y)).same32(hi);
+    }
+
+    /// @notice StepProver.openOutput's check of an elementwise op: its inputs' elements for output element
+    /// `elem` opened (`a[elem % aLen]`, `b[elem % bLen]`) and `out` recomputed from them (`elementHolds`).
+    function elementwiseHolds(
+        StepProver.Op storage op,
+        uint64 elem,
+        StepProver.Element calldata a,
+        StepProver.Element calldata b,
+        uint32 out
+    ) external view returns (bool) {
+        uint32 x = open(a, op.aRoot, op.aLen, elem % op.aLen, 1);
+        uint32 y = open(b, op.bRoot, op.bLen, elem % op.bLen, 2);
+        return elementHolds(op.kind, x, y, out);
+    }
+
+    /// @notice StepProver.proveStep's check: `a[r, lo]` and `b[lo, c]` of the game's element `(r, c)` opened and
+    /// the sum at `lo + 1` (the game's `hiRoot`) recomputed from the one at `lo` (`loRoot`; `sumStepHolds`).
+    function productStepHolds(
+        StepProver.Op storage op,
+        StepProver.Game storage g,
+        StepProver.Element calldata a,
+        StepProver.Element calldata b
+    ) external view returns (bool) {
+        uint256 lo = g.lo;
+        uint256 row = g.elem / op.cols; // the output element's row: a[row, lo]
+        uint32 x = open(a, op.aRoot, op.aLen, row * op.inner + lo, 1);
+        uint32 y = open(b, op.bRoot, op.bLen, lo * op.cols + g.elem % op.cols, 2);
+        return sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot)));
     }
 
     /// @notice Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening
@@ -57,11 +87,21 @@ library StepProverMath {
     /// origin leaf `q` places it; zero bits for a tensor that starts at zero), or `elem` is past the tensor.
     function proveStart(
         StepProver.StartOpening calldata o,
+        StepProver.Game storage g,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => bytes32) storage origins
+    ) external view {
+        StepProver.RunClaim storage run = runs[g.claimId];
+        _proveStart(o, origins[run.runId], run, g.copyLeaf, g.elem);
+    }
+
+    function _proveStart(
+        StepProver.StartOpening calldata o,
         bytes32 originRoot,
         StepProver.RunClaim storage run,
         uint32 q,
         uint64 elem
-    ) external view {
+    ) private view {
         if (!verify(o.origin, q, run.stateLeaves, o.originPath, originRoot)) revert StepProver.ProverStepBadOpening(3);
         (uint32 tensor, uint64 numel, uint64 first, uint64 chunks) =
             abi.decode(o.origin, (uint32, uint64, uint64, uint64));
@@ -79,6 +119,128 @@ library StepProverMath {
             return;
         }
         revert StepProver.ProverStepBadOpening(5);
+    }
+
+    /// @notice StepProver.proveEnd's check (a run whose end rule is set, `StepProver.setEndRule`): reverts
+    /// (`ProverStepBadOpening`: 3 the origin, 4 the tensor's root in the claim's end, 1 the end element, 5 the
+    /// committed chunk, 6 the payload piece's path, 7 a piece that does not code the element, or a bit width
+    /// other than the first answer's on the tensor) unless the contribution's payload piece codes element
+    /// `elem` of state tensor `q` (the game's) as the run's encoder codes `v = fl(S - E)` (`S` the committed
+    /// start, `E` the claim's end; `endHolds`); a tensor that starts at zero (no stage tensor: the payload codes
+    /// none of it) and an element past the tensor need no opening. `o` opens the end as it opens the start for
+    /// proveStart (the tensor's root under the claim's `endRoot`); `piece` is the payload's piece of the chunk,
+    /// `bits` a quant piece's bit width: the first answer on a tensor of a claim fixes it (`endBits`).
+    function proveEnd(
+        StepProver.StartOpening calldata o,
+        StepProver.Element calldata piece,
+        uint8 bits,
+        StepProver.Game storage g,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => bytes32) storage origins,
+        mapping(bytes32 => uint8) storage endBits
+    ) external {
+        StepProver.RunClaim storage run = runs[g.claimId];
+        _proveEnd(o, piece, bits, origins[run.runId], run, g.copyLeaf, g.elem);
+        if (bits != 0 && piece.leaf.length != 0 && piece.leaf[0] == 0x01) { // a quant piece's width named
+            bytes32 key = keccak256(abi.encode(g.claimId, g.copyLeaf));
+            uint8 fixed_ = endBits[key];
+            if (fixed_ == 0) endBits[key] = bits;
+            else if (fixed_ != bits) revert StepProver.ProverStepBadOpening(7);
+        }
+    }
+
+    function _proveEnd(
+        StepProver.StartOpening calldata o,
+        StepProver.Element calldata piece,
+        uint8 bits,
+        bytes32 originRoot,
+        StepProver.RunClaim storage run,
+        uint32 q,
+        uint64 elem
+    ) private view {
+        if (!verify(o.origin, q, run.stateLeaves, o.originPath, originRoot)) revert StepProver.ProverStepBadOpening(3);
+        (uint32 tensor, uint64 numel,,) = abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        if (elem >= numel || tensor == type(uint32).max) return; // nothing of the payload to check
+        if (!verifyWord(o.tensorRoot, q, run.depth, o.rootPath, run.endRoot)) {
+            revert StepProver.ProverStepBadOpening(4);
+        }
+        uint32 e = open(o.state, o.tensorRoot, numel, elem, 1);
+        uint32 s = _endStart(o, run, tensor, elem);
+        if (!verify(piece.leaf, _chunkOf(o, elem), _chunksOf(o), piece.path, run.payloadRoot)) {
+            revert StepProver.ProverStepBadOpening(6);
+        }
+        if (!endHolds(piece.leaf, elem % CHUNK, s, e, bits)) revert StepProver.ProverStepBadOpening(7);
+    }
+
+    /// @dev proveEnd's opening of the committed start's chunk that holds element `elem` of stage tensor `tensor`:
+    /// the element's start value.
+    function _endStart(StepProver.StartOpening calldata o, StepProver.RunClaim storage run, uint32 tensor,
+        uint64 elem) private view returns (uint32)
+    {
+        if (!verify(o.committed.leaf, _chunkOf(o, elem), _chunksOf(o), o.committed.path, run.startWeights)) {
+            revert StepProver.ProverStepBadOpening(5);
+        }
+        return _committedValue(o.committed.leaf, tensor, elem);
+    }
+
+    /// @dev The stage chunk that holds element `elem` of the origin's tensor.
+    function _chunkOf(StepProver.StartOpening calldata o, uint64 elem) private pure returns (uint256) {
+        (,, uint64 first,) = abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        return first + elem / CHUNK;
+    }
+
+    /// @dev The stage's chunk count (the origin's).
+    function _chunksOf(StepProver.StartOpening calldata o) private pure returns (uint256) {
+        (,,, uint64 chunks) = abi.decode(o.origin, (uint32, uint64, uint64, uint64));
+        return chunks;
+    }
+
+    /// @notice Whether payload piece `piece` (training/chunks.py: u8 codec, u32 count, then the elements) codes
+    /// its element `pos` from the start `s` and the end `e` as the run's encoder does with nothing carried
+    /// (training/end_relation.py): the target `v = fl(s - e)`; raw: the element is `v` (`same32`); quant: its
+    /// i16 `q` is `clamp(rne(fl(v / max(x, tiny))), -qmax(bits), qmax(bits))`, `x` the element's column scale
+    /// in the piece, `qmax(b) = 2**(b - 1) - 1`, `bits` 1 to 16; any other piece (a low-rank one) codes nothing.
+    function endHolds(bytes calldata piece, uint256 pos, uint32 s, uint32 e, uint8 bits)
+        public
+        pure
+        returns (bool)
+    {
+        if (piece.length < 5) return false;
+        uint256 count = uint32(bytes4(piece[1:5]));
+        if (pos >= count) return false;
+        uint32 v = s.sub(e);
+        if (piece[0] == 0x00) {
+            if (piece.length != 5 + 4 * count) return false;
+            return uint32(bytes4(piece[5 + 4 * pos:9 + 4 * pos])).same32(v);
+        }
+        if (piece[0] != 0x01 || piece.length != 5 + 6 * count || bits == 0 || bits > 16) return false;
+        int256 q = int16(uint16(bytes2(piece[5 + 2 * pos:7 + 2 * pos])));
+        uint256 where = 5 + 2 * count + 4 * pos;
+        uint32 scale = uint32(bytes4(piece[where:where + 4]));
+        // torch's clamp_min(tiny): a NaN scale stays NaN; a negative, zero or subnormal one becomes tiny
+        if (!scale.isNaN32() && (scale >> 31 == 1 || scale < TINY)) scale = TINY;
+        uint32 x = v.div(scale);
+        if (x.isNaN32()) return false; // an honest encoder codes no NaN (it refuses a non-finite target)
+        return rne(x, int256(uint256(1) << (bits - 1)) - 1) == q;
+    }
+
+    /// @notice `x` (a float32, not a NaN) rounded to the nearest integer, ties to even (torch.round), then
+    /// clamped to `[-limit, limit]` (`limit` below 2**23).
+    function rne(uint32 x, int256 limit) public pure returns (int256 r) {
+        uint256 exp = (x >> 23) & 0xFF;
+        if (exp >= 150) {
+            r = limit; // |x| >= 2**23, or infinite: past any limit
+        } else if (exp >= 126) { // |x| >= 0.5
+            uint256 m = (x & 0x7FFFFF) | 0x800000;
+            uint256 k = 150 - exp; // 1 to 24: |x| = m / 2**k
+            uint256 whole = m >> k;
+            uint256 rest = m & ((uint256(1) << k) - 1);
+            uint256 half = uint256(1) << (k - 1);
+            if (rest > half || (rest == half && whole & 1 == 1)) ++whole;
+            // forge-lint: disable-next-line(unsafe-typecast)
+            r = int256(whole) < limit ? int256(whole) : limit; // whole < 2**25: the cast is exact
+        }
+        if (x >> 31 == 1) r = -r;
     }
 
     /// @dev Element `elem` of tensor `tensor` in its committed chunk leaf (reverts unless the leaf holds it).

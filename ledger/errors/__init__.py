@@ -164,6 +164,7 @@ from ledger.errors.step_prover import (
     ProverStepWrongProgram as ProverStepWrongProgram,
     ProverStepWrongSteps as ProverStepWrongSteps,
     ProverStepProgramFixed as ProverStepProgramFixed,
+    ProverStepEndUnbound as ProverStepEndUnbound,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

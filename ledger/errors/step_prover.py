@@ -100,3 +100,7 @@ class ProverStepWrongSteps(ProverError):
 
 class ProverStepProgramFixed(ProverError):
     """Only the run's creator sets its program, once, before its first commit."""
+
+
+class ProverStepEndUnbound(ProverError):
+    """The run has no end rule (StepProver.setEndRule): its claims' ends are not disputed (challengeEnd)."""

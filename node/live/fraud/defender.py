@@ -199,6 +199,11 @@ class CaseDefender:
         with self.chain.rpc_lock:
             self.program.check_on(bytes(functions.programOf(self.run_id).call()),
                                   bytes(functions.originOf(self.run_id).call()))
+            end_rule = int(functions.endRuleOf(self.run_id).call())
+        if end_rule:  # a claim here must answer end disputes: the payload from the program's end state
+            raise ConfigError("the run disputes its claims' ends (StepProver.endRuleOf) and this node does "
+                              "not answer an end dispute yet (its program is not its model's step, and the "
+                              "defense holds no payload pieces): a claim would lose to the first one")
         subject = kept.subject(index)
         start = self.states.state(round_ - 1, stage)
         if start is None:
