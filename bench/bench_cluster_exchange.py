@@ -18,7 +18,11 @@ buffers, which is where contributions live here; the pickled tensors ``scatter_o
 torch's allocations and are not counted, so ``whole`` is if anything under-counted), beside its peak RSS
 (each path runs in fresh processes; RSS includes the interpreter and torch, ``rss_before_bytes`` before the
 exchange).
-Both paths' messages are checked equal on every rank. Writes ONE JSON, bench/results/cluster_exchange.json.
+Both paths' messages are checked equal on every rank. Then a round's apply of the same contributions in a
+cluster node (``apply``: training/cluster_outer.py's ``finish`` command on FSDP2-sharded replicas, a run
+without parts against one in parts, where rank 0 forwards each contribution a part at a time instead of
+scattering it): rank 0's peak over the distribution step and over the command, the new weights hash checked
+equal. Writes ONE JSON, bench/results/cluster_exchange.json.
 
     PYTHONPATH=$PWD python bench/bench_cluster_exchange.py [--preset llama-20m] [--ranks 2] [--parts 16]
 """
@@ -148,6 +152,84 @@ def rank_main(rank: int, world: int, preset: str, items: list[dict], parts: int,
                f"{out}.{path}.{rank}")
 
 
+def apply_rank(rank: int, world: int, preset: str, files: list[str], parts: int, codec: bool, out: str,
+               path: str) -> None:
+    """A round's apply in a cluster node (training/cluster_outer.py, the ``finish`` command behind
+    ``ShardedStageEngine.absorb_round``) on FSDP2-sharded replicas, in fresh processes: ``whole`` the run
+    without parts (rank 0 splits every contribution and scatters the pieces), ``parts`` a run with
+    ``diloco.exchange_parts`` = ``parts`` (rank 0 forwards each contribution a part at a time). Rank 0
+    holds the closed contributions before the apply, as the node's pool does (not counted)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from training.cluster_engine import shard_stage_module
+    from training.cluster_outer import OuterShard
+    from training.config import DilocoConfig
+    from training.stages import StageModule
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig(preset=preset)
+    module = shard_stage_module(StageModule(cfg, split_stages(cfg.n_layer, 1)[0], seed=0),
+                                init_device_mesh("cpu", (world,)))
+    params = dict(module.named_parameters())
+    shapes = {name: tuple(p.shape) for name, p in params.items()}
+    assert shapes == stage_shapes(preset), "the module's stage is not the contributions'"
+    diloco = DilocoConfig(one_step_delay=False, num_replicas=len(files) + 1,
+                          exchange_parts=parts if path == "parts" else 1)
+    comp = CompressionConfig() if codec else CompressionConfig(enabled=False)
+    shard = OuterShard(0, shapes, diloco, comp, 0, params)
+    blobs = [Path(f).read_bytes() for f in files] if rank == 0 else None
+    marks = {"before_distribute_peak": 0}
+    split = shard._split
+
+    def distribute(*args):  # the contributions to the ranks: scattered whole, or forwarded part by part
+        current, marks["before_distribute_peak"] = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        started = time.perf_counter()
+        got = split(*args)
+        marks["distribute_seconds"] = time.perf_counter() - started
+        marks["distribute_peak_bytes"] = tracemalloc.get_traced_memory()[1] - current
+        return got
+
+    shard._split = distribute
+    rss_before = peak_rss_bytes()
+    dist.barrier()
+    tracemalloc.start()
+    started = time.perf_counter()
+    result = shard.run("finish", (0, len(files), {}, True), private=blobs)
+    seconds = time.perf_counter() - started
+    peak = max(tracemalloc.get_traced_memory()[1], marks.pop("before_distribute_peak"))
+    tracemalloc.stop()
+    torch.save({**marks, "peak_traced_bytes": peak, "seconds": seconds, "rss_before_bytes": rss_before,
+                "rss_bytes": peak_rss_bytes(),
+                "weights_hash": None if result is None else result.weights_hash.hex(),
+                "accepted": None if result is None else [r.accepted for r in result.contributions]},
+               f"{out}.apply.{path}.{rank}")
+
+
+def measure_apply(args, codec: bool) -> dict:
+    """Rank 0's peak over a round's apply, whole contributions scattered against parts forwarded."""
+    from training.cluster_launch import run_cluster
+
+    with tempfile.TemporaryDirectory() as folder:
+        files = []
+        for index, blob in enumerate(contributions(stage_shapes(args.preset), args.contributions, codec)):
+            files.append(str(Path(folder) / f"{index}.blob"))
+            Path(files[-1]).write_bytes(blob)
+        out = str(Path(folder) / "rank")
+        for path in ("whole", "parts"):
+            run_cluster(apply_rank, args.ranks, args.preset, files, args.parts, codec, out, path,
+                        backend="gloo")
+        first = {path: torch.load(f"{out}.apply.{path}.0", weights_only=False) for path in ("whole", "parts")}
+    assert first["whole"]["weights_hash"] == first["parts"]["weights_hash"], "the two applies differ"
+    assert all(first["whole"]["accepted"]), "a contribution was left out"
+    return {"rank0": {path: {k: v for k, v in first[path].items() if k not in ("weights_hash", "accepted")}
+                      for path in ("whole", "parts")},
+            "rank0_ratio": first["parts"]["peak_traced_bytes"] / first["whole"]["peak_traced_bytes"],
+            "rank0_distribute_ratio": (first["parts"]["distribute_peak_bytes"]
+                                       / first["whole"]["distribute_peak_bytes"]),
+            "same_weights_hash": True}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="llama-20m")
@@ -184,6 +266,10 @@ def main() -> None:
             "same_messages_on_every_rank": True,
         }
         print(label, runs[label]["rank0"], f"ratio {runs[label]['rank0_ratio']:.3f}", flush=True)
+        runs[label]["apply"] = measure_apply(args, codec)
+        apply = runs[label]["apply"]
+        print(label, "apply", apply["rank0"], f"ratio {apply['rank0_ratio']:.3f}",
+              f"distribute ratio {apply['rank0_distribute_ratio']:.3f}", flush=True)
     write_result(args.out, {
         "preset": args.preset, "params": sum(torch.Size(s).numel() for s in shapes.values()),
         "tensors": len(shapes), "ranks": args.ranks, "parts": exchange_plan(shapes, args.parts).world,

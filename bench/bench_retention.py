@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -42,9 +43,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
-from p2p.blobpack import MANIFEST_MAGIC, PACKED_DIR, PIECES_DIR  # noqa: E402
+from p2p.blobpack import MANIFEST_MAGIC, MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, parse_manifest  # noqa: E402
+from p2p.errors import BlobError  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
+MULTIPLE = ("a node's disk multiple: the bytes of its data directory (each file once: a hard link "
+            "counts once) over its stage's bytes, the float32 weights of the stage it holds (stage_bytes); "
+            "also over the stage's training state, its weights, gradients and AdamW's two moments "
+            "(training_state_bytes, 4 x stage_bytes)")
 PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
 START_STATE_MAGIC = b"dlx-replica-state-v1"
 
@@ -55,8 +62,8 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     node serves), ``published_state`` (a chunked run's stage state it serves: a safetensors blob not linked),
     ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
     ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
-    ``packed_piece`` and ``packed_manifest`` (the node's own start states kept as packed blobs, each
-    tensor's data a piece shared by content: p2p/blobpack.py), ``other`` (logs, the node's state files)."""
+    ``packed_piece`` and ``packed_manifest`` (packed blobs, p2p/blobpack.py, that :func:`packed_kinds`
+    does not name), ``other`` (logs, the node's state files)."""
     if part in ("checkpoints", "archive"):
         return "checkpoint" if part == "checkpoints" else "archive"
     if part == "chunk-states":
@@ -81,6 +88,41 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     return "other_blob"
 
 
+#: Which kind a piece shared by packed blobs of several kinds counts as: the first in this order.
+PACKED_ORDER = ("start_state", "published_state", "sum_trees", "packed_other")
+
+
+def packed_kinds(blobs: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """The kind of each packed blob's manifest and pieces in the blob store ``blobs`` (path -> kind), and the
+    blobs of each kind: ``start_state`` (a start state, and every piece one names: its tensors' data),
+    ``published_state`` (a chunked run's published stage state: its weights and momentum, pieces no start
+    state names), ``sum_trees`` (a version-3 stage's factors and sum trees, kept as compressed pieces),
+    ``packed_other``. A manifest that does not parse (being written or removed) is skipped."""
+    kinds: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for manifest in sorted((blobs / PACKED_DIR).glob(f"*{MANIFEST_SUFFIX}")):
+        try:
+            blob = parse_manifest(manifest.read_bytes(), manifest.name[:64], blobs / PIECES_DIR)
+            head = blob.pread(0, 32)
+        except (OSError, BlobError):
+            continue
+        if head.startswith(START_STATE_MAGIC):
+            kind = "start_state"
+        elif any(part[0] == "z" for part in blob.parts):
+            kind = "sum_trees"
+        elif head[8:9] == b"{":
+            kind = "published_state"
+        else:
+            kind = "packed_other"
+        counts[kind] = counts.get(kind, 0) + 1
+        kinds[str(manifest)] = kind
+        for piece in blob.pieces():
+            path = str(blobs / PIECES_DIR / piece)
+            if path not in kinds or PACKED_ORDER.index(kind) < PACKED_ORDER.index(kinds[path]):
+                kinds[path] = kind
+    return kinds, counts
+
+
 def packed_size(path: str) -> int:
     """The size of the blob a packed manifest (p2p/blobpack.py) stands for; 0 if it cannot be read."""
     try:
@@ -94,8 +136,10 @@ def packed_size(path: str) -> int:
 
 
 def disk_bytes(data_dir: Path) -> dict:
-    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, and per
-    kind of file (:func:`file_kind`) its files and bytes."""
+    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, per kind
+    of file (:func:`packed_kinds`, :func:`file_kind`) its files and bytes, and the packed blobs of each
+    kind held (``held``: how many rounds of start states and published states the node keeps)."""
+    packed, held = packed_kinds(data_dir / "blobs")
     seen: set[tuple[int, int]] = set()
     total = 0
     parts = dict.fromkeys(PARTS, 0)
@@ -115,15 +159,15 @@ def disk_bytes(data_dir: Path) -> dict:
             rel = os.path.relpath(path, data_dir).split(os.sep)[0]
             if rel in parts:
                 parts[rel] += st.st_size
-            kind = file_kind(rel, path, st)
+            kind = packed.get(path) or file_kind(rel, path, st)
             count = kinds.setdefault(kind, [0, 0])
             count[0] += 1
             count[1] += st.st_size
-            if kind == "start_state":
+            if kind == "start_state" and path in packed:  # kept as pieces: its size is in its manifest
+                start_state = max(start_state, packed_size(path) if path.endswith(MANIFEST_SUFFIX) else 0)
+            elif kind == "start_state":
                 start_state = max(start_state, st.st_size)
-            elif kind == "packed_manifest":  # a start state kept as pieces: its own size is in the manifest
-                start_state = max(start_state, packed_size(path))
-    return {"total": total, **parts, "start_state": start_state,
+    return {"total": total, **parts, "start_state": start_state, "held": held,
             "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
 
 
@@ -138,8 +182,8 @@ def memory_kib(pid: int | None) -> dict:
     return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_rss_kib": int(fields["VmHWM"].split()[0])}
 
 
-def stage_bytes(stages: int = 1) -> int:
-    """fp32 bytes of the largest stage's weights of the ``tiny`` model cut in ``stages`` (one stage: all of
+def stage_bytes(stages: int = 1, preset: str = "tiny") -> int:
+    """fp32 bytes of the largest stage's weights of the ``preset`` model cut in ``stages`` (one stage: all of
     them; a node holds one stage)."""
     import math
 
@@ -147,7 +191,7 @@ def stage_bytes(stages: int = 1) -> int:
     from node.runconfig import run_document
     from node.store.checkpoint import RunLayout
 
-    cfg = load_config(None, ["model.preset=tiny", f"pipeline.num_stages={stages}"])
+    cfg = load_config(None, [f"model.preset={preset}", f"pipeline.num_stages={stages}"])
     layout = RunLayout.of_document(0, b"\0" * 32, run_document(cfg))
     return max(4 * sum(math.prod(s) for s in shapes.values()) for shapes in layout.stage_shapes)
 
@@ -167,6 +211,10 @@ def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
             "disk_max_over_stage_bytes": round(max(t for _r, t in totals) / stage, 2) if totals else None,
             "disk_max_over_start_state": round(max(t for _r, t in totals) / start_state, 2)
             if totals and start_state else None,
+            # the stage's training state: fp32 weights, gradients and AdamW's two moments (4 x the weights)
+            "disk_max_over_training_state": round(max(t for _r, t in totals) / (4 * stage), 2)
+            if totals else None,
+            "held_last": series[-1][1].get("disk", {}).get("held") if series else None,
             f"disk_from_round_{flat_from}": [min(after), max(after)] if after else None,
             "start_state_bytes": start_state,
             "peak_rss_mib": round(peak / 1024, 1),
@@ -188,6 +236,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=100, help="committed rounds to reach")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--inner-steps", type=int, default=1)
+    parser.add_argument("--preset", default="tiny", help="the model preset (e.g. mini: fixed per-round files "
+                                                          "weigh less against its stage)")
     parser.add_argument("--dispute-blocks", type=int, default=16,
                         help="the run's dispute window in blocks (the local chain mines ~one block a round)")
     parser.add_argument("--accusation-blocks", type=int, default=16, help="the run's accusation window")
@@ -206,6 +256,12 @@ def main() -> int:
                         help="extra KEY=VALUE node settings (e.g. storage.retention=all)")
     parser.add_argument("--audit", type=int, default=-1,
                         help="contributions the closing audit reruns (-1: all, 0: no audit)")
+    parser.add_argument("--keep-all", action="append", default=[], metavar="NODE",
+                        help="a node (e.g. r1) that keeps every round (storage.retention = \"all\"), as an "
+                             "archive node or a seeder does: the audit is then made twice, from the other "
+                             "nodes' directories alone and with this one's (audit_with_archive)")
+    parser.add_argument("--archive-audit", type=int, default=16,
+                        help="contributions the audit with the --keep-all nodes' directories reruns")
     parser.add_argument("--workdir", default="", help="keep the run here (default: a temporary directory)")
     parser.add_argument("--stages", type=int, default=1,
                         help="pipeline stages, one node each (the whole checkpoint is then S times a stage)")
@@ -227,15 +283,16 @@ def main() -> int:
         print(json.dumps(result["summary"], indent=1))
         return 0
 
-    settings = ["model.preset=tiny", f"diloco.inner_steps={args.inner_steps}", "training.batch_size=4",
-                "round_timeout=60", "join_timeout=60", "checkpoint_every=1", "rounds=0", *args.extra]
+    settings = [f"model.preset={args.preset}", f"diloco.inner_steps={args.inner_steps}",
+                "training.batch_size=4", "round_timeout=60", "join_timeout=60", "checkpoint_every=1",
+                "rounds=0", *args.extra]
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dlx-retention-"))
-    stage = stage_bytes(args.stages)
+    stage = stage_bytes(args.stages, args.preset)
     run = LocalRun(workdir, replicas=args.replicas, stages=args.stages, split=args.stages > 1,
                    settings=settings,
                    dispute_blocks=args.dispute_blocks, accusation_blocks=args.accusation_blocks)
-    print(f"retention run: {args.replicas} replicas x {args.stages} stages (one node each) of 'tiny' "
-          f"({stage} bytes of fp32 weights a stage), "
+    print(f"retention run: {args.replicas} replicas x {args.stages} stages (one node each) of "
+          f"{args.preset!r} ({stage} bytes of fp32 weights a stage), "
           f"H={args.inner_steps}, a checkpoint every round, {args.rounds} rounds, in {workdir}", flush=True)
     samples: list[dict] = []
     audit: dict = {}
@@ -247,12 +304,15 @@ def main() -> int:
         result = {
             "command": "python " + " ".join(sys.argv),
             "cpu": _cpu(), "cpu_count": os.cpu_count(),
-            "preset": "tiny", "replicas": args.replicas, "stages": args.stages,
+            "preset": args.preset, "replicas": args.replicas, "stages": args.stages,
             "inner_steps": args.inner_steps,
             "checkpoint_every": 1, "settings": settings,
             "dispute_blocks": args.dispute_blocks, "accusation_blocks": args.accusation_blocks,
-            "mine_per_second": args.mine_per_second, "blocks_per_round": _blocks_per_round(samples),
+            "mine_per_second": args.mine_per_second, "keep_all": args.keep_all,
+            "blocks_per_round": _blocks_per_round(samples),
             "stage_bytes": stage,
+            "training_state_bytes": 4 * stage,
+            "multiple": MULTIPLE,
             "target_rounds": args.rounds,
             "reached_rounds": samples[-1]["round"] if samples else 0,
             "wall_s": round(time.monotonic() - started, 1),
@@ -266,6 +326,7 @@ def main() -> int:
 
     try:
         run.setup()
+        keep_all(run, args.keep_all)
         run.start()
         client = run.client()
         miner = _Miner(run.url, args.mine_per_second) if args.mine_per_second > 0 else None
@@ -305,13 +366,12 @@ def main() -> int:
             miner.stop()
         if args.audit and samples:
             run.stop_nodes()  # their files as they left them; the chain stays up for the audit
-            try:
-                audit.update(audit_figures(run, args.audit))
-            except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
-                import traceback
-
-                traceback.print_exc()
-                audit["error"] = f"{type(exc).__name__}: {exc}"
+            windows = [slot.data_dir for slot in run.nodes if slot.name not in args.keep_all]
+            audit.update(_audit_or_error(run, windows, args.audit))
+            if args.keep_all:
+                audit["with_archive"] = _audit_or_error(
+                    run, [slot.data_dir for slot in run.nodes], args.archive_audit)
+                audit["with_archive"]["archives"] = sorted(args.keep_all)
             print("audit:", json.dumps({k: v for k, v in audit.items() if k != "unverifiable_reasons"}))
     except KeyboardInterrupt:
         stopped = "interrupted (SIGINT)"
@@ -375,16 +435,41 @@ def _blocks_per_round(samples: list[dict]) -> float | None:
     return round((half[-1]["block"] - half[0]["block"]) / (half[-1]["round"] - half[0]["round"]), 2)
 
 
-def audit_figures(run: LocalRun, reexecute: int) -> dict:
-    """The audit of the run from the nodes' directories: verdict, counts, reruns, why items went unchecked."""
+def keep_all(run: LocalRun, names: list[str]) -> None:
+    """Set ``storage.retention = "all"`` in the configuration of each node named (before it starts)."""
+    from node.config import dump_toml, load_config
+
+    for slot in run.nodes:
+        if slot.name in names:
+            table = load_config(slot.config_path).to_dict()
+            table["storage"]["retention"] = "all"
+            slot.config_path.write_text("# written by dlx-node's local launcher, then bench_retention\n"
+                                        + dump_toml(table))
+            load_config(slot.config_path)
+
+
+def _audit_or_error(run: LocalRun, archives: list[Path], reexecute: int) -> dict:
+    """:func:`audit_figures`, or what it raised (the samples are kept whatever the audit does)."""
+    try:
+        return audit_figures(run, reexecute, archives)
+    except Exception as exc:  # noqa: BLE001 - the samples are kept whatever the audit does
+        import traceback
+
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def audit_figures(run: LocalRun, reexecute: int, archives: list[Path] | None = None) -> dict:
+    """The audit of the run from the nodes' directories (``archives``, default every node's): verdict,
+    counts, reruns, why items went unchecked and which."""
     from collections import Counter
 
     from node.tools.audit import audit_run
     from node.tools.report import OK, UNVERIFIABLE
 
     started = time.monotonic()
-    report = audit_run(run.client(), run.run_id, archives=[slot.data_dir for slot in run.nodes],
-                       reexecute=reexecute)
+    archives = archives if archives is not None else [slot.data_dir for slot in run.nodes]
+    report = audit_run(run.client(), run.run_id, archives=archives, reexecute=reexecute)
     unverifiable = [c for c in report.all_checks() if c.status == UNVERIFIABLE]
     reasons = Counter(" ".join(str(c.reason).split())[:160] for c in unverifiable)
     return {
@@ -397,8 +482,49 @@ def audit_figures(run: LocalRun, reexecute: int) -> dict:
         "first_unverified_round": report.first_unverified_round,
         "summary": report.summary(),
         "unverifiable_reasons": dict(reasons.most_common(20)),
+        # each reason's items by name and the rounds they belong to (what exactly went unchecked)
+        "unverifiable_items": _items_by_reason(report),
+        "reexecution": {k: v for k, v in report.reexecution.items() if not isinstance(v, (list, dict))
+                        or len(json.dumps(v)) < 2000},
         "wall_s": round(time.monotonic() - started, 1),
     }
+
+
+def _items_by_reason(report) -> dict:
+    """reason -> item (its name, rounds and hashes left out: ``checkpoint of round N``) -> the rounds its
+    unverifiable checks belong to, as spans; what exactly went unchecked, and why."""
+    from node.tools.report import UNVERIFIABLE
+
+    checks = [(c, c.round) for c in report.general + report.checkpoints]
+    checks += [(c, verdict.round if c.round is None else c.round) for verdict in report.rounds
+               for c in verdict.checks]
+    out: dict[str, dict[str, list[int]]] = {}
+    for check, outer_round in checks:
+        if check.status != UNVERIFIABLE:
+            continue
+        reason, name = (_generic(" ".join(str(text).split()))[:160] for text in (check.reason, check.name))
+        if outer_round is None:
+            found = re.search(r"round (\d+)", check.name)
+            outer_round = int(found.group(1)) if found else -1
+        out.setdefault(reason, {}).setdefault(name, []).append(outer_round)
+    return {reason: {name: _spans(sorted(set(rounds))) for name, rounds in names.items()}
+            for reason, names in out.items()}
+
+
+def _generic(text: str) -> str:
+    """``text`` with its hashes and numbers left out (``N``), so that the items of every round group."""
+    return re.sub(r"\d+", "N", re.sub(r"\b(?:0x)?[0-9a-f]{8,}\b", "H", text))
+
+
+def _spans(rounds: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"`` (-1: an item of no round)."""
+    spans: list[list[int]] = []
+    for r in rounds:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
 
 
 _SERVE = """

@@ -102,11 +102,12 @@ RewardMachine.TestCase.settings = settings(
 RewardMachine.TestCase().runTest()
 """
 
-#: The trust machine's moves weighted up for the mutation check (each listed w times among its ~40 rules): a
-#: short run of the whole machine otherwise draws few claims that pay, and a bug no claim exercises is not
-#: caught. The steered moves (tests/trust_pool.py): a member's own claim once final (pays), a claim of the
-#: newest round at once (refused: not final), a coalition attester convicted (equivocation) claiming
-#: (refused); then the drawn claims, the captured run's and the token's re-entry.
+#: The trust machine's moves weighted up for the mutation check (each listed w times among its ~40 rules,
+#: every rule enabled: tests/trust_machine.every_rule_enabled): a short run of the whole machine otherwise
+#: draws few claims that pay, and a bug no claim exercises is not caught. The steered moves
+#: (tests/trust_pool.py): a member's own claim once final (pays), a claim of the newest round at once
+#: (refused: not final), a coalition attester convicted (equivocation) claiming (refused); then the drawn
+#: claims, the captured run's and the token's re-entry.
 TRUST_WEIGHTS = {"member_claims_once_final": 10, "member_claims_at_once": 3,
                  "coalition_attester_equivocates_and_claims": 3, "member_claims": 3,
                  "coalition_claims_its_captured_round": 2, "token_reenters": 10}
@@ -177,7 +178,7 @@ def _python(tmp: Path, mutation: Mutation | None, examples: int, steps: int,
     run = subprocess.run([sys.executable, "-c", CHILD_TRUST if machine == "trust" else CHILD, str(artifacts),
                           str(examples), str(steps), json.dumps(TRUST_WEIGHTS)],
                          cwd=REPO, capture_output=True, text=True, timeout=3600,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env={**os.environ, "PYTHONPATH": str(REPO), "DLX_TRUST_STRICT_RULES": "1"})
     output = run.stdout + run.stderr
     last = [line for line in output.splitlines() if "Error" in line][-1:] if run.returncode else []
     caught_by = sorted(set(re.findall(r"AssertionError: ([PR]\d)", output)))
@@ -256,7 +257,7 @@ def _write_machine(path: Path, machine: str, run: dict, load) -> None:
     except (OSError, ValueError, AttributeError):
         machines = {}
     machines[machine] = {**run, "recorded": recorded(load)}
-    write_result(path, {"machines": machines})
+    write_result(path, {"machines": machines}, load)  # the file's provenance: this run's
 
 
 def shown(result: dict) -> dict:

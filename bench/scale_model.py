@@ -276,7 +276,19 @@ def components_seconds(components: dict, per_node: float, d_model: int) -> dict[
     return out
 
 
-def large(model: dict, layout: dict, ledger: dict, components: dict | None = None) -> dict:
+def retained_multiple(retention: dict | None) -> float | None:
+    """A node's disk under the default retention over its stage's float32 bytes, at most over the run, on a
+    chain whose blocks go by on time (bench/bench_retention.py's ``ontime`` part; the node that keeps only
+    the windows)."""
+    part = (retention or {}).get("ontime") or {}
+    keep_all = set(part.get("keep_all") or ())
+    figures = [v["disk_max_over_stage_bytes"] for name, v in (part.get("summary") or {}).items()
+               if name not in keep_all and "disk_max_over_stage_bytes" in v]
+    return max(figures) if figures else None
+
+
+def large(model: dict, layout: dict, ledger: dict, components: dict | None = None,
+          retained: float | None = None) -> dict:
     n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
     per_node = n / s
     point = {"parameters": n, "per_node": per_node}
@@ -321,6 +333,8 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "speedup_over_allreduce": tokens / round_s / allreduce_tokens_s,
         "host_ram_bytes": predict(model, "peak_rss_bytes", point),
         "disk_bytes_per_round": predict(model, "disk_bytes_per_round", point),
+        # under the default retention disk does not grow with the rounds: the measured multiple of the stage
+        "disk_bytes_per_node_retained": None if retained is None else retained * 4 * per_node,
         "quorum": quorum,
         "commit_gas": commit_gas(ledger, quorum),
         "fraud_proof": fraud_proof_gas(per_node, m),
@@ -335,12 +349,17 @@ def main() -> int:
     parser.add_argument("--check", default="llama-mini-64,llama-124m", help="sizes the fit is checked at")
     parser.add_argument("--components", default=str(RESULTS / "components.json"),
                         help="bench/bench_components.py's fit (the codec's and weights root's CPU)")
+    parser.add_argument("--retention", default=str(RESULTS / "retention.json"),
+                        help="bench/bench_retention.py's result (the retained disk multiple)")
     parser.add_argument("--out", default=str(RESULTS / "scale_model.json"))
     args = parser.parse_args()
     runs = json.loads(Path(args.system).read_text())["runs"]
     ledger = json.loads(Path(args.ledger).read_text())
     components_path = Path(args.components)
     components = json.loads(components_path.read_text()) if components_path.exists() else None
+    retention_path = Path(args.retention)
+    retention = json.loads(retention_path.read_text()) if retention_path.exists() else None
+    retained = retained_multiple(retention)
     points = {label: measured(run) for label, run in runs.items()}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
@@ -354,7 +373,8 @@ def main() -> int:
         "model": model,
         "check": checked,
         "refit": refit,
-        "large": [large(refit, layout, ledger, components) for layout in LAYOUTS],
+        "large": [large(refit, layout, ledger, components, retained) for layout in LAYOUTS],
+        "retained_disk_multiple": retained,
         "paper": PAPER,
         "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
     }
@@ -369,7 +389,9 @@ def main() -> int:
             f"{row['label']:16s} round {row['round_s']:.0f} s (compute {row['compute_s_per_round']:.0f}, "
             f"node work {row['node_work_s']:.0f}, link {row['link_s_per_round']:.0f}), "
             f"{row['bytes_per_round'] / 1e9:.1f} GB/round, RAM {row['host_ram_bytes'] / 1e9:.0f} GB, "
-            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round, commit {row['commit_gas']:,} gas, "
+            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round kept all, "
+            f"{(row['disk_bytes_per_node_retained'] or 0) / 1e9:.0f} GB retained, "
+            f"commit {row['commit_gas']:,} gas, "
             f"fraud proof {row['fraud_proof']['worst_gas']:,} gas, "
             f"{row['speedup_over_allreduce']:.0f}x AllReduce"
         )

@@ -15,6 +15,17 @@ literally. A manifest is ``<store>/.packed/<blob sha256>.pack``, binary (integer
     b"dlx-packed-v1"  u64 size  u32 number of parts
     per part:  b"b" u32 length, the literal bytes  |  b"p" the piece's 32-byte sha256, u64 length
 
+A blob packed with ``compress`` (issue 75: a version-3 stage's sum trees, 91-96% zero bytes, kept for every
+round inside the proof window) keeps each literal run of :data:`MIN_PIECE_BYTES` or more, in blocks of at
+most :data:`COMPRESS_BLOCK_BYTES`, as a *compressed piece* where zlib saves a quarter or more: the piece
+file holds the block's zlib stream (named by the sha256 of those bytes, shared like any piece), and the
+manifest, then ``b"dlx-packed-v2"`` (v1 readers refuse it by its magic), says so::
+
+    b"z" the piece's 32-byte sha256, u64 length of the block, u64 length of the piece
+
+A reader inflates at most the block's length from the piece and refuses one that inflates to any other
+length; the blob's sha256 is checked as for any blob (the bytes served are the same).
+
 Writing goes pieces first, then the manifest (staged, fsynced, renamed): a crash leaves at worst pieces no
 manifest names, which the next sweep deletes. A manifest is read as if an adversary wrote it (a damaged
 disk, a hand edit): any structural problem, or a piece it names that is missing or of another length, and
@@ -32,6 +43,7 @@ import logging
 import os
 import struct
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -44,6 +56,10 @@ PIECES_DIR = ".pieces"
 PACKED_DIR = ".packed"
 MANIFEST_SUFFIX = ".pack"
 MANIFEST_MAGIC = b"dlx-packed-v1"
+#: A manifest with compressed pieces (same length as MANIFEST_MAGIC).
+MANIFEST_MAGIC_V2 = b"dlx-packed-v2"
+#: The most bytes of a blob one compressed piece holds (what a read of any byte of it inflates).
+COMPRESS_BLOCK_BYTES = 1 << 20
 #: Runs shorter than this are kept literally in the manifest (a piece file per small tensor would cost more
 #: in inodes and opens than it saves).
 MIN_PIECE_BYTES = 4096
@@ -55,7 +71,8 @@ _COPY_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class PackedBlob:
-    """One packed blob: its size and parts (``(kind, start, length, literal bytes or piece sha256)``)."""
+    """One packed blob: its size and parts (``(kind, start, length, literal bytes or piece sha256)``; a
+    compressed piece's ``"z"`` part holds ``(piece sha256, the piece's length)``)."""
 
     sha256_hex: str
     size: int
@@ -68,7 +85,8 @@ class PackedBlob:
 
     def pieces(self) -> set[str]:
         """The sha256 hex of every piece it names."""
-        return {value for kind, _start, _length, value in self.parts if kind == "p"}
+        return {value if kind == "p" else value[0]
+                for kind, _start, _length, value in self.parts if kind != "b"}
 
     def pread(self, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the blob (fewer at its end). BlobError if a piece is gone or
@@ -83,6 +101,8 @@ class PackedBlob:
             take = min(part_length - inner, end - position)
             if kind == "b":
                 out += value[inner:inner + take]
+            elif kind == "z":
+                out += self._inflate(value, part_length)[inner:inner + take]
             else:
                 out += self._read_piece(value, inner, take)
             position += take
@@ -98,6 +118,21 @@ class PackedBlob:
                             ) from None
         if len(data) != length:
             raise BlobError(f"packed blob {self.sha256_hex[:16]}: piece {piece_hex[:16]} is short")
+        return data
+
+    def _inflate(self, value: tuple[str, int], length: int) -> bytes:
+        """The ``length`` bytes a compressed piece holds (BlobError if it is gone or inflates otherwise)."""
+        piece_hex, stored = value
+        deflated = self._read_piece(piece_hex, 0, stored)
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(deflated, length)
+        except zlib.error as exc:
+            raise BlobError(f"packed blob {self.sha256_hex[:16]}: piece {piece_hex[:16]} does not inflate: "
+                            f"{exc}") from None
+        if len(data) != length or inflater.unconsumed_tail or not inflater.eof:
+            raise BlobError(f"packed blob {self.sha256_hex[:16]}: piece {piece_hex[:16]} does not inflate to "
+                            f"its {length} bytes")
         return data
 
     def write_to(self, out: BinaryIO) -> None:
@@ -123,7 +158,8 @@ def parse_manifest(data: bytes, sha256_hex: str, pieces_dir: Path) -> PackedBlob
         position += count
         return bytes(view[position - count:position])
 
-    if take(len(MANIFEST_MAGIC)) != MANIFEST_MAGIC:
+    magic = take(len(MANIFEST_MAGIC))
+    if magic not in (MANIFEST_MAGIC, MANIFEST_MAGIC_V2):
         raise BlobError("not a packed blob manifest (bad magic or version)")
     size, count = struct.unpack("<QI", take(12))
     parts, start = [], 0
@@ -139,6 +175,12 @@ def parse_manifest(data: bytes, sha256_hex: str, pieces_dir: Path) -> PackedBlob
             if length == 0:
                 raise BlobError("packed blob manifest: an empty piece")
             parts.append(("p", start, length, piece_hex))
+        elif kind == b"z" and magic == MANIFEST_MAGIC_V2:
+            piece_hex, length, stored = take(32).hex(), *struct.unpack("<QQ", take(16))
+            if not 0 < length <= COMPRESS_BLOCK_BYTES or stored == 0:
+                raise BlobError(f"packed blob manifest: a compressed piece of {length} bytes ({stored} "
+                                "stored)")
+            parts.append(("z", start, length, (piece_hex, stored)))
         else:
             raise BlobError(f"packed blob manifest: part kind {kind!r} unknown")
         start += parts[-1][2]
@@ -146,14 +188,19 @@ def parse_manifest(data: bytes, sha256_hex: str, pieces_dir: Path) -> PackedBlob
         raise BlobError(f"packed blob manifest has {len(view) - position} trailing bytes")
     if start != size:
         raise BlobError(f"packed blob manifest: parts of {start} bytes for a blob of {size}")
+    if magic == MANIFEST_MAGIC_V2 and not any(part[0] == "z" for part in parts):
+        raise BlobError("packed blob manifest: version 2 without a compressed piece")
     return PackedBlob(sha256_hex, size, tuple(parts), pieces_dir)
 
 
-def _encode_manifest(size: int, parts: list[tuple[str, bytes | str, int]]) -> bytes:
-    out = [MANIFEST_MAGIC, struct.pack("<QI", size, len(parts))]
+def _encode_manifest(size: int, parts: list[tuple[str, bytes | str | tuple[str, int], int]]) -> bytes:
+    magic = MANIFEST_MAGIC_V2 if any(kind == "z" for kind, _value, _length in parts) else MANIFEST_MAGIC
+    out = [magic, struct.pack("<QI", size, len(parts))]
     for kind, value, length in parts:
         if kind == "b":
             out += [b"b", struct.pack("<I", length), value]
+        elif kind == "z":
+            out += [b"z", bytes.fromhex(value[0]), struct.pack("<QQ", length, value[1])]
         else:
             out += [b"p", bytes.fromhex(value), struct.pack("<Q", length)]
     return b"".join(out)
@@ -162,8 +209,10 @@ def _encode_manifest(size: int, parts: list[tuple[str, bytes | str, int]]) -> by
 def check_pieces(blob: PackedBlob) -> None:
     """BlobError if a piece ``blob`` names is missing or of another length than its parts say."""
     for kind, _start, length, value in blob.parts:
-        if kind != "p":
+        if kind == "b":
             continue
+        if kind == "z":
+            value, length = value
         try:
             actual = (blob.pieces_dir / value).stat().st_size
         except OSError:
@@ -173,14 +222,16 @@ def check_pieces(blob: PackedBlob) -> None:
                             f"its manifest says {length}")
 
 
-def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, staging: Path
-              ) -> tuple[str, bytes, set[str]]:
+def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, staging: Path,
+              compress: bool = False) -> tuple[str, bytes, set[str]]:
     """Store the file ``source`` as pieces: ``(its sha256 hex, its manifest's bytes, the pieces it names)``.
 
     ``cuts``: ``(offset, length)`` of the runs to keep as pieces (ascending, not overlapping, inside the
     file); those under :data:`MIN_PIECE_BYTES` and every byte between them are kept literally. Each piece
     is written (staged, then renamed to its content's sha256) unless one of its bytes is there already. The
-    caller holds the store's lock (a sweep must not take a piece before its manifest names it)."""
+    caller holds the store's lock (a sweep must not take a piece before its manifest names it).
+    ``compress``: the literal runs of MIN_PIECE_BYTES or more become compressed pieces where zlib saves a
+    quarter (module docstring)."""
     size = source.stat().st_size
     runs, position = [], 0
     for offset, length in cuts:
@@ -197,15 +248,13 @@ def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, stagi
     with open(source, "rb") as handle:
         for kind, offset, length in runs:
             if kind == "b":
-                literal = os.pread(handle.fileno(), length, offset)
-                if len(literal) != length:
-                    raise BlobError(f"{source} shrank while being packed")
-                digest.update(literal)
-                if parts and parts[-1][0] == "b":  # two literal runs in a row (a short cut between): one part
-                    joined = parts[-1][1] + literal
-                    parts[-1] = ("b", joined, len(joined))
-                else:
-                    parts.append(("b", literal, length))
+                for block_at in range(offset, offset + length, COMPRESS_BLOCK_BYTES if compress else length):
+                    block = min(length - (block_at - offset), COMPRESS_BLOCK_BYTES if compress else length)
+                    literal = os.pread(handle.fileno(), block, block_at)
+                    if len(literal) != block:
+                        raise BlobError(f"{source} shrank while being packed")
+                    digest.update(literal)
+                    _add_literal(parts, named, literal, pieces_dir, staging, compress)
                 continue
             piece_hex = _write_piece(handle, offset, length, digest, pieces_dir, staging)
             parts.append(("p", piece_hex, length))
@@ -213,6 +262,44 @@ def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, stagi
     if any(kind == "b" and length >= 1 << 32 for kind, _value, length in parts):
         raise BlobError(f"{source}: a literal run of 4 GiB or more (cut it)")
     return digest.hexdigest(), _encode_manifest(size, parts), named
+
+
+def _add_literal(parts: list, named: set[str], literal: bytes, pieces_dir: Path, staging: Path,
+                 compress: bool) -> None:
+    """Append the literal bytes to ``parts``: a compressed piece where asked and it saves a quarter, else a
+    literal part (two literal runs in a row, a short cut between, are one part)."""
+    if compress and len(literal) >= MIN_PIECE_BYTES:
+        deflated = zlib.compress(literal, 6)
+        if len(deflated) <= len(literal) * 3 // 4:
+            piece_hex = _store_piece(deflated, pieces_dir, staging)
+            parts.append(("z", (piece_hex, len(deflated)), len(literal)))
+            named.add(piece_hex)
+            return
+    if parts and parts[-1][0] == "b":
+        joined = parts[-1][1] + literal
+        parts[-1] = ("b", joined, len(joined))
+    else:
+        parts.append(("b", literal, len(literal)))
+
+
+def _store_piece(data: bytes, pieces_dir: Path, staging: Path) -> str:
+    """Write ``data`` as a piece (staged, fsynced, renamed to its sha256; dropped if that piece is there)."""
+    piece_hex = hashlib.sha256(data).hexdigest()
+    target = pieces_dir / piece_hex
+    if target.is_file() and target.stat().st_size == len(data):
+        return piece_hex
+    fd, name = tempfile.mkstemp(prefix="piece-", dir=staging)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(name, 0o444)
+        os.replace(name, target)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return piece_hex
 
 
 def _write_piece(handle: BinaryIO, offset: int, length: int, blob_digest, pieces_dir: Path,

@@ -252,18 +252,21 @@ class BlobStore:
             raise BlobTooLarge(f"{source}: {size} bytes exceeds max_blob_bytes={self.max_blob_bytes}")
         return source
 
-    def put_packed(self, source: str | os.PathLike[str], cuts: list[tuple[int, int]]) -> str:
+    def put_packed(self, source: str | os.PathLike[str], cuts: list[tuple[int, int]],
+                   compress: bool = False) -> str:
         """Keep the file at ``source`` as a packed blob (p2p/blobpack.py): its ``cuts`` (``(offset, length)``
         runs, ascending) as pieces shared with every packed blob holding the same bytes, the rest literally.
         Served under its sha256 (returned) like a stored blob, though :meth:`has` stays False (no file holds
         it: :meth:`packed` gives it). The source is left where it is. A failed write (a full disk) leaves
-        nothing behind: pieces no manifest names are swept."""
+        nothing behind: pieces no manifest names are swept. ``compress``: the literal runs are kept as
+        compressed pieces where zlib saves a quarter (p2p/blobpack.py)."""
         source = self._checked_source(source)
         with self._pack_lock:
             self.pieces_dir.mkdir(exist_ok=True)
             self.packed_dir.mkdir(exist_ok=True)
             try:
-                sha256_hex, manifest, _named = pack_file(source, cuts, self.pieces_dir, self.staging)
+                sha256_hex, manifest, _named = pack_file(source, cuts, self.pieces_dir, self.staging,
+                                                           compress)
                 if sha256_hex in self._packed or self.has(sha256_hex):
                     self._sweep()  # pieces only this copy wrote
                     return sha256_hex

@@ -56,12 +56,13 @@ class HostBlobs:
             self._call(self._announce, sha256_hex, timeout=timeout, what=f"announce blob {sha256_hex[:16]}")
         return sha256_hex
 
-    def provide_packed(self, path: str | os.PathLike[str], cuts: list[tuple[int, int]]) -> str:
+    def provide_packed(self, path: str | os.PathLike[str], cuts: list[tuple[int, int]],
+                       compress: bool = False) -> str:
         """Store the file at ``path`` as a packed blob (its ``cuts`` shared by content with other packed
-        blobs: :meth:`p2p.blobstore.BlobStore.put_packed`) and serve it; not announced on the DHT. The file is
-        left where it is. Returns the sha256 hex."""
+        blobs, the rest compressed where ``compress`` and it pays: :meth:`p2p.blobstore.BlobStore.put_packed`)
+        and serve it; not announced on the DHT. The file is left where it is. Returns the sha256 hex."""
         self._check_open()
-        return self.store.put_packed(path, cuts)
+        return self.store.put_packed(path, cuts, compress)
 
     def provide_file(self, path: str | os.PathLike[str], sha256_hex: str) -> str:
         """Serve the file at ``path``, verified by the caller to hash to ``sha256_hex``, from where it is (no

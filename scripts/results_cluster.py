@@ -75,6 +75,31 @@ def cluster_exchange(r: dict) -> list[str]:
                      f"{run['rank0_ratio']:.3f}",
                      f"{whole['rss_bytes'] / mib:.0f} / {parts['rss_bytes'] / mib:.0f} MiB",
                      f"{whole['seconds']:.2f} s / {parts['seconds']:.2f} s"])
-    return out + table(["contributions", "their envelopes", "largest part", "rank 0 peak, whole",
-                        "rank 0 peak, parts", "parts / whole", "rank 0 peak RSS (whole / parts)",
+    out += table(["contributions", "their envelopes", "largest part", "rank 0 peak, whole",
+                  "rank 0 peak, parts", "parts / whole", "rank 0 peak RSS (whole / parts)",
+                  "seconds (whole / parts)"], rows)
+    applies = {label: run["apply"] for label, run in r["runs"].items() if "apply" in run}
+    return out + (_cluster_apply(applies) if applies else [])
+
+
+def _cluster_apply(applies: dict) -> list[str]:
+    """The apply's rows of bench/bench_cluster_exchange.py: rank 0 over a round's apply in a cluster node."""
+    mib = 2 ** 20
+    out = ["", "A round's apply of the same contributions in a cluster node (the `finish` command on FSDP2 "
+           "replicas, training/cluster_outer.py): *whole*, a run without parts (rank 0 splits every "
+           "contribution and scatters the pieces); *parts*, a run in parts (rank 0 checks each and forwards "
+           "it a part at a time, `forward_to_ranks`). Rank 0's peak of Python allocations over the "
+           "distribution step and over the whole command (the contributions, held before it, are not "
+           "counted); the new weights hash is the same on both paths.", ""]
+    rows = []
+    for label, run in applies.items():
+        whole, parts = run["rank0"]["whole"], run["rank0"]["parts"]
+        rows.append([label, f"{whole['distribute_peak_bytes'] / mib:.1f} MiB",
+                     f"{parts['distribute_peak_bytes'] / mib:.1f} MiB",
+                     f"{run['rank0_distribute_ratio']:.3f}",
+                     f"{whole['peak_traced_bytes'] / mib:.1f} / {parts['peak_traced_bytes'] / mib:.1f} MiB",
+                     f"{whole['rss_bytes'] / mib:.0f} / {parts['rss_bytes'] / mib:.0f} MiB",
+                     f"{whole['seconds']:.2f} s / {parts['seconds']:.2f} s"])
+    return out + table(["contributions", "distribution, whole", "distribution, parts", "parts / whole",
+                        "whole command (whole / parts)", "rank 0 peak RSS (whole / parts)",
                         "seconds (whole / parts)"], rows)

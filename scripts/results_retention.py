@@ -17,6 +17,15 @@ def retention(r: dict) -> list[str]:
                 "minutes to hours; what the retention keeps is then the rounds in flight and those whose "
                 "windows are open, plus the checkpoints.", ""]
         out += _retention_run(ontime)
+    tiny = r.get("tiny")
+    if tiny:
+        out += ["", f"`{tiny['command']}`: the same at `tiny` (the settings recorded before, the fixed "
+                "per-round files weigh more against its stage):", ""]
+        out += _retention_run(tiny)
+    for name in sorted(k for k in r if k.startswith("before_")):  # the same runs before a change
+        part = r[name]
+        out += ["", f"Before issue 75's last cuts, `{part['command']}`:", ""]
+        out += _retention_run(part)
     for name in ("stages2_whole", "stages2_split"):  # a pipeline of two stages, checkpoints whole or split
         part = r.get(name)
         if part:
@@ -42,31 +51,54 @@ def _retention_run(r: dict) -> list[str]:
     flat = next((k for k in next(iter(r["summary"].values()), {}) if k.startswith("disk_from_round_")),
                 "disk_from_round_50")
     for node, s in r["summary"].items():
-        low, high = s[flat]
-        rows.append([node, f"{s['disk_max_bytes'] / mb:.1f} MB", f"{low / mb:.1f} to {high / mb:.1f} MB",
-                     f"{s['disk_max_over_stage_bytes']:.0f}x", f"{s['disk_max_over_start_state']:.1f}",
+        low, high = s[flat] or (0, 0)
+        training = s.get("disk_max_over_training_state")
+        held = s.get("held_last") or {}
+        rows.append([node + (" (keeps all)" if node in r.get("keep_all", []) else ""),
+                     f"{s['disk_max_bytes'] / mb:.1f} MB",
+                     f"{low / mb:.1f} to {high / mb:.1f} MB" if high else "not reached",
+                     f"{s['disk_max_over_stage_bytes']:.0f}x", f"{training:.0f}x" if training else "",
+                     f"{s['disk_max_over_start_state']:.1f}",
+                     f"{held.get('start_state', '')} / {held.get('published_state', '')}" if held else "",
                      f"{s['peak_rss_mib']:.0f} MiB"])
     out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
-                  "in start states", "peak RSS"], rows)
+                  "over its training state", "in start states", "rounds of start / published states kept",
+                  "peak RSS"], rows)
     out += _kinds(r)
     audit = r["audit"]
     serve = r["serve_checkpoint"]
     if "samples" not in r:
-        return out + [f"The audit with every rerun asked, against what the retention kept: "
-                      f"{audit['verdict']} ({audit['counts']['ok']} items ok, "
-                      f"{audit['counts']['FAIL']} failed, {audit['counts']['unverifiable']} unverifiable, "
-                      "each named)."]
+        return out + [_audit_line(audit)]
     last = r["samples"][-1]["nodes"]
     parts = ", ".join(f"{k} {v / mb:.1f} MB" for k, v in next(iter(last.values()))["disk"].items()
-                      if k not in ("total", "kinds"))
-    out += [f"At the last round, one node's disk: {parts}. The audit with every rerun asked, against "
-            f"what the retention kept: {audit['verdict']} ({audit['counts']['ok']} items ok, "
-            f"{audit['counts']['FAIL']} failed, {audit['counts']['unverifiable']} unverifiable, each named). "
+                      if k not in ("total", "kinds", "held"))
+    out += [f"At the last round, one node's disk: {parts}. {_audit_line(audit)} "
             f"Serving a {serve['file_mib']} MiB checkpoint: peak RSS growth "
             f"{serve['copy']['peak_rss_growth_mib']} MiB and {serve['copy']['copies_on_disk']} copies on "
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _audit_line(audit: dict) -> str:
+    """The audit's verdict from the windows nodes' directories, and with an archive node's where made."""
+    if "counts" not in audit:
+        return f"The audit failed: {audit.get('error', 'not made')}."
+    line = (f"The audit with every rerun asked, against what the retention kept: {audit['verdict']} "
+            f"({audit['counts']['ok']} items ok, {audit['counts']['FAIL']} failed, "
+            f"{audit['counts']['unverifiable']} unverifiable, each named")
+    items = audit.get("unverifiable_items")
+    if items:
+        line += ": " + "; ".join(f"{', '.join(f'{n} ({spans})' for n, spans in names.items())}: {reason}"
+                                 for reason, names in list(items.items())[:6])
+    line += ")."
+    more = audit.get("with_archive")
+    if more and "counts" in more:
+        line += (f" With the directory of {', '.join(more['archives'])}, which kept every round (an archive "
+                 f"node's or a seeder's files), {more['reexecute']} reruns asked: {more['verdict']} "
+                 f"({more['counts']['ok']} items ok, {more['counts']['FAIL']} failed, "
+                 f"{more['counts']['unverifiable']} unverifiable; reruns {more.get('reexecuted', {})}).")
+    return line
 
 
 def _keeping(r: dict) -> str:

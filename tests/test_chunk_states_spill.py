@@ -161,7 +161,7 @@ class _BlobHost:
     def provide_alias(self, alias: str, digest: str) -> None:
         pass
 
-    def provide_packed(self, path, cuts) -> str:
+    def provide_packed(self, path, cuts, compress=False) -> str:
         return self.provide_blob(path.read_bytes())  # a real store shares the pieces
 
     def has_blob(self, digest: str) -> bool:

@@ -16,6 +16,7 @@ from node.config import dump_toml, load_config
 
 ROUNDS = 3
 IN_PARTS = re.compile(r"round (\d+) stage 0: contribution \w+ fetched in (\d+) parts")
+FORWARDED = re.compile(r"round (\d+) stage 0: (\d+) contributions forwarded to 2 ranks in 4 parts")
 
 
 # a few minutes on 2 cores (two nodes, one of two processes, anvil): the cluster node e2e's template
@@ -45,6 +46,11 @@ def test_a_run_in_parts_with_a_cluster_node_commits_and_audits(make_run):
         assert "no parts announcement of contribution" not in logs, run_logs(run)
         print(node.data_dir.name, "fetched in parts, by round:", sorted(int(r) for r, _c in fetched))
         assert "parts announcement of" not in logs, run_logs(run)  # the refusal's log line: none refused
+    # the cluster node's apply: rank 0 forwarded each round's contributions to its ranks a part at a time
+    # (training/cluster_exchange.py forward_to_ranks), no whole-contribution scatter
+    logs = "\n".join(p.read_text(errors="replace") for p in cluster.data_dir.glob("node-*.log"))
+    forwarded = {int(r): int(c) for r, c in FORWARDED.findall(logs)}
+    assert set(forwarded) >= set(range(ROUNDS)) and all(c == 2 for c in forwarded.values()), run_logs(run)
     archived = [decode_envelope(p.read_bytes(), 1 << 30) for node in run.nodes
                 for p in node.data_dir.rglob("round-*/*.env")]
     contributions = [e for e in archived if e.kind == "contribution"]

@@ -335,7 +335,8 @@ def test_a_spilled_state_answers_a_challenge_in_the_last_block_of_its_proof_wind
     is still answered: every chunk of it is served from the spilled file and the published blob."""
     from ledger.availability import MOMENTUM, PAYLOAD, WEIGHTS, availability_target
     from node.live.fraud.answerer import ChallengeAnswerer
-    from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow, _encode_state
+    from node.live.fraud.chunkstate import PUBLISHED_ROUNDS, DisputeWindow
+    from node.live.fraud.spillfile import encode_spilled
 
     colluder_host, prover_host = world.hosts
     honest = _states(world, prover_host)
@@ -353,7 +354,7 @@ def test_a_spilled_state_answers_a_challenge_in_the_last_block_of_its_proof_wind
     pieces = sum(len(piece) for leaves in whole.payload_leaves for piece in leaves)
     # what was spilled before (the pieces as bytes, not cut from their blobs when read): now neither
     # leaves nor pieces
-    spilled_whole = len(_encode_state(dataclasses.replace(
+    spilled_whole = len(encode_spilled(dataclasses.replace(
         whole, payload_leaves=[list(leaves) for leaves in whole.payload_leaves])))
     blobs = sum(map(len, world.blobs))
     assert spilled.stat().st_size < spilled_whole - stage_leaves - pieces + blobs + 1024, \

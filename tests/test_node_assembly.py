@@ -50,7 +50,7 @@ class FakeHost:
                 self.announcements.append(("announce", digest))
         return digest
 
-    def provide_packed(self, path, cuts) -> str:  # a start state, kept as pieces by the real host
+    def provide_packed(self, path, cuts, compress=False) -> str:  # a start state: pieces in the real host
         return self.provide_blob(path, announce=False)
 
     def has_blob(self, digest: str) -> bool:

@@ -148,8 +148,8 @@ class PackingHost:
     def provide_blob(self, data, announce: bool = True, link: bool = False) -> str:
         return self.store.put_bytes(data) if isinstance(data, bytes) else self.store.put_file(data, link=link)
 
-    def provide_packed(self, path, cuts) -> str:
-        return self.store.put_packed(path, cuts)
+    def provide_packed(self, path, cuts, compress=False) -> str:
+        return self.store.put_packed(path, cuts, compress)
 
     def remove_blob(self, digest: str) -> bool:
         return self.store.remove(digest)
@@ -274,6 +274,111 @@ def test_a_published_state_is_packed_with_the_start_states_global_weights_and_mo
         held.forget_before(99)
         assert a.read_blob(digest) == expected
         assert a.remove_blob(digest) and _pieces(a.store) == set()
+    finally:
+        b.close()
+        a.close()
+
+
+def _sparse(rng: random.Random, size: int) -> bytes:
+    """Bytes like a version-3 stage's sum trees: big-endian sums, mostly zero bytes (91-96% in a real run)."""
+    data = bytearray(size)
+    for at in range(0, size - 8, 96):
+        data[at + 88:at + 96] = rng.randrange(1 << 40).to_bytes(8, "big")
+    return bytes(data)
+
+
+def test_a_blob_packed_compressed_is_its_file_byte_for_byte_at_a_fraction_of_its_bytes(tmp_path):
+    """``compress``: the literal runs become compressed pieces (blocks of at most 1 MiB) where zlib saves a
+    quarter, an incompressible run stays literal; every range reads back as the file, after a restart too,
+    and the pieces go with the blob."""
+    from p2p.blobpack import COMPRESS_BLOCK_BYTES, MANIFEST_MAGIC_V2
+
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    rng = random.Random(11)
+    sparse, noise = _sparse(rng, 2 * COMPRESS_BLOCK_BYTES), rng.randbytes(2 * MIN_PIECE_BYTES)
+    path, _cuts = _file(tmp_path, "norms", [sparse, noise])
+    data = path.read_bytes()
+    digest = store.put_packed(path, [], compress=True)
+    assert digest == hashlib.sha256(data).hexdigest() and not store.has(digest)
+    manifest = (store.packed_dir / f"{digest}{MANIFEST_SUFFIX}").read_bytes()
+    assert manifest.startswith(MANIFEST_MAGIC_V2)
+    kinds = [part[0] for part in store.packed(digest).parts]
+    assert kinds == ["z", "z", "b"], kinds  # the sparse run's two blocks, then the noise's literally
+    assert _disk(store.root) < len(data) / 5, (_disk(store.root), len(data))
+    for blob in (store.packed(digest), BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24).packed(digest)):
+        assert blob.pread(0, len(data) + 1) == data
+        for _ in range(100):
+            offset = rng.randrange(len(data))
+            length = rng.randrange(1, min(3 * COMPRESS_BLOCK_BYTES, len(data) - offset) + 1)
+            assert blob.pread(offset, length) == data[offset:offset + length]
+    assert read_packed(store.root, digest) == data
+    # without compress the same file is one literal run in its manifest, as before (version 1)
+    plain = BlobStore(tmp_path / "plain", max_blob_bytes=1 << 24)
+    assert plain.put_packed(path, []) == digest
+    assert (plain.packed_dir / f"{digest}{MANIFEST_SUFFIX}").read_bytes().startswith(MANIFEST_MAGIC)
+    assert store.remove(digest) and _pieces(store) == set()
+
+
+@pytest.mark.parametrize("damage", ["piece garbled", "inflates short", "version 1 magic"])
+def test_a_damaged_compressed_piece_or_manifest_is_not_served(tmp_path, damage, caplog):
+    import zlib
+
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    path, _cuts = _file(tmp_path, "norms", [_sparse(random.Random(3), 300_000)])
+    digest = store.put_packed(path, [], compress=True)
+    manifest = store.packed_dir / f"{digest}{MANIFEST_SUFFIX}"
+    (piece,) = [store.pieces_dir / name for name in _pieces(store)]
+    stored = piece.stat().st_size
+    piece.chmod(0o644)
+    if damage == "piece garbled":  # the same length, other bytes: it does not inflate
+        piece.write_bytes(b"\xff" * stored)
+    elif damage == "inflates short":  # a valid stream of the right stored length but fewer bytes
+        short = zlib.compress(b"\0" * 1000, 6)
+        piece.write_bytes(short + b"\0" * (stored - len(short)))
+    else:
+        manifest.write_bytes(MANIFEST_MAGIC + manifest.read_bytes()[len(MANIFEST_MAGIC):])
+    with caplog.at_level(logging.WARNING):
+        again = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 24)
+    assert read_packed(again.root, digest) is None
+    if damage == "version 1 magic":  # a version-1 reader refuses a compressed piece
+        assert again.packed(digest) is None and "part kind b'z' unknown" in caplog.text
+    else:  # the lengths match: loaded, but no byte of it is served
+        with pytest.raises(BlobError, match="does not inflate"):
+            again.packed(digest).pread(0, 10)
+
+
+def test_a_version_3_stages_sum_trees_are_kept_compressed_and_fetched_whole_by_a_real_peer(tmp_path):
+    """What a version-3 run publishes beside a stage's state (its factors and sum trees, under
+    ``norms_key(leaf)``) is kept as compressed pieces where the node spills (issue 75: 0.75 x the stage's
+    bytes a round at ``mini``, for every round of the proof window), and a real py-libp2p peer fetches the
+    same bytes under the alias."""
+    from types import SimpleNamespace
+
+    from node.commitments import scheme_named
+    from node.live.fraud.chunkstate import ChunkedStates
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    a = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(), data_dir=tmp_path / "a")
+    b = P2PHost.start(P2PConfig(bootstrap=a.listen_addrs, gossip_resync_interval=0), Identity.generate(),
+                      data_dir=tmp_path / "b")
+    try:
+        states = ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=a,
+                               layout=SimpleNamespace(run_id=7), config_hash=b"\x01" * 32,
+                               spill_dir=tmp_path / "chunk-states")
+        blob = _sparse(random.Random(5), 600_000)
+        alias = hashlib.sha256(b"norms of a stage leaf").hexdigest()
+        before = _disk(a.store.root)
+        states.publish_part(2, 0, alias, blob)
+        digest = states._published_norms[2][0]
+        assert digest == hashlib.sha256(blob).hexdigest() and a.read_blob(digest) == blob
+        assert _disk(a.store.root) - before < len(blob) / 5
+        assert list((tmp_path / "chunk-states").iterdir()) == []
+        wait_until(lambda: b.peer_id in a.peers() and a.peer_id in b.peers(), 60, "a and b connected")
+        assert b.fetch_alias(alias, a.peer_id, len(blob) + 1, timeout=60) == blob
+        states.forget_before(99)  # its window closed: gone with its pieces
+        assert not a.store.packed(digest) and _pieces(a.store) == set()
     finally:
         b.close()
         a.close()

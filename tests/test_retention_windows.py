@@ -13,7 +13,7 @@ from node.config import StorageConfig
 from node.live.checks.heldstates import HeldStates
 from node.store.archive import Archive, ArchivedContribution
 from node.store.retention import (SPOT_CHECK_ROUNDS, Retention, checkpoint_files, prune_archive_before,
-                                  prune_checkpoints_except)
+                                  prune_checkpoints_except, prune_shards)
 from p2p.blobstore import BlobStore
 
 
@@ -73,8 +73,9 @@ def _retain(retention, store, host, archive, states, ckpt, newest, committed):
     floor = retention.rounds_floor(newest, committed, held)
     prune_archive_before(archive, floor, committed, host.remove_blob)
     states.forget_before(floor)
-    prune_checkpoints_except(ckpt, retention.checkpoints_kept(ckpt, committed, floor), committed,
-                             host.remove_blob)
+    kept, shards = retention.checkpoint_plan(ckpt, committed)  # as the finisher does (retain)
+    prune_checkpoints_except(ckpt, kept, committed, host.remove_blob)
+    prune_shards(shards, host.remove_blob)
     return floor
 
 
@@ -88,10 +89,13 @@ def test_windows_keep_exactly_the_open_windows_the_spot_checks_and_the_newest_fi
     # the windows open from 27 keep 27 and every newer round
     assert floor == 27
     assert archive.rounds() == list(range(27, 40)) and states.served_rounds() == list(range(27, 40))
-    # checkpoints: the newest final full one (round 26: a joiner can start from it), the newest committed (35)
-    # and the rounds not committed yet; not those of every round inside a window (issue 75: nothing on chain
-    # reads them there; an auditor takes the seeders' copies)
-    assert sorted(checkpoint_files(ckpt)) == [26, 35, 36, 37, 38, 39]
+    # checkpoints: the newest final full one (round 26: a joiner can start from it), the next to become final
+    # (27), the newest committed (35) and the rounds not committed yet; not those of every round inside a
+    # window (issue 75: nothing on chain reads them there; an auditor takes the seeders' copies)
+    assert sorted(checkpoint_files(ckpt)) == [26, 27, 35, 36, 37, 38, 39]
+    # the committed rounds before the newest keep their full file only: its shard repeats it
+    assert sorted(p.name for p in ckpt.iterdir() if "000026" in p.name or "000027" in p.name) == \
+        ["round-00000026.safetensors", "round-00000027.safetensors"]
     # the store serves exactly what is kept: every kept round's envelope, start state and checkpoint files
     kept = {hashlib.sha256(b"contribution of round %d" % r).hexdigest() for r in range(27, 40)}
     kept |= {hashlib.sha256(b"start state of round %d" % r * 50).hexdigest() for r in range(27, 40)}
@@ -124,10 +128,49 @@ def test_the_newest_final_checkpoint_outlives_the_span_while_the_newer_ones_can_
     retention = Retention(StorageConfig(), own.open, proofs.open)
     floor = _retain(retention, store, host, archive, states, ckpt, 39, 39)
     assert floor == 39 and archive.rounds() == [39]
-    # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall); 39: the
-    # newest committed
-    assert sorted(checkpoint_files(ckpt)) == [20, 39]
+    # round 20: the newest a fraud proof can no longer overturn (a joiner's start if 21..39 fall); 21: the
+    # next to become final; 39: the newest committed
+    assert sorted(checkpoint_files(ckpt)) == [20, 21, 39]
     assert proofs.asked[:3] == [39, 38, 37]  # asked newest first, down to the first final one
+
+
+def test_the_final_checkpoint_moves_on_as_rounds_go_by_and_a_node_keeps_at_most_three_committed(tmp_path):
+    """Pruned after every round as a node does, with the windows moving (each round commits two rounds after
+    it is trained, its proof window closes 12 rounds after that): the final checkpoint kept moves on with the
+    run, never more than two proof windows behind (issue 75: before, every newer checkpoint went before its
+    window closed, so the final one stayed round 0's), and the committed rounds kept are at most three."""
+    store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+    host = StoreHost(store)
+    archive = Archive(tmp_path / "archive", run_id=1)
+    states = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    chain = Windows(committed_through=-1, closes={}, head=0)
+    retention = Retention(StorageConfig(), chain.open)
+    finals = []
+    for r in range(80):
+        for name in (f"round-{r:08d}", f"shard-{r:08d}-stage0"):
+            path = ckpt / f"{name}.safetensors"
+            path.write_bytes(b"%s of round %d" % (name.encode(), r))
+            host.provide_blob(path, link=True)
+        chain.head = r  # a block a round
+        chain.committed_through = r - 2
+        chain.closes[r - 2] = r + 12
+        _retain(retention, store, host, archive, states, ckpt, r, r - 2)
+        kept = sorted(checkpoint_files(ckpt))
+        committed = [k for k in kept if k <= r - 2]
+        closed = [k for k in committed if chain.head >= chain.closes[k]]
+        if not closed:  # no checkpoint final yet: everything stays
+            assert kept == list(range(r + 1))
+            continue
+        finals.append(closed[-1])
+        assert len(committed) <= 3 and r - closed[-1] <= 2 * 14, (r, kept)
+        # every kept committed round but the newest keeps its full file only
+        assert all(not (ckpt / f"shard-{k:08d}-stage0.safetensors").exists() for k in committed[:-1])
+        assert all((ckpt / f"shard-{k:08d}-stage0.safetensors").exists() for k in kept[-3:])
+    assert finals[0] == 0 and finals[-1] >= 80 - 2 * 14 and finals == sorted(finals)
+    # the store serves exactly the files kept
+    assert set(store.list()) == {hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.iterdir()}
 
 
 def test_a_chain_that_cannot_be_asked_keeps_everything_and_all_keeps_everything(tmp_path):

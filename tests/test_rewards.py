@@ -11,7 +11,6 @@ import pytest
 import contracts
 from ledger import errors
 from ledger.account import dev_account
-from ledger.chain import connect_pyevm
 from ledger.reverts import revert_from_data
 from ledger.rewardbooks import check_events, check_pool
 from ledger.rewards import RewardPoolClient, contribution_share, stage_claim_args
@@ -94,8 +93,8 @@ def test_an_outsider_or_a_front_runner_gets_nothing(chain_w3):
     assert_books(rr)
 
 
-def test_a_contribution_signed_by_another_account_pays_nobody():
-    rr = reward_run(deploy(connect_pyevm()), pool=params())
+def test_a_contribution_signed_by_another_account_pays_nobody(chain_w3):
+    rr = reward_run(deploy(chain_w3), pool=params())
     # member 2 is listed, but member 3 signed its contribution (a round the binding proof overturns; if it
     # went final unproven, the pool still pays only a contribution its listed member signed)
     rr.commit([[(1, None), (2, None)], []], signer_of={2: 3})
@@ -132,12 +131,12 @@ def test_dropping_honest_contributions_or_signatures_does_not_raise_a_coalition_
     assert_books(rr)
 
 
-def test_sybils_earn_one_slot_each_and_never_more_than_the_budget():
+def test_sybils_earn_one_slot_each_and_never_more_than_the_budget(chain_w3):
     """Sybil members 5-8 list junk contributions: each earns one slot, as any listed contribution; a
     round that
     lists past the slots (a provably wrong round left unproven) shrinks every share; the round never pays
     past its budget."""
-    rr = reward_run(deploy(connect_pyevm()), members=(1, 2, 3, 4, 5, 6, 7, 8, 9), pool=params())
+    rr = reward_run(deploy(chain_w3), members=(1, 2, 3, 4, 5, 6, 7, 8, 9), pool=params())
     rr.commit([[(5, None), (6, None), (7, None), (8, None)], []])
     rr.commit([[(1, None), (5, None), (6, None), (7, None), (8, None), (9, None)], []], label="over")
     rr.mine_to_final(1)
@@ -153,8 +152,8 @@ def test_sybils_earn_one_slot_each_and_never_more_than_the_budget():
     assert_books(rr)
 
 
-def test_steps_weigh_a_contribution_in_a_run_bounded_by_time():
-    rr = reward_run(deploy(connect_pyevm()), pool=params())
+def test_steps_weigh_a_contribution_in_a_run_bounded_by_time(chain_w3):
+    rr = reward_run(deploy(chain_w3), pool=params())
     rr.commit([[(1, 50), (2, 25), (3, 500)], [(4, 1)]])
     rr.mine_to_final(0)
     slot = AMOUNT * 8_000 // 10_000 // (STAGES * MAX_CONTRIBUTIONS)

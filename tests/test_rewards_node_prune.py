@@ -1,8 +1,8 @@
 """A running node prunes its kept reward sources where its run has a pool (issue 77;
 node/live/record/rewardprune.py, ledger/poolfind.py), on py-evm and anvil: the run's pools found from the
 chain's PoolCreated events (an impostor emitting one, and a RewardPool of another ledger, refused), a pass
-bounded to a few rounds going round-robin, through the node's own NodeChain and lock, and nothing changed
-without a pool."""
+bounded to a few rounds going round-robin, through the node's own NodeChain and lock, nothing changed
+without a pool, and a committer with a round always waiting still going round its kept rounds."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ledger.poolfind import PoolFinder
 from ledger.rewards import RewardPoolClient
 from ledger.tx import TransactionSender
 from node.live.chain.onchain import NodeChain
-from node.live.record.rewardprune import RewardSourcePruner
+from node.live.record.rewardprune import PassSchedule, RewardSourcePruner
 from node.store.rewardsources import REWARD_SOURCES_DIR, write_leaves, write_stage
 from tests.ledger_fixtures import FAST_RETRY, deploy, mine
 from tests.reward_fixtures import params, reward_run
@@ -115,3 +115,34 @@ def test_a_node_pass_survives_a_chain_that_fails(chain_w3, tmp_path, caplog):
     assert pruner.after_round() == [] and pruner.kept_rounds() == [0]
     assert "not pruned this round" in caplog.text
     assert isinstance(pruner.lock, type(threading.Lock()))
+
+
+def test_the_passes_a_committer_owes_are_made_with_a_round_always_waiting():
+    """PassSchedule: a pass as soon as no round waits, else one every ``waits_at_most`` rounds handled,
+    looking at what they earned (the committer passed only when idle: one a round behind made none)."""
+    schedule = PassSchedule(waits_at_most=3)
+    assert [schedule.handled(idle=False) for _ in range(7)] == [0, 0, 3, 0, 0, 3, 0]
+    assert schedule.handled(idle=True) == 2 and schedule.handled(idle=True) == 1
+
+
+def test_a_busy_committer_still_prunes_a_claimed_round_while_the_kept_rounds_grow(chain_w3, tmp_path):
+    """The committer's passes with a round always waiting, as tests/test_rewards_prune_e2e.py's nodes ran on
+    an idle machine (1.5 s rounds): the kept rounds grow one a round (nothing else is claimed), the
+    round-robin goes round them anyway, and round 0, claimed once round 1 is final, goes."""
+    rr = reward_run(deploy(chain_w3), pool=params())
+    schedule, pruner, gone_at = PassSchedule(waits_at_most=2), None, None
+    for r in range(12):
+        rr.commit([[(1, 50)], [(2, 50)]], signers=(1, 2), label=f"r{r}")
+        _keep(tmp_path, rr, r)
+        if r == 4:  # the pass at round 3 wrapped round to round 1: round 0 is claimed behind the cursor
+            rr.mine_to_final(1)
+            rr.claim(1, 0, 0)
+            rr.claim(2, 0, 1)
+        if owed := schedule.handled(idle=False):
+            pruner = pruner or _node_pruner(rr, tmp_path, rounds_a_pass=2)
+            removed = pruner.after_round(owed)
+            if any(name.startswith("round-00000000-") for name in removed):
+                gone_at = r
+    # a pass every 2 rounds over 4 kept rounds: [0, 1], [2, 3, 0, 1], [2, 3, 4, 5], [6, 7, 0, 1]
+    assert gone_at == 7 and 0 not in pruner.kept_rounds(), (gone_at, pruner.kept_rounds())
+    assert pruner.kept_rounds() == list(range(1, 12)) and pruner.removed == 3, pruner.kept_rounds()

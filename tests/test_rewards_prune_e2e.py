@@ -63,10 +63,10 @@ def _claim_contributions(run, client, round_: int) -> int:
     return paid
 
 
-# slow, not in CI's end-to-end tier: on a clean clone of e5987928 (2-core AMD EPYC, idle) its nodes had not
-# pruned round 0's reward files within 420 s (rounds of ~1.5 s ran to 266): the pruning wait is not
-# understood yet (it passed 3 times in its author's worktree at load 15-21)
-@pytest.mark.slow
+# e2e. It once failed on an idle machine (rounds of ~1.5 s ran to 266 in 420 s, round 0 never pruned): the
+# committer made its pass only when no round waited, and a committer running one round behind its training
+# never was idle; it now makes the passes its handled rounds earn (node/live/record/rewardprune.PassSchedule)
+@pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_running_nodes_prune_claimed_rounds_and_keep_what_a_claim_still_needs(make_run):
     run = make_run(replicas=2, stages=1, split=False, pool_per_round_wei=10**15,

@@ -44,3 +44,17 @@ def test_the_benches_spot_check_traffic_is_taken_out_and_put_back_at_the_layouts
     assert heavy["bytes_per_round"] > row["bytes_per_round"]
     assert heavy["node_work_s_per_round"]["spot_checks"] == pytest.approx(
         row["node_work_s_per_round"]["spot_checks"] / DEFAULT_SPOT_CHECKS)
+
+
+def test_the_retained_disk_is_the_windows_nodes_multiple_of_the_stage():
+    from bench.scale_model import retained_multiple
+
+    retention = {"ontime": {"keep_all": ["r1"], "summary": {"r0": {"disk_max_over_stage_bytes": 65.2},
+                                                            "r1": {"disk_max_over_stage_bytes": 1118.0}}}}
+    assert retained_multiple(retention) == 65.2  # the node keeping everything is an archive, not the rule
+    assert retained_multiple({}) is None
+    layout = {"label": "x", "d_model": 64, "parameters": 4_000_000, "replicas": 2, "stages": 2,
+              "gpus_per_node": 1, "tokens_per_step": 256, "inner_steps": 10, "link_bps": 1e9}
+    ledger = {"gas": {"commitRound_by_quorum": {"1": {"later": 100}, "2": {"later": 150}}}}
+    row = large({}, layout, ledger, retained=65.2)
+    assert row["disk_bytes_per_node_retained"] == 65.2 * 4 * 2_000_000

@@ -128,7 +128,7 @@ def test_held_states_serve_a_written_file_packed(tmp_path) -> None:
             self.calls.append("blob")
             return store.put_bytes(data) if isinstance(data, bytes) else store.put_file(data, link=link)
 
-        def provide_packed(self, path, cuts) -> str:
+        def provide_packed(self, path, cuts, compress=False) -> str:
             self.calls.append(f"packed {len(cuts)} cuts")
             return store.put_packed(path, cuts)
 
@@ -149,7 +149,7 @@ def test_held_states_serve_a_written_file_packed(tmp_path) -> None:
 
 def test_held_states_hold_a_rerun_file_for_the_chain_check(tmp_path) -> None:
     """A spot check's state parts stay in its job's files while the child reruns them; an exact rerun's are
-    held for round t+1's chain check by copying those files (node/live/checks/rerun.py)."""
+    held for round t+1's chain check by hard-linking those files (node/live/checks/rerun.py)."""
     states = HeldStates(None, tmp_path / "work", tmp_path / "evidence", num_stages=2, stop=None)
     job = tmp_path / "job"
     job.mkdir()
@@ -157,6 +157,8 @@ def test_held_states_hold_a_rerun_file_for_the_chain_check(tmp_path) -> None:
     files[0].write_bytes(b"stage 0" * 500)
     files[1].write_bytes(b"stage 1" * 700)
     states.hold_linkable(4, 1, files)
+    held = tmp_path / "work" / "linkable" / "round-00000004-replica1-0.part"
+    assert held.samefile(files[0])  # a hard link: one copy of the state on disk, not two (issue 75)
     for path in files:
         path.unlink()  # the job's directory goes after the check
     assert states.linkable(4, 1) == [b"stage 0" * 500, b"stage 1" * 700]

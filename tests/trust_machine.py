@@ -80,6 +80,10 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, PoolMo
 
     chain = staticmethod(connect_pyevm)
     examples = 0  # examples started in this process (the bench reports them)
+
+    def __init__(self) -> None:
+        super().__init__()
+        every_rule_enabled(self)
     checks = 0  # times every invariant was checked: once after each example's set-up and after every step
     leave_races = 0  # honest rounds committed after a listed contributor left (issue 79)
     log_index = True  # answer getLogs from tests/pyevm_logs.py's index (bench/fuzz_trust.py --no-log-index)
@@ -379,9 +383,45 @@ class TrustMachine(CoalitionMoves, GameMoves, SumWalks, RightRoundProofs, PoolMo
         self.pools_hold()
 
 
-#: Moves drawn more often than the others (hypothesis draws a rule uniformly among the enabled ones, so a
-#: move listed w times is drawn about w times as often): the honest commit, on which most moves act, issue
-#: 79's leave race and finality read (F), and the pool's claims. A seeded run's counts are
+class _EveryRule:
+    """Hypothesis' swarm-testing flags (its ``FeatureFlags.is_enabled``) with every rule on."""
+
+    @staticmethod
+    def is_enabled(name) -> bool:
+        return True
+
+
+def every_rule_enabled(machine: RuleBasedStateMachine) -> None:
+    """Turn hypothesis' swarm testing off for ``machine``: every rule may be drawn at every step of every
+    example, each as often as it is listed (:data:`MOVE_WEIGHTS`). Swarm testing turns a random part of the
+    rules off for a whole example, by function name (``RuleStrategy._rule_is_enabled``), so every copy of a
+    weighted move went off together, and in a short run the moves that pay or catch a bug (the pool's claim
+    once final) were drawn in none of 3 examples. Hypothesis has no setting for it: this replaces the
+    machine's rule strategy's flags. Where a hypothesis version draws rules otherwise (the strategy is
+    hypothesis' private part) it warns and leaves swarm testing on: the machine's checks still hold, its
+    rules are drawn less evenly; ``DLX_TRUST_STRICT_RULES=1`` (the mutation bench's runs) makes that an
+    error."""
+    import os
+    import warnings
+
+    import hypothesis
+
+    strategy = getattr(machine, "_rules_strategy", None)
+    if not hasattr(strategy, "enabled_rules_strategy"):
+        why = (f"hypothesis {hypothesis.__version__} draws a machine's rules without the "
+               "RuleStrategy.enabled_rules_strategy tests/trust_machine.every_rule_enabled replaces: swarm "
+               "testing stays on")
+        if os.environ.get("DLX_TRUST_STRICT_RULES") == "1":
+            raise RuntimeError(why)
+        warnings.warn(why, stacklevel=2)
+        return
+    strategy.enabled_rules_strategy = st.just(_EveryRule())
+
+
+#: Moves drawn more often than the others (hypothesis draws a rule uniformly among the enabled ones, every
+#: one here (:func:`every_rule_enabled`), so a move listed w times is drawn about w times as often): the
+#: honest commit, on which most moves act, issue 79's leave race and finality read (F), and the pool's
+#: claims. A seeded run's counts are
 #: bench/fuzz_trust.py's ``moves_drawn``.
 MOVE_WEIGHTS = {"honest_commit": 3, "contributor_leaves_before_the_commit": 2,
                 "anyone_reads_finality_while_a_challenge_is_open": 2, "member_claims": 2}

@@ -16,19 +16,30 @@ contribution's shard is None on every rank that owns some of it, with the reason
 
 Sends are serialised by a lock (gloo's point-to-point order between two ranks is the order of the calls),
 so parts may arrive on several threads. No libp2p here: the node hands the parts in.
+
+A cluster node's apply (training/cluster_outer.py, the ``finish`` command) gets each rank its message of
+every closed contribution with :func:`forward_to_ranks` in a run in parts (``diloco.exchange_parts`` > 1):
+rank 0 checks each contribution as ``split_contribution`` does, then forwards it a part at a time from the
+bytes the node holds; without parts, :func:`split_to_ranks` splits each whole and scatters the pieces. Both
+give every rank the same messages and the same errors.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from training.cluster_parts import cut_entries, first_part, part_routes, shard_message
-from training.cluster_plan import ShardPlan
+from training.cluster_parts import (array_header, blob_cuts, cut_entries, first_part, part_routes,
+                                    shard_message)
+from training.cluster_plan import ShardPlan, join_contribution, split_contribution
+from training.codec_wire import decode_declared
 from training.errors import ContributionDecodeError
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = -1  # the part index of a blob prefix message
 _FAILED = -1  # the byte count of a failed part
@@ -147,3 +158,88 @@ def receive_shards(parts_plan: ShardPlan, ranks_plan: ShardPlan, rank: int,
             dist.recv(data, src=0)
         shards.take(contribution, part, data.numpy().tobytes())
     return shards.messages()
+
+
+def split_to_ranks(contributions: Sequence[bytes] | None, ranks_plan: ShardPlan, rank: int, *,
+                   stage_index: int, outer_round: int):
+    """Whole contributions cut on rank 0 (``split_contribution``) and scattered (``scatter_object_list``):
+    ``(this rank's message of each contribution, {index: the error of one that does not split})``. The path
+    of a run without parts (``diloco.exchange_parts = 1``)."""
+    bundles = None
+    if rank == 0:
+        world = ranks_plan.world
+        per_rank: list[list[bytes | None]] = [[] for _ in range(world)]
+        errors: dict[int, ContributionDecodeError] = {}
+        for index, blob in enumerate(contributions):
+            try:
+                parts = split_contribution(blob, ranks_plan, stage_index=stage_index, outer_round=outer_round)
+            except ContributionDecodeError as exc:
+                parts, errors[index] = [None] * world, exc
+            for r in range(world):
+                per_rank[r].append(parts[r])
+        bundles = [(per_rank[r], errors) for r in range(world)]
+    received: list = [None]
+    dist.scatter_object_list(received, bundles, src=0)
+    return received[0]
+
+
+def _checked_cut(blob: bytes, parts_plan: ShardPlan, ranks_plan: ShardPlan, stage_index: int,
+                 outer_round: int) -> tuple[bytes, list[int]]:
+    """``(the blob to forward, its parts' sizes)``: the blob itself when it is laid out as a contribution
+    (entries last) and its header passes ``split_contribution``'s checks; otherwise ``split_contribution``
+    decides (its error raised, or the message re-encoded as the join of its pieces, which cuts alike)."""
+    try:
+        sizes = blob_cuts(blob, parts_plan)
+        prefix, _entries = first_part(bytes(blob[:sizes[0]]))
+        decode_declared(prefix + array_header(0), {}, stage_index=stage_index, outer_round=outer_round)
+        return blob, sizes
+    except ContributionDecodeError:
+        pass  # the split's own verdict below: the same error, or a message it takes in another layout
+    pieces = split_contribution(blob, ranks_plan, stage_index=stage_index, outer_round=outer_round)
+    joined = join_contribution(pieces)
+    return joined, blob_cuts(joined, parts_plan)
+
+
+def forward_to_ranks(contributions: Sequence[bytes] | None, parts_plan: ShardPlan, ranks_plan: ShardPlan,
+                     rank: int, count: int, *, stage_index: int, outer_round: int):
+    """:func:`split_to_ranks`'s result, the same on every rank, without the scatter (a run in parts): rank 0
+    checks each contribution as the split does (the errors broadcast: a few objects), then cuts each along
+    ``parts_plan`` and hands its parts one at a time to a :class:`PartForwarder`; the other ranks take their
+    pieces (:func:`receive_shards`). Rank 0 holds one part and its own pieces, never a copy of every
+    contribution nor every rank's pieces at once."""
+    errors: dict[int, ContributionDecodeError] = {}
+    cuts: dict[int, tuple[bytes | None, list[int]]] = {}  # a re-encoded blob kept only where it differs
+    if rank == 0:
+        for index, blob in enumerate(contributions):
+            try:
+                checked, sizes = _checked_cut(blob, parts_plan, ranks_plan, stage_index, outer_round)
+            except ContributionDecodeError as exc:
+                errors[index] = exc
+                continue
+            cuts[index] = (None if checked is blob else checked, sizes)
+            del checked
+    shared: list = [errors]
+    dist.broadcast_object_list(shared, src=0)
+    errors = shared[0]
+    if rank == 0:
+        forwarder = PartForwarder(parts_plan, ranks_plan, count)
+        for index, blob in enumerate(contributions):
+            if index in errors:
+                forwarder.missing(index, len(parts_plan.names))
+                continue
+            joined, sizes = cuts.pop(index)
+            view, start = memoryview(blob if joined is None else joined), 0
+            for part, size in enumerate(sizes):
+                forwarder.forward(index, part, bytes(view[start:start + size]))
+                start += size
+            del view, joined
+        messages, failed = forwarder.shards()
+        logger.info("round %d stage %d: %d contributions forwarded to %d ranks in %d parts (%d bytes sent)",
+                    outer_round, stage_index, count, ranks_plan.world, len(parts_plan.names),
+                    forwarder.sent_bytes)
+    else:
+        messages, failed = receive_shards(parts_plan, ranks_plan, rank, count)
+    for index, message in enumerate(messages):  # checked above: a part that does not cut is not expected
+        if message is None and index not in errors:
+            errors[index] = ContributionDecodeError(failed.get(index, f"contribution {index} did not come"))
+    return messages, errors

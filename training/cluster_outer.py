@@ -45,13 +45,15 @@ import torch
 import torch.distributed as dist
 
 from training.cluster_engine import sharded_chunk_roots, streamed_weights_hash
+from training.cluster_exchange import forward_to_ranks, split_to_ranks
+from training.cluster_parts import exchange_plan
 from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
 from training.codec.stats import CompressionStats
 from training.codec_wire import decode_declared
 from training.compression import ErrorFeedbackCompressor
 from training.diloco import Aggregation, outer_state_shape
-from training.errors import ContributionDecodeError, EngineStateError
+from training.errors import EngineStateError
 from training.replica_capture import engine_state_tensors
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
@@ -141,6 +143,9 @@ class OuterShard:
                  exact: int, live: Mapping[str, torch.Tensor]) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.plan = plan_shards(shapes, self.world)
+        parts = getattr(diloco_cfg, "exchange_parts", 1)
+        # a run in parts: rank 0 forwards each contribution's parts (training/cluster_exchange.py)
+        self.parts_plan = exchange_plan(shapes, parts) if parts > 1 and self.world > 1 else None
         self.own = self.plan.names[self.rank]
         self.order = list(shapes)  # the one-process engine's order (the module's parameters)
         self.diloco_cfg = diloco_cfg
@@ -245,29 +250,22 @@ class OuterShard:
         merged.encoded_bytes = len(blob)
         return blob, merged
 
-    def _split(self, outer_round: int, contributions: Sequence[bytes] | None):
-        bundles = None
-        if self.rank == 0:
-            per_rank: list[list[bytes | None]] = [[] for _ in range(self.world)]
-            errors: dict[int, ContributionDecodeError] = {}
-            for index, blob in enumerate(contributions):
-                try:
-                    parts = split_contribution(blob, self.plan, stage_index=self.engine.stage_index,
-                                               outer_round=outer_round)
-                except ContributionDecodeError as exc:
-                    parts, errors[index] = [None] * self.world, exc
-                for rank in range(self.world):
-                    per_rank[rank].append(parts[rank])
-            bundles = [(per_rank[rank], errors) for rank in range(self.world)]
-        received: list = [None]
-        dist.scatter_object_list(received, bundles, src=0)
-        return received[0]
+    def _split(self, outer_round: int, count: int, contributions: Sequence[bytes] | None):
+        """This rank's message of each contribution and the errors of those that do not split: forwarded a
+        part at a time in a run in parts (``diloco.exchange_parts`` > 1), scattered whole otherwise
+        (training/cluster_exchange.py)."""
+        stage = self.engine.stage_index
+        if self.parts_plan is None:
+            return split_to_ranks(contributions, self.plan, self.rank, stage_index=stage,
+                                  outer_round=outer_round)
+        return forward_to_ranks(contributions, self.parts_plan, self.plan, self.rank, count,
+                                stage_index=stage, outer_round=outer_round)
 
     def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
         """The round aggregated per shard (module docstring) and applied: ``finish_round`` (or
         ``absorb_round`` when ``absorb``) with this rank's aggregation; RoundResult with the stage's hash on
         rank 0."""
-        parts, errors = self._split(outer_round, private)
+        parts, errors = self._split(outer_round, count, private)
         facts, decoded = shard_facts(
             parts, self.plan.shard_shapes(self.rank), stage_index=self.engine.stage_index,
             outer_round=outer_round, refuse_raw=self.engine.compression_cfg.enabled, split_errors=errors)

@@ -20,6 +20,7 @@ at the ranks' boundaries (:func:`cut_entries`) and forwards each piece (:mod:`tr
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,8 +52,10 @@ class BlobLayout:
 
 def blob_layout(blob: bytes) -> BlobLayout:
     """The layout of a codec_wire message (``"t"`` its last key); ContributionDecodeError otherwise."""
-    unpacker = msgpack.Unpacker(None, max_buffer_size=len(blob) + 1, **_LIMITS)
-    unpacker.feed(bytes(blob))
+    # read as a stream (a BytesIO shares a bytes object): the unpacker buffers about one entry, not the blob
+    stream = io.BytesIO(blob if type(blob) is bytes else bytes(blob))
+    unpacker = msgpack.Unpacker(stream, read_size=min(1 << 16, len(blob) + 1), max_buffer_size=len(blob) + 1,
+                                **_LIMITS)
     array_at = None
     try:
         keys = unpacker.read_map_header()

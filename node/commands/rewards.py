@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--pool", required=True, metavar="ADDRESS", help="the run's RewardPool contract")
     p.add_argument("--account", default="", metavar="ADDRESS",
                    help="show this account's credits instead of the member's (read-only: no --claim)")
+    p.add_argument("--all", action="store_true",
+                   help="every account's unclaimed credits (final, not claimed) and what the pool holds "
+                        "against them, checked (read-only; exit 8 on a mismatch)")
     p.add_argument("--json", action="store_true", help="print the statement as JSON")
     p.add_argument("--claim", action="store_true",
                    help="claim every claimable credit (one transaction each; listed and agreed first)")
@@ -48,6 +51,8 @@ def run_rewards(args: argparse.Namespace) -> int:
 
     if args.claim and args.account:
         raise ConfigError("--claim claims the member's own credits: drop --account (nothing was sent)")
+    if args.all and (args.claim or args.account or args.fund):
+        raise ConfigError("--all shows every account, read-only: drop --claim, --account and --fund")
     if args.fund:
         _fund_amount(args.fund)  # refused before connecting
     chain, run_id, _seat = member_chain(args)
@@ -59,6 +64,11 @@ def run_rewards(args: argparse.Namespace) -> int:
                               "docs/REWARDS.md)")
         if args.fund:
             _fund(pool, client, run_id, args.fund, args.yes)
+        if args.all:
+            from node.commands.rewardsall import show_unclaimed
+
+            return show_unclaimed(pool, client, run_id, _sources(args.config, client, run_id),
+                                  _unit(pool, run_id), args.json)
         account = args.account or client.address
         if args.account and not client.w3.is_address(args.account):
             raise ConfigError(f"--account {args.account!r}: not an address")

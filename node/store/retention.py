@@ -190,27 +190,45 @@ class Retention:
 
     def checkpoints_kept(self, checkpoint_dir: Path, committed_through: int, rounds_floor: int) -> set[int]:
         """The checkpoint rounds kept: the newest final committed full checkpoint (nothing overturns it: a
-        joiner can always start from it), the newest committed full one (what the chain names now), every
-        round not committed yet (a restart, and the assembly of a round's full checkpoint from its holders'
-        shards, read them) and the newest ``keep_checkpoints``. Everything while no full checkpoint is final.
+        joiner can always start from it), the next one to become final, the newest committed full one (what
+        the chain names now), every round not committed yet (a restart, and the assembly of a round's full
+        checkpoint from its holders' shards, read them) and the newest ``keep_checkpoints``. Everything while
+        no full checkpoint is final.
 
         Not the checkpoints of every round still inside a window (``rounds_floor``, kept until issue 75's
         measurement: 18 of each at 25 rounds of the retention bench, 2 x the stage's bytes each): nothing on
         chain reads a checkpoint inside a window (a fraud proof and its games read the published stage
         states, node/live/fraud/chunkstate.py; a spot check the start states), and an auditor reads older
         ones from the seeders' and archives' copies (docs/AUDIT.md)."""
+        return self.checkpoint_plan(checkpoint_dir, committed_through)[0]
+
+    def checkpoint_plan(self, checkpoint_dir: Path, committed_through: int) -> tuple[set[int], list[Path]]:
+        """(:meth:`checkpoints_kept`, the stage shards of those rounds that go: :func:`redundant_shards`;
+        none while everything is kept)."""
         files = checkpoint_files(checkpoint_dir)
         if self.keeps_all:
-            return set(files)
+            return set(files), []
         committed = sorted(r for r in files if r <= committed_through)
         full = [r for r in committed if any(p.name.startswith("round-") for p in files[r])]
         final = next((r for r in reversed(full) if self.proof_open is None or not self.proof_open(r)), None)
         if final is None:
-            return set(files)
+            return set(files), []
         keep = {r for r in files if r > committed_through} | {final, full[-1]}
+        # The next final one: the oldest full checkpoint after ``final`` (its proof window still open), kept
+        # until its window closes and it takes ``final``'s place. Without it every newer checkpoint went
+        # before its window closed and the final one never moved on (issue 75: round 0's at round 100 of
+        # the retention bench, a joiner's fallback 100 rounds back, past every archive).
+        later = [r for r in full if r > final]
+        if later:
+            keep.add(later[0])
         if self.storage.keep_checkpoints > 0:
             keep |= set(committed[-self.storage.keep_checkpoints:])
-        return keep
+        return keep, [p for p in redundant_shards(checkpoint_dir, committed_through) if _round_of(p) in keep]
+
+
+def _round_of(path: Path) -> int:
+    match = _CHECKPOINT_FILE.match(path.name)
+    return int(match.group(1) or match.group(2)) if match else -1
 
 
 def prune_archive_before(archive: Archive, floor: int, committed_through: int,
@@ -223,6 +241,27 @@ def prune_archive_before(archive: Archive, floor: int, committed_through: int,
         logger.info("retention: pruned archive rounds %s (kept from round %d: open windows)", _span(doomed),
                     floor)
     return doomed
+
+
+def redundant_shards(checkpoint_dir: Path, committed_through: int) -> list[Path]:
+    """The stage shards a full checkpoint file of the same round repeats, for every committed round but the
+    newest committed one with a full file: the file holds the same stages' weights and momentum (the agreed
+    ones), and a joiner, a restart, an auditor, ``pull`` and a seeder read the file (or, kept split, the
+    shards: a round kept split has no full file and keeps them). The newest committed round keeps its
+    shards for a committer still assembling its file from its holders; rounds not committed keep theirs.
+    On a node of one stage of S, a shard is 1/(S+1) of what a checkpoint round keeps (half at S = 1)."""
+    files = checkpoint_files(checkpoint_dir)
+    full = sorted(r for r, paths in files.items()
+                  if r <= committed_through and checkpoint_dir / f"round-{r:08d}.safetensors" in paths)
+    return sorted(p for r in full[:-1] for p in files[r] if p.name.startswith("shard-"))
+
+
+def prune_shards(doomed: list[Path], forget_blob: Callable[[str], object] = lambda _hex: None) -> None:
+    """Delete the stage shards ``doomed`` (:meth:`Retention.checkpoint_plan`), each served no more first."""
+    for path in doomed:
+        _remove_served(path, forget_blob)
+    if doomed:
+        logger.info("retention: dropped %d stage shards the kept full checkpoints repeat", len(doomed))
 
 
 def prune_checkpoints_except(checkpoint_dir: Path, keep: set[int], committed_through: int,

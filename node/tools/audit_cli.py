@@ -129,11 +129,11 @@ def run_audit(args: Any) -> int:
             fetcher.close()
     pool = pool_address(args)
     if pool:
-        from node.tools.audit_pool import pool_check
+        from node.tools.audit_pool import pool_checks
 
-        report.general.append(pool_check(client, args.run, pool, args.archive))
+        report.general.extend(pool_checks(client, args.run, pool, args.archive))
     for check in report.general:
-        if check.status != OK or len(report.general) <= 12 or (pool and check is report.general[-1]):
+        if check.status != OK or len(report.general) <= 12 or check.name.startswith("reward pool"):
             print(check.line())
     for verdict in report.rounds:
         print(verdict.line())

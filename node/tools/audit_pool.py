@@ -4,7 +4,9 @@ against ``poolOf`` and the pool's balance, i.e. solvency; each round's claims ag
 after its round became final, by no convicted account, once; each attester's amount by the rule; each sweep's
 return; with archives, each contribution claim against the kept factors and every credit of a round they
 hold whole within its budget), reported as one general item of the audit: FAIL naming the mismatches, else
-OK with the totals."""
+OK with the totals. Then the unclaimed credits (ledger/rewardunclaimed.py; docs/REWARDS.md, "Unclaimed
+credits, per account"): an item of their totals against what the pool holds (FAIL on a mismatch) and one
+item per account holding any."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from node.errors import ConfigError
 from node.tools.report import FAIL, OK, Check
 
 POOL_BOOKS = "reward pool books"
+POOL_UNCLAIMED = "reward pool unclaimed credits"
+#: An account's item: ``POOL_ACCOUNT`` + its address.
+POOL_ACCOUNT = "reward pool unclaimed: "
 #: Mismatches named in the item's reason (the rest counted).
 SHOWN = 5
 
@@ -41,6 +46,43 @@ def pool_check(client: Any, run_id: int, address: str, archives=()) -> Check:
                                  f"factors of {len(sources)} rounds the archives kept; every credit of each "
                                  "opened round they hold whole recomputed within its budget)"
                                  if sources else ""))
+
+
+def pool_checks(client: Any, run_id: int, address: str, archives=()) -> list[Check]:
+    """The audit's pool items: the books (:func:`pool_check`), then the unclaimed credits
+    (:func:`unclaimed_checks`)."""
+    return [pool_check(client, run_id, address, archives),
+            *unclaimed_checks(client, run_id, address, archives)]
+
+
+def unclaimed_checks(client: Any, run_id: int, address: str, archives=()) -> list[Check]:
+    """The unclaimed credits (ledger.rewardunclaimed): one item of the totals against what the pool holds
+    (FAIL naming each mismatch), then one OK item per account holding an unclaimed credit (claimable or
+    unfunded), the largest first."""
+    from ledger.rewardunclaimed import unclaimed
+    from node.store.rewardsources import read_sources
+
+    pool = pool_client(client, address)
+    sources = read_sources(archives, client, run_id) if archives else {}
+    found = unclaimed(pool, client, run_id, sources)
+    unit = f"units of token {found.token}" if found.token else "wei"
+    if found.problems:
+        more = f" (and {len(found.problems) - SHOWN} more)" if len(found.problems) > SHOWN else ""
+        return [Check(POOL_UNCLAIMED, FAIL, "; ".join(found.problems[:SHOWN]) + more)]
+    owing = [a for a in found.accounts if a.claimable or a.unfunded]
+    unknown = found.rounds_without_factors
+    summary = (f"{len(owing)} account(s) hold {found.total('claimable')} {unit} claimable and "
+               f"{found.total('unfunded')} {unit} unfunded; the run's pool holds {found.held} {unit} "
+               f"(funded - claimed = free {found.free} + opened rounds' unpaid {found.open_unpaid}), the "
+               f"contract's balance {found.balance} covers its pools' {found.contract_held}"
+               + (f" (+{found.balance - found.contract_held} sent outside fund)"
+                  if found.balance > found.contract_held else "")
+               + (f"; contributions of {len(unknown)} round(s) not counted (no factors kept: --archive)"
+                  if unknown else ""))
+    return [Check(POOL_UNCLAIMED, OK, summary)] + [
+        Check(POOL_ACCOUNT + a.account, OK, f"claimable {a.claimable} {unit}, unfunded {a.unfunded} {unit} "
+                                            f"(claimed {a.claimed}, pending {a.pending}, forfeited "
+                                            f"{a.forfeited})") for a in owing]
 
 
 def pool_client(client, address: str):

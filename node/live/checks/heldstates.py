@@ -166,14 +166,20 @@ class HeldStates:
     def hold_linkable(self, outer_round: int, replica: int, parts: list[bytes | Path]) -> None:
         """Hold the start state of an exact rerun of round t until round t+1's chain check: if the
         replica's round t+1 state does not follow, this is the other half of the evidence. A part is its
-        bytes or a file (copied in chunks, through a temporary name)."""
+        bytes or a file (hard-linked, or copied in chunks where it cannot be, through a temporary name: issue
+        75, the fetched file is the blob store's and goes with the check, so a link keeps one copy on disk
+        where a copy kept two, each a whole start state)."""
         try:
             for stage, data in enumerate(parts):
                 target = self._linkable_path(outer_round, replica, stage)
                 if isinstance(data, Path):
                     target.parent.mkdir(parents=True, exist_ok=True)
                     staged = target.with_name(f".{target.name}.tmp")
-                    shutil.copyfile(data, staged)
+                    staged.unlink(missing_ok=True)
+                    try:
+                        os.link(data, staged)
+                    except OSError:
+                        shutil.copyfile(data, staged)
                     os.replace(staged, target)
                 else:
                     atomic_write_bytes(target, data)

@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import hmac
 import logging
-import pickle
-import secrets
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +41,7 @@ from node.errors import DLX_ERRORS
 from node.live.fraud.window import DisputeWindow
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
+from node.live.fraud.spillfile import SpilledStateError, decode_spilled, encode_spilled
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems, write_checkpoint
 from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
@@ -139,11 +137,12 @@ class ChunkedStates:
 
     def publish_part(self, outer_round: int, stage: int, alias: str, blob: bytes) -> None:
         """Serve what the run's scheme publishes beside a stage's state (a version-3 stage's factors and sum
-        trees under ``norms_key(leaf)``: module docstring)."""
+        trees under ``norms_key(leaf)``: module docstring), compressed with a spill directory
+        (:meth:`_provide`)."""
         try:
-            digest = self.host.provide_blob(blob, announce=False)
+            digest = self._provide(outer_round, stage, blob)
             self.host.provide_alias(alias, digest)
-        except DLX_ERRORS as exc:
+        except (*DLX_ERRORS, OSError) as exc:
             logger.warning("round %d stage %d: %s not published: %s", outer_round, stage, alias[:12], exc)
             return
         with self._lock:
@@ -165,16 +164,21 @@ class ChunkedStates:
             self._served.setdefault(outer_round, []).append(digest)
             self._published.setdefault(outer_round, {})[stage] = digest
 
-    def _provide(self, outer_round: int, stage: int, shard: Checkpoint) -> str:
-        """Store and serve a published state; its sha256 hex. With a spill directory it is written there one
-        tensor at a time and kept as a packed blob (p2p/blobpack.py): each tensor's data a piece shared by
-        content with this node's start states, which hold the same global weights and momentum (issue 75: 2
-        of a start state's copies of the stage, kept again here for the whole proof window)."""
+    def _provide(self, outer_round: int, stage: int, data: Checkpoint | bytes) -> str:
+        """Store and serve a published state (a stage shard) or a part beside it (bytes); its sha256 hex. With
+        a spill directory it is written there and kept as a packed blob (p2p/blobpack.py): a state's tensors'
+        data as pieces shared by content with this node's start states, which hold the same global weights
+        and momentum (issue 75: 2 of a start state's copies of the stage, kept again here for the whole proof
+        window); a part (a version-3 stage's sum trees: 91-96% zero bytes) as compressed pieces."""
         if self.spill_dir is None:
-            return self.host.provide_blob(shard.to_bytes(), announce=False)
+            blob = data if isinstance(data, bytes) else data.to_bytes()
+            return self.host.provide_blob(blob, announce=False)
         path = self.spill_dir / f"round-{outer_round:08d}-stage-{stage}.publish"
         try:
-            write_checkpoint(path, shard)
+            if isinstance(data, bytes):
+                atomic_write_bytes(path, data, durable=False)
+                return self.host.provide_packed(path, [], compress=True)
+            write_checkpoint(path, data)
             return self.host.provide_packed(path, data_ranges(path))
         finally:
             path.unlink(missing_ok=True)
@@ -188,7 +192,7 @@ class ChunkedStates:
             return held
         path = self._spill_path(outer_round, stage)
         try:
-            spilled = _decode_state(path.read_bytes())
+            spilled = decode_spilled(path.read_bytes())
             return spilled if isinstance(spilled, StageState) else self._rejoin(outer_round, spilled)
         except FileNotFoundError:  # dropped meanwhile: its window closed
             return None
@@ -239,7 +243,7 @@ class ChunkedStates:
                 states = dict(self._states.get(outer_round, {}))
             for stage, state in states.items():
                 thin = self._thin(outer_round, state)
-                atomic_write_bytes(self._spill_path(outer_round, stage), _encode_state(thin), durable=False)
+                atomic_write_bytes(self._spill_path(outer_round, stage), encode_spilled(thin), durable=False)
             with self._lock:
                 held = self._states.get(outer_round, {})
                 for stage, state in states.items():
@@ -450,12 +454,6 @@ class ChunkedStates:
         return None
 
 
-#: The key of this process's spilled states: a file is unpickled only if this process wrote it (a file someone
-#: else wrote or changed in the data directory, or one of an earlier life, is refused before it is read).
-_SPILL_KEY = secrets.token_bytes(32)
-_TAG_BYTES = 32
-
-
 @dataclasses.dataclass(frozen=True)
 class _ThinState:
     """A spilled state without its weight and momentum leaves (those of the published blob ``published``, a
@@ -467,30 +465,6 @@ class _ThinState:
     payloads: list[bytes] | None = None  # the accepted contributions' codec blobs; None: the state's pieces
     shapes: dict | None = None  # the stage's parameter shapes, to cut them
     norms: str | None = None  # the published norm state holding its sum trees; None: the state's own
-
-
-class SpilledStateError(ValueError):
-    """A spilled state file that this process did not write as it is (changed, truncated, an earlier
-    life's)."""
-
-
-def _encode_state(state: StageState | _ThinState) -> bytes:
-    # pickle: this node's own file, read back only by this process, and only once the tag below shows this
-    # process wrote it (never a peer's bytes); every field of the dataclass survives (a version-3 state's sum
-    # trees and norm factors too).
-    body = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    return hmac.new(_SPILL_KEY, body, hashlib.sha256).digest() + body
-
-
-def _decode_state(data: bytes) -> StageState | _ThinState:
-    """A state :func:`_encode_state` of this process wrote; raises :class:`SpilledStateError` for anything
-    else."""
-    tag, body = data[:_TAG_BYTES], data[_TAG_BYTES:]
-    if len(tag) != _TAG_BYTES or not hmac.compare_digest(tag,
-                                                         hmac.new(_SPILL_KEY, body, hashlib.sha256).digest()):
-        raise SpilledStateError(
-            "spilled state was not written by this process as it is (changed or truncated)")
-    return pickle.loads(body)
 
 
 def _numel(shape) -> int:

@@ -63,7 +63,7 @@ from p2p.host import P2PHost
 from node.live.fraud.prover import FraudProver
 from node.live.chain.readback import EquivocationReports, ReadBack
 from node.live.record.quorumcommit import QuorumCommit, WAIT_REPORT_S
-from node.live.record.rewardprune import RewardSourcePruner
+from node.live.record.rewardprune import PassSchedule, RewardSourcePruner
 
 logger = logging.getLogger(__name__)
 
@@ -132,9 +132,11 @@ class Committer(QuorumCommit):
         self.readback = ReadBack(node, self.checkpoints, self._wait)
         self.equivocations = EquivocationReports(node)
         # a run with a reward pool: its kept reward sources pruned once no claim can use them (issue 77);
-        # built at the first idle moment (it reads the chain), None where the run keeps no sources
+        # built at its first pass (it reads the chain), None where the run keeps no sources; a pass each few
+        # rounds handled (rewardprune.PassSchedule)
         self.reward_pruner: RewardSourcePruner | None = None
         self._pruner_built = False
+        self._prune_schedule = PassSchedule()
         self._thread = threading.Thread(target=self._loop, name="committer", daemon=True)
         self._thread.start()
 
@@ -178,22 +180,24 @@ class Committer(QuorumCommit):
             except Exception:  # thread boundary: the committer's thread takes the next round
                 logger.exception("round %d: chain step crashed", item)
             self.handled_through = max(self.handled_through, item)
-            if self._queue.empty():
-                self._prune_reward_sources()
+            idle = self._queue.empty()
+            if rounds_handled := self._prune_schedule.handled(idle):
+                self._prune_reward_sources(rounds_handled)
+            if idle and self._queue.empty():
                 self._idle.set()
 
-    def _prune_reward_sources(self) -> None:
-        """A bounded pass of the reward sources' pruning while no round waits
+    def _prune_reward_sources(self, rounds_handled: int) -> None:
+        """A bounded pass of the reward sources' pruning for the ``rounds_handled`` rounds since the last
         (node/live/record/rewardprune.py); its failure never stops the committer."""
         if self.node.stop_event.is_set():
             return
         try:
-            if not self._pruner_built:
-                self._pruner_built = True
+            if not self._pruner_built:  # built once it read the chain; a failed build is tried again
                 node = self.node
                 self.reward_pruner = RewardSourcePruner.for_node(node.cfg, node.chain, node.run_id)
+                self._pruner_built = True
             if self.reward_pruner is not None:
-                self.reward_pruner.after_round()
+                self.reward_pruner.after_round(rounds_handled)
         except Exception:  # thread boundary: the files stay; the next round's pass tries again
             logger.exception("reward sources: pruning crashed (kept)")
 

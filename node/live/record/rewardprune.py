@@ -10,10 +10,16 @@ and an audit or a case may still read them). The node finds the run's pools from
 (ledger/poolfind.py: ``PoolCreated`` events of the run from a contract holding the committed RewardPool
 build that reads this run's ledger), since a run link names only the ledger.
 
-The committer calls :meth:`RewardSourcePruner.after_round` when it has no round waiting: one pass looks at
-the kept files of at most :data:`ROUNDS_A_PASS` rounds (the next ones after the last pass, round-robin), so
-a pass costs a bounded number of chain reads however long the run; its chain reads take the node's chain
-lock one call at a time, never across the pass.
+Each round the committer handles earns a look at :data:`ROUNDS_A_PASS` kept rounds (the next ones after the
+last pass, round-robin), so a pass costs a bounded number of chain reads however long the run; its chain
+reads take the node's chain lock one call at a time, never across the pass. :class:`PassSchedule` says when:
+as soon as the committer has no round waiting, else once :data:`PASS_WAITS_AT_MOST` rounds were handled
+without one (a pass then looks at what they earned). Passes made only while the committer is idle starved:
+a committer that runs one round behind its training (a round always waiting, seen on an idle 2-core machine
+with 1.5 s rounds) made none, and a claimed round's files stayed for as long as the run lasted. With the
+look earned per handled round the round-robin goes round however busy the committer is: a round's files are
+looked at again within ``kept / (ROUNDS_A_PASS - 1)`` handled rounds (``kept`` rounds of files, growing one a
+round while none can go).
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ from node.errors import DLX_ERRORS
 
 logger = logging.getLogger(__name__)
 
-#: Rounds whose kept files one pass looks at (their chain reads: a few per round and listed contribution).
+#: Rounds whose kept files one pass looks at, per round handled (their chain reads: a few per round and listed
+#: contribution).
 ROUNDS_A_PASS = 4
+#: Rounds the committer handles with a round waiting before it makes the pass they owe anyway.
+PASS_WAITS_AT_MOST = 4
 _ROUND_OF_FILE = re.compile(r"round-(\d{8})-(?:stage-\d{1,6}|leaves)\.json")
 
 
@@ -50,6 +59,22 @@ class _OneCallAtATime:
                 return value(*args, **kwargs)
 
         return locked
+
+
+class PassSchedule:
+    """When the committer makes a pass (module docstring): :meth:`handled` after each round it handled."""
+
+    def __init__(self, waits_at_most: int = PASS_WAITS_AT_MOST):
+        self.waits_at_most = max(1, waits_at_most)
+        self.owed = 0  # rounds handled since the last pass
+
+    def handled(self, idle: bool) -> int:
+        """A round was handled (``idle``: no round waits); how many rounds' passes to make now (0: none)."""
+        self.owed += 1
+        if not idle and self.owed < self.waits_at_most:
+            return 0
+        owed, self.owed = self.owed, 0
+        return owed
 
 
 class RewardSourcePruner:
@@ -85,9 +110,10 @@ class RewardSourcePruner:
         names = [path.name for path in folder.iterdir()] if folder.is_dir() else []
         return sorted({int(m[1]) for name in names if (m := _ROUND_OF_FILE.fullmatch(name))})
 
-    def after_round(self) -> list[str]:
-        """One bounded pass (module docstring); the names removed. A chain that does not answer, or answers
-        wrong, skips the pass (logged): the files stay until a later one."""
+    def after_round(self, rounds_handled: int = 1) -> list[str]:
+        """One bounded pass (module docstring) over ``rounds_handled`` x ``rounds_a_pass`` kept rounds; the
+        names removed. A chain that does not answer, or answers wrong, skips the pass (logged): the files
+        stay until a later one."""
         from ledger.rewards import RewardPoolClient
         from node.store.rewardsources import prune_sources
 
@@ -99,9 +125,10 @@ class RewardSourcePruner:
                 pools = self.finder.scan()
             if not pools:
                 return []  # no pool: nothing changes
-            batch = [r for r in kept if r > self.after][: self.rounds_a_pass]
-            if len(batch) < self.rounds_a_pass:  # wrap around
-                batch += [r for r in kept if r not in batch][: self.rounds_a_pass - len(batch)]
+            size = self.rounds_a_pass * max(1, rounds_handled)
+            batch = [r for r in kept if r > self.after][:size]
+            if len(batch) < size:  # wrap around
+                batch += [r for r in kept if r not in batch][: size - len(batch)]
             clients = [_OneCallAtATime(RewardPoolClient(self.reader.w3, None, address), self.lock)
                        for address in pools]
             removed = prune_sources(self.directory, clients, self.reader, self.run_id, rounds=set(batch))

@@ -35,7 +35,8 @@ from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution
 from node.store.checkpoint import Checkpoint, write_checkpoint
 from node.live.fraud.window import DisputeWindow
-from node.store.retention import Retention, prune_archive_before, prune_checkpoints_except
+from node.store.retention import (Retention, prune_archive_before, prune_checkpoints_except,
+                                  prune_shards)
 from node.live.round.prefetch import ApplyPrefetch
 
 logger = logging.getLogger(__name__)
@@ -232,9 +233,9 @@ class RoundFinisher(ApplyPrefetch):
         floor = self.retention.rounds_floor(outer_round, committed, held)
         prune_archive_before(self.archive, floor, committed, self.host.remove_blob)
         self.spot_checks.states.forget_before(min(floor, committed + 1))
-        prune_checkpoints_except(self.checkpoint_dir,
-                                 self.retention.checkpoints_kept(self.checkpoint_dir, committed, floor),
-                                 committed, self.host.remove_blob)
+        kept, shards = self.retention.checkpoint_plan(self.checkpoint_dir, committed)
+        prune_checkpoints_except(self.checkpoint_dir, kept, committed, self.host.remove_blob)
+        prune_shards(shards, self.host.remove_blob)
 
     def _rebase_before(self, outer_round: int) -> None:
         """Take the chain's record of an earlier round this node forked from, before applying ``outer_round``
