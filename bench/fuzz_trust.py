@@ -104,7 +104,9 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=0,
                         help="stop after this many examples (0: time only)")
     parser.add_argument("--steps", type=int, default=100, help="steps per example")
-    parser.add_argument("--batch", type=int, default=5, help="examples per hypothesis run")
+    parser.add_argument("--batch", type=int, default=5,
+                        help="examples per hypothesis run (at least 2: a run's first example is hypothesis' "
+                             "simplest, every step the first rule by name)")
     parser.add_argument("--backend", choices=("pyevm", "anvil"), default="pyevm")
     parser.add_argument("--no-shrink", action="store_true",
                         help="report a counterexample as found, unshrunk (hypothesis may shrink one for many "
@@ -117,6 +119,9 @@ def main() -> int:
                              "by default each block's logs are read once), to compare")
     parser.add_argument("--out", default=default_out("trust_fuzz.py"))
     args = parser.parse_args()
+    if args.batch < 2:
+        parser.error(f"--batch {args.batch}: at least 2 (a hypothesis run's first example is its simplest, "
+                     "every step the first rule by name, a_block_passes: such batches fuzz nothing)")
     # The walker is the live node's prover: it logs each step of a walk at ERROR, thousands of times here.
     logging.basicConfig(level=logging.CRITICAL)
     TrustMachine.log_index = not args.no_log_index
