@@ -101,6 +101,19 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts: it exists)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` is a write that found no room (full filesystem, exhausted quota)."""
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS

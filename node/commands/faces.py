@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
 from node.config import load_config
 from node.errors import ConfigError, StateError
+from node.fsutil import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "directory; pass the data_dir of a node's node.toml") from None
     except ValueError as exc:
         raise StateError(f"status file {path} is unreadable: {exc}") from None
-    alive = _pid_alive(status.get("pid", -1))
+    alive = pid_alive(status.get("pid", -1))
     code = 0 if alive else int(ExitCode.NOT_RUNNING)
     if args.json:
         print(json.dumps({**status, "alive": alive}, indent=1))
@@ -140,18 +140,6 @@ def status_lines(status: dict, alive: bool) -> list[str]:
             f"compute  utilization {100 * timing['utilization']:.1f}% over {timing.get('periods')} period(s) "
             f"({_figure(timing.get('inner_s'))} s in inner steps of {_figure(timing.get('wall_s'))} s)")
     return lines
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------- demo

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from node.errors import NodeError
+from node.fsutil import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +85,6 @@ def resident_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Reservation:
@@ -153,7 +144,7 @@ class RerunAdmission:
             except (OSError, ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)  # only this user's processes write here: a torn or foreign file
                 continue
-            if not _alive(owner):
+            if not pid_alive(owner):
                 path.unlink(missing_ok=True)
                 continue
             taken = resident_bytes(int(child)) if isinstance(child, int) else None
