@@ -10,7 +10,8 @@ default (``"windows"``) unless ``--set`` says otherwise. After every committed r
 * the bytes on disk of its data directory (each file once: a checkpoint hard-linked into the blob store is
   one copy), and of ``archive/``, ``checkpoints/``, ``blobs/``, ``chunk-states/``, and per kind of file
   (start states, checkpoints, published stage states, spilled chunk states, archive, other blobs, other:
-  :func:`file_kind`) its files and bytes (the summary gives the last sample's as multiples of the stage);
+  :func:`bench.retention_disk.file_kind`) its files and bytes (the summary gives the last sample's as
+  multiples of the stage);
 * resident memory now (``VmRSS``) and the peak so far (``VmHWM``) from ``/proc/PID/status``.
 
 It writes ONE JSON, ``bench/results/retention.json`` (rewritten after every sample, so a run cut short keeps
@@ -43,8 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
-from p2p.blobpack import MANIFEST_MAGIC, MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, parse_manifest  # noqa: E402
-from p2p.errors import BlobError  # noqa: E402
+from bench.retention_disk import disk_bytes, memory_kib, stage_bytes, summarise  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
@@ -52,183 +52,6 @@ MULTIPLE = ("a node's disk multiple: the bytes of its data directory (each file 
             "counts once) over its stage's bytes, the float32 weights of the stage it holds (stage_bytes); "
             "also over the stage's training state, its weights, gradients and AdamW's two moments "
             "(training_state_bytes, 4 x stage_bytes)")
-PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
-START_STATE_MAGIC = b"dlx-replica-state-v1"
-
-
-def file_kind(part: str, path: str, st: os.stat_result) -> str:
-    """What a file of a node's data directory is (``part``: its top-level folder): ``checkpoint`` (a full
-    checkpoint or a shard, in ``checkpoints/`` and linked into the store), ``start_state`` (a start state the
-    node serves), ``published_state`` (a chunked run's stage state it serves: a safetensors blob not linked),
-    ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
-    ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
-    ``packed_piece`` and ``packed_manifest`` (packed blobs, p2p/blobpack.py, that :func:`packed_kinds`
-    does not name), ``other`` (logs, the node's state files)."""
-    if part in ("checkpoints", "archive"):
-        return "checkpoint" if part == "checkpoints" else "archive"
-    if part == "chunk-states":
-        return "chunk_spill"
-    if part != "blobs":
-        return "other"
-    if f"{os.sep}{PIECES_DIR}{os.sep}" in path:
-        return "packed_piece"
-    if f"{os.sep}{PACKED_DIR}{os.sep}" in path:
-        return "packed_manifest"
-    if st.st_nlink > 1:
-        return "checkpoint"
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(START_STATE_MAGIC))
-    except OSError:
-        return "other_blob"
-    if head == START_STATE_MAGIC:
-        return "start_state"
-    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < st.st_size:
-        return "published_state"
-    return "other_blob"
-
-
-#: Which kind a piece shared by packed blobs of several kinds counts as: the first in this order.
-PACKED_ORDER = ("start_state", "published_state", "sum_trees", "packed_other")
-
-
-def packed_kinds(blobs: Path) -> tuple[dict[str, str], dict[str, int]]:
-    """The kind of each packed blob's manifest and pieces in the blob store ``blobs`` (path -> kind), and the
-    blobs of each kind: ``start_state`` (a start state, and every piece one names: its tensors' data),
-    ``published_state`` (a chunked run's published stage state: its weights and momentum, pieces no start
-    state names), ``sum_trees`` (a version-3 stage's factors and sum trees, kept as compressed pieces),
-    ``packed_other``. A manifest that does not parse (being written or removed) is skipped."""
-    kinds: dict[str, str] = {}
-    counts: dict[str, int] = {}
-    for manifest in sorted((blobs / PACKED_DIR).glob(f"*{MANIFEST_SUFFIX}")):
-        try:
-            blob = parse_manifest(manifest.read_bytes(), manifest.name[:64], blobs / PIECES_DIR)
-            head = blob.pread(0, 32)
-        except (OSError, BlobError):
-            continue
-        if head.startswith(START_STATE_MAGIC):
-            kind = "start_state"
-        elif any(part[0] == "z" for part in blob.parts):
-            kind = "sum_trees"
-        elif head[8:9] == b"{":
-            kind = "published_state"
-        else:
-            kind = "packed_other"
-        counts[kind] = counts.get(kind, 0) + 1
-        kinds[str(manifest)] = kind
-        for piece in blob.pieces():
-            path = str(blobs / PIECES_DIR / piece)
-            if path not in kinds or PACKED_ORDER.index(kind) < PACKED_ORDER.index(kinds[path]):
-                kinds[path] = kind
-    return kinds, counts
-
-
-def packed_size(path: str) -> int:
-    """The size of the blob a packed manifest (p2p/blobpack.py) stands for; 0 if it cannot be read."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(MANIFEST_MAGIC) + 8)
-    except OSError:
-        return 0
-    if not head.startswith(MANIFEST_MAGIC) or len(head) < len(MANIFEST_MAGIC) + 8:
-        return 0
-    return int.from_bytes(head[len(MANIFEST_MAGIC):], "little")
-
-
-def disk_bytes(data_dir: Path) -> dict:
-    """Bytes under ``data_dir`` (each inode once) and under each of PARTS, the newest start state's, per kind
-    of file (:func:`packed_kinds`, :func:`file_kind`) its files and bytes, and the packed blobs of each
-    kind held (``held``: how many rounds of start states and published states the node keeps)."""
-    packed, held = packed_kinds(data_dir / "blobs")
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    parts = dict.fromkeys(PARTS, 0)
-    kinds: dict[str, list[int]] = {}
-    start_state = 0
-    for root, _dirs, names in os.walk(data_dir):
-        for name in names:
-            path = os.path.join(root, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_size
-            rel = os.path.relpath(path, data_dir).split(os.sep)[0]
-            if rel in parts:
-                parts[rel] += st.st_size
-            kind = packed.get(path) or file_kind(rel, path, st)
-            count = kinds.setdefault(kind, [0, 0])
-            count[0] += 1
-            count[1] += st.st_size
-            if kind == "start_state" and path in packed:  # kept as pieces: its size is in its manifest
-                start_state = max(start_state, packed_size(path) if path.endswith(MANIFEST_SUFFIX) else 0)
-            elif kind == "start_state":
-                start_state = max(start_state, st.st_size)
-    return {"total": total, **parts, "start_state": start_state, "held": held,
-            "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
-
-
-def memory_kib(pid: int | None) -> dict:
-    if pid is None:
-        return {}
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"rss_kib": int(fields["VmRSS"].split()[0]), "peak_rss_kib": int(fields["VmHWM"].split()[0])}
-
-
-def stage_bytes(stages: int = 1, preset: str = "tiny") -> int:
-    """fp32 bytes of the largest stage's weights of the ``preset`` model cut in ``stages`` (one stage: all of
-    them; a node holds one stage)."""
-    import math
-
-    from node.config import load_config
-    from node.runconfig import run_document
-    from node.store.checkpoint import RunLayout
-
-    cfg = load_config(None, [f"model.preset={preset}", f"pipeline.num_stages={stages}"])
-    layout = RunLayout.of_document(0, b"\0" * 32, run_document(cfg))
-    return max(4 * sum(math.prod(s) for s in shapes.values()) for shapes in layout.stage_shapes)
-
-
-def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
-    out = {}
-    names = sorted(samples[-1]["nodes"]) if samples else []
-    for name in names:
-        series = [(s["round"], s["nodes"][name]) for s in samples if name in s["nodes"]]
-        totals = [(r, n["disk"]["total"]) for r, n in series if n.get("disk")]
-        after = [t for r, t in totals if r >= flat_from]
-        start_state = max((n["disk"]["start_state"] for _r, n in series if n.get("disk")), default=0)
-        peak = max((n.get("peak_rss_kib", 0) for _r, n in series), default=0)
-        out[name] = {
-            "disk_max_bytes": max(t for _r, t in totals) if totals else None,
-            "disk_last_bytes": totals[-1][1] if totals else None,
-            "disk_max_over_stage_bytes": round(max(t for _r, t in totals) / stage, 2) if totals else None,
-            "disk_max_over_start_state": round(max(t for _r, t in totals) / start_state, 2)
-            if totals and start_state else None,
-            # the stage's training state: fp32 weights, gradients and AdamW's two moments (4 x the weights)
-            "disk_max_over_training_state": round(max(t for _r, t in totals) / (4 * stage), 2)
-            if totals else None,
-            "held_last": series[-1][1].get("disk", {}).get("held") if series else None,
-            f"disk_from_round_{flat_from}": [min(after), max(after)] if after else None,
-            "start_state_bytes": start_state,
-            "peak_rss_mib": round(peak / 1024, 1),
-            "last_by_kind": _kinds_over_stage(series[-1][1].get("disk", {}), stage) if series else None,
-        }
-    return out
-
-
-def _kinds_over_stage(disk: dict, stage: int) -> dict | None:
-    """A sample's kinds of files: files, bytes and bytes over the stage's bytes (None for older samples)."""
-    kinds = disk.get("kinds")
-    if not kinds:
-        return None
-    return {k: {**v, "over_stage_bytes": round(v["bytes"] / stage, 2)} for k, v in kinds.items()}
 
 
 def main() -> int:

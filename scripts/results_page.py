@@ -17,7 +17,6 @@ comes from.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from results_contracts import (
 from results_convergence import ablation, convergence, diloco_goal
 from results_emulator import churn_memory, netlab, soak
 from results_headline import BEGIN, END, README, PageError, headline_table, with_headline  # noqa: F401
+from results_render import render_page
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_models import hf_import
 from results_scale import components, scale_model, scale_system
@@ -59,7 +59,6 @@ from results_sections import (
     fuzz,
     ledger,
     longrun,
-    provenance,
     restart,
     robust_sim,
     utilization,
@@ -436,37 +435,7 @@ def headline(results: Path = RESULTS) -> str:
 
 
 def render(results: Path = RESULTS) -> str:
-    known = {s.file for s in SECTIONS}
-    unknown = sorted(p.name for p in results.glob("*.json") if p.name not in known)
-    if unknown:
-        raise PageError(
-            f"no section in scripts/results_page.py for bench/results/{', '.join(unknown)}: add one "
-            "(every benchmark writes one current result, and each has a section)")
-    out = [HEADER, "## Contents", ""]
-    out += [f"- [{s.title}](#{_anchor(s.title)})" for s in SECTIONS]
-    out.append("")
-    for section in SECTIONS:
-        out += [f"## {section.title}", "",
-                (f"[`{section.script}`](../{section.script}) -> [`bench/results/{section.file}`]"
-                f"(../bench/results/{section.file})"), ""]
-        path = results / section.file
-        if not path.exists():
-            out += ["No result yet: run the script.", ""]
-            continue
-        try:
-            result = json.loads(path.read_text())
-            out += section.render(result)
-            out += [section.notes, ""] if section.notes else []
-            out += provenance(result)
-        except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as exc:
-            raise PageError(f"bench/results/{section.file}: {type(exc).__name__}: {exc} (not what "
-                            f"{section.script} writes?)") from exc
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _anchor(title: str) -> str:
-    keep = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -")
-    return keep.replace(" ", "-")
+    return render_page(results, SECTIONS, HEADER)
 
 
 def main(argv: list[str] | None = None) -> int:
