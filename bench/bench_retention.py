@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
-from bench.retention_disk import disk_bytes, memory_kib, stage_bytes, summarise  # noqa: E402
+from bench.retention_disk import disk_bytes, memory_kib, rebuilds, stage_bytes, summarise  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
@@ -141,6 +141,8 @@ def main() -> int:
             "wall_s": round(time.monotonic() - started, 1),
             "finished": final, "stopped": stopped,
             "summary": summarise(samples, stage, args.flat_from),
+            # start states rebuilt when asked (storage.start_states = "rebuild") and spot checks, per node
+            "rebuilds": {slot.name: rebuilds(slot.data_dir) for slot in run.nodes},
             "audit": audit,
             "serve_checkpoint": serve,
             "samples": samples,

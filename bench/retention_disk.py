@@ -8,12 +8,13 @@ process's resident and peak memory; :func:`summarise` turns a node's samples int
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from p2p.blobpack import MANIFEST_MAGIC, MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, parse_manifest
 from p2p.errors import BlobError
 
-PARTS = ("archive", "checkpoints", "blobs", "chunk-states")
+PARTS = ("archive", "checkpoints", "blobs", "chunk-states", "spotchecks")
 START_STATE_MAGIC = b"dlx-replica-state-v1"
 
 
@@ -24,11 +25,14 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     ``chunk_spill`` (``chunk-states/``: the states a fraud proof reads), ``archive`` (envelopes and
     ``round.json``), ``other_blob`` (envelopes served, a version-3 stage's factors and sum trees, evidence),
     ``packed_piece`` and ``packed_manifest`` (packed blobs, p2p/blobpack.py, that :func:`packed_kinds`
-    does not name), ``other`` (logs, the node's state files)."""
+    does not name), the spot checker's files (:func:`_spotcheck_kind`), ``other`` (logs, the node's state
+    files)."""
     if part in ("checkpoints", "archive"):
         return "checkpoint" if part == "checkpoints" else "archive"
     if part == "chunk-states":
         return "chunk_spill"
+    if part == "spotchecks":
+        return _spotcheck_kind(path)
     if part != "blobs":
         return "other"
     if f"{os.sep}{PIECES_DIR}{os.sep}" in path:
@@ -47,6 +51,23 @@ def file_kind(part: str, path: str, st: os.stat_result) -> str:
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < st.st_size:
         return "published_state"
     return "other_blob"
+
+
+def _spotcheck_kind(path: str) -> str:
+    """A file of the spot checker's work directory: ``held_claimant_state`` (another replica's start state
+    held from an exact rerun of round t to round t+1's chain check, ``linkable/``), ``state_being_written``
+    (the node's own start state before it is packed, ``start-states/``), ``rebuild_job`` (a rebuild's
+    inputs and output, node/live/checks/staterebuild.py), ``spot_check_job`` (a rerun's inputs), ``other``."""
+    parts = path.split(os.sep)
+    if "linkable" in parts:
+        return "held_claimant_state"
+    if "start-states" in parts:
+        return "state_being_written"
+    if any(p.startswith("rebuild-") for p in parts):
+        return "rebuild_job"
+    if any(p.startswith("round-") for p in parts):
+        return "spot_check_job"
+    return "other"
 
 
 #: Which kind a piece shared by packed blobs of several kinds counts as: the first in this order.
@@ -130,6 +151,30 @@ def disk_bytes(data_dir: Path) -> dict:
                 start_state = max(start_state, st.st_size)
     return {"total": total, **parts, "start_state": start_state, "held": held,
             "kinds": {k: {"files": v[0], "bytes": v[1]} for k, v in sorted(kinds.items())}}
+
+
+REBUILT = re.compile(r"start state of round (\d+) rebuilt from round (\d+)'s \((\d+) rounds replayed, "
+                     r"([0-9.]+) s\)")
+NOT_REBUILT = re.compile(r"start state of round \d+ not rebuilt")
+SPOT = re.compile(r"spot check of replica \d+ round \d+: (\w+)")
+NOT_DONE = re.compile(r"spot check of replica \d+ round \d+ not done")
+
+
+def rebuilds(data_dir: Path) -> dict:
+    """From a node's logs: the start states it rebuilt when asked (node/live/checks/staterebuild.py: how
+    many, the rounds replayed, the seconds each took, the ones that failed) and its spot checks' verdicts."""
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(data_dir.glob("node-*.log")))
+    done = [(int(m[2]), float(m[3])) for m in REBUILT.findall(text)]
+    seconds = sorted(s for _r, s in done)
+    verdicts: dict[str, int] = {}
+    for verdict in SPOT.findall(text):
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    return {"rebuilt": len(done), "rounds_replayed": sum(r for r, _s in done),
+            "max_rounds_replayed": max((r for r, _s in done), default=0),
+            "seconds_median": seconds[len(seconds) // 2] if seconds else None,
+            "seconds_max": seconds[-1] if seconds else None,
+            "failed": len(NOT_REBUILT.findall(text)),
+            "spot_checks": verdicts, "spot_checks_not_done": len(NOT_DONE.findall(text))}
 
 
 def memory_kib(pid: int | None) -> dict:

@@ -62,8 +62,22 @@ class StorageConfig:
     # the other stages' holders and assembled by whoever needs the file (node/store/checkpoint_split.py);
     # "auto" (the default): "stages" where the whole file is 512 MiB or more, else "whole"
     checkpoints: str = "auto"
+    # This node's own start states (what a spot check of its contribution reruns from, about 10x the stage's
+    # fp32 weights each): "rebuild" (the default) keeps one every ``start_state_every`` rounds (and the first
+    # after a start or a gap) and rebuilds any other a peer asks for by replaying its own rounds from the
+    # newest kept one before it, bit for bit (node/live/checks/staterebuild.py); "keep" keeps every one the
+    # windows need (the setting before issue 75's rebuild)
+    start_states: str = "rebuild"
+    start_state_every: int = 8  # with "rebuild": the rounds between two kept start states (1 = every one)
 
     def __post_init__(self) -> None:
+        if self.start_states not in START_STATE_KEEPING:
+            raise ConfigError(f"storage.start_states={self.start_states!r}: must be one of "
+                              f"{', '.join(START_STATE_KEEPING)} (\"rebuild\": keep one every "
+                              "start_state_every rounds, rebuild the others when asked; \"keep\": every one)")
+        if self.start_state_every < 1:
+            raise ConfigError(f"storage.start_state_every={self.start_state_every}: must be >= 1 (1 keeps "
+                              "every start state)")
         if self.retention not in RETENTIONS:
             raise ConfigError(f"storage.retention={self.retention!r}: must be one of {', '.join(RETENTIONS)} "
                               "(\"windows\": what the chain's open windows need; \"all\": every round)")
@@ -84,6 +98,8 @@ class StorageConfig:
 RETENTIONS = ("windows", "all")
 #: ``storage.checkpoints``'s values (node/store/checkpoint_split.py).
 CHECKPOINT_KEEPING = ("auto", "whole", "stages")
+#: ``storage.start_states``' values (node/live/checks/staterebuild.py).
+START_STATE_KEEPING = ("rebuild", "keep")
 
 
 _SECTIONS: dict[str, type] = {

@@ -130,6 +130,9 @@ class BlobServer:
             total = path.stat().st_size
         except FileNotFoundError:
             packed = self.store.served_packed(sha256_hex)  # no file: perhaps pieces (blobpack.py), or aliased
+            if packed is None and self.store.rebuildable(sha256_hex) and \
+                    await self._run_blocking(self.store.rebuild, sha256_hex):
+                packed = self.store.served_packed(sha256_hex)  # a rebuilt start state (set_rebuilder)
             if packed is None:
                 await write_frame(stream, not_found_reply())
                 await stream.close()

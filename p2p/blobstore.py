@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from p2p.blobpack import (MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, PackedBlob, check_pieces, pack_file,
                           parse_manifest)
@@ -117,6 +117,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class BlobRebuilder(Protocol):
+    """What makes blobs a store does not hold, when a peer asks (:meth:`BlobStore.set_rebuilder`)."""
+
+    def knows(self, sha256_hex: str) -> bool: ...
+
+    def rebuild(self, sha256_hex: str) -> bool: ...
+
+
 class BlobStore:
     """Verified blobs under one directory; safe to use from several threads."""
 
@@ -137,6 +145,25 @@ class BlobStore:
         self._pack_lock = threading.Lock()  # a sweep never takes a piece a manifest being written names
         if self.packed_dir.is_dir():
             self._load_packed()
+        #: What makes a blob this store does not hold on request (:meth:`set_rebuilder`); None: nothing
+        self._rebuilder: BlobRebuilder | None = None
+
+    def set_rebuilder(self, rebuilder: BlobRebuilder | None) -> None:
+        """Let ``rebuilder`` make a blob a peer asks for that this store does not hold (a node's own start
+        state it rebuilds rather than keeps: node/live/checks/staterebuild.py). The server asks
+        ``rebuilder.knows(key)`` (quick, on the event loop), then ``rebuilder.rebuild(key)`` on a thread
+        (True once the blob is stored), and serves it as any other."""
+        self._rebuilder = rebuilder
+
+    def rebuildable(self, key_hex: str) -> bool:
+        """Whether the rebuilder can make ``key_hex`` (:meth:`set_rebuilder`)."""
+        rebuilder = self._rebuilder
+        return rebuilder is not None and rebuilder.knows(key_hex)
+
+    def rebuild(self, key_hex: str) -> bool:
+        """Make ``key_hex`` with the rebuilder (blocking); True if it is stored now."""
+        rebuilder = self._rebuilder
+        return rebuilder is not None and rebuilder.rebuild(key_hex)
 
     def path(self, sha256_hex: str) -> Path:
         return self.root / check_sha256_hex(sha256_hex)

@@ -126,6 +126,11 @@ class HostBlobs:
         # 22 hours count from this announcement.
         store._last_republish[key] = time.time()
 
+    def set_blob_rebuilder(self, rebuilder) -> None:
+        """Serve the blobs ``rebuilder`` makes when asked for them
+        (:meth:`p2p.blobstore.BlobStore.set_rebuilder`)."""
+        self.store.set_rebuilder(rebuilder)
+
     def has_blob(self, sha256_hex: str) -> bool:
         return self.store.has(sha256_hex)
 

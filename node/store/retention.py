@@ -167,6 +167,10 @@ class Retention:
         self.storage = storage  # node.config.StorageConfig
         self.own_open = own_open
         self.proof_open = proof_open if proof_open is not None else own_open
+        # Rounds before this were found closed already (a closed window stays closed): not asked again, so
+        # the archive rounds kept only for a start state's replay (node/live/checks/staterebuild.py) cost no
+        # chain calls
+        self._settled = 0
 
     @property
     def keeps_all(self) -> bool:
@@ -183,9 +187,12 @@ class Retention:
         floor = min(committed_through + 1, min(newest, committed_through) - committed_kept + 1)
         if self.storage.keep_rounds > 0:
             floor = min(floor, newest - self.storage.keep_rounds + 1)
-        for outer_round in sorted(r for r in set(held) if r < floor):
+        for outer_round in sorted(r for r in set(held) if self._settled <= r < floor):
             if self.own_open is not None and self.own_open(outer_round):
+                self._settled = max(self._settled, outer_round)
                 return max(0, outer_round)  # it and every newer round stay: one span, oldest first
+        if self.own_open is not None:
+            self._settled = max(self._settled, floor)
         return max(0, floor)
 
     def checkpoints_kept(self, checkpoint_dir: Path, committed_through: int, rounds_floor: int) -> set[int]:

@@ -38,11 +38,14 @@ import logging
 from node import protocol as msg
 from node.tools.audit_archives import AuditArchives
 from node.tools.audit_sliced import SlicedBundleFails, SlicedInputsMissing, SlicedRerunArchive
+from training.errors import TrainingError
 from p2p.envelope import decode_envelope
 
 logger = logging.getLogger(__name__)
 
 MAX_BLOB = 1 << 32  # the largest envelope the audit decodes
+#: How many rounds back the audit looks for a kept start state to replay a missing one from (rebuilt_parts)
+REBUILD_ROUNDS = 64
 
 
 def sample_contributions(pairs: list[tuple[int, int]], head: bytes, count: int) -> list[tuple[int, int]]:
@@ -69,6 +72,7 @@ class ReexecAuditor:
         self.sealed = self.archives.sealed()
         self.sliced = SlicedRerunArchive(self.cfg, self.archives, self.sealed)
         self.history = history  # ledger.records.RunHistory: the declared platforms (declared_platform)
+        self._replayed: dict = {}  # replica -> the last start state rebuilt_parts replayed
 
     def _envelopes(self, round_index: int, replica: int) -> list | None:
         """The replica's envelope of every stage of the round, in stage order (None: not all in the archives).
@@ -148,8 +152,11 @@ class ReexecAuditor:
         bodies = [msg.decode_contribution_body(e.payload) for e in envs]
         parts = [self.archives.blob(b.state_hash.hex()) for b in bodies]
         if any(p is None for p in parts):
-            return None, getattr(self.archives, "no_start_state",
-                                 "its start state is not in the archives' blob stores"), None
+            parts, why = self.rebuilt_parts(round_index, replica, [b.state_hash for b in bodies])
+            if parts is None:
+                why = getattr(self.archives, "no_start_state",
+                              "its start state is not in the archives' blob stores") + f" ({why})"
+                return None, why, None
         payloads, partials = [b.blob for b in bodies], None
         if self.cfg.diloco.sliced:  # its envelopes carry slice references, not codec blobs
             try:
@@ -187,6 +194,81 @@ class ReexecAuditor:
                                previous_partials=partials or None, processes=self.processes)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
+
+    def _kept_state(self, round_index: int, replica: int):
+        """The replica's start state of ``round_index`` if the archives keep every stage of it (parsed), else
+        None; raises LookupError where the round's envelopes are not there either."""
+        from training.replica_state import ReplicaStartState, parse_stage_state
+
+        envs = self._envelopes(round_index, replica)
+        if envs is None:
+            raise LookupError(f"round {round_index}'s contributions of replica {replica} are not here")
+        parts = [self.archives.blob(msg.decode_contribution_body(e.payload).state_hash.hex()) for e in envs]
+        if any(p is None for p in parts):
+            return None
+        return ReplicaStartState(tuple(parse_stage_state(p) for p in parts))
+
+    def rebuilt_parts(self, round_index: int, replica: int, wanted: list[bytes]) -> tuple[list | None, str]:
+        """(the replica's start-state parts of ``round_index``, "") replayed from the newest start state of it
+        the archives keep from an earlier round (a node keeps one every ``storage.start_state_every`` rounds
+        and rebuilds the others when asked: node/live/checks/staterebuild.py), its rounds rerun as a spot
+        check reruns them and the result's hashes checked against ``wanted`` (what the envelopes bind);
+        (None, why not) where it cannot be. The last state replayed is kept for the replica's next round."""
+        state = self._replayed.get(replica)
+        if state is not None and state.meta.outer_round > round_index:
+            state = None
+        try:
+            for anchor in range(round_index - 1, max(-1, round_index - 1 - REBUILD_ROUNDS), -1):
+                if state is not None and state.meta.outer_round >= anchor:
+                    break
+                state = self._kept_state(anchor, replica)
+                if state is not None:
+                    break
+        except LookupError as exc:
+            return None, f"no kept start state to replay it from: {exc}"
+        if state is None:
+            return None, f"no start state of replica {replica} kept in the {REBUILD_ROUNDS} rounds before"
+        corpus, start = self.replayer._corpus(), state.meta.outer_round
+        if corpus is None:
+            return None, f"the run's training data is not available here ({self.replayer.corpus_problem})"
+        while state.meta.outer_round < round_index:
+            outer_round = state.meta.outer_round
+            try:
+                state = self._replay_round(state, corpus, replica)
+            except (SlicedInputsMissing, ValueError, TrainingError) as exc:
+                self._replayed.pop(replica, None)
+                return None, f"replaying round {outer_round} from round {start}'s kept start state: {exc}"
+        self._replayed[replica] = state
+        if state.stage_hashes() != list(wanted):
+            return None, f"replayed from round {start}'s kept start state, it is not the state round " \
+                         f"{round_index} binds"
+        return [part.to_bytes() for part in state.stages], ""
+
+    def _replay_round(self, state, corpus, replica: int):
+        """Round ``state.meta.outer_round``'s rerun from ``state`` (consumed): the replica's next start state.
+        Raises ValueError (inputs missing) or a TrainingError."""
+        from training.reexec import claimed_steps, reexecute
+
+        outer_round, partials, declared = state.meta.outer_round, None, None
+        if self.cfg.diloco.sliced:
+            previous, excluded, partials = {}, {}, self.sliced.previous(outer_round - 1)
+        else:
+            previous, excluded = self._previous(outer_round - 1)
+            if previous is None:
+                raise ValueError(excluded)
+        if self.cfg.diloco.budgeted:
+            envs = self._envelopes(outer_round, replica) or []
+            declared = claimed_steps(msg.decode_contribution_body(envs[0].payload).blob) if envs else None
+        held = {int(e[0]) for e in self.sealed.get(outer_round - 1, []) if int(e[1]) == replica}
+        dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if outer_round else []
+        cfg = self.cfg
+        rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
+                          previous_contributions=previous or None, previous_excluded=excluded,
+                          previous_dropped=dropped, previous_partials=partials or None,
+                          declared_steps=declared, processes=self.processes, consume=True)
+        if rerun.next_state is None:
+            raise ValueError(f"the rerun of round {outer_round} gives no next start state (no delay)")
+        return rerun.next_state
 
     def _undeclared(self, round_index: int, envs, parts) -> tuple[int, str] | None:
         """(stage, why) of the first stage whose claimed platform is not its signer's declared one."""

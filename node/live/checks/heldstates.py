@@ -14,13 +14,17 @@ import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
+from node.errors import NodeError
 from node.fsutil import atomic_write_bytes, keep_evidence, serve_when_space
+from node.live.checks.staterebuild import RebuildFailed
 from node.store.retention import SERVED_STATES_FILE, SPOT_CHECK_ROUNDS, load_served_states, save_served_states
 from p2p.envelope import Envelope
-from training.replica_state import check_stage_state_file
+from p2p.blobstore import hash_file
 from p2p.errors import P2PError
+from training.replica_state import check_stage_state_file
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +37,10 @@ STATE_ROUNDS_KEPT = SPOT_CHECK_ROUNDS
 STATE_FETCH_TIMEOUT_S = 60.0
 #: The slowest transfer rate (bytes/s) a start state's fetch is given time for.
 STATE_FETCH_MIN_RATE = 2 << 20
+#: Seconds a start state whose rebuild failed is not tried again (each ask of it would start one).
+REBUILD_RETRY_AFTER_S = 60.0
+#: Seconds between asks for a start state its claimant has not served yet (it may be rebuilding it).
+REFETCH_AFTER_S = 3.0
 
 
 def state_fetch_timeout(expected_bytes: int) -> float:
@@ -68,6 +76,22 @@ class HeldStates:
         self._served: dict[int, list[str]] = load_served_states(self._served_file)
         self._served_lock = threading.Lock()
         self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
+        # storage.start_states = "rebuild" (node/live/checks/staterebuild.py): keep one state every
+        # ``_every`` rounds on disk, rebuild the others when asked; 0: keep every one served
+        self._every = 0
+        self._replay = None  # StateReplay: (anchor round, anchor files, target round) -> target files
+        self._first_round: int | None = None  # the first round this process served: an anchor
+        self._rebuild_lock = threading.Lock()  # one rebuild at a time
+        self._rebuilt: dict[str, int] = {}  # rebuilt blob -> prunings it has outlived (dropped at the 2nd)
+        self.rebuild_failures = 0
+        self._failed: dict[str, float] = {}  # a blob whose rebuild failed -> when it may be tried again
+
+    def rebuild_others(self, every: int, replay) -> None:
+        """Keep one start state every ``every`` rounds on disk and rebuild the others with ``replay`` when a
+        peer asks for one (:mod:`node.live.checks.staterebuild`); the host asks :meth:`knows` and
+        :meth:`rebuild` for a blob it does not hold."""
+        self._every, self._replay = every, replay
+        self.host.set_blob_rebuilder(self)
 
     def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
@@ -88,6 +112,9 @@ class HeldStates:
                 self._served.setdefault(outer_round, []).append(digest)
                 self._save_served()
             hashes[stage] = bytes.fromhex(digest)
+        if self._every and not self._is_anchor(outer_round, len(parts)):
+            for digest in hashes.values():  # served from now on by a rebuild when asked
+                self.host.remove_blob(digest.hex())
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
         # both (storage.keep_rounds = 0 keeps everything, so nothing is dropped then).
         if keep_rounds > 0:
@@ -103,10 +130,53 @@ class HeldStates:
             logger.warning("list of served start states not written (%s): after a restart they are not "
                            "pruned", exc)
 
+    def _is_anchor(self, outer_round: int, stages: int) -> bool:
+        """Whether this node keeps its start state of ``outer_round`` on disk under "rebuild": every
+        ``_every``-th round, the first this process served (a restart's or a joiner's state does not follow
+        from an earlier one by a replay), the first after a round it served none of (a gap), and a round
+        whose state does not hold every stage (a split node's: a stage is not replayed alone)."""
+        if self._first_round is None:
+            self._first_round = outer_round
+        with self._served_lock:
+            gap = outer_round - 1 not in self._served
+        return (outer_round % self._every == 0 or outer_round == self._first_round or gap
+                or stages != self.num_stages)
+
+    def _on_disk(self, outer_round: int) -> bool:
+        """Whether every stage of this node's start state of ``outer_round`` is in its blob store (under
+        ``_served_lock``)."""
+        digests = self._served.get(outer_round, [])
+        return len(digests) == self.num_stages and all(self._held(d) for d in digests)
+
+    def _held(self, digest: str) -> bool:
+        return self.host.has_blob(digest) or self.host.store.packed(digest) is not None
+
+    def oldest_kept(self) -> int | None:
+        """The oldest round whose start state this node serves or can rebuild (None: none): the retention
+        keeps the archive from the round before it (a replay of round r reads round r - 1's
+        contributions)."""
+        with self._served_lock:
+            return min(self._served, default=None)
+
+    def archive_floor(self, floor: int) -> int:
+        """The oldest archive round the retention keeps, given its ``floor``: under "rebuild", the round
+        before the oldest start state this node serves or rebuilds (a replay of round r reads round r - 1's
+        contributions), else ``floor``."""
+        oldest = self.oldest_kept() if self._every else None
+        return floor if oldest is None else max(0, min(floor, oldest - 1))
+
     def forget_before(self, floor: int) -> list[int]:
         """Stop serving (and delete) this node's start states of rounds before ``floor`` (the retention's:
-        node/store/retention.py); the rounds dropped."""
+        node/store/retention.py); the rounds dropped. Under "rebuild" the newest state kept on disk at or
+        before ``floor`` stays (the rounds from it on are rebuilt from it), and a rebuilt state goes at the
+        second pruning after its rebuild (an asker's fetch had a round to read it)."""
+        if self._every:
+            self._drop_rebuilt()
         with self._served_lock:
+            if self._every:  # a kept one, not a rebuilt copy (those go)
+                anchors = [r for r in self._served if r <= floor and self._on_disk(r)
+                           and not set(self._served[r]) & set(self._rebuilt)]
+                floor = max(anchors, default=floor)
             old = sorted(r for r in list(self._served) if r < floor)
             for outer_round in old:
                 for digest in self._served[outer_round]:
@@ -115,6 +185,101 @@ class HeldStates:
             if old:
                 self._save_served()
         return old
+
+    def _drop_rebuilt(self) -> None:
+        """Drop the rebuilt states that outlived a pruning already (anchors stay: they are not rebuilt)."""
+        for digest, prunings in list(self._rebuilt.items()):
+            if prunings >= 1:
+                self.host.remove_blob(digest)
+                del self._rebuilt[digest]
+            else:
+                self._rebuilt[digest] = prunings + 1
+
+    def _round_of(self, digest: str) -> tuple[int, int] | None:
+        """(round, stage) of this node's start state ``digest`` (under ``_served_lock``); None if not its."""
+        for outer_round, digests in self._served.items():
+            if digest in digests:
+                return outer_round, digests.index(digest)
+        return None
+
+    def knows(self, digest: str) -> bool:
+        """Whether ``digest`` is one of this node's start states that a rebuild can serve (the blob server
+        asks, for a blob it does not hold: p2p/blob_server.py)."""
+        if not self._every:
+            return False
+        with self._served_lock:
+            return self._round_of(digest) is not None
+
+    def rebuild(self, digest: str) -> bool:
+        """Rebuild this node's start state ``digest`` and serve it (module :mod:`node.live.checks.
+        staterebuild`); False if it cannot be (the reason logged): the asker is told it is not here. Runs on
+        a thread of the host's, one rebuild at a time; a blob another asker's rebuild made meanwhile is
+        simply served."""
+        with self._rebuild_lock:
+            if self._held(digest):
+                return True
+            if time.monotonic() < self._failed.get(digest, 0.0):
+                return False  # it failed a moment ago: the reason was logged then
+            with self._served_lock:
+                found = self._round_of(digest)
+                anchors = [] if found is None else [
+                    r for r in self._served if r <= found[0] and self._on_disk(r)]
+                anchor = max(anchors, default=None)
+                anchor_digests = list(self._served.get(anchor, []))
+                target_digests = [] if found is None else list(self._served[found[0]])
+            if found is None or anchor is None:
+                logger.warning("start state %s asked for: %s", digest[:16],
+                               "not one of ours" if found is None else "no kept state before its round")
+                return False
+            try:
+                self._rebuild_round(anchor, anchor_digests, found[0], target_digests)
+            except (NodeError, P2PError, OSError) as exc:
+                self.rebuild_failures += 1
+                self._failed = {d: t for d, t in self._failed.items() if t > time.monotonic()}
+                self._failed[digest] = time.monotonic() + REBUILD_RETRY_AFTER_S
+                logger.warning("start state of round %d not rebuilt from round %d's: %s", found[0], anchor,
+                               exc)
+                return False
+            return True
+
+    def _rebuild_round(self, anchor: int, anchor_digests: list[str], target: int,
+                       target_digests: list[str]) -> None:
+        """Replay from ``anchor``'s kept state to ``target``'s, check each stage's bytes hash to what this
+        node bound, and serve them as packed blobs (as :meth:`serve` does)."""
+        job = self._replay.job_dir(target)
+        shutil.rmtree(job, ignore_errors=True)  # a crashed rebuild's leftovers
+        job.mkdir(parents=True)
+        try:
+            anchor_files = []
+            for stage, digest in enumerate(anchor_digests):
+                path = job / f"kept-{stage}.bin"
+                with open(path, "wb") as out:
+                    self._write_blob(digest, out)
+                anchor_files.append(path)
+            files = self._replay(anchor, anchor_files, target)
+            for stage, (path, digest) in enumerate(zip(files, target_digests)):
+                if hash_file(path) != digest:
+                    raise RebuildFailed(f"the replay's stage {stage} is not the state this node bound "
+                                        f"({digest[:16]})")
+            for stage, (path, digest) in enumerate(zip(files, target_digests)):
+                serve_when_space(self.host, path, stop=self.stop, cuts=state_cuts(path),
+                                 what=f"round {target}'s rebuilt start state of stage {stage}")
+                self._rebuilt[digest] = 0
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+
+    def _write_blob(self, digest: str, out) -> None:
+        """Write this node's kept blob ``digest`` (a packed blob, or a file) to ``out``."""
+        packed = self.host.store.packed(digest)
+        if packed is not None:
+            packed.write_to(out)
+        else:
+            out.write(self.host.read_blob(digest))
+
+    def close(self) -> None:
+        """End the rebuilds' child process, if one was started."""
+        if self._replay is not None:
+            self._replay.close()
 
     def served_rounds(self) -> list[int]:
         """The rounds whose start states this node serves (those served before a restart too)."""
@@ -132,10 +297,26 @@ class HeldStates:
         paths = []
         for env, state_hash in zip(envs, state_hashes):
             dest = job_dir / f"fetch-{env.stage}.part"
-            self.host.fetch_blob(state_hash.hex(), dest, providers=[env.sender_peer_id],
-                                 timeout=state_fetch_timeout(self.expected_part_bytes(env.stage)))
+            self._fetch_until(state_hash.hex(), dest, env.sender_peer_id,
+                              state_fetch_timeout(self.expected_part_bytes(env.stage)))
             paths.append(dest)
         return paths
+
+    def _fetch_until(self, digest: str, dest: Path, provider: str, timeout: float) -> None:
+        """Fetch ``digest`` from ``provider``, asked again every few seconds until ``timeout``: a claimant
+        that rebuilds the state (node/live/checks/staterebuild.py) answers its first ask only once the
+        replay is done, and an ask that waited past the blob protocol's stall timeout fails meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self.host.fetch_blob(digest, dest, providers=[provider], timeout=max(1.0, left))
+                return
+            except P2PError as exc:
+                if left < 2 * REFETCH_AFTER_S or self.stop.is_set():
+                    raise
+                logger.debug("start state %s not served yet (%s): asked again", digest[:16], exc)
+                self.stop.wait(REFETCH_AFTER_S)
 
     def expected_part_bytes(self, stage: int) -> int:
         """About how large another replica's start-state part of ``stage`` is: this node's own of that stage

@@ -140,21 +140,28 @@ class SpotCheckResult:
         return self.verdict == "other_result"
 
 
-def run_job(directory: Path) -> dict:
-    """Child side: rerun the job in ``directory`` and return the result document."""
+def job_config_and_corpus(config: dict):
+    """(the node configuration of a child's job, the corpus it reads): a relative ``training.data_path`` is
+    the node's (resolved against its configuration's directory)."""
+    from dataclasses import replace
+
     from node.config import config_from_dict
     from training.data import corpus_from_config
+
+    cfg = config_from_dict(config)
+    training_cfg = cfg.training
+    if training_cfg.data_path:
+        training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
+    return cfg, corpus_from_config(training_cfg, cfg.model)
+
+
+def run_job(directory: Path) -> dict:
+    """Child side: rerun the job in ``directory`` and return the result document."""
     from training.reexec import ContributionClaim
     from training.replica_state import mapped_state_files
 
     doc = json.loads((directory / JOB_FILE).read_text())
-    cfg = config_from_dict(doc["config"])
-    training_cfg = cfg.training
-    if training_cfg.data_path:
-        from dataclasses import replace
-
-        training_cfg = replace(training_cfg, data_path=str(cfg.path(training_cfg.data_path)))
-    corpus = corpus_from_config(training_cfg, cfg.model)
+    cfg, corpus = job_config_and_corpus(doc["config"])
     read = lambda name: (directory / name).read_bytes()  # noqa: E731
     claims = [ContributionClaim(int(stage), bytes.fromhex(state), bytes.fromhex(data), read(payload),
                                 bytes.fromhex(applied))
@@ -209,7 +216,7 @@ def parse_result(data: bytes) -> SpotCheckResult:
     return SpotCheckResult(verdict, reason, distances, seconds, next_hashes, failed_stages)
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -235,7 +242,7 @@ class RerunWorker:
         from training.claimant_kernels import emulated_environment
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = _child_env()
+        env = child_env()
         if kernels is not None:
             env = emulated_environment(dict(kernels), env)
         with open(self.log_path, "ab") as log:

@@ -57,11 +57,12 @@ from node.live.checks.jobqueue import JobQueue
 from node.live.checks.routing import draw_checks
 from node.live.checks.admission import RerunAdmission
 from node.live.checks.spotcheck import RerunWorker, SpotCheckResult
+from node.live.checks.staterebuild import ReplayRound, StateReplay
 from node.live.checks.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from node.live.checks.tribunal import COURT, Tribunal
 from p2p.envelope import Envelope
 from p2p.errors import P2PError
-from training.reexec import EXACT, check_state_chain, restart_state_reason, start_global_round
+from training.reexec import EXACT, check_state_chain, claimed_steps, restart_state_reason, start_global_round
 from training.robust import OTHER_RESULT
 from node.live.checks.rerun import ContributionRerun
 
@@ -126,6 +127,11 @@ class SpotChecker(ContributionRerun, Tribunal):
         self.ctx = ctx
         self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages,
                                  ctx.stop)
+        storage = ctx.cfg.storage
+        if storage.start_states == "rebuild" and storage.retention != "all" and ctx.cfg.diloco.one_step_delay:
+            # one start state kept every start_state_every rounds, the others rebuilt when asked
+            self.states.rebuild_others(storage.start_state_every,
+                                       StateReplay(ctx.cfg.to_dict(), ctx.work_dir, self.replay_round))
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")
         self._admission = RerunAdmission()  # host-wide, by memory (spot_check_memory_wait_s)
@@ -171,6 +177,26 @@ class SpotChecker(ContributionRerun, Tribunal):
         binds)."""
         # kept until the retention (node/store/retention.py, in the finisher's tail) lets the round go
         return self.states.serve(outer_round, parts, 0)
+
+    def replay_round(self, outer_round: int) -> ReplayRound:
+        """What a replay of this node's own round ``outer_round`` reads (node/live/checks/staterebuild.py):
+        round ``outer_round - 1`` as this node applied it, from its archive, as a spot check's rerun reads
+        it; raises NodeError (InputsUnavailable) where it is not kept."""
+        replica, previous_round = self.ctx.own_replica(), outer_round - 1
+        sliced = self.ctx.rerun_inputs
+        inputs = ReplayRound()
+        if previous_round >= 0:
+            if sliced is None:
+                inputs.previous, inputs.excluded = self._previous_round(previous_round)
+            else:
+                inputs.partials = sliced.previous(previous_round)
+            sealed = self.inputs.contributions(previous_round) or []
+            held = {c.stage for c in sealed if c.replica == replica}
+            inputs.dropped = [s for s in range(self.ctx.cfg.pipeline.num_stages) if s not in held]
+        if self.ctx.cfg.diloco.budgeted:
+            env = self._envelopes_of(outer_round, replica)[0]
+            inputs.declared_steps = claimed_steps(msg.decode_contribution_body(env.payload).blob)
+        return inputs
 
     # -- sampling -----------------------------------------------------------------------
     def on_recorded(self, outer_round: int, weights_root: bytes) -> None:
@@ -389,6 +415,7 @@ class SpotChecker(ContributionRerun, Tribunal):
         self._court.join(timeout=5)
         self._reruns.join(timeout=5)
         self._worker.close()
+        self.states.close()
         undone, undrawn = self.left_undone, self._reruns.pending("draw")
         if undone or undrawn:
             logger.warning("spot checks left undone at stop: %d sampled check(s)%s", undone,

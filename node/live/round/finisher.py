@@ -231,8 +231,10 @@ class RoundFinisher(ApplyPrefetch):
         committed = self.progress.last_commit
         held = sorted({*self.archive.rounds(), *self.spot_checks.states.served_rounds()})
         floor = self.retention.rounds_floor(outer_round, committed, held)
-        prune_archive_before(self.archive, floor, committed, self.host.remove_blob)
-        self.spot_checks.states.forget_before(min(floor, committed + 1))
+        states = self.spot_checks.states
+        states.forget_before(min(floor, committed + 1))
+        # a start state rebuilt from an older kept one replays the rounds between (staterebuild.py)
+        prune_archive_before(self.archive, states.archive_floor(floor), committed, self.host.remove_blob)
         kept, shards = self.retention.checkpoint_plan(self.checkpoint_dir, committed)
         prune_checkpoints_except(self.checkpoint_dir, kept, committed, self.host.remove_blob)
         prune_shards(shards, self.host.remove_blob)

@@ -1,0 +1,119 @@
+"""A node's own start states rebuilt when asked (``storage.start_states = "rebuild"``,
+node/live/checks/staterebuild.py): real start states of a chain of rounds of ``tiny`` (each round's rerun
+gives the next round's state, as a node's chain check compares them), served by a real libp2p host whose
+blob store keeps one every few rounds; the others are replayed in the real child process when a peer asks
+and must be the very bytes bound, or nothing is served."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from waiting import wait_until
+
+from node.config import load_config
+from node.live.checks.heldstates import HeldStates
+from node.live.checks.staterebuild import ReplayRound, StateReplay
+from training.data import corpus_from_config
+from training.reexec import reexecute, round_meta
+from training.replica_capture import initial_replica_state
+
+ROUNDS = 8
+EVERY = 3
+
+
+def _state_chain(tmp_path):
+    """(cfg, each round's start-state bytes, each round's payload) of one replica alone for ROUNDS rounds."""
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=1", "training.batch_size=2", "rounds=0",
+                             "pipeline.num_stages=1", f"data_dir={tmp_path}"])
+    corpus = corpus_from_config(cfg.training, cfg.model)
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=0, num_stages=1, threads=1)
+    state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    states, payloads = [state.stages[0].to_bytes()], []
+    for outer_round in range(ROUNDS - 1):
+        previous = {0: [payloads[-1]]} if outer_round > 0 else None
+        rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
+                          previous_contributions=previous, consume=True)
+        payloads.append(rerun.payloads[0])
+        state = rerun.next_state
+        states.append(state.stages[0].to_bytes())
+    return cfg, states, payloads
+
+
+@pytest.mark.timeout(600)
+def test_a_node_keeps_one_start_state_in_three_and_rebuilds_the_others_bit_for_bit_when_asked(tmp_path):
+    from p2p.config import P2PConfig
+    from p2p.host import P2PHost
+    from p2p.identity import Identity
+
+    cfg, truth, payloads = _state_chain(tmp_path)
+    assert len(set(truth)) == ROUNDS  # every round's state differs
+    wrong: set[int] = set()  # rounds whose replay is given another round t-1 (a damaged archive)
+
+    def round_inputs(outer_round: int) -> ReplayRound:
+        if outer_round == 0:
+            return ReplayRound()
+        other = payloads[outer_round - 2] if outer_round in wrong else payloads[outer_round - 1]
+        return ReplayRound(previous={0: [other]})
+
+    server = P2PHost.start(P2PConfig(gossip_resync_interval=0), Identity.generate(),
+                           data_dir=tmp_path / "server")
+    client = P2PHost.start(P2PConfig(bootstrap=server.listen_addrs, gossip_resync_interval=0),
+                           Identity.generate(), data_dir=tmp_path / "client")
+    states = HeldStates(server, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    states.rebuild_others(EVERY, StateReplay(cfg.to_dict(), tmp_path / "work", round_inputs))
+    try:
+        digests = {}
+        for outer_round, data in enumerate(truth):
+            path = states.writing_dir / f"state-{outer_round}.part"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            digests[outer_round] = states.serve(outer_round, {0: path}, 0)[0].hex()
+            assert digests[outer_round] == hashlib.sha256(data).hexdigest()  # what the envelope binds
+
+        def held(outer_round: int) -> bool:
+            return server.store.packed(digests[outer_round]) is not None
+
+        # one in three kept (rounds 0, 3, 6), every one still served by hash
+        assert [r for r in range(ROUNDS) if held(r)] == [0, 3, 6]
+        assert all(states.knows(d) for d in digests.values()) and not states.knows("ab" * 32)
+
+        # a peer's fetch of round 5's (a spot check of it) is answered by a replay of rounds 3 and 4
+        wait_until(lambda: server.peer_id in client.peers(), 60, "the peer connected")
+        dest = tmp_path / "fetched-5.part"
+        client.fetch_blob(digests[5], dest, providers=[server.peer_id], timeout=240)
+        assert dest.read_bytes() == truth[5] and held(5)
+        # and one asked directly: round 2's, from round 0's over two rounds; the same bytes and hash
+        assert states.rebuild(digests[2]) and server.read_blob(digests[2]) == truth[2]
+        assert states.rebuild(digests[5])  # held already: nothing replayed
+
+        # a replay that does not give the bound state is not served (here: a damaged round 6 input)
+        wrong.add(6)
+        assert not states.rebuild(digests[7]) and not held(7) and states.rebuild_failures == 1
+        assert not states.rebuild(digests[7])  # not tried again at once
+
+        # the retention: the newest kept state at or before the floor stays (rounds from it are rebuilt
+        # from it), the archive is kept from the round before it, and rebuilt copies go at the 2nd pruning
+        assert states.forget_before(5) == [0, 1, 2]
+        assert states.served_rounds() == list(range(3, ROUNDS)) and states.archive_floor(5) == 2
+        assert held(3) and held(5)
+        states.forget_before(5)
+        assert not held(5) and held(3) and held(6)
+        assert not states.knows(digests[1])
+    finally:
+        states.close()
+        client.close()
+        server.close()
+
+
+def test_storage_start_states_loads_validates_and_keeps_the_old_setting(tmp_path):
+    from node.config import ConfigError
+
+    default = load_config(None, []).storage
+    assert (default.start_states, default.start_state_every) == ("rebuild", 8)
+    keep = load_config(None, ["storage.start_states=keep"]).storage
+    assert keep.start_states == "keep"
+    with pytest.raises(ConfigError, match="storage.start_states='some'"):
+        load_config(None, ["storage.start_states=some"])
+    with pytest.raises(ConfigError, match="storage.start_state_every=0"):
+        load_config(None, ["storage.start_state_every=0"])
