@@ -7,6 +7,8 @@ and must be the very bytes bound, or nothing is served."""
 from __future__ import annotations
 
 import hashlib
+import threading
+from types import SimpleNamespace
 
 import pytest
 from waiting import wait_until
@@ -64,11 +66,15 @@ def test_a_node_keeps_one_start_state_in_three_and_rebuilds_the_others_bit_for_b
     states.rebuild_others(EVERY, StateReplay(cfg.to_dict(), tmp_path / "work", round_inputs))
     try:
         digests = {}
-        for outer_round, data in enumerate(truth):
-            path = states.writing_dir / f"state-{outer_round}.part"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            digests[outer_round] = states.serve(outer_round, {0: path}, 0)[0].hex()
+        for outer_round, data in enumerate(truth):  # as the node's contributor serves them
+            if states.keeps(outer_round, 1):
+                path = states.writing_dir / f"state-{outer_round}.part"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                served = states.serve(outer_round, {0: path}, 0)
+            else:  # hashed, never written
+                served = states.serve_hashes(outer_round, {0: hashlib.sha256(data).digest()})
+            digests[outer_round] = served[0].hex()
             assert digests[outer_round] == hashlib.sha256(data).hexdigest()  # what the envelope binds
 
         def held(outer_round: int) -> bool:
@@ -78,11 +84,14 @@ def test_a_node_keeps_one_start_state_in_three_and_rebuilds_the_others_bit_for_b
         assert [r for r in range(ROUNDS) if held(r)] == [0, 3, 6]
         assert all(states.knows(d) for d in digests.values()) and not states.knows("ab" * 32)
 
-        # a peer's fetch of round 5's (a spot check of it) is answered by a replay of rounds 3 and 4
+        # a verifier's fetch of round 5's (a spot check of it) is answered by a replay of rounds 3 and 4 (its
+        # first ask may outwait the blob protocol's stall timeout while the child starts: it asks again)
         wait_until(lambda: server.peer_id in client.peers(), 60, "the peer connected")
-        dest = tmp_path / "fetched-5.part"
-        client.fetch_blob(digests[5], dest, providers=[server.peer_id], timeout=240)
-        assert dest.read_bytes() == truth[5] and held(5)
+        verifier = HeldStates(client, tmp_path / "verifier", tmp_path / "evidence-v", num_stages=1,
+                              stop=threading.Event())
+        envelope = SimpleNamespace(stage=0, sender_peer_id=server.peer_id)
+        [fetched] = verifier.fetch_files([envelope], [bytes.fromhex(digests[5])], tmp_path / "job")
+        assert fetched.read_bytes() == truth[5] and held(5)
         # and one asked directly: round 2's, from round 0's over two rounds; the same bytes and hash
         assert states.rebuild(digests[2]) and server.read_blob(digests[2]) == truth[2]
         assert states.rebuild(digests[5])  # held already: nothing replayed
@@ -117,3 +126,21 @@ def test_storage_start_states_loads_validates_and_keeps_the_old_setting(tmp_path
         load_config(None, ["storage.start_states=some"])
     with pytest.raises(ConfigError, match="storage.start_state_every=0"):
         load_config(None, ["storage.start_state_every=0"])
+
+
+def test_a_start_state_kept_by_its_hash_alone_hashes_as_its_written_bytes(tmp_path):
+    """A round the node does not keep is hashed without being written (StartStateCapture.hashes): the hash
+    its envelope binds is the sha256 of the bytes a write gives, which a rebuild must give again."""
+    from training.replica_capture import StartStateCapture, capture_trainer_part
+    from training.replica_restore import restore_replica
+
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=1", "training.batch_size=2",
+                             "pipeline.num_stages=1", f"data_dir={tmp_path}"])
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=0, num_stages=1, threads=1)
+    state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    trainer, engines = restore_replica(state, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    part = capture_trainer_part(trainer.stage_modules[0], trainer.optimizers[0])
+    capture = StartStateCapture(meta, lambda stage: engines[stage], {0: part})
+    [written] = capture.write(tmp_path / "states").values()
+    assert capture.hashes() == {0: hashlib.sha256(written.read_bytes()).digest()}
+    assert written.read_bytes() == state.stages[0].to_bytes()

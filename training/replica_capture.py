@@ -111,6 +111,13 @@ class StartStateCapture:
         return {stage: start_state_bytes(self.meta, self.engine_of(stage), part)
                 for stage, part in self.parts.items()}
 
+    def hashes(self) -> dict[int, bytes]:
+        """Stage -> the sha256 of the bytes :meth:`write` would write, computed without writing or holding
+        them (a node that keeps this round's state by its hash alone and rebuilds it when asked:
+        node/live/checks/staterebuild.py)."""
+        return {stage: _engine_part(self.meta, self.engine_of(stage), part, copy=False).state_hash()
+                for stage, part in self.parts.items()}
+
     def write(self, directory: Path) -> dict[int, Path]:
         """Stage -> the file in ``directory`` holding its start state's bytes (never whole in memory)."""
         directory.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,9 @@ STATE_FETCH_MIN_RATE = 2 << 20
 REBUILD_RETRY_AFTER_S = 60.0
 #: Seconds between asks for a start state its claimant has not served yet (it may be rebuilding it).
 REFETCH_AFTER_S = 3.0
+#: A failed ask that took at least this long waited on the claimant (a rebuild past the blob protocol's stall
+#: timeout, 15 s) and is asked again; a quicker failure is its answer.
+SLOW_REFUSAL_S = 5.0
 
 
 def state_fetch_timeout(expected_bytes: int) -> float:
@@ -81,6 +84,8 @@ class HeldStates:
         self._every = 0
         self._replay = None  # StateReplay: (anchor round, anchor files, target round) -> target files
         self._first_round: int | None = None  # the first round this process served: an anchor
+        self._broken = False  # the next round served is an anchor (discontinuity)
+        self._decided: dict[int, bool] = {}  # round -> whether its state is kept (keeps)
         self._rebuild_lock = threading.Lock()  # one rebuild at a time
         self._rebuilt: dict[str, int] = {}  # rebuilt blob -> prunings it has outlived (dropped at the 2nd)
         self.rebuild_failures = 0
@@ -112,7 +117,7 @@ class HeldStates:
                 self._served.setdefault(outer_round, []).append(digest)
                 self._save_served()
             hashes[stage] = bytes.fromhex(digest)
-        if self._every and not self._is_anchor(outer_round, len(parts)):
+        if self._every and not self.keeps(outer_round, len(parts)):
             for digest in hashes.values():  # served from now on by a rebuild when asked
                 self.host.remove_blob(digest.hex())
         # Kept as long as the archive keeps the round's contributions: an audit's --reexecute needs
@@ -130,17 +135,45 @@ class HeldStates:
             logger.warning("list of served start states not written (%s): after a restart they are not "
                            "pruned", exc)
 
+    def serve_hashes(self, outer_round: int, hashes: dict[int, bytes]) -> dict[int, bytes]:
+        """Serve this node's start state of ``outer_round`` by its hashes alone (stage -> sha256, as
+        :meth:`serve` returns them), its bytes never written: a round :meth:`keeps` does not keep, rebuilt
+        when asked (node/live/checks/staterebuild.py)."""
+        with self._served_lock:
+            self._served.setdefault(outer_round, []).extend(h.hex() for _s, h in sorted(hashes.items()))
+            self._save_served()
+        return dict(hashes)
+
+    def keeps(self, outer_round: int, stages: int) -> bool:
+        """Whether this node keeps its start state of ``outer_round`` (of ``stages`` stages) on disk:
+        always, unless it rebuilds start states (:meth:`rebuild_others`: then :meth:`_is_anchor`); decided
+        once a round."""
+        if not self._every:
+            return True
+        if outer_round not in self._decided:
+            self._decided = {r: k for r, k in self._decided.items() if r > outer_round - 8}
+            self._decided[outer_round] = self._is_anchor(outer_round, stages)
+        return self._decided[outer_round]
+
     def _is_anchor(self, outer_round: int, stages: int) -> bool:
         """Whether this node keeps its start state of ``outer_round`` on disk under "rebuild": every
         ``_every``-th round, the first this process served (a restart's or a joiner's state does not follow
         from an earlier one by a replay), the first after a round it served none of (a gap), and a round
-        whose state does not hold every stage (a split node's: a stage is not replayed alone)."""
+        whose state does not hold every stage (a split node's: a stage is not replayed alone), and the first
+        after a :meth:`discontinuity`."""
         if self._first_round is None:
             self._first_round = outer_round
         with self._served_lock:
             gap = outer_round - 1 not in self._served
-        return (outer_round % self._every == 0 or outer_round == self._first_round or gap
+        broken, self._broken = self._broken, False
+        return (outer_round % self._every == 0 or outer_round == self._first_round or gap or broken
                 or stages != self.num_stages)
+
+    def discontinuity(self) -> None:
+        """The node's engines changed between rounds other than by a round's own steps (a re-base onto the
+        chain's record, node/live/record/forkrepair.py): the next start state it serves is kept, since a
+        replay of the rounds before would not give it."""
+        self._broken = True
 
     def _on_disk(self, outer_round: int) -> bool:
         """Whether every stage of this node's start state of ``outer_round`` is in its blob store (under
@@ -222,8 +255,10 @@ class HeldStates:
                 return False  # it failed a moment ago: the reason was logged then
             with self._served_lock:
                 found = self._round_of(digest)
+                # a kept state, or a copy rebuilt since the last pruning (not dropped under the replay)
                 anchors = [] if found is None else [
-                    r for r in self._served if r <= found[0] and self._on_disk(r)]
+                    r for r in self._served if r <= found[0] and self._on_disk(r)
+                    and not any(self._rebuilt.get(d, 0) for d in self._served[r])]
                 anchor = max(anchors, default=None)
                 anchor_digests = list(self._served.get(anchor, []))
                 target_digests = [] if found is None else list(self._served[found[0]])
@@ -250,13 +285,7 @@ class HeldStates:
         shutil.rmtree(job, ignore_errors=True)  # a crashed rebuild's leftovers
         job.mkdir(parents=True)
         try:
-            anchor_files = []
-            for stage, digest in enumerate(anchor_digests):
-                path = job / f"kept-{stage}.bin"
-                with open(path, "wb") as out:
-                    self._write_blob(digest, out)
-                anchor_files.append(path)
-            files = self._replay(anchor, anchor_files, target)
+            files = self._replay(anchor, self.host.store.root, anchor_digests, target)
             for stage, (path, digest) in enumerate(zip(files, target_digests)):
                 if hash_file(path) != digest:
                     raise RebuildFailed(f"the replay's stage {stage} is not the state this node bound "
@@ -267,14 +296,6 @@ class HeldStates:
                 self._rebuilt[digest] = 0
         finally:
             shutil.rmtree(job, ignore_errors=True)
-
-    def _write_blob(self, digest: str, out) -> None:
-        """Write this node's kept blob ``digest`` (a packed blob, or a file) to ``out``."""
-        packed = self.host.store.packed(digest)
-        if packed is not None:
-            packed.write_to(out)
-        else:
-            out.write(self.host.read_blob(digest))
 
     def close(self) -> None:
         """End the rebuilds' child process, if one was started."""
@@ -303,17 +324,20 @@ class HeldStates:
         return paths
 
     def _fetch_until(self, digest: str, dest: Path, provider: str, timeout: float) -> None:
-        """Fetch ``digest`` from ``provider``, asked again every few seconds until ``timeout``: a claimant
-        that rebuilds the state (node/live/checks/staterebuild.py) answers its first ask only once the
-        replay is done, and an ask that waited past the blob protocol's stall timeout fails meanwhile."""
+        """Fetch ``digest`` from ``provider``, asked again every few seconds until ``timeout`` while the asks
+        fail slowly: a claimant that rebuilds the state (node/live/checks/staterebuild.py) answers its first
+        ask only once the replay is done, and an ask that waited past the blob protocol's stall timeout fails
+        meanwhile. A quick refusal (the blob is not there) is final at once, as before."""
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
+            asked, left = time.monotonic(), deadline - time.monotonic()
             try:
                 self.host.fetch_blob(digest, dest, providers=[provider], timeout=max(1.0, left))
                 return
             except P2PError as exc:
-                if left < 2 * REFETCH_AFTER_S or self.stop.is_set():
+                # A quick refusal is the claimant's answer (not here): only an ask that waited is asked again
+                if time.monotonic() - asked < SLOW_REFUSAL_S or left < 2 * REFETCH_AFTER_S or \
+                        self.stop.is_set():
                     raise
                 logger.debug("start state %s not served yet (%s): asked again", digest[:16], exc)
                 self.stop.wait(REFETCH_AFTER_S)

@@ -28,10 +28,10 @@ retention keeps the archive from the round before the oldest anchor (node/live/r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import select
-import shutil
 import subprocess
 import sys
 import threading
@@ -43,6 +43,7 @@ from pathlib import Path
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live.checks.spotcheck import child_env, job_config_and_corpus
+from p2p.blobpack import read_packed
 
 logger = logging.getLogger(__name__)
 
@@ -69,16 +70,14 @@ class ReplayRound:
     declared_steps: int | None = None  # a time-bounded run's: the steps round r's contribution declares
 
 
-def write_job(directory: Path, config: dict, anchor: list[Path], target_round: int,
+def write_job(directory: Path, config: dict, blobs: Path, anchor: list[str], target_round: int,
               rounds: dict[int, ReplayRound]) -> list[Path]:
-    """Write a rebuild job to ``directory``: the anchor's stage files (moved in), every replayed round's
+    """Write a rebuild job to ``directory``: where the anchor's stages are (their sha256 in the blob store
+    ``blobs``: the child reads them there, packed or not, with no copy on disk), every replayed round's
     inputs; returns where the child writes the target's stage files (stage order)."""
     directory.mkdir(parents=True, exist_ok=True)
-    names: dict[str, object] = {"config": config, "target": target_round, "anchor": [], "rounds": {}}
-    for stage, path in enumerate(anchor):
-        dest = directory / f"anchor-{stage}.bin"
-        shutil.move(str(path), dest)
-        names["anchor"].append(dest.name)
+    names: dict[str, object] = {"config": config, "target": target_round, "blobs": str(blobs),
+                                "anchor": list(anchor), "rounds": {}}
     for outer_round, inputs in rounds.items():
         excluded = {str(s): {str(i): r for i, r in ex.items()} for s, ex in inputs.excluded.items()}
         entry = {"excluded": excluded,
@@ -159,7 +158,7 @@ def replay(directory: Path) -> dict:
     """Child side: replay the job in ``directory`` from its anchor to its target round, write the target's
     stage files and return the result document."""
     from training.reexec import reexecute
-    from training.replica_state import ReplicaStartState, mapped_state_files, parse_stage_state
+    from training.replica_state import ReplicaStartState, parse_stage_state
 
     doc = json.loads((directory / JOB_FILE).read_text())
     key = json.dumps(doc["config"], sort_keys=True)
@@ -168,8 +167,8 @@ def replay(directory: Path) -> dict:
         _CORPORA[key] = job_config_and_corpus(doc["config"])
     cfg, corpus = _CORPORA[key]
     read = lambda name: (directory / name).read_bytes()  # noqa: E731
-    with mapped_state_files([directory / name for name in doc["anchor"]]) as maps:
-        state = ReplicaStartState(tuple(parse_stage_state(data) for data in maps))
+    state = ReplicaStartState(tuple(parse_stage_state(_kept_blob(Path(doc["blobs"]), digest))
+                                    for digest in doc["anchor"]))
     target = int(doc["target"])
     started, rounds = time.perf_counter(), 0
     while state.meta.outer_round < target:
@@ -193,6 +192,29 @@ def replay(directory: Path) -> dict:
     return {"hashes": hashes, "rounds": rounds, "seconds": round(time.perf_counter() - started, 3)}
 
 
+def rebuilds_start_states(cfg) -> bool:
+    """Whether a node of configuration ``cfg`` rebuilds its start states when asked (module docstring):
+    ``storage.start_states = "rebuild"``, a retention that prunes (``"all"`` keeps every state anyway) and a
+    schedule with the one-step delay. A configuration without those sections (a test's) does not."""
+    storage, diloco = getattr(cfg, "storage", None), getattr(cfg, "diloco", None)
+    return (storage is not None and diloco is not None and storage.start_states == "rebuild"
+            and storage.retention != "all" and bool(diloco.one_step_delay))
+
+
+def _kept_blob(blobs: Path, digest: str) -> bytes:
+    """The kept state ``digest`` of the blob store at ``blobs`` (packed, or a file), checked; RebuildFailed
+    where it is gone (pruned meanwhile) or not those bytes."""
+    data = read_packed(blobs, digest)
+    if data is None:
+        try:
+            data = (blobs / digest).read_bytes()
+        except OSError as exc:
+            raise RebuildFailed(f"the kept start state {digest[:16]} is not readable: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise RebuildFailed(f"the kept start state {digest[:16]} does not hash to its name")
+    return data
+
+
 class StateReplay:
     """The node's side of a rebuild: the inputs from its archive, the job, the child (module docstring)."""
 
@@ -204,14 +226,14 @@ class StateReplay:
         self.rebuilt = 0
         self.seconds = 0.0
 
-    def __call__(self, anchor_round: int, anchor: list[Path], target_round: int) -> list[Path]:
-        """The target round's stage files (left in a job directory the caller removes: :meth:`job_dir`),
-        replayed from ``anchor`` (files of the anchor round's stages, moved into the job)."""
+    def __call__(self, anchor_round: int, blobs: Path, anchor: list[str], target_round: int) -> list[Path]:
+        """The target round's stage files (left in a job directory the caller made and removes:
+        :meth:`job_dir`), replayed from the anchor round's stages (their sha256 in the blob store ``blobs``).
+        """
         started = time.monotonic()
         rounds = {r: self.round_inputs(r) for r in range(anchor_round, target_round)}
-        job = self.job_dir(target_round)  # made by the caller, who put the anchor's files there
-        out = write_job(job, self.config, anchor, target_round, rounds)
-        self.worker.run(job)
+        out = write_job(self.job_dir(target_round), self.config, blobs, anchor, target_round, rounds)
+        self.worker.run(self.job_dir(target_round))
         self.rebuilt += 1
         self.seconds += time.monotonic() - started
         logger.info("start state of round %d rebuilt from round %d's (%d rounds replayed, %.1f s)",

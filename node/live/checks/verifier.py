@@ -57,7 +57,7 @@ from node.live.checks.jobqueue import JobQueue
 from node.live.checks.routing import draw_checks
 from node.live.checks.admission import RerunAdmission
 from node.live.checks.spotcheck import RerunWorker, SpotCheckResult
-from node.live.checks.staterebuild import ReplayRound, StateReplay
+from node.live.checks.staterebuild import ReplayRound, StateReplay, rebuilds_start_states
 from node.live.checks.spotinputs import HeardRound, InputsUnavailable, ReplicaInputs, heard_round
 from node.live.checks.tribunal import COURT, Tribunal
 from p2p.envelope import Envelope
@@ -127,10 +127,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         self.ctx = ctx
         self.states = HeldStates(ctx.host, ctx.work_dir, ctx.evidence_dir, ctx.cfg.pipeline.num_stages,
                                  ctx.stop)
-        storage = ctx.cfg.storage
-        if storage.start_states == "rebuild" and storage.retention != "all" and ctx.cfg.diloco.one_step_delay:
-            # one start state kept every start_state_every rounds, the others rebuilt when asked
-            self.states.rebuild_others(storage.start_state_every,
+        if rebuilds_start_states(ctx.cfg):  # one kept every start_state_every rounds, the others rebuilt
+            self.states.rebuild_others(ctx.cfg.storage.start_state_every,
                                        StateReplay(ctx.cfg.to_dict(), ctx.work_dir, self.replay_round))
         self._newest = -1
         self._worker = RerunWorker(ctx.work_dir / "worker.log")

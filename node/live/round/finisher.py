@@ -250,6 +250,8 @@ class RoundFinisher(ApplyPrefetch):
             for rebase in rebases:
                 if self.forks.apply(rebase):
                     self._withhold_on(rebase.outer_round)
+            # the next start state does not follow from the last one by a replay: it is kept, not rebuilt
+            self.spot_checks.states.discontinuity()
 
     def _withhold_on(self, rebased: int) -> None:
         """A round whose start state was captured before the re-base of ``rebased`` and is not announced yet

@@ -131,8 +131,14 @@ class Contributor:
                 # StartStateCapture), not built whole in memory: about 40 bytes per parameter held (issue
                 # 75); a worker whose capture is a plain function (tests' adversaries) gives bytes.
                 write = getattr(serialise, "write", None)
+                hashes = getattr(serialise, "hashes", None)
+                states = self.spot_checks.states
+                if hashes is not None and not states.keeps(outer_round, len(serialise.parts)):
+                    # not kept: hashed, never written; rebuilt when asked (node/live/checks/staterebuild.py)
+                    self.rounds.start_states[outer_round] = states.serve_hashes(outer_round, hashes())
+                    return
                 parts = serialise() if write is None else retry_on_full_disk(
-                    lambda: write(self.spot_checks.states.writing_dir), stop=self.stop,
+                    lambda: write(states.writing_dir), stop=self.stop,
                     what=f"round {outer_round}'s start state", kind="served blob")
                 served = self.spot_checks.serve_start_states(outer_round, parts)
                 self.rounds.start_states[outer_round] = served
