@@ -24,7 +24,8 @@ def retention(r: dict) -> list[str]:
         out += _retention_run(tiny)
     for name in sorted(k for k in r if k.startswith("before_")):  # the same runs before a change
         part = r[name]
-        out += ["", f"Before issue 75's last cuts, `{part['command']}`:", ""]
+        title = part.get("note", "Before issue 75's last cuts").rstrip(".")
+        out += ["", f"{title}: `{part['command']}`:", ""]
         out += _retention_run(part)
     for name in ("stages2_whole", "stages2_split"):  # a pipeline of two stages, checkpoints whole or split
         part = r.get(name)
@@ -64,7 +65,7 @@ def _retention_run(r: dict) -> list[str]:
     out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
                   "over its training state", "in start states", "rounds of start / published states kept",
                   "peak RSS"], rows)
-    out += _kinds(r)
+    out += _kinds(r) + _rebuilds(r)
     audit = r["audit"]
     serve = r["serve_checkpoint"]
     if "samples" not in r:
@@ -78,6 +79,23 @@ def _retention_run(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _rebuilds(r: dict) -> list[str]:
+    """Per node, the start states it rebuilt when a peer asked (``storage.start_states = "rebuild"``) and
+    its spot checks' verdicts, from its logs (bench.retention_disk.rebuilds); none for runs before it."""
+    rows = []
+    for node, t in (r.get("rebuilds") or {}).items():
+        seconds = f"{t['seconds_median']:g} / {t['seconds_max']:g} s" if t["rebuilt"] else ""
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(t["spot_checks"].items())) or "none"
+        rows.append([node, str(t["rebuilt"]), f"{t['rounds_replayed']} ({t['max_rounds_replayed']} at most)",
+                     seconds, str(t["failed"]), verdicts, str(t["spot_checks_not_done"])])
+    if not rows:
+        return []
+    return ["", "Start states rebuilt when a peer asked (a spot check of the node's round whose state it did "
+            "not keep), and the node's own spot checks of the other replica:", ""] + table(
+        ["node", "rebuilt", "rounds replayed", "median / longest rebuild", "failed", "its spot checks",
+         "checks not done"], rows)
 
 
 def _audit_line(audit: dict) -> str:

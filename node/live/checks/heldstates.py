@@ -94,9 +94,14 @@ class HeldStates:
     def rebuild_others(self, every: int, replay) -> None:
         """Keep one start state every ``every`` rounds on disk and rebuild the others with ``replay`` when a
         peer asks for one (:mod:`node.live.checks.staterebuild`); the host asks :meth:`knows` and
-        :meth:`rebuild` for a blob it does not hold."""
+        :meth:`rebuild` for a blob it does not hold. A host that cannot serve a rebuilt blob (no
+        ``set_blob_rebuilder``) keeps every state."""
+        hook = getattr(self.host, "set_blob_rebuilder", None)
+        if hook is None:
+            logger.info("this host cannot serve rebuilt start states: every start state is kept")
+            return
         self._every, self._replay = every, replay
-        self.host.set_blob_rebuilder(self)
+        hook(self)
 
     def serve(self, outer_round: int, parts: dict[int, bytes | Path], keep_rounds: int) -> dict[int, bytes]:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
@@ -328,19 +333,20 @@ class HeldStates:
         fail slowly: a claimant that rebuilds the state (node/live/checks/staterebuild.py) answers its first
         ask only once the replay is done, and an ask that waited past the blob protocol's stall timeout fails
         meanwhile. A quick refusal (the blob is not there) is final at once, as before."""
-        deadline = time.monotonic() + timeout
+        deadline, left = time.monotonic() + timeout, timeout
         while True:
-            asked, left = time.monotonic(), deadline - time.monotonic()
+            asked = time.monotonic()
             try:
-                self.host.fetch_blob(digest, dest, providers=[provider], timeout=max(1.0, left))
+                self.host.fetch_blob(digest, dest, providers=[provider], timeout=left)
                 return
             except P2PError as exc:
                 # A quick refusal is the claimant's answer (not here): only an ask that waited is asked again
-                if time.monotonic() - asked < SLOW_REFUSAL_S or left < 2 * REFETCH_AFTER_S or \
-                        self.stop.is_set():
+                now = time.monotonic()
+                if now - asked < SLOW_REFUSAL_S or deadline - now < 2 * REFETCH_AFTER_S or self.stop.is_set():
                     raise
                 logger.debug("start state %s not served yet (%s): asked again", digest[:16], exc)
                 self.stop.wait(REFETCH_AFTER_S)
+                left = deadline - time.monotonic()
 
     def expected_part_bytes(self, stage: int) -> int:
         """About how large another replica's start-state part of ``stage`` is: this node's own of that stage
