@@ -37,6 +37,9 @@ STATE_ROUNDS_KEPT = SPOT_CHECK_ROUNDS
 STATE_FETCH_TIMEOUT_S = 60.0
 #: The slowest transfer rate (bytes/s) a start state's fetch is given time for.
 STATE_FETCH_MIN_RATE = 2 << 20
+#: Seconds a request for a start state being rebuilt for another waits for that rebuild before it is refused
+#: (slowly: the asker asks again) rather than hold a thread of the host's for the whole rebuild.
+REBUILD_WAIT_S = 10.0
 #: Seconds a start state whose rebuild failed is not tried again (each ask of it would start one).
 REBUILD_RETRY_AFTER_S = 60.0
 #: Seconds between asks for a start state its claimant has not served yet (it may be rebuilding it).
@@ -78,6 +81,8 @@ class HeldStates:
         self._served_file = work_dir / SERVED_STATES_FILE
         self._served: dict[int, list[str]] = load_served_states(self._served_file)
         self._served_lock = threading.Lock()
+        self._known: frozenset[str] = frozenset()  # every digest of _served, for :meth:`knows`
+        self._reindex()
         self._part_bytes: dict[int, int] = {}  # stage -> size of this node's last start-state part of it
         # storage.start_states = "rebuild" (node/live/checks/staterebuild.py): keep one state every
         # ``_every`` rounds on disk, rebuild the others when asked; 0: keep every one served
@@ -121,6 +126,7 @@ class HeldStates:
             with self._served_lock:
                 self._served.setdefault(outer_round, []).append(digest)
                 self._save_served()
+                self._reindex()
             hashes[stage] = bytes.fromhex(digest)
         if self._every and not self.keeps(outer_round, len(parts)):
             for digest in hashes.values():  # served from now on by a rebuild when asked
@@ -130,6 +136,10 @@ class HeldStates:
         if keep_rounds > 0:
             self.forget_before(outer_round - max(keep_rounds, STATE_ROUNDS_KEPT))
         return hashes
+
+    def _reindex(self) -> None:
+        """Renew :attr:`_known` from ``_served`` (under ``_served_lock``): one assignment, read unlocked."""
+        self._known = frozenset(d for digests in self._served.values() for d in digests)
 
     def _save_served(self) -> None:
         """Write the served list (under ``_served_lock``); a failed write only costs the pruning of these
@@ -147,6 +157,7 @@ class HeldStates:
         with self._served_lock:
             self._served.setdefault(outer_round, []).extend(h.hex() for _s, h in sorted(hashes.items()))
             self._save_served()
+            self._reindex()
         return dict(hashes)
 
     def keeps(self, outer_round: int, stages: int) -> bool:
@@ -220,6 +231,7 @@ class HeldStates:
                 for digest in self._served[outer_round]:
                     self.host.remove_blob(digest)  # a blob already gone (a crash after it) is no error
                 del self._served[outer_round]
+            self._reindex()
             if old:
                 self._save_served()
         return old
@@ -243,44 +255,53 @@ class HeldStates:
     def knows(self, digest: str) -> bool:
         """Whether ``digest`` is one of this node's start states that a rebuild can serve (the blob server
         asks, for a blob it does not hold: p2p/blob_server.py)."""
-        if not self._every:
-            return False
-        with self._served_lock:
-            return self._round_of(digest) is not None
+        # On the host's event loop: never waits for ``_served_lock``, which a pruning holds while it asks that
+        # loop to forget a blob (waiting here deadlocked a node at round 89 of the retention bench).
+        return bool(self._every) and digest in self._known
 
     def rebuild(self, digest: str) -> bool:
         """Rebuild this node's start state ``digest`` and serve it (module :mod:`node.live.checks.
         staterebuild`); False if it cannot be (the reason logged): the asker is told it is not here. Runs on
         a thread of the host's, one rebuild at a time; a blob another asker's rebuild made meanwhile is
         simply served."""
-        with self._rebuild_lock:
-            if self._held(digest):
-                return True
-            if time.monotonic() < self._failed.get(digest, 0.0):
-                return False  # it failed a moment ago: the reason was logged then
-            with self._served_lock:
-                found = self._round_of(digest)
-                # a kept state, or a copy rebuilt since the last pruning (not dropped under the replay)
-                anchors = [] if found is None else [
-                    r for r in self._served if r <= found[0] and self._on_disk(r)
-                    and not any(self._rebuilt.get(d, 0) for d in self._served[r])]
-                anchor = max(anchors, default=None)
-                anchor_digests = list(self._served.get(anchor, []))
-                target_digests = [] if found is None else list(self._served[found[0]])
-            if found is None or anchor is None:
-                logger.warning("start state %s asked for: %s", digest[:16],
-                               "not one of ours" if found is None else "no kept state before its round")
-                return False
-            try:
-                self._rebuild_round(anchor, anchor_digests, found[0], target_digests)
-            except (NodeError, P2PError, OSError) as exc:
-                self.rebuild_failures += 1
-                self._failed = {d: t for d, t in self._failed.items() if t > time.monotonic()}
-                self._failed[digest] = time.monotonic() + REBUILD_RETRY_AFTER_S
-                logger.warning("start state of round %d not rebuilt from round %d's: %s", found[0], anchor,
-                               exc)
-                return False
+        # A thread of the host's waits here at most REBUILD_WAIT_S: an asker whose ask fails after waiting
+        # asks again (:meth:`_fetch_until`), so a long rebuild holds few threads.
+        if not self._rebuild_lock.acquire(timeout=REBUILD_WAIT_S):
+            return False
+        try:
+            return self._rebuild_locked(digest)
+        finally:
+            self._rebuild_lock.release()
+
+    def _rebuild_locked(self, digest: str) -> bool:
+        """:meth:`rebuild`, under ``_rebuild_lock``."""
+        if self._held(digest):
             return True
+        if time.monotonic() < self._failed.get(digest, 0.0):
+            return False  # it failed a moment ago: the reason was logged then
+        with self._served_lock:
+            found = self._round_of(digest)
+            # a kept state, or a copy rebuilt since the last pruning (not dropped under the replay)
+            anchors = [] if found is None else [
+                r for r in self._served if r <= found[0] and self._on_disk(r)
+                and not any(self._rebuilt.get(d, 0) for d in self._served[r])]
+            anchor = max(anchors, default=None)
+            anchor_digests = list(self._served.get(anchor, []))
+            target_digests = [] if found is None else list(self._served[found[0]])
+        if found is None or anchor is None:
+            logger.warning("start state %s asked for: %s", digest[:16],
+                           "not one of ours" if found is None else "no kept state before its round")
+            return False
+        try:
+            self._rebuild_round(anchor, anchor_digests, found[0], target_digests)
+        except (NodeError, P2PError, OSError) as exc:
+            self.rebuild_failures += 1
+            self._failed = {d: t for d, t in self._failed.items() if t > time.monotonic()}
+            self._failed[digest] = time.monotonic() + REBUILD_RETRY_AFTER_S
+            logger.warning("start state of round %d not rebuilt from round %d's: %s", found[0], anchor,
+                           exc)
+            return False
+        return True
 
     def _rebuild_round(self, anchor: int, anchor_digests: list[str], target: int,
                        target_digests: list[str]) -> None:
