@@ -144,3 +144,43 @@ def test_a_start_state_kept_by_its_hash_alone_hashes_as_its_written_bytes(tmp_pa
     [written] = capture.write(tmp_path / "states").values()
     assert capture.hashes() == {0: hashlib.sha256(written.read_bytes()).digest()}
     assert written.read_bytes() == state.stages[0].to_bytes()
+
+
+def test_the_host_loop_asks_about_a_rebuildable_state_without_waiting_for_a_pruning(tmp_path):
+    """A pruning holds the served list while it asks the host's event loop to forget each blob; the loop's
+    question "is this a state you rebuild?" must not wait for that list, or neither ever finishes (a node of
+    the mini retention bench stopped so at round 89)."""
+    from p2p.blobstore import BlobStore
+
+    class Host:  # the blob store's face HeldStates uses; remove_blob stands for the loop's call
+        def __init__(self) -> None:
+            self.store = BlobStore(tmp_path / "blobs", max_blob_bytes=1 << 20)
+
+        def set_blob_rebuilder(self, rebuilder) -> None:
+            self.store.set_rebuilder(rebuilder)
+
+        def has_blob(self, digest: str) -> bool:
+            return self.store.has(digest)
+
+        def provide_blob(self, data: bytes, announce: bool = True) -> str:
+            return self.store.put_bytes(data)
+
+        def remove_blob(self, digest: str) -> bool:
+            # the loop answers a request before it runs this call: it asks the store about a rebuilt state
+            asked = threading.Thread(target=self.store.rebuildable, args=(digest,))
+            asked.start()
+            asked.join(timeout=60)
+            assert not asked.is_alive(), "the loop waited for the pruning's lock"
+            return self.store.remove(digest)
+
+    host = Host()
+    states = HeldStates(host, tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    states.rebuild_others(4, replay=None)
+    for outer_round in range(6):
+        if states.keeps(outer_round, 1):
+            states.serve(outer_round, {0: b"kept state %d" % outer_round}, 0)
+        else:
+            states.serve_hashes(outer_round, {0: hashlib.sha256(b"state %d" % outer_round).digest()})
+    assert host.store.rebuildable(hashlib.sha256(b"state 5").hexdigest())
+    assert states.forget_before(5) == [0, 1, 2, 3]  # round 4's kept state stays: 5 is rebuilt from it
+    assert not host.store.rebuildable(hashlib.sha256(b"state 1").hexdigest())
