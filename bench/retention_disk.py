@@ -225,8 +225,21 @@ def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
             "start_state_bytes": start_state,
             "peak_rss_mib": round(peak / 1024, 1),
             "last_by_kind": _kinds_over_stage(series[-1][1].get("disk", {}), stage) if series else None,
+            # what the node held when its disk was largest, from flat_from on (what the multiple is made of)
+            "at_max_from_flat": _at_max([(r, n) for r, n in series if r >= flat_from and n.get("disk")],
+                                        stage),
         }
     return out
+
+
+def _at_max(series: list[tuple[int, dict]], stage: int) -> dict | None:
+    """The round of the largest disk in ``series`` and its kinds of files over the stage's bytes."""
+    if not series:
+        return None
+    outer_round, node = max(series, key=lambda item: item[1]["disk"]["total"])
+    kinds = _kinds_over_stage(node["disk"], stage) or {}
+    return {"round": outer_round, "over_stage_bytes": round(node["disk"]["total"] / stage, 2),
+            "kinds": {k: v["over_stage_bytes"] for k, v in kinds.items()}}
 
 
 def _kinds_over_stage(disk: dict, stage: int) -> dict | None:
