@@ -184,3 +184,43 @@ def test_the_host_loop_asks_about_a_rebuildable_state_without_waiting_for_a_prun
     assert host.store.rebuildable(hashlib.sha256(b"state 5").hexdigest())
     assert states.forget_before(5) == [0, 1, 2, 3]  # round 4's kept state stays: 5 is rebuilt from it
     assert not host.store.rebuildable(hashlib.sha256(b"state 1").hexdigest())
+
+
+def test_a_verifier_asks_again_once_the_claimant_is_seen_rebuilding_and_never_when_it_refuses_at_once(
+        tmp_path, monkeypatch):
+    """The fetch of a claimant's start state (HeldStates.fetch_files): a first ask that fails after waiting
+    (the claimant was replaying) is asked again, and so is any later failure (a piece asked for during the
+    replay is refused quickly after it: a check of the mini retention bench was left undone so); a first
+    ask refused at once (the state is not there) ends the fetch, as before."""
+    import time
+
+    from node.live.checks import heldstates
+    from p2p.errors import P2PError
+
+    monkeypatch.setattr(heldstates, "SLOW_REFUSAL_S", 0.2)
+    monkeypatch.setattr(heldstates, "REFETCH_AFTER_S", 0.05)
+
+    class Host:  # each ask's outcome in turn: ("slow" | "quick", error) or the bytes
+        def __init__(self, outcomes) -> None:
+            self.outcomes, self.asks = list(outcomes), 0
+
+        def fetch_blob(self, digest, dest, providers, timeout):
+            self.asks += 1
+            outcome = self.outcomes.pop(0)
+            if outcome == "slow":
+                time.sleep(0.3)
+            if outcome in ("slow", "quick"):
+                raise P2PError(f"{outcome} refusal")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(outcome)
+
+    envelope = SimpleNamespace(stage=0, sender_peer_id="claimant")
+    rebuilding = Host(["slow", "quick", b"the state"])
+    states = HeldStates(rebuilding, tmp_path / "a", tmp_path / "ev", num_stages=1, stop=threading.Event())
+    [path] = states.fetch_files([envelope], [b"\1" * 32], tmp_path / "job-a")
+    assert path.read_bytes() == b"the state" and rebuilding.asks == 3
+    refusing = Host(["quick", b"never asked"])
+    states = HeldStates(refusing, tmp_path / "b", tmp_path / "ev", num_stages=1, stop=threading.Event())
+    with pytest.raises(P2PError, match="quick refusal"):
+        states.fetch_files([envelope], [b"\1" * 32], tmp_path / "job-b")
+    assert refusing.asks == 1

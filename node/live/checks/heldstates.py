@@ -351,19 +351,23 @@ class HeldStates:
 
     def _fetch_until(self, digest: str, dest: Path, provider: str, timeout: float) -> None:
         """Fetch ``digest`` from ``provider``, asked again every few seconds until ``timeout`` while the asks
-        fail slowly: a claimant that rebuilds the state (node/live/checks/staterebuild.py) answers its first
-        ask only once the replay is done, and an ask that waited past the blob protocol's stall timeout fails
-        meanwhile. A quick refusal (the blob is not there) is final at once, as before."""
-        deadline, left = time.monotonic() + timeout, timeout
+        fail after one failed slowly: a claimant that rebuilds the state (node/live/checks/staterebuild.py)
+        answers its first ask only once the replay is done, and an ask that waited past the blob protocol's
+        stall timeout fails meanwhile. A quick first refusal (the blob is not there) is final at once, as
+        before."""
+        deadline, left, rebuilding = time.monotonic() + timeout, timeout, False
         while True:
             asked = time.monotonic()
             try:
                 self.host.fetch_blob(digest, dest, providers=[provider], timeout=left)
                 return
             except P2PError as exc:
-                # A quick refusal is the claimant's answer (not here): only an ask that waited is asked again
+                # A quick first refusal is the claimant's answer (not here). An ask that waited shows a
+                # rebuild under way: from then on every failure is asked again (a piece asked for while the
+                # rebuild ran may be refused quickly after it).
                 now = time.monotonic()
-                if now - asked < SLOW_REFUSAL_S or deadline - now < 2 * REFETCH_AFTER_S or self.stop.is_set():
+                rebuilding = rebuilding or now - asked >= SLOW_REFUSAL_S
+                if not rebuilding or deadline - now < 2 * REFETCH_AFTER_S or self.stop.is_set():
                     raise
                 logger.debug("start state %s not served yet (%s): asked again", digest[:16], exc)
                 self.stop.wait(REFETCH_AFTER_S)
