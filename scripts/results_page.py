@@ -265,10 +265,12 @@ SECTIONS = (
             "claim proves its listing against the record (docs/REWARDS.md)."),
     Section("retention.json", "Disk and memory per node over a long run (default retention)",
             "bench/bench_retention.py", retention,
-            "Flat once the windows fill, far above issue 75's goal of 4x the stage: a start state (10x; 7.1x "
-            "of its own a round, packed) for every round a window can still ask about, which on this local "
-            "chain (a block a round) is tens of rounds and on a chain on time 3-4 (docs/PROTOCOL.md, "
-            "\"Archive and retention\")."),
+            "Flat once the windows fill, above issue 75's goal of 4x the stage's training state: a node "
+            "keeps one start state in 8 and rebuilds the others when asked "
+            "(storage.start_states = \"rebuild\"), so what is left is the proof window's published stage "
+            "states, three checkpoints, one start state and passing copies (docs/PROTOCOL.md, \"Archive "
+            "and retention\"). The split runs (stages2_*) keep every start state: a stage is not replayed "
+            "alone."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "

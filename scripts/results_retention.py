@@ -65,7 +65,7 @@ def _retention_run(r: dict) -> list[str]:
     out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
                   "over its training state", "in start states", "rounds of start / published states kept",
                   "peak RSS"], rows)
-    out += _kinds(r) + _rebuilds(r)
+    out += _kinds(r) + _largest(r) + _rebuilds(r)
     audit = r["audit"]
     serve = r["serve_checkpoint"]
     if "samples" not in r:
@@ -79,6 +79,20 @@ def _retention_run(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _largest(r: dict) -> list[str]:
+    """What each node held at its largest sample once the windows filled (``at_max_from_flat``), the kinds
+    of 1x the stage or more, largest first."""
+    lines = []
+    for node, s in r["summary"].items():
+        at = s.get("at_max_from_flat")
+        if at:
+            kinds = ", ".join(f"{k} {v:.1f}x" for k, v in sorted(at["kinds"].items(), key=lambda kv: -kv[1])
+                              if v >= 1)
+            lines.append(f"{node} at its largest from the flat round on (round {at['round']}, "
+                         f"{at['over_stage_bytes']:.1f}x): {kinds}.")
+    return ["", " ".join(lines)] if lines else []
 
 
 def _rebuilds(r: dict) -> list[str]:
