@@ -56,8 +56,19 @@ def bind_run(record, stage_leaves: list, factors, index: int, prev_record, prev_
     prev_fields = genesis_record(record.run_id) if prev_record is None else prev_record.fields()
     binding = (record.fields(), leaves[stage], tree_path(leaves, stage), factors.encode(), index, prev_fields,
                prev_leaves[stage], tree_path(prev_leaves, stage))
-    norms = getattr(factors, "norms", None)
-    listed = tuple(norms.contributors) if norms is not None else ()
-    key = listed[index] if index < len(listed) else RunSubject.data_key
+    key = listed_contributor(binding[3], index)
     return RunSubject(record.run_id, record.round, stage, bytes(roots[index]),
                       bytes(prev_stage_leaves[stage].weights_root), binding, key)
+
+
+def listed_contributor(factors: bytes, index: int) -> str:
+    """The member account encoded ``factors`` list for contribution ``index`` (a version-3 round's, which
+    StepProverBinding checks a run claim's ``dataKey`` against); the zero address where they list none."""
+    from ledger.chunkproof import Factors
+
+    try:
+        norms = Factors.decode(factors).norms
+    except LedgerInputError:
+        norms = None
+    listed = tuple(norms.contributors) if norms is not None else ()
+    return listed[index] if index < len(listed) else RunSubject.data_key
