@@ -304,3 +304,41 @@ def test_a_run_without_data_takes_no_data_dispute_and_its_terms_are_the_creators
     for sender in (creator, _address(w3, 5)):  # after the first commit nobody sets it
         refused = _named(client, "setData", sender, committed.run_id, terms().as_tuple())
         assert refused == "ProverStepProgramFixed"
+
+
+def test_fuzz_an_honest_claim_answers_any_token_and_a_changed_token_is_always_refuted(request):
+    """Random disputes (py-evm, seeded): an honest claim answers every token a challenger names; a claim whose
+    batches differ from the run's data in one random token answers every other token named and is refuted at
+    that one by the clock."""
+    import random
+
+    w3 = _backend(request, "pyevm")
+    client, committed = _setup(w3)
+    data, rng = DataClient(client), random.Random(78)
+    challenger = _address(w3, 5)
+
+    def token():
+        return rng.randrange(TOY_STEPS), rng.randrange(ROWS), rng.randrange(WINDOW + 1)
+
+    for index, defender, changed in ((1, _address(w3, 4), None), (0, _address(w3, 1), token())):
+        subject = subject_of(committed, index)
+        used = batches_of(subject.data_key, 1, TOY_STEPS)
+        if changed is not None:
+            step, row, pos = changed
+            used[step][row, pos] = (used[step][row, pos] + rng.randrange(1, 8)) % 8
+        traces = traces_of(run_steps(_start_state(), used), used)
+        claim_id = _claim(client, defender, claim_of(traces, subject, used), subject)
+        side = _side(traces, used, subject)
+        for _ in range(8):
+            named = token()
+            if named == changed:
+                continue
+            _answer(client, data.challenge(claim_id, *named, challenger), side, defender)
+            assert not client.wrong(claim_id)
+        if changed is not None:
+            game = data.challenge(claim_id, *changed, challenger)
+            name, args = defender_move(game, client.game(game), side, GameMemory())
+            assert _named(client, name, defender, *args) == "ProverStepBadOpening"
+            _lands_at(w3, client.game(game)["turnSince"] + client.game(game)["defenderLeft"] + 1)
+            client._send("timeout", challenger, game)
+            assert client.wrong(claim_id)
