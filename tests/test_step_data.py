@@ -117,7 +117,7 @@ def test_the_windows_are_the_chains_and_the_corpus():
     assert other != offsets
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_an_honest_claim_answers_every_data_dispute(request, backend):
     w3 = _backend(request, backend)
     client, committed = _setup(w3)
@@ -224,7 +224,7 @@ def _honest_step_policy(truth, mine, batches):
     return policy
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
 def test_a_claim_that_commits_the_runs_batches_but_computed_others_loses_its_step_game(request, backend):
     """The claim's ``batchRoot`` is the run's batches (every data dispute is answered), but its step 3 ran on
     a batch with one token changed: the honest challenger bisects to step 3 and to its lookup op, whose batch
