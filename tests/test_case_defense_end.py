@@ -2,8 +2,8 @@
 defends its contributions", "The claim's end"), on py-evm and on anvil.
 
 The run's creator set the toy program and the plain end rule (StepProver ``endRuleOf`` 1); round 1 lists the
-run's encoder's coding of the toy's honest ``S - E`` (tests/step_binding_fixtures.py ``toy_end_round``) and two
-random contributions. The member that signed the coding runs the node's case defender (its NodeChain, its
+run's encoder's coding of the toy's honest ``S - E`` (tests/step_binding_fixtures.py ``toy_end_round``) and
+two random contributions. The member that signed the coding runs the node's case defender (its NodeChain, its
 ChunkedStates holding round 0's start and round 1's payload pieces, its data directory's reward sources).
 
 What is tested: an outsider's case on that contribution with end disputes of elements of all three state
@@ -44,7 +44,7 @@ CHALLENGERS = (4, 6, 7, 9)  # dev accounts outside the run, one per end dispute
 
 
 def _end_run(w3, tmp_path, codec: str, off: int | None = None):
-    """The plain-end run over ``toy_end_round(codec, off)``; the coding's subject and the member signing it."""
+    """The plain-end run over ``toy_end_round(codec, off)``; the coding's subject and its index."""
     round_, blob = toy_end_round(codec, off)
     client, cases, committed, states = _setup(w3, tmp_path, window=600, end_rule=True, round_=round_)
     subject, _pieces = end_subject(committed, blob)

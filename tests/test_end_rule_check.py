@@ -2,12 +2,13 @@
 node defends its contributions"; node/live/fraud/endrule.py).
 
 In a run whose creator fixed the plain end rule (StepProver ``endRuleOf`` 1) a contribution's payload must
-code ``fl(S - E)`` with nothing carried between rounds and no low-rank piece; a node whose settings carry state
-could not defend its contributions there, so it refuses, naming each setting. What is tested: the settings
-named (error feedback, a ``min_compress_numel`` that lets a tensor be coded low-rank, the inner optimizer's
-carried state, the left-out update put back: the last two have no setting yet, so every node refuses such a
-run today); the chain's rule read on py-evm (refused under the rule, nothing said without it); and a real node
-process started in a plain-end run on anvil exits before it trains, its log naming the settings.
+code ``fl(S - E)`` with nothing carried between rounds and no low-rank piece; a node whose settings carry
+state could not defend its contributions there, so it refuses, naming each setting. What is tested: the
+settings named (error feedback, a ``min_compress_numel`` that lets a tensor be coded low-rank, the inner
+optimizer's carried state, the left-out update put back: the last two have no setting yet, so every node
+refuses such a run today); the chain's rule read on py-evm (refused under the rule, nothing said without it);
+and a real node process started in a plain-end run on anvil exits before it trains, its log naming the
+settings.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ TINY_V3 = ["model.preset=tiny", "diloco.commitments=normed"]
 
 def test_every_setting_that_carries_state_is_named():
     problems = plain_end_problems(load_config(None, TINY_V3))
-    assert [p.split(" ")[0] for p in problems] == ["compression.error_feedback", "compression.min_compress_numel",
-                                                   "training.optimizer", "a"]
+    assert [p.split(" ")[0] for p in problems] == [
+        "compression.error_feedback", "compression.min_compress_numel", "training.optimizer", "a"]
     assert "the largest, 'transformer.wte.weight', has 8,192); set it above 8,192" in problems[1]
     assert "left out of its round is put back" in problems[3]
     # feedback off and every tensor quantized only: what is left has no setting yet
@@ -78,5 +79,6 @@ def test_a_node_process_refuses_to_start_in_a_plain_end_run(make_run):
     slot = run.nodes[0]
     assert slot.process.wait(timeout=240) != 0
     log = slot.log_path.read_text()
-    assert "fixes the plain end rule on chain" in log and "compression.error_feedback = true" in log, log[-3000:]
+    assert "fixes the plain end rule on chain" in log, log[-3000:]
+    assert "compression.error_feedback = true" in log and "training.optimizer = 'adamw'" in log
     assert run.client().commit_count(run.run_id) == 0

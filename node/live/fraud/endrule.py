@@ -44,8 +44,8 @@ def plain_end_problems(cfg) -> list[str]:
                             f"many elements or more may be coded low-rank (the largest, {name!r}, has "
                             f"{largest:,}); set it above {largest:,}, or compression.enabled = false")
     problems.append(f"training.optimizer = {cfg.training.optimizer!r}: the inner optimizer's state (AdamW's "
-                    "moments, Muon's momentum) is carried across rounds, and the chain's claim starts from the "
-                    "committed weights alone (no setting gives each round a fresh inner optimizer yet)")
+                    "moments, Muon's momentum) is carried across rounds, and the chain's claim starts from "
+                    "the committed weights alone (no setting gives each round a fresh inner optimizer yet)")
     problems.append("a contribution left out of its round is put back into the next round's target "
                     "(v = fl(g + u): training/stage_engine.py contribution_dropped; no setting turns it off)")
     return problems
@@ -76,14 +76,14 @@ def check_end_rule(client, run_id: int, cfg) -> None:
     if not rule:
         return
     if rule != PLAIN_END:
-        raise ConfigError(f"run {run_id} fixes end rule {rule} on chain (StepProver.endRuleOf); this node knows "
-                          f"the plain end rule ({PLAIN_END}) only: not joining")
+        raise ConfigError(f"run {run_id} fixes end rule {rule} on chain (StepProver.endRuleOf); this node "
+                          f"knows the plain end rule ({PLAIN_END}) only: not joining")
     problems = plain_end_problems(cfg)
     if problems:
         raise ConfigError(
             f"run {run_id} fixes the plain end rule on chain (StepProver.endRuleOf = {PLAIN_END}: every "
             "contribution's payload must code fl(S - E) with nothing carried between rounds and no low-rank "
-            f"piece), but its settings carry state between rounds: {' | '.join(problems)}. This node could not "
-            "defend its contributions (a case on each would overturn its round): not joining. These settings "
-            "are the run document's (its configHash): the run's creator must make the run again without them "
-            "or without the rule")
+            f"piece), but its settings carry state between rounds: {' | '.join(problems)}. This node could "
+            "not defend its contributions (a case on each would overturn its round): not joining. These "
+            "settings are the run document's (its configHash): the run's creator must make the run again "
+            "without them or without the rule")
