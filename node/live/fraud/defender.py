@@ -296,6 +296,8 @@ class CaseDefender:
         if (committed is None or pieces is None) and self.files is not None:
             kept = self.files.kept(round_, stage)
             if kept is not None and kept.payload_root == payload:
+                logger.info("round %d stage %d: this node's defense inputs read from its kept copy (%s/)",
+                            round_, stage, DEFENSE_DIR)
                 committed = committed if committed is not None else kept.start
                 pieces = pieces if pieces is not None else kept.pieces()
         return committed, pieces
