@@ -12,7 +12,7 @@ the step game is dismissed: the node checks its end against its payload, claims,
 with the bit width it reads from its pieces and wins every game; the challengers' and the opener's bonds are
 its. A payload one element off (W[5] one ulp: what a tampered payload or a training that is not the program
 gives) is found by the node's own check before it claims: it says which element and posts no claim, and the
-case overturns the round from its deadline.
+case overturns the round from its deadline. Default tier: anvil; the py-evm runs in the slow tier.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ledger.stepproof import PHASES
 from node.live.fraud.endcheck import piece_bits
 from tests.step_binding_fixtures import end_subject, toy_end_round, toy_origins
 from tests.test_case_defense import (
+    BACKENDS,
     LIAR,
     OPENER,
     _claim_of,
@@ -52,7 +53,7 @@ def _end_run(w3, tmp_path, codec: str, off: int | None = None):
     return client, cases, committed, states, subject, index  # member index + 1 signed it
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_node_answers_every_end_dispute_and_the_case_is_dismissed(request, backend, tmp_path):
     w3 = _backend(request, backend)
     client, cases, committed, states, subject, index = _end_run(w3, tmp_path, "raw")
@@ -85,7 +86,7 @@ def test_a_quant_coding_is_defended_with_the_bit_width_its_pieces_show(request, 
     """The 2-bit coding (most of W clamped): the width named in the first answer on a tensor fixes it for the
     claim; the node names the least width that holds the tensor's codes, which is the encoder's where an
     element is clamped, and answers every dispute."""
-    w3 = _backend(request, "pyevm")
+    w3 = _backend(request, "anvil")
     client, cases, committed, states, subject, index = _end_run(w3, tmp_path, "quant")
     pieces = states.pieces_of(1, 0, subject.payload_root)
     assert piece_bits(pieces, toy_origins())[1] == 2  # W: the encoder's 2 bits
@@ -104,7 +105,7 @@ def test_a_quant_coding_is_defended_with_the_bit_width_its_pieces_show(request, 
     assert client.contract.functions.balanceOf(node).call() == len(games) * stake
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_payload_one_element_off_is_not_claimed_and_the_case_overturns(request, backend, tmp_path, caplog):
     w3 = _backend(request, backend)
     client, cases, committed, states, subject, index = _end_run(w3, tmp_path, "raw", off=5)

@@ -8,10 +8,11 @@ leaves, its codec blob) to ``<data_dir>/case-defense/`` while its states hold th
 
 What is tested, on anvil with the node's own parts: a defender whose game against a lying challenger is past
 the steps' bisection is replaced by a new one over empty states and the same data directory (a restart):
-the new one finds the case and its standing claim, plays the game on from the kept memory and wins it, and a
-second case opened after the restart is defended from the kept copies (in a run with the plain end rule too,
-its end disputes answered from the kept blob). A copy that does not match (another payload root, a start
-whose leaves are not the claim's) is not used: the case is logged as one the node cannot answer. With real
+the new one finds the case and its standing claim, plays the game on from the kept memory and wins it; in a
+run with the plain end rule, a case opened after a restart on a contribution made before it is claimed and
+its end disputes answered from the kept blob (the 2-bit coding). A copy that does not match (another payload
+root, a start whose leaves are not the claim's) is not used: the case is logged as one the node cannot
+answer. The copies of a round go once its proof window closes. With real
 node processes, killed and restarted mid-game: tests/test_case_defense_e2e.py.
 """
 
@@ -76,7 +77,7 @@ def test_a_restarted_node_plays_its_game_on_from_what_it_kept(request, tmp_path,
 
 
 def test_a_restarted_node_answers_end_disputes_from_its_kept_blob(request, tmp_path):
-    w3 = _backend(request, "pyevm")
+    w3 = _backend(request, "anvil")
     round_, blob = toy_end_round("quant")
     client, cases, committed, states = _setup(w3, tmp_path, window=600, end_rule=True, round_=round_)
     subject, _pieces = end_subject(committed, blob)
@@ -115,3 +116,33 @@ def test_a_kept_copy_that_is_not_the_contributions_is_not_used(request, tmp_path
     files.keep(1, 0, bytes(32), kept_start, b"", {})
     _defender(committed, _empty(), tmp_path, files=files).poll()
     assert "nor a copy in case-defense/" in caplog.text and cases.case(subject)["claims"] == 0
+
+
+class _ClosedThrough:
+    """Proof windows closed for every round up to ``closed``."""
+
+    def __init__(self, closed: int) -> None:
+        self.closed = closed
+
+    def open(self, outer_round: int) -> bool:
+        return outer_round > self.closed
+
+
+def test_the_kept_copies_of_a_round_go_once_its_window_closes(tmp_path):
+    import threading
+
+    from ledger.stepdefense import GameMemory
+    from node.live.fraud.defender import CaseDefender
+
+    files = DefenseFiles(tmp_path / DEFENSE_DIR)
+    for outer_round in (1, 2):
+        files.keep(outer_round, 0, bytes(32), [b"leaf"], b"", {})
+        files.remember(outer_round, 0, bytes([outer_round]) * 32, {b"\x01" * 32: GameMemory(3, 1)})
+    states = _empty()
+    states.window = _ClosedThrough(1)
+    defender = CaseDefender(run_id=1, chain=None, states=states, program=None, data_dir=tmp_path,
+                            stop=threading.Event(), files=files)
+    defender._prune()
+    assert files.rounds() == [(2, 0)] and files.kept(1, 0) is None
+    assert files.memories(1, 0, b"\x01" * 32) == {}
+    assert files.memories(2, 0, b"\x02" * 32) == {b"\x01" * 32: GameMemory(3, 1)}
