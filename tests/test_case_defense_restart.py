@@ -35,8 +35,8 @@ from tests.test_step_proof import _backend
 
 def _empty() -> ChunkedStates:
     """A restarted node's states: none held."""
-    return ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=None, layout=None,
-                         config_hash=b"")
+    return ChunkedStates(cfg=SimpleNamespace(commitment_scheme=scheme_named("normed")), host=None,
+                         layout=None, config_hash=b"")
 
 
 def test_a_restarted_node_plays_its_game_on_from_what_it_kept(request, tmp_path, caplog):
