@@ -12,7 +12,10 @@ this node kept them, name it as the contributor) it
    previous round (the committed start's weight chunk leaves, node/live/fraud/chunkstate.py, kept while a
    case can be opened), and the run's step program (``ledger.step_program``, checked against the chain's
    ``programOf`` and ``originOf``): the program run for the contribution's declared steps (else the run's H)
-   from the committed start (node/stepprogram.py);
+   from the committed start (node/stepprogram.py); in a run with the plain end rule (``endRuleOf`` 1) it
+   also checks every element of the program's end against its contribution's payload pieces as an end
+   dispute would (node/live/fraud/endcheck.py) and answers end disputes from them, and where one element
+   does not hold it posts no claim (it would lose its bond there) and says which;
 2. posts the run claim (``claimRun``, the run's bond) before the deadline;
 3. each time it looks, answers every game on its claim whose move is its own (``ledger.stepdefense``: one
    move per game, the honest defender's), and ends a game whose challenger let its clock run out
@@ -20,11 +23,18 @@ this node kept them, name it as the contributor) it
 4. from the case's end on, dismisses the case (the opener's bond is paid to it) and withdraws what it won.
 
 A case it cannot answer (no program configured, another program than the run's, its start state not held
-any more, a claim refused) is logged as an error with why: unless another holder of the inputs defends the
-contribution by the deadline, the round is overturned. A case on another member's contribution is left to
-its contributor: the claim binds the start, the program and the steps but not the end (docs/FRAUD_PROOF.md
-"Not done", 1), so a true run from the committed start stands whatever the payload is, and a node that
-defended contributions it had not produced would shield a fabricated one from an honest case.
+any more, a payload that is not the program's end under the plain end rule, a claim refused) is logged as an
+error with why: unless another holder of the inputs defends the contribution by the deadline, the round is
+overturned. A case on another member's contribution is left to its contributor: outside runs with the plain
+end rule the claim binds the start, the program and the steps but not the end (docs/FRAUD_PROOF.md "Not
+done", 1), so a true run from the committed start stands whatever the payload is, and a node that defended
+contributions it had not produced would shield a fabricated one from an honest case.
+
+Across restarts (a restart drops the node's spilled states): for every round whose factors name this node's
+account as a contributor it copies the start's leaves and its codec blob to ``<data_dir>/case-defense/``,
+and each game's memory before each move (node/live/fraud/defensefiles.py); a new life reads every case of
+the run from block 0, finds its standing claims and plays their games on from those copies. The copies of a
+round go once its proof window has closed and no defense of it is being played.
 
 It runs on a thread of its own (like the availability answerer), so training does not delay its moves; each
 poll reads only the blocks since the last one and sends at most one move per game.
