@@ -12,7 +12,8 @@ the step game is dismissed: the node checks its end against its payload, claims,
 with the bit width it reads from its pieces and wins every game; the challengers' and the opener's bonds are
 its. A payload one element off (W[5] one ulp: what a tampered payload or a training that is not the program
 gives) is found by the node's own check before it claims: it says which element and posts no claim, and the
-case overturns the round from its deadline. Default tier: anvil; the py-evm runs in the slow tier.
+case overturns the round from its deadline. Default tier: anvil; the py-evm runs and the quant coding's in
+the slow tier.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def test_the_node_answers_every_end_dispute_and_the_case_is_dismissed(request, b
     assert committed.deployment.client(0).invalid_from(committed.run_id) is None
 
 
+@pytest.mark.slow
 def test_a_quant_coding_is_defended_with_the_bit_width_its_pieces_show(request, tmp_path):
     """The 2-bit coding (most of W clamped): the width named in the first answer on a tensor fixes it for the
     claim; the node names the least width that holds the tensor's codes, which is the encoder's where an

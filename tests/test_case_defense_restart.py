@@ -22,6 +22,8 @@ import logging
 import random
 from types import SimpleNamespace
 
+import pytest
+
 from ledger.stepproof import PHASES
 from node.commitments.registry import scheme_named
 from node.live.fraud.chunkstate import ChunkedStates
@@ -76,6 +78,7 @@ def test_a_restarted_node_plays_its_game_on_from_what_it_kept(request, tmp_path,
     assert "nor a copy in case-defense/" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_restarted_node_answers_end_disputes_from_its_kept_blob(request, tmp_path):
     w3 = _backend(request, "anvil")
     round_, blob = toy_end_round("quant")

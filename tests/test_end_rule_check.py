@@ -39,7 +39,7 @@ def test_every_setting_that_carries_state_is_named():
         == ["training.optimizer", "a"]
 
 
-@pytest.mark.parametrize("end_rule", [True, False])
+@pytest.mark.parametrize("end_rule", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_rule_is_read_from_the_chain(request, tmp_path, end_rule):
     w3 = _backend(request, "pyevm")
     _client, _cases, committed, _states = _setup(w3, tmp_path, end_rule=end_rule)
