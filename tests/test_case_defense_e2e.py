@@ -145,6 +145,7 @@ def test_a_node_process_killed_mid_game_plays_it_on_after_its_restart(make_run, 
     assert not client.wrong(claim_id), run_logs(run)
     assert client.contract.functions.balanceOf(author).call() == client.bond
     second = slot.log_path.read_text()
-    assert slot.starts == 2 and "claimed this node's contribution 0" in second, second[-3000:]
+    assert slot.starts == 2 and "found its standing claim (posted before) on this node's contribution 0" \
+        in second, second[-3000:]
     assert "defense inputs read from its kept copy (case-defense/)" in second
     assert "CANNOT DEFEND" not in _node_logs(run)

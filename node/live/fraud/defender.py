@@ -256,9 +256,6 @@ class CaseDefender:
             logger.info("round %d stage %d: a case on contribution %d (not this node's: left to its "
                         "contributor)", round_, stage, index)
             return None
-        logger.warning("round %d stage %d: a case opened by %s against this node's contribution %d; "
-                       "defending it (claims taken until block %d)", round_, stage, case["opener"], index,
-                       case["deadline"])
         functions = self.prover.contract.functions
         committed, pieces = self._inputs(round_, stage, payload)
         with self.chain.rpc_lock:
@@ -267,6 +264,9 @@ class CaseDefender:
             logger.info("round %d stage %d: the case on this node's contribution %d is closed and its inputs "
                         "are not held any more", round_, stage, index)
             return None
+        logger.warning("round %d stage %d: a case opened by %s against this node's contribution %d; "
+                       "defending it (claims taken until block %d)", round_, stage, case["opener"], index,
+                       case["deadline"])
         if self.program is None:
             raise ConfigError("no step program configured (ledger.step_program: the run's program file)")
         with self.chain.rpc_lock:
@@ -286,13 +286,15 @@ class CaseDefender:
         claim = run_claim(side.traces, subject)
         with self.chain.rpc_lock:
             claim_id = bytes(functions.runIdOf(claim, client.address).call())
-            if functions.claimOf(claim_id).call()[0] == ZERO_ADDRESS:
+            posted = functions.claimOf(claim_id).call()[0] == ZERO_ADDRESS
+            if posted:
                 stake = int(functions.caseOf(key).call()[7])
                 client.sender.transact(self.prover.contract, "claimRun", (claim, subject.binding),
                                        f"claim round {round_} stage {stage}'s contribution {index}", stake)
             ends = int(functions.caseOf(key).call()[4])
-        logger.warning("round %d stage %d: claimed this node's contribution %d (%d steps of the run's "
-                       "program%s); every game on it is answered", round_, stage, index, steps,
+        logger.warning("round %d stage %d: %s this node's contribution %d (%d steps of the run's program%s); "
+                       "every game on it is answered", round_, stage,
+                       "claimed" if posted else "found its standing claim (posted before) on", index, steps,
                        ", its end checked against its payload" if end_rule else "")
         games = self.files.memories(round_, stage, claim_id) if self.files is not None else {}
         return Defense(key, round_, stage, payload, ends, claim_id, side, int(case["block"]), games)
