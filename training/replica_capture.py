@@ -14,7 +14,7 @@ from training.butterfly import slice_for_exchange
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.errors import ReplicaStateError
-from training.host_tensors import host_float32_copy
+from training.host_tensors import host_float32, host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 def capture_stage_state(
-    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
+    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer, *,
+    copy: bool = True,
 ) -> StageStartState:
     """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner
     step).
@@ -33,8 +34,13 @@ def capture_stage_state(
     ``module`` and ``optimizer``: the stage's module and inner AdamW (a
     :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
     ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
-    Everything is copied: training on afterwards does not change the capture.
+    Everything is copied: training on afterwards does not change the capture. ``copy=False``: the live
+    tensors themselves (float32 CPU ones; others are converted), for a caller that only hashes or writes
+    the state before anything changes (a rerun's next state: 40 bytes per parameter of copies saved).
     """
+    if not copy:
+        live = {n: host_float32(t) for n, t in _live_trainer_tensors(module, optimizer).items()}
+        return _engine_part(meta, engine, live, copy=False)
     return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
 
 
@@ -48,6 +54,19 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer,
     the start state is written), each read back when the state is written; where the file cannot be
     written (a full disk) they stay in RAM, with a warning.
     """
+    live = _live_trainer_tensors(module, optimizer)
+    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+    if spill_dir is not None:
+        try:
+            return spill_float32(live, spill_dir)
+        except OSError as exc:
+            logger.warning("start state's weights and optimizer state kept in RAM: not written to %s (%s)",
+                           spill_dir, exc)
+    return host_float32_copy(live)
+
+
+def _live_trainer_tensors(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The weights and the inner optimizer's state by their start-state names: the live tensors."""
     live: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         live[f"param/{name}"] = param
@@ -58,14 +77,7 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer,
                                     f"{sorted(fields)} ({prefix})")
         for field_name, value in state.items():
             live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
-    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
-    if spill_dir is not None:
-        try:
-            return spill_float32(live, spill_dir)
-        except OSError as exc:
-            logger.warning("start state's weights and optimizer state kept in RAM: not written to %s (%s)",
-                           spill_dir, exc)
-    return host_float32_copy(live)
+    return live
 
 
 def capture_engine_part(
@@ -161,11 +173,12 @@ def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str
 
 
 def capture_replica_state(
-    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine]
+    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine], *, copy: bool = True
 ) -> ReplicaStartState:
-    """:func:`capture_stage_state` of every stage of a replica chained in one process."""
+    """:func:`capture_stage_state` of every stage of a replica chained in one process (``copy``: as there).
+    """
     return ReplicaStartState(tuple(
-        capture_stage_state(meta, engine, module, optimizer)
+        capture_stage_state(meta, engine, module, optimizer, copy=copy)
         for engine, module, optimizer in zip(engines, trainer.stage_modules, trainer.optimizers)
     ))
 
