@@ -21,7 +21,8 @@ on a loaded machine); this script measures what one of them holds, phase by phas
 Each phase's peak is the kernel's peak resident set (``VmHWM``, reset at each phase's start by writing 5 to
 ``/proc/self/clear_refs``), so a phase's figure is exact, not sampled; it is reported above the process's
 resident set before the model was built (imports, the interpreter), in bytes and in bytes per parameter the
-process holds (a node: its stage; the child: the whole replica). Writes bench/results/stage_memory.json.
+process holds (a node: its stage; the child: the whole replica). ``--baseline`` keeps an earlier commit's
+run of this script in the result as the before. Writes bench/results/stage_memory.json.
 """
 
 from __future__ import annotations
@@ -167,10 +168,11 @@ def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path
     optimizer = make_inner_optimizer(module, cfg.training)
     engine = StageEngine(stage, params, cfg.diloco, cfg.compression, exact=cfg.training.codec_kernels)
     slice_for_exchange(engine, cfg.diloco)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    hidden = torch.randn(BATCH, SEQ, cfg.model.n_embd, generator=generator)
     spill = workdir / f"spill-{stage}"
     spill.mkdir(parents=True, exist_ok=True)
+    engine.spill_dir = spill  # as the node sets it (node/live/worker/contributor.py)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    hidden = torch.randn(BATCH, SEQ, cfg.model.n_embd, generator=generator)
     own = {}
     # Each phase on the thread the node runs it on (node/live/worker/contributor.py: the training thread,
     # the lane, the finisher), one after the other, so that each phase's peak is its own: the threads'
@@ -312,8 +314,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/dlx-stagemem")
     parser.add_argument("--job", default="", help="an already built job directory (skips the build)")
+    parser.add_argument("--baseline", default="",
+                        help="a JSON this script wrote on an earlier commit: kept in this one as the before")
+    parser.add_argument("--baseline-commit", default="", help="the commit --baseline ran on")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
+    load = list(os.getloadavg())
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -331,7 +337,13 @@ def main() -> int:
             entry["child"]["seconds"] = round(time.monotonic() - started, 1)
             print(preset, "child", json.dumps(entry["child"]), flush=True)
         results[preset] = entry
-    write_result(args.out, {"benchmark": "stage_memory", "settings": vars(args), "results": results})
+    doc = {"benchmark": "stage_memory", "settings": vars(args), "results": results}
+    if args.baseline:
+        before = json.loads(Path(args.baseline).read_text())
+        doc["baseline"] = {"commit": args.baseline_commit or before["recorded"].get("commit"),
+                           "load_average": before["recorded"].get("load_average"),
+                           "results": before["results"]}
+    write_result(args.out, doc, load)
     return 0
 
 

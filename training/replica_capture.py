@@ -18,7 +18,7 @@ from training.host_tensors import host_float32, host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
-from training.spilled import MergedTensors, SpilledTensors, spill_float32
+from training.spilled import ChainedTensors, MergedTensors, SpilledTensors, spill_float32
 from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
@@ -134,16 +134,22 @@ class StartStateCapture:
         return out
 
 
-def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], dict[str, torch.Tensor]]:
+def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], Mapping[str, torch.Tensor]]:
     """``(counters, tensors)`` of a :meth:`StageEngine.state_dict` as a start state names them (the same
     tensors, not copied): the engine part's layout, which :class:`training.cluster_node_engine.
-    ShardedStageEngine` builds on each rank for its shard."""
+    ShardedStageEngine` builds on each rank for its shard. A spilled snapshot (the transmitted updates of an
+    engine with a ``spill_dir``) stays in its file: the tensors are then a mapping that reads it when asked.
+    """
     tensors: dict[str, torch.Tensor] = {}
+    spilled: list[SpilledTensors] = []
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
         tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
     for kind in ("round_end", "own_decoded", "sent"):
         for outer_round, snapshot in engine_state[kind].items():
+            if isinstance(snapshot, SpilledTensors):
+                spilled.append(snapshot.renamed(f"{kind}.{int(outer_round)}/"))
+                continue
             tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
     others = engine_state["others_previous"]
     if others is not None:
@@ -155,7 +161,7 @@ def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], d
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
-    return counters, tensors
+    return counters, ChainedTensors([tensors, *spilled]) if spilled else tensors
 
 
 def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor], *,
@@ -165,11 +171,19 @@ def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str
         counters, engine_part = streamed()
     else:
         counters, tensors = engine_state_tensors(engine.state_dict(copy=copy))
-        engine_part = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+        engine_part = _host_part(tensors)
     # A spilled trainer part stays in its file: each tensor is read when the state is written.
     held = trainer_part if isinstance(trainer_part, SpilledTensors) else \
         {n: t.detach().to(torch.float32).contiguous() for n, t in trainer_part.items()}
     return StageStartState(meta, engine.stage_index, counters, MergedTensors(held, engine_part))
+
+
+def _host_part(tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """Contiguous float32 tensors of ``tensors``; spilled parts (a :class:`ChainedTensors` of a dict and
+    :class:`SpilledTensors`) stay in their files, each tensor read when the state is written."""
+    if not isinstance(tensors, ChainedTensors):
+        return {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+    return ChainedTensors([_host_part(part) if isinstance(part, dict) else part for part in tensors.parts])
 
 
 def capture_replica_state(

@@ -10,8 +10,15 @@ import torch
 from training.diloco import outer_state_shape
 from training.errors import EngineStateError
 from training.host_tensors import Weights, adopted, host_float32_copy
+from training.spilled import SpilledTensors
 
 ENGINE_STATE_VERSION = 1
+
+
+def _as_held(weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """``weights`` as the engine holds them, not copied: a spilled snapshot stays in its file (read a tensor
+    at a time by whoever reads it), any other mapping a dict of its tensors."""
+    return weights if isinstance(weights, SpilledTensors) else dict(weights)
 
 
 class EngineState:
@@ -23,7 +30,7 @@ class EngineState:
         ``copy=False``: the engine's own host tensors, not copies, for a caller that is done with them
         before the engine changes next (serialising a start state on the spot: a copy of gigabytes saved).
         """
-        snap = host_float32_copy if copy else dict
+        snap = host_float32_copy if copy else _as_held
         return {
             "version": ENGINE_STATE_VERSION,
             "stage_index": self.stage_index,
