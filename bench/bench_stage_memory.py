@@ -1,8 +1,9 @@
 """A node's and a spot check's rerun child's peak memory per phase, one process at a time (issue 75: "host
 RAM per node bounded"; docs/SCALE.md, "Memory per held parameter").
 
-    nice -n 15 python bench/bench_stage_memory.py [--presets llama-20m] [--node-stages 0,1] [--child]
-        [--inner-steps 4] [--rounds 3] [--workdir /tmp/dlx-stagemem]
+    nice -n 15 python bench/bench_stage_memory.py [--presets llama-20m,llama-124m] [--node-stages 0,1]
+        [--child llama-20m] [--job DIR] [--inner-steps 4] [--rounds 3] [--workdir /tmp/dlx-stagemem]
+        [--baseline OLD.json --baseline-commit C]
 
 bench/bench_scale_system.py measures a whole demo's nodes (four nodes and their children beside each other
 on a loaded machine); this script measures what one of them holds, phase by phase, alone:
@@ -31,6 +32,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -103,7 +105,9 @@ class Phases:
                          "bytes_per_parameter": round((peak - self.base) / parameters, 1)}
                   for name, peak in self.peaks.items()}
         top = max(self.peaks.values())
-        return {"parameters": parameters, "base_rss_bytes": self.base, "peak_rss_bytes": top,
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+                "parameters": parameters, "base_rss_bytes": self.base, "peak_rss_bytes": top,
                 "peak_bytes_per_parameter": round((top - self.base) / parameters, 1), "phases": phases}
 
 
@@ -138,7 +142,7 @@ def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path
     """One stage through ``rounds`` rounds in the node's order, in this process."""
     import torch
 
-    from node.arenas import limit_arenas, trim_heap
+    from node.arenas import limit_arenas, map_large_blocks, trim_heap
     from node.config import load_config
     from training.butterfly import slice_for_exchange
     from training.compression import encode_contribution
@@ -149,6 +153,7 @@ def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path
     from training.stages import StageModule, split_stages
 
     limit_arenas()  # as dlx-node start does (node/cli.py)
+    map_large_blocks()
     torch.set_num_threads(1)
     cfg = load_config(None, _settings(preset, steps, rounds, workdir))
     generator = torch.Generator().manual_seed(stage)
@@ -256,11 +261,13 @@ def measure_child(job: Path) -> dict:
 
     import training.reexec_rerun as rerun_module
     import training.spot_check as spot_check_module
+    from node.arenas import map_large_blocks
     from node.config import config_from_dict
     from node.live.checks.spotcheck import run_job
     from training.model import count_params
     from training.stage_engine import StageEngine
 
+    map_large_blocks()  # as the rerun worker does (node/live/checks/spotcheck.py)
     torch.set_num_threads(1)
     phases = Phases()
     phases.wrap(spot_check_module, "parse_stage_state", "parse")
@@ -308,8 +315,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="llama-20m")
     parser.add_argument("--node-stages", default="0,1", help="stages to measure as a node ('' for none)")
-    parser.add_argument("--child", dest="rerun_child", action="store_true",
-                        help="also build a job and measure the rerun child")
+    parser.add_argument("--child", dest="rerun_child", default="",
+                        help="presets whose rerun child is measured too (a job built first)")
     parser.add_argument("--inner-steps", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/dlx-stagemem")
@@ -330,7 +337,7 @@ def main() -> int:
             entry["nodes"][stage] = _in_child("node", preset, stage, args.inner_steps, args.rounds, workdir)
             entry["nodes"][stage]["seconds"] = round(time.monotonic() - started, 1)
             print(preset, "node stage", stage, json.dumps(entry["nodes"][stage]), flush=True)
-        if args.rerun_child:
+        if preset in args.rerun_child.split(","):
             job = args.job or _in_child("build", preset, 0, args.inner_steps, args.rounds, workdir)["job"]
             started = time.monotonic()
             entry["child"] = _in_child("rerun", preset, job, args.inner_steps, args.rounds, workdir)
