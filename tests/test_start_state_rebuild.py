@@ -35,7 +35,7 @@ def _state_chain(tmp_path):
     for outer_round in range(ROUNDS - 1):
         previous = {0: [payloads[-1]]} if outer_round > 0 else None
         rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
-                          previous_contributions=previous, consume=True)
+                          previous_contributions=previous)
         payloads.append(rerun.payloads[0])
         state = rerun.next_state
         states.append(state.stages[0].to_bytes())

@@ -265,7 +265,7 @@ class ReexecAuditor:
         rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
                           previous_contributions=previous or None, previous_excluded=excluded,
                           previous_dropped=dropped, previous_partials=partials or None,
-                          declared_steps=declared, processes=self.processes, consume=True)
+                          declared_steps=declared, processes=self.processes)  # copies: replayed on
         if rerun.next_state is None:
             raise ValueError(f"the rerun of round {outer_round} gives no next start state (no delay)")
         return rerun.next_state

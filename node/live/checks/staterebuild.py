@@ -177,11 +177,13 @@ def replay(directory: Path) -> dict:
         previous = {int(s): [read(n) for n in names] for s, names in entry["previous"].items()}
         partials = {int(s): [read(n) for n in names] for s, names in entry["partials"].items()}
         excluded = {int(s): {int(i): r for i, r in ex.items()} for s, ex in entry["excluded"].items()}
+        # Not consumed: a consumed rerun's next state is the live tensors themselves, for hashing, and the
+        # next round's rerun starts from it (copies cost this child one more state while it runs)
         rerun = reexecute(
             state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
             previous_contributions=previous or None, previous_excluded=excluded,
             previous_dropped=[int(s) for s in entry["dropped"]], previous_partials=partials or None,
-            declared_steps=entry["declared_steps"], processes=cfg.compute.processes, consume=True)
+            declared_steps=entry["declared_steps"], processes=cfg.compute.processes)
         if rerun.next_state is None:
             raise RebuildFailed(f"round {outer_round}'s rerun gave no next start state (no one-step delay?)")
         state, rounds = rerun.next_state, rounds + 1
