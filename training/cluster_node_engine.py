@@ -147,6 +147,19 @@ class ShardedStageEngine:
                      aggregation=None) -> RoundResult:
         return self._finish(outer_round, contributions, excluded, aggregation, absorb=True)
 
+    def screen_on_ranks(self, outer_round: int, contributions: Sequence[bytes], base, batch, model_cfg,
+                        declared_steps, *, refuse_raw: bool):
+        """Screening's reports of ``contributions`` against ``base`` (a kept global state), the weights on
+        the ranks (training/cluster_screen.py: rank 0 never builds a whole weight set)."""
+        from training.cluster_screen import screen_on_ranks
+
+        return screen_on_ranks(self, outer_round, contributions, base, batch, model_cfg, self.diloco_cfg,
+                               declared_steps, refuse_raw=refuse_raw)
+
+    def screen_call(self, op: str, *args, private=None):
+        """One command of a screening on the ranks (training/cluster_screen.py)."""
+        return self._call(op, *args, private=private, changes=False)
+
     def contribution_dropped(self, outer_round: int) -> bool:
         return bool(self._call("dropped", outer_round, changes=False))
 

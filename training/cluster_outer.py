@@ -44,73 +44,19 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from training.cluster_encode import ShardCompressor, gather_to_zero
 from training.cluster_engine import sharded_chunk_roots, streamed_weights_hash
 from training.cluster_exchange import forward_to_ranks, split_to_ranks
 from training.cluster_parts import exchange_plan
-from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
+from training.cluster_plan import ShardPlan, join_contribution, plan_shards
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
+from training.cluster_screen import ScreeningShard
 from training.codec.stats import CompressionStats
-from training.codec_wire import decode_declared
-from training.compression import ErrorFeedbackCompressor
 from training.diloco import Aggregation, outer_state_shape
 from training.errors import EngineStateError
 from training.replica_capture import engine_state_tensors
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
-
-
-class ShardCompressor(ErrorFeedbackCompressor):
-    """A rank's error-feedback compressor of its shard whose encode matches the whole stage's (module
-    docstring): ``bandwidth_budget`` is the stage's; under it rank 0 encodes the gathered targets."""
-
-    def __init__(self, plan: ShardPlan, rank: int, cfg, *, bandwidth_budget: int, exact: int) -> None:
-        super().__init__(plan.shard_shapes(rank), cfg, bandwidth_budget=bandwidth_budget, exact=exact)
-        self.plan, self.rank = plan, rank
-
-    def _encode(self, target, stage_index: int, outer_round: int):
-        if not (self.cfg.enabled and self.bandwidth_budget > 0):
-            return super()._encode(target, stage_index, outer_round)  # per tensor: the shard alone
-        whole = _gather_to_zero(self.plan, self.rank, target, lambda name: self.plan.shapes[name])
-        parts = None
-        stats = CompressionStats(outer_round=outer_round, stage_index=stage_index)
-        if self.rank == 0:
-            ordered = {name: whole[name] for name in self.plan.order}
-            whole_shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # the memo is the stage's
-            try:
-                blob, _decoded, stats = super()._encode(ordered, stage_index, outer_round)
-            finally:
-                self.shapes = whole_shapes
-            del ordered, whole, _decoded
-            parts = split_contribution(blob, self.plan, stage_index=stage_index, outer_round=outer_round)
-        received: list = [None]
-        dist.scatter_object_list(received, parts, src=0)
-        part = received[0]
-        _steps, decoded = decode_declared(part, self.shapes, stage_index=stage_index, outer_round=outer_round)
-        return part, decoded, stats
-
-    def load_encoder_state(self, state) -> None:
-        shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # rank 0 keeps the stage's memo
-        try:
-            super().load_encoder_state(state)
-        finally:
-            self.shapes = shapes
-
-
-def _gather_to_zero(plan: ShardPlan, rank: int, own: Mapping[str, torch.Tensor], shape_of) -> dict | None:
-    """Every rank's ``own`` tensors sent to rank 0, one at a time in chunk order: the whole dict on rank 0."""
-    whole: dict[str, torch.Tensor] | None = {} if rank == 0 else None
-    for name in plan.order:
-        owner = plan.owner(name)
-        if rank == 0:
-            if owner == 0:
-                whole[name] = own[name]
-            else:
-                tensor = torch.empty(shape_of(name), dtype=torch.float32)
-                dist.recv(tensor, src=owner)
-                whole[name] = tensor
-        elif owner == rank:
-            dist.send(own[name].detach().to(torch.float32).contiguous(), dst=0)
-    return whole
 
 
 def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Tensor] | None,
@@ -131,7 +77,7 @@ def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Ten
     return own
 
 
-class OuterShard:
+class OuterShard(ScreeningShard):
     """One rank's outer state (module docstring): a StageEngine of its tensors, driven by :meth:`run`.
 
     ``live``: the rank's FSDP2-sharded live parameters by name (DTensors; plain tensors in one process);
@@ -344,7 +290,7 @@ class OuterShard:
         """The whole global weights (``which`` "weights") or momentum on rank 0, in the one-process order."""
         own = self.engine.global_weights if which == "weights" else self.engine.momentum
         shape_of = self._weights_shape if which == "weights" else self._momentum_shape
-        whole = _gather_to_zero(self.plan, self.rank, own, shape_of)
+        whole = gather_to_zero(self.plan, self.rank, own, shape_of)
         return None if whole is None else {name: whole[name] for name in self.order}
 
     def _op_state(self, *, private=None) -> dict | None:
@@ -431,7 +377,7 @@ class OuterShard:
 
 #: The commands that do not change a rank's engine (a start state's streamed write may go on across them).
 READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped", "keep",
-                       "fetch_kept"})
+                       "fetch_kept", "screen_load", "screen_tensors", "screen_drop"})
 
 #: The most global states a rank keeps for the node's handles (training.cluster_node_engine.KeptState): the
 #: node holds a few rounds' (the finisher's, fork repair's bases, a chunked record's), each released when

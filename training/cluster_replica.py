@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from training.cluster_launch import free_port
+from training.cluster_memory import memory_row, peak_rss
 from training.cluster_plan import cluster_identity
 from training.errors import EngineStateError, TrainingError
 from training.host_tensors import host_float32
@@ -102,6 +103,8 @@ class _Rank:
             return self._load_optimizer(command[1], private)
         if kind == "accounting":
             return self._accounting()
+        if kind == "memory":
+            return self._memory(command[1])
         raise EngineStateError(f"cluster command {kind!r}: unknown")
 
     def _load(self, whole) -> None:
@@ -188,22 +191,20 @@ class _Rank:
                "live_copy": size(outer.live.values()) if outer is not None else 0,
                "outer": outer_state_bytes(outer.engine) if outer is not None else {},
                "kept": kept_state_bytes(outer) if outer is not None else 0,
-               "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": _peak_rss()}
-        rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(row, rows, dst=0)
-        return rows
+               "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": peak_rss()}
+        return _on_zero(row)
+
+    @staticmethod
+    def _memory(reset: bool) -> list[dict] | None:
+        """Each rank's resident set and peak (training.cluster_memory.memory_row), on rank 0."""
+        return _on_zero(memory_row(reset))
 
 
-def _peak_rss() -> int:
-    """This process's peak resident set in bytes (VmHWM; 0 where /proc is not there)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def _on_zero(row):
+    """Every rank's ``row``, gathered on rank 0 (None elsewhere)."""
+    rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(row, rows, dst=0)
+    return rows
 
 
 def _watch_parent(parent: int) -> None:
@@ -421,6 +422,11 @@ class ClusterReplicaTrainer:
     def accounting(self) -> list[dict]:
         """Every rank's training state in bytes, rank by rank (:meth:`_Rank._accounting`)."""
         return self._command(("accounting",))
+
+    def memory(self, reset: bool = False) -> list[dict]:
+        """Every rank's resident set and peak in bytes, rank by rank; ``reset``: each rank's free pages given
+        back and its peak reset first (training/cluster_memory.py: the bench's measure of a round's part)."""
+        return self._command(("memory", bool(reset)))
 
     def reset_inner_state(self) -> None:
         """A fresh inner optimizer on every rank (a restart from a checkpoint)."""
