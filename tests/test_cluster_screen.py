@@ -22,7 +22,7 @@ def test_screening_on_the_ranks_gives_one_process_reports():
     version 3 (per-window losses, the contribution against itself): the reports are the one-process
     screening's of the whole weights and the whole decoded contributions, bit for bit; rank 0 never
     fetches a tensor whole-stage at once (each fetch is one block's or the top's); the sessions are
-    dropped after."""
+    dropped after. A move to the kept state by its handles sends no state: each rank takes its own shard."""
     from training.cluster_replica import ClusterReplicaTrainer
     from training.cluster_screen import screen_on_ranks
     from training.compression import encode_contribution
@@ -80,7 +80,8 @@ def test_screening_on_the_ranks_gives_one_process_reports():
             return ours
 
         blobs = contributions(0)
-        kept = engine.global_weights
+        kept_handles = (engine.global_weights, engine.momentum)
+        kept = kept_handles[0]
         reports = check(0, blobs, kept, diloco)
         assert [r.loss_after is None for r in reports] == [False, False, False, True, True, True]
         assert reports[2].excluded and not reports[0].excluded and not reports[1].excluded
@@ -92,7 +93,23 @@ def test_screening_on_the_ranks_gives_one_process_reports():
         assert not torch.equal(dict(kept)[last], dict(engine.global_weights)[last])
         check(0, blobs, kept, paired)
         assert engine.shard._sessions == {}
-        del kept
+        # the engine moved back to the kept state by its handles: each rank takes its own shard (no whole
+        # state is sent), the same state as the one sent whole
+        sent: list = []
+        command = cluster.outer
+
+        def recording(args, private=None):
+            sent.append((args[0], private))
+            return command(args, private=private)
+
+        cluster.outer = recording
+        kept_weights, kept_momentum = dict(kept), dict(kept_handles[1])
+        engine.move_global(kept, kept_handles[1])
+        assert [(op, private) for op, private in sent if op == "move_global"] == [("move_global", None)]
+        assert all(torch.equal(t, kept_weights[n]) for n, t in dict(engine.global_weights).items())
+        assert all(torch.equal(t, kept_momentum[n]) for n, t in dict(engine.momentum).items())
+        cluster.outer = command
+        del kept, kept_handles
         gc.collect()
     finally:
         cluster.close()

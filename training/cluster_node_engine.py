@@ -122,8 +122,8 @@ class ShardedStageEngine:
                                    "computed elsewhere (the sliced exchange) is applied")
         with self.trainer._lock:
             if aggregation is not None:
-                result = self._call("absorb", outer_round, private=(_whole(aggregation.new_global),
-                                                                    _whole(aggregation.new_momentum)))
+                kept, whole = self._incoming(aggregation.new_global, aggregation.new_momentum)
+                result = self._call("absorb", outer_round, kept, private=whole)
             else:
                 result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
                                     private=list(contributions))
@@ -166,11 +166,24 @@ class ShardedStageEngine:
     # -- joining and re-basing -----------------------------------------------------------------------
     def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
                last_round: int) -> None:
-        self._call("rebase", last_round, private=(_whole(global_weights), _whole(momentum)))
+        kept, whole = self._incoming(global_weights, momentum)
+        self._call("rebase", last_round, kept, private=whole)
 
     def move_global(self, global_weights: Mapping[str, torch.Tensor],
                     momentum: Mapping[str, torch.Tensor]) -> None:
-        self._call("move_global", private=(_whole(global_weights), _whole(momentum)))
+        kept, whole = self._incoming(global_weights, momentum)
+        self._call("move_global", kept, private=whole)
+
+    def _incoming(self, weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]):
+        """``(kept state id, None)`` when ``weights`` and ``momentum`` are this engine's handles of one kept
+        state (the ranks hold it: each takes its own shard, nothing moves), else ``(None, (weights,
+        momentum))`` as plain dicts, sent to the owners a tensor at a time (a checkpoint's state, fork
+        repair's derived one: whole on rank 0 already; a foreign handle is fetched whole first)."""
+        if (isinstance(weights, KeptState) and isinstance(momentum, KeptState) and weights.engine is self
+                and momentum.engine is self and weights.state_id == momentum.state_id
+                and (weights.which, momentum.which) == ("weights", "momentum")):
+            return weights.state_id, None
+        return None, (_whole(weights), _whole(momentum))
 
     def skip_to(self, next_round: int) -> None:
         if self.shard.engine.last_encoded >= next_round - 1:
@@ -288,6 +301,11 @@ class KeptState(Mapping):
 
     def __len__(self) -> int:
         return len(self._shapes)
+
+    @property
+    def engine(self) -> ShardedStageEngine | None:
+        """The engine whose ranks keep this state (None once it is gone)."""
+        return self._engine()
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, without fetching it."""

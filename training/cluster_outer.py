@@ -244,28 +244,36 @@ class OuterShard(ScreeningShard):
             return result
         return None
 
-    def _op_absorb(self, outer_round: int, *, private=None):
-        """Absorb ``outer_round`` from a whole new global state (rank 0's ``private``: weights, momentum)."""
+    def _incoming(self, kept: int | None, private) -> tuple[dict, dict]:
+        """This rank's shard of a new global state (weights, momentum): of the state the ranks keep under
+        ``kept`` (copies of each rank's own shard: nothing moves), else cut from rank 0's whole ``private``
+        and sent to the owners a tensor at a time."""
+        if kept is not None:
+            state = self.kept.get(kept)
+            if state is None:
+                raise EngineStateError(f"global state {kept} of the cluster is no longer kept (at most "
+                                       f"{KEPT_STATES} are)")
+            return ({name: t.clone() for name, t in state[0].items()},
+                    {name: t.clone() for name, t in state[1].items()})
         weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
                                      self._weights_shape)
         momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
                                       self._momentum_shape)
+        return weights, momentum
+
+    def _op_absorb(self, outer_round: int, kept: int | None, *, private=None):
+        """Absorb ``outer_round`` from a new global state (:meth:`_incoming`)."""
+        weights, momentum = self._incoming(kept, private)
         aggregation = Aggregation(weights, momentum, b"", None, [])
         result = self._writing(lambda: self.engine.absorb_round(outer_round, [], aggregation=aggregation))
         return self._with_hash(result)
 
-    def _op_rebase(self, last_round: int, *, private=None) -> None:
-        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
-                                     self._weights_shape)
-        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
-                                      self._momentum_shape)
+    def _op_rebase(self, last_round: int, kept: int | None, *, private=None) -> None:
+        weights, momentum = self._incoming(kept, private)
         self._writing(lambda: self.engine.rebase(weights, momentum, last_round))
 
-    def _op_move_global(self, *, private=None) -> None:
-        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
-                                     self._weights_shape)
-        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
-                                      self._momentum_shape)
+    def _op_move_global(self, kept: int | None, *, private=None) -> None:
+        weights, momentum = self._incoming(kept, private)
         self._writing(lambda: self.engine.move_global(weights, momentum))
 
     def _op_skip_to(self, next_round: int, *, private=None) -> None:
