@@ -145,6 +145,14 @@ def test_two_processes_train_as_one_and_stop_their_worker(tmp_path):
         cluster.load_weights(theirs)
         assert all(torch.equal(t, theirs[n]) for n, t in cluster.live_weights().items())
         assert cluster.eval_loss(evals) == plain.eval_loss(evals) == cluster.eval_snapshot().eval_loss(evals)
+        # a snapshot keeps the weights it was taken of while the live ones move on (each rank its shards),
+        # serves one eval, and is dropped on every rank after it
+        snapshot = cluster.eval_snapshot()
+        cluster.load_weights(ours)
+        assert snapshot.eval_loss(evals) == plain.eval_loss(evals)
+        with pytest.raises(EngineStateError, match="serves one eval"):
+            snapshot.eval_loss(evals)
+        assert cluster._rank.snapshots == {}
         cluster.load_weights(ours)
         part = cluster.capture_part()
         reference = capture_trainer_part(plain.stage_modules[0], plain.optimizers[0])

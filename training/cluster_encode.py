@@ -19,11 +19,12 @@ encoder's round (training/codec/base.py, reselect.py) along what is per tensor a
    and estimates, a few numbers), which rank 0 merges in the stage's order.
 
 Every number the allocation sees is computed by the same function on the same tensor as one process computes
-it (each rank with rank 0's thread count for the encode: the codec's float sums follow it), and every entry is coded alike, so the joined contribution is
-the one-process contribution byte for byte (tests/test_cluster_node.py) and no rank, rank 0 included, holds
-more than its own tensors' targets. Encoder "v3" keeps a basis per low-rank tensor in its memo, which its
-warm rounds start from: for it rank 0 still gathers the targets and encodes the stage
-(:meth:`ShardCompressor._encode_gathered`, a transient copy of the stage's pseudo-gradient on rank 0).
+it (each rank with rank 0's thread count for the encode: the codec's float sums follow it), and every entry
+is coded alike, so the joined contribution is the one-process contribution byte for byte
+(tests/test_cluster_node.py) and no rank, rank 0 included, holds more than its own tensors' targets.
+Encoder "v3" keeps a basis per low-rank tensor in its memo, which its warm rounds start from: for it rank 0
+still gathers the targets and encodes the stage (:meth:`ShardCompressor._encode_gathered`, a transient
+copy of the stage's pseudo-gradient on rank 0).
 """
 
 from __future__ import annotations

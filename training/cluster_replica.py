@@ -24,6 +24,7 @@ sums), which the fingerprint's ``cluster`` field records.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training.cluster_eval import snapshot_command
 from training.cluster_launch import free_port
 from training.cluster_memory import memory_row, peak_rss
 from training.cluster_plan import cluster_identity
@@ -71,6 +73,7 @@ class _Rank:
         self.module = shard_stage_module(_stage_module(model_cfg), mesh)
         self.trainer = ClusterTrainer(self.module, training_cfg)
         self.outer = None  # the rank's OuterShard (training/cluster_outer.py), once "outer_init" ran
+        self.snapshots: dict[int, dict] = {}  # eval snapshots' copies of the rank's shards (cluster_eval.py)
 
     def run(self, command: tuple, private=None):
         """Carry out ``command`` (the same on every rank); ``private``: rank 0's whole-stage inputs (the
@@ -85,6 +88,8 @@ class _Rank:
 
             self.outer = OuterShard(*command[1:], dict(self.module.named_parameters()))
             return self.outer
+        if kind.startswith("snapshot"):
+            return snapshot_command(self, command)
         if kind == "step":
             x, y = command[2], command[3]
             for group in self.trainer.optimizer.param_groups:
@@ -269,6 +274,8 @@ class ClusterReplicaTrainer:
         self._workers: list[subprocess.Popen] = []
         self._closed = False
         self._in_steps = False
+        self._snapshot_ids = itertools.count()
+        self._released_snapshots: list[int] = []  # eval snapshots dropped unevaluated (cluster_eval.py)
         port = free_port()
         try:
             self._spawn(port, timeout_s, threads)
@@ -437,19 +444,18 @@ class ClusterReplicaTrainer:
         return self.eval_snapshot().eval_loss(batches)
 
     def eval_snapshot(self):
-        """A :class:`training.pipeline.EvalSnapshot` of the live weights: a plain module on rank 0 filled
-        from the shards a tensor at a time (a transient whole copy, held while the eval runs)."""
-        from training.pipeline import EvalSnapshot
+        """A :class:`training.pipeline.EvalSnapshot` of the live weights for one eval: each rank copies its
+        shards, rank 0 evaluates a block at a time as the forward reaches it (training/cluster_eval.py: no
+        whole copy on rank 0)."""
+        from training.cluster_eval import StreamedEvalSnapshot
 
-        module = _stage_module(self.model_cfg)
-        params = dict(module.named_parameters())
-
-        def fill(name: str, tensor: torch.Tensor) -> None:
-            with torch.no_grad():
-                params[name].copy_(tensor)
-
-        self.live_weights(fill)
-        return EvalSnapshot.owning(self.model_cfg, [module], self.platform)
+        snapshot_id = next(self._snapshot_ids)
+        released = []
+        while self._released_snapshots:
+            released.append(self._released_snapshots.pop())
+        self._command(("snapshot", snapshot_id, released))
+        return StreamedEvalSnapshot(_stage_module, self.model_cfg, self.platform, self._command, snapshot_id,
+                                    self._released_snapshots)
 
     def close(self) -> None:
         """Stop the worker ranks (told to, then terminated, then killed) and leave the group; idempotent."""

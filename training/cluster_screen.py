@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from training.cluster_robust import shard_facts
+from training.cluster_stream import BlockStreamer
 from training.errors import EngineStateError
 from training.model import GPT
 from training.screening import ModelLoss, decode_full, screen_contributions, shifted
@@ -113,51 +114,23 @@ class ScreeningShard:
 
 
 class StreamedModelLoss(ModelLoss):
-    """:class:`training.screening.ModelLoss` whose weights stay on the ranks (module docstring): the model's
-    parameters on the meta device, each block's fetched (``fetch(weights, names)``: name -> float32 tensor)
-    and made float64 just before it runs, dropped after."""
+    """:class:`training.screening.ModelLoss` whose weights stay on the ranks (module docstring): the model on
+    the meta device, each block's parameters fetched (``fetch(weights, names)``: name -> float32 tensor) and
+    made float64 just before it runs, dropped after (training.cluster_stream.BlockStreamer)."""
 
     def __init__(self, model_cfg, x: torch.Tensor, y: torch.Tensor, fetch) -> None:
         with torch.device("meta"):
             self.model = GPT(model_cfg, seed=None).to(torch.float64).eval()
-        self.x, self.y, self._fetch = x, y, fetch
+        self.x, self.y = x, y
         self._weights: WeightSet | None = None
-        model = self.model
-        blocks = list(model.trunk[model.family.blocks].values())
-        in_blocks = {id(p) for block in blocks for p in block.parameters()}
-        self._top = [name for name, p in model.named_parameters() if id(p) not in in_blocks]
-        self._owners = {name: self._module_of(name) for name, _ in model.named_parameters()}
-        prefix = {id(m): name for name, m in model.named_modules()}
-        for block in blocks:
-            names = [f"{prefix[id(block)]}.{name}" for name, _ in block.named_parameters()]
-            block.register_forward_pre_hook(lambda _m, _args, names=names: self._load(names))
-            block.register_forward_hook(lambda _m, _args, _out, names=names: self._drop(names))
-
-    def _module_of(self, name: str):
-        module_name, _, attribute = name.rpartition(".")
-        return self.model.get_submodule(module_name), attribute
-
-    def _load(self, names: Sequence[str]) -> None:
-        for name, tensor in self._fetch(self._weights, names).items():
-            module, attribute = self._owners[name]
-            module.register_parameter(attribute, torch.nn.Parameter(tensor.to(torch.float64),
-                                                                    requires_grad=False))
-
-    def _drop(self, names: Sequence[str]) -> None:
-        for name in names:
-            module, attribute = self._owners[name]
-            shape = getattr(module, attribute).shape
-            module.register_parameter(attribute, torch.nn.Parameter(
-                torch.empty(shape, dtype=torch.float64, device="meta"), requires_grad=False))
+        self._streamer = BlockStreamer(self.model, lambda names: fetch(self._weights, names), torch.float64)
 
     def logits(self, weights: WeightSet) -> torch.Tensor:
         self._weights = weights
-        self._load(self._top)
         try:
-            with torch.no_grad():
+            with self._streamer.top(), torch.no_grad():
                 return self.model(self.x)[0]
         finally:
-            self._drop(self._top)
             self._weights = None
 
 
