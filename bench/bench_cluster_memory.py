@@ -203,6 +203,10 @@ def node_cluster(world: int, preset: str, path: str) -> None:
     Path(path).write_text(json.dumps(rows))
 
 
+#: glibc's mmap threshold for the round's processes (bytes): every allocation from it up is its own mapping.
+MMAP_ENV, MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_", 131072
+
+
 def node_round(world: int, preset: str, path: str) -> None:
     """A running node's whole round, part by part, every rank's memory peak over each part
     (bench/cluster_round.py, ``round[N]``): N = 1 is the one-process node; rank 0 is this process."""
@@ -247,7 +251,17 @@ def round_rows(world: int, preset: str, stage: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "round.json")
         process = multiprocessing.get_context("spawn").Process(target=node_round, args=(world, preset, out))
-        process.start()
+        # a freed tensor's pages go back at once (glibc's fixed mmap threshold, inherited by the ranks): the
+        # peaks follow the tensors held, not the heap's fragmentation (docs/CLUSTER.md)
+        before = os.environ.get(MMAP_ENV)
+        os.environ[MMAP_ENV] = str(MMAP_THRESHOLD)
+        try:
+            process.start()
+        finally:
+            if before is None:
+                os.environ.pop(MMAP_ENV)
+            else:
+                os.environ[MMAP_ENV] = before
         process.join()
         if process.exitcode != 0:
             raise SystemExit(f"node round at N={world}: exit code {process.exitcode}")

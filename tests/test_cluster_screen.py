@@ -15,7 +15,7 @@ def _reports(reports):
             for r in reports]
 
 
-def test_screening_on_the_ranks_gives_one_process_reports():
+def test_screening_and_derive_on_the_ranks_give_one_process_results():
     """A 2-rank cluster node screens a round's contributions (its own, two that decode, one far too long,
     one no message, one of another round, one with a wrong shape in the last rank's tensor) against its
     current global state and against a kept earlier one (fork repair's ``derive``), by version 1 and by
@@ -29,6 +29,7 @@ def test_screening_on_the_ranks_gives_one_process_reports():
     from training.config import DilocoConfig, ModelConfig
     from training.config_compression import CompressionConfig
     from training.config_training import TrainingConfig
+    from training.diloco import aggregate_with_report
     from training.model import init_state_dict
 
     model, training = ModelConfig(), TrainingConfig(device="cpu", batch_size=4)
@@ -87,7 +88,19 @@ def test_screening_on_the_ranks_gives_one_process_reports():
         assert reports[2].excluded and not reports[0].excluded and not reports[1].excluded
         assert fetched and max(fetched) < 0.5 * sum(torch.Size(s).numel() for s in shapes.values())
         check(0, blobs, kept, paired)
-        engine.finish_round(0, blobs, excluded={2: "screened"})
+        # fork repair's derive on the kept base: aggregated on the ranks, its new state kept there; the
+        # one-process aggregation's reports and state, and the apply's hash
+        derived = engine.aggregate_on_ranks(0, kept_handles, blobs, {2: "screened"})
+        whole = aggregate_with_report(dict(kept), dict(kept_handles[1]), blobs, diloco, stage_index=0,
+                                      outer_round=0, compression_cfg=compression, excluded={2: "screened"})
+        assert [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in derived.contributions] == \
+            [(r.index, r.accepted, r.reason, r.norm, r.scale) for r in whole.contributions]
+        assert derived.weights_hash == whole.weights_hash
+        pairs = ((derived.new_global, whole.new_global), (derived.new_momentum, whole.new_momentum))
+        for ours, theirs in pairs:
+            assert all(torch.equal(t, theirs[n]) for n, t in dict(ours).items())
+        applied = engine.finish_round(0, blobs, excluded={2: "screened"})
+        assert applied.weights_hash == derived.weights_hash
         check(1, contributions(1), engine.global_weights, diloco)
         # against the kept state before round 0's apply (fork repair's derive), which the ranks still hold
         assert not torch.equal(dict(kept)[last], dict(engine.global_weights)[last])

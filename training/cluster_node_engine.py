@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.diloco import outer_state_shape
-from training.errors import EngineStateError
+from training.diloco import Aggregation, aggregate_with_report, outer_state_shape
+from training.errors import AggregationError, EngineStateError
 from training.stage_results import RoundResult
 
 
@@ -208,19 +208,48 @@ class ShardedStageEngine:
         with self.trainer._lock:  # a change and its invalidation are one (_call): read the cache under it
             pair = self._global.get("state")
             if pair is None:
-                state_id, self._next_state = self._next_state, self._next_state + 1
-                released = []
-                while self._released:
-                    released.append(self._released.pop())
+                state_id, released = self._new_state()
                 self._call("keep", state_id, released, changes=False)
-                ticket = _Ticket()
-                weakref.finalize(ticket, self._released.append, state_id)
-                shapes = {name: self.plan.shapes[name] for name in self.shard.order}
-                moments = {name: tuple(outer_state_shape(self.diloco_cfg, shape))
-                           for name, shape in shapes.items()}
-                pair = self._global["state"] = (KeptState(self, state_id, "weights", shapes, ticket),
-                                                KeptState(self, state_id, "momentum", moments, ticket))
+                pair = self._global["state"] = self._handles(state_id)
             return pair
+
+    def _new_state(self) -> tuple[int, list[int]]:
+        """A new kept state's id, and the ids of the states whose handles are gone (the ranks drop them)."""
+        state_id, self._next_state = self._next_state, self._next_state + 1
+        released = []
+        while self._released:
+            released.append(self._released.pop())
+        return state_id, released
+
+    def _handles(self, state_id: int) -> tuple[KeptState, KeptState]:
+        """The (weights, momentum) handles of the state the ranks keep under ``state_id``."""
+        ticket = _Ticket()
+        weakref.finalize(ticket, self._released.append, state_id)
+        shapes = {name: self.plan.shapes[name] for name in self.shard.order}
+        moments = {name: tuple(outer_state_shape(self.diloco_cfg, shape)) for name, shape in shapes.items()}
+        return (KeptState(self, state_id, "weights", shapes, ticket),
+                KeptState(self, state_id, "momentum", moments, ticket))
+
+    def aggregate_on_ranks(self, outer_round: int, base, contributions: Sequence[bytes],
+                           excluded: Mapping | None = None) -> Aggregation:
+        """``training.diloco.aggregate_with_report`` of ``contributions`` on ``base`` (global weights and
+        momentum before the round: fork repair's derive), the engine unchanged. On the ranks when ``base`` is
+        one of this engine's kept states: each rank aggregates its shard (as :meth:`finish_round` does) and
+        keeps the new state, whose handles the result holds (``average`` None); else whole, on rank 0."""
+        kept, whole = self._incoming(*base)
+        if kept is None:
+            return aggregate_with_report(whole[0], whole[1], contributions, self.diloco_cfg,
+                                         stage_index=self.stage_index, outer_round=outer_round,
+                                         compression_cfg=self.compression_cfg, excluded=excluded)
+        if not contributions:
+            raise AggregationError("no contributions to aggregate")
+        with self.trainer._lock:
+            state_id, released = self._new_state()
+            reports, digest = self._call("derive", outer_round, len(contributions), dict(excluded or {}),
+                                         kept, state_id, released, private=list(contributions),
+                                         changes=False)
+            weights, momentum = self._handles(state_id)
+        return Aggregation(weights, momentum, digest, None, reports)
 
     @property
     def global_weights(self) -> Mapping[str, torch.Tensor]:

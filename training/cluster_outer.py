@@ -207,25 +207,38 @@ class OuterShard(ScreeningShard):
         return forward_to_ranks(contributions, self.parts_plan, self.plan, self.rank, count,
                                 stage_index=stage, outer_round=outer_round)
 
-    def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
-        """The round aggregated per shard (module docstring) and applied: ``finish_round`` (or
-        ``absorb_round`` when ``absorb``) with this rank's aggregation; RoundResult with the stage's hash on
-        rank 0."""
-        parts, errors = self._split(outer_round, count, private)
+    def _aggregate(self, outer_round: int, count: int, excluded, contributions, weights, momentum):
+        """This rank's aggregation of its shard of ``weights`` and ``momentum`` (module docstring): each
+        contribution's part decoded, the exact square sums exchanged, every rank the same reports."""
+        parts, errors = self._split(outer_round, count, contributions)
         facts, decoded = shard_facts(
             parts, self.plan.shard_shapes(self.rank), stage_index=self.engine.stage_index,
             outer_round=outer_round, refuse_raw=self.engine.compression_cfg.enabled, split_errors=errors)
         every: list = [None] * self.world
         dist.all_gather_object(every, facts)
         reports = round_reports(every, self.diloco_cfg, excluded)
+        return shard_aggregation(weights, momentum, decoded, reports, self.diloco_cfg, outer_round)
+
+    def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
+        """The round aggregated per shard and applied: ``finish_round`` (or ``absorb_round`` when ``absorb``)
+        with this rank's aggregation; RoundResult with the stage's hash on rank 0."""
         engine = self.engine
-        aggregation = shard_aggregation(engine.global_weights, engine.momentum, decoded, reports,
-                                        self.diloco_cfg, outer_round)
-        del decoded
+        aggregation = self._aggregate(outer_round, count, excluded, private, engine.global_weights,
+                                      engine.momentum)
         blobs = [b""] * count
         step = engine.absorb_round if absorb else engine.finish_round
         result = self._writing(lambda: step(outer_round, blobs, aggregation=aggregation))
         return self._with_hash(result)
+
+    def _op_derive(self, outer_round: int, count: int, excluded, base: int, state_id: int,
+                   released: Sequence[int], *, private=None):
+        """The aggregation of ``outer_round`` on the kept state ``base`` (fork repair's derive: the engine
+        does not change), its new state kept under ``state_id``; ``(reports, its weights hash)`` on rank 0."""
+        state = self._kept_state(base)
+        aggregation = self._aggregate(outer_round, count, excluded, private, state[0], state[1])
+        self._op_keep(state_id, released, state=(aggregation.new_global, aggregation.new_momentum))
+        digest = streamed_weights_hash(self.plan, self.rank, aggregation.new_global)
+        return (aggregation.contributions, digest) if self.rank == 0 else None
 
     def _writing(self, change):
         """``change()`` of the live weights: the live weights in, changed, back into the shards, released."""
@@ -249,10 +262,7 @@ class OuterShard(ScreeningShard):
         ``kept`` (copies of each rank's own shard: nothing moves), else cut from rank 0's whole ``private``
         and sent to the owners a tensor at a time."""
         if kept is not None:
-            state = self.kept.get(kept)
-            if state is None:
-                raise EngineStateError(f"global state {kept} of the cluster is no longer kept (at most "
-                                       f"{KEPT_STATES} are)")
+            state = self._kept_state(kept)
             return ({name: t.clone() for name, t in state[0].items()},
                     {name: t.clone() for name, t in state[1].items()})
         weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
@@ -308,22 +318,27 @@ class OuterShard(ScreeningShard):
         dist.gather_object(self.engine.state_dict(copy=True), gathered, dst=0)
         return None if gathered is None else merge_states(gathered, self.order)
 
-    def _op_keep(self, state_id: int, released: Sequence[int], *, private=None) -> None:
-        """Keep this rank's shard of the current global state under ``state_id`` (by reference: no copy) and
-        drop the states in ``released`` (their handles on rank 0 are gone); at most KEPT_STATES are kept."""
+    def _op_keep(self, state_id: int, released: Sequence[int], *, private=None, state=None) -> None:
+        """Keep this rank's shard of the current global state (or of ``state``) under ``state_id`` (by
+        reference: no copy) and drop the states in ``released`` (their handles on rank 0 are gone); at most
+        KEPT_STATES are kept."""
         for old in released:
             self.kept.pop(old, None)
-        self.kept[state_id] = (self.engine.global_weights, self.engine.momentum)
+        self.kept[state_id] = (self.engine.global_weights, self.engine.momentum) if state is None else state
         while len(self.kept) > KEPT_STATES:
             self.kept.pop(next(iter(self.kept)))
 
-    def _op_fetch_kept(self, state_id: int, which: str, name: str, owner: int, *, private=None):
-        """One tensor of a kept global state (``which``: "weights" or "momentum"), sent by its owner to rank
-        0 (the tensor on rank 0, None elsewhere)."""
+    def _kept_state(self, state_id: int) -> tuple[dict, dict]:
         state = self.kept.get(state_id)
         if state is None:
             raise EngineStateError(f"global state {state_id} of the cluster is no longer kept (at most "
                                    f"{KEPT_STATES} are)")
+        return state
+
+    def _op_fetch_kept(self, state_id: int, which: str, name: str, owner: int, *, private=None):
+        """One tensor of a kept global state (``which``: "weights" or "momentum"), sent by its owner to rank
+        0 (the tensor on rank 0, None elsewhere)."""
+        state = self._kept_state(state_id)
         if self.rank == owner:
             tensor = state[0 if which == "weights" else 1][name].detach().to(torch.float32).contiguous()
             if self.rank == 0:
@@ -385,7 +400,7 @@ class OuterShard(ScreeningShard):
 
 #: The commands that do not change a rank's engine (a start state's streamed write may go on across them).
 READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped", "keep",
-                       "fetch_kept", "screen_load", "screen_tensors", "screen_drop"})
+                       "fetch_kept", "screen_load", "screen_tensors", "screen_drop", "derive"})
 
 #: The most global states a rank keeps for the node's handles (training.cluster_node_engine.KeptState): the
 #: node holds a few rounds' (the finisher's, fork repair's bases, a chunked record's), each released when

@@ -86,6 +86,9 @@ class StageAggregation:
         round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
         excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
         excluded.update(others or {})
+        on_ranks = getattr(self.engines[stage], "aggregate_on_ranks", None)
+        if on_ranks is not None:  # a cluster: its kept base's shards aggregated on its ranks
+            return on_ranks(outer_round, base, contributions, excluded)
         return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
                                      outer_round=outer_round, compression_cfg=self.cfg.compression,
                                      excluded=excluded)
