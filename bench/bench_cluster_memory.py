@@ -20,6 +20,13 @@ AdamW state, and the outer state (global weights, outer momentum, round start, e
   0 at rest; the held-out eval's snapshot is gathered a tensor at a time and dropped after the eval). N = 1
   is the one-process node (``one_process``).
 
+* ``round[N]``: a running node's whole round, part by part (bench/cluster_round.py: the start state, the inner
+  step, the held-out eval, the encode, screening, the apply, the weights hash and chunk roots, the finisher's
+  kept state and checkpoint shard; then fork repair's derive and move), after a first round; every rank's
+  peak RSS over each part less its RSS before it (the part's *transient*), with glibc's mmap threshold
+  fixed so that a freed tensor's pages go back at once; N = 1 is the one-process node. ``--rounds-only``
+  prints these and writes nothing.
+
 Each rank's peak RSS (VmHWM) is recorded too: it includes the interpreter and torch (about
 300 MB a process here) and the round's transients (one whole tensor gathered at a time, the encoder's
 work), so it is not the measure of the goal. Writes ONE JSON, bench/results/cluster_memory.json.
@@ -268,13 +275,19 @@ def round_rows(world: int, preset: str, stage: int) -> dict:
         got = json.loads(Path(out).read_text())
     parts = got["parts"]
     ranks = []
+    accounting = got["accounting"] or [None]
     for rank in range(world):
+        row = accounting[rank]
+        state = stage if row is None else sum(row[key] for key in ("params", "grads", "inner_optimizer")) + \
+            sum(row["outer"][key] for key in NODE_OUTER)
         rest = parts["start_state"][rank]["rss_before"]
         of_round = {name: parts[name][rank] for name in ROUND_PARTS}
         largest = max(of_round, key=lambda name: of_round[name]["transient"])
         peak = max(row["peak"] for row in of_round.values())
         fork = max(parts[name][rank]["transient"] for name in FORK_PARTS)
-        ranks.append({"rss_at_rest": rest, "round_peak_rss": peak, "round_transient": peak - rest,
+        ranks.append({"state_bytes": state, "state_share": state / stage,
+                      "peak_share": (state + peak - rest) / stage,
+                      "rss_at_rest": rest, "round_peak_rss": peak, "round_transient": peak - rest,
                       "round_transient_share": (peak - rest) / stage, "largest_part": largest,
                       "fork_transient": fork, "fork_transient_share": fork / stage,
                       "parts": {name: parts[name][rank]["transient"]
@@ -343,13 +356,24 @@ def main() -> None:
         print(f"N={world}: largest rank share {max(shares):.4f} of the one-process state "
               f"(1/N = {1 / world:.4f}, goal {1.1 / world:.4f})", flush=True)
     node = {str(world): node_rows(world, args.preset, stage) for world in args.ranks if world > 1}
+    rounds = {str(world): round_rows(world, args.preset, stage) for world in args.ranks}
     result = {
         "what": "training state per rank of one stage trained by N processes (FSDP2 + sharded outer state), "
                 "tensor accounting, against one process",
         "preset": args.preset, "params": base["params"], "batch": [BATCH, SEQ],
         "measure": "bytes of the state tensors (params, grads, inner AdamW state, outer state); "
                    "RSS beside it",
-        "one_process": base, "clusters": clusters, "node": node,
+        "one_process": base, "clusters": clusters, "node": node, "round": rounds,
+        "round_note": "round[N]: a running node's whole round after a first one (bench/cluster_round.py: "
+                      "start state, inner step, held-out eval, encode, screening, apply, weights hash and "
+                      "chunk roots, the finisher's kept state and checkpoint shard), then fork repair's "
+                      "derive and move; each part's transient per rank = its peak RSS over the part less its "
+                      "RSS before it (free pages given back and the peak reset before each part); the "
+                      "processes run with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so a freed "
+                      "tensor's pages go back at once; state_bytes: the rank's training state by tensor "
+                      "accounting (N = 1: one_process's); peak_share = (state + round transient) / the "
+                      "one-process state",
+        "mmap_threshold": MMAP_THRESHOLD,
         "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); the live "
                      "weights are the FSDP shards only, a rank gathers its tensors' live weights only while "
                      "a command runs (live_copy, 0 at rest); 'outer' counts what "
