@@ -15,20 +15,20 @@ whole (``full_tensor``, one tensor at a time: every rank takes part in each gath
 it), its engine works on those copies, a command that changes them writes each back into every rank's
 shards from its owner (``distribute_tensor``), and the copies are dropped when the command is done.
 
-What rank 0 gathers, and when (each a transient copy, dropped when its reader is done):
+What moves to rank 0, and when:
 
-* **The encode under a byte budget.** The codec's byte allocation is joint over the stage's tensors
-  (:mod:`training.codec.allocation`), so rank 0 gathers the ranks' feedback targets (the pseudo-gradient
-  plus residual), encodes the whole stage as one process would (with the encoder's memo, which it keeps:
-  per tensor a few numbers) and hands each rank its part of the contribution, which the rank decodes for its
-  residual. Coded to the error budget (``bandwidth_budget = 0``) every tensor's entry is independent and
-  each rank encodes its own shard. Either way the contribution is the one-process contribution byte for
-  byte: the wire, the record and every verifier are unchanged, and the bytes do not depend on N.
+* **The encode.** Each rank encodes its own tensors (:class:`training.cluster_encode.ShardCompressor`);
+  under a byte budget the joint allocation is computed on rank 0 from the ranks' few numbers per tensor
+  (norms, the candidates' costs and estimated errors), and rank 0 joins the ranks' messages. The
+  contribution is the one-process contribution byte for byte: the wire, the record and every verifier are
+  unchanged, and the bytes do not depend on N. (Encoder "v3" still has rank 0 gather the targets.)
 * **Whole-stage readers**: the global weights and momentum the node reads (a checkpoint, the fraud proof's
-  chunk states, screening's base, the states it keeps a few rounds) are handles on states each rank keeps
-  by reference (``keep``), read a tensor at a time (``fetch_kept``); a start state's engine part is
-  streamed (``state_index``, ``fetch``); :meth:`~ShardedStageEngine.state_dict` gathers every rank's shard
-  merged into the one-process layout (tests).
+  chunk states, the states it keeps a few rounds) are handles on states each rank keeps by reference
+  (``keep``), read a tensor at a time (``fetch_kept``); screening and fork repair's derive on a kept state
+  run on the ranks (``screen_load`` / ``screen_tensors``, training/cluster_screen.py; ``derive``); a
+  re-base, move or absorb to a kept state copies each rank's own shard (:meth:`OuterShard._incoming`); a
+  start state's engine part is streamed (``state_index``, ``fetch``); :meth:`~ShardedStageEngine.
+  state_dict` gathers every rank's shard merged into the one-process layout (tests).
 
 The aggregation runs sharded (:mod:`training.cluster_robust`: each rank decodes its part of every
 contribution, exact square sums exchanged, every rank the same reports, each rank steps its own tensors)

@@ -10,8 +10,9 @@ What the node sees is a one-stage replica trainer whose live weights are the FSD
 (:class:`training.cluster_engine.ClusterTrainer`: each rank the rank-th of N equal slices of the batch;
 parameters, gradients and AdamW state 1/N per rank). No process keeps a whole copy of the weights: a reader
 of the whole weights gathers them one tensor at a time (:meth:`ClusterReplicaTrainer.live_weights`: the
-held-out eval's snapshot, the start state's trainer part, :meth:`capture_part`, which also gathers the inner
-optimizer's state), and the outer commands gather and write back only each rank's own tensors. The inner
+start state's trainer part, :meth:`capture_part`, which also gathers the inner optimizer's state); the
+held-out eval's snapshot is each rank's copy of its shards, evaluated a block at a time on rank 0
+(training/cluster_eval.py); the outer commands gather and write back only each rank's own tensors. The inner
 optimizer's state stays sharded for the whole run; :meth:`reset_inner_state` clears it on every rank.
 
 The outer state (global weights, momentum, round start, error-feedback residual, the delay correction's
@@ -357,7 +358,7 @@ class ClusterReplicaTrainer:
     def live_weights(self, sink=None) -> dict[str, torch.Tensor] | None:
         """The whole live weights gathered from the shards, one tensor at a time: each handed to
         ``sink(name, tensor)`` as it arrives (rank 0 then never holds more than one), or, without a sink,
-        returned as a dict (a transient whole copy, for a reader that needs it: a test, the eval)."""
+        returned as a dict (a transient whole copy, for a reader that needs it: a test)."""
         whole: dict[str, torch.Tensor] = {}
         self._command(("weights",), private=sink if sink is not None else whole.__setitem__)
         return None if sink is not None else whole
