@@ -93,7 +93,7 @@ class RoundDriver:
             blobs = [own, *self.others(outer_round)]
             excluded, _reports = run("screen", lambda: self.screener.screen(outer_round, blobs))
             result = run("apply", lambda: engine.finish_round(outer_round, blobs, excluded=excluded))
-            run("record", lambda: (engine.weights_hash(), engine.chunk_roots()))
+            run("record", self._record)
             run("finisher", lambda: self._finisher(outer_round, Path(tmp)))
         return {"eval_loss": loss, "weights_hash": result.weights_hash.hex(), "excluded": sorted(excluded),
                 "contribution_bytes": len(own)}
@@ -119,6 +119,18 @@ class RoundDriver:
         module = self.trainer.stage_modules[0]
         part = cluster.trainer_part(self.trainer, module, self.trainer.optimizers[0], spill_dir=directory)
         return StartStateCapture(meta, lambda _stage: self.engine, {0: part}).write(directory / "states")
+
+    def _record(self) -> tuple[bytes, tuple[bytes, bytes]]:
+        """The round's weights hash and chunk roots (a cluster's from its ranks' frontiers; one process's from
+        its tensors' leaves, as its record builds them)."""
+        roots = getattr(self.engine, "chunk_roots", None)
+        if roots is not None:
+            return self.engine.weights_hash(), roots()
+        from ledger.chunkproof import tree_root
+        from training.chunks import tensor_leaves
+
+        return self.engine.weights_hash(), (tree_root(tensor_leaves(self.engine.global_weights)),
+                                            tree_root(tensor_leaves(self.engine.momentum)))
 
     def _finisher(self, outer_round: int, directory: Path) -> bytes:
         weights, momentum = self.engine.global_weights, self.engine.momentum

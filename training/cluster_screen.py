@@ -141,10 +141,11 @@ def screen_on_ranks(engine, outer_round: int, contributions: Sequence[bytes], ba
                     diloco_cfg, declared_steps, *, refuse_raw: bool):
     """``screen_contributions``' reports of ``contributions`` against ``base`` for a cluster's engine
     (:class:`training.cluster_node_engine.ShardedStageEngine`): on its ranks when ``base`` is one of its kept
-    states (a :class:`training.cluster_node_engine.KeptState`), else (a whole state in hand) as one process
-    screens it. ``batch``: the round's screening batch ``(x, y)``."""
+    states (its :class:`training.cluster_node_engine.KeptState`), else (a whole state in hand, another
+    engine's handle) as one process screens it. ``batch``: the round's screening batch ``(x, y)``."""
     state_id = getattr(base, "state_id", None)
-    if state_id is None or getattr(base, "which", None) != "weights":
+    ours = getattr(base, "engine", None) is engine and getattr(base, "which", None) == "weights"
+    if state_id is None or not ours:
         decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round, refuse_raw=refuse_raw)
                    for blob in contributions]
         return screen_contributions(ModelLoss(model_cfg, *batch), base, decoded, diloco_cfg, declared_steps)
