@@ -70,9 +70,11 @@ def cluster_round(r: dict) -> list[str]:
     parts = ("eval", "encode", "screen", "apply", "inner_steps")
     rows = []
     for world, c in rounds.items():
-        for rank, row in enumerate(c["ranks"]):
-            if rank > 1:
-                continue  # rank 0 and one worker (the workers' rows are alike; all are in the JSON)
+        ranks = c["ranks"]
+        shown = [0] + ([max(range(1, len(ranks)), key=lambda r: ranks[r]["round_transient"])]
+                       if len(ranks) > 1 else [])
+        for rank in shown:  # rank 0 and the worker of the largest transient (every rank is in the JSON)
+            row = ranks[rank]
             rows.append([world, str(rank), f"{row['state_share']:.3f}",
                          f"{row['round_transient'] / mib:.0f} MiB", row["largest_part"],
                          f"{row['peak_share']:.3f}",
