@@ -21,7 +21,11 @@ Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
 * a claim's end disputed (``end_case``): ``setEndRule``, ``challengeEnd`` and ``proveEnd`` on the ledger's
   StepProver in a run with the plain end rule, the toy round's contribution coded raw and quant (2 bits) by
   the run's encoder: an honest claim upheld on W's first and last elements and on a clamped quant element, and
-  a true run whose payload is one element off refuted by the clock.
+  a true run whose payload is one element off refuted by the clock;
+* a claim's batches disputed (``data_case``): ``setData``, ``challengeData`` and ``proveData`` on the ledger's
+  StepProver in a run whose program reads each step's batch (an embedding lookup), an honest claim upheld, a
+  claim on a batch one token off refuted by the clock, and a claim that commits the run's batches but ran a
+  step on another refuted in its step game (``openOp`` opens the batch under the claim's ``batchRoot``).
 
 The move bound of the whole game (issue 78) is ``log2(H) + log2(ops per step) + log2(k) + c`` halvings: the
 ops per step measured here give it; the three levels are on chain, but a model's step is not mapped to a
@@ -322,6 +326,76 @@ def end_case() -> dict:
     return out
 
 
+def data_case() -> dict:
+    """A claim's batches disputed (StepProver.setData/challengeData/proveData) on the ledger's StepProver,
+    py-evm, in a run whose program reads each step's batch (tests/step_data_fixtures.py: the toy step and an
+    embedding lookup of the batch, 2 rows of 4 ids a step, an 800-id corpus): an honest claim answers the
+    first token, the last and a chosen one; a claim whose step 3 ran on a batch one token off cannot answer
+    that token and the clock refutes it; and a claim that commits the run's batches but ran step 3 on
+    another loses its step game at the lookup (the batch opened under the claim's batchRoot: ``openOp``)."""
+    from ledger.stepdata import DataClient, batch_root, data_opening
+    from tests.ledger_fixtures import mine
+    from tests.step_binding_fixtures import TOY_STEPS, subject_of
+    from tests.step_data_fixtures import batches_of, claim_of, corpus_leaves, run_steps, terms, traces_of
+    from tests.test_step_data import _honest_step_policy, _setup
+    from tests.test_step_proof_run import _start_state
+    from training.data_binding import batch_leaves
+
+    w3 = connect_pyevm()
+    client, committed = _setup(w3)
+    data = DataClient(client)
+    defender, challenger = w3.eth.accounts[4], w3.eth.accounts[5]
+    subject = subject_of(committed, 1)
+    batches = batches_of(subject.data_key, 1, TOY_STEPS)
+    honest = traces_of(run_steps(_start_state(), batches), batches)
+    claim = claim_of(honest, subject, batches)
+    client._send("claimRun", defender, claim, subject.binding, value=client.bond)
+    claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())
+    leaves, corpus = [batch_leaves(b) for b in batches], list(corpus_leaves())
+    for step, row, pos in ((0, 0, 0), (TOY_STEPS - 1, 1, 3), (2, 1, 2)):
+        game = data.challenge(claim_id, step, row, pos, challenger)
+        data.prove(game, defender, data_opening(terms(), leaves, corpus, subject.data_key, 1, step,
+                                                terms().element(row, pos)))
+    upheld = not client.wrong(claim_id)
+    other = subject_of(committed, 0)
+    used = batches_of(other.data_key, 1, TOY_STEPS)
+    used[3][1, 2] = (used[3][1, 2] + 1) % 8
+    claim = claim_of(traces_of(run_steps(_start_state(), used), used), other, used)
+    client._send("claimRun", w3.eth.accounts[1], claim, other.binding, value=client.bond)
+    other_id = bytes(client.contract.functions.runIdOf(claim, w3.eth.accounts[1]).call())
+    game = data.challenge(other_id, 3, 1, 2, challenger)
+    mine(w3, client.game(game)["defenderLeft"] + 1)
+    client._send("timeout", challenger, game)
+    data_log = [m for m in client.gas_log if m[0] not in ("claimRun", "setProgram")]
+    client.gas_log.clear()
+    true_batches = batches_of(other.data_key, 1, TOY_STEPS)
+    truth, mine_ = run_steps(_start_state(), true_batches), run_steps(_start_state(), used)
+    true_roots = state_roots(traces_of(truth, true_batches))
+    won, moves = run_game(client, traces_of(mine_, used, committed=true_batches), w3.eth.accounts[2],
+                          w3.eth.accounts[6], subject=other,
+                          judge_state=lambda i, root: root == true_roots[i],
+                          step_policy=_honest_step_policy(truth, mine_, true_batches),
+                          batch_root=batch_root([batch_leaves(b) for b in true_batches]))
+    step_log = list(client.gas_log)
+    client.gas_log.clear()
+    # the honest claim against a challenger that agrees up to the lookup and disputes it (every element)
+    upheld_lookup, lookup_moves = run_game(
+        client, honest, defender, w3.eth.accounts[7], subject=subject, claimed=True,
+        judge_state=lambda i, root: False, batch_root=batch_root(leaves),
+        step_policy=lambda i: dict(dispute=lambda last: ("trace", 0), judge_root=lambda j, root: j <= 5,
+                                   pick=lambda op: op.rows * op.cols - 1, judge=lambda j, p, bits: False,
+                                   sums=lambda j, e, p: 0))
+    everything = data_log + step_log + client.gas_log
+    return {"corpus_tokens": terms().tokens, "rows": terms().rows, "window": terms().window,
+            "steps": TOY_STEPS, "honest_upheld": upheld, "one_token_off_refuted": client.wrong(other_id),
+            "other_batch_under_true_root_refuted": not won, "step_game_moves": moves,
+            "honest_lookup_upheld": upheld_lookup, "honest_lookup_moves": lookup_moves,
+            "lookup_game": _per_move(client.gas_log),
+            "max_gas_any_move": max(gas for _, gas, _ in everything),
+            "max_calldata_bytes_any_move": max(size for _, _, size in everything),
+            "moves": _per_move(data_log), "step_game": _per_move(step_log)}
+
+
 def _operands(tensors, j):
     _k, rows, inner, cols, _al, _bl, ai, bi = TOY[j]
     return tensors[ai].view(rows, inner), tensors[bi].view(inner, cols)
@@ -358,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     print("start dispute", result["start_dispute"], flush=True)
     result["end_dispute"] = end_case()
     print("end dispute", result["end_dispute"], flush=True)
+    result["data_dispute"] = data_case()
+    print("data dispute", {k: v for k, v in result["data_dispute"].items()
+                           if k not in ("moves", "step_game", "lookup_game")},
+          flush=True)
     write_result(args.out, result, load)
     return 0
 

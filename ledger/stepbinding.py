@@ -18,8 +18,9 @@ from ledger.errors import LedgerInputError
 
 @dataclass(frozen=True)
 class RunSubject:
-    """A run claim's subject (``fields()``: the claim's last five fields) and the contract's
-    ``RunBinding``."""
+    """A run claim's subject (``fields()``: the claim's five fields after its step count) and the contract's
+    ``RunBinding``; ``data_key``: the account the contribution's batches are drawn with (the member the
+    round's version-3 factors list for it; the zero address where they list none), the claim's ``dataKey``."""
 
     run_id: int
     round: int
@@ -27,6 +28,7 @@ class RunSubject:
     payload_root: bytes
     start_weights: bytes
     binding: tuple
+    data_key: str = "0x" + "00" * 20
 
     def fields(self) -> tuple:
         return (self.run_id, self.round, self.stage, self.payload_root, self.start_weights)
@@ -54,5 +56,19 @@ def bind_run(record, stage_leaves: list, factors, index: int, prev_record, prev_
     prev_fields = genesis_record(record.run_id) if prev_record is None else prev_record.fields()
     binding = (record.fields(), leaves[stage], tree_path(leaves, stage), factors.encode(), index, prev_fields,
                prev_leaves[stage], tree_path(prev_leaves, stage))
+    key = listed_contributor(binding[3], index)
     return RunSubject(record.run_id, record.round, stage, bytes(roots[index]),
-                      bytes(prev_stage_leaves[stage].weights_root), binding)
+                      bytes(prev_stage_leaves[stage].weights_root), binding, key)
+
+
+def listed_contributor(factors: bytes, index: int) -> str:
+    """The member account encoded ``factors`` list for contribution ``index`` (a version-3 round's, which
+    StepProverBinding checks a run claim's ``dataKey`` against); the zero address where they list none."""
+    from ledger.chunkproof import Factors
+
+    try:
+        norms = Factors.decode(factors).norms
+    except LedgerInputError:
+        norms = None
+    listed = tuple(norms.contributors) if norms is not None else ()
+    return listed[index] if index < len(listed) else RunSubject.data_key

@@ -37,7 +37,7 @@ def run_stake(w3, ledger_address: str, run_id: int) -> int:
 def case_claim(subject) -> tuple:
     """The ``RunClaim`` an opener names a contribution with (``subject``: ``ledger.stepbinding.RunSubject``);
     its program and state fields are not read."""
-    return (ZERO, 0, 0, 0, ZERO, ZERO, 0, *subject.fields())
+    return (ZERO, 0, 0, 0, ZERO, ZERO, 0, *subject.fields(), ZERO, subject.data_key)
 
 
 class CaseClient:

@@ -6,7 +6,8 @@ defends its contribution plays one side only, against a challenger it does not c
 as the clock allows: each time it looks, it reads a game's state and sends the one move that is its own, if
 any (:func:`defender_move`), or ends a game whose challenger let its clock run out (:func:`challenger_out`).
 The moves are those of ``run_game``'s honest defender (the same openings: ``StepTrace.op_opening``,
-``copy_proof``, ``output_opening``, ``sum_step_opening``, ``start_opening``), so an honest defender never
+``copy_proof``, ``output_opening``, ``sum_step_opening``, ``start_opening``, ``end_opening``,
+``ledger.stepdata.data_opening``), so an honest defender never
 loses for the same reason (docs/FRAUD_PROOF.md "The top level").
 
 :func:`cases_opened` and :func:`games_on` read the contract's ``CaseOpened`` and ``Challenged`` logs.
@@ -21,6 +22,7 @@ import contracts
 from ledger.chunkproof import tree_root
 from ledger.errors import LedgerInputError
 from ledger.events import EventDecoder, scan_logs, topic_uint
+from ledger.stepdata import DataTerms, data_opening
 from ledger.stepproof import (
     PHASES,
     StepTrace,
@@ -36,12 +38,26 @@ IDLE = (PHASES.index("None"), PHASES.index("Done"))
 
 
 @dataclass
+class DataSide:
+    """What an honest defender answers a data dispute from (``ledger.stepdata``): the run's data terms, the
+    corpus's chunk leaves (the data root's), each step's batch leaves (the claim's ``batchRoot``'s), the
+    claim's data key and round."""
+
+    terms: DataTerms
+    corpus: list[bytes]
+    batches: list[list[bytes]]
+    key: str
+    round: int
+
+
+@dataclass
 class DefenseSide:
     """What an honest defender answers from: its traces of the claim's steps (``traces[i]``: step ``i``), the
     run's state origins and the committed start's weight chunk leaves (for a start dispute), and
     ``sums(step, op, elem, point)``: the bits of a product's partial sum (``training.step_trace.partial_sums``
     of its own tensors); for an end dispute, the contribution's payload pieces (``payload``; empty: it holds
-    none, so it cannot answer one) and each state tensor's quant bit width (``bits``, 0 for raw)."""
+    none, so it cannot answer one) and each state tensor's quant bit width (``bits``, 0 for raw); for a data
+    dispute, the run's corpus and the claim's batches (``data``; None: it cannot answer one)."""
 
     traces: list[StepTrace]
     origins: list[bytes]
@@ -49,6 +65,7 @@ class DefenseSide:
     sums: Callable[[int, int, int, int], int]
     payload: list[bytes] = field(default_factory=list)
     bits: list[int] = field(default_factory=list)
+    data: DataSide | None = None
     roots: list[bytes] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +107,13 @@ def defender_move(game_id: bytes, game: dict, side: DefenseSide,
         q, bits = game["copyLeaf"], side.bits[game["copyLeaf"]] if side.bits else 0
         return "proveEnd", (game_id, *end_opening(side.traces[-1], side.origins, q, game["elem"],
                                                   side.committed, side.payload, bits))
+    if phase == "Data":
+        if side.data is None:
+            raise LedgerInputError(f"game {game_id.hex()[:12]}: a data dispute, and this defender holds no "
+                                   "corpus and batches of the claim")
+        d = side.data
+        return "proveData", (game_id, data_opening(d.terms, d.batches, d.corpus, d.key, d.round, lo,
+                                                   game["elem"]))
     if phase == "Trace":  # the steps' bisection ended on step lo (or the claim is of one step)
         memory.step = lo
         trace = _trace(side, memory)

@@ -19,9 +19,11 @@ import contracts
 from ledger.chunkproof import tree_path, tree_root
 
 CHUNK = 64
-ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
+ADD, SUB, MUL, DIV, MATMUL, GATHER = 1, 2, 3, 4, 5, 6
+#: A program input index naming the step's batch (StepProver.DATA_INPUT): the claim's ``batchRoot`` leaf.
+DATA_INPUT = 2**32 - 1
 PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
-          "Steps", "Start", "End")
+          "Steps", "Start", "End", "Data")
 #: StepProver.endRuleOf's plain end: nothing carried between rounds, no low-rank piece (``set_end_rule``).
 PLAIN_END = 1
 
@@ -60,6 +62,12 @@ def output_opening(op: Operation, elem: int) -> tuple:
     op its two inputs (a product's are empty: its partial sums are bisected next)."""
     if op.kind == MATMUL:
         return opening(op.out, elem), EMPTY, EMPTY
+    if op.kind == GATHER:  # out[e] = b[a[e // cols] * cols + e % cols]
+        token = op.a[elem // op.cols // CHUNK]
+        pos = 24 + 4 * (elem // op.cols % CHUNK)
+        place = int.from_bytes(token[pos:pos + 4], "big") * op.cols + elem % op.cols
+        return (opening(op.out, elem), opening(op.a, elem // op.cols),
+                opening(op.b, place) if place < op.b_len else EMPTY)
     return opening(op.out, elem), opening(op.a, elem % op.a_len), opening(op.b, elem % op.b_len)
 
 
@@ -204,6 +212,22 @@ class StepTrace:
     copies: list[int]
     depth: int
     end: list[bytes] | None = None  # a state tree other than the copies' (a cheat's)
+    batch: list[bytes] | None = None  # the step's batch (DATA_INPUT): its token tensor's chunk leaves
+    batch_path: list[bytes] | None = None  # its root's path in the claim's batch tree
+
+    def input_leaves(self, index: int) -> list[bytes]:
+        """The chunk leaves of trace leaf ``index``, or of the step's batch (:data:`DATA_INPUT`)."""
+        if index == DATA_INPUT:
+            if self.batch is None:
+                raise ValueError("the program reads the step's batch and this trace has none")
+            return self.batch
+        return self.tensors[index]
+
+    def input_root(self, index: int, before: list[bytes]) -> tuple[bytes, list[bytes]]:
+        """An op input's root and its path: in the trace tree ``before``, or the batch's in the batch tree."""
+        if index == DATA_INPUT:
+            return tree_root(self.input_leaves(index)), list(self.batch_path or [])
+        return before[index], tree_path(before, index)
 
     @property
     def state_leaves(self) -> int:
@@ -232,7 +256,7 @@ class StepTrace:
 
     def operation(self, j: int) -> Operation:
         kind, rows, inner, cols, a_len, b_len, a_index, b_index = self.specs[j]
-        return Operation(kind, rows, inner, cols, self.tensors[a_index], self.tensors[b_index],
+        return Operation(kind, rows, inner, cols, self.input_leaves(a_index), self.input_leaves(b_index),
                          self.tensors[self.state_leaves + j], a_len, b_len)
 
     def copy_proof(self, leaf: int) -> tuple:
@@ -248,9 +272,8 @@ class StepTrace:
     def op_opening(self, j: int) -> tuple:
         program, before, out = self.program(), self.tree(j), self.state_leaves + j
         spec = self.specs[j]
-        return (program[j], tree_path(program, j), self.roots()[out],
-                tree_path(before, out), before[spec[6]], tree_path(before, spec[6]), before[spec[7]],
-                tree_path(before, spec[7]))
+        return (program[j], tree_path(program, j), self.roots()[out], tree_path(before, out),
+                *self.input_root(spec[6], before), *self.input_root(spec[7], before))
 
 
 def step_game(client: StepProverClient, trace: StepTrace, defender: str, challenger: str, *,
@@ -327,13 +350,15 @@ def _abi_encode_step(claim: tuple, defender: str) -> bytes:
 # ------------------------------------------------------------------ a contribution's H inner steps (RunClaim)
 
 
-def run_claim(traces: list[StepTrace], subject) -> tuple:
+def run_claim(traces: list[StepTrace], subject, batch_root: bytes = ZERO) -> tuple:
     """The contract's ``RunClaim`` of one side's traces of H steps of one program: the state root before the
     first step and the state root its last step ends in, about ``subject`` (``ledger.stepbinding.RunSubject``:
-    the contribution and the round's start on the ledger's record)."""
+    the contribution and the round's start on the ledger's record, and its data key), its steps' batches
+    ``batch_root`` (``ledger.stepdata.batch_root``; zero: none)."""
     first = traces[0]
     return (tree_root(first.program()), first.state_leaves, len(first.specs), first.depth,
-            tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces), *subject.fields())
+            tree_root(first.tree(0)), tree_root(traces[-1].end_tree()), len(traces), *subject.fields(),
+            bytes(batch_root), subject.data_key)
 
 
 def program_hash(claim: tuple) -> bytes:
@@ -399,15 +424,16 @@ def state_roots(traces: list[StepTrace]) -> list[bytes]:
 def run_game(client: StepProverClient, traces: list[StepTrace], defender: str, challenger: str, *, subject,
              judge_state: Callable[[int, bytes], bool], step_policy: Callable[[int], dict],
              post_state: Callable[[int], bytes] | None = None, claimed: bool = False,
-             challenged: bool = False) -> tuple[bool, int]:
+             challenged: bool = False, batch_root: bytes = ZERO) -> tuple[bool, int]:
     """Claim ``traces`` (H steps) about ``subject`` (``ledger.stepbinding.RunSubject``) as ``defender`` and
     play a challenger's game on them to the end.
 
     The defender posts the state roots of its own traces (``post_state(i)`` overrides the root after step
     ``i``); the challenger answers ``judge_state(i, root)`` (agree?) and, once the split step ``i`` is found,
     plays its step game with ``step_policy(i)`` (``step_game``'s keywords: dispute, judge_root, pick, judge,
-    sums). Returns (defender won, moves)."""
-    claim = run_claim(traces, subject)
+    sums); ``batch_root``: the batches the claim commits (``ledger.stepdata.batch_root``). Returns (defender
+    won, moves)."""
+    claim = run_claim(traces, subject, batch_root)
     if not claimed:
         client._send("claimRun", defender, claim, subject.binding, value=client.bond)
     claim_id = bytes(client.contract.functions.runIdOf(claim, defender).call())

@@ -69,6 +69,33 @@ def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
     return done
 
 
+#: glibc's mallopt parameter number of M_MMAP_THRESHOLD (malloc.h).
+M_MMAP_THRESHOLD = -3
+#: Blocks of this size or more are mapped and unmapped on their own (:func:`map_large_blocks`).
+LARGE_BLOCK_BYTES = 1 << 20
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES, libc=None) -> bool:
+    """Have glibc map every block of ``threshold`` bytes or more on its own and unmap it when freed
+    (``M_MMAP_THRESHOLD``); whether it was set (False: no glibc, refused, or ``MALLOC_MMAP_THRESHOLD_`` in the
+    environment chose already).
+
+    glibc's default threshold moves up to each mapped block freed, to 32 MiB, after which a tensor of a
+    llama-20m or llama-124m stage (0.6 to 9 MiB a matrix) lives in an arena, whose freed pages stay resident
+    until :func:`trim_heap` and serve only that arena's threads: a round's transients on the training
+    thread, the lane and the finisher then add up in the resident set. A fixed threshold gives each one
+    back when it is freed (issue 75; bench/bench_stage_memory.py: a llama-20m stage's peak 6 bytes per
+    parameter lower), at the price of fresh pages for each large temporary."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    libc = libc if libc is not None else _glibc()
+    if libc is None:
+        return False
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    return libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1
+
+
 @functools.cache
 def _trimming_libc():
     """glibc's handle with ``malloc_trim``'s signature (looked up once), or None."""

@@ -31,6 +31,7 @@ from ledger.chunkproof import tree_root
 from ledger.stepdefense import DefenseSide
 from ledger.stepproof import ZERO_START, StepTrace, origin_leaf, program_hash
 from node.errors import ConfigError
+from node.live.fraud.endcheck import end_breaks, piece_bits
 from training.chunks import CHUNK_ELEMENTS, leaf_values
 from training.step_trace import MATMUL, element_leaves, partial_sums, run_op
 
@@ -134,9 +135,13 @@ class StepProgram:
             state = [tensors[c] for c in self.copies]
         return out
 
-    def defense(self, committed: list[bytes], steps: int) -> DefenseSide:
-        """The honest defender's side of a claim of ``steps`` steps from the committed start ``committed``."""
-        runs = self.run(self.start_state(committed), steps)
+    def defense(self, committed: list[bytes], steps: int, payload=None) -> DefenseSide:
+        """The honest defender's side of a claim of ``steps`` steps from the committed start ``committed``;
+        with ``payload`` (the contribution's payload pieces, for a run with the plain end rule) its answers to
+        end disputes too, after checking every one (node/live/fraud/endcheck.py): ConfigError naming the first
+        elements whose piece does not code ``fl(S - E)`` (a claim would lose its bond on them)."""
+        start = self.start_state(committed)
+        runs = self.run(start, steps)
 
         def sums(step: int, op: int, elem: int, point: int) -> int:
             _kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
@@ -144,5 +149,16 @@ class StepProgram:
             return partial_sums(tensors[a_index].view(rows, inner), tensors[b_index].view(inner, cols),
                                 elem // cols, elem % cols)[point]
 
-        return DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
+        side = DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
                            self.origin_leaves(), list(committed), sums)
+        if payload is not None:
+            end = [runs[-1][c] for c in self.copies] if runs else start
+            bits = piece_bits(payload, side.origins)
+            broken = end_breaks(start, end, payload, side.origins, bits, limit=2)
+            if broken:
+                shown = "; ".join(f"state tensor {q} element {e}: {why}" for q, e, why in broken)
+                raise ConfigError(f"the payload does not code the program's end fl(S - E) ({shown}): a claim "
+                                  "would lose its bond to an end dispute there (the program is not the "
+                                  "model's step, or the payload is not this node's training's)")
+            side.payload, side.bits = list(payload), bits
+        return side

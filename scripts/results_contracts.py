@@ -197,7 +197,7 @@ def step_proof(r: dict) -> list[str]:
                   f"{moves['challengeStart']['max_gas']:,} gas, `proveStart` "
                   f"{moves['proveStart']['max_gas']:,} gas "
                   f"({moves['proveStart']['max_calldata_bytes']:,} bytes of calldata)."]
-    return lines + _end_dispute(r.get("end_dispute"))
+    return lines + _end_dispute(r.get("end_dispute")) + _data_dispute(r.get("data_dispute"))
 
 
 def _end_dispute(end: dict | None) -> list[str]:
@@ -213,6 +213,27 @@ def _end_dispute(end: dict | None) -> list[str]:
             f"{moves['raw']['challengeEnd']['max_gas']:,} gas, `proveEnd` "
             f"{moves['raw']['proveEnd']['max_gas']:,} gas raw and {moves['quant']['proveEnd']['max_gas']:,} "
             f"quant (at most {end['max_calldata_bytes_any_move']:,} bytes of calldata)."]
+
+
+def _data_dispute(data: dict | None) -> list[str]:
+    """The data dispute's line of the step proof's section (absent in a JSON from before it)."""
+    if not data:
+        return []
+    moves, lookup = data["moves"], data["lookup_game"]
+
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "NO"
+
+    return ["", "A claim's batches disputed token by token in a run whose data is fixed (the ledger's "
+            f"StepProver, py-evm; {data['corpus_tokens']} training ids, batches of {data['rows']} x "
+            f"{data['window'] + 1} ids, {data['steps']} steps): an honest claim upheld: "
+            f"{yes(data['honest_upheld'])}; a claim on a batch one token off refuted by the clock: "
+            f"{yes(data['one_token_off_refuted'])}; a claim committing the run's batches but run on another "
+            f"refuted in its step game: {yes(data['other_batch_under_true_root_refuted'])}; `setData` "
+            f"{moves['setData']['max_gas']:,} gas, `challengeData` {moves['challengeData']['max_gas']:,}, "
+            f"`proveData` {moves['proveData']['max_gas']:,} ({moves['proveData']['max_calldata_bytes']:,} "
+            f"bytes of calldata), `openOp` of the batch's lookup {lookup['openOp']['max_gas']:,}; at most "
+            f"{data['max_gas_any_move']:,} gas and {data['max_calldata_bytes_any_move']:,} bytes a move."]
 
 
 _MUTATION_MACHINES = {

@@ -40,7 +40,7 @@ from results_headline import BEGIN, END, README, PageError, headline_table, with
 from results_render import render_page
 from results_hetero import compile_cpu, gpu, heterogeneous, reexec_isa, reproducible, screening_delay
 from results_models import hf_import
-from results_scale import components, scale_model, scale_system
+from results_scale import components, scale_model, scale_system, stage_memory
 from results_network import (
     butterfly,
     join,
@@ -309,6 +309,8 @@ SECTIONS = (
             "bench/bench_scale_system.py", scale_system),
     Section("components.json", "A node's own work per round, component by component",
             "bench/bench_components.py", components),
+    Section("stage_memory.json", "A node's stage and a spot check's rerun: memory per phase",
+            "bench/bench_stage_memory.py", stage_memory),
     Section("scale_model.json", "A calibrated model of a large run", "bench/scale_model.py", scale_model,
             "docs/SCALE.md says what the model assumes and what a GPU must confirm."),
     Section("hf_import.json", "Starting from a model: import and export memory", "bench/bench_hf_import.py",

@@ -228,3 +228,27 @@ def components(r: dict) -> list[str]:
     verdict = "met" if r["met"] else "NOT met"
     worst = f"Worst error {100 * r['worst_error']:.1f}% (goal {100 * r['goal']:.0f}%): {verdict}."
     return lines + [worst, ""]
+
+
+def stage_memory(r: dict) -> list[str]:
+    """bench/bench_stage_memory.py: a node's stage and a rerun child, peak memory per phase, before/after."""
+    lines = ["Peak resident set per phase of one process (VmHWM reset at each phase), above the process's "
+             "resident set before the model was built, in bytes per parameter it holds (a node: its stage "
+             "of 2; the rerun child: the whole replica). Before: the same script on commit "
+             f"{(r.get('baseline') or {}).get('commit', '-')}.", ""]
+    runs = [("after", r["results"])] + ([("before", r["baseline"]["results"])] if r.get("baseline") else [])
+    rows = []
+    for when, results in runs:
+        for preset, entry in results.items():
+            measured = [(f"node stage {s}", m) for s, m in entry.get("nodes", {}).items()]
+            measured += [("rerun child", entry["child"])] if "child" in entry else []
+            for who, m in measured:
+                phases = ", ".join(f"{name} {phase['bytes_per_parameter']:.0f}"
+                                   for name, phase in m["phases"].items())
+                held = m.get("held_bytes_per_parameter")
+                rows.append([when, preset, who, f"{m['parameters']:,}", _gb(m["peak_rss_bytes"]),
+                             f"{m['peak_bytes_per_parameter']:.1f}", "-" if held is None else f"{held:.1f}",
+                             phases])
+    lines += table(["", "size", "process", "parameters", "peak RSS", "peak B/param", "held B/param",
+                    "per phase (B/param)"], rows)
+    return lines

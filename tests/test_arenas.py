@@ -10,7 +10,14 @@ import textwrap
 import pytest
 
 from node import arenas
-from node.arenas import M_ARENA_MAX, NODE_ARENAS, limit_arenas
+from node.arenas import (
+    LARGE_BLOCK_BYTES,
+    M_ARENA_MAX,
+    M_MMAP_THRESHOLD,
+    NODE_ARENAS,
+    limit_arenas,
+    map_large_blocks,
+)
 
 # Eight threads that each malloc while the others do; then glibc's own account of its arenas.
 _ARENAS_USED = textwrap.dedent("""
@@ -185,3 +192,54 @@ def test_the_interned_strings_table_is_rebuilt_at_its_lasting_size_as_the_node_t
     # where without the settling its first rebuild doubles it (2^18 -> 2^19 slots, 3.7 -> 7.3 MiB).
     assert len(at_settle) == 1 and at_settle[0] > 3 << 20
     assert in_run and set(in_run) == set(at_settle)
+
+
+def test_large_blocks_are_mapped_on_their_own_unless_the_environment_chose(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    libc = FakeLibc()
+    assert map_large_blocks(libc=libc) and libc.calls == [(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)]
+    assert not map_large_blocks(libc=FakeLibc(answer=0))  # refused: said so, nothing raised
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    untouched = FakeLibc()
+    assert not map_large_blocks(libc=untouched) and untouched.calls == []
+
+
+def test_a_freed_large_block_leaves_the_resident_set():
+    """In a real process: a 64 MiB block freed after a smaller one was freed (glibc's threshold then sits
+    at that one's size) stays resident by default below the threshold's 32 MiB cap; with the fixed threshold
+    every block of 1 MiB or more is unmapped on free. Counted in pages, not timed."""
+    code = textwrap.dedent("""
+        import ctypes, sys
+        from node.arenas import _glibc, map_large_blocks
+        libc = _glibc()
+        if libc is None:
+            print("no-glibc"); sys.exit(0)
+        if sys.argv[1] == "map":
+            assert map_large_blocks()
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * 4096
+        libc.free(libc.malloc(24 << 20))  # a mapped block freed: the default threshold moves up to it
+        blocks = [libc.malloc(2 << 20) for _ in range(32)]  # 64 MiB in 2 MiB blocks
+        for block in blocks:
+            ctypes.memset(block, 1, 2 << 20)
+        before = rss()
+        for block in blocks:
+            libc.free(block)
+        print(before - rss())
+    """)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    given_back = {}
+    for mode in ("default", "map"):
+        done = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        if "no-glibc" in done.stdout:
+            pytest.skip("not glibc")
+        given_back[mode] = int(done.stdout.split()[-1])
+    assert given_back["map"] >= 60 << 20  # every 2 MiB block unmapped when freed
+    assert given_back["default"] < given_back["map"]

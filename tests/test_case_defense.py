@@ -53,12 +53,13 @@ def toy_program() -> StepProgram:
     return StepProgram(tuple(PROGRAM), tuple(COPIES), 3, origins)
 
 
-def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: bool = False):
+def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: bool = False, round_=None):
     """A run whose round 0 commits the toy's start and round 1 lists three contributions (member ``j + 1``
     signed contribution ``j``), its program the toy's; and the parts of member ``NODE``'s node that a defense
     reads: its chain, its states (round 0's, the start) and its data directory's reward sources.
-    ``end_rule``: the run's creator sets the plain end rule too (StepProver.setEndRule)."""
-    round_ = toy_round()
+    ``end_rule``: the run's creator sets the plain end rule too (StepProver.setEndRule); ``round_``: another
+    round than ``toy_round()``'s."""
+    round_ = round_ or toy_round()
     deployment = deploy_ledger(w3, min_stake=STAKE)
     client = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger))
     program = fix_program(client, None, toy_origins())
@@ -85,10 +86,10 @@ def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: boo
 RUNS = "the run's"
 
 
-def _defender(committed, states, tmp_path, program: StepProgram | None | str = RUNS,
+def _defender(committed, states, tmp_path, program: StepProgram | None | str = RUNS, member: int = NODE,
               **kwargs) -> CaseDefender:
-    """Member ``NODE``'s case defender (``program``: its step program file's, None for none)."""
-    chain = NodeChain(committed.deployment.client(NODE))
+    """Member ``member``'s case defender (``program``: its step program file's, None for none)."""
+    chain = NodeChain(committed.deployment.client(member))
     return CaseDefender(run_id=committed.run_id, chain=chain, states=states,
                         program=toy_program() if program == RUNS else program, data_dir=tmp_path,
                         stop=threading.Event(), **kwargs)
@@ -300,8 +301,10 @@ def test_a_case_the_node_cannot_answer_is_logged_with_why(request, tmp_path, cap
 
 
 def test_in_a_run_whose_end_is_disputed_the_node_posts_no_claim_it_cannot_answer(request, tmp_path, caplog):
-    """The node does not answer an end dispute yet (docs/FRAUD_PROOF.md "Not done"): in a run with an end rule
-    it says so and posts no claim (which would lose its bond to the first end dispute)."""
+    """In a run with the plain end rule the node checks its claim's end against its payload before it claims
+    (tests/test_case_defense_end.py: one that codes it is defended): a payload that is not the program's end
+    (here a random contribution) is said and no claim is posted (it would lose its bond to the first end
+    dispute)."""
     w3 = _backend(request, "pyevm")
     client, cases, committed, states = _setup(w3, tmp_path, end_rule=True)
     caplog.set_level(logging.INFO, logger="node.live.fraud.defender")
@@ -309,6 +312,7 @@ def test_in_a_run_whose_end_is_disputed_the_node_posts_no_claim_it_cannot_answer
     _defender(committed, states, tmp_path).poll()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "CANNOT DEFEND" in errors[0] and "end dispute" in errors[0], errors
+    assert "does not code the program's end fl(S - E) (state tensor 0 element 0: raw piece" in errors[0]
     assert cases.case(subject)["claims"] == 0
 
 

@@ -13,6 +13,7 @@ and plays the whole game from its own process; the challenger loses its bond to 
 from __future__ import annotations
 
 import random
+import signal
 import time
 
 import pytest
@@ -48,12 +49,13 @@ def _program(run) -> StepProgram:
     return StepProgram(((MUL, n, 0, 1, n, n, 0, 0),), (1,), 1, ((tensor, n, first[tensor], len(places)),))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_node_process_defends_its_contribution_against_a_lying_challenger(make_run, tmp_path):
+def _opened(make_run, tmp_path, accusation_blocks: int, dispute_blocks: int = 1000):
+    """A run of two tiny nodes whose program the creator fixed, round 2 committed, and an outsider's case on
+    round 1's first listed contribution claimed by its author's node: (run, prover client, claim id, the
+    author's address, the program)."""
     program_file = tmp_path / "program.json"
-    run = make_run(replicas=2, stages=1, split=False, stake_wei=STAKE, accusation_blocks=60,
-                   dispute_blocks=1000,
+    run = make_run(replicas=2, stages=1, split=False, stake_wei=STAKE, accusation_blocks=accusation_blocks,
+                   dispute_blocks=dispute_blocks,
                    settings=[*TINY, "join_timeout=90", "rounds=40", f"ledger.step_program={program_file}"])
     program = _program(run)
     program_file.write_text(program.to_json())
@@ -75,15 +77,30 @@ def test_a_node_process_defends_its_contribution_against_a_lying_challenger(make
     claimed = client.contract.events.RunClaimed().get_logs(from_block=0)
     assert [(bytes(e.args.payloadRoot), e.args.defender.lower()) for e in claimed] == [
         (subject.payload_root, author.lower())]
-    claim_id = bytes(claimed[0].args.claimId)
     client.bond = stake
-    liar = dev_account(LIAR, w3.eth.chain_id).address
-    client._send("challengeRun", liar, claim_id, value=stake)
+    return run, client, bytes(claimed[0].args.claimId), author, program
+
+
+def _liar_moves(program: StepProgram, seed: int) -> dict:
+    """A challenger's move for each phase of the one-op program's game: at random."""
+    rng, n = random.Random(seed), program.ops[0][1]
+    return {"Steps": ("judgeStateRoot", lambda: (rng.random() < 0.5,)),
+            "TraceEnd": ("disputeTrace", tuple), "Ops": ("judgeRoot", lambda: (rng.random() < 0.5,)),
+            "Pick": ("pickElement", lambda: (rng.randrange(n),))}
+
+
+def _node_logs(run) -> str:
+    return "\n".join(p.read_text() for slot in run.nodes for p in slot.data_dir.glob("node-*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_node_process_defends_its_contribution_against_a_lying_challenger(make_run, tmp_path):
+    run, client, claim_id, author, program = _opened(make_run, tmp_path, 60)
+    liar = dev_account(LIAR, client.w3.eth.chain_id).address
+    client._send("challengeRun", liar, claim_id, value=client.bond)
     game_id = bytes(client.contract.functions.gameIdOf(claim_id, liar).call())
-    rng, n = random.Random(3), program.ops[0][1]
-    moves = {"Steps": ("judgeStateRoot", lambda: (rng.random() < 0.5,)),
-             "TraceEnd": ("disputeTrace", tuple), "Ops": ("judgeRoot", lambda: (rng.random() < 0.5,)),
-             "Pick": ("pickElement", lambda: (rng.randrange(n),))}
+    moves = _liar_moves(program, 3)
     deadline = time.monotonic() + 300
     while (state := client.game(game_id))["phase"] != PHASES.index("Done"):
         assert time.monotonic() < deadline, f"the game stalled in {PHASES[state['phase']]}\n{run_logs(run)}"
@@ -92,6 +109,43 @@ def test_a_node_process_defends_its_contribution_against_a_lying_challenger(make
             client._send(name, liar, game_id, *args())
         time.sleep(0.5)
     assert not client.wrong(claim_id), run_logs(run)
-    assert client.contract.functions.balanceOf(author).call() == stake
-    logs = "\n".join(p.read_text() for slot in run.nodes for p in slot.data_dir.glob("node-*.log"))
+    assert client.contract.functions.balanceOf(author).call() == client.bond
+    logs = _node_logs(run)
     assert "claimed this node's contribution 0" in logs and "CANNOT DEFEND" not in logs
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_node_process_killed_mid_game_plays_it_on_after_its_restart(make_run, tmp_path):
+    """The author's node is killed (SIGKILL) once it has posted its trace of the split step, and started
+    again: its new life holds none of its states, finds the case and its standing claim, reads what it kept
+    in ``case-defense/`` (the start's leaves, the game's step) and plays the game on to its end."""
+    run, client, claim_id, author, program = _opened(make_run, tmp_path, 150, 3000)
+    liar = dev_account(LIAR, client.w3.eth.chain_id).address
+    slot = next(s for s in run.nodes
+                if dev_account(s.account, client.w3.eth.chain_id).address.lower() == author.lower())
+    client._send("challengeRun", liar, claim_id, value=client.bond)
+    game_id = bytes(client.contract.functions.gameIdOf(claim_id, liar).call())
+    moves, restarted = _liar_moves(program, 4), False
+    deadline = time.monotonic() + 600
+    while (state := client.game(game_id))["phase"] != PHASES.index("Done"):
+        assert time.monotonic() < deadline, f"the game stalled in {PHASES[state['phase']]}\n{run_logs(run)}"
+        phase = PHASES[state["phase"]]
+        if phase == "TraceEnd" and not restarted:  # its trace posted: the step is in its memory only
+            run.kill(slot, signal.SIGKILL)
+            assert list((slot.data_dir / "case-defense").glob("claim-*.json")), "no game memory kept"
+            run.start_node(slot)
+            restarted = True
+        if not state["defenderTurn"]:
+            name, args = moves[phase]
+            client._send(name, liar, game_id, *args())
+        time.sleep(0.5)
+    assert restarted, "the game ended before the trace was posted"
+    assert not client.wrong(claim_id), run_logs(run)
+    assert client.contract.functions.balanceOf(author).call() == client.bond
+    second = slot.log_path.read_text()
+    assert slot.starts == 2 and "found its standing claim (posted before) on this node's contribution 0" \
+        in second, second[-3000:]
+    assert "defense inputs read from its kept copy (case-defense/)" in second
+    assert "CANNOT DEFEND" not in _node_logs(run)

@@ -215,7 +215,13 @@ def test_an_honest_quant_claim_answers_the_clamped_elements_and_keeps_its_bit_wi
 
 def _copied_challenge_in_one_block(w3, client, claim_id: bytes, first: int, second: int) -> list[int]:
     """``first`` (a front-runner, the higher tip) and ``second`` send the same challengeEnd in one block."""
-    data = bytes.fromhex(client.contract.encode_abi("challengeEnd", args=(claim_id, 1, 5))[2:])
+    return copied_in_one_block(w3, client, "challengeEnd", (claim_id, 1, 5), first, second)
+
+
+def copied_in_one_block(w3, client, name: str, args: tuple, first: int, second: int) -> list[int]:
+    """``first`` (a front-runner, the higher tip) and ``second`` send the same StepProver call ``name(*args)``
+    with the claim's bond in one block; their receipts' statuses."""
+    data = bytes.fromhex(client.contract.encode_abi(name, args=args)[2:])
     hashes = []
     with one_block(w3):
         base = w3.eth.get_block("latest")["baseFeePerGas"]

@@ -97,7 +97,7 @@ def test_the_state_roots_chain_and_open_one_element():
     subject = RunSubject(7, 1, 0, b"\x01" * 32, b"\x02" * 32, ())
     claim = run_claim(traces, subject)
     assert claim[4] == roots[0] and claim[5] == roots[-1] and claim[6] == STEPS
-    assert claim[7:] == (7, 1, 0, b"\x01" * 32, b"\x02" * 32)
+    assert claim[7:] == (7, 1, 0, b"\x01" * 32, b"\x02" * 32, bytes(32), "0x" + "00" * 20)
 
 
 @pytest.mark.parametrize("backend, cheat_step, cheat_op", [("pyevm", 0, 0), ("pyevm", 3, 1), ("pyevm", 5, 3),

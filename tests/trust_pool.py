@@ -426,10 +426,32 @@ class PoolMoves:
         if pool["nextRound"] <= pool["firstRound"]:
             return
         round_ = data.draw(st.integers(pool["firstRound"], pool["nextRound"] - 1))
+        reader = self.pool_client(book, 0)
+        budget = reader.round_of(run_id, round_)
+        closes = budget["openedAt"] + book.params[run_id].claim_blocks
+        # half the draws wait for the window's close (the run's unbonding, 408 blocks; none while a walk is
+        # in flight, whose clock the jump would run out): a run of a few dozen moves otherwise never reaches
+        # one, and the sweep's books went unchecked (0 sweeps in the 826 steps of seed 78)
+        if budget["openedAt"] and data.draw(st.booleans()) and self.lied_in_flight() is None:
+            blocks = closes - 1 - self.w3.eth.block_number  # the sweep lands in the next block
+            if blocks > 0:
+                mine(self.w3, blocks)
+        free = reader.pool_of(run_id)["free"]
         try:
             self.pool_client(book, OUTSIDER).sweep(run_id, round_)
-        except (errors.RewardClaimClosed, errors.RewardClaimOpen):
+        except errors.RewardClaimClosed:
+            assert budget["swept"] or not budget["openedAt"], \
+                f"a sweep of round {round_} refused as closed though opened and never swept"
             return
+        except errors.RewardClaimOpen:
+            assert self.w3.eth.block_number < closes, f"a sweep of round {round_} refused after its close"
+            return
+        assert self.w3.eth.block_number >= closes and not budget["swept"], \
+            f"R4: round {round_} swept before its claim window closed at {closes}, or twice"
+        after = reader.round_of(run_id, round_)
+        assert after["swept"], f"round {round_} not marked swept"
+        assert reader.pool_of(run_id)["free"] == free + after["budget"] - after["paid"], \
+            "R4: the sweep returned other than the round's budget less what it paid"
         PoolMoves.pool_sweeps += 1
 
     # ------------------------------------------------------------------ invariants

@@ -38,7 +38,7 @@ from training.codec_wire import declare_steps
 from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
 from training.exact_codec import ExactCodec
-from training.host_tensors import float32_scalar
+from training.host_tensors import adopted, float32_scalar
 
 __all__ = [
     "CompressionStats",
@@ -222,7 +222,9 @@ class ErrorFeedbackCompressor:
         except (ValueError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"encoder memo: {exc}") from None
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], *, adopt: bool = False) -> None:
+        """Restore the residual from ``state`` (copied; ``adopt``: its float32 CPU tensors themselves, for a
+        caller that hands them over, as a rerun does with a start state it parsed for it)."""
         if set(state) != set(self.shapes):
             raise EngineStateError("error-feedback state names differ from the stage's tensors")
         for name, value in state.items():
@@ -230,5 +232,6 @@ class ErrorFeedbackCompressor:
                 raise EngineStateError(
                     f"error-feedback {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
                 )
-        self.residual = {name: value.detach().to(torch.float32).clone() for name, value in state.items()}
+        self.residual = {name: adopted(value) if adopt else value.detach().to(torch.float32).clone()
+                         for name, value in state.items()}
         self._carry = any(bool(torch.any(value)) for value in self.residual.values())

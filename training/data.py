@@ -34,6 +34,11 @@ Round batches (what an auditor re-executes)
     change the statistics). The batch of step ``k`` does not depend on
     ``inner_steps``, so a longer round extends a shorter one.
 
+    The chain cannot recompute ``r`` (a seat count, in no contract's state):
+    where a run's data is bound on chain (StepProver.setData, issue 78) the
+    windows are keyed by the contribution's member account instead, by the same
+    formula (:mod:`training.data_binding`, ``rulebook.data_windows``).
+
 Eval batches
     Fixed and RNG-free: ``n * batch_size`` windows of the held-out split whose
     starts are evenly spaced, ``start_j = (j * n_start_eval) // (n * batch_size)``.

@@ -52,6 +52,9 @@ class DelayCorrection:
     #: Whether, right after encoding, the replica starts the next round from its own estimate of the next
     #: global weights (then round t-1 is applied before round t is encoded, and the encode cannot be split).
     jumps_ahead = False
+    #: Whether :meth:`others_after_apply` reads the round's average (only "eager"'s does): an engine whose
+    #: correction does not lets a prepared aggregation's average go (4 bytes per parameter, issue 75).
+    uses_average = False
 
     def check_apply(self, stage_index: int, outer_round: int, last_encoded: int,
                     params: Mapping[str, torch.Tensor], round_end: Mapping[int, Weights]) -> None:
@@ -144,6 +147,7 @@ class Eager(Lookahead):
     (Kale, Douillard, Donchev 2025, arXiv 2502.12996, "eager updates")."""
 
     name = "eager"
+    uses_average = True
 
     def estimate_input(self, own, others_previous):
         if others_previous is None:

@@ -77,8 +77,12 @@ from training.schedule import outer_schedule_is_constant
 
 logger = logging.getLogger(__name__)
 
-def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weights:
-    """``(((c_0 + c_1) + ...) + c_{M-1}) / M`` per tensor, float32, in the given order."""
+def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]], *, consume: bool = False) -> Weights:
+    """``(((c_0 + c_1) + ...) + c_{M-1}) / M`` per tensor, float32, in the given order.
+
+    ``consume``: ``decoded`` are the caller's own dicts, done with once averaged: each tensor is dropped
+    from them as soon as its average is made, so the contributions and their average are not all held at
+    once (issue 75; the same values)."""
     if not decoded:
         raise AggregationError("no contributions to average")
     count = float32_scalar(float(len(decoded)))
@@ -87,6 +91,8 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
         first = decoded[0][name].to(torch.float32)
         if len(decoded) == 1:
             average[name] = torch.div(first, count)
+            if consume:
+                del first, decoded[0][name]
             continue
         # The first sum is a fresh tensor: the later sums and the division are written into it (out=),
         # the same ops in the same order.
@@ -94,6 +100,10 @@ def average_contributions(decoded: Sequence[Mapping[str, torch.Tensor]]) -> Weig
         for contribution in decoded[2:]:
             torch.add(total, contribution[name], out=total)
         average[name] = torch.div(total, count, out=total)
+        if consume:
+            del first, total
+            for contribution in decoded:
+                del contribution[name]
     return average
 
 
@@ -270,7 +280,9 @@ def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, 
     # the plain mean: the same function, the same bits, whatever the counts. The counts enter through
     # the per-step norm rule and screening, which must not take a slow replica's shorter update for an
     # outlier.
-    average = average_contributions(accepted) if accepted else None
+    # robust_contributions' accepted dicts are this call's own (shallow copies of any known tensors).
+    average = average_contributions(accepted, consume=True) if accepted else None
+    del accepted
     return step_with_average(global_weights, momentum, average, diloco_cfg, outer_round, reports)
 
 

@@ -27,6 +27,14 @@ def host_float32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to(device="cpu", dtype=torch.float32)
 
 
+def adopted(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it is a contiguous float32 CPU tensor (a caller hands it over: no copy), else
+    its float32 CPU copy; the same values either way."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
+        return tensor.detach()
+    return host_float32(tensor).contiguous().clone()
+
+
 def host_float32_copy(weights: Mapping[str, torch.Tensor]) -> Weights:
     """float32 CPU copies of ``weights`` (the live params may be on a GPU; see :func:`host_float32`).
 

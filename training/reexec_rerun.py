@@ -34,7 +34,9 @@ class Reexecution:
     outer_round: int
     replica: int
     payloads: dict[int, bytes]  # stage -> contribution bytes
-    next_state: ReplicaStartState | None  # start state of round t+1 (None if round t-1 was not applied)
+    # start state of round t+1 (None if round t-1 was not applied); a consumed rerun's (``reexecute``'s
+    # ``consume``) holds the rerun's live tensors, not copies: read it before anything trains on
+    next_state: ReplicaStartState | None
     train_seconds: float
     encode_seconds: float
     threads: int
@@ -91,9 +93,10 @@ def reexecute(
     ``processes``: how many processes this verifier may run the inner steps on (its ``compute.processes``): a
     claim made by a cluster of N <= ``processes`` ranks (its fingerprint's ``cluster``) reruns its inner
     steps on N ranks of its own, bit for bit (training/cluster_rerun.py); any other in this process.
-    ``consume``: the caller no longer needs ``state``'s tensors: each stage's are dropped once the trainer
-    and the engines hold their own copies (a state is about 40 bytes per parameter of the replica; a
-    verifier's rerun held it beside the copies it trains).
+    ``consume``: the caller hands ``state``'s tensors over: the inner optimizer and the engines keep them
+    (no copies) and each stage's are dropped from ``state`` once restored, and the next start state holds
+    the rerun's live tensors rather than copies of them (a state is about 40 bytes per parameter of the
+    replica; a verifier's rerun held it beside the copies it trains, and a copy of the next one at its end).
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
     precision (``state.meta.platform``; float32 for a state that records none), compiled if the claimant's
     were (:func:`rerun_compiled`), whatever the verifier's own ``training.compile``.
@@ -126,11 +129,8 @@ def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, tra
     from training.cluster_rerun import ClusterSteps, rerun_ranks
 
     meta = state.meta
-    trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg)
-    if consume:
-        for part in state.stages:
-            if isinstance(part.tensors, dict):
-                part.tensors.clear()
+    trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg,
+                                       consume=consume)
     batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
                             training_cfg.batch_size, model_cfg.block_size)
     ranks = rerun_ranks(meta.platform, processes)
@@ -145,8 +145,10 @@ def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, tra
         if rerun.applied_previous:
             if steps is not None:
                 steps.sync_optimizer()
+            # A consumed rerun's next state is only hashed: the live tensors themselves, not copies (40
+            # bytes per parameter of the replica); nothing changes them after the rerun.
             next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer,
-                                               engines)
+                                               engines, copy=not consume)
         platform = (steps.platform if steps is not None else trainer.platform).fingerprint()
     finally:
         if steps is not None:

@@ -14,18 +14,19 @@ from training.butterfly import slice_for_exchange
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.errors import ReplicaStateError
-from training.host_tensors import host_float32_copy
+from training.host_tensors import host_float32, host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
-from training.spilled import MergedTensors, SpilledTensors, spill_float32
+from training.spilled import ChainedTensors, MergedTensors, SpilledTensors, spill_float32
 from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
 
 
 def capture_stage_state(
-    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer
+    meta: RoundMeta, engine: StageEngine, module: nn.Module, optimizer: torch.optim.Optimizer, *,
+    copy: bool = True,
 ) -> StageStartState:
     """The start state of ``engine.stage_index`` from the live objects (call before the round's first inner
     step).
@@ -33,8 +34,13 @@ def capture_stage_state(
     ``module`` and ``optimizer``: the stage's module and inner AdamW (a
     :class:`~training.pipeline.LocalReplicaTrainer`'s ``stage_modules[s]`` and
     ``optimizers[s]``, or a ``PipelineStageTrainer``'s ``module`` and ``optimizer``).
-    Everything is copied: training on afterwards does not change the capture.
+    Everything is copied: training on afterwards does not change the capture. ``copy=False``: the live
+    tensors themselves (float32 CPU ones; others are converted), for a caller that only hashes or writes
+    the state before anything changes (a rerun's next state: 40 bytes per parameter of copies saved).
     """
+    if not copy:
+        live = {n: host_float32(t) for n, t in _live_trainer_tensors(module, optimizer).items()}
+        return _engine_part(meta, engine, live, copy=False)
     return capture_engine_part(meta, engine, capture_trainer_part(module, optimizer))
 
 
@@ -48,6 +54,19 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer,
     the start state is written), each read back when the state is written; where the file cannot be
     written (a full disk) they stay in RAM, with a warning.
     """
+    live = _live_trainer_tensors(module, optimizer)
+    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
+    if spill_dir is not None:
+        try:
+            return spill_float32(live, spill_dir)
+        except OSError as exc:
+            logger.warning("start state's weights and optimizer state kept in RAM: not written to %s (%s)",
+                           spill_dir, exc)
+    return host_float32_copy(live)
+
+
+def _live_trainer_tensors(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The weights and the inner optimizer's state by their start-state names: the live tensors."""
     live: dict[str, torch.Tensor] = {}
     for name, param in module.named_parameters():
         live[f"param/{name}"] = param
@@ -58,14 +77,7 @@ def capture_trainer_part(module: nn.Module, optimizer: torch.optim.Optimizer,
                                     f"{sorted(fields)} ({prefix})")
         for field_name, value in state.items():
             live[f"{prefix}.{field_name}/{name}"] = torch.as_tensor(value)
-    # float32 CPU copies whatever the device: the state's bytes are the host's (docs/GPU.md).
-    if spill_dir is not None:
-        try:
-            return spill_float32(live, spill_dir)
-        except OSError as exc:
-            logger.warning("start state's weights and optimizer state kept in RAM: not written to %s (%s)",
-                           spill_dir, exc)
-    return host_float32_copy(live)
+    return live
 
 
 def capture_engine_part(
@@ -122,16 +134,22 @@ class StartStateCapture:
         return out
 
 
-def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], dict[str, torch.Tensor]]:
+def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], Mapping[str, torch.Tensor]]:
     """``(counters, tensors)`` of a :meth:`StageEngine.state_dict` as a start state names them (the same
     tensors, not copied): the engine part's layout, which :class:`training.cluster_node_engine.
-    ShardedStageEngine` builds on each rank for its shard."""
+    ShardedStageEngine` builds on each rank for its shard. A spilled snapshot (the transmitted updates of an
+    engine with a ``spill_dir``) stays in its file: the tensors are then a mapping that reads it when asked.
+    """
     tensors: dict[str, torch.Tensor] = {}
+    spilled: list[SpilledTensors] = []
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
         tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
     for kind in ("round_end", "own_decoded", "sent"):
         for outer_round, snapshot in engine_state[kind].items():
+            if isinstance(snapshot, SpilledTensors):
+                spilled.append(snapshot.renamed(f"{kind}.{int(outer_round)}/"))
+                continue
             tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
     others = engine_state["others_previous"]
     if others is not None:
@@ -143,7 +161,7 @@ def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], d
     counters = (int(engine_state["last_encoded"]) + 1, int(engine_state["last_applied"]) + 1,
                 -1 if others is None else int(others[1]))
     # Stored +1 so that "nothing yet" (-1) is 0 and every counter is a non-negative integer.
-    return counters, tensors
+    return counters, ChainedTensors([tensors, *spilled]) if spilled else tensors
 
 
 def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str, torch.Tensor], *,
@@ -153,19 +171,28 @@ def _engine_part(meta: RoundMeta, engine: StageEngine, trainer_part: Mapping[str
         counters, engine_part = streamed()
     else:
         counters, tensors = engine_state_tensors(engine.state_dict(copy=copy))
-        engine_part = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+        engine_part = _host_part(tensors)
     # A spilled trainer part stays in its file: each tensor is read when the state is written.
     held = trainer_part if isinstance(trainer_part, SpilledTensors) else \
         {n: t.detach().to(torch.float32).contiguous() for n, t in trainer_part.items()}
     return StageStartState(meta, engine.stage_index, counters, MergedTensors(held, engine_part))
 
 
+def _host_part(tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """Contiguous float32 tensors of ``tensors``; spilled parts (a :class:`ChainedTensors` of a dict and
+    :class:`SpilledTensors`) stay in their files, each tensor read when the state is written."""
+    if not isinstance(tensors, ChainedTensors):
+        return {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+    return ChainedTensors([_host_part(part) if isinstance(part, dict) else part for part in tensors.parts])
+
+
 def capture_replica_state(
-    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine]
+    meta: RoundMeta, trainer: LocalReplicaTrainer, engines: Sequence[StageEngine], *, copy: bool = True
 ) -> ReplicaStartState:
-    """:func:`capture_stage_state` of every stage of a replica chained in one process."""
+    """:func:`capture_stage_state` of every stage of a replica chained in one process (``copy``: as there).
+    """
     return ReplicaStartState(tuple(
-        capture_stage_state(meta, engine, module, optimizer)
+        capture_stage_state(meta, engine, module, optimizer, copy=copy)
         for engine, module, optimizer in zip(engines, trainer.stage_modules, trainer.optimizers)
     ))
 

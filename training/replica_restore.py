@@ -25,30 +25,41 @@ def restore_replica(
     training_cfg: TrainingConfig,
     diloco_cfg: DilocoConfig,
     compression_cfg: CompressionConfig,
+    *,
+    consume: bool = False,
 ) -> tuple[LocalReplicaTrainer, list[StageEngine]]:
-    """A chained trainer and one engine per stage, in exactly the captured state."""
+    """A chained trainer and one engine per stage, in exactly the captured state.
+
+    ``consume``: the caller hands ``state`` over (a rerun's parsed start state): the inner optimizer and the
+    engines keep its float32 tensors themselves instead of copies, and each stage's tensors are dropped
+    from ``state`` once restored (issue 75: the state is about 40 bytes per parameter of the replica, and
+    its copies were made beside it)."""
     meta = state.meta
     specs = split_stages(model_cfg.n_layer, meta.num_stages)
     for part, spec in zip(state.stages, specs):
         _check_stage(part, stage_param_shapes(model_cfg, spec), diloco_cfg.outer_moments)
     weights = merge_state_dicts([part.group("param") for part in state.stages])
     trainer = LocalReplicaTrainer(model_cfg, training_cfg, meta.num_stages, state_dict=weights)
+    del weights
     engines = []
     for part, module, optimizer in zip(state.stages, trainer.stage_modules, trainer.optimizers):
-        _restore_optimizer(part, module, optimizer)
+        _restore_optimizer(part, module, optimizer, adopt=consume)
         engine = StageEngine(part.stage_index, dict(module.named_parameters()), diloco_cfg, compression_cfg,
                              exact=training_cfg.codec_kernels)
         slice_for_exchange(engine, diloco_cfg)  # as the node's engines encode (node.live.worker.replica)
         last_encoded, last_applied, others_count = part.engine_counters
-        _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count)
+        _load_engine(engine, part, diloco_cfg, last_encoded, last_applied, others_count, adopt=consume)
         engines.append(engine)
+        if consume and isinstance(part.tensors, dict):
+            part.tensors.clear()
     return trainer, engines
 
 
-def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> None:
+def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer, adopt: bool = False) -> None:
     """Put the captured inner-optimizer state of every parameter back (the run's optimizer decides which
     fields each holds, :func:`training.muon.state_kind`); any other optimizer tensor in the state is refused.
-    """
+    ``adopt``: a moment already on the parameter's device is kept itself, not copied (``restore_replica``'s
+    ``consume``)."""
     used = set()
     for name, param in module.named_parameters():
         prefix, names = state_kind(optimizer, param)
@@ -56,7 +67,8 @@ def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> N
         if all(value is not None for value in fields.values()):
             # The moments live with the parameter; the step count stays a CPU scalar (AdamW's own
             # choice unless capturable or fused).
-            optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device, copy=True)
+            optimizer.state[param] = {f: value.clone() if f == "step" else value.to(param.device,
+                                                                                   copy=not adopt)
                                       for f, value in fields.items()}
             used.update(f"{prefix}.{f}/{name}" for f in names)
         elif any(value is not None for value in fields.values()):
@@ -72,7 +84,7 @@ def _restore_optimizer(part: StageStartState, module: nn.Module, optimizer) -> N
 
 
 def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoConfig, last_encoded: int,
-                 last_applied: int, others_count: int) -> None:
+                 last_applied: int, others_count: int, adopt: bool = False) -> None:
     """``engine.load_state_dict`` of ``part``; a state the engine refuses (e.g. a bad encoder memo) is a
     :class:`ReplicaStateError` like any other malformed state."""
     try:
@@ -91,7 +103,7 @@ def _load_engine(engine: StageEngine, part: StageStartState, diloco_cfg: DilocoC
             "others_previous": None if others_count < 0 else (part.group("others_previous"), others_count),
             "sent": {r: part.group(f"sent.{r}") for r in part.rounds_of("sent")},
             "encoder_memo": _encoder_memo(part),
-        })
+        }, adopt=adopt)
     except EngineStateError as exc:
         raise ReplicaStateError(f"stage {part.stage_index} state: {exc}") from None
 

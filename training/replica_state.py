@@ -57,6 +57,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -302,6 +303,7 @@ def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True,
                 array = np.frombuffer(data_view, dtype="<f4").astype(np.float32)
                 read[name] = torch.from_numpy(array).reshape(shape)
             del data_view
+            _release_mapped(data, position - size, size)
         if position != len(view):
             raise ReplicaStateError(f"replica state has {len(view) - position} trailing bytes")
     finally:
@@ -309,13 +311,25 @@ def parse_stage_state(data: bytes | memoryview, *, tensors: bool = True,
     return StageStartState(meta, stage_index, counters, read)
 
 
+def _release_mapped(data, start: int, length: int) -> None:
+    """Drop the pages of ``data[start:start + length]`` from this process's resident set when ``data`` is a
+    read-only map of a file (:func:`mapped_state_files`): the bytes were copied, and a mapped page once read
+    stays resident (and counted) until the map is closed, which for a rerun's state is after the rerun: the
+    whole state (about 40 bytes per parameter of the replica) beside its parsed copy (issue 75). The pages
+    stay in the page cache; a later read faults them in again."""
+    if not isinstance(data, mmap.mmap):
+        return
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the range only
+    end = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        data.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
 @contextlib.contextmanager
 def mapped_state_files(paths):
     """Read-only maps of the state files at ``paths`` (a list of buffers :func:`parse_stage_state` takes),
     closed on exit: a rerun parses each state straight from the page cache, so a state (about 40 bytes per
     parameter of the stages it holds) is not also held whole as ``bytes``. An empty file maps to ``b""``."""
-    import mmap
-
     with contextlib.ExitStack() as stack:
         maps = []
         for path in paths:
@@ -331,8 +345,6 @@ def check_stage_state_file(path, data_ranges: list[tuple[int, int]] | None = Non
     """:func:`parse_stage_state` of the file at ``path`` with ``tensors=False``: every check, through a
     read-only map of the file (no copy of it in memory); OSError if it cannot be read. ``data_ranges``: as
     for :func:`parse_stage_state` (where each tensor's data lies in the file)."""
-    import mmap
-
     with open(path, "rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
             return parse_stage_state(b"", tensors=False)

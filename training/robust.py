@@ -356,7 +356,10 @@ def robust_contributions(
     accepted = []
     for index, tensors in decoded.items():
         scale = clip_scale(clip_norms[index], bound)
-        accepted.append(tensors if scale == 1.0 else scaled(tensors, scale))
+        if scale != 1.0:  # each tensor replaced as it is scaled: the unscaled one goes at once (issue 75)
+            for name, value in tensors.items():
+                tensors[name] = scaled({name: value}, scale)[name]
+        accepted.append(tensors)
         detail = (
             "" if scale == 1.0 else f"norm{per} {clip_norms[index]:.6g} > {norm_clip:g} x median {median:.6g}"
         )

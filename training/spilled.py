@@ -59,6 +59,11 @@ class SpilledTensors(Mapping):
     def nbytes(self) -> int:
         return sum(4 * math.prod(shape) for _, shape in self._index.values())
 
+    def renamed(self, prefix: str) -> SpilledTensors:
+        """The same tensors named ``prefix + name``, read from the same file when asked for (its own
+        descriptor: either may be closed first)."""
+        return SpilledTensors(os.dup(self._fd), {prefix + name: where for name, where in self._index.items()})
+
     def close(self) -> None:
         """Let the file's blocks go (also done when this is garbage collected)."""
         fd, self._fd = self._fd, -1
@@ -166,6 +171,10 @@ class ChainedTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self._where)
+
+    @property
+    def parts(self) -> list[Mapping[str, torch.Tensor]]:
+        return list(self._parts)
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, read from its part only where the part cannot say it otherwise."""

@@ -43,6 +43,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -60,6 +61,7 @@ from training.diloco import (
 from training.errors import EngineStateError, RoundOrderError
 from training.hashing import stage_weights_hash
 from training.host_tensors import Weights, host_float32_copy
+from training.spilled import spill_float32
 from training.stage_engine_joining import EngineJoining
 from training.stage_engine_state import EngineState
 from training.stage_results import PreparedAggregation, RoundResult
@@ -124,6 +126,10 @@ class StageEngine(EngineJoining, EngineState):
         self.last_encoded = -1
         self.last_applied = -1
         self._prepared: tuple[int, Weights] | None = None  # (round, pseudo-gradient) of prepare_encode()
+        # Where the transmitted updates wait (training/spilled.py: a file without a name) rather than in RAM:
+        # read back only when a contribution is dropped or a start state is written (issue 75: 4 bytes per
+        # parameter a round, two rounds held). None (the default): kept in RAM. The node sets it.
+        self.spill_dir: Path | None = None
         self.correction = delay_correction_for(diloco_cfg)  # how the local weights follow an applied round
 
     @property
@@ -225,7 +231,7 @@ class StageEngine(EngineJoining, EngineState):
                 pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
             )
             blob = self._declared(blob, declared_steps)
-            self._sent[outer_round] = self.compressor.last_decoded
+            self._sent[outer_round] = self._transmitted()
             stats.encode_seconds = time.perf_counter() - started
             return blob, stats
         local = host_float32_copy(self.params)
@@ -248,12 +254,27 @@ class StageEngine(EngineJoining, EngineState):
             local = estimate
         self._round_end[outer_round] = local
         self._round_start = local
-        self._sent[outer_round] = self.compressor.last_decoded
+        self._sent[outer_round] = self._transmitted()
         self._own_blob = {r: own for r, own in self._own_blob.items() if r > self.last_applied}
-        self._own_blob[outer_round] = (blob, self.compressor.last_decoded)
+        self._own_blob[outer_round] = (blob, self._sent[outer_round])
         self.last_encoded = outer_round
         stats.encode_seconds = time.perf_counter() - started
         return blob, stats
+
+    def _transmitted(self) -> Mapping[str, torch.Tensor]:
+        """The update just encoded (the compressor's ``last_decoded``), in a file under :attr:`spill_dir` when
+        set (the compressor then holds the file's view too, not the tensors); in RAM where that fails."""
+        decoded = self.compressor.last_decoded
+        if self.spill_dir is None:
+            return decoded
+        try:
+            spilled = spill_float32(decoded, self.spill_dir)
+        except OSError as exc:
+            logger.warning("stage %d: the transmitted update kept in RAM: not written to %s (%s)",
+                           self.stage_index, self.spill_dir, exc)
+            return decoded
+        self.compressor.last_decoded = spilled
+        return spilled
 
     def prepare_aggregation(
         self, outer_round: int, contributions: Sequence[bytes], *, excluded: Mapping[int, str] | None = None
@@ -274,11 +295,15 @@ class StageEngine(EngineJoining, EngineState):
             base[0], base[1], contributions, self.diloco_cfg, stage_index=self.stage_index,
             outer_round=outer_round, compression_cfg=self.compression_cfg, excluded=excluded,
         )
+        if not self.correction.uses_average:
+            # Nothing reads it once the outer step is made: not held until the apply (4 bytes per parameter
+            # from the prefetch on, issue 75).
+            aggregation.average = None
         return PreparedAggregation(outer_round, base, aggregation, time.perf_counter() - started)
 
     def prepared_valid(self, prepared: PreparedAggregation | None, outer_round: int) -> bool:
         """Whether ``prepared`` is ``outer_round``'s aggregation of the current global state."""
-        return (prepared is not None and prepared.outer_round == outer_round
+        return (prepared is not None and prepared.outer_round == outer_round and prepared.base is not None
                 and prepared.base[0] is self.global_weights and prepared.base[1] is self.momentum)
 
     def _aggregation(self, outer_round, contributions, excluded, prepared, aggregation=None,
@@ -286,7 +311,10 @@ class StageEngine(EngineJoining, EngineState):
         if aggregation is not None:
             return aggregation  # computed elsewhere (the sliced exchange), used as is
         if self.prepared_valid(prepared, outer_round):
-            return prepared.aggregation  # the same pure function of the same inputs
+            # The same pure function of the same inputs. Used once: the prepared object lets go of the old
+            # global state and the result (a caller may keep it past the apply: 8 to 12 bytes per parameter).
+            aggregation, prepared.aggregation, prepared.base = prepared.aggregation, None, None
+            return aggregation
         if checked:
             return aggregate_with_report(
                 self.global_weights, self.momentum, contributions, self.diloco_cfg,
@@ -329,10 +357,15 @@ class StageEngine(EngineJoining, EngineState):
         own = self._own_decoded.pop(outer_round, None)
         self._others_previous = self.correction.others_after_apply(average, own, len(result.accepted),
                                                                    self._others_previous)
+        # The new global state is taken before the local weights follow it: the old one (8 bytes per
+        # parameter) goes before the correction makes its new snapshots.
+        self.global_weights, self.momentum = new_global, new_momentum
+        del average
+        if aggregation is None:  # this engine's own result (an aggregation given in is the caller's)
+            result.average = None
         with torch.no_grad():
             self._round_start, self._round_end = self.correction.follow(
                 self.params, new_global, round_end, self._round_start, self._round_end)
-        self.global_weights, self.momentum = new_global, new_momentum
         self.last_applied = outer_round
         self._forget_sent_before(outer_round)
         return RoundResult.of_round(outer_round, result, len(contributions), started, aggregated)

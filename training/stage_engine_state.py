@@ -9,9 +9,16 @@ import torch
 
 from training.diloco import outer_state_shape
 from training.errors import EngineStateError
-from training.host_tensors import Weights, host_float32_copy
+from training.host_tensors import Weights, adopted, host_float32_copy
+from training.spilled import SpilledTensors
 
 ENGINE_STATE_VERSION = 1
+
+
+def _as_held(weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """``weights`` as the engine holds them, not copied: a spilled snapshot stays in its file (read a tensor
+    at a time by whoever reads it), any other mapping a dict of its tensors."""
+    return weights if isinstance(weights, SpilledTensors) else dict(weights)
 
 
 class EngineState:
@@ -23,7 +30,7 @@ class EngineState:
         ``copy=False``: the engine's own host tensors, not copies, for a caller that is done with them
         before the engine changes next (serialising a start state on the spot: a copy of gigabytes saved).
         """
-        snap = host_float32_copy if copy else dict
+        snap = host_float32_copy if copy else _as_held
         return {
             "version": ENGINE_STATE_VERSION,
             "stage_index": self.stage_index,
@@ -44,8 +51,11 @@ class EngineState:
             "encoder_memo": self.compressor.encoder_state(),
         }
 
-    def load_state_dict(self, state: Mapping) -> None:
-        """Restore :meth:`state_dict`; the live params are the trainer's to restore."""
+    def load_state_dict(self, state: Mapping, *, adopt: bool = False) -> None:
+        """Restore :meth:`state_dict`; the live params are the trainer's to restore. ``adopt``: keep the
+        state's float32 CPU tensors themselves rather than copies (the caller hands them over: a rerun's
+        parsed start state, 40 bytes per parameter of the replica, would otherwise sit beside the copies).
+        """
         try:
             if state["version"] != ENGINE_STATE_VERSION:
                 raise EngineStateError(
@@ -58,24 +68,27 @@ class EngineState:
             if bool(state["one_step_delay"]) != self.delayed:
                 raise EngineStateError("engine state was saved with a different diloco.one_step_delay")
             last_encoded, last_applied = int(state["last_encoded"]), int(state["last_applied"])
-            round_end = {int(r): self._checked(f"round_end[{r}]", s) for r, s in state["round_end"].items()}
+            round_end = {int(r): self._checked(f"round_end[{r}]", s, adopt)
+                         for r, s in state["round_end"].items()}
             if sorted(round_end) != list(range(last_applied + 1, last_encoded + 1)):
                 raise EngineStateError(
                     "engine state: pending round snapshots do not match the round counters"
                 )
-            global_weights = self._checked("global_weights", state["global_weights"])
-            momentum = self._checked("momentum", state["momentum"])
-            round_start = self._checked("round_start", state["round_start"])
+            global_weights = self._checked("global_weights", state["global_weights"], adopt)
+            momentum = self._checked("momentum", state["momentum"], adopt)
+            round_start = self._checked("round_start", state["round_start"], adopt)
             # "eager" state (absent in states saved before it existed: lookahead for one round).
             own_decoded = {
-                int(r): self._checked(f"own_decoded[{r}]", s) for r, s in state.get("own_decoded", {}).items()
+                int(r): self._checked(f"own_decoded[{r}]", s, adopt)
+                for r, s in state.get("own_decoded", {}).items()
             }
             others = state.get("others_previous")
             others_previous = (
-                None if others is None else (self._checked("others_previous", others[0]), int(others[1]))
+                None if others is None
+                else (self._checked("others_previous", others[0], adopt), int(others[1]))
             )
-            sent = {int(r): self._checked(f"sent[{r}]", s) for r, s in state.get("sent", {}).items()}
-            self.compressor.load_state_dict(state["error_feedback"])
+            sent = {int(r): self._checked(f"sent[{r}]", s, adopt) for r, s in state.get("sent", {}).items()}
+            self.compressor.load_state_dict(state["error_feedback"], adopt=adopt)
             self.compressor.load_encoder_state(state.get("encoder_memo"))
         except (KeyError, TypeError, AttributeError) as exc:
             raise EngineStateError(f"engine state is malformed: {type(exc).__name__}: {exc}") from None
@@ -85,7 +98,7 @@ class EngineState:
         self.last_encoded, self.last_applied = last_encoded, last_applied
         self._own_blob = {}
 
-    def _checked(self, what: str, weights: Mapping[str, torch.Tensor]) -> Weights:
+    def _checked(self, what: str, weights: Mapping[str, torch.Tensor], adopt: bool = False) -> Weights:
         if set(weights) != set(self.shapes):
             raise EngineStateError(
                 f"engine state {what}: tensor names differ from stage {self.stage_index}'s"
@@ -101,4 +114,6 @@ class EngineState:
                 raise EngineStateError(
                     f"engine state {what}[{name!r}]: shape {tuple(value.shape)} != {shape}"
                 )
+        if adopt:
+            return {name: adopted(value) for name, value in weights.items()}
         return host_float32_copy(weights)

@@ -168,15 +168,19 @@ def partial_sums(a: torch.Tensor, b: torch.Tensor, row: int, col: int) -> list[i
 
 
 #: The operations StepProver recomputes (contracts/src/StepProver.sol): elementwise (the second operand
-#: broadcast as ``e % len``) and the ordered product.
-ADD, SUB, MUL, DIV, MATMUL = 1, 2, 3, 4, 5
+#: broadcast as ``e % len``), the ordered product and the embedding's lookup (``GATHER``: ``a`` the ids).
+ADD, SUB, MUL, DIV, MATMUL, GATHER = 1, 2, 3, 4, 5, 6
 
 
 def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
     (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
-    b[e % len(b)]``, one IEEE operation each."""
+    b[e % len(b)]``, one IEEE operation each; ``GATHER`` the rows ``a[i]`` (ids) of ``b`` as a table of
+    ``cols`` columns, flattened (bits copied)."""
     from training import exact_kernel
+
+    if kind == GATHER:
+        return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
 
     a, b = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
     if kind == MATMUL:

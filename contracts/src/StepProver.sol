@@ -26,6 +26,9 @@ contract StepProver {
     uint8 internal constant MUL = 3;
     uint8 internal constant DIV = 4;
     uint8 internal constant MATMUL = 5;
+    /// @notice A program input index (an op leaf's `aIndex` or `bIndex`) that names the step's batch: the token
+    /// tensor of the run claim's `batchRoot` leaf of the step in dispute (`StepProverMath.openOp`).
+    uint256 internal constant DATA_INPUT = type(uint32).max;
 
     /// @notice An operation's shape and commitments. Elementwise: `rows` output elements (`cols` 1, `inner` 0),
     /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
@@ -47,7 +50,7 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start, End }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start, End, Data }
 
     /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
     /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
@@ -70,6 +73,10 @@ contract StepProver {
     /// state roots the defender posts, then plays the step game on the one step where the sides split.
     /// The claim is about contribution `payloadRoot` of stage `stage` in round `round` of run `runId` of the
     /// ledger, from the stage's committed start `startWeights` (StepProverBinding checks both on the record).
+    /// Its steps read the batches `batchRoot` commits (a full tree of `2**ceil(log2 steps)` 32-byte leaves, leaf
+    /// `k` the root of step `k`'s token tensor, zero past the steps; `challengeData`), drawn from the run's data
+    /// with the key `dataKey`: the contribution's member account as its round's version-3 factors list it
+    /// (zero where the factors list none), checked at `claimRun`.
     struct RunClaim {
         bytes32 programRoot;
         uint32 stateLeaves;
@@ -83,6 +90,21 @@ contract StepProver {
         uint32 stage;
         bytes32 payloadRoot;
         bytes32 startWeights;
+        bytes32 batchRoot;
+        address dataKey;
+    }
+
+    /// @notice A run's data (`setData`): `root` the ledger/merkle.py root over the chunk leaves (training/chunks.py
+    /// layout, 64 ids a leaf, each a big-endian u32) of the training split's `tokens` token ids; step `k`'s batch
+    /// of a claim is `rows` windows of `window + 1` ids, row `b` the ids at `offset + 0 .. window` with
+    /// `offset = u64(sha256("dlx-node/round-batches/v2" || u64 seed || dataKey || u64 round || u64 k ||
+    /// u64 b)) % (tokens - window)` (training/data_binding.py).
+    struct DataTerms {
+        bytes32 root;
+        uint64 seed;
+        uint64 tokens;
+        uint32 rows;
+        uint32 window;
     }
 
     /// @notice The openings that bind a run claim to the ledger's record: round `round`'s committed record, its
@@ -207,6 +229,9 @@ contract StepProver {
     mapping(uint256 => uint8) public endRuleOf;
     /// @dev A quant tensor's bit width in an end dispute, by keccak256(abi.encode(claimId, q)): the first answer's.
     mapping(bytes32 => uint8) internal _endBits;
+    /// @dev Run `runId`'s data (`setData`; root zero: none, so no claim's batches are disputed). Internal (its
+    /// getter would pass EIP-170's room): `DataFixed` gives the terms.
+    mapping(uint256 => DataTerms) internal _data;
 
     event Claimed(bytes32 indexed claimId, address defender);
     event Challenged(bytes32 indexed gameId, bytes32 indexed claimId, address challenger, uint64 elem);
@@ -228,6 +253,7 @@ contract StepProver {
     event CaseDismissed(bytes32 indexed key, bytes32 claimId, address defender);
     event ProgramRegistered(uint256 indexed runId, bytes32 programHash, bytes32 originRoot);
     event EndRuleFixed(uint256 indexed runId, uint8 rule);
+    event DataFixed(uint256 indexed runId, bytes32 root, uint64 seed, uint64 tokens, uint32 rows, uint32 window);
 
     error ProverStepBondMismatch(uint256 required, uint256 sent);
     error ProverStepBadOp();
@@ -253,6 +279,8 @@ contract StepProver {
     error ProverStepWrongSteps(uint256 runId, uint32 innerSteps, uint32 steps);
     error ProverStepProgramFixed(uint256 runId, address sender);
     error ProverStepEndUnbound(uint256 runId);
+    error ProverStepDataUnbound(uint256 runId);
+    error ProverStepWrongDataKey(address listed, address named);
 
     constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
@@ -389,6 +417,13 @@ contract StepProver {
         StepProverBinding.setEndRule(ledger, endRuleOf, runId, rule);
     }
 
+    /// @notice The run's creator, once, before the run's first commit: run `runId`'s data (`DataTerms`), so that
+    /// its claims' batches are disputed (`challengeData`). Honest members check it against their run document
+    /// (the corpus, its tokenizer and split, the seed, the batch size and the block size) before they join.
+    function setData(uint256 runId, DataTerms calldata terms) external {
+        StepProverBinding.setData(ledger, _data, runId, terms);
+    }
+
     /// @notice Anyone, from the case's deadline on: every run claim on the contribution was proven wrong (or none
     /// was made), so its round is wrong: it is overturned through the ledger's AggregationProver
     /// (`overturnByStep`, inside the round's proof window), the attesters slashed; the opener gets its bond back
@@ -450,6 +485,25 @@ contract StepProver {
         _decide(gameId, g, true);
     }
 
+    /// @notice Bond the claim's stake that token `pos` of row `row` of step `step`'s batch (the claim's
+    /// `batchRoot`) is not the run's data (`setData`: the corpus's token at the row's window offset plus `pos`):
+    /// the defender must open both (`proveData`) within its clock, or the claim is proven wrong.
+    function challengeData(bytes32 claimId, uint32 step, uint32 row, uint32 pos) external payable returns (bytes32 gameId) {
+        Game storage g;
+        (gameId, g) = _challengeRun(claimId, Phase.Data, 0);
+        StepProverMath.challengeData(g, _runs, _data, step, row, pos);
+    }
+
+    /// @notice Defender: the disputed batch token is the run's data (`o` a `StartOpening` of the batch: no
+    /// origin, `tensorRoot` step `lo`'s token tensor root under the claim's `batchRoot` with `rootPath`, `state`
+    /// the token under it, `committed` the corpus's chunk that holds the window's token under the run's data
+    /// root); decides the game.
+    function proveData(bytes32 gameId, StartOpening calldata o) external {
+        (Game storage g,) = _move(gameId, true, Phase.Data);
+        StepProverMath.proveData(o, g, _runs, _data);
+        _decide(gameId, g, true);
+    }
+
     /// @dev A challenger's game on element `elem` of state tensor `q` of a run claim (its start or its end).
     function _challengeElement(bytes32 claimId, Phase phase, uint32 q, uint64 elem) private returns (bytes32 gameId) {
         Game storage g;
@@ -496,6 +550,7 @@ contract StepProver {
         RunClaim storage run = _runs[g.claimId];
         _steps[gameId] = StepClaim(run.programRoot, run.stateLeaves, run.ops, run.depth, g.loRoot, g.hiRoot);
         g.stepKey = gameId;
+        g.elem = g.lo; // the step, until pickElement: openOp reads its batch (`DATA_INPUT`)
         g.phase = Phase.Trace;
         g.defenderTurn = true;
         emit StepNarrowed(gameId, g.lo);
@@ -570,7 +625,7 @@ contract StepProver {
     /// @notice Defender: open op `lo`, the one whose output the trees disagree on; its claim becomes the game's.
     function openOp(bytes32 gameId, OpOpening calldata o) external {
         (Game storage g,) = _move(gameId, true, Phase.OpOpen);
-        _ops[gameId] = StepProverMath.openOp(o, _steps[g.stepKey], g.lo, g.loRoot, g.hiRoot);
+        _ops[gameId] = StepProverMath.openOp(o, _steps[g.stepKey], g, _runs);
         g.phase = Phase.Pick;
         g.defenderTurn = false;
     }

@@ -56,6 +56,9 @@ library StepProverBinding {
         uint32 steps = _declaredSteps(b.factors, b.index);
         if (steps == 0) steps = ledger.runOf(run.runId).innerSteps;
         if (run.steps != steps) revert StepProver.ProverStepWrongSteps(run.runId, steps, run.steps);
+        // The data key: the member the factors list for the contribution (its signer), else none.
+        address key = _contributor(b.factors, b.index);
+        if (run.dataKey != key) revert StepProver.ProverStepWrongDataKey(key, run.dataKey);
         StepProver.Case storage k = cases[keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot))];
         if (k.opener != address(0) && block.number >= k.deadline) {
             revert StepProver.ProverStepClaimsClosed(
@@ -107,6 +110,26 @@ library StepProverBinding {
         }
         ends[runId] = rule;
         emit StepProver.EndRuleFixed(runId, rule);
+    }
+
+    /// @notice StepProver.setData: `terms` become run `runId`'s data, under setProgram's terms (its creator, once,
+    /// before its first commit; else `ProverStepProgramFixed`); terms whose root is zero, with no rows or no
+    /// window start (`tokens <= window`) are refused (`ProverStepDataUnbound`).
+    function setData(
+        TrainingLedger ledger,
+        mapping(uint256 => StepProver.DataTerms) storage data,
+        uint256 runId,
+        StepProver.DataTerms calldata terms
+    ) external {
+        TrainingLedger.Run memory r = ledger.runOf(runId);
+        if (msg.sender != r.creator || r.commitCount != 0 || data[runId].root != bytes32(0)) {
+            revert StepProver.ProverStepProgramFixed(runId, msg.sender);
+        }
+        if (terms.root == bytes32(0) || terms.rows == 0 || terms.tokens <= terms.window) {
+            revert StepProver.ProverStepDataUnbound(runId);
+        }
+        data[runId] = terms;
+        emit StepProver.DataFixed(runId, terms.root, terms.seed, terms.tokens, terms.rows, terms.window);
     }
 
     /// @notice StepProver.withdraw: the sender's balance, sent.
@@ -213,6 +236,17 @@ library StepProverBinding {
         (,,,,,,, uint32[] memory steps) =
             abi.decode(factors, (uint32, uint32, bool, bytes32[], bytes32[], uint64[], uint64, uint32[]));
         return index < steps.length ? steps[index] : 0;
+    }
+
+    /// @dev The member account version-3 `factors` list for contribution `index` (its EIP-712 signer, which the
+    /// aggregation proof's binding checks); zero where the factors list none (version 2).
+    function _contributor(bytes calldata factors, uint256 index) private pure returns (address) {
+        if (factors.length < 128 || uint256(bytes32(factors[96:128])) != 384) return address(0);
+        (,,,,,,,,,, address[] memory contributors) = abi.decode(
+            factors,
+            (uint32, uint32, bool, bytes32[], bytes32[], uint64[], uint64, uint32[], bytes32[], uint256[], address[])
+        );
+        return index < contributors.length ? contributors[index] : address(0);
     }
 
     /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the

@@ -17,6 +17,9 @@ library StepProverMath {
     uint8 internal constant ADD = 1;
     uint8 internal constant SUB = 2;
     uint8 internal constant MUL = 3;
+    uint8 internal constant GATHER = 6;
+    uint256 internal constant DATA_INPUT = type(uint32).max; // StepProver.DATA_INPUT
+    bytes internal constant WINDOWS = "dlx-node/round-batches/v2"; // training/data_binding.py WINDOWS_DOMAIN
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
     uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
     uint32 internal constant TINY = 0x00800000; // torch.finfo(torch.float32).tiny
@@ -45,6 +48,11 @@ library StepProverMath {
         StepProver.Element calldata b,
         uint32 out
     ) external view returns (bool) {
+        if (op.kind == GATHER) { // out[e] = b[a[e / cols] * cols + e % cols]: an embedding's lookup, bits copied
+            uint256 id = open(a, op.aRoot, op.aLen, elem / op.cols, 1);
+            uint256 place = id * op.cols + elem % op.cols;
+            return place < op.bLen && open(b, op.bRoot, op.bLen, place, 2) == out;
+        }
         uint32 x = open(a, op.aRoot, op.aLen, elem % op.aLen, 1);
         uint32 y = open(b, op.bRoot, op.bLen, elem % op.bLen, 2);
         return elementHolds(op.kind, x, y, out);
@@ -258,6 +266,8 @@ library StepProverMath {
         bool ok = false;
         if (op.kind == 5) { // MATMUL
             ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner && op.bLen == uint256(op.inner) * op.cols;
+        } else if (op.kind == GATHER) { // rows ids, each a row of `cols` of the table b
+            ok = op.inner == 0 && op.aLen == op.rows && op.bLen != 0 && op.bLen % op.cols == 0;
         } else if (op.kind >= ADD && op.kind <= 4) {
             ok = op.cols == 1 && op.inner == 0 && op.aLen != 0 && op.bLen != 0;
         }
@@ -271,24 +281,27 @@ library StepProverMath {
         }
     }
 
-    /// @notice StepProver.openOp's opening of op `lo` of `step`: its program leaf, its output leaf empty in the
-    /// agreed tree `loRoot` and set in the disputed `hiRoot` (one path), its inputs in the agreed tree.
+    /// @notice StepProver.openOp's opening of op `g.lo` of `step`: its program leaf, its output leaf empty in the
+    /// agreed tree `g.loRoot` and set in the disputed `g.hiRoot` (one path), its inputs in the agreed tree, or,
+    /// an input `DATA_INPUT`, the step's batch: leaf `g.elem` (the step of a run game) of the run claim's
+    /// `batchRoot` (`runs[g.claimId]`; none in a step claim's game).
     function openOp(
         StepProver.OpOpening calldata o,
         StepProver.StepClaim storage step,
-        uint256 lo,
-        bytes32 loRoot,
-        bytes32 hiRoot
+        StepProver.Game storage g,
+        mapping(bytes32 => StepProver.RunClaim) storage runs
     ) external view returns (StepProver.Op memory) {
+        uint256 lo = g.lo;
         uint256 out = uint256(step.stateLeaves) + lo;
         uint256 depth = step.depth;
         if (!verify(o.spec, lo, uint256(step.ops) + step.stateLeaves, o.specPath, step.programRoot)) {
             revert StepProver.ProverStepBadOpening(3);
         }
-        if (!verifyWord(bytes32(0), out, depth, o.outPath, loRoot) || !verifyWord(o.outRoot, out, depth, o.outPath, hiRoot)) {
+        if (!verifyWord(bytes32(0), out, depth, o.outPath, g.loRoot) || !verifyWord(o.outRoot, out, depth, o.outPath, g.hiRoot)) {
             revert StepProver.ProverStepBadOpening(0);
         }
-        return inputs(o, depth, loRoot, out);
+        StepProver.RunClaim storage run = runs[g.claimId];
+        return inputs(o, depth, g.loRoot, out, run.batchRoot, g.elem, batchDepth(run.steps));
     }
 
     /// @notice StepProver.proveCopy's check, state leaf `q` of `step.endRoot` being `value` (checked there): it is
@@ -323,22 +336,113 @@ library StepProverMath {
     }
 
     /// @notice The op of program leaf `o.spec`, its inputs' roots opened in the agreed tree `agreed` (before
-    /// `out`), its output `o.outRoot`.
-    function inputs(StepProver.OpOpening calldata o, uint256 depth, bytes32 agreed, uint256 out)
-        public
-        pure
-        returns (StepProver.Op memory op)
-    {
+    /// `out`) or, an input `DATA_INPUT`, at leaf `k` of the batch tree `batchRoot` (`bdepth` levels), its output
+    /// `o.outRoot`.
+    function inputs(
+        StepProver.OpOpening calldata o,
+        uint256 depth,
+        bytes32 agreed,
+        uint256 out,
+        bytes32 batchRoot,
+        uint256 k,
+        uint256 bdepth
+    ) public pure returns (StepProver.Op memory op) {
         if (o.spec.length != 256) revert StepProver.ProverStepBadOp();
         uint256[8] memory f = abi.decode(o.spec, (uint256[8]));
-        if (f[6] >= out || f[7] >= out || f[0] > type(uint8).max) revert StepProver.ProverStepBadOp();
+        if (f[0] > type(uint8).max) revert StepProver.ProverStepBadOp();
         for (uint256 i = 1; i < 6; ++i) {
             if (f[i] > type(uint32).max) revert StepProver.ProverStepBadOp();
         }
-        if (!verifyWord(o.aRoot, f[6], depth, o.aPath, agreed)) revert StepProver.ProverStepBadOpening(1);
-        if (!verifyWord(o.bRoot, f[7], depth, o.bPath, agreed)) revert StepProver.ProverStepBadOpening(2);
+        _input(o.aRoot, f[6], o.aPath, depth, agreed, out, batchRoot, k, bdepth, 1);
+        _input(o.bRoot, f[7], o.bPath, depth, agreed, out, batchRoot, k, bdepth, 2);
         op = StepProver.Op(uint8(f[0]), uint32(f[1]), uint32(f[2]), uint32(f[3]), uint32(f[4]), uint32(f[5]),
             o.aRoot, o.bRoot, o.outRoot);
+    }
+
+    /// @dev An op input's root: at trace leaf `index` (before `out`) of `agreed`, or the step's batch.
+    function _input(
+        bytes32 root,
+        uint256 index,
+        bytes32[] calldata path,
+        uint256 depth,
+        bytes32 agreed,
+        uint256 out,
+        bytes32 batchRoot,
+        uint256 k,
+        uint256 bdepth,
+        uint8 which
+    ) private pure {
+        if (index == DATA_INPUT) {
+            if (batchRoot == bytes32(0) || !verifyWord(root, k, bdepth, path, batchRoot)) {
+                revert StepProver.ProverStepBadOpening(which);
+            }
+            return;
+        }
+        if (index >= out) revert StepProver.ProverStepBadOp();
+        if (!verifyWord(root, index, depth, path, agreed)) revert StepProver.ProverStepBadOpening(which);
+    }
+
+    /// @notice The depth of a run claim's batch tree over `steps` steps: ceil(log2 steps).
+    function batchDepth(uint256 steps) public pure returns (uint256 d) {
+        while ((uint256(1) << d) < steps) ++d;
+    }
+
+    /// @notice Row `row`'s window offset of step `step` in round `round` (`StepProver.DataTerms`): the first
+    /// 8 bytes of sha256("dlx-node/round-batches/v2" || u64 seed || key || u64 round || u64 step || u64 row),
+    /// big-endian, modulo `nStart` (training/data_binding.py `key_window_offsets`).
+    function windowOffset(uint64 seed, address key, uint64 round, uint64 step, uint64 row, uint64 nStart)
+        public
+        pure
+        returns (uint64)
+    {
+        return uint64(bytes8(sha256(abi.encodePacked(WINDOWS, seed, key, round, step, row)))) % nStart;
+    }
+
+    /// @notice StepProver.challengeData's checks: the run's data is set and the claim names its key
+    /// (`ProverStepDataUnbound`), the step, row and position are inside the batch (`ProverStepBadElement`); the
+    /// game `g` disputes step `step` (`g.lo`) and its token tensor's element `row * (window + 1) + pos`.
+    function challengeData(
+        StepProver.Game storage g,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => StepProver.DataTerms) storage data,
+        uint32 step,
+        uint32 row,
+        uint32 pos
+    ) external {
+        StepProver.RunClaim storage run = runs[g.claimId];
+        StepProver.DataTerms storage t = data[run.runId];
+        if (t.root == bytes32(0) || run.dataKey == address(0)) revert StepProver.ProverStepDataUnbound(run.runId);
+        if (step >= run.steps) revert StepProver.ProverStepBadElement(step);
+        if (row >= t.rows) revert StepProver.ProverStepBadElement(row);
+        if (pos > t.window) revert StepProver.ProverStepBadElement(pos);
+        g.lo = step;
+        g.elem = uint64(row) * (uint64(t.window) + 1) + pos;
+    }
+
+    /// @notice StepProver.proveData's check of `o` (a `StartOpening` of the batch: `tensorRoot` step `g.lo`'s
+    /// token tensor root, `rootPath` its path in the claim's batch tree, `state` the token, `committed` the
+    /// corpus's chunk; the origin unread): reverts (`ProverStepBadOpening`: 4 the batch's root under the
+    /// claim's `batchRoot`, 1 the token under it, 5 the corpus's chunk or a different token) unless token
+    /// `g.elem` of step `g.lo`'s batch is the run's data: the corpus's token at the row's window offset plus
+    /// the position (`windowOffset`, keyed by the claim's `dataKey`, in the claim's round).
+    function proveData(
+        StepProver.StartOpening calldata o,
+        StepProver.Game storage g,
+        mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => StepProver.DataTerms) storage data
+    ) external view {
+        StepProver.RunClaim storage run = runs[g.claimId];
+        StepProver.DataTerms memory t = data[run.runId];
+        uint64 k = g.lo;
+        if (!verifyWord(o.tensorRoot, k, batchDepth(run.steps), o.rootPath, run.batchRoot)) {
+            revert StepProver.ProverStepBadOpening(4);
+        }
+        uint64 width = uint64(t.window) + 1;
+        uint32 value = open(o.state, o.tensorRoot, uint256(t.rows) * width, g.elem, 1);
+        uint64 row = g.elem / width;
+        uint256 index = uint256(windowOffset(t.seed, run.dataKey, run.round, k, row, t.tokens - t.window))
+            + g.elem % width;
+        if (open(o.committed, t.root, t.tokens, index, 5) != value) revert StepProver.ProverStepBadOpening(5);
     }
 
     /// @notice Whether the 32-byte leaf `value` is at `index` of a full ledger/merkle.py tree of `2**depth` leaves.

@@ -165,6 +165,8 @@ from ledger.errors.step_prover import (
     ProverStepWrongSteps as ProverStepWrongSteps,
     ProverStepProgramFixed as ProverStepProgramFixed,
     ProverStepEndUnbound as ProverStepEndUnbound,
+    ProverStepDataUnbound as ProverStepDataUnbound,
+    ProverStepWrongDataKey as ProverStepWrongDataKey,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

@@ -104,3 +104,13 @@ class ProverStepProgramFixed(ProverError):
 
 class ProverStepEndUnbound(ProverError):
     """The run has no end rule (StepProver.setEndRule): its claims' ends are not disputed (challengeEnd)."""
+
+
+class ProverStepDataUnbound(ProverError):
+    """The run has no data (StepProver.setData), or the claim names no data key (its round's factors list no
+    contributor), so its batches are not disputed (challengeData); or data terms with no root, no rows or no
+    window start were given."""
+
+
+class ProverStepWrongDataKey(ProverError):
+    """The run claim's data key is not the member account its round's factors list for the contribution."""

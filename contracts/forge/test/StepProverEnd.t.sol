@@ -151,7 +151,8 @@ contract StepProverEndTest is TrustBase {
     function _claimed(bool endRule, Trees memory trees) internal returns (uint256 run, bytes32 claimId) {
         run = _runWithTwoMembers(string(abi.encode(endRule, trees)));
         StepProver.RunClaim memory claim = StepProver.RunClaim(
-            PROGRAM_ROOT, 1, 1, 1, keccak256("S"), trees.endRoot, 10, run, 1, 0, trees.payload, trees.startWeights
+            PROGRAM_ROOT, 1, 1, 1, keccak256("S"), trees.endRoot, 10, run, 1, 0, trees.payload, trees.startWeights,
+            bytes32(0), address(0)
         );
         vm.startPrank(who(1));
         prover.setProgram(run, keccak256(abi.encode(PROGRAM_ROOT, uint32(1), uint32(1), uint8(1))), trees.origin);

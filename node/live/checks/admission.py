@@ -34,9 +34,11 @@ from node.fsutil import pid_alive
 
 logger = logging.getLogger(__name__)
 
-#: A rerun child's peak resident memory over its job's start-state files (2026-11-29, AMD EPYC: llama-20m's
-#: children 3.2 to 4.0 GB over 1.49 GB of state files; llama-mini's 1.6 GB over 0.37 GB), rounded up.
-RERUN_BYTES_PER_STATE_BYTE = 2.7
+#: A rerun child's peak resident memory over its job's start-state files, rounded up: 1.6 measured since
+#: the child keeps the parsed state rather than copies of it (issue 75, bench/bench_stage_memory.py, AMD
+#: EPYC: a llama-20m child peaks 2.11 GB above its interpreter over 1.34 GB of state files; 2.7 before,
+#: 3.2 to 4.0 GB over 1.49 GB in the demo's nodes).
+RERUN_BYTES_PER_STATE_BYTE = 1.8
 #: What a rerun child holds before its job (the interpreter, torch): 350 MB measured, rounded up.
 RERUN_BASE_BYTES = 512 << 20
 #: The environment variable that names the admission directory (the default is per user, under the

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.arenas import trim_heap
+from node.arenas import map_large_blocks, trim_heap
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live.checks.admission import resident_bytes
@@ -350,6 +350,7 @@ def _serve() -> int:
 
 
 def main(argv: list[str]) -> int:
+    map_large_blocks()  # a rerun's large temporaries go back as they are freed (node/arenas.py)
     if argv == ["--serve"]:
         return _serve()
     if len(argv) != 1:

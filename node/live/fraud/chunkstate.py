@@ -218,6 +218,13 @@ class ChunkedStates:
         return rejected_pieces(self.evidence_dir, outer_round, stage, self.layout.stage_shapes[stage],
                                payload_root)
 
+    def held(self) -> list[tuple[int, int]]:
+        """The ``(round, stage)`` pairs whose states are held (in memory or spilled)."""
+        with self._lock:
+            pairs = {(r, s) for r, stages in self._states.items() for s in stages}
+            pairs |= {(r, s) for r, stages in self._spilled.items() for s in stages}
+        return sorted(pairs)
+
     def in_memory(self) -> list[int]:
         """The rounds whose states are held in memory (not spilled)."""
         with self._lock:

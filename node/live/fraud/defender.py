@@ -12,7 +12,10 @@ this node kept them, name it as the contributor) it
    previous round (the committed start's weight chunk leaves, node/live/fraud/chunkstate.py, kept while a
    case can be opened), and the run's step program (``ledger.step_program``, checked against the chain's
    ``programOf`` and ``originOf``): the program run for the contribution's declared steps (else the run's H)
-   from the committed start (node/stepprogram.py);
+   from the committed start (node/stepprogram.py); in a run with the plain end rule (``endRuleOf`` 1) it
+   also checks every element of the program's end against its contribution's payload pieces as an end
+   dispute would (node/live/fraud/endcheck.py) and answers end disputes from them, and where one element
+   does not hold it posts no claim (it would lose its bond there) and says which;
 2. posts the run claim (``claimRun``, the run's bond) before the deadline;
 3. each time it looks, answers every game on its claim whose move is its own (``ledger.stepdefense``: one
    move per game, the honest defender's), and ends a game whose challenger let its clock run out
@@ -20,11 +23,18 @@ this node kept them, name it as the contributor) it
 4. from the case's end on, dismisses the case (the opener's bond is paid to it) and withdraws what it won.
 
 A case it cannot answer (no program configured, another program than the run's, its start state not held
-any more, a claim refused) is logged as an error with why: unless another holder of the inputs defends the
-contribution by the deadline, the round is overturned. A case on another member's contribution is left to
-its contributor: the claim binds the start, the program and the steps but not the end (docs/FRAUD_PROOF.md
-"Not done", 1), so a true run from the committed start stands whatever the payload is, and a node that
-defended contributions it had not produced would shield a fabricated one from an honest case.
+any more, a payload that is not the program's end under the plain end rule, a claim refused) is logged as an
+error with why: unless another holder of the inputs defends the contribution by the deadline, the round is
+overturned. A case on another member's contribution is left to its contributor: outside runs with the plain
+end rule the claim binds the start, the program and the steps but not the end (docs/FRAUD_PROOF.md "Not
+done", 1), so a true run from the committed start stands whatever the payload is, and a node that defended
+contributions it had not produced would shield a fabricated one from an honest case.
+
+Across restarts (a restart drops the node's spilled states): for every round whose factors name this node's
+account as a contributor it copies the start's leaves and its codec blob to ``<data_dir>/case-defense/``,
+and each game's memory before each move (node/live/fraud/defensefiles.py); a new life reads every case of
+the run from block 0, finds its standing claims and plays their games on from those copies. The copies of a
+round go once its proof window has closed and no defense of it is being played.
 
 It runs on a thread of its own (like the availability answerer), so training does not delay its moves; each
 poll reads only the blocks since the last one and sends at most one move per game.
@@ -40,16 +50,20 @@ from pathlib import Path
 from ledger.chunkproof import tree_root
 from ledger.errors import LedgerError
 from ledger.stepdefense import DefenseSide, GameMemory, challenger_out, defender_move, games_on
-from ledger.stepproof import PHASES, StepProverClient, run_claim
+from ledger.stepproof import PHASES, PLAIN_END, StepProverClient, run_claim
 from node.casesubject import kept_case
 from node.errors import DLX_ERRORS, ConfigError
 from node.live.chain.onchain import NodeChain
+from node.live.fraud.defensefiles import DEFENSE_DIR, DefenseFiles
 from node.stepprogram import StepProgram
+from training.chunks import CutPayload
 
 logger = logging.getLogger(__name__)
 
 #: How often the defender reads the chain (seconds); every move waits at most this long for it.
 DEFEND_EVERY_S = 2.0
+#: Every how many polls the kept inputs of closed rounds are looked for (each look reads the chain per round).
+PRUNE_EVERY = 30
 ZERO_ADDRESS = "0x" + "00" * 20
 
 
@@ -74,9 +88,15 @@ class CaseDefender:
     """Watches the run's contribution cases and defends this node's contributions (module docstring)."""
 
     def __init__(self, *, run_id: int, chain: NodeChain, states, program: StepProgram | None, data_dir: Path,
-                 stop: threading.Event, every_s: float = DEFEND_EVERY_S) -> None:
+                 stop: threading.Event, every_s: float = DEFEND_EVERY_S,
+                 files: DefenseFiles | None = None) -> None:
         """``states``: the node's ChunkedStates (``state(round, stage)``: its StageState of a round);
-        ``program``: the run's step program (None: not configured, so no case can be answered)."""
+        ``program``: the run's step program (None: not configured, so no case can be answered); ``files``:
+        where what a defense needs is kept across restarts (node/live/fraud/defensefiles.py; None: not
+        kept)."""
+        self.files = files
+        self._kept_seen: set[tuple[int, int]] = set()  # (round, stage) looked at for keeping
+        self._polls = 0
         self.run_id = run_id
         self.chain = chain
         self.states = states
@@ -121,6 +141,52 @@ class CaseDefender:
             except Exception as exc:  # noqa: BLE001 - the next poll tries again, within the clock
                 logger.warning("round %d stage %d: a move on this node's claim failed (tried again): %s",
                                defense.round, defense.stage, exc)
+        if self.files is not None and self.program is not None:
+            try:
+                self._keep_own()
+                self._polls += 1
+                if self._polls % PRUNE_EVERY == 1:
+                    self._prune()
+            except Exception as exc:  # noqa: BLE001 - a full disk, an RPC's error: tried again next poll
+                logger.warning("contribution cases: this node's defense inputs not kept (tried again): %s",
+                               exc)
+
+    def _keep_own(self) -> None:
+        """Copy to disk what a defense of each of this node's contributions needs (its start's weight chunk
+        leaves, its codec blob) from the states it holds, once per round and stage: a restart drops those."""
+        address = self.chain.client.address.lower()
+        for outer_round, stage in self.states.held():
+            if outer_round < 1 or (outer_round, stage) in self._kept_seen:
+                continue
+            self._kept_seen.add((outer_round, stage))
+            if self.files.has(outer_round, stage):
+                continue
+            state = self.states.state(outer_round, stage)
+            norms = state.factors.norms if state is not None else None
+            contributors = [c.lower() for c in norms.contributors] if norms is not None else []
+            start = self.states.state(outer_round - 1, stage)
+            if address not in contributors or start is None:
+                continue
+            index = contributors.index(address)
+            pieces = state.payload_leaves[index]
+            blob, shapes = (pieces.blob, pieces.shapes) if isinstance(pieces, CutPayload) else (b"", {})
+            self.files.keep(outer_round, stage, state.factors.payload_roots[index], list(start.weight_leaves),
+                            blob, shapes)
+            logger.info("round %d stage %d: this node's contribution %d's defense inputs kept on disk",
+                        outer_round, stage, index)
+
+    def _prune(self) -> None:
+        """Remove the kept inputs of rounds whose proof window closed and that no defense plays now."""
+        window = getattr(self.states, "window", None)
+        if window is None:
+            return
+        playing = {(d.round, d.stage) for d in self.defenses.values()
+                   if not d.dismissed or len(d.decided) < len(d.games)}
+        for outer_round, stage in self.files.rounds():
+            if (outer_round, stage) not in playing and not window.open(outer_round):
+                self.files.drop(outer_round, stage)
+                logger.info("round %d stage %d: defense inputs dropped (its proof window closed)",
+                            outer_round, stage)
 
     @property
     def prover(self) -> StepProverClient:
@@ -190,42 +256,78 @@ class CaseDefender:
             logger.info("round %d stage %d: a case on contribution %d (not this node's: left to its "
                         "contributor)", round_, stage, index)
             return None
+        functions = self.prover.contract.functions
+        committed, pieces = self._inputs(round_, stage, payload)
+        with self.chain.rpc_lock:
+            closed = int(functions.caseOf(key).call()[0], 16) == 0
+        if closed and committed is None:  # dismissed or overturned before (a restart reads every case)
+            logger.info("round %d stage %d: the case on this node's contribution %d is closed and its inputs "
+                        "are not held any more", round_, stage, index)
+            return None
         logger.warning("round %d stage %d: a case opened by %s against this node's contribution %d; "
                        "defending it (claims taken until block %d)", round_, stage, case["opener"], index,
                        case["deadline"])
         if self.program is None:
             raise ConfigError("no step program configured (ledger.step_program: the run's program file)")
-        functions = self.prover.contract.functions
         with self.chain.rpc_lock:
             self.program.check_on(bytes(functions.programOf(self.run_id).call()),
                                   bytes(functions.originOf(self.run_id).call()))
             end_rule = int(functions.endRuleOf(self.run_id).call())
-        if end_rule:  # a claim here must answer end disputes: the payload from the program's end state
-            raise ConfigError("the run disputes its claims' ends (StepProver.endRuleOf) and this node does "
-                              "not answer an end dispute yet (its program is not its model's step, and the "
-                              "defense holds no payload pieces): a claim would lose to the first one")
         subject = kept.subject(index)
-        start = self.states.state(round_ - 1, stage)
-        if start is None:
+        if committed is None:
             raise ConfigError(f"this node no longer holds its state of round {round_ - 1} (the claim's "
-                              "start): restarted since, or dropped")
-        committed = list(start.weight_leaves)
+                              f"start), nor a copy in {DEFENSE_DIR}/: dropped, or made before a node that "
+                              "kept none")
         if tree_root(committed) != subject.start_weights:
             raise ConfigError(f"this node's state of round {round_ - 1} is not the committed start")
         declared = norms.steps[index] if index < len(norms.steps) else 0
         steps = declared or self.chain.run_info(self.run_id).inner_steps
-        side = self.program.defense(committed, steps)
+        side = self.program.defense(committed, steps, self._end_pieces(end_rule, round_, pieces, payload))
         claim = run_claim(side.traces, subject)
         with self.chain.rpc_lock:
             claim_id = bytes(functions.runIdOf(claim, client.address).call())
-            if functions.claimOf(claim_id).call()[0] == ZERO_ADDRESS:
+            posted = functions.claimOf(claim_id).call()[0] == ZERO_ADDRESS
+            if posted:
                 stake = int(functions.caseOf(key).call()[7])
                 client.sender.transact(self.prover.contract, "claimRun", (claim, subject.binding),
                                        f"claim round {round_} stage {stage}'s contribution {index}", stake)
             ends = int(functions.caseOf(key).call()[4])
-        logger.warning("round %d stage %d: claimed this node's contribution %d (%d steps of the run's "
-                       "program); every game on it is answered", round_, stage, index, steps)
-        return Defense(key, round_, stage, payload, ends, claim_id, side, int(case["block"]))
+        logger.warning("round %d stage %d: %s this node's contribution %d (%d steps of the run's program%s); "
+                       "every game on it is answered", round_, stage,
+                       "claimed" if posted else "found its standing claim (posted before) on", index, steps,
+                       ", its end checked against its payload" if end_rule else "")
+        games = self.files.memories(round_, stage, claim_id) if self.files is not None else {}
+        return Defense(key, round_, stage, payload, ends, claim_id, side, int(case["block"]), games)
+
+    def _inputs(self, round_: int, stage: int, payload: bytes) -> tuple[list[bytes] | None, object]:
+        """This node's start leaves of round ``round_ - 1`` and its payload pieces under ``payload`` of
+        round ``round_``: from the states it holds, else from its kept copy (either None if neither)."""
+        start = self.states.state(round_ - 1, stage)
+        committed = list(start.weight_leaves) if start is not None else None
+        pieces = self.states.pieces_of(round_, stage, payload)
+        if (committed is None or pieces is None) and self.files is not None:
+            kept = self.files.kept(round_, stage)
+            if kept is not None and kept.payload_root == payload:
+                logger.info("round %d stage %d: this node's defense inputs read from its kept copy (%s/)",
+                            round_, stage, DEFENSE_DIR)
+                committed = committed if committed is not None else kept.start
+                pieces = pieces if pieces is not None else kept.pieces()
+        return committed, pieces
+
+    @staticmethod
+    def _end_pieces(end_rule: int, round_: int, pieces, payload: bytes):
+        """The payload pieces a claim answers end disputes from (None: the run takes none); ConfigError for a
+        rule this node does not know or pieces it does not hold."""
+        if not end_rule:
+            return None
+        if end_rule != PLAIN_END:
+            raise ConfigError(f"the run's end rule is {end_rule}; this node answers end disputes under the "
+                              f"plain end rule ({PLAIN_END}) only")
+        if pieces is None or tree_root(list(pieces)) != payload:
+            raise ConfigError(f"the run disputes its claims' ends (the plain end rule) and this node does "
+                              f"not hold its contribution's payload pieces of round {round_} (needed to "
+                              "answer one)")
+        return pieces
 
     def _play(self, defense: Defense, head: int) -> None:
         """One move in every game on the claim that waits for this node, then the case's dismissal."""
@@ -235,7 +337,7 @@ class CaseDefender:
         defense.from_block = head + 1
         for game in games:
             defense.games.setdefault(bytes(game["gameId"]), GameMemory())
-        moves = []
+        moves, before = [], {g: (m.step, m.op) for g, m in defense.games.items()}
         for game_id, memory in defense.games.items():
             if game_id in defense.decided:
                 continue
@@ -254,6 +356,8 @@ class CaseDefender:
                 move = ("timeout", (game_id,))
             if move is not None:
                 moves.append(move)
+        if self.files is not None and before != {g: (m.step, m.op) for g, m in defense.games.items()}:
+            self.files.remember(defense.round, defense.stage, defense.claim_id, defense.games)  # before sent
         if moves:  # sent together: with timed blocks no game's move waits for another's block
             contract = self.prover.contract
             requests = [({"to": contract.address, "value": 0,

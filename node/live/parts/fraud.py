@@ -8,6 +8,7 @@ from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates
 from node.live.fraud.window import DisputeWindow
 from node.live.fraud.contribution_binding import ContributionBinder
 from node.live.fraud.defender import CaseDefender
+from node.live.fraud.defensefiles import DEFENSE_DIR, DefenseFiles
 from node.live.fraud.opener import CaseOpener
 from node.live.fraud.prover import PROOFS_DIR, FraudProver
 from node.live.state.base import NodeBase
@@ -64,7 +65,8 @@ def build_case_defender(base: NodeBase, *, chain: NodeChain,
     path = base.cfg.ledger.step_program
     program = StepProgram.load(base.cfg.path(path)) if path else None
     return CaseDefender(run_id=base.run_id, chain=chain, states=states, program=program,
-                        data_dir=base.data_dir, stop=base.stop)
+                        data_dir=base.data_dir, stop=base.stop,
+                        files=DefenseFiles(base.data_dir / DEFENSE_DIR))
 
 
 def build_case_opener(base: NodeBase, *, chain: NodeChain) -> CaseOpener | None:

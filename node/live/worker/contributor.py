@@ -124,6 +124,8 @@ class Contributor:
         # change to the engines (encode and the finisher's apply join it first).
         # (the copies wait in a file beside the start states, not in RAM: training/spilled.py)
         serialise = self.worker.start_state_capture(outer_round, self.spot_checks.states.writing_dir)
+        for engine in self.worker.engines.values():  # its transmitted updates wait there too (issue 75)
+            engine.spill_dir = self.spot_checks.states.writing_dir
 
         def serve() -> None:
             with self.clock.lane("start_state"):
