@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a worker gets to leave after "stop" before it is terminated, then killed.
 STOP_GRACE_S = 20.0
+#: glibc's mmap threshold of the worker ranks (bytes; the node's own, node/arenas.py LARGE_BLOCK_BYTES).
+WORKER_MMAP_THRESHOLD = 1 << 20
 
 
 def _stage_module(model_cfg):
@@ -293,6 +295,9 @@ class ClusterReplicaTrainer:
 
     def _spawn(self, port: int, timeout_s: float, threads: int) -> None:
         env = dict(os.environ)
+        # as the node maps its large blocks on their own (node.arenas.map_large_blocks): a worker's freed
+        # tensors go back at once, not into an arena's resident high-water mark (unless the caller chose)
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(WORKER_MMAP_THRESHOLD))
         for rank in range(1, self.world):
             settings = {"rank": rank, "world": self.world, "port": port, "timeout_s": timeout_s,
                         "threads": threads, "parent": os.getpid(), "model": self.model_cfg,
