@@ -147,7 +147,9 @@ def test_a_node_signs_announces_checks_and_fetches_its_run_s_contributions_in_pa
     lies = {
         "manifest_root_mismatch": (msg.PartsAnnounce(digest, len(whole), announce.header, wrong), {}),
         "announcement_mismatch": (announce, {"stage": 1}),
-        "bad_signature": (msg.PartsAnnounce(digest, len(whole), announce.header[:-1] + b"\x00",
+        # the header's last byte flipped (set to a constant, it was a no-op whenever the byte already was one)
+        "bad_signature": (msg.PartsAnnounce(digest, len(whole),
+                                            announce.header[:-1] + bytes([announce.header[-1] ^ 1]),
                                             announce.manifest), {}),
     }
     for reason, (message, where) in lies.items():
