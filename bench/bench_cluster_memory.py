@@ -20,6 +20,13 @@ AdamW state, and the outer state (global weights, outer momentum, round start, e
   0 at rest; the held-out eval's snapshot is gathered a tensor at a time and dropped after the eval). N = 1
   is the one-process node (``one_process``).
 
+* ``round[N]``: a running node's whole round, part by part (bench/cluster_round.py: the start state, the inner
+  step, the held-out eval, the encode, screening, the apply, the weights hash and chunk roots, the finisher's
+  kept state and checkpoint shard; then fork repair's derive and move), after a first round; every rank's
+  peak RSS over each part less its RSS before it (the part's *transient*), with glibc's mmap threshold
+  fixed so that a freed tensor's pages go back at once; N = 1 is the one-process node. ``--rounds-only``
+  prints these and writes nothing.
+
 Each rank's peak RSS (VmHWM) is recorded too: it includes the interpreter and torch (about
 300 MB a process here) and the round's transients (one whole tensor gathered at a time, the encoder's
 work), so it is not the measure of the goal. Writes ONE JSON, bench/results/cluster_memory.json.
@@ -43,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.benchio import default_out, peak_rss_bytes, write_result  # noqa: E402
+from bench.cluster_round import FORK_PARTS, ROUND_PARTS  # noqa: E402
 from training.compression import encode_contribution  # noqa: E402
 from training.config import DilocoConfig, ModelConfig, TrainingConfig  # noqa: E402
 from training.config_compression import CompressionConfig  # noqa: E402
@@ -66,14 +74,14 @@ def batch(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def others(shapes: dict, comp: CompressionConfig) -> list[bytes]:
+def others(shapes: dict, comp: CompressionConfig, outer_round: int = 0) -> list[bytes]:
     out = []
     for replica in (1, 2):
         tensors = {}
         for name, shape in shapes.items():
             generator = torch.Generator().manual_seed(zlib.crc32(name.encode()) + replica)
             tensors[name] = torch.mul(torch.randn(shape, generator=generator), 1e-3)
-        out.append(encode_contribution(tensors, comp, stage_index=0, outer_round=0)[0])
+        out.append(encode_contribution(tensors, comp, stage_index=0, outer_round=outer_round)[0])
     return out
 
 
@@ -202,6 +210,95 @@ def node_cluster(world: int, preset: str, path: str) -> None:
     Path(path).write_text(json.dumps(rows))
 
 
+#: glibc's mmap threshold for the round's processes (bytes): every allocation from it up is its own mapping.
+MMAP_ENV, MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_", 131072
+
+
+def node_round(world: int, preset: str, path: str) -> None:
+    """A running node's whole round, part by part, every rank's memory peak over each part
+    (bench/cluster_round.py, ``round[N]``): N = 1 is the one-process node; rank 0 is this process."""
+    from bench.cluster_round import RoundDriver, local_memory, node_cfg
+    from training.model import init_state_dict
+
+    torch.set_num_threads(1)
+    dcfg, comp, tcfg = configs()
+    model, training = ModelConfig(preset=preset), TrainingConfig(batch_size=BATCH)
+    cfg = node_cfg(model, training, dcfg, comp)
+    if world == 1:
+        from training.pipeline import LocalReplicaTrainer
+        from training.stage_engine import StageEngine
+
+        trainer = LocalReplicaTrainer(model, training, 1, state_dict=init_state_dict(model, 0))
+        engine = StageEngine(0, dict(trainer.stage_modules[0].named_parameters()), dcfg, comp)
+        memory, close = local_memory, (lambda: None)
+    else:
+        from training.cluster_replica import ClusterReplicaTrainer
+
+        trainer = ClusterReplicaTrainer(model, training, world, init_state_dict(model, 0), threads=1)
+        engine = trainer.outer_engine(0, dcfg, comp)
+        memory, close = trainer.memory, trainer.close
+    try:
+        shapes = {name: tuple(shape) for name, shape in engine.shapes.items()}
+        driver = RoundDriver(trainer, engine, cfg, memory, lambda r: others(shapes, comp, r), batch(model),
+                             [batch(model)])
+        driver.round(0, measured=False)  # the state a running node holds: momentum, residual, snapshots
+        base = driver.kept
+        summary = driver.round(1, measured=True)
+        driver.fork(1, base, [b"", *driver.others(1)])
+        rows = trainer.accounting() if world > 1 else None
+    finally:
+        close()
+    Path(path).write_text(json.dumps({"parts": driver.parts, "summary": summary, "accounting": rows}))
+
+
+def round_rows(world: int, preset: str, stage: int) -> dict:
+    """``node_round`` in a fresh process: each rank's peak over the round (its parts) and its largest part."""
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "round.json")
+        process = multiprocessing.get_context("spawn").Process(target=node_round, args=(world, preset, out))
+        # a freed tensor's pages go back at once (glibc's fixed mmap threshold, inherited by the ranks): the
+        # peaks follow the tensors held, not the heap's fragmentation (docs/CLUSTER.md)
+        before = os.environ.get(MMAP_ENV)
+        os.environ[MMAP_ENV] = str(MMAP_THRESHOLD)
+        try:
+            process.start()
+        finally:
+            if before is None:
+                os.environ.pop(MMAP_ENV)
+            else:
+                os.environ[MMAP_ENV] = before
+        process.join()
+        if process.exitcode != 0:
+            raise SystemExit(f"node round at N={world}: exit code {process.exitcode}")
+        got = json.loads(Path(out).read_text())
+    parts = got["parts"]
+    ranks = []
+    accounting = got["accounting"] or [None]
+    for rank in range(world):
+        row = accounting[rank]
+        state = stage if row is None else sum(row[key] for key in ("params", "grads", "inner_optimizer")) + \
+            sum(row["outer"][key] for key in NODE_OUTER)
+        rest = parts["start_state"][rank]["rss_before"]
+        of_round = {name: parts[name][rank] for name in ROUND_PARTS}
+        largest = max(of_round, key=lambda name: of_round[name]["transient"])
+        peak = max(row["peak"] for row in of_round.values())
+        fork = max(parts[name][rank]["transient"] for name in FORK_PARTS)
+        ranks.append({"state_bytes": state, "state_share": state / stage,
+                      "peak_share": (state + peak - rest) / stage,
+                      "rss_at_rest": rest, "round_peak_rss": peak, "round_transient": peak - rest,
+                      "round_transient_share": (peak - rest) / stage, "largest_part": largest,
+                      "fork_transient": fork, "fork_transient_share": fork / stage,
+                      "parts": {name: parts[name][rank]["transient"]
+                                for name in (*ROUND_PARTS, *FORK_PARTS)}})
+    print(f"round N={world}: rank 0 transient {ranks[0]['round_transient'] / 2**20:.1f} MiB "
+          f"({ranks[0]['round_transient_share']:.3f} of the stage's state, largest part "
+          f"{ranks[0]['largest_part']}), fork repair {ranks[0]['fork_transient'] / 2**20:.1f} MiB",
+          flush=True)
+    return {"ranks": ranks, "summary": got["summary"], "accounting": got["accounting"]}
+
+
 def node_rows(world: int, preset: str, stage: int) -> dict:
     import multiprocessing
 
@@ -230,7 +327,14 @@ def main() -> None:
     parser.add_argument("--preset", default="llama-20m")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--out", default=default_out(__file__))
+    parser.add_argument("--rounds-only", action="store_true",
+                        help="only the node's whole round (round[N]); print, write nothing")
     args = parser.parse_args()
+    if args.rounds_only:
+        stage = one_process(args.preset)["total_bytes"]
+        for world in args.ranks:
+            print(json.dumps(round_rows(world, args.preset, stage)["ranks"], indent=1), flush=True)
+        return
     load = list(os.getloadavg())
     from training.cluster_launch import run_cluster
 
@@ -252,13 +356,24 @@ def main() -> None:
         print(f"N={world}: largest rank share {max(shares):.4f} of the one-process state "
               f"(1/N = {1 / world:.4f}, goal {1.1 / world:.4f})", flush=True)
     node = {str(world): node_rows(world, args.preset, stage) for world in args.ranks if world > 1}
+    rounds = {str(world): round_rows(world, args.preset, stage) for world in args.ranks}
     result = {
         "what": "training state per rank of one stage trained by N processes (FSDP2 + sharded outer state), "
                 "tensor accounting, against one process",
         "preset": args.preset, "params": base["params"], "batch": [BATCH, SEQ],
         "measure": "bytes of the state tensors (params, grads, inner AdamW state, outer state); "
                    "RSS beside it",
-        "one_process": base, "clusters": clusters, "node": node,
+        "one_process": base, "clusters": clusters, "node": node, "round": rounds,
+        "round_note": "round[N]: a running node's whole round after a first one (bench/cluster_round.py: "
+                      "start state, inner step, held-out eval, encode, screening, apply, weights hash and "
+                      "chunk roots, the finisher's kept state and checkpoint shard), then fork repair's "
+                      "derive and move; each part's transient per rank = its peak RSS over the part less its "
+                      "RSS before it (free pages given back and the peak reset before each part); the "
+                      "processes run with glibc's mmap threshold fixed (MALLOC_MMAP_THRESHOLD_), so a freed "
+                      "tensor's pages go back at once; state_bytes: the rank's training state by tensor "
+                      "accounting (N = 1: one_process's); peak_share = (state + round transient) / the "
+                      "one-process state",
+        "mmap_threshold": MMAP_THRESHOLD,
         "node_note": "node[N]: a cluster node's path (ClusterReplicaTrainer, outer state sharded); the live "
                      "weights are the FSDP shards only, a rank gathers its tensors' live weights only while "
                      "a command runs (live_copy, 0 at rest); 'outer' counts what "

@@ -51,6 +51,37 @@ def cluster_memory(r: dict) -> list[str]:
                     + "; ".join(f"N = {world}: rank 0 holds {c['ranks'][0]['kept_bytes'] / mib:.1f} MiB "
                                 f"of its {c['kept_state_bytes'] / mib:.1f} MiB ({c['rank0_kept_share']:.3f})"
                                 for world, c in kept) + "."]
+    return out + cluster_round(r)
+
+
+def cluster_round(r: dict) -> list[str]:
+    """The ``round`` part: every rank's transient peak over a running node's whole round, part by part."""
+    rounds = r.get("round") or {}
+    if not rounds:
+        return []
+    mib = 2 ** 20
+    out = ["", "A running node's whole round, part by part (bench/cluster_round.py: start state, inner step, "
+           "held-out eval, encode, screening, apply, weights hash and chunk roots, the finisher's kept state "
+           "and checkpoint shard; then fork repair's derive and move), after a first round. A part's "
+           "*transient*: a rank's peak RSS over the part less its RSS before it (glibc's mmap threshold "
+           f"fixed at {r.get('mmap_threshold', 0) // 1024} KiB: a freed tensor's pages go back at once). "
+           "*peak share*: the rank's training state (tensor accounting) plus its round's largest transient, "
+           "over the one-process state. N = 1 is the one-process node.", ""]
+    parts = ("eval", "encode", "screen", "apply", "inner_steps")
+    rows = []
+    for world, c in rounds.items():
+        ranks = c["ranks"]
+        shown = [0] + ([max(range(1, len(ranks)), key=lambda r: ranks[r]["round_transient"])]
+                       if len(ranks) > 1 else [])
+        for rank in shown:  # rank 0 and the worker of the largest transient (every rank is in the JSON)
+            row = ranks[rank]
+            rows.append([world, str(rank), f"{row['state_share']:.3f}",
+                         f"{row['round_transient'] / mib:.0f} MiB", row["largest_part"],
+                         f"{row['peak_share']:.3f}",
+                         *(f"{row['parts'][name] / mib:.0f}" for name in parts),
+                         f"{row['fork_transient'] / mib:.0f}"])
+    out += table(["N", "rank", "state share", "round's transient", "largest part", "peak share",
+                  *(f"{name} (MiB)" for name in parts), "fork repair (MiB)"], rows)
     return out
 
 

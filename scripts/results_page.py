@@ -421,7 +421,8 @@ SECTIONS = (
             "bench/bench_cluster_memory.py", cluster_memory,
             "The outer state is cut by whole tensors, so the largest rank's share sits above 1/N by what "
             "the tensor boundaries allow; the FSDP2 shards of the parameters, gradients and AdamW state are "
-            "even. RSS is not the measure: it holds torch and the round's transients (docs/CLUSTER.md)."),
+            "even. RSS is not the measure of the state: it holds torch and the round's transients, which the "
+            "running round's table measures part by part (docs/CLUSTER.md)."),
     Section("cluster_exchange.json", "A node that is a cluster: rank 0's memory for the exchange in parts",
             "bench/bench_cluster_exchange.py", cluster_exchange,
             "Parts forwarded as they arrive keep rank 0 to its own shard of each contribution and a few "

@@ -145,6 +145,14 @@ def test_two_processes_train_as_one_and_stop_their_worker(tmp_path):
         cluster.load_weights(theirs)
         assert all(torch.equal(t, theirs[n]) for n, t in cluster.live_weights().items())
         assert cluster.eval_loss(evals) == plain.eval_loss(evals) == cluster.eval_snapshot().eval_loss(evals)
+        # a snapshot keeps the weights it was taken of while the live ones move on (each rank its shards),
+        # serves one eval, and is dropped on every rank after it
+        snapshot = cluster.eval_snapshot()
+        cluster.load_weights(ours)
+        assert snapshot.eval_loss(evals) == plain.eval_loss(evals)
+        with pytest.raises(EngineStateError, match="serves one eval"):
+            snapshot.eval_loss(evals)
+        assert cluster._rank.snapshots == {}
         cluster.load_weights(ours)
         part = cluster.capture_part()
         reference = capture_trainer_part(plain.stage_modules[0], plain.optimizers[0])
@@ -200,13 +208,16 @@ def _same(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("budget", ["auto", pytest.param(0, marks=pytest.mark.slow)])
-def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(budget):
+@pytest.mark.parametrize("budget, encoder", [("auto", "v4"), pytest.param(0, "v4", marks=pytest.mark.slow),
+                                             pytest.param("auto", "v3", marks=pytest.mark.slow)])
+def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(budget, encoder):
     """Behind a cluster node the outer state lives on the ranks (training/cluster_outer.py): rank 0 holds
     only its shard's global weights, momentum, round start, residual and snapshots (tensor accounting), the
     ranks together exactly one process's. Given the same live weights, three rounds (one-step delay, the
-    "auto" byte budget with encoder v4's memo (rank 0 encodes the gathered targets) or coded to the error
-    budget (each rank its shard), a contribution that does not decode) give the one-process engine's
+    "auto" byte budget with encoder v4's memo (each rank codes its shard, the allocation on rank 0 from the
+    ranks' numbers; the workers on another thread count) or v3's (rank 0 encodes the gathered targets), or
+    coded to the error budget (each rank its shard), a contribution that does not decode) give the
+    one-process engine's
     bits: the contribution bytes, the reports, the weights hash, the global weights and momentum gathered,
     the live weights after each apply, the engine state a start state records, and a re-base."""
     from training.cluster_replica import ClusterReplicaTrainer
@@ -224,7 +235,8 @@ def test_the_outer_state_is_sharded_over_the_ranks_and_rounds_equal_one_process(
     from training.stage_engine import StageEngine
 
     model, training = ModelConfig(), TrainingConfig(device="cpu", batch_size=4)
-    diloco, compression = DilocoConfig(inner_steps=2), CompressionConfig(bandwidth_budget=budget)
+    diloco = DilocoConfig(inner_steps=2)
+    compression = CompressionConfig(bandwidth_budget=budget, encoder=encoder)
     full = init_state_dict(model, 0)
     cluster = ClusterReplicaTrainer(model, training, 2, full, timeout_s=300, threads=1)
     try:

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from training.diloco import outer_state_shape
-from training.errors import EngineStateError
+from training.diloco import Aggregation, aggregate_with_report, outer_state_shape
+from training.errors import AggregationError, EngineStateError
 from training.stage_results import RoundResult
 
 
@@ -122,8 +122,8 @@ class ShardedStageEngine:
                                    "computed elsewhere (the sliced exchange) is applied")
         with self.trainer._lock:
             if aggregation is not None:
-                result = self._call("absorb", outer_round, private=(_whole(aggregation.new_global),
-                                                                    _whole(aggregation.new_momentum)))
+                kept, whole = self._incoming(aggregation.new_global, aggregation.new_momentum)
+                result = self._call("absorb", outer_round, kept, private=whole)
             else:
                 result = self._call("finish", outer_round, len(contributions), dict(excluded or {}), absorb,
                                     private=list(contributions))
@@ -147,17 +147,43 @@ class ShardedStageEngine:
                      aggregation=None) -> RoundResult:
         return self._finish(outer_round, contributions, excluded, aggregation, absorb=True)
 
+    def screen_on_ranks(self, outer_round: int, contributions: Sequence[bytes], base, batch, model_cfg,
+                        declared_steps, *, refuse_raw: bool):
+        """Screening's reports of ``contributions`` against ``base`` (a kept global state), the weights on
+        the ranks (training/cluster_screen.py: rank 0 never builds a whole weight set)."""
+        from training.cluster_screen import screen_on_ranks
+
+        return screen_on_ranks(self, outer_round, contributions, base, batch, model_cfg, self.diloco_cfg,
+                               declared_steps, refuse_raw=refuse_raw)
+
+    def screen_call(self, op: str, *args, private=None):
+        """One command of a screening on the ranks (training/cluster_screen.py)."""
+        return self._call(op, *args, private=private, changes=False)
+
     def contribution_dropped(self, outer_round: int) -> bool:
         return bool(self._call("dropped", outer_round, changes=False))
 
     # -- joining and re-basing -----------------------------------------------------------------------
     def rebase(self, global_weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor],
                last_round: int) -> None:
-        self._call("rebase", last_round, private=(_whole(global_weights), _whole(momentum)))
+        kept, whole = self._incoming(global_weights, momentum)
+        self._call("rebase", last_round, kept, private=whole)
 
     def move_global(self, global_weights: Mapping[str, torch.Tensor],
                     momentum: Mapping[str, torch.Tensor]) -> None:
-        self._call("move_global", private=(_whole(global_weights), _whole(momentum)))
+        kept, whole = self._incoming(global_weights, momentum)
+        self._call("move_global", kept, private=whole)
+
+    def _incoming(self, weights: Mapping[str, torch.Tensor], momentum: Mapping[str, torch.Tensor]):
+        """``(kept state id, None)`` when ``weights`` and ``momentum`` are this engine's handles of one kept
+        state (the ranks hold it: each takes its own shard, nothing moves), else ``(None, (weights,
+        momentum))`` as plain dicts, sent to the owners a tensor at a time (a checkpoint's state, fork
+        repair's derived one: whole on rank 0 already; a foreign handle is fetched whole first)."""
+        if (isinstance(weights, KeptState) and isinstance(momentum, KeptState) and weights.engine is self
+                and momentum.engine is self and weights.state_id == momentum.state_id
+                and (weights.which, momentum.which) == ("weights", "momentum")):
+            return weights.state_id, None
+        return None, (_whole(weights), _whole(momentum))
 
     def skip_to(self, next_round: int) -> None:
         if self.shard.engine.last_encoded >= next_round - 1:
@@ -182,19 +208,48 @@ class ShardedStageEngine:
         with self.trainer._lock:  # a change and its invalidation are one (_call): read the cache under it
             pair = self._global.get("state")
             if pair is None:
-                state_id, self._next_state = self._next_state, self._next_state + 1
-                released = []
-                while self._released:
-                    released.append(self._released.pop())
+                state_id, released = self._new_state()
                 self._call("keep", state_id, released, changes=False)
-                ticket = _Ticket()
-                weakref.finalize(ticket, self._released.append, state_id)
-                shapes = {name: self.plan.shapes[name] for name in self.shard.order}
-                moments = {name: tuple(outer_state_shape(self.diloco_cfg, shape))
-                           for name, shape in shapes.items()}
-                pair = self._global["state"] = (KeptState(self, state_id, "weights", shapes, ticket),
-                                                KeptState(self, state_id, "momentum", moments, ticket))
+                pair = self._global["state"] = self._handles(state_id)
             return pair
+
+    def _new_state(self) -> tuple[int, list[int]]:
+        """A new kept state's id, and the ids of the states whose handles are gone (the ranks drop them)."""
+        state_id, self._next_state = self._next_state, self._next_state + 1
+        released = []
+        while self._released:
+            released.append(self._released.pop())
+        return state_id, released
+
+    def _handles(self, state_id: int) -> tuple[KeptState, KeptState]:
+        """The (weights, momentum) handles of the state the ranks keep under ``state_id``."""
+        ticket = _Ticket()
+        weakref.finalize(ticket, self._released.append, state_id)
+        shapes = {name: self.plan.shapes[name] for name in self.shard.order}
+        moments = {name: tuple(outer_state_shape(self.diloco_cfg, shape)) for name, shape in shapes.items()}
+        return (KeptState(self, state_id, "weights", shapes, ticket),
+                KeptState(self, state_id, "momentum", moments, ticket))
+
+    def aggregate_on_ranks(self, outer_round: int, base, contributions: Sequence[bytes],
+                           excluded: Mapping | None = None) -> Aggregation:
+        """``training.diloco.aggregate_with_report`` of ``contributions`` on ``base`` (global weights and
+        momentum before the round: fork repair's derive), the engine unchanged. On the ranks when ``base`` is
+        one of this engine's kept states: each rank aggregates its shard (as :meth:`finish_round` does) and
+        keeps the new state, whose handles the result holds (``average`` None); else whole, on rank 0."""
+        kept, whole = self._incoming(*base)
+        if kept is None:
+            return aggregate_with_report(whole[0], whole[1], contributions, self.diloco_cfg,
+                                         stage_index=self.stage_index, outer_round=outer_round,
+                                         compression_cfg=self.compression_cfg, excluded=excluded)
+        if not contributions:
+            raise AggregationError("no contributions to aggregate")
+        with self.trainer._lock:
+            state_id, released = self._new_state()
+            reports, digest = self._call("derive", outer_round, len(contributions), dict(excluded or {}),
+                                         kept, state_id, released, private=list(contributions),
+                                         changes=False)
+            weights, momentum = self._handles(state_id)
+        return Aggregation(weights, momentum, digest, None, reports)
 
     @property
     def global_weights(self) -> Mapping[str, torch.Tensor]:
@@ -275,6 +330,11 @@ class KeptState(Mapping):
 
     def __len__(self) -> int:
         return len(self._shapes)
+
+    @property
+    def engine(self) -> ShardedStageEngine | None:
+        """The engine whose ranks keep this state (None once it is gone)."""
+        return self._engine()
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, without fetching it."""

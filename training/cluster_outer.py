@@ -15,20 +15,20 @@ whole (``full_tensor``, one tensor at a time: every rank takes part in each gath
 it), its engine works on those copies, a command that changes them writes each back into every rank's
 shards from its owner (``distribute_tensor``), and the copies are dropped when the command is done.
 
-What rank 0 gathers, and when (each a transient copy, dropped when its reader is done):
+What moves to rank 0, and when:
 
-* **The encode under a byte budget.** The codec's byte allocation is joint over the stage's tensors
-  (:mod:`training.codec.allocation`), so rank 0 gathers the ranks' feedback targets (the pseudo-gradient
-  plus residual), encodes the whole stage as one process would (with the encoder's memo, which it keeps:
-  per tensor a few numbers) and hands each rank its part of the contribution, which the rank decodes for its
-  residual. Coded to the error budget (``bandwidth_budget = 0``) every tensor's entry is independent and
-  each rank encodes its own shard. Either way the contribution is the one-process contribution byte for
-  byte: the wire, the record and every verifier are unchanged, and the bytes do not depend on N.
+* **The encode.** Each rank encodes its own tensors (:class:`training.cluster_encode.ShardCompressor`);
+  under a byte budget the joint allocation is computed on rank 0 from the ranks' few numbers per tensor
+  (norms, the candidates' costs and estimated errors), and rank 0 joins the ranks' messages. The
+  contribution is the one-process contribution byte for byte: the wire, the record and every verifier are
+  unchanged, and the bytes do not depend on N. (Encoder "v3" still has rank 0 gather the targets.)
 * **Whole-stage readers**: the global weights and momentum the node reads (a checkpoint, the fraud proof's
-  chunk states, screening's base, the states it keeps a few rounds) are handles on states each rank keeps
-  by reference (``keep``), read a tensor at a time (``fetch_kept``); a start state's engine part is
-  streamed (``state_index``, ``fetch``); :meth:`~ShardedStageEngine.state_dict` gathers every rank's shard
-  merged into the one-process layout (tests).
+  chunk states, the states it keeps a few rounds) are handles on states each rank keeps by reference
+  (``keep``), read a tensor at a time (``fetch_kept``); screening and fork repair's derive on a kept state
+  run on the ranks (``screen_load`` / ``screen_tensors``, training/cluster_screen.py; ``derive``); a
+  re-base, move or absorb to a kept state copies each rank's own shard (:meth:`OuterShard._incoming`); a
+  start state's engine part is streamed (``state_index``, ``fetch``); :meth:`~ShardedStageEngine.
+  state_dict` gathers every rank's shard merged into the one-process layout (tests).
 
 The aggregation runs sharded (:mod:`training.cluster_robust`: each rank decodes its part of every
 contribution, exact square sums exchanged, every rank the same reports, each rank steps its own tensors)
@@ -44,73 +44,19 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from training.cluster_encode import ShardCompressor, gather_to_zero
 from training.cluster_engine import sharded_chunk_roots, streamed_weights_hash
 from training.cluster_exchange import forward_to_ranks, split_to_ranks
 from training.cluster_parts import exchange_plan
-from training.cluster_plan import ShardPlan, join_contribution, plan_shards, split_contribution
+from training.cluster_plan import ShardPlan, join_contribution, plan_shards
 from training.cluster_robust import round_reports, shard_aggregation, shard_facts
+from training.cluster_screen import ScreeningShard
 from training.codec.stats import CompressionStats
-from training.codec_wire import decode_declared
-from training.compression import ErrorFeedbackCompressor
 from training.diloco import Aggregation, outer_state_shape
 from training.errors import EngineStateError
 from training.replica_capture import engine_state_tensors
 from training.stage_engine import StageEngine
 from training.stage_results import RoundResult
-
-
-class ShardCompressor(ErrorFeedbackCompressor):
-    """A rank's error-feedback compressor of its shard whose encode matches the whole stage's (module
-    docstring): ``bandwidth_budget`` is the stage's; under it rank 0 encodes the gathered targets."""
-
-    def __init__(self, plan: ShardPlan, rank: int, cfg, *, bandwidth_budget: int, exact: int) -> None:
-        super().__init__(plan.shard_shapes(rank), cfg, bandwidth_budget=bandwidth_budget, exact=exact)
-        self.plan, self.rank = plan, rank
-
-    def _encode(self, target, stage_index: int, outer_round: int):
-        if not (self.cfg.enabled and self.bandwidth_budget > 0):
-            return super()._encode(target, stage_index, outer_round)  # per tensor: the shard alone
-        whole = _gather_to_zero(self.plan, self.rank, target, lambda name: self.plan.shapes[name])
-        parts = None
-        stats = CompressionStats(outer_round=outer_round, stage_index=stage_index)
-        if self.rank == 0:
-            ordered = {name: whole[name] for name in self.plan.order}
-            whole_shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # the memo is the stage's
-            try:
-                blob, _decoded, stats = super()._encode(ordered, stage_index, outer_round)
-            finally:
-                self.shapes = whole_shapes
-            del ordered, whole, _decoded
-            parts = split_contribution(blob, self.plan, stage_index=stage_index, outer_round=outer_round)
-        received: list = [None]
-        dist.scatter_object_list(received, parts, src=0)
-        part = received[0]
-        _steps, decoded = decode_declared(part, self.shapes, stage_index=stage_index, outer_round=outer_round)
-        return part, decoded, stats
-
-    def load_encoder_state(self, state) -> None:
-        shapes, self.shapes = self.shapes, dict(self.plan.shapes)  # rank 0 keeps the stage's memo
-        try:
-            super().load_encoder_state(state)
-        finally:
-            self.shapes = shapes
-
-
-def _gather_to_zero(plan: ShardPlan, rank: int, own: Mapping[str, torch.Tensor], shape_of) -> dict | None:
-    """Every rank's ``own`` tensors sent to rank 0, one at a time in chunk order: the whole dict on rank 0."""
-    whole: dict[str, torch.Tensor] | None = {} if rank == 0 else None
-    for name in plan.order:
-        owner = plan.owner(name)
-        if rank == 0:
-            if owner == 0:
-                whole[name] = own[name]
-            else:
-                tensor = torch.empty(shape_of(name), dtype=torch.float32)
-                dist.recv(tensor, src=owner)
-                whole[name] = tensor
-        elif owner == rank:
-            dist.send(own[name].detach().to(torch.float32).contiguous(), dst=0)
-    return whole
 
 
 def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Tensor] | None,
@@ -131,7 +77,7 @@ def _scatter_from_zero(plan: ShardPlan, rank: int, whole: Mapping[str, torch.Ten
     return own
 
 
-class OuterShard:
+class OuterShard(ScreeningShard):
     """One rank's outer state (module docstring): a StageEngine of its tensors, driven by :meth:`run`.
 
     ``live``: the rank's FSDP2-sharded live parameters by name (DTensors; plain tensors in one process);
@@ -261,25 +207,38 @@ class OuterShard:
         return forward_to_ranks(contributions, self.parts_plan, self.plan, self.rank, count,
                                 stage_index=stage, outer_round=outer_round)
 
-    def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
-        """The round aggregated per shard (module docstring) and applied: ``finish_round`` (or
-        ``absorb_round`` when ``absorb``) with this rank's aggregation; RoundResult with the stage's hash on
-        rank 0."""
-        parts, errors = self._split(outer_round, count, private)
+    def _aggregate(self, outer_round: int, count: int, excluded, contributions, weights, momentum):
+        """This rank's aggregation of its shard of ``weights`` and ``momentum`` (module docstring): each
+        contribution's part decoded, the exact square sums exchanged, every rank the same reports."""
+        parts, errors = self._split(outer_round, count, contributions)
         facts, decoded = shard_facts(
             parts, self.plan.shard_shapes(self.rank), stage_index=self.engine.stage_index,
             outer_round=outer_round, refuse_raw=self.engine.compression_cfg.enabled, split_errors=errors)
         every: list = [None] * self.world
         dist.all_gather_object(every, facts)
         reports = round_reports(every, self.diloco_cfg, excluded)
+        return shard_aggregation(weights, momentum, decoded, reports, self.diloco_cfg, outer_round)
+
+    def _op_finish(self, outer_round: int, count: int, excluded, absorb: bool, *, private=None):
+        """The round aggregated per shard and applied: ``finish_round`` (or ``absorb_round`` when ``absorb``)
+        with this rank's aggregation; RoundResult with the stage's hash on rank 0."""
         engine = self.engine
-        aggregation = shard_aggregation(engine.global_weights, engine.momentum, decoded, reports,
-                                        self.diloco_cfg, outer_round)
-        del decoded
+        aggregation = self._aggregate(outer_round, count, excluded, private, engine.global_weights,
+                                      engine.momentum)
         blobs = [b""] * count
         step = engine.absorb_round if absorb else engine.finish_round
         result = self._writing(lambda: step(outer_round, blobs, aggregation=aggregation))
         return self._with_hash(result)
+
+    def _op_derive(self, outer_round: int, count: int, excluded, base: int, state_id: int,
+                   released: Sequence[int], *, private=None):
+        """The aggregation of ``outer_round`` on the kept state ``base`` (fork repair's derive: the engine
+        does not change), its new state kept under ``state_id``; ``(reports, its weights hash)`` on rank 0."""
+        state = self._kept_state(base)
+        aggregation = self._aggregate(outer_round, count, excluded, private, state[0], state[1])
+        self._op_keep(state_id, released, state=(aggregation.new_global, aggregation.new_momentum))
+        digest = streamed_weights_hash(self.plan, self.rank, aggregation.new_global)
+        return (aggregation.contributions, digest) if self.rank == 0 else None
 
     def _writing(self, change):
         """``change()`` of the live weights: the live weights in, changed, back into the shards, released."""
@@ -298,28 +257,33 @@ class OuterShard:
             return result
         return None
 
-    def _op_absorb(self, outer_round: int, *, private=None):
-        """Absorb ``outer_round`` from a whole new global state (rank 0's ``private``: weights, momentum)."""
+    def _incoming(self, kept: int | None, private) -> tuple[dict, dict]:
+        """This rank's shard of a new global state (weights, momentum): of the state the ranks keep under
+        ``kept`` (copies of each rank's own shard: nothing moves), else cut from rank 0's whole ``private``
+        and sent to the owners a tensor at a time."""
+        if kept is not None:
+            state = self._kept_state(kept)
+            return ({name: t.clone() for name, t in state[0].items()},
+                    {name: t.clone() for name, t in state[1].items()})
         weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
                                      self._weights_shape)
         momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
                                       self._momentum_shape)
+        return weights, momentum
+
+    def _op_absorb(self, outer_round: int, kept: int | None, *, private=None):
+        """Absorb ``outer_round`` from a new global state (:meth:`_incoming`)."""
+        weights, momentum = self._incoming(kept, private)
         aggregation = Aggregation(weights, momentum, b"", None, [])
         result = self._writing(lambda: self.engine.absorb_round(outer_round, [], aggregation=aggregation))
         return self._with_hash(result)
 
-    def _op_rebase(self, last_round: int, *, private=None) -> None:
-        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
-                                     self._weights_shape)
-        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
-                                      self._momentum_shape)
+    def _op_rebase(self, last_round: int, kept: int | None, *, private=None) -> None:
+        weights, momentum = self._incoming(kept, private)
         self._writing(lambda: self.engine.rebase(weights, momentum, last_round))
 
-    def _op_move_global(self, *, private=None) -> None:
-        weights = _scatter_from_zero(self.plan, self.rank, None if private is None else private[0],
-                                     self._weights_shape)
-        momentum = _scatter_from_zero(self.plan, self.rank, None if private is None else private[1],
-                                      self._momentum_shape)
+    def _op_move_global(self, kept: int | None, *, private=None) -> None:
+        weights, momentum = self._incoming(kept, private)
         self._writing(lambda: self.engine.move_global(weights, momentum))
 
     def _op_skip_to(self, next_round: int, *, private=None) -> None:
@@ -344,7 +308,7 @@ class OuterShard:
         """The whole global weights (``which`` "weights") or momentum on rank 0, in the one-process order."""
         own = self.engine.global_weights if which == "weights" else self.engine.momentum
         shape_of = self._weights_shape if which == "weights" else self._momentum_shape
-        whole = _gather_to_zero(self.plan, self.rank, own, shape_of)
+        whole = gather_to_zero(self.plan, self.rank, own, shape_of)
         return None if whole is None else {name: whole[name] for name in self.order}
 
     def _op_state(self, *, private=None) -> dict | None:
@@ -354,22 +318,27 @@ class OuterShard:
         dist.gather_object(self.engine.state_dict(copy=True), gathered, dst=0)
         return None if gathered is None else merge_states(gathered, self.order)
 
-    def _op_keep(self, state_id: int, released: Sequence[int], *, private=None) -> None:
-        """Keep this rank's shard of the current global state under ``state_id`` (by reference: no copy) and
-        drop the states in ``released`` (their handles on rank 0 are gone); at most KEPT_STATES are kept."""
+    def _op_keep(self, state_id: int, released: Sequence[int], *, private=None, state=None) -> None:
+        """Keep this rank's shard of the current global state (or of ``state``) under ``state_id`` (by
+        reference: no copy) and drop the states in ``released`` (their handles on rank 0 are gone); at most
+        KEPT_STATES are kept."""
         for old in released:
             self.kept.pop(old, None)
-        self.kept[state_id] = (self.engine.global_weights, self.engine.momentum)
+        self.kept[state_id] = (self.engine.global_weights, self.engine.momentum) if state is None else state
         while len(self.kept) > KEPT_STATES:
             self.kept.pop(next(iter(self.kept)))
 
-    def _op_fetch_kept(self, state_id: int, which: str, name: str, owner: int, *, private=None):
-        """One tensor of a kept global state (``which``: "weights" or "momentum"), sent by its owner to rank
-        0 (the tensor on rank 0, None elsewhere)."""
+    def _kept_state(self, state_id: int) -> tuple[dict, dict]:
         state = self.kept.get(state_id)
         if state is None:
             raise EngineStateError(f"global state {state_id} of the cluster is no longer kept (at most "
                                    f"{KEPT_STATES} are)")
+        return state
+
+    def _op_fetch_kept(self, state_id: int, which: str, name: str, owner: int, *, private=None):
+        """One tensor of a kept global state (``which``: "weights" or "momentum"), sent by its owner to rank
+        0 (the tensor on rank 0, None elsewhere)."""
+        state = self._kept_state(state_id)
         if self.rank == owner:
             tensor = state[0 if which == "weights" else 1][name].detach().to(torch.float32).contiguous()
             if self.rank == 0:
@@ -431,7 +400,7 @@ class OuterShard:
 
 #: The commands that do not change a rank's engine (a start state's streamed write may go on across them).
 READ_ONLY = frozenset({"state_index", "fetch", "hash", "roots", "global", "state", "bytes", "dropped", "keep",
-                       "fetch_kept"})
+                       "fetch_kept", "screen_load", "screen_tensors", "screen_drop", "derive"})
 
 #: The most global states a rank keeps for the node's handles (training.cluster_node_engine.KeptState): the
 #: node holds a few rounds' (the finisher's, fork repair's bases, a chunked record's), each released when

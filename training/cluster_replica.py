@@ -10,8 +10,9 @@ What the node sees is a one-stage replica trainer whose live weights are the FSD
 (:class:`training.cluster_engine.ClusterTrainer`: each rank the rank-th of N equal slices of the batch;
 parameters, gradients and AdamW state 1/N per rank). No process keeps a whole copy of the weights: a reader
 of the whole weights gathers them one tensor at a time (:meth:`ClusterReplicaTrainer.live_weights`: the
-held-out eval's snapshot, the start state's trainer part, :meth:`capture_part`, which also gathers the inner
-optimizer's state), and the outer commands gather and write back only each rank's own tensors. The inner
+start state's trainer part, :meth:`capture_part`, which also gathers the inner optimizer's state); the
+held-out eval's snapshot is each rank's copy of its shards, evaluated a block at a time on rank 0
+(training/cluster_eval.py); the outer commands gather and write back only each rank's own tensors. The inner
 optimizer's state stays sharded for the whole run; :meth:`reset_inner_state` clears it on every rank.
 
 The outer state (global weights, momentum, round start, error-feedback residual, the delay correction's
@@ -24,6 +25,7 @@ sums), which the fingerprint's ``cluster`` field records.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -39,7 +41,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training.cluster_eval import snapshot_command
 from training.cluster_launch import free_port
+from training.cluster_memory import memory_row, peak_rss
 from training.cluster_plan import cluster_identity
 from training.errors import EngineStateError, TrainingError
 from training.host_tensors import host_float32
@@ -50,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a worker gets to leave after "stop" before it is terminated, then killed.
 STOP_GRACE_S = 20.0
+#: glibc's mmap threshold of the worker ranks (bytes; the node's own, node/arenas.py LARGE_BLOCK_BYTES).
+WORKER_MMAP_THRESHOLD = 1 << 20
 
 
 def _stage_module(model_cfg):
@@ -70,6 +76,7 @@ class _Rank:
         self.module = shard_stage_module(_stage_module(model_cfg), mesh)
         self.trainer = ClusterTrainer(self.module, training_cfg)
         self.outer = None  # the rank's OuterShard (training/cluster_outer.py), once "outer_init" ran
+        self.snapshots: dict[int, dict] = {}  # eval snapshots' copies of the rank's shards (cluster_eval.py)
 
     def run(self, command: tuple, private=None):
         """Carry out ``command`` (the same on every rank); ``private``: rank 0's whole-stage inputs (the
@@ -84,6 +91,8 @@ class _Rank:
 
             self.outer = OuterShard(*command[1:], dict(self.module.named_parameters()))
             return self.outer
+        if kind.startswith("snapshot"):
+            return snapshot_command(self, command)
         if kind == "step":
             x, y = command[2], command[3]
             for group in self.trainer.optimizer.param_groups:
@@ -102,6 +111,8 @@ class _Rank:
             return self._load_optimizer(command[1], private)
         if kind == "accounting":
             return self._accounting()
+        if kind == "memory":
+            return self._memory(command[1])
         raise EngineStateError(f"cluster command {kind!r}: unknown")
 
     def _load(self, whole) -> None:
@@ -188,22 +199,20 @@ class _Rank:
                "live_copy": size(outer.live.values()) if outer is not None else 0,
                "outer": outer_state_bytes(outer.engine) if outer is not None else {},
                "kept": kept_state_bytes(outer) if outer is not None else 0,
-               "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": _peak_rss()}
-        rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(row, rows, dst=0)
-        return rows
+               "tensors": len(outer.own) if outer is not None else 0, "peak_rss_bytes": peak_rss()}
+        return _on_zero(row)
+
+    @staticmethod
+    def _memory(reset: bool) -> list[dict] | None:
+        """Each rank's resident set and peak (training.cluster_memory.memory_row), on rank 0."""
+        return _on_zero(memory_row(reset))
 
 
-def _peak_rss() -> int:
-    """This process's peak resident set in bytes (VmHWM; 0 where /proc is not there)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def _on_zero(row):
+    """Every rank's ``row``, gathered on rank 0 (None elsewhere)."""
+    rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(row, rows, dst=0)
+    return rows
 
 
 def _watch_parent(parent: int) -> None:
@@ -268,6 +277,8 @@ class ClusterReplicaTrainer:
         self._workers: list[subprocess.Popen] = []
         self._closed = False
         self._in_steps = False
+        self._snapshot_ids = itertools.count()
+        self._released_snapshots: list[int] = []  # eval snapshots dropped unevaluated (cluster_eval.py)
         port = free_port()
         try:
             self._spawn(port, timeout_s, threads)
@@ -284,6 +295,9 @@ class ClusterReplicaTrainer:
 
     def _spawn(self, port: int, timeout_s: float, threads: int) -> None:
         env = dict(os.environ)
+        # as the node maps its large blocks on their own (node.arenas.map_large_blocks): a worker's freed
+        # tensors go back at once, not into an arena's resident high-water mark (unless the caller chose)
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(WORKER_MMAP_THRESHOLD))
         for rank in range(1, self.world):
             settings = {"rank": rank, "world": self.world, "port": port, "timeout_s": timeout_s,
                         "threads": threads, "parent": os.getpid(), "model": self.model_cfg,
@@ -349,7 +363,7 @@ class ClusterReplicaTrainer:
     def live_weights(self, sink=None) -> dict[str, torch.Tensor] | None:
         """The whole live weights gathered from the shards, one tensor at a time: each handed to
         ``sink(name, tensor)`` as it arrives (rank 0 then never holds more than one), or, without a sink,
-        returned as a dict (a transient whole copy, for a reader that needs it: a test, the eval)."""
+        returned as a dict (a transient whole copy, for a reader that needs it: a test)."""
         whole: dict[str, torch.Tensor] = {}
         self._command(("weights",), private=sink if sink is not None else whole.__setitem__)
         return None if sink is not None else whole
@@ -422,6 +436,11 @@ class ClusterReplicaTrainer:
         """Every rank's training state in bytes, rank by rank (:meth:`_Rank._accounting`)."""
         return self._command(("accounting",))
 
+    def memory(self, reset: bool = False) -> list[dict]:
+        """Every rank's resident set and peak in bytes, rank by rank; ``reset``: each rank's free pages given
+        back and its peak reset first (training/cluster_memory.py: the bench's measure of a round's part)."""
+        return self._command(("memory", bool(reset)))
+
     def reset_inner_state(self) -> None:
         """A fresh inner optimizer on every rank (a restart from a checkpoint)."""
         self._command(("reset",))
@@ -431,19 +450,18 @@ class ClusterReplicaTrainer:
         return self.eval_snapshot().eval_loss(batches)
 
     def eval_snapshot(self):
-        """A :class:`training.pipeline.EvalSnapshot` of the live weights: a plain module on rank 0 filled
-        from the shards a tensor at a time (a transient whole copy, held while the eval runs)."""
-        from training.pipeline import EvalSnapshot
+        """A :class:`training.pipeline.EvalSnapshot` of the live weights for one eval: each rank copies its
+        shards, rank 0 evaluates a block at a time as the forward reaches it (training/cluster_eval.py: no
+        whole copy on rank 0)."""
+        from training.cluster_eval import StreamedEvalSnapshot
 
-        module = _stage_module(self.model_cfg)
-        params = dict(module.named_parameters())
-
-        def fill(name: str, tensor: torch.Tensor) -> None:
-            with torch.no_grad():
-                params[name].copy_(tensor)
-
-        self.live_weights(fill)
-        return EvalSnapshot.owning(self.model_cfg, [module], self.platform)
+        snapshot_id = next(self._snapshot_ids)
+        released = []
+        while self._released_snapshots:
+            released.append(self._released_snapshots.pop())
+        self._command(("snapshot", snapshot_id, released))
+        return StreamedEvalSnapshot(_stage_module, self.model_cfg, self.platform, self._command, snapshot_id,
+                                    self._released_snapshots)
 
     def close(self) -> None:
         """Stop the worker ranks (told to, then terminated, then killed) and leave the group; idempotent."""

@@ -122,17 +122,18 @@ class ModelLoss:
         self.model = GPT(model_cfg, seed=None).to(torch.float64).eval()
         self.x, self.y = x, y
 
-    def _logits(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def logits(self, weights: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The model's logits on ``x`` at ``weights`` (float64)."""
         self.model.load_state_dict({name: value.to(torch.float64) for name, value in weights.items()})
         with torch.no_grad():
             return self.model(self.x)[0]
 
     def __call__(self, weights: Mapping[str, torch.Tensor]) -> float:
-        return float(lm_loss(self._logits(weights), self.y))
+        return float(lm_loss(self.logits(weights), self.y))
 
     def windows(self, weights: Mapping[str, torch.Tensor]) -> list[float]:
         """The mean cross-entropy of each window, in the batch's order (float64)."""
-        logits = self._logits(weights)
+        logits = self.logits(weights)
         per_token = F.cross_entropy(logits.reshape(-1, logits.size(-1)), self.y.reshape(-1), reduction="none")
         return [float(value) for value in per_token.reshape(self.y.shape).mean(dim=1)]
 
@@ -210,6 +211,7 @@ def screen_contributions(
     contributions: Sequence[Mapping[str, torch.Tensor] | None],
     diloco_cfg: DilocoConfig,
     declared_steps: Sequence[int | None] | None = None,
+    shift: Callable[..., Mapping[str, torch.Tensor]] | None = None,
 ) -> list[ScreeningReport]:
     """Screen each (decoded, full-model) contribution alone against ``global_weights`` (module docstring).
 
@@ -218,8 +220,10 @@ def screen_contributions(
     decode) are reported, not screened. In a time-bounded run (``diloco_cfg.budgeted``)
     ``declared_steps`` gives each contribution's declared inner steps (:func:`declared_steps_full`);
     one with no valid count is not screened (the aggregation excludes it, ``bad_steps``), and
-    :func:`judge` applies the time-bounded rule.
+    :func:`judge` applies the time-bounded rule. ``shift``: :func:`shifted` unless given (a node that is a
+    cluster passes one whose weights stay on its ranks: training/cluster_screen.py).
     """
+    shift = shifted if shift is None else shift
     if diloco_cfg.budgeted and (declared_steps is None or len(declared_steps) != len(contributions)):
         raise ValueError("a time-bounded run screens with each contribution's declared steps")
     lr = torch.tensor(diloco_cfg.outer_lr, dtype=torch.float32)
@@ -246,10 +250,8 @@ def screen_contributions(
         for index, (contribution, factor) in enumerate(zip(contributions, factors)):
             if contribution is None or factor is None:
                 continue
-            stepped = {name: torch.sub(value, torch.mul(contribution[name], factor))
-                       for name, value in global_weights.items()}
-            opposed = {name: torch.add(value, torch.mul(contribution[name], factor))
-                       for name, value in global_weights.items()} if rule.against else None
+            stepped = shift(global_weights, contribution, factor, -1)
+            opposed = shift(global_weights, contribution, factor, 1) if rule.against else None
             if windows:  # version 3: the same losses, per window, and the slope's standard error over them
                 alone, opposite = windows(stepped), windows(opposed)
                 after[index], against[index] = window_mean(alone), window_mean(opposite)
@@ -262,6 +264,14 @@ def screen_contributions(
         torch.set_num_threads(threads)
     return judge(loss_before, after, len(contributions), diloco_cfg, against if rule.against else None,
                  errors if windows else None)
+
+
+def shifted(global_weights: Mapping[str, torch.Tensor], contribution: Mapping[str, torch.Tensor],
+            factor: torch.Tensor, sign: int) -> dict[str, torch.Tensor]:
+    """The weights a contribution is screened at: ``theta - factor * d`` (``sign`` -1) or
+    ``theta + factor * d`` (``sign`` 1), float32, tensor by tensor."""
+    op = torch.sub if sign < 0 else torch.add
+    return {name: op(value, torch.mul(contribution[name], factor)) for name, value in global_weights.items()}
 
 
 def judge(

@@ -84,6 +84,17 @@ class ReselectingEncoder(V2Encoder):
             )
             return blob, decoded, stats, self.selection_memo(matrices, coded, found)
         keep = self.warm_choices(tensors, norms, budget, memo)
+        chosen, next_bases = self.warm_options(tensors, matrices, keep, memo)
+        blob, decoded, stats, _ = self.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
+                                              outer_round=outer_round)
+        return blob, decoded, stats, EncoderMemo(keep, next_bases, memo.estimates)
+
+    def warm_options(self, tensors: Mapping[str, torch.Tensor], matrices: Mapping[str, torch.Tensor],
+                     keep: Mapping[str, tuple[str, int, int]], memo: EncoderMemo | None,
+                     ) -> tuple[dict[str, Option], dict[str, torch.Tensor]]:
+        """``({name: option}, {name: next basis})`` of the tensors in ``matrices`` in a round between
+        selections, each coded as ``keep[name]`` says (a node that is a cluster calls it for a rank's
+        tensors: training/cluster_encode.py)."""
         chosen, next_bases = {}, {}
         for name, matrix in matrices.items():
             codec, rank, bits = keep[name]
@@ -102,6 +113,4 @@ class ReselectingEncoder(V2Encoder):
                 next_bases[name] = basis
             balanced = BalancedFactors(factors, rank, self.clip)
             chosen[name] = Option(candidate, math.nan, lambda f=balanced, c=candidate: f.coded(c, math.nan))
-        blob, decoded, stats, _ = self.finish(tensors, matrices, norms, chosen, stage_index=stage_index,
-                                              outer_round=outer_round)
-        return blob, decoded, stats, EncoderMemo(keep, next_bases, memo.estimates)
+        return chosen, next_bases

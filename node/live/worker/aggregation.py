@@ -39,14 +39,20 @@ class StageAggregation:
         if not self.screens:
             return {}, []
         engine = self.engines[0]
-        decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round,
-                               refuse_raw=self.cfg.compression.enabled) for blob in contributions]
         x, y = screening_batch(self.corpus, self.cfg.training.seed, outer_round,
                                self.cfg.diloco.screen_batch_size, self.cfg.model.block_size)
         base = engine.global_weights if global_weights is None else global_weights
-        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded,
-                                       self.cfg.diloco,
-                                       screening_steps(self.cfg.diloco, [[b] for b in contributions]))
+        steps = screening_steps(self.cfg.diloco, [[b] for b in contributions])
+        refuse_raw = self.cfg.compression.enabled
+        on_ranks = getattr(engine, "screen_on_ranks", None)
+        if on_ranks is not None:  # a cluster: the weights stay on its ranks (training/cluster_screen.py)
+            reports = on_ranks(outer_round, contributions, base, (x, y), self.cfg.model, steps,
+                               refuse_raw=refuse_raw)
+            return screening_exclusions(reports), reports
+        decoded = [decode_full([blob], [engine.shapes], outer_round=outer_round, refuse_raw=refuse_raw)
+                   for blob in contributions]
+        reports = screen_contributions(model_loss_fn(self.cfg.model, x, y), base, decoded, self.cfg.diloco,
+                                       steps)
         return screening_exclusions(reports), reports
 
     def prepare_aggregation(self, stage: int, outer_round: int, contributions: list[bytes],
@@ -80,6 +86,9 @@ class StageAggregation:
         round before: node.binding.other_result_exclusions). Pure: neither ``base`` nor the engine changes."""
         excluded, _reports = self.screen(outer_round, contributions, global_weights=base[0])
         excluded.update(others or {})
+        on_ranks = getattr(self.engines[stage], "aggregate_on_ranks", None)
+        if on_ranks is not None:  # a cluster: its kept base's shards aggregated on its ranks
+            return on_ranks(outer_round, base, contributions, excluded)
         return aggregate_with_report(base[0], base[1], contributions, self.cfg.diloco, stage_index=stage,
                                      outer_round=outer_round, compression_cfg=self.cfg.compression,
                                      excluded=excluded)
