@@ -282,7 +282,8 @@ class RewardMachine(RuleBasedStateMachine):
         self.token.set_mode(RETURNS_FALSE if fails else self.mode, self._fee_bps())
         self.token_false = fails
 
-    @precondition(lambda self: self.token is not None)
+    # a token that returns false fails the top-up, whose revert undoes the re-entry's trace too
+    @precondition(lambda self: self.token is not None and not self.token_false)
     @rule(call=st.sampled_from(["fund", "claimAttestation", "open", "sweep"]), data=st.data())
     def token_reenters(self, call: str, data) -> None:
         """Armed: the token calls the pool back in the middle of its next transfer, which a funder's top-up
