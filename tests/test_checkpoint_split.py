@@ -139,6 +139,35 @@ def test_split_stages_takes_the_first_source_that_verifies_and_names_the_others(
     assert not (tmp_path / "other.safetensors").exists()
 
 
+def test_a_source_whose_transport_failed_is_asked_once_more_a_wrong_one_is_not(tmp_path):
+    """A holder whose connection dropped (a loaded peer: seen under scripts/stress-tests.sh) is asked again
+    after the other sources; one that served a wrong part, or fails in transport twice, is not used."""
+    from p2p.errors import P2PError
+
+    states, other = _states(), _states(seed=7)
+    ckpt, root = _full(states)
+    _digest, header = checkpoint_digest(ckpt)
+    good = _shard(tmp_path / "good", 0, states)[0]
+    bad = _shard(tmp_path / "bad", 0, other)[0]
+    asked = []
+
+    def flaky(failures: int):
+        def fetch(offset: int, length: int) -> bytes:
+            asked.append(failures)
+            if asked.count(failures) <= failures:
+                raise P2PError("stream reset by the remote peer")
+            return file_range(good)(offset, length)
+        return fetch
+
+    got = split_stages([bytes_range(header)], lambda s: [flaky(1), file_range(bad)], _layout(), ROUND, root,
+                       [0])
+    assert all(got.weights[n].equal(states[0][0][n]) for n in SHAPES[0])
+    assert asked.count(1) >= 2
+    with pytest.raises(StateError, match="stage 0: P2PError.*stage 0: .*stage 0: P2PError"):
+        split_stages([bytes_range(header)], lambda s: [flaky(2), file_range(bad)], _layout(), ROUND, root,
+                     [0])
+
+
 def test_auto_splits_from_a_gib_and_a_hashed_run_never(monkeypatch):
     from node.config import load_config
     from node.errors import ConfigError

@@ -157,35 +157,45 @@ def verified_header(fetch: FetchRange, layout: RunLayout, round_index: int, weig
     return ckpt, leaves
 
 
+def first_verified(sources: Iterable[FetchRange], parse: Callable[[FetchRange], object],
+                   what: str) -> tuple[object | None, list[str]]:
+    """``(parse(fetch), [])`` for the first of ``sources`` that verifies, else ``(None, why each failed)``.
+    A source whose fetch failed in transport (a peer's stream or connection error, not a refused or wrong
+    part) is asked once more after the others: a connection a loaded peer dropped is dialled again, so a
+    busy machine makes the fetch slower, not failed."""
+    why: list[str] = []
+    again: list[FetchRange] = []
+    for attempt, batch in enumerate((list(sources), again)):
+        for fetch in batch:
+            try:
+                return parse(fetch), []
+            except (StateError, OSError) as exc:
+                why.append(f"{what}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a peer's fetch error (p2p.errors): the next source
+                why.append(f"{what}: {type(exc).__name__}: {exc}")
+                if attempt == 0:
+                    again.append(fetch)
+    return None, why
+
+
 def split_stages(headers: Iterable[FetchRange], shards: Callable[[int], Iterable[FetchRange]],
                  layout: RunLayout, round_index: int, weights_root: bytes,
                  stages: Iterable[int], record_hash: bytes | None = None) -> Checkpoint:
     """The checkpoint restricted to ``stages``: its header from the first of ``headers`` that verifies
     (:func:`verified_header`; ``record_hash``: the record's checkpointHash, which a header-hashed run's
     header must give), each stage from the first of ``shards(stage)`` that verifies (the others' errors are
-    named if none does). Its ``stage_leaves`` are every stage's, its tensors those stages' only."""
-    refused: list[str] = []
-    ckpt = leaves = None
-    for fetch in headers:
-        try:
-            ckpt, leaves = verified_header(fetch, layout, round_index, weights_root, record_hash)
-            break
-        except (StateError, OSError) as exc:
-            refused.append(f"header: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a peer's fetch error (p2p.errors): the next source
-            refused.append(f"header: {type(exc).__name__}: {exc}")
-    if ckpt is None:
+    named if none does; :func:`first_verified`). Its ``stage_leaves`` are every stage's, its tensors those
+    stages' only."""
+    found, refused = first_verified(
+        headers, lambda fetch: verified_header(fetch, layout, round_index, weights_root, record_hash),
+        "header")
+    if found is None:
         raise StateError("no checkpoint header verified: " + (" | ".join(refused) or "no source")[:1500])
+    ckpt, leaves = found
     for stage in sorted(set(stages)):
-        state, why = None, []
-        for fetch in shards(stage):
-            try:
-                state = stage_from_shard(fetch, layout, ckpt, leaves[stage], stage)
-                break
-            except (StateError, OSError) as exc:
-                why.append(str(exc))
-            except Exception as exc:  # noqa: BLE001 - a peer's fetch error: the next holder
-                why.append(f"{type(exc).__name__}: {exc}")
+        state, why = first_verified(
+            shards(stage), lambda fetch, s=stage: stage_from_shard(fetch, layout, ckpt, leaves[s], s),
+            f"stage {stage}")
         if state is None:
             raise StateError(f"no shard of stage {stage} verified against its leaf: "
                              + (" | ".join(why) or "no holder")[:1500])
