@@ -56,14 +56,7 @@ def _glibc():
 def limit_arenas(arenas: int = NODE_ARENAS, libc=None) -> bool:
     """Set glibc's ``M_ARENA_MAX`` to ``arenas``; whether it was set (False: no glibc, refused, or the
     environment's ``MALLOC_ARENA_MAX`` chose already)."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return False
-    libc = libc if libc is not None else _glibc()
-    if libc is None:
-        return False
-    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    libc.mallopt.restype = ctypes.c_int
-    done = libc.mallopt(M_ARENA_MAX, arenas) == 1  # mallopt returns 1 on success
+    done = _mallopt("MALLOC_ARENA_MAX", M_ARENA_MAX, arenas, libc)
     if not done:
         logger.debug("mallopt(M_ARENA_MAX, %d) refused", arenas)
     return done
@@ -86,14 +79,20 @@ def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES, libc=None) -> bool:
     thread, the lane and the finisher then add up in the resident set. A fixed threshold gives each one
     back when it is freed (issue 75; bench/bench_stage_memory.py: a llama-20m stage's peak 6 bytes per
     parameter lower), at the price of fresh pages for each large temporary."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+    return _mallopt("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, threshold, libc)
+
+
+def _mallopt(variable: str, param: int, value: int, libc=None) -> bool:
+    """glibc's ``mallopt(param, value)`` unless the environment's ``variable`` chose already; whether it was
+    set (False: no glibc, refused, or chosen by the environment)."""
+    if os.environ.get(variable):
         return False
     libc = libc if libc is not None else _glibc()
     if libc is None:
         return False
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt.restype = ctypes.c_int
-    return libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1
+    return libc.mallopt(param, value) == 1  # mallopt returns 1 on success
 
 
 @functools.cache

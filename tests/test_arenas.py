@@ -212,7 +212,8 @@ def test_a_freed_large_block_leaves_the_resident_set():
         import ctypes, sys
         from node.arenas import _glibc, map_large_blocks
         libc = _glibc()
-        if libc is None:
+        if libc is None:  # musl, macOS: the setting is a no-op that says so
+            assert not map_large_blocks()
             print("no-glibc"); sys.exit(0)
         if sys.argv[1] == "map":
             assert map_large_blocks()
@@ -239,7 +240,7 @@ def test_a_freed_large_block_leaves_the_resident_set():
                               env=env)
         assert done.returncode == 0, done.stderr
         if "no-glibc" in done.stdout:
-            pytest.skip("not glibc")
+            return  # checked in the child: map_large_blocks() reported it set nothing
         given_back[mode] = int(done.stdout.split()[-1])
     assert given_back["map"] >= 60 << 20  # every 2 MiB block unmapped when freed
     assert given_back["default"] < given_back["map"]
