@@ -339,19 +339,23 @@ class RerunWorker:
                     proc.kill()
 
 
-def _serve() -> int:
+def serve_jobs(run: Callable[[Path], dict]) -> int:
+    """A job child's loop: a job directory a line on stdin, ``run(directory)``'s result written to its
+    RESULT_FILE, "ok" or "error <why>" a line on stdout; the freed pages go back to the host after each job
+    (node/arenas.py) before the parent looks."""
     for line in sys.stdin:
         directory = Path(line.strip())
         try:
-            result = run_job(directory)
+            result = run(directory)
             atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
             reply = "ok"
         # the child's boundary: one bad job costs only itself; the parent logs the line
         except Exception as exc:  # noqa: BLE001
-            reply = f"error {type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+            logger.debug("job %s failed", directory, exc_info=True)
+            reply = "error " + " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
         result = None
         gc.collect()
-        trim_heap()  # the rerun's freed pages go back to the host before the parent looks (node/arenas.py)
+        trim_heap()
         print(reply, flush=True)
     return 0
 
@@ -359,7 +363,7 @@ def _serve() -> int:
 def main(argv: list[str]) -> int:
     map_large_blocks()  # a rerun's large temporaries go back as they are freed (node/arenas.py)
     if argv == ["--serve"]:
-        return _serve()
+        return serve_jobs(run_job)
     if len(argv) != 1:
         print("usage: python -m node.live.checks.spotcheck JOB_DIR | --serve", file=sys.stderr)
         return 2

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
-from node.live.checks.spotcheck import child_env, job_config_and_corpus
+from node.live.checks.spotcheck import child_env, job_config_and_corpus, serve_jobs
 from p2p.blobpack import read_packed
 
 logger = logging.getLogger(__name__)
@@ -249,26 +249,10 @@ class StateReplay:
         self.worker.close()
 
 
-def _serve() -> int:
-    """The child's loop: a job directory a line on stdin, "ok" or "error <why>" a line on stdout."""
-    for line in sys.stdin:
-        directory = Path(line.strip())
-        try:
-            result = replay(directory)
-            atomic_write_bytes(directory / RESULT_FILE, json.dumps(result).encode())
-            reply = "ok"
-        except Exception as exc:  # noqa: BLE001 - the child's boundary: any failure is this job's only
-            logger.exception("replay of %s failed", directory)
-            reply = "error " + " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-        sys.stdout.write(reply + "\n")
-        sys.stdout.flush()
-    return 0
-
-
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if argv == ["--serve"]:
-        return _serve()
+        return serve_jobs(replay)
     if len(argv) != 1:
         print("usage: python -m node.live.checks.staterebuild (JOB_DIR | --serve)", file=sys.stderr)
         return 2
