@@ -313,8 +313,15 @@ def perf(args: argparse.Namespace) -> dict:
                                           "params": count_params(model),
                                           "flops_per_token": flops_per_token(model)},
            "training_device": device, "platform": fingerprint(resolve_device(device), "bf16").document()}
-    out["throughput"] = {"bf16": throughput(model, device, "bf16", args),
-                         "fp32": throughput(model, device, "fp32", args)}
+    out["throughput"] = {"bf16": throughput(model, device, "bf16", args)}
+    if args.throughput_only:  # (a) in bf16 alone (and compiled): a lease's check at a larger size
+        if args.compile:
+            out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
+        best = max(out["throughput"], key=lambda name: out["throughput"][name]["tokens_per_second"])
+        out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_best": out["throughput"][best]["mfu"],
+                        "mfu_best_setting": best}
+        return out
+    out["throughput"]["fp32"] = throughput(model, device, "fp32", args)
     if args.compile:
         out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
     out["throughput"]["bf16_fused_adamw"] = throughput(model, device, "bf16", args, fused_adamw=True)
@@ -364,6 +371,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "compiled with --compile)")
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="dense bf16 peak for MFU (0: by GPU name)")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="(a) in bf16 only (with --compile, compiled too): no fp32, (b) or (c)")
     parser.add_argument("--skip-chain", action="store_true", help="leave out (c), the run on a local chain")
     parser.add_argument("--chain-preset", default="llama-20m")
     parser.add_argument("--chain-rounds", type=int, default=3)

@@ -213,13 +213,16 @@ def after_training(workdir: Path, args, demo_log: Path) -> dict:
     deployment = json.loads((workdir / "deployment.json").read_text())
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     extra: dict = {"demo_summary": text[text.rfind("run 1:") : text.index(SUMMARY_MARK)].strip()[-3000:]}
-    audit_cmd = DLX + audit + ["--reexecute", "all", "--json", str(workdir / "audit.json")]
-    if args.data:
-        audit_cmd += ["--data", args.data]
-    extra["audit"] = _run_measured(audit_cmd, workdir / "audit.log", args.timeout, env)
-    report = _read_json(workdir / "audit.json") or {}
-    extra["audit"]["verdict"] = report.get("verdict") or report.get("passed")
-    extra["audit"]["counts"] = report.get("counts") or report.get("summary")
+    if args.skip_audit:
+        extra["audit"] = {"skipped": "--skip-audit (a lease too short for every re-execution)"}
+    else:
+        audit_cmd = DLX + audit + ["--reexecute", "all", "--json", str(workdir / "audit.json")]
+        if args.data:
+            audit_cmd += ["--data", args.data]
+        extra["audit"] = _run_measured(audit_cmd, workdir / "audit.log", args.timeout, env)
+        report = _read_json(workdir / "audit.json") or {}
+        extra["audit"]["verdict"] = report.get("verdict") or report.get("passed")
+        extra["audit"]["counts"] = report.get("counts") or report.get("summary")
     pulled = workdir / "pulled"
     shutil.rmtree(pulled, ignore_errors=True)
     pull = DLX + [
@@ -280,6 +283,9 @@ def main() -> int:
         action="store_true",
         help="with --attach: a run that broke off (per round over --rounds, to its last snapshot)",
     )
+    parser.add_argument(
+        "--skip-audit", action="store_true", help="no `dlx-node audit --reexecute all` after the demo"
+    )
     parser.add_argument("--note", default="", help="what to say beside the run on the results page")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
@@ -337,7 +343,8 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(demo.pid, signal.SIGKILL)
         shutil.copy(demo_log, args.workdir / "demo.out")
-        run = analyse(args.workdir, args.rounds, args_doc, extra)
+        # a demo that did not reach its summary in --timeout is analysed as one that broke off
+        run = analyse(args.workdir, args.rounds, args_doc, extra, partial=not trained)
     run["parameters"] = _parameters(args)
     if args.note:
         run["note"] = args.note

@@ -24,7 +24,8 @@ set -u
 export PYTHONUNBUFFERED=1
 # Into python3's own environment (not --target): bench_reexec_isa's children set their own PYTHONPATH.
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>&1 | tail -5 ||
+        echo "the carried wheels did not all install"
 fi
 export PYTHONPATH="$PWD"
 OUT=${OUT:-/tmp/gpu-out}
@@ -36,19 +37,39 @@ mkdir -p "$OUT"
     python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cpu.get_cpu_capability())"
 } 2>&1 | tee "$OUT/machine.txt"
 
+# The whole system needs anvil and a tokenizer's data, neither on the device machine: carry them in .dev/
+# (git-ignored; the lead's session puts there `xz -c anvil > .dev/anvil.xz` and a `dlx-node data prepare`
+# directory as .dev/bpe32k) with the node's Python dependencies as cp312 wheels in .whl/ (docs/SCALE.md).
+if [ -f .dev/anvil.xz ] && [ -z "${DLX_ANVIL:-}" ]; then
+    python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.dev/anvil.xz'), open('/tmp/anvil', 'wb'))" &&
+        chmod +x /tmp/anvil && export DLX_ANVIL=/tmp/anvil
+fi
+SCALE_DATA=${SCALE_DATA:-$( [ -d .dev/bpe32k ] && echo .dev/bpe32k )}
+
 if [ -n "${SCALE:-}${ONLY_SCALE:-}" ]; then
     echo "== scale (issue 75): llama-1b tokens/s and MFU"
-    timeout "${SCALE_SECONDS:-240}" python3 bench/bench_gpu.py --skip-chain --preset-gpu llama-1b --batch 8 \
-        --steps 10 --warmup 3 --out "$OUT/gpu_1b.json" >"$OUT/gpu_1b.log" 2>&1
+    timeout "${SCALE_SECONDS:-240}" python3 bench/bench_gpu.py --throughput-only --no-compile --preset-gpu llama-1b \
+        --batch 8 --steps 10 --warmup 3 --out "$OUT/gpu_1b.json" >"$OUT/gpu_1b.log" 2>&1
     echo "llama-1b rc=$?"; grep -E "^\(a\)|MFU|Error|error" "$OUT/gpu_1b.log" | tail -8
     if command -v anvil >/dev/null 2>&1 || [ -n "${DLX_ANVIL:-}" ]; then
-        echo "== scale (issue 75): the whole system at llama-124m, nodes on the GPU"
-        timeout "${SYSTEM_SECONDS:-420}" python3 bench/bench_scale_system.py --preset llama-124m --vocab-size 32000 \
-            --block-size 128 --batch-size 8 --rounds 3 --inner-steps 20 --set training.device=cuda \
+        echo "== scale (issue 75): the whole system at ${SYSTEM_PRESET:-llama-124m}, nodes on ${SYSTEM_DEVICE:-cuda}"
+        python3 -c "import node.commands.demo, node.live.node, libp2p, web3" 2>&1 | tail -3
+        # the demo gets SYSTEM_SECONDS less a minute to print its summary; the pull, the gas and the
+        # analysis (a run cut short is analysed as one that broke off) take the rest
+        seconds=${SYSTEM_SECONDS:-420}
+        timeout "$seconds" python3 bench/bench_scale_system.py --preset "${SYSTEM_PRESET:-llama-124m}" \
+            --vocab-size 32000 --block-size 128 --batch-size "${SYSTEM_BATCH:-8}" --rounds "${SYSTEM_ROUNDS:-3}" \
+            --inner-steps "${SYSTEM_INNER:-20}" --set training.device="${SYSTEM_DEVICE:-cuda}" \
+            --timeout $((seconds - 60)) $( [ -z "${SYSTEM_AUDIT:-}" ] && echo --skip-audit ) \
+            ${SCALE_DATA:+--data "$SCALE_DATA"} --label "${SYSTEM_LABEL:-llama-124m-gpu}" \
             --workdir /tmp/scale-gpu --out "$OUT/scale_system_gpu.json" >"$OUT/scale_system_gpu.log" 2>&1
-        echo "scale_system rc=$?"; tail -20 "$OUT/scale_system_gpu.log"
+        echo "scale_system rc=$?"; tail -30 "$OUT/scale_system_gpu.log"
+        # the runs' small records (demo output, samples, timings, profiles, node logs) to analyse elsewhere
+        (cd /tmp && find scale-gpu scale-gpu.demo.out -maxdepth 3 -type f -size -8M \
+            \( -name '*.out' -o -name '*.jsonl' -o -name '*.json' -o -name '*.log' -o -name '*.toml' \) \
+            -print0 | tar czf "$OUT/scale_system_gpu_records.tgz" --null -T - 2>/dev/null)
     else
-        echo "scale_system: no anvil on this machine (set DLX_ANVIL): skipped"
+        echo "scale_system: no anvil on this machine (set DLX_ANVIL or carry .dev/anvil.xz): skipped"
     fi
     [ -n "${ONLY_SCALE:-}" ] && exit 0
 fi
