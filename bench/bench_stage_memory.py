@@ -3,7 +3,7 @@ RAM per node bounded"; docs/SCALE.md, "Memory per held parameter").
 
     nice -n 15 python bench/bench_stage_memory.py [--presets llama-20m,llama-124m] [--node-stages 0,1]
         [--child llama-20m] [--job DIR] [--inner-steps 4] [--rounds 3] [--workdir /tmp/dlx-stagemem]
-        [--baseline OLD.json --baseline-commit C]
+        [--baseline OLD.json --baseline-commit C] [--outer-state disk|ram] [--compare-outer-state llama-20m]
 
 bench/bench_scale_system.py measures a whole demo's nodes (four nodes and their children beside each other
 on a loaded machine); this script measures what one of them holds, phase by phase, alone:
@@ -13,7 +13,10 @@ on a loaded machine); this script measures what one of them holds, phase by phas
   node's order (node/live/worker/contributor.py): the start state's capture (copies spilled to a file,
   training/spilled.py), its write (``StartStateCapture.write``), the inner steps, the apply of the previous
   round (the stage's own contribution and another replica's), the prepare and the encode of this round's,
-  and the finisher's heap trim; each in a fresh child process per stage;
+  and the finisher's heap trim; each in a fresh child process per stage; the engine's outer state (global
+  weights, momentum, snapshots, residual) in files as the node keeps it by default (``--outer-state disk``,
+  ``storage.outer_state``: training/stage_engine_outer.py) or in RAM (``ram``); ``--compare-outer-state``
+  measures the listed presets' node stages the other way too (``nodes_outer_state_<other>``);
 - ``child``: a spot check's rerun child (``node.live.checks.spotcheck.run_job``, what the rerun worker runs)
   on a real job: replica 0's round 1 of the same run (two stages, both replicas' round-0 contributions as the
   previous round), built first in a separate process by reruns of the same code (the claims are what an
@@ -22,7 +25,8 @@ on a loaded machine); this script measures what one of them holds, phase by phas
 Each phase's peak is the kernel's peak resident set (``VmHWM``, reset at each phase's start by writing 5 to
 ``/proc/self/clear_refs``), so a phase's figure is exact, not sampled; it is reported above the process's
 resident set before the model was built (imports, the interpreter), in bytes and in bytes per parameter the
-process holds (a node: its stage; the child: the whole replica). ``--baseline`` keeps an earlier commit's
+process holds (a node: its stage; the child: the whole replica); each phase's wall seconds summed over the
+rounds (``seconds``: on a shared machine, a rough figure). ``--baseline`` keeps an earlier commit's
 run of this script in the result as the before. Writes bench/results/stage_memory.json.
 """
 
@@ -61,13 +65,18 @@ class Phases:
 
     def __init__(self) -> None:
         self.peaks: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
         self.stack: list[str] = []
         self.base = _status("VmRSS")
+        self.since = time.perf_counter()
 
     def _close(self) -> None:
+        now = time.perf_counter()
         if self.stack:
             name = self.stack[-1]
             self.peaks[name] = max(self.peaks.get(name, 0), _status("VmHWM"))
+            self.seconds[name] = self.seconds.get(name, 0.0) + now - self.since
+        self.since = now
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")
 
@@ -102,7 +111,8 @@ class Phases:
 
     def report(self, parameters: int) -> dict:
         phases = {name: {"peak_rss_bytes": peak, "above_base_bytes": peak - self.base,
-                         "bytes_per_parameter": round((peak - self.base) / parameters, 1)}
+                         "bytes_per_parameter": round((peak - self.base) / parameters, 1),
+                         "seconds": round(self.seconds.get(name, 0.0), 2)}
                   for name, peak in self.peaks.items()}
         top = max(self.peaks.values())
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -138,8 +148,9 @@ def inner_steps(module, optimizer, stage: int, tokens, hidden, steps: int) -> No
         optimizer.zero_grad(set_to_none=True)
 
 
-def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path) -> dict:
-    """One stage through ``rounds`` rounds in the node's order, in this process."""
+def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path, outer_state: str) -> dict:
+    """One stage through ``rounds`` rounds in the node's order, in this process (``outer_state``: "disk" or
+    "ram", the node's ``storage.outer_state``)."""
     import torch
 
     from node.arenas import limit_arenas, map_large_blocks, trim_heap
@@ -176,6 +187,8 @@ def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path
     spill = workdir / f"spill-{stage}"
     spill.mkdir(parents=True, exist_ok=True)
     engine.spill_dir = spill  # as the node sets it (node/live/worker/contributor.py)
+    if outer_state == "disk":  # as the node does when it builds its engines (node/live/worker/replica.py)
+        engine.keep_outer_state_in(workdir / f"outer-{stage}")
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
     hidden = torch.randn(BATCH, SEQ, cfg.model.n_embd, generator=generator)
     own = {}
@@ -216,7 +229,7 @@ def measure_node(preset: str, stage: int, steps: int, rounds: int, workdir: Path
     gc.collect()
     trim_heap()
     held = _status("VmRSS") - phases.base
-    return {**phases.report(parameters), "held_after_rounds_bytes": held,
+    return {**phases.report(parameters), "outer_state": outer_state, "held_after_rounds_bytes": held,
             "held_bytes_per_parameter": round(held / parameters, 1)}
 
 
@@ -288,10 +301,10 @@ def measure_child(job: Path) -> dict:
 
 
 def _child(argv: list[str]) -> int:
-    kind, preset, stage, inner_steps, rounds, workdir = argv
+    kind, preset, stage, inner_steps, rounds, workdir, *outer_state = argv
     workdir = Path(workdir)
     if kind == "node":
-        out = measure_node(preset, int(stage), int(inner_steps), int(rounds), workdir)
+        out = measure_node(preset, int(stage), int(inner_steps), int(rounds), workdir, outer_state[0])
     elif kind == "build":
         out = {"job": str(build_job(preset, int(inner_steps), int(rounds), workdir))}
     else:
@@ -306,6 +319,17 @@ def _in_child(*args) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{args}: child failed\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _nodes(args, preset: str, workdir: Path, outer_state: str) -> dict:
+    """stage -> :func:`measure_node` of each of ``--node-stages``, one child process each, one at a time."""
+    nodes = {}
+    for stage in [s for s in args.node_stages.split(",") if s]:
+        started = time.monotonic()
+        nodes[stage] = _in_child("node", preset, stage, args.inner_steps, args.rounds, workdir, outer_state)
+        nodes[stage]["seconds"] = round(time.monotonic() - started, 1)
+        print(preset, "node stage", stage, outer_state, json.dumps(nodes[stage]), flush=True)
+    return nodes
 
 
 def main() -> int:
@@ -324,6 +348,10 @@ def main() -> int:
     parser.add_argument("--baseline", default="",
                         help="a JSON this script wrote on an earlier commit: kept in this one as the before")
     parser.add_argument("--baseline-commit", default="", help="the commit --baseline ran on")
+    parser.add_argument("--outer-state", choices=("disk", "ram"), default="disk",
+                        help="where a node's engine keeps its outer state (storage.outer_state)")
+    parser.add_argument("--compare-outer-state", default="",
+                        help="presets whose node stages are measured with the other --outer-state too")
     parser.add_argument("--out", default=default_out(__file__))
     args = parser.parse_args()
     load = list(os.getloadavg())
@@ -331,12 +359,10 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     results = {}
     for preset in [p for p in args.presets.split(",") if p]:
-        entry = {"nodes": {}}
-        for stage in [s for s in args.node_stages.split(",") if s]:
-            started = time.monotonic()
-            entry["nodes"][stage] = _in_child("node", preset, stage, args.inner_steps, args.rounds, workdir)
-            entry["nodes"][stage]["seconds"] = round(time.monotonic() - started, 1)
-            print(preset, "node stage", stage, json.dumps(entry["nodes"][stage]), flush=True)
+        entry = {"nodes": _nodes(args, preset, workdir, args.outer_state)}
+        if preset in args.compare_outer_state.split(","):
+            other = "ram" if args.outer_state == "disk" else "disk"
+            entry[f"nodes_outer_state_{other}"] = _nodes(args, preset, workdir, other)
         if preset in args.rerun_child.split(","):
             job = args.job or _in_child("build", preset, 0, args.inner_steps, args.rounds, workdir)["job"]
             started = time.monotonic()

@@ -69,12 +69,22 @@ class StorageConfig:
     # windows need (the setting before issue 75's rebuild)
     start_states: str = "rebuild"
     start_state_every: int = 8  # with "rebuild": the rounds between two kept start states (1 = every one)
+    # Where each held stage's outer state (global weights, outer momentum, round-start and pending round-end
+    # snapshots, error-feedback residual: 12 to 16 bytes per parameter) waits between the outer steps that
+    # read it: "disk" (the default) in files without a name under <data_dir>/outer-state, read a tensor at a
+    # time (training/stage_engine_outer.py; nothing a restart reads: it restarts from its checkpoint as
+    # before); "ram" in memory. The same bits either way. A cluster node's sharded outer state stays in RAM.
+    outer_state: str = "disk"
 
     def __post_init__(self) -> None:
         if self.start_states not in START_STATE_KEEPING:
             raise ConfigError(f"storage.start_states={self.start_states!r}: must be one of "
                               f"{', '.join(START_STATE_KEEPING)} (\"rebuild\": keep one every "
                               "start_state_every rounds, rebuild the others when asked; \"keep\": every one)")
+        if self.outer_state not in OUTER_STATE_PLACES:
+            raise ConfigError(f"storage.outer_state={self.outer_state!r}: must be one of "
+                              f"{', '.join(OUTER_STATE_PLACES)} (\"disk\": files under "
+                              "<data_dir>/outer-state; \"ram\": in memory)")
         if self.start_state_every < 1:
             raise ConfigError(f"storage.start_state_every={self.start_state_every}: must be >= 1 (1 keeps "
                               "every start state)")
@@ -94,6 +104,10 @@ class StorageConfig:
                               "\"auto\": \"stages\" from a 512 MiB checkpoint on)")
 
 
+#: ``storage.outer_state``'s values (training/stage_engine_outer.py).
+OUTER_STATE_PLACES = ("disk", "ram")
+#: Where ``storage.outer_state = "disk"`` keeps the outer state's files (under ``data_dir``).
+OUTER_STATE_DIR = "outer-state"
 #: ``storage.retention``'s values (node/store/retention.py).
 RETENTIONS = ("windows", "all")
 #: ``storage.checkpoints``'s values (node/store/checkpoint_split.py).

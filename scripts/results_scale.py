@@ -234,13 +234,15 @@ def stage_memory(r: dict) -> list[str]:
     """bench/bench_stage_memory.py: a node's stage and a rerun child, peak memory per phase, before/after."""
     lines = ["Peak resident set per phase of one process (VmHWM reset at each phase), above the process's "
              "resident set before the model was built, in bytes per parameter it holds (a node: its stage "
-             "of 2; the rerun child: the whole replica). Before: the same script on commit "
+             "of 2, its engine's outer state on disk or in RAM, storage.outer_state; the rerun child: the "
+             "whole replica). Before: the same script on commit "
              f"{(r.get('baseline') or {}).get('commit', '-')}.", ""]
     runs = [("after", r["results"])] + ([("before", r["baseline"]["results"])] if r.get("baseline") else [])
     rows = []
     for when, results in runs:
         for preset, entry in results.items():
-            measured = [(f"node stage {s}", m) for s, m in entry.get("nodes", {}).items()]
+            measured = [(f"node stage {s}" + (f", outer {m['outer_state']}" if "outer_state" in m else ""), m)
+                        for key in entry if key.startswith("nodes") for s, m in entry[key].items()]
             measured += [("rerun child", entry["child"])] if "child" in entry else []
             for who, m in measured:
                 phases = ", ".join(f"{name} {phase['bytes_per_parameter']:.0f}"

@@ -39,6 +39,7 @@ from training.config_compression import CompressionConfig
 from training.errors import ContributionEncodeError, EngineStateError
 from training.exact_codec import ExactCodec
 from training.host_tensors import adopted, float32_scalar
+from training.spilled import shapes_of, unheld
 
 __all__ = [
     "CompressionStats",
@@ -135,6 +136,16 @@ class ErrorFeedbackCompressor:
         # training.codec.memo.EncoderMemo).
         self.encoder_memo: EncoderMemo | None = None
 
+    @property
+    def feeds_back(self) -> bool:
+        """Whether the residual carries each round's coding error (compression and error feedback on)."""
+        return bool(self.cfg.enabled and self.cfg.error_feedback)
+
+    @property
+    def carries(self) -> bool:
+        """Whether the residual holds an undelivered update (:meth:`restore_undelivered`) not sent yet."""
+        return self._carry
+
     def declare(self, blob: bytes, steps: int) -> bytes:
         """:meth:`compress`'s ``blob`` declaring ``steps`` inner steps (codec_wire version 2: a time-bounded
         run)."""
@@ -156,6 +167,8 @@ class ErrorFeedbackCompressor:
         with ExactCodec(self.exact) if self.exact else contextlib.nullcontext():
             blob, decoded, stats = self._encode(target, stage_index, outer_round)
         if use_feedback:
+            if not isinstance(self.residual, dict):  # kept in a file (training/stage_engine_outer.py): read
+                self.residual = dict.fromkeys(self.residual)  # into the target above, replaced whole here
             for name in self.residual:
                 self.residual[name] = torch.sub(target[name].to(torch.float32), decoded[name])
         elif self._carry:
@@ -190,11 +203,12 @@ class ErrorFeedbackCompressor:
         """
         if set(sent) != set(self.shapes):
             raise ContributionEncodeError("undelivered update names differ from the stage's tensors")
+        for name, shape in shapes_of(sent).items():  # a spilled update's shapes, its tensors not read twice
+            if shape != self.shapes[name]:
+                raise ContributionEncodeError(f"undelivered {name!r}: shape {shape} != {self.shapes[name]}")
+        if not isinstance(self.residual, dict):  # in a file or zeros (training/stage_engine_outer.py)
+            self.residual = dict(self.residual.items())
         for name, value in sent.items():
-            if tuple(value.shape) != self.shapes[name]:
-                raise ContributionEncodeError(
-                    f"undelivered {name!r}: shape {tuple(value.shape)} != {self.shapes[name]}"
-                )
             self.residual[name] = torch.add(self.residual[name], value.to(torch.float32))
         self._carry = True
 
@@ -204,7 +218,10 @@ class ErrorFeedbackCompressor:
         self._carry = False
 
     def state_dict(self, *, copy: bool = True) -> dict[str, torch.Tensor]:
-        """The residual (error feedback), cloned unless ``copy=False`` (:meth:`StageEngine.state_dict`)."""
+        """The residual (error feedback), cloned unless ``copy=False`` (:meth:`StageEngine.state_dict`): then
+        a residual not held in RAM (a file's, zeros) is given as it is, each tensor read when asked for."""
+        if not copy and unheld(self.residual):
+            return self.residual
         return {name: value.clone() if copy else value for name, value in self.residual.items()}
 
     def encoder_state(self) -> dict[str, dict[str, torch.Tensor]] | None:

@@ -74,6 +74,7 @@ from training.robust import OVER_LIMIT, ContributionReport, robust_contributions
 from training.schedule import outer_lr as scheduled_outer_lr
 from training.schedule import outer_momentum as scheduled_outer_momentum
 from training.schedule import outer_schedule_is_constant
+from training.spilled import shapes_of, unheld
 
 logger = logging.getLogger(__name__)
 
@@ -236,12 +237,15 @@ def aggregate_with_report(
     names = set(global_weights)
     if set(momentum) != names:
         raise AggregationError("momentum names differ from the global weights' names")
+    weights_kinds, momentum_kinds = _kinds(global_weights), _kinds(momentum)
     for name in names:
-        if global_weights[name].dtype != torch.float32 or momentum[name].dtype != torch.float32:
+        (weights_dtype, weights_shape), (momentum_dtype, momentum_shape) = (weights_kinds[name],
+                                                                            momentum_kinds[name])
+        if weights_dtype != torch.float32 or momentum_dtype != torch.float32:
             raise AggregationError(f"{name!r}: global weights and momentum must be float32")
-        if tuple(momentum[name].shape) != outer_state_shape(diloco_cfg, global_weights[name].shape):
-            raise AggregationError(f"{name!r}: momentum shape {tuple(momentum[name].shape)} is not the outer "
-                                   f"state's of the weights' shape {tuple(global_weights[name].shape)} "
+        if momentum_shape != outer_state_shape(diloco_cfg, weights_shape):
+            raise AggregationError(f"{name!r}: momentum shape {momentum_shape} is not the outer "
+                                   f"state's of the weights' shape {weights_shape} "
                                    f"(diloco.outer_optimizer={diloco_cfg.outer_optimizer!r})")
     return aggregate_unchecked(
         global_weights, momentum, contributions, diloco_cfg, stage_index=stage_index, outer_round=outer_round,
@@ -249,9 +253,16 @@ def aggregate_with_report(
     )
 
 
+def _kinds(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """name -> (dtype, shape); an outer state kept in a file (float32 by construction) is not read for it."""
+    if unheld(tensors):
+        return {name: (torch.float32, shape) for name, shape in shapes_of(tensors).items()}
+    return {name: (value.dtype, tuple(value.shape)) for name, value in tensors.items()}
+
+
 def aggregate_unchecked(global_weights, momentum, contributions, diloco_cfg, *, stage_index, outer_round,
                compression_cfg=None, excluded=None, known=()) -> Aggregation:
-    shapes = {name: tuple(value.shape) for name, value in global_weights.items()}
+    shapes = shapes_of(global_weights)
     accepted, reports = capped_contributions(
         contributions,
         shapes,

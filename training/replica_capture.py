@@ -18,7 +18,7 @@ from training.host_tensors import host_float32, host_float32_copy
 from training.muon import state_kind
 from training.pipeline import LocalReplicaTrainer
 from training.replica_state import ReplicaStartState, RoundMeta, StageStartState
-from training.spilled import ChainedTensors, MergedTensors, SpilledTensors, spill_float32
+from training.spilled import ChainedTensors, MergedTensors, SpilledTensors, spill_float32, unheld
 from training.stage_engine import StageEngine
 
 logger = logging.getLogger(__name__)
@@ -148,16 +148,20 @@ def engine_state_tensors(engine_state: Mapping) -> tuple[tuple[int, int, int], M
     engine with a ``spill_dir``) stays in its file: the tensors are then a mapping that reads it when asked.
     """
     tensors: dict[str, torch.Tensor] = {}
-    spilled: list[SpilledTensors] = []
+    spilled: list[Mapping[str, torch.Tensor]] = []
+
+    def add(prefix: str, part: Mapping[str, torch.Tensor]) -> None:
+        if unheld(part):  # in a file (or zeros): read a tensor at a time when the state is written
+            spilled.append(part.renamed(prefix))
+        else:
+            tensors.update({f"{prefix}{n}": t for n, t in part.items()})
+
     for group, key in (("global", "global_weights"), ("momentum", "momentum"), ("residual", "error_feedback"),
                        ("round_start", "round_start")):
-        tensors.update({f"{group}/{n}": t for n, t in engine_state[key].items()})
+        add(f"{group}/", engine_state[key])
     for kind in ("round_end", "own_decoded", "sent"):
         for outer_round, snapshot in engine_state[kind].items():
-            if isinstance(snapshot, SpilledTensors):
-                spilled.append(snapshot.renamed(f"{kind}.{int(outer_round)}/"))
-                continue
-            tensors.update({f"{kind}.{int(outer_round)}/{n}": t for n, t in snapshot.items()})
+            add(f"{kind}.{int(outer_round)}/", snapshot)
     others = engine_state["others_previous"]
     if others is not None:
         tensors.update({f"others_previous/{n}": t for n, t in others[0].items()})

@@ -26,21 +26,35 @@ import torch
 from training.host_tensors import host_float32
 
 
+class SpillFileError(OSError):
+    """A spilled file that is not what was written to it (another length): its tensors are never used."""
+
+
 class SpilledTensors(Mapping):
     """name -> float32 CPU tensor, each read from the (unlinked) file when asked for; read-only."""
 
     def __init__(self, fd: int, index: dict[str, tuple[int, tuple[int, ...]]]) -> None:
         self._fd, self._index = fd, index
+        # The file's length as written: one of any other length (cut short, grown) is refused when read.
+        self._length = max((offset + 4 * math.prod(shape) for offset, shape in index.values()), default=0)
+
+    def check_length(self) -> None:
+        """Raise :class:`SpillFileError` unless the file is as long as what was written to it."""
+        length = os.fstat(self._fd).st_size
+        if length != self._length:
+            raise SpillFileError(f"a spilled state file holds {length} bytes, not the {self._length} written "
+                                 "to it (cut short or changed since): refused, not read")
 
     def __getitem__(self, name: str) -> torch.Tensor:
         offset, shape = self._index[name]
         size = 4 * math.prod(shape)
+        self.check_length()
         buffer = bytearray(size)
         view, done = memoryview(buffer), 0
         while done < size:
             read = os.preadv(self._fd, [view[done:]], offset + done)
             if read <= 0:
-                raise OSError(f"spilled tensor {name!r}: the file ended at byte {offset + done}")
+                raise SpillFileError(f"spilled tensor {name!r}: the file ended at byte {offset + done}")
             done += read
         return torch.frombuffer(buffer, dtype=torch.float32).view(shape) if size else \
             torch.zeros(shape, dtype=torch.float32)
@@ -54,6 +68,10 @@ class SpilledTensors(Mapping):
     def shape_of(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, without reading it."""
         return self._index[name][1]
+
+    def fileno(self) -> int:
+        """The file's descriptor (open while this is)."""
+        return self._fd
 
     @property
     def nbytes(self) -> int:
@@ -181,3 +199,42 @@ class ChainedTensors(Mapping):
         part = self._parts[self._where[name]]
         known = getattr(part, "shape_of", None)
         return tuple(known(name)) if known is not None else tuple(part[name].shape)
+
+
+class ZeroTensors(Mapping):
+    """name -> a fresh float32 zero tensor of its shape, made when asked for: a state that is all zeros (the
+    error-feedback residual of a run without feedback) held as its shapes only (issue 75: 4 bytes per
+    parameter)."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._shapes = {name: tuple(shape) for name, shape in shapes.items()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return torch.zeros(self._shapes[name], dtype=torch.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def renamed(self, prefix: str) -> ZeroTensors:
+        """The same zeros named ``prefix + name``."""
+        return ZeroTensors({prefix + name: shape for name, shape in self._shapes.items()})
+
+
+def unheld(tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``tensors`` are not held in RAM (a :class:`SpilledTensors` file or :class:`ZeroTensors`): each
+    read is a fresh tensor, so a caller reads each once and keeps the mapping as it is rather than copy it."""
+    return isinstance(tensors, (SpilledTensors, ZeroTensors))
+
+
+def shapes_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """name -> shape of ``tensors``, without reading an unheld mapping's tensors."""
+    known = getattr(tensors, "shape_of", None)
+    if known is not None:
+        return {name: tuple(known(name)) for name in tensors}
+    return {name: tuple(value.shape) for name, value in tensors.items()}

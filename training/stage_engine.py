@@ -63,6 +63,7 @@ from training.hashing import stage_weights_hash
 from training.host_tensors import Weights, host_float32_copy
 from training.spilled import spill_float32
 from training.stage_engine_joining import EngineJoining
+from training.stage_engine_outer import EngineOuterState
 from training.stage_engine_state import EngineState
 from training.stage_results import PreparedAggregation, RoundResult
 
@@ -70,7 +71,7 @@ logger = logging.getLogger(__name__)
 
 
 
-class StageEngine(EngineJoining, EngineState):
+class StageEngine(EngineJoining, EngineState, EngineOuterState):
     """DiLoCoX state of one stage on one replica; no networking.
 
     ``params`` are the live parameters of the stage module (updated in place by
@@ -78,7 +79,8 @@ class StageEngine(EngineJoining, EngineState):
     writes them when a round is applied. They may live on a GPU; everything the
     engine keeps and computes is float32 on the CPU (:func:`training.diloco.host_float32`, docs/GPU.md). It
     keeps the global weights, the outer momentum, the error-feedback residuals and the local snapshots the
-    delay correction needs. Call order per round t (module docstring)::
+    delay correction needs, in RAM or, once :meth:`keep_outer_state_in` names a directory, in files there
+    (training/stage_engine_outer.py). Call order per round t (module docstring)::
 
         no delay:  train(t); encode_contribution(t); apply_round(t, ...)
         delay:     train(t); encode_contribution(t); apply_round(t-1, ...); train(t+1) ...
@@ -102,8 +104,8 @@ class StageEngine(EngineJoining, EngineState):
         self.diloco_cfg = diloco_cfg
         self.compression_cfg = compression_cfg
         self.shapes = {name: tuple(value.shape) for name, value in self.params.items()}
-        self.global_weights: Weights = host_float32_copy(self.params)
-        self.momentum: Weights = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
+        self.global_weights = host_float32_copy(self.params)
+        self.momentum = zero_outer_state(diloco_cfg, self.global_weights)  # outer Adam: (2, *shape)
         # "auto" budgets follow the stage's size
         numel = sum(math.prod(shape) for shape in self.shapes.values())
         budget = compression_cfg.stage_bandwidth_budget(
@@ -184,6 +186,7 @@ class StageEngine(EngineJoining, EngineState):
         pseudo_gradient = {name: torch.sub(self._round_start[name], local[name]) for name in self.shapes}
         self._round_end[outer_round] = local
         self._round_start = local
+        self._park_snapshots()
         self.last_encoded = outer_round
         self._prepared = (outer_round, pseudo_gradient)
 
@@ -231,6 +234,7 @@ class StageEngine(EngineJoining, EngineState):
                 pseudo_gradient, stage_index=self.stage_index, outer_round=outer_round
             )
             blob = self._declared(blob, declared_steps)
+            self._park_residual()
             self._sent[outer_round] = self._transmitted()
             stats.encode_seconds = time.perf_counter() - started
             return blob, stats
@@ -254,6 +258,9 @@ class StageEngine(EngineJoining, EngineState):
             local = estimate
         self._round_end[outer_round] = local
         self._round_start = local
+        del local
+        self._park_snapshots()
+        self._park_residual()
         self._sent[outer_round] = self._transmitted()
         self._own_blob = {r: own for r, own in self._own_blob.items() if r > self.last_applied}
         self._own_blob[outer_round] = (blob, self._sent[outer_round])
@@ -299,6 +306,9 @@ class StageEngine(EngineJoining, EngineState):
             # Nothing reads it once the outer step is made: not held until the apply (4 bytes per parameter
             # from the prefetch on, issue 75).
             aggregation.average = None
+        # The next global state waits for the apply in its files when the outer state is kept on disk.
+        aggregation.new_global = self._parked(aggregation.new_global)
+        aggregation.new_momentum = self._parked(aggregation.new_momentum)
         return PreparedAggregation(outer_round, base, aggregation, time.perf_counter() - started)
 
     def prepared_valid(self, prepared: PreparedAggregation | None, outer_round: int) -> bool:
@@ -360,12 +370,17 @@ class StageEngine(EngineJoining, EngineState):
         # The new global state is taken before the local weights follow it: the old one (8 bytes per
         # parameter) goes before the correction makes its new snapshots.
         self.global_weights, self.momentum = new_global, new_momentum
-        del average
+        del average, new_momentum
         if aggregation is None:  # this engine's own result (an aggregation given in is the caller's)
             result.average = None
+            if self.outer_state_dir is not None:  # the engine's copy is in its file now
+                result.new_global = result.new_momentum = new_global = self.global_weights
+        round_end, round_start, pending = self._snapshots_in_ram(round_end)
         with torch.no_grad():
             self._round_start, self._round_end = self.correction.follow(
-                self.params, new_global, round_end, self._round_start, self._round_end)
+                self.params, new_global, round_end, round_start, pending)
+        del round_end, round_start, pending, new_global
+        self._park_snapshots()
         self.last_applied = outer_round
         self._forget_sent_before(outer_round)
         return RoundResult.of_round(outer_round, result, len(contributions), started, aggregated)
@@ -392,6 +407,7 @@ class StageEngine(EngineJoining, EngineState):
             )
             return False
         self.compressor.restore_undelivered(sent)
+        self._park_residual()
         return True
 
     def transmitted(self, outer_round: int) -> bool:

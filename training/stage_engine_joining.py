@@ -34,6 +34,7 @@ class EngineJoining:
         self.global_weights, self.momentum = weights, momentum
         self._round_start = host_float32_copy(weights)
         self._round_end, self._own_decoded, self._others_previous, self._sent = {}, {}, None, {}
+        self._park_snapshots()
         self._own_blob = {}
         # a restart's state carries none (training.reexec.restart_state_reason)
         self.compressor.encoder_memo = None
@@ -65,6 +66,7 @@ class EngineJoining:
         self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
         self._others_previous = None  # "eager" falls back to "lookahead" for the next round
         self.global_weights, self.momentum = weights, momentum
+        self._park_snapshots()
         with torch.no_grad():
             for name, param in self.params.items():
                 param.add_(delta[name])
@@ -107,6 +109,7 @@ class EngineJoining:
         self._round_start = shift(self._round_start)
         self._round_end = {r: shift(snapshot) for r, snapshot in self._round_end.items()}
         self.global_weights, self.momentum = new_global, new_momentum
+        self._park_snapshots()
         self.last_applied = max(self.last_applied, min(outer_round, self.last_encoded))
         self._forget_sent_before(min(outer_round, self.last_applied))
         self._own_decoded.pop(outer_round, None)

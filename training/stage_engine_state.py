@@ -10,15 +10,15 @@ import torch
 from training.diloco import outer_state_shape
 from training.errors import EngineStateError
 from training.host_tensors import Weights, adopted, host_float32_copy
-from training.spilled import SpilledTensors
+from training.spilled import unheld
 
 ENGINE_STATE_VERSION = 1
 
 
 def _as_held(weights: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    """``weights`` as the engine holds them, not copied: a spilled snapshot stays in its file (read a tensor
-    at a time by whoever reads it), any other mapping a dict of its tensors."""
-    return weights if isinstance(weights, SpilledTensors) else dict(weights)
+    """``weights`` as the engine holds them, not copied: a spilled snapshot or outer state stays in its file
+    (read a tensor at a time by whoever reads it), any other mapping a dict of its tensors."""
+    return weights if unheld(weights) else dict(weights)
 
 
 class EngineState:
@@ -97,6 +97,8 @@ class EngineState:
         self._own_decoded, self._others_previous, self._sent = own_decoded, others_previous, sent
         self.last_encoded, self.last_applied = last_encoded, last_applied
         self._own_blob = {}
+        self._park_snapshots()  # an engine keeping its outer state on disk: the restored state goes there
+        self._park_residual()
 
     def _checked(self, what: str, weights: Mapping[str, torch.Tensor], adopt: bool = False) -> Weights:
         if set(weights) != set(self.shapes):

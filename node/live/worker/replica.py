@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from node.config import NodeConfig
+from node.config import OUTER_STATE_DIR, NodeConfig
 from training.codec_wire import decode_contribution
 from training.data import corpus_from_config, eval_batches, round_batches
 from training.butterfly import slice_for_exchange
@@ -112,6 +112,9 @@ class ReplicaWorker(StageAggregation):
             plan = slice_for_exchange(self.engines[stage], self.cfg.diloco)
             if plan is not None:
                 self.plans[stage] = plan
+            if self.cfg.storage.outer_state == "disk" and isinstance(self.engines[stage], StageEngine):
+                # between its outer steps in files, not RAM (issue 75; a cluster's shards stay on its ranks)
+                self.engines[stage].keep_outer_state_in(self.cfg.path(OUTER_STATE_DIR))
 
     def leave_pipeline(self) -> None:
         """Drop the cluster's broken pipeline (a partner died); weights, optimizer and engines are kept."""
