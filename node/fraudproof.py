@@ -27,6 +27,7 @@ from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.robust import ContributionReport
 from training.schedule import outer_lr, outer_momentum
+from training.spilled import shapes_of
 
 
 def parse_stage_leaf(data: bytes, stage: int) -> StageLeaf:
@@ -81,7 +82,7 @@ def stage_state_of(
     on chain). Callers go through the scheme (``CommitmentScheme.stage_state_of``,
     ``node.commitments.stage_state``).
     """
-    shapes = {name: tuple(value.shape) for name, value in new_global.items()}
+    shapes = shapes_of(new_global)  # a state kept in a file (training/stage_engine_outer.py): not read for it
     envelopes = list(envelopes) if envelopes is not None else [hashlib.sha256(c).digest()
                                                                for c in contributions]
     accepted = [report for report in reports if report.accepted]

@@ -47,6 +47,7 @@ import torch
 from training.codec_exact import unpack_ints
 from training.codec_wire import decode_declared, matrix_view_shape
 from training.errors import ContributionDecodeError
+from training.spilled import shapes_of
 
 CHUNK_ELEMENTS = 64
 CODEC_TAGS = {"raw": 0, "quant": 1, "lowrank": 2}
@@ -130,7 +131,7 @@ def tensor_leaves(tensors: Mapping[str, torch.Tensor], *, first_tensor: int = 0)
     tensors, training/cluster_plan.py: its leaves are those of the whole stage's at its chunks)."""
     leaves: list[bytes] = []
     for tensor, name, numel, cols in _tensor_order(
-        {name: tuple(value.shape) for name, value in tensors.items()}
+        shapes_of(tensors)  # a state kept in a file: its shapes without reading it
     ):
         tensor += first_tensor
         bits = _bits_be(tensors[name])

@@ -363,7 +363,10 @@ class StageEngine(EngineJoining, EngineState, EngineOuterState):
                                    known=() if own is None else (own,))
         new_global, new_momentum, average = result.new_global, result.new_momentum, result.average
         aggregated = time.perf_counter()
-        round_end = self._round_end.pop(outer_round)
+        # The snapshots the correction re-bases, read (from their files, if kept there) before anything
+        # changes: a file that cannot be read leaves the engine as it was.
+        round_end, round_start, pending = self._snapshots_in_ram(self._round_end[outer_round])
+        del self._round_end[outer_round], pending[outer_round]
         own = self._own_decoded.pop(outer_round, None)
         self._others_previous = self.correction.others_after_apply(average, own, len(result.accepted),
                                                                    self._others_previous)
@@ -374,8 +377,8 @@ class StageEngine(EngineJoining, EngineState, EngineOuterState):
         if aggregation is None:  # this engine's own result (an aggregation given in is the caller's)
             result.average = None
             if self.outer_state_dir is not None:  # the engine's copy is in its file now
-                result.new_global = result.new_momentum = new_global = self.global_weights
-        round_end, round_start, pending = self._snapshots_in_ram(round_end)
+                result.new_global, result.new_momentum = self.global_weights, self.momentum
+                new_global = self.global_weights
         with torch.no_grad():
             self._round_start, self._round_end = self.correction.follow(
                 self.params, new_global, round_end, round_start, pending)

@@ -57,6 +57,8 @@ class EngineOuterState:
         other thread uses the engine (the node: when it builds its engines). None: a state made from now on
         stays in RAM (one already in a file stays there until replaced)."""
         self._outer_dir = None if directory is None else Path(directory)
+        logger.info("stage %d: outer state %s", self.stage_index,
+                    "in RAM" if directory is None else f"in files without a name under {directory}")
         self.global_weights, self.momentum = self.global_weights, self.momentum
         self._park_snapshots()
         self._park_residual()

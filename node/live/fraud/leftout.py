@@ -22,6 +22,7 @@ from node.live.fraud.values import piece_past_rank
 from p2p.envelope import decode_envelope
 from training.chunks import cut_payload
 from training.robust import UNDECODABLE, ContributionReport
+from training.spilled import shapes_of
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def left_out_pieces(reports: Sequence[ContributionReport], payloads: Sequence[by
     decoder's, ``maxRank``'s largest): what a quorum may list and the chunk proof shows. Only those are kept
     (a low-rank contribution's pieces are large: about 27 MB for a ``mini`` stage at rank 32), not the
     contributions left out for other reasons, which no piece proves."""
-    shapes = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+    shapes = shapes_of(weights)  # a state kept in a file: not read for its shapes
     kept = {}
     for report in reports:
         if report.accepted or report.reason != UNDECODABLE or not 0 <= report.index < len(payloads):
