@@ -25,6 +25,7 @@ from training.butterfly import slice_for_exchange
 from training.slice_plan import SlicePlan
 from training.diloco import Aggregation
 from training.errors import PipelineError
+from training.platform import resolve_device
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
@@ -91,7 +92,8 @@ class ReplicaWorker(StageAggregation):
         if self.pipelined:
             host, _, port = self.cfg.cluster_master.rpartition(":")
             init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
-                                timeout_s=max(rendezvous_timeout, op_timeout))
+                                timeout_s=max(rendezvous_timeout, op_timeout),
+                                device=resolve_device(self.cfg.training.device))
             mark("pipeline group joined")
             spec = self.specs[self.stages[0]]
             self.trainer = PipelineStageTrainer(
