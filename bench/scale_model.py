@@ -47,6 +47,11 @@ from bench.benchio import RESULTS, write_result  # noqa: E402
 A800_BF16_PEAK = 312e12
 #: The MFU measured for llama-124m in bf16 on an H200, the node's compiled trainer (bench/results/gpu.json).
 GPU_MFU = 0.396
+#: The MFU measured for llama-1b (1.1 B, TinyLlama's shape) in bf16 on an H200, eager, batch 8 x 2048 tokens:
+#: 39,981 tokens/s, 308 TFLOP/s (`SCALE=1 ONLY_SCALE=1 bash bench/gpu_checks.sh`, 2026-11-29, its first 140 s;
+#: the log's line "(a) bf16 batch 8: 39,981 tokens/s, 308 TFLOP/s, MFU 31.2%"). The model's rounds are also
+#: given at it: the 1.1 B step not compiled and at a small batch, a floor under GPU_MFU's best setting.
+GPU_MFU_1B_EAGER = 0.312
 #: The components of the sampling profile (node/live/costprofile.py) that are the node's own work.
 NODE_WORK = (
     "hashing",
@@ -287,6 +292,11 @@ def retained_multiple(retention: dict | None) -> float | None:
     return max(figures) if figures else None
 
 
+def on_gpu(run: dict) -> bool:
+    """Whether a scale_system run's nodes trained on a GPU (``--set training.device=cuda...``)."""
+    return any(setting.startswith("training.device=cuda") for setting in run["args"].get("set") or ())
+
+
 def large(model: dict, layout: dict, ledger: dict, components: dict | None = None,
           retained: float | None = None) -> dict:
     n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
@@ -307,6 +317,7 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
     # One-step delay: the exchange and the node's own work (on the host CPU) overlap the next round's inner
     # steps (on the GPUs); a round lasts the longer of the two.
     round_s = max(compute_s, sum(work.values()) + link_s)
+    compute_s_1b_eager = compute_s * GPU_MFU / GPU_MFU_1B_EAGER
     members = m * s
     quorum = max(2, math.ceil(members / 2))
     tokens = m * layout["inner_steps"] * layout["tokens_per_step"]
@@ -328,6 +339,8 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "bytes_per_round_at_bench_rate": sent_every_check,
         "link_s_per_round": link_s,
         "round_s": round_s,
+        "compute_s_per_round_at_1b_eager_mfu": compute_s_1b_eager,
+        "round_s_at_1b_eager_mfu": max(compute_s_1b_eager, sum(work.values()) + link_s),
         "tokens_per_s": tokens / round_s,
         "allreduce_tokens_per_s": allreduce_tokens_s,
         "speedup_over_allreduce": tokens / round_s / allreduce_tokens_s,
@@ -360,7 +373,9 @@ def main() -> int:
     retention_path = Path(args.retention)
     retention = json.loads(retention_path.read_text()) if retention_path.exists() else None
     retained = retained_multiple(retention)
-    points = {label: measured(run) for label, run in runs.items()}
+    # the fit is of the node's host-CPU work on this CPU machine: runs whose nodes trained on a GPU (another
+    # machine's host CPU) are shown by the results page, not fitted
+    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run)}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
     checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}
@@ -376,7 +391,8 @@ def main() -> int:
         "large": [large(refit, layout, ledger, components, retained) for layout in LAYOUTS],
         "retained_disk_multiple": retained,
         "paper": PAPER,
-        "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
+        "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU,
+                        "gpu_mfu_1b_eager": GPU_MFU_1B_EAGER},
     }
     write_result(args.out, result)
     for size, rows in checked.items():
