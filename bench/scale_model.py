@@ -156,7 +156,12 @@ def measured(run: dict) -> dict:
     # replica's start state, one stage's part from each of its nodes
     rate = checks / (replicas * periods) if periods else None
     sent = mean(n.get("bytes_sent_per_round") for n in nodes)
-    spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
+    key = "spot_check_state_bytes_per_round"
+    fetched = [n[key] for n in nodes if key in n]
+    if len(fetched) == len(nodes):  # measured: every check fetches what some node serves, so the means agree
+        spot_bytes = sum(fetched) / len(fetched)
+    else:  # runs before the nodes counted them: the start state's measured bytes per parameter
+        spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
     inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
     out = {
         "parameters": total,
