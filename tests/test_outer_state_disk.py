@@ -93,11 +93,11 @@ def _run(tmp_path: Path, settings, outer_dir: Path | None, rounds: int = 4):
 
 @pytest.mark.parametrize("settings", [
     pytest.param([], id="rebase"),
-    pytest.param(["diloco.delay_correction=reset"], id="reset"),
-    pytest.param(["diloco.delay_correction=lookahead"], id="lookahead"),
+    pytest.param(["diloco.delay_correction=reset"], id="reset", marks=pytest.mark.slow),
+    pytest.param(["diloco.delay_correction=lookahead"], id="lookahead", marks=pytest.mark.slow),
     pytest.param(["diloco.delay_correction=eager", "compression.error_feedback=true"], id="eager-feedback"),
     pytest.param(["diloco.one_step_delay=false", "diloco.outer_optimizer=adam"], id="no-delay-adam"),
-    pytest.param(["compression.error_feedback=true"], id="rebase-feedback"),
+    pytest.param(["compression.error_feedback=true"], id="rebase-feedback", marks=pytest.mark.slow),
 ])
 def test_outer_state_on_disk_changes_no_bit(tmp_path, settings) -> None:
     blobs, hashes, states, held, ram = _run(tmp_path, settings, None)
