@@ -19,6 +19,8 @@ DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
 #: a run document that names none (1: the runs made before versions existed keep their bits and hashes).
 #: ``AUTO_KERNELS`` (the field's default) is resolved to one of them by ``TrainingConfig.__post_init__``.
 DEFAULT_KERNELS, LEGACY_KERNELS, AUTO_KERNELS = 3, 1, 0
+#: training.data_windows's values (training/data.py "Round batches"): whose key draws a round's windows.
+DATA_WINDOWS = ("replica", "account")
 
 
 @dataclass
@@ -77,6 +79,12 @@ class TrainingConfig:
     # A configuration that names none (AUTO_KERNELS) gets DEFAULT_KERNELS with the mode on (so a new run
     # records 3), 1 without it; a run document that names none, LEGACY_KERNELS (node.runconfig).
     reproducible_kernels: int = AUTO_KERNELS
+    # Whose key draws the windows of a round's batches (training/data.py, "Round batches"): "replica", the
+    # replica index (a seat count the chain does not know); "account", the 20-byte member account of the
+    # replica's first-stage member, the signer of its stage-0 contribution (the key the chain's data dispute
+    # recomputes the windows from: training/data_binding.py, docs/FRAUD_PROOF.md "The data's binding"). A run
+    # setting, in the run document only when "account" (a "replica" run's document and hash are unchanged).
+    data_windows: str = "replica"
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -121,6 +129,8 @@ class TrainingConfig:
         _require(self.reproducible or self.reproducible_kernels == 1,
                  f"training.reproducible_kernels={self.reproducible_kernels} is a setting of "
                  "training.reproducible = true: remove it or turn the mode on")
+        _require(self.data_windows in DATA_WINDOWS,
+                 f"training.data_windows={self.data_windows!r}: must be one of {list(DATA_WINDOWS)}")
         if self.optimizer != "muon":
             for name, neutral in MUON_ONLY.items():
                 _require(
@@ -149,6 +159,8 @@ class TrainingConfig:
             del out["reproducible"]
         if self.reproducible_kernels == 1:  # and a run of version 1 the one it had before versions
             del out["reproducible_kernels"]
+        if self.data_windows == "replica":  # and a run drawn by replica index the one it had before it
+            del out["data_windows"]
         return out
 
 

@@ -20,7 +20,7 @@ import torch
 
 from node.config import NodeConfig
 from training.codec_wire import decode_contribution
-from training.data import corpus_from_config, eval_batches, round_batches
+from training.data import corpus_from_config, eval_batches, round_batches, windows_key
 from training.butterfly import slice_for_exchange
 from training.slice_plan import SlicePlan
 from training.diloco import Aggregation
@@ -56,9 +56,15 @@ class TrainStats:
 class ReplicaWorker(StageAggregation):
     """Trainers and engines of the stages one node holds (see module docstring)."""
 
-    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int) -> None:
+    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int,
+                 data_key: bytes | None = None) -> None:
         self.cfg = cfg
         self.replica = replica
+        # What the windows of the replica's batches are drawn by (training.data.windows_key): the replica
+        # index, or in a run with training.data_windows = "account" ``data_key``, the 20-byte account of the
+        # replica's first-stage member (every stage of a split replica reads the same batch:
+        # node/live/assembly.py).
+        self.windows_key = windows_key(cfg.training, replica, data_key)
         self.stages = stages
         self.rank = rank
         self.specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
@@ -246,7 +252,7 @@ class ReplicaWorker(StageAggregation):
         chunk = BATCH_CHUNK if self.cfg.diloco.budgeted else max(1, end_step - first_step)
         for start in range(first_step, end_step, chunk):
             stop = min(end_step, start + chunk)
-            yield from round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, stop,
+            yield from round_batches(self.corpus, self.cfg.training.seed, self.windows_key, outer_round, stop,
                                      self.cfg.training.batch_size, self.cfg.model.block_size,
                                      first_step=start)
 
@@ -294,8 +300,9 @@ class ReplicaWorker(StageAggregation):
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
+        key = self.windows_key if isinstance(self.windows_key, bytes) else None
         return data_commitment(self.corpus, self.cfg.training, self.cfg.model, self.cfg.diloco, self.replica,
-                               outer_round, self.declared_steps(outer_round))
+                               outer_round, self.declared_steps(outer_round), key)
 
     def eval_loss(self) -> float:
         return self.trainer.eval_loss(self._eval)
