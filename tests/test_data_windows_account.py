@@ -1,6 +1,7 @@
 """A run whose data windows are keyed by account (``training.data_windows = "account"``, issue 78): the node
-draws its batches, binds its data commitment, and a spot check reruns it, by the CONTRIBUTOR's 20-byte account,
-with the windows the chain's data dispute recomputes (training/data_binding.py, rulebook/data_windows.py).
+draws its batches, binds its data commitment, and a spot check reruns it, by the CONTRIBUTOR's 20-byte
+account, with the windows the chain's data dispute recomputes (training/data_binding.py,
+rulebook/data_windows.py).
 
 Real workers (the node's ReplicaWorker, its trainer and engines), the real rerun (verify_contribution), and on
 py-evm a data dispute of a claim whose batches are the node's own draw.
@@ -76,7 +77,7 @@ def test_windows_key_follows_the_setting_and_refuses_a_missing_account():
     assert windows_key(_cfg().training, 3, ALICE) == 3  # "replica": the account is not used
     assert windows_key(_cfg("training.data_windows=account").training, 3, ALICE) == ALICE
     for missing in (None, ALICE[:10]):
-        with pytest.raises(DataError, match='training.data_windows = "account": the windows of replica 3 need'):
+        with pytest.raises(DataError, match='data_windows = "account": the windows of replica 3 need'):
             windows_key(_cfg("training.data_windows=account").training, 3, missing)
 
 
@@ -92,7 +93,8 @@ def _round(worker, outer_round: int, seen: list) -> list[ContributionClaim]:
     """Train and encode ``outer_round`` as the node does; the claims its envelopes would sign."""
     states = worker.capture_start_states(outer_round)
     step = worker.trainer.train_step
-    worker.trainer.train_step = lambda x, y, *rest: (seen.append((x.clone(), y.clone())), step(x, y, *rest))[1]
+    worker.trainer.train_step = lambda x, y, *rest: (seen.append((x.clone(), y.clone())),
+                                                     step(x, y, *rest))[1]
     try:
         worker.train_round(outer_round)
     finally:
