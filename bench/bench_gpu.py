@@ -318,8 +318,8 @@ def perf(args: argparse.Namespace) -> dict:
         if args.compile:
             out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
         best = max(out["throughput"], key=lambda name: out["throughput"][name]["tokens_per_second"])
-        out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_best": out["throughput"][best]["mfu"],
-                        "mfu_best_setting": best}
+        out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"],
+                        "mfu_best": out["throughput"][best]["mfu"], "mfu_best_setting": best}
         return out
     out["throughput"]["fp32"] = throughput(model, device, "fp32", args)
     if args.compile:
