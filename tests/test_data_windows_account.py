@@ -176,3 +176,40 @@ def test_a_data_dispute_of_a_claim_on_the_nodes_own_draw_holds(request):
         _answer(client, game, side, defender)
         assert client.game(game)["phase"] == PHASES.index("Done")
     assert not client.wrong(claim_id)
+
+
+def test_a_start_state_rebuild_replays_its_rounds_with_the_replicas_key(tmp_path):
+    """The start-state rebuild (node/live/checks/staterebuild.py, the child's ``replay``) reruns a run keyed
+    by account with the replica's key its job names: the states it gives are the node's; with another key
+    they are not."""
+    import hashlib
+
+    from node.live.checks.staterebuild import ReplayRound, replay, write_job
+    from training.data import corpus_from_config
+    from training.reexec import reexecute, round_meta
+    from training.replica_capture import initial_replica_state
+
+    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2",
+                             "rounds=0", "pipeline.num_stages=1", f"data_dir={tmp_path}",
+                             "training.data_windows=account"])
+    corpus = corpus_from_config(cfg.training, cfg.model)
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=0, num_stages=1, threads=1)
+    state = initial_replica_state(meta, cfg.model, cfg.training, cfg.diloco, cfg.compression)
+    states, payloads = [state.stages[0].to_bytes()], []
+    for outer_round in range(3):  # the node's rounds, as its own rerun gives them
+        previous = {0: [payloads[-1]]} if outer_round > 0 else None
+        rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
+                          previous_contributions=previous, data_key=ALICE)
+        payloads.append(rerun.payloads[0])
+        state = rerun.next_state
+        states.append(state.stages[0].to_bytes())
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    anchor = hashlib.sha256(states[0]).hexdigest()
+    (blobs / anchor).write_bytes(states[0])
+    for key, same in ((ALICE, True), (BOB, False)):
+        rounds = {r: ReplayRound(previous={0: [payloads[r - 1]]} if r else {}, data_key=key)
+                  for r in range(3)}
+        job = tmp_path / f"job-{key.hex()[:4]}"
+        write_job(job, cfg.to_dict(), blobs, [anchor], 3, rounds)
+        assert (replay(job)["hashes"] == [hashlib.sha256(states[3]).hexdigest()]) == same
