@@ -117,31 +117,81 @@ def test_a_node_process_refuses_to_start_in_a_plain_end_run(make_run):
     assert run.client().commit_count(run.run_id) == 0
 
 
+def _start_weights(kept) -> dict:
+    """The start a kept defense holds (its weight chunk leaves) as the stage's tensors by name."""
+    import numpy as np
+    import torch
+
+    from training.chunks import leaf_values
+
+    names = sorted(kept.shapes, key=lambda n: n.encode())
+    flat = {name: np.zeros(int(np.prod(kept.shapes[name])), dtype=np.uint32) for name in names}
+    for leaf in kept.start:
+        (tensor, offset, _cols, count), bits = leaf_values(leaf)
+        flat[names[tensor]][offset:offset + count] = bits
+    return {name: torch.from_numpy(flat[name].view(np.float32).copy()).reshape(kept.shapes[name])
+            for name in names}
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_node_processes_with_the_switches_train_and_commit_in_a_plain_end_run(make_run):
-    """Two real node processes (one replica each, anvil) in a normed run of the tiny model whose creator fixed
-    a program and the plain end rule before the first commit, the run's settings carrying nothing between
-    rounds: both start, train and commit rounds (their round starts: a fresh inner optimizer)."""
+def test_node_processes_with_the_switches_train_and_commit_in_a_plain_end_run(make_run, tmp_path):
+    """Two real node processes (one replica each, anvil) in a normed run of the tiny model, reproducible,
+    whose creator fixed a program and the plain end rule before the first commit, the run's settings carrying
+    nothing between rounds: both start, train and commit rounds, and every contribution they kept for a
+    defense codes, element by element, ``fl(S - E)`` with ``E`` the end of the round's program from the
+    committed start alone (training.end_relation.program_end: a new trainer, a fresh inner optimizer) on its
+    replica's batches, and not on the other replica's."""
     from ledger.account import dev_account
     from ledger.stepcase import ledger_step_prover
     from ledger.stepproof import StepProverClient
+    from node.live.fraud.defensefiles import DEFENSE_DIR, DefenseFiles
+    from node.runconfig import node_config_from_run, run_document
     from tests.node_fixtures import TINY, wait_for
     from tests.test_case_defense_e2e import _program
+    from training.data import corpus_from_config, round_batches
+    from training.end_relation import end_relation, program_end
 
+    program_file = tmp_path / "program.json"
+    rounds = 3
     run = make_run(replicas=2, stages=1, split=False,
-                   settings=[*TINY, "join_timeout=90", "rounds=3", *PLAIN])
+                   settings=[*TINY, "join_timeout=90", f"rounds={rounds}", "training.reproducible=true",
+                             f"ledger.step_program={program_file}", *PLAIN])
     w3 = run.client().w3
     client = StepProverClient(w3, ledger_step_prover(w3, run.ledger))
     creator = dev_account(0, w3.eth.chain_id).address
     program = _program(run)
+    program_file.write_text(program.to_json())
     client.set_program(creator, run.run_id, program.head(), program.origin_leaves())
     client.set_end_rule(creator, run.run_id)
     assert client.contract.functions.endRuleOf(run.run_id).call() == 1
     run.start()
     reader = run.client()
-    wait_for(lambda: reader.commit_count(run.run_id) >= 3, 480, "round 2's commit", run, none_exits=True)
+    wait_for(lambda: reader.commit_count(run.run_id) >= rounds, 480, "the last round's commit", run,
+             none_exits=True)
     for slot in run.nodes:
         log = "\n".join(path.read_text(errors="replace") for path in sorted(slot.data_dir.glob("node-*.log")))
         assert "fixes the plain end rule on chain" not in log
+    cfg = node_config_from_run(run_document(load_config(None, run._base_settings())))
+    assert cfg.training.inner_state == "fresh" and not cfg.diloco.put_back and plain_end_problems(cfg) == []
+    corpus, h = corpus_from_config(cfg.training, cfg.model), cfg.diloco.inner_steps
+    judged = []
+    for slot in run.nodes:
+        files = DefenseFiles(slot.data_dir / DEFENSE_DIR)
+        wait_for(lambda: files.rounds(), 120, "a kept defense", run)
+        for outer_round, stage in files.rounds():
+            kept = files.kept(outer_round, stage)
+            start = _start_weights(kept)
+            holds = []
+            for replica in (0, 1):
+                batches = round_batches(corpus, cfg.training.seed, replica, outer_round, h,
+                                        cfg.training.batch_size, cfg.model.block_size)
+                end = program_end(cfg.model, cfg.training, start, batches, outer_round, h, rounds * h)
+                relation = end_relation(start, end, kept.blob)
+                assert relation.unchecked == 0 and sum(relation.checked.values()) == sum(
+                    t.numel() for t in start.values())
+                holds.append(relation.holds)
+            assert holds.count(True) == 1, (slot.data_dir, outer_round, holds)
+            judged.append((outer_round, holds.index(True)))
+    assert {replica for _, replica in judged} == {0, 1}, judged  # each node's own replica, both of them
