@@ -26,8 +26,8 @@ from training.errors import TrainingConfigError
 TINY_V3 = ["model.preset=tiny", "diloco.commitments=normed"]
 
 
-PLAIN = ["compression.error_feedback=false", "compression.min_compress_numel=8193", "training.inner_state=fresh",
-         "diloco.put_back=false", "diloco.one_step_delay=false"]
+PLAIN = ["compression.error_feedback=false", "compression.min_compress_numel=8193",
+         "training.inner_state=fresh", "diloco.put_back=false", "diloco.one_step_delay=false"]
 
 
 def test_every_setting_that_carries_state_is_named():

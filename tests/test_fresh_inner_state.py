@@ -74,7 +74,8 @@ def _check(sim, records, replica, outer_round, diloco=None, **kwargs):
 
 
 def _inner_state(state) -> list[str]:
-    return [name for part in state.stages for name in part.tensors if name.startswith(tuple(optimizer_prefixes()))]
+    prefixes = tuple(optimizer_prefixes())
+    return [name for part in state.stages for name in part.tensors if name.startswith(prefixes)]
 
 
 @pytest.mark.parametrize("schedule", ["plain", "delayed"])
@@ -131,7 +132,8 @@ def _relation(sim, records, replica, outer_round, start):
     relations = []
     for claim, part in zip(records[outer_round].claims[replica], records[outer_round].states[replica].stages):
         names = list(part.group("global"))
-        relations.append(end_relation({n: start[n] for n in names}, {n: end[n] for n in names}, claim.payload))
+        relations.append(end_relation({n: start[n] for n in names}, {n: end[n] for n in names},
+                                      claim.payload))
     return relations
 
 

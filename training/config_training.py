@@ -127,8 +127,8 @@ class TrainingConfig:
                  f"training.reproducible = true computes float32 eagerly: set training.precision = \"fp32\" "
                  f"(not {self.precision!r}) and training.compile = false")
         _require(self.inner_state in INNER_STATES,
-                 f"training.inner_state={self.inner_state!r}: must be one of {list(INNER_STATES)} (\"fresh\": a "
-                 "new inner optimizer every outer round)")
+                 f"training.inner_state={self.inner_state!r}: must be one of {list(INNER_STATES)} "
+                 "(\"fresh\": a new inner optimizer every outer round)")
         if type(self.reproducible_kernels) is int and self.reproducible_kernels == AUTO_KERNELS:
             self.reproducible_kernels = DEFAULT_KERNELS if self.reproducible is True else LEGACY_KERNELS
         _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2, 3),

@@ -166,7 +166,7 @@ class DilocoSimulation:
         trainer = self.trainers[replica]
         optimizers = trainer_optimizers(trainer)
         if first_step == 0:
-            begin_round(optimizers, self.training_cfg)  # training.inner_state = "fresh": a new inner optimizer
+            begin_round(optimizers, self.training_cfg)  # training.inner_state = "fresh": a new optimizer
         losses = []
         for step, (x, y) in enumerate(
             self.batches(replica, outer_round)[first_step:end_step], start=first_step

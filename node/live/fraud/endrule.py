@@ -28,10 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 def plain_end_problems(cfg) -> list[str]:
-    """Every way a node with settings ``cfg`` (a NodeConfig: the run document's) carries state between rounds,
-    codes a piece low-rank or trains a round from another start than the committed one, one message each
-    naming the setting; empty: its payload codes ``fl(S - E)`` alone, ``E`` the end of the round's program from
-    the committed start ``S`` (training.end_relation.program_end)."""
+    """Every way a node with settings ``cfg`` (a NodeConfig: the run document's) carries state between
+    rounds, codes a piece low-rank or trains a round from another start than the committed one, one message
+    each naming the setting; empty: its payload codes ``fl(S - E)`` alone, ``E`` the end of the round's
+    program from the committed start ``S`` (training.end_relation.program_end)."""
     from training.stages import split_stages, stage_param_shapes
 
     problems = []
@@ -49,17 +49,18 @@ def plain_end_problems(cfg) -> list[str]:
                             f"many elements or more may be coded low-rank (the largest, {name!r}, has "
                             f"{largest:,}); set it above {largest:,}, or compression.enabled = false")
     if not cfg.training.fresh_inner_state:
-        problems.append(f"training.inner_state = {cfg.training.inner_state!r}: the inner optimizer's state "
-                        f"({cfg.training.optimizer}'s moments) is carried across rounds, and the chain's claim "
-                        "starts from the committed weights alone; set it \"fresh\" (a new inner optimizer "
-                        "every round)")
+        optimizer = cfg.training.optimizer
+        problems.append(f"training.inner_state = {cfg.training.inner_state!r}: the inner optimizer's "
+                        f"state ({optimizer}'s moments) is carried across rounds, and the chain's claim "
+                        "starts from the committed weights alone; set it \"fresh\" (a new inner "
+                        "optimizer every round)")
     if cfg.diloco.put_back:
-        problems.append("diloco.put_back = true: a contribution left out of its round is put back into the next "
-                        "round's target (v = fl(g + u)); set it false (a left-out update is dropped)")
+        problems.append("diloco.put_back = true: a contribution left out of its round is put back into the "
+                        "next round's target (v = fl(g + u)); set it false (a left-out update is dropped)")
     if cfg.diloco.one_step_delay:
-        problems.append("diloco.one_step_delay = true: a round trains from the replica's own end of the round "
-                        "before, ahead of that round's outer step, not from the committed start the claim "
-                        "names; set it false")
+        problems.append("diloco.one_step_delay = true: a round trains from the replica's own end of the "
+                        "round before, ahead of that round's outer step, not from the committed start the "
+                        "claim names; set it false")
     return problems
 
 
