@@ -133,7 +133,6 @@ def _start_weights(kept) -> dict:
             for name in names}
 
 
-@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_node_processes_with_the_switches_train_and_commit_in_a_plain_end_run(make_run, tmp_path):
