@@ -162,3 +162,24 @@ def test_carried_moments_or_the_delay_break_the_relation(plain, delayed):
     # weights (which round 2's start state holds as its global weights: it is taken before round 1's apply)
     start = _committed(records[2].states[HONEST])
     assert not all(r.holds for r in _relation(sim, records, HONEST, 1, start))
+
+
+@pytest.mark.parametrize("inner_state", ["fresh", "carry"])
+def test_the_node_worker_clears_its_inner_optimizers_at_a_round_start_only_when_fresh(inner_state):
+    """node/live/worker/replica.py ``begin_round`` (the contributor calls it before it captures a round's start
+    state): every held stage's inner optimizer emptied under "fresh", kept under "carry"."""
+    from node.config import load_config
+    from node.live.worker.replica import ReplicaWorker
+
+    cfg = load_config(None, ["model.preset=tiny", "pipeline.num_stages=2", "diloco.inner_steps=2",
+                             "training.batch_size=2", f"training.inner_state={inner_state}"])
+    worker = ReplicaWorker(cfg, replica=0, stages=(0, 1), rank=0)
+    worker.start(30.0, 30.0)
+    try:
+        worker.train_round(0)
+        held = [optimizer.state for optimizer in worker.trainer.optimizers]
+        assert all(len(state) > 0 for state in held)
+        assert worker.begin_round(1) == (inner_state == "fresh")
+        assert all((len(state) == 0) == (inner_state == "fresh") for state in held)
+    finally:
+        worker.close()
