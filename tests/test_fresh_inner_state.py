@@ -166,8 +166,8 @@ def test_carried_moments_or_the_delay_break_the_relation(plain, delayed):
 
 @pytest.mark.parametrize("inner_state", ["fresh", "carry"])
 def test_the_node_worker_clears_its_inner_optimizers_at_a_round_start_only_when_fresh(inner_state):
-    """node/live/worker/replica.py ``begin_round`` (the contributor calls it before it captures a round's start
-    state): every held stage's inner optimizer emptied under "fresh", kept under "carry"."""
+    """node/live/worker/replica.py ``begin_round`` (the contributor calls it before it captures a round's
+    start state): every held stage's inner optimizer emptied under "fresh", kept under "carry"."""
     from node.config import load_config
     from node.live.worker.replica import ReplicaWorker
 
