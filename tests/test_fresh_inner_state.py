@@ -8,7 +8,8 @@ inner-optimizer state); a replica that keeps its moments anyway is a mismatch wh
 update is dropped reruns and chains, and a verifier that would put it back finds the chain broken. The end
 relation (training/end_relation.py) holds for every element of every fresh contribution against
 ``program_end`` from the committed start alone, under the plain schedule (no delay), and breaks for the
-replica that carries its moments and for a run with the one-step delay (why the end rule refuses both).
+replica that carries its moments and for a run with the one-step delay (why the end rule refuses both). The
+node's own worker clears its inner optimizers at a round's start under "fresh" only.
 """
 
 from __future__ import annotations
