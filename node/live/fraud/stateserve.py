@@ -116,6 +116,8 @@ class StatesOnAsk:
         # alias key -> round of a state written since: an asker that saw it pending is served the blob
         self._done: dict[str, int] = {}
         self._lock = threading.Lock()  # one write at a time
+        # _pending and _done are replaced whole under this (read without it: knows, on the event loop)
+        self._index_lock = threading.Lock()
         self._failed: dict[str, float] = {}  # key -> when a failed write may be tried again
         # stage -> (weights' shapes, momentum's shapes) of its shards, to write them from the leaves
         self._shapes: dict[int, tuple[dict, dict]] = {}
@@ -159,7 +161,8 @@ class StatesOnAsk:
     def defer(self, key: str, outer_round: int, stage: int, digest: str) -> None:
         """Serve round ``outer_round``'s state of ``stage`` under ``key`` when asked; its shard hashes to
         ``digest``."""
-        self._pending = {**self._pending, key: Deferred(outer_round, stage, digest)}
+        with self._index_lock:
+            self._pending = {**self._pending, key: Deferred(outer_round, stage, digest)}
 
     def knows(self, key: str) -> bool:
         """Whether ``key`` is a published state not written yet, or written since (an asker of the blob server
@@ -185,8 +188,9 @@ class StatesOnAsk:
     def forget(self, rounds: Sequence[int]) -> None:
         """Stop serving the unwritten states of ``rounds`` (their windows closed)."""
         gone = set(rounds)
-        self._pending = {k: e for k, e in self._pending.items() if e.outer_round not in gone}
-        self._done = {k: r for k, r in self._done.items() if r not in gone}
+        with self._index_lock:
+            self._pending = {k: e for k, e in self._pending.items() if e.outer_round not in gone}
+            self._done = {k: r for k, r in self._done.items() if r not in gone}
 
     def pending_rounds(self) -> list[int]:
         return sorted({entry.outer_round for entry in self._pending.values()})
@@ -208,8 +212,9 @@ class StatesOnAsk:
             return False
         self.host.provide_alias(key, digest)
         self.served(entry.outer_round, entry.stage, key, digest)
-        self._done = {**self._done, key: entry.outer_round}
-        self._pending = {k: e for k, e in self._pending.items() if k != key}
+        with self._index_lock:
+            self._done = {**self._done, key: entry.outer_round}
+            self._pending = {k: e for k, e in self._pending.items() if k != key}
         self.written += 1
         logger.info("round %d stage %d: published state %s written (%s)", entry.outer_round, entry.stage,
                     key[:12], why)
