@@ -203,6 +203,7 @@ class StatesOnAsk:
             return False
         try:
             digest = self._write(entry)
+            self.host.provide_alias(key, digest)
         except (*DLX_ERRORS, OSError, ValueError) as exc:
             self.failures += 1
             self._failed = {k: t for k, t in self._failed.items() if t > time.monotonic()}
@@ -210,7 +211,6 @@ class StatesOnAsk:
             logger.warning("round %d stage %d: published state %s not written: %s", entry.outer_round,
                            entry.stage, key[:12], exc)
             return False
-        self.host.provide_alias(key, digest)
         self.served(entry.outer_round, entry.stage, key, digest)
         with self._index_lock:
             self._done = {**self._done, key: entry.outer_round}
