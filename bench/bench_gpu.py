@@ -303,7 +303,20 @@ def chain_run(args: argparse.Namespace, device: str) -> dict:
     return result
 
 
-def perf(args: argparse.Namespace) -> dict:
+class Measured(dict):
+    """The throughput rows, the document written again (marked partial) as each lands: a lease's time limit
+    that cuts the script short keeps what it measured."""
+
+    def __init__(self, save) -> None:
+        super().__init__()
+        self.save = save
+
+    def __setitem__(self, name: str, row: dict) -> None:
+        super().__setitem__(name, row)
+        self.save()
+
+
+def perf(args: argparse.Namespace, save=lambda out: None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         model = ModelConfig(preset="llama-tiny", vocab_size=256)
@@ -313,13 +326,14 @@ def perf(args: argparse.Namespace) -> dict:
                                           "params": count_params(model),
                                           "flops_per_token": flops_per_token(model)},
            "training_device": device, "platform": fingerprint(resolve_device(device), "bf16").document()}
-    out["throughput"] = {"bf16": throughput(model, device, "bf16", args)}
+    out["throughput"] = Measured(lambda: save({**out, "partial": "cut short before its end"}))
+    out["throughput"]["bf16"] = throughput(model, device, "bf16", args)
     if args.throughput_only:  # (a) in bf16 alone (and compiled): a lease's check at a larger size
         if args.compile:
             out["throughput"]["bf16_compiled"] = throughput(model, device, "bf16", args, compile_model=True)
         best = max(out["throughput"], key=lambda name: out["throughput"][name]["tokens_per_second"])
-        out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"], "mfu_best": out["throughput"][best]["mfu"],
-                        "mfu_best_setting": best}
+        out["goals"] = {"mfu_bf16": out["throughput"]["bf16"]["mfu"],
+                        "mfu_best": out["throughput"][best]["mfu"], "mfu_best_setting": best}
         return out
     out["throughput"]["fp32"] = throughput(model, device, "fp32", args)
     if args.compile:
@@ -433,9 +447,11 @@ def main(argv: list[str] | None = None) -> int:
               "sizes on this device, "
               "or --calibrate for the rerun distances.", file=sys.stderr)
         return 2
-    document = {"environment": environment(command), **perf(args)}
     default = "bench/results/gpu_smoke.json" if args.smoke else "bench/results/gpu.json"
-    write_json(Path(args.out or REPO / default), document)
+    path, environ = Path(args.out or REPO / default), environment(command)
+    document = {"environment": environ, **perf(args, lambda partial: write_json(path, {"environment": environ,
+                                                                                     **partial}))}
+    write_json(path, document)
     return 0
 
 

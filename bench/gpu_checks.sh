@@ -46,9 +46,17 @@ if [ -f .dev/anvil.xz ] && [ -z "${DLX_ANVIL:-}" ]; then
 fi
 SCALE_DATA=${SCALE_DATA:-$( [ -d .dev/bpe32k ] && echo .dev/bpe32k )}
 
+if [ -n "${GPU_TESTS:-}" ]; then
+    # the suite's GPU tests named (e.g. tests/test_training_pipeline.py), without the suite's conftest and
+    # options (xdist, the end-to-end tiers): -m gpu alone
+    echo "== GPU tests: ${GPU_TESTS}"
+    timeout "${GPU_TESTS_SECONDS:-180}" python3 -m pytest -o addopts="" --noconftest -p no:cacheprovider -q -s \
+        -m gpu ${GPU_TESTS} 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+
 if [ -n "${SCALE:-}${ONLY_SCALE:-}" ]; then
     echo "== scale (issue 75): llama-1b tokens/s and MFU"
-    timeout "${SCALE_SECONDS:-240}" python3 bench/bench_gpu.py --throughput-only --no-compile --preset-gpu llama-1b \
+    [ "${SCALE_1B:-1}" = 0 ] || timeout "${SCALE_SECONDS:-240}" python3 bench/bench_gpu.py --throughput-only --no-compile --preset-gpu llama-1b \
         --batch 8 --steps 10 --warmup 3 --out "$OUT/gpu_1b.json" >"$OUT/gpu_1b.log" 2>&1
     echo "llama-1b rc=$?"; grep -E "^\(a\)|MFU|Error|error" "$OUT/gpu_1b.log" | tail -8
     if command -v anvil >/dev/null 2>&1 || [ -n "${DLX_ANVIL:-}" ]; then

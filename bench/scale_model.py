@@ -47,6 +47,11 @@ from bench.benchio import RESULTS, write_result  # noqa: E402
 A800_BF16_PEAK = 312e12
 #: The MFU measured for llama-124m in bf16 on an H200, the node's compiled trainer (bench/results/gpu.json).
 GPU_MFU = 0.396
+#: The MFU measured for llama-1b (1.1 B, TinyLlama's shape) in bf16 on an H200, eager, batch 8 x 2048 tokens:
+#: 39,981 tokens/s, 308 TFLOP/s (`SCALE=1 ONLY_SCALE=1 bash bench/gpu_checks.sh`, 2026-11-29, its first 140 s;
+#: the log's line "(a) bf16 batch 8: 39,981 tokens/s, 308 TFLOP/s, MFU 31.2%"). The model's rounds are also
+#: given at it: the 1.1 B step not compiled and at a small batch, a floor under GPU_MFU's best setting.
+GPU_MFU_1B_EAGER = 0.312
 #: The components of the sampling profile (node/live/costprofile.py) that are the node's own work.
 NODE_WORK = (
     "hashing",
@@ -151,7 +156,12 @@ def measured(run: dict) -> dict:
     # replica's start state, one stage's part from each of its nodes
     rate = checks / (replicas * periods) if periods else None
     sent = mean(n.get("bytes_sent_per_round") for n in nodes)
-    spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
+    key = "spot_check_state_bytes_per_round"
+    fetched = [n[key] for n in nodes if key in n]
+    if len(fetched) == len(nodes):  # measured: every check fetches what some node serves, so the means agree
+        spot_bytes = sum(fetched) / len(fetched)
+    else:  # runs before the nodes counted them: the start state's measured bytes per parameter
+        spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
     inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
     out = {
         "parameters": total,
@@ -287,6 +297,11 @@ def retained_multiple(retention: dict | None) -> float | None:
     return max(figures) if figures else None
 
 
+def on_gpu(run: dict) -> bool:
+    """Whether a scale_system run's nodes trained on a GPU (``--set training.device=cuda...``)."""
+    return any(setting.startswith("training.device=cuda") for setting in run["args"].get("set") or ())
+
+
 def large(model: dict, layout: dict, ledger: dict, components: dict | None = None,
           retained: float | None = None) -> dict:
     n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
@@ -307,6 +322,7 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
     # One-step delay: the exchange and the node's own work (on the host CPU) overlap the next round's inner
     # steps (on the GPUs); a round lasts the longer of the two.
     round_s = max(compute_s, sum(work.values()) + link_s)
+    compute_s_1b_eager = compute_s * GPU_MFU / GPU_MFU_1B_EAGER
     members = m * s
     quorum = max(2, math.ceil(members / 2))
     tokens = m * layout["inner_steps"] * layout["tokens_per_step"]
@@ -328,6 +344,8 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "bytes_per_round_at_bench_rate": sent_every_check,
         "link_s_per_round": link_s,
         "round_s": round_s,
+        "compute_s_per_round_at_1b_eager_mfu": compute_s_1b_eager,
+        "round_s_at_1b_eager_mfu": max(compute_s_1b_eager, sum(work.values()) + link_s),
         "tokens_per_s": tokens / round_s,
         "allreduce_tokens_per_s": allreduce_tokens_s,
         "speedup_over_allreduce": tokens / round_s / allreduce_tokens_s,
@@ -360,7 +378,9 @@ def main() -> int:
     retention_path = Path(args.retention)
     retention = json.loads(retention_path.read_text()) if retention_path.exists() else None
     retained = retained_multiple(retention)
-    points = {label: measured(run) for label, run in runs.items()}
+    # the fit is of the node's host-CPU work on this CPU machine: runs whose nodes trained on a GPU (another
+    # machine's host CPU) are shown by the results page, not fitted
+    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run)}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
     checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}
@@ -376,7 +396,8 @@ def main() -> int:
         "large": [large(refit, layout, ledger, components, retained) for layout in LAYOUTS],
         "retained_disk_multiple": retained,
         "paper": PAPER,
-        "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU},
+        "assumptions": {"a800_bf16_peak_flops": A800_BF16_PEAK, "gpu_mfu": GPU_MFU,
+                        "gpu_mfu_1b_eager": GPU_MFU_1B_EAGER},
     }
     write_result(args.out, result)
     for size, rows in checked.items():

@@ -184,6 +184,10 @@ def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = F
         out["bytes_received_per_round"] = round(
             (s1.get("bytes_received", 0) - s0.get("bytes_received", 0)) / rounds
         )
+        if "spot_check_state_bytes" in s1:  # the start states its checks fetched (nodes since 2026-11-30)
+            out["spot_check_state_bytes_per_round"] = round(
+                (s1["spot_check_state_bytes"] - s0.get("spot_check_state_bytes", 0)) / rounds
+            )
         t0, t1 = s0.get("traffic") or {}, s1.get("traffic") or {}
         out["traffic_per_round"] = {
             proto: {

@@ -85,8 +85,8 @@ def scale_system(r: dict) -> list[str]:
                 f"{_gb(s.get('peak_rss_bytes'))} / {_gb(s.get('child_peak_rss_bytes'))}",
                 _gb(s.get("disk_bytes")),
                 ("exit " + str(audit["exit"]) + (f", {audit['seconds']:.0f} s" if "seconds" in audit else ""))
-                if audit
-                else "not run",
+                if "exit" in audit
+                else "skipped" if audit.get("skipped") else "not run",
                 _pulled(run.get("pull") or {}),
                 load_text((run.get("recorded") or {}).get("load_average", {}).get("end")),
             ]

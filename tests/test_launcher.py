@@ -133,3 +133,21 @@ def test_nodes_started_together_are_seated_in_a_fixed_order(tmp_path):
         assert {p.cluster: p.replica for p in placements.values()} == {"cluster-0": 0, "cluster-1": 1}
     finally:
         run.stop()
+
+
+def test_nodes_spread_over_the_gpus_of_a_machine_with_several(monkeypatch):
+    import torch
+
+    from node.commands.launcher import spread_over_gpus
+
+    # the CPU, or one GPU: every node keeps the run's device
+    assert spread_over_gpus("cpu", 4) == [None] * 4
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert spread_over_gpus("cuda", 4) == [None] * 4
+    # two GPUs, 2 replicas x 2 stages in seating order (r0n0, r0n1, r1n0, r1n1): each replica's stages on
+    # different GPUs, so their pipeline can go over NCCL
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert spread_over_gpus("auto", 4) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert spread_over_gpus("cuda:1", 4) == [None] * 4  # a device the organizer named is kept
+    assert spread_over_gpus("cpu", 4) == [None] * 4

@@ -37,22 +37,23 @@ WORKER = textwrap.dedent(
     torch.set_num_threads(1)
     from training.config import ModelConfig, TrainingConfig
     from training.data import eval_batches, generated_corpus, round_batches
-    from training.pipeline_group import init_pipeline_group
+    from training.pipeline_group import group_transport, init_pipeline_group
     from training.pipeline_stage import PipelineStageTrainer
     from training.stages import split_stages
 
     rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    steps, seed = int(sys.argv[4]), int(sys.argv[5])
+    steps, seed, device = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
     cfg = ModelConfig(preset="tiny")
-    tcfg = TrainingConfig(seed=seed, batch_size=4)
+    tcfg = TrainingConfig(seed=seed, batch_size=4, device=device)
     corpus = generated_corpus(seed=0, n_bytes=20_000)
     batches = round_batches(corpus, seed, 0, 0, steps, tcfg.batch_size, cfg.block_size)
-    group = init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=30)
+    group = init_pipeline_group(rank, 2, "127.0.0.1", port, timeout_s=30, device=device)
     spec = split_stages(cfg.n_layer, 2)[rank]
     trainer = PipelineStageTrainer(cfg, spec, rank, 2, micro_batches=2, training_cfg=tcfg, group=group)
     losses = [trainer.train_step(x, y) for x, y in batches]
     eval_loss = trainer.eval_loss(eval_batches(corpus, 2, 4, cfg.block_size))
-    torch.save({"losses": losses, "eval": eval_loss, "state": trainer.state_dict()}, out)
+    torch.save({"losses": losses, "eval": eval_loss, "state": trainer.state_dict(),
+                "transport": group_transport()}, out)
     trainer.close()
     """
 )
@@ -64,9 +65,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _single_process(num_stages: int, micro_batches: int = 1):
+def _single_process(num_stages: int, micro_batches: int = 1, device: str = "cpu"):
     cfg = ModelConfig(preset="tiny")
-    tcfg = TrainingConfig(seed=SEED, batch_size=4)
+    tcfg = TrainingConfig(seed=SEED, batch_size=4, device=device)
     corpus = generated_corpus(seed=0, n_bytes=20_000)
     trainer = LocalReplicaTrainer(cfg, tcfg, num_stages=num_stages)
     batches = round_batches(corpus, SEED, 0, 0, STEPS, 4, cfg.block_size)
@@ -82,8 +83,8 @@ def test_local_trainer_is_independent_of_the_stage_count():
     assert one[0][-1] < one[0][0]
 
 
-@pytest.mark.timeout(300)
-def test_two_process_pipeline_matches_single_process(tmp_path):
+def run_two_stages(tmp_path, device: str = "cpu") -> list[dict]:
+    """The 2-process pipeline of WORKER, both ranks training on ``device``: each rank's saved results."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = _free_port()
@@ -91,7 +92,7 @@ def test_two_process_pipeline_matches_single_process(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(rank), str(port), str(tmp_path / f"r{rank}.pt"),
-             str(STEPS), str(SEED)],
+             str(STEPS), str(SEED), device],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for rank in range(2)
@@ -104,7 +105,13 @@ def test_two_process_pipeline_matches_single_process(tmp_path):
                 p.kill()
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
-    results = [torch.load(tmp_path / f"r{rank}.pt") for rank in range(2)]
+    return [torch.load(tmp_path / f"r{rank}.pt") for rank in range(2)]
+
+
+@pytest.mark.timeout(300)
+def test_two_process_pipeline_matches_single_process(tmp_path):
+    results = run_two_stages(tmp_path)
+    assert [r["transport"] for r in results] == ["host", "host"]  # CPU ranks: gloo alone
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' count: bit-exact only at the same one
     try:
@@ -313,3 +320,37 @@ def test_a_partner_dying_at_entry_gives_a_pipeline_error_not_a_traceback(tmp_pat
                 p.kill()
     lines = [row for row in outputs[0].splitlines() if row.startswith(("AGREED", "PIPELINE_ERROR", "OTHER"))]
     assert lines and lines[0].startswith("PIPELINE_ERROR"), outputs[0][-3000:]
+
+
+def test_transport_is_nccl_only_when_every_rank_has_its_own_gpu():
+    from training.pipeline_group import choose_transport, device_identity
+
+    assert device_identity("cpu") == "cpu" and device_identity(None) == "cpu"
+    assert choose_transport(["cpu", "cpu"]) == "host"
+    # one GPU under two processes: NCCL refuses it ("invalid usage"), so through the host
+    assert choose_transport(["cuda:GPU-a", "cuda:GPU-a"]) == "host"
+    # a stage on a GPU beside a stage on a CPU: NCCL cannot reach the CPU rank
+    assert choose_transport(["cuda:GPU-a", "cpu"]) == "host"
+    nccl = "nccl" if torch.distributed.is_nccl_available() else "host"
+    assert choose_transport(["cuda:GPU-a", "cuda:GPU-b"]) == nccl
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_two_stages_on_one_gpu_train_through_the_host(tmp_path):
+    """A replica's two stage processes on one GPU (the demo on a one-GPU machine; NCCL refused it on an
+    H200): the activations go through the host over gloo, and the run is the one-process run's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    results = run_two_stages(tmp_path, device="cuda")
+    assert [r["transport"] for r in results] == ["host", "host"]
+    losses, eval_loss, state = _single_process(2, micro_batches=2, device="cuda")
+    merged = {**results[0]["state"], **results[1]["state"]}
+    for result in results:
+        assert result["losses"] == pytest.approx(losses, rel=1e-5)
+        assert result["eval"] == pytest.approx(eval_loss, rel=1e-5)
+    for name, tensor in state.items():
+        torch.testing.assert_close(merged[name], tensor.cpu(), rtol=1e-4, atol=1e-6)
+    exact = [name for name, tensor in state.items() if torch.equal(merged[name], tensor.cpu())]
+    print(f"bit-equal to the one-process run on the GPU: {len(exact)} of {len(state)} tensors; "
+          f"losses {results[0]['losses']} vs {losses}")

@@ -83,19 +83,59 @@ def _formation_store(rank: int, world_size: int, host: str, port: int, timeout: 
     return dist.PrefixStore(f"formation/{formation}/", server)
 
 
-def pipeline_backend() -> str:
-    """The torch.distributed backend of a cluster's pipeline: gloo for CPU tensors, and NCCL for
-    CUDA tensors where torch has CUDA (``"cpu:gloo,cuda:nccl"``: activations of stages on GPUs go
-    over NCCL, the loss and gradient-norm scalars, kept on the host, over gloo)."""
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+#: How the formed group's activations travel (:func:`group_transport`): ``"nccl"`` or ``"host"``.
+_TRANSPORT: list[str] = ["host"]
+
+
+def pipeline_backend(transport: str = "host") -> str:
+    """The torch.distributed backend of a cluster's pipeline: gloo alone for the ``"host"`` transport (every
+    tensor that crosses a process is on the CPU), and ``"cpu:gloo,cuda:nccl"`` for ``"nccl"`` (activations of
+    stages on GPUs go over NCCL, the loss and gradient-norm scalars, kept on the host, over gloo)."""
+    return "cpu:gloo,cuda:nccl" if transport == "nccl" else "gloo"
+
+
+def device_identity(device: torch.device | str | None) -> str:
+    """What a rank tells the others of its training device: ``"cpu"``, or ``"cuda:<uuid>"`` naming the
+    physical GPU (two processes that see one GPU under different indices name it alike)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    if uuid is None:  # an old torch: the host and the bus id stand for the GPU
+        import socket
+
+        return f"cuda:{socket.gethostname()}:{getattr(props, 'pci_bus_id', device.index)}"
+    return f"cuda:{uuid}"
+
+
+def choose_transport(identities: list[str]) -> str:
+    """``"nccl"`` when every rank trains on its own GPU; else ``"host"``: NCCL refuses two ranks on one GPU
+    ("invalid usage", seen on an H200 with a replica's two stages on it) and cannot reach a rank on the CPU,
+    so the activations are copied to the host and go over gloo."""
+    gpus = [i for i in identities if i.startswith("cuda:")]
+    if len(gpus) == len(identities) and len(set(gpus)) == len(gpus) and dist.is_nccl_available():
+        return "nccl"
+    return "host"
+
+
+def group_transport() -> str:
+    """The transport of the group this process formed last (``"host"`` before any)."""
+    return _TRANSPORT[0]
+
+
+def _agree_transport(store: dist.Store, rank: int, world_size: int, device) -> str:
+    store.set(f"device/{rank}", device_identity(device))
+    return choose_transport([store.get(f"device/{r}").decode() for r in range(world_size)])
 
 
 def init_pipeline_group(
     rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 60.0,
-    backend: str | None = None,
+    device: torch.device | str | None = None,
 ) -> dist.ProcessGroup:
-    """Join (rank 0: host) the process group of one replica's pipeline (``backend``:
-    :func:`pipeline_backend`).
+    """Join (rank 0: host) the process group of one replica's pipeline, this rank training on ``device``
+    (default the CPU). The ranks tell each other their devices through the rendezvous store and agree on the
+    transport (:func:`choose_transport`, then :func:`group_transport`) and so the backend.
 
     Rendezvous over TCP at ``master_addr:master_port``; the rendezvous and every
     later collective or point-to-point operation fail after ``timeout_s``.
@@ -112,8 +152,10 @@ def init_pipeline_group(
     timeout = timedelta(seconds=timeout_s)
     try:
         store = _formation_store(rank, world_size, master_addr, int(master_port), timeout)
-        dist.init_process_group(backend=backend or pipeline_backend(), store=store, rank=rank,
+        transport = _agree_transport(store, rank, world_size, device)
+        dist.init_process_group(backend=pipeline_backend(transport), store=store, rank=rank,
                                 world_size=world_size, timeout=timeout)
+        _TRANSPORT[0] = transport
     except PipelineError as exc:
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
@@ -122,7 +164,8 @@ def init_pipeline_group(
         raise PipelineError(
             f"rank {rank}/{world_size}: pipeline rendezvous at {master_addr}:{master_port} failed: {exc}"
         ) from exc
-    logger.info("pipeline group joined: rank %d/%d at %s:%d", rank, world_size, master_addr, master_port)
+    logger.info("pipeline group joined: rank %d/%d at %s:%d (activations over %s)", rank, world_size,
+                master_addr, master_port, "NCCL" if transport == "nccl" else "gloo, through the host")
     return dist.group.WORLD
 
 

@@ -14,11 +14,28 @@ from training.config import ModelConfig, TrainingConfig
 from training.errors import PipelineError
 from training.model import init_state_dict, lm_loss, token_ids_to
 from training.pipeline import inner_step, make_inner_optimizer
-from training.pipeline_group import close_pipeline_group, init_pipeline_group
+from training.pipeline_group import close_pipeline_group, group_transport, init_pipeline_group
 from training.platform import Platform, prepare_platform
 from training.stages import StageModule, StageSpec
 
 logger = logging.getLogger(__name__)
+
+
+class HostBoundary(torch.nn.Module):
+    """A stage on a GPU whose activations cross processes through the host (the ``"host"`` transport,
+    training/pipeline_group.py): its input arrives on the CPU and goes to ``device``, and its output (but the
+    last stage's, which the loss reads where it is) goes back to the CPU, so the schedule sends and receives
+    CPU tensors over gloo. Autograd carries the gradients back across both copies."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device, is_last: bool) -> None:
+        super().__init__()
+        self.inner = module
+        self.device = device
+        self.is_last = is_last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x.to(self.device))
+        return out if self.is_last else out.to("cpu")
 
 
 class PipelineStageTrainer:
@@ -89,9 +106,11 @@ class PipelineStageTrainer:
         if self._schedule is None or self._schedule_shape != shape:
             from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-            stage = PipelineStage(
-                self.module, self.spec.index, self.spec.num_stages, self.device, group=self.group
-            )
+            module, device = self.module, self.device
+            if self._through_host():
+                module = HostBoundary(self.module, self.device, self.spec.is_last)
+                device = torch.device("cpu")
+            stage = PipelineStage(module, self.spec.index, self.spec.num_stages, device, group=self.group)
             self._schedule = ScheduleGPipe(stage, n_microbatches=self.micro_batches, loss_fn=lm_loss)
             self._schedule_shape = shape
         return self._schedule
@@ -104,7 +123,9 @@ class PipelineStageTrainer:
                 f"batch size {x.size(0)} is not divisible by micro_batches={self.micro_batches}"
             )
         schedule = self._schedule_for(tuple(x.shape))
-        x = token_ids_to(x, self.device, self.cfg) if self.spec.is_first else x.to(self.device)
+        # where the schedule's inputs live
+        wire = torch.device("cpu") if self._through_host() else self.device
+        x = token_ids_to(x, wire, self.cfg) if self.spec.is_first else x.to(wire)
         y = y.to(self.device)
 
         def backward() -> float:
@@ -128,7 +149,12 @@ class PipelineStageTrainer:
             return float(loss)
 
         def reduce_sq_norm(total: torch.Tensor) -> None:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
+            if self._through_host() and total.device.type != "cpu":
+                host = total.cpu()
+                dist.all_reduce(host, op=dist.ReduceOp.SUM, group=self.group)
+                total.copy_(host)
+            else:
+                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.group)
 
         try:
             return inner_step([self.module], [self.optimizer], self.training_cfg.grad_clip, backward,
@@ -158,6 +184,7 @@ class PipelineStageTrainer:
         self._check_open()
         self.module.eval()
         total = torch.zeros((), dtype=torch.float64)
+        wire = torch.device("cpu") if self._through_host() else self.device  # where activations cross
         try:
             for x, y in batches:
                 with self.platform.autocast():
@@ -165,13 +192,13 @@ class PipelineStageTrainer:
                         hidden = self.module(x.to(self.device))
                     else:
                         # float32 activations between stages: a block's output is its float32 residual stream.
-                        hidden = torch.empty(x.size(0), x.size(1), self.cfg.n_embd, device=self.device)
+                        hidden = torch.empty(x.size(0), x.size(1), self.cfg.n_embd, device=wire)
                         dist.recv(hidden, group_src=self.rank - 1, group=self.group)
-                        hidden = self.module(hidden)
+                        hidden = self.module(hidden.to(self.device))
                     if self.spec.is_last:
                         total += float(lm_loss(hidden, y.to(self.device)))
                 if not self.spec.is_last:
-                    dist.send(hidden.contiguous(), group_dst=self.rank + 1, group=self.group)
+                    dist.send(hidden.to(wire).contiguous(), group_dst=self.rank + 1, group=self.group)
             dist.broadcast(total, group_src=self.world_size - 1, group=self.group)
         except (RuntimeError, OSError) as exc:  # gloo timeouts and peer failures surface as RuntimeError
             raise PipelineError(f"stage {self.spec.index}: pipeline eval failed: {exc}") from exc
@@ -217,8 +244,13 @@ class PipelineStageTrainer:
         caller may simply try again.
         """
         self._check_open()
-        init_pipeline_group(self.rank, self.world_size, master_addr, master_port, timeout_s=timeout_s)
+        init_pipeline_group(self.rank, self.world_size, master_addr, master_port, timeout_s=timeout_s,
+                            device=self.device)
         self.group = dist.group.WORLD
+
+    def _through_host(self) -> bool:
+        """Whether this stage's activations cross processes on the CPU while it trains on a GPU."""
+        return group_transport() == "host" and self.device.type != "cpu"
 
     def _check_open(self) -> None:
         if self._closed:

@@ -115,6 +115,19 @@ class NodeSlot:
             return {}
 
 
+def spread_over_gpus(device: str, nodes: int) -> list[str | None]:
+    """Each node's ``training.device`` on this machine: a GPU each in turn when the run's device is a CUDA one
+    ("cuda" or "auto") and the machine has several, so that a replica's stages sit on different GPUs (their
+    pipeline then goes over NCCL, training/pipeline_group.py); else None for every node (the run's own
+    device: one GPU, or the CPU, is shared)."""
+    import torch
+
+    count = torch.cuda.device_count() if device in ("cuda", "auto") and torch.cuda.is_available() else 0
+    if count < 2:
+        return [None] * nodes
+    return [f"cuda:{index % count}" for index in range(nodes)]
+
+
 def init_from_settings(directory: str, workdir: Path, settings: list[str]) -> list[str]:
     """``model.*=...`` settings of a run started from the model ``directory`` (imported under ``workdir``,
     before anything starts; refused with a ConfigError): its block_size and dropout may come from
@@ -228,8 +241,9 @@ class LocalRun:
                                 master_port=master_port)
                 self.nodes.append(slot)
         self._fund_generated_accounts(w3, deployer)
-        for slot in self.nodes:
-            overrides = base + [
+        devices = spread_over_gpus(cfg.training.device, len(self.nodes))
+        for slot, device in zip(self.nodes, devices):
+            overrides = base + (["training.device=" + device] if device else []) + [
                 f"data_dir={slot.data_dir}", f"cluster={slot.cluster}", f"cluster_size={per_replica}",
                 f"cluster_master=127.0.0.1:{slot.master_port}", f"p2p.listen_port={slot.listen_port}",
                 "ledger.backend=rpc", f"ledger.rpc_url={self.url}", f"ledger.dev_account={slot.account}",

@@ -49,6 +49,7 @@ class Progress:
     spot_check_mismatches: int = 0
     chain_checks: int = 0  # start-state links from an exact rerun into the next round checked
     spot_check_seconds: float = 0.0  # wall time of those checks (fetching their inputs and the rerun)
+    spot_check_state_bytes: int = 0  # the claimants' start states those checks fetched
     spot_checks_not_done: int = 0  # sampled checks whose inputs were not served or not bound to the record
     spot_checks_left_undone: int = 0  # sampled checks still queued (or cut short) when the node stopped
     timing: dict = field(default_factory=dict)  # node.live.state.roundclock.RoundClock.summary()
@@ -220,6 +221,7 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "weights_root": p.weights_root, "spot_checks": p.spot_checks,
         "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks,
         "spot_check_seconds": round(p.spot_check_seconds, 3), "spot_checks_not_done": p.spot_checks_not_done,
+        "spot_check_state_bytes": p.spot_check_state_bytes,
         "spot_checks_left_undone": p.spot_checks_left_undone,
         "timing": p.timing,
         "updated_at": time.time(),

@@ -25,6 +25,7 @@ from training.butterfly import slice_for_exchange
 from training.slice_plan import SlicePlan
 from training.diloco import Aggregation
 from training.errors import PipelineError
+from training.platform import resolve_device
 from training.hashing import stage_weights_hash, weights_root
 from training.model import init_state_dict
 from training.reexec import data_commitment, round_meta
@@ -86,21 +87,25 @@ class ReplicaWorker(StageAggregation):
         mark = mark or (lambda _phase: None)
         if self.cfg.torch_threads > 0:
             torch.set_num_threads(self.cfg.torch_threads)
-        full = init_state_dict(self.cfg.model, self.cfg.training.seed)
-        mark("model initialised")
         if self.pipelined:
+            spec = self.specs[self.stages[0]]
+            # only this stage's weights are drawn (the same bits as the whole model's draw: issue 75)
+            own = init_state_dict(self.cfg.model, self.cfg.training.seed,
+                                  names=stage_param_names(self.cfg.model, spec))
+            mark("model initialised")
             host, _, port = self.cfg.cluster_master.rpartition(":")
             init_pipeline_group(self.rank, self.cfg.pipeline.num_stages, host, int(port),
-                                timeout_s=max(rendezvous_timeout, op_timeout))
+                                timeout_s=max(rendezvous_timeout, op_timeout),
+                                device=resolve_device(self.cfg.training.device))
             mark("pipeline group joined")
-            spec = self.specs[self.stages[0]]
             self.trainer = PipelineStageTrainer(
                 self.cfg.model, spec, self.rank, self.cfg.pipeline.num_stages,
-                self.cfg.pipeline.micro_batches, self.cfg.training,
-                state_dict={n: full[n] for n in stage_param_names(self.cfg.model, spec)},
+                self.cfg.pipeline.micro_batches, self.cfg.training, state_dict=own,
             )
             modules = {spec.index: self.trainer.module}
         else:
+            full = init_state_dict(self.cfg.model, self.cfg.training.seed)
+            mark("model initialised")
             # one process, or rank 0 of a cluster of compute.processes (node/live/worker/cluster.py)
             self.trainer = cluster.replica_trainer(self.cfg, full, max(rendezvous_timeout, op_timeout))
             modules = {spec.index: m for spec, m in zip(self.specs, self.trainer.stage_modules)}
