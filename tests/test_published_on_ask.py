@@ -162,3 +162,37 @@ def test_a_held_state_that_is_not_the_bound_one_is_never_served(published):
         world.b.fetch_alias(_key(world, 5), world.a.peer_id, 1 << 20, timeout=30)
     assert world.states.on_ask.failures == 1 and 5 not in world.states._published
     assert world.states.on_ask.pending_rounds() == [0, 1, 2, 3, 4, 5]  # still bound: not served
+
+
+def test_an_asker_refused_while_another_state_is_written_asks_again_and_gets_it(published):
+    """Two provers ask for two rounds at once while each write takes a while (a large stage's): the second
+    waits for the first write, is refused after ``wait_s``, asks again (ChunkedStates.committed_state:
+    fetch_published) and gets its state; nothing is written twice."""
+    import time
+
+    world = published
+    on_ask = world.states.on_ask
+    held = on_ask.state_of
+
+    def slowly(outer_round: int, stage: int):
+        time.sleep(7.0)  # a write of several seconds
+        return held(outer_round, stage)
+
+    on_ask.state_of, on_ask.wait_s = slowly, 6.0
+    prover = ChunkedStates(cfg=load_config(None, ["pipeline.num_stages=1"]), host=world.b,
+                           layout=world.layout, config_hash=CONFIG_HASH)
+    got: dict = {}
+
+    def ask(outer_round: int) -> None:
+        leaf = world.leaves[outer_round]
+        got[outer_round] = prover.committed_state(outer_round, 0, leaf, [world.a.peer_id])
+
+    askers = [threading.Thread(target=ask, args=(r,)) for r in (1, 2)]
+    for thread in askers:
+        thread.start()
+    for thread in askers:
+        thread.join(timeout=120)
+    for outer_round in (1, 2):
+        assert got[outer_round] == (tensor_leaves(_tensors(outer_round)),
+                                    tensor_leaves(_tensors(outer_round + 1000, 0.1)))
+    assert on_ask.written == 2 and on_ask.failures == 0

@@ -42,7 +42,7 @@ from node.live.fraud.window import DisputeWindow
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
 from node.live.fraud.spillfile import SpilledStateError, decode_spilled, encode_spilled
-from node.live.fraud.stateserve import StatesOnAsk, states_on_ask
+from node.live.fraud.stateserve import StatesOnAsk, fetch_published, states_on_ask
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems, write_checkpoint
 from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
@@ -443,7 +443,7 @@ class ChunkedStates:
         limit = 8 * numel + STATE_SLACK_BYTES
         for peer in providers:
             try:
-                data = self.host.fetch_alias(key, peer, limit, timeout=min(60.0, self.cfg.round_timeout))
+                data = fetch_published(self.host, key, peer, limit, min(60.0, self.cfg.round_timeout))
                 shard = parse_checkpoint(data)
             except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
                 logger.info("round %d stage %d: committed state not had from %s: %s", outer_round, stage,

@@ -40,8 +40,10 @@ import numpy as np
 import torch
 
 from node.errors import DLX_ERRORS, NodeError
+from node.live.checks.heldstates import REFETCH_AFTER_S, SLOW_REFUSAL_S
 from node.store.checkpoint import Checkpoint, checkpoint_digest, write_checkpoint
 from node.store.safetensors_stream import data_ranges
+from p2p.errors import P2PError
 from training.chunks import stage_layout
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,24 @@ RETRY_AFTER_S = 60.0
 class StateNotWritten(NodeError):
     """A published state could not be written when asked (its state is no longer held, or its bytes are not
     the ones bound when it was published)."""
+
+
+def fetch_published(host, key: str, provider: str, max_bytes: int, timeout: float) -> bytes:
+    """``host.fetch_alias(key, provider, max_bytes)`` of a published state, asked again every few seconds
+    until ``timeout`` once an ask failed slowly: the provider writes a state it has not written yet before
+    it answers (:class:`StatesOnAsk`), and at a large stage that may outlast the blob protocol's stall
+    timeout (15 s), whose failure then is no refusal. A quick failure (not served) is final at once."""
+    deadline, slow = time.monotonic() + timeout, False
+    while True:
+        asked = time.monotonic()
+        try:
+            return host.fetch_alias(key, provider, max_bytes, timeout=max(1.0, deadline - asked))
+        except P2PError:
+            now = time.monotonic()
+            slow = slow or now - asked >= SLOW_REFUSAL_S
+            if not slow or deadline - now < 2 * REFETCH_AFTER_S:
+                raise
+            time.sleep(REFETCH_AFTER_S)
 
 
 def tensors_of_leaves(leaves: Sequence[bytes],
@@ -116,6 +136,7 @@ class StatesOnAsk:
         # alias key -> round of a state written since: an asker that saw it pending is served the blob
         self._done: dict[str, int] = {}
         self._lock = threading.Lock()  # one write at a time
+        self.wait_s = REBUILD_WAIT_S  # how long an asker waits for another's write before it is refused
         # _pending and _done are replaced whole under this (read without it: knows, on the event loop)
         self._index_lock = threading.Lock()
         self._failed: dict[str, float] = {}  # key -> when a failed write may be tried again
@@ -171,7 +192,7 @@ class StatesOnAsk:
 
     def rebuild(self, key: str) -> bool:
         """Write and serve the state under ``key`` (a peer asked); False if it cannot be (logged)."""
-        if not self._lock.acquire(timeout=REBUILD_WAIT_S):
+        if not self._lock.acquire(timeout=self.wait_s):
             return False
         try:
             return self._write_locked(key, "a peer asked")
