@@ -18,6 +18,7 @@ from training.data import Corpus, round_batches
 from training.diloco import step_with_average
 from training.errors import ReexecError
 from training.fingerprint import PlatformFingerprint
+from training.inner_optimizers import begin_round
 from training.platform import resolve_device
 from training.replica_capture import capture_replica_state
 from training.replica_restore import restore_replica
@@ -145,6 +146,9 @@ def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, tra
         if rerun.applied_previous:
             if steps is not None:
                 steps.sync_optimizer()
+            # training.inner_state = "fresh": round t+1 starts from a new inner optimizer (the node clears it
+            # before it captures that start state), so the next state holds none
+            begin_round(trainer.optimizers, training_cfg)
             # A consumed rerun's next state is only hashed: the live tensors themselves, not copies (40
             # bytes per parameter of the replica); nothing changes them after the rerun.
             next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer,
@@ -236,6 +240,9 @@ class RoundRerun:
     def train(self, action) -> None:
         outer_round, steps = self.meta.outer_round, self.meta.inner_steps
         stepper = self.steps if self.steps is not None else self.trainer
+        if action.first_step == 0 and begin_round(self.trainer.optimizers, self.training_cfg) \
+                and self.steps is not None:
+            self.steps.reset_inner_state()  # "fresh": whatever the start state holds, as the node's round
         with self.steps.session() if self.steps is not None else contextlib.nullcontext():
             for step in range(action.first_step, action.end_step):
                 set_lr(stepper.optimizers,

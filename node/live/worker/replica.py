@@ -176,11 +176,25 @@ class ReplicaWorker(StageAggregation):
         alone, like its restarted partner's."""
         self.load_global(stage, weights, momentum, last_round)
         self.engines[stage].compressor.reset_feedback()
+        cluster.reset_inner_state(self.trainer, self._optimizers()[stage])  # AdamW keeps nothing else: as new
+
+    def _optimizers(self) -> dict:
+        """Stage -> the inner optimizer of each stage this node's trainer holds."""
         if isinstance(self.trainer, PipelineStageTrainer):
-            optimizers = {self.stages[0]: self.trainer.optimizer}
-        else:
-            optimizers = {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
-        cluster.reset_inner_state(self.trainer, optimizers[stage])  # AdamW keeps nothing else: as new
+            return {self.stages[0]: self.trainer.optimizer}
+        return {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
+
+    def begin_round(self, outer_round: int) -> bool:
+        """``outer_round``'s start, before its start state is captured and its first inner step: under
+        ``training.inner_state = "fresh"`` every held stage's inner optimizer is new (on every rank of a
+        cluster), as the rerun's is (training.inner_optimizers.begin_round); nothing under "carry". True when
+        it cleared them."""
+        if not self.cfg.training.fresh_inner_state:
+            return False
+        for stage in self.stages:
+            cluster.reset_inner_state(self.trainer, self._optimizers()[stage])
+        logger.debug("round %d: a fresh inner optimizer (training.inner_state = \"fresh\")", outer_round)
+        return True
 
     def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
                     momentum: dict[str, torch.Tensor]) -> None:
