@@ -273,10 +273,11 @@ SECTIONS = (
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, above issue 75's goal of 4x the stage's training state: a node "
             "keeps one start state in 8 and rebuilds the others when asked "
-            "(storage.start_states = \"rebuild\"), so what is left is the proof window's published stage "
-            "states, three checkpoints, one start state and passing copies (docs/PROTOCOL.md, \"Archive "
-            "and retention\"). The split runs (stages2_*) keep every start state: a stage is not replayed "
-            "alone."),
+            "(storage.start_states = \"rebuild\"), and writes a published stage state only when a peer "
+            "asks or its round leaves memory (node/live/fraud/stateserve.py), so what is left is one or "
+            "two start states, three checkpoints, the published states of spilled rounds and passing "
+            "copies (docs/PROTOCOL.md, \"Archive and retention\"). The split runs (stages2_*) keep every "
+            "start state: a stage is not replayed alone."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "
