@@ -86,6 +86,16 @@ for _base in ("both", "delay", "compression"):
     _mode, _diloco, _compression = CELLS[_base]
     CELLS.update({f"{_base}-{name}": (_mode, {**_diloco, **diloco}, {**_compression, **compression})
                   for name, (diloco, compression) in METHODS.items()})
+#: method -> TrainingConfig changes, tried against the synchronous cell and the compression cell (issue 78):
+#: ``fresh``, a new inner optimizer every round (``training.inner_state = "fresh"``), which a run under the
+#: step prover's plain end rule needs (docs/FRAUD_PROOF.md "The claim's end").
+TRAINING_METHODS = {"fresh": {"inner_state": "fresh"}}
+#: cell -> its TrainingConfig changes (the cells not named here change none).
+CELL_TRAINING = {}
+for _base in ("sync", "compression"):
+    for _name, _change in TRAINING_METHODS.items():
+        CELLS[f"{_base}-{_name}"] = CELLS[_base]
+        CELL_TRAINING[f"{_base}-{_name}"] = _change
 #: The order the plan runs in (the split first, at every seed, then the methods).
 SPLIT = ("ddp", "sync", "delay", "compression", "both")
 
@@ -95,8 +105,9 @@ def run_cell(case: str, cell: str, seed: int, rounds: int, optimizer: str, corpu
     fields, batch, family = CASES[case]
     mode, diloco_change, compression_change = CELLS[cell]
     model_cfg = ModelConfig(**fields)
+    training_change = CELL_TRAINING.get(cell, {})
     training_cfg = TrainingConfig(data_path=data, batch_size=batch, eval_batches=16, seed=seed,
-                                  optimizer=optimizer)
+                                  optimizer=optimizer, **training_change)
     diloco_cfg = DilocoConfig(inner_steps=INNER_STEPS, num_replicas=REPLICAS, screening=False,
                               **diloco_change)
     compression_cfg = CompressionConfig(**compression_change)
@@ -120,7 +131,8 @@ def run_cell(case: str, cell: str, seed: int, rounds: int, optimizer: str, corpu
         "cpu_seconds": time.process_time() - cpu, "load_average_start": load,
         "load_average_end": list(os.getloadavg()),
         "curve": [(r.outer_round, r.eval_loss) for r in result.rounds if r.eval_loss is not None],
-        "settings": {"diloco": diloco_change, "compression": compression_change},
+        "settings": {"diloco": diloco_change, "compression": compression_change,
+                     **({"training": training_change} if training_change else {})},
     }
 
 

@@ -67,10 +67,12 @@ NODE_WORK = (
 )
 
 #: A stage's start state (what a spot check fetches from each stage's node: weights, the inner optimizer's
-#: two moments, the outer state; one canonical record) in bytes per parameter: 1,744,455 bytes for a
-#: 42,880-parameter stage (bench/results/retention.json's start_state_bytes at the tiny preset;
-#: docs/SCALE.md, "Memory per held parameter": 40).
-START_STATE_BYTES_PER_PARAM = 40.7
+#: two moments, the outer state; one canonical record) in bytes per parameter, for runs whose nodes did not
+#: count them: measured 28.0 (256,958,476 bytes a check of llama-mini's 9,176,192-parameter replica, the
+#: nodes' own count, bench/results/scale_system.json ``llama-mini-bytes``). It was 40.7, a 42,880-parameter
+#: stage's (bench/results/retention.json at the tiny preset), whose fixed part made the exchange's share of
+#: the bytes sent, the rest, 115% off at llama-mini-64.
+START_STATE_BYTES_PER_PARAM = 28.0
 #: The node's default ``spot_checks`` (node/config.py): expected re-executions of each contribution.
 DEFAULT_SPOT_CHECKS = 0.06
 
@@ -380,7 +382,7 @@ def main() -> int:
     retained = retained_multiple(retention)
     # the fit is of the node's host-CPU work on this CPU machine: runs whose nodes trained on a GPU (another
     # machine's host CPU) are shown by the results page, not fitted
-    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run)}
+    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run) and run.get("fit", True)}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
     checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}

@@ -8,6 +8,10 @@ they are drawn with (the claim's ``dataKey``: the member its round's factors lis
 token of one step's batch is not the run's data; the defender opens the batch's root in the claim's batch
 tree, the token in the batch and the corpus's chunk that holds the token the window formula places there
 (:func:`data_opening`). The leaves are the caller's (``training.data_binding``; this package knows no torch).
+A node draws its batches by account in a run with ``training.data_windows = "account"``, keyed by its
+replica's stage-0 member: the ``dataKey`` of its stage-0 contribution's claim; a split replica's later stages
+are signed by other accounts, whose claims the contract keys by their own (docs/FRAUD_PROOF.md "The node's
+draw").
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
     """The [diloco] table; ``exchange`` and ``min_slice_numel`` only in a sliced run, ``round_budget_s`` and
     ``min_inner_steps`` only in a run whose rounds are bounded by time, ``outer_lr_other_scale`` only when it
     is not 1, ``commitments`` only when not the unnamed scheme's ("hashed": node.commitments.UNNAMED),
-    ``screen_rule`` only when not "one_sided", ``exchange_parts`` only when not 1, ``outer_optimizer`` and its
-    ``outer_adam_*`` settings only when
-    it is "adam" (the hash of every "full", fixed-H, one-outer-lr, Nesterov run stays what it was)."""
+    ``screen_rule`` only when not "one_sided", ``exchange_parts`` only when not 1, ``put_back`` only when
+    false, ``outer_optimizer`` and its ``outer_adam_*`` settings only when it is "adam" (the hash of every
+    "full", fixed-H, one-outer-lr, Nesterov run stays what it was)."""
     diloco = dataclasses.asdict(cfg.diloco)
     for key in EXCHANGE_TRAITS[cfg.diloco.exchange].omitted_from_document:
         del diloco[key]
@@ -149,6 +149,8 @@ def _diloco_document(cfg: NodeConfig) -> dict[str, Any]:
             del diloco[name]  # every run made before outer Adam existed (its hash unchanged)
     if cfg.diloco.exchange_parts == 1:
         del diloco["exchange_parts"]  # whole contributions: every run made before parts (hash unchanged)
+    if cfg.diloco.put_back:
+        del diloco["put_back"]  # a left-out update put back: every run made before it (hash unchanged)
     if cfg.diloco.screen_rule == "one_sided":
         # version 1: every fixed-H run, and every time-bounded run made before version 2
         del diloco["screen_rule"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -55,6 +56,14 @@ def read_cached(fd: int, buffer: bytearray, size: int, offset: int) -> memoryvie
             return None
     return memoryview(buffer)[:count] if count > 0 else None
 
+
+
+def _size(path: Path) -> int | None:
+    """The size of the file at ``path``; None if there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 class BlobServer:
@@ -126,18 +135,18 @@ class BlobServer:
         sha256_hex = digest.hex()
         path = self.store.served_path(sha256_hex)
         packed = None
-        try:
-            total = path.stat().st_size
-        except FileNotFoundError:
+        total = _size(path)
+        if total is None:
             packed = self.store.served_packed(sha256_hex)  # no file: perhaps pieces (blobpack.py), or aliased
             if packed is None and self.store.rebuildable(sha256_hex) and \
                     await self._run_blocking(self.store.rebuild, sha256_hex):
-                packed = self.store.served_packed(sha256_hex)  # a rebuilt start state (set_rebuilder)
-            if packed is None:
+                # a rebuilt blob (set_rebuilder): packed, or a file
+                packed, path = self.store.served_packed(sha256_hex), self.store.served_path(sha256_hex)
+            total = packed.size if packed is not None else _size(path)
+            if total is None:
                 await write_frame(stream, not_found_reply())
                 await stream.close()
                 return
-            total = packed.size
         if offset + length > total:
             await write_frame(stream, out_of_range_reply(total))
             await stream.close()

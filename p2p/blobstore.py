@@ -145,24 +145,31 @@ class BlobStore:
         self._pack_lock = threading.Lock()  # a sweep never takes a piece a manifest being written names
         if self.packed_dir.is_dir():
             self._load_packed()
-        #: What makes a blob this store does not hold on request (:meth:`set_rebuilder`); None: nothing
-        self._rebuilder: BlobRebuilder | None = None
+        #: What makes a blob this store does not hold on request (:meth:`set_rebuilder`), asked in turn
+        self._rebuilders: tuple[BlobRebuilder, ...] = ()
 
     def set_rebuilder(self, rebuilder: BlobRebuilder | None) -> None:
         """Let ``rebuilder`` make a blob a peer asks for that this store does not hold (a node's own start
-        state it rebuilds rather than keeps: node/live/checks/staterebuild.py). The server asks
-        ``rebuilder.knows(key)`` (quick, on the event loop), then ``rebuilder.rebuild(key)`` on a thread
-        (True once the blob is stored), and serves it as any other."""
-        self._rebuilder = rebuilder
+        state it rebuilds rather than keeps: node/live/checks/staterebuild.py; a chunked run's published
+        stage state written when asked: node/live/fraud/stateserve.py), beside those set before (None:
+        none any more). The server asks ``rebuilder.knows(key)`` (quick, on the event loop), then
+        ``rebuilder.rebuild(key)`` of the first that knows it on a thread (True once the blob is stored,
+        under its sha256 or as an alias of it), and serves it as any other."""
+        self._rebuilders = () if rebuilder is None else (*self._rebuilders, rebuilder)
+
+    def _rebuilder_of(self, key_hex: str) -> BlobRebuilder | None:
+        for rebuilder in self._rebuilders:  # a tuple replaced whole: read without a lock
+            if rebuilder.knows(key_hex):
+                return rebuilder
+        return None
 
     def rebuildable(self, key_hex: str) -> bool:
-        """Whether the rebuilder can make ``key_hex`` (:meth:`set_rebuilder`)."""
-        rebuilder = self._rebuilder
-        return rebuilder is not None and rebuilder.knows(key_hex)
+        """Whether a rebuilder can make ``key_hex`` (:meth:`set_rebuilder`)."""
+        return self._rebuilder_of(key_hex) is not None
 
     def rebuild(self, key_hex: str) -> bool:
-        """Make ``key_hex`` with the rebuilder (blocking); True if it is stored now."""
-        rebuilder = self._rebuilder
+        """Make ``key_hex`` with the rebuilder that knows it (blocking); True if it is stored now."""
+        rebuilder = self._rebuilder_of(key_hex)
         return rebuilder is not None and rebuilder.rebuild(key_hex)
 
     def path(self, sha256_hex: str) -> Path:

@@ -134,7 +134,9 @@ SECTIONS = (
             "low-bit scales clipped to the smallest squared error, `compression.quant_scale = \"mse\"`; "
             "`v2`/`v3`: `compression.encoder` \"v2\" (the selection every round) and \"v3\" (PowerSGD's "
             "warm start) against the default \"v4\"; `rank64`: `compression.max_rank = 64`; `eager`: "
-            "`diloco.delay_correction = \"eager\"`; joined names combine them; docs/DILOCOX.md section 14). "
+            "`diloco.delay_correction = \"eager\"`; joined names combine them; docs/DILOCOX.md section 14; "
+            "`sync-fresh`: synchronous DiLoCo with `training.inner_state = \"fresh\"`, a new inner optimizer "
+            "every round, what a run under the step prover's plain end rule needs, issue 78). "
             "Short budgets that a 2-core machine shared with seven other jobs ran "
             "in the time it had: `gpt2-mini` 6 rounds of H = 50 (307,200 tokens, a fifth of the default), "
             "`llama-xs` 10 rounds (64,000 tokens, a third of its row above), `llama-l` (1.05M parameters, "
@@ -180,7 +182,11 @@ SECTIONS = (
             "beside them `--case llama-l --rounds 30 --optimizer adamw --seeds 0,1 --cells "
             "ddp,both-noef,both-v2-qmse-noef` and `--case gpt2-mini --rounds 120 --seeds 0 --cells "
             "ddp,sync,both,both-v2-qmse-noef,compression,delay` (4x the full budget; docs/DILOCOX.md section "
-            "14, sixth pass, has the order). The full budget's gaps are in the table above."),
+            "14, sixth pass, has the order); the seventh pass (issue 78, `DLX_DATA_DIR` set, one process "
+            "under `nice -n 15` beside the other helpers' jobs, load 5 to 16): `--case llama-xs --rounds 10 "
+            "--seeds 0,1,2 --cells sync,sync-fresh`, then `--case gpt2-mini --rounds 6 --seeds 0,1 --cells "
+            "sync,sync-fresh` (each rerunning `sync` beside its `sync-fresh`: the same bits as before at "
+            "every seed it reran). The full budget's gaps are in the table above."),
     Section("diloco_goal.json", "Issue 66's goals side by side at the largest size", "bench/bench_diloco.py",
             diloco_goal,
             "One run of `python bench/bench_diloco.py --cpu-clock --threads 1 --case llama-l --optimizer "
@@ -267,10 +273,11 @@ SECTIONS = (
             "bench/bench_retention.py", retention,
             "Flat once the windows fill, above issue 75's goal of 4x the stage's training state: a node "
             "keeps one start state in 8 and rebuilds the others when asked "
-            "(storage.start_states = \"rebuild\"), so what is left is the proof window's published stage "
-            "states, three checkpoints, one start state and passing copies (docs/PROTOCOL.md, \"Archive "
-            "and retention\"). The split runs (stages2_*) keep every start state: a stage is not replayed "
-            "alone."),
+            "(storage.start_states = \"rebuild\"), and writes a published stage state only when a peer "
+            "asks or its round leaves memory (node/live/fraud/stateserve.py), so what is left is one or "
+            "two start states, three checkpoints, the published states of spilled rounds and passing "
+            "copies (docs/PROTOCOL.md, \"Archive and retention\"). The split runs (stages2_*) keep every "
+            "start state: a stage is not replayed alone."),
     Section("longrun.json", "Long runs", "bench/bench_longrun.py", longrun,
             "Open files and threads are flat and memory nearly so. The blob store grew in this run because "
             "the start states a verifier fetched stayed in it; a verifier now removes them once the check is "

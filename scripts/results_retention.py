@@ -60,7 +60,7 @@ def _retention_run(r: dict) -> list[str]:
                      f"{low / mb:.1f} to {high / mb:.1f} MB" if high else "not reached",
                      f"{s['disk_max_over_stage_bytes']:.0f}x", f"{training:.0f}x" if training else "",
                      f"{s['disk_max_over_start_state']:.1f}",
-                     f"{held.get('start_state', '')} / {held.get('published_state', '')}" if held else "",
+                     f"{held.get('start_state', 0)} / {held.get('published_state', 0)}" if held else "",
                      f"{s['peak_rss_mib']:.0f} MiB"])
     out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
                   "over its training state", "in start states", "rounds of start / published states kept",

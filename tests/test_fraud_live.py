@@ -96,6 +96,32 @@ def test_one_honest_node_alone_proves_a_colluding_quorums_one_element_change(wor
     assert "already invalid" in prover.log.unprovable[1]
 
 
+@pytest.mark.parametrize("world", ["auto"], indirect=True)
+def test_a_colluders_state_written_only_when_asked_is_fetched_and_proven_wrong(world, tmp_path):
+    """The colluders publish their state as every node does by default (storage.start_states = "rebuild",
+    with a spill directory: node/live/fraud/stateserve.py): only its hash when published, its bytes written
+    when the prover asks. The prover's fetch gets them and the round is proven wrong as before."""
+    from functools import partial
+
+    from node.live.fraud.chunkstate import ChunkedStates
+
+    colluder_host, prover_host = world.hosts
+    colluders = _states(world, colluder_host, partial(ChunkedStates, spill_dir=tmp_path / "colluder-states"))
+    honest = _states(world, prover_host)
+    own_leaf = _record(world, honest, world.aggregation.new_global)
+    wrong_leaf = _record(world, colluders, _one_element_changed(world.aggregation.new_global))
+    assert colluders.on_ask is not None and colluders.on_ask.pending_rounds() == [1]
+    assert list(colluder_host.store.packed_dir.glob("*.manifest")) == []  # the factors' blob is a file
+    prover_host.connect(colluder_host.listen_addrs[0])
+    deployment, run, records, prover, mine_record = _setup(world, tmp_path, honest, wrong_leaf, own_leaf,
+                                                           colluder_host.peer_id)
+    prover.check(0, records[0], records[0])
+    prover.check(1, records[1], mine_record)
+    assert set(prover.log.proofs) == {1}, prover.log.unprovable
+    assert deployment.client(PROVER).invalid_from(run.run_id) == 1
+    assert colluders.on_ask.written == 1 and colluders.on_ask.pending_rounds() == []
+
+
 @pytest.mark.parametrize("world", ["chunked", "auto"], indirect=True)
 def test_a_withheld_state_is_challenged_and_the_round_invalidated_unanswered(world, tmp_path):
     colluder_host, prover_host = world.hosts

@@ -82,8 +82,10 @@ def test_device_and_precision_are_not_in_the_run_document():
     assert not set(NODE_ONLY_TRAINING) & set(run_document(other)["training"])
     # Everything else of [training] is still there (the hash of every existing run is unchanged) ...
     # (An AdamW run's table omits the inner optimizer's settings: it is what it was before they existed; a run
-    # without training.reproducible omits that setting too, and one of kernel version 1 the version.)
+    # without training.reproducible omits that setting too, and one of kernel version 1 the version; a run
+    # drawn by replica index omits training.data_windows, and one that carries its inner state inner_state.)
     names = {f.name for f in dataclasses.fields(TrainingConfig)} - {"data_path", "reproducible_kernels",
+                                                                    "data_windows", "inner_state",
                                                                     *NODE_ONLY_TRAINING}
     adamw = load_config(None, ["training.optimizer=adamw"])
     assert set(run_document(adamw)["training"]) == names - {"optimizer", "reproducible", *MUON_ONLY} | {

@@ -91,6 +91,10 @@ class ClusterSteps:
 
             self.cluster.live_weights(back)
 
+    def reset_inner_state(self) -> None:
+        """A new inner optimizer on every rank (``training.inner_state = "fresh"``, a round's start)."""
+        self.cluster.reset_inner_state()
+
     def sync_optimizer(self) -> None:
         """The cluster's inner-optimizer state gathered into the trainer's (for the next start state)."""
         optimizer = self.trainer.optimizers[0]

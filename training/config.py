@@ -180,6 +180,13 @@ class DilocoConfig:
     # 512 MiB or more (where its nodes keep it split by default), else "file". In the run document only when
     # "header" (every other run's document and hash stay what they were).
     checkpoint_hash: str = AUTO
+    # A contribution of this replica left out of its round (it came too late for the close): true (the
+    # default, every run made before the setting) puts its transmitted update back, so the next contribution
+    # carries it (v = fl(g + u): training/stage_engine.py contribution_dropped); false drops it, and that
+    # round's progress of the replica is lost, so each contribution codes its own round alone (what the plain
+    # end rule needs: docs/FRAUD_PROOF.md "The claim's end"). In the run document only when false (older
+    # hashes unchanged).
+    put_back: bool = True
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, f"diloco.inner_steps={self.inner_steps}: must be >= 1")
@@ -245,6 +252,7 @@ class DilocoConfig:
             _require(0 <= value < float("inf"), f"diloco.{name}={value}: must be a finite number >= 0")
         _require(self.screen_batch_size >= 1,
                  f"diloco.screen_batch_size={self.screen_batch_size}: must be >= 1")
+        _require(isinstance(self.put_back, bool), f"diloco.put_back={self.put_back!r}: must be true or false")
         self._check_exchange()
         self._check_outer_optimizer()
         self._check_round_budget()

@@ -19,6 +19,12 @@ DEFAULT_OPTIMIZER, LEGACY_OPTIMIZER = "adamw", "adamw"
 #: a run document that names none (1: the runs made before versions existed keep their bits and hashes).
 #: ``AUTO_KERNELS`` (the field's default) is resolved to one of them by ``TrainingConfig.__post_init__``.
 DEFAULT_KERNELS, LEGACY_KERNELS, AUTO_KERNELS = 3, 1, 0
+#: training.data_windows's values (training/data.py "Round batches"): whose key draws a round's windows.
+DATA_WINDOWS = ("replica", "account")
+#: training.inner_state's values: "carry" keeps the inner optimizer's state (AdamW's moments and step count,
+#: Muon's momentum) from one outer round to the next (every run made before the setting); "fresh" starts each
+#: round's inner steps from a new inner optimizer (issue 78, docs/FRAUD_PROOF.md "The claim's end").
+INNER_STATES = ("carry", "fresh")
 
 
 @dataclass
@@ -77,6 +83,20 @@ class TrainingConfig:
     # A configuration that names none (AUTO_KERNELS) gets DEFAULT_KERNELS with the mode on (so a new run
     # records 3), 1 without it; a run document that names none, LEGACY_KERNELS (node.runconfig).
     reproducible_kernels: int = AUTO_KERNELS
+    # Whose key draws the windows of a round's batches (training/data.py, "Round batches"): "replica", the
+    # replica index (a seat count the chain does not know); "account", the 20-byte member account of the
+    # replica's first-stage member, the signer of its stage-0 contribution (the key the chain's data dispute
+    # recomputes the windows from: training/data_binding.py, docs/FRAUD_PROOF.md "The data's binding"). A run
+    # setting, in the run document only when "account" (a "replica" run's document and hash are unchanged).
+    data_windows: str = "replica"
+    # The inner optimizer's state across outer rounds (INNER_STATES; training/inner_optimizers.py
+    # begin_round): "carry" (the default, every run made before the setting) keeps AdamW's moments and step
+    # count (Muon's momentum) from round to round; "fresh" clears them at each round's start, before its
+    # start state is captured, so a round's program is its H steps from the round's start weights alone
+    # (the inner lr still follows the run's schedule over the global step t*H + k; AdamW's bias correction
+    # restarts at step 1 each round). What the plain end rule needs (docs/FRAUD_PROOF.md "The claim's end").
+    # In the run document only when "fresh" (every older hash unchanged).
+    inner_state: str = "carry"
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, f"training.batch_size={self.batch_size}: must be >= 1")
@@ -114,6 +134,9 @@ class TrainingConfig:
         _require(not self.reproducible or (self.precision == "fp32" and not self.compile),
                  f"training.reproducible = true computes float32 eagerly: set training.precision = \"fp32\" "
                  f"(not {self.precision!r}) and training.compile = false")
+        _require(self.inner_state in INNER_STATES,
+                 f"training.inner_state={self.inner_state!r}: must be one of {list(INNER_STATES)} "
+                 "(\"fresh\": a new inner optimizer every outer round)")
         if type(self.reproducible_kernels) is int and self.reproducible_kernels == AUTO_KERNELS:
             self.reproducible_kernels = DEFAULT_KERNELS if self.reproducible is True else LEGACY_KERNELS
         _require(type(self.reproducible_kernels) is int and self.reproducible_kernels in (1, 2, 3),
@@ -121,6 +144,8 @@ class TrainingConfig:
         _require(self.reproducible or self.reproducible_kernels == 1,
                  f"training.reproducible_kernels={self.reproducible_kernels} is a setting of "
                  "training.reproducible = true: remove it or turn the mode on")
+        _require(self.data_windows in DATA_WINDOWS,
+                 f"training.data_windows={self.data_windows!r}: must be one of {list(DATA_WINDOWS)}")
         if self.optimizer != "muon":
             for name, neutral in MUON_ONLY.items():
                 _require(
@@ -149,7 +174,16 @@ class TrainingConfig:
             del out["reproducible"]
         if self.reproducible_kernels == 1:  # and a run of version 1 the one it had before versions
             del out["reproducible_kernels"]
+        if self.data_windows == "replica":  # and a run drawn by replica index the one it had before it
+            del out["data_windows"]
+        if self.inner_state == "carry":  # and a run that carries its inner state the one it had before
+            del out["inner_state"]
         return out
+
+    @property
+    def fresh_inner_state(self) -> bool:
+        """Whether each outer round's inner steps start from a new inner optimizer (``inner_state``)."""
+        return self.inner_state == "fresh"
 
 
 def weaknesses(cfg: TrainingConfig) -> list[str]:

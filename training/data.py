@@ -35,9 +35,13 @@ Round batches (what an auditor re-executes)
     ``inner_steps``, so a longer round extends a shorter one.
 
     The chain cannot recompute ``r`` (a seat count, in no contract's state):
-    where a run's data is bound on chain (StepProver.setData, issue 78) the
-    windows are keyed by the contribution's member account instead, by the same
-    formula (:mod:`training.data_binding`, ``rulebook.data_windows``).
+    in a run with ``training.data_windows = "account"`` the windows are keyed by
+    a 20-byte member account instead (the caller's: this package knows no
+    chain), by the same formula with the domain ``b"dlx-node/round-batches/v2"``
+    and the 20 bytes in place of ``u64be(r)`` (:mod:`training.data_binding`,
+    ``rulebook.data_windows``): what StepProver's data dispute recomputes. Every
+    function below that takes ``replica`` takes such a key in its place
+    (:func:`windows_key` picks it by the run's setting).
 
 Eval batches
     Fixed and RNG-free: ``n * batch_size`` windows of the held-out split whose
@@ -58,6 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rulebook.data_windows import WINDOWS_DOMAIN
 from training.config import ModelConfig, TrainingConfig
 from training.errors import DataError
 from training.sharded_corpus import ShardedCorpus, is_dataset, open_dataset
@@ -68,6 +73,9 @@ logger = logging.getLogger(__name__)
 
 ROUND_BATCHES_DOMAIN = b"dlx-node/round-batches/v1"
 _U64_MAX = 2**64 - 1
+#: A round's windows are drawn by a replica index (``training.data_windows = "replica"``) or by a 20-byte
+#: member account (``"account"``): module docstring, "Round batches".
+WindowsKey = int | bytes
 
 
 @dataclass(frozen=True)
@@ -271,9 +279,22 @@ def _check_dataset_fits(corpus: ShardedCorpus, tokenizer: Tokenizer, model_cfg: 
         )
 
 
+def windows_key(training_cfg: TrainingConfig, replica: int, account: bytes | None) -> WindowsKey:
+    """The key the windows of ``replica``'s rounds are drawn by under the run's ``training.data_windows``:
+    the replica index, or ``account`` (20 bytes; DataError where the run draws by account and there is none).
+    """
+    if training_cfg.data_windows != "account":
+        return replica
+    if account is None or len(bytes(account)) != 20:
+        got = "none" if account is None else f"{len(bytes(account))} bytes"
+        raise DataError(f'training.data_windows = "account": the windows of replica {replica} need its '
+                        f"20-byte member account as their key, got {got}")
+    return bytes(account)
+
+
 def window_offsets(
     run_seed: int,
-    replica: int,
+    replica: WindowsKey,
     round: int,
     inner_steps: int,
     batch_size: int,
@@ -281,8 +302,12 @@ def window_offsets(
     first_step: int = 0,
 ) -> list[list[int]]:
     """Start offsets ``[step][row]`` of the windows of steps ``first_step <= step < inner_steps``, as derived
-    in the module docstring (each step's alone: a pure function of the run seed, replica, round and step)."""
-    for name, value in (("run_seed", run_seed), ("replica", replica), ("round", round)):
+    in the module docstring (each step's alone: a pure function of the run seed, replica, round and step).
+    ``replica``: a replica index, or a 20-byte account (the windows keyed by account)."""
+    keyed = isinstance(replica, (bytes, bytearray))
+    if keyed and len(replica) != 20:
+        raise DataError(f"a windows key is a replica index or a 20-byte account, not {len(replica)} bytes")
+    for name, value in (("run_seed", run_seed), ("replica", 0 if keyed else replica), ("round", round)):
         if not 0 <= value <= _U64_MAX:
             raise DataError(f"{name}={value}: must be in [0, 2**64)")
     if inner_steps < 1 or batch_size < 1:
@@ -291,7 +316,10 @@ def window_offsets(
         raise DataError(f"first_step={first_step}: must be in [0, inner_steps={inner_steps})")
     if n_start < 1:
         raise DataError(f"no valid window start (n_start={n_start})")
-    prefix = ROUND_BATCHES_DOMAIN + struct.pack(">QQQ", run_seed, replica, round)
+    if keyed:  # rulebook.data_windows.window_offset's layout: the account in place of u64be(replica)
+        prefix = WINDOWS_DOMAIN + struct.pack(">Q", run_seed) + bytes(replica) + struct.pack(">Q", round)
+    else:
+        prefix = ROUND_BATCHES_DOMAIN + struct.pack(">QQQ", run_seed, replica, round)
     offsets = []
     for step in range(first_step, inner_steps):
         row_offsets = []
@@ -311,7 +339,7 @@ def _windows(split: torch.Tensor, starts: torch.Tensor, block_size: int) -> tupl
 def round_batches(
     corpus: AnyCorpus,
     run_seed: int,
-    replica: int,
+    replica: WindowsKey,
     round: int,
     inner_steps: int,
     batch_size: int,
@@ -319,7 +347,8 @@ def round_batches(
     first_step: int = 0,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The training batches ``(x, y)`` (LongTensors (B, T)) of ``replica`` in ``round``, of its inner steps
-    ``first_step <= step < inner_steps`` (the same batch of a step whatever the others asked for)."""
+    ``first_step <= step < inner_steps`` (the same batch of a step whatever the others asked for).
+    ``replica``: a replica index, or a 20-byte account (:func:`windows_key`)."""
     check_corpus(corpus, block_size)
     n_start = corpus.split_tokens("train") - block_size
     offsets = torch.tensor(

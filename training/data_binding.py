@@ -25,6 +25,13 @@ knows a contribution's account (its round's factors list the member that signed 
 proof holds the signature to it) but not the replica index (a seat count of join events, in no contract's
 state, and in no signed message), so an account is what it can recompute the windows from.
 
+**The node's key.** A node draws its batches by these windows in a run with ``training.data_windows =
+"account"`` (:func:`training.data.round_batches` given the 20 bytes; otherwise by the replica index). The key
+is the replica's, one for all its stages (a split replica's stages read the same batch): the account of the
+member that holds its stage 0, so a stage-0 contribution's key is its own signer's, the account the contract
+checks a claim's ``dataKey`` against; a later stage's claim cannot name it yet (docs/FRAUD_PROOF.md "The
+node's draw").
+
 **A step's batch** is one tensor of ids, ``(rows, block_size + 1)`` row-major (:func:`batch_leaves`): the
 token tensor a program op reads as the step's data (StepProver ``DATA_INPUT``); the claim's ``batchRoot`` is
 the tree of ``2**ceil(log2 steps)`` 32-byte leaves, leaf ``k`` step ``k``'s tensor root, zero past the steps

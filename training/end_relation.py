@@ -11,6 +11,13 @@ by element. :func:`end_relation` checks a payload blob against ``S``, ``E`` (and
 that break the relation: the reference of the on-chain check (tests/test_end_relation_chain.py: the contract
 refuses exactly the elements this names), and the evidence that the run's encoder codes by exactly that
 relation (tests/test_end_relation.py).
+
+:func:`program_end` is the ``E`` the relation assumes, from the committed start ``S`` alone: the round's inner
+steps run by a new trainer loaded with ``S``, its inner optimizer new (zero moments, step count 0). A node's
+own ``E`` is that exactly when its run carries nothing between rounds (``training.inner_state = "fresh"``,
+``diloco.put_back = false``, error feedback off) and trains each round from the committed start
+(``diloco.one_step_delay = false``): tests/test_fresh_inner_state.py checks a node engine's contributions
+against it, bit for bit.
 """
 
 from __future__ import annotations
@@ -76,3 +83,22 @@ def end_relation(start: Mapping[str, torch.Tensor], end: Mapping[str, torch.Tens
         for flat in np.flatnonzero(~same.reshape(-1))[:max(0, limit - len(out.broken))]:
             out.broken.append((name, int(flat), f"{codec} piece is not the coding of start - end"))
     return out
+
+
+def program_end(model_cfg, training_cfg, start: Mapping[str, torch.Tensor], batches, outer_round: int,
+                inner_steps: int, lr_total_steps: int | None, num_stages: int = 1,
+                micro_batches: int = 1) -> dict[str, torch.Tensor]:
+    """The end weights (the full model's, by name) of round ``outer_round``'s program from ``start`` (the
+    full model's committed weights, by name) alone: a new :class:`~training.pipeline.LocalReplicaTrainer`
+    (``num_stages`` stages, its inner optimizers new) loaded with ``start`` runs one inner step per batch
+    of ``batches`` (the replica's round batches, in order) at the run's inner lr ``inner_lr(t * H + k)``
+    (``inner_steps`` H, ``lr_total_steps`` the schedule's horizon), ``micro_batches`` slices a step."""
+    from training.pipeline import LocalReplicaTrainer
+    from training.schedule import inner_lr, set_lr
+
+    trainer = LocalReplicaTrainer(model_cfg, training_cfg, num_stages,
+                                  state_dict={name: value.clone() for name, value in start.items()})
+    for step, (x, y) in enumerate(batches):
+        set_lr(trainer.optimizers, inner_lr(training_cfg, outer_round * inner_steps + step, lr_total_steps))
+        trainer.train_step(x, y, micro_batches)
+    return trainer.state_dict()

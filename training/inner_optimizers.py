@@ -50,3 +50,16 @@ assert tuple(INNER_OPTIMIZER_KINDS) == INNER_OPTIMIZERS, "training.config.INNER_
 def make_optimizer(module: nn.Module, training_cfg: TrainingConfig):
     """The inner optimizer ``training.optimizer`` names for one stage's ``module``."""
     return INNER_OPTIMIZER_KINDS[training_cfg.optimizer].build(module, training_cfg)
+
+
+def begin_round(optimizers, training_cfg: TrainingConfig) -> bool:
+    """An outer round's start, before its start state is captured and its first inner step: under
+    ``training.inner_state = "fresh"`` each of ``optimizers`` is as new (its state cleared: AdamW's moments
+    and step count, Muon's momentum; its parameter groups are kept, the inner lr is set every step), so the
+    round's program is its inner steps from the round's start weights alone; under "carry" nothing changes.
+    True when it cleared them."""
+    if not training_cfg.fresh_inner_state:
+        return False
+    for optimizer in optimizers:
+        optimizer.state.clear()
+    return True

@@ -14,10 +14,11 @@ from training.butterfly import average_of_partials
 from training.compiled import compile_problem, forget_compiled
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
-from training.data import Corpus, round_batches
+from training.data import Corpus, round_batches, windows_key
 from training.diloco import step_with_average
 from training.errors import ReexecError
 from training.fingerprint import PlatformFingerprint
+from training.inner_optimizers import begin_round
 from training.platform import resolve_device
 from training.replica_capture import capture_replica_state
 from training.replica_restore import restore_replica
@@ -66,6 +67,7 @@ def reexecute(
     declared_steps: int | None = None,
     processes: int = 1,
     consume: bool = False,
+    data_key: bytes | None = None,
 ) -> Reexecution:
     """Rerun round ``state.meta.outer_round`` of ``state.meta.replica`` from ``state``
     (:mod:`training.reexec`'s module docstring).
@@ -100,6 +102,9 @@ def reexecute(
     The inner steps run on ``training_cfg.device`` (the verifier's) in the claimant's
     precision (``state.meta.platform``; float32 for a state that records none), compiled if the claimant's
     were (:func:`rerun_compiled`), whatever the verifier's own ``training.compile``.
+    ``data_key``: in a run whose windows are keyed by account (``training.data_windows = "account"``), the
+    replica's 20-byte key, the CONTRIBUTOR's (its first-stage member's account, named by the caller from the
+    signed contributions, never the verifier's own); required there, unused otherwise.
     """
     meta = state.meta
     trained = _trained_steps(meta, diloco_cfg, declared_steps)
@@ -112,8 +117,9 @@ def reexecute(
     try:
         previous = PreviousRound(previous_contributions, previous_excluded, previous_dropped,
                                  previous_partials)
+        key = windows_key(training_cfg, meta.replica, data_key)
         return _rerun(state, corpus, model_cfg, replace(training_cfg, precision=precision, compile=compiled),
-                      diloco_cfg, compression_cfg, previous, trained, declared_steps, processes, consume)
+                      diloco_cfg, compression_cfg, previous, trained, declared_steps, processes, consume, key)
     finally:
         torch.set_num_threads(previous_threads)
         if compiled:
@@ -123,16 +129,16 @@ def reexecute(
 def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, training_cfg: TrainingConfig,
            diloco_cfg: DilocoConfig, compression_cfg: CompressionConfig, previous: PreviousRound,
            trained: int, declared_steps: int | None, processes: int = 1,
-           consume: bool = False) -> Reexecution:
+           consume: bool = False, key: int | bytes | None = None) -> Reexecution:
     """:func:`reexecute`'s round, its threads and compiler already set (``training_cfg``: with the
-    claimant's precision)."""
+    claimant's precision; ``key``: the windows' key, default the replica index)."""
     from training.cluster_rerun import ClusterSteps, rerun_ranks
 
     meta = state.meta
     trainer, engines = restore_replica(state, model_cfg, training_cfg, diloco_cfg, compression_cfg,
                                        consume=consume)
-    batches = round_batches(corpus, training_cfg.seed, meta.replica, meta.outer_round, trained,
-                            training_cfg.batch_size, model_cfg.block_size)
+    batches = round_batches(corpus, training_cfg.seed, meta.replica if key is None else key, meta.outer_round,
+                            trained, training_cfg.batch_size, model_cfg.block_size)
     ranks = rerun_ranks(meta.platform, processes)
     steps = ClusterSteps(trainer, model_cfg, training_cfg, ranks, torch.get_num_threads()) if ranks > 1 \
         else None
@@ -145,6 +151,9 @@ def _rerun(state: ReplicaStartState, corpus: Corpus, model_cfg: ModelConfig, tra
         if rerun.applied_previous:
             if steps is not None:
                 steps.sync_optimizer()
+            # training.inner_state = "fresh": round t+1 starts from a new inner optimizer (the node clears it
+            # before it captures that start state), so the next state holds none
+            begin_round(trainer.optimizers, training_cfg)
             # A consumed rerun's next state is only hashed: the live tensors themselves, not copies (40
             # bytes per parameter of the replica); nothing changes them after the rerun.
             next_state = capture_replica_state(replace(meta, outer_round=meta.outer_round + 1), trainer,
@@ -236,6 +245,9 @@ class RoundRerun:
     def train(self, action) -> None:
         outer_round, steps = self.meta.outer_round, self.meta.inner_steps
         stepper = self.steps if self.steps is not None else self.trainer
+        if action.first_step == 0 and begin_round(self.trainer.optimizers, self.training_cfg) \
+                and self.steps is not None:
+            self.steps.reset_inner_state()  # "fresh": whatever the start state holds, as the node's round
         with self.steps.session() if self.steps is not None else contextlib.nullcontext():
             for step in range(action.first_step, action.end_step):
                 set_lr(stepper.optimizers,

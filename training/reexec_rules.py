@@ -15,7 +15,7 @@ import torch
 
 from training.codec_wire import MSGPACK_ERRORS, header_steps
 from training.config import DilocoConfig, ModelConfig, TrainingConfig
-from training.data import Corpus, round_batches
+from training.data import Corpus, round_batches, windows_key
 from training.errors import ReplicaStateError
 from training.fingerprint import EXACT, PlatformFingerprint
 from training.hashing import stage_weights_hash, tensor_le_bytes
@@ -34,7 +34,7 @@ STATE_MISMATCH = "state_mismatch"  # the served state is not the committed one, 
 
 def data_commitment(
     corpus: Corpus, training_cfg: TrainingConfig, model_cfg: ModelConfig, diloco_cfg: DilocoConfig,
-    replica: int, outer_round: int, steps: int | None = None,
+    replica: int, outer_round: int, steps: int | None = None, data_key: bytes | None = None,
 ) -> bytes:
     """sha256 of the token ids the inner steps of ``(replica, outer_round)`` consume.
 
@@ -42,13 +42,20 @@ def data_commitment(
     || u64 round || u64 n || u64 batch || u64 block || for k in 0..n-1: x_k || y_k)``,
     integers little-endian, ``x_k``, ``y_k`` the int64 token ids of step ``k`` (row-major, LE);
     ``n = steps``: H by default, a time-bounded run's declared count (batch ``k`` of a round does not
-    depend on ``n``: :func:`training.data.window_offsets`).
+    depend on ``n``: :func:`training.data.window_offsets`). In a run whose windows are keyed by account
+    (``training.data_windows = "account"``) the 20 bytes of ``data_key`` (the replica's key:
+    :func:`training.data.windows_key`) stand in place of ``u64 replica``.
     """
     steps = diloco_cfg.inner_steps if steps is None else steps
     batch, block = training_cfg.batch_size, model_cfg.block_size
+    key = windows_key(training_cfg, replica, data_key)
     digest = hashlib.sha256(DATA_MAGIC + bytes.fromhex(corpus.sha256))
-    digest.update(struct.pack("<6Q", training_cfg.seed, replica, outer_round, steps, batch, block))
-    for x, y in round_batches(corpus, training_cfg.seed, replica, outer_round, steps, batch, block):
+    if isinstance(key, bytes):
+        digest.update(struct.pack("<Q", training_cfg.seed) + key
+                      + struct.pack("<4Q", outer_round, steps, batch, block))
+    else:
+        digest.update(struct.pack("<6Q", training_cfg.seed, replica, outer_round, steps, batch, block))
+    for x, y in round_batches(corpus, training_cfg.seed, key, outer_round, steps, batch, block):
         digest.update(tensor_le_bytes(x))
         digest.update(tensor_le_bytes(y))
     return digest.digest()

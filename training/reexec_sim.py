@@ -10,7 +10,8 @@ and, when it encodes, states what its envelopes would bind
 Dishonest replicas are subclasses of :class:`SimReplica` that override one
 step (fault injection by subclass): :class:`OtherDataReplica`,
 :class:`HalfStepsReplica`, :class:`PerturbedReplica`, :class:`ForgedStateReplica`,
-:class:`OverDeclaringReplica` (a time-bounded run's replica that declares more steps than it trained).
+:class:`OverDeclaringReplica` (a time-bounded run's replica that declares more steps than it trained),
+:class:`CarriedStateReplica` (keeps its inner optimizer's state across rounds in a "fresh" run).
 An honest :class:`SlowReplica` trains fewer steps in a time-bounded run and says so. An honest
 :class:`StragglerReplica` has its round-0 contribution left out of the close (it came too late),
 as a node's can be.
@@ -29,6 +30,7 @@ from training.config import DilocoConfig, ModelConfig, TrainingConfig
 from training.config_compression import CompressionConfig
 from training.data import Corpus, round_batches
 from training.host_tensors import host_float32
+from training.inner_optimizers import begin_round
 from training.model import init_state_dict
 from training.pipeline import LocalReplicaTrainer
 from training.portable_rng import normal_tensor
@@ -94,11 +96,16 @@ class SimReplica:
     def before_capture(self, outer_round: int) -> None:
         """Hook: change the state before it is captured and committed."""
 
+    def begin_round(self, outer_round: int) -> None:
+        """The round's start, as the node's (``training.inner_state = "fresh"``: a new inner optimizer)."""
+        begin_round(self.trainer.optimizers, self.sim.training)
+
     def before_encode(self, outer_round: int) -> None:
         """Hook: change the weights between the inner steps and the encode."""
 
     # -- the round ----------------------------------------------------------------------
     def start_state(self, outer_round: int) -> ReplicaStartState:
+        self.begin_round(outer_round)
         self.before_capture(outer_round)
         sim = self.sim
         meta = round_meta(outer_round, self.replica, sim.model, sim.diloco, run_rounds=sim.rounds,
@@ -207,6 +214,14 @@ class ForgedStateReplica(SimReplica):
                 engine.compressor.residual = {
                     n: torch.zeros_like(r) for n, r in engine.compressor.residual.items()
                 }
+
+
+class CarriedStateReplica(SimReplica):
+    """In a run whose inner state is "fresh", keeps its inner optimizer's moments across rounds anyway (and
+    commits them in its start states)."""
+
+    def begin_round(self, outer_round):
+        pass
 
 
 def _norm(tensors: dict[str, torch.Tensor]) -> float:

@@ -20,6 +20,7 @@ from training.config_compression import CompressionConfig
 from training.data import Corpus
 from training.errors import TrainingError
 from training.hashing import weights_root
+from training.inner_optimizers import begin_round
 from training.pipeline import LocalReplicaTrainer
 from training.schedule import (
     APPLY,
@@ -164,6 +165,8 @@ class DilocoSimulation:
         steps = self.diloco_cfg.inner_steps
         trainer = self.trainers[replica]
         optimizers = trainer_optimizers(trainer)
+        if first_step == 0:
+            begin_round(optimizers, self.training_cfg)  # training.inner_state = "fresh": a new optimizer
         losses = []
         for step, (x, y) in enumerate(
             self.batches(replica, outer_round)[first_step:end_step], start=first_step

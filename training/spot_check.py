@@ -121,6 +121,7 @@ def verify_contribution(
     threads: int | None = None,
     previous_partials: Mapping[int, Sequence[bytes]] | None = None,
     processes: int = 1,
+    data_key: bytes | None = None,
 ) -> SpotCheck:
     """Check the contributions of ``(replica, outer_round)`` against a rerun (:mod:`training.reexec`'s module
     docstring).
@@ -142,6 +143,9 @@ def verify_contribution(
     (:func:`sliced_contribution_distance`) and ``previous_partials`` replaces ``previous_contributions``.
     ``processes``: the processes this verifier may rerun on (a cluster's claim of N <= ``processes`` ranks is
     rerun on N ranks, bit for bit: training/cluster_rerun.py).
+    ``data_key``: in a run whose windows are keyed by account (``training.data_windows = "account"``), the
+    contributor's 20-byte key (its replica's first-stage member's account, :func:`reexecute`), by which the
+    data commitment and the rerun's batches are drawn.
     """
     claims = _one_claim_per_stage(state_parts, claims)
     state = _served_state(state_parts, claims, diloco_cfg, outer_round, replica, run_rounds,
@@ -152,7 +156,7 @@ def verify_contribution(
     if isinstance(declared, SpotCheck):
         return declared
     expected_data = data_commitment(corpus, training_cfg, model_cfg, diloco_cfg, replica, outer_round,
-                                    declared)
+                                    declared, data_key)
     wrong_data = [claim.stage_index for claim in claims if claim.data_commitment != expected_data]
     if wrong_data:
         return _failed(outer_round, replica, DATA_MISMATCH, "the data commitment is not this round's batches",
@@ -162,7 +166,8 @@ def verify_contribution(
                           previous_contributions=previous_contributions, previous_excluded=previous_excluded,
                           previous_dropped=previous_dropped, threads=threads,
                           previous_partials=previous_partials, declared_steps=declared,
-                          processes=processes, consume=True)  # the state parsed here, for this rerun
+                          processes=processes, consume=True,  # the state parsed here, for this rerun
+                          data_key=data_key)
     except ReplicaStateError as exc:
         return _failed(outer_round, replica, STATE_MISMATCH, f"state does not fit the run's model: {exc}")
     bound = rerun.applied_hashes

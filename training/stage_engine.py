@@ -401,9 +401,15 @@ class StageEngine(EngineJoining, EngineState, EngineOuterState):
         progress. Call it before or after that round is applied, and before the
         next round is encoded for the progress to ride along with it. Returns
         False (and does nothing) if the round's update is no longer known or was
-        already restored.
+        already restored, and under ``diloco.put_back = false``, where the update
+        is dropped (forgotten, not put back: the next contribution codes its own
+        round alone).
         """
         sent = self._sent.pop(outer_round, None)
+        if not self.diloco_cfg.put_back:
+            logger.info("stage %d: the update of round %d was left out and is dropped (diloco.put_back = "
+                        "false)", self.stage_index, outer_round)
+            return False
         if sent is None:
             logger.warning(
                 "stage %d: no transmitted update of round %d to restore", self.stage_index, outer_round

@@ -36,7 +36,7 @@ from queue import Queue
 from node import protocol as msg
 from node.arenas import settle_interned_strings
 from node.config import NodeConfig
-from node.errors import NotRegistered
+from node.errors import NodeError, NotRegistered
 from node.fsutil import atomic_write_bytes
 from node.live.fraud.answerer import ChallengeAnswerer
 from node.live.fraud.chunkstate import ChunkedStates
@@ -369,11 +369,28 @@ class NodeParts:
         logger.info("placed: cluster %s replica %d stages %s", placement.cluster, placement.replica,
                     list(placement.stages))
         self.worker = worker = self.kinds.worker(cfg=cfg, replica=placement.replica, stages=placement.stages,
-                                                 rank=placement.rank)
+                                                 rank=placement.rank, data_key=self.data_key(placement))
         self.station.hold(worker)
         self.start_worker(worker)
         self.startup.mark("pipeline formed")
         self.build_round_machinery(worker)
+
+    def data_key(self, placement) -> bytes | None:
+        """The key this node's replica draws its batches by where the run's windows are keyed by account
+        (``training.data_windows = "account"``; None otherwise): the account of the member that holds the
+        replica's stage 0, this node's own where it does. Every stage of a split replica reads the same batch,
+        and the stage-0 contribution, which reads its tokens, is signed by that account, the key the chain's
+        data dispute recomputes the windows from (docs/FRAUD_PROOF.md "The data's binding")."""
+        if self.cfg.training.data_windows != "account":
+            return None
+        if 0 in placement.stages:
+            return self.chain.account_bytes
+        peer = self.membership.first_stage_peer(placement)
+        account = None if peer is None else self.membership.account_of(peer)
+        if account is None:
+            raise NodeError(f"replica {placement.replica}: no account known for its stage-0 member, whose "
+                            "account keys the run's data windows")
+        return account
 
     def start_worker(self, worker: ReplicaWorker) -> None:
         """Start the worker; a split cluster's rendezvous is tried again until the partner is there.

@@ -199,6 +199,26 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> bytes:
     return digest
 
 
+def checkpoint_digest(checkpoint: Checkpoint) -> bytes:
+    """The content hash :func:`write_checkpoint` would return for ``checkpoint``, nothing written: its bytes
+    streamed into sha256 a tensor at a time (a published stage state served only when asked binds its hash
+    so: node/live/fraud/stateserve.py)."""
+    digest = hashlib.sha256()
+    write_safetensors(_HashSink(digest), CheckpointTensors(checkpoint), checkpoint._metadata())
+    return digest.digest()
+
+
+class _HashSink:
+    """A writable that hashes what is written to it."""
+
+    def __init__(self, digest) -> None:
+        self._digest = digest
+
+    def write(self, data) -> int:
+        self._digest.update(data)
+        return len(data)
+
+
 class CheckpointTensors(Mapping):
     """A checkpoint's tensors by their names in the file (``weights.<name>``, ``momentum.<name>``), each read
     from the checkpoint's mappings when written (:func:`write_checkpoint`)."""

@@ -41,7 +41,9 @@ are pieces shared with the node's other start states, p2p/blobpack.py: the round
 snapshots are the live weights, the decoded update of round ``r - 1`` is the previous state's, so about
 7 x of new bytes a round) and its signed contributions, and in a
 chunked run, over the longer proof window ``P`` rounds, its published stage state (weights and momentum,
-2 x) with the version-3 factors and sum trees beside it and its spilled chunk leaves: so its disk is about
+2 x; with ``storage.start_states = "rebuild"`` written only when a peer asks or its round leaves memory, four
+rounds behind the committer: node/live/fraud/stateserve.py) with the version-3 factors and sum trees beside
+it and its spilled chunk leaves: so its disk is about
 ``W`` start states plus ``P`` published states plus two checkpoints, however many rounds run, where ``W``
 and ``P`` are the chain's windows in blocks over the blocks a round takes (a few rounds for rounds of
 minutes; tens in the retention bench, whose rounds take a block or two). docs/PROTOCOL.md, "Archive and

@@ -131,13 +131,33 @@ class ReexecAuditor:
     def declared_platform(self, peer_id: str, round_index: int) -> bytes | None:
         """The platform ``peer_id`` declared on chain when it joined (``MemberJoined``), in the seat in force
         when round ``round_index`` was committed (None: no chain history here, or no such seat)."""
+        seat = self._seat(peer_id, round_index)
+        return None if seat is None else seat.platform
+
+    def _seat(self, peer_id: str, round_index: int):
+        """``peer_id``'s membership in force when round ``round_index`` was committed (None: no chain history
+        here, or no such seat)."""
         if self.history is None:
             return None
         commits = [c for c in self.history.commits if c.commit.round == round_index]
         if not commits:
             return None
         seats = [m for m in self.history.members_at(commits[-1].position) if peer_of(m.node_key) == peer_id]
-        return seats[-1].platform if seats else None
+        return seats[-1] if seats else None
+
+    def data_key(self, round_index: int, envs) -> tuple[bytes | None, str]:
+        """(the key the replica's windows were drawn by, "") in a run keyed by account
+        (``training.data_windows = "account"``): the account of the signer of its stage-0 contribution, as its
+        seat in force at the round's commit names it; (None, "") in a run drawn by replica index; (None, why)
+        where the seat is not known here."""
+        if self.cfg.training.data_windows != "account":
+            return None, ""
+        signer = next((e.sender_peer_id for e in envs if e.stage == 0), None)
+        seat = None if signer is None else self._seat(signer, round_index)
+        if seat is None:
+            return None, ("the run draws its data windows by account, and the account of the stage-0 signer "
+                          "is not in the chain history here")
+        return bytes.fromhex(seat.account.removeprefix("0x")), ""
 
     def check(self, round_index: int, replica: int, envs=None):
         """(verdict or None if unverifiable, reason, distance) of rerunning (round, replica), by the platform
@@ -187,11 +207,15 @@ class ReexecAuditor:
         if undeclared is not None:
             stage, reason = undeclared
             return SpotCheck(round_index, replica, MISMATCH, reason, failed_stages=(stage,)), reason, None
+        data_key, why = self.data_key(round_index, envs)
+        if why:
+            return None, why, None
         result = rerun_by_rule(parts, claims, corpus, self.cfg.model, self.cfg.training, self.cfg.diloco,
                                self.cfg.compression, outer_round=round_index, replica=replica,
                                run_rounds=self.run_rounds, previous_contributions=previous or None,
                                previous_excluded=excluded, previous_dropped=dropped,
-                               previous_partials=partials or None, processes=self.processes)
+                               previous_partials=partials or None, processes=self.processes,
+                               data_key=data_key)
         distance = max(result.distances.values()) if result.distances else None
         return result, result.reason, distance
 
@@ -256,16 +280,21 @@ class ReexecAuditor:
             previous, excluded = self._previous(outer_round - 1)
             if previous is None:
                 raise ValueError(excluded)
+        keyed = self.cfg.training.data_windows == "account"
+        envs = (self._envelopes(outer_round, replica) or []) if self.cfg.diloco.budgeted or keyed else []
         if self.cfg.diloco.budgeted:
-            envs = self._envelopes(outer_round, replica) or []
             declared = claimed_steps(msg.decode_contribution_body(envs[0].payload).blob) if envs else None
+        data_key, why = self.data_key(outer_round, envs)
+        if why:
+            raise ValueError(why)
         held = {int(e[0]) for e in self.sealed.get(outer_round - 1, []) if int(e[1]) == replica}
         dropped = [s for s in range(self.cfg.pipeline.num_stages) if s not in held] if outer_round else []
         cfg = self.cfg
         rerun = reexecute(state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
                           previous_contributions=previous or None, previous_excluded=excluded,
                           previous_dropped=dropped, previous_partials=partials or None,
-                          declared_steps=declared, processes=self.processes)  # copies: replayed on
+                          declared_steps=declared, processes=self.processes,  # copies: replayed on
+                          data_key=data_key)
         if rerun.next_state is None:
             raise ValueError(f"the rerun of round {outer_round} gives no next start state (no delay)")
         return rerun.next_state

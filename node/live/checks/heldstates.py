@@ -306,7 +306,7 @@ class HeldStates:
     def _rebuild_round(self, anchor: int, anchor_digests: list[str], target: int,
                        target_digests: list[str]) -> None:
         """Replay from ``anchor``'s kept state to ``target``'s, check each stage's bytes hash to what this
-        node bound, and serve them as packed blobs (as :meth:`serve` does)."""
+        node bound, and serve the child's files (hard-linked into the blob store)."""
         job = self._replay.job_dir(target)
         shutil.rmtree(job, ignore_errors=True)  # a crashed rebuild's leftovers
         job.mkdir(parents=True)
@@ -316,8 +316,11 @@ class HeldStates:
                 if hash_file(path) != digest:
                     raise RebuildFailed(f"the replay's stage {stage} is not the state this node bound "
                                         f"({digest[:16]})")
+            # Linked into the blob store as it is, not packed: packing copied its pieces beside the child's
+            # file until the job was removed (issue 75: 10 x the stage's weights at once, the retention
+            # bench's largest sample), and the copy lives two prunings only.
             for stage, (path, digest) in enumerate(zip(files, target_digests)):
-                serve_when_space(self.host, path, stop=self.stop, cuts=state_cuts(path),
+                serve_when_space(self.host, path, stop=self.stop,
                                  what=f"round {target}'s rebuilt start state of stage {stage}")
                 self._rebuilt[digest] = 0
         finally:

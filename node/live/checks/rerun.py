@@ -112,7 +112,7 @@ class ContributionRerun:
                       for e, b, p in zip(envs, bodies, payloads)]
             job = SpotCheckJob(cfg.to_dict(), outer_round, replica, claims, parts, previous,
                                previous_excluded, committed, previous_dropped=dropped,
-                               previous_partials=partials)
+                               previous_partials=partials, data_key=self._data_key(envs))
             job.write(job_dir)
             # The parts were never read here: fetched into files, moved into the job's (issue 75: the
             # claimant's whole start state, about 40 bytes per parameter of the model, beside a child of
@@ -129,6 +129,22 @@ class ContributionRerun:
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
             self.states.drop_fetched([b.state_hash for b in bodies])
+
+    def _data_key(self, envs) -> bytes | None:
+        """The key the replica's windows were drawn by in a run keyed by account (``training.data_windows
+        = "account"``; None otherwise): the account of the signer of its stage-0 contribution (the
+        CONTRIBUTOR's, never this verifier's own unless it is that signer), as the run's seats bind it to the
+        signing key."""
+        if self.ctx.cfg.training.data_windows != "account":
+            return None
+        signer = next((e.sender_peer_id for e in envs if e.stage == 0), None)
+        if signer == self.ctx.peer_id:
+            return self.ctx.chain.account_bytes
+        account = None if signer is None else self.ctx.membership.account_of(signer)
+        if account is None:
+            raise NodeError(f"no account known for the signer of the stage-0 contribution "
+                            f"({str(signer)[-8:]}), whose account keys the replica's data windows")
+        return account
 
     def _run_admitted(self, job_dir, state_files) -> SpotCheckResult:
         """The job run by the worker once the host can hold its child (node/live/checks/admission.py;

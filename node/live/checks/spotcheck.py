@@ -72,6 +72,9 @@ class SpotCheckJob:
     # A sliced run's round t-1: stage -> the A partial blobs every holder applied, slice order (``previous``
     # stays empty; the claims' payloads are the claimant's slice blobs, packed: training.reexec).
     previous_partials: dict[int, list[bytes]] = field(default_factory=dict)
+    # A run whose windows are keyed by account (training.data_windows = "account"): the replica's key, the
+    # account of the signer of its stage-0 contribution (node.live.checks.rerun); None: by replica index.
+    data_key: bytes | None = None
 
     def state_paths(self, directory: Path) -> list[Path]:
         """Where :meth:`write` puts the start-state parts (stage order)."""
@@ -110,6 +113,7 @@ class SpotCheckJob:
             "previous_partials": {str(stage): [put(f"partial-{stage}-{j}.bin", p)
                                                for j, p in enumerate(partials)]
                                   for stage, partials in self.previous_partials.items()},
+            "data_key": None if self.data_key is None else self.data_key.hex(),
         }
         atomic_write_bytes(directory / JOB_FILE, json.dumps(doc).encode())
 
@@ -193,6 +197,7 @@ def _verify_job(doc: dict, cfg, corpus, claims, states, read):
                            for s, names in doc.get("previous_partials", {}).items()} or None,
         # a cluster's claim of N <= this node's processes reruns on N ranks (training/cluster_rerun.py)
         processes=cfg.compute.processes,
+        data_key=None if doc.get("data_key") is None else bytes.fromhex(doc["data_key"]),
     )
 
 

@@ -68,6 +68,7 @@ class ReplayRound:
     dropped: list[int] = field(default_factory=list)  # stages whose close left this replica out
     partials: dict[int, list[bytes]] = field(default_factory=dict)  # a sliced run's: stage -> partials
     declared_steps: int | None = None  # a time-bounded run's: the steps round r's contribution declares
+    data_key: bytes | None = None  # a run keyed by account's: the replica's key (its stage-0 signer's)
 
 
 def write_job(directory: Path, config: dict, blobs: Path, anchor: list[str], target_round: int,
@@ -80,8 +81,9 @@ def write_job(directory: Path, config: dict, blobs: Path, anchor: list[str], tar
                                 "anchor": list(anchor), "rounds": {}}
     for outer_round, inputs in rounds.items():
         excluded = {str(s): {str(i): r for i, r in ex.items()} for s, ex in inputs.excluded.items()}
-        entry = {"excluded": excluded,
-                 "dropped": list(inputs.dropped), "declared_steps": inputs.declared_steps}
+        entry = {"excluded": excluded, "dropped": list(inputs.dropped),
+                 "declared_steps": inputs.declared_steps,
+                 "data_key": None if inputs.data_key is None else inputs.data_key.hex()}
         for kind, payloads in (("previous", inputs.previous), ("partials", inputs.partials)):
             entry[kind] = {}
             for stage, blobs in payloads.items():
@@ -183,7 +185,8 @@ def replay(directory: Path) -> dict:
             state, corpus, cfg.model, cfg.training, cfg.diloco, cfg.compression,
             previous_contributions=previous or None, previous_excluded=excluded,
             previous_dropped=[int(s) for s in entry["dropped"]], previous_partials=partials or None,
-            declared_steps=entry["declared_steps"], processes=cfg.compute.processes)
+            declared_steps=entry["declared_steps"], processes=cfg.compute.processes,
+            data_key=None if entry.get("data_key") is None else bytes.fromhex(entry["data_key"]))
         if rerun.next_state is None:
             raise RebuildFailed(f"round {outer_round}'s rerun gave no next start state (no one-step delay?)")
         state, rounds = rerun.next_state, rounds + 1

@@ -195,6 +195,8 @@ class SpotChecker(ContributionRerun, Tribunal):
         if self.ctx.cfg.diloco.budgeted:
             env = self._envelopes_of(outer_round, replica)[0]
             inputs.declared_steps = claimed_steps(msg.decode_contribution_body(env.payload).blob)
+        if self.ctx.cfg.training.data_windows == "account":
+            inputs.data_key = self._data_key(self._envelopes_of(outer_round, replica))
         return inputs
 
     # -- sampling -----------------------------------------------------------------------

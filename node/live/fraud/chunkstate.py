@@ -42,6 +42,7 @@ from node.live.fraud.window import DisputeWindow
 from node.fsutil import atomic_write_bytes, is_disk_full, report_disk_full
 from node.live.fraud.leftout import CUT_ERRORS, left_out_pieces, rejected_pieces
 from node.live.fraud.spillfile import SpilledStateError, decode_spilled, encode_spilled
+from node.live.fraud.stateserve import StatesOnAsk, fetch_published, states_on_ask
 from node.store.checkpoint import Checkpoint, RunLayout, parse_checkpoint, stage_problems, write_checkpoint
 from node.store.safetensors_stream import data_ranges
 from node.store.rewardsources import write_stage
@@ -101,10 +102,14 @@ class ChunkedStates:
         self._payloads: dict[int, dict[int, list[bytes]]] = {}
         # round -> stage -> payload root -> pieces of the contributions this node closed but left out
         self._left_out: dict[int, dict[int, dict[bytes, list[bytes]]]] = {}
+        # published states written only when asked or spilled (node/live/fraud/stateserve.py); None: at once
+        self.on_ask: StatesOnAsk | None = None
         if spill_dir is not None:  # an earlier life's states: not this life's (it re-derives what it attests)
             spill_dir.mkdir(parents=True, exist_ok=True)
-            for leftover in [*spill_dir.glob("*.state"), *spill_dir.glob("*.publish")]:
+            for leftover in [*spill_dir.glob("*.state"), *spill_dir.glob("*.publish"),
+                             *spill_dir.glob("*.asked")]:
                 leftover.unlink(missing_ok=True)
+            self.on_ask = states_on_ask(cfg, host, spill_dir, layout, config_hash, self.state, self._written)
 
     def record(self, outer_round: int, stage: int, weights: dict, momentum: dict,
                reports: Sequence[ContributionReport], payloads: Sequence[bytes],
@@ -150,9 +155,12 @@ class ChunkedStates:
             self._published_norms.setdefault(outer_round, {})[stage] = digest
 
     def publish(self, outer_round: int, stage: int, leaf: bytes, weights: dict, momentum: dict) -> None:
-        """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring)."""
+        """Serve the stage's state (a stage shard) under ``state_key(leaf)`` (module docstring); with
+        :attr:`on_ask`, only its hash now, its bytes when asked (node/live/fraud/stateserve.py)."""
         shard = Checkpoint(self.layout.run_id, outer_round, dict(self.layout.model_config), self.config_hash,
                            {}, weights, momentum)
+        if self.on_ask is not None and self.on_ask.publish(state_key(leaf), shard, stage):
+            return
         try:
             digest = self._provide(outer_round, stage, shard)
             self.host.provide_alias(state_key(leaf), digest)
@@ -160,6 +168,12 @@ class ChunkedStates:
             logger.warning("round %d stage %d: state not published (a prover will challenge it): %s",
                            outer_round, stage, exc)
             return
+        with self._lock:
+            self._served.setdefault(outer_round, []).append(digest)
+            self._published.setdefault(outer_round, {})[stage] = digest
+
+    def _written(self, outer_round: int, stage: int, _key: str, digest: str) -> None:
+        """A published state written when asked or spilled is served as one written when published."""
         with self._lock:
             self._served.setdefault(outer_round, []).append(digest)
             self._published.setdefault(outer_round, {})[stage] = digest
@@ -244,8 +258,11 @@ class ChunkedStates:
 
     def _spill(self, rounds: list[int]) -> None:
         """Move the states of ``rounds`` from memory to ``spill_dir`` (each file written before the memory
-        copy goes, so a reader finds one or the other)."""
+        copy goes, so a reader finds one or the other); a published state not written yet is written first
+        (the spilled state names it for its leaves)."""
         for outer_round in rounds:
+            if self.on_ask is not None:
+                self.on_ask.write(outer_round)
             with self._lock:
                 states = dict(self._states.get(outer_round, {}))
             for stage, state in states.items():
@@ -385,6 +402,8 @@ class ChunkedStates:
                 self._published_norms.pop(r, None)
                 self._payloads.pop(r, None)
             blobs = [d for r in done for d in self._served.pop(r, [])]
+        if self.on_ask is not None:
+            self.on_ask.forget(done)
         for r in done:
             if self.window is not None:
                 self.window.forget(r)
@@ -424,7 +443,7 @@ class ChunkedStates:
         limit = 8 * numel + STATE_SLACK_BYTES
         for peer in providers:
             try:
-                data = self.host.fetch_alias(key, peer, limit, timeout=min(60.0, self.cfg.round_timeout))
+                data = fetch_published(self.host, key, peer, limit, min(60.0, self.cfg.round_timeout))
                 shard = parse_checkpoint(data)
             except (*DLX_ERRORS, ValueError) as exc:  # ValueError: not a peer id
                 logger.info("round %d stage %d: committed state not had from %s: %s", outer_round, stage,

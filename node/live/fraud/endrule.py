@@ -9,7 +9,11 @@ node whose training carries state between rounds codes something else (``fl(g + 
 contributions there: an outsider's case on any of them would overturn its round and slash its attesters. So
 a node refuses to join or start in such a run, naming each setting (:func:`plain_end_problems`). Those
 settings are the run document's (its configHash binds them): the message says the run's creator must make the
-run again.
+run again. A run the rule takes: ``compression.error_feedback = false``, ``compression.min_compress_numel``
+above its largest tensor (or compression off), ``training.inner_state = "fresh"``, ``diloco.put_back =
+false`` and ``diloco.one_step_delay = false`` (each round trains from the committed start: under the delay it
+trains from the replica's own end of the round before, and the end relation from the committed start breaks,
+tests/test_fresh_inner_state.py).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ logger = logging.getLogger(__name__)
 
 
 def plain_end_problems(cfg) -> list[str]:
-    """Every way a node with settings ``cfg`` (a NodeConfig: the run document's) carries state between rounds
-    or codes a piece low-rank, one message each naming the setting; empty: its payload codes ``fl(S - E)``
-    alone."""
+    """Every way a node with settings ``cfg`` (a NodeConfig: the run document's) carries state between
+    rounds, codes a piece low-rank or trains a round from another start than the committed one, one message
+    each naming the setting; empty: its payload codes ``fl(S - E)`` alone, ``E`` the end of the round's
+    program from the committed start ``S`` (training.end_relation.program_end)."""
     from training.stages import split_stages, stage_param_shapes
 
     problems = []
@@ -43,11 +48,19 @@ def plain_end_problems(cfg) -> list[str]:
             problems.append(f"compression.min_compress_numel = {comp.min_compress_numel}: a tensor of that "
                             f"many elements or more may be coded low-rank (the largest, {name!r}, has "
                             f"{largest:,}); set it above {largest:,}, or compression.enabled = false")
-    problems.append(f"training.optimizer = {cfg.training.optimizer!r}: the inner optimizer's state (AdamW's "
-                    "moments, Muon's momentum) is carried across rounds, and the chain's claim starts from "
-                    "the committed weights alone (no setting gives each round a fresh inner optimizer yet)")
-    problems.append("a contribution left out of its round is put back into the next round's target "
-                    "(v = fl(g + u): training/stage_engine.py contribution_dropped; no setting turns it off)")
+    if not cfg.training.fresh_inner_state:
+        optimizer = cfg.training.optimizer
+        problems.append(f"training.inner_state = {cfg.training.inner_state!r}: the inner optimizer's "
+                        f"state ({optimizer}'s moments) is carried across rounds, and the chain's claim "
+                        "starts from the committed weights alone; set it \"fresh\" (a new inner "
+                        "optimizer every round)")
+    if cfg.diloco.put_back:
+        problems.append("diloco.put_back = true: a contribution left out of its round is put back into the "
+                        "next round's target (v = fl(g + u)); set it false (a left-out update is dropped)")
+    if cfg.diloco.one_step_delay:
+        problems.append("diloco.one_step_delay = true: a round trains from the replica's own end of the "
+                        "round before, ahead of that round's outer step, not from the committed start the "
+                        "claim names; set it false")
     return problems
 
 
@@ -83,7 +96,7 @@ def check_end_rule(client, run_id: int, cfg) -> None:
         raise ConfigError(
             f"run {run_id} fixes the plain end rule on chain (StepProver.endRuleOf = {PLAIN_END}: every "
             "contribution's payload must code fl(S - E) with nothing carried between rounds and no low-rank "
-            f"piece), but its settings carry state between rounds: {' | '.join(problems)}. This node could "
+            f"piece), but its settings do not give that: {' | '.join(problems)}. This node could "
             "not defend its contributions (a case on each would overturn its round): not joining. These "
             "settings are the run document's (its configHash): the run's creator must make the run again "
             "without them or without the rule")

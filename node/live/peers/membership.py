@@ -85,6 +85,22 @@ class Membership:
             time.sleep(0.5)
         raise NodeError("stopped while joining")
 
+    def account_of(self, peer_id: str) -> bytes | None:
+        """The 20-byte account ``peer_id``'s hello named (a placed peer's: bound on chain to the key that
+        signed it, :meth:`refresh`), or None where none was heard."""
+        info = self.book.live_peers(float("inf")).get(peer_id)
+        return None if info is None else bytes(info.hello.account)
+
+    def first_stage_peer(self, placement: Placement) -> str | None:
+        """The peer that holds stage 0 of ``placement``'s replica in its cluster (a current seat's over a
+        departed one's), or None where none is placed."""
+        with self._lock:
+            placements, seats = dict(self.placements), dict(self._seats)
+        held = [p for p, pl in placements.items()
+                if (pl.cluster, pl.replica) == (placement.cluster, placement.replica) and 0 in pl.stages]
+        held.sort(key=lambda p: (not (p in seats and seats[p].current), p))
+        return held[0] if held else None
+
     def holders(self, stage: int) -> list[str]:
         """Peer ids placed on ``stage``, sorted."""
         return sorted(p for p, pl in self.refresh().items() if stage in pl.stages)

@@ -89,6 +89,8 @@ class Contributor:
             if self.rounds.starting(outer_round, self.cfg.diloco):
                 logger.warning("round %d: begins on our result of a round being re-based on the record; our "
                                "contribution of it will not be announced", outer_round)
+            # training.inner_state = "fresh": the round's inner optimizer is new, and its start state says so
+            self.worker.begin_round(outer_round)
             with self.clock.phase("start_state"):
                 self._capture_start_state(outer_round)
         try:

@@ -20,7 +20,7 @@ import torch
 
 from node.config import OUTER_STATE_DIR, NodeConfig
 from training.codec_wire import decode_contribution
-from training.data import corpus_from_config, eval_batches, round_batches
+from training.data import corpus_from_config, eval_batches, round_batches, windows_key
 from training.butterfly import slice_for_exchange
 from training.slice_plan import SlicePlan
 from training.diloco import Aggregation
@@ -57,9 +57,15 @@ class TrainStats:
 class ReplicaWorker(StageAggregation):
     """Trainers and engines of the stages one node holds (see module docstring)."""
 
-    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int) -> None:
+    def __init__(self, cfg: NodeConfig, replica: int, stages: tuple[int, ...], rank: int,
+                 data_key: bytes | None = None) -> None:
         self.cfg = cfg
         self.replica = replica
+        # What the windows of the replica's batches are drawn by (training.data.windows_key): the replica
+        # index, or in a run with training.data_windows = "account" ``data_key``, the 20-byte account of the
+        # replica's first-stage member (every stage of a split replica reads the same batch:
+        # node/live/assembly.py).
+        self.windows_key = windows_key(cfg.training, replica, data_key)
         self.stages = stages
         self.rank = rank
         self.specs = split_stages(cfg.model.n_layer, cfg.pipeline.num_stages)
@@ -179,11 +185,25 @@ class ReplicaWorker(StageAggregation):
         alone, like its restarted partner's."""
         self.load_global(stage, weights, momentum, last_round)
         self.engines[stage].compressor.reset_feedback()
+        cluster.reset_inner_state(self.trainer, self._optimizers()[stage])  # AdamW keeps nothing else: as new
+
+    def _optimizers(self) -> dict:
+        """Stage -> the inner optimizer of each stage this node's trainer holds."""
         if isinstance(self.trainer, PipelineStageTrainer):
-            optimizers = {self.stages[0]: self.trainer.optimizer}
-        else:
-            optimizers = {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
-        cluster.reset_inner_state(self.trainer, optimizers[stage])  # AdamW keeps nothing else: as new
+            return {self.stages[0]: self.trainer.optimizer}
+        return {spec.index: opt for spec, opt in zip(self.specs, self.trainer.optimizers)}
+
+    def begin_round(self, outer_round: int) -> bool:
+        """``outer_round``'s start, before its start state is captured and its first inner step: under
+        ``training.inner_state = "fresh"`` every held stage's inner optimizer is new (on every rank of a
+        cluster), as the rerun's is (training.inner_optimizers.begin_round); nothing under "carry". True when
+        it cleared them."""
+        if not self.cfg.training.fresh_inner_state:
+            return False
+        for stage in self.stages:
+            cluster.reset_inner_state(self.trainer, self._optimizers()[stage])
+        logger.debug("round %d: a fresh inner optimizer (training.inner_state = \"fresh\")", outer_round)
+        return True
 
     def absorb_held(self, stage: int, outer_round: int, weights: dict[str, torch.Tensor],
                     momentum: dict[str, torch.Tensor]) -> None:
@@ -254,7 +274,7 @@ class ReplicaWorker(StageAggregation):
         chunk = BATCH_CHUNK if self.cfg.diloco.budgeted else max(1, end_step - first_step)
         for start in range(first_step, end_step, chunk):
             stop = min(end_step, start + chunk)
-            yield from round_batches(self.corpus, self.cfg.training.seed, self.replica, outer_round, stop,
+            yield from round_batches(self.corpus, self.cfg.training.seed, self.windows_key, outer_round, stop,
                                      self.cfg.training.batch_size, self.cfg.model.block_size,
                                      first_step=start)
 
@@ -302,8 +322,9 @@ class ReplicaWorker(StageAggregation):
 
     def data_commitment(self, outer_round: int) -> bytes:
         """sha256 of the token ids this replica's H inner steps of ``outer_round`` consume."""
+        key = self.windows_key if isinstance(self.windows_key, bytes) else None
         return data_commitment(self.corpus, self.cfg.training, self.cfg.model, self.cfg.diloco, self.replica,
-                               outer_round, self.declared_steps(outer_round))
+                               outer_round, self.declared_steps(outer_round), key)
 
     def eval_loss(self) -> float:
         return self.trainer.eval_loss(self._eval)
