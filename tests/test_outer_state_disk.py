@@ -137,6 +137,8 @@ def test_an_outer_state_file_of_another_length_is_refused_not_read(tmp_path) -> 
 _KILLED_CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
+    import torch
+    torch.set_num_threads(int(sys.argv[2]))  # the test's own count: float training's bits depend on it
     sys.path.insert(0, {root!r})
     from tests.test_outer_state_disk import killed_mid_apply
     killed_mid_apply(Path(sys.argv[1]))
@@ -174,8 +176,8 @@ def test_a_node_killed_between_the_outer_step_and_the_commit_restarts_from_what_
     from node.store.checkpoint import read_checkpoint
 
     (tmp_path / "outer").mkdir()
-    child = subprocess.run([sys.executable, "-c", _KILLED_CHILD.format(root=str(ROOT)), str(tmp_path)],
-                           capture_output=True, text=True, timeout=300)
+    child = subprocess.run([sys.executable, "-c", _KILLED_CHILD.format(root=str(ROOT)), str(tmp_path),
+                            str(torch.get_num_threads())], capture_output=True, text=True, timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert (tmp_path / "apply-started").exists()
     assert os.listdir(tmp_path / "outer") == []  # nothing half written that a restart could find
