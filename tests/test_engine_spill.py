@@ -19,7 +19,8 @@ from training.spilled import SpilledTensors
 from training.stage_engine import StageEngine
 
 
-def _stage(settings=()):
+def tiny_stage(settings=()):
+    """A one-stage tiny replica, its module and optimizer, and its engine (shared by the engine tests)."""
     cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2",
                              "pipeline.num_stages=1", "diloco.num_replicas=2",
                              *new_run_compression_settings(), *settings])
@@ -39,7 +40,7 @@ def _in_ram(engine: StageEngine) -> int:
 def test_spilled_transmitted_updates_change_no_bit(tmp_path) -> None:
     runs = []
     for spill in (None, tmp_path / "spill"):
-        cfg, trainer, module, optimizer, engine = _stage()
+        cfg, trainer, module, optimizer, engine = tiny_stage()
         engine.spill_dir = spill
         blobs, hashes, states, held = {}, [], [], []
         for outer_round in range(4):

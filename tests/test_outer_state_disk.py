@@ -18,26 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.config import load_config
-from training.config_compression import new_run_compression_settings
-from training.pipeline import LocalReplicaTrainer
+from tests.test_engine_spill import tiny_stage
+
 from training.reexec import round_meta
 from training.replica_capture import StartStateCapture, capture_trainer_part
 from training.spilled import SpillFileError, SpilledTensors, ZeroTensors, unheld
 from training.stage_engine import StageEngine
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _stage(settings=()):
-    cfg = load_config(None, ["model.preset=tiny", "diloco.inner_steps=2", "training.batch_size=2",
-                             "pipeline.num_stages=1", "diloco.num_replicas=2",
-                             *new_run_compression_settings(), *settings])
-    trainer = LocalReplicaTrainer(cfg.model, cfg.training, 1)
-    module, optimizer = trainer.stage_modules[0], trainer.optimizers[0]
-    engine = StageEngine(0, dict(module.named_parameters()), cfg.diloco, cfg.compression,
-                         exact=cfg.training.codec_kernels)
-    return cfg, trainer, module, optimizer, engine
 
 
 def _outer_in_ram(engine: StageEngine) -> int:
@@ -57,7 +45,7 @@ def _train(cfg, trainer, outer_round: int) -> None:
 def _run(tmp_path: Path, settings, outer_dir: Path | None, rounds: int = 4):
     """Rounds in the node's order (start state, inner steps, apply of the previous round, encode); every
     figure a round makes, and the outer state's bytes in RAM after each round."""
-    cfg, trainer, module, optimizer, engine = _stage(settings)
+    cfg, trainer, module, optimizer, engine = tiny_stage(settings)
     engine.keep_outer_state_in(outer_dir)
     engine.spill_dir = outer_dir
     early, no_delay = engine.lookahead, not cfg.diloco.one_step_delay  # apply t-1 before encoding t; no delay
@@ -151,7 +139,7 @@ def killed_mid_apply(workdir: Path) -> None:
     engine, before the local weights follow it and before anything is committed."""
     from node.store.checkpoint import Checkpoint, write_checkpoint
 
-    cfg, trainer, module, optimizer, engine = _stage()
+    cfg, trainer, module, optimizer, engine = tiny_stage()
     engine.keep_outer_state_in(workdir / "outer")
     blobs = {}
     for outer_round in range(2):
@@ -182,7 +170,7 @@ def test_a_node_killed_between_the_outer_step_and_the_commit_restarts_from_what_
     assert (tmp_path / "apply-started").exists()
     assert os.listdir(tmp_path / "outer") == []  # nothing half written that a restart could find
     # The uninterrupted run, in RAM: the same round 0 (the same contribution), applied.
-    cfg, trainer, _module, _optimizer, engine = _stage()
+    cfg, trainer, _module, _optimizer, engine = tiny_stage()
     sealed = (tmp_path / "round-0.bin").read_bytes()
     for outer_round in range(2):
         _train(cfg, trainer, outer_round)
@@ -191,7 +179,7 @@ def test_a_node_killed_between_the_outer_step_and_the_commit_restarts_from_what_
     committed = engine.apply_round(0, [sealed, sealed]).weights_hash
     # The restart (outer state on disk): the checkpoint it committed, then the sealed round re-applied.
     checkpoint = read_checkpoint(tmp_path / "checkpoint.safetensors")
-    _cfg, _trainer, _m, _o, restarted = _stage()
+    _cfg, _trainer, _m, _o, restarted = tiny_stage()
     restarted.keep_outer_state_in(tmp_path / "outer")
     restarted.rebase(checkpoint.weights, checkpoint.momentum, -1)
     assert isinstance(restarted.global_weights, SpilledTensors)
