@@ -31,6 +31,7 @@ from ledger.stepproof import (
     start_opening,
     state_roots,
     sum_step_opening,
+    tree_children,
 )
 
 #: The phases in which a game waits for nobody (not started, or decided).
@@ -54,10 +55,11 @@ class DataSide:
 class DefenseSide:
     """What an honest defender answers from: its traces of the claim's steps (``traces[i]``: step ``i``), the
     run's state origins and the committed start's weight chunk leaves (for a start dispute), and
-    ``sums(step, op, elem, point)``: the bits of a product's partial sum (``training.step_trace.partial_sums``
-    of its own tensors); for an end dispute, the contribution's payload pieces (``payload``; empty: it holds
-    none, so it cannot answer one) and each state tensor's quant bit width (``bits``, 0 for raw); for a data
-    dispute, the run's corpus and the claim's batches (``data``; None: it cannot answer one)."""
+    ``sums(step, op, elem, point)``: the bits of a product's partial sum or of a tree sum's node ``point =
+    (level, index)`` (``training.step_trace.op_point`` of its own tensors); for an end dispute, the
+    contribution's payload pieces (``payload``; empty: it holds none, so it cannot answer one) and each state
+    tensor's quant bit width (``bits``, 0 for raw); for a data dispute, the run's corpus and the claim's
+    batches (``data``; None: it cannot answer one)."""
 
     traces: list[StepTrace]
     origins: list[bytes]
@@ -133,6 +135,10 @@ def defender_move(game_id: bytes, game: dict, side: DefenseSide,
         raise LedgerInputError(f"game {game_id.hex()[:12]}: in {phase} without the op it split on")
     if phase == "Sums":
         return "postSum", (game_id, side.sums(memory.step, memory.op, game["elem"], mid))
+    if phase == "Tree":  # the disputed node (lo of level hi) of a tree sum: its two children
+        children = tree_children(trace.specs[memory.op][2], hi, lo)
+        return "postChildren", (game_id, *(side.sums(memory.step, memory.op, game["elem"], node)
+                                           for node in children))
     if phase == "Final":
         return "proveStep", (game_id, *sum_step_opening(trace.operation(memory.op), game["elem"], lo))
     raise LedgerInputError(f"game {game_id.hex()[:12]}: phase {phase} is not a defender's")

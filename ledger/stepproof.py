@@ -4,7 +4,8 @@ proof (issue 78, docs/FRAUD_PROOF.md "The contribution proof").
 A claim is one operation of a reproducible inner step: ``kind(a, b) = out`` over tensors committed by their
 own chunk trees (``training.step_trace.tensor_root``: the tensor's chunk leaves, ``ledger.merkle`` tree). The
 caller hands this module the tensors' chunk leaves (bytes; this package knows no torch) and, for a product,
-the partial sums' bits of the challenged element (``training.step_trace.partial_sums``).
+the partial sums' bits of the challenged element (``training.step_trace.partial_sums``); for a tree sum, its
+tree's nodes' bits (``training.step_trace.tree_levels``).
 
 :class:`StepProverClient` sends the moves; :func:`play` runs one game between a :class:`Defender` and a
 challenger's ``judge`` policy (``honest_judge`` agrees with a posted sum exactly when it is the true one).
@@ -19,11 +20,11 @@ import contracts
 from ledger.chunkproof import tree_path, tree_root
 
 CHUNK = 64
-ADD, SUB, MUL, DIV, MATMUL, GATHER = 1, 2, 3, 4, 5, 6
+ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
 #: A program input index naming the step's batch (StepProver.DATA_INPUT): the claim's ``batchRoot`` leaf.
 DATA_INPUT = 2**32 - 1
 PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
-          "Steps", "Start", "End", "Data")
+          "Steps", "Start", "End", "Data", "Tree")
 #: StepProver.endRuleOf's plain end: nothing carried between rounds, no low-rank piece (``set_end_rule``).
 PLAIN_END = 1
 
@@ -59,8 +60,9 @@ EMPTY = (b"", [])
 
 def output_opening(op: Operation, elem: int) -> tuple:
     """``openOutput``'s openings of element ``elem`` of ``op``'s output: the element, and for an elementwise
-    op its two inputs (a product's are empty: its partial sums are bisected next)."""
-    if op.kind == MATMUL:
+    op its two inputs (a product's and a tree sum's are empty: its partial sums are bisected, its tree
+    descended next)."""
+    if op.kind in (MATMUL, TREESUM):
         return opening(op.out, elem), EMPTY, EMPTY
     if op.kind == GATHER:  # out[e] = b[a[e // cols] * cols + e % cols]
         token = op.a[elem // op.cols // CHUNK]
@@ -73,7 +75,9 @@ def output_opening(op: Operation, elem: int) -> tuple:
 
 def sum_step_opening(op: Operation, elem: int, k: int) -> tuple:
     """``proveStep``'s openings of the product ``op``'s step ``k`` of element ``elem``: ``a[r, k]``,
-    ``b[k, c]``."""
+    ``b[k, c]``; of a tree sum's leaf ``k`` of row ``elem``: ``a[elem * inner + k]`` (``b`` empty)."""
+    if op.kind == TREESUM:
+        return opening(op.a, elem * op.inner + k), EMPTY
     row, col = elem // op.cols, elem % op.cols
     return opening(op.a, row * op.inner + k), opening(op.b, k * op.cols + col)
 
@@ -150,20 +154,33 @@ class StepProverClient:
         return bytes(self.contract.functions.programOf(run_id).call())
 
 
+def tree_children(count: int, level: int, index: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The nodes ``(level, index)`` whose sum is node ``index`` of level ``level`` (not a carried node) of a
+    tree sum over ``count`` elements (``training.exact_math.tree_sum``): ``index`` and ``index + c // 2`` of
+    the level below, ``c`` its node count (StepProver ``postChildren``, ``pickChild``)."""
+    below = count
+    for _ in range(level - 1):
+        below = (below + 1) // 2
+    return (level - 1, index), (level - 1, index + below // 2)
+
+
 @dataclass
 class Defender:
-    """A defender of ``op``: ``sums`` (bits, for a product) are what it posts at each point of element
-    ``elem``'s k-order; an honest defender's are ``partial_sums``; a cheat's are anything."""
+    """A defender of ``op``: ``sums`` (bits) are what it posts at each point of element ``elem``'s game: for
+    a product the partial sums of its k-order (``point`` an int), for a tree sum its tree's nodes (``point``
+    a ``(level, index)`` pair); an honest defender's are ``partial_sums`` and ``tree_levels``
+    (``training.step_trace.op_point``); a cheat's are anything."""
 
     op: Operation
     account: str
-    sums: Callable[[int, int], int] | None = None  # (elem, point) -> bits it posts
+    sums: Callable[[int, object], int] | None = None  # (elem, point) -> bits it posts
 
 
 def play(client: StepProverClient, claim_id: bytes, defender: Defender, challenger: str, elem: int,
          judge: Callable[[int, int], bool]) -> tuple[bool, int]:
     """Challenge element ``elem`` and play the game to its end; ``judge(point, posted bits)`` is the
-    challenger's answer (agree?). Returns (defender won, moves)."""
+    challenger's answer (agree?): in a tree sum's descent, about the left child of the two posted (its
+    ``(level, index)``), agreeing disputes the right one. Returns (defender won, moves)."""
     game_id = client.challenge(claim_id, elem, challenger)
     return element_game(client, claim_id, game_id, defender, challenger, elem, judge)
 
@@ -173,7 +190,16 @@ def element_game(client: StepProverClient, claim_id: bytes, game_id: bytes, defe
     """The element game of ``game_id`` from its ``Open`` phase (element ``elem``) to its end."""
     op = defender.op
     client._send("openOutput", defender.account, game_id, *output_opening(op, elem))
-    while (state := client.game(game_id))["phase"] == PHASES.index("Sums"):
+    while (state := client.game(game_id))["phase"] in (PHASES.index("Sums"), PHASES.index("Tree")):
+        if state["phase"] == PHASES.index("Tree"):
+            left, right = tree_children(op.inner, state["hi"], state["lo"])
+            posted = defender.sums(elem, left)
+            try:
+                client._send("postChildren", defender.account, game_id, posted, defender.sums(elem, right))
+            except Exception:  # noqa: BLE001 - children that do not add up to the node: its clock decides
+                return _run_out(client, claim_id, game_id, challenger)
+            client._send("pickChild", challenger, game_id, bool(judge(left, posted)))
+            continue
         mid = (state["lo"] + state["hi"]) // 2
         posted = defender.sums(elem, mid)
         client._send("postSum", defender.account, game_id, posted)

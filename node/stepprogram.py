@@ -33,10 +33,10 @@ from ledger.stepproof import ZERO_START, StepTrace, origin_leaf, program_hash
 from node.errors import ConfigError
 from node.live.fraud.endcheck import end_breaks, piece_bits
 from training.chunks import CHUNK_ELEMENTS, leaf_values
-from training.step_trace import MATMUL, element_leaves, partial_sums, run_op
+from training.step_trace import MATMUL, TREESUM, element_leaves, op_point, run_op
 
-#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL).
-KINDS = range(1, MATMUL + 1)
+#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, TREESUM).
+KINDS = (*range(1, MATMUL + 1), TREESUM)
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class StepProgram:
             raise ConfigError(f"step program: depth {self.depth} holds no {state + ops} trace leaves")
         for j, spec in enumerate(self.ops):
             if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec):
-                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5, rows, inner, cols, "
-                                  "a_len, b_len, a_index, b_index]")
+                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5 or 7, rows, inner, "
+                                  "cols, a_len, b_len, a_index, b_index]")
             if max(spec[6], spec[7]) >= state + j:
                 raise ConfigError(f"step program: op {j} reads trace leaf {max(spec[6], spec[7])}, not one "
                                   "before it")
@@ -143,11 +143,10 @@ class StepProgram:
         start = self.start_state(committed)
         runs = self.run(start, steps)
 
-        def sums(step: int, op: int, elem: int, point: int) -> int:
-            _kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
+        def sums(step: int, op: int, elem: int, point) -> int:
+            kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
             tensors = runs[step]
-            return partial_sums(tensors[a_index].view(rows, inner), tensors[b_index].view(inner, cols),
-                                elem // cols, elem % cols)[point]
+            return op_point(kind, rows, inner, cols, tensors[a_index], tensors[b_index], elem, point)
 
         side = DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
                            self.origin_leaves(), list(committed), sums)

@@ -348,3 +348,18 @@ def test_fuzz_an_honest_step_never_loses_to_any_challenger():
             pick=lambda op: rng.randrange(op.rows * op.cols),
             judge=lambda j, p, bits: rng.random() < 0.5, sums=_sums_of(truth), claimed=game > 0)
         assert won
+
+
+def test_an_element_alone_in_its_chunk_is_opened():
+    """A tensor's last chunk leaf of one element is 28 bytes: its header is read from those (the opening read
+    32 bytes and reverted, so no element of a tensor of 64 m + 1 elements past the last full chunk, nor of a
+    one-element tensor, could be opened: an honest defender lost there)."""
+    w3 = connect_pyevm()
+    client = _setup(w3)
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    generator = torch.Generator().manual_seed(65)
+    for numel in (65, 1):
+        x, y = _spread(generator, numel), _spread(generator, numel)
+        op = _elementwise_op(ADD, x, y, x + y)
+        assert play(client, client.claim(op, defender), Defender(op, defender), challenger, numel - 1,
+                    lambda *_: False)[0]

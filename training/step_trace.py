@@ -19,6 +19,10 @@ step where they split, then inside one operation. This module gives the node wha
 * **Inside a product** (:func:`partial_sums`): the ``k + 1`` partial sums ``s_0 = +0``,
   ``s_{j+1} = fl(s_j + fl(a[r, j] b[j, c]))`` of one output element of ``ordered_matmul``, whose last is that
   element's bits; the contract (contracts/src/StepProver.sol) bisects them and recomputes one step.
+* **Inside a tree sum** (:func:`tree_levels`): the levels of the pairwise tree of one row of
+  ``training.exact_math.tree_sum`` (the elements, then each level's sums, an odd level's last node carried),
+  whose top is that row's sum; the contract descends the tree from the disputed sum to one float32 add or
+  one element.
 
 Trees and hashes are the ledger's (``ledger.merkle``): this package knows no chain, so the caller passes
 ``tree_root`` (a function from leaves to the root, ``ledger.chunkproof.tree_root``).
@@ -167,18 +171,56 @@ def partial_sums(a: torch.Tensor, b: torch.Tensor, row: int, col: int) -> list[i
     return sums
 
 
+def tree_levels(a: torch.Tensor, inner: int, row: int) -> list[list[int]]:
+    """The levels (bits) of the tree sum of row ``row`` of ``a`` as rows of ``inner`` elements
+    (:func:`training.exact_math.tree_sum`'s tree, :func:`tree_levels_of`)."""
+    return tree_levels_of(a.detach().cpu().reshape(-1, inner)[row].numpy())
+
+
+def tree_levels_of(values: np.ndarray) -> list[list[int]]:
+    """The levels (bits) of the tree sum of the float32 ``values``: level 0 the values; level ``l + 1`` of a
+    level of ``c`` nodes has node ``i = fl(node_i + node_(i + c // 2))`` for ``i < c // 2`` and, for an odd
+    ``c``, the last node carried; the last level is the one sum."""
+    level = np.asarray(values, dtype=np.float32).reshape(-1).copy()
+    levels = [[int(v) for v in level.view(np.uint32)]]
+    with np.errstate(all="ignore"):
+        while level.size > 1:
+            half = level.size // 2
+            summed = level[:half] + level[half:2 * half]
+            level = np.concatenate((summed, level[2 * half:])) if level.size % 2 else summed
+            levels.append([int(v) for v in level.view(np.uint32)])
+    return levels
+
+
 #: The operations StepProver recomputes (contracts/src/StepProver.sol): elementwise (the second operand
-#: broadcast as ``e % len``), the ordered product and the embedding's lookup (``GATHER``: ``a`` the ids).
-ADD, SUB, MUL, DIV, MATMUL, GATHER = 1, 2, 3, 4, 5, 6
+#: broadcast as ``e % len``), the ordered product, the embedding's lookup (``GATHER``: ``a`` the ids) and the
+#: tree sum of each row of ``inner`` elements (``TREESUM``: ``b`` unread).
+ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
+
+
+def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor, elem: int,
+             point) -> int:
+    """What an honest defender posts at ``point`` of output element ``elem``'s game: a product's partial
+    sum ``point`` (:func:`partial_sums`), a tree sum's node ``point = (level, index)``
+    (:func:`tree_levels`)."""
+    if kind == TREESUM:
+        level, index = point
+        return tree_levels(a, inner, elem)[level][index]
+    if kind != MATMUL:
+        raise ValueError(f"op_point: op kind {kind} has no inner game")
+    return partial_sums(a.reshape(rows, inner), b.reshape(inner, cols), elem // cols, elem % cols)[point]
 
 
 def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
     (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
     b[e % len(b)]``, one IEEE operation each; ``GATHER`` the rows ``a[i]`` (ids) of ``b`` as a table of
-    ``cols`` columns, flattened (bits copied)."""
+    ``cols`` columns, flattened (bits copied); ``TREESUM`` the tree sum (``exact_kernel.tree_sum``) of each of
+    ``a``'s ``rows`` rows of ``inner`` elements."""
     from training import exact_kernel
 
+    if kind == TREESUM:
+        return exact_kernel.tree_sum(a.detach().reshape(rows, inner).float(), 1).reshape(-1)
     if kind == GATHER:
         return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
 

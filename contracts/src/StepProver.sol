@@ -26,12 +26,15 @@ contract StepProver {
     uint8 internal constant MUL = 3;
     uint8 internal constant DIV = 4;
     uint8 internal constant MATMUL = 5;
+    uint8 internal constant TREESUM = 7;
     /// @notice A program input index (an op leaf's `aIndex` or `bIndex`) that names the step's batch: the token
     /// tensor of the run claim's `batchRoot` leaf of the step in dispute (`StepProverMath.openOp`).
     uint256 internal constant DATA_INPUT = type(uint32).max;
 
     /// @notice An operation's shape and commitments. Elementwise: `rows` output elements (`cols` 1, `inner` 0),
     /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
+    /// TREESUM: `rows` sums (`cols` 1), row `r` the tree sum of `a[r * inner .. r * inner + inner - 1]`
+    /// (aLen = rows*inner, bLen 0: `b` unread), training/exact_math.py's `tree_sum` (`StepProverMath.openOutput`).
     struct Op {
         uint8 kind;
         uint32 rows;
@@ -50,7 +53,7 @@ contract StepProver {
         bytes32[] path;
     }
 
-    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start, End, Data }
+    enum Phase { None, Open, Sums, Final, Done, Trace, TraceEnd, Ops, OpOpen, Pick, Copy, Steps, Start, End, Data, Tree }
 
     /// @notice One inner step's claim: from the trace tree `startRoot` (its first `stateLeaves` leaves the state's
     /// tensor roots, the rest zero), the ops of `programRoot` give the state tree `endRoot`. The trace tree has
@@ -265,6 +268,7 @@ contract StepProver {
     error ProverStepClockOut();
     error ProverStepClockRunning();
     error ProverStepBadOpening(uint8 which);
+    error ProverStepTreeMismatch(uint32 left, uint32 right, uint32 node);
     error ProverStepNotListed(uint256 runId, uint64 round, uint32 stage, bytes32 payloadRoot);
     error ProverStepWrongStart(uint256 runId, uint64 round, uint32 stage, bytes32 startWeights);
     error ProverStepWindowClosed(uint256 runId, uint64 round, uint64 closesAt);
@@ -660,20 +664,12 @@ contract StepProver {
     }
 
     /// @notice Defender: open the challenged output element; for an elementwise operation also its inputs
-    /// (`a`, `b`), which decides the game; for a product `a` and `b` are empty and the partial sums' bisection starts.
+    /// (`a`, `b`), which decides the game; for a product `a` and `b` are empty and the partial sums' bisection starts;
+    /// for a tree sum (empty too) the descent of its tree (`postChildren`).
     function openOutput(bytes32 gameId, Element calldata out, Element calldata a, Element calldata b) external {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Open);
-        uint32 v = StepProverMath.open(out, op.outRoot, uint256(op.rows) * op.cols, g.elem, 0);
-        if (op.kind == MATMUL) {
-            g.phase = op.inner == 1 ? Phase.Final : Phase.Sums;
-            g.lo = 0;
-            g.hi = op.inner;
-            g.loRoot = 0;
-            g.hiRoot = bytes32(uint256(v));
-            g.defenderTurn = true; // the defender posts the first midpoint (or the final step)
-            return;
-        }
-        _decide(gameId, g, StepProverMath.elementwiseHolds(op, g.elem, a, b, v));
+        uint8 outcome = StepProverMath.openOutput(op, g, out, a, b);
+        if (outcome != 0) _decide(gameId, g, outcome == 1);
     }
 
     /// @notice Defender: its partial sum at the interval's midpoint.
@@ -689,9 +685,25 @@ contract StepProver {
     }
 
     /// @notice Defender: the one step `s_hi = s_lo + a[r,lo] * b[lo,c]`, its two inputs opened; decides the game.
+    /// A tree sum's: the disputed leaf `a[r * inner + lo]` opened (`b` empty).
     function proveStep(bytes32 gameId, Element calldata a, Element calldata b) external {
         (Game storage g, Op storage op) = _move(gameId, true, Phase.Final);
-        _decide(gameId, g, StepProverMath.productStepHolds(op, g, a, b));
+        _decide(gameId, g, StepProverMath.finalStepHolds(op, g, a, b));
+    }
+
+    /// @notice Defender: the two children of the disputed node of a tree sum (node `lo` of level `hi`, its value
+    /// `hiRoot`), whose float32 sum must be the node (`ProverStepTreeMismatch`); the game's `loRoot` and `midRoot`
+    /// hold them for the challenger.
+    function postChildren(bytes32 gameId, uint32 left, uint32 right) external {
+        (Game storage g,) = _move(gameId, true, Phase.Tree);
+        StepProverMath.postChildren(g, left, right);
+    }
+
+    /// @notice Challenger: the child of the tree sum's node it disputes (`right`, else the left); the descent goes
+    /// on from it (a carried node passed down as it is), down to a leaf that the defender opens (`proveStep`).
+    function pickChild(bytes32 gameId, bool right) external {
+        (Game storage g, Op storage op) = _move(gameId, false, Phase.Tree);
+        StepProverMath.pickChild(op, g, right);
     }
 
     /// @notice Anyone: the side to move let its clock run out; the other side wins.

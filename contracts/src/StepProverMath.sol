@@ -17,7 +17,9 @@ library StepProverMath {
     uint8 internal constant ADD = 1;
     uint8 internal constant SUB = 2;
     uint8 internal constant MUL = 3;
+    uint8 internal constant MATMUL = 5;
     uint8 internal constant GATHER = 6;
+    uint8 internal constant TREESUM = 7;
     uint256 internal constant DATA_INPUT = type(uint32).max; // StepProver.DATA_INPUT
     bytes internal constant WINDOWS = "dlx-node/round-batches/v2"; // training/data_binding.py WINDOWS_DOMAIN
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
@@ -39,38 +41,121 @@ library StepProverMath {
         return lo.add(x.mul(y)).same32(hi);
     }
 
-    /// @notice StepProver.openOutput's check of an elementwise op: its inputs' elements for output element
-    /// `elem` opened (`a[elem % aLen]`, `b[elem % bLen]`) and `out` recomputed from them (`elementHolds`).
-    function elementwiseHolds(
+    /// @notice StepProver.openOutput's move: output element `g.elem` opened (`out`, against `op.outRoot`). An
+    /// elementwise op: its inputs' elements opened too (`a[elem % aLen]`, `b[elem % bLen]`; GATHER: the id
+    /// `a[elem / cols]` and the table's `b[id * cols + elem % cols]`) and the element recomputed
+    /// (`elementHolds`): 1 it holds, 2 not. A product: the bisection of its partial sums starts (`s_0 = +0`,
+    /// `s_inner` the element; the defender posts first). A tree sum: its descent starts (`_enterTree`). Both 0.
+    function openOutput(
         StepProver.Op storage op,
-        uint64 elem,
+        StepProver.Game storage g,
+        StepProver.Element calldata out,
         StepProver.Element calldata a,
-        StepProver.Element calldata b,
-        uint32 out
-    ) external view returns (bool) {
-        if (op.kind == GATHER) { // out[e] = b[a[e / cols] * cols + e % cols]: an embedding's lookup, bits copied
+        StepProver.Element calldata b
+    ) external returns (uint8) {
+        uint64 elem = g.elem;
+        uint32 v = open(out, op.outRoot, uint256(op.rows) * op.cols, elem, 0);
+        uint8 kind = op.kind;
+        if (kind == MATMUL) {
+            g.phase = op.inner == 1 ? StepProver.Phase.Final : StepProver.Phase.Sums;
+            g.lo = 0;
+            g.hi = op.inner;
+            g.loRoot = 0;
+            g.hiRoot = bytes32(uint256(v));
+            return 0; // the defender posts the first midpoint (or the final step): its turn already
+        }
+        if (kind == TREESUM) {
+            _enterTree(op.inner, g, v);
+            return 0;
+        }
+        bool holds;
+        if (kind == GATHER) { // out[e] = b[a[e / cols] * cols + e % cols]: an embedding's lookup, bits copied
             uint256 id = open(a, op.aRoot, op.aLen, elem / op.cols, 1);
             uint256 place = id * op.cols + elem % op.cols;
-            return place < op.bLen && open(b, op.bRoot, op.bLen, place, 2) == out;
+            holds = place < op.bLen && open(b, op.bRoot, op.bLen, place, 2) == v;
+        } else {
+            uint32 x = open(a, op.aRoot, op.aLen, elem % op.aLen, 1);
+            uint32 y = open(b, op.bRoot, op.bLen, elem % op.bLen, 2);
+            holds = elementHolds(kind, x, y, v);
         }
-        uint32 x = open(a, op.aRoot, op.aLen, elem % op.aLen, 1);
-        uint32 y = open(b, op.bRoot, op.bLen, elem % op.bLen, 2);
-        return elementHolds(op.kind, x, y, out);
+        return holds ? 1 : 2;
     }
 
-    /// @notice StepProver.proveStep's check: `a[r, lo]` and `b[lo, c]` of the game's element `(r, c)` opened and
-    /// the sum at `lo + 1` (the game's `hiRoot`) recomputed from the one at `lo` (`loRoot`; `sumStepHolds`).
-    function productStepHolds(
+    /// @notice StepProver.proveStep's check. A product: `a[r, lo]` and `b[lo, c]` of the game's element `(r, c)`
+    /// opened and the sum at `lo + 1` (the game's `hiRoot`) recomputed from the one at `lo` (`loRoot`;
+    /// `sumStepHolds`). A tree sum: the disputed leaf `a[r * inner + lo]` of the game's row `r` opened, its bits
+    /// the disputed value's (`hiRoot`; any NaNs agree); `b` unread.
+    function finalStepHolds(
         StepProver.Op storage op,
         StepProver.Game storage g,
         StepProver.Element calldata a,
         StepProver.Element calldata b
     ) external view returns (bool) {
         uint256 lo = g.lo;
+        if (op.kind == TREESUM) {
+            return open(a, op.aRoot, op.aLen, g.elem * op.inner + lo, 1).same32(uint32(uint256(g.hiRoot)));
+        }
         uint256 row = g.elem / op.cols; // the output element's row: a[row, lo]
         uint32 x = open(a, op.aRoot, op.aLen, row * op.inner + lo, 1);
         uint32 y = open(b, op.bRoot, op.bLen, lo * op.cols + g.elem % op.cols, 2);
         return sumStepHolds(uint32(uint256(g.loRoot)), x, y, uint32(uint256(g.hiRoot)));
+    }
+
+    /// @notice The node count of level `level` of a tree sum over `n` elements (training/exact_math.py
+    /// `tree_sum`): level 0 the elements, each next level `ceil(count / 2)` nodes, the last level one node.
+    function levelCount(uint256 n, uint256 level) public pure returns (uint256 count) {
+        count = n;
+        for (uint256 l = 0; l < level; ++l) count = (count + 1) / 2;
+    }
+
+    /// @dev The start of a tree sum's descent (`openOutput`): the disputed node is the root (the output element
+    /// `v` of the game's row `g.elem`), on the tree's top level. Level `l + 1` of a level `l` of `c` nodes: node
+    /// `i < c / 2` is `fl(node_l(i) + node_l(i + c / 2))`; for an odd `c`, node `c / 2` is `node_l(c - 1)`
+    /// carried (the same bits).
+    function _enterTree(uint256 n, StepProver.Game storage g, uint32 v) private {
+        uint256 top = 0;
+        while (levelCount(n, top) > 1) ++top;
+        g.hiRoot = bytes32(uint256(v));
+        _settle(n, g, top, 0);
+    }
+
+    /// @notice StepProver.postChildren's check and record: `left + right` is the disputed node in float32 (any
+    /// NaNs agree; `ProverStepTreeMismatch` otherwise), kept for the challenger's pick (`loRoot`, `midRoot`).
+    function postChildren(StepProver.Game storage g, uint32 left, uint32 right) external {
+        uint32 node = uint32(uint256(g.hiRoot));
+        if (!left.add(right).same32(node)) revert StepProver.ProverStepTreeMismatch(left, right, node);
+        g.loRoot = bytes32(uint256(left));
+        g.midRoot = bytes32(uint256(right));
+        g.midPosted = true;
+        g.defenderTurn = false;
+    }
+
+    /// @notice StepProver.pickChild's move: the disputed node becomes the picked child (node `lo` or
+    /// `lo + c / 2` of the level below, `c` its count), its value the posted one.
+    function pickChild(StepProver.Op storage op, StepProver.Game storage g, bool right) external {
+        if (!g.midPosted) revert StepProver.ProverStepWrongPhase();
+        uint256 level = g.hi - 1;
+        uint256 index = g.lo;
+        if (right) index += levelCount(op.inner, level) / 2;
+        g.hiRoot = right ? g.midRoot : g.loRoot;
+        g.midPosted = false;
+        _settle(op.inner, g, level, index);
+    }
+
+    /// @dev The disputed node (node `index` of level `level`) moved down past carried nodes (each is the last
+    /// node of the level below, the same bits), then the defender's move: the children of a sum node
+    /// (`Phase.Tree`), or a leaf's opening (`Phase.Final`).
+    function _settle(uint256 n, StepProver.Game storage g, uint256 level, uint256 index) private {
+        while (level > 0) {
+            uint256 below = levelCount(n, level - 1);
+            if (below % 2 == 0 || index != below / 2) break;
+            index = below - 1;
+            --level;
+        }
+        g.lo = uint32(index);
+        g.hi = uint32(level);
+        g.phase = level == 0 ? StepProver.Phase.Final : StepProver.Phase.Tree;
+        g.defenderTurn = true;
     }
 
     /// @notice Element `index` of the tensor of `numel` elements committed by `root`; reverts on a bad opening
@@ -264,8 +349,10 @@ library StepProverMath {
     /// @notice Reverts (`ProverStepBadOp`) unless `op` is a shape the contract recomputes (StepProver.claim).
     function checkOp(StepProver.Op calldata op) external pure {
         bool ok = false;
-        if (op.kind == 5) { // MATMUL
+        if (op.kind == MATMUL) {
             ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner && op.bLen == uint256(op.inner) * op.cols;
+        } else if (op.kind == TREESUM) { // rows sums of `inner` elements each; b unread
+            ok = op.inner != 0 && op.cols == 1 && op.aLen == uint256(op.rows) * op.inner && op.bLen == 0;
         } else if (op.kind == GATHER) { // rows ids, each a row of `cols` of the table b
             ok = op.inner == 0 && op.aLen == op.rows && op.bLen != 0 && op.bLen % op.cols == 0;
         } else if (op.kind >= ADD && op.kind <= 4) {
@@ -477,7 +564,7 @@ library StepProverMath {
         uint256 count = numel - chunk * CHUNK;
         if (count > CHUNK) count = CHUNK;
         if (leaf.length != HEADER + 4 * count) return false;
-        uint256 head = uint256(bytes32(leaf[0:32]));
+        uint256 head = uint256(bytes32(leaf[0:HEADER])); // zero-padded: a one-element leaf has 28 bytes
         return head >> 224 == 0 && (head >> 160) & type(uint64).max == chunk * CHUNK && uint32(head >> 64) == count;
     }
 }

@@ -151,6 +151,7 @@ from ledger.errors.step_prover import (
     ProverStepClockOut as ProverStepClockOut,
     ProverStepClockRunning as ProverStepClockRunning,
     ProverStepBadOpening as ProverStepBadOpening,
+    ProverStepTreeMismatch as ProverStepTreeMismatch,
     ProverStepNotListed as ProverStepNotListed,
     ProverStepWrongStart as ProverStepWrongStart,
     ProverStepWindowClosed as ProverStepWindowClosed,

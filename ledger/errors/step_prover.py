@@ -46,6 +46,10 @@ class ProverStepBadOpening(ProverError):
     """An opening's Merkle path does not lead to its committed root (``which`` names the opening)."""
 
 
+class ProverStepTreeMismatch(ProverError):
+    """A tree sum's posted children (``left``, ``right``) do not add up to the disputed node in float32."""
+
+
 class ProverStepNotListed(ProverError):
     """A run claim names a payload root that its round's committed record does not list for its stage (or the
     index given does not point at it): a claim about a contribution the ledger never accepted."""
