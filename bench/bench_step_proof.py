@@ -12,6 +12,10 @@ Per model (``mini``; ``--models mini llama-20m`` adds the larger one):
   against an honest challenger, on py-evm; each move's gas and calldata bytes, and the move count against
   ``2 + 2 ceil(log2 k) + 1``;
 * an elementwise game (a one-ulp cheat in an add);
+* the tree sum game (``tree_case``): a norm's statistic, the tree sum of squares over the model's width of
+  each of the batch's rows (``TREESUM``): an honest claim against a challenger that disputes everything, a
+  one-ulp cheat in one node of the tree and a misread element against an honest challenger; each move's gas
+  and calldata, the move count against ``3 + 2 ceil(log2 n)``;
 * the level over the H steps (``run_case``, once, not per model): tests/test_step_proof.py's five-op toy
   program run H = 100 times, a one-ulp cheat in step 70's update of W (carried on) against an honest
   challenger, and the honest run against a challenger that disputes everything: each move's gas and calldata,
@@ -65,7 +69,15 @@ from ledger.stepproof import (  # noqa: E402
 )
 from training import exact_kernel  # noqa: E402
 from training.exact_probe import trainer_for  # noqa: E402
-from training.step_trace import SUB, element_leaves, partial_sums, run_op, state_tensors, trace_steps  # noqa: E402
+from training.step_trace import (  # noqa: E402
+    SUB,
+    element_leaves,
+    partial_sums,
+    run_op,
+    state_tensors,
+    trace_steps,
+    tree_levels,
+)
 
 BATCH = 2
 
@@ -175,6 +187,48 @@ def game_case(cfg, trainer) -> dict:
         "max_calldata_bytes_any_move": max(size for _, _, size in everything),
         "limits": {"gas": 10_000_000, "calldata_bytes": 128 * 1024},
     }
+
+
+def tree_case(cfg) -> dict:
+    """The tree sum game on a norm's statistic (module docstring), py-evm."""
+    from tests.test_step_tree import _bumped, _cheat, _honest, _judge
+
+    rows, n = BATCH * cfg.block_size, cfg.n_embd
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(2))
+    x = x * x
+    w3 = connect_pyevm()
+    client = StepProverClient(w3, deploy(w3, 10**15, 50, "0x" + "00" * 20))  # op claims only: no ledger
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    elem = rows // 2 + 1
+    honest = Defender(_honest(x).op, defender, _honest(x).sums)
+    won, honest_moves = play(client, client.claim(honest.op, defender), honest, challenger, elem,
+                             lambda *_: False)
+    honest_log, results = list(client.gas_log), {}
+    # the lowest sum node whose one ulp is not rounded away on the way up, in the first row that has one
+    # below the sum's children (squares are positive: a child's ulp is at most half its parent's)
+    for elem in range(elem, rows):
+        truth = tree_levels(x, n, elem)
+        node = next((up, i) for up in range(1, len(truth)) for i in range(len(truth[up - 1]) // 2)
+                    if _bumped(truth, up, i)[-1] != truth[-1])
+        if node[0] < len(truth) - 2:
+            break
+    misread = x.clone()
+    misread[elem, n // 3] = -x[elem, n // 3]
+    cheats = (("one_ulp_node", _bumped(truth, *node)), ("wrong_leaf", tree_levels(misread, n, elem)))
+    for name, levels in cheats:
+        cheat = _cheat(x, elem, levels)
+        cheat = Defender(cheat.op, defender, cheat.sums)
+        claim = client.claim(cheat.op, defender)
+        cheat_won, moves = play(client, claim, cheat, challenger, elem, _judge(x, elem))
+        results[name] = {"proven": not cheat_won and client.wrong(claim), "moves": moves}
+    everything = client.gas_log
+    return {"rows": rows, "n": n, "what": "the sum of squares of each row of the model's width (a norm's "
+            "statistic)", "honest_upheld": won, "honest_game_moves": honest_moves,
+            "move_bound": 3 + 2 * math.ceil(math.log2(n)), "cheat_row": elem,
+            "node_cheat_level": node[0], "levels": len(truth) - 1, **results,
+            "honest_game": _per_move(honest_log), "all_games": _per_move(everything),
+            "max_gas_any_move": max(gas for _, gas, _ in everything),
+            "max_calldata_bytes_any_move": max(size for _, _, size in everything)}
 
 
 #: tests/test_step_proof.py's toy step: state x (3x4), W (4x8), bias (8); h = x W, y = h + bias, z = y * y,
@@ -424,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         ops = trace["ops_per_step"]
         trace["halvings_bound_for_h"] = {str(h): math.ceil(math.log2(h)) + math.ceil(math.log2(ops))
                                          + math.ceil(math.log2(game["product"]["k"])) for h in (30, 100, 500)}
-        result["models"][preset] = {"trace": trace, "games": game}
+        result["models"][preset] = {"trace": trace, "games": game, "tree_sum": tree_case(cfg)}
         print(preset, trace, game["max_gas_any_move"], game["max_calldata_bytes_any_move"], flush=True)
     result["steps_level"] = run_case()
     print("steps level", {k: v for k, v in result["steps_level"].items() if k != "moves"}, flush=True)

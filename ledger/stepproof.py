@@ -23,6 +23,15 @@ CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
 #: A program input index naming the step's batch (StepProver.DATA_INPUT): the claim's ``batchRoot`` leaf.
 DATA_INPUT = 2**32 - 1
+#: A program input index ``CONST_INPUT + bits`` names the one-element tensor of float32 ``bits``
+#: (StepProverMath.CONST_INPUT, ``constRoot``): a constant operand, such as the count a mean divides by.
+CONST_INPUT = 2**32
+
+
+def const_leaf(bits: int) -> bytes:
+    """The one chunk leaf of the one-element tensor of float32 ``bits`` (training/chunks.py: u32 tensor 0,
+    u64 offset 0, u64 cols 1, u32 count 1, the bits, big-endian)."""
+    return (0).to_bytes(12, "big") + (1).to_bytes(8, "big") + (1).to_bytes(4, "big") + bits.to_bytes(4, "big")
 PHASES = ("None", "Open", "Sums", "Final", "Done", "Trace", "TraceEnd", "Ops", "OpOpen", "Pick", "Copy",
           "Steps", "Start", "End", "Data", "Tree")
 #: StepProver.endRuleOf's plain end: nothing carried between rounds, no low-rank piece (``set_end_rule``).
@@ -242,7 +251,10 @@ class StepTrace:
     batch_path: list[bytes] | None = None  # its root's path in the claim's batch tree
 
     def input_leaves(self, index: int) -> list[bytes]:
-        """The chunk leaves of trace leaf ``index``, or of the step's batch (:data:`DATA_INPUT`)."""
+        """The chunk leaves of trace leaf ``index``, of the step's batch (:data:`DATA_INPUT`) or of a constant
+        (:data:`CONST_INPUT`)."""
+        if index >= CONST_INPUT:
+            return [const_leaf(index - CONST_INPUT)]
         if index == DATA_INPUT:
             if self.batch is None:
                 raise ValueError("the program reads the step's batch and this trace has none")
@@ -250,7 +262,10 @@ class StepTrace:
         return self.tensors[index]
 
     def input_root(self, index: int, before: list[bytes]) -> tuple[bytes, list[bytes]]:
-        """An op input's root and its path: in the trace tree ``before``, or the batch's in the batch tree."""
+        """An op input's root and its path: in the trace tree ``before``, the batch's in the batch tree, or a
+        constant's (no path: the contract recomputes its root)."""
+        if index >= CONST_INPUT:
+            return tree_root(self.input_leaves(index)), []
         if index == DATA_INPUT:
             return tree_root(self.input_leaves(index)), list(self.batch_path or [])
         return before[index], tree_path(before, index)

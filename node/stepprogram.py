@@ -11,9 +11,10 @@ JSON file (:meth:`StepProgram.load`)::
      "depth": trace tree depth,
      "origins": [[stage tensor (4294967295: starts at zero), numel, first chunk, stage chunks], ...]}
 
-(the fields of ``ledger.stepproof.spec_leaf``, ``copy_leaf`` and ``origin_leaf``), and the node checks it
-against the chain before it claims anything (:meth:`StepProgram.check_on`). :meth:`StepProgram.defense` runs
-it for a claim's steps from the committed start's weight chunk leaves, in the documented op order
+(the fields of ``ledger.stepproof.spec_leaf``, ``copy_leaf`` and ``origin_leaf``; an input index
+``2**32 + bits`` is the float32 constant ``bits``, ``training.step_trace.CONST_INPUT``), and the node checks
+it against the chain before it claims anything (:meth:`StepProgram.check_on`). :meth:`StepProgram.defense`
+runs it for a claim's steps from the committed start's weight chunk leaves, in the documented op order
 (``training.step_trace.run_op``), and gives the defender's side of every game.
 """
 
@@ -33,7 +34,15 @@ from ledger.stepproof import ZERO_START, StepTrace, origin_leaf, program_hash
 from node.errors import ConfigError
 from node.live.fraud.endcheck import end_breaks, piece_bits
 from training.chunks import CHUNK_ELEMENTS, leaf_values
-from training.step_trace import MATMUL, TREESUM, element_leaves, op_point, run_op
+from training.step_trace import (
+    CONST_INPUT,
+    MATMUL,
+    TREESUM,
+    element_leaves,
+    op_point,
+    program_input,
+    run_op,
+)
 
 #: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, TREESUM).
 KINDS = (*range(1, MATMUL + 1), TREESUM)
@@ -56,12 +65,13 @@ class StepProgram:
         if not 0 <= self.depth <= 32 or (1 << self.depth) < state + ops:
             raise ConfigError(f"step program: depth {self.depth} holds no {state + ops} trace leaves")
         for j, spec in enumerate(self.ops):
-            if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec):
+            if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec[:6]) \
+                    or not all(0 <= v < 2 * CONST_INPUT for v in spec[6:]):
                 raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5 or 7, rows, inner, "
                                   "cols, a_len, b_len, a_index, b_index]")
-            if max(spec[6], spec[7]) >= state + j:
-                raise ConfigError(f"step program: op {j} reads trace leaf {max(spec[6], spec[7])}, not one "
-                                  "before it")
+            leaves = [index for index in spec[6:] if index < CONST_INPUT]  # the rest: constants
+            if leaves and max(leaves) >= state + j:
+                raise ConfigError(f"step program: op {j} reads trace leaf {max(leaves)}, not one before it")
         if any(not 0 <= c < state + ops for c in self.copies):
             raise ConfigError(f"step program: copies {list(self.copies)} past the {state + ops} trace leaves")
         if any(len(o) != 4 or o[1] < 1 for o in self.origins):
@@ -130,7 +140,8 @@ class StepProgram:
         for _ in range(steps):
             tensors = [t.reshape(-1) for t in state]
             for kind, rows, inner, cols, _a_len, _b_len, a_index, b_index in self.ops:
-                tensors.append(run_op(kind, rows, inner, cols, tensors[a_index], tensors[b_index]))
+                tensors.append(run_op(kind, rows, inner, cols, program_input(tensors, a_index),
+                                      program_input(tensors, b_index)))
             out.append(tensors)
             state = [tensors[c] for c in self.copies]
         return out
@@ -146,7 +157,8 @@ class StepProgram:
         def sums(step: int, op: int, elem: int, point) -> int:
             kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
             tensors = runs[step]
-            return op_point(kind, rows, inner, cols, tensors[a_index], tensors[b_index], elem, point)
+            return op_point(kind, rows, inner, cols, program_input(tensors, a_index),
+                            program_input(tensors, b_index), elem, point)
 
         side = DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
                            self.origin_leaves(), list(committed), sums)

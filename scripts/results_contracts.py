@@ -177,6 +177,7 @@ def step_proof(r: dict) -> list[str]:
               "add) against an honest challenger.", ""]
     lines += table(["model", "k", "moves (honest game)", "bound 2+2ceil(log2 k)+1", "honest upheld",
                     "cheats proven", "max gas / move", "max calldata B / move"], games)
+    lines += _tree_sums(r["models"])
     level = r.get("steps_level")
     if level:
         lines += ["", f"All three levels on py-evm on {level['program']} run H = {level['steps']} times "
@@ -198,6 +199,27 @@ def step_proof(r: dict) -> list[str]:
                   f"{moves['proveStart']['max_gas']:,} gas "
                   f"({moves['proveStart']['max_calldata_bytes']:,} bytes of calldata)."]
     return lines + _end_dispute(r.get("end_dispute")) + _data_dispute(r.get("data_dispute"))
+
+
+def _tree_sums(models: dict) -> list[str]:
+    """The tree sum game's table of the step proof's section (absent in a JSON from before it)."""
+    rows = []
+    for preset, entry in models.items():
+        tree = entry.get("tree_sum")
+        if tree:
+            proven = tree["one_ulp_node"]["proven"] and tree["wrong_leaf"]["proven"]
+            rows.append([preset, tree["rows"], tree["n"], tree["honest_game_moves"], tree["move_bound"],
+                         "yes" if tree["honest_upheld"] else "NO", "yes" if proven else "NO",
+                         f"{tree['max_gas_any_move']:,}", f"{tree['max_calldata_bytes_any_move']:,}"])
+    if not rows:
+        return []
+    return ["", "The tree sum (`TREESUM`, `training.exact_math.tree_sum`'s tree) of a norm's statistic, the "
+            "sum of squares over the model's width of each row of the batch: an honest claim against a "
+            "challenger that disputes everything, a one-ulp cheat in one node of the tree and a misread "
+            "element against an honest challenger (py-evm; the descent posts a node's two children, checks "
+            "their float32 sum and ends at one element).", ""] + table(
+        ["model", "rows", "n", "moves (honest game)", "bound 3+2ceil(log2 n)", "honest upheld",
+         "cheats proven", "max gas / move", "max calldata B / move"], rows)
 
 
 def _end_dispute(end: dict | None) -> list[str]:

@@ -365,7 +365,8 @@ SECTIONS = (
     Section("step_proof.json", "The contribution proof's bottom legs: one op, one float32 step",
             "bench/bench_step_proof.py", step_proof,
             "Issue 78: a wrong element of one operation of a reproducible inner step is proven on chain by "
-            "bisecting its k-order partial sums down to one float32 multiply and add, under the levels over "
+            "bisecting its k-order partial sums down to one float32 multiply and add (a tree sum's: by "
+            "descending its tree to one float32 add or one element), under the levels over "
             "the ops of a step and over the H inner steps (a run claim bound to a contribution the ledger's "
             "record lists); a model's step is not mapped to a program of those ops yet "
             "(docs/FRAUD_PROOF.md)."),

@@ -198,6 +198,23 @@ def tree_levels_of(values: np.ndarray) -> list[list[int]]:
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
 
 
+#: A program input index ``CONST_INPUT + bits``: the one-element tensor of float32 ``bits`` (StepProver's
+#: constant operand, ``ledger.stepproof.CONST_INPUT``), such as the count a mean divides by.
+CONST_INPUT = 2**32
+
+
+def const_index(value: float) -> int:
+    """The program input index of the constant ``value`` (rounded to float32)."""
+    return CONST_INPUT + float32_bits(value)
+
+
+def program_input(tensors: list[torch.Tensor], index: int) -> torch.Tensor:
+    """Trace leaf ``index``'s tensor, or the constant an index :data:`CONST_INPUT` ``+ bits`` names."""
+    if index >= CONST_INPUT:
+        return torch.from_numpy(np.array([index - CONST_INPUT], dtype=np.uint32).view(np.float32))
+    return tensors[index]
+
+
 def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor, elem: int,
              point) -> int:
     """What an honest defender posts at ``point`` of output element ``elem``'s game: a product's partial

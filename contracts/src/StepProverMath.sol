@@ -21,6 +21,9 @@ library StepProverMath {
     uint8 internal constant GATHER = 6;
     uint8 internal constant TREESUM = 7;
     uint256 internal constant DATA_INPUT = type(uint32).max; // StepProver.DATA_INPUT
+    /// @notice A program input index `CONST_INPUT + bits` (below `2 * CONST_INPUT`) names the one-element tensor
+    /// of float32 `bits` (`constRoot`): a constant operand, e.g. the count a mean divides by.
+    uint256 internal constant CONST_INPUT = 1 << 32;
     bytes internal constant WINDOWS = "dlx-node/round-batches/v2"; // training/data_binding.py WINDOWS_DOMAIN
     uint256 internal constant CHUNK = 64; // training/chunks.py CHUNK_ELEMENTS
     uint256 internal constant HEADER = 24; // u32 tensor, u64 offset, u64 cols, u32 count
@@ -446,7 +449,8 @@ library StepProverMath {
             o.aRoot, o.bRoot, o.outRoot);
     }
 
-    /// @dev An op input's root: at trace leaf `index` (before `out`) of `agreed`, or the step's batch.
+    /// @dev An op input's root: at trace leaf `index` (before `out`) of `agreed`, the step's batch, or a constant
+    /// (`CONST_INPUT + bits`: `constRoot(bits)`).
     function _input(
         bytes32 root,
         uint256 index,
@@ -465,8 +469,21 @@ library StepProverMath {
             }
             return;
         }
+        if (index >= CONST_INPUT && index < CONST_INPUT << 1) { // a constant: no path, its root recomputed
+            // forge-lint: disable-next-line(unsafe-typecast)
+            uint32 bits = uint32(index); // the low 32 bits: index - CONST_INPUT
+            if (root != constRoot(bits)) revert StepProver.ProverStepBadOpening(which);
+            return;
+        }
         if (index >= out) revert StepProver.ProverStepBadOp();
         if (!verifyWord(root, index, depth, path, agreed)) revert StepProver.ProverStepBadOpening(which);
+    }
+
+    /// @notice The root of the one-element tensor of float32 `bits` (a program's constant operand, an input
+    /// index `CONST_INPUT + bits`, e.g. a mean's count): the ledger/merkle.py root of its one chunk leaf (u32
+    /// tensor 0, u64 offset 0, u64 cols 1, u32 count 1, the bits; training/chunks.py).
+    function constRoot(uint32 bits) public pure returns (bytes32) {
+        return sha256(abi.encodePacked(bytes1(0x00), uint32(0), uint64(0), uint64(1), uint32(1), bits));
     }
 
     /// @notice The depth of a run claim's batch tree over `steps` steps: ceil(log2 steps).
