@@ -13,7 +13,9 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 /// element of it with a bond. For an elementwise operation the defender opens the output element and its two
 /// input elements and the contract recomputes it in soft-float; for a matrix product it is a clocked bisection
 /// over the partial sums of the element's fixed k-order (`s_0 = +0`, `s_{k+1} = s_k + a[r,k] * b[k,c]`, one
-/// float32 multiply and one float32 add, as `ordered_matmul` computes it), down to one step recomputed here.
+/// float32 multiply and one float32 add, as `ordered_matmul` computes it), down to one step recomputed here; for a
+/// tree sum (`TREESUM`, training/exact_math.py `tree_sum`) a descent of the disputed row's pairwise tree, each
+/// posted pair of children checked to add up to its node in float32, down to one element opened.
 /// Above it: a step claim (`claimStep`) bisects the ops of one traced step to the op where the sides split; a run
 /// claim (`claimRun`, a contribution's H inner steps) first bisects the steps over posted state roots.
 /// The loser's bond goes to the winner; a claim proven wrong stays wrong (`claimOf(..).wrong`).
