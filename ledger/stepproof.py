@@ -84,9 +84,9 @@ def output_opening(op: Operation, elem: int) -> tuple:
 
 def sum_step_opening(op: Operation, elem: int, k: int) -> tuple:
     """``proveStep``'s openings of the product ``op``'s step ``k`` of element ``elem``: ``a[r, k]``,
-    ``b[k, c]``; of a tree sum's leaf ``k`` of row ``elem``: ``a[elem * inner + k]`` (``b`` empty)."""
+    ``b[k, c]``; of a tree sum's leaf ``k`` of element ``elem = (r, c)``: ``a[r, k, c]`` (``b`` empty)."""
     if op.kind == TREESUM:
-        return opening(op.a, elem * op.inner + k), EMPTY
+        return opening(op.a, (elem // op.cols * op.inner + k) * op.cols + elem % op.cols), EMPTY
     row, col = elem // op.cols, elem % op.cols
     return opening(op.a, row * op.inner + k), opening(op.b, k * op.cols + col)
 

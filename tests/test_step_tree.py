@@ -122,6 +122,11 @@ def test_the_levels_end_in_the_kernels_tree_sum_bit_for_bit():
             assert levels[0] == [int(v) for v in x[row].numpy().view(np.uint32)]
             assert [len(level) for level in levels][-1] == 1 and len(levels) == 1 + math.ceil(math.log2(n))
             assert levels[-1][0] == int(kernel.view(torch.int32)[row]) & 0xFFFFFFFF
+    x = _spread(generator, 4, 7, 3)  # the middle dimension of three: each (r, c)'s sum over k
+    kernel = run_op(TREESUM, 4, 7, 3, x, x)
+    assert torch.equal(kernel.view(torch.int32), exact_math.tree_sum(x, 1).reshape(-1).view(torch.int32))
+    bits = kernel.view(torch.int32)
+    assert all(tree_levels(x, 7, e, 3)[-1][0] == int(bits[e]) & 0xFFFFFFFF for e in range(12))
     for version in (2, 3):  # the kernel's versions add the same pairs
         x = _spread(generator, 5, 37)
         assert torch.equal(exact_kernel.tree_sum(x, 1, version).view(torch.int32),
@@ -219,7 +224,7 @@ def test_bad_tree_sums_and_moves_are_refused_by_name():
     defender, challenger, outsider = w3.eth.accounts[1:4]
     x = _spread(torch.Generator().manual_seed(5), 2, 9)
     op = _op(x, run_op(TREESUM, 2, 9, 1, x, x)).as_tuple()
-    for field, value in ((2, 0), (3, 2), (4, 17), (5, 1)):  # inner 0, cols 2, aLen not rows * inner, b read
+    for field, value in ((2, 0), (3, 2), (4, 17), (5, 1)):  # inner 0, cols 2 or aLen not rows*inner*cols, b
         bad = tuple(value if i == field else v for i, v in enumerate(op))
         with pytest.raises(Exception):
             client._send("claim", defender, bad, value=BOND)
@@ -240,6 +245,35 @@ def test_bad_tree_sums_and_moves_are_refused_by_name():
     assert _named(client, "postChildren", defender, game, *bits) == "ProverStepNotYourMove"
     client._send("pickChild", challenger, game, False)
     assert (client.game(game)["hi"], client.game(game)["lo"]) == (3, 0)
+
+
+def test_column_sums_a_broadcasts_backward():
+    """``rows`` 1: each column's tree sum (``tree_sum`` over dimension 0: a broadcast bias's gradient over the
+    batch), ``a`` as (1, inner, cols); an honest claim upheld on every column, a misread element proven."""
+    w3 = connect_pyevm()
+    client = _setup(w3)
+    defender, challenger = w3.eth.accounts[1], w3.eth.accounts[2]
+    x = _spread(torch.Generator().manual_seed(11), 9, 5)  # 9 rows (odd: a carried row), 5 columns
+    out = run_op(TREESUM, 1, 9, 5, x, x)
+    assert torch.equal(out.view(torch.int32), exact_math.tree_sum(x, 0).reshape(-1).view(torch.int32))
+    op = Operation(TREESUM, 1, 9, 5, element_leaves(x), [], element_leaves(out), 45, 0)
+    honest = Defender(op, defender, lambda e, p: op_point(TREESUM, 1, 9, 5, x, x, e, p))
+    claim = client.claim(op, defender)
+    rng = random.Random(5)
+    for col in range(5):
+        assert play(client, claim, honest, challenger, col, lambda *_: rng.random() < 0.5)[0]
+    truth, misread = tree_levels(x, 9, 3, 5), x.clone()
+    misread[4, 3] = -2 * x[4, 3]
+    levels = tree_levels(misread, 9, 3, 5)
+    assert levels[-1] != truth[-1]
+    wrong = out.clone()
+    wrong.view(torch.int32)[3] = np.array(levels[-1][0], dtype=np.uint32).view(np.int32).item()
+    cheat = Defender(Operation(TREESUM, 1, 9, 5, element_leaves(x), [], element_leaves(wrong), 45, 0),
+                     defender, lambda e, p: levels[p[0]][p[1]])
+    cheat_claim = client.claim(cheat.op, defender)
+    won, moves = play(client, cheat_claim, cheat, challenger, 3,
+                      lambda node, bits: bits == truth[node[0]][node[1]])
+    assert not won and client.wrong(cheat_claim) and moves <= 3 + 2 * math.ceil(math.log2(9))
 
 
 # ------------------------------------------------------------------ inside a program's step

@@ -171,10 +171,11 @@ def partial_sums(a: torch.Tensor, b: torch.Tensor, row: int, col: int) -> list[i
     return sums
 
 
-def tree_levels(a: torch.Tensor, inner: int, row: int) -> list[list[int]]:
-    """The levels (bits) of the tree sum of row ``row`` of ``a`` as rows of ``inner`` elements
-    (:func:`training.exact_math.tree_sum`'s tree, :func:`tree_levels_of`)."""
-    return tree_levels_of(a.detach().cpu().reshape(-1, inner)[row].numpy())
+def tree_levels(a: torch.Tensor, inner: int, elem: int, cols: int = 1) -> list[list[int]]:
+    """The levels (bits) of the tree sum of output element ``elem = r * cols + c`` of ``a`` as ``(rows, inner,
+    cols)`` summed over its middle dimension, ``a[r, :, c]`` (``cols`` 1: row ``elem``'s sum;
+    :func:`training.exact_math.tree_sum`'s tree, :func:`tree_levels_of`)."""
+    return tree_levels_of(a.detach().cpu().reshape(-1, inner, cols)[elem // cols, :, elem % cols].numpy())
 
 
 def tree_levels_of(values: np.ndarray) -> list[list[int]]:
@@ -222,7 +223,7 @@ def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: to
     (:func:`tree_levels`)."""
     if kind == TREESUM:
         level, index = point
-        return tree_levels(a, inner, elem)[level][index]
+        return tree_levels(a, inner, elem, cols)[level][index]
     if kind != MATMUL:
         raise ValueError(f"op_point: op kind {kind} has no inner game")
     return partial_sums(a.reshape(rows, inner), b.reshape(inner, cols), elem // cols, elem % cols)[point]
@@ -232,12 +233,13 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
     """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
     (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
     b[e % len(b)]``, one IEEE operation each; ``GATHER`` the rows ``a[i]`` (ids) of ``b`` as a table of
-    ``cols`` columns, flattened (bits copied); ``TREESUM`` the tree sum (``exact_kernel.tree_sum``) of each of
-    ``a``'s ``rows`` rows of ``inner`` elements."""
+    ``cols`` columns, flattened (bits copied); ``TREESUM`` the tree sum (``exact_kernel.tree_sum``) of ``a``
+    as ``(rows, inner, cols)`` over its middle dimension (``cols`` 1: each row's sum; ``rows`` 1: each
+    column's)."""
     from training import exact_kernel
 
     if kind == TREESUM:
-        return exact_kernel.tree_sum(a.detach().reshape(rows, inner).float(), 1).reshape(-1)
+        return exact_kernel.tree_sum(a.detach().reshape(rows, inner, cols).float(), 1).reshape(-1)
     if kind == GATHER:
         return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
 

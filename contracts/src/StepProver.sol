@@ -35,8 +35,9 @@ contract StepProver {
 
     /// @notice An operation's shape and commitments. Elementwise: `rows` output elements (`cols` 1, `inner` 0),
     /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
-    /// TREESUM: `rows` sums (`cols` 1), row `r` the tree sum of `a[r * inner .. r * inner + inner - 1]`
-    /// (aLen = rows*inner, bLen 0: `b` unread), training/exact_math.py's `tree_sum` (`StepProverMath.openOutput`).
+    /// TREESUM: `a` as `(rows x inner x cols)` summed over its middle dimension, output `(r, c)` the tree sum of
+    /// `a[r, 0 .. inner - 1, c]` (`cols` 1: each row's sum; `rows` 1: each column's), aLen = rows*inner*cols, bLen 0
+    /// (`b` unread), training/exact_math.py's `tree_sum` (`StepProverMath.openOutput`).
     struct Op {
         uint8 kind;
         uint32 rows;

@@ -86,7 +86,7 @@ library StepProverMath {
 
     /// @notice StepProver.proveStep's check. A product: `a[r, lo]` and `b[lo, c]` of the game's element `(r, c)`
     /// opened and the sum at `lo + 1` (the game's `hiRoot`) recomputed from the one at `lo` (`loRoot`;
-    /// `sumStepHolds`). A tree sum: the disputed leaf `a[r * inner + lo]` of the game's row `r` opened, its bits
+    /// `sumStepHolds`). A tree sum: the disputed leaf `a[r, lo, c]` of the game's element `(r, c)` opened, its bits
     /// the disputed value's (`hiRoot`; any NaNs agree); `b` unread.
     function finalStepHolds(
         StepProver.Op storage op,
@@ -95,8 +95,10 @@ library StepProverMath {
         StepProver.Element calldata b
     ) external view returns (bool) {
         uint256 lo = g.lo;
-        if (op.kind == TREESUM) {
-            return open(a, op.aRoot, op.aLen, g.elem * op.inner + lo, 1).same32(uint32(uint256(g.hiRoot)));
+        if (op.kind == TREESUM) { // output (r, c) sums a[r, k, c] over k: a as (rows x inner x cols)
+            uint256 cols = op.cols;
+            uint256 place = (g.elem / cols) * op.inner * cols + lo * cols + g.elem % cols;
+            return open(a, op.aRoot, op.aLen, place, 1).same32(uint32(uint256(g.hiRoot)));
         }
         uint256 row = g.elem / op.cols; // the output element's row: a[row, lo]
         uint32 x = open(a, op.aRoot, op.aLen, row * op.inner + lo, 1);
@@ -354,8 +356,8 @@ library StepProverMath {
         bool ok = false;
         if (op.kind == MATMUL) {
             ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner && op.bLen == uint256(op.inner) * op.cols;
-        } else if (op.kind == TREESUM) { // rows sums of `inner` elements each; b unread
-            ok = op.inner != 0 && op.cols == 1 && op.aLen == uint256(op.rows) * op.inner && op.bLen == 0;
+        } else if (op.kind == TREESUM) { // rows x cols sums of `inner` elements each, a (rows x inner x cols)
+            ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner * op.cols && op.bLen == 0;
         } else if (op.kind == GATHER) { // rows ids, each a row of `cols` of the table b
             ok = op.inner == 0 && op.aLen == op.rows && op.bLen != 0 && op.bLen % op.cols == 0;
         } else if (op.kind >= ADD && op.kind <= 4) {
