@@ -139,6 +139,12 @@ class StageStartState:
 
     def _pieces(self) -> Iterator[bytes | memoryview]:
         """:meth:`to_bytes` in order, each tensor's data a view of its little-endian array (no copy)."""
+        return (piece for piece, _data in self.parts())
+
+    def parts(self) -> Iterator[tuple[bytes | memoryview, bool]]:
+        """:meth:`to_bytes` in order as ``(bytes, is a tensor's data)``: what a store that keeps the tensors'
+        data as pieces shared with other states writes from, never the whole state at once (a tensor's data is
+        a view of its little-endian array, no copy)."""
         header = {
             "v": STATE_VERSION,
             "stage": self.stage_index,
@@ -148,9 +154,11 @@ class StageStartState:
         if self.meta.platform is not None:
             header.update(v=STATE_VERSION_PLATFORM, platform=self.meta.platform.document())
         meta = _canonical_json(header)
-        yield from (STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors)))
+        yield STATE_MAGIC + struct.pack("<I", len(meta)) + meta + struct.pack("<I", len(self.tensors)), False
         for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
-            yield from _tensor_record(name, self.tensors[name])
+            record, data = _tensor_record(name, self.tensors[name])
+            yield record, False
+            yield data, True
 
     def write_to(self, out: BinaryIO) -> bytes:
         """Write :meth:`to_bytes` to the binary file ``out`` piece by piece and return their sha256: the same
