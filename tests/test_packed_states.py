@@ -220,7 +220,8 @@ def test_a_start_state_streamed_into_the_store_is_its_file_packed_with_no_file_w
     filed = BlobStore(tmp_path / "filed", max_blob_bytes=1 << 26)
     digest = filed.put_packed(path, state_cuts(path))
     streamed = BlobStore(tmp_path / "streamed", max_blob_bytes=1 << 26)
-    held = HeldStates(PackingHost(streamed), tmp_path / "work", tmp_path / "evidence", num_stages=1, stop=None)
+    held = HeldStates(PackingHost(streamed), tmp_path / "work", tmp_path / "evidence", num_stages=1,
+                      stop=None)
     assert held.streams_parts()
     assert held.serve(2, capture.streams(), 0) == {0: hashlib.sha256(data).digest()}
     assert digest == hashlib.sha256(data).hexdigest()
