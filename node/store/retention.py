@@ -30,7 +30,8 @@ What a fraud proof of ``t`` and its availability games read, the chunked run's p
 kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: the newest *final*
 committed full checkpoint (its proof window closed: nothing can overturn it, so a joiner can always start
 from it), the newest committed one, every round not committed yet and the newest ``keep_checkpoints``;
-everything while no full checkpoint is final.
+everything while no full checkpoint is final. A committed round's shards go where its full file repeats them
+(:func:`redundant_shards`; in a one-stage run the newest committed round's too).
 
 So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
 the newest committed one, and those whose own window is open (``disputeBlocks`` over the blocks a round
