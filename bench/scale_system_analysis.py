@@ -188,6 +188,10 @@ def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = F
             out["spot_check_state_bytes_per_round"] = round(
                 (s1["spot_check_state_bytes"] - s0.get("spot_check_state_bytes", 0)) / rounds
             )
+        if "spot_check_state_fetches" in s1:  # the checks that fetched them (nodes since 2026-11-30 03:15)
+            out["spot_check_state_fetches_per_round"] = round(
+                (s1["spot_check_state_fetches"] - s0.get("spot_check_state_fetches", 0)) / rounds, 4
+            )
         t0, t1 = s0.get("traffic") or {}, s1.get("traffic") or {}
         out["traffic_per_round"] = {
             proto: {
