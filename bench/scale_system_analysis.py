@@ -120,11 +120,11 @@ def _disk(node: Path) -> dict:
     parts = {}
     for child in sorted(node.iterdir()):
         parts[child.name] = _du(child) if child.is_dir() else child.stat().st_size
-    archive = node / "archive"
-    if archive.is_dir():
-        for child in sorted(archive.iterdir()):
-            if child.is_dir():
-                parts[f"archive/{child.name}"] = _du(child)
+    for name in ("archive", "spotchecks"):  # spotchecks/linkable: claimants' states held for chain checks
+        if (node / name).is_dir():
+            for child in sorted((node / name).iterdir()):
+                if child.is_dir():
+                    parts[f"{name}/{child.name}"] = _du(child)
     return {"total_bytes": _du(node), "parts": {k: v for k, v in parts.items() if v >= 1 << 20}}
 
 

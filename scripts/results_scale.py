@@ -142,6 +142,30 @@ def scale_model(r: dict) -> list[str]:
     ]
     lines += table(["size", "quantity", "predicted", "measured", "error"], rows)
     lines += [
+        "The bytes as the nodes counted them, per size (a spot check fetches the replica's whole start "
+        "state; the exchange is a node's bytes sent less the start states it served):",
+        "",
+    ]
+    rows = []
+    for size, point in r["measured"].items():
+        per_param = point.get("start_state_bytes_per_param")
+        exchange = point.get("exchange_bytes_per_round")
+        if per_param is None and exchange is None:
+            continue
+        role = "fit" if size in r["fit_sizes"] else "check" if size in r["check_sizes"] else "-"
+        fetch_rate = point.get("spot_check_fetch_rate")
+        rows.append([size, role, f"{point['parameters']:,}",
+                     "-" if per_param is None else f"{per_param:.2f}",
+                     "-" if fetch_rate is None else f"{fetch_rate:.2f}",
+                     "-" if exchange is None else f"{exchange / point['per_node']:.2f}",
+                     f"{point['disk_bytes_per_round'] / point['per_node']:.1f}",
+                     f"{point['disk_held_bytes_per_round'] / point['per_node']:.1f}",
+                     load_text(point.get("load_end"))])
+    lines += table(["size", "role", "parameters", "start state / check, bytes per parameter",
+                    "checks fetched / replica / round", "exchange, bytes per parameter held / round",
+                    "disk / round, bytes per parameter held",
+                    "the same less the checks' working files", "1-min load at the end"], rows)
+    lines += [
         "Predicted for large layouts (refit on every size measured; inner steps on A800s at the MFU "
         "measured on an H200, the node's own per-round work at this CPU's measured cost per parameter):",
         "",
@@ -160,6 +184,7 @@ def scale_model(r: dict) -> list[str]:
                 _gb(row["bytes_per_round"]),
                 _gb(row["host_ram_bytes"]),
                 _gb(row["disk_bytes_per_round"]),
+                _gb(row.get("spot_check_state_bytes")),
                 _gb(row["disk_bytes_per_node_retained"]) if row.get("disk_bytes_per_node_retained") else "-",
                 f"{row['commit_gas']:,}",
                 f"{row['fraud_proof']['worst_gas']:,}",
@@ -177,7 +202,8 @@ def scale_model(r: dict) -> list[str]:
             "link",
             "bytes / node / round",
             "host RAM / node",
-            "disk / node / round (keeping all)",
+            "disk / node / round (less the checks' files)",
+            "a check's claimant state (disk)",
             "disk / node (default retention)",
             "commit gas",
             "fraud proof worst gas",
