@@ -178,6 +178,10 @@ def measured(run: dict) -> dict:
         "spot_check_fetch_rate": sum(fetches) / replicas if counted else None,
         "spot_check_bytes_per_round": spot_bytes,
         "spot_check_bytes_per_check": per_check,
+        # per node: the checks that fetched a start state, and the bytes they fetched, over the run
+        "spot_check_fetches": [round(f * args["rounds"]) for f in fetches] if counted else None,
+        "spot_check_state_bytes": [b * args["rounds"] for b in fetched] if counted else None,
+        "rounds": args["rounds"],
         "start_state_bytes_per_param": None if per_check is None else per_check / total,
         "exchange_bytes_per_round": None if sent is None or spot_bytes is None else sent - spot_bytes,
         "peak_rss_bytes": mean(n.get("peak_rss_bytes") for n in nodes),
@@ -187,7 +191,7 @@ def measured(run: dict) -> dict:
         # less the spot checks' working files: the claimants' start states a verifier holds for the next
         # round's chain check, one or two of the replica's whole state by when the node stopped
         "disk_held_bytes_per_round": mean(
-            (n["disk"]["total_bytes"] - n["disk"]["parts"].get("spotchecks", 0)) / args["rounds"]
+            (n["disk"]["total_bytes"] - n["disk"].get("parts", {}).get("spotchecks", 0)) / args["rounds"]
             for n in nodes if n.get("disk")
         ),
         "complete": bool(run.get("audit", {}).get("exit") == 0),
@@ -219,7 +223,6 @@ QUANTITIES = {  # quantity: the x it is fitted against
     "inner_cpu_s_per_step": "parameters",
     "process_cpu_s_per_round": "per_node",
     "exchange_bytes_per_round": "per_node",
-    "spot_check_bytes_per_check": "parameters",
     "spot_checks_s_per_rate": "per_node",
     "peak_rss_bytes": "per_node",
     "disk_bytes_per_round": "per_node",
@@ -250,13 +253,64 @@ def predict(model: dict, quantity: str, point: dict) -> float | None:
     return f["intercept"] + f["slope"] * point[f["x"]]
 
 
+#: The rounds whose start states differ in what they hold: round 0's (no inner optimizer moments, no
+#: snapshots yet), round 1's, and any later one's (the steady state a long run's checks fetch).
+STATE_ROUNDS = ("first", "second", "later")
+
+
+def _state_counts(n: int) -> list[int]:
+    """How many of round 0's, round 1's and later rounds' states a node fetched when it fetched ``n`` in
+    order (each node of the benches checks the other replica's rounds 0, 1, 2, ...)."""
+    return [min(n, 1), min(max(n - 1, 0), 1), max(n - 2, 0)]
+
+
+def fit_start_state(points: list[dict]) -> dict | None:
+    """The start state a check fetches, in bytes per parameter of the replica, by the round it is of
+    (:data:`STATE_ROUNDS`): least squares of ``bytes / parameters = counts . sizes`` over every node that
+    fetched one, its counts from how many it fetched (:func:`_state_counts`). None when the nodes' counts
+    do not tell the rounds apart (every node fetched as many, say)."""
+    import numpy as np
+
+    rows = [(_state_counts(n), b / p["parameters"]) for p in points if p.get("spot_check_fetches")
+            for n, b in zip(p["spot_check_fetches"], p["spot_check_state_bytes"]) if n > 0]
+    if not rows:
+        return None
+    a = np.array([r[0] for r in rows], dtype=float)
+    y = np.array([r[1] for r in rows])
+    used = [i for i in range(len(STATE_ROUNDS)) if a[:, i].any()]  # rounds no node reached stay unknown
+    sizes, _, rank, _ = np.linalg.lstsq(a[:, used], y, rcond=None)
+    if rank < len(used) or "later" not in [STATE_ROUNDS[i] for i in used]:
+        return None
+    out = dict.fromkeys(STATE_ROUNDS)
+    out.update({STATE_ROUNDS[i]: float(v) for i, v in zip(used, sizes)})
+    return {**out, "nodes": len(rows)}
+
+
 def spot_check_bytes(model: dict, point: dict, rate: float | None = None) -> float | None:
-    """The start-state bytes a node serves per round: ``rate`` checks per replica per round (the point's own
-    draw unless given), each of the whole replica's start state, a stage's part from each of its nodes."""
-    if rate is None:  # the checks that fetched a state, where counted (a check's rerun may end later)
-        rate = point.get("spot_check_fetch_rate") or point.get("spot_check_rate")
-    per_check = predict(model, "spot_check_bytes_per_check", point)
-    return None if rate is None or per_check is None else rate * max(0.0, per_check) / point["stages"]
+    """The start-state bytes a node serves per round. At a measured run's own draw (``rate`` None): what its
+    nodes' fetches (of rounds 0, 1, ... in order) take. At ``rate`` checks per replica per round (a layout of
+    many rounds): each a later round's whole replica state, a stage's part from each of its nodes."""
+    fitted = model.get("start_state")
+    if fitted is None:
+        return None
+    if rate is not None:
+        return rate * fitted["later"] * point["parameters"] / point["stages"]
+    fetches = point.get("spot_check_fetches")
+    if not fetches:
+        return None
+    per_node = []
+    for n in fetches:
+        counts = _state_counts(n)
+        if any(c and fitted[k] is None for c, k in zip(counts, STATE_ROUNDS)):
+            return None  # a round's size the fit did not see
+        per_node.append(sum(c * (fitted[k] or 0.0) for c, k in zip(counts, STATE_ROUNDS)))
+    return point["parameters"] * sum(per_node) / len(per_node) / point["rounds"]
+
+
+def bytes_per_check(model: dict, point: dict) -> float | None:
+    """The mean start state a measured run's checks fetched, at its own mix of round 0's and later ones."""
+    served, fetches = spot_check_bytes(model, point), point.get("spot_check_fetches")
+    return None if served is None or not fetches else served * point["rounds"] * len(fetches) / sum(fetches)
 
 
 def bytes_sent(model: dict, point: dict, rate: float | None = None) -> float | None:
@@ -266,7 +320,8 @@ def bytes_sent(model: dict, point: dict, rate: float | None = None) -> float | N
 
 
 #: Quantities predicted from the fitted ones, not fitted themselves.
-DERIVED = {"spot_check_bytes_per_round": spot_check_bytes, "bytes_sent_per_round": bytes_sent}
+DERIVED = {"spot_check_bytes_per_round": spot_check_bytes, "bytes_sent_per_round": bytes_sent,
+           "spot_check_bytes_per_check": bytes_per_check}
 
 
 def check(model: dict, point: dict) -> dict:
@@ -388,7 +443,7 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "disk_bytes_per_round": predict(model, "disk_held_bytes_per_round", point),
         # a verifier holds a claimant's whole replica state (on disk) while it checks it and until the next
         # round's chain check: one or two at a time
-        "spot_check_state_bytes": predict(model, "spot_check_bytes_per_check", point),
+        "spot_check_state_bytes": (model.get("start_state") or {}).get("later", 0.0) * n,
         # under the default retention disk does not grow with the rounds: the measured multiple of the stage
         "disk_bytes_per_node_retained": None if retained is None else retained * 4 * per_node,
         "quorum": quorum,
@@ -421,11 +476,13 @@ def main() -> int:
     points = {label: measured(run) for label, run in runs.items() if not on_gpu(run)}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
+    model["start_state"] = fit_start_state(fitted)
     checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}
     # the large layouts' refit: every size measured on this CPU with the code of today (runs marked
     # ``"fit": false`` were measured with code since changed, or before the nodes counted their bytes)
     current = [point for label, point in points.items() if runs[label].get("fit", True)]
     refit = {q: f for q in QUANTITIES if (f := fit(current, q)) is not None}
+    refit["start_state"] = fit_start_state(current)
     result = {
         "benchmark": "scale_model",
         "fit_sizes": args.fit.split(","),

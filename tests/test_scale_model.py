@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scale_model import DEFAULT_SPOT_CHECKS, check, fit, large, measured
+from bench.scale_model import DEFAULT_SPOT_CHECKS, check, fit, fit_start_state, large, measured
 
-PER_PARAM = 28.0  # start-state bytes a check fetches per parameter of the replica, in these made-up runs
+#: Start-state bytes a check fetches per parameter of the replica in these made-up runs: round 0's (no
+#: optimizer moments or snapshots yet), round 1's and any later round's (as measured: 20, 36, 40).
+FIRST, SECOND, PER_PARAM = 20.0, 36.0, 40.0
 
 
 def _run(total: int, checks: list[int], rest_per_param: float, counted: bool = True) -> dict:
-    """A 2 x 2 run of 3 rounds whose nodes made ``checks`` spot checks, each fetching PER_PARAM bytes per
-    parameter of the replica, and sent that back to the others' checks plus ``rest_per_param`` per
-    parameter held."""
-    per_check = PER_PARAM * total
-    served = sum(checks) * per_check / 3 / len(checks)  # every fetched byte is served by some node
+    """A 2 x 2 run of 3 rounds whose nodes made ``checks`` spot checks of rounds 0, 1, ... in order (round
+    0's state FIRST bytes per parameter of the replica, round 1's SECOND, a later one PER_PARAM), and sent
+    that back to the others' checks plus ``rest_per_param`` per parameter held."""
+    fetched = [total * (FIRST * min(c, 1) + SECOND * (c >= 2) + PER_PARAM * max(c - 2, 0)) for c in checks]
+    served = sum(fetched) / 3 / len(checks)  # every fetched byte is served by some node
     node = {"periods": 3, "bytes_sent_per_round": served + rest_per_param * total / 2,
             "training_thread": {"inner_s_per_round": 4.0, "wall_s_per_round": 5.0}, "peak_rss_bytes": 1e9,
             "disk": {"total_bytes": 3e8}}
     nodes = [{**node, "spot_checks": {"spot_checks": c},
-              **({"spot_check_state_bytes_per_round": c * per_check / 3,
+              **({"spot_check_state_bytes_per_round": b / 3,
                   "spot_check_state_fetches_per_round": c / 3} if counted else {})}
-             for c in checks]
+             for c, b in zip(checks, fetched)]
     return {"nodes": nodes, "args": {"inner_steps": 4, "rounds": 3, "batch_size": 2},
             "parameters": {"total": total, "block_size": 128},
             "summary": {"cpu_s_per_round_by_component": {"spot_checks": 2.0}}}
@@ -34,17 +36,22 @@ def test_the_benches_spot_check_traffic_is_taken_out_and_put_back_at_the_layouts
     rate = 4 / 6
     point = measured(_run(total, [1, 1, 1, 1], rest_per_param))
     assert point["spot_check_rate"] == pytest.approx(rate)
-    assert point["spot_check_bytes_per_check"] == pytest.approx(PER_PARAM * total)
-    assert point["start_state_bytes_per_param"] == pytest.approx(PER_PARAM)
+    assert point["spot_check_bytes_per_check"] == pytest.approx(FIRST * total)  # round 0's only
+    assert point["start_state_bytes_per_param"] == pytest.approx(FIRST)
     assert point["exchange_bytes_per_round"] == pytest.approx(rest_per_param * total / 2)
     assert point["spot_checks_s_per_rate"] == pytest.approx(2.0 / rate)
 
-    other = measured(_run(2 * total, [2, 2, 1, 1], rest_per_param))  # a second size for the line
-    model = {q: fit([point, other], q) for q in ("exchange_bytes_per_round", "spot_check_bytes_per_check",
-                                                 "spot_checks_s_per_rate")}
+    other = measured(_run(2 * total, [3, 2, 2, 1], rest_per_param))  # a second size for the line
+    model = {q: fit([point, other], q) for q in ("exchange_bytes_per_round", "spot_checks_s_per_rate")}
+    model["start_state"] = fit_start_state([point, other])
+    assert model["start_state"]["first"] == pytest.approx(FIRST)
+    assert model["start_state"]["second"] == pytest.approx(SECOND)
+    assert model["start_state"]["later"] == pytest.approx(PER_PARAM)
+    assert fit_start_state([point]) is None  # every node fetched round 0's only: no later round's size
     # the bytes sent at a size are its exchange plus the start states of the checks its draw made
-    third = measured(_run(3 * total, [3, 1, 2, 3], rest_per_param))
+    third = measured(_run(3 * total, [3, 1, 2, 4], rest_per_param))
     assert check(model, third)["bytes_sent_per_round"]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert check(model, third)["spot_check_bytes_per_check"]["error"] == pytest.approx(0.0, abs=1e-9)
     layout = {"label": "x", "d_model": 64, "parameters": 4 * total, "replicas": 2, "stages": 2,
               "gpus_per_node": 1, "tokens_per_step": 256, "inner_steps": 10, "link_bps": 1e9}
     ledger = {"gas": {"commitRound_by_quorum": {"1": {"later": 100}, "2": {"later": 150}}}}
