@@ -167,6 +167,12 @@ def measured(run: dict) -> dict:
     fetches = [n.get("spot_check_state_fetches_per_round") for n in nodes]
     counted = spot_bytes is not None and None not in fetches and sum(fetches) > 0
     per_check = sum(fetched) / sum(fetches) if counted else None
+    # The exchange: what a node receives besides the start states its checks fetched (the other replica's
+    # contribution to its stage, checkpoint shards, gossip). The least over the nodes: a fetch still running
+    # when the run stopped (a last round's check) was received in part and not counted, and only adds.
+    received = [n.get("bytes_received_per_round") for n in nodes]
+    exchange = (min(r - f for r, f in zip(received, fetched))
+                if spot_bytes is not None and None not in received else None)
     inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
     out = {
         "parameters": total,
@@ -186,7 +192,7 @@ def measured(run: dict) -> dict:
         "spot_check_state_bytes": [b * args["rounds"] for b in fetched] if counted else None,
         "rounds": args["rounds"],
         "start_state_bytes_per_param": None if per_check is None else per_check / total,
-        "exchange_bytes_per_round": None if sent is None or spot_bytes is None else sent - spot_bytes,
+        "exchange_bytes_per_round": exchange,
         "peak_rss_bytes": mean(n.get("peak_rss_bytes") for n in nodes),
         "disk_bytes_per_round": mean(
             n["disk"]["total_bytes"] / args["rounds"] for n in nodes if n.get("disk")

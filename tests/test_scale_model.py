@@ -12,19 +12,23 @@ from bench.scale_model import DEFAULT_SPOT_CHECKS, check, fit, fit_start_state, 
 FIRST, SECOND, PER_PARAM = 20.0, 36.0, 40.0
 
 
-def _run(total: int, checks: list[int], rest_per_param: float, counted: bool = True) -> dict:
+def _run(total: int, checks: list[int], rest_per_param: float, counted: bool = True,
+         in_flight: float = 0.0) -> dict:
     """A 2 x 2 run of 3 rounds whose nodes made ``checks`` spot checks of rounds 0, 1, ... in order (round
     0's state FIRST bytes per parameter of the replica, round 1's SECOND, a later one PER_PARAM), and sent
-    that back to the others' checks plus ``rest_per_param`` per parameter held."""
+    that back to the others' checks plus ``rest_per_param`` per parameter held (and received as much). The
+    first node received ``in_flight`` bytes a round more: a start state it was still fetching when the run
+    stopped (not counted as fetched)."""
     fetched = [total * (FIRST * min(c, 1) + SECOND * (c >= 2) + PER_PARAM * max(c - 2, 0)) for c in checks]
     served = sum(fetched) / 3 / len(checks)  # every fetched byte is served by some node
     node = {"periods": 3, "bytes_sent_per_round": served + rest_per_param * total / 2,
             "training_thread": {"inner_s_per_round": 4.0, "wall_s_per_round": 5.0}, "peak_rss_bytes": 1e9,
             "disk": {"total_bytes": 3e8}}
     nodes = [{**node, "spot_checks": {"spot_checks": c},
+              "bytes_received_per_round": b / 3 + rest_per_param * total / 2 + (in_flight if i == 0 else 0.0),
               **({"spot_check_state_bytes_per_round": b / 3,
                   "spot_check_state_fetches_per_round": c / 3} if counted else {})}
-             for c, b in zip(checks, fetched)]
+             for i, (c, b) in enumerate(zip(checks, fetched))]
     return {"nodes": nodes, "args": {"inner_steps": 4, "rounds": 3, "batch_size": 2},
             "parameters": {"total": total, "block_size": 128},
             "summary": {"cpu_s_per_round_by_component": {"spot_checks": 2.0}}}
@@ -34,7 +38,7 @@ def test_the_benches_spot_check_traffic_is_taken_out_and_put_back_at_the_layouts
     total, rest_per_param = 10_000_000, 13.0
     # 2 replicas x 2 stages, 4 checks over 3 rounds: 4 / (2 x 3) checks per replica per round
     rate = 4 / 6
-    point = measured(_run(total, [1, 1, 1, 1], rest_per_param))
+    point = measured(_run(total, [1, 1, 1, 1], rest_per_param, in_flight=5e7))
     assert point["spot_check_rate"] == pytest.approx(rate)
     assert point["spot_check_bytes_per_check"] == pytest.approx(FIRST * total)  # round 0's only
     assert point["start_state_bytes_per_param"] == pytest.approx(FIRST)
