@@ -2,15 +2,17 @@
 extrapolated to llama-1b, 7B and a 107B layout (issue 75; docs/SCALE.md).
 
     python bench/scale_model.py [--system bench/results/scale_system.json]
-        [--fit llama-tiny,llama-mini,llama-20m] [--check llama-mini-64,llama-124m]
-        [--check llama-124m] [--out bench/results/scale_model.json]
+        [--fit llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes] [--check llama-mini-64-bytes,llama-124m]
+        [--out bench/results/scale_model.json]
 
 Reads the runs of bench/bench_scale_system.py (one entry per model size). For every measured quantity q and
 size it takes the node's figure (mean over the run's nodes) and fits ``q = a + b x`` by least squares over
 the ``--fit`` sizes, ``x`` being the parameters a node holds (its stage: half the model in the 2 x 2 runs)
 or, for the inner step, the model's parameters (its FLOPs at a fixed batch). The fit is checked against the
 ``--check`` size, not fitted to it: each quantity's predicted and measured figure and the relative error
-are reported as they come out. The predictions for the large layouts use a refit on every size measured.
+are reported as they come out. The predictions for the large layouts use a refit on every size measured
+with the fit's code (runs not marked ``"fit": false`` in scale_system.json). Bytes come from the nodes'
+counts (bench/scale_bytes.py): a check's start state by the round it is of, the exchange per parameter held.
 
 What is extrapolated, and from what:
 
@@ -21,9 +23,10 @@ What is extrapolated, and from what:
   spot checks, chain, exchange's CPU), as thread-seconds per parameter held on this CPU: the node runs it on
   its host CPU today, in one process, so these figures are what a GPU node would pay unless that work
   moves to the GPU or to more cores.
-- bytes per round per node: the measured bytes per parameter held (contributions, spot checks' start
-  states, checkpoint shards, gossip), at the measured replica count; the contributions' share grows with
-  ``M - 1`` in the full exchange.
+- bytes per round per node: the exchange's measured bytes per parameter held (contributions, checkpoint
+  shards, gossip), at the measured replica count (the contributions' share grows with ``M - 1`` in the full
+  exchange), and the spot checks' start states at the layout's rate, each a later round's whole replica
+  state at its measured bytes per parameter.
 - host RAM and disk per node: bytes per parameter held, measured (all state in host memory on the CPU).
 - gas: a commit's gas at the run's quorum from bench/results/ledger.json (commitRound by quorum: linear in
   k); the fraud proof's worst gas is the contract's own bound for the layout (node/provergas.py:
@@ -396,8 +399,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
-    parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
-    parser.add_argument("--check", default="llama-mini-64,llama-124m", help="sizes the fit is checked at")
+    parser.add_argument("--fit", default="llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes")
+    parser.add_argument("--check", default="llama-mini-64-bytes,llama-124m",
+                        help="sizes the fit is checked at")
     parser.add_argument("--components", default=str(RESULTS / "components.json"),
                         help="bench/bench_components.py's fit (the codec's and weights root's CPU)")
     parser.add_argument("--retention", default=str(RESULTS / "retention.json"),
@@ -449,7 +453,7 @@ def main() -> int:
             f"{row['label']:16s} round {row['round_s']:.0f} s (compute {row['compute_s_per_round']:.0f}, "
             f"node work {row['node_work_s']:.0f}, link {row['link_s_per_round']:.0f}), "
             f"{row['bytes_per_round'] / 1e9:.1f} GB/round, RAM {row['host_ram_bytes'] / 1e9:.0f} GB, "
-            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round kept all, "
+            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round (less the checks' files), "
             f"{(row['disk_bytes_per_node_retained'] or 0) / 1e9:.0f} GB retained, "
             f"commit {row['commit_gas']:,} gas, "
             f"fraud proof {row['fraud_proof']['worst_gas']:,} gas, "

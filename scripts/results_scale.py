@@ -143,7 +143,9 @@ def scale_model(r: dict) -> list[str]:
     lines += table(["size", "quantity", "predicted", "measured", "error"], rows)
     lines += [
         "The bytes as the nodes counted them, per size (a spot check fetches the replica's whole start "
-        "state; the exchange is a node's bytes sent less the start states it served):",
+        "state, of the round it checks: the mean over the size's checks, of rounds 0, 1, ...; the exchange "
+        "is the least over the nodes of bytes received less the start states fetched: a state still "
+        "fetching at the stop is received in part and not counted):",
         "",
     ]
     rows = []
@@ -165,8 +167,17 @@ def scale_model(r: dict) -> list[str]:
                     "checks fetched / replica / round", "exchange, bytes per parameter held / round",
                     "disk / round, bytes per parameter held",
                     "the same less the checks' working files", "1-min load at the end"], rows)
+    state = (r.get("refit") or {}).get("start_state")
+    if state:
+        lines += [
+            "A check's start state by the round it is of, fitted over every node (bytes per parameter of the "
+            f"replica): round 0 {state['first']:.1f}, round 1 {state['second']:.1f}, later rounds "
+            f"{state['later']:.1f} ({state['nodes']} nodes); the large layouts take the later rounds'.",
+            "",
+        ]
     lines += [
-        "Predicted for large layouts (refit on every size measured; inner steps on A800s at the MFU "
+        "Predicted for large layouts (refit on every size measured on the code of the fit, the runs not "
+        "marked `fit: false`; inner steps on A800s at the MFU "
         "measured on an H200, the node's own per-round work at this CPU's measured cost per parameter):",
         "",
     ]
