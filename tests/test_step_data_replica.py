@@ -47,9 +47,9 @@ def _stage1_state():
     return stage_state(1, aggregation, blobs, NORMED, 1, decode_args=args)
 
 
-def _setup(w3):
+def _setup(w3, data: bool = True):
     """The ledger's StepProver over a two-stage run whose program reads each step's batch and whose data is
-    fixed; round 1's stage 0 lists members 1-3's contributions, its stage 1 members 4-6's."""
+    fixed (``data``); round 1's stage 0 lists members 1-3's contributions, its stage 1 members 4-6's."""
     deployment = deploy_ledger(w3, min_stake=STAKE)
     client = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger))
     fix = fix_program(client, program_fields())
@@ -57,7 +57,8 @@ def _setup(w3):
 
     def before(run):
         fix(run)
-        DataClient(client).set_data(run.deployment.client(run.members[0]).address, run.run_id, terms())
+        if data:
+            DataClient(client).set_data(run.deployment.client(run.members[0]).address, run.run_id, terms())
         signers = [run.deployment.client(index) for index in STAGE1]
         round_.other = bound(round_.other, signers, run.run_id, 1, stage=1)
 
@@ -185,6 +186,19 @@ def test_a_later_stage_claim_naming_another_replicas_key_is_refused(request, bac
                   value=stake) == "ProverStepWrongReplica"
     # and the honest one is taken
     _claim(client, sender, claim, subject)
+
+
+def test_a_run_without_data_terms_checks_no_key(request):
+    """Without data terms no claim's batches are ever disputed (the terms are fixed before the first commit
+    only), so a claim's key is not checked: a stage-1 claim naming its own member, without a replica binding,
+    and one naming anyone are taken (py-evm)."""
+    w3 = _backend(request, "pyevm")
+    client, committed, stage1 = _setup(w3, data=False)
+    subject = _subject(committed, stage1, 1, None)
+    assert subject.data_key == _address(w3, STAGE1[1])
+    _claim(client, _address(w3, OUTSIDER), _claim_on(subject)[0], subject)
+    anyone = dataclasses.replace(subject, data_key=_address(w3, OUTSIDER))
+    _claim(client, _address(w3, OUTSIDER), _claim_on(anyone)[0], anyone)
 
 
 def test_stage_zero_claims_are_keyed_as_before_and_ignore_a_replica_binding(request):

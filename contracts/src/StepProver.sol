@@ -368,7 +368,8 @@ contract StepProver {
     /// AggregationProver errors), within the round's proof window (`ProverStepWindowClosed`) and, while a case
     /// on the contribution is open, before its deadline (`ProverStepClaimsClosed`).
     function claimRun(RunClaim calldata run, RunBinding calldata b) external payable returns (bytes32 claimId) {
-        claimId = StepProverBinding.register(ledger, _cases, programOf, _claims, _runs, run, b, bond, clockBlocks);
+        claimId =
+            StepProverBinding.register(ledger, _cases, programOf, _claims, _runs, _data, run, b, bond, clockBlocks);
     }
 
     /// @notice The key of a contribution (its run, round, stage and payload root): its case and claim counts.

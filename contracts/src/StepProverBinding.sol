@@ -43,6 +43,7 @@ library StepProverBinding {
         mapping(uint256 => bytes32) storage programs,
         mapping(bytes32 => StepProver.Claim) storage claims,
         mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => StepProver.DataTerms) storage data,
         StepProver.RunClaim calldata run,
         StepProver.RunBinding calldata b,
         uint256 bond,
@@ -62,9 +63,12 @@ library StepProverBinding {
         uint32 steps = _declaredSteps(b.factors, b.index);
         if (steps == 0) steps = ledger.runOf(run.runId).innerSteps;
         if (run.steps != steps) revert StepProver.ProverStepWrongSteps(run.runId, steps, run.steps);
-        // The data key: the replica's (its stage-0 member's), else none.
-        address key = _dataKey(ledger, run, b);
-        if (run.dataKey != key) revert StepProver.ProverStepWrongDataKey(key, run.dataKey);
+        // The data key: the replica's (its stage-0 member's), else none; checked where the run's data is bound
+        // (without terms, fixed before the first commit only, no claim's batches are ever disputed).
+        if (data[run.runId].root != bytes32(0)) {
+            address key = _dataKey(ledger, run, b);
+            if (run.dataKey != key) revert StepProver.ProverStepWrongDataKey(key, run.dataKey);
+        }
         StepProver.Case storage k = cases[keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot))];
         if (k.opener != address(0) && block.number >= k.deadline) {
             revert StepProver.ProverStepClaimsClosed(
