@@ -30,8 +30,8 @@ from ledger.records import check_bytes32, check_uint
 
 #: What a later stage's contributor signs of its replica's data key (StepProverBinding ``DATA_KEY_TYPEHASH``).
 DATA_KEY_TYPE = "DataKey(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,address dataKey)"
-_DATA_KEY_FIELDS = (("runId", "uint256"), ("round", "uint64"), ("stage", "uint32"), ("payloadRoot", "bytes32"),
-                    ("dataKey", "address"))
+_DATA_KEY_FIELDS = (("runId", "uint256"), ("round", "uint64"), ("stage", "uint32"),
+                    ("payloadRoot", "bytes32"), ("dataKey", "address"))
 ZERO_KEY = "0x" + "00" * 20
 
 

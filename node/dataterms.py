@@ -77,10 +77,10 @@ def check_data_terms(client, run_id: int, cfg, corpus=None) -> None:
         return
     if windows != "account":
         raise ConfigError(
-            f"run {run_id} has data terms on chain ({_describe(on_chain)}) but its document draws each round's "
-            f"windows by replica index (training.data_windows = {windows!r}): a claim's batches are keyed by "
-            "account, so every honest contribution's data disputes would be lost; not joining (the run's "
-            "creator must create it again with training.data_windows = \"account\")")
+            f"run {run_id} has data terms on chain ({_describe(on_chain)}) but its document draws each "
+            f"round's windows by replica index (training.data_windows = {windows!r}): a claim's batches are "
+            "keyed by account, so every honest contribution's data disputes would be lost; not joining (the "
+            "run's creator must create it again with training.data_windows = \"account\")")
     from training.errors import TrainingError
 
     try:
@@ -93,7 +93,8 @@ def check_data_terms(client, run_id: int, cfg, corpus=None) -> None:
         raise ConfigError(
             f"run {run_id}'s data terms on chain ({_describe(on_chain)}) are not this node's dataset's under "
             f"the run document ({_describe(mine)}): its contributions could not answer the data disputes of "
-            "their own batches; not joining (check training.data_path, or the run's creator fixed other terms)")
+            "their own batches; not joining (check training.data_path, or the run's creator fixed other "
+            "terms)")
     logger.info("run %d: its data terms on chain are this node's dataset's (%s)", run_id, _describe(mine))
 
 
@@ -113,8 +114,8 @@ def fix_data_terms(client, run_id: int, terms) -> str:
         raise ConfigError(f"run {run_id} holds other data terms ({_describe(on_chain)}) than its dataset's "
                           f"({_describe(terms)}): they are fixed once; create the run again")
     if client.commit_count(run_id):
-        raise ConfigError(f"run {run_id} committed a round before its data terms were fixed: they can no longer "
-                          "be set (StepProver.setData takes them before the first commit only)")
+        raise ConfigError(f"run {run_id} committed a round before its data terms were fixed: they can no "
+                          "longer be set (StepProver.setData takes them before the first commit only)")
     client.sender.transact(data.client.contract, "setData", (run_id, terms.as_tuple()),
                            f"fix run {run_id}'s data terms")
     return f"fixed run {run_id}'s data terms on chain ({_describe(terms)})"

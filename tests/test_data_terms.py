@@ -1,5 +1,5 @@
-"""The run's data terms: ``create-run`` fixes them from the run's dataset and a node checks them against its own
-before it joins (issue 78; node/dataterms.py, docs/FRAUD_PROOF.md "The run's data terms").
+"""The run's data terms: ``create-run`` fixes them from the run's dataset and a node checks them against its
+own before it joins (issue 78; node/dataterms.py, docs/FRAUD_PROOF.md "The run's data terms").
 
 The streamed data root is the whole split's (an in-memory corpus and a prepared dataset whose spans cross
 shards); on py-evm a node takes a run whose terms are its dataset's and refuses, by name, one with other terms

@@ -76,13 +76,13 @@ def _signed(w3, committed, stage1, index: int, key: str, by: int, round_: int = 
 
 
 def _subject(committed, stage1, index: int, replica: ReplicaKey | None):
-    """The subject of a claim about round 1's stage-1 contribution ``index`` (its key shown by ``replica``)."""
+    """The subject of a claim about round 1's stage-1 contribution ``index`` (its key: ``replica``'s)."""
     return bind_run(committed.records[1], committed.stages[1], stage1.factors, index, committed.records[0],
                     committed.stages[0], 1, replica)
 
 
 def _honest(w3, committed, stage1, index: int):
-    """Stage-1 contribution ``index``'s subject keyed by its replica's stage-0 member, as its member signs it."""
+    """Stage-1 contribution ``index``'s subject keyed by its replica's stage-0 member, its member signing."""
     key = _address(w3, index + 1)
     signature = _signed(w3, committed, stage1, index, key, STAGE1[index])
     return _subject(committed, stage1, index, ReplicaKey(committed.states[1].factors, index, signature))
@@ -159,7 +159,8 @@ def test_a_later_stage_claim_naming_another_replicas_key_is_refused(request, bac
     # another replica's key (stage-0 contribution 2, member 3), with the member's signature of its own key
     assert refused(ReplicaKey(stage0, 2, honest)) == "ProverStepWrongReplica"
     # ... signed by that key's owner (a coalition with the other replica's stage-0 member)
-    assert refused(ReplicaKey(stage0, 2, _signed(w3, committed, stage1, 1, other, 3))) == "ProverStepWrongReplica"
+    coalition = _signed(w3, committed, stage1, 1, other, 3)
+    assert refused(ReplicaKey(stage0, 2, coalition)) == "ProverStepWrongReplica"
     # the replica's binding with the claim's dataKey naming another account
     assert refused(ReplicaKey(stage0, 1, honest), data_key=other) == "ProverStepWrongDataKey"
     # the stage-1 member's own key, no replica binding (what a later stage named before)

@@ -85,8 +85,8 @@ def add_parsers(sub) -> None:
                         "gas at 10x today's gas price (a test chain): a wrong round may then stand with "
                         "nobody paid to prove it (docs/FRAUD_PROOF.md)")
     p.add_argument("--no-data-terms", action="store_true",
-                   help="in a run drawn by account (training.data_windows = \"account\"), do not fix its data "
-                        "terms on chain: its contributions' batches can then not be disputed "
+                   help="in a run drawn by account (training.data_windows = \"account\"), do not fix its "
+                        "data terms on chain: its contributions' batches can then not be disputed "
                         "(docs/FRAUD_PROOF.md \"The run's data terms\")")
     p.add_argument("--init-from", default="", metavar="DIR",
                    help="start from a Hugging Face model directory (config.json, model.safetensors or a "
@@ -232,18 +232,10 @@ def run_create_run(args: argparse.Namespace) -> int:
     spends[1:1] = pool_spends(pool, pool_client, existing[-1].run_id if existing else None, fee)
     check_funds(client.balance(), client.address, spends)
     agree(spends, args.yes, "creating the run")
-    document = run_document(run.cfg)
-    atomic_write_bytes(data_dir / "run.json", canonical_json(document))
-    if existing:
-        run_id = existing[-1].run_id
-        print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
-    else:
-        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
-                                        allow_weak_quorum=bool(weak), proof_fund=fund)
-        print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
+    atomic_write_bytes(data_dir / "run.json", canonical_json(run_document(run.cfg)))
+    run_id = _create_or_finish(client, params, existing, bool(weak), fund)
     _open_pool(pool, pool_client, run_id)
-    if terms is not None:
-        _fix_data_terms(client, run_id, terms)
+    _fix_data_terms(client, run_id, terms)
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
         "p2p": {"listen_host": "127.0.0.1" if args.announce.startswith("127.") else "0.0.0.0",
@@ -262,6 +254,19 @@ def run_create_run(args: argparse.Namespace) -> int:
                          [peer_multiaddr(args.announce, args.listen_port, identity.peer_id)],
                          checkpoint_every=cfg.checkpoint_every), data_dir, config_path)
     return 0
+
+
+def _create_or_finish(client, params, existing: list, weak: bool, fund: int) -> int:
+    """The run's id: the one this account created before from the same configHash (being finished), else a
+    new run's (``createRun`` with the proof fund ``fund``)."""
+    if existing:
+        run_id = existing[-1].run_id
+        print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
+        return run_id
+    run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}", allow_weak_quorum=weak,
+                                    proof_fund=fund)
+    print(f"created run {run_id} on chain {client.chain_id} (configHash {params.config_hash.hex()[:16]})")
+    return run_id
 
 
 def _write_link(link: str, data_dir: Path, config_path: Path) -> None:
@@ -297,9 +302,12 @@ def _data_terms(cfg, args, spends: list[Spend], fee: int):
 
 
 def _fix_data_terms(client, run_id: int, terms) -> None:
-    """node.dataterms.fix_data_terms; a failure leaves the run on chain, finished by the same command again."""
+    """node.dataterms.fix_data_terms of ``terms`` (None: none to fix); a failure leaves the run on chain,
+    finished by the same command again."""
     from node.dataterms import fix_data_terms
 
+    if terms is None:
+        return
     try:
         print(fix_data_terms(client, run_id, terms))
     except DLX_ERRORS as exc:
