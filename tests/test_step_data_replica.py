@@ -213,3 +213,10 @@ def test_stage_zero_claims_are_keyed_as_before_and_ignore_a_replica_binding(requ
     claim = _claim_on(subject)[0]
     junk = (*subject.binding[:8], b"\x13" * 300)
     _claim(client, _address(w3, OUTSIDER), claim, dataclasses.replace(subject, binding=junk))
+    # a later stage's binding must name a listed stage-0 member, and its message a key that is an address
+    from ledger.errors import LedgerInputError
+
+    with pytest.raises(LedgerInputError, match="its factors list no member"):
+        _subject(committed, stage1, 1, ReplicaKey(committed.states[1].factors, 3, b"\x01" * 65))
+    with pytest.raises(LedgerInputError, match="not an address"):
+        DataKeyClaim(committed.run_id, 1, 1, b"\x00" * 32, "0x1234")
