@@ -334,6 +334,22 @@ def _release_mapped(data, start: int, length: int) -> None:
 
 
 @contextlib.contextmanager
+def _read_only_map(file):
+    """A read-only map of ``file``, closed on exit unless a view of it is still alive: then it is unmapped
+    when that view goes. A sampling profiler (node/live/costprofile.py) holds threads' frames while it walks
+    their stacks, and a frame that returns meanwhile keeps its locals (a slice of the map) a moment longer;
+    ``mmap.close`` then raises BufferError, which must not fail a read that succeeded."""
+    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mapped
+    finally:
+        try:
+            mapped.close()
+        except BufferError:
+            pass
+
+
+@contextlib.contextmanager
 def mapped_state_files(paths):
     """Read-only maps of the state files at ``paths`` (a list of buffers :func:`parse_stage_state` takes),
     closed on exit: a rerun parses each state straight from the page cache, so a state (about 40 bytes per
@@ -345,7 +361,7 @@ def mapped_state_files(paths):
             if os.fstat(file.fileno()).st_size == 0:
                 maps.append(b"")
                 continue
-            maps.append(stack.enter_context(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)))
+            maps.append(stack.enter_context(_read_only_map(file)))
         yield maps
 
 
@@ -356,7 +372,7 @@ def check_stage_state_file(path, data_ranges: list[tuple[int, int]] | None = Non
     with open(path, "rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
             return parse_stage_state(b"", tensors=False)
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with _read_only_map(file) as mapped:
             view = memoryview(mapped)
             try:
                 return parse_stage_state(view, tensors=False, data_ranges=data_ranges)
