@@ -322,10 +322,11 @@ def components_seconds(components: dict, per_node: float, d_model: int) -> dict[
 def retained_multiple(retention: dict | None) -> float | None:
     """A node's disk under the default retention over its stage's float32 bytes, at most over the run, on a
     chain whose blocks go by on time (bench/bench_retention.py's ``ontime`` part; the node that keeps only
-    the windows)."""
+    the windows). The files without a name (O_TMPFILE spills) count where the run measured them."""
     part = (retention or {}).get("ontime") or {}
     keep_all = set(part.get("keep_all") or ())
-    figures = [v["disk_max_over_stage_bytes"] for name, v in (part.get("summary") or {}).items()
+    figures = [v.get("disk_with_unnamed_max_over_stage_bytes", v["disk_max_over_stage_bytes"])
+               for name, v in (part.get("summary") or {}).items()
                if name not in keep_all and "disk_max_over_stage_bytes" in v]
     return max(figures) if figures else None
 
