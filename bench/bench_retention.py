@@ -44,7 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
-from bench.retention_disk import disk_bytes, memory_kib, rebuilds, stage_bytes, summarise  # noqa: E402
+from bench.retention_disk import (disk_bytes, memory_kib, rebuilds, stage_bytes, summarise,  # noqa: E402
+                                  unnamed_bytes)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
@@ -177,7 +178,9 @@ def main() -> int:
                 for slot in run.nodes:
                     alive = slot.process is not None and slot.process.poll() is None
                     pid = slot.process.pid if alive else None
-                    nodes[slot.name] = {**memory_kib(pid), "disk": disk_bytes(slot.data_dir)}
+                    disk = disk_bytes(slot.data_dir)
+                    disk["unnamed"] = unnamed_bytes(pid, slot.data_dir)  # O_TMPFILE spills the walk misses
+                    nodes[slot.name] = {**memory_kib(pid), "disk": disk}
                 entry = {"round": committed, "block": block,
                          "elapsed_s": round(time.monotonic() - started, 1),
                          "loadavg1": round(os.getloadavg()[0], 2), "nodes": nodes}

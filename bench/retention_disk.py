@@ -177,6 +177,32 @@ def rebuilds(data_dir: Path) -> dict:
             "spot_checks": verdicts, "spot_checks_not_done": len(NOT_DONE.findall(text))}
 
 
+def unnamed_bytes(pid: int | None, data_dir: Path) -> int:
+    """Bytes of the files without a name under ``data_dir`` that the process ``pid`` holds open (each inode
+    once): the spilled tensors of training/spilled.py (the outer state between outer steps, the start
+    state's copies of the trainer's tensors, the transmitted updates), made with O_TMPFILE or unlinked at
+    once, which :func:`disk_bytes`'s walk cannot see; 0 if the process is gone."""
+    if pid is None:
+        return 0
+    root, seen, total = str(data_dir.resolve()), set(), 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if not (target.startswith(root + os.sep) and target.endswith(" (deleted)")):
+                continue
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
 def memory_kib(pid: int | None) -> dict:
     if pid is None:
         return {}
@@ -211,8 +237,16 @@ def summarise(samples: list[dict], stage: int, flat_from: int) -> dict:
         after = [t for r, t in totals if r >= flat_from]
         start_state = max((n["disk"]["start_state"] for _r, n in series if n.get("disk")), default=0)
         peak = max((n.get("peak_rss_kib", 0) for _r, n in series), default=0)
+        unnamed = [(r, n["disk"]["total"] + n["disk"].get("unnamed", 0)) for r, n in series
+                   if n.get("disk") and "unnamed" in n["disk"]]
         out[name] = {
             "disk_max_bytes": max(t for _r, t in totals) if totals else None,
+            # with the files without a name (unnamed_bytes: the spilled outer state, tensors), where sampled
+            "disk_with_unnamed_max_over_stage_bytes": round(max(t for _r, t in unnamed) / stage, 2)
+            if unnamed else None,
+            "unnamed_max_over_stage_bytes": round(max(n["disk"]["unnamed"] for _r, n in series
+                                                      if "unnamed" in n.get("disk", {})) / stage, 2)
+            if unnamed else None,
             "disk_last_bytes": totals[-1][1] if totals else None,
             "disk_max_over_stage_bytes": round(max(t for _r, t in totals) / stage, 2) if totals else None,
             "disk_max_over_start_state": round(max(t for _r, t in totals) / start_state, 2)

@@ -2,15 +2,17 @@
 extrapolated to llama-1b, 7B and a 107B layout (issue 75; docs/SCALE.md).
 
     python bench/scale_model.py [--system bench/results/scale_system.json]
-        [--fit llama-tiny,llama-mini,llama-20m] [--check llama-mini-64,llama-124m]
-        [--check llama-124m] [--out bench/results/scale_model.json]
+        [--fit llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes] [--check llama-mini-64-bytes,llama-124m]
+        [--out bench/results/scale_model.json]
 
 Reads the runs of bench/bench_scale_system.py (one entry per model size). For every measured quantity q and
 size it takes the node's figure (mean over the run's nodes) and fits ``q = a + b x`` by least squares over
 the ``--fit`` sizes, ``x`` being the parameters a node holds (its stage: half the model in the 2 x 2 runs)
 or, for the inner step, the model's parameters (its FLOPs at a fixed batch). The fit is checked against the
 ``--check`` size, not fitted to it: each quantity's predicted and measured figure and the relative error
-are reported as they come out. The predictions for the large layouts use a refit on every size measured.
+are reported as they come out. The predictions for the large layouts use a refit on every size measured
+with the fit's code (runs not marked ``"fit": false`` in scale_system.json). Bytes come from the nodes'
+counts (bench/scale_bytes.py): a check's start state by the round it is of, the exchange per parameter held.
 
 What is extrapolated, and from what:
 
@@ -21,9 +23,10 @@ What is extrapolated, and from what:
   spot checks, chain, exchange's CPU), as thread-seconds per parameter held on this CPU: the node runs it on
   its host CPU today, in one process, so these figures are what a GPU node would pay unless that work
   moves to the GPU or to more cores.
-- bytes per round per node: the measured bytes per parameter held (contributions, spot checks' start
-  states, checkpoint shards, gossip), at the measured replica count; the contributions' share grows with
-  ``M - 1`` in the full exchange.
+- bytes per round per node: the exchange's measured bytes per parameter held (contributions, checkpoint
+  shards, gossip), at the measured replica count (the contributions' share grows with ``M - 1`` in the full
+  exchange), and the spot checks' start states at the layout's rate, each a later round's whole replica
+  state at its measured bytes per parameter.
 - host RAM and disk per node: bytes per parameter held, measured (all state in host memory on the CPU).
 - gas: a commit's gas at the run's quorum from bench/results/ledger.json (commitRound by quorum: linear in
   k); the fraud proof's worst gas is the contract's own bound for the layout (node/provergas.py:
@@ -43,6 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.benchio import RESULTS, write_result  # noqa: E402
+from bench.scale_bytes import (  # noqa: E402
+    bytes_per_check, bytes_sent, fit_start_state, linear, spot_check_bytes,
+)
 
 A800_BF16_PEAK = 312e12
 #: The MFU measured for llama-124m in bf16 on an H200, the node's compiled trainer (bench/results/gpu.json).
@@ -66,15 +72,10 @@ NODE_WORK = (
     "other",
 )
 
-#: A stage's start state (what a spot check fetches from each stage's node: weights, the inner optimizer's
-#: two moments, the outer state; one canonical record) in bytes per parameter, for runs whose nodes did not
-#: count them: measured 28.0 (256,958,476 bytes a check of llama-mini's 9,176,192-parameter replica, the
-#: nodes' own count, bench/results/scale_system.json ``llama-mini-bytes``). It was 40.7, a 42,880-parameter
-#: stage's (bench/results/retention.json at the tiny preset), whose fixed part made the exchange's share of
-#: the bytes sent, the rest, 115% off at llama-mini-64.
-START_STATE_BYTES_PER_PARAM = 28.0
 #: The node's default ``spot_checks`` (node/config.py): expected re-executions of each contribution.
 DEFAULT_SPOT_CHECKS = 0.06
+#: The benches' ``--spot-checks``: every contribution re-executed once on average.
+BENCH_SPOT_CHECKS = 1.0
 
 #: The large layouts: (label, parameters, replicas M, stages S, GPUs per node, tokens per inner step per
 #: replica, H, link bits/s). 107B: the DiLoCoX paper's 20 nodes of 8 A800 on 1 Gbps (arXiv 2506.21263's
@@ -160,13 +161,25 @@ def measured(run: dict) -> dict:
     sent = mean(n.get("bytes_sent_per_round") for n in nodes)
     key = "spot_check_state_bytes_per_round"
     fetched = [n[key] for n in nodes if key in n]
-    if len(fetched) == len(nodes):  # measured: every check fetches what some node serves, so the means agree
-        spot_bytes = sum(fetched) / len(fetched)
-    else:  # runs before the nodes counted them: the start state's measured bytes per parameter
-        spot_bytes = None if rate is None else rate * START_STATE_BYTES_PER_PARAM * total / stages
+    # The start states the checks fetched, as the nodes counted them (nodes since 2026-11-30; runs before the
+    # count have no split). Every check fetches what some node of the run serves, so the mean a node fetched
+    # is the mean it served; one check fetches the whole replica's start state, a stage's part from each node.
+    spot_bytes = sum(fetched) / len(fetched) if len(fetched) == len(nodes) else None
+    # bytes per check over the checks that fetched them, both counted at the fetch (nodes since 03:15 that
+    # day: a status written while a check ran counted its bytes, not yet the check)
+    fetches = [n.get("spot_check_state_fetches_per_round") for n in nodes]
+    counted = spot_bytes is not None and None not in fetches and sum(fetches) > 0
+    per_check = sum(fetched) / sum(fetches) if counted else None
+    # The exchange: what a node receives besides the start states its checks fetched (the other replica's
+    # contribution to its stage, checkpoint shards, gossip). The least over the nodes: a fetch still running
+    # when the run stopped (a last round's check) was received in part and not counted, and only adds.
+    received = [n.get("bytes_received_per_round") for n in nodes]
+    exchange = (min(r - f for r, f in zip(received, fetched))
+                if spot_bytes is not None and None not in received else None)
     inner = mean(n.get("training_thread", {}).get("inner_s_per_round") for n in nodes)
     out = {
         "parameters": total,
+        "stages": stages,
         "per_node": total / stages,
         "inner_steps": steps,
         "tokens_per_step": args["batch_size"] * run["parameters"]["block_size"],
@@ -174,13 +187,27 @@ def measured(run: dict) -> dict:
         "wall_s_per_round": mean(n.get("training_thread", {}).get("wall_s_per_round") for n in nodes),
         "bytes_sent_per_round": sent,
         "spot_check_rate": rate,
+        "spot_check_fetch_rate": sum(fetches) / replicas if counted else None,
         "spot_check_bytes_per_round": spot_bytes,
-        "exchange_bytes_per_round": None if sent is None or spot_bytes is None else sent - spot_bytes,
+        "spot_check_bytes_per_check": per_check,
+        # per node: the checks that fetched a start state, and the bytes they fetched, over the run
+        "spot_check_fetches": [round(f * args["rounds"]) for f in fetches] if counted else None,
+        "spot_check_state_bytes": [b * args["rounds"] for b in fetched] if counted else None,
+        "rounds": args["rounds"],
+        "start_state_bytes_per_param": None if per_check is None else per_check / total,
+        "exchange_bytes_per_round": exchange,
         "peak_rss_bytes": mean(n.get("peak_rss_bytes") for n in nodes),
         "disk_bytes_per_round": mean(
             n["disk"]["total_bytes"] / args["rounds"] for n in nodes if n.get("disk")
         ),
+        # less the spot checks' working files: the claimants' start states a verifier holds for the next
+        # round's chain check, one or two of the replica's whole state by when the node stopped
+        "disk_held_bytes_per_round": mean(
+            (n["disk"]["total_bytes"] - n["disk"].get("parts", {}).get("spotchecks", 0)) / args["rounds"]
+            for n in nodes if n.get("disk")
+        ),
         "complete": bool(run.get("audit", {}).get("exit") == 0),
+        "load_end": ((run.get("recorded") or {}).get("load_average") or {}).get("end"),
     }
     if out["wall_s_per_round"] is not None and inner is not None:
         out["thread_other_s_per_round"] = out["wall_s_per_round"] - inner
@@ -207,11 +234,11 @@ QUANTITIES = {  # quantity: the x it is fitted against
     "inner_s_per_step": "parameters",
     "inner_cpu_s_per_step": "parameters",
     "process_cpu_s_per_round": "per_node",
-    "bytes_sent_per_round": "per_node",
     "exchange_bytes_per_round": "per_node",
     "spot_checks_s_per_rate": "per_node",
     "peak_rss_bytes": "per_node",
     "disk_bytes_per_round": "per_node",
+    "disk_held_bytes_per_round": "per_node",
     **{f"{k}_s_per_round": "per_node" for k in NODE_WORK},
 }
 
@@ -230,16 +257,20 @@ def fit(points: list[dict], quantity: str) -> dict | None:
 
 
 def predict(model: dict, quantity: str, point: dict) -> float | None:
-    f = model.get(quantity)
-    if f is None:
-        return None
-    return f["intercept"] + f["slope"] * point[f["x"]]
+    if quantity in DERIVED:
+        return DERIVED[quantity](model, point)
+    return linear(model, quantity, point)
+
+
+#: Quantities predicted from the fitted ones, not fitted themselves.
+DERIVED = {"spot_check_bytes_per_round": spot_check_bytes, "bytes_sent_per_round": bytes_sent,
+           "spot_check_bytes_per_check": bytes_per_check}
 
 
 def check(model: dict, point: dict) -> dict:
     """Each quantity's prediction at ``point`` beside what was measured there."""
     rows = {}
-    for quantity in QUANTITIES:
+    for quantity in (*QUANTITIES, *DERIVED):
         actual, guess = point.get(quantity), predict(model, quantity, point)
         if actual is None or guess is None:
             continue
@@ -291,10 +322,11 @@ def components_seconds(components: dict, per_node: float, d_model: int) -> dict[
 def retained_multiple(retention: dict | None) -> float | None:
     """A node's disk under the default retention over its stage's float32 bytes, at most over the run, on a
     chain whose blocks go by on time (bench/bench_retention.py's ``ontime`` part; the node that keeps only
-    the windows)."""
+    the windows). The files without a name (O_TMPFILE spills) count where the run measured them."""
     part = (retention or {}).get("ontime") or {}
     keep_all = set(part.get("keep_all") or ())
-    figures = [v["disk_max_over_stage_bytes"] for name, v in (part.get("summary") or {}).items()
+    figures = [v.get("disk_with_unnamed_max_over_stage_bytes", v["disk_max_over_stage_bytes"])
+               for name, v in (part.get("summary") or {}).items()
                if name not in keep_all and "disk_max_over_stage_bytes" in v]
     return max(figures) if figures else None
 
@@ -308,7 +340,7 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
           retained: float | None = None) -> dict:
     n, m, s = layout["parameters"], layout["replicas"], layout["stages"]
     per_node = n / s
-    point = {"parameters": n, "per_node": per_node}
+    point = {"parameters": n, "per_node": per_node, "stages": s}
     gpus = s * layout["gpus_per_node"]  # one replica
     step_s = 6 * n * layout["tokens_per_step"] / (gpus * A800_BF16_PEAK * GPU_MFU)
     compute_s = layout["inner_steps"] * step_s
@@ -317,9 +349,9 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
     # fetches and serves start states that much less often: the checks' CPU and bytes at the layout's rate.
     rate = layout.get("spot_checks", DEFAULT_SPOT_CHECKS)
     work["spot_checks"] = rate * max(0.0, predict(model, "spot_checks_s_per_rate", point) or 0.0)
-    spot_bytes = rate * START_STATE_BYTES_PER_PARAM * per_node
-    sent = max(0.0, predict(model, "exchange_bytes_per_round", point) or 0.0) + spot_bytes
-    sent_every_check = max(0.0, predict(model, "bytes_sent_per_round", point) or 0.0)
+    spot_bytes = spot_check_bytes(model, point, rate) or 0.0
+    sent = bytes_sent(model, point, rate) or 0.0
+    sent_every_check = bytes_sent(model, point, BENCH_SPOT_CHECKS) or 0.0
     link_s = sent * 8 / layout["link_bps"]
     # One-step delay: the exchange and the node's own work (on the host CPU) overlap the next round's inner
     # steps (on the GPUs); a round lasts the longer of the two.
@@ -352,7 +384,10 @@ def large(model: dict, layout: dict, ledger: dict, components: dict | None = Non
         "allreduce_tokens_per_s": allreduce_tokens_s,
         "speedup_over_allreduce": tokens / round_s / allreduce_tokens_s,
         "host_ram_bytes": predict(model, "peak_rss_bytes", point),
-        "disk_bytes_per_round": predict(model, "disk_bytes_per_round", point),
+        "disk_bytes_per_round": predict(model, "disk_held_bytes_per_round", point),
+        # a verifier holds a claimant's whole replica state (on disk) while it checks it and until the next
+        # round's chain check: one or two at a time
+        "spot_check_state_bytes": (model.get("start_state") or {}).get("later", 0.0) * n,
         # under the default retention disk does not grow with the rounds: the measured multiple of the stage
         "disk_bytes_per_node_retained": None if retained is None else retained * 4 * per_node,
         "quorum": quorum,
@@ -365,8 +400,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
-    parser.add_argument("--fit", default="llama-tiny,llama-mini,llama-20m")
-    parser.add_argument("--check", default="llama-mini-64,llama-124m", help="sizes the fit is checked at")
+    parser.add_argument("--fit", default="llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes")
+    parser.add_argument("--check", default="llama-mini-64-bytes,llama-124m",
+                        help="sizes the fit is checked at")
     parser.add_argument("--components", default=str(RESULTS / "components.json"),
                         help="bench/bench_components.py's fit (the codec's and weights root's CPU)")
     parser.add_argument("--retention", default=str(RESULTS / "retention.json"),
@@ -382,14 +418,20 @@ def main() -> int:
     retained = retained_multiple(retention)
     # the fit is of the node's host-CPU work on this CPU machine: runs whose nodes trained on a GPU (another
     # machine's host CPU) are shown by the results page, not fitted
-    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run) and run.get("fit", True)}
+    points = {label: measured(run) for label, run in runs.items() if not on_gpu(run)}
     fitted = [points[label] for label in args.fit.split(",")]
     model = {q: f for q in QUANTITIES if (f := fit(fitted, q)) is not None}
+    model["start_state"] = fit_start_state(fitted)
     checked = {size: check(model, points[size]) for size in args.check.split(",") if size in points}
-    refit = {q: f for q in QUANTITIES if (f := fit(list(points.values()), q)) is not None}
+    # the large layouts' refit: every size measured on this CPU with the code of today (runs marked
+    # ``"fit": false`` were measured with code since changed, or before the nodes counted their bytes)
+    current = [point for label, point in points.items() if runs[label].get("fit", True)]
+    refit = {q: f for q in QUANTITIES if (f := fit(current, q)) is not None}
+    refit["start_state"] = fit_start_state(current)
     result = {
         "benchmark": "scale_model",
         "fit_sizes": args.fit.split(","),
+        "refit_sizes": [label for label, run in runs.items() if label in points and run.get("fit", True)],
         "check_sizes": args.check.split(","),
         "measured": points,
         "model": model,
@@ -412,7 +454,7 @@ def main() -> int:
             f"{row['label']:16s} round {row['round_s']:.0f} s (compute {row['compute_s_per_round']:.0f}, "
             f"node work {row['node_work_s']:.0f}, link {row['link_s_per_round']:.0f}), "
             f"{row['bytes_per_round'] / 1e9:.1f} GB/round, RAM {row['host_ram_bytes'] / 1e9:.0f} GB, "
-            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round kept all, "
+            f"disk {row['disk_bytes_per_round'] / 1e9:.0f} GB/round (less the checks' files), "
             f"{(row['disk_bytes_per_node_retained'] or 0) / 1e9:.0f} GB retained, "
             f"commit {row['commit_gas']:,} gas, "
             f"fraud proof {row['fraud_proof']['worst_gas']:,} gas, "

@@ -120,11 +120,11 @@ def _disk(node: Path) -> dict:
     parts = {}
     for child in sorted(node.iterdir()):
         parts[child.name] = _du(child) if child.is_dir() else child.stat().st_size
-    archive = node / "archive"
-    if archive.is_dir():
-        for child in sorted(archive.iterdir()):
-            if child.is_dir():
-                parts[f"archive/{child.name}"] = _du(child)
+    for name in ("archive", "spotchecks"):  # spotchecks/linkable: claimants' states held for chain checks
+        if (node / name).is_dir():
+            for child in sorted((node / name).iterdir()):
+                if child.is_dir():
+                    parts[f"{name}/{child.name}"] = _du(child)
     return {"total_bytes": _du(node), "parts": {k: v for k, v in parts.items() if v >= 1 << 20}}
 
 
@@ -187,6 +187,10 @@ def analyse_node(node: Path, samples: list[dict], rounds: int, partial: bool = F
         if "spot_check_state_bytes" in s1:  # the start states its checks fetched (nodes since 2026-11-30)
             out["spot_check_state_bytes_per_round"] = round(
                 (s1["spot_check_state_bytes"] - s0.get("spot_check_state_bytes", 0)) / rounds
+            )
+        if "spot_check_state_fetches" in s1:  # the checks that fetched them (nodes since 2026-11-30 03:15)
+            out["spot_check_state_fetches_per_round"] = round(
+                (s1["spot_check_state_fetches"] - s0.get("spot_check_state_fetches", 0)) / rounds, 4
             )
         t0, t1 = s0.get("traffic") or {}, s1.get("traffic") or {}
         out["traffic_per_round"] = {

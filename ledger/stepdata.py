@@ -9,9 +9,9 @@ token of one step's batch is not the run's data; the defender opens the batch's 
 tree, the token in the batch and the corpus's chunk that holds the token the window formula places there
 (:func:`data_opening`). The leaves are the caller's (``training.data_binding``; this package knows no torch).
 A node draws its batches by account in a run with ``training.data_windows = "account"``, keyed by its
-replica's stage-0 member: the ``dataKey`` of its stage-0 contribution's claim; a split replica's later stages
-are signed by other accounts, whose claims the contract keys by their own (docs/FRAUD_PROOF.md "The node's
-draw").
+replica's stage-0 member: the ``dataKey`` of its stage-0 contribution's claim and, shown by the later stage's
+member's signature (``ledger.stepbinding.DataKeyClaim``), of its later stages' claims (docs/FRAUD_PROOF.md
+"The node's draw", "The replica's key"). ``create-run`` fixes the terms of such a run (node/dataterms.py).
 """
 
 from __future__ import annotations
@@ -90,10 +90,11 @@ class DataClient:
     def prove(self, game_id: bytes, defender: str, opening: tuple):
         return self.client._send("proveData", defender, game_id, opening)
 
-    def terms_of(self, run_id: int) -> DataTerms | None:
-        """Run ``run_id``'s data as its ``DataFixed`` event gave it (None: not fixed)."""
+    def terms_of(self, run_id: int, from_block: int = 0) -> DataTerms | None:
+        """Run ``run_id``'s data as its ``DataFixed`` event gave it (None: not fixed); ``from_block``: the
+        ledger's deployment block (no event is older)."""
         event = self.client.contract.events.DataFixed
-        logs = event.get_logs(from_block=0, argument_filters={"runId": run_id})
+        logs = event.get_logs(from_block=from_block, argument_filters={"runId": run_id})
         if not logs:
             return None
         args = logs[-1]["args"]

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -198,8 +198,8 @@ def retry_on_full_disk(action: Callable[[], T], *, what: str, stop: threading.Ev
         return result
 
 
-def serve_when_space(host: Any, data: bytes | Path, *, what: str, stop: threading.Event,
-                     cuts: list[tuple[int, int]] | None = None) -> str:
+def serve_when_space(host: Any, data: bytes | Path | Callable[[], Iterable], *, what: str,
+                     stop: threading.Event, cuts: list[tuple[int, int]] | None = None) -> str:
     """Store ``data`` in ``host``'s blob store and serve it (not announced: ``host.provide_blob(data,
     announce=False)``, a :class:`p2p.host.P2PHost`; a file's path is hard-linked in, ``link=True``, hashed in
     chunks, never read whole); its sha256 hex. A full disk pauses it until space is
@@ -207,7 +207,12 @@ def serve_when_space(host: Any, data: bytes | Path, *, what: str, stop: threadin
     evidence, contributions passed on) is part of the round, so it waits for space like the round's other
     writes and never ends the node (issue 45: a start state written onto a full disk did). ``cuts``: a
     file is kept as a packed blob instead, those runs of it shared with other packed blobs
-    (``host.provide_packed``, p2p/blobpack.py)."""
+    (``host.provide_packed``, p2p/blobpack.py). A function: it gives the blob's bytes in order as ``(bytes,
+    shared)``, kept as a packed blob with no file of it written first (``host.provide_packed_parts``); called
+    again if a full disk interrupted it."""
+    if callable(data):
+        return retry_on_full_disk(lambda: host.provide_packed_parts(data()), what=what, kind="served blob",
+                                  stop=stop)
     if isinstance(data, Path) and cuts is not None:
         return retry_on_full_disk(lambda: host.provide_packed(data, cuts), what=what, kind="served blob",
                                   stop=stop)

@@ -44,6 +44,7 @@ import os
 import struct
 import tempfile
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -244,24 +245,68 @@ def pack_file(source: Path, cuts: list[tuple[int, int]], pieces_dir: Path, stagi
             position = offset + length
     if position < size:
         runs.append(("b", position, size - position))
-    digest, parts, named = hashlib.sha256(), [], set()
+    writer = PackWriter(pieces_dir, staging, compress)
     with open(source, "rb") as handle:
         for kind, offset, length in runs:
-            if kind == "b":
-                for block_at in range(offset, offset + length, COMPRESS_BLOCK_BYTES if compress else length):
-                    block = min(length - (block_at - offset), COMPRESS_BLOCK_BYTES if compress else length)
-                    literal = os.pread(handle.fileno(), block, block_at)
-                    if len(literal) != block:
-                        raise BlobError(f"{source} shrank while being packed")
-                    digest.update(literal)
-                    _add_literal(parts, named, literal, pieces_dir, staging, compress)
+            if kind == "p":
+                writer.piece(_file_blocks(handle, offset, length, _COPY_BYTES), length)
                 continue
-            piece_hex = _write_piece(handle, offset, length, digest, pieces_dir, staging)
-            parts.append(("p", piece_hex, length))
-            named.add(piece_hex)
-    if any(kind == "b" and length >= 1 << 32 for kind, _value, length in parts):
-        raise BlobError(f"{source}: a literal run of 4 GiB or more (cut it)")
-    return digest.hexdigest(), _encode_manifest(size, parts), named
+            step = COMPRESS_BLOCK_BYTES if compress else length
+            for block_at in range(offset, offset + length, step):
+                writer.literal(b"".join(_file_blocks(handle, block_at, min(offset + length - block_at, step),
+                                                     step)))
+    return writer.finish()
+
+
+def _file_blocks(handle: BinaryIO, offset: int, length: int, block: int) -> Iterator[bytes]:
+    """``length`` bytes of ``handle`` from ``offset`` in reads of at most ``block`` bytes."""
+    position, end = offset, offset + length
+    while position < end:
+        data = os.pread(handle.fileno(), min(block, end - position), position)
+        if not data:
+            raise BlobError(f"{handle.name} shrank while being packed")
+        position += len(data)
+        yield data
+
+
+class PackWriter:
+    """A packed blob built from its bytes in order, never whole in memory (issue 75: a node's own start state
+    goes from its tensors straight into the store's pieces, no file of the whole state written first, which
+    held 10 x the stage's weights beside the pieces being packed from it). :meth:`literal` adds bytes kept
+    in the manifest (compressed pieces where ``compress`` and it pays, as :func:`pack_file`), :meth:`piece`
+    a run kept as a shared piece (literally if under :data:`MIN_PIECE_BYTES`); :meth:`finish` gives what
+    :func:`pack_file` gives. The caller holds the store's lock, as for :func:`pack_file`."""
+
+    def __init__(self, pieces_dir: Path, staging: Path, compress: bool = False) -> None:
+        self.pieces_dir, self.staging, self.compress = pieces_dir, staging, compress
+        self._digest = hashlib.sha256()
+        self._parts: list = []
+        self._named: set[str] = set()
+        self._size = 0
+
+    def literal(self, data) -> None:
+        """Add ``data`` (bytes-like) as literal bytes."""
+        data = bytes(data)
+        self._digest.update(data)
+        self._size += len(data)
+        _add_literal(self._parts, self._named, data, self.pieces_dir, self.staging, self.compress)
+
+    def piece(self, blocks: Iterable, length: int) -> None:
+        """Add the ``length`` bytes that ``blocks`` (bytes-like, in order) make as one piece: staged while
+        hashed, renamed to its sha256 (or dropped: the same piece is there)."""
+        if length < MIN_PIECE_BYTES:
+            self.literal(b"".join(bytes(block) for block in blocks))
+            return
+        piece_hex = _write_piece(blocks, length, self._digest, self.pieces_dir, self.staging)
+        self._size += length
+        self._parts.append(("p", piece_hex, length))
+        self._named.add(piece_hex)
+
+    def finish(self) -> tuple[str, bytes, set[str]]:
+        """``(the blob's sha256 hex, its manifest's bytes, the pieces it names)``."""
+        if any(kind == "b" and length >= 1 << 32 for kind, _value, length in self._parts):
+            raise BlobError("a literal run of 4 GiB or more (cut it)")
+        return self._digest.hexdigest(), _encode_manifest(self._size, self._parts), set(self._named)
 
 
 def _add_literal(parts: list, named: set[str], literal: bytes, pieces_dir: Path, staging: Path,
@@ -302,24 +347,22 @@ def _store_piece(data: bytes, pieces_dir: Path, staging: Path) -> str:
     return piece_hex
 
 
-def _write_piece(handle: BinaryIO, offset: int, length: int, blob_digest, pieces_dir: Path,
-                 staging: Path) -> str:
-    """Copy ``length`` bytes at ``offset`` of ``handle`` into a staged piece (hashing them into the blob's
-    digest and the piece's), then rename it to its sha256 (or drop it: the same piece is there)."""
+def _write_piece(blocks: Iterable, length: int, blob_digest, pieces_dir: Path, staging: Path) -> str:
+    """Copy the ``length`` bytes of ``blocks`` into a staged piece (hashing them into the blob's digest and
+    the piece's), then rename it to its sha256 (or drop it: the same piece is there)."""
     piece_digest = hashlib.sha256()
     fd, name = tempfile.mkstemp(prefix="piece-", dir=staging)
     staged = Path(name)
     try:
+        written = 0
         with os.fdopen(fd, "wb") as out:
-            position, end = offset, offset + length
-            while position < end:
-                block = os.pread(handle.fileno(), min(_COPY_BYTES, end - position), position)
-                if not block:
-                    raise BlobError(f"{handle.name} shrank while being packed")
+            for block in blocks:
                 blob_digest.update(block)
                 piece_digest.update(block)
                 out.write(block)
-                position += len(block)
+                written += memoryview(block).nbytes
+            if written != length:
+                raise BlobError(f"a piece of {written} bytes where {length} were said")
             out.flush()
             os.fsync(out.fileno())
         piece_hex = piece_digest.hexdigest()

@@ -22,11 +22,12 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from p2p.blobpack import (MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, PackedBlob, check_pieces, pack_file,
-                          parse_manifest)
+from p2p.blobpack import (MANIFEST_SUFFIX, PACKED_DIR, PIECES_DIR, PackedBlob, PackWriter, check_pieces,
+                          pack_file, parse_manifest)
 from p2p.errors import BlobError, BlobHashMismatch, BlobNotFound, BlobTooLarge
 
 logger = logging.getLogger(__name__)
@@ -295,12 +296,31 @@ class BlobStore:
         nothing behind: pieces no manifest names are swept. ``compress``: the literal runs are kept as
         compressed pieces where zlib saves a quarter (p2p/blobpack.py)."""
         source = self._checked_source(source)
+        return self._put_packed(lambda: pack_file(source, cuts, self.pieces_dir, self.staging, compress))
+
+    def put_packed_parts(self, parts: Iterable[tuple[bytes | memoryview, bool]]) -> str:
+        """Keep the blob whose bytes ``parts`` gives in order as a packed blob, never whole in memory nor in
+        a file of its own: ``(bytes, True)`` a run kept as a piece shared by content (a start state's tensor
+        data), ``(bytes, False)`` literal bytes (p2p/blobpack.py, :class:`PackWriter`). Otherwise as
+        :meth:`put_packed`; its sha256 hex."""
+        def build() -> tuple[str, bytes, set[str]]:
+            writer = PackWriter(self.pieces_dir, self.staging)
+            for data, shared in parts:
+                if shared:
+                    writer.piece((data,), memoryview(data).nbytes)
+                else:
+                    writer.literal(data)
+            return writer.finish()
+
+        return self._put_packed(build)
+
+    def _put_packed(self, build: Callable[[], tuple[str, bytes, set[str]]]) -> str:
+        """Run ``build`` (pieces written, the manifest returned) under the pack lock and keep its manifest."""
         with self._pack_lock:
             self.pieces_dir.mkdir(exist_ok=True)
             self.packed_dir.mkdir(exist_ok=True)
             try:
-                sha256_hex, manifest, _named = pack_file(source, cuts, self.pieces_dir, self.staging,
-                                                           compress)
+                sha256_hex, manifest, _named = build()
                 if sha256_hex in self._packed or self.has(sha256_hex):
                     self._sweep()  # pieces only this copy wrote
                     return sha256_hex

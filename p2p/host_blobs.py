@@ -64,6 +64,13 @@ class HostBlobs:
         self._check_open()
         return self.store.put_packed(path, cuts, compress)
 
+    def provide_packed_parts(self, parts) -> str:
+        """Store the blob whose bytes ``parts`` gives in order (``(bytes, shared)``: :meth:`p2p.blobstore.
+        BlobStore.put_packed_parts`) as a packed blob, never written whole, and serve it; not announced on the
+        DHT. Returns the sha256 hex."""
+        self._check_open()
+        return self.store.put_packed_parts(parts)
+
     def provide_file(self, path: str | os.PathLike[str], sha256_hex: str) -> str:
         """Serve the file at ``path``, verified by the caller to hash to ``sha256_hex``, from where it is (no
         copy: :meth:`p2p.blobstore.BlobStore.serve_file`); not announced on the DHT. Returns the sha256."""

@@ -59,12 +59,13 @@ def _retention_run(r: dict) -> list[str]:
                      f"{s['disk_max_bytes'] / mb:.1f} MB",
                      f"{low / mb:.1f} to {high / mb:.1f} MB" if high else "not reached",
                      f"{s['disk_max_over_stage_bytes']:.0f}x", f"{training:.0f}x" if training else "",
+                     _unnamed(s),
                      f"{s['disk_max_over_start_state']:.1f}",
                      f"{held.get('start_state', 0)} / {held.get('published_state', 0)}" if held else "",
                      f"{s['peak_rss_mib']:.0f} MiB"])
     out += table(["node", "disk at most", flat.replace("_", " "), "over the stage's weights",
-                  "over its training state", "in start states", "rounds of start / published states kept",
-                  "peak RSS"], rows)
+                  "over its training state", "with its files without a name", "in start states",
+                  "rounds of start / published states kept", "peak RSS"], rows)
     out += _kinds(r) + _largest(r) + _rebuilds(r)
     audit = r["audit"]
     serve = r["serve_checkpoint"]
@@ -79,6 +80,14 @@ def _retention_run(r: dict) -> list[str]:
             "disk before, "
             f"{serve['link']['peak_rss_growth_mib']} MiB and {serve['link']['copies_on_disk']} copy now."]
     return out
+
+
+def _unnamed(s: dict) -> str:
+    """The disk at most with the node's files without a name (O_TMPFILE spills: the outer state between outer
+    steps, a start state's copies of the trainer's tensors), over the stage's weights; "" where not sampled
+    (runs before issue 75's last measurement counted named files only)."""
+    figure, unnamed = s.get("disk_with_unnamed_max_over_stage_bytes"), s.get("unnamed_max_over_stage_bytes")
+    return "" if figure is None else f"{figure:.0f}x (of which up to {unnamed:.1f}x unnamed)"
 
 
 def _largest(r: dict) -> list[str]:

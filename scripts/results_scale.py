@@ -142,7 +142,42 @@ def scale_model(r: dict) -> list[str]:
     ]
     lines += table(["size", "quantity", "predicted", "measured", "error"], rows)
     lines += [
-        "Predicted for large layouts (refit on every size measured; inner steps on A800s at the MFU "
+        "The bytes as the nodes counted them, per size (a spot check fetches the replica's whole start "
+        "state, of the round it checks: the mean over the size's checks, of rounds 0, 1, ...; the exchange "
+        "is the least over the nodes of bytes received less the start states fetched: a state still "
+        "fetching at the stop is received in part and not counted):",
+        "",
+    ]
+    rows = []
+    for size, point in r["measured"].items():
+        per_param = point.get("start_state_bytes_per_param")
+        exchange = point.get("exchange_bytes_per_round")
+        if per_param is None and exchange is None:
+            continue
+        role = "fit" if size in r["fit_sizes"] else "check" if size in r["check_sizes"] else "-"
+        fetch_rate = point.get("spot_check_fetch_rate")
+        rows.append([size, role, f"{point['parameters']:,}",
+                     "-" if per_param is None else f"{per_param:.2f}",
+                     "-" if fetch_rate is None else f"{fetch_rate:.2f}",
+                     "-" if exchange is None else f"{exchange / point['per_node']:.2f}",
+                     f"{point['disk_bytes_per_round'] / point['per_node']:.1f}",
+                     f"{point['disk_held_bytes_per_round'] / point['per_node']:.1f}",
+                     load_text(point.get("load_end"))])
+    lines += table(["size", "role", "parameters", "start state / check, bytes per parameter",
+                    "checks fetched / replica / round", "exchange, bytes per parameter held / round",
+                    "disk / round, bytes per parameter held",
+                    "the same less the checks' working files", "1-min load at the end"], rows)
+    state = (r.get("refit") or {}).get("start_state")
+    if state:
+        lines += [
+            "A check's start state by the round it is of, fitted over every node (bytes per parameter of the "
+            f"replica): round 0 {state['first']:.1f}, round 1 {state['second']:.1f}, later rounds "
+            f"{state['later']:.1f} ({state['nodes']} nodes); the large layouts take the later rounds'.",
+            "",
+        ]
+    lines += [
+        "Predicted for large layouts (refit on every size measured on the code of the fit, the runs not "
+        "marked `fit: false`; inner steps on A800s at the MFU "
         "measured on an H200, the node's own per-round work at this CPU's measured cost per parameter):",
         "",
     ]
@@ -160,6 +195,7 @@ def scale_model(r: dict) -> list[str]:
                 _gb(row["bytes_per_round"]),
                 _gb(row["host_ram_bytes"]),
                 _gb(row["disk_bytes_per_round"]),
+                _gb(row.get("spot_check_state_bytes")),
                 _gb(row["disk_bytes_per_node_retained"]) if row.get("disk_bytes_per_node_retained") else "-",
                 f"{row['commit_gas']:,}",
                 f"{row['fraud_proof']['worst_gas']:,}",
@@ -177,7 +213,8 @@ def scale_model(r: dict) -> list[str]:
             "link",
             "bytes / node / round",
             "host RAM / node",
-            "disk / node / round (keeping all)",
+            "disk / node / round (less the checks' files)",
+            "a check's claimant state (disk)",
             "disk / node (default retention)",
             "commit gas",
             "fraud proof worst gas",

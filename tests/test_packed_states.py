@@ -151,6 +151,9 @@ class PackingHost:
     def provide_packed(self, path, cuts, compress=False) -> str:
         return self.store.put_packed(path, cuts, compress)
 
+    def provide_packed_parts(self, parts) -> str:
+        return self.store.put_packed_parts(parts)
+
     def remove_blob(self, digest: str) -> bool:
         return self.store.remove(digest)
 
@@ -201,6 +204,35 @@ def test_a_nodes_start_states_are_served_packed_at_about_half_their_bytes(served
     assert _disk(store.root) < held
     states.forget_before(99)
     assert _pieces(store) == set() and _disk(store.root) == 0
+
+
+def test_a_start_state_streamed_into_the_store_is_its_file_packed_with_no_file_written(tmp_path):
+    # issue 75: a node's own start state goes from its tensors into the store's pieces; the file it was
+    # written to before (10 x the stage's weights) sat beside the pieces packed from it
+    cfg, trainer, module, optimizer, engine = _stage()
+    blobs: dict = {}
+    for outer_round in range(2):
+        _round(cfg, trainer, engine, outer_round, blobs)
+    meta = round_meta(2, 0, cfg.model, cfg.diloco, run_rounds=3, num_stages=1, micro_batches=0)
+    capture = StartStateCapture(meta, lambda stage: engine, {0: capture_trainer_part(module, optimizer)})
+    path = capture.write(tmp_path / "written")[0]
+    data = path.read_bytes()
+    filed = BlobStore(tmp_path / "filed", max_blob_bytes=1 << 26)
+    digest = filed.put_packed(path, state_cuts(path))
+    streamed = BlobStore(tmp_path / "streamed", max_blob_bytes=1 << 26)
+    held = HeldStates(PackingHost(streamed), tmp_path / "work", tmp_path / "evidence", num_stages=1,
+                      stop=None)
+    assert held.streams_parts()
+    assert held.serve(2, capture.streams(), 0) == {0: hashlib.sha256(data).digest()}
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert streamed.packed(digest).pread(0, len(data)) == data == read_packed(streamed.root, digest)
+    # the same manifest and pieces as the file's packing: shared with the states packed from files
+    manifest = f"{PACKED_DIR}/{digest}{MANIFEST_SUFFIX}"
+    assert (streamed.root / manifest).read_bytes() == (filed.root / manifest).read_bytes()
+    assert _pieces(streamed) == _pieces(filed) and not list(streamed.staging.iterdir())
+    assert not list(held.writing_dir.glob("*")) and held.expected_part_bytes(0) == len(data)
+    # stored once per distinct tensor, as the file's packing (the round-start snapshot is the live weights)
+    assert _disk(streamed.root) < 0.7 * len(data)
 
 
 def test_a_packed_start_state_is_fetched_whole_by_a_real_peer(served, tmp_path):

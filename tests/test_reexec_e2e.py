@@ -102,6 +102,7 @@ def test_a_cheating_member_is_ejected_by_the_quorum_and_the_run_continues(make_r
         assert status["chain_checks"] >= 2, status  # links into the next round, the honest partner's included
         # every check fetched a claimant's start state: counted (bench/scale_model.py's spot-check bytes)
         assert status["spot_check_state_bytes"] > 0, status
+        assert status["spot_check_state_fetches"] >= status["spot_checks"], status  # counted at the fetch
     # Which honest member samples the cheater is drawn from the chain head: at least one found the
     # mismatch itself (the accuser); the other may only have confirmed the evidence (both signed guilty).
     assert any(json.loads((s.data_dir / "status.json").read_text())["spot_check_mismatches"] >= 1

@@ -173,6 +173,28 @@ def test_the_final_checkpoint_moves_on_as_rounds_go_by_and_a_node_keeps_at_most_
     assert set(store.list()) == {hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.iterdir()}
 
 
+@pytest.mark.parametrize("one_stage", [False, True])
+def test_a_one_stage_run_drops_its_newest_committed_shard_and_keeps_the_uncommitted_ones(tmp_path, one_stage):
+    """Issue 75: in a one-stage run every node builds each full file from its own shard, so the newest
+    committed round keeps its full file only; rounds not committed keep their shards (a committer that
+    failed before its commit builds the file again from them). A run of more stages keeps the newest
+    committed round's shards for the other stages' holders still assembling its file."""
+    store, host, archive, states, ckpt = _node(tmp_path, 10)
+    chain = Windows(committed_through=7, closes={r: 0 for r in range(10)}, head=100)  # every window closed
+    kept, shards = Retention(StorageConfig(), chain.open).checkpoint_plan(ckpt, 7, one_stage=one_stage)
+    assert kept == {7, 8, 9}
+    prune_checkpoints_except(ckpt, kept, 7, host.remove_blob)
+    prune_shards(shards, host.remove_blob)
+    names = sorted(p.name for p in ckpt.iterdir())
+    shards_kept = [8, 9] if one_stage else [7, 8, 9]
+    assert names == sorted([f"round-{r:08d}.safetensors" for r in (7, 8, 9)]
+                           + [f"shard-{r:08d}-stage0.safetensors" for r in shards_kept])
+    # served while kept; a shard dropped is served no more
+    assert set(store.list()) >= {hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.iterdir()}
+    dropped = hashlib.sha256(b"shard-00000007-stage0 of round 7").hexdigest()
+    assert (dropped in store.list()) == (not one_stage)
+
+
 def test_a_chain_that_cannot_be_asked_keeps_everything_and_all_keeps_everything(tmp_path):
     store, host, archive, states, ckpt = _node(tmp_path, 20)
     before = set(store.list())

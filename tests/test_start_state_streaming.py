@@ -256,3 +256,37 @@ def test_header_only_parse_refuses_what_the_full_parse_refuses(tmp_path) -> None
     assert RerunWorker.kernels_for(job_dir) is None  # this state records no platform: nothing to emulate
     job.state_paths(job_dir)[0].write_bytes(data[:-1])
     assert RerunWorker.kernels_for(job_dir) is None
+
+
+def test_a_map_a_held_frame_still_views_is_left_to_close_with_it(tmp_path) -> None:
+    """A sampling profiler (node/live/costprofile.py, ``DLX_COST_PROFILE=1``) holds every thread's current
+    frame while it walks the stacks; a frame that returns meanwhile keeps its locals, here a slice of the
+    mapped file, so the map cannot be closed at the end of the read. A llama-20m node of the scale bench
+    died of that BufferError serving its start state (2026-11-30, load 25). The read must still succeed:
+    the map is unmapped when the last view of it goes. The tracer below keeps the frames the same way."""
+    import sys
+
+    from training.replica_state import check_stage_state_file, mapped_state_files
+
+    cfg, trainer, module, optimizer, engine = _stage()
+    meta = round_meta(0, 0, cfg.model, cfg.diloco, run_rounds=3, num_stages=1, micro_batches=0)
+    data = start_state_bytes(meta, engine, capture_trainer_part(module, optimizer))
+    path = tmp_path / "state.part"
+    path.write_bytes(data)
+    held = []
+
+    def keep_frames(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "take":
+            held.append(frame)
+
+    sys.settrace(keep_frames)
+    try:
+        checked = check_stage_state_file(path)
+        with mapped_state_files([path]) as maps:
+            parsed = parse_stage_state(maps[0])
+    finally:
+        sys.settrace(None)
+    assert held  # the frames were kept past their return, as a profiler's sample can keep them
+    assert checked.meta == parsed.meta == parse_stage_state(data).meta
+    assert set(parsed.tensors) == set(parse_stage_state(data).tensors)
+    held.clear()

@@ -30,7 +30,7 @@ OUTSIDER = 8  # a dev account that never joins the run
 def _binding(subject, **changes):
     """``subject``'s RunBinding with fields replaced (record, stageLeaf, stagePath, factors, index, ...)."""
     names = ("record", "stageLeaf", "stagePath", "factors", "index", "prevRecord", "prevStageLeaf",
-             "prevStagePath")
+             "prevStagePath", "replica")
     fields = dict(zip(names, subject.binding))
     fields.update(changes)
     return tuple(fields[name] for name in names)

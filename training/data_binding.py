@@ -29,8 +29,8 @@ state, and in no signed message), so an account is what it can recompute the win
 "account"`` (:func:`training.data.round_batches` given the 20 bytes; otherwise by the replica index). The key
 is the replica's, one for all its stages (a split replica's stages read the same batch): the account of the
 member that holds its stage 0, so a stage-0 contribution's key is its own signer's, the account the contract
-checks a claim's ``dataKey`` against; a later stage's claim cannot name it yet (docs/FRAUD_PROOF.md "The
-node's draw").
+checks a claim's ``dataKey`` against; a later stage's claim names it with its member's signature of it and the
+stage-0 opening (docs/FRAUD_PROOF.md "The node's draw", "The replica's key").
 
 **A step's batch** is one tensor of ids, ``(rows, block_size + 1)`` row-major (:func:`batch_leaves`): the
 token tensor a program op reads as the step's data (StepProver ``DATA_INPUT``); the claim's ``batchRoot`` is
@@ -52,9 +52,12 @@ CHUNK = 64
 _HEADER = np.dtype([("tensor", ">u4"), ("offset", ">u8"), ("cols", ">u8"), ("count", ">u4")])
 
 
-def id_leaves(ids, cols: int = 1) -> list[bytes]:
+def id_leaves(ids, cols: int = 1, first: int = 0) -> list[bytes]:
     """The chunk leaves of a tensor of token ids (any shape, row-major; ``cols`` its matrix view's columns):
-    tensor 0, 64 ids a leaf, each a big-endian u32."""
+    tensor 0, 64 ids a leaf, each a big-endian u32; ``first``: the ids' offset in a longer tensor (a multiple
+    of 64: its leaves continue that tensor's)."""
+    if first % CHUNK:
+        raise DataError(f"first={first}: a span of a longer tensor starts at a multiple of {CHUNK} ids")
     flat = np.ascontiguousarray(torch.as_tensor(ids).reshape(-1).numpy())
     if flat.size and (int(flat.min()) < 0 or int(flat.max()) > 0xFFFFFFFF):
         raise DataError("token ids must be in [0, 2**32)")
@@ -64,7 +67,7 @@ def id_leaves(ids, cols: int = 1) -> list[bytes]:
     if full:
         headers = np.zeros(full, dtype=_HEADER)
         headers["cols"], headers["count"] = cols, CHUNK
-        headers["offset"] = np.arange(full, dtype=np.uint64) * CHUNK
+        headers["offset"] = first + np.arange(full, dtype=np.uint64) * CHUNK
         table = np.hstack([headers.view(np.uint8).reshape(full, -1),
                            words[:full * CHUNK].view(np.uint8).reshape(full, -1)])
         data = table.tobytes()
@@ -72,7 +75,7 @@ def id_leaves(ids, cols: int = 1) -> list[bytes]:
         leaves = [data[i:i + width] for i in range(0, len(data), width)]
     if rest:
         offset = full * CHUNK
-        leaves.append(struct.pack(">IQQI", 0, offset, cols, rest) + words[offset:].tobytes())
+        leaves.append(struct.pack(">IQQI", 0, first + offset, cols, rest) + words[offset:].tobytes())
     return leaves
 
 
@@ -88,6 +91,24 @@ def train_ids(corpus) -> torch.Tensor:
 def data_leaves(corpus) -> list[bytes]:
     """The chunk leaves of the training split's ids: the run's data root is their tree's."""
     return id_leaves(train_ids(corpus))
+
+
+#: Ids read at a time by :func:`iter_data_leaves` (8 MiB of int64).
+SPAN = CHUNK * 16384
+
+
+def iter_data_leaves(corpus, span: int = SPAN):
+    """:func:`data_leaves`, one span of ``span`` ids (a multiple of 64) read at a time: a prepared dataset's
+    training split is never held whole."""
+    if span < CHUNK or span % CHUNK:
+        raise DataError(f"span={span}: must be a positive multiple of {CHUNK}")
+    train = getattr(corpus, "train", None)
+    n = corpus.split_tokens("train")
+    for start in range(0, n, span):
+        length = min(span, n - start)
+        ids = train[start:start + length] if isinstance(train, torch.Tensor) \
+            else corpus.split("train").windows(torch.tensor([start]), length)[0]
+        yield from id_leaves(ids, first=start)
 
 
 def key_window_offsets(run_seed: int, key: bytes, round: int, steps: int, rows: int,

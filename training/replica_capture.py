@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -129,6 +130,16 @@ class StartStateCapture:
         node/live/checks/staterebuild.py)."""
         return {stage: _engine_part(self.meta, self.engine_of(stage), part, copy=False).state_hash()
                 for stage, part in self.parts.items()}
+
+    def streams(self) -> dict[int, Callable[[], Iterator[tuple[bytes | memoryview, bool]]]]:
+        """Stage -> a function giving its start state's bytes in order as ``(bytes, is a tensor's data)``
+        (:meth:`StageStartState.parts`): what a store keeping the tensors' data as shared pieces writes
+        from, with no file of the whole state (issue 75); each call reads the engine again (a write retried
+        after a full disk), so all must run before the engines change, as :meth:`write`."""
+        return {stage: functools.partial(self._parts, stage) for stage in self.parts}
+
+    def _parts(self, stage: int) -> Iterator[tuple[bytes | memoryview, bool]]:
+        return _engine_part(self.meta, self.engine_of(stage), self.parts[stage], copy=False).parts()
 
     def write(self, directory: Path) -> dict[int, Path]:
         """Stage -> the file in ``directory`` holding its start state's bytes (never whole in memory)."""

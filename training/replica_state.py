@@ -139,6 +139,12 @@ class StageStartState:
 
     def _pieces(self) -> Iterator[bytes | memoryview]:
         """:meth:`to_bytes` in order, each tensor's data a view of its little-endian array (no copy)."""
+        return (piece for piece, _data in self.parts())
+
+    def parts(self) -> Iterator[tuple[bytes | memoryview, bool]]:
+        """:meth:`to_bytes` in order as ``(bytes, is a tensor's data)``: what a store that keeps the tensors'
+        data as pieces shared with other states writes from, never the whole state at once (a tensor's data is
+        a view of its little-endian array, no copy)."""
         header = {
             "v": STATE_VERSION,
             "stage": self.stage_index,
@@ -148,9 +154,11 @@ class StageStartState:
         if self.meta.platform is not None:
             header.update(v=STATE_VERSION_PLATFORM, platform=self.meta.platform.document())
         meta = _canonical_json(header)
-        yield from (STATE_MAGIC, struct.pack("<I", len(meta)), meta, struct.pack("<I", len(self.tensors)))
+        yield STATE_MAGIC + struct.pack("<I", len(meta)) + meta + struct.pack("<I", len(self.tensors)), False
         for name in sorted(self.tensors, key=lambda n: n.encode("utf-8")):
-            yield from _tensor_record(name, self.tensors[name])
+            record, data = _tensor_record(name, self.tensors[name])
+            yield record, False
+            yield data, True
 
     def write_to(self, out: BinaryIO) -> bytes:
         """Write :meth:`to_bytes` to the binary file ``out`` piece by piece and return their sha256: the same
@@ -326,6 +334,22 @@ def _release_mapped(data, start: int, length: int) -> None:
 
 
 @contextlib.contextmanager
+def _read_only_map(file):
+    """A read-only map of ``file``, closed on exit unless a view of it is still alive: then it is unmapped
+    when that view goes. A sampling profiler (node/live/costprofile.py) holds threads' frames while it walks
+    their stacks, and a frame that returns meanwhile keeps its locals (a slice of the map) a moment longer;
+    ``mmap.close`` then raises BufferError, which must not fail a read that succeeded."""
+    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield mapped
+    finally:
+        try:
+            mapped.close()
+        except BufferError:
+            pass
+
+
+@contextlib.contextmanager
 def mapped_state_files(paths):
     """Read-only maps of the state files at ``paths`` (a list of buffers :func:`parse_stage_state` takes),
     closed on exit: a rerun parses each state straight from the page cache, so a state (about 40 bytes per
@@ -337,7 +361,7 @@ def mapped_state_files(paths):
             if os.fstat(file.fileno()).st_size == 0:
                 maps.append(b"")
                 continue
-            maps.append(stack.enter_context(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)))
+            maps.append(stack.enter_context(_read_only_map(file)))
         yield maps
 
 
@@ -348,7 +372,7 @@ def check_stage_state_file(path, data_ranges: list[tuple[int, int]] | None = Non
     with open(path, "rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
             return parse_stage_state(b"", tensors=False)
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with _read_only_map(file) as mapped:
             view = memoryview(mapped)
             try:
                 return parse_stage_state(view, tensors=False, data_ranges=data_ranges)

@@ -81,8 +81,9 @@ contract StepProver {
     /// ledger, from the stage's committed start `startWeights` (StepProverBinding checks both on the record).
     /// Its steps read the batches `batchRoot` commits (a full tree of `2**ceil(log2 steps)` 32-byte leaves, leaf
     /// `k` the root of step `k`'s token tensor, zero past the steps; `challengeData`), drawn from the run's data
-    /// with the key `dataKey`: the contribution's member account as its round's version-3 factors list it
-    /// (zero where the factors list none), checked at `claimRun`.
+    /// with the key `dataKey`, checked at `claimRun`: the replica's key, the account of its stage-0 member. For a
+    /// stage-0 contribution that is its member account as its round's version-3 factors list it (zero where the
+    /// factors list none); a later stage's claim shows it with `RunBinding.replica`.
     struct RunClaim {
         bytes32 programRoot;
         uint32 stateLeaves;
@@ -116,7 +117,13 @@ contract StepProver {
     /// @notice The openings that bind a run claim to the ledger's record: round `round`'s committed record, its
     /// stage leaf and path, the factors hashing to the leaf's factorsHash, the index of the claim's payload root
     /// in their payloadRoots; round - 1's committed record (ignored for round 0, whose start is the run's
-    /// genesisRoot) and its stage leaf and path, whose weightsRoot is the claim's startWeights.
+    /// genesisRoot) and its stage leaf and path, whose weightsRoot is the claim's startWeights. `replica` (empty for
+    /// stage 0, and in a case, which checks no key) binds a later stage's contribution to its replica's data key
+    /// (docs/FRAUD_PROOF.md "The replica's key"): abi.encode(bytes stageLeaf, bytes32[] stagePath, bytes factors,
+    /// uint256 index, bytes32 r, bytes32 vs), the same round's stage-0 leaf and path under the record's
+    /// weightsRoot, its factors, the index of the stage-0 contribution whose listed member is the key, and the
+    /// stage's listed member's EIP-2098 signature of `DataKey(runId, round, stage, payloadRoot, dataKey)`
+    /// (domain: the ledger).
     struct RunBinding {
         TrainingLedger.Record record;
         bytes stageLeaf;
@@ -126,6 +133,7 @@ contract StepProver {
         TrainingLedger.Record prevRecord;
         bytes prevStageLeaf;
         bytes32[] prevStagePath;
+        bytes replica;
     }
 
     /// @notice The defender's opening of the op where the trace splits: its program leaf, its output's root (the
@@ -288,6 +296,7 @@ contract StepProver {
     error ProverStepEndUnbound(uint256 runId);
     error ProverStepDataUnbound(uint256 runId);
     error ProverStepWrongDataKey(address listed, address named);
+    error ProverStepWrongReplica(address contributor, address dataKey);
 
     constructor(uint256 bond_, uint64 clockBlocks_, TrainingLedger ledger_) {
         bond = bond_;
@@ -366,7 +375,8 @@ contract StepProver {
     /// AggregationProver errors), within the round's proof window (`ProverStepWindowClosed`) and, while a case
     /// on the contribution is open, before its deadline (`ProverStepClaimsClosed`).
     function claimRun(RunClaim calldata run, RunBinding calldata b) external payable returns (bytes32 claimId) {
-        claimId = StepProverBinding.register(ledger, _cases, programOf, _claims, _runs, run, b, bond, clockBlocks);
+        claimId =
+            StepProverBinding.register(ledger, _cases, programOf, _claims, _runs, _data, run, b, bond, clockBlocks);
     }
 
     /// @notice The key of a contribution (its run, round, stage and payload root): its case and claim counts.
@@ -698,15 +708,19 @@ contract StepProver {
     /// `hiRoot`), whose float32 sum must be the node (`ProverStepTreeMismatch`); the game's `loRoot` and `midRoot`
     /// hold them for the challenger.
     function postChildren(bytes32 gameId, uint32 left, uint32 right) external {
-        (Game storage g,) = _move(gameId, true, Phase.Tree);
-        StepProverMath.postChildren(g, left, right);
+        _treeMove(gameId, true, left, right, false);
     }
 
     /// @notice Challenger: the child of the tree sum's node it disputes (`right`, else the left); the descent goes
     /// on from it (a carried node passed down as it is), down to a leaf that the defender opens (`proveStep`).
     function pickChild(bytes32 gameId, bool right) external {
-        (Game storage g, Op storage op) = _move(gameId, false, Phase.Tree);
-        StepProverMath.pickChild(op, g, right);
+        _treeMove(gameId, false, 0, 0, right);
+    }
+
+    /// @dev A move of a tree sum's descent (one library call for both sides: `StepProverMath.treeMove`).
+    function _treeMove(bytes32 gameId, bool byDefender, uint32 left, uint32 right, bool pickRight) private {
+        (Game storage g, Op storage op) = _move(gameId, byDefender, Phase.Tree);
+        StepProverMath.treeMove(op, g, left, right, pickRight);
     }
 
     /// @notice Anyone: the side to move let its clock run out; the other side wins.

@@ -2,6 +2,7 @@
 pragma solidity 0.8.37;
 
 import {AggregationProver} from "./AggregationProver.sol";
+import {LedgerCore} from "./LedgerCore.sol";
 import {ProverCommon} from "./ProverCommon.sol";
 import {StepProver} from "./StepProver.sol";
 import {TrainingLedger} from "./TrainingLedger.sol";
@@ -15,6 +16,11 @@ import {TrainingLedger} from "./TrainingLedger.sol";
 /// @dev Reverts with AggregationProver's errors for the records' openings (the ones its proofs give), and with
 /// StepProver's for a contribution not listed or a start not the round's.
 library StepProverBinding {
+    /// @dev What a later stage's contributor signs of its replica's data key (ledger/stepbinding.py
+    /// `DATA_KEY_TYPE`; docs/FRAUD_PROOF.md "The replica's key").
+    bytes32 internal constant DATA_KEY_TYPEHASH =
+        keccak256("DataKey(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,address dataKey)");
+
     /// @notice Reverts unless `run`'s subject is on `ledger`'s record, as `b` opens it.
     function check(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
         public
@@ -37,6 +43,7 @@ library StepProverBinding {
         mapping(uint256 => bytes32) storage programs,
         mapping(bytes32 => StepProver.Claim) storage claims,
         mapping(bytes32 => StepProver.RunClaim) storage runs,
+        mapping(uint256 => StepProver.DataTerms) storage data,
         StepProver.RunClaim calldata run,
         StepProver.RunBinding calldata b,
         uint256 bond,
@@ -56,9 +63,12 @@ library StepProverBinding {
         uint32 steps = _declaredSteps(b.factors, b.index);
         if (steps == 0) steps = ledger.runOf(run.runId).innerSteps;
         if (run.steps != steps) revert StepProver.ProverStepWrongSteps(run.runId, steps, run.steps);
-        // The data key: the member the factors list for the contribution (its signer), else none.
-        address key = _contributor(b.factors, b.index);
-        if (run.dataKey != key) revert StepProver.ProverStepWrongDataKey(key, run.dataKey);
+        // The data key: the replica's (its stage-0 member's), else none; checked where the run's data is bound
+        // (without terms, fixed before the first commit only, no claim's batches are ever disputed).
+        if (data[run.runId].root != bytes32(0)) {
+            address key = _dataKey(ledger, run, b);
+            if (run.dataKey != key) revert StepProver.ProverStepWrongDataKey(key, run.dataKey);
+        }
         StepProver.Case storage k = cases[keccak256(abi.encode(run.runId, run.round, run.stage, run.payloadRoot))];
         if (k.opener != address(0) && block.number >= k.deadline) {
             revert StepProver.ProverStepClaimsClosed(
@@ -247,6 +257,77 @@ library StepProverBinding {
             (uint32, uint32, bool, bytes32[], bytes32[], uint64[], uint64, uint32[], bytes32[], uint256[], address[])
         );
         return index < contributors.length ? contributors[index] : address(0);
+    }
+
+    /// @dev The replica's data key of a run claim's contribution (docs/FRAUD_PROOF.md "The replica's key"): for
+    /// stage 0 the member the factors list for it (zero where they list none: version 2); for a later stage the
+    /// member the same round's stage-0 factors list at `b.replica.index`, which the stage's own listed member
+    /// signed as its replica's key (`DataKey`; else `ProverStepWrongReplica`). A stage leaf or factors that do not
+    /// open revert with AggregationProver's errors.
+    function _dataKey(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
+        private
+        view
+        returns (address key)
+    {
+        address member = _contributor(b.factors, b.index);
+        if (run.stage == 0 || member == address(0)) return member;
+        bytes calldata p = b.replica;
+        if (p.length < 192) revert StepProver.ProverStepWrongReplica(member, address(0));
+        _openStageZero(ledger, run, b);
+        key = _contributor(_bytesAt(p, 64), ProverCommon.word(p, 96));
+        if (key == address(0) || _keySigner(ledger, run, key, p) != member) {
+            revert StepProver.ProverStepWrongReplica(member, key);
+        }
+    }
+
+    /// @dev Reverts unless `b.replica` opens the claim's round's stage-0 leaf under the record's weightsRoot and
+    /// its factors.
+    function _openStageZero(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
+        private
+        view
+    {
+        (AggregationProver.StageLeaf memory leaf, bool ok) = ProverCommon.openStageLeaf(
+            _bytesAt(b.replica, 0), _pathOf(b.replica), b.record.weightsRoot, run.round, 0,
+            ledger.runOf(run.runId).numStages
+        );
+        if (!ok) revert AggregationProver.ProverBadStageLeaf(run.round, 0);
+        if (sha256(_bytesAt(b.replica, 64)) != leaf.factorsHash) {
+            revert AggregationProver.ProverBadFactors(run.round, 0);
+        }
+    }
+
+    /// @dev The stage-0 leaf's path of replica binding `p` (its second field).
+    function _pathOf(bytes calldata p) private pure returns (bytes32[] calldata path) {
+        bytes calldata words = _bytesAt(p, 32);
+        assembly ("memory-safe") {
+            path.offset := words.offset
+            path.length := shr(5, words.length)
+        }
+    }
+
+    /// @dev The dynamic field whose offset is at `head` of ABI-encoded `data`: a byte string, or a bytes32 array's
+    /// words (its length counts words); a field that overruns `data` reverts (the slice's bounds).
+    function _bytesAt(bytes calldata data, uint256 head) private pure returns (bytes calldata) {
+        uint256 offset = ProverCommon.word(data, head);
+        uint256 length = ProverCommon.word(data, offset);
+        if (head == 32) length *= 32;
+        return data[offset + 32:offset + 32 + length];
+    }
+
+    /// @dev The account whose EIP-2098 signature (replica binding `p`'s `r`, `vs`) signed `DataKey` of the claim's
+    /// contribution and `key`; zero for none or a malleable one (a high s).
+    function _keySigner(TrainingLedger ledger, StepProver.RunClaim calldata run, address key, bytes calldata p)
+        private
+        view
+        returns (address)
+    {
+        bytes32 structHash =
+            keccak256(abi.encode(DATA_KEY_TYPEHASH, run.runId, run.round, run.stage, run.payloadRoot, key));
+        uint256 vs = ProverCommon.word(p, 160);
+        uint256 s = vs & (type(uint256).max >> 1);
+        if (s > LedgerCore.MAX_S) return address(0);
+        bytes32 digest = LedgerCore.typedDigest(LedgerCore.domainSeparator(address(ledger)), structHash);
+        return ecrecover(digest, uint8(27 + (vs >> 255)), bytes32(ProverCommon.word(p, 128)), bytes32(s));
     }
 
     /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the

@@ -124,9 +124,18 @@ library StepProverMath {
         _settle(n, g, top, 0);
     }
 
+    /// @notice A move of a tree sum's descent (StepProver checked the mover: the defender on its turn, else the
+    /// challenger): the defender's posted children (`postChildren`), or the challenger's pick (`pickChild`).
+    function treeMove(StepProver.Op storage op, StepProver.Game storage g, uint32 left, uint32 right, bool pickRight)
+        external
+    {
+        if (g.defenderTurn) postChildren(g, left, right);
+        else pickChild(op, g, pickRight);
+    }
+
     /// @notice StepProver.postChildren's check and record: `left + right` is the disputed node in float32 (any
     /// NaNs agree; `ProverStepTreeMismatch` otherwise), kept for the challenger's pick (`loRoot`, `midRoot`).
-    function postChildren(StepProver.Game storage g, uint32 left, uint32 right) external {
+    function postChildren(StepProver.Game storage g, uint32 left, uint32 right) internal {
         uint32 node = uint32(uint256(g.hiRoot));
         if (!left.add(right).same32(node)) revert StepProver.ProverStepTreeMismatch(left, right, node);
         g.loRoot = bytes32(uint256(left));
@@ -137,7 +146,7 @@ library StepProverMath {
 
     /// @notice StepProver.pickChild's move: the disputed node becomes the picked child (node `lo` or
     /// `lo + c / 2` of the level below, `c` its count), its value the posted one.
-    function pickChild(StepProver.Op storage op, StepProver.Game storage g, bool right) external {
+    function pickChild(StepProver.Op storage op, StepProver.Game storage g, bool right) internal {
         if (!g.midPosted) revert StepProver.ProverStepWrongPhase();
         uint256 level = g.hi - 1;
         uint256 index = g.lo;

@@ -168,6 +168,7 @@ from ledger.errors.step_prover import (
     ProverStepEndUnbound as ProverStepEndUnbound,
     ProverStepDataUnbound as ProverStepDataUnbound,
     ProverStepWrongDataKey as ProverStepWrongDataKey,
+    ProverStepWrongReplica as ProverStepWrongReplica,
 )
 from ledger.errors.rewards import (
     RewardError as RewardError,

@@ -117,4 +117,11 @@ class ProverStepDataUnbound(ProverError):
 
 
 class ProverStepWrongDataKey(ProverError):
-    """The run claim's data key is not the member account its round's factors list for the contribution."""
+    """The run claim's data key is not its replica's: for stage 0 the member account its round's factors list
+    for the contribution, for a later stage the stage-0 member its replica binding opens."""
+
+
+class ProverStepWrongReplica(ProverError):
+    """A later stage's run claim does not show its replica's data key: no replica binding, a stage-0 index the
+    factors list no member at, or no signature of ``DataKey`` for that key by the contribution's own member
+    (docs/FRAUD_PROOF.md "The replica's key")."""

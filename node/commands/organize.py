@@ -84,6 +84,10 @@ def add_parsers(sub) -> None:
                    help="create the run even when quorum x stake / 2 does not cover a prover's worst-case "
                         "gas at 10x today's gas price (a test chain): a wrong round may then stand with "
                         "nobody paid to prove it (docs/FRAUD_PROOF.md)")
+    p.add_argument("--no-data-terms", action="store_true",
+                   help="in a run drawn by account (training.data_windows = \"account\"), do not fix its "
+                        "data terms on chain: its contributions' batches can then not be disputed "
+                        "(docs/FRAUD_PROOF.md \"The run's data terms\")")
     p.add_argument("--init-from", default="", metavar="DIR",
                    help="start from a Hugging Face model directory (config.json, model.safetensors or a "
                         "sharded index, tokenizer.json): Llama, Qwen2, Mistral or GPT-2; its weights and "
@@ -224,19 +228,14 @@ def run_create_run(args: argparse.Namespace) -> int:
     fee = _max_fee(w3, fee_policy(ledger_cfg))
     pool_client = _pool_client(w3, client, deployment, pool, args.run_file)
     spends = _create_plan(client, params, identity, existing, fee, fund)
+    terms = _data_terms(run.cfg, args, spends, fee)  # from the dataset, before anything is sent
     spends[1:1] = pool_spends(pool, pool_client, existing[-1].run_id if existing else None, fee)
     check_funds(client.balance(), client.address, spends)
     agree(spends, args.yes, "creating the run")
-    document = run_document(run.cfg)
-    atomic_write_bytes(data_dir / "run.json", canonical_json(document))
-    if existing:
-        run_id = existing[-1].run_id
-        print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
-    else:
-        run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}",
-                                        allow_weak_quorum=bool(weak), proof_fund=fund)
-        print(f"created run {run_id} on chain {chain_id} (configHash {params.config_hash.hex()[:16]})")
+    atomic_write_bytes(data_dir / "run.json", canonical_json(run_document(run.cfg)))
+    run_id = _create_or_finish(client, params, existing, bool(weak), fund)
     _open_pool(pool, pool_client, run_id)
+    _fix_data_terms(client, run_id, terms)
     table = merge_tables(run.table, {
         "data_dir": str(data_dir), "cluster": f"organizer-{identity.peer_id[-8:]}", "cluster_size": 1,
         "p2p": {"listen_host": "127.0.0.1" if args.announce.startswith("127.") else "0.0.0.0",
@@ -257,6 +256,19 @@ def run_create_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _create_or_finish(client, params, existing: list, weak: bool, fund: int) -> int:
+    """The run's id: the one this account created before from the same configHash (being finished), else a
+    new run's (``createRun`` with the proof fund ``fund``)."""
+    if existing:
+        run_id = existing[-1].run_id
+        print(f"run {run_id} with this configHash was created by {client.address} before: finishing it")
+        return run_id
+    run_id = client.create_run_with(params, f"dlx://blob/{params.config_hash.hex()}", allow_weak_quorum=weak,
+                                    proof_fund=fund)
+    print(f"created run {run_id} on chain {client.chain_id} (configHash {params.config_hash.hex()[:16]})")
+    return run_id
+
+
 def _write_link(link: str, data_dir: Path, config_path: Path) -> None:
     """Write the run link beside the organizer's node.toml and print both."""
     from node.fsutil import atomic_write_bytes
@@ -265,6 +277,42 @@ def _write_link(link: str, data_dir: Path, config_path: Path) -> None:
     print(f"wrote {config_path}; the organizer's node serves the run document once started:\n"
           f"  dlx-node start --config {config_path}")
     print(f"run link (dlx-node join, run-info, audit, pull):\n{link}")
+
+
+def _data_terms(cfg, args, spends: list[Spend], fee: int):
+    """The data terms create-run fixes (node/dataterms.py): a run drawn by account's, from its dataset, unless
+    ``--no-data-terms`` (said); None for a run drawn by replica index. Its setData joins ``spends``."""
+    from node.dataterms import SET_DATA_GAS, own_terms
+    from training.errors import TrainingError
+
+    if cfg.training.data_windows != "account":
+        return None
+    if getattr(args, "no_data_terms", False):
+        print("warning: --no-data-terms: the run draws its windows by account but fixes no data terms; its "
+              "contributions' batches cannot be disputed (docs/FRAUD_PROOF.md)")
+        return None
+    try:
+        terms = own_terms(cfg)
+    except (OSError, ValueError, TrainingError) as exc:
+        raise ConfigError(f"the run's data terms: its dataset (training.data_path = "
+                          f"{cfg.training.data_path!r}) cannot be read ({exc}); nothing was sent") from exc
+    spends.insert(1, Spend(f"fix the run's data terms (StepProver.setData: {terms.tokens:,} training tokens, "
+                           f"{terms.rows} rows of block {terms.window})", SET_DATA_GAS, fee))
+    return terms
+
+
+def _fix_data_terms(client, run_id: int, terms) -> None:
+    """node.dataterms.fix_data_terms of ``terms`` (None: none to fix); a failure leaves the run on chain,
+    finished by the same command again."""
+    from node.dataterms import fix_data_terms
+
+    if terms is None:
+        return
+    try:
+        print(fix_data_terms(client, run_id, terms))
+    except DLX_ERRORS as exc:
+        raise NodeError(f"run {run_id} is on chain but its data terms were not fixed ({exc}): run the same "
+                        "command again to finish, before any round is committed") from exc
 
 
 def _pool_client(w3, client, deployment: dict, plan, run_file: str):

@@ -197,10 +197,11 @@ class CostProfiler:
 
     def sample(self) -> None:
         own = threading.get_ident()
-        for ident, frame in sys._current_frames().items():
-            if ident == own:
-                continue
-            name = classify(_stack(frame))
+        # the frames go before the stacks are classified: a frame held while its function returns keeps
+        # that function's locals (a slice of a mapped file, say) alive as long as it is held
+        stacks = [_stack(frame) for ident, frame in sys._current_frames().items() if ident != own]
+        for stack in stacks:
+            name = classify(stack)
             self.counts[name] = self.counts.get(name, 0) + 1
         self.samples += 1
 

@@ -30,7 +30,8 @@ What a fraud proof of ``t`` and its availability games read, the chunked run's p
 kept until ``t``'s proof window closes, by node/live/fraud/chunkstate.py. Checkpoints: the newest *final*
 committed full checkpoint (its proof window closed: nothing can overturn it, so a joiner can always start
 from it), the newest committed one, every round not committed yet and the newest ``keep_checkpoints``;
-everything while no full checkpoint is final.
+everything while no full checkpoint is final. A committed round's shards go where its full file repeats them
+(:func:`redundant_shards`; in a one-stage run the newest committed round's too).
 
 So a node keeps one span of ``W`` rounds: the rounds not committed yet (at most ``max_rounds_ahead``),
 the newest committed one, and those whose own window is open (``disputeBlocks`` over the blocks a round
@@ -211,9 +212,10 @@ class Retention:
         ones from the seeders' and archives' copies (docs/AUDIT.md)."""
         return self.checkpoint_plan(checkpoint_dir, committed_through)[0]
 
-    def checkpoint_plan(self, checkpoint_dir: Path, committed_through: int) -> tuple[set[int], list[Path]]:
-        """(:meth:`checkpoints_kept`, the stage shards of those rounds that go: :func:`redundant_shards`;
-        none while everything is kept)."""
+    def checkpoint_plan(self, checkpoint_dir: Path, committed_through: int, one_stage: bool = False
+                        ) -> tuple[set[int], list[Path]]:
+        """(:meth:`checkpoints_kept`, the stage shards of those rounds that go: :func:`redundant_shards`,
+        ``one_stage`` as there; none while everything is kept)."""
         files = checkpoint_files(checkpoint_dir)
         if self.keeps_all:
             return set(files), []
@@ -232,7 +234,8 @@ class Retention:
             keep.add(later[0])
         if self.storage.keep_checkpoints > 0:
             keep |= set(committed[-self.storage.keep_checkpoints:])
-        return keep, [p for p in redundant_shards(checkpoint_dir, committed_through) if _round_of(p) in keep]
+        return keep, [p for p in redundant_shards(checkpoint_dir, committed_through, one_stage)
+                      if _round_of(p) in keep]
 
 
 def _round_of(path: Path) -> int:
@@ -252,17 +255,24 @@ def prune_archive_before(archive: Archive, floor: int, committed_through: int,
     return doomed
 
 
-def redundant_shards(checkpoint_dir: Path, committed_through: int) -> list[Path]:
+def redundant_shards(checkpoint_dir: Path, committed_through: int, one_stage: bool = False) -> list[Path]:
     """The stage shards a full checkpoint file of the same round repeats, for every committed round but the
     newest committed one with a full file: the file holds the same stages' weights and momentum (the agreed
     ones), and a joiner, a restart, an auditor, ``pull`` and a seeder read the file (or, kept split, the
     shards: a round kept split has no full file and keeps them). The newest committed round keeps its
     shards for a committer still assembling its file from its holders; rounds not committed keep theirs.
-    On a node of one stage of S, a shard is 1/(S+1) of what a checkpoint round keeps (half at S = 1)."""
+    On a node of one stage of S, a shard is 1/(S+1) of what a checkpoint round keeps (half at S = 1).
+
+    ``one_stage``: the run has one stage, so every node holds it and builds each full file from its own
+    shard (another's is fetched only by a node whose own is not the agreed one, which takes the committed
+    file instead): the newest committed round's shards go too (issue 75: 2 x the stage's weights of the
+    retention bench's 12 x of checkpoints); rounds not committed keep theirs (a committer that failed
+    before its commit builds the file again from them)."""
     files = checkpoint_files(checkpoint_dir)
     full = sorted(r for r, paths in files.items()
                   if r <= committed_through and checkpoint_dir / f"round-{r:08d}.safetensors" in paths)
-    return sorted(p for r in full[:-1] for p in files[r] if p.name.startswith("shard-"))
+    doomed = full if one_stage else full[:-1]
+    return sorted(p for r in doomed for p in files[r] if p.name.startswith("shard-"))
 
 
 def prune_shards(doomed: list[Path], forget_blob: Callable[[str], object] = lambda _hex: None) -> None:

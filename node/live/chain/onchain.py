@@ -128,8 +128,9 @@ class NodeChain(ChainSeats, ChainDisputes):
         document's ``diloco.commitments``) must be the version the ledger holds the run to
         (``RunParams.commitments``): the prover proves wrong every round whose factors are of another
         version, so a node of a run created with another one would sign rounds that lose its stake.
-        With ``cfg``: the run's values (:meth:`_check_values`) and, in a run with the plain end rule, settings
-        that carry no state between rounds (node/live/fraud/endrule.py).
+        With ``cfg``: the run's values (:meth:`_check_values`), in a run with the plain end rule, settings
+        that carry no state between rounds (node/live/fraud/endrule.py), and the run's data terms on chain
+        against this node's dataset (node/dataterms.py).
         """
         info = self.run_info(run_id)
         version = scheme_named(commitments).version
@@ -159,6 +160,9 @@ class NodeChain(ChainSeats, ChainDisputes):
             from node.live.fraud.endrule import check_end_rule
 
             check_end_rule(self.client, run_id, cfg)  # issue 78: a plain-end run takes no carried state
+            from node.dataterms import check_data_terms
+
+            check_data_terms(self.client, run_id, cfg)  # issue 78: the run's data terms are this dataset's
 
     @staticmethod
     def _check_values(run_id: int, info: RunInfo, cfg) -> None:

@@ -112,15 +112,19 @@ class HeldStates:
         """Serve this node's start-state parts of ``outer_round``; stage -> state hash (what the envelope
         binds). A part is its bytes or a file written under :attr:`writing_dir`, kept as a packed blob (its
         tensors' data as pieces shared with this node's other start states: p2p/blobpack.py), then its name
-        here removed: the state is never read whole into memory.
+        here removed: the state is never read whole into memory. A part may also be a function giving its
+        bytes in order as ``(bytes, is a tensor's data)`` (:meth:`training.replica_capture.StartStateCapture.
+        streams`, where :meth:`streams_parts`): packed the same way straight from the tensors, no file of the
+        whole state written first (issue 75: that file, 10 x the stage's weights, sat beside the pieces
+        packed from it, the largest part of the retention bench's largest samples).
         ``keep_rounds``: ``storage.keep_rounds`` (0 keeps every round's)."""
         hashes = {}
         for stage, data in parts.items():
-            self._part_bytes[stage] = data.stat().st_size if isinstance(data, Path) else len(data)
             cuts = state_cuts(data) if isinstance(data, Path) else None
             digest = serve_when_space(self.host, data,
                                       what=f"round {outer_round}'s start state of stage {stage}",
                                       stop=self.stop, cuts=cuts)
+            self._part_bytes[stage] = self._size_of(data, digest)
             if isinstance(data, Path):
                 data.unlink(missing_ok=True)  # the blob store holds its pieces
             with self._served_lock:
@@ -136,6 +140,20 @@ class HeldStates:
         if keep_rounds > 0:
             self.forget_before(outer_round - max(keep_rounds, STATE_ROUNDS_KEPT))
         return hashes
+
+    def streams_parts(self) -> bool:
+        """Whether this node's start states go into its blob store straight from their tensors (:meth:`serve`
+        with functions): its host keeps packed blobs from their parts (``provide_packed_parts``)."""
+        return hasattr(self.host, "provide_packed_parts")
+
+    def _size_of(self, data, digest: str) -> int:
+        """The bytes of a start-state part just served (``data`` as :meth:`serve` takes it)."""
+        if isinstance(data, Path):
+            return data.stat().st_size if data.exists() else 0
+        if not callable(data):
+            return len(data)
+        packed = self.host.store.packed(digest)
+        return 0 if packed is None else packed.size
 
     def _reindex(self) -> None:
         """Renew :attr:`_known` from ``_served`` (under ``_served_lock``): one assignment, read unlocked."""

@@ -89,6 +89,7 @@ class ContributionRerun:
             payloads = [b.blob for b in bodies] if sliced is None else sliced.claims(outer_round, envs)
             parts = self.states.fetch_files(envs, [b.state_hash for b in bodies], job_dir)
             self.state_bytes_fetched += sum(path.stat().st_size for path in parts)
+            self.state_fetches += 1
             claimed = [(e.stage, e.sender_peer_id, part) for e, part in zip(envs, parts)]
             try:
                 undeclared = undeclared_claim(claimed, self._declared(e.sender_peer_id for e in envs))

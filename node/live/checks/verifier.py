@@ -151,6 +151,7 @@ class SpotChecker(ContributionRerun, Tribunal):
         self.checks_run = 0
         self.check_seconds = 0.0  # wall time of the checks done (fetching the inputs and the rerun)
         self.state_bytes_fetched = 0  # the claimants' start states fetched for the checks (issue 75's model)
+        self.state_fetches = 0  # the checks whose start states those are (counted at the fetch, with them)
         self.not_done = 0  # sampled checks whose inputs could not be had: nobody is accused for those
         # round t -> t+1 start-state links checked (node.live.checks.verifier._chain_holds)
         self.chain_checks = 0

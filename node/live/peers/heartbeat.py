@@ -93,4 +93,5 @@ class Heartbeat:
         progress.chain_checks = self.spot_checks.chain_checks
         progress.spot_check_seconds = self.spot_checks.check_seconds
         progress.spot_check_state_bytes = self.spot_checks.state_bytes_fetched
+        progress.spot_check_state_fetches = self.spot_checks.state_fetches
         progress.spot_checks_not_done = self.spot_checks.not_done

@@ -235,7 +235,8 @@ class RoundFinisher(ApplyPrefetch):
         states.forget_before(min(floor, committed + 1))
         # a start state rebuilt from an older kept one replays the rounds between (staterebuild.py)
         prune_archive_before(self.archive, states.archive_floor(floor), committed, self.host.remove_blob)
-        kept, shards = self.retention.checkpoint_plan(self.checkpoint_dir, committed)
+        kept, shards = self.retention.checkpoint_plan(self.checkpoint_dir, committed,
+                                                      one_stage=self.layout.num_stages == 1)
         prune_checkpoints_except(self.checkpoint_dir, kept, committed, self.host.remove_blob)
         prune_shards(shards, self.host.remove_blob)
 

@@ -50,6 +50,7 @@ class Progress:
     chain_checks: int = 0  # start-state links from an exact rerun into the next round checked
     spot_check_seconds: float = 0.0  # wall time of those checks (fetching their inputs and the rerun)
     spot_check_state_bytes: int = 0  # the claimants' start states those checks fetched
+    spot_check_state_fetches: int = 0  # how many checks fetched them (a check counts here when it fetches)
     spot_checks_not_done: int = 0  # sampled checks whose inputs were not served or not bound to the record
     spot_checks_left_undone: int = 0  # sampled checks still queued (or cut short) when the node stopped
     timing: dict = field(default_factory=dict)  # node.live.state.roundclock.RoundClock.summary()
@@ -222,6 +223,7 @@ def write_status(path: Path, progress: Progress, peer_id: str, run_id: int, plac
         "spot_check_mismatches": p.spot_check_mismatches, "chain_checks": p.chain_checks,
         "spot_check_seconds": round(p.spot_check_seconds, 3), "spot_checks_not_done": p.spot_checks_not_done,
         "spot_check_state_bytes": p.spot_check_state_bytes,
+        "spot_check_state_fetches": p.spot_check_state_fetches,
         "spot_checks_left_undone": p.spot_checks_left_undone,
         "timing": p.timing,
         "updated_at": time.time(),

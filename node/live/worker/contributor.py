@@ -141,9 +141,15 @@ class Contributor:
                     # not kept: hashed, never written; rebuilt when asked (node/live/checks/staterebuild.py)
                     self.rounds.start_states[outer_round] = states.serve_hashes(outer_round, hashes())
                     return
-                parts = serialise() if write is None else retry_on_full_disk(
-                    lambda: write(states.writing_dir), stop=self.stop,
-                    what=f"round {outer_round}'s start state", kind="served blob")
+                streams = getattr(serialise, "streams", None)
+                if streams is not None and states.streams_parts():
+                    # straight from the tensors into the blob store's pieces: no file of the whole state
+                    # beside them (issue 75)
+                    parts = streams()
+                else:
+                    parts = serialise() if write is None else retry_on_full_disk(
+                        lambda: write(states.writing_dir), stop=self.stop,
+                        what=f"round {outer_round}'s start state", kind="served blob")
                 served = self.spot_checks.serve_start_states(outer_round, parts)
                 self.rounds.start_states[outer_round] = served
 
