@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,22 +52,43 @@ class _Stopped(Exception):
         self.signum = signum
 
 
+#: Seconds after which a signal whose stop did not reach the demo's handler is delivered again.
+REDELIVER_S = 1.0
+
+
 class _Signals:
-    """SIGINT/SIGTERM handling of the demo: the first signal raises :class:`_Stopped` in the main thread
-    (unless the demo is already stopping); any later one is only reported."""
+    """SIGINT/SIGTERM handling of the demo: a signal raises :class:`_Stopped` in the main thread while the
+    demo can be interrupted; once it is stopping, any later one is only reported.
+
+    The raise lands in whatever frame the main thread is in, and Python drops an exception raised where it
+    cannot propagate (an at-fork hook such as logging's while the demo starts its node processes, a
+    finalizer): it prints "Exception ignored" and the demo would run on to its end. So the signal is
+    delivered again every ``REDELIVER_S`` seconds until the stop is taken (``interruptible`` cleared)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
         self.interruptible = True
+        self._timer: threading.Timer | None = None
 
     def handle(self, signum: int, _frame) -> None:
-        first = self.received is None
-        if first:
+        if self.received is None:
             self.received = signum
-        if first and self.interruptible:
-            raise _Stopped(signum)
+        if self.interruptible:
+            self._deliver_again_later()
+            raise _Stopped(self.received)
         print(f"dlx-node demo: signal {signum}: already stopping (nodes, then the chain)", file=sys.stderr,
               flush=True)
+
+    def _deliver_again_later(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(REDELIVER_S, self._deliver_again)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _deliver_again(self) -> None:
+        self._timer = None
+        if self.interruptible and self.received is not None:
+            os.kill(os.getpid(), self.received)
 
     @contextmanager
     def installed(self) -> Iterator[_Signals]:
@@ -73,6 +96,9 @@ class _Signals:
         try:
             yield self
         finally:
+            self.interruptible = False
+            if self._timer is not None:
+                self._timer.cancel()
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
