@@ -22,6 +22,14 @@ def _wait_for_the_stop(seconds: float) -> None:
         time.sleep(0.05)
 
 
+def _stop_taken(signals: _Signals, signum: int) -> None:
+    """Send ``signum`` to this process, take the stop it raises, and mark the demo as stopping."""
+    with pytest.raises(_Stopped):
+        os.kill(os.getpid(), signum)
+        _wait_for_the_stop(30)
+    signals.interruptible = False
+
+
 def test_a_stop_swallowed_where_it_landed_is_delivered_again():
     signals = _Signals()
     with signals.installed():
@@ -40,10 +48,7 @@ def test_a_stop_swallowed_where_it_landed_is_delivered_again():
 def test_a_stop_taken_is_not_delivered_again(capsys):
     signals = _Signals()
     with signals.installed():
-        with pytest.raises(_Stopped):
-            os.kill(os.getpid(), signal.SIGTERM)
-            _wait_for_the_stop(30)
-        signals.interruptible = False
+        _stop_taken(signals, signal.SIGTERM)
         _wait_for_the_stop(REDELIVER_S * 3)
     assert "already stopping" not in capsys.readouterr().err
 
@@ -51,10 +56,7 @@ def test_a_stop_taken_is_not_delivered_again(capsys):
 def test_a_second_signal_while_stopping_is_only_reported(capsys):
     signals = _Signals()
     with signals.installed():
-        with pytest.raises(_Stopped):
-            os.kill(os.getpid(), signal.SIGINT)
-            _wait_for_the_stop(30)
-        signals.interruptible = False
+        _stop_taken(signals, signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
         _wait_for_the_stop(0.5)
     assert "signal 15: already stopping" in capsys.readouterr().err
