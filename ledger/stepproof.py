@@ -80,6 +80,8 @@ def output_opening(op: Operation, elem: int) -> tuple:
         place = int.from_bytes(token[pos:pos + 4], "big") * op.cols + elem % op.cols
         return (opening(op.out, elem), opening(op.a, elem // op.cols),
                 opening(op.b, place) if place < op.b_len else EMPTY)
+    if op.kind in (UNARY, UNARY_SLOPE):  # out[e] = f(a[e]): b unread
+        return opening(op.out, elem), opening(op.a, elem), EMPTY
     return opening(op.out, elem), opening(op.a, elem % op.a_len), opening(op.b, elem % op.b_len)
 
 

@@ -197,6 +197,11 @@ def tree_levels_of(values: np.ndarray) -> list[list[int]]:
 #: broadcast as ``e % len``), the ordered product, the embedding's lookup (``GATHER``: ``a`` the ids) and the
 #: tree sum of each row of ``inner`` elements (``TREESUM``: ``b`` unread).
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
+#: The elementwise functions (contracts/src/Float64Functions.sol): ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE``
+#: ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor), ``f`` the op's ``inner`` (:data:`UNARY_CODES`).
+UNARY, UNARY_SLOPE = 8, 9
+#: Function code -> ``training.exact_ops.UNARY`` name (8: kernel version 3's ``sqrt``, which has no slope).
+UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
 
 
 #: A program input index ``CONST_INPUT + bits``: the one-element tensor of float32 ``bits`` (StepProver's
@@ -242,6 +247,8 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
         return exact_kernel.tree_sum(a.detach().reshape(rows, inner, cols).float(), 1).reshape(-1)
     if kind == GATHER:
         return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
+    if kind in (UNARY, UNARY_SLOPE):
+        return unary_op(kind, inner, a.detach().reshape(-1).float()[:rows])
 
     a, b = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
     if kind == MATMUL:
@@ -252,3 +259,19 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
     if kind not in ops:
         raise ValueError(f"run_op: unknown op kind {kind}")
     return ops[kind](x, y)
+
+
+def unary_op(kind: int, code: int, x: torch.Tensor) -> torch.Tensor:
+    """``UNARY`` or ``UNARY_SLOPE`` op of function ``code`` (:data:`UNARY_CODES`) at float32 ``x``: the value
+    or the derivative of ``training.exact_kernel.unary32`` (the formulas of ``training.exact_ops.UNARY``,
+    rounded once), ``sqrt`` kernel version 3's; ValueError for another code, or a slope of ``sqrt``."""
+    from training import exact_kernel
+
+    name = UNARY_CODES.get(code)
+    if name is None or (kind == UNARY_SLOPE and name == "sqrt") or kind not in (UNARY, UNARY_SLOPE):
+        raise ValueError(f"run_op: op kind {kind} has no function code {code} (codes {sorted(UNARY_CODES)}; "
+                         "no slope of sqrt)")
+    if name == "sqrt":
+        return exact_kernel.sqrt(x, 3)
+    value, slope = exact_kernel.unary32(name, x)
+    return value if kind == UNARY else slope
