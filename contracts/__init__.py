@@ -24,13 +24,14 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
-    "StepProver", "StepProverMath", "StepProverBinding", "Float64Functions", "Float32Harness", "NormHarness", "AnswerRelay",
+    "StepProver", "StepProverMath", "StepProverBinding", "Float64Functions", "Float32Harness", "NormHarness",
+    "AnswerRelay",
     "RewardPool",
     "ReentrantClaimer", "QuirkyToken",
 )
 #: StepProver's linked libraries (ledger.stepproof.deploy deploys them first for a StepProver of its own).
 STEP_LIBRARIES = ("StepProverMath", "StepProverBinding")
-#: The library StepProverMath links (the elementwise functions' soft-float: deployed before it, and linked into
+#: The library StepProverMath links (the elementwise functions' soft-float: deployed before it, linked into
 #: its code; the one library that links another).
 MATH_LIBRARIES = ("Float64Functions",)
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's, then StepProver's

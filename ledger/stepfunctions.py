@@ -1,5 +1,5 @@
-"""The elementwise functions of the reproducible mode as StepProver recomputes them (issue 78, docs/FRAUD_PROOF.md
-"Elementwise functions"): the Python mirror of contracts/src/Float64Functions.sol.
+"""The elementwise functions of the reproducible mode as StepProver recomputes them (issue 78,
+docs/FRAUD_PROOF.md "Elementwise functions"): the Python mirror of contracts/src/Float64Functions.sol.
 
 A program op ``UNARY`` (kind 8) is ``out[e] = f(a[e])``, ``UNARY_SLOPE`` (kind 9) ``out[e] = f'(a[e])``, the
 derivative ``training.exact_ops.ExactUnary``'s backward multiplies by; the function is the op's ``inner``
@@ -25,6 +25,9 @@ NAMES = {code: name for name, code in CODES.items()}
 #: The codes whose slope training computes (every one but ``sqrt``).
 SLOPED = frozenset(code for code in NAMES if code != CODES["sqrt"])
 
+#: Every (kind, code) StepProver recomputes.
+OPS = tuple([(UNARY, code) for code in sorted(NAMES)] + [(UNARY_SLOPE, code) for code in sorted(SLOPED)])
+
 LN2_HI = 6.93147180369123816490e-01  # training/exact_math.py's constants
 LN2_LO = 1.90821492927058770002e-10
 INV_LN2 = 1.44269504088896338700e00
@@ -43,10 +46,10 @@ class UnaryCodeError(ValueError):
 
 
 def check_code(kind: int, code: int) -> None:
-    """Raise :class:`UnaryCodeError` unless ``code`` names a function of op ``kind`` (UNARY or UNARY_SLOPE)."""
+    """Raise :class:`UnaryCodeError` unless ``code`` names a function of op ``kind`` (UNARY, UNARY_SLOPE)."""
     if kind not in (UNARY, UNARY_SLOPE) or code not in NAMES:
-        raise UnaryCodeError(f"op kind {kind} function code {code}: expected kind {UNARY} or {UNARY_SLOPE} and "
-                             f"a code of {sorted(NAMES)}")
+        raise UnaryCodeError(f"op kind {kind} function code {code}: expected kind {UNARY} or {UNARY_SLOPE} "
+                             f"and a code of {sorted(NAMES)}")
     if kind == UNARY_SLOPE and code not in SLOPED:
         raise UnaryCodeError(f"function code {code} ({NAMES[code]}): training computes no slope of it")
 
@@ -138,8 +141,8 @@ def tanh64(x: float) -> float:
 
 
 def value_slope(code: int, v: float) -> tuple[float, float]:
-    """``(f(v), f'(v))`` in float64 of function ``code`` (training/exact_ops.py ``UNARY``; ``sqrt``: its value,
-    the slope NaN)."""
+    """``(f(v), f'(v))`` in float64 of function ``code`` (training/exact_ops.py ``UNARY``; ``sqrt``: its
+    value, the slope NaN)."""
     if code == 1:
         y = exp64(v)
         return y, y
@@ -177,3 +180,14 @@ def same32(a: int, b: int) -> bool:
     """StepProver's equality of float32 bits: equal, or both NaN."""
     nan = lambda v: (v & 0x7FFFFFFF) > 0x7F800000  # noqa: E731
     return a == b or (nan(a) and nan(b))
+
+
+#: The float32 inputs where the formulas branch or saturate (tests/test_step_unary.py,
+#: bench/bench_step_unary.py): +-0, subnormals, the smallest normals, +-inf, NaNs, the largest finite, exp's
+#: clamps (-745, 709) and exp's over/underflow edges in float32, tanh's and sigmoid's saturation, log and
+#: rsqrt of negatives, large values for tanh-GELU (3e38: its cube overflows float64), frexp's sqrt(1/2) edge.
+EDGE_INPUTS = (0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x80800000, 0x7F800000,
+               0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F7FFFFF, 0xFF7FFFFF) + tuple(
+    bits32(v) for v in (-745.0, 709.0, -744.99, 709.01, -103.97, -87.34, 88.72, 88.73, 1.0, -1.0, 0.5, 2.0,
+                        1e-30, -1e-30, 9.0, -9.0, 19.06, -19.06, 300.0, -300.0, 1e19, -1e19, 3e38, -3e38,
+                        0.7071068, 1.4142135))

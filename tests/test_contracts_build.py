@@ -133,9 +133,9 @@ def test_every_deployed_contract_and_library_keeps_a_quarter_of_eip_170_free():
     linked = {name for contract in ("TrainingLedger", "AggregationProver")
               for name in contracts.linked_libraries(contracts.artifact(contract))}
     assert linked == set(contracts.LIBRARIES) - set(contracts.MATH_LIBRARIES)
-    for name in (*contracts.LIBRARIES, *contracts.STEP_LIBRARIES):  # StepProverMath alone links one, deployed first
+    for name in (*contracts.LIBRARIES, *contracts.STEP_LIBRARIES):  # StepProverMath alone links one (first)
         expected = set(contracts.MATH_LIBRARIES) if name == "StepProverMath" else set()
-        assert set(contracts.linked_libraries(contracts.artifact(name))) == expected, f"{name}'s linked libraries"
+        assert set(contracts.linked_libraries(contracts.artifact(name))) == expected, f"{name}'s libraries"
     assert contracts.LIBRARIES.index("Float64Functions") < contracts.LIBRARIES.index("StepProverMath")
     assert set(contracts.linked_libraries(contracts.artifact("StepProver"))) == set(contracts.STEP_LIBRARIES)
 

@@ -18,31 +18,23 @@ from hypothesis import strategies as st
 import contracts
 from ledger import stepfunctions as sf
 from ledger.chain import connect_pyevm
-from ledger.stepproof import UNARY, UNARY_SLOPE, Defender, Operation, StepProverClient, StepTrace, deploy, play
-from ledger.stepproof import step_game
+from ledger.stepproof import UNARY, UNARY_SLOPE, Defender, Operation, StepProverClient, StepTrace, deploy
+from ledger.stepproof import play, step_game
 from tests.ledger_fixtures import fresh_anvil_w3
-from training import exact_kernel, exact_ops
+from training import exact_ops
 from training.step_trace import UNARY_CODES, element_leaves, run_op
 
 BOND = 10**15
 CLOCK = 20
 NO_LEDGER = "0x" + "00" * 20
-CODES = sorted(sf.NAMES)
-#: (kind, code) of every op the contract recomputes.
-OPS = [(UNARY, code) for code in CODES] + [(UNARY_SLOPE, code) for code in sorted(sf.SLOPED)]
+OPS = sf.OPS
 
 
 def _f32(values) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).view(np.uint32)
 
 
-SPECIAL = np.concatenate([
-    np.array([0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000, 0x80800000, 0x7F800000,
-              0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F7FFFFF, 0xFF7FFFFF], dtype=np.uint32),
-    # exp's clamps and float32's range edges, tanh's saturation, log and rsqrt of negatives and of 1
-    _f32([-745.0, 709.0, -744.99, 709.01, -103.97, -87.34, 88.72, 88.73, 1.0, -1.0, 0.5, 2.0, 1e-30, -1e-30,
-          9.0, -9.0, 19.06, -19.06, 300.0, -300.0, 1e19, -1e19, 3e38, -3e38, 0.7071068, 1.4142135]),
-])
+SPECIAL = np.array(sf.EDGE_INPUTS, dtype=np.uint32)
 
 
 def inputs(count: int, seed: int) -> np.ndarray:
@@ -252,8 +244,9 @@ def _challenger(truth, mine):
                                                                  truth[2 + j].view(torch.int32)))
         return int((mine[2 + j].view(torch.int32) != truth[2 + j].view(torch.int32)).nonzero()[0])
 
-    return dict(dispute=lambda last: ("trace", 0), judge_root=lambda j, root: root == tree_root(truth_trace.tree(j)),
-                pick=pick, judge=lambda *_: False, sums=lambda *_: 0)
+    return dict(dispute=lambda last: ("trace", 0), pick=pick,
+                judge_root=lambda j, root: root == tree_root(truth_trace.tree(j)), judge=lambda *_: False,
+                sums=lambda *_: 0)
 
 
 def _state():

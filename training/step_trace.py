@@ -197,8 +197,9 @@ def tree_levels_of(values: np.ndarray) -> list[list[int]]:
 #: broadcast as ``e % len``), the ordered product, the embedding's lookup (``GATHER``: ``a`` the ids) and the
 #: tree sum of each row of ``inner`` elements (``TREESUM``: ``b`` unread).
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
-#: The elementwise functions (contracts/src/Float64Functions.sol): ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE``
-#: ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor), ``f`` the op's ``inner`` (:data:`UNARY_CODES`).
+#: The elementwise functions (contracts/src/Float64Functions.sol): ``UNARY`` ``out[e] = f(a[e])``,
+#: ``UNARY_SLOPE`` ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor), ``f`` the op's ``inner``
+#: (:data:`UNARY_CODES`).
 UNARY, UNARY_SLOPE = 8, 9
 #: Function code -> ``training.exact_ops.UNARY`` name (8: kernel version 3's ``sqrt``, which has no slope).
 UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
