@@ -15,12 +15,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import contracts
 from ledger import stepfunctions as sf
 from ledger.chain import connect_pyevm
 from ledger.stepproof import UNARY, UNARY_SLOPE, Defender, Operation, StepProverClient, StepTrace, deploy
 from ledger.stepproof import play, step_game
-from tests.ledger_fixtures import fresh_anvil_w3
+from tests.ledger_fixtures import deploy_library, fresh_anvil_w3
 from training import exact_ops
 from training.step_trace import UNARY_CODES, element_leaves, run_op
 
@@ -94,11 +93,7 @@ def test_a_wrong_code_is_refused_in_training_and_ledger():
 
 
 def _library(w3):
-    artifact = contracts.artifact("Float64Functions")
-    tx = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"]).constructor().transact(
-        {"from": w3.eth.accounts[0]})
-    address = w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
-    return w3.eth.contract(address=address, abi=artifact["abi"])
+    return deploy_library(w3, "Float64Functions")
 
 
 def _on_chain(library, kind, code, bits, batch=64) -> list[int]:
