@@ -276,6 +276,22 @@ def test_an_honest_step_with_unary_ops_never_loses_to_an_adversarial_challenger(
         assert won
 
 
+def test_a_program_op_of_an_unknown_code_never_holds_in_a_step_game():
+    """A step whose program names function code 9 (none) loses at that op, whatever its output: the contract
+    recomputes nothing for it (``unaryHolds`` false)."""
+    w3 = connect_pyevm()
+    client = StepProverClient(w3, deploy(w3, BOND, CLOCK, NO_LEDGER))
+    x, w = _state()
+    product = run_op(3, 16, 0, 1, x, w)
+    program = [(3, 16, 0, 1, 16, 16, 0, 1), (UNARY, 16, 9, 1, 16, 0, 2, 2)]
+    tensors = [x, w, product, run_op(UNARY, 16, 1, 1, product, product)]  # "code 9" computed as exp
+    trace = StepTrace([element_leaves(t) for t in tensors], program, [0, 3], 3)
+    won, _ = step_game(client, trace, w3.eth.accounts[1], w3.eth.accounts[2],
+                       dispute=lambda last: ("trace", 0), judge_root=lambda j, root: j <= 1,
+                       pick=lambda op: 0, judge=lambda *_: False, sums=lambda *_: 0)
+    assert not won
+
+
 # ------------------------------------------------------------------ fuzzing the mirror against training
 
 
