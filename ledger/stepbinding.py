@@ -84,8 +84,9 @@ def recover_data_key_signer(claim: DataKeyClaim, signature: bytes, chain_id: int
 @dataclass(frozen=True)
 class ReplicaKey:
     """What binds a later stage's contribution to its replica's key: the same round's stage-0 factors
-    (``ledger.chunkproof.Factors`` or anything with ``encode()``), the index of the replica's stage-0
-    contribution in them, and the later stage's member's 65-byte signature of :class:`DataKeyClaim`."""
+    (``ledger.chunkproof.Factors``, anything with ``encode()``, or their encoded bytes), the index of the
+    replica's stage-0 contribution in them, and the later stage's member's 65-byte signature of
+    :class:`DataKeyClaim`."""
 
     factors: Any
     index: int
@@ -135,10 +136,11 @@ def bind_run(record, stage_leaves: list, factors, index: int, prev_record, prev_
     key = listed_contributor(factors.encode(), index)
     tail = b""
     if replica is not None and stage > 0:
-        key = listed_contributor(replica.factors.encode(), replica.index)
+        zero = replica.factors if isinstance(replica.factors, bytes) else replica.factors.encode()
+        key = listed_contributor(zero, replica.index)
         if key == ZERO_KEY:
             raise LedgerInputError(f"stage-0 contribution {replica.index}: its factors list no member for it")
-        tail = replica_binding(leaves, replica.factors.encode(), replica.index, replica.signature)
+        tail = replica_binding(leaves, zero, replica.index, replica.signature)
     binding = (record.fields(), leaves[stage], tree_path(leaves, stage), factors.encode(), index, prev_fields,
                prev_leaves[stage], tree_path(prev_leaves, stage), tail)
     return RunSubject(record.run_id, record.round, stage, bytes(roots[index]),
