@@ -64,12 +64,12 @@ def _data_defender(committed, states, tmp_path, data: NodeData | None = None, **
                      data=data if data is not None else node_data(), **kwargs)
 
 
-def _claimed_batch_root(client, claim_id: bytes) -> bytes:
-    """The ``batchRoot`` of claim ``claim_id`` as the contract stored it (its RunClaimed transaction's)."""
+def claimed(client, claim_id: bytes) -> dict:
+    """Claim ``claim_id``'s ``RunClaim`` as the contract took it (its RunClaimed transaction's), by name."""
     events = client.contract.events.RunClaimed().get_logs(from_block=0)
     tx = next(e.transactionHash for e in events if bytes(e.args.claimId) == claim_id)
     _fn, args = client.contract.decode_function_input(client.w3.eth.get_transaction(tx)["input"])
-    return bytes(args["run"]["batchRoot"])
+    return dict(args["run"])
 
 
 def _challenge_data(client, claim_id: bytes, challenger: str, dispute: tuple) -> bytes:
@@ -88,7 +88,7 @@ def test_the_node_commits_its_batches_and_every_data_challenger_loses(request, b
     claim_id = _claim_of(client, cases, subject, node)
     assert subject.data_key == node  # stage 0: its own account, the member the factors list
     ours = batches_of(node, 1, TOY_STEPS)  # what its worker trained on
-    assert _claimed_batch_root(client, claim_id) == batch_root([batch_leaves(b) for b in ours])
+    assert bytes(claimed(client, claim_id)["batchRoot"]) == batch_root([batch_leaves(b) for b in ours])
     games = {_challenge_data(client, claim_id, _address(w3, c), dispute): (_address(w3, c), None)
              for c, dispute in DISPUTES.items()}
     liar = _address(w3, LIAR)

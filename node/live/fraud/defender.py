@@ -340,10 +340,11 @@ class CaseDefender:
 
     def _replica_subject(self, kept, subject, index: int):
         """A later stage's subject naming its replica's data key: this node's own account where it holds the
-        replica's stage 0 too (the round's stage-0 factors it kept list it), its ``DataKey`` signed
+        replica's stage 0 too (the round's stage-0 factors it kept list it), its ``DataKey`` signed and, as
+        the replica's stage-0 member, its ``ReplicaPartner`` counter-signature naming itself
         (docs/FRAUD_PROOF.md "The replica's key"); ConfigError where it did not keep them."""
         from ledger.chunkproof import Factors
-        from ledger.stepbinding import DataKeyClaim, ReplicaKey, sign_data_key
+        from ledger.stepbinding import DataKeyClaim, PartnerClaim, ReplicaKey, sign_data_key
         from node.store.rewardsources import read_sources
 
         client = self.chain.client
@@ -363,7 +364,10 @@ class CaseDefender:
                               "contribution, so no stage-0 key of its replica is on the record")
         claim = DataKeyClaim(self.run_id, kept.round, kept.stage, subject.payload_root, client.address)
         signature = sign_data_key(client.account, claim, chain_id, client.ledger_address)
-        return kept.subject(index, ReplicaKey(bytes(zero), listed.index(client.address.lower()), signature))
+        partnered = PartnerClaim(self.run_id, kept.round, kept.stage, client.address)
+        partner = sign_data_key(client.account, partnered, chain_id, client.ledger_address)
+        return kept.subject(index, ReplicaKey(bytes(zero), listed.index(client.address.lower()), signature,
+                                              partner))
 
     def _inputs(self, round_: int, stage: int, payload: bytes) -> tuple[list[bytes] | None, object]:
         """This node's start leaves of round ``round_ - 1`` and its payload pieces under ``payload`` of
