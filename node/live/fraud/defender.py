@@ -15,7 +15,10 @@ this node kept them, name it as the contributor) it
    from the committed start (node/stepprogram.py); in a run with the plain end rule (``endRuleOf`` 1) it
    also checks every element of the program's end against its contribution's payload pieces as an end
    dispute would (node/live/fraud/endcheck.py) and answers end disputes from them, and where one element
-   does not hold it posts no claim (it would lose its bond there) and says which;
+   does not hold it posts no claim (it would lose its bond there) and says which; in a run with data terms
+   (StepProver ``setData``) it commits the claim's batches, the windows of its replica's key drawn again from
+   its dataset, and answers data disputes from them (node/live/fraud/dataside.py), a later stage's claim
+   carrying its replica's key, signed (where this node holds the replica's stage 0 too);
 2. posts the run claim (``claimRun``, the run's bond) before the deadline;
 3. each time it looks, answers every game on its claim whose move is its own (``ledger.stepdefense``: one
    move per game, the honest defender's), and ends a game whose challenger let its clock run out
