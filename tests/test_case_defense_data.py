@@ -152,3 +152,28 @@ def test_a_node_that_cannot_draw_the_runs_batches_says_why(request, tmp_path, ca
     _defender(committed, states, tmp_path, program=data_program()).poll()  # no dataset given
     assert "no dataset" in caplog.text
     assert cases.case(subject)["claims"] == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_data_dispute_in_the_last_block_before_the_cases_end_is_answered_then_dismissed(request, backend,
+                                                                                        tmp_path):
+    """A challenger disputes the node's batch in the last block before the case's end (a dismissal taken
+    from the next block would leave the claim open to it): the node answers it, and dismisses the case only
+    once that game is decided; the challenger's bond and the opener's are the node's."""
+    w3 = _backend(request, backend)
+    client, cases, committed, states = _data_run(w3, tmp_path)
+    node, challenger = _address(w3, NODE), _address(w3, 7)
+    defender = _data_defender(committed, states, tmp_path)
+    subject, case = _open(cases, committed)
+    defender.poll()
+    claim_id = _claim_of(client, cases, subject, node)
+    _lands_at(w3, case["ends"] - 1)
+    game_id = _challenge_data(client, claim_id, challenger, (1, 1, 3))
+    assert w3.eth.block_number == case["ends"] - 1
+    before = w3.eth.get_balance(node)
+    for _ in range(3):
+        defender.poll()
+    assert client.game(game_id)["phase"] == PHASES.index("Done") and not client.wrong(claim_id)
+    assert cases.case(subject)["opener"] == "0x" + "00" * 20  # dismissed
+    assert client.contract.functions.balanceOf(node).call() == 0  # both bonds withdrawn
+    assert w3.eth.get_balance(node) - before > 2 * client.bond - 10**16
