@@ -100,7 +100,7 @@ def test_the_node_commits_its_batches_and_every_data_challenger_loses(request, b
     assert client.contract.functions.balanceOf(node).call() == len(games) * client.bond
 
 
-@pytest.mark.parametrize("backend", ["pyevm", "anvil"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_data_dispute_answered_in_the_clocks_last_block(request, backend, tmp_path):
     w3 = _backend(request, backend)
     client, cases, committed, states = _data_run(w3, tmp_path)
