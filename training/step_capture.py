@@ -169,6 +169,9 @@ class Capture:
         and broadcast along leading dimensions only, else made contiguous at ``shape``."""
         if not isinstance(t, torch.Tensor):
             return self.resolve(t)
+        if not self.tracked(t):  # a constant broadcast along leading dimensions: the rows it repeats
+            while t.dim() and (t.size(0) == 1 or t.stride(0) == 0):
+                t = t[0]
         dims = list(t.shape)
         while dims and dims[0] == 1:
             dims.pop(0)
