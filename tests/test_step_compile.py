@@ -59,6 +59,9 @@ def test_the_program_gives_the_trainers_step_bit_for_bit(step):
     assert [name for (name, want), q in zip(named, program.copies, strict=True)
             if _bits(tensors[q]) != _bits(want)] == []
     assert float(tensors[program.loss]) == trace.loss == compiled.loss
+    lean = run_program(program, compiled.start, compiled.batch, keep_all=False)  # what the bench runs
+    assert [_bits(lean[q]) for q in program.copies] == [_bits(tensors[q]) for q in program.copies]
+    assert sum(t is None for t in lean) > len(program.ops) // 2 and lean[program.loss] is not None
     have = {tensor_root(t, _flat_root) for t in [*tensors, *program.tables]}
     missing = [(i, name) for i, (_phase, name, root) in enumerate(trace.ops) if root not in have]
     # the RoPE tables' making (ops 1-9, before the model reads a weight) and value's (B, kv heads, T, d)

@@ -8,6 +8,7 @@ import contextlib
 import math
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from training.step_ops import (
@@ -45,10 +46,9 @@ class Capture:
 
     def __init__(self, keep_values: bool) -> None:
         self.program = Program()
-        self.where: dict[int, tuple[int, torch.dtype]] = {}
+        self.where: dict[int, tuple] = {}  # storage -> (program tensor, dtype, weak reference)
         self.broken: dict[int, str] = {}  # storage -> the unmapped operation that wrote it
         self.lengths: dict[int, int] = {}
-        self.alive: list[torch.Tensor] = []  # every storage followed, held (so no address is reused)
         self.values: dict[int, torch.Tensor] | None = {} if keep_values else None
         self.layouts: dict[tuple, int] = {}
         self.table_keys: dict[tuple, int] = {}
@@ -66,7 +66,18 @@ class Capture:
 
     def tracked(self, t) -> bool:
         return isinstance(t, torch.Tensor) and t.numel() > 0 \
-            and (key_of(t) in self.where or key_of(t) in self.broken)
+            and (self._live(self.where, t) is not None or self._live(self.broken, t) is not None)
+
+    @staticmethod
+    def _live(table: dict, t: torch.Tensor):
+        """``table``'s entry for ``t``'s storage; none where the storage it was made for has been freed (an
+        address reused by a new storage: weak references, so that the step's tensors are freed as in
+        training)."""
+        entry = table.get(key_of(t))
+        if entry is not None and entry[-1].expired():
+            del table[key_of(t)]
+            return None
+        return entry
 
     def register(self, t: torch.Tensor, pid: int) -> None:
         """Storage of ``t`` holds program tensor ``pid`` now (``t`` must be the whole storage)."""
@@ -83,14 +94,12 @@ class Capture:
             pid = self.emit(SCATTER, t.numel(), 0, 1, pid, pid, flat, (t.numel(), *layout))
             t = flat
         self.broken.pop(key_of(t), None)
-        self.where[key_of(t)] = (pid, t.dtype)
-        self.alive.append(t)
+        self.where[key_of(t)] = (pid, t.dtype, StorageWeakRef(t.untyped_storage()))
 
     def mark_broken(self, t: torch.Tensor, why: str) -> None:
         if t.numel() > 0:
             self.where.pop(key_of(t), None)
-            self.broken[key_of(t)] = why
-            self.alive.append(t)
+            self.broken[key_of(t)] = (why, StorageWeakRef(t.untyped_storage()))
 
     def length(self, index: int) -> int:
         if CONST_INPUT <= index < TABLE_INPUT:
@@ -136,13 +145,15 @@ class Capture:
         if not isinstance(t, torch.Tensor):
             return CONST_INPUT + float32_bits(float(t))
         view = t if shape is None or tuple(t.shape) == tuple(shape) else t.expand(shape)
-        if key_of(t) in self.broken:
+        broken = self._live(self.broken, t)
+        if broken is not None:
             raise StepCompileError(f"the step reads a tensor {tuple(t.shape)} written by "
-                                   f"{self.broken[key_of(t)]}, "
+                                   f"{broken[0]}, "
                                    "which the compiler does not map")
-        if key_of(t) not in self.where:
+        entry = self._live(self.where, t)
+        if entry is None:
             return self.constant(view)
-        pid, dtype = self.where[key_of(t)]
+        pid, dtype, _ref = entry
         if dtype != t.dtype:
             raise StepCompileError(f"the step reads a {dtype} tensor as {t.dtype}")
         if whole(view):
@@ -150,8 +161,8 @@ class Capture:
         sizes, strides, offset = tuple(view.shape), tuple(view.stride()), view.storage_offset()
         cache = (pid, sizes, strides, offset)
         if cache not in self.layouts:
-            with self.silent():
-                value = view.contiguous()
+            with self.silent():  # the value only where it is kept (emit reads its size otherwise)
+                value = view.contiguous() if self.values is not None else view
             self.layouts[cache] = self.emit(LAYOUT, view.numel(), 0, 1, pid, pid, value,
                                             (offset, len(sizes), *sizes, *strides))
         return self.layouts[cache]
@@ -269,7 +280,8 @@ def _cat(cap: Capture, func, name: str, args, kwargs):
     for part, source in zip(parts[1:], sources[1:]):
         done.append(part)
         with cap.silent():
-            value = torch.cat(done, dim)
+            size = rows * width + part.numel()
+            value = torch.cat(done, dim) if cap.values is not None else torch.empty(size)
         pid = cap.emit(CAT, rows, width, part.numel() // rows, pid, source, value)
         width += part.numel() // rows
     cap.register(out, pid)

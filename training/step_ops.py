@@ -176,20 +176,40 @@ def fetch(tensors: _Tensors, index: int) -> torch.Tensor:
     return table_or_leaf(tensors, index)
 
 
-def run_program(program: Program, state: list[torch.Tensor], batch: torch.Tensor | None
-                ) -> list[torch.Tensor]:
+def run_program(program: Program, state: list[torch.Tensor], batch: torch.Tensor | None,
+                keep_all: bool = True) -> list[torch.Tensor | None]:
     """The trace tensors of one step of ``program`` from ``state`` on ``batch`` (the state, then each op's
-    output, flat): StepProver's kinds by ``training.step_trace.run_op``, the rest by :func:`run_extra`."""
+    output, flat): StepProver's kinds by ``training.step_trace.run_op``, the rest by :func:`run_extra`.
+    ``keep_all`` False: each tensor dropped (None) after its last reader, but the end state's and the loss."""
     if len(state) != program.state:
         raise StepCompileError(f"run_program: {len(state)} state tensors for a program of {program.state}")
     tensors = _Tensors([t.detach().reshape(-1) for t in state], program.tables, batch)
-    for (kind, rows, inner, cols, _al, _bl, ai, bi), extra in zip(program.ops, program.extras):
+    last = {} if keep_all else _last_reads(program)
+    for j, (spec, extra) in enumerate(zip(program.ops, program.extras)):
+        kind, rows, inner, cols, _al, _bl, ai, bi = spec
         a, b = fetch(tensors, ai), fetch(tensors, bi)
         if kind >= 16:
             tensors.append(run_extra(kind, rows, inner, cols, a, b, extra, tensors))
         else:
             tensors.append(run_op(kind, rows, inner, cols, a, b))
+        for index in last.get(j, ()):
+            tensors[index] = None
     return list(tensors)
+
+
+def _last_reads(program: Program) -> dict[int, list[int]]:
+    """Op ``j`` -> the trace leaves no op after it reads (the end state's and the loss never)."""
+    kept = set(program.copies) | {program.loss}
+    last: dict[int, int] = {}
+    for j, ((kind, *_shape, ai, bi), extra) in enumerate(zip(program.ops, program.extras)):
+        for index in (ai, bi, *(extra[:1] if kind == SELECT else ())):
+            if index < DATA_INPUT:
+                last[index] = j
+    out: dict[int, list[int]] = {}
+    for index, j in last.items():
+        if index not in kept:
+            out.setdefault(j, []).append(index)
+    return out
 
 
 def counts(program: Program, steps: int) -> dict:
