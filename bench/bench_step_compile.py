@@ -60,12 +60,12 @@ def model_case(preset: str) -> dict:
     loss = reference.train_step(batch[:, :-1], batch[:, 1:])
     same = all(_bits(t) == _bits(want) for t, (_, want) in zip(end, state_tensors(reference), strict=True))
     same_loss = loss_bits == _bits(torch.tensor([loss], dtype=torch.float32))
-    table = {str(h): counts(compiled.program, h) for h in STEPS}
-    out = table[str(STEPS[1])]
+    table = {str(h): counts(compiled.program, h)["halvings"] for h in STEPS}
+    out = counts(compiled.program, STEPS[1])
     out.pop("steps")
-    out["halvings"] = {str(h): t["halvings"] for h, t in table.items()}
-    out["moves_estimate"] = {h: {k: 2 * v + MOVES_CONSTANT for k, v in t["halvings"].items()}
-                             for h, t in table.items()}
+    out["halvings"] = table
+    out["moves_estimate"] = {h: {k: 2 * v + MOVES_CONSTANT for k, v in halvings.items()}
+                             for h, halvings in table.items()}
     out.update({"parameters": sum(p.numel() for p in reference.stage_modules[0].parameters()),
                 "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "batch_rows": BATCH,
                 "end_state_bits_equal": same, "loss_bits_equal": same_loss,

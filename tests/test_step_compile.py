@@ -20,7 +20,7 @@ import torch
 from training.exact_probe import trainer_for
 from training.step_compile import compile_step
 from training.step_ops import (
-    LAYOUT, NAMES, ON_CHAIN, TABLE_INPUT, Program, StepCompileError, counts, run_program,
+    LAYOUT, NAMES, ON_CHAIN, TABLE_INPUT, Program, StepCompileError, counts, output_size, run_program,
 )
 from training.step_trace import MATMUL, TREESUM, state_tensors, tensor_root, trace_steps
 
@@ -120,3 +120,10 @@ def test_what_the_compiler_refuses_is_named():
         compile_step(good, batch.float())
     with pytest.raises(StepCompileError, match="2 state tensors for a program of 3"):
         run_program(Program(names=["a", "b", "c"]), [torch.zeros(1), torch.zeros(1)], None)
+
+
+def test_each_ops_size_is_its_output(step):
+    compiled, _reference, _trace, tensors = step
+    program = compiled.program
+    for j, (spec, extra) in enumerate(zip(program.ops, program.extras)):
+        assert output_size(*spec[:4], extra) == tensors[program.state + j].numel(), (j, spec)

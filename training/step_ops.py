@@ -212,6 +212,19 @@ def _last_reads(program: Program) -> dict[int, list[int]]:
     return out
 
 
+def output_size(kind: int, rows: int, inner: int, cols: int, extra) -> int:
+    """The number of output elements (32-bit words) of an op."""
+    if kind in (MATMUL, TREESUM, MAX, ONEHOT, GATHER, INDEX_ADD):
+        return rows * cols
+    if kind == BMM:
+        return extra[0] * rows * cols
+    if kind == CAT:
+        return rows * (inner + cols)
+    if kind == SQNORM:  # one float64: two words
+        return 2
+    return rows
+
+
 def counts(program: Program, steps: int) -> dict:
     """The program's size (ops per kind, output elements, trace depth, ops not on chain yet, the longest
     inner game) and the bisection's halvings for ``steps`` inner steps: ``ceil(log2 H) + ceil(log2 ops) +
@@ -219,11 +232,10 @@ def counts(program: Program, steps: int) -> dict:
     kinds: Counter = Counter()
     elements: Counter = Counter()
     k_chain = k_all = 1
-    for kind, rows, inner, cols, *_rest in program.ops:
+    for (kind, rows, inner, cols, *_rest), extra in zip(program.ops, program.extras):
         name = NAMES.get(kind, str(kind))
         kinds[name] += 1
-        out = rows * cols if kind in (MATMUL, TREESUM, MAX, BMM, ONEHOT, CAT) else rows
-        elements[name] += out
+        elements[name] += output_size(kind, rows, inner, cols, extra)
         if kind in (MATMUL, TREESUM):
             k_chain = max(k_chain, inner)
         if kind in (MATMUL, TREESUM, BMM, MAX):
