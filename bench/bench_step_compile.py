@@ -8,6 +8,7 @@ tree's depth, the ops whose kind no contract computes yet (kinds >= 16), the con
 game (``k``: an on-chain product's or tree sum's, and any op's), and the bisection's halvings
 ``ceil(log2 H) + ceil(log2 ops) + ceil(log2 k)`` for H inner steps, with the moves estimated as two a halving
 plus the toy's measured constant (bench/bench_step_proof.py ``steps_level``: 27 moves for 12 halvings).
+Writes bench/results/step_compile.json.
 
     .venv/bin/python bench/bench_step_compile.py                          # mini and llama-20m
     .venv/bin/python bench/bench_step_compile.py --models llama-tiny      # one
