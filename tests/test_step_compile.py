@@ -127,3 +127,24 @@ def test_each_ops_size_is_its_output(step):
     program = compiled.program
     for j, (spec, extra) in enumerate(zip(program.ops, program.extras)):
         assert output_size(*spec[:4], extra) == tensors[program.state + j].numel(), (j, spec)
+
+
+def test_run_op_computes_the_elementwise_functions_as_the_kernels():
+    """Kinds 8 and 9 (helper fn78's numbering) in ``run_op``: the kernels' value and slope bits."""
+    from training import exact_kernel
+    from training.exact_ops import unary_values
+    from training.step_trace import UNARY, UNARY_CODES, UNARY_SLOPE, run_op
+
+    x = torch.linspace(0.05, 4.0, 97)  # positive: log, rsqrt and sqrt are defined
+    for code, name in UNARY_CODES.items():
+        if name == "sqrt":
+            assert _bits(run_op(UNARY, 97, code, 1, x, x)) == _bits(exact_kernel.sqrt(x, 3))
+            with pytest.raises(ValueError, match="no elementwise function 8 for op kind 9"):
+                run_op(UNARY_SLOPE, 97, code, 1, x, x)
+            continue
+        with exact_kernel.using(3):
+            value, slope = unary_values(name, x)
+        assert _bits(run_op(UNARY, 97, code, 1, x, x)) == _bits(value), name
+        assert _bits(run_op(UNARY_SLOPE, 97, code, 1, x, x)) == _bits(slope), name
+    with pytest.raises(ValueError, match="no elementwise function 9"):
+        run_op(UNARY, 97, 9, 1, x, x)
