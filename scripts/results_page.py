@@ -369,8 +369,8 @@ SECTIONS = (
             "bisecting its k-order partial sums down to one float32 multiply and add (a tree sum's: by "
             "descending its tree to one float32 add or one element), under the levels over "
             "the ops of a step and over the H inner steps (a run claim bound to a contribution the ledger's "
-            "record lists); a model's step maps to a program of those ops and others no contract computes yet "
-            "(step_compile.json below; docs/FRAUD_PROOF.md)."),
+            "record lists); a model's step maps to a program of those ops and others no contract computes "
+            "yet (step_compile.json below; docs/FRAUD_PROOF.md)."),
     Section("step_compile.json", "A real model's inner step as a step program", "bench/bench_step_compile.py",
             step_compile,
             "Issue 78: the whole step (forward, backward, clip, AdamW) maps to element-level ops whose run "
