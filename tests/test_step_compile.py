@@ -85,6 +85,20 @@ def test_the_program_is_the_step_not_any_run(step):
     assert any(_bits(again[q]) != _bits(tensors[q]) for q in program.copies)
 
 
+def test_the_program_is_the_step_on_another_batch(step):
+    """Compiled on one batch, run on another from the same start: the trainer's step on that batch, so no
+    value of the compiling batch is a constant of the program (the targets' pick, the clip's factor)."""
+    compiled = step[0]
+    cfg, other = trainer_for(PRESET, "adamw", True, 2, 3)
+    generator = torch.Generator().manual_seed(8)
+    batch = torch.randint(0, cfg.vocab_size, (2, cfg.block_size + 1), generator=generator)
+    assert not torch.equal(batch, compiled.batch)
+    loss = other.train_step(batch[:, :-1], batch[:, 1:])
+    tensors = run_program(compiled.program, compiled.start, batch, keep_all=False)
+    assert [_bits(tensors[q]) for q in compiled.program.copies] == [_bits(t) for _, t in state_tensors(other)]
+    assert float(tensors[compiled.program.loss]) == loss
+
+
 def test_the_program_counts(step):
     compiled = step[0]
     program = compiled.program
@@ -148,3 +162,20 @@ def test_run_op_computes_the_elementwise_functions_as_the_kernels():
         assert _bits(run_op(UNARY_SLOPE, 97, code, 1, x, x)) == _bits(slope), name
     with pytest.raises(ValueError, match="no elementwise function 9"):
         run_op(UNARY, 97, 9, 1, x, x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["mini", "llama-mini"])
+def test_other_models_compile_to_their_step(preset):
+    """GPT-2 (``mini``: LayerNorm, tanh-GELU, learned positions, biases, a tied head) and ``llama-mini``:
+    compiled on one batch, run on another, the trainer's bits."""
+    cfg, trainer = trainer_for(preset, "adamw", True, 2, 3)
+    generator = torch.Generator().manual_seed(7)
+    first, second = (torch.randint(0, cfg.vocab_size, (2, cfg.block_size + 1), generator=generator)
+                     for _ in range(2))
+    compiled = compile_step(trainer, first)
+    _, other = trainer_for(preset, "adamw", True, 2, 3)
+    loss = other.train_step(second[:, :-1], second[:, 1:])
+    tensors = run_program(compiled.program, compiled.start, second, keep_all=False)
+    assert [_bits(tensors[q]) for q in compiled.program.copies] == [_bits(t) for _, t in state_tensors(other)]
+    assert float(tensors[compiled.program.loss]) == loss

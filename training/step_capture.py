@@ -322,9 +322,7 @@ HANDLERS = {**{n: _binary for n in ("add", "sub", "mul", "div", "rsub", "add_", 
 
 #: Operations whose result does not depend on their inputs' values (a constant, then followed as one).
 CREATORS = frozenset({"full_like", "zeros_like", "ones_like", "empty_like", "new_zeros", "new_ones",
-                      "new_empty", "new_full", "new_empty_strided", "empty_strided", "_local_scalar_dense",
-                      "aminmax", "min",
-                      "max", "eq", "ne", "lt", "gt", "le", "ge"})
+                      "new_empty", "new_full", "new_empty_strided", "empty_strided", "_local_scalar_dense"})
 
 
 def _unmapped(cap: Capture, func, name: str, args, kwargs):
