@@ -27,7 +27,9 @@ the end state bit for bit (tests/test_step_compile.py).
 
 What the program is of: **one** inner step, the index ``t`` fixed: AdamW's bias corrections ``1 - beta^t``
 and the learning rate of step ``t`` are constants in it (a program for all H steps needs the step counter as
-state; docs/FRAUD_PROOF.md). One stage in one process (``LocalReplicaTrainer`` with one stage).
+state; docs/FRAUD_PROOF.md). One stage in one process (``LocalReplicaTrainer`` with one stage). While it runs,
+the kernels, ``training.pipeline.inner_step`` and AdamW's compiled pass are replaced process-wide: no other
+thread of the process may train meanwhile.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def compile_step(trainer, batch: torch.Tensor, keep_values: bool = False) -> Com
         for name, fn in originals.items():
             setattr(exact_kernel, name, fn)
         pipeline_module.inner_step, exact_optim._compiled_step = saved
-        del trainer.loss
+        trainer.__dict__.pop("loss", None)
     cap.program.copies = [cap.resolve(tensor) for _, tensor in named]
     cap.program.loss = cap.resolve(losses[-1]) if losses else -1
     program, values = prune(cap.program, cap.values)
