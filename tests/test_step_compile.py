@@ -167,7 +167,7 @@ def test_run_op_computes_the_elementwise_functions_as_the_kernels():
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["mini", "llama-mini"])
 def test_other_models_compile_to_their_step(preset):
-    """GPT-2 (``mini``: LayerNorm, tanh-GELU, learned positions, biases, a tied head) and ``llama-mini``:
+    """GPT-2 (``mini``: LayerNorm, tanh-GELU, learned positions, biases, an untied head) and ``llama-mini``:
     compiled on one batch, run on another, the trainer's bits."""
     cfg, trainer = trainer_for(preset, "adamw", True, 2, 3)
     generator = torch.Generator().manual_seed(7)
