@@ -179,3 +179,16 @@ def test_other_models_compile_to_their_step(preset):
     tensors = run_program(compiled.program, compiled.start, second, keep_all=False)
     assert [_bits(tensors[q]) for q in compiled.program.copies] == [_bits(t) for _, t in state_tensors(other)]
     assert float(tensors[compiled.program.loss]) == loss
+
+
+def test_the_program_as_json_runs_the_same(step):
+    compiled, _reference, _trace, tensors = step
+    text = compiled.program.to_json()
+    loaded = Program.from_json(text)
+    assert loaded.to_json() == text and loaded.names == compiled.program.names
+    again = run_program(loaded, compiled.start, compiled.batch, keep_all=False)
+    assert [_bits(again[q]) for q in loaded.copies] == [_bits(tensors[q]) for q in compiled.program.copies]
+    with pytest.raises(StepCompileError, match="step program JSON: KeyError"):
+        Program.from_json('{"ops": []}')
+    with pytest.raises(StepCompileError, match="8 fields"):
+        Program.from_json(text.replace('"extras": [[', '"extras": [[], [', 1))

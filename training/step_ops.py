@@ -32,6 +32,7 @@ causal mask, a constant gradient), as ``CONST_INPUT + bits`` names a constant sc
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -155,9 +156,44 @@ class Program:
     def state(self) -> int:
         return len(self.names)
 
+    def to_json(self) -> str:
+        """The program as JSON: ``ops`` (8 fields each), ``extras``, ``copies``, ``names``, ``loss`` and each
+        table as its dtype code and its values' bits (a table of floats: their 32-bit patterns)."""
+        return json.dumps({"ops": [list(op) for op in self.ops], "extras": [list(e) for e in self.extras],
+                           "copies": self.copies, "names": self.names, "loss": self.loss,
+                           "tables": [[DTYPE_CODES[t.dtype], _table_words(t)] for t in self.tables]})
+
+    @classmethod
+    def from_json(cls, text: str) -> Program:
+        """The program :meth:`to_json` wrote; StepCompileError naming what is wrong."""
+        try:
+            value = json.loads(text)
+            program = cls([tuple(int(v) for v in op) for op in value["ops"]],
+                          [tuple(int(v) for v in e) for e in value["extras"]],
+                          [int(c) for c in value["copies"]], [_table_of(int(code), words)
+                                                              for code, words in value["tables"]],
+                          [str(n) for n in value["names"]], int(value["loss"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StepCompileError(f"step program JSON: {type(exc).__name__}: {exc}"[:300]) from None
+        if len(program.ops) != len(program.extras) or any(len(op) != 8 for op in program.ops):
+            raise StepCompileError("step program JSON: each op has 8 fields and an extras entry")
+        return program
+
     @property
     def depth(self) -> int:
         return max(1, math.ceil(math.log2(self.state + len(self.ops))))
+
+
+def _table_words(t: torch.Tensor) -> list[int]:
+    if t.dtype == torch.float32:
+        return t.view(torch.int32).numpy().astype(np.uint32).tolist()
+    return t.to(torch.int64).tolist()
+
+
+def _table_of(code: int, words: list[int]) -> torch.Tensor:
+    if DTYPES[code] == torch.float32:
+        return torch.from_numpy(np.array(words, dtype=np.uint32).view(np.float32))
+    return torch.tensor(words, dtype=torch.int64).to(DTYPES[code])
 
 
 class _Tensors(list):
