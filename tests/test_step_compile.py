@@ -17,12 +17,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from training.config import ModelConfig
 from training.exact_probe import trainer_for
 from training.step_compile import compile_step
 from training.step_ops import (
     LAYOUT, NAMES, ON_CHAIN, TABLE_INPUT, Program, StepCompileError, counts, output_size, run_program,
 )
-from training.step_trace import MATMUL, TREESUM, state_tensors, tensor_root, trace_steps
+from training.step_trace import CONST_INPUT, MATMUL, TREESUM, state_tensors, tensor_root, trace_steps
 
 PRESET = "llama-tiny"
 
@@ -45,7 +46,11 @@ def step():
     compiled = compile_step(trainer, batch, keep_values=True)
     _, reference = trainer_for(PRESET, "adamw", True, 2, 3)
     _, traces = trace_steps(reference, [(batch[:, :-1], batch[:, 1:])], _flat_root)
+    STEPPED.append(trainer)  # after its first step: test_the_next_steps_program_differs_in_constants
     return compiled, reference, traces[0], run_program(compiled.program, compiled.start, batch)
+
+
+STEPPED: list = []
 
 
 def test_the_program_gives_the_trainers_step_bit_for_bit(step):
@@ -192,3 +197,19 @@ def test_the_program_as_json_runs_the_same(step):
         Program.from_json('{"ops": []}')
     with pytest.raises(StepCompileError, match="8 fields"):
         Program.from_json(text.replace('"extras": [[', '"extras": [[], [', 1))
+
+
+def test_the_next_steps_program_differs_in_constants_only(step):
+    """Step 2's program is step 1's but for AdamW's constants of the step index: per parameter the divisor
+    ``sqrt(1 - beta2^t)`` and the factor ``lr / (1 - beta1^t)`` (one program per step index, docs/
+    FRAUD_PROOF.md "The model's step as a program" (c))."""
+    first = step[0].program
+    vocab = ModelConfig(preset=PRESET).vocab_size
+    batch = torch.randint(0, vocab, tuple(step[0].batch.shape), generator=torch.Generator().manual_seed(9))
+    second = compile_step(STEPPED[0], batch).program
+    assert (second.extras, second.copies, second.names) == (first.extras, first.copies, first.names)
+    differ = [(a, b) for a, b in zip(first.ops, second.ops, strict=True) if a != b]
+    assert all(a[:6] == b[:6] and all(x == y or min(x, y) >= CONST_INPUT for x, y in zip(a[6:], b[6:]))
+               for a, b in differ)
+    grads = sum(1 for name in first.names if not name.endswith(("/exp_avg", "/exp_avg_sq")))
+    assert sorted({a[0] for a, _ in differ}) == [3, 4] and len(differ) == 2 * grads
