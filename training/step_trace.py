@@ -197,12 +197,6 @@ def tree_levels_of(values: np.ndarray) -> list[list[int]]:
 #: broadcast as ``e % len``), the ordered product, the embedding's lookup (``GATHER``: ``a`` the ids) and the
 #: tree sum of each row of ``inner`` elements (``TREESUM``: ``b`` unread).
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
-#: The elementwise functions (contracts/src/Float64Functions.sol): ``UNARY`` ``out[e] = f(a[e])``,
-#: ``UNARY_SLOPE`` ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor), ``f`` the op's ``inner``
-#: (:data:`UNARY_CODES`).
-UNARY, UNARY_SLOPE = 8, 9
-#: Function code -> ``training.exact_ops.UNARY`` name (8: kernel version 3's ``sqrt``, which has no slope).
-UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
 
 
 #: A program input index ``CONST_INPUT + bits``: the one-element tensor of float32 ``bits`` (StepProver's
@@ -235,6 +229,29 @@ def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: to
     return partial_sums(a.reshape(rows, inner), b.reshape(inner, cols), elem // cols, elem % cols)[point]
 
 
+#: The elementwise functions (contracts/src/Float64Functions.sol, StepProverMath; ledger/stepfunctions.py):
+#: ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE`` ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor),
+#: ``f`` by its code in ``inner``.
+UNARY, UNARY_SLOPE = 8, 9
+UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
+
+
+def _unary(kind: int, code: int, x: torch.Tensor) -> torch.Tensor:
+    """``UNARY`` / ``UNARY_SLOPE`` of function ``code`` at float32 ``x``: ``exact_ops.unary_values`` (kernel
+    version 3's bits), the square root ``exact_kernel.sqrt`` (correctly rounded; its slope is not defined)."""
+    from training import exact_kernel
+    from training.exact_ops import unary_values
+
+    name = UNARY_CODES.get(code)
+    if name is None or (name == "sqrt" and kind == UNARY_SLOPE):
+        raise ValueError(f"run_op: no elementwise function {code} for op kind {kind}")
+    if name == "sqrt":
+        return exact_kernel.sqrt(x, 3)
+    with exact_kernel.using(3):
+        value, slope = unary_values(name, x)
+    return value if kind == UNARY else slope
+
+
 def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
     (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
@@ -249,7 +266,7 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
     if kind == GATHER:
         return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
     if kind in (UNARY, UNARY_SLOPE):
-        return unary_op(kind, inner, a.detach().reshape(-1).float()[:rows])
+        return _unary(kind, inner, a.detach().reshape(-1).float())
 
     a, b = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
     if kind == MATMUL:
@@ -260,19 +277,3 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
     if kind not in ops:
         raise ValueError(f"run_op: unknown op kind {kind}")
     return ops[kind](x, y)
-
-
-def unary_op(kind: int, code: int, x: torch.Tensor) -> torch.Tensor:
-    """``UNARY`` or ``UNARY_SLOPE`` op of function ``code`` (:data:`UNARY_CODES`) at float32 ``x``: the value
-    or the derivative of ``training.exact_kernel.unary32`` (the formulas of ``training.exact_ops.UNARY``,
-    rounded once), ``sqrt`` kernel version 3's; ValueError for another code, or a slope of ``sqrt``."""
-    from training import exact_kernel
-
-    name = UNARY_CODES.get(code)
-    if name is None or (kind == UNARY_SLOPE and name == "sqrt") or kind not in (UNARY, UNARY_SLOPE):
-        raise ValueError(f"run_op: op kind {kind} has no function code {code} (codes {sorted(UNARY_CODES)}; "
-                         "no slope of sqrt)")
-    if name == "sqrt":
-        return exact_kernel.sqrt(x, 3)
-    value, slope = exact_kernel.unary32(name, x)
-    return value if kind == UNARY else slope
