@@ -39,15 +39,26 @@ from training.step_trace import (
     GATHER,
     MATMUL,
     TREESUM,
+    UNARY,
+    UNARY_CODES,
+    UNARY_SLOPE,
     element_leaves,
     op_point,
     program_input,
     run_op,
 )
 
-#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, GATHER, TREESUM).
-KINDS = (*range(1, MATMUL + 1), GATHER, TREESUM)
+#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, GATHER, TREESUM, the unary two).
+KINDS = (*range(1, MATMUL + 1), GATHER, TREESUM, UNARY, UNARY_SLOPE)
 
+
+
+def _unary_shape(spec) -> bool:
+    """Whether UNARY / UNARY_SLOPE op ``spec`` has the shape StepProverMath.checkOp takes."""
+    kind, rows, code, cols, a_len, b_len = spec[:6]
+    name = UNARY_CODES.get(code)
+    return name is not None and not (kind == UNARY_SLOPE and name == "sqrt") and cols == 1 and a_len == rows \
+        and b_len == 0
 
 @dataclass(frozen=True)
 class StepProgram:
@@ -68,8 +79,12 @@ class StepProgram:
         for j, spec in enumerate(self.ops):
             if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec[:6]) \
                     or not all(0 <= v < 2 * CONST_INPUT for v in spec[6:]):
-                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-7, rows, inner, "
+                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-9, rows, inner, "
                                   "cols, a_len, b_len, a_index, b_index]")
+            if spec[0] in (UNARY, UNARY_SLOPE) and not _unary_shape(spec):
+                raise ConfigError(f"step program: op {j} {list(spec)}: an elementwise function takes a code "
+                                  f"of {sorted(UNARY_CODES)} in inner (no slope of sqrt), cols 1, a_len = "
+                                  "rows and b_len 0 (StepProverMath.checkOp)")
             # the rest: constants and the step's batch (DATA_INPUT)
             leaves = [index for index in spec[6:] if index < CONST_INPUT and index != DATA_INPUT]
             if leaves and max(leaves) >= state + j:

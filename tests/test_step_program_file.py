@@ -18,7 +18,10 @@ from tests.test_step_proof_run import _run, _start_state, _traces
 
 @pytest.mark.parametrize("change, why", [
     (lambda p: p.pop("ops"), "KeyError"),
-    (lambda p: p.update(ops=[[9, 1, 0, 1, 1, 1, 0, 0]]), "is not [kind 1-7"),
+    (lambda p: p.update(ops=[[10, 1, 0, 1, 1, 1, 0, 0]]), "is not [kind 1-9"),
+    (lambda p: p["ops"].__setitem__(0, [8, 3, 9, 1, 3, 0, 0, 0]), "an elementwise function takes a code"),
+    (lambda p: p["ops"].__setitem__(0, [9, 3, 8, 1, 3, 0, 0, 0]), "no slope of sqrt"),
+    (lambda p: p["ops"].__setitem__(0, [8, 3, 1, 1, 3, 3, 0, 0]), "b_len 0"),
     (lambda p: p["ops"].__setitem__(0, [5, 3, 4, 8, 12, 32, 0, 3]), "reads trace leaf 3, not one before it"),
     (lambda p: p.update(depth=2), "depth 2 holds no 8 trace leaves"),
     (lambda p: p.update(copies=[0, 6, 8]), "past the 8 trace leaves"),
@@ -44,3 +47,16 @@ def test_another_program_than_the_chains_is_refused_and_the_toy_runs_from_the_co
         program.check_on(program_hash(program.head()), bytes(32))
     side = program.defense(list(toy_round().prev.weight_leaves), TOY_STEPS)
     assert side.roots == state_roots(_traces(_run(_start_state())))
+
+
+def test_a_program_with_the_elementwise_functions_loads(tmp_path):
+    """Kinds 8 and 9 (UNARY, UNARY_SLOPE; StepProverMath since fn78) load with a code in `inner`; the node's
+    runner computes them (training.step_trace.run_op)."""
+    program = json.loads(toy_program().to_json())
+    rows = program["ops"][0][1]
+    program["ops"][0] = [8, rows, 7, 1, rows, 0, 0, 0]
+    program["ops"][1][:6] = [9, rows, 5, 1, rows, 0]
+    path = tmp_path / "program.json"
+    path.write_text(json.dumps(program))
+    loaded = StepProgram.load(path)
+    assert [spec[:3] for spec in loaded.ops[:2]] == [(8, rows, 7), (9, rows, 5)]
