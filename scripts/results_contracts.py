@@ -181,7 +181,8 @@ def step_proof(r: dict) -> list[str]:
     level = r.get("steps_level")
     if level:
         lines += ["", f"All three levels on py-evm on {level['program']} run H = {level['steps']} times "
-                  f"(a model's step is not mapped to a program yet): a one-ulp cheat in step "
+                  "(a model's step maps to a program whose layout ops are not on chain yet: step_compile): "
+                  f"a one-ulp cheat in step "
                   f"{level['cheat_step']} proven: {'yes' if level['one_ulp_cheat_proven'] else 'NO'} "
                   f"({level['cheat_game_moves']} moves); the honest run upheld against a challenger that "
                   f"disputes everything: {'yes' if level['honest_upheld'] else 'NO'} "
