@@ -24,18 +24,23 @@ BUILD_INPUT = CONTRACTS_DIR / "build" / "input.json"
 NAMES = (
     "NodeRegistry", "TrainingLedger", "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
     "AggregationProver", "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding",
-    "StepProver", "StepProverMath", "StepProverBinding", "Float32Harness", "NormHarness", "AnswerRelay",
+    "StepProver", "StepProverMath", "StepProverBinding", "Float64Functions", "Float32Harness", "NormHarness",
+    "AnswerRelay",
     "RewardPool",
     "ReentrantClaimer", "QuirkyToken",
 )
 #: StepProver's linked libraries (ledger.stepproof.deploy deploys them first for a StepProver of its own).
 STEP_LIBRARIES = ("StepProverMath", "StepProverBinding")
+#: The library StepProverMath links (the elementwise functions' soft-float: deployed before it, linked into
+#: its code; the one library that links another).
+MATH_LIBRARIES = ("Float64Functions",)
 #: The linked libraries, in deployment order: TrainingLedger's, then AggregationProver's, then StepProver's
 #: (the ledger's constructor creates the prover, whose constructor creates the ledger's StepProver, so the
-#: ledger's creation code links all three sets). None links another.
+#: ledger's creation code links all three sets), StepProverMath's own first (each is linked to the ones before
+#: it: :func:`link` with the addresses so far).
 LIBRARIES = (
     "LedgerMembership", "LedgerDisputes", "LedgerAccusations",
-    "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding", *STEP_LIBRARIES,
+    "ProverChunks", "ProverNorms", "ProverAvailability", "ProverBinding", *MATH_LIBRARIES, *STEP_LIBRARIES,
 )
 #: EIP-170: the most bytes of code a contract may deploy (build.js fails past 90% of it).
 CODE_SIZE_LIMIT = 24_576

@@ -23,7 +23,7 @@ const SOURCES = [
   "src/Float32.sol",
   "src/Float32General.sol", "src/NormRule.sol",
   "src/test/Float32Harness.sol", "src/test/NormHarness.sol", "src/test/AnswerRelay.sol",
-  "src/StepProver.sol", "src/StepProverMath.sol", "src/StepProverBinding.sol",
+  "src/StepProver.sol", "src/StepProverMath.sol", "src/Float64Functions.sol", "src/StepProverBinding.sol",
   "src/RewardPool.sol", "src/test/ReentrantClaimer.sol", "src/test/QuirkyToken.sol",
 ];
 // Every deployed contract and linked library (an artifact each; contracts/__init__.py NAMES lists them too).
@@ -40,6 +40,7 @@ const CONTRACTS = {
   "src/ProverBinding.sol": "ProverBinding",
   "src/StepProver.sol": "StepProver",
   "src/StepProverMath.sol": "StepProverMath",
+  "src/Float64Functions.sol": "Float64Functions",
   "src/StepProverBinding.sol": "StepProverBinding",
   "src/test/Float32Harness.sol": "Float32Harness",
   "src/test/NormHarness.sol": "NormHarness",

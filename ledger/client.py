@@ -138,7 +138,9 @@ class LedgerClient(EventReads, RunCalls, DisputeCalls, ProofCalls):
         """
         check_uint("min_stake", min_stake, 2**256 - 1)
         sender = TransactionSender(w3, account, retry=retry, fees=fees, receipt_timeout=receipt_timeout)
-        linked = {name: sender.deploy(contracts.artifact(name)) for name in contracts.LIBRARIES}
+        linked: dict[str, str] = {}
+        for name in contracts.LIBRARIES:  # each linked to those before it (StepProverMath: Float64Functions)
+            linked[name] = sender.deploy(contracts.artifact(name), libraries=linked)
         registry = sender.deploy(contracts.artifact("NodeRegistry"), (min_stake,))
         ledger = sender.deploy(contracts.artifact("TrainingLedger"), (registry,), libraries=linked)
         logger.info("deployed NodeRegistry at %s and TrainingLedger at %s (libraries: %s)", registry, ledger,

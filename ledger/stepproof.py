@@ -21,6 +21,7 @@ from ledger.chunkproof import tree_path, tree_root
 
 CHUNK = 64
 ADD, SUB, MUL, DIV, MATMUL, GATHER, TREESUM = 1, 2, 3, 4, 5, 6, 7
+UNARY, UNARY_SLOPE = 8, 9  # ``inner`` the function code (ledger.stepfunctions.CODES), ``b`` unread
 #: A program input index naming the step's batch (StepProver.DATA_INPUT): the claim's ``batchRoot`` leaf.
 DATA_INPUT = 2**32 - 1
 #: A program input index ``CONST_INPUT + bits`` names the one-element tensor of float32 ``bits``
@@ -79,6 +80,8 @@ def output_opening(op: Operation, elem: int) -> tuple:
         place = int.from_bytes(token[pos:pos + 4], "big") * op.cols + elem % op.cols
         return (opening(op.out, elem), opening(op.a, elem // op.cols),
                 opening(op.b, place) if place < op.b_len else EMPTY)
+    if op.kind in (UNARY, UNARY_SLOPE):  # out[e] = f(a[e]): b unread
+        return opening(op.out, elem), opening(op.a, elem), EMPTY
     return opening(op.out, elem), opening(op.a, elem % op.a_len), opening(op.b, elem % op.b_len)
 
 
@@ -101,8 +104,10 @@ def deploy(w3, bond: int, clock_blocks: int, ledger: str, sender: str | None = N
         tx = w3.eth.contract(abi=abi, bytecode=bytecode).constructor(*args).transact({"from": sender})
         return w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
 
-    libraries = {name: create(contracts.artifact(name)["bytecode"], contracts.artifact(name)["abi"])
-                 for name in contracts.STEP_LIBRARIES}
+    libraries: dict[str, str] = {}
+    for name in (*contracts.MATH_LIBRARIES, *contracts.STEP_LIBRARIES):  # each linked to the ones before
+        artifact = contracts.artifact(name)
+        libraries[name] = create(contracts.link(artifact, libraries), artifact["abi"])
     artifact = contracts.artifact("StepProver")
     return create(contracts.link(artifact, libraries), artifact["abi"], bond, clock_blocks, ledger)
 

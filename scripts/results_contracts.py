@@ -292,3 +292,18 @@ def _pool_mutation_run(r: dict) -> list[str]:
               f"catch it" + (f"; missed: {', '.join(r['missed'])}" if r["missed"] else "") + "."), ""]
     header = ["mutation", "the bug", "meant to trip", "tripped", "seconds", "verdict"]
     return lines + table(header, rows) + [""]
+
+
+def step_unary(r: dict) -> list[str]:
+    """bench/bench_step_unary.py: the elementwise functions' final step (issue 78)."""
+    rows = [[row["kind"], row["function"], row["inputs_tried"], f"{row['worst_input']:.6g}",
+             f"{row['function_gas_worst']:,}", f"{row['function_gas_median']:,}",
+             f"{row['final_move_gas']:,}", "yes" if row["honest_upheld"] else "NO",
+             "yes" if row["one_ulp_cheat_proven"] else "NO"] for row in r["rows"]]
+    bound = f"Every move at most {r['max_gas_any_move']:,} gas (bound {r['move_bound']:,})."
+    lines = ["StepProver on anvil: per op, the gas of `Float64Functions.unary` (estimated, a direct call) "
+             "at each candidate input, the costliest one put in a one-element op, an honest claim of it "
+             "upheld and a claim one ulp off proven; `openOutput` is the final move (it recomputes the "
+             f"function). {bound}", ""]
+    return lines + table(["kind", "function", "inputs", "costliest input", "function gas (costliest)",
+                          "function gas (median)", "final move gas", "honest upheld", "cheat proven"], rows)

@@ -34,6 +34,7 @@ from results_contracts import (
     fraud_proof_bounds,
     pool_mutations,
     step_proof,
+    step_unary,
 )
 from results_convergence import ablation, convergence, diloco_goal
 from results_emulator import churn_memory, netlab, soak
@@ -377,6 +378,11 @@ SECTIONS = (
             "gives the trainer's bits; most ops are StepProver's kinds, the rest (kinds >= 16) no contract "
             "computes yet, and the program is of one step index (AdamW's bias corrections are constants in "
             "it): docs/FRAUD_PROOF.md \"The model's step as a program\"."),
+    Section("step_unary.json", "The contribution proof's elementwise functions: the final step's gas",
+            "bench/bench_step_unary.py", step_unary,
+            "Issue 78: a step game can end on one elementwise function (exp, log, tanh, sigmoid, SiLU, "
+            "tanh-GELU, rsqrt, their slopes, sqrt), recomputed in binary64 soft-float bit for bit as "
+            "training computes it (docs/FRAUD_PROOF.md, \"Elementwise functions\")."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "

@@ -70,6 +70,19 @@ MINE_REQUEST_TIMEOUT_S = 300.0
 SHORT_WINDOWS = {"accusation_blocks": 8, "dispute_blocks": 8, "max_game_steps": 1}
 
 
+def deploy_library(w3: Web3, name: str):
+    """Library ``name`` deployed on its own (its functions called directly), after the library it links, if
+    any (``contracts.MATH_LIBRARIES``: StepProverMath links Float64Functions): a web3 contract there."""
+    linked = {}
+    for needed in contracts.linked_libraries(contracts.artifact(name)):
+        linked[needed] = deploy_library(w3, needed).address
+    artifact = contracts.artifact(name)
+    factory = w3.eth.contract(abi=artifact["abi"], bytecode=contracts.link(artifact, linked))
+    tx = factory.constructor().transact({"from": w3.eth.accounts[0]})
+    receipt = w3.eth.wait_for_transaction_receipt(tx)
+    return w3.eth.contract(address=receipt["contractAddress"], abi=artifact["abi"])
+
+
 def mine(w3: Web3, blocks: int) -> None:
     """Advance the chain ``blocks`` empty blocks (``anvil_mine`` on anvil, ``evm_mine`` on py-evm)."""
     before = w3.eth.block_number

@@ -12,9 +12,8 @@ import math
 import pytest
 import torch
 
-import contracts
 from ledger.chain import connect_pyevm
-from tests.ledger_fixtures import fresh_anvil_w3
+from tests.ledger_fixtures import deploy_library, fresh_anvil_w3
 from training.chunks import payload_leaves, stage_layout
 from training.compression import ErrorFeedbackCompressor
 from training.config_compression import NEW_RUN_COMPRESSION, CompressionConfig
@@ -25,11 +24,7 @@ SHAPES = {"emb": (24, 16), "norm": (16,), "proj": (16, 12)}
 
 def _math(w3):
     """StepProverMath deployed on ``w3`` (its pure functions are called directly)."""
-    art = contracts.artifact("StepProverMath")
-    tx = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"]).constructor().transact(
-        {"from": w3.eth.accounts[0]})
-    address = w3.eth.wait_for_transaction_receipt(tx)["contractAddress"]
-    return w3.eth.contract(address=address, abi=art["abi"])
+    return deploy_library(w3, "StepProverMath")
 
 
 def _bits(x: torch.Tensor) -> list[int]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import contracts
 from ledger.stepcase import CaseClient, ledger_step_prover, run_stake
 from ledger.stepdata import DataClient, batch_root, data_opening
 from ledger.stepdefense import DataSide, DefenseSide, GameMemory, defender_move
@@ -91,11 +90,9 @@ def test_the_windows_are_the_chains_and_the_corpus():
     from ledger.chain import connect_pyevm
 
     w3 = connect_pyevm()
-    artifact = contracts.artifact("StepProverMath")
-    tx = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"]).constructor().transact(
-        {"from": w3.eth.accounts[0]})
-    math_lib = w3.eth.contract(address=w3.eth.wait_for_transaction_receipt(tx)["contractAddress"],
-                               abi=artifact["abi"])
+    from tests.ledger_fixtures import deploy_library
+
+    math_lib = deploy_library(w3, "StepProverMath")
     key = "0xABaBaBaBABabABabAbAbABAbABabababaBaBABaB"  # 0xab.. in checksum case
     cases = ((0, 0, 0, 0, 1), (SEED, 1, 5, 1, 717), (2**64 - 1, 2**64 - 1, 7, 3, 10**9))
     for seed, round_, step, row, n in cases:

@@ -229,8 +229,9 @@ def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: to
     return partial_sums(a.reshape(rows, inner), b.reshape(inner, cols), elem // cols, elem % cols)[point]
 
 
-#: The elementwise functions (helper fn78's numbering; until its StepProver change merges, run here only):
-#: ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE`` ``out[e] = f'(a[e])``, ``f`` by its code in ``inner``.
+#: The elementwise functions (contracts/src/Float64Functions.sol, StepProverMath; ledger/stepfunctions.py):
+#: ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE`` ``out[e] = f'(a[e])`` (``ExactUnary``'s backward factor),
+#: ``f`` by its code in ``inner``.
 UNARY, UNARY_SLOPE = 8, 9
 UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
 

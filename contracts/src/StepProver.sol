@@ -37,7 +37,9 @@ contract StepProver {
     /// `a[e % aLen]`, `b[e % bLen]`. MATMUL: `(rows x inner) @ (inner x cols)`, aLen = rows*inner, bLen = inner*cols.
     /// TREESUM: `a` as `(rows x inner x cols)` summed over its middle dimension, output `(r, c)` the tree sum of
     /// `a[r, 0 .. inner - 1, c]` (`cols` 1: each row's sum; `rows` 1: each column's), aLen = rows*inner*cols, bLen 0
-    /// (`b` unread), training/exact_math.py's `tree_sum` (`StepProverMath.openOutput`).
+    /// (`b` unread), training/exact_math.py's `tree_sum` (`StepProverMath.openOutput`). UNARY (8) and UNARY_SLOPE
+    /// (9): `out[e] = f(a[e])` or `f'(a[e])`, `inner` the function's code (Float64Functions), `cols` 1, aLen = rows,
+    /// bLen 0 (`b` unread).
     struct Op {
         uint8 kind;
         uint32 rows;

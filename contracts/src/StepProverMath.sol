@@ -2,6 +2,7 @@
 pragma solidity 0.8.37;
 
 import {Float32} from "./Float32.sol";
+import {Float64Functions} from "./Float64Functions.sol";
 import {ProverCommon} from "./ProverCommon.sol";
 import {StepProver} from "./StepProver.sol";
 
@@ -20,6 +21,7 @@ library StepProverMath {
     uint8 internal constant MATMUL = 5;
     uint8 internal constant GATHER = 6;
     uint8 internal constant TREESUM = 7;
+    uint8 internal constant UNARY = 8; // Float64Functions.UNARY; 9 UNARY_SLOPE
     uint256 internal constant DATA_INPUT = type(uint32).max; // StepProver.DATA_INPUT
     /// @notice A program input index `CONST_INPUT + bits` (below `2 * CONST_INPUT`) names the one-element tensor
     /// of float32 `bits` (`constRoot`): a constant operand, e.g. the count a mean divides by.
@@ -46,8 +48,8 @@ library StepProverMath {
 
     /// @notice StepProver.openOutput's move: output element `g.elem` opened (`out`, against `op.outRoot`). An
     /// elementwise op: its inputs' elements opened too (`a[elem % aLen]`, `b[elem % bLen]`; GATHER: the id
-    /// `a[elem / cols]` and the table's `b[id * cols + elem % cols]`) and the element recomputed
-    /// (`elementHolds`): 1 it holds, 2 not. A product: the bisection of its partial sums starts (`s_0 = +0`,
+    /// `a[elem / cols]` and the table's `b[id * cols + elem % cols]`; UNARY and UNARY_SLOPE: `a[elem]` alone,
+    /// `Float64Functions.unaryHolds`) and the element recomputed (`elementHolds`): 1 it holds, 2 not. A product: the bisection of its partial sums starts (`s_0 = +0`,
     /// `s_inner` the element; the defender posts first). A tree sum: its descent starts (`_enterTree`). Both 0.
     function openOutput(
         StepProver.Op storage op,
@@ -76,12 +78,23 @@ library StepProverMath {
             uint256 id = open(a, op.aRoot, op.aLen, elem / op.cols, 1);
             uint256 place = id * op.cols + elem % op.cols;
             holds = place < op.bLen && open(b, op.bRoot, op.bLen, place, 2) == v;
+        } else if (kind >= UNARY) { // out[e] = f(a[e]) or f'(a[e]), f the function code `inner`; b unread
+            holds = _unaryHolds(op, a, elem, v);
         } else {
             uint32 x = open(a, op.aRoot, op.aLen, elem % op.aLen, 1);
             uint32 y = open(b, op.bRoot, op.bLen, elem % op.bLen, 2);
             holds = elementHolds(kind, x, y, v);
         }
         return holds ? 1 : 2;
+    }
+
+    /// @dev UNARY or UNARY_SLOPE element `elem` of `op`: `a[elem]` opened, `v` recomputed from it.
+    function _unaryHolds(StepProver.Op storage op, StepProver.Element calldata a, uint64 elem, uint32 v)
+        private
+        view
+        returns (bool)
+    {
+        return Float64Functions.unaryHolds(op.kind, op.inner, open(a, op.aRoot, op.aLen, elem, 1), v);
     }
 
     /// @notice StepProver.proveStep's check. A product: `a[r, lo]` and `b[lo, c]` of the game's element `(r, c)`
@@ -369,6 +382,9 @@ library StepProverMath {
             ok = op.inner != 0 && op.aLen == uint256(op.rows) * op.inner * op.cols && op.bLen == 0;
         } else if (op.kind == GATHER) { // rows ids, each a row of `cols` of the table b
             ok = op.inner == 0 && op.aLen == op.rows && op.bLen != 0 && op.bLen % op.cols == 0;
+        } else if (op.kind == UNARY || op.kind == UNARY + 1) { // codes 1-8 (Float64Functions), no slope of 8
+            ok = op.cols == 1 && op.aLen == op.rows && op.bLen == 0 && op.inner != 0
+                && op.inner < (op.kind == UNARY ? 9 : 8);
         } else if (op.kind >= ADD && op.kind <= 4) {
             ok = op.cols == 1 && op.inner == 0 && op.aLen != 0 && op.bLen != 0;
         }
