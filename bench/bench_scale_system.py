@@ -307,7 +307,7 @@ def main() -> int:
             shutil.rmtree(args.workdir)
         args.workdir.parent.mkdir(parents=True, exist_ok=True)
         demo_log = args.workdir.parent / f"{args.workdir.name}.demo.out"
-        env = dict(os.environ, DLX_COST_PROFILE="1", PYTHONPATH=str(ROOT))
+        env = dict(os.environ, DLX_COST_PROFILE="1", DLX_MEMORY_PROFILE="1", PYTHONPATH=str(ROOT))
         started = time.monotonic()
         with demo_log.open("w") as log:
             demo = subprocess.Popen(

@@ -2,7 +2,8 @@
 extrapolated to llama-1b, 7B and a 107B layout (issue 75; docs/SCALE.md).
 
     python bench/scale_model.py [--system bench/results/scale_system.json]
-        [--fit llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes] [--check llama-mini-64-bytes,llama-124m]
+        [--fit llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes]
+        [--check llama-mini-64-bytes,llama-60m,llama-124m]
         [--out bench/results/scale_model.json]
 
 Reads the runs of bench/bench_scale_system.py (one entry per model size). For every measured quantity q and
@@ -401,7 +402,7 @@ def main() -> int:
     parser.add_argument("--system", default=str(RESULTS / "scale_system.json"))
     parser.add_argument("--ledger", default=str(RESULTS / "ledger.json"))
     parser.add_argument("--fit", default="llama-tiny-bytes,llama-mini-bytes,llama-20m-bytes")
-    parser.add_argument("--check", default="llama-mini-64-bytes,llama-124m",
+    parser.add_argument("--check", default="llama-mini-64-bytes,llama-60m,llama-124m",
                         help="sizes the fit is checked at")
     parser.add_argument("--components", default=str(RESULTS / "components.json"),
                         help="bench/bench_components.py's fit (the codec's and weights root's CPU)")

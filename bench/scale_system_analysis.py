@@ -32,7 +32,8 @@ def node_dirs(workdir: Path) -> list[Path]:
 def _rss_peaks(path: Path) -> dict[str, int]:
     """Peaks of an rss log (bytes): ``<node>`` the node process's VmHWM, ``<node>/child`` the highest VmHWM of
     its child processes (the spot checks' reruns), ``<node>/sum`` the highest sum of the node's and its
-    children's RSS at one sample, ``demo`` the demo process's."""
+    children's RSS at one sample, ``all`` the highest sum of every node's and child's RSS at one sample (what
+    the machine held for the run), ``demo`` the demo process's."""
     peaks: dict[str, int] = {}
     if not path.exists():
         return peaks
@@ -54,9 +55,32 @@ def _rss_peaks(path: Path) -> dict[str, int]:
         if match:
             key = (match.group(1), parts[0])
             at[key] = at.get(key, 0) + int(parts[3]) * 1024
-    for (node, _), total in at.items():
+    every: dict[str, int] = {}
+    for (node, second), total in at.items():
         peaks[f"{node}/sum"] = max(peaks.get(f"{node}/sum", 0), total)
+        every[second] = every.get(second, 0) + total
+    if every:
+        peaks["all"] = max(every.values())
     return peaks
+
+
+def memory_at_peak(node: Path) -> dict | None:
+    """The node's memory probe (node/live/memprofile.py, ``DLX_MEMORY_PROFILE=1``): its peak's busy threads
+    and heap, the sites its resident set grew at (the largest 10)."""
+    try:
+        probe = json.loads((node / "memory_profile.json").read_text())
+    except (OSError, ValueError):
+        return None
+    peak = probe.get("peak") or {}
+    return {
+        "rss_bytes": peak.get("rss"),
+        "t_s": peak.get("t_s"),
+        "busy": [
+            f"{b['thread']}: {b['component']} {' < '.join(b['frames'][:3])}" for b in peak.get("busy", [])
+        ],
+        "malloc": peak.get("malloc"),
+        "growth_by_site_bytes": dict(list((probe.get("growth_by_site_bytes") or {}).items())[:10]),
+    }
 
 
 def _window(samples: list[dict], rounds: int, partial: bool = False) -> tuple[dict, dict] | None:
@@ -268,8 +292,13 @@ def analyse(workdir: Path, rounds: int, args_doc: dict, extra: dict, partial: bo
         row["child_peak_rss_bytes"] = peaks.get(f"{node.name}/child")
         row["peak_rss_with_children_bytes"] = peaks.get(f"{node.name}/sum")
         row["disk"] = _disk(node)
+        probe = memory_at_peak(node)
+        if probe is not None:
+            row["memory_at_peak"] = probe
         nodes.append(row)
     run = {"args": args_doc, "nodes": nodes, "demo_peak_rss_bytes": peaks.get("demo"), **extra}
+    if peaks.get("all"):
+        run["all_nodes_peak_rss_bytes"] = peaks["all"]
     run["summary"] = summarise(nodes)
     return run
 

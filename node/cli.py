@@ -181,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return int(ExitCode.USAGE)
     if args.command in ("start", "join"):  # a long-running node: before any thread starts (node/arenas.py)
-        from node.arenas import limit_arenas, map_large_blocks
+        from node.arenas import limit_arenas, map_large_blocks, start_heap_trimmer
 
         limit_arenas()
         map_large_blocks()
+        start_heap_trimmer()
     configure_logging(args.log_level, args.log_json, args.log_file)
     if args.command in ("start", "join", "audit", "pull", "demo"):  # the demo's --keep runs a libp2p seeder
         tame_libp2p_logging(logging.getLogger().level)

@@ -21,8 +21,8 @@ from ledger.chunkproof import Factors, Norms, StageLeaf, StageState, build_proof
 from ledger.contribution_binding import ContributionClaim
 from ledger.errors import LedgerInputError
 from ledger.normproof import SumTree, clip_scales, first_wrong_sum, scale_proof, sum_proof
-from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_leaves, payload_pieces, \
-    stage_layout, tensor_leaves
+from training.chunks import CHUNK_ELEMENTS, float32_bits, float64_bits, payload_pieces, stage_layout, \
+    tensor_leaves
 from training.codec_wire import decode_declared
 from training.config import DilocoConfig
 from training.robust import ContributionReport
@@ -180,7 +180,9 @@ def contribution_claim(blob: bytes, shapes: Mapping[str, tuple[int, ...]], diloc
     """What a contributor signs of its contribution ``blob`` to ``stage`` (issue 62): its payload root and
     sum-tree root as a version-3 factors list them, and its declared steps in a run bounded by time."""
     (norms, _trees) = stage_norms([blob], shapes, diloco_cfg, decode_args)
-    pieces = payload_leaves(blob, shapes, **dict(decode_args or {}))
+    # cut as they are hashed (training.chunks.CutPayload), never a list: a low-rank piece carries a row of Q
+    # per element, so every piece of a llama-60m stage's contribution at once was 1.1 GB (issue 75)
+    pieces = payload_pieces(blob, shapes, **dict(decode_args or {}))
     return ContributionClaim(run_id, outer_round, stage, tree_root(pieces), norms.roots[0],
                              norms.steps[0] if norms.steps else 0)
 

@@ -58,6 +58,20 @@ def _pulled(pull: dict) -> str:
     return "not run"
 
 
+def _memory_at_peak(label: str, run: dict) -> list[str]:
+    """The largest node's memory probe (node/live/memprofile.py): its peak's heap and busy threads."""
+    probed = [n for n in run.get("nodes", []) if (n.get("memory_at_peak") or {}).get("rss_bytes")]
+    if not probed:
+        return []
+    node = max(probed, key=lambda n: n["memory_at_peak"]["rss_bytes"])
+    m = node["memory_at_peak"]
+    heap = m.get("malloc") or {}
+    busy = "; ".join(m.get("busy") or []) or "no thread busy"
+    return [f"{label}: the largest node's peak ({node['name']}, {_gb(m['rss_bytes'])} at {m.get('t_s')} s; "
+            f"glibc arenas {_gb(heap.get('in_use_bytes'))} in use, {_gb(heap.get('free_in_arenas_bytes'))} "
+            f"free, {_gb(heap.get('mapped_bytes'))} mapped on their own): {busy}.", ""]
+
+
 def scale_system(r: dict) -> list[str]:
     lines = [
         "Real `dlx-node demo` runs (2 replicas x 2 stages on a local anvil, normed commitments, every "
@@ -83,6 +97,7 @@ def scale_system(r: dict) -> list[str]:
                 _s(s.get("process_cpu_s_per_round")),
                 "-" if run["args"].get("partial") else _mb(s.get("bytes_sent_per_round")),
                 f"{_gb(s.get('peak_rss_bytes'))} / {_gb(s.get('child_peak_rss_bytes'))}",
+                _gb(run.get("all_nodes_peak_rss_bytes")),
                 _gb(s.get("disk_bytes")),
                 ("exit " + str(audit["exit"]) + (f", {audit['seconds']:.0f} s" if "seconds" in audit else ""))
                 if "exit" in audit
@@ -103,6 +118,7 @@ def scale_system(r: dict) -> list[str]:
             "process CPU / round",
             "sent / node / round",
             "peak RSS / node / spot-check child",
+            "all nodes and children at once",
             "disk / node",
             "audit --reexecute all",
             "pulled model",
@@ -115,6 +131,7 @@ def scale_system(r: dict) -> list[str]:
     for label, run in ordered:
         if run.get("note"):
             lines += [f"{label}: {run['note']}", ""]
+        lines += _memory_at_peak(label, run)
         rec = run.get("recorded") or {}
         if rec.get("command"):
             lines += [f"{label}: `{rec['command']}` ({rec.get('date', '')} at {rec.get('commit', '')}).", ""]

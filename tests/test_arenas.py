@@ -101,6 +101,7 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
 
     order: list[str] = []
     monkeypatch.setattr(arenas, "limit_arenas", lambda: order.append("arenas"))
+    monkeypatch.setattr(arenas, "start_heap_trimmer", lambda: None)  # its own test below
     monkeypatch.setattr(cli, "configure_logging", lambda *a: order.append("logging"))
     monkeypatch.setattr(cli, "tame_libp2p_logging", lambda *a: None)
     monkeypatch.setattr("node.anvil.locate_anvil", lambda: None)
@@ -145,6 +146,50 @@ def test_trim_heap_gives_the_pages_freed_inside_the_heap_back():
     before, after, took = done.stdout.split()
     assert int(before) - int(after) > 48 * 1024, done.stdout  # most of the 64 MiB freed is no longer resident
     assert float(took) >= 0
+
+
+# The same 64 MiB freed inside the heap, left to the node's trimmer (no trim_heap call): it trims once it sees
+# the arenas' free bytes, and the pages leave the resident set. Waits for the trim by its count, not by time.
+_TRIMMER = textwrap.dedent("""
+    import ctypes, sys, time
+    from node.arenas import _glibc, heap_figures, start_heap_trimmer
+    if _glibc() is None or heap_figures() is None:
+        print("no-glibc"); sys.exit(0)
+    libc = _glibc()
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    def anon_kib():
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    blocks = [libc.malloc(4096) for _ in range(16384)]
+    for block in blocks:
+        libc.memset(block, 1, 4096)
+    trimmer = start_heap_trimmer(every=0.05)
+    assert start_heap_trimmer() is trimmer  # one a process
+    before = anon_kib()
+    for block in blocks[:-1]:
+        libc.free(block)
+    while trimmer.trims == 0:
+        time.sleep(0.05)
+    print(before, anon_kib(), heap_figures()["free_in_arenas_bytes"])
+""")
+
+
+def test_the_heap_trimmer_gives_freed_pages_back_without_being_called():
+    done = subprocess.run([sys.executable, "-c", _TRIMMER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if "no-glibc" in done.stdout:
+        return
+    before, after, free = (int(v) for v in done.stdout.split())
+    assert free >= 48 << 20  # the blocks are free in the arena...
+    assert before - after > 48 * 1024, done.stdout  # ...and their pages no longer resident
+
+
+def test_the_heap_trimmer_is_off_with_dlx_heap_trim_0(monkeypatch):
+    monkeypatch.setenv("DLX_HEAP_TRIM", "0")
+    assert arenas.start_heap_trimmer() is None
 
 
 def test_trim_heap_does_nothing_without_glibc(monkeypatch):

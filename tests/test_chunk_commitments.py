@@ -123,6 +123,21 @@ def test_payload_pieces_and_their_root_are_pinned(what):
     assert _pinned_digest(payload_leaves(blob, PINNED_SHAPES)) == PINNED[what]
 
 
+@pytest.mark.parametrize("cut", [1, 3, 2048])
+@pytest.mark.parametrize("what", [key for key in PINNED if key != "tensor"], ids=str)
+def test_payload_pieces_cut_a_few_chunks_at_a_time_are_the_pinned_pieces(what, cut, monkeypatch):
+    """training.chunks.CutPayload read in order cuts ``_CUT_CHUNKS`` chunks at a time (2048 since issue 75,
+    16384 before): every block size gives the pinned pieces, in order, and the same one by index."""
+    from training.chunks import payload_pieces
+
+    monkeypatch.setattr("training.chunks._CUT_CHUNKS", cut)
+    codec, options = what
+    blob = contribution(PINNED_SHAPES, codec, 11, **dict(options))
+    pieces = payload_pieces(blob, PINNED_SHAPES)
+    assert _pinned_digest(list(pieces)) == PINNED[what]
+    assert [pieces[i] for i in range(len(pieces))] == list(pieces)
+
+
 @pytest.mark.parametrize("block", [None, 128])
 @pytest.mark.parametrize("seed", range(4))
 def test_the_vectorized_chunk_square_sums_are_square_sums_chunk_by_chunk(seed, block, monkeypatch):

@@ -244,6 +244,26 @@ def test_float64_lowrank_product_is_the_int64_product_bit_for_bit():
     assert 64 * qmax(16) * MAX_WEIGHT * qmax(16) < 2**53
 
 
+def test_the_product_made_a_block_of_rows_at_a_time_has_the_whole_products_bits(monkeypatch):
+    """reconstruct_lowrank holds a block of rows of the float64 product at a time (issue 75): blocks of one
+    row, of a few rows with a remainder, and one block give the reference's bits, on both paths."""
+    g = torch.Generator().manual_seed(3)
+    limit = qmax(16)
+    p = torch.randint(-limit, limit + 1, (37, 5), generator=g)
+    q = torch.randint(-limit, limit + 1, (11, 5), generator=g)
+    w = torch.randint(0, MAX_WEIGHT + 1, (5,), generator=g)
+    p[::4] = 0  # -0.0 in float64 where a zero row meets a negative factor
+    scale = torch.tensor(3.7e-4, dtype=torch.float32)
+    big_p = torch.full((9, 2), 2**20, dtype=torch.int64)  # beyond 2**53: the int64 path
+    big_q = torch.tensor([[2**20 + 1, -(2**20)], [1, 1], [0, 0]], dtype=torch.int64)
+    big_w = torch.tensor([2**14, 3], dtype=torch.int64)
+    for elements in (1, 11 * 3, 50, 1 << 20):
+        monkeypatch.setattr(codec_exact, "RECONSTRUCT_BLOCK_ELEMENTS", elements)
+        assert _bits_equal(reconstruct_lowrank(p, q, w, scale), reference_reconstruct_lowrank(p, q, w, scale))
+        big = (big_p, big_q, big_w, scale)
+        assert _bits_equal(reconstruct_lowrank(*big), reference_reconstruct_lowrank(*big))
+
+
 def test_a_product_beyond_2_53_takes_the_int64_path():
     p = torch.full((3, 2), 2**20, dtype=torch.int64)
     q = torch.tensor([[2**20 + 1, -(2**20)], [1, 1], [0, 0]], dtype=torch.int64)

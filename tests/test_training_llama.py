@@ -20,6 +20,7 @@ TINY = ModelConfig(preset="llama-tiny")
 PRESET_PARAMS = {
     ("llama-tiny", 256): 34_976,
     ("llama-20m", 8192): 18_880_896,
+    ("llama-60m", 32000): 62_925_312,
     ("llama-124m", 32000): 124_668_672,
     ("llama-350m", 32000): 348_701_696,
     ("llama-1b", 32000): 1_100_048_384,

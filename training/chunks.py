@@ -272,8 +272,8 @@ def _lowrank_pieces(fields: dict, numel: int, n: int, tag: int, first: int, last
 
 
 #: Chunks a :class:`CutPayload` cuts at once while it is read in order (a low-rank piece is about 4 KB at rank
-#: 32: 64 MB at most).
-_CUT_CHUNKS = 16384
+#: 32: 8 MB at most; 64 MB at 16384, on each thread that reads one, was a llama-20m node's peak, issue 75).
+_CUT_CHUNKS = 2048
 
 
 class CutPayload(Sequence[bytes]):

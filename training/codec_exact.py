@@ -19,6 +19,8 @@ def qmax(bits: int) -> int:
 
 
 _EXACT_FLOAT64_INTEGER = 1 << 53  # every integer of at most this magnitude is a float64
+#: Elements of the float64 product :func:`reconstruct_lowrank` holds at once (8 MiB).
+RECONSTRUCT_BLOCK_ELEMENTS = 1 << 20
 
 
 def pack_ints(values: torch.Tensor, bits: int) -> bytes:
@@ -156,11 +158,25 @@ def reconstruct_lowrank(
     """
     if bound is None:
         bound = product_bound(p_int, q_int, weights)
-    if bound <= _EXACT_FLOAT64_INTEGER:
+    exact = bound <= _EXACT_FLOAT64_INTEGER
+    if exact:
         left = torch.mul(p_int.to(torch.float64), weights.to(torch.float64).reshape(1, -1))  # < 2**31: exact
-        # + 0.0: an all-zero sum of products with a negative factor is -0.0 in float64 but 0 in int64.
-        product = torch.mm(left, q_int.to(torch.float64).t()).add_(0.0)
+        right = q_int.to(torch.float64).t()
     else:
-        p_int, q_int, weights = p_int.to(torch.int64), q_int.to(torch.int64), weights.to(torch.int64)
-        product = torch.matmul(torch.mul(p_int, weights.reshape(1, -1)), q_int.t()).to(torch.float64)
-    return torch.mul(product, scale.to(torch.float64)).to(torch.float32)
+        left = torch.mul(p_int.to(torch.int64), weights.to(torch.int64).reshape(1, -1))
+        right = q_int.to(torch.int64).t()
+    scale64 = scale.to(torch.float64)
+    out = torch.empty((left.shape[0], right.shape[1]), dtype=torch.float32)
+    # A block of rows at a time (issue 75: the whole float64 product and its scaled copy were 16 bytes per
+    # element beside the float32 result, on every thread that decodes at once). Each element of the product
+    # is an exact integer whatever the blocking (above), and the scaling and the rounding to float32 are
+    # elementwise, so the bits are the whole product's.
+    rows = max(1, RECONSTRUCT_BLOCK_ELEMENTS // max(1, right.shape[1]))
+    for start in range(0, left.shape[0], rows):
+        if exact:
+            # + 0.0: an all-zero sum of products with a negative factor is -0.0 in float64 but 0 in int64.
+            block = torch.mm(left[start : start + rows], right).add_(0.0)
+        else:
+            block = torch.matmul(left[start : start + rows], right).to(torch.float64)
+        out[start : start + rows] = block.mul_(scale64)
+    return out

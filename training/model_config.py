@@ -33,6 +33,10 @@ MODEL_PRESETS: dict[str, dict[str, int | str]] = {
                    "block_size": 128},
     "llama-20m": {"family": "llama", "n_layer": 8, "n_head": 6, "n_kv_head": 2, "n_embd": 384,
                   "block_size": 256},
+    # Between llama-20m and llama-124m: the largest preset the whole system runs at on a 24 GB machine with
+    # four nodes (issue 75, docs/SCALE.md); 62.9M parameters at 32000.
+    "llama-60m": {"family": "llama", "n_layer": 10, "n_head": 8, "n_kv_head": 2, "n_embd": 512,
+                  "block_size": 512},
     # GPT-2 small's width and depth, Llama's blocks.
     "llama-124m": {"family": "llama", "n_layer": 12, "n_head": 12, "n_kv_head": 4, "n_embd": 768,
                    "block_size": 1024},

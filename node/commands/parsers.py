@@ -190,8 +190,8 @@ def _add_demo(sub) -> None:
                    help="expected re-executions of each contribution by other members (the nodes' "
                         "spot_checks; default the node's, 0.06)")
     p.add_argument("--preset", default="mini",
-                   choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-124m",
-                            "llama-350m", "llama-1b"])
+                   choices=["tiny", "mini", "small", "llama-tiny", "llama-mini", "llama-20m", "llama-60m",
+                            "llama-124m", "llama-350m", "llama-1b"])
     p.add_argument("--init-from", default="", metavar="DIR",
                    help="start from a Hugging Face model directory (Llama, Qwen2, Mistral or GPT-2; "
                         "--preset is then unused): README 'Start from a model'")

@@ -181,8 +181,9 @@ def _stack(frame) -> list[tuple[str, str]]:
 class CostProfiler:
     """Samples every thread of this process (see module docstring)."""
 
-    def __init__(self, path: Path, interval: float = 0.05) -> None:
+    def __init__(self, path: Path, interval: float = 0.05, memory=None) -> None:
         self.path = path
+        self.memory = memory  # a node.live.memprofile.MemoryProbe, or None
         self.interval = interval
         self.counts: dict[str, int] = {}
         self.samples = 0
@@ -199,11 +200,13 @@ class CostProfiler:
         own = threading.get_ident()
         # the frames go before the stacks are classified: a frame held while its function returns keeps
         # that function's locals (a slice of a mapped file, say) alive as long as it is held
-        stacks = [_stack(frame) for ident, frame in sys._current_frames().items() if ident != own]
-        for stack in stacks:
-            name = classify(stack)
+        stacks = [(ident, _stack(frame)) for ident, frame in sys._current_frames().items() if ident != own]
+        classified = [(ident, classify(stack), stack) for ident, stack in stacks]
+        for _, name, _ in classified:
             self.counts[name] = self.counts.get(name, 0) + 1
         self.samples += 1
+        if self.memory is not None:
+            self.memory.observe(classified, IDLE)
 
     def _run(self) -> None:
         last_write = time.monotonic()
@@ -238,6 +241,8 @@ class CostProfiler:
             os.replace(temporary, self.path)
         except OSError:
             pass
+        if self.memory is not None:
+            self.memory.write()
 
     def close(self) -> None:
         self._stop.set()
@@ -248,5 +253,8 @@ def start_from_env(data_dir: str | Path) -> CostProfiler | None:
     """Start the profile when ``DLX_COST_PROFILE=1``; None otherwise."""
     if os.environ.get(ENV, "") not in ("1", "true", "yes"):
         return None
+    from node.live.memprofile import probe_from_env
+
     interval = float(os.environ.get(ENV_INTERVAL, "0.05") or 0.05)
-    return CostProfiler(Path(data_dir) / FILE_NAME, interval=max(0.005, interval)).start()
+    memory = probe_from_env(Path(data_dir))
+    return CostProfiler(Path(data_dir) / FILE_NAME, interval=max(0.005, interval), memory=memory).start()

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.arenas import map_large_blocks, trim_heap
+from node.arenas import map_large_blocks, start_heap_trimmer, trim_heap
 from node.errors import NodeError
 from node.fsutil import atomic_write_bytes
 from node.live.checks.admission import resident_bytes
@@ -367,6 +367,7 @@ def serve_jobs(run: Callable[[Path], dict]) -> int:
 
 def main(argv: list[str]) -> int:
     map_large_blocks()  # a rerun's large temporaries go back as they are freed (node/arenas.py)
+    start_heap_trimmer()  # and the smaller ones within a second
     if argv == ["--serve"]:
         return serve_jobs(run_job)
     if len(argv) != 1:
