@@ -21,7 +21,8 @@ from training.spilled import SpilledTensors, spill_float32
 
 def _state(seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    weights = {"b.weight": torch.randn(5, 3, generator=generator), "a.bias": torch.randn(7, generator=generator)}
+    weights = {"b.weight": torch.randn(5, 3, generator=generator),
+               "a.bias": torch.randn(7, generator=generator)}
     weights["c.empty"] = torch.zeros(0)
     momentum = {name: torch.randn(value.shape, generator=generator) for name, value in weights.items()}
     return weights, momentum
