@@ -10,8 +10,9 @@ contract checks them with, from what a node keeps of the two rounds (records, st
 It also names the replica's data key (``dataKey``: the account whose windows the contribution's batches are,
 docs/FRAUD_PROOF.md "The replica's key"): a stage-0 contribution's own listed member; a later stage's is the
 member the same round's stage-0 factors list for its replica, which the later stage's member signs as its
-key (:class:`DataKeyClaim`, the EIP-712 message ``DataKey``, domain: the ledger) and the claim carries with
-the stage-0 opening (:class:`ReplicaKey`, :func:`replica_binding`).
+key (:class:`DataKeyClaim`, the EIP-712 message ``DataKey``, domain: the ledger), which counter-signs that
+member as its partner at the stage in the round (:class:`PartnerClaim`, ``ReplicaPartner``), and which the
+claim carries with the stage-0 opening and both signatures (:class:`ReplicaKey`, :func:`replica_binding`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ DATA_KEY_TYPE = "DataKey(uint256 runId,uint64 round,uint32 stage,bytes32 payload
 _DATA_KEY_FIELDS = (("runId", "uint256"), ("round", "uint64"), ("stage", "uint32"),
                     ("payloadRoot", "bytes32"), ("dataKey", "address"))
 ZERO_KEY = "0x" + "00" * 20
+#: What the replica's stage-0 member (the key) counter-signs (StepProverBinding ``PARTNER_TYPEHASH``).
+PARTNER_TYPE = "ReplicaPartner(uint256 runId,uint64 round,uint32 stage,address member)"
+_PARTNER_FIELDS = (("runId", "uint256"), ("round", "uint64"), ("stage", "uint32"), ("member", "address"))
+
+
+def _checked_address(name: str, value: str) -> str:
+    try:
+        return to_checksum_address(value)
+    except (TypeError, ValueError) as exc:
+        raise LedgerInputError(f"{name}: {value!r} is not an address") from exc
+
+
+def _digest(type_: str, fields, values: tuple, chain_id: int, ledger_address: str) -> bytes:
+    types = ("bytes32", *(kind for _, kind in fields))
+    struct_hash = keccak(encode(types, [keccak(text=type_), *values]))
+    return keccak(b"\x19\x01" + domain_separator(chain_id, ledger_address) + struct_hash)
 
 
 @dataclass(frozen=True)
@@ -51,32 +68,57 @@ class DataKeyClaim:
         check_uint("round", self.round, 2**64 - 1)
         check_uint("stage", self.stage, 2**32 - 1)
         object.__setattr__(self, "payload_root", check_bytes32("payload_root", self.payload_root))
-        try:
-            object.__setattr__(self, "data_key", to_checksum_address(self.data_key))
-        except (TypeError, ValueError) as exc:
-            raise LedgerInputError(f"data_key: {self.data_key!r} is not an address") from exc
+        object.__setattr__(self, "data_key", _checked_address("data_key", self.data_key))
 
     def fields(self) -> tuple:
         return (self.run_id, self.round, self.stage, self.payload_root, self.data_key)
 
     def digest(self, chain_id: int, ledger_address: str) -> bytes:
         """The 32-byte EIP-712 digest the contribution's member signs."""
-        types = ("bytes32", *(kind for _, kind in _DATA_KEY_FIELDS))
-        struct_hash = keccak(encode(types, [keccak(text=DATA_KEY_TYPE), *self.fields()]))
-        return keccak(b"\x19\x01" + domain_separator(chain_id, ledger_address) + struct_hash)
+        return _digest(DATA_KEY_TYPE, _DATA_KEY_FIELDS, self.fields(), chain_id, ledger_address)
 
     def typed_data(self, chain_id: int, ledger_address: str) -> dict:
         """The message as ``eth_signTypedData_v4`` typed data (what a wallet signs)."""
         return typed_message("DataKey", _DATA_KEY_FIELDS, self.fields(), chain_id, ledger_address)
 
 
-def sign_data_key(account: Any, claim: DataKeyClaim, chain_id: int, ledger_address: str) -> bytes:
-    """``account``'s 65-byte signature (low s) of ``claim`` (an eth_account LocalAccount: the member account
-    that signed the contribution)."""
+@dataclass(frozen=True)
+class PartnerClaim:
+    """A replica's stage-0 member's statement that ``member`` runs stage ``stage`` of its replica in round
+    ``round`` (so draws its batches with the stage-0 member's key), signed by the stage-0 member (the key)."""
+
+    run_id: int
+    round: int
+    stage: int
+    member: str
+
+    def __post_init__(self) -> None:
+        check_uint("run_id", self.run_id, 2**256 - 1)
+        check_uint("round", self.round, 2**64 - 1)
+        check_uint("stage", self.stage, 2**32 - 1)
+        object.__setattr__(self, "member", _checked_address("member", self.member))
+
+    def fields(self) -> tuple:
+        return (self.run_id, self.round, self.stage, self.member)
+
+    def digest(self, chain_id: int, ledger_address: str) -> bytes:
+        """The 32-byte EIP-712 digest the replica's stage-0 member signs."""
+        return _digest(PARTNER_TYPE, _PARTNER_FIELDS, self.fields(), chain_id, ledger_address)
+
+    def typed_data(self, chain_id: int, ledger_address: str) -> dict:
+        return typed_message("ReplicaPartner", _PARTNER_FIELDS, self.fields(), chain_id, ledger_address)
+
+
+def sign_data_key(account: Any, claim: DataKeyClaim | PartnerClaim, chain_id: int,
+                  ledger_address: str) -> bytes:
+    """``account``'s 65-byte signature (low s) of ``claim`` (an eth_account LocalAccount: for a
+    :class:`DataKeyClaim` the member account that signed the contribution, for a :class:`PartnerClaim` the
+    replica's stage-0 member, the key)."""
     return sign_digest(account, claim.digest(chain_id, ledger_address))
 
 
-def recover_data_key_signer(claim: DataKeyClaim, signature: bytes, chain_id: int, ledger_address: str) -> str:
+def recover_data_key_signer(claim: DataKeyClaim | PartnerClaim, signature: bytes, chain_id: int,
+                            ledger_address: str) -> str:
     """The checksummed address that signed ``claim``; LedgerInputError for a malformed or malleable one."""
     return recover_digest_signer(claim.digest(chain_id, ledger_address), signature)
 
@@ -84,12 +126,15 @@ def recover_data_key_signer(claim: DataKeyClaim, signature: bytes, chain_id: int
 @dataclass(frozen=True)
 class ReplicaKey:
     """What binds a later stage's contribution to its replica's key: the same round's stage-0 factors
-    (``ledger.chunkproof.Factors`` or anything with ``encode()``), the index of the replica's stage-0
-    contribution in them, and the later stage's member's 65-byte signature of :class:`DataKeyClaim`."""
+    (``ledger.chunkproof.Factors``, anything with ``encode()``, or their encoded bytes), the index of the
+    replica's stage-0 contribution in them, the later stage's member's 65-byte signature of
+    :class:`DataKeyClaim` and the key's (the replica's stage-0 member's) of :class:`PartnerClaim` naming
+    that member."""
 
     factors: Any
     index: int
     signature: bytes
+    partner: bytes
 
 
 @dataclass(frozen=True)
@@ -135,10 +180,11 @@ def bind_run(record, stage_leaves: list, factors, index: int, prev_record, prev_
     key = listed_contributor(factors.encode(), index)
     tail = b""
     if replica is not None and stage > 0:
-        key = listed_contributor(replica.factors.encode(), replica.index)
+        zero = replica.factors if isinstance(replica.factors, bytes) else replica.factors.encode()
+        key = listed_contributor(zero, replica.index)
         if key == ZERO_KEY:
             raise LedgerInputError(f"stage-0 contribution {replica.index}: its factors list no member for it")
-        tail = replica_binding(leaves, replica.factors.encode(), replica.index, replica.signature)
+        tail = replica_binding(leaves, zero, replica.index, replica.signature, replica.partner)
     binding = (record.fields(), leaves[stage], tree_path(leaves, stage), factors.encode(), index, prev_fields,
                prev_leaves[stage], tree_path(prev_leaves, stage), tail)
     return RunSubject(record.run_id, record.round, stage, bytes(roots[index]),
@@ -158,10 +204,16 @@ def listed_contributor(factors: bytes, index: int) -> str:
     return listed[index] if index < len(listed) else ZERO_KEY
 
 
-def replica_binding(leaves: list[bytes], factors: bytes, index: int, signature: bytes) -> bytes:
+#: ``RunBinding.replica``'s ABI types (StepProverBinding ``_dataKey`` reads its words by place).
+REPLICA_TYPES = ("bytes", "bytes32[]", "bytes", "uint256", "bytes32", "bytes32", "bytes32", "bytes32")
+
+
+def replica_binding(leaves: list[bytes], factors: bytes, index: int, signature: bytes,
+                    partner: bytes) -> bytes:
     """A ``RunBinding.replica``: the round's stage-0 leaf (``leaves``: every encoded stage leaf of the round)
-    and its path, the stage-0 factors (encoded), the replica's index in them and the later stage's member's
-    signature of its :class:`DataKeyClaim` (EIP-2098's ``r``, ``vs``)."""
+    and its path, the stage-0 factors (encoded), the replica's index in them, the later stage's member's
+    signature of its :class:`DataKeyClaim` and the key's of its :class:`PartnerClaim` (each EIP-2098's
+    ``r``, ``vs``)."""
     r, vs = compact(signature)
-    return encode(("bytes", "bytes32[]", "bytes", "uint256", "bytes32", "bytes32"),
-                  (leaves[0], tree_path(leaves, 0), factors, index, r, vs))
+    pr, pvs = compact(partner)
+    return encode(REPLICA_TYPES, (leaves[0], tree_path(leaves, 0), factors, index, r, vs, pr, pvs))

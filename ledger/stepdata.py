@@ -16,9 +16,12 @@ member's signature (``ledger.stepbinding.DataKeyClaim``), of its later stages' c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ledger.chunkproof import tree_path, tree_root
+from ledger.errors import LedgerInputError
+from ledger.merkle import merkle_levels
 from ledger.stepproof import CHUNK, StepProverClient
 from rulebook.data_windows import batch_words, window_offset
 
@@ -43,6 +46,48 @@ class DataTerms:
         return row * (self.window + 1) + pos
 
 
+class CorpusTree:
+    """The run's data tree as a defender holds it: every level of the tree over the training split's chunk
+    leaves (32 bytes a leaf: about 4.5 MB for 9 million ids) and ``leaf_at(i)``, which reads chunk leaf ``i``
+    again (a node: from its dataset), so the corpus's leaves are never held whole. :meth:`of` takes a list
+    of leaves held in memory."""
+
+    def __init__(self, leaves: Iterable[bytes], leaf_at: Callable[[int], bytes]) -> None:
+        self.levels = merkle_levels(leaves)  # read once, in order (a generator is never held whole)
+        self.leaf_at = leaf_at
+
+    @classmethod
+    def of(cls, leaves: list[bytes]) -> CorpusTree:
+        return cls(leaves, leaves.__getitem__)
+
+    @property
+    def root(self) -> bytes:
+        return self.levels[-1][0]
+
+    @property
+    def size(self) -> int:
+        return len(self.levels[0])
+
+    def opening(self, index: int) -> tuple[bytes, list[bytes]]:
+        """Chunk leaf ``index`` and its path (``tree_path``'s); LedgerInputError past the leaves or where the
+        leaf read again is not the tree's (the dataset changed under it)."""
+        from ledger.merkle import leaf_hash
+
+        if not 0 <= index < self.size:
+            raise LedgerInputError(f"corpus chunk {index} past the data's {self.size}")
+        leaf = bytes(self.leaf_at(index))
+        if leaf_hash(leaf) != self.levels[0][index]:
+            raise LedgerInputError(f"corpus chunk {index} read again is not the data tree's (the dataset "
+                                   "changed since the tree was made)")
+        path, position = [], index
+        for level in self.levels[:-1]:
+            sibling = position ^ 1
+            if sibling < len(level):
+                path.append(level[sibling])
+            position //= 2
+        return leaf, path
+
+
 def batch_root(batches: list[list[bytes]]) -> bytes:
     """A run claim's ``batchRoot`` over its steps' batches (each a step's token tensor's chunk leaves)."""
     return tree_root(batch_words([tree_root(leaves) for leaves in batches]))
@@ -58,18 +103,19 @@ def offset_of(terms: DataTerms, key: str, round_: int, step: int, row: int) -> i
     return window_offset(terms.seed, bytes.fromhex(key[2:]), round_, step, row, terms.tokens - terms.window)
 
 
-def data_opening(terms: DataTerms, batches: list[list[bytes]], corpus: list[bytes], key: str, round_: int,
-                 step: int, elem: int) -> tuple:
+def data_opening(terms: DataTerms, batches: list[list[bytes]], corpus: list[bytes] | CorpusTree, key: str,
+                 round_: int, step: int, elem: int) -> tuple:
     """``proveData``'s opening (a ``StartOpening`` of the batch: no origin, step ``step``'s batch root and its
     path in the batch tree, token ``elem`` under it, and the corpus's chunk that holds the token the window
-    formula places there; ``corpus`` the data root's chunk leaves)."""
+    formula places there; ``corpus`` the data root's chunk leaves, or its :class:`CorpusTree`)."""
     words = batch_words([tree_root(leaves) for leaves in batches])
     leaves = batches[step]
     row, pos = divmod(elem, terms.window + 1)
     index = offset_of(terms, key, round_, step, row) + pos
     token = (leaves[elem // CHUNK], tree_path(leaves, elem // CHUNK))
-    return (b"", [], words[step], tree_path(words, step), token,
-            (corpus[index // CHUNK], tree_path(corpus, index // CHUNK)))
+    chunk = corpus.opening(index // CHUNK) if isinstance(corpus, CorpusTree) \
+        else (corpus[index // CHUNK], tree_path(corpus, index // CHUNK))
+    return (b"", [], words[step], tree_path(words, step), token, chunk)
 
 
 class DataClient:

@@ -22,7 +22,7 @@ import contracts
 from ledger.chunkproof import tree_root
 from ledger.errors import LedgerInputError
 from ledger.events import EventDecoder, scan_logs, topic_uint
-from ledger.stepdata import DataTerms, data_opening
+from ledger.stepdata import CorpusTree, DataTerms, data_opening
 from ledger.stepproof import (
     PHASES,
     StepTrace,
@@ -41,11 +41,11 @@ IDLE = (PHASES.index("None"), PHASES.index("Done"))
 @dataclass
 class DataSide:
     """What an honest defender answers a data dispute from (``ledger.stepdata``): the run's data terms, the
-    corpus's chunk leaves (the data root's), each step's batch leaves (the claim's ``batchRoot``'s), the
-    claim's data key and round."""
+    corpus's chunk leaves (the data root's; or its ``CorpusTree``, which reads a leaf again when asked), each
+    step's batch leaves (the claim's ``batchRoot``'s), the claim's data key and round."""
 
     terms: DataTerms
-    corpus: list[bytes]
+    corpus: list[bytes] | CorpusTree
     batches: list[list[bytes]]
     key: str
     round: int

@@ -34,9 +34,10 @@ class KeptCase:
 
         return Factors.decode(self.factors)
 
-    def subject(self, index: int):
-        """The subject (``ledger.stepbinding.RunSubject``) of contribution ``index``; ConfigError for an index
-        the factors do not list."""
+    def subject(self, index: int, replica=None):
+        """The subject (``ledger.stepbinding.RunSubject``) of contribution ``index`` (``replica``: a later
+        stage's ``ledger.stepbinding.ReplicaKey``, None for none); ConfigError for an index the factors do
+        not list."""
         from ledger.chunkproof import StageLeaf
         from ledger.errors import LedgerInputError
         from ledger.stepbinding import bind_run
@@ -54,7 +55,7 @@ class KeptCase:
         try:
             return bind_run(self.records[1], [StageLeaf.decode(leaf) for leaf in self.leaves], _Factors,
                             index, self.records[0], [StageLeaf.decode(leaf) for leaf in self.prev_leaves],
-                            self.stage)
+                            self.stage, replica)
         except LedgerInputError as exc:
             raise ConfigError(f"--contribution {index}: {exc}") from None
 

@@ -30,12 +30,13 @@ import torch
 
 from ledger.chunkproof import tree_root
 from ledger.stepdefense import DefenseSide
-from ledger.stepproof import ZERO_START, StepTrace, origin_leaf, program_hash
+from ledger.stepproof import DATA_INPUT, ZERO_START, StepTrace, origin_leaf, program_hash
 from node.errors import ConfigError
 from node.live.fraud.endcheck import end_breaks, piece_bits
 from training.chunks import CHUNK_ELEMENTS, leaf_values
 from training.step_trace import (
     CONST_INPUT,
+    GATHER,
     MATMUL,
     TREESUM,
     element_leaves,
@@ -44,8 +45,8 @@ from training.step_trace import (
     run_op,
 )
 
-#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, TREESUM).
-KINDS = (*range(1, MATMUL + 1), TREESUM)
+#: The op kinds StepProver recomputes (training.step_trace: ADD .. MATMUL, GATHER, TREESUM).
+KINDS = (*range(1, MATMUL + 1), GATHER, TREESUM)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,10 @@ class StepProgram:
         for j, spec in enumerate(self.ops):
             if len(spec) != 8 or spec[0] not in KINDS or not all(0 <= v < 2**32 for v in spec[:6]) \
                     or not all(0 <= v < 2 * CONST_INPUT for v in spec[6:]):
-                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-5 or 7, rows, inner, "
+                raise ConfigError(f"step program: op {j} {list(spec)} is not [kind 1-7, rows, inner, "
                                   "cols, a_len, b_len, a_index, b_index]")
-            leaves = [index for index in spec[6:] if index < CONST_INPUT]  # the rest: constants
+            # the rest: constants and the step's batch (DATA_INPUT)
+            leaves = [index for index in spec[6:] if index < CONST_INPUT and index != DATA_INPUT]
             if leaves and max(leaves) >= state + j:
                 raise ConfigError(f"step program: op {j} reads trace leaf {max(leaves)}, not one before it")
         if any(not 0 <= c < state + ops for c in self.copies):
@@ -134,34 +136,48 @@ class StepProgram:
             state.append(torch.from_numpy(np.array(bits[:numel], dtype=np.uint32).view(np.float32)))
         return state
 
-    def run(self, state: list[torch.Tensor], steps: int) -> list[list[torch.Tensor]]:
-        """Each step's trace tensors (the state, then each op's output) for ``steps`` steps from ``state``."""
+    @property
+    def reads_data(self) -> bool:
+        """Whether an op reads the step's batch (``DATA_INPUT``)."""
+        return any(DATA_INPUT in spec[6:] for spec in self.ops)
+
+    def run(self, state: list[torch.Tensor], steps: int,
+            batches: list[torch.Tensor] | None = None) -> list[list[torch.Tensor]]:
+        """Each step's trace tensors (the state, then each op's output) for ``steps`` steps from ``state``
+        (``batches``: each step's batch, what a ``DATA_INPUT`` operand reads)."""
         out = []
-        for _ in range(steps):
+        for step in range(steps):
             tensors = [t.reshape(-1) for t in state]
+            batch = batches[step] if batches is not None else None
             for kind, rows, inner, cols, _a_len, _b_len, a_index, b_index in self.ops:
-                tensors.append(run_op(kind, rows, inner, cols, program_input(tensors, a_index),
-                                      program_input(tensors, b_index)))
+                tensors.append(run_op(kind, rows, inner, cols, _operand(tensors, a_index, batch),
+                                      _operand(tensors, b_index, batch)))
             out.append(tensors)
             state = [tensors[c] for c in self.copies]
         return out
 
-    def defense(self, committed: list[bytes], steps: int, payload=None) -> DefenseSide:
+    def defense(self, committed: list[bytes], steps: int, payload=None,
+                batches: list[torch.Tensor] | None = None) -> DefenseSide:
         """The honest defender's side of a claim of ``steps`` steps from the committed start ``committed``;
         with ``payload`` (the contribution's payload pieces, for a run with the plain end rule) its answers to
         end disputes too, after checking every one (node/live/fraud/endcheck.py): ConfigError naming the first
-        elements whose piece does not code ``fl(S - E)`` (a claim would lose its bond on them)."""
+        elements whose piece does not code ``fl(S - E)`` (a claim would lose its bond on them). ``batches``:
+        each step's batch (``training.data_binding.claim_batches``), which the traces carry with its path in
+        the claim's batch tree (``ledger.stepdata.batch_root``); ConfigError where the program reads the
+        batch and none is given."""
+        if self.reads_data and (batches is None or len(batches) < steps):
+            raise ConfigError("the step program reads each step's batch (DATA_INPUT) and this claim has no "
+                              f"batch for each of its {steps} steps")
         start = self.start_state(committed)
-        runs = self.run(start, steps)
+        runs = self.run(start, steps, batches)
 
         def sums(step: int, op: int, elem: int, point) -> int:
             kind, rows, inner, cols, _a_len, _b_len, a_index, b_index = self.ops[op]
-            tensors = runs[step]
-            return op_point(kind, rows, inner, cols, program_input(tensors, a_index),
-                            program_input(tensors, b_index), elem, point)
+            tensors, batch = runs[step], batches[step] if batches is not None else None
+            return op_point(kind, rows, inner, cols, _operand(tensors, a_index, batch),
+                            _operand(tensors, b_index, batch), elem, point)
 
-        side = DefenseSide([self.trace([element_leaves(t) for t in tensors]) for tensors in runs],
-                           self.origin_leaves(), list(committed), sums)
+        side = DefenseSide(self._traces(runs, batches), self.origin_leaves(), list(committed), sums)
         if payload is not None:
             end = [runs[-1][c] for c in self.copies] if runs else start
             bits = piece_bits(payload, side.origins)
@@ -173,3 +189,25 @@ class StepProgram:
                                   "model's step, or the payload is not this node's training's)")
             side.payload, side.bits = list(payload), bits
         return side
+
+    def _traces(self, runs: list[list[torch.Tensor]], batches: list[torch.Tensor] | None) -> list[StepTrace]:
+        """Each step's trace of its tensors, with its batch's leaves and path where ``batches``."""
+        if batches is None:
+            return [self.trace([element_leaves(t) for t in tensors]) for tensors in runs]
+        from ledger.stepdata import batch_path
+        from training.data_binding import batch_leaves
+
+        leaves = [batch_leaves(b) for b in batches[:len(runs)]]
+        ops = [tuple(s) for s in self.ops]
+        return [StepTrace([element_leaves(t) for t in tensors], ops, list(self.copies), self.depth,
+                          batch=leaves[i], batch_path=batch_path(leaves, i))
+                for i, tensors in enumerate(runs)]
+
+
+def _operand(tensors: list[torch.Tensor], index: int, batch: torch.Tensor | None) -> torch.Tensor:
+    """An op's operand: the step's batch for :data:`DATA_INPUT`, else ``program_input``'s."""
+    if index == DATA_INPUT:
+        if batch is None:
+            raise ConfigError("the step program reads the step's batch and none was given")
+        return batch.reshape(-1)
+    return program_input(tensors, index)

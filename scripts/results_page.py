@@ -24,6 +24,7 @@ from pathlib import Path
 
 from results_cluster import cluster_exchange, cluster_memory
 from results_retention import retention, rewards_gas
+from results_step_compile import step_compile
 from results_contracts import (
     binding_gas,
     chunk_state,
@@ -368,8 +369,14 @@ SECTIONS = (
             "bisecting its k-order partial sums down to one float32 multiply and add (a tree sum's: by "
             "descending its tree to one float32 add or one element), under the levels over "
             "the ops of a step and over the H inner steps (a run claim bound to a contribution the ledger's "
-            "record lists); a model's step is not mapped to a program of those ops yet "
-            "(docs/FRAUD_PROOF.md)."),
+            "record lists); a model's step maps to a program of those ops and others no contract computes "
+            "yet (step_compile.json below; docs/FRAUD_PROOF.md)."),
+    Section("step_compile.json", "A real model's inner step as a step program", "bench/bench_step_compile.py",
+            step_compile,
+            "Issue 78: the whole step (forward, backward, clip, AdamW) maps to element-level ops whose run "
+            "gives the trainer's bits; most ops are StepProver's kinds, the rest (kinds >= 16) no contract "
+            "computes yet, and the program is of one step index (AdamW's bias corrections are constants in "
+            "it): docs/FRAUD_PROOF.md \"The model's step as a program\"."),
     Section("chunk_state.json", "The fraud proof's chunk state: its cost beside the aggregation",
             "bench/bench_chunk_state.py", chunk_state,
             "After each outer step a node of a chunked run derives the stage's chunk state "

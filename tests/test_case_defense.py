@@ -53,21 +53,28 @@ def toy_program() -> StepProgram:
     return StepProgram(tuple(PROGRAM), tuple(COPIES), 3, origins)
 
 
-def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: bool = False, round_=None):
+def _setup(w3, tmp_path, clock: int = CLOCK, window: int = WINDOW, end_rule: bool = False, round_=None,
+           program: tuple | None = None, data=None):
     """A run whose round 0 commits the toy's start and round 1 lists three contributions (member ``j + 1``
     signed contribution ``j``), its program the toy's; and the parts of member ``NODE``'s node that a defense
     reads: its chain, its states (round 0's, the start) and its data directory's reward sources.
     ``end_rule``: the run's creator sets the plain end rule too (StepProver.setEndRule); ``round_``: another
-    round than ``toy_round()``'s."""
+    round than ``toy_round()``'s; ``program``: another program's ``RunClaim`` fields (same state); ``data``:
+    the run's data terms (``ledger.stepdata.DataTerms``, StepProver.setData; None: none)."""
+    from ledger.stepdata import DataClient
+
     round_ = round_ or toy_round()
     deployment = deploy_ledger(w3, min_stake=STAKE)
     client = StepProverClient(w3, ledger_step_prover(w3, deployment.ledger))
-    program = fix_program(client, None, toy_origins())
+    fix = fix_program(client, program, toy_origins())
 
     def before(run):
-        program(run)
+        fix(run)
+        creator = run.deployment.client(run.members[0]).address
         if end_rule:
-            client.set_end_rule(run.deployment.client(run.members[0]).address, run.run_id)
+            client.set_end_rule(creator, run.run_id)
+        if data is not None:
+            DataClient(client).set_data(creator, run.run_id, data)
 
     committed = commit(deployment, round_, round_.honest, stake=STAKE, accusation_blocks=clock,
                        dispute_blocks=window, inner_steps=TOY_STEPS, before=before)
@@ -113,9 +120,9 @@ def _claim_of(client, cases, subject, defender: str) -> bytes:
     return ids[0]
 
 
-def _liar(rng: random.Random):
+def _liar(rng: random.Random, program=PROGRAM):
     """A challenger that answers every level at random (a dispute of the copy or the trace, each root and
-    sum agreed or not, any element)."""
+    sum agreed or not, any element of ``program``'s op)."""
     def move(client, game_id: bytes, state: dict, challenger: str) -> None:
         phase = PHASES[state["phase"]]
         if phase == "Steps":
@@ -128,7 +135,7 @@ def _liar(rng: random.Random):
         elif phase == "Ops":
             client._send("judgeRoot", challenger, game_id, rng.random() < 0.5)
         elif phase == "Pick":
-            _kind, rows, _inner, cols, *_ = PROGRAM[state["lo"]]
+            _kind, rows, _inner, cols, *_ = program[state["lo"]]
             client._send("pickElement", challenger, game_id, rng.randrange(rows * cols))
         elif phase == "Sums":
             client._send("judge", challenger, game_id, rng.random() < 0.5)

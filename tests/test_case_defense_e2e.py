@@ -7,7 +7,10 @@ squared element by element each inner step: a documented program of StepProver's
 step, which no program expresses yet) and which every node is given (``ledger.step_program``). Once round 2
 is committed, an outsider opens a case against round 1's first listed contribution and a challenger answers
 every level at random: the contributor's node notices the case, claims its contribution from what it kept
-and plays the whole game from its own process; the challenger loses its bond to it.
+and plays the whole game from its own process; the challenger loses its bond to it. In a run drawn by account
+whose creator fixed the data terms too, the node's claim commits its batches (the windows of its account) and
+answers a data dispute of its first token, and, killed and started again, one of its last token opened while
+it was down.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import pytest
 from ledger.account import dev_account
 from ledger.client import LedgerClient
 from ledger.stepcase import ledger_step_prover, run_stake
+from ledger.stepdata import DataClient, batch_root
 from ledger.stepproof import MUL, PHASES, StepProverClient
 from node.casesubject import kept_case, open_case
 from node.config import load_config
+from node.dataterms import own_terms
 from node.runconfig import config_hash, run_document
 from node.stepprogram import StepProgram
 from node.store.checkpoint import RunLayout
@@ -49,20 +54,25 @@ def _program(run) -> StepProgram:
     return StepProgram(((MUL, n, 0, 1, n, n, 0, 0),), (1,), 1, ((tensor, n, first[tensor], len(places)),))
 
 
-def _opened(make_run, tmp_path, accusation_blocks: int, dispute_blocks: int = 1000):
+def _opened(make_run, tmp_path, accusation_blocks: int, dispute_blocks: int = 1000, data: bool = False):
     """A run of two tiny nodes whose program the creator fixed, round 2 committed, and an outsider's case on
     round 1's first listed contribution claimed by its author's node: (run, prover client, claim id, the
-    author's address, the program)."""
+    author's address, the program). ``data``: a run drawn by account whose data terms the creator fixed
+    too."""
     program_file = tmp_path / "program.json"
+    windows = ["training.data_windows=account"] if data else []
     run = make_run(replicas=2, stages=1, split=False, stake_wei=STAKE, accusation_blocks=accusation_blocks,
                    dispute_blocks=dispute_blocks,
-                   settings=[*TINY, "join_timeout=90", "rounds=40", f"ledger.step_program={program_file}"])
+                   settings=[*TINY, "join_timeout=90", "rounds=40", f"ledger.step_program={program_file}",
+                             *windows])
     program = _program(run)
     program_file.write_text(program.to_json())
     w3 = run.client().w3
     client = StepProverClient(w3, ledger_step_prover(w3, run.ledger))
-    client.set_program(dev_account(0, w3.eth.chain_id).address, run.run_id, program.head(),
-                       program.origin_leaves())
+    creator = dev_account(0, w3.eth.chain_id).address
+    client.set_program(creator, run.run_id, program.head(), program.origin_leaves())
+    if data:
+        DataClient(client).set_data(creator, run.run_id, own_terms(load_config(None, run._base_settings())))
     run.start()
     reader = run.client()
     wait_for(lambda: reader.commit_count(run.run_id) >= 3, 600, "round 2's commit", run)
@@ -149,3 +159,45 @@ def test_a_node_process_killed_mid_game_plays_it_on_after_its_restart(make_run, 
         in second, second[-3000:]
     assert "defense inputs read from its kept copy (case-defense/)" in second
     assert "CANNOT DEFEND" not in _node_logs(run)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_node_process_answers_data_disputes_before_and_after_a_restart(make_run, tmp_path):
+    """A run drawn by account with data terms: the author's claim commits the batches of its own account's
+    windows; a data dispute of the first token is answered; the node is killed (SIGKILL), a dispute of the
+    last step's last token opened while it is down, and its next life (no state held) answers it from its
+    kept copy and its dataset. Both challengers' bonds are the node's."""
+    from tests.test_case_defense_data import claimed
+    from training.data import corpus_from_config
+    from training.data_binding import batch_leaves, claim_batches
+
+    run, client, claim_id, author, _program_ = _opened(make_run, tmp_path, 150, 3000, data=True)
+    w3 = client.w3
+    terms = DataClient(client).terms_of(run.run_id)
+    cfg = load_config(None, run._base_settings())
+    steps = claimed(client, claim_id)["steps"]
+    corpus = corpus_from_config(cfg.training, cfg.model)
+    batches = claim_batches(corpus, terms.seed, bytes.fromhex(author[2:]), 1, steps, terms.rows, terms.window)
+    assert bytes(claimed(client, claim_id)["batchRoot"]) == batch_root([batch_leaves(b) for b in batches])
+    slot = next(s for s in run.nodes
+                if dev_account(s.account, w3.eth.chain_id).address.lower() == author.lower())
+
+    def disputed(challenger: int, dispute: tuple) -> bytes:
+        account = dev_account(challenger, w3.eth.chain_id).address
+        client._send("challengeData", account, claim_id, *dispute, value=client.bond)
+        return bytes(client.contract.functions.gameIdOf(claim_id, account).call())
+
+    first = disputed(LIAR, (0, 0, 0))
+    wait_for(lambda: client.game(first)["phase"] == PHASES.index("Done"), 120, "the first data answer", run)
+    run.kill(slot, signal.SIGKILL)
+    second = disputed(OPENER + 1, (steps - 1, terms.rows - 1, terms.window))
+    run.start_node(slot)
+    wait_for(lambda: client.game(second)["phase"] == PHASES.index("Done"), 300,
+             "the answer after the restart", run)
+    assert not client.wrong(claim_id), run_logs(run)
+    assert client.contract.functions.balanceOf(author).call() == 2 * client.bond
+    second_life = slot.log_path.read_text()
+    assert "found its standing claim (posted before) on this node's contribution 0" in second_life
+    assert "its batches committed (data key" in _node_logs(run) and "CANNOT DEFEND" not in _node_logs(run)

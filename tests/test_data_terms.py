@@ -146,3 +146,62 @@ def test_create_run_fixes_the_data_terms_of_a_run_drawn_by_account(request, tmp_
     assert create("replica", "replica") == 0
     assert "data terms" not in capsys.readouterr().out and data.terms_of(3) is None
     assert DataClient(data.client).terms_of(1) is not None
+
+
+def test_the_terms_are_cached_by_the_datasets_identity_and_the_terms_inputs(tmp_path, monkeypatch):
+    """A node's own terms are kept in its data directory and read back while its dataset and the terms'
+    inputs are unchanged (nothing is read of the split then); a rewritten file (same size, its modification
+    time put back), another file in its place, another batch size or seed, and a cache that does not parse
+    are each computed again; a file changed too recently to trust is not cached (the racy-clean rule)."""
+    import os
+
+    import node.dataterms as dataterms
+    from training.config import ModelConfig
+
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(bytes(range(97, 123)) * 300)
+    stat = text.stat()
+    os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns - 10**10))
+
+    def cfg(**training):
+        values = {"data_windows": "account", "seed": 11, "batch_size": 4, "data_path": str(text), **training}
+        return SimpleNamespace(training=TrainingConfig(**values), model=ModelConfig(block_size=16),
+                               data_dir=str(tmp_path))
+
+    cache = dataterms._cache_of(cfg())
+    assert cache == tmp_path / dataterms.TERMS_CACHE
+    monkeypatch.setattr(dataterms, "RACY_S", 0.0)  # the file's change time is now: trusted at once here
+    first = dataterms.cached_terms(cfg(), cache)
+    assert first == own_terms(cfg()) and cache.is_file()
+
+    reads = []
+    real = dataterms.own_terms
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dataterms, "own_terms", counted)
+    assert dataterms.cached_terms(cfg(), cache) == first and reads == []  # read back, nothing computed
+    # the same bytes' size rewritten, its modification time put back: its change time moved
+    mtime = text.stat().st_mtime_ns
+    text.write_bytes(bytes(range(98, 124)) * 300)
+    os.utime(text, ns=(mtime, mtime))
+    second = dataterms.cached_terms(cfg(), cache)
+    assert reads == [1] and second != first and second == real(cfg())
+    # another file renamed into its place
+    other = tmp_path / "other.txt"
+    other.write_bytes(bytes(range(99, 125)) * 300)
+    other.replace(text)
+    third = dataterms.cached_terms(cfg(), cache)
+    assert len(reads) == 2 and third.root not in (first.root, second.root)
+    # the terms' own inputs
+    assert dataterms.cached_terms(cfg(batch_size=8), cache).rows == 8 and len(reads) == 3
+    assert dataterms.cached_terms(cfg(seed=12), cache).seed == 12 and len(reads) == 4
+    assert dataterms.cached_terms(cfg(seed=12), cache).seed == 12 and len(reads) == 4  # cached again
+    cache.write_text("{not json")
+    assert dataterms.cached_terms(cfg(seed=12), cache).seed == 12 and len(reads) == 5
+    # too new to trust: computed, not kept
+    monkeypatch.setattr(dataterms, "RACY_S", 3600.0)
+    cache.unlink()
+    assert dataterms.cached_terms(cfg(), cache) == third and not cache.exists()

@@ -34,6 +34,28 @@ def _keep(rr, entry, directory, stages, leaves: bool = False) -> None:
         write_leaves(directory / REWARD_SOURCES_DIR, entry.record.round, entry.leaves)
 
 
+def test_a_run_without_a_pool_is_audited_with_archives_without_a_crash(chain_w3, tmp_path):
+    """`create-run` without a [pool] makes a run the deployment's RewardPool holds nothing of, and the audit
+    takes deployment.json's pool by default: with archives its unclaimed-credits item divided by the absent
+    pool's zero slots (ZeroDivisionError after every rerun, seen by hand). Now one OK item naming the absence
+    when the pool came from the deployment, the books' FAIL and nothing else when --pool named it."""
+    from node.tools.audit_pool import POOL_BOOKS, pool_checks
+    from node.tools.report import FAIL, OK
+
+    rr = reward_run(deploy(chain_w3), pool=params())
+    other = reward_run(rr.deployment, pool=None)
+    entry = other.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))
+    _keep(other, entry, tmp_path / "a", [0, 1])
+    other.mine_to_final(0)
+    reader = other.run.reader
+    implicit = pool_checks(reader, other.run_id, rr.pool_address, [tmp_path / "a"], named=False)
+    assert [(c.name, c.status) for c in implicit] == [(POOL_BOOKS, OK)]
+    assert f"run {other.run_id} has no reward pool" in implicit[0].reason
+    named = pool_checks(reader, other.run_id, rr.pool_address, [tmp_path / "a"], named=True)
+    assert [(c.name, c.status) for c in named] == [(POOL_BOOKS, FAIL)]
+    assert "0 PoolCreated events" in named[0].reason
+
+
 def test_kept_leaves_and_factors_prove_and_pay_contributions(chain_w3, tmp_path):
     rr = reward_run(deploy(chain_w3), pool=params())
     entry = rr.commit([[(1, None), (3, None)], [(2, None)]], signers=(1, 2))

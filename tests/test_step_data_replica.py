@@ -3,10 +3,12 @@ replica's key"), on py-evm and on anvil.
 
 Under ``training.data_windows = "account"`` every stage of a replica draws the windows of its stage-0 member's
 account. A stage-1 contribution's run claim names that key and shows it: the same round's stage-0 leaf and
-factors, the index of the replica's stage-0 contribution, and the stage-1 member's EIP-712 signature of
-``DataKey(runId, round, stage, payloadRoot, dataKey)`` (StepProverBinding ``_dataKey``). The round here is two
-stages of three replicas: stage-0 contribution ``j`` is member ``j + 1``'s, stage-1 contribution ``j`` member
-``j + 4``'s, replica ``j`` the pair. The program and the corpus are tests/step_data_fixtures.py's.
+factors, the index of the replica's stage-0 contribution, the stage-1 member's EIP-712 signature of
+``DataKey(runId, round, stage, payloadRoot, dataKey)`` and the key's (the stage-0 member's) counter-signature
+``ReplicaPartner(runId, round, stage, member)`` naming the stage-1 member as its partner (StepProverBinding
+``_dataKey``). The round here is two stages of three replicas: stage-0 contribution ``j`` is member
+``j + 1``'s, stage-1 contribution ``j`` member ``j + 4``'s, replica ``j`` the pair. The program and the
+corpus are tests/step_data_fixtures.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import dataclasses
 
 import pytest
 
-from ledger.stepbinding import DataKeyClaim, ReplicaKey, bind_run, recover_data_key_signer, sign_data_key
+from ledger.stepbinding import (
+    REPLICA_TYPES,
+    DataKeyClaim,
+    PartnerClaim,
+    ReplicaKey,
+    bind_run,
+    recover_data_key_signer,
+    sign_data_key,
+)
 from ledger.stepcase import ledger_step_prover, run_stake
 from ledger.stepdata import DataClient
 from ledger.stepproof import PHASES, StepProverClient
@@ -75,6 +85,13 @@ def _signed(w3, committed, stage1, index: int, key: str, by: int, round_: int = 
                          committed.deployment.ledger)
 
 
+def _partner(w3, committed, member: int, by: int, round_: int = 1, stage: int = 1) -> bytes:
+    """Dev account ``by``'s counter-signature naming dev account ``member`` its partner at ``stage``."""
+    claim = PartnerClaim(committed.run_id, round_, stage, _address(w3, member))
+    return sign_data_key(committed.deployment.client(by).account, claim, w3.eth.chain_id,
+                         committed.deployment.ledger)
+
+
 def _subject(committed, stage1, index: int, replica: ReplicaKey | None):
     """The subject of a claim about round 1's stage-1 contribution ``index`` (its key: ``replica``'s)."""
     return bind_run(committed.records[1], committed.stages[1], stage1.factors, index, committed.records[0],
@@ -82,10 +99,13 @@ def _subject(committed, stage1, index: int, replica: ReplicaKey | None):
 
 
 def _honest(w3, committed, stage1, index: int):
-    """Stage-1 contribution ``index``'s subject keyed by its replica's stage-0 member, its member signing."""
+    """Stage-1 contribution ``index``'s subject keyed by its replica's stage-0 member, its member signing and
+    the stage-0 member counter-signing."""
     key = _address(w3, index + 1)
     signature = _signed(w3, committed, stage1, index, key, STAGE1[index])
-    return _subject(committed, stage1, index, ReplicaKey(committed.states[1].factors, index, signature))
+    partner = _partner(w3, committed, STAGE1[index], index + 1)
+    replica = ReplicaKey(committed.states[1].factors, index, signature, partner)
+    return _subject(committed, stage1, index, replica)
 
 
 def _claim_on(subject):
@@ -108,6 +128,11 @@ def test_the_data_key_message_signs_and_recovers():
     assert recover_data_key_signer(claim, sign_data_key(account, claim, 31337, ledger), 31337, ledger) \
         == account.address
     assert claim.digest(31337, ledger) != dataclasses.replace(claim, stage=2).digest(31337, ledger)
+    partner = PartnerClaim(3, 9, 1, "0x" + "ab" * 20)
+    signable = encode_typed_data(full_message=partner.typed_data(31337, ledger))
+    assert Account.recover_message(signable, signature=sign_data_key(account, partner, 31337, ledger)) \
+        == account.address
+    assert partner.digest(31337, ledger) != dataclasses.replace(partner, round=8).digest(31337, ledger)
 
 
 @pytest.mark.parametrize("backend", ["pyevm", pytest.param("anvil", marks=pytest.mark.slow)])
@@ -137,11 +162,14 @@ def test_a_later_stage_claims_with_its_replicas_key_and_answers_its_data(request
 
 @pytest.mark.parametrize("backend", ["pyevm", "anvil"])
 def test_a_later_stage_claim_naming_another_replicas_key_is_refused(request, backend):
-    """Refused by name: a stage-1 claim naming another replica's stage-0 member (its index in the stage-0
-    factors, with no signature of the stage-1 member for it, or signed by that key's own owner: a coalition
-    of the two replicas' members), the replica's key with the dataKey field naming another, the stage-1
-    member's own key without the replica's binding, a signature of another round's message, a signature by an
-    outsider, and a stage-0 opening that is not the round's stage-0 leaf."""
+    """Refused by name: a stage-1 member naming another replica's stage-0 key (its index in the stage-0
+    factors) with its own signature of that key but no counter-signature of that key's owner (the known
+    limit before the counter-signature: taken then), or with its own replica's stage-0 member's; the key's
+    owner counter-signing another member, another stage or another round; the replica's key with the
+    dataKey field naming another; the stage-1 member's own key without the replica's binding; a ``DataKey``
+    signature of another round's message, an outsider's; a stage-0 opening that is not the round's stage-0
+    leaf; a binding cut short. Taken: the honest binding, and the coalition of the stage-1 member with the
+    other replica's stage-0 member (both sign: what stays possible, docs/FRAUD_PROOF.md)."""
     w3 = _backend(request, backend)
     client, committed, stage1 = _setup(w3)
     stake, sender = client.bond, _address(w3, OUTSIDER)
@@ -156,37 +184,52 @@ def test_a_later_stage_claim_naming_another_replicas_key_is_refused(request, bac
         return _named(client, "claimRun", sender, claim, subject.binding, value=stake)
 
     honest = _signed(w3, committed, stage1, 1, key, STAGE1[1])
-    # another replica's key (stage-0 contribution 2, member 3), with the member's signature of its own key
-    assert refused(ReplicaKey(stage0, 2, honest)) == "ProverStepWrongReplica"
-    # ... signed by that key's owner (a coalition with the other replica's stage-0 member)
-    coalition = _signed(w3, committed, stage1, 1, other, 3)
-    assert refused(ReplicaKey(stage0, 2, coalition)) == "ProverStepWrongReplica"
+    cosigned = _partner(w3, committed, STAGE1[1], 2)  # member 2 names member 5 its stage-1 partner
+    # another replica's key (stage-0 contribution 2, member 3): the member signs it, member 3 never did
+    naming_other = _signed(w3, committed, stage1, 1, other, STAGE1[1])
+    assert refused(ReplicaKey(stage0, 2, naming_other, cosigned)) == "ProverStepWrongReplica"
+    no_signature = b"\x00" * 64 + b"\x1b"  # r = s = 0: recovers nobody
+    assert refused(ReplicaKey(stage0, 2, naming_other, no_signature)) == "ProverStepWrongReplica"
+    assert refused(ReplicaKey(stage0, 2, honest, cosigned)) == "ProverStepWrongReplica"
+    # member 3 counter-signing its own partner (member 6), another stage, another round
+    for wrong in (_partner(w3, committed, STAGE1[2], 3), _partner(w3, committed, STAGE1[1], 3, stage=2),
+                  _partner(w3, committed, STAGE1[1], 3, round_=0)):
+        assert refused(ReplicaKey(stage0, 2, naming_other, wrong)) == "ProverStepWrongReplica"
+    # the replica's own key counter-signed by someone else than its owner (the stage-1 member itself)
+    assert refused(ReplicaKey(stage0, 1, honest, _partner(w3, committed, STAGE1[1], STAGE1[1]))) \
+        == "ProverStepWrongReplica"
     # the replica's binding with the claim's dataKey naming another account
-    assert refused(ReplicaKey(stage0, 1, honest), data_key=other) == "ProverStepWrongDataKey"
+    assert refused(ReplicaKey(stage0, 1, honest, cosigned), data_key=other) == "ProverStepWrongDataKey"
     # the stage-1 member's own key, no replica binding (what a later stage named before)
     assert refused(None) == "ProverStepWrongReplica"
     assert _subject(committed, stage1, 1, None).data_key == member
     # the member's signature of round 0's message, and an outsider's of round 1's
-    assert refused(ReplicaKey(stage0, 1, _signed(w3, committed, stage1, 1, key, STAGE1[1], round_=0))) \
-        == "ProverStepWrongReplica"
-    assert refused(ReplicaKey(stage0, 1, _signed(w3, committed, stage1, 1, key, OUTSIDER))) \
+    assert refused(ReplicaKey(stage0, 1, _signed(w3, committed, stage1, 1, key, STAGE1[1], round_=0),
+                              cosigned)) == "ProverStepWrongReplica"
+    assert refused(ReplicaKey(stage0, 1, _signed(w3, committed, stage1, 1, key, OUTSIDER), cosigned)) \
         == "ProverStepWrongReplica"
     # the stage-1 factors offered as stage 0's: their leaf is not stage 0's
     subject = _honest(w3, committed, stage1, 1)
     leaves = [leaf.encode() for leaf in committed.stages[1]]
     from eth_abi import decode, encode
 
-    parts = list(decode(("bytes", "bytes32[]", "bytes", "uint256", "bytes32", "bytes32"), subject.binding[8]))
+    parts = list(decode(REPLICA_TYPES, subject.binding[8]))
     parts[0], parts[2] = leaves[1], stage1.factors.encode()
-    swapped = encode(("bytes", "bytes32[]", "bytes", "uint256", "bytes32", "bytes32"), parts)
+    swapped = encode(REPLICA_TYPES, parts)
     claim = _claim_on(subject)[0]
     assert _named(client, "claimRun", sender, claim, (*subject.binding[:8], swapped), value=stake) \
         == "ProverBadStagePath"
-    # a truncated binding
-    assert _named(client, "claimRun", sender, claim, (*subject.binding[:8], subject.binding[8][:100]),
-                  value=stake) == "ProverStepWrongReplica"
+    # a truncated binding: the stage-0 opening's words only, and one without the counter-signature's
+    for cut in (100, 224):
+        assert _named(client, "claimRun", sender, claim, (*subject.binding[:8], subject.binding[8][:cut]),
+                      value=stake) == "ProverStepWrongReplica"
     # and the honest one is taken
     _claim(client, sender, claim, subject)
+    # a coalition of the stage-1 member and the other replica's stage-0 member, both signing, is taken
+    coalition = _subject(committed, stage1, 1, ReplicaKey(stage0, 2, naming_other,
+                                                          _partner(w3, committed, STAGE1[1], 3)))
+    assert coalition.data_key == other
+    _claim(client, sender, _claim_on(coalition)[0], coalition)
 
 
 def test_a_run_without_data_terms_checks_no_key(request):
@@ -208,7 +251,7 @@ def test_stage_zero_claims_are_keyed_as_before_and_ignore_a_replica_binding(requ
     client, committed, stage1 = _setup(w3)
     subject = bind_run(committed.records[1], committed.stages[1], committed.states[1].factors, 0,
                        committed.records[0], committed.stages[0], 0,
-                       ReplicaKey(committed.states[1].factors, 2, b"\x01" * 65))
+                       ReplicaKey(committed.states[1].factors, 2, b"\x01" * 65, b"\x01" * 65))
     assert subject.data_key == _address(w3, 1) and subject.binding[8] == b""
     claim = _claim_on(subject)[0]
     junk = (*subject.binding[:8], b"\x13" * 300)
@@ -217,6 +260,6 @@ def test_stage_zero_claims_are_keyed_as_before_and_ignore_a_replica_binding(requ
     from ledger.errors import LedgerInputError
 
     with pytest.raises(LedgerInputError, match="its factors list no member"):
-        _subject(committed, stage1, 1, ReplicaKey(committed.states[1].factors, 3, b"\x01" * 65))
+        _subject(committed, stage1, 1, ReplicaKey(committed.states[1].factors, 3, b"\x01" * 65, b""))
     with pytest.raises(LedgerInputError, match="not an address"):
         DataKeyClaim(committed.run_id, 1, 1, b"\x00" * 32, "0x1234")

@@ -18,7 +18,7 @@ from tests.test_step_proof_run import _run, _start_state, _traces
 
 @pytest.mark.parametrize("change, why", [
     (lambda p: p.pop("ops"), "KeyError"),
-    (lambda p: p.update(ops=[[9, 1, 0, 1, 1, 1, 0, 0]]), "is not [kind 1-5"),
+    (lambda p: p.update(ops=[[9, 1, 0, 1, 1, 1, 0, 0]]), "is not [kind 1-7"),
     (lambda p: p["ops"].__setitem__(0, [5, 3, 4, 8, 12, 32, 0, 3]), "reads trace leaf 3, not one before it"),
     (lambda p: p.update(depth=2), "depth 2 holds no 8 trace leaves"),
     (lambda p: p.update(copies=[0, 6, 8]), "past the 8 trace leaves"),

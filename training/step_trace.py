@@ -229,6 +229,28 @@ def op_point(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: to
     return partial_sums(a.reshape(rows, inner), b.reshape(inner, cols), elem // cols, elem % cols)[point]
 
 
+#: The elementwise functions (helper fn78's numbering; until its StepProver change merges, run here only):
+#: ``UNARY`` ``out[e] = f(a[e])``, ``UNARY_SLOPE`` ``out[e] = f'(a[e])``, ``f`` by its code in ``inner``.
+UNARY, UNARY_SLOPE = 8, 9
+UNARY_CODES = {1: "exp", 2: "log", 3: "tanh", 4: "sigmoid", 5: "silu", 6: "gelu_tanh", 7: "rsqrt", 8: "sqrt"}
+
+
+def _unary(kind: int, code: int, x: torch.Tensor) -> torch.Tensor:
+    """``UNARY`` / ``UNARY_SLOPE`` of function ``code`` at float32 ``x``: ``exact_ops.unary_values`` (kernel
+    version 3's bits), the square root ``exact_kernel.sqrt`` (correctly rounded; its slope is not defined)."""
+    from training import exact_kernel
+    from training.exact_ops import unary_values
+
+    name = UNARY_CODES.get(code)
+    if name is None or (name == "sqrt" and kind == UNARY_SLOPE):
+        raise ValueError(f"run_op: no elementwise function {code} for op kind {kind}")
+    if name == "sqrt":
+        return exact_kernel.sqrt(x, 3)
+    with exact_kernel.using(3):
+        value, slope = unary_values(name, x)
+    return value if kind == UNARY else slope
+
+
 def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One program op as StepProver defines it, in float32: ``MATMUL`` is ``ordered_matmul`` of ``a`` as
     (rows, inner) and ``b`` as (inner, cols); an elementwise op has ``rows`` outputs, ``a[e % len(a)] op
@@ -242,6 +264,8 @@ def run_op(kind: int, rows: int, inner: int, cols: int, a: torch.Tensor, b: torc
         return exact_kernel.tree_sum(a.detach().reshape(rows, inner, cols).float(), 1).reshape(-1)
     if kind == GATHER:
         return b.detach().reshape(-1, cols)[a.detach().reshape(-1).long()].reshape(-1).float()
+    if kind in (UNARY, UNARY_SLOPE):
+        return _unary(kind, inner, a.detach().reshape(-1).float())
 
     a, b = a.detach().reshape(-1).float(), b.detach().reshape(-1).float()
     if kind == MATMUL:

@@ -20,6 +20,10 @@ library StepProverBinding {
     /// `DATA_KEY_TYPE`; docs/FRAUD_PROOF.md "The replica's key").
     bytes32 internal constant DATA_KEY_TYPEHASH =
         keccak256("DataKey(uint256 runId,uint64 round,uint32 stage,bytes32 payloadRoot,address dataKey)");
+    /// @dev What the replica's stage-0 member (the data key) counter-signs: `member` runs stage `stage` of its
+    /// replica in round `round` (ledger/stepbinding.py `PARTNER_TYPE`; docs/FRAUD_PROOF.md "The replica's key").
+    bytes32 internal constant PARTNER_TYPEHASH =
+        keccak256("ReplicaPartner(uint256 runId,uint64 round,uint32 stage,address member)");
 
     /// @notice Reverts unless `run`'s subject is on `ledger`'s record, as `b` opens it.
     function check(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
@@ -262,8 +266,9 @@ library StepProverBinding {
     /// @dev The replica's data key of a run claim's contribution (docs/FRAUD_PROOF.md "The replica's key"): for
     /// stage 0 the member the factors list for it (zero where they list none: version 2); for a later stage the
     /// member the same round's stage-0 factors list at `b.replica.index`, which the stage's own listed member
-    /// signed as its replica's key (`DataKey`; else `ProverStepWrongReplica`). A stage leaf or factors that do not
-    /// open revert with AggregationProver's errors.
+    /// signed as its replica's key (`DataKey`) and which counter-signed that member as its partner at the stage
+    /// in the round (`ReplicaPartner`); else `ProverStepWrongReplica`. A stage leaf or factors that do not open
+    /// revert with AggregationProver's errors.
     function _dataKey(TrainingLedger ledger, StepProver.RunClaim calldata run, StepProver.RunBinding calldata b)
         private
         view
@@ -272,10 +277,16 @@ library StepProverBinding {
         address member = _contributor(b.factors, b.index);
         if (run.stage == 0 || member == address(0)) return member;
         bytes calldata p = b.replica;
-        if (p.length < 192) revert StepProver.ProverStepWrongReplica(member, address(0));
+        if (p.length < 256) revert StepProver.ProverStepWrongReplica(member, address(0));
         _openStageZero(ledger, run, b);
         key = _contributor(_bytesAt(p, 64), ProverCommon.word(p, 96));
-        if (key == address(0) || _keySigner(ledger, run, key, p) != member) {
+        bytes32 keyHash =
+            keccak256(abi.encode(DATA_KEY_TYPEHASH, run.runId, run.round, run.stage, run.payloadRoot, key));
+        bytes32 partnerHash = keccak256(abi.encode(PARTNER_TYPEHASH, run.runId, run.round, run.stage, member));
+        if (
+            key == address(0) || _signer(ledger, keyHash, p, 128) != member
+                || _signer(ledger, partnerHash, p, 192) != key
+        ) {
             revert StepProver.ProverStepWrongReplica(member, key);
         }
     }
@@ -314,20 +325,18 @@ library StepProverBinding {
         return data[offset + 32:offset + 32 + length];
     }
 
-    /// @dev The account whose EIP-2098 signature (replica binding `p`'s `r`, `vs`) signed `DataKey` of the claim's
-    /// contribution and `key`; zero for none or a malleable one (a high s).
-    function _keySigner(TrainingLedger ledger, StepProver.RunClaim calldata run, address key, bytes calldata p)
+    /// @dev The account whose EIP-2098 signature (replica binding `p`'s words `r` at `head`, `vs` after it) signed
+    /// the EIP-712 message `structHash` (domain: the ledger); zero for none or a malleable one (a high s).
+    function _signer(TrainingLedger ledger, bytes32 structHash, bytes calldata p, uint256 head)
         private
         view
         returns (address)
     {
-        bytes32 structHash =
-            keccak256(abi.encode(DATA_KEY_TYPEHASH, run.runId, run.round, run.stage, run.payloadRoot, key));
-        uint256 vs = ProverCommon.word(p, 160);
+        uint256 vs = ProverCommon.word(p, head + 32);
         uint256 s = vs & (type(uint256).max >> 1);
         if (s > LedgerCore.MAX_S) return address(0);
         bytes32 digest = LedgerCore.typedDigest(LedgerCore.domainSeparator(address(ledger)), structHash);
-        return ecrecover(digest, uint8(27 + (vs >> 255)), bytes32(ProverCommon.word(p, 128)), bytes32(s));
+        return ecrecover(digest, uint8(27 + (vs >> 255)), bytes32(ProverCommon.word(p, head)), bytes32(s));
     }
 
     /// @dev A run claim's or a case's stake and clock: StepProver's own (`bond`, `clock`) where set, else the

@@ -131,7 +131,8 @@ def run_audit(args: Any) -> int:
     if pool:
         from node.tools.audit_pool import pool_checks
 
-        report.general.extend(pool_checks(client, args.run, pool, args.archive))
+        report.general.extend(pool_checks(client, args.run, pool, args.archive,
+                                          named=bool(getattr(args, "pool", ""))))
     for check in report.general:
         if check.status != OK or len(report.general) <= 12 or check.name.startswith("reward pool"):
             print(check.line())

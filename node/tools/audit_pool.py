@@ -48,9 +48,15 @@ def pool_check(client: Any, run_id: int, address: str, archives=()) -> Check:
                                  if sources else ""))
 
 
-def pool_checks(client: Any, run_id: int, address: str, archives=()) -> list[Check]:
+def pool_checks(client: Any, run_id: int, address: str, archives=(), named: bool = True) -> list[Check]:
     """The audit's pool items: the books (:func:`pool_check`), then the unclaimed credits
-    (:func:`unclaimed_checks`)."""
+    (:func:`unclaimed_checks`). A run the pool holds no pool of: the books' FAIL naming it when the pool was
+    ``named`` (``--pool``), else (deployment.json's pool, a run created without one) one OK item saying so."""
+    if not pool_client(client, address).has_pool(run_id):
+        if not named:
+            return [Check(POOL_BOOKS, OK, f"run {run_id} has no reward pool in the deployment's RewardPool "
+                                          f"{address}: nothing is paid through it, nothing to check")]
+        return [pool_check(client, run_id, address, archives)]
     return [pool_check(client, run_id, address, archives),
             *unclaimed_checks(client, run_id, address, archives)]
 

@@ -15,7 +15,10 @@ this node kept them, name it as the contributor) it
    from the committed start (node/stepprogram.py); in a run with the plain end rule (``endRuleOf`` 1) it
    also checks every element of the program's end against its contribution's payload pieces as an end
    dispute would (node/live/fraud/endcheck.py) and answers end disputes from them, and where one element
-   does not hold it posts no claim (it would lose its bond there) and says which;
+   does not hold it posts no claim (it would lose its bond there) and says which; in a run with data terms
+   (StepProver ``setData``) it commits the claim's batches, the windows of its replica's key drawn again from
+   its dataset, and answers data disputes from them (node/live/fraud/dataside.py), a later stage's claim
+   carrying its replica's key, signed (where this node holds the replica's stage 0 too);
 2. posts the run claim (``claimRun``, the run's bond) before the deadline;
 3. each time it looks, answers every game on its claim whose move is its own (``ledger.stepdefense``: one
    move per game, the honest defender's), and ends a game whose challenger let its clock run out
@@ -49,11 +52,13 @@ from pathlib import Path
 
 from ledger.chunkproof import tree_root
 from ledger.errors import LedgerError
+from ledger.stepdata import batch_root
 from ledger.stepdefense import DefenseSide, GameMemory, challenger_out, defender_move, games_on
-from ledger.stepproof import PHASES, PLAIN_END, StepProverClient, run_claim
+from ledger.stepproof import PHASES, PLAIN_END, ZERO as ZERO_ROOT, StepProverClient, run_claim
 from node.casesubject import kept_case
 from node.errors import DLX_ERRORS, ConfigError
 from node.live.chain.onchain import NodeChain
+from node.live.fraud.dataside import NodeData
 from node.live.fraud.defensefiles import DEFENSE_DIR, DefenseFiles
 from node.stepprogram import StepProgram
 from training.chunks import CutPayload
@@ -89,12 +94,15 @@ class CaseDefender:
 
     def __init__(self, *, run_id: int, chain: NodeChain, states, program: StepProgram | None, data_dir: Path,
                  stop: threading.Event, every_s: float = DEFEND_EVERY_S,
-                 files: DefenseFiles | None = None) -> None:
+                 files: DefenseFiles | None = None, data: NodeData | None = None) -> None:
         """``states``: the node's ChunkedStates (``state(round, stage)``: its StageState of a round);
         ``program``: the run's step program (None: not configured, so no case can be answered); ``files``:
         where what a defense needs is kept across restarts (node/live/fraud/defensefiles.py; None: not
-        kept)."""
+        kept); ``data``: its dataset, which its claims' batches are drawn from in a run whose data terms
+        are fixed (node/live/fraud/dataside.py; None: it commits none, so it cannot defend there)."""
         self.files = files
+        self.data = data
+        self._terms = None  # the run's data terms once read (False: it has none)
         self._kept_seen: set[tuple[int, int]] = set()  # (round, stage) looked at for keeping
         self._polls = 0
         self.run_id = run_id
@@ -282,8 +290,11 @@ class CaseDefender:
             raise ConfigError(f"this node's state of round {round_ - 1} is not the committed start")
         declared = norms.steps[index] if index < len(norms.steps) else 0
         steps = declared or self.chain.run_info(self.run_id).inner_steps
-        side = self.program.defense(committed, steps, self._end_pieces(end_rule, round_, pieces, payload))
-        claim = run_claim(side.traces, subject)
+        subject, batches, data = self._data(kept, subject, index, steps)
+        side = self.program.defense(committed, steps, self._end_pieces(end_rule, round_, pieces, payload),
+                                    batches)
+        side.data = data
+        claim = run_claim(side.traces, subject, batch_root(data.batches) if data is not None else ZERO_ROOT)
         with self.chain.rpc_lock:
             claim_id = bytes(functions.runIdOf(claim, client.address).call())
             posted = functions.claimOf(claim_id).call()[0] == ZERO_ADDRESS
@@ -292,12 +303,74 @@ class CaseDefender:
                 client.sender.transact(self.prover.contract, "claimRun", (claim, subject.binding),
                                        f"claim round {round_} stage {stage}'s contribution {index}", stake)
             ends = int(functions.caseOf(key).call()[4])
-        logger.warning("round %d stage %d: %s this node's contribution %d (%d steps of the run's program%s); "
-                       "every game on it is answered", round_, stage,
+        logger.warning("round %d stage %d: %s this node's contribution %d (%d steps of the run's "
+                       "program%s%s); every game on it is answered", round_, stage,
                        "claimed" if posted else "found its standing claim (posted before) on", index, steps,
-                       ", its end checked against its payload" if end_rule else "")
+                       ", its end checked against its payload" if end_rule else "",
+                       f", its batches committed (data key {subject.data_key})" if data is not None else "")
         games = self.files.memories(round_, stage, claim_id) if self.files is not None else {}
         return Defense(key, round_, stage, payload, ends, claim_id, side, int(case["block"]), games)
+
+    def _data(self, kept, subject, index: int, steps: int):
+        """``(subject, batches, data side)`` of the claim on contribution ``index``: in a run whose data terms
+        are fixed (or whose program reads each step's batch) the batches drawn with the replica's data key
+        and what answers their disputes (node/live/fraud/dataside.py), a later stage's subject carrying its
+        signed replica key; else ``(subject, None, None)``. ConfigError where they cannot be made."""
+        terms = self._data_terms()
+        if terms is None and not self.program.reads_data:
+            return subject, None, None
+        if terms is None:
+            raise ConfigError("the run's program reads each step's batch but the run fixed no data terms "
+                              "(StepProver.setData): no batches this node commits could answer a dispute")
+        if self.data is None:
+            raise ConfigError("the run fixed its data terms and this node was given no dataset to draw its "
+                              "claim's batches from")
+        if subject.stage > 0:
+            subject = self._replica_subject(kept, subject, index)
+        batches, side = self.data.side(terms, subject.data_key, subject.round, steps)
+        return subject, batches, side
+
+    def _data_terms(self):
+        """The run's data terms (``DataFixed``; fixed once, before the first commit, so read once), or
+        None."""
+        if self._terms is None:
+            from ledger.stepdata import DataClient
+
+            with self.chain.rpc_lock:
+                terms = DataClient(self.prover).terms_of(self.run_id, self.chain.client.from_block)
+            self._terms = terms if terms is not None else False
+        return self._terms or None
+
+    def _replica_subject(self, kept, subject, index: int):
+        """A later stage's subject naming its replica's data key: this node's own account where it holds the
+        replica's stage 0 too (the round's stage-0 factors it kept list it), its ``DataKey`` signed and, as
+        the replica's stage-0 member, its ``ReplicaPartner`` counter-signature naming itself
+        (docs/FRAUD_PROOF.md "The replica's key"); ConfigError where it did not keep them."""
+        from ledger.chunkproof import Factors
+        from ledger.stepbinding import DataKeyClaim, PartnerClaim, ReplicaKey, sign_data_key
+        from node.store.rewardsources import read_sources
+
+        client = self.chain.client
+        with self.chain.rpc_lock:
+            sources = read_sources([self.data_dir], client, self.run_id)
+            chain_id = client.w3.eth.chain_id
+        zero = sources[kept.round][1][0] if kept.round in sources and sources[kept.round][1] else None
+        if zero is None:
+            raise ConfigError(f"round {kept.round} stage {kept.stage}: the claim names its replica's data "
+                              "key, shown against the round's stage-0 factors, which this node did not keep "
+                              "(a split replica's later stage: fetching them from its stage-0 member is not "
+                              "built)")
+        norms = Factors.decode(bytes(zero)).norms
+        listed = [c.lower() for c in norms.contributors] if norms is not None else []
+        if client.address.lower() not in listed:
+            raise ConfigError(f"round {kept.round}: the stage-0 factors do not list this node's "
+                              "contribution, so no stage-0 key of its replica is on the record")
+        claim = DataKeyClaim(self.run_id, kept.round, kept.stage, subject.payload_root, client.address)
+        signature = sign_data_key(client.account, claim, chain_id, client.ledger_address)
+        partnered = PartnerClaim(self.run_id, kept.round, kept.stage, client.address)
+        partner = sign_data_key(client.account, partnered, chain_id, client.ledger_address)
+        return kept.subject(index, ReplicaKey(bytes(zero), listed.index(client.address.lower()), signature,
+                                              partner))
 
     def _inputs(self, round_: int, stage: int, payload: bytes) -> tuple[list[bytes] | None, object]:
         """This node's start leaves of round ``round_ - 1`` and its payload pieces under ``payload`` of

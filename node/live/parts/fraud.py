@@ -7,6 +7,7 @@ from node.live.chain.onchain import NodeChain
 from node.live.fraud.chunkstate import CHUNK_STATES_DIR, ChunkedStates
 from node.live.fraud.window import DisputeWindow
 from node.live.fraud.contribution_binding import ContributionBinder
+from node.live.fraud.dataside import NodeData
 from node.live.fraud.defender import CaseDefender
 from node.live.fraud.defensefiles import DEFENSE_DIR, DefenseFiles
 from node.live.fraud.opener import CaseOpener
@@ -59,14 +60,15 @@ def build_case_defender(base: NodeBase, *, chain: NodeChain,
     """The defender of this node's contributions against contribution cases in a version-3 run (its factors
     name each contribution's signer); None in another run. Its program is ``ledger.step_program`` (none: a
     case on its work is logged as one it cannot answer; a program file that does not load stops the node
-    here)."""
+    here); its dataset, opened at the first case of a run whose data terms are fixed, draws its claims'
+    batches."""
     if states is None or not base.cfg.commitment_scheme.proves_factors:
         return None
     path = base.cfg.ledger.step_program
     program = StepProgram.load(base.cfg.path(path)) if path else None
     return CaseDefender(run_id=base.run_id, chain=chain, states=states, program=program,
                         data_dir=base.data_dir, stop=base.stop,
-                        files=DefenseFiles(base.data_dir / DEFENSE_DIR))
+                        files=DefenseFiles(base.data_dir / DEFENSE_DIR), data=NodeData.from_config(base.cfg))
 
 
 def build_case_opener(base: NodeBase, *, chain: NodeChain) -> CaseOpener | None:
