@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from node.commands.launcher import LocalRun  # noqa: E402
 from bench.retention_disk import (disk_bytes, memory_kib, rebuilds, stage_bytes, summarise,  # noqa: E402
-                                  unnamed_bytes)
+                                  unnamed_by_dir)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: What the JSON's multiples are (docs/PROTOCOL.md, "Archive and retention").
@@ -93,6 +93,8 @@ def main() -> int:
                         help="write the run as this part of --out's result, without its samples (a run with "
                              "--mine-per-second: 'ontime' unless named)")
     parser.add_argument("--out", default=str(RESULTS / "retention.json"))
+    parser.add_argument("--samples-out", default="", help="also write the per-round samples here (a part's "
+                                                          "JSON leaves them out)")
     args = parser.parse_args()
     if args.serve_only:
         result = json.loads(Path(args.out).read_text())
@@ -149,6 +151,8 @@ def main() -> int:
             "samples": samples,
         }
         _write(Path(args.out), result, args.part or ("ontime" if args.mine_per_second > 0 else ""))
+        if args.samples_out:  # a part's samples, which its JSON leaves out
+            Path(args.samples_out).write_text(json.dumps(samples, indent=1) + "\n")
 
     try:
         run.setup()
@@ -179,7 +183,11 @@ def main() -> int:
                     alive = slot.process is not None and slot.process.poll() is None
                     pid = slot.process.pid if alive else None
                     disk = disk_bytes(slot.data_dir)
-                    disk["unnamed"] = unnamed_bytes(pid, slot.data_dir)  # O_TMPFILE spills the walk misses
+                    by_dir = unnamed_by_dir(pid, slot.data_dir)  # O_TMPFILE spills the walk misses
+                    disk["unnamed"] = sum(size for size, _count in by_dir.values())
+                    disk["unnamed_by_dir"] = by_dir
+                    disk["checkpoint_files"] = sorted(p.name for p in
+                                                      (slot.data_dir / "checkpoints").glob("*"))
                     nodes[slot.name] = {**memory_kib(pid), "disk": disk}
                 entry = {"round": committed, "block": block,
                          "elapsed_s": round(time.monotonic() - started, 1),

@@ -182,13 +182,19 @@ def unnamed_bytes(pid: int | None, data_dir: Path) -> int:
     once): the spilled tensors of training/spilled.py (the outer state between outer steps, the start
     state's copies of the trainer's tensors, the transmitted updates), made with O_TMPFILE or unlinked at
     once, which :func:`disk_bytes`'s walk cannot see; 0 if the process is gone."""
+    return sum(size for size, _count in unnamed_by_dir(pid, data_dir).values())
+
+
+def unnamed_by_dir(pid: int | None, data_dir: Path) -> dict[str, list[int]]:
+    """:func:`unnamed_bytes` by the directory each file was made in (relative to ``data_dir``; a checkpoint
+    removed while still open shows as its own name): directory -> [bytes, files]."""
     if pid is None:
-        return 0
-    root, seen, total = str(data_dir.resolve()), set(), 0
+        return {}
+    root, seen, out = str(data_dir.resolve()), set(), {}
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return 0
+        return {}
     for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -199,8 +205,12 @@ def unnamed_bytes(pid: int | None, data_dir: Path) -> int:
             continue
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
-            total += st.st_size
-    return total
+            rel = os.path.relpath(target[:-len(" (deleted)")], root)
+            where = os.path.dirname(rel) if os.path.basename(rel).startswith("#") else rel
+            entry = out.setdefault(where, [0, 0])
+            entry[0] += st.st_size
+            entry[1] += 1
+    return out
 
 
 def memory_kib(pid: int | None) -> dict:

@@ -194,3 +194,16 @@ def test_a_round_caught_up_after_a_restart_is_not_waited_on(tmp_path):
     forks, _book = forks_at(tmp_path, attested={ME: "ours"})
     forks.station.first_round = 3  # the restarted node entered at round 3, catching up round 2
     assert forks.standing(2, "test") == NOT_OURS and forks.announceable(4)
+
+
+def test_the_state_before_a_round_is_let_go_once_the_chain_agrees_with_the_round(tmp_path):
+    """A base is held only until the chain's verdict of its round (issue 75: each is 2 x the stage's bytes on
+    disk); a round not settled yet keeps its own, and a fork of it still finds it."""
+    forks, _book = forks_at(tmp_path, attested={PEER_A: "ours", PEER_B: "ours"})
+    for outer_round in (2, 3, 4):
+        forks.remember_base(outer_round, 0, ({"w": outer_round}, {"m": outer_round}))
+    forks.agreed(3)
+    assert not forks.holds_base(3)
+    assert forks.holds_base(2) and forks.holds_base(4)
+    forks.agreed(2)
+    assert not forks.holds_base(2) and forks.holds_base(4)

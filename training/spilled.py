@@ -30,29 +30,56 @@ class SpillFileError(OSError):
     """A spilled file that is not what was written to it (another length): its tensors are never used."""
 
 
+class _OpenFile:
+    """An open descriptor, closed when the last holder lets it go (a read in flight on another thread holds
+    it while :meth:`SpilledTensors.read_from` moves the mapping to another file)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class SpilledTensors(Mapping):
     """name -> float32 CPU tensor, each read from the (unlinked) file when asked for; read-only."""
 
-    def __init__(self, fd: int, index: dict[str, tuple[int, tuple[int, ...]]]) -> None:
-        self._fd, self._index = fd, index
+    def __init__(self, fd: int, index: dict[str, tuple[int, tuple[int, ...]]],
+                 length: int | None = None) -> None:
         # The file's length as written: one of any other length (cut short, grown) is refused when read.
-        self._length = max((offset + 4 * math.prod(shape) for offset, shape in index.values()), default=0)
+        if length is None:
+            length = max((offset + 4 * math.prod(shape) for offset, shape in index.values()), default=0)
+        self._source = (_OpenFile(fd), dict(index), length)
 
     def check_length(self) -> None:
         """Raise :class:`SpillFileError` unless the file is as long as what was written to it."""
-        length = os.fstat(self._fd).st_size
-        if length != self._length:
-            raise SpillFileError(f"a spilled state file holds {length} bytes, not the {self._length} written "
+        self._checked(self._source)
+
+    @staticmethod
+    def _checked(source: tuple[_OpenFile, dict, int]) -> None:
+        file, _index, expected = source
+        length = os.fstat(file.fd).st_size
+        if length != expected:
+            raise SpillFileError(f"a spilled state file holds {length} bytes, not the {expected} written "
                                  "to it (cut short or changed since): refused, not read")
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        offset, shape = self._index[name]
+        source = self._source  # one file for the whole read, whatever read_from does meanwhile
+        file, index, _length = source
+        offset, shape = index[name]
         size = 4 * math.prod(shape)
-        self.check_length()
+        self._checked(source)
         buffer = bytearray(size)
         view, done = memoryview(buffer), 0
         while done < size:
-            read = os.preadv(self._fd, [view[done:]], offset + done)
+            read = os.preadv(file.fd, [view[done:]], offset + done)
             if read <= 0:
                 raise SpillFileError(f"spilled tensor {name!r}: the file ended at byte {offset + done}")
             done += read
@@ -60,36 +87,53 @@ class SpilledTensors(Mapping):
             torch.zeros(shape, dtype=torch.float32)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._index)
+        return iter(self._source[1])
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._source[1])
 
     def shape_of(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, without reading it."""
-        return self._index[name][1]
+        return self._source[1][name][1]
 
     def fileno(self) -> int:
         """The file's descriptor (open while this is)."""
-        return self._fd
+        return self._source[0].fd
 
     @property
     def nbytes(self) -> int:
-        return sum(4 * math.prod(shape) for _, shape in self._index.values())
+        return sum(4 * math.prod(shape) for _, shape in self._source[1].values())
 
     def renamed(self, prefix: str) -> SpilledTensors:
         """The same tensors named ``prefix + name``, read from the same file when asked for (its own
         descriptor: either may be closed first)."""
-        return SpilledTensors(os.dup(self._fd), {prefix + name: where for name, where in self._index.items()})
+        file, index, length = self._source
+        return SpilledTensors(os.dup(file.fd), {prefix + name: where for name, where in index.items()},
+                              length)
+
+    def read_from(self, fd: int, offsets: Mapping[str, int]) -> None:
+        """Read the same tensors from now on from the file ``fd`` (taken over: closed with this), where each
+        one's float32 data starts at ``offsets[name]``: a file that holds the same bytes (the caller's word:
+        a checkpoint written from this mapping, issue 75), so that this file's blocks can go. The file's
+        length now is the one every later read checks. A read in flight finishes on the old file.
+        ValueError (``fd`` closed) if ``offsets`` does not name exactly these tensors or one's data would
+        pass the file's end."""
+        try:
+            _file, index, _length = self._source
+            length = os.fstat(fd).st_size
+            if set(offsets) != set(index):
+                raise ValueError("the new file does not hold exactly these tensors")
+            moved = {name: (int(offsets[name]), shape) for name, (_offset, shape) in index.items()}
+            if any(at < 0 or at + 4 * math.prod(shape) > length for at, shape in moved.values()):
+                raise ValueError("a tensor's data would pass the new file's end")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._source = (_OpenFile(fd), moved, length)
 
     def close(self) -> None:
         """Let the file's blocks go (also done when this is garbage collected)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.close()
+        self._source[0].close()
 
 
 def spill_float32(tensors: Mapping[str, torch.Tensor], directory: Path) -> SpilledTensors:

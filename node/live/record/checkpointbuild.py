@@ -27,7 +27,8 @@ from node.errors import DLX_ERRORS, StateError
 from node.live.exchange.pool import serve_blob
 from node.store.checkpoint_hash import checkpoint_header, header_hash, metadata_only
 from node.store.checkpoint_split import (alias_split, assemble_checkpoint, checkpoint_digest, header_key,
-                                         keeps_split, split_stages, stage_key, write_split)
+                                         keeps_split, shard_path, split_stages, stage_key, write_split)
+from node.store.readback import moved
 from node.store.checkpoint_stage import check_stage
 from node.store.checkpoint import (build_checkpoint, checkpoint_problems, chunked_problems, read_checkpoint,
                                    stage_problems, write_checkpoint)
@@ -98,6 +99,10 @@ class CheckpointBuilder:
         path = node.checkpoint_dir / f"round-{outer_round:08d}.safetensors"
         digest = write_checkpoint(path, full)
         serve_blob(node.host, path, link=True)  # one copy on disk: the store links the file
+        for stage, shard in self.chosen.items():  # this node's state read back from its shard: from here
+            own = node.book.snapshot_attestations(outer_round, stage).get(node.peer_id)
+            if own is not None and own.shard_hash == shard:  # the file holds the bytes of this node's shard
+                moved(shard_path(node.checkpoint_dir, outer_round, stage), path)
         logger.info("round %d: checkpoint %s (%d bytes)", outer_round, digest.hex()[:12], path.stat().st_size)
         return digest
 

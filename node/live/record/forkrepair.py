@@ -143,11 +143,21 @@ class ForkRepair(RoundStanding):
 
     # -- the committer thread -------------------------------------------------------------
     def agreed(self, outer_round: int) -> None:
-        """The chain's record of ``outer_round`` is known and nothing of it is re-based."""
+        """The chain's record of ``outer_round`` is known and nothing of it is re-based: the global state
+        held before it (:meth:`remember_base`) is let go at once, since only a fork of that round reads it
+        (issue 75: with the outer state on disk each one is an unnamed file of 2 x the stage's bytes, and
+        the last :data:`BASES_KEPT` + 1 rounds' were held whether or not their verdicts had come)."""
         self._read_quorum()
         with self._cond:
             self._settled.add(outer_round)
+            for key in [k for k in self._bases if k[0] == outer_round]:
+                del self._bases[key]
             self._cond.notify_all()
+
+    def holds_base(self, outer_round: int) -> bool:
+        """Whether the global state before ``outer_round`` is still held for a fork of it (some stage)."""
+        with self._cond:
+            return any(k[0] == outer_round for k in self._bases)
 
     def diverged(self, outer_round: int, onchain: RoundRecord, mine: RoundRecord,
                  signature: bytes | None) -> None:

@@ -34,6 +34,7 @@ from node.live.round.resume import RestartRecovery
 from node.live.state.roundstate import Gathered, StageInputs
 from node.store.archive import ArchivedContribution
 from node.store.checkpoint import Checkpoint, write_checkpoint
+from node.store.readback import read_back
 from node.live.fraud.window import DisputeWindow
 from node.store.retention import (Retention, prune_archive_before, prune_checkpoints_except,
                                   prune_shards)
@@ -365,6 +366,8 @@ class RoundFinisher(ApplyPrefetch):
         path = self.checkpoint_dir / f"shard-{outer_round:08d}-stage{stage}.safetensors"
         digest = write_checkpoint(path, shard)
         serve_blob(self.host, path, link=True)  # one copy on disk: the store links the file
+        # the engine's state in its unnamed files is these bytes: read it from the shard from now on
+        read_back(path, {"weights.": weights, "momentum.": momentum})
         return digest
 
     def forget_before(self, outer_round: int) -> None:
