@@ -63,7 +63,8 @@ class RunOverWatch:
             return self.over
         self._read_at = now
         try:
-            last = self.chain.run_info(self.run_id).max_rounds
+            info = self.chain.run_info(self.run_id)  # None: a chain face with no run (test_node_assembly's)
+            last = info.max_rounds if info is not None else 0
             self.over = bool(last) and self.chain.last_round(self.run_id) >= last - 1
         except DLX_ERRORS as exc:
             logger.debug("the run's last round was not read (%s)", exc)
