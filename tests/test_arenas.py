@@ -113,19 +113,24 @@ def test_start_and_join_set_the_limit_before_anything_else(monkeypatch, command,
 
 # 64 MiB in 4 KiB blocks, all freed but the last (it pins the heap's top, so glibc's own trim of the top
 # cannot give the pages back); then the process's anonymous resident pages before and after trim_heap.
+#: glibc's malloc, free and memset through ctypes, and the process's anonymous resident KiB.
+_LIBC = """\
+libc = _glibc()
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def anon_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+"""
+
 _TRIMMED = textwrap.dedent("""
     import ctypes, sys
     from node.arenas import _glibc, trim_heap
     if _glibc() is None:
         print("no-glibc"); sys.exit(0)
-    libc = _glibc()
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    def anon_kib():
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    {prelude}
     blocks = [libc.malloc(4096) for _ in range(16384)]
     for block in blocks:
         libc.memset(block, 1, 4096)  # resident
@@ -134,7 +139,7 @@ _TRIMMED = textwrap.dedent("""
     before = anon_kib()
     took = trim_heap()
     print(before, anon_kib(), took)
-""")
+""").replace("{prelude}\n", _LIBC)
 
 
 def test_trim_heap_gives_the_pages_freed_inside_the_heap_back():
@@ -155,14 +160,7 @@ _TRIMMER = textwrap.dedent("""
     from node.arenas import _glibc, heap_figures, start_heap_trimmer
     if _glibc() is None or heap_figures() is None:
         print("no-glibc"); sys.exit(0)
-    libc = _glibc()
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    def anon_kib():
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+    {prelude}
     blocks = [libc.malloc(4096) for _ in range(16384)]
     for block in blocks:
         libc.memset(block, 1, 4096)
@@ -174,7 +172,7 @@ _TRIMMER = textwrap.dedent("""
     while trimmer.trims == 0:
         time.sleep(0.05)
     print(before, anon_kib(), heap_figures()["free_in_arenas_bytes"])
-""")
+""").replace("{prelude}\n", _LIBC)
 
 
 def test_the_heap_trimmer_gives_freed_pages_back_without_being_called():

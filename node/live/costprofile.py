@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from node.fsutil import atomic_write_bytes
+
 ENV = "DLX_COST_PROFILE"
 ENV_INTERVAL = "DLX_COST_PROFILE_INTERVAL"
 FILE_NAME = "cost_profile.json"
@@ -235,10 +237,9 @@ class CostProfiler:
         }
 
     def write(self) -> None:
-        try:
-            temporary = self.path.with_name(self.path.name + ".tmp")
-            temporary.write_text(json.dumps(self.document(), indent=1) + "\n")
-            os.replace(temporary, self.path)
+        try:  # a profile is a diagnostic: a failed write never stops the node
+            text = json.dumps(self.document(), indent=1) + "\n"
+            atomic_write_bytes(self.path, text.encode(), durable=False)
         except OSError:
             pass
         if self.memory is not None:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from node.arenas import heap_figures, heap_trimmer, resident_bytes
+from node.fsutil import atomic_write_bytes
 
 ENV = "DLX_MEMORY_PROFILE"
 FILE_NAME = "memory_profile.json"
@@ -101,10 +102,9 @@ class MemoryProbe:
         }
 
     def write(self) -> None:
-        try:
-            temporary = self.path.with_name(self.path.name + ".tmp")
-            temporary.write_text(json.dumps(self.document(), indent=1) + "\n")
-            os.replace(temporary, self.path)
+        try:  # a profile is a diagnostic: a failed write never stops the node
+            text = json.dumps(self.document(), indent=1) + "\n"
+            atomic_write_bytes(self.path, text.encode(), durable=False)
         except OSError:
             pass
 
