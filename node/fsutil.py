@@ -101,6 +101,15 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
 
 
+def write_diagnostic_json(path: str | Path, obj: Any) -> None:
+    """``obj`` as indented JSON at ``path``, replaced whole but not fsynced; a failed write is dropped (a
+    profile or other diagnostic never stops the node)."""
+    try:
+        atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode(), durable=False)
+    except OSError:
+        pass
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (one of another user counts: it exists)."""
     if pid <= 0:

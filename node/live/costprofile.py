@@ -20,14 +20,13 @@ called from. It is a sampling estimate: shares, not exact seconds.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-from node.fsutil import atomic_write_bytes
+from node.fsutil import write_diagnostic_json
 
 ENV = "DLX_COST_PROFILE"
 ENV_INTERVAL = "DLX_COST_PROFILE_INTERVAL"
@@ -237,11 +236,7 @@ class CostProfiler:
         }
 
     def write(self) -> None:
-        try:  # a profile is a diagnostic: a failed write never stops the node
-            text = json.dumps(self.document(), indent=1) + "\n"
-            atomic_write_bytes(self.path, text.encode(), durable=False)
-        except OSError:
-            pass
+        write_diagnostic_json(self.path, self.document())
         if self.memory is not None:
             self.memory.write()
 

@@ -19,14 +19,13 @@ changes nothing the node computes (bench/bench_scale_system.py copies its peak i
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
 from node.arenas import heap_figures, heap_trimmer, resident_bytes
-from node.fsutil import atomic_write_bytes
+from node.fsutil import write_diagnostic_json
 
 ENV = "DLX_MEMORY_PROFILE"
 FILE_NAME = "memory_profile.json"
@@ -102,11 +101,7 @@ class MemoryProbe:
         }
 
     def write(self) -> None:
-        try:  # a profile is a diagnostic: a failed write never stops the node
-            text = json.dumps(self.document(), indent=1) + "\n"
-            atomic_write_bytes(self.path, text.encode(), durable=False)
-        except OSError:
-            pass
+        write_diagnostic_json(self.path, self.document())
 
 
 def probe_from_env(data_dir: Path) -> MemoryProbe | None:
